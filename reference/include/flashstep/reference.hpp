@@ -1,0 +1,10 @@
+/// \file reference.hpp
+/// \brief Umbrella header: `#include <flashstep/reference.hpp>` gives the whole CPU reference.
+#pragma once
+
+#include "flashstep/reference/attention.hpp"  // IWYU pragma: export
+#include "flashstep/reference/errors.hpp"     // IWYU pragma: export
+#include "flashstep/reference/kv_cache.hpp"   // IWYU pragma: export
+#include "flashstep/reference/merge.hpp"      // IWYU pragma: export
+#include "flashstep/reference/tensor.hpp"     // IWYU pragma: export
+// Topics added by later work register themselves here, one line each.

@@ -1,0 +1,148 @@
+/// \file attention.hpp
+/// \brief Reference attention: single and batch, decode and prefill, paged and ragged.
+///
+/// Conventions (FlashInfer's; see DESIGN.md and the "KV layout" chapter):
+/// - `q` rows are packed without padding; request i owns rows `qo_indptr[i]..qo_indptr[i+1]`.
+/// - Causal masking is bottom-right aligned: query i of a request with `qo_len` queries
+///   and `kv_len` keys sees key j iff `j <= i + (kv_len - qo_len)`.
+/// - `window_left = w >= 0` additionally hides keys `j < i + (kv_len - qo_len) - w`
+///   (the last w + 1 keys stay visible); -1 disables it. It applies with or without causal.
+/// - `logits_soft_cap = c > 0` maps the scaled score s to `c * tanh(s / c)`.
+/// - GQA: query head h reads kv head `h / (num_qo_heads / num_kv_heads)`.
+/// - LSE is natural-log: `lse = log(sum_j exp(s_j))` over the visible keys.
+///
+/// **Fully masked rows.** A query row that sees no key at all (kv_len 0, or a causal
+/// request with more queries than keys, or a window that excludes everything) gets
+/// output 0 and lse = -inf. That is the attention state of the empty set: it is the
+/// identity of merge_state, so merging it with anything changes nothing.
+///
+/// Every function computes in double and returns double tensors.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "flashstep/reference/tensor.hpp"
+
+namespace flashstep::ref {
+
+/// Order of the two inner axes of a KV tensor or page.
+enum class KVLayout {
+  NHD,  ///< (tokens, num_kv_heads, head_dim): a token's heads are adjacent
+  HND,  ///< (num_kv_heads, tokens, head_dim): a head's tokens are adjacent
+};
+
+/// Parses "NHD" / "HND" (throws InvalidArgument naming `kv_layout` otherwise).
+KVLayout parse_kv_layout(const std::string& name);
+/// "NHD" or "HND".
+const char* to_string(KVLayout layout);
+
+/// Options shared by every attention entry point (FlashInfer's keyword arguments).
+struct AttentionOptions {
+  bool causal = false;            ///< bottom-right aligned causal mask
+  double sm_scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN means 1/sqrt(head_dim)
+  int window_left = -1;           ///< keep the last window_left + 1 keys; -1 = off
+  double logits_soft_cap = 0.0;   ///< c > 0: s -> c * tanh(s / c); 0 = off
+  KVLayout kv_layout = KVLayout::NHD;  ///< layout of k/v (single, ragged) or of each page
+};
+
+/// Output and natural-log LSE of an attention call.
+struct AttentionResult {
+  Tensor o;    ///< output, same leading shape as q: (..., num_qo_heads, head_dim)
+  Tensor lse;  ///< log-sum-exp of the scaled (and capped) scores: (..., num_qo_heads)
+};
+
+/// A paged KV cache: the page pool plus its CSR page table.
+///
+/// `kv_len` of request i is `(pages_i - 1) * page_size + kv_last_page_len[i]`, where
+/// `pages_i = kv_indptr[i+1] - kv_indptr[i]`. A request with zero pages has kv_len 0
+/// (its last_page_len must then be 0).
+struct PagedKVCache {
+  /// Pool of shape (num_pages, 2, page_size, num_kv_heads, head_dim) for NHD or
+  /// (num_pages, 2, num_kv_heads, page_size, head_dim) for HND; [:,0] is K, [:,1] is V.
+  Tensor pages;
+  KVLayout layout = KVLayout::NHD;       ///< layout of each page
+  std::vector<int32_t> kv_indptr;        ///< (batch + 1): request i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]]
+  std::vector<int32_t> kv_indices;       ///< (kv_indptr[batch]): page ids in [0, num_pages)
+  std::vector<int32_t> kv_last_page_len; ///< (batch): tokens in each request's last page, 1..page_size
+
+  int64_t batch_size() const { return static_cast<int64_t>(kv_indptr.size()) - 1; }
+  int64_t num_pages() const { return pages.dim(0); }
+  int64_t page_size() const { return layout == KVLayout::NHD ? pages.dim(2) : pages.dim(3); }
+  int64_t num_kv_heads() const { return layout == KVLayout::NHD ? pages.dim(3) : pages.dim(2); }
+  int64_t head_dim() const { return pages.dim(4); }
+  /// Keys held by request `i`.
+  int64_t kv_len(int64_t i) const;
+  /// Element (page, k_or_v, token-in-page, head, dim) whatever the layout.
+  double at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) const;
+  double& at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d);
+};
+
+/// Validates a paged cache (pool rank, CSR, page ids in range, last_page_len range).
+/// Throws InvalidArgument naming `fn` and the offending field.
+void check_paged_kv_cache(const char* fn, const PagedKVCache& cache);
+
+/// Decode one request: one query token per head against a contiguous KV.
+/// \param q (num_qo_heads, head_dim)
+/// \param k (kv_len, num_kv_heads, head_dim) for NHD, (num_kv_heads, kv_len, head_dim) for HND
+/// \param v same shape as k
+/// \param opt causal is ignored for decode (the one query is the last token)
+/// \return o (num_qo_heads, head_dim), lse (num_qo_heads)
+AttentionResult single_decode_with_kv_cache(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const AttentionOptions& opt = {});
+
+/// Prefill/append for one request.
+/// \param q (qo_len, num_qo_heads, head_dim)
+/// \param k (kv_len, num_kv_heads, head_dim) for NHD, (num_kv_heads, kv_len, head_dim) for HND
+/// \param v same shape as k
+/// \return o (qo_len, num_qo_heads, head_dim), lse (qo_len, num_qo_heads)
+AttentionResult single_prefill_with_kv_cache(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             const AttentionOptions& opt = {});
+
+/// Batch decode through a paged KV cache: one query token per request.
+/// \param q (batch_size, num_qo_heads, head_dim)
+/// \param cache paged cache with `cache.batch_size() == batch_size`
+/// \param opt causal is ignored (decode); opt.kv_layout is ignored (cache.layout rules)
+/// \return o (batch_size, num_qo_heads, head_dim), lse (batch_size, num_qo_heads)
+AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVCache& cache,
+                                                 const AttentionOptions& opt = {});
+
+/// Batch prefill/append over ragged queries and a paged KV cache.
+/// \param q (nnz_qo, num_qo_heads, head_dim), nnz_qo = qo_indptr[batch_size]
+/// \param qo_indptr (batch_size + 1)
+/// \param cache paged cache with the same batch size; opt.kv_layout is ignored
+/// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
+AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
+                                                  const std::vector<int32_t>& qo_indptr,
+                                                  const PagedKVCache& cache,
+                                                  const AttentionOptions& opt = {});
+
+/// Batch prefill/append over ragged queries and ragged contiguous KV.
+/// \param q (nnz_qo, num_qo_heads, head_dim)
+/// \param qo_indptr (batch_size + 1)
+/// \param k (nnz_kv, num_kv_heads, head_dim) for NHD, (num_kv_heads, nnz_kv, head_dim) for HND
+/// \param v same shape as k
+/// \param kv_indptr (batch_size + 1), kv_indptr[batch_size] == nnz_kv
+/// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
+AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q,
+                                                   const std::vector<int32_t>& qo_indptr,
+                                                   const Tensor& k, const Tensor& v,
+                                                   const std::vector<int32_t>& kv_indptr,
+                                                   const AttentionOptions& opt = {});
+
+/// The visibility rule of the mask, exposed so that tests, stages and the block-sparse
+/// view share one definition: may query `i` (0-based within its request) see key `j`?
+bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool causal,
+                 int window_left);
+
+/// The scaled, soft-capped, masked score matrix of one request and one query head,
+/// shape (qo_len, kv_len); masked entries are -inf. Used to teach (the primer's Br=3
+/// table) and to check stages that materialize scores.
+/// \param q (qo_len, num_qo_heads, head_dim)
+/// \param k (kv_len, num_kv_heads, head_dim) (NHD) or HND per opt.kv_layout
+Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
+                        const AttentionOptions& opt = {});
+
+}  // namespace flashstep::ref
