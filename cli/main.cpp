@@ -1,20 +1,144 @@
-// The `flashstep` command: tour (the course's main job). Later subcommands: explain,
-// validate, bench.
+// The `flashstep` command: tour, explain, validate, bench (CLI11 parses the command line;
+// commands.hpp does the work).
+//
+// Exit codes: 0 success (every check passed), 1 a check failed, 2 bad command line or
+// bad argument value, 77 nothing could run here (no GPU, or a build without CUDA).
 #include <CLI/CLI.hpp>
-#include <iostream>
 
-#include "tour.hpp"
+#include <iostream>
+#include <random>
+#include <string>
+
+#include <flashstep/reference/errors.hpp>
+
+#include "commands.hpp"
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+// A fresh seed unless --seed is given; every command prints the seed it used.
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"flashstep: an LLM attention engine, built step by step and checked against a CPU reference"};
-  app.require_subcommand(1);
-  int rc = 0;
-  auto* tour = app.add_subcommand("tour", "Walk the primer's worked example, computed by the reference");
-  tour->callback([&] { rc = flashstep::cli::print_worked_example(std::cout); });
+  namespace cli = flashstep::cli;
+  CLI::App app{
+      "flashstep: an LLM attention engine (the ideas of FlashInfer, PagedAttention and\n"
+      "RadixAttention) built step by step and checked against a CPU reference.\n"
+      "Exit codes: 0 pass, 1 a check failed, 2 bad arguments, 77 nothing to run here\n"
+      "(no GPU or no CUDA build).",
+      "flashstep"};
+  app.require_subcommand(1, 1);
+  app.set_version_flag("--version", std::string("flashstep ") + FLASHSTEP_VERSION);
+  app.footer("Run `flashstep <command> --help` for a command's options.");
+
+  cli::TourOptions tour;
+  uint64_t tour_seed = 0;
+  auto* tour_cmd = app.add_subcommand(
+      "tour",
+      "Walk the primer's story on its example (\"The cat sat\", \"The cat ran fast\"): tokens,\n"
+      "radix tree, page tables, the block-sparse matrix (Br=1 and Br=3), cascade levels,\n"
+      "the numbers of row \"A, pos 2\", the tiny decoder; then, where a GPU is present,\n"
+      "validate every stage. Ends with PASS or FAIL.");
+  tour_cmd->add_option("--section", tour.sections,
+                       "Only this section (repeatable): " + joined(cli::tour_sections()))
+      ->check(CLI::IsMember(cli::tour_sections()))
+      ->allow_extra_args(false);
+  tour_cmd->add_flag("--no-gpu", tour.no_gpu, "Skip the GPU part even where a GPU is present");
+  tour_cmd->add_flag("--quick", tour.quick, "GPU part: the quick case grid");
+  auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values (default: fresh)");
+
+  cli::ExplainOptions explain;
+  uint64_t explain_seed = 0;
+  auto* explain_cmd = app.add_subcommand(
+      "explain",
+      "The tour's views for your own prompts: tokens, radix tree, page tables,\n"
+      "block-sparse matrix, cascade levels, tiny decoder. Ends with PASS or FAIL.");
+  explain_cmd
+      ->add_option("--prompt", explain.prompts,
+                   "A prompt, one request (repeat for a batch: --prompt \"...\" --prompt \"...\")")
+      ->required()
+      ->allow_extra_args(false);
+  explain_cmd->add_option("--page-size", explain.page_size, "Tokens per KV page, i.e. Bc (default 1)")
+      ->check(CLI::Range(1, 4096));
+  explain_cmd->add_option("--br", explain.br, "The larger query tile Br shown next to Br = 1 (default 4)")
+      ->check(CLI::Range(1, 4096));
+  explain_cmd->add_option("--section", explain.sections,
+                          "Only this section (repeatable): " + joined(cli::explain_sections()))
+      ->check(CLI::IsMember(cli::explain_sections()))
+      ->allow_extra_args(false);
+  auto* explain_seed_opt = explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V (default: fresh)");
+
+  cli::ValidateOptions validate;
+  uint64_t validate_seed = 0;
+  auto* validate_cmd = app.add_subcommand(
+      "validate",
+      "Run the validation harness over the case grid: every registered stage (or --stage)\n"
+      "against the CPU reference. Exit 0 only if every case passes; 77 without a GPU.");
+  validate_cmd->add_option("--stage", validate.stages, "Only this stage (repeatable; see --list)")
+      ->allow_extra_args(false);
+  validate_cmd->add_flag("--quick", validate.quick, "The quick case grid");
+  validate_cmd->add_flag("--list", validate.list, "List the registered stages and exit");
+  auto* validate_seed_opt =
+      validate_cmd->add_option("--seed", validate_seed, "Seed of the random cases (default: fresh)");
+
+  cli::BenchOptions bench;
+  bench.out = "flashstep-bench.json";
+  auto* bench_cmd = app.add_subcommand(
+      "bench",
+      "Run the benchmark (ceilings, every stage) and write the results JSON that the docs'\n"
+      "tables and plots are generated from. Needs a GPU (exit 77 without one).");
+  bench_cmd->add_option("--out", bench.out, "Results JSON to write (default flashstep-bench.json)");
+  bench_cmd->add_flag("--quick", bench.quick, "Fewer shapes and repeats");
+  bench_cmd->add_option("--filter", bench.filter, "Only benchmarks whose name matches this regex");
+
+  // CLI11 reports an unknown command as "A subcommand is required"; name it instead.
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (!first.empty() && first[0] != '-' && first != "tour" && first != "explain" &&
+      first != "validate" && first != "bench") {
+    std::cerr << "flashstep: error: unknown command '" << argv[1]
+              << "' (commands: tour, explain, validate, bench)\n"
+                 "Run with --help for more information.\n";
+    return kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints help, version, or the error and a hint
+    return code == 0 ? 0 : kExitUsage;
   }
-  return rc;
+
+  try {
+    if (*tour_cmd) {
+      tour.seed = *tour_seed_opt ? tour_seed : fresh_seed();
+      return cli::run_tour(tour, std::cout);
+    }
+    if (*explain_cmd) {
+      explain.seed = *explain_seed_opt ? explain_seed : fresh_seed();
+      return cli::run_explain(explain, std::cout);
+    }
+    if (*validate_cmd) {
+      validate.seed = *validate_seed_opt ? validate_seed : fresh_seed();
+      return cli::run_validate(validate, std::cout, std::cerr);
+    }
+    if (*bench_cmd) return cli::run_bench(bench, std::cout);
+  } catch (const flashstep::ref::InvalidArgument& e) {
+    std::cerr << "flashstep: error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "flashstep: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return kExitUsage;
 }

@@ -1,8 +1,10 @@
-// `flashstep tour`: the primer's worked example, computed by the reference.
-#include "tour.hpp"
+// Section "attention" of the tour: the primer's worked example (FlashInfer section) for
+// row "A, pos 2", computed by the reference and checked against the primer's numbers.
+#include "story.hpp"
 
 #include <cmath>
 #include <iomanip>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -43,16 +45,9 @@ std::string vec(const double* x, int n, int precision = 2) {
 
 }  // namespace
 
-int print_worked_example(std::ostream& os) {
-  int mismatches = 0;
-  auto expect = [&](bool ok, const std::string& what) {
-    if (!ok) {
-      ++mismatches;
-      os << "  !! MISMATCH with the primer: " << what << "\n";
-    }
-  };
+void show_worked_attention(std::ostream& os, Ledger& ledger) {
+  auto expect = [&](bool ok, const std::string& what) { ledger.expect(ok, "primer: " + what); };
 
-  os << "== The primer's worked example (FlashInfer section), computed by the reference ==\n\n";
   os << "KV cache pages (page size 1, d_model 2, one head):\n";
   for (int p = 0; p < 5; ++p)
     os << "  P" << p << " (\"" << kTokens[p].text << "\"): K=" << vec(kTokens[p].k, 2, 0)
@@ -118,10 +113,6 @@ int print_worked_example(std::ostream& os) {
   os << "  \"A, pos 2\" through the Bc=2 pages = " << vec(out2, 2) << "   (same as Bc = 1)\n";
   expect(std::abs(out2[0] - out[0]) < 1e-12 && std::abs(out2[1] - out[1]) < 1e-12,
          "Bc=2 gives the same output");
-
-  os << "\n" << (mismatches == 0 ? "PASS" : "FAIL")
-     << ": the reference reproduces the primer's numbers.\n";
-  return mismatches == 0 ? 0 : 1;
 }
 
 }  // namespace flashstep::cli

@@ -1,0 +1,70 @@
+// The four subcommands of `flashstep`, as functions of parsed options (main.cpp owns the
+// command line; these own the work). Each returns the process exit code:
+//   0 every check passed, 1 a check failed, 77 nothing could run here (no GPU / no CUDA
+//   build; the test-suite convention for "skipped").
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace flashstep::cli {
+
+/// Exit code of a command that had nothing it could run on this machine.
+constexpr int kExitSkipped = 77;
+
+/// Sections of `flashstep tour`, in the order they are told.
+const std::vector<std::string>& tour_sections();
+/// Sections of `flashstep explain` (the tour's, less the primer-only ones).
+const std::vector<std::string>& explain_sections();
+
+/// Options of `flashstep tour`.
+struct TourOptions {
+  std::vector<std::string> sections;  ///< empty = all, in tour order
+  bool no_gpu = false;                ///< skip the GPU part even where a GPU is present
+  bool quick = false;                 ///< GPU part: the quick case grid
+  uint64_t seed = 0;                  ///< seed of every random value the tour draws
+};
+/// Runs the tour; prints PASS/FAIL last.
+int run_tour(const TourOptions& opt, std::ostream& os);
+
+/// Options of `flashstep explain`.
+struct ExplainOptions {
+  std::vector<std::string> prompts;   ///< one request per prompt
+  int page_size = 1;                  ///< tokens per KV page (Bc)
+  int br = 4;                         ///< the larger query tile shown next to Br = 1
+  std::vector<std::string> sections;  ///< empty = all
+  uint64_t seed = 0;                  ///< seed of the random K/V used by the checks
+};
+/// Prints the tour's views for any prompts; prints PASS/FAIL last.
+int run_explain(const ExplainOptions& opt, std::ostream& os);
+
+/// Options of `flashstep validate`.
+struct ValidateOptions {
+  std::vector<std::string> stages;    ///< empty = every registered stage
+  bool quick = false;                 ///< the quick case grid
+  bool list = false;                  ///< only list the registered stages
+  uint64_t seed = 0;                  ///< seed of the random cases
+};
+/// Validates stages against the reference; progress goes to `progress`, the table to `os`.
+int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& progress);
+
+/// Options of `flashstep bench`.
+struct BenchOptions {
+  std::string out;                    ///< results JSON path
+  bool quick = false;                 ///< fewer shapes and repeats
+  std::string filter;                 ///< only benchmarks whose name matches (regex)
+};
+/// Runs the benchmark and writes the results JSON.
+int run_bench(const BenchOptions& opt, std::ostream& os);
+
+/// The part of the tour that needs a GPU: validate every registered stage and print a
+/// table (stage, cases, max error, pass, time), or say why it was skipped.
+/// \return 0 pass, 1 fail, kExitSkipped skipped
+int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os);
+
+/// Whether this build has the CUDA stages compiled in.
+bool stages_built();
+
+}  // namespace flashstep::cli

@@ -1,0 +1,53 @@
+"""`flashstep tour`: the primer's story, in the primer's order, ending with PASS.
+
+Expected values are the primer's printed numbers (typed from the text), never taken from
+the code under test."""
+import re
+
+import pytest
+
+SECTIONS = ["tokens", "radix", "pages", "block-sparse", "cascade", "attention", "decoder", "gpu"]
+
+
+def headings(text):
+    return re.findall(r"^== (\d+)\. (.+) ==$", text, flags=re.M)
+
+
+def test_tour_tells_the_story_in_order_and_passes(flashstep, seed):
+    r = flashstep("tour", "--no-gpu", "--seed", str(seed))
+    assert r.rc == 0, r
+    assert r.out.rstrip().splitlines()[-1].startswith("PASS: "), r
+    assert "MISMATCH" not in r.out, r
+    found = headings(r.out)
+    assert [int(n) for n, _ in found] == list(range(1, len(SECTIONS) + 1)), r
+    assert f"(seed {seed})" in r.out, r
+    # The primer's numbers (seeds/000, FlashInfer section).
+    assert "qo_indptr = [0, 3, 7]" in r.out, r
+    assert "softmax(scores)                = [0.21, 0.21, 0.58]" in r.out, r
+    assert "[0.63, 0.79]" in r.out, r
+    assert "GPU part skipped: --no-gpu was given." in r.out, r
+
+
+def test_tour_without_no_gpu_validates_or_says_why_not(flashstep, seed):
+    r = flashstep("tour", "--section", "gpu", "--quick", "--seed", str(seed))
+    if "GPU part skipped" in r.out:
+        assert r.rc == 0, r
+        assert "skipped: GPU part" in r.out, r
+    else:  # a GPU machine: a table of every stage, then PASS
+        assert re.search(r"stage\s+cases\s+max error\s+pass\s+time", r.out), r
+        assert r.rc == 0, r
+
+
+@pytest.mark.parametrize("section", SECTIONS[:-1])
+def test_each_section_runs_alone(flashstep, section, seed):
+    r = flashstep("tour", "--no-gpu", "--section", section, "--seed", str(seed))
+    assert r.rc == 0, r
+    found = headings(r.out)
+    assert len(found) == 1, r
+    assert int(found[0][0]) == SECTIONS.index(section) + 1, r
+
+
+def test_same_seed_same_output(flashstep, seed):
+    a = flashstep("tour", "--no-gpu", "--seed", str(seed))
+    b = flashstep("tour", "--no-gpu", "--seed", str(seed))
+    assert a.out == b.out
