@@ -7,6 +7,7 @@ packages=(
   python3 python3-dev python3-numpy python3-pytest pybind11-dev
   doxygen graphviz libjs-mathjax
   python3-matplotlib python3-nbclient python3-nbformat python3-ipykernel
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

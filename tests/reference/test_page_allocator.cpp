@@ -50,7 +50,7 @@ TEST_CASE("page_allocator: allocate is all-or-nothing and exhaustion never corru
   CHECK_THROWS_AS(alloc.allocate(-1), InvalidArgument);
 }
 
-TEST_CASE("page_allocator: reference counts; double free and bad ids are InvalidArgument") {
+TEST_CASE("page_allocator: reference counts, double free and bad ids are InvalidArgument") {
   PageAllocator alloc(2, 1);
   const int32_t p = alloc.try_allocate();
   alloc.incref(p);
@@ -123,7 +123,7 @@ TEST_CASE("page_allocator: copy-on-write only for a shared, partly filled last p
   alloc.check_invariants();
 }
 
-TEST_CASE("page_allocator: a failed append (OutOfPages) changes nothing; retry after free works") {
+TEST_CASE("page_allocator: a failed append (OutOfPages) changes nothing, retry after free works") {
   PageAllocator alloc(3, 2);
   PagedSequences seqs(alloc);
   const int32_t a = seqs.add_sequence();

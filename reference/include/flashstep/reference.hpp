@@ -9,3 +9,4 @@
 #include "flashstep/reference/tensor.hpp"     // IWYU pragma: export
 // Topics added by later work register themselves here, one line each.
 #include "flashstep/reference/page_allocator.hpp"  // IWYU pragma: export
+#include "flashstep/reference/radix_cache.hpp"     // IWYU pragma: export
