@@ -68,15 +68,26 @@ struct PagedKVCache {
   std::vector<int32_t> kv_indices;       ///< (kv_indptr[batch]): page ids in [0, num_pages)
   std::vector<int32_t> kv_last_page_len; ///< (batch): tokens in each request's last page, 1..page_size
 
+  /// Requests described by the page table (kv_indptr.size() - 1).
   int64_t batch_size() const { return static_cast<int64_t>(kv_indptr.size()) - 1; }
+  /// Pages in the pool.
   int64_t num_pages() const { return pages.dim(0); }
+  /// Tokens per page.
   int64_t page_size() const { return layout == KVLayout::NHD ? pages.dim(2) : pages.dim(3); }
+  /// KV heads per token.
   int64_t num_kv_heads() const { return layout == KVLayout::NHD ? pages.dim(3) : pages.dim(2); }
+  /// Elements per head.
   int64_t head_dim() const { return pages.dim(4); }
   /// Keys held by request `i`.
   int64_t kv_len(int64_t i) const;
   /// Element (page, k_or_v, token-in-page, head, dim) whatever the layout.
   double at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) const;
+  /// Writable element (page, k_or_v, token-in-page, head, dim) whatever the layout.
+  /// \param page page id in [0, num_pages)
+  /// \param k_or_v 0 for K, 1 for V
+  /// \param token slot in the page, in [0, page_size)
+  /// \param head KV head
+  /// \param d element of the head, in [0, head_dim)
   double& at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d);
 };
 
@@ -97,6 +108,7 @@ AttentionResult single_decode_with_kv_cache(const Tensor& q, const Tensor& k, co
 /// \param q (qo_len, num_qo_heads, head_dim)
 /// \param k (kv_len, num_kv_heads, head_dim) for NHD, (num_kv_heads, kv_len, head_dim) for HND
 /// \param v same shape as k
+/// \param opt mask, scale, window, soft cap and the layout of k and v
 /// \return o (qo_len, num_qo_heads, head_dim), lse (qo_len, num_qo_heads)
 AttentionResult single_prefill_with_kv_cache(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt = {});
@@ -112,7 +124,8 @@ AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVC
 /// Batch prefill/append over ragged queries and a paged KV cache.
 /// \param q (nnz_qo, num_qo_heads, head_dim), nnz_qo = qo_indptr[batch_size]
 /// \param qo_indptr (batch_size + 1)
-/// \param cache paged cache with the same batch size; opt.kv_layout is ignored
+/// \param cache paged cache with the same batch size
+/// \param opt mask, scale, window and soft cap; opt.kv_layout is ignored (cache.layout rules)
 /// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
 AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
                                                   const std::vector<int32_t>& qo_indptr,
@@ -125,6 +138,7 @@ AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
 /// \param k (nnz_kv, num_kv_heads, head_dim) for NHD, (num_kv_heads, nnz_kv, head_dim) for HND
 /// \param v same shape as k
 /// \param kv_indptr (batch_size + 1), kv_indptr[batch_size] == nnz_kv
+/// \param opt mask, scale, window, soft cap and the layout of k and v
 /// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
 AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q,
                                                    const std::vector<int32_t>& qo_indptr,
@@ -142,6 +156,8 @@ bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool caus
 /// table) and to check stages that materialize scores.
 /// \param q (qo_len, num_qo_heads, head_dim)
 /// \param k (kv_len, num_kv_heads, head_dim) (NHD) or HND per opt.kv_layout
+/// \param qo_head the query head whose scores are returned (its kv head follows GQA)
+/// \param opt mask, scale, window, soft cap and the layout of k
 Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
                         const AttentionOptions& opt = {});
 

@@ -15,11 +15,15 @@ namespace flashstep::ref {
 /// "KV Cache" section). Layout NHD: (kv_len, num_kv_heads, head_dim).
 class ContiguousKVCache {
  public:
+  /// An empty cache (kv_len 0) for the given head shape.
+  /// \param num_kv_heads KV heads of every appended row
+  /// \param head_dim elements per head
   ContiguousKVCache(int64_t num_kv_heads, int64_t head_dim);
   /// Append new keys/values.
   /// \param k_new (n, num_kv_heads, head_dim)
   /// \param v_new (n, num_kv_heads, head_dim)
   void append(const Tensor& k_new, const Tensor& v_new);
+  /// Tokens held so far.
   int64_t kv_len() const { return k_.dim(0); }
   const Tensor& k() const { return k_; }  ///< (kv_len, num_kv_heads, head_dim)
   const Tensor& v() const { return v_; }  ///< (kv_len, num_kv_heads, head_dim)
@@ -61,6 +65,11 @@ std::pair<Tensor, Tensor> gather_paged_kv(const PagedKVCache& cache, int64_t req
 /// page ids, at least as many as needed), in order.
 /// \param k per-request keys, each (kv_len_i, num_kv_heads, head_dim)
 /// \param v per-request values, same shapes as k
+/// \param page_size tokens per page (>= 1)
+/// \param layout NHD or HND layout of the pool
+/// \param page_order physical page ids handed out in order, first to request 0's first page
+/// \param num_pages pages in the pool (> every id used)
+/// \return the pool (num_pages, 2, ...) and its CSR page table
 PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector<Tensor>& v,
                                  int64_t page_size, KVLayout layout,
                                  const std::vector<int32_t>& page_order, int64_t num_pages);

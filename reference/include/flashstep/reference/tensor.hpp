@@ -41,11 +41,17 @@ struct BasicTensor {
     for (int64_t i : idx) off = off * shape[d++] + i;
     return off;
   }
+  /// Element at a multi-index, e.g. `t({i, h, d})` (no bounds checks, as offset()).
+  /// \param idx one index per dimension, outermost first
   T& operator()(std::initializer_list<int64_t> idx) { return data[static_cast<size_t>(offset(idx))]; }
+  /// Read-only element at a multi-index (no bounds checks, as offset()).
+  /// \param idx one index per dimension, outermost first
   const T& operator()(std::initializer_list<int64_t> idx) const {
     return data[static_cast<size_t>(offset(idx))];
   }
 
+  /// Number of elements of a tensor of shape `s` (1 for rank 0).
+  /// \param s extent of each dimension
   static int64_t count(const std::vector<int64_t>& s) {
     int64_t n = 1;
     for (int64_t e : s) n *= e;
