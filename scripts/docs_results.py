@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Result tables and plots for the docs, generated from the benchmark's results JSON.
+
+    docs_results.py RESULTS_DIR --out GENERATED_DIR
+        writes GENERATED_DIR/pages/results.md (page label `results`) and the plots it
+        shows into GENERATED_DIR/images/.
+
+The JSON files in docs/results/ are written by `flashstep bench` (Google Benchmark's
+JSON with flashstep's context: device, commit, date). Nothing here is typed by hand:
+every number on the page is read from those files, and the page says which file, which
+device and which commit produced it. Used by scripts/docs_stage_pages.py for the
+per-stage tables too.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import sys
+
+# Counters a row may carry, in the order the table shows them, with their headings.
+COUNTER_COLUMNS = [
+    ("GB/s", "GB/s"),
+    ("TFLOP/s", "TFLOP/s"),
+    ("pct_of_ceiling", "% of ceiling"),
+]
+TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read as benchmark results."""
+
+
+def load(path):
+    """One results file as {'path', 'context', 'rows'}; rows are dicts with name, time_us
+    and the counters found. Raises ResultsError naming the file and the problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ResultsError(f"{path}: not readable JSON: {e}") from e
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise ResultsError(f"{path}: expected an object with a 'benchmarks' list "
+                           "(Google Benchmark JSON)")
+    rows = []
+    for i, b in enumerate(data["benchmarks"]):
+        if not isinstance(b, dict) or "name" not in b:
+            raise ResultsError(f"{path}: benchmarks[{i}] has no name")
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") not in (None, "median"):
+            continue  # keep medians only (the benchmark policy reports medians)
+        unit = b.get("time_unit", "ns")
+        if unit not in TIME_UNITS:
+            raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): unknown time_unit {unit!r}")
+        t = b.get("real_time")
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): real_time {t!r} is not a time")
+        row = {"name": b["name"], "time_us": t * TIME_UNITS[unit] * 1e6}
+        for key, _ in COUNTER_COLUMNS:
+            if isinstance(b.get(key), (int, float)):
+                row[key] = float(b[key])
+        rows.append(row)
+    return {"path": path, "context": data.get("context", {}), "rows": rows}
+
+
+def load_dir(results_dir):
+    """Every *.json of `results_dir`, sorted by name (an absent folder gives none)."""
+    if not os.path.isdir(results_dir):
+        return []
+    return [load(os.path.join(results_dir, n)) for n in sorted(os.listdir(results_dir))
+            if n.endswith(".json")]
+
+
+def _fmt(x, digits=3):
+    if x is None:
+        return ""
+    if x == 0:
+        return "0"
+    mag = math.floor(math.log10(abs(x)))
+    decimals = max(0, digits - 1 - mag)
+    return f"{x:,.{decimals}f}"
+
+
+def provenance(result):
+    """'file, device, commit, date' as one line of Markdown."""
+    ctx = result["context"]
+    parts = [f"`{os.path.basename(result['path'])}`"]
+    for key, label in (("device", "device"), ("commit", "commit"), ("date", "date")):
+        if ctx.get(key):
+            parts.append(f"{label} {ctx[key]}")
+    return ", ".join(parts)
+
+
+def table(rows):
+    """A Markdown table of benchmark rows: name, median time, and the counters present."""
+    cols = [(k, h) for k, h in COUNTER_COLUMNS if any(k in r for r in rows)]
+    head = "| benchmark | time (us) | " + " | ".join(h for _, h in cols) + " |"
+    rule = "|:--|--:|" + "--:|" * len(cols)
+    lines = [head.replace(" |  |", " |"), rule]
+    for r in rows:
+        cells = [f"`{r['name']}`", _fmt(r["time_us"])] + [_fmt(r.get(k)) for k, _ in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def rows_for_stage(results, stage):
+    """Rows (with their file) whose benchmark name mentions `stage` (e.g. '02_paged')."""
+    pattern = re.compile(r"(^|[^0-9A-Za-z])" + re.escape(stage) + r"($|[^0-9A-Za-z])")
+    return [(res, [r for r in res["rows"] if pattern.search(r["name"])]) for res in results]
+
+
+def plot_bandwidth(result, out_png):
+    """Bar chart of GB/s per benchmark of one file; returns False if it has no GB/s."""
+    rows = [r for r in result["rows"] if "GB/s" in r]
+    if not rows:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
+    ax.barh([r["name"] for r in rows], [r["GB/s"] for r in rows], color="#4c72b0")
+    ax.invert_yaxis()
+    ax.set_xlabel("GB/s (higher is better)")
+    ax.set_title(os.path.basename(result["path"]) + " - " + str(result["context"].get("device", "")))
+    ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def results_page(results, out_dir):
+    """Writes pages/results.md and its plots; returns the page path."""
+    lines = ["# Measured results {#results}", ""]
+    if not results:
+        lines += ["No results yet: `docs/results/` holds no JSON. Results are produced on a",
+                  "GPU machine by `flashstep bench --out docs/results/<name>.json`; this page",
+                  "and the stage pages are generated from those files at docs build time.", ""]
+    else:
+        lines += ["Every table and plot on this page is generated from the JSON files in",
+                  "`docs/results/` by `scripts/docs_results.py` while the docs are built.", ""]
+    for i, res in enumerate(results):
+        name = os.path.splitext(os.path.basename(res["path"]))[0]
+        lines += [f"## {name}", "", "From " + provenance(res) + ".", ""]
+        if res["rows"]:
+            lines += [table(res["rows"]), ""]
+        png = f"results_{re.sub(r'[^0-9A-Za-z_]', '_', name)}.png"
+        if plot_bandwidth(res, os.path.join(out_dir, "images", png)):
+            lines += [f"![Bandwidth per benchmark, {name}]({png})", ""]
+    path = os.path.join(out_dir, "pages", "results.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir")
+    parser.add_argument("--out", required=True, help="generated docs folder")
+    args = parser.parse_args()
+    try:
+        results = load_dir(args.results_dir)
+    except ResultsError as e:
+        print(f"docs_results.py: {e}", file=sys.stderr)
+        return 1
+    os.makedirs(os.path.join(args.out, "pages"), exist_ok=True)
+    os.makedirs(os.path.join(args.out, "images"), exist_ok=True)
+    results_page(results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

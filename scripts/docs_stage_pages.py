@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The docs' stage pages: each stages/NN_name/README.md as a page, with its results.
+
+    docs_stage_pages.py --source-dir REPO --results-dir REPO/docs/results \
+                        --out GENERATED_DIR --stamp STAMP
+
+For every stage folder (in teaching order) it writes GENERATED_DIR/pages/stage_NN_name.md:
+the README, its title labelled `stage_NN_name`, links to repository files turned into
+file names (the site has no copy of the sources), images copied next to the site's, and
+a "Measured results" section generated from docs/results/*.json. It also writes the
+"stages" index page and the results page (scripts/docs_results.py).
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import docs_results  # noqa: E402
+
+LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def stage_label(folder):
+    return "stage_" + re.sub(r"[^0-9A-Za-z_]", "_", os.path.basename(folder))
+
+
+def rewrite_links(text, folder, source_dir, labels, images_out):
+    """Markdown links of a README, made valid inside the site (see module doc)."""
+
+    def fix(m):
+        bang, label, target = m.group(1), m.group(2), m.group(3)
+        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            return m.group(0)  # web links and in-page anchors stay
+        path = os.path.normpath(os.path.join(folder, target.split("#")[0]))
+        if bang:  # an image: copy it beside the site's images
+            if not os.path.isfile(path):
+                raise ValueError(f"{folder}/README.md: image {target} does not exist")
+            shutil.copy(path, os.path.join(images_out, os.path.basename(path)))
+            return f"![{label}]({os.path.basename(path)})"
+        if os.path.basename(path) == "README.md" and os.path.dirname(path) in labels:
+            return f"[{label}](@ref {labels[os.path.dirname(path)]})"
+        rel = os.path.relpath(path, source_dir)
+        return f"{label} (`{rel}`)" if label and label != rel and label != f"`{rel}`" else f"`{rel}`"
+
+    return LINK.sub(fix, text)
+
+
+def stage_page(folder, source_dir, labels, results, out_dir):
+    name = os.path.basename(folder)
+    with open(os.path.join(folder, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    lines = text.splitlines()
+    title_at = next((i for i, l in enumerate(lines) if l.startswith("# ")), None)
+    if title_at is None:
+        raise ValueError(f"{folder}/README.md: no '# Title' line")
+    title = lines[title_at][2:].strip()
+    lines[title_at] = f"# {title} {{#{labels[folder]}}}"
+    body = rewrite_links("\n".join(lines), folder, source_dir, labels,
+                         os.path.join(out_dir, "images"))
+    section = ["", "## Measured results (generated)", ""]
+    found = False
+    for res, rows in docs_results.rows_for_stage(results, name):
+        if rows:
+            found = True
+            section += ["From " + docs_results.provenance(res) + ":", "",
+                        docs_results.table(rows), ""]
+    if not found:
+        section += [f"No benchmark rows for `{name}` in `docs/results/*.json` yet. They are",
+                    "written on a GPU machine by `flashstep bench`; this section is generated",
+                    "from them when the docs are built. See also \\ref results.", ""]
+    section += ["Source: `stages/" + name + "/`. Validate it on a GPU with",
+                f"`flashstep validate --stage {name}`.", ""]
+    page = os.path.join(out_dir, "pages", f"{labels[folder]}.md")
+    with open(page, "w", encoding="utf-8") as f:
+        f.write(body.rstrip() + "\n" + "\n".join(section))
+    return title
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source-dir", required=True)
+    parser.add_argument("--results-dir", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--stamp", required=True)
+    args = parser.parse_args()
+    for sub in ("pages", "images"):
+        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
+    for old in glob.glob(os.path.join(args.out, "pages", "stage_*.md")):
+        os.remove(old)  # a stage that was renamed must not leave its old page behind
+    try:
+        results = docs_results.load_dir(args.results_dir)
+        docs_results.results_page(results, args.out)
+        folders = sorted(d for d in glob.glob(os.path.join(args.source_dir, "stages", "[0-9][0-9]_*"))
+                         if os.path.isfile(os.path.join(d, "README.md")))
+        labels = {f: stage_label(f) for f in folders}
+        index = ["# The stages {#stages}", "",
+                 "Each stage changes one thing about how the GPU computes attention, says why",
+                 "it is faster, and is validated against the CPU reference before it is timed.",
+                 "In teaching order:", ""]
+        for f in folders:
+            stage_page(f, args.source_dir, labels, results, args.out)
+            index.append(f"- \\subpage {labels[f]}")
+        if not folders:
+            index += ["No stage has its chapter (`stages/NN_name/README.md`) yet."]
+        index.append("")
+        with open(os.path.join(args.out, "pages", "stages.md"), "w", encoding="utf-8") as fh:
+            fh.write("\n".join(index))
+    except (ValueError, OSError) as e:
+        print(f"docs_stage_pages.py: {e}", file=sys.stderr)
+        return 1
+    with open(args.stamp, "w", encoding="utf-8") as fh:
+        fh.write("ok\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
