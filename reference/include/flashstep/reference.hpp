@@ -10,3 +10,4 @@
 // Topics added by later work register themselves here, one line each.
 #include "flashstep/reference/page_allocator.hpp"  // IWYU pragma: export
 #include "flashstep/reference/radix_cache.hpp"     // IWYU pragma: export
+#include "flashstep/reference/block_sparse.hpp"    // IWYU pragma: export
