@@ -1,0 +1,88 @@
+/// \file vec.cuh
+/// \brief 16-byte vectors: one load or store instruction per thread, converted to fp32.
+///
+/// Decode attention is a stream of bytes through a few FMAs, so the width of each memory
+/// instruction matters: a warp issuing 16-byte loads moves 512 bytes per instruction,
+/// four times what 4-byte loads move, with a quarter of the instructions to issue and
+/// track. Vec16<T> holds exactly 16 bytes of T (8 fp16/bf16 or 4 fp32), is loaded and
+/// stored as one `uint4`, and converts to and from fp32, the accumulation type of every
+/// stage. The address must be 16-byte aligned: every row this project loads starts at a
+/// multiple of head_dim elements, and head_dim * sizeof(T) is a multiple of 16.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace flashstep::kernels {
+
+/// 16 bytes of `T` (float, __half or __nv_bfloat16).
+template <typename T>
+struct alignas(16) Vec16 {
+  /// Elements per vector: 4 for fp32, 8 for fp16/bf16.
+  static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
+  uint4 raw;  ///< the 16 bytes, as the hardware moves them
+
+  /// One 16-byte load. \param ptr kSize elements, 16-byte aligned
+  __device__ __forceinline__ void load(const T* ptr) {
+    raw = *reinterpret_cast<const uint4*>(ptr);
+  }
+  /// One 16-byte store. \param ptr kSize elements, 16-byte aligned
+  __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<uint4*>(ptr) = raw; }
+
+  /// Widen to fp32. \param out kSize floats
+  __device__ __forceinline__ void to_float(float* out) const;
+  /// Narrow from fp32, rounding to nearest even. \param in kSize floats
+  __device__ __forceinline__ void from_float(const float* in);
+};
+
+template <>
+__device__ __forceinline__ void Vec16<float>::to_float(float* out) const {
+  out[0] = __uint_as_float(raw.x);
+  out[1] = __uint_as_float(raw.y);
+  out[2] = __uint_as_float(raw.z);
+  out[3] = __uint_as_float(raw.w);
+}
+template <>
+__device__ __forceinline__ void Vec16<float>::from_float(const float* in) {
+  raw = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
+                   __float_as_uint(in[3]));
+}
+
+template <>
+__device__ __forceinline__ void Vec16<__half>::to_float(float* out) const {
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+template <>
+__device__ __forceinline__ void Vec16<__half>::from_float(const float* in) {
+  __half2* h = reinterpret_cast<__half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
+}
+
+template <>
+__device__ __forceinline__ void Vec16<__nv_bfloat16>::to_float(float* out) const {
+  // bf16 is the top half of an fp32: widening is a shift, no rounding.
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(w[i] << 16);
+    out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+template <>
+__device__ __forceinline__ void Vec16<__nv_bfloat16>::from_float(const float* in) {
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+}
+
+}  // namespace flashstep::kernels

@@ -1,0 +1,181 @@
+// Building a validation case: draw lengths and a page table, draw inputs rounded to the
+// dtype, lay them out as the stage expects, and ask the reference for the answer.
+#include "harness/case.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "flashstep/reference/errors.hpp"
+#include "harness/dtype_convert.hpp"
+
+namespace flashstep::stages::harness {
+
+const char* to_string(LengthPolicy policy) {
+  switch (policy) {
+    case LengthPolicy::uniform: return "uniform";
+    case LengthPolicy::ragged: return "ragged";
+    case LengthPolicy::ragged_with_empty: return "ragged_with_empty";
+  }
+  return "?";
+}
+
+const char* to_string(PageOrder order) {
+  return order == PageOrder::sequential ? "sequential" : "shuffled";
+}
+
+std::string CaseSpec::describe() const {
+  std::ostringstream s;
+  s << to_string(mode) << ' ' << to_string(dtype) << ' ' << ref::to_string(kv_layout)
+    << " batch=" << batch_size << " kv_len=" << kv_len;
+  if (mode == Mode::prefill) s << " qo_len=" << qo_len << (causal ? " causal" : " non-causal");
+  s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim
+    << " page=" << page_size << ' ' << to_string(lengths) << ' ' << to_string(page_order);
+  return s.str();
+}
+
+uint64_t case_seed(uint64_t run_seed, const std::string& case_text) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the text
+  for (unsigned char c : case_text) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = run_seed ^ h;  // splitmix64 finalizer
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+namespace {
+
+void check_spec(const CaseSpec& spec, KVStorage storage) {
+  const char* fn = "build_case";
+  ref::require(spec.batch_size >= 1, fn, "batch_size must be >= 1 (got " + std::to_string(spec.batch_size) + ")");
+  ref::require(spec.kv_len >= 1, fn, "kv_len must be >= 1 (got " + std::to_string(spec.kv_len) + ")");
+  ref::require(spec.qo_len >= 1, fn, "qo_len must be >= 1 (got " + std::to_string(spec.qo_len) + ")");
+  ref::require(spec.head_dim >= 1, fn, "head_dim must be >= 1");
+  ref::check_heads(fn, spec.num_qo_heads, spec.num_kv_heads);
+  ref::require(storage != KVStorage::paged || spec.page_size >= 1, fn,
+               "page_size must be >= 1 (got " + std::to_string(spec.page_size) + ")");
+  ref::require(storage != KVStorage::ragged || spec.kv_layout == KVLayout::NHD, fn,
+               "ragged KV is stored NHD; kv_layout HND applies to paged storage only");
+}
+
+std::vector<int32_t> draw_lengths(int batch, int longest, LengthPolicy policy, std::mt19937_64& rng) {
+  std::vector<int32_t> len(static_cast<size_t>(batch), longest);
+  if (policy == LengthPolicy::uniform) return len;
+  const int lo = policy == LengthPolicy::ragged_with_empty ? 0 : 1;
+  std::uniform_int_distribution<int> dist(lo, longest);
+  for (int i = 1; i < batch; ++i) len[static_cast<size_t>(i)] = dist(rng);
+  if (policy == LengthPolicy::ragged_with_empty && batch > 1) len[1] = 0;
+  return len;
+}
+
+std::vector<int32_t> exclusive_scan(const std::vector<int32_t>& len) {
+  std::vector<int32_t> indptr(len.size() + 1, 0);
+  for (size_t i = 0; i < len.size(); ++i) indptr[i + 1] = indptr[i] + len[i];
+  return indptr;
+}
+
+ref::Tensor random_rounded(std::mt19937_64& rng, std::vector<int64_t> shape, double lo, double hi,
+                           DType dtype) {
+  ref::Tensor t(std::move(shape));
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (double& x : t.data) x = round_to(dtype, dist(rng));
+  return t;
+}
+
+}  // namespace
+
+CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64& rng) {
+  check_spec(spec, storage);
+  CaseLayout out;
+  BatchShape& s = out.shape;
+  s.mode = spec.mode;
+  s.storage = storage;
+  s.dtype = spec.dtype;
+  s.kv_layout = spec.kv_layout;
+  s.batch_size = spec.batch_size;
+  s.num_qo_heads = spec.num_qo_heads;
+  s.num_kv_heads = spec.num_kv_heads;
+  s.head_dim = spec.head_dim;
+  s.causal = spec.mode == Mode::prefill && spec.causal;
+  s.sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.head_dim)));
+
+  const std::vector<int32_t> kv_lens = draw_lengths(spec.batch_size, spec.kv_len, spec.lengths, rng);
+  std::vector<int32_t> qo_lens(static_cast<size_t>(spec.batch_size), 1);
+  if (spec.mode == Mode::prefill) {
+    const LengthPolicy qo_policy =
+        spec.lengths == LengthPolicy::uniform ? LengthPolicy::uniform : LengthPolicy::ragged;
+    qo_lens = draw_lengths(spec.batch_size, spec.qo_len, qo_policy, rng);
+  }
+  s.qo_indptr = exclusive_scan(qo_lens);
+
+  if (storage == KVStorage::ragged) {
+    s.kv_indptr = exclusive_scan(kv_lens);
+    return out;
+  }
+  s.page_size = spec.page_size;
+  s.kv_indptr.push_back(0);
+  for (int32_t len : kv_lens) {
+    const int32_t pages = (len + spec.page_size - 1) / spec.page_size;
+    s.kv_indptr.push_back(s.kv_indptr.back() + pages);
+    s.kv_last_page_len.push_back(pages == 0 ? 0 : len - (pages - 1) * spec.page_size);
+  }
+  const int64_t used = s.kv_indptr.back();
+  s.num_pages = used + used / 4 + 1;  // spare pages nobody owns: reading one is a bug
+  std::vector<int32_t> order(static_cast<size_t>(s.num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  if (spec.page_order == PageOrder::shuffled) std::shuffle(order.begin(), order.end(), rng);
+  out.kv_indices.assign(order.begin(), order.begin() + used);
+  return out;
+}
+
+HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  HostCase c;
+  c.spec = spec;
+  c.seed = seed;
+  c.layout = make_layout(spec, storage, rng);
+  const BatchShape& s = c.layout.shape;
+  const int64_t H = s.num_kv_heads, D = s.head_dim;
+
+  c.q = random_rounded(rng, {s.nnz_qo(), s.num_qo_heads, D}, -3.0, 3.0, s.dtype);
+  ref::AttentionOptions opt;
+  opt.causal = s.causal;
+  opt.sm_scale = s.sm_scale;
+
+  if (storage == KVStorage::ragged) {
+    const int64_t nnz_kv = s.kv_indptr.back();
+    c.k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
+    c.v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
+    opt.kv_layout = KVLayout::NHD;
+    c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, c.k, c.v, s.kv_indptr, opt);
+    return c;
+  }
+
+  // Paged: start from a pool of NaN, so that a kernel reading a slot no request owns
+  // (a spare page, or past last_page_len) poisons its output and fails the check.
+  ref::PagedKVCache& p = c.paged;
+  p.layout = s.kv_layout;
+  const int64_t P = s.page_size;
+  p.pages = s.kv_layout == KVLayout::NHD ? ref::Tensor({s.num_pages, 2, P, H, D})
+                                          : ref::Tensor({s.num_pages, 2, H, P, D});
+  std::fill(p.pages.data.begin(), p.pages.data.end(), std::numeric_limits<double>::quiet_NaN());
+  p.kv_indptr = s.kv_indptr;
+  p.kv_indices = c.layout.kv_indices;
+  p.kv_last_page_len = s.kv_last_page_len;
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  for (int b = 0; b < s.batch_size; ++b)
+    for (int64_t t = 0; t < s.kv_len(b); ++t) {
+      const int32_t page = p.kv_indices[static_cast<size_t>(p.kv_indptr[b] + t / P)];
+      for (int kv = 0; kv < 2; ++kv)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t d = 0; d < D; ++d) p.at(page, kv, t % P, h, d) = round_to(s.dtype, dist(rng));
+    }
+  c.expected = s.mode == Mode::decode
+                   ? ref::batch_decode_with_paged_kv_cache(c.q, p, opt)
+                   : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, p, opt);
+  return c;
+}
+
+}  // namespace flashstep::stages::harness

@@ -1,0 +1,87 @@
+/// \file case.hpp
+/// \brief A validation case: a spec (pure data, written in the test grids) and the host
+/// case built from it with a seed (inputs, page table, storage, reference answer).
+///
+/// Correctness grids (tests/stages/cases.hpp) and benchmark shapes (bench/shapes.csv)
+/// are both lists of CaseSpec-like data, kept apart: small ragged edge cases here,
+/// large uniform shapes there.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashstep/reference/attention.hpp"
+#include "stage.hpp"
+
+namespace flashstep::stages::harness {
+
+/// How the kv_len (and prefill qo_len) of the requests of a batch are drawn.
+enum class LengthPolicy {
+  uniform,            ///< every request has exactly kv_len keys (and qo_len queries)
+  ragged,             ///< request 0 has kv_len, the others a uniform draw from 1..kv_len
+  ragged_with_empty,  ///< like ragged, but draws from 0..kv_len and request 1 gets 0 keys
+};
+/// "uniform", "ragged" or "ragged_with_empty".
+const char* to_string(LengthPolicy policy);
+
+/// Order in which the pages of the pool are handed to the requests.
+enum class PageOrder {
+  sequential,  ///< request 0 gets pages 0, 1, ...; then request 1; ... (a fresh server)
+  shuffled,    ///< a random permutation of the pool (a server after many evictions)
+};
+/// "sequential" or "shuffled".
+const char* to_string(PageOrder order);
+
+/// One case of a grid: sizes and options, no data. Written as data in the test grids.
+struct CaseSpec {
+  Mode mode = Mode::decode;
+  DType dtype = DType::bf16;
+  KVLayout kv_layout = KVLayout::NHD;
+  int batch_size = 1;
+  int kv_len = 1;   ///< request 0 has exactly this many keys; others follow `lengths`
+  int qo_len = 1;   ///< prefill: request 0's queries, others drawn from 1..qo_len; decode: 1
+  LengthPolicy lengths = LengthPolicy::ragged;
+  int num_qo_heads = 32;
+  int num_kv_heads = 8;
+  int head_dim = 128;
+  int page_size = 16;  ///< paged storage only
+  bool causal = false;  ///< prefill only
+  PageOrder page_order = PageOrder::shuffled;
+
+  /// One line with every field, e.g. for a failure message or a test name.
+  std::string describe() const;
+};
+
+/// A batch's layout drawn from a spec: the host shape plus the page ids (paged storage).
+struct CaseLayout {
+  BatchShape shape;
+  std::vector<int32_t> kv_indices;  ///< paged: (kv_indptr[batch_size]) page ids, distinct
+};
+
+/// Draws lengths and the page table of `spec` for `storage`.
+/// Paged pools get 25% spare pages that no request owns.
+CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64& rng);
+
+/// The host side of a validation case.
+struct HostCase {
+  CaseSpec spec;
+  uint64_t seed = 0;       ///< everything random in the case derives from it
+  CaseLayout layout;       ///< shape and page table
+  ref::Tensor q;           ///< (nnz_qo, num_qo_heads, head_dim), values representable in dtype
+  ref::PagedKVCache paged; ///< paged storage: the pool; every slot no request owns is NaN
+  ref::Tensor k, v;        ///< ragged storage: (nnz_kv, num_kv_heads, head_dim), NHD
+  ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
+};
+
+/// Builds a case: lengths, page table and inputs from `seed` (q uniform in [-3, 3], so
+/// that softmax is peaked and not nearly uniform; k, v uniform in [-1, 1]; all rounded
+/// to the dtype), then the reference's answer in double.
+HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed);
+
+/// A case's seed from the run's seed and the case's text (splitmix64 of both), so each
+/// case has its own stream whatever order cases run in.
+uint64_t case_seed(uint64_t run_seed, const std::string& case_text);
+
+}  // namespace flashstep::stages::harness

@@ -1,0 +1,53 @@
+// The validation harness: one function every check of a stage goes through.
+#include "harness/validate.hpp"
+
+#include <cuda_runtime.h>
+
+#include <sstream>
+
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/reference/errors.hpp"
+#include "harness/device.hpp"
+
+namespace flashstep::stages::harness {
+
+std::string ValidationReport::message() const {
+  std::ostringstream s;
+  s << (passed ? "PASS " : "FAIL ") << stage << " on " << case_text << " (case seed " << seed << ")\n"
+    << "  " << o.summary() << "\n  " << lse.summary() << "\n";
+  return s.str();
+}
+
+ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, cudaStream_t stream) {
+  const BatchShape& shape = host.layout.shape;
+  const std::string reason = stage.unsupported_reason(shape);
+  ref::require(reason.empty(), "run_and_compare", "stage cannot run " + shape.describe() + ": " + reason);
+
+  DeviceCase dev(host);
+  std::unique_ptr<StageRunner> runner = stage.make_runner();
+  DeviceBuffer workspace(runner->workspace_bytes(shape));
+  runner->plan(shape, workspace.get(), workspace.bytes(), stream);
+  dev.poison_outputs(stream);
+  runner->run(dev.batch(), stream);
+  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  ValidationReport r;
+  r.stage = stage.name;
+  r.case_text = host.spec.describe();
+  r.seed = host.seed;
+  const Tolerance& o_tol = tolerance_for(shape.dtype).o;
+  const Tolerance& lse_tol = tolerance_for(shape.dtype).lse;
+  r.o = compare("o", dev.output(), host.expected.o.data, o_tol,
+                output_label(shape.qo_indptr, shape.num_qo_heads, shape.head_dim));
+  r.lse = compare("lse", dev.lse(), host.expected.lse.data, lse_tol,
+                  lse_label(shape.qo_indptr, shape.num_qo_heads));
+  r.passed = r.o.passed && r.lse.passed;
+  return r;
+}
+
+ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
+                          cudaStream_t stream) {
+  return run_and_compare(stage, build_case(spec, stage.storage, seed), stream);
+}
+
+}  // namespace flashstep::stages::harness

@@ -1,0 +1,44 @@
+/// \file validate.hpp
+/// \brief The validation harness: run a stage on a case and compare with the reference.
+/// Used by the GPU tests, `flashstep validate` and the notebooks alike.
+///
+///     HostCase host = build_case(spec, stage.storage, seed);   // inputs + reference answer
+///     ValidationReport r = run_and_compare(stage, host);        // poison, plan, run, compare
+///     if (!r.passed) std::cout << r.message();                  // names positions and the seed
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "harness/case.hpp"
+#include "harness/compare.hpp"
+#include "stage.hpp"
+
+namespace flashstep::stages::harness {
+
+/// The outcome of one stage on one case.
+struct ValidationReport {
+  std::string stage;      ///< stage name
+  std::string case_text;  ///< CaseSpec::describe()
+  uint64_t seed = 0;      ///< the case's seed (build_case(spec, storage, seed) rebuilds it)
+  Comparison o;           ///< output check
+  Comparison lse;         ///< lse check
+  bool passed = false;    ///< o.passed && lse.passed
+
+  /// PASS/FAIL line with stage, case and seed, then each comparison's summary.
+  std::string message() const;
+};
+
+/// Runs `stage` on an already built case: fresh runner, workspace, plan, NaN-poisoned
+/// outputs, run, synchronize, compare o and lse under the dtype's tolerances.
+/// Throws ref::InvalidArgument if the stage does not support the case's shape.
+ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host,
+                                 cudaStream_t stream = nullptr);
+
+/// build_case for the stage's storage, then run_and_compare.
+ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
+                          cudaStream_t stream = nullptr);
+
+}  // namespace flashstep::stages::harness

@@ -1,0 +1,27 @@
+// The stage registry: one line per stage, in teaching order.
+#include "registry.hpp"
+
+#include "01_naive/naive.hpp"
+#include "02_paged/paged.hpp"
+#include "flashstep/reference/errors.hpp"
+
+namespace flashstep::stages {
+
+const std::vector<StageInfo>& registry() {
+  static const std::vector<StageInfo> stages = {
+      naive::stage_info(),  // 01: scores materialized, three passes, fp32
+      paged::stage_info(),  // 02: paged decode, online softmax, one pass
+  };
+  return stages;
+}
+
+const StageInfo& find_stage(const std::string& name) {
+  std::string known;
+  for (const StageInfo& s : registry()) {
+    if (s.name == name || s.name.substr(0, s.name.find('_')) == name) return s;
+    known += (known.empty() ? "" : ", ") + s.name;
+  }
+  throw ref::InvalidArgument("find_stage: no stage named \"" + name + "\" (known: " + known + ")");
+}
+
+}  // namespace flashstep::stages

@@ -1,0 +1,107 @@
+// Host-side helpers of the stage interface: names of the enums, batch arithmetic and the
+// capability check every caller runs before handing a batch to a stage.
+#include "stage.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "flashstep/reference/errors.hpp"
+
+namespace flashstep::stages {
+
+const char* to_string(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+DType parse_dtype(const std::string& name) {
+  if (name == "f32" || name == "float32") return DType::f32;
+  if (name == "f16" || name == "float16") return DType::f16;
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  throw ref::InvalidArgument("parse_dtype: dtype must be f32, f16 or bf16 (got \"" + name + "\")");
+}
+
+size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+
+const char* to_string(Mode mode) { return mode == Mode::decode ? "decode" : "prefill"; }
+
+const char* to_string(KVStorage storage) {
+  return storage == KVStorage::paged ? "paged" : "ragged";
+}
+
+int64_t BatchShape::kv_len(int i) const {
+  if (storage == KVStorage::ragged) return kv_indptr[i + 1] - kv_indptr[i];
+  const int64_t pages = kv_indptr[i + 1] - kv_indptr[i];
+  return pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[i];
+}
+
+int64_t BatchShape::total_kv_len() const {
+  int64_t total = 0;
+  for (int i = 0; i < batch_size; ++i) total += kv_len(i);
+  return total;
+}
+
+std::string BatchShape::describe() const {
+  std::ostringstream s;
+  s << to_string(mode) << ' ' << to_string(storage) << ' ' << to_string(dtype) << ' '
+    << ref::to_string(kv_layout) << " batch=" << batch_size << " heads=" << num_qo_heads << '/'
+    << num_kv_heads << " head_dim=" << head_dim;
+  if (storage == KVStorage::paged) s << " page=" << page_size;
+  if (mode == Mode::prefill) s << (causal ? " causal" : " non-causal");
+  return s.str();
+}
+
+size_t StageRunner::workspace_bytes(const BatchShape&) const { return 0; }
+
+bool StageInfo::supports(Mode mode) const {
+  return std::find(modes.begin(), modes.end(), mode) != modes.end();
+}
+
+bool StageInfo::supports(DType dtype) const {
+  return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
+}
+
+std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
+  auto contains = [](const auto& list, const auto& x) {
+    return std::find(list.begin(), list.end(), x) != list.end();
+  };
+  if (!supports(shape.mode)) return name + " does not do " + to_string(shape.mode);
+  if (shape.storage != storage)
+    return name + " reads " + to_string(storage) + " KV, not " + to_string(shape.storage);
+  if (!supports(shape.dtype)) return name + " is not built for dtype " + to_string(shape.dtype);
+  if (!contains(head_dims, shape.head_dim))
+    return name + " is not built for head_dim " + std::to_string(shape.head_dim);
+  if (!contains(kv_layouts, shape.kv_layout))
+    return name + " does not read the " + ref::to_string(shape.kv_layout) + " layout";
+  if (shape.num_kv_heads <= 0 || shape.num_qo_heads % shape.num_kv_heads != 0)
+    return "num_qo_heads must be a positive multiple of num_kv_heads";
+  if (shape.group_size() > max_group_size)
+    return name + " supports GQA groups up to " + std::to_string(max_group_size);
+  if (shape.storage == KVStorage::paged && (shape.page_size < 1 || shape.page_size > max_page_size))
+    return name + " supports page_size 1.." + std::to_string(max_page_size);
+  if (shape.mode == Mode::prefill && shape.causal && !causal)
+    return name + " does not implement the causal mask";
+  return {};
+}
+
+std::string StageInfo::capabilities() const {
+  std::ostringstream s;
+  s << to_string(storage);
+  for (Mode m : modes) s << ' ' << to_string(m);
+  s << "; dtypes";
+  for (DType d : dtypes) s << ' ' << to_string(d);
+  s << "; head_dim";
+  for (int d : head_dims) s << ' ' << d;
+  s << "; layouts";
+  for (KVLayout l : kv_layouts) s << ' ' << ref::to_string(l);
+  s << "; GQA groups 1.." << max_group_size;
+  if (storage == KVStorage::paged) s << "; page_size 1.." << max_page_size;
+  if (causal) s << "; causal";
+  return s.str();
+}
+
+}  // namespace flashstep::stages

@@ -1,0 +1,142 @@
+/// \file stage.hpp
+/// \brief What every CUDA stage looks like from outside: the batch it is given (host
+/// shape + device pointers), the plan/run runner it provides, and the capabilities it
+/// declares. Tests, the benchmark, the CLI and the docs see stages only through this.
+///
+/// The split into plan() and run() is FlashInfer's (seeds/001, section 4.1): plan() runs
+/// on the host once per batch composition, may read the index arrays on the host and
+/// writes whatever schedule it needs into the caller's workspace; run() is the per-layer
+/// call and makes no host decisions, so it can be timed alone and captured in a CUDA
+/// graph. Stages 01 and 02 need almost no planning; stage 03 (split-KV) is where plan()
+/// earns its keep.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashstep/reference/attention.hpp"
+
+namespace flashstep::stages {
+
+using ref::KVLayout;
+
+/// Element type of q, k, v and o. LSE is always fp32 and every stage accumulates in fp32.
+enum class DType { f32, f16, bf16 };
+
+/// "f32", "f16" or "bf16".
+const char* to_string(DType dtype);
+/// Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16"; throws
+/// ref::InvalidArgument naming `dtype` otherwise.
+DType parse_dtype(const std::string& name);
+/// Bytes per element: 4, 2, 2.
+size_t dtype_bytes(DType dtype);
+
+/// Decode (one query token per request) or prefill/append (qo_len >= 1 per request).
+enum class Mode { decode, prefill };
+/// "decode" or "prefill".
+const char* to_string(Mode mode);
+
+/// Where the keys and values of a batch live.
+enum class KVStorage {
+  ragged,  ///< contiguous per request: k, v (nnz_kv, num_kv_heads, head_dim); request i owns rows kv_indptr[i]..kv_indptr[i+1]
+  paged,   ///< a page pool and its CSR page table (kv_indptr counts pages)
+};
+/// "ragged" or "paged".
+const char* to_string(KVStorage storage);
+
+/// The host-side description of a batch: sizes, options and host copies of the index
+/// arrays. This is all plan() may look at (FlashInfer's plan() also takes indptr on the
+/// host), so a plan never waits for the device.
+struct BatchShape {
+  Mode mode = Mode::decode;
+  KVStorage storage = KVStorage::paged;
+  DType dtype = DType::bf16;
+  KVLayout kv_layout = KVLayout::NHD;
+  int batch_size = 0;
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int page_size = 0;       ///< paged only: tokens per page
+  int64_t num_pages = 0;   ///< paged only: pages in the pool
+  bool causal = false;     ///< prefill only; bottom-right aligned
+  float sm_scale = 0.f;    ///< softmax scale applied to q.k (1/sqrt(head_dim) by default)
+  std::vector<int32_t> qo_indptr;         ///< (batch_size + 1); decode: 0, 1, ..., batch_size
+  std::vector<int32_t> kv_indptr;         ///< (batch_size + 1); paged: page offsets, ragged: token offsets
+  std::vector<int32_t> kv_last_page_len;  ///< (batch_size), paged only
+
+  /// Query rows of the batch: qo_indptr[batch_size].
+  int64_t nnz_qo() const { return qo_indptr.empty() ? 0 : qo_indptr.back(); }
+  /// Keys of request i (through the page table when paged).
+  int64_t kv_len(int i) const;
+  /// Keys of the whole batch.
+  int64_t total_kv_len() const;
+  /// Query heads per kv head (GQA group size).
+  int group_size() const { return num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0; }
+  /// One line, e.g. "decode paged bf16 NHD batch=16 heads=32/8 head_dim=128 page=16".
+  std::string describe() const;
+};
+
+/// Device pointers of a batch. Shapes follow BatchShape; every pointer is device memory.
+struct DeviceBatch {
+  const void* q = nullptr;                    ///< (nnz_qo, num_qo_heads, head_dim), dtype
+  const int32_t* qo_indptr = nullptr;         ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;         ///< (batch_size + 1), as in BatchShape
+  // paged storage
+  const void* kv_pool = nullptr;              ///< (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND
+  const int32_t* kv_indices = nullptr;        ///< (kv_indptr[batch_size]) page ids
+  const int32_t* kv_last_page_len = nullptr;  ///< (batch_size)
+  // ragged storage
+  const void* k = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD
+  const void* v = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD
+  // outputs
+  void* o = nullptr;                          ///< (nnz_qo, num_qo_heads, head_dim), dtype
+  float* lse = nullptr;                       ///< (nnz_qo, num_qo_heads), natural log
+};
+
+/// One stage's implementation of a batch attention call, FlashInfer's plan/run wrapper.
+/// Make one per batch composition (or reuse it: plan() may be called again).
+class StageRunner {
+ public:
+  virtual ~StageRunner() = default;
+  /// Device workspace (bytes) that plan() and run() need for `shape`; the caller
+  /// allocates it once and passes it to plan(). Default: none.
+  virtual size_t workspace_bytes(const BatchShape& shape) const;
+  /// Host-side scheduling for `shape`. May write into the workspace, ordered on `stream`.
+  /// \param workspace device buffer of at least workspace_bytes(shape) bytes (may be null when 0)
+  virtual void plan(const BatchShape& shape, void* workspace, size_t workspace_size,
+                    cudaStream_t stream) = 0;
+  /// The per-layer device work: only kernel launches on `stream`, no host decisions.
+  /// \param batch pointers matching the planned shape
+  virtual void run(const DeviceBatch& batch, cudaStream_t stream) = 0;
+};
+
+/// What a stage declares about itself: one registry entry.
+struct StageInfo {
+  std::string name;                   ///< folder name, e.g. "02_paged"
+  std::string summary;                ///< one line: what the stage teaches
+  std::vector<Mode> modes;            ///< decode and/or prefill
+  KVStorage storage = KVStorage::paged;  ///< where it expects K/V
+  std::vector<DType> dtypes;          ///< element types of q/k/v/o it accepts
+  std::vector<int> head_dims;         ///< head_dim values it is built for
+  std::vector<KVLayout> kv_layouts;   ///< page (or ragged) layouts it reads
+  int max_page_size = 0;              ///< paged only: largest page_size it accepts
+  int max_group_size = 0;             ///< largest num_qo_heads / num_kv_heads
+  bool causal = false;                ///< whether it implements the causal mask (prefill)
+  std::function<std::unique_ptr<StageRunner>()> make_runner;  ///< a fresh runner
+
+  /// Empty when the stage can run `shape`; otherwise the first rule it breaks.
+  std::string unsupported_reason(const BatchShape& shape) const;
+  bool supports(const BatchShape& shape) const { return unsupported_reason(shape).empty(); }
+  bool supports(Mode mode) const;
+  bool supports(DType dtype) const;
+  /// One line listing the capabilities, for `flashstep` and the docs.
+  std::string capabilities() const;
+};
+
+}  // namespace flashstep::stages

@@ -1,0 +1,237 @@
+// The correctness grids of the GPU suite, as data. Modeled on FlashInfer's own decode
+// test grid (batch {1, 12, 17, 128} x kv_len {1, 15, 16, 17, 54, 97, 512, 2048, 16384}
+// x page {1, 8, 16} x heads {(32, 8), (8, 8), (28, 4), (7, 1)} x head_dim {64, 128, 256}
+// x dtype), trimmed so the suite takes minutes, not hours: the full product of the small
+// sizes, with dtype and layout rotating through the grid so each appears with every
+// other value; long kv_len and batch 128 only where they add something (pipeline wrap,
+// many blocks), because the double-precision reference costs O(batch * kv_len * heads).
+// Benchmark shapes live elsewhere (bench/shapes.csv): these cases check, they never time.
+#pragma once
+
+#include <vector>
+
+#include "harness/case.hpp"
+
+namespace flashstep::test::grids {
+
+using stages::DType;
+using stages::KVLayout;
+using stages::Mode;
+using stages::harness::CaseSpec;
+using stages::harness::LengthPolicy;
+using stages::harness::PageOrder;
+
+struct Heads {
+  int qo, kv;
+};
+inline const Heads kHeadConfigs[] = {{32, 8}, {8, 8}, {28, 4}, {7, 1}};
+inline const DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};
+inline const KVLayout kLayouts[] = {KVLayout::NHD, KVLayout::HND};
+
+/// Small sizes, full product: every edge of the page table (kv_len 1, a partial last
+/// page, last_page_len == page_size, one past it) with every head configuration.
+inline std::vector<CaseSpec> decode_edge_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (int batch : {1, 12, 17})
+    for (int kv_len : {1, 15, 16, 17, 54, 97})
+      for (int page : {1, 8, 16})
+        for (Heads h : kHeadConfigs)
+          for (int head_dim : {64, 128, 256}) {
+            CaseSpec c;
+            c.mode = Mode::decode;
+            c.batch_size = batch;
+            c.kv_len = kv_len;
+            c.page_size = page;
+            c.num_qo_heads = h.qo;
+            c.num_kv_heads = h.kv;
+            c.head_dim = head_dim;
+            c.dtype = kDTypes[n % 3];
+            c.kv_layout = kLayouts[(n / 3) % 2];
+            c.lengths = LengthPolicy::ragged;
+            ++n;
+            cases.push_back(c);
+          }
+  return cases;
+}
+
+/// Long sequences: many pipeline wraps, several tiles per token group, page sizes at
+/// both ends. Batches shrink as kv_len grows, and kv_len 16384 runs at batch 1 and
+/// head_dim 128 only: the reference holds K/V in double (8 bytes per element).
+inline std::vector<CaseSpec> decode_long_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (int kv_len : {512, 2048, 16384})
+    for (int page : {1, 16, 64})
+      for (Heads h : {Heads{32, 8}, Heads{7, 1}})
+        for (int head_dim : {64, 128, 256}) {
+          if (kv_len == 16384 && head_dim != 128) continue;
+          CaseSpec c;
+          c.batch_size = kv_len == 16384 ? 1 : (kv_len == 2048 ? 4 : 12);
+          c.kv_len = kv_len;
+          c.page_size = page;
+          c.num_qo_heads = h.qo;
+          c.num_kv_heads = h.kv;
+          c.head_dim = head_dim;
+          c.dtype = kDTypes[n % 3];
+          c.kv_layout = kLayouts[(n / 3) % 2];
+          ++n;
+          cases.push_back(c);
+        }
+  return cases;
+}
+
+/// Batch 128: more blocks than the chip holds at once, so blocks run in waves.
+inline std::vector<CaseSpec> decode_batch128_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (int kv_len : {17, 97, 256})
+    for (int page : {1, 16})
+      for (Heads h : {Heads{32, 8}, Heads{28, 4}}) {
+        CaseSpec c;
+        c.batch_size = 128;
+        c.kv_len = kv_len;
+        c.page_size = page;
+        c.num_qo_heads = h.qo;
+        c.num_kv_heads = h.kv;
+        c.head_dim = 128;
+        c.dtype = kDTypes[n % 3];
+        c.kv_layout = kLayouts[(n / 3) % 2];
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// Every GQA group size 1..8 (7: a group that fills no power of two), each dtype.
+inline std::vector<CaseSpec> decode_group_grid() {
+  std::vector<CaseSpec> cases;
+  for (int group = 1; group <= 8; ++group)
+    for (DType dtype : kDTypes) {
+      CaseSpec c;
+      c.batch_size = 5;
+      c.kv_len = 97;
+      c.page_size = 8;
+      c.num_kv_heads = 2;
+      c.num_qo_heads = 2 * group;
+      c.head_dim = 128;
+      c.dtype = dtype;
+      c.kv_layout = group % 2 ? KVLayout::HND : KVLayout::NHD;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+/// Ragged-length edges: requests with no KV at all, page_size 64 (> any kv_len here
+/// for some requests), sequential pages, uniform lengths.
+inline std::vector<CaseSpec> decode_ragged_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (LengthPolicy lengths : {LengthPolicy::ragged_with_empty, LengthPolicy::uniform})
+    for (int page : {1, 16, 64})
+      for (PageOrder order : {PageOrder::shuffled, PageOrder::sequential}) {
+        CaseSpec c;
+        c.batch_size = 9;
+        c.kv_len = 70;
+        c.page_size = page;
+        c.lengths = lengths;
+        c.page_order = order;
+        c.dtype = kDTypes[n % 3];
+        c.kv_layout = kLayouts[n % 2];
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// The small set run under compute-sanitizer (memcheck, racecheck): every dtype,
+/// layout and head_dim, page sizes 1/16/64, group 7, partial tiles, an empty request,
+/// several pipeline wraps. Tiny sizes, because the sanitizer slows kernels 10-100x.
+inline std::vector<CaseSpec> decode_sanitizer_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (int head_dim : {64, 128, 256})
+    for (DType dtype : kDTypes) {
+      CaseSpec c;
+      c.batch_size = 3;
+      c.kv_len = n % 2 ? 300 : 37;
+      c.page_size = n % 3 == 0 ? 1 : (n % 3 == 1 ? 16 : 64);
+      c.num_qo_heads = n % 2 ? 7 : 32;
+      c.num_kv_heads = n % 2 ? 1 : 8;
+      c.head_dim = head_dim;
+      c.dtype = dtype;
+      c.kv_layout = kLayouts[n % 2];
+      c.lengths = n == 4 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+      ++n;
+      cases.push_back(c);
+    }
+  return cases;
+}
+
+/// Prefill over ragged queries and ragged KV: qo_len above and below kv_len (causal
+/// rows that see nothing), causal on and off, GQA, each head_dim. fp32 (stage 01's dtype).
+inline std::vector<CaseSpec> prefill_grid() {
+  std::vector<CaseSpec> cases;
+  for (int batch : {1, 5})
+    for (int qo_len : {1, 7, 17})
+      for (int kv_len : {1, 17, 97})
+        for (bool causal : {false, true})
+          for (Heads h : {Heads{8, 8}, Heads{32, 8}, Heads{7, 1}})
+            for (int head_dim : {64, 128, 256}) {
+              CaseSpec c;
+              c.mode = Mode::prefill;
+              c.dtype = DType::f32;
+              c.batch_size = batch;
+              c.qo_len = qo_len;
+              c.kv_len = kv_len;
+              c.causal = causal;
+              c.num_qo_heads = h.qo;
+              c.num_kv_heads = h.kv;
+              c.head_dim = head_dim;
+              c.lengths = batch > 1 && kv_len > 1 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+              cases.push_back(c);
+            }
+  return cases;
+}
+
+/// Prefill cases small enough for compute-sanitizer.
+inline std::vector<CaseSpec> prefill_sanitizer_grid() {
+  std::vector<CaseSpec> cases;
+  for (bool causal : {false, true}) {
+    CaseSpec c;
+    c.mode = Mode::prefill;
+    c.dtype = DType::f32;
+    c.batch_size = 3;
+    c.qo_len = 9;
+    c.kv_len = 40;
+    c.causal = causal;
+    c.num_qo_heads = 7;
+    c.num_kv_heads = 1;
+    c.head_dim = 64;
+    c.lengths = LengthPolicy::ragged_with_empty;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+/// Decode on ragged contiguous KV (stage 01): the decode edges without page sizes.
+inline std::vector<CaseSpec> decode_contiguous_grid() {
+  std::vector<CaseSpec> cases;
+  for (int batch : {1, 12, 17})
+    for (int kv_len : {1, 16, 97, 2048})
+      for (Heads h : kHeadConfigs)
+        for (int head_dim : {64, 128, 256}) {
+          CaseSpec c;
+          c.dtype = DType::f32;
+          c.batch_size = batch;
+          c.kv_len = kv_len;
+          c.num_qo_heads = h.qo;
+          c.num_kv_heads = h.kv;
+          c.head_dim = head_dim;
+          c.lengths = batch == 12 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+          cases.push_back(c);
+        }
+  return cases;
+}
+
+}  // namespace flashstep::test::grids

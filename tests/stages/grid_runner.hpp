@@ -1,0 +1,51 @@
+// Runs every registry stage that can take a case on it, through the harness. Each test
+// case of the GPU suite is one grid; a stage joins a grid by declaring (in its registry
+// entry) that it supports the grid's shapes, so a new stage is tested without touching
+// the tests.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/validate.hpp"
+#include "registry.hpp"
+#include "support/random.hpp"
+
+namespace flashstep::test {
+
+/// Validates every supporting stage on every case of `grid`; returns how many
+/// (stage, case) pairs ran per stage. Each failure prints the harness's report (stage,
+/// case, seed, first five mismatches); after 10 failures the grid stops early.
+inline std::map<std::string, int> check_grid(const std::vector<stages::harness::CaseSpec>& grid) {
+  using namespace stages;
+  using namespace stages::harness;
+  std::map<std::string, int> ran;
+  int failures = 0;
+  for (const CaseSpec& spec : grid) {
+    const std::string text = spec.describe();
+    const uint64_t seed = case_seed(run_seed(), text);
+    std::optional<HostCase> built[2];  // one per storage kind, built only if some stage needs it
+    for (const StageInfo& stage : registry()) {
+      std::mt19937_64 layout_rng(seed);
+      if (!stage.supports(make_layout(spec, stage.storage, layout_rng).shape)) continue;
+      auto& host = built[stage.storage == KVStorage::paged ? 1 : 0];
+      if (!host) host = build_case(spec, stage.storage, seed);
+      const ValidationReport report = run_and_compare(stage, *host);
+      ++ran[stage.name];
+      CHECK_MESSAGE(report.passed, report.message());
+      if (!report.passed && ++failures >= 10) {
+        FAIL("stopping this grid after 10 failures");
+        return ran;
+      }
+    }
+  }
+  for (const auto& [name, count] : ran) std::printf("  %s: %d cases\n", name.c_str(), count);
+  return ran;
+}
+
+}  // namespace flashstep::test
