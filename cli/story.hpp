@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <flashstep/reference/attention.hpp>
+
 namespace flashstep::cli {
 
 /// Collects the checks a command makes while it prints, for its final PASS/FAIL line.
@@ -42,6 +44,26 @@ struct Scenario {
   uint64_t seed = 0;                             ///< seed of any random values shown
   int64_t total_tokens() const;                  ///< sum of the requests' token counts
 };
+
+/// The scenario's batch on a paged KV cache, as an engine would hold it after admitting
+/// the requests in order through the radix cache (shared prefixes on shared pages).
+struct PagedBatch {
+  ref::PagedKVCache cache;                ///< pool (num_pages, 2, page_size, 1, 2) NHD + CSR table
+  ref::Tensor q;                          ///< (nnz_qo, 1, 2): one query per token (prefill)
+  std::vector<int32_t> qo_indptr;         ///< (batch + 1)
+  std::vector<std::string> page_labels;   ///< (num_pages) the tokens each page holds
+  ref::AttentionOptions opt;              ///< causal, sm_scale 1 (the primer's convention)
+};
+
+/// The primer's K and V (d_model 2) of one of its words ("The", "cat", "sat", "ran",
+/// "fast"); false for any other word.
+bool primer_kv(const std::string& word, double k[2], double v[2]);
+
+/// Builds the PagedBatch of `s` with pages of `page_size` tokens. K, V and Q have d = 2:
+/// for the primer's words the primer's own vectors (Q of a token = its K, as in the
+/// worked example), for other words values drawn from `s.seed`, one per (word, position)
+/// so that a shared prefix holds the same K/V whoever wrote it.
+PagedBatch make_paged_batch(const Scenario& s, int page_size);
 
 /// Tokenizes each prompt into words (whitespace-separated; tokenization is
 /// implementation-specific and words read best) and numbers the distinct words in order

@@ -51,6 +51,14 @@ class TextTable {
   std::vector<std::vector<std::string>> rows_;
 };
 
+/// `text` with `pad` put in front of every line.
+inline std::string indent_lines(const std::string& text, const std::string& pad) {
+  std::istringstream in(text);
+  std::string out;
+  for (std::string line; std::getline(in, line);) out += pad + line + "\n";
+  return out;
+}
+
 /// "[1, 2, 3]" for any streamable element type.
 template <typename Seq>
 std::string format_list(const Seq& values) {

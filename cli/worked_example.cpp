@@ -45,6 +45,15 @@ std::string vec(const double* x, int n, int precision = 2) {
 
 }  // namespace
 
+bool primer_kv(const std::string& word, double k[2], double v[2]) {
+  for (const Token& t : kTokens)
+    if (word == t.text) {
+      for (int d = 0; d < 2; ++d) k[d] = t.k[d], v[d] = t.v[d];
+      return true;
+    }
+  return false;
+}
+
 void show_worked_attention(std::ostream& os, Ledger& ledger) {
   auto expect = [&](bool ok, const std::string& what) { ledger.expect(ok, "primer: " + what); };
 
