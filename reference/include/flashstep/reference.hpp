@@ -11,3 +11,5 @@
 #include "flashstep/reference/page_allocator.hpp"  // IWYU pragma: export
 #include "flashstep/reference/radix_cache.hpp"     // IWYU pragma: export
 #include "flashstep/reference/block_sparse.hpp"    // IWYU pragma: export
+#include "flashstep/reference/sampling.hpp"        // IWYU pragma: export
+#include "flashstep/reference/cascade.hpp"         // IWYU pragma: export
