@@ -265,6 +265,8 @@ void sort_by_key(std::vector<ActiveDraw>& a, std::vector<ActiveDraw>& scratch) {
   for (int shift = 0; shift < 56; shift += 14) {
     std::fill(count.begin(), count.end(), 0u);
     for (const auto& x : a) ++count[((x.key >> shift) & 0x3FFFu) + 1];
+    // A digit shared by every key (e.g. `low` in the first round) needs no pass.
+    if (*std::max_element(count.begin(), count.end()) == a.size()) continue;
     for (size_t b = 1; b < count.size(); ++b) count[b] += count[b - 1];
     for (const auto& x : a) scratch[count[(x.key >> shift) & 0x3FFFu]++] = x;
     a.swap(scratch);

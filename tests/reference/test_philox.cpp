@@ -96,7 +96,7 @@ TEST_CASE("philox: stream word n is lane n % 4 of counter (n / 4, subsequence) u
   }
 }
 
-TEST_CASE("philox: uniforms are the top 24 bits over 2^24, in [0, 1), exact in float") {
+TEST_CASE("philox: uniforms are the top 24 bits over 2^24, at least 0 and below 1, exact in float") {
   auto rng = flashstep::test::case_rng("philox uniforms");
   const uint64_t seed = rng();
   CAPTURE(seed);

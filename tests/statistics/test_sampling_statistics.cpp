@@ -1,0 +1,376 @@
+// Every sampling operator, on vocabularies of 111, 32000 and 128256 tokens and FlashInfer's
+// parameter grid (k in {1, 10, 500}, p in {0.1, 0.5, 0.9}, min_p in {0.05, 0.5}), draws
+// 10^6 tokens from one row (FlashInfer's `indices` pointing every output at it) and the
+// counts are compared with the exact oracle (sampling_target_distribution):
+//
+//   - no draw of a token the oracle gives probability 0 (masked, filtered or zero),
+//   - a binned chi-square test (bins of >= 50 expected draws) below its 1 - 3e-7 quantile,
+//   - every token with >= 50 expected draws within 6 standard deviations.
+//
+// The same verdict is shown to reject deliberately broken samplers (one that forgets to
+// renormalize, one that keeps k + 1 tokens, one that drops the token crossing top_p, one
+// that is 2% off on the top token), so a pass means something. Mean and maximum
+// rejection rounds are printed and bounded. Seeds are fresh per run (FLASHSTEP_SEED
+// reproduces); the draws use Philox, so a seed reproduces every token.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <flashstep/kernels/philox.cuh>
+#include <flashstep/reference/sampling.hpp>
+
+#include "support/random.hpp"
+
+using namespace flashstep;
+using ref::FilterApplyOrder;
+using ref::SamplingFilter;
+using ref::SamplingOptions;
+using ref::Tensor;
+
+namespace {
+
+constexpr int64_t kDraws = 1000000;
+const int64_t kVocabs[] = {111, 32000, 128256};
+// Expected draws per chi-square bin, and the z of the critical values (one-sided
+// p ~ 2.9e-7 for the chi-square; Bonferroni over <= 20000 tokens for the per-token z).
+constexpr double kMinExpected = 50.0;
+constexpr double kChi2Z = 5.0;
+constexpr double kTokenZ = 6.0;
+// Regression bounds on the rejection rounds, about 1.5x the largest mean (5.1, top_k = 1
+// on 128256 tokens) and 3x the largest maximum (13) measured on these rows.
+constexpr double kMaxMeanRounds = 8.0;
+constexpr int32_t kMaxRounds = 40;
+
+struct Verdict {
+  int64_t off_support = 0;  // draws of tokens with target probability 0
+  double chi2 = 0.0, critical = 0.0;
+  int64_t df = 0;
+  double max_z = 0.0;
+  bool pass() const { return off_support == 0 && chi2 <= critical && max_z <= kTokenZ; }
+  std::string text() const {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "off-support %lld, chi2 %.1f (df %lld, critical %.1f), max |z| %.2f -> %s",
+                  static_cast<long long>(off_support), chi2, static_cast<long long>(df), critical, max_z,
+                  pass() ? "pass" : "REJECT");
+    return buf;
+  }
+};
+
+// Wilson-Hilferty approximation of the chi-square quantile at standard-normal z.
+double chi2_quantile(int64_t df, double z) {
+  const double a = 2.0 / (9.0 * static_cast<double>(df));
+  return static_cast<double>(df) * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+Verdict compare(const std::vector<int64_t>& counts, const std::vector<double>& target, int64_t draws) {
+  Verdict v;
+  std::vector<size_t> support;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (target[i] > 0.0) {
+      support.push_back(i);
+    } else {
+      v.off_support += counts[i];
+    }
+  }
+  std::sort(support.begin(), support.end(), [&](size_t a, size_t b) { return target[a] > target[b]; });
+  // Bins of consecutive tokens (by probability) holding >= kMinExpected expected draws.
+  std::vector<std::pair<double, double>> bins;  // (expected, observed)
+  double e = 0.0, o = 0.0;
+  for (size_t i : support) {
+    const double expected = target[i] * static_cast<double>(draws);
+    if (expected >= kMinExpected) {
+      const double sd = std::sqrt(expected * (1.0 - target[i]));
+      if (sd > 0.0) v.max_z = std::max(v.max_z, std::abs(static_cast<double>(counts[i]) - expected) / sd);
+    }
+    e += expected;
+    o += static_cast<double>(counts[i]);
+    if (e >= kMinExpected) {
+      bins.emplace_back(e, o);
+      e = o = 0.0;
+    }
+  }
+  if (e > 0.0 || o > 0.0) {
+    if (bins.empty()) {
+      bins.emplace_back(e, o);
+    } else {
+      bins.back().first += e;
+      bins.back().second += o;
+    }
+  }
+  for (const auto& [expected, observed] : bins) v.chi2 += (observed - expected) * (observed - expected) / expected;
+  v.df = static_cast<int64_t>(bins.size()) - 1;
+  v.critical = v.df > 0 ? chi2_quantile(v.df, kChi2Z) : 0.0;
+  return v;
+}
+
+std::vector<int64_t> histogram(const std::vector<int32_t>& samples, int64_t vocab) {
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
+  int64_t out_of_range = 0;  // counted, not asserted per draw (10^6 doctest assertions are slow)
+  for (int32_t s : samples) {
+    if (s < 0 || s >= vocab) {
+      ++out_of_range;
+      continue;
+    }
+    ++counts[static_cast<size_t>(s)];
+  }
+  REQUIRE(out_of_range == 0);
+  return counts;
+}
+
+// Logits of a test row: normal, with 3% of tokens masked (-inf); the 111-token row is
+// quantized to quarters and given ties at ranks (1, 2) and (10, 11), where top_k = 1 and
+// top_k = 10 cut.
+std::vector<double> test_logits(std::mt19937_64& rng, int64_t vocab) {
+  std::normal_distribution<double> normal(0.0, 2.5);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> logits(static_cast<size_t>(vocab));
+  for (auto& x : logits) x = normal(rng);
+  if (vocab == 111) {
+    for (auto& x : logits) x = std::round(4.0 * x) / 4.0;
+    std::vector<size_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    logits[order[1]] = logits[order[0]];
+    logits[order[10]] = logits[order[9]];
+  }
+  for (auto& x : logits)
+    if (unit(rng) < 0.03) x = -std::numeric_limits<double>::infinity();
+  return logits;
+}
+
+// The float32 row a sampler reads for these logits.
+std::vector<float> as_float(const Tensor& probs) {
+  std::vector<float> f(probs.data.size());
+  for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(probs.data[i]);
+  return f;
+}
+
+struct Case {
+  std::string name;
+  int64_t vocab;
+  std::function<ref::SamplingResult(const SamplingOptions&)> draw;
+  std::vector<double> target;
+};
+
+void run_case(const Case& c, uint64_t seed) {
+  SamplingOptions opt;
+  opt.seed = seed;
+  opt.indices.assign(static_cast<size_t>(kDraws), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const ref::SamplingResult r = c.draw(opt);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Verdict v = compare(histogram(r.samples, c.vocab), c.target, kDraws);
+  std::printf("%-44s V=%-6lld %lld draws in %.2f s, rounds mean %.3f max %d | %s\n", c.name.c_str(),
+              static_cast<long long>(c.vocab), static_cast<long long>(kDraws), seconds, r.mean_rounds(),
+              r.max_rounds(), v.text().c_str());
+  CAPTURE(c.name);
+  CAPTURE(c.vocab);
+  CAPTURE(seed);
+  INFO(v.text());
+  CHECK(r.samples.size() == static_cast<size_t>(kDraws));
+  CHECK(v.pass());
+  CHECK(r.mean_rounds() <= kMaxMeanRounds);
+  CHECK(r.max_rounds() <= kMaxRounds);
+}
+
+// Runs `make_cases(vocab, logits, probs)` for each vocabulary.
+void run_grid(const char* salt, const std::function<std::vector<Case>(int64_t, const Tensor&, const Tensor&)>& make_cases) {
+  auto rng = test::case_rng(salt);
+  const uint64_t seed = rng();
+  CAPTURE(seed);
+  for (int64_t vocab : kVocabs) {
+    Tensor logits({1, vocab});
+    logits.data = test_logits(rng, vocab);
+    const Tensor probs = ref::softmax(logits);
+    for (const Case& c : make_cases(vocab, logits, probs)) run_case(c, seed);
+  }
+}
+
+std::vector<double> target_of(const Tensor& probs, const SamplingFilter& f) {
+  return ref::sampling_target_distribution(as_float(probs), f);
+}
+
+const std::pair<int64_t, double> kTopKTopP[] = {{10, 0.9}, {500, 0.1}, {500, 0.5}};
+
+}  // namespace
+
+TEST_CASE("sampling_from_probs and sampling_from_logits match the softmax row") {
+  run_grid("statistics plain", [](int64_t vocab, const Tensor& logits, const Tensor& probs) {
+    const auto target = target_of(probs, SamplingFilter::none());
+    return std::vector<Case>{
+        {"sampling_from_probs", vocab, [probs](const SamplingOptions& o) { return ref::sampling_from_probs(probs, o); }, target},
+        {"sampling_from_logits", vocab, [logits](const SamplingOptions& o) { return ref::sampling_from_logits(logits, o); }, target},
+    };
+  });
+}
+
+TEST_CASE("top_k_sampling_from_probs matches the oracle for k in {1, 10, 500}") {
+  run_grid("statistics top_k", [](int64_t vocab, const Tensor&, const Tensor& probs) {
+    std::vector<Case> cases;
+    for (int64_t k : {1, 10, 500})
+      cases.push_back({"top_k_sampling_from_probs k=" + std::to_string(k), vocab,
+                       [probs, k](const SamplingOptions& o) { return ref::top_k_sampling_from_probs(probs, k, o); },
+                       target_of(probs, SamplingFilter::make_top_k(k))});
+    return cases;
+  });
+}
+
+TEST_CASE("top_p_sampling_from_probs matches the oracle for p in {0.1, 0.5, 0.9}") {
+  run_grid("statistics top_p", [](int64_t vocab, const Tensor&, const Tensor& probs) {
+    std::vector<Case> cases;
+    for (double p : {0.1, 0.5, 0.9})
+      cases.push_back({"top_p_sampling_from_probs p=" + std::to_string(p).substr(0, 3), vocab,
+                       [probs, p](const SamplingOptions& o) { return ref::top_p_sampling_from_probs(probs, p, o); },
+                       target_of(probs, SamplingFilter::make_top_p(p))});
+    return cases;
+  });
+}
+
+TEST_CASE("min_p_sampling_from_probs matches the oracle for min_p in {0.05, 0.5}") {
+  run_grid("statistics min_p", [](int64_t vocab, const Tensor&, const Tensor& probs) {
+    std::vector<Case> cases;
+    for (double m : {0.05, 0.5})
+      cases.push_back({"min_p_sampling_from_probs min_p=" + std::to_string(m).substr(0, 4), vocab,
+                       [probs, m](const SamplingOptions& o) { return ref::min_p_sampling_from_probs(probs, m, o); },
+                       target_of(probs, SamplingFilter::make_min_p(m))});
+    return cases;
+  });
+}
+
+TEST_CASE("top_k_top_p_sampling_from_probs, joint and top_k_first, match their oracles") {
+  run_grid("statistics top_k_top_p", [](int64_t vocab, const Tensor&, const Tensor& probs) {
+    std::vector<Case> cases;
+    for (const auto& [k, p] : kTopKTopP) {
+      const std::string params = " k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3);
+      cases.push_back({"top_k_top_p_sampling_from_probs joint" + params, vocab,
+                       [probs, k = k, p = p](const SamplingOptions& o) {
+                         return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::joint, o);
+                       },
+                       target_of(probs, SamplingFilter::make_top_k_top_p(k, p))});
+      // top_k_first: top-p on the renormalized top-k row (read as float32 again).
+      cases.push_back({"top_k_top_p_sampling_from_probs top_k_first" + params, vocab,
+                       [probs, k = k, p = p](const SamplingOptions& o) {
+                         return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::top_k_first, o);
+                       },
+                       target_of(ref::top_k_renorm_probs(probs, k), SamplingFilter::make_top_p(p))});
+    }
+    return cases;
+  });
+}
+
+TEST_CASE("top_k_top_p_sampling_from_logits, joint and top_k_first, match their oracles") {
+  run_grid("statistics top_k_top_p logits", [](int64_t vocab, const Tensor& logits, const Tensor& probs) {
+    const int64_t k = 10;
+    const double p = 0.5;
+    return std::vector<Case>{
+        {"top_k_top_p_sampling_from_logits joint k=10 p=0.5", vocab,
+         [logits](const SamplingOptions& o) {
+           return ref::top_k_top_p_sampling_from_logits(logits, 10, 0.5, FilterApplyOrder::joint, o);
+         },
+         target_of(probs, SamplingFilter::make_top_k_top_p(k, p))},
+        {"top_k_top_p_sampling_from_logits top_k_first k=10 p=0.5", vocab,
+         [logits](const SamplingOptions& o) {
+           return ref::top_k_top_p_sampling_from_logits(logits, 10, 0.5, FilterApplyOrder::top_k_first, o);
+         },
+         target_of(ref::softmax(ref::top_k_mask_logits(logits, k)), SamplingFilter::make_top_p(p))},
+    };
+  });
+}
+
+namespace {
+
+// 10^6 draws from an explicit distribution by inverse CDF over Philox uniforms: how a
+// broken sampler would behave, without writing one per bug.
+std::vector<int64_t> draw_from(const std::vector<double>& dist, uint64_t seed) {
+  std::vector<double> cdf(dist.size());
+  std::partial_sum(dist.begin(), dist.end(), cdf.begin());
+  std::vector<int64_t> counts(dist.size(), 0);
+  for (int64_t i = 0; i < kDraws; ++i) {
+    const double u = kernels::philox_uniform(seed, static_cast<uint64_t>(i), 0) * cdf.back();
+    size_t t = static_cast<size_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+    while (dist[std::min(t, dist.size() - 1)] == 0.0 && t > 0) --t;  // never land on a zero by rounding
+    ++counts[std::min(t, dist.size() - 1)];
+  }
+  return counts;
+}
+
+}  // namespace
+
+TEST_CASE("the same verdict rejects broken samplers and accepts the oracle's own draws") {
+  auto rng = test::case_rng("statistics broken samplers");
+  const uint64_t seed = rng();
+  CAPTURE(seed);
+  for (int64_t vocab : {int64_t{111}, int64_t{32000}}) {
+    Tensor logits({1, vocab});
+    logits.data = test_logits(rng, vocab);
+    const auto row = as_float(ref::softmax(logits));
+    CAPTURE(vocab);
+    auto report = [&](const char* what, const Verdict& v) {
+      std::printf("%-44s V=%-6lld %s\n", what, static_cast<long long>(vocab), v.text().c_str());
+    };
+
+    // Control: draws from the target itself pass.
+    const auto top_k = ref::sampling_target_distribution(row, SamplingFilter::make_top_k(10));
+    const Verdict control = compare(draw_from(top_k, seed), top_k, kDraws);
+    report("control: exact top_k=10 draws", control);
+    CHECK(control.pass());
+
+    // Keeps one token more than top_k = 10 does (an off-by-one in the count test; on the
+    // 111-token row ranks 10 and 11 are tied, so the next k that grows the set is used).
+    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
+    std::vector<double> k_plus_1;
+    for (int64_t k = 11; support(k_plus_1) <= support(top_k); ++k)
+      k_plus_1 = ref::sampling_target_distribution(row, SamplingFilter::make_top_k(k));
+    const Verdict v1 = compare(draw_from(k_plus_1, seed), top_k, kDraws);
+    report("broken: top_k keeps k+1 tokens", v1);
+    CHECK_FALSE(v1.pass());
+
+    // Forgets to renormalize: u is drawn over the whole row, and a draw that lands outside
+    // the top-p head falls back to the head's last token (in vocabulary order).
+    const auto top_p = ref::sampling_target_distribution(row, SamplingFilter::make_top_p(0.5));
+    std::vector<double> no_renorm(row.size(), 0.0);
+    double kept = 0.0, total = 0.0;
+    size_t last_kept = 0;
+    for (size_t i = 0; i < row.size(); ++i) {
+      total += row[i];
+      if (top_p[i] > 0.0) {
+        no_renorm[i] = row[i];
+        kept += row[i];
+        last_kept = i;
+      }
+    }
+    no_renorm[last_kept] += total - kept;
+    const Verdict v2 = compare(draw_from(no_renorm, seed), top_p, kDraws);
+    report("broken: top_p forgets to renormalize", v2);
+    CHECK_FALSE(v2.pass());
+
+    // Drops the token that crosses top_p (keeps only tokens whose cumulative mass <= p).
+    std::vector<size_t> order(row.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return row[a] > row[b]; });
+    std::vector<double> short_head(row.size(), 0.0);
+    double cumulative = 0.0;
+    for (size_t i : order) {
+      cumulative += row[i] / total;
+      if (cumulative <= 0.5) short_head[i] = row[i];
+    }
+    if (std::accumulate(short_head.begin(), short_head.end(), 0.0) == 0.0) short_head[order[0]] = 1.0;
+    const Verdict v3 = compare(draw_from(short_head, seed), top_p, kDraws);
+    report("broken: top_p drops the crossing token", v3);
+    CHECK_FALSE(v3.pass());
+
+    // Subtle: the top token 2% too likely (renormalized), everything else right.
+    std::vector<double> tilted = top_k;
+    tilted[order[0]] *= 1.02;
+    const Verdict v4 = compare(draw_from(tilted, seed), top_k, kDraws);
+    report("broken: top_k with the top token 2% heavy", v4);
+    CHECK_FALSE(v4.pass());
+  }
+}
