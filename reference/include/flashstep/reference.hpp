@@ -13,3 +13,4 @@
 #include "flashstep/reference/block_sparse.hpp"    // IWYU pragma: export
 #include "flashstep/reference/sampling.hpp"        // IWYU pragma: export
 #include "flashstep/reference/cascade.hpp"         // IWYU pragma: export
+#include "flashstep/reference/split_plan.hpp"      // IWYU pragma: export
