@@ -54,7 +54,12 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(flashstep::test::run_seed()));
   if (gpu) {
     std::printf("device: %s\n", flashstep::stages::harness::device_description().c_str());
-    return context.run();
+    const int rc = context.run();
+    if (FilterCounter::selected == 0) {  // a filter that matches nothing must not pass
+      std::printf("FAIL: no test case matched the filters\n");
+      return 2;
+    }
+    return rc;
   }
   context.addFilter("test-suite", "host");
   const int rc = context.run();

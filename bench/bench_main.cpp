@@ -1,0 +1,279 @@
+// flashstep_bench — every registry stage on every benchmark shape it supports, with the
+// ceilings measured in the same process (benchmark policy, DESIGN.md).
+//
+//   flashstep_bench [--shapes=bench/shapes.csv] [--sets=target,sweep,extra] [--tune]
+//                   [Google Benchmark flags, e.g. --benchmark_out=r.json --benchmark_out_format=json]
+//
+// Rows: ceiling/copy_d2d (GB/s), ceiling/gemm_bf16 (TFLOP/s), then <stage>/<shape> with
+// counters GB/s and pct_of_ceiling (% of the copy ceiling). Each row is the median of 5
+// repetitions; a repetition is the mean of event-timed runs, each after an L2 flush.
+// GB/s counts the bytes a decode must move at least: q, K and V of every token, o and
+// lse (the page table, 4 bytes per page, is left out). --tune adds pipeline-depth
+// variants of 02_paged on the target shapes. Set FLASHSTEP_COMMIT to stamp the commit.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "02_paged/paged.hpp"
+#include "device_fill.hpp"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "harness/device.hpp"
+#include "registry.hpp"
+#include "shapes.hpp"
+#include "timing.hpp"
+
+#ifndef FLASHSTEP_BENCH_SHAPES
+#define FLASHSTEP_BENCH_SHAPES "bench/shapes.csv"
+#endif
+
+namespace {
+
+using namespace flashstep;
+using namespace flashstep::bench;
+using stages::harness::DeviceBuffer;
+
+#define FLASHSTEP_CUBLAS_CHECK(call)                                                   \
+  do {                                                                                 \
+    const cublasStatus_t status_ = (call);                                             \
+    if (status_ != CUBLAS_STATUS_SUCCESS)                                              \
+      throw std::runtime_error(std::string(#call " failed: cuBLAS status ") +          \
+                               std::to_string(static_cast<int>(status_)));             \
+  } while (0)
+
+struct Ceilings {
+  double copy_gbps = 0;    ///< device-to-device copy, bytes read + written
+  double gemm_tflops = 0;  ///< cuBLAS bf16 GEMM 8192^3, fp32 accumulation
+};
+Ceilings g_ceilings;
+
+constexpr size_t kCopyBytes = size_t{1} << 30;
+constexpr int kGemmN = 8192;
+
+/// The copy ceiling: one cudaMemcpyAsync of 1 GiB, counted as 2 GiB moved.
+struct CopyCeiling {
+  DeviceBuffer src{kCopyBytes}, dst{kCopyBytes};
+  CopyCeiling() { fill_uniform(stages::DType::f32, src.get(), kCopyBytes / 4, 7, -1.f, 1.f, nullptr); }
+  void run(cudaStream_t stream) const {
+    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  static double bytes() { return 2.0 * kCopyBytes; }
+};
+
+/// The matrix ceiling: C = A B, bf16 8192 x 8192 operands, fp32 accumulation.
+struct GemmCeiling {
+  static constexpr size_t kElems = size_t{kGemmN} * kGemmN;
+  DeviceBuffer a{kElems * 2}, b{kElems * 2}, c{kElems * 2};
+  cublasHandle_t handle = nullptr;
+  GemmCeiling() {
+    fill_uniform(stages::DType::bf16, a.get(), kElems, 8, -1.f, 1.f, nullptr);
+    fill_uniform(stages::DType::bf16, b.get(), kElems, 9, -1.f, 1.f, nullptr);
+    FLASHSTEP_CUBLAS_CHECK(cublasCreate(&handle));
+  }
+  ~GemmCeiling() { cublasDestroy(handle); }
+  void run(cudaStream_t stream) const {
+    const float alpha = 1.f, beta = 0.f;
+    FLASHSTEP_CUBLAS_CHECK(cublasSetStream(handle, stream));
+    FLASHSTEP_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kGemmN, kGemmN, kGemmN, &alpha,
+                                        a.get(), CUDA_R_16BF, kGemmN, b.get(), CUDA_R_16BF, kGemmN, &beta,
+                                        c.get(), CUDA_R_16BF, kGemmN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  static double flops() { return 2.0 * kGemmN * kGemmN * double(kGemmN); }
+};
+
+/// Device inputs of one (stage, shape): built once, reused by every call of its benchmark.
+struct StageInputs {
+  std::string key;
+  stages::BatchShape shape;
+  DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, k, v, o, lse, workspace;
+  stages::DeviceBatch batch;
+  std::unique_ptr<stages::StageRunner> runner;
+  double bytes = 0;
+};
+std::unique_ptr<StageInputs> g_inputs;  // one at a time: the previous shape's memory is freed first
+
+StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
+                        const stages::harness::CaseSpec& spec, stages::paged::PagedConfig tune) {
+  if (g_inputs && g_inputs->key == key) return *g_inputs;
+  g_inputs.reset();
+  auto in = std::make_unique<StageInputs>();
+  in->key = key;
+  std::mt19937_64 rng(20240607);
+  const stages::harness::CaseLayout layout = stages::harness::make_layout(spec, stage.storage, rng);
+  const stages::BatchShape& s = in->shape = layout.shape;
+  const size_t elem = stages::dtype_bytes(s.dtype);
+  const size_t q_elems = size_t(s.nnz_qo()) * s.num_qo_heads * s.head_dim;
+  const size_t kv_elems = size_t(s.total_kv_len()) * s.num_kv_heads * s.head_dim;  // K or V
+  in->q = DeviceBuffer(q_elems * elem);
+  fill_uniform(s.dtype, in->q.get(), q_elems, 1, -3.f, 3.f, nullptr);
+  in->qo_indptr = stages::harness::upload(s.qo_indptr);
+  in->kv_indptr = stages::harness::upload(s.kv_indptr);
+  if (s.storage == stages::KVStorage::paged) {
+    in->kv_indices = stages::harness::upload(layout.kv_indices);
+    in->kv_last_page_len = stages::harness::upload(s.kv_last_page_len);
+    const size_t pool_elems = size_t(s.num_pages) * 2 * s.page_size * s.num_kv_heads * s.head_dim;
+    in->pool = DeviceBuffer(pool_elems * elem);
+    fill_uniform(s.dtype, in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
+  } else {
+    in->k = DeviceBuffer(kv_elems * elem);
+    in->v = DeviceBuffer(kv_elems * elem);
+    fill_uniform(s.dtype, in->k.get(), kv_elems, 3, -1.f, 1.f, nullptr);
+    fill_uniform(s.dtype, in->v.get(), kv_elems, 4, -1.f, 1.f, nullptr);
+  }
+  in->o = DeviceBuffer(q_elems * elem);
+  in->lse = DeviceBuffer(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float));
+  in->batch = {in->q.get(), in->qo_indptr.as<int32_t>(), in->kv_indptr.as<int32_t>(), in->pool.get(),
+               in->kv_indices.as<int32_t>(), in->kv_last_page_len.as<int32_t>(), in->k.get(), in->v.get(),
+               in->o.get(), in->lse.as<float>()};
+  in->runner = tune.num_stages ? std::make_unique<stages::paged::PagedRunner>(tune) : stage.make_runner();
+  in->workspace = DeviceBuffer(in->runner->workspace_bytes(s));
+  in->runner->plan(s, in->workspace.get(), in->workspace.bytes(), nullptr);
+  in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  g_inputs = std::move(in);
+  return *g_inputs;
+}
+
+/// A timed stage must also produce finite output (a cheap guard, not the validation:
+/// that is the GPU test suite's job).
+bool lse_is_finite(const StageInputs& in) {
+  std::vector<float> lse(in.lse.bytes() / sizeof(float));
+  FLASHSTEP_CUDA_CHECK(cudaMemcpy(lse.data(), in.lse.get(), in.lse.bytes(), cudaMemcpyDeviceToHost));
+  for (float x : lse)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+benchmark::internal::Benchmark* configure(benchmark::internal::Benchmark* b) {
+  return b->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05)->Repetitions(5)->ReportAggregatesOnly(true);
+}
+
+void register_stage(const stages::StageInfo& stage, const BenchShape& shape, const std::string& name,
+                    stages::paged::PagedConfig tune = {}) {
+  stages::harness::CaseSpec spec = shape.spec;
+  std::string note;
+  if (!stage.supports(spec.dtype)) {
+    note = std::string(stages::to_string(stage.dtypes.front())) + " (stage has no " + stages::to_string(spec.dtype) + ")";
+    spec.dtype = stage.dtypes.front();
+  }
+  if (stage.storage == stages::KVStorage::ragged) spec.kv_layout = stages::KVLayout::NHD;
+  std::mt19937_64 rng(1);
+  if (!stage.supports(stages::harness::make_layout(spec, stage.storage, rng).shape)) return;
+  configure(benchmark::RegisterBenchmark(name.c_str(), [&stage, spec, name, note, tune](benchmark::State& state) {
+    StageInputs& in = inputs_for(name, stage, spec, tune);
+    static GpuTimer timer;
+    run_timed(state, timer, [&] { in.runner->run(in.batch, nullptr); }, in.bytes, 0, g_ceilings.copy_gbps);
+    if (!lse_is_finite(in)) state.SkipWithError("non-finite lse: the stage is broken on this shape");
+    std::ostringstream label;
+    label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage);
+    if (!note.empty()) label << "; runs " << note;
+    state.SetLabel(label.str());
+  }));
+}
+
+/// Median of `reps` timed runs, for the context fields (the rows are measured again by
+/// Google Benchmark below).
+template <typename Body>
+double median_ms(GpuTimer& timer, Body body, int reps) {
+  for (int i = 0; i < 3; ++i) body();
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) t.push_back(timer.time_once(body));
+  return median(t);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shapes_path = FLASHSTEP_BENCH_SHAPES;
+  std::set<std::string> sets = {"target", "sweep", "extra"};
+  bool tune = false;
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--shapes=", 0) == 0) {
+      shapes_path = a.substr(9);
+    } else if (a.rfind("--sets=", 0) == 0) {
+      sets.clear();
+      std::stringstream ss(a.substr(7));
+      for (std::string s; std::getline(ss, s, ',');) sets.insert(s);
+    } else if (a == "--tune") {
+      tune = true;
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  std::string why;
+  if (!stages::harness::gpu_available(&why)) {
+    std::fprintf(stderr, "flashstep_bench: no usable CUDA GPU (%s)\n", why.c_str());
+    return 1;
+  }
+  try {
+    const std::vector<BenchShape> shapes = load_shapes(shapes_path);
+    {
+      GpuTimer timer;
+      const CopyCeiling copy;
+      g_ceilings.copy_gbps = CopyCeiling::bytes() / (median_ms(timer, [&] { copy.run(nullptr); }, 20) * 1e-3) * 1e-9;
+      const GemmCeiling gemm;
+      g_ceilings.gemm_tflops = GemmCeiling::flops() / (median_ms(timer, [&] { gemm.run(nullptr); }, 10) * 1e-3) * 1e-12;
+    }
+    const char* commit = std::getenv("FLASHSTEP_COMMIT");
+    benchmark::AddCustomContext("device", stages::harness::device_description());
+    benchmark::AddCustomContext("commit", commit ? commit : "unknown");
+    benchmark::AddCustomContext("copy_ceiling_GB/s", std::to_string(g_ceilings.copy_gbps));
+    benchmark::AddCustomContext("gemm_bf16_ceiling_TFLOP/s", std::to_string(g_ceilings.gemm_tflops));
+    benchmark::AddCustomContext("shapes_file", shapes_path);
+
+    configure(benchmark::RegisterBenchmark("ceiling/copy_d2d", [](benchmark::State& state) {
+      static GpuTimer timer;
+      static const CopyCeiling copy;
+      run_timed(state, timer, [&] { copy.run(nullptr); }, CopyCeiling::bytes(), 0, g_ceilings.copy_gbps);
+    }));
+    configure(benchmark::RegisterBenchmark("ceiling/gemm_bf16", [](benchmark::State& state) {
+      static GpuTimer timer;
+      static const GemmCeiling gemm;
+      run_timed(state, timer, [&] { gemm.run(nullptr); }, 0, GemmCeiling::flops(), g_ceilings.gemm_tflops);
+    }));
+
+    for (const stages::StageInfo& stage : stages::registry()) {
+      std::set<std::string> seen;  // ragged stages ignore page size, layout and page order
+      for (const BenchShape& shape : shapes) {
+        if (!sets.count(shape.set)) continue;
+        if (stage.storage == stages::KVStorage::ragged) {
+          const auto& c = shape.spec;
+          const stages::DType dtype = stage.supports(c.dtype) ? c.dtype : stage.dtypes.front();
+          const std::string key = std::to_string(c.batch_size) + "/" + std::to_string(c.kv_len) + "/" +
+                                  std::to_string(c.num_qo_heads) + "/" + std::to_string(c.num_kv_heads) + "/" +
+                                  std::to_string(c.head_dim) + "/" + stages::to_string(dtype);
+          if (!seen.insert(key).second) continue;
+        }
+        register_stage(stage, shape, stage.name + "/" + shape.name);
+      }
+    }
+    if (tune) {
+      const stages::StageInfo& paged = stages::find_stage("02_paged");
+      for (const BenchShape& shape : shapes)
+        if (shape.set == "target")
+          for (int s : {2, 3, 4, 6, 8})
+            register_stage(paged, shape, "tune/stages" + std::to_string(s) + "/" + shape.name,
+                           stages::paged::PagedConfig{s});
+    }
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    g_inputs.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashstep_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Joins one device call's flashstep_bench JSON and peers JSON into one results file.
+
+    merge_results.py --bench bench.json --peers peers.json --shapes bench/shapes.csv \
+                     --commit SHA [--dirty] --out docs/results/NAME.json
+
+The output stays Google Benchmark JSON (what scripts/docs_results.py reads): the peers
+become median rows named peer_<impl>/<shape>, one per shape whose sizes the peer ran;
+the context gains device, commit and date; a top-level "flashstep" object holds the
+issue's ratio targets, computed here from the rows of this one run, and the peers'
+versions. Prints the targets.
+"""
+import argparse
+import csv
+import json
+import sys
+
+# (description, numerator row, denominator row, goal, how the ratio reads)
+TARGETS = [
+    ("02_paged vs cuDNN SDPA decode, batch 128 x kv 8192 (GB/s ratio)",
+     "02_paged/b128_kv8192_p16", "peer_torch_sdpa_cudnn/b128_kv8192_p16", 1.00, ">="),
+    ("02_paged vs cuDNN SDPA decode, batch 16 x kv 4096 (GB/s ratio)",
+     "02_paged/b16_kv4096_p16", "peer_torch_sdpa_cudnn/b16_kv4096_p16", 1.05, ">="),
+    ("02_paged page_size 1 vs 16, batch 128 x kv 8192 (time ratio)",
+     "02_paged/b128_kv8192_p1", "02_paged/b128_kv8192_p16", 1.03, "<=time"),
+    ("02_paged page_size 1 vs 16, batch 16 x kv 4096 (time ratio)",
+     "02_paged/b16_kv4096_p1", "02_paged/b16_kv4096_p16", 1.03, "<=time"),
+]
+
+
+def load_shapes(path):
+    with open(path, encoding="utf-8") as f:
+        rows = [line for line in f if line.strip() and not line.startswith("#")]
+    return list(csv.DictReader(rows))
+
+
+def shape_key(s):
+    return [int(s["batch"]), int(s["kv_len"]), int(s["num_qo_heads"]), int(s["num_kv_heads"]),
+            int(s["head_dim"]), s["dtype"]]
+
+
+def base_name(row):
+    """A row's name without Google Benchmark's suffixes (/manual_time, _median)."""
+    name = row.get("run_name") or row["name"]
+    if name.endswith("_median"):
+        name = name[:-len("_median")]
+    return name[:-len("/manual_time")] if name.endswith("/manual_time") else name
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bench", required=True)
+    p.add_argument("--peers", required=True)
+    p.add_argument("--shapes", required=True)
+    p.add_argument("--commit", required=True)
+    p.add_argument("--dirty", action="store_true", help="the working tree had uncommitted changes")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    with open(a.bench, encoding="utf-8") as f:
+        bench = json.load(f)
+    with open(a.peers, encoding="utf-8") as f:
+        peers = json.load(f)
+    ctx = bench.setdefault("context", {})
+    ctx["commit"] = a.commit + ("-dirty" if a.dirty else "")
+    copy_gbps = float(ctx["copy_ceiling_GB/s"])
+
+    rows = [b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"]
+    present = {base_name(b) for b in rows}
+    for s in load_shapes(a.shapes):
+        for r in peers["results"]:
+            if r["key"] != shape_key(s) or "median_us" not in r:
+                continue
+            name = f"peer_{r['impl']}/{s['name']}"
+            present.add(name)
+            bench["benchmarks"].append({
+                "name": name + "_median", "run_name": name, "run_type": "aggregate",
+                "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
+                "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
+                "cpu_time": r["median_us"], "time_unit": "us", "GB/s": r["GB/s"],
+                "bytes": r["bytes"], "pct_of_ceiling": 100.0 * r["GB/s"] / copy_gbps,
+                "label": f"{s['dtype']} contiguous, {r['gqa']}, {r['mode']}"})
+
+    by_name = {base_name(b): b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"}
+    targets = []
+    for text, num, den, goal, how in TARGETS:
+        t = {"target": text, "numerator": num, "denominator": den, "goal": f"{how[:2]} {goal:.2f}"}
+        if num in by_name and den in by_name:
+            if how == "<=time":
+                ratio = by_name[num]["real_time"] / by_name[den]["real_time"]
+                t["met"] = ratio <= goal
+            else:
+                ratio = by_name[num]["GB/s"] / by_name[den]["GB/s"]
+                t["met"] = ratio >= goal
+            t["ratio"] = round(ratio, 4)
+        else:
+            t["met"] = None
+            t["missing"] = [n for n in (num, den) if n not in by_name]
+        targets.append(t)
+    bench["flashstep"] = {
+        "targets": targets,
+        "peers": {k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")},
+        "peer_errors": [r for r in peers["results"] if "error" in r],
+        "shapes_file": a.shapes,
+    }
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(bench, f, indent=1)
+    for t in targets:
+        verdict = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
+        print(f"{verdict} {t.get('ratio', float('nan')):7.3f} ({t['goal']})  {t['target']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

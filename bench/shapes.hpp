@@ -1,0 +1,21 @@
+// Benchmark shapes, read from bench/shapes.csv (the same file bench/peers.py reads).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness/case.hpp"
+
+namespace flashstep::bench {
+
+/// One row of shapes.csv.
+struct BenchShape {
+  std::string name;  ///< e.g. "b128_kv8192_p16"
+  std::string set;   ///< "target", "sweep" or "extra"
+  stages::harness::CaseSpec spec;  ///< decode, uniform lengths
+};
+
+/// Parses `path`; throws ref::InvalidArgument naming the file, line and field on a bad row.
+std::vector<BenchShape> load_shapes(const std::string& path);
+
+}  // namespace flashstep::bench
