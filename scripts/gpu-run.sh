@@ -22,7 +22,7 @@ cat "$OUT/device.txt"
 for step in $steps; do
   case $step in
   tests)
-    ( cd "$B" && ctest -L gpu --output-on-failure -j4 ) > "$OUT/tests.log" 2>&1
+    ( cd "$B" && timeout 240 ctest -L gpu --output-on-failure -j4 --timeout 200 ) > "$OUT/tests.log" 2>&1
     echo "tests: rc=$?"; grep -E "tests passed|tests failed|Total Test" "$OUT/tests.log"
     # The exercise skeletons must build, run, and FAIL as shipped (their holes are empty).
     for ex in 01_naive 02_paged; do
@@ -33,7 +33,7 @@ for step in $steps; do
   ncu)
     # Hardware counters of stage 02 on the two target shapes: DRAM throughput, occupancy.
     for shape in b128_kv8192_p16 b16_kv4096_p16 b128_kv8192_p1; do
-      ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 3 --launch-count 1 \
+      timeout 60 ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 3 --launch-count 1 \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
           "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --sets=target \
           --benchmark_filter="^02_paged/${shape}(/manual_time)?$"
@@ -43,16 +43,16 @@ for step in $steps; do
     t="$B/tests/stages/flashstep_stage_tests"
     { for tool in memcheck racecheck; do
         echo "=== compute-sanitizer --tool $tool"
-        compute-sanitizer --tool $tool --error-exitcode 3 "$t" -tc='*sanitizer*,kernels:*'
+        timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$t" -tc='*sanitizer*,kernels:*'
         echo "=== $tool rc=$?"
       done
     } > "$OUT/sanitizer.log" 2>&1
     grep -E "^=== |ERROR SUMMARY|test cases:" "$OUT/sanitizer.log" ;;
   bench)
-    FLASHSTEP_COMMIT=${FLASHSTEP_COMMIT:-unknown} "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --tune \
+    FLASHSTEP_COMMIT=${FLASHSTEP_COMMIT:-unknown} timeout 240 "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --tune \
       --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.log" 2>&1
     echo "bench: rc=$?"
-    PYTHONUNBUFFERED=1 python3 bench/peers.py --shapes bench/shapes.csv --out "$OUT/peers.json" >> "$OUT/bench.log" 2>&1
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers.py --shapes bench/shapes.csv --out "$OUT/peers.json" >> "$OUT/bench.log" 2>&1
     echo "peers: rc=$?"
     python3 bench/merge_results.py --bench "$OUT/bench.json" --peers "$OUT/peers.json" \
       --shapes bench/shapes.csv --commit "${FLASHSTEP_COMMIT:-unknown}" ${FLASHSTEP_DIRTY:+--dirty} \
