@@ -27,88 +27,24 @@
 #include <flashstep/reference/sampling.hpp>
 
 #include "support/random.hpp"
+#include "statistics/verdict.hpp"
 
 using namespace flashstep;
 using ref::FilterApplyOrder;
 using ref::SamplingFilter;
 using ref::SamplingOptions;
 using ref::Tensor;
+using test::compare;
+using test::Verdict;
 
 namespace {
 
 constexpr int64_t kDraws = 1000000;
 const int64_t kVocabs[] = {111, 32000, 128256};
-// Expected draws per chi-square bin, and the z of the critical values (one-sided
-// p ~ 2.9e-7 for the chi-square; Bonferroni over <= 20000 tokens for the per-token z).
-constexpr double kMinExpected = 50.0;
-constexpr double kChi2Z = 5.0;
-constexpr double kTokenZ = 6.0;
 // Regression bounds on the rejection rounds, about 1.5x the largest mean (5.1, top_k = 1
 // on 128256 tokens) and 3x the largest maximum (13) measured on these rows.
 constexpr double kMaxMeanRounds = 8.0;
 constexpr int32_t kMaxRounds = 40;
-
-struct Verdict {
-  int64_t off_support = 0;  // draws of tokens with target probability 0
-  double chi2 = 0.0, critical = 0.0;
-  int64_t df = 0;
-  double max_z = 0.0;
-  bool pass() const { return off_support == 0 && chi2 <= critical && max_z <= kTokenZ; }
-  std::string text() const {
-    char buf[200];
-    std::snprintf(buf, sizeof buf, "off-support %lld, chi2 %.1f (df %lld, critical %.1f), max |z| %.2f -> %s",
-                  static_cast<long long>(off_support), chi2, static_cast<long long>(df), critical, max_z,
-                  pass() ? "pass" : "REJECT");
-    return buf;
-  }
-};
-
-// Wilson-Hilferty approximation of the chi-square quantile at standard-normal z.
-double chi2_quantile(int64_t df, double z) {
-  const double a = 2.0 / (9.0 * static_cast<double>(df));
-  return static_cast<double>(df) * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
-}
-
-Verdict compare(const std::vector<int64_t>& counts, const std::vector<double>& target, int64_t draws) {
-  Verdict v;
-  std::vector<size_t> support;
-  for (size_t i = 0; i < target.size(); ++i) {
-    if (target[i] > 0.0) {
-      support.push_back(i);
-    } else {
-      v.off_support += counts[i];
-    }
-  }
-  std::sort(support.begin(), support.end(), [&](size_t a, size_t b) { return target[a] > target[b]; });
-  // Bins of consecutive tokens (by probability) holding >= kMinExpected expected draws.
-  std::vector<std::pair<double, double>> bins;  // (expected, observed)
-  double e = 0.0, o = 0.0;
-  for (size_t i : support) {
-    const double expected = target[i] * static_cast<double>(draws);
-    if (expected >= kMinExpected) {
-      const double sd = std::sqrt(expected * (1.0 - target[i]));
-      if (sd > 0.0) v.max_z = std::max(v.max_z, std::abs(static_cast<double>(counts[i]) - expected) / sd);
-    }
-    e += expected;
-    o += static_cast<double>(counts[i]);
-    if (e >= kMinExpected) {
-      bins.emplace_back(e, o);
-      e = o = 0.0;
-    }
-  }
-  if (e > 0.0 || o > 0.0) {
-    if (bins.empty()) {
-      bins.emplace_back(e, o);
-    } else {
-      bins.back().first += e;
-      bins.back().second += o;
-    }
-  }
-  for (const auto& [expected, observed] : bins) v.chi2 += (observed - expected) * (observed - expected) / expected;
-  v.df = static_cast<int64_t>(bins.size()) - 1;
-  v.critical = v.df > 0 ? chi2_quantile(v.df, kChi2Z) : 0.0;
-  return v;
-}
 
 std::vector<int64_t> histogram(const std::vector<int32_t>& samples, int64_t vocab) {
   std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);

@@ -14,3 +14,4 @@
 #include "flashstep/reference/sampling.hpp"        // IWYU pragma: export
 #include "flashstep/reference/cascade.hpp"         // IWYU pragma: export
 #include "flashstep/reference/split_plan.hpp"      // IWYU pragma: export
+#include "flashstep/reference/speculative.hpp"     // IWYU pragma: export
