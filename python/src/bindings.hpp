@@ -37,5 +37,6 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
 void bind_attention(py::module_& m);
 void bind_merge(py::module_& m);
 void bind_kv_cache(py::module_& m);
+void bind_structures(py::module_& m);
 
 }  // namespace flashstep::python

@@ -12,5 +12,6 @@ PYBIND11_MODULE(_flashstep, m) {
   fp::bind_attention(m);
   fp::bind_merge(m);
   fp::bind_kv_cache(m);
+  fp::bind_structures(m);
   // Later topics add one line each here.
 }
