@@ -242,6 +242,51 @@ TEST_CASE("cascade: random trees of 1..3 levels, merged level by level == flat a
   CHECK(cases == 36 * 2 * 2);
 }
 
+TEST_CASE("cascade: levels taken from the radix cache's shared pages") {
+  // A system prompt S (3 pages of 2 tokens) shared by three requests; r0 and r1 also share
+  // their next page. Each request matches the cache, allocates the rest and inserts, as
+  // an engine does; the decode batch's page tables then share page ids exactly where the
+  // radix tree shares nodes, and the derived levels follow the tree.
+  auto rng = case_rng("cascade: from the radix cache");
+  const int64_t page_size = 2;
+  flashstep::ref::PageAllocator alloc(64, page_size);
+  flashstep::ref::RadixCache cache(alloc);
+  const std::vector<int32_t> S = {90, 91, 92, 93, 94, 95};
+  std::vector<std::vector<int32_t>> requests = {{1, 2, 3, 4}, {1, 2, 5, 6, 7}, {8, 9, 10}};
+  std::vector<int32_t> qo_indptr{0}, kv_indptr{0}, kv_indices, last;
+  for (auto& tail : requests) {
+    std::vector<int32_t> tokens = S;
+    tokens.insert(tokens.end(), tail.begin(), tail.end());
+    const auto m = cache.match_prefix(tokens);
+    auto pages = m.pages;
+    const int64_t total = (static_cast<int64_t>(tokens.size()) + page_size - 1) / page_size;
+    const auto fresh = alloc.allocate(total - static_cast<int64_t>(pages.size()));
+    pages.insert(pages.end(), fresh.begin(), fresh.end());
+    cache.insert(tokens, pages);
+    kv_indices.insert(kv_indices.end(), pages.begin(), pages.end());
+    kv_indptr.push_back(static_cast<int32_t>(kv_indices.size()));
+    last.push_back(static_cast<int32_t>(tokens.size() - (pages.size() - 1) * page_size));
+    qo_indptr.push_back(qo_indptr.back() + 1);  // one decode query each
+  }
+  const auto ends = derive_cascade_level_ends(qo_indptr, kv_indptr, kv_indices, last, page_size, 3, true);
+  CHECK(ends == std::vector<std::vector<int32_t>>{{3, 3, 3}, {4, 4, 3}});
+  const auto c = build_cascade_levels(qo_indptr, kv_indptr, kv_indices, last, page_size, ends, true);
+  CHECK(c.levels[0].kv_indices.size() == 3);  // S, read once for the whole batch
+  CHECK(c.levels[1].request_indptr == std::vector<int32_t>{0, 2, 3});
+  PagedKVCache flat;
+  flat.pages = flashstep::test::random_tensor(rng, {64, 2, page_size, 2, 4});
+  flat.kv_indptr = kv_indptr;
+  flat.kv_indices = kv_indices;
+  flat.kv_last_page_len = last;
+  const Tensor q = flashstep::test::random_tensor(rng, {3, 4, 4});
+  AttentionOptions opt;
+  opt.causal = true;
+  const auto got = cascade_attention(q, c, flat.pages, KVLayout::NHD, opt);
+  const auto want = flashstep::ref::batch_prefill_with_paged_kv_cache(q, qo_indptr, flat, opt);
+  CHECK(flashstep::test::max_abs_diff(got.o, want.o) <= kTol);
+  CHECK(flashstep::test::max_abs_diff(got.lse, want.lse) <= kTol);
+}
+
 TEST_CASE("cascade: bad arguments are InvalidArgument") {
   const std::vector<int32_t> qo = {0, 1, 2}, kv_indptr = {0, 2, 4}, kv_indices = {0, 1, 0, 2}, last = {1, 2};
   // page_size 2: R0 = P0 (full) + P1 (1 token), R1 = P0 + P2 (full).

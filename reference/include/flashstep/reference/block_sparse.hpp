@@ -47,8 +47,11 @@ struct BlockSparseView {
   std::vector<int32_t> block_kv_start;  ///< (nnz_blocks) KV position of the page's first slot in its request
   std::vector<int32_t> block_kv_len;    ///< (nnz_blocks) slots of the page in use: Bc, or last_page_len
 
+  /// Requests in the batch.
   int64_t batch_size() const { return static_cast<int64_t>(qo_indptr.size()) - 1; }
+  /// Row blocks (query tiles) of the whole batch.
   int64_t num_row_blocks() const { return static_cast<int64_t>(row_request.size()); }
+  /// Non-zero (row block, page) blocks.
   int64_t nnz_blocks() const { return static_cast<int64_t>(indices.size()); }
 };
 

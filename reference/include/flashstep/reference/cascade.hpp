@@ -51,7 +51,7 @@ struct CascadeLevel {
 
 /// The multi-level description of a batch (FlashInfer's plan() arguments, per level).
 struct CascadeLevels {
-  int64_t page_size = 1;
+  int64_t page_size = 1;            ///< tokens per page of the shared pool
   std::vector<int32_t> qo_indptr;    ///< (batch + 1) the batch's own query layout
   std::vector<CascadeLevel> levels;  ///< levels[0] most shared ... levels.back() per request
 };

@@ -50,7 +50,9 @@ class PageAllocator {
   /// \param page_size token slots per page (FlashInfer's page_size, the primer's Bc), >= 1
   PageAllocator(int64_t num_pages, int64_t page_size);
 
+  /// Pages in the pool.
   int64_t num_pages() const { return static_cast<int64_t>(refcount_.size()); }
+  /// Token slots per page.
   int64_t page_size() const { return page_size_; }
   /// Pages with reference count 0.
   int64_t num_free_pages() const { return static_cast<int64_t>(free_.size()); }
@@ -111,8 +113,8 @@ struct PageTable {
 /// Memory use of a workload, paged versus contiguous max-length preallocation (the
 /// primer's PagedAttention section). Counts are in token slots of one layer's K (or V).
 struct MemoryReport {
-  int64_t num_sequences = 0;
-  int64_t page_size = 0;
+  int64_t num_sequences = 0;   ///< sequences in the workload
+  int64_t page_size = 0;       ///< tokens per page
   int64_t max_seq_len = 0;      ///< what contiguous preallocation reserves per sequence
   int64_t tokens = 0;           ///< sum of sequence lengths (logical tokens)
   int64_t pages_in_use = 0;     ///< distinct pages referenced by the sequences
@@ -147,6 +149,7 @@ MemoryReport account_memory(const std::vector<int64_t>& seq_lens, int64_t page_s
 /// The allocator must outlive this object; the destructor releases every sequence.
 class PagedSequences {
  public:
+  /// Page tables drawing pages from `allocator` (which must outlive this object).
   explicit PagedSequences(PageAllocator& allocator);
   ~PagedSequences();
   PagedSequences(const PagedSequences&) = delete;
@@ -168,6 +171,7 @@ class PagedSequences {
   /// Drops the sequence and its reference on each of its pages.
   void free_sequence(int32_t seq);
 
+  /// Whether `seq` is a live sequence id.
   bool has_sequence(int32_t seq) const { return seqs_.count(seq) != 0; }
   /// Ids of the live sequences, ascending.
   std::vector<int32_t> sequence_ids() const;
@@ -183,6 +187,7 @@ class PagedSequences {
   /// \param max_seq_len what contiguous preallocation would reserve per sequence; must be
   ///        >= every live sequence's length
   MemoryReport memory_report(int64_t max_seq_len) const;
+  /// The pool the pages come from.
   const PageAllocator& allocator() const { return allocator_; }
 
  private:

@@ -72,11 +72,13 @@ struct RadixNodeInfo {
 /// must outlive the cache; the destructor drops the cache's references.
 class RadixCache {
  public:
+  /// An empty cache (just the root) over `allocator`, whose page_size it uses.
   explicit RadixCache(PageAllocator& allocator);
   ~RadixCache();
   RadixCache(const RadixCache&) = delete;
   RadixCache& operator=(const RadixCache&) = delete;
 
+  /// Tokens per page: the granularity of every match and insert.
   int64_t page_size() const { return page_size_; }
 
   /// Longest cached prefix of `tokens` (whole pages only). Marks the path as used now and
