@@ -44,6 +44,29 @@ void check_page_table(const char* fn, const std::vector<int32_t>& qo_indptr,
   }
 }
 
+// The view's own consistency, so that a hand-edited view cannot make a reader go out of
+// bounds (the walk and the printers index every array through the others).
+void check_view(const char* fn, const BlockSparseView& v) {
+  require(v.Br >= 1 && v.Bc >= 1 && v.num_pages >= 1, fn, "view.Br, view.Bc and view.num_pages must be >= 1");
+  check_indptr(fn, "view.qo_indptr", v.qo_indptr, static_cast<int64_t>(v.kv_len.size()) + 1, -1);
+  check_indptr(fn, "view.row_indptr", v.row_indptr, v.num_row_blocks() + 1, v.qo_indptr.back());
+  check_indptr(fn, "view.indptr", v.indptr, v.num_row_blocks() + 1, v.nnz_blocks());
+  require(v.block_kv_start.size() == v.indices.size() && v.block_kv_len.size() == v.indices.size(), fn,
+          "view.block_kv_start and view.block_kv_len must have one entry per block");
+  for (size_t r = 0; r < v.kv_len.size(); ++r)
+    require(v.kv_len[r] >= 0, fn, "view.kv_len[" + str(static_cast<int64_t>(r)) + "] must be >= 0");
+  for (int64_t b = 0; b < v.num_row_blocks(); ++b) {
+    const int32_t r = v.row_request[static_cast<size_t>(b)];
+    require(r >= 0 && r < v.batch_size() && v.row_indptr[b] >= v.qo_indptr[r] &&
+                v.row_indptr[b + 1] <= v.qo_indptr[r + 1],
+            fn, "view.row_request[" + str(b) + "] does not own the rows of row block " + str(b));
+  }
+  for (int64_t n = 0; n < v.nnz_blocks(); ++n)
+    require(v.indices[n] >= 0 && v.indices[n] < v.num_pages && v.block_kv_len[n] >= 1 &&
+                v.block_kv_len[n] <= v.Bc && v.block_kv_start[n] >= 0,
+            fn, "view block " + str(n) + " has a page id, start or length out of range");
+}
+
 std::string default_request_name(int64_t r) {
   return r < 26 ? std::string(1, static_cast<char>('A' + r)) : "R" + str(r);
 }
@@ -78,8 +101,8 @@ struct Labels {
   std::vector<std::string> row;      // per packed query row
 };
 
-Labels make_labels(const BlockSparseView& v, const BlockSparseDrawOptions& o) {
-  const char* fn = "draw_block_sparse";
+Labels make_labels(const char* fn, const BlockSparseView& v, const BlockSparseDrawOptions& o) {
+  check_view(fn, v);
   const int64_t batch = v.batch_size();
   const int64_t nnz_qo = v.qo_indptr.empty() ? 0 : v.qo_indptr.back();
   require(o.request_names.empty() || static_cast<int64_t>(o.request_names.size()) == batch, fn,
@@ -185,22 +208,9 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
           "sm_scale must be a positive finite number");
   require(std::isfinite(opt.logits_soft_cap) && opt.logits_soft_cap >= 0, fn,
           "logits_soft_cap must be 0 (off) or a positive finite number");
-  // The view's own consistency, so that a hand-edited view cannot read out of bounds.
-  check_indptr(fn, "view.qo_indptr", v.qo_indptr, static_cast<int64_t>(v.kv_len.size()) + 1, q.dim(0));
-  check_indptr(fn, "view.row_indptr", v.row_indptr, v.num_row_blocks() + 1, q.dim(0));
-  check_indptr(fn, "view.indptr", v.indptr, v.num_row_blocks() + 1, v.nnz_blocks());
-  require(v.block_kv_start.size() == v.indices.size() && v.block_kv_len.size() == v.indices.size(), fn,
-          "view.block_kv_start and view.block_kv_len must have one entry per block");
-  for (int64_t b = 0; b < v.num_row_blocks(); ++b) {
-    const int32_t r = v.row_request[b];
-    require(r >= 0 && r < v.batch_size() && v.row_indptr[b] >= v.qo_indptr[r] &&
-                v.row_indptr[b + 1] <= v.qo_indptr[r + 1],
-            fn, "view.row_request[" + str(b) + "] does not own the rows of row block " + str(b));
-  }
-  for (int64_t n = 0; n < v.nnz_blocks(); ++n)
-    require(v.indices[n] >= 0 && v.indices[n] < v.num_pages && v.block_kv_len[n] >= 1 &&
-                v.block_kv_len[n] <= v.Bc && v.block_kv_start[n] >= 0,
-            fn, "view block " + str(n) + " has a page id, start or length out of range");
+  check_view(fn, v);
+  require(v.qo_indptr.back() == q.dim(0), fn,
+          "q has " + str(q.dim(0)) + " rows but the view's batch has " + str(v.qo_indptr.back()) + " queries");
 
   const int64_t num_qo_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t group = num_qo_heads / cache.num_kv_heads();
@@ -266,7 +276,7 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
 }
 
 std::string draw_block_sparse(const BlockSparseView& v, const BlockSparseDrawOptions& o) {
-  const Labels labels = make_labels(v, o);
+  const Labels labels = make_labels("draw_block_sparse", v, o);
   require(o.page_labels.empty() || static_cast<int64_t>(o.page_labels.size()) == v.num_pages,
           "draw_block_sparse", "page_labels must be empty or hold one label per pool page (" + str(v.num_pages) + ")");
   // Columns: the pages some block uses, ascending; who uses each.
@@ -341,7 +351,7 @@ std::string draw_block_sparse(const BlockSparseView& v, const BlockSparseDrawOpt
 }
 
 std::string draw_block_sparse_lookup(const BlockSparseView& v, const BlockSparseDrawOptions& o) {
-  const Labels labels = make_labels(v, o);
+  const Labels labels = make_labels("draw_block_sparse_lookup", v, o);
   std::ostringstream os;
   for (int64_t b = 0; b < v.num_row_blocks(); ++b) {
     if (o.skip_empty_rows && v.indptr[b] == v.indptr[b + 1]) continue;

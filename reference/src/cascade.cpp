@@ -48,6 +48,34 @@ std::vector<RequestShape> check_batch(const char* fn, const std::vector<int32_t>
   return shapes;
 }
 
+// A CascadeLevels' own consistency (hand-built ones included), before anything indexes it.
+void check_levels(const char* fn, const CascadeLevels& c) {
+  require(!c.levels.empty(), fn, "levels must hold at least one level");
+  require(c.page_size >= 1, fn, "levels.page_size must be >= 1");
+  check_indptr(fn, "levels.qo_indptr", c.qo_indptr, -1, -1);
+  const int64_t batch = static_cast<int64_t>(c.qo_indptr.size()) - 1;
+  for (size_t l = 0; l < c.levels.size(); ++l) {
+    const CascadeLevel& level = c.levels[l];
+    const std::string at = "level " + str(static_cast<int64_t>(l)) + " ";
+    const int64_t groups = static_cast<int64_t>(level.kv_last_page_len.size());
+    check_indptr(fn, (at + "qo_indptr").c_str(), level.qo_indptr, groups + 1, c.qo_indptr.back());
+    check_indptr(fn, (at + "kv_indptr").c_str(), level.kv_indptr, groups + 1,
+                 static_cast<int64_t>(level.kv_indices.size()));
+    check_indptr(fn, (at + "request_indptr").c_str(), level.request_indptr, groups + 1, batch);
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t pages = level.kv_indptr[g + 1] - level.kv_indptr[g];
+      const int32_t lpl = level.kv_last_page_len[g];
+      require(pages > 0 ? (lpl >= 1 && lpl <= c.page_size) : lpl == 0, fn,
+              at + "kv_last_page_len[" + str(g) + "] = " + str(lpl) + " does not fit its " + str(pages) + " pages");
+      require(level.qo_indptr[g] == c.qo_indptr[level.request_indptr[g]] &&
+                  level.qo_indptr[g + 1] == c.qo_indptr[level.request_indptr[g + 1]],
+              fn, at + "group " + str(g) + "'s queries are not those of its requests");
+    }
+    for (size_t n = 0; n < level.kv_indices.size(); ++n)
+      require(level.kv_indices[n] >= 0, fn, at + "kv_indices must be >= 0");
+  }
+}
+
 }  // namespace
 
 CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr,
@@ -186,7 +214,7 @@ CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels,
                                 const Tensor& paged_kv_cache, KVLayout layout,
                                 const AttentionOptions& opt) {
   const char* fn = "cascade_attention";
-  require(!levels.levels.empty(), fn, "levels must hold at least one level");
+  check_levels(fn, levels);
   require(opt.causal == levels.levels.back().causal, fn,
           "opt.causal must equal the last level's causal (" + str(levels.levels.back().causal) + ")");
   require(opt.window_left == -1, fn,
@@ -224,7 +252,7 @@ CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels,
 
 std::string draw_cascade(const CascadeLevels& levels, const BlockSparseDrawOptions& options) {
   const char* fn = "draw_cascade";
-  require(!levels.levels.empty(), fn, "levels must hold at least one level");
+  check_levels(fn, levels);
   const int64_t batch = static_cast<int64_t>(levels.qo_indptr.size()) - 1;
   require(options.request_names.empty() || static_cast<int64_t>(options.request_names.size()) == batch, fn,
           "request_names must be empty or hold batch_size = " + str(batch) + " names");

@@ -323,7 +323,15 @@ TEST_CASE("block_sparse: bad arguments are InvalidArgument") {
   broken.indices[3] = 99;
   CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, c, broken, primer_options()),
                        doctest::Contains("out of range"), InvalidArgument);
-  CHECK_THROWS_AS(block_sparse_attention(Tensor({6, 1, 2}), c, view, primer_options()), InvalidArgument);
+  CHECK_THROWS_WITH_AS(block_sparse_attention(Tensor({6, 1, 2}), c, view, primer_options()),
+                       doctest::Contains("q has 6 rows"), InvalidArgument);
+  // A hand-edited view is refused by the printers too, before they index anything.
+  auto short_rows = view;
+  short_rows.row_request.pop_back();
+  CHECK_THROWS_WITH_AS(draw_block_sparse(short_rows), doctest::Contains("view.row_indptr"), InvalidArgument);
+  auto short_kv = view;
+  short_kv.kv_len.pop_back();
+  CHECK_THROWS_WITH_AS(draw_block_sparse_lookup(short_kv), doctest::Contains("view.qo_indptr"), InvalidArgument);
   BlockSparseDrawOptions names;
   names.request_names = {"only one"};
   CHECK_THROWS_WITH_AS(draw_block_sparse(view, names), doctest::Contains("request_names"), InvalidArgument);

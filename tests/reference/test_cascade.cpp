@@ -317,4 +317,9 @@ TEST_CASE("cascade: bad arguments are InvalidArgument") {
   CHECK_THROWS_WITH_AS(cascade_attention(Tensor({3, 1, 1}), c, pool, KVLayout::NHD, opt),
                        doctest::Contains("level 0"), InvalidArgument);
   CHECK_NOTHROW(cascade_attention(q, c, pool, KVLayout::NHD, opt));
+  auto broken = c;
+  broken.levels[0].request_indptr = {0, 1};  // the only group must cover both requests
+  CHECK_THROWS_WITH_AS(flashstep::ref::draw_cascade(broken), doctest::Contains("level 0 request_indptr"),
+                       InvalidArgument);
+  CHECK_THROWS_AS(cascade_attention(q, broken, pool, KVLayout::NHD, opt), InvalidArgument);
 }
