@@ -15,3 +15,4 @@
 #include "flashstep/reference/cascade.hpp"         // IWYU pragma: export
 #include "flashstep/reference/split_plan.hpp"      // IWYU pragma: export
 #include "flashstep/reference/speculative.hpp"     // IWYU pragma: export
+#include "flashstep/reference/tiny_decoder.hpp"    // IWYU pragma: export

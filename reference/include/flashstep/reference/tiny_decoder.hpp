@@ -1,0 +1,175 @@
+/// \file tiny_decoder.hpp
+/// \brief The primer's decoder, end to end, small enough to run in milliseconds: byte
+/// tokens, embedding plus sinusoidal positions, L layers of attention with a residual,
+/// W_vocab, and sampling; generated three ways that must give the same tokens.
+///
+/// The model is exactly the primer's (no layer norm, no MLP): for each layer
+///
+///     Q = X W_Q,  K = X W_K,  V = X W_V              (heads of head_dim = d_model / num_qo_heads)
+///     Z = softmax(mask(Q K^T) * sm_scale) V          (causal, sm_scale = 1/sqrt(head_dim))
+///     Z = Z W_O                                      (optional output projection)
+///     X = X + Z                                      (residual)
+///
+/// then `logits = X[-1] W_vocab` and `next_token = sample(softmax(logits / T))`. Weights
+/// are drawn from a fixed seed through Philox (kernels/philox.cuh), so every platform
+/// builds the same model: entry i of matrix m is `(2 u - 1) * sqrt(3 / fan_in)` with
+/// u = philox_uniform(weight_seed, m, i) (the embedding uses fan_in 1).
+///
+/// ## Three ways to generate (GenerationMode)
+///
+/// - **recompute**: every step re-runs the whole sequence through every layer (causal
+///   prefill over all positions) and keeps nothing: the primer's "Next Generation Step".
+/// - **contiguous_kv_cache**: the prompt is prefilled once; each step computes Q, K, V for
+///   the new token only (the primer's query optimization), appends K and V to a
+///   ContiguousKVCache per layer, and decodes against it.
+/// - **paged_kv_cache**: all requests run as one batch on a paged pool (one pool per layer,
+///   one page table shared by all layers, pages from a PageAllocator). Requests are
+///   admitted in order: each asks the RadixCache for its longest cached prompt prefix,
+///   starts on those pages (their K/V is reused, not recomputed), prefills the rest
+///   (append_paged_kv_cache + batch_prefill_with_paged_kv_cache) and caches its prompt.
+///   Then every step decodes all requests at once (batch_decode_with_paged_kv_cache).
+///
+/// All three compute the same function, so greedy decoding (temperature 0) gives identical
+/// tokens and logits equal to rounding. Temperature > 0 draws through the sampling
+/// operators (softmax with temperature, then sampling_from_probs or top-k/top-p) with
+/// Philox key `seed + request index` and offset `step * kSamplingOffsetStride`, so a run
+/// is reproducible and a request's tokens do not depend on the batch it runs in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashstep/reference/tensor.hpp"
+
+namespace flashstep::ref {
+
+/// Shape and seed of the tiny decoder.
+struct TinyDecoderConfig {
+  int64_t vocab_size = 256;    ///< byte tokens: token = byte value
+  int64_t d_model = 32;        ///< embedding width
+  int64_t num_layers = 2;      ///< attention layers
+  int64_t num_qo_heads = 4;    ///< query heads; head_dim = d_model / num_qo_heads
+  int64_t num_kv_heads = 2;    ///< K/V heads (GQA when fewer than num_qo_heads)
+  bool output_projection = true;  ///< apply W_O after attention
+  uint64_t weight_seed = 20240601;  ///< Philox key of every weight
+};
+
+/// One layer's weights, row-major (in_features, out_features).
+struct TinyDecoderLayer {
+  Tensor w_q;  ///< (d_model, num_qo_heads * head_dim)
+  Tensor w_k;  ///< (d_model, num_kv_heads * head_dim)
+  Tensor w_v;  ///< (d_model, num_kv_heads * head_dim)
+  Tensor w_o;  ///< (num_qo_heads * head_dim, d_model); empty without output_projection
+};
+
+/// The model: weights and the pieces every generation mode shares.
+class TinyDecoder {
+ public:
+  /// Builds the weights from config.weight_seed (InvalidArgument on a bad shape).
+  explicit TinyDecoder(const TinyDecoderConfig& config = {});
+
+  const TinyDecoderConfig& config() const { return config_; }
+  int64_t head_dim() const { return config_.d_model / config_.num_qo_heads; }
+  const Tensor& embedding() const { return embedding_; }  ///< (vocab_size, d_model)
+  const std::vector<TinyDecoderLayer>& layers() const { return layers_; }
+  const Tensor& w_vocab() const { return w_vocab_; }        ///< (d_model, vocab_size)
+
+  /// Token embedding plus sinusoidal position encoding of each token.
+  /// \param tokens (n) ids in [0, vocab_size)
+  /// \param first_position position of tokens[0] in its sequence
+  /// \return X, (n, d_model)
+  Tensor embed(const std::vector<int32_t>& tokens, int64_t first_position) const;
+  /// Q, K or V of the rows of X. \param x (n, d_model) \param w (d_model, heads * head_dim)
+  /// \return (n, heads, head_dim)
+  Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) const;
+  /// X + (Z W_O or Z): the residual update. \param x (n, d_model) \param z (n, num_qo_heads, head_dim)
+  Tensor residual(const Tensor& x, const Tensor& z, int64_t layer) const;
+  /// logits = x W_vocab. \param x (d_model) one row \return (vocab_size)
+  std::vector<double> logits(const double* x) const;
+
+  /// Logits of the next token after `tokens`, recomputing every layer over every
+  /// position (no cache). \param tokens (n >= 1) \return (vocab_size)
+  std::vector<double> next_token_logits(const std::vector<int32_t>& tokens) const;
+
+ private:
+  TinyDecoderConfig config_;
+  Tensor embedding_;
+  std::vector<TinyDecoderLayer> layers_;
+  Tensor w_vocab_;
+};
+
+/// How generate() runs the model (see the file comment).
+enum class GenerationMode { recompute, contiguous_kv_cache, paged_kv_cache };
+/// "recompute", "contiguous_kv_cache", "paged_kv_cache".
+const char* to_string(GenerationMode mode);
+/// Parses the names above (InvalidArgument naming `mode` otherwise).
+GenerationMode parse_generation_mode(const std::string& name);
+
+/// Philox offset advanced per decoding step (more than any rejection loop uses).
+constexpr uint64_t kSamplingOffsetStride = 64;
+
+/// Options of generate().
+struct GenerationOptions {
+  int64_t max_new_tokens = 8;  ///< tokens generated per request, >= 0
+  double temperature = 0.0;    ///< 0: greedy (argmax, lowest id on ties); > 0: sample softmax(logits / T)
+  int64_t top_k = 0;           ///< with temperature > 0: keep the top-k (0 = off)
+  double top_p = 1.0;          ///< with temperature > 0: keep the top-p head (1 = off)
+  uint64_t seed = 0;           ///< sampling seed (request r uses Philox key seed + r)
+  int64_t page_size = 4;       ///< paged mode: tokens per page
+  bool share_prefixes = true;  ///< paged mode: reuse cached prompt prefixes (RadixCache)
+  int64_t num_pages = 0;       ///< paged mode: pool size; 0 sizes it for the whole run
+  bool record_logits = false;  ///< keep each step's logits in the result (for tests)
+};
+
+/// One request's result.
+struct GeneratedRequest {
+  std::string prompt;
+  std::vector<int32_t> prompt_tokens;     ///< bytes of the prompt
+  std::vector<int32_t> generated_tokens;  ///< (max_new_tokens)
+  std::string generated_text;             ///< the generated bytes as a string
+  int64_t prefix_tokens_reused = 0;       ///< paged + sharing: prompt tokens whose K/V came from the cache
+  std::vector<std::vector<double>> step_logits;  ///< (max_new_tokens, vocab_size) if record_logits
+};
+
+/// What a run kept in memory and computed (K/V counted at fp16, 2 bytes per value, over
+/// all layers, as the primer's arithmetic does).
+struct GenerationMemory {
+  int64_t tokens = 0;                 ///< tokens whose K/V the run holds at the end (all requests)
+  int64_t kv_bytes_per_token = 0;     ///< 2 (K, V) * num_kv_heads * head_dim * num_layers * 2 bytes
+  int64_t kv_bytes_kept = 0;          ///< recompute: 0; contiguous: tokens * per token;
+                                      ///< paged: allocated pages * page_size * per token
+  int64_t contiguous_preallocated_bytes = 0;  ///< requests * (prompt + max_new_tokens) * per token
+  int64_t page_size = 0;              ///< paged mode
+  int64_t pages_used = 0;             ///< paged: distinct pages referenced by the requests
+  int64_t shared_pages = 0;           ///< paged: pages referenced by more than one request
+  int64_t contiguous_pages_equivalent = 0;  ///< paged: the preallocation in pages (for comparison)
+  int64_t prefix_tokens_reused = 0;   ///< paged: prompt tokens served from the radix cache
+  int64_t query_rows_computed = 0;    ///< (token, layer) rows pushed through attention: the work
+};
+
+/// The result of generate().
+struct GenerationResult {
+  GenerationMode mode = GenerationMode::recompute;
+  std::vector<GeneratedRequest> requests;
+  GenerationMemory memory;
+};
+
+/// Generate `max_new_tokens` tokens after each prompt (bytes of the string).
+/// \param prompts (batch) non-empty strings
+GenerationResult generate(const TinyDecoder& model, const std::vector<std::string>& prompts,
+                          GenerationMode mode, const GenerationOptions& options = {});
+
+/// The tour's demo: "The cat sat" and "The cat ran fast", greedy, three ways.
+struct TinyDecoderDemo {
+  TinyDecoderConfig config;
+  GenerationOptions options;
+  std::vector<GenerationResult> runs;  ///< recompute, contiguous_kv_cache, paged_kv_cache
+  bool tokens_agree = false;           ///< every run generated the same tokens
+};
+
+/// Runs the demo (milliseconds). \param prompts defaults to the primer's two prompts
+TinyDecoderDemo tiny_decoder_demo(const std::vector<std::string>& prompts = {"The cat sat", "The cat ran fast"},
+                                  int64_t max_new_tokens = 8, int64_t page_size = 4);
+
+}  // namespace flashstep::ref

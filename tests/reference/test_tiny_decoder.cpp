@@ -1,0 +1,328 @@
+// The tiny decoder (reference/tiny_decoder.hpp): weights from the documented Philox
+// formula, the forward pass against a naive transcription of the primer's equations, the
+// three generation modes giving the same tokens (greedy and seeded sampling), the memory
+// numbers by hand (pages, sharing, prefix reuse), and bad input.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <flashstep/kernels/philox.cuh>
+#include <flashstep/reference/errors.hpp>
+#include <flashstep/reference/tiny_decoder.hpp>
+
+#include "support/random.hpp"
+
+using namespace flashstep;
+using ref::GenerationMode;
+using ref::GenerationOptions;
+using ref::TinyDecoder;
+using ref::TinyDecoderConfig;
+
+namespace {
+
+void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
+  std::string message;
+  try {
+    call();
+  } catch (const ref::InvalidArgument& e) {
+    message = e.what();
+  }
+  CAPTURE(message);
+  REQUIRE_FALSE(message.empty());
+  for (const char* f : fragments) {
+    CAPTURE(f);
+    CHECK(message.find(f) != std::string::npos);
+  }
+}
+
+const GenerationMode kModes[] = {GenerationMode::recompute, GenerationMode::contiguous_kv_cache,
+                                 GenerationMode::paged_kv_cache};
+
+// The primer's equations, transcribed with plain loops: X = embedding + positions; per
+// layer Q, K, V, masked softmax(Q K^T / sqrt(d)) V per head (GQA: head h reads kv head
+// h / group), optional W_O, residual; logits = X[-1] W_vocab.
+std::vector<double> naive_next_token_logits(const TinyDecoder& m, const std::vector<int32_t>& tokens) {
+  const auto& c = m.config();
+  const int64_t n = static_cast<int64_t>(tokens.size()), d = c.d_model, hd = m.head_dim();
+  const int64_t group = c.num_qo_heads / c.num_kv_heads;
+  std::vector<std::vector<double>> x(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(d)));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < d; ++j) {
+      const double freq = std::pow(10000.0, -static_cast<double>(2 * (j / 2)) / static_cast<double>(d));
+      const double pe = j % 2 == 0 ? std::sin(t * freq) : std::cos(t * freq);
+      x[t][j] = m.embedding().data[static_cast<size_t>(tokens[t] * d + j)] + pe;
+    }
+  auto matmul = [&](const std::vector<double>& row, const ref::Tensor& w) {
+    std::vector<double> out(static_cast<size_t>(w.dim(1)), 0.0);
+    for (int64_t k = 0; k < w.dim(0); ++k)
+      for (int64_t col = 0; col < w.dim(1); ++col) out[col] += row[k] * w.data[static_cast<size_t>(k * w.dim(1) + col)];
+    return out;
+  };
+  for (const auto& layer : m.layers()) {
+    std::vector<std::vector<double>> q, k, v;
+    for (const auto& row : x) {
+      q.push_back(matmul(row, layer.w_q));
+      k.push_back(matmul(row, layer.w_k));
+      v.push_back(matmul(row, layer.w_v));
+    }
+    auto next = x;
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<double> z(static_cast<size_t>(c.num_qo_heads * hd), 0.0);
+      for (int64_t h = 0; h < c.num_qo_heads; ++h) {
+        const int64_t kvh = h / group;
+        std::vector<double> s(static_cast<size_t>(i + 1));  // causal: keys 0..i
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0.0;
+          for (int64_t e = 0; e < hd; ++e) dot += q[i][h * hd + e] * k[j][kvh * hd + e];
+          s[j] = dot / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, s[j]);
+        }
+        double sum = 0.0;
+        for (auto& sj : s) sum += (sj = std::exp(sj - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t e = 0; e < hd; ++e) z[h * hd + e] += s[j] / sum * v[j][kvh * hd + e];
+      }
+      const auto out = c.output_projection ? matmul(z, layer.w_o) : z;
+      for (int64_t e = 0; e < d; ++e) next[i][e] += out[e];
+    }
+    x = next;
+  }
+  return matmul(x.back(), m.w_vocab());
+}
+
+std::string random_prompt(std::mt19937_64& rng, int64_t len) {
+  std::string s;
+  for (int64_t i = 0; i < len; ++i) s.push_back(static_cast<char>(test::random_int(rng, 32, 126)));
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("tiny_decoder: weights follow the documented Philox formula and are deterministic") {
+  TinyDecoderConfig c;
+  const TinyDecoder a(c), b(c);
+  CHECK(a.embedding().data == b.embedding().data);
+  CHECK(a.w_vocab().data == b.w_vocab().data);
+  // Matrix 0 is the embedding (fan_in 1); matrix 1 is layer 0's W_Q (fan_in d_model).
+  for (uint64_t i : {0u, 7u, 1000u}) {
+    CAPTURE(i);
+    CHECK(a.embedding().data[i] == (2.0 * kernels::philox_uniform(c.weight_seed, 0, i) - 1.0) * std::sqrt(3.0));
+    CHECK(a.layers()[0].w_q.data[i % 512] ==
+          (2.0 * kernels::philox_uniform(c.weight_seed, 1, i % 512) - 1.0) * std::sqrt(3.0 / c.d_model));
+  }
+  c.weight_seed += 1;
+  CHECK(TinyDecoder(c).embedding().data != a.embedding().data);
+}
+
+TEST_CASE("tiny_decoder: the forward pass is the primer's equations (naive transcription)") {
+  auto rng = test::case_rng("tiny decoder forward");
+  for (int variant = 0; variant < 4; ++variant) {
+    TinyDecoderConfig c;
+    c.num_layers = 1 + variant % 3;
+    c.num_qo_heads = variant < 2 ? 4 : 2;
+    c.num_kv_heads = variant % 2 == 0 ? c.num_qo_heads : 1;
+    c.output_projection = variant != 1;
+    c.weight_seed = rng();
+    CAPTURE(variant);
+    CAPTURE(c.weight_seed);
+    const TinyDecoder m(c);
+    std::vector<int32_t> tokens;
+    for (int64_t t = 0; t < test::random_int(rng, 1, 12); ++t) tokens.push_back(static_cast<int32_t>(test::random_int(rng, 0, 255)));
+    const auto got = m.next_token_logits(tokens), want = naive_next_token_logits(m, tokens);
+    REQUIRE(got.size() == 256);
+    const double kTol = 1e-11;  // double rounding of a few hundred products
+    for (size_t i = 0; i < got.size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(std::abs(got[i] - want[i]) <= kTol * (1.0 + std::abs(want[i])));
+    }
+  }
+}
+
+TEST_CASE("tiny_decoder: recompute, contiguous KV cache and paged KV cache generate the same tokens") {
+  auto rng = test::case_rng("tiny decoder three ways");
+  struct Variant {
+    int64_t layers, qo_heads, kv_heads, page_size;
+    bool output_projection, share;
+  };
+  const Variant variants[] = {{2, 4, 2, 4, true, true}, {1, 4, 4, 1, false, true}, {3, 2, 1, 3, true, true},
+                              {2, 4, 2, 16, true, false}, {2, 8, 2, 2, true, true}};
+  for (const auto& v : variants) {
+    TinyDecoderConfig c;
+    c.num_layers = v.layers;
+    c.num_qo_heads = v.qo_heads;
+    c.num_kv_heads = v.kv_heads;
+    c.output_projection = v.output_projection;
+    c.weight_seed = rng();
+    const TinyDecoder m(c);
+    // Prompts that share prefixes of various lengths, and one that does not.
+    const std::string base = random_prompt(rng, 9);
+    const std::vector<std::string> prompts = {base + random_prompt(rng, 3), base + random_prompt(rng, 5),
+                                              base.substr(0, 4), random_prompt(rng, 7), base + random_prompt(rng, 3)};
+    GenerationOptions o;
+    o.max_new_tokens = 6;
+    o.page_size = v.page_size;
+    o.share_prefixes = v.share;
+    o.record_logits = true;
+    CAPTURE(c.weight_seed);
+    CAPTURE(v.page_size);
+    std::vector<ref::GenerationResult> runs;
+    for (GenerationMode mode : kModes) runs.push_back(ref::generate(m, prompts, mode, o));
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      CAPTURE(r);
+      for (size_t k = 1; k < runs.size(); ++k) {
+        CAPTURE(ref::to_string(runs[k].mode));
+        REQUIRE(runs[k].requests[r].generated_tokens == runs[0].requests[r].generated_tokens);
+        for (size_t t = 0; t < runs[0].requests[r].step_logits.size(); ++t)
+          for (size_t i = 0; i < 256; ++i)
+            REQUIRE(std::abs(runs[k].requests[r].step_logits[t][i] - runs[0].requests[r].step_logits[t][i]) <= 1e-10);
+      }
+      // Greedy: each token is the argmax of its step's logits, and the first step's
+      // logits are next_token_logits(prompt).
+      const auto& req = runs[0].requests[r];
+      REQUIRE(req.generated_tokens.size() == 6);
+      for (size_t t = 0; t < 6; ++t)
+        CHECK(req.generated_tokens[t] ==
+              std::max_element(req.step_logits[t].begin(), req.step_logits[t].end()) - req.step_logits[t].begin());
+      CHECK(req.step_logits[0] == m.next_token_logits(req.prompt_tokens));
+    }
+  }
+}
+
+TEST_CASE("tiny_decoder: the primer's two prompts share \"The cat \" through the radix cache") {
+  const TinyDecoder m;
+  const std::vector<std::string> prompts = {"The cat sat", "The cat ran fast"};  // 11 and 16 bytes
+  GenerationOptions o;
+  o.max_new_tokens = 8;
+  const int64_t per_token = 2 * 2 * 8 * 2 * 2;  // K and V, 2 kv heads, head_dim 8, 2 layers, fp16
+  // Held at the end: 11 + 7 and 16 + 7 tokens (the last generated token has no K/V yet).
+  const int64_t len_a = 18, len_b = 23;
+  struct Expect {
+    int64_t page_size, reused;
+  };
+  // "The cat " is 8 bytes: whole pages of it are shared (page_size 3: "The", " ca").
+  for (const Expect e : {Expect{1, 8}, Expect{3, 6}, Expect{4, 8}, Expect{16, 0}}) {
+    CAPTURE(e.page_size);
+    o.page_size = e.page_size;
+    o.share_prefixes = true;
+    const auto shared = ref::generate(m, prompts, GenerationMode::paged_kv_cache, o);
+    o.share_prefixes = false;
+    const auto alone = ref::generate(m, prompts, GenerationMode::paged_kv_cache, o);
+    const int64_t P = e.page_size;
+    const int64_t pages_alone = (len_a + P - 1) / P + (len_b + P - 1) / P;
+    CHECK(shared.memory.prefix_tokens_reused == e.reused);
+    CHECK(shared.requests[1].prefix_tokens_reused == e.reused);
+    CHECK(shared.requests[0].prefix_tokens_reused == 0);
+    CHECK(shared.memory.shared_pages == e.reused / P);
+    CHECK(shared.memory.pages_used == pages_alone - e.reused / P);
+    CHECK(alone.memory.pages_used == pages_alone);
+    CHECK(alone.memory.shared_pages == 0);
+    CHECK(shared.memory.kv_bytes_kept == shared.memory.pages_used * P * per_token);
+    CHECK(shared.memory.kv_bytes_per_token == per_token);
+    CHECK(shared.memory.tokens == len_a + len_b);
+    // Contiguous preallocation reserves prompt + max_new_tokens per request.
+    CHECK(shared.memory.contiguous_preallocated_bytes == (11 + 8 + 16 + 8) * per_token);
+    CHECK(shared.memory.contiguous_pages_equivalent == (43 + P - 1) / P);
+    // Reused K/V is not recomputed: 8 fewer prompt rows per layer when 8 tokens are reused.
+    CHECK(alone.memory.query_rows_computed - shared.memory.query_rows_computed == e.reused * 2);
+    CHECK(shared.requests[1].generated_tokens == alone.requests[1].generated_tokens);
+  }
+  // The other modes' numbers: recompute keeps nothing, contiguous keeps exactly its tokens.
+  const auto recompute = ref::generate(m, prompts, GenerationMode::recompute, o);
+  const auto contiguous = ref::generate(m, prompts, GenerationMode::contiguous_kv_cache, o);
+  CHECK(recompute.memory.kv_bytes_kept == 0);
+  CHECK(contiguous.memory.kv_bytes_kept == (len_a + len_b) * per_token);
+  // Work: recompute runs sum over steps of the sequence length; the cache runs each token once.
+  int64_t recompute_rows = 0;
+  for (int64_t len0 : {11, 16})
+    for (int64_t t = 0; t < 8; ++t) recompute_rows += (len0 + t) * 2;
+  CHECK(recompute.memory.query_rows_computed == recompute_rows);
+  CHECK(contiguous.memory.query_rows_computed == (len_a + len_b) * 2);
+
+  const auto demo = ref::tiny_decoder_demo();
+  CHECK(demo.tokens_agree);
+  REQUIRE(demo.runs.size() == 3);
+  CHECK(demo.runs[2].memory.prefix_tokens_reused == 8);
+}
+
+TEST_CASE("tiny_decoder: sampling at temperature > 0 is seeded, reproducible and the same in every mode") {
+  auto rng = test::case_rng("tiny decoder sampling");
+  const TinyDecoder m;
+  const std::vector<std::string> prompts = {random_prompt(rng, 6), random_prompt(rng, 10), "The cat sat"};
+  GenerationOptions o;
+  o.max_new_tokens = 10;
+  o.temperature = 1.5;
+  o.seed = rng();
+  CAPTURE(o.seed);
+  // The modes' logits differ by rounding (~1e-15); a draw could only differ if its uniform
+  // fell within that distance of a CDF boundary (probability ~1e-7 per draw).
+  std::vector<ref::GenerationResult> runs;
+  for (GenerationMode mode : kModes) runs.push_back(ref::generate(m, prompts, mode, o));
+  for (size_t r = 0; r < prompts.size(); ++r)
+    for (const auto& run : runs) CHECK(run.requests[r].generated_tokens == runs[0].requests[r].generated_tokens);
+  CHECK(ref::generate(m, prompts, GenerationMode::paged_kv_cache, o).requests[1].generated_tokens ==
+        runs[0].requests[1].generated_tokens);
+  // Another seed draws other tokens (30 draws at temperature 1.5 all agreeing is implausible).
+  GenerationOptions other = o;
+  other.seed = o.seed + 1000;
+  const auto moved = ref::generate(m, prompts, GenerationMode::contiguous_kv_cache, other);
+  bool differs = false;
+  for (size_t r = 0; r < prompts.size(); ++r) differs = differs || moved.requests[r].generated_tokens != runs[0].requests[r].generated_tokens;
+  CHECK(differs);
+  // top_k = 1 keeps only the argmax: the same tokens as greedy decoding.
+  GenerationOptions top1 = o, greedy = o;
+  top1.top_k = 1;
+  greedy.temperature = 0.0;
+  for (GenerationMode mode : kModes) {
+    const auto a = ref::generate(m, prompts, mode, top1), b = ref::generate(m, prompts, mode, greedy);
+    for (size_t r = 0; r < prompts.size(); ++r) CHECK(a.requests[r].generated_tokens == b.requests[r].generated_tokens);
+  }
+  // top-k with top-p also runs (through top_k_top_p_sampling_from_probs).
+  GenerationOptions both = o;
+  both.top_k = 20;
+  both.top_p = 0.8;
+  const auto kp = ref::generate(m, prompts, GenerationMode::paged_kv_cache, both);
+  CHECK(kp.requests[0].generated_tokens.size() == 10);
+}
+
+TEST_CASE("tiny_decoder: bad input names the argument") {
+  TinyDecoderConfig c;
+  c.num_qo_heads = 3;
+  expect_error([&] { TinyDecoder{c}; }, {"TinyDecoder", "num_qo_heads", "num_kv_heads"});
+  c = {};
+  c.d_model = 30;
+  c.num_qo_heads = 4;
+  c.num_kv_heads = 4;
+  expect_error([&] { TinyDecoder{c}; }, {"d_model (30) must be a multiple of num_qo_heads (4)"});
+  c = {};
+  c.vocab_size = 300;
+  expect_error([&] { TinyDecoder{c}; }, {"vocab_size must be in [1, 256]", "300"});
+  const TinyDecoder m;
+  GenerationOptions o;
+  expect_error([&] { ref::generate(m, {}, GenerationMode::recompute, o); }, {"generate", "prompts"});
+  expect_error([&] { ref::generate(m, {"ok", ""}, GenerationMode::recompute, o); }, {"prompts[1] is empty"});
+  o.max_new_tokens = -1;
+  expect_error([&] { ref::generate(m, {"a"}, GenerationMode::recompute, o); }, {"max_new_tokens must be >= 0"});
+  o = {};
+  o.temperature = -0.5;
+  expect_error([&] { ref::generate(m, {"a"}, GenerationMode::recompute, o); }, {"temperature must be finite and >= 0"});
+  o = {};
+  o.top_p = 0.0;
+  expect_error([&] { ref::generate(m, {"a"}, GenerationMode::recompute, o); }, {"top_p must be in (0, 1]"});
+  o = {};
+  o.page_size = 0;
+  expect_error([&] { ref::generate(m, {"a"}, GenerationMode::paged_kv_cache, o); }, {"page_size must be >= 1"});
+  o = {};
+  o.num_pages = 2;
+  expect_error([&] { ref::generate(m, {"The cat sat", "The cat ran fast"}, GenerationMode::paged_kv_cache, o); },
+               {"num_pages = 2 is too small"});
+  c = {};
+  c.vocab_size = 100;
+  expect_error([&] { ref::generate(TinyDecoder(c), {"~~~"}, GenerationMode::recompute, {}); },
+               {"prompts[0] has byte 126", "vocab_size 100"});
+  expect_error([] { ref::parse_generation_mode("paged"); }, {"mode must be", "\"paged\""});
+}
