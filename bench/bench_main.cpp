@@ -134,7 +134,7 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
   in->batch = {in->q.get(), in->qo_indptr.as<int32_t>(), in->kv_indptr.as<int32_t>(), in->pool.get(),
                in->kv_indices.as<int32_t>(), in->kv_last_page_len.as<int32_t>(), in->k.get(), in->v.get(),
                in->o.get(), in->lse.as<float>()};
-  in->runner = tune.num_stages ? std::make_unique<stages::paged::PagedRunner>(tune) : stage.make_runner();
+  in->runner = tune.num_stages || tune.threads ? std::make_unique<stages::paged::PagedRunner>(tune) : stage.make_runner();
   in->workspace = DeviceBuffer(in->runner->workspace_bytes(s));
   in->runner->plan(s, in->workspace.get(), in->workspace.bytes(), nullptr);
   in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
@@ -264,9 +264,13 @@ int main(int argc, char** argv) {
       const stages::StageInfo& paged = stages::find_stage("02_paged");
       for (const BenchShape& shape : shapes)
         if (shape.set == "target")
-          for (int s : {2, 3, 4, 6, 8})
-            register_stage(paged, shape, "tune/stages" + std::to_string(s) + "/" + shape.name,
-                           stages::paged::PagedConfig{s});
+          for (int threads : {256, 512})
+            for (int s : {2, 3, 4, 6, 8}) {
+              if (threads == 512 && s == 8) continue;  // 8 x 32 KB: more shared memory than a block may have
+              register_stage(paged, shape,
+                             "tune/t" + std::to_string(threads) + "_s" + std::to_string(s) + "/" + shape.name,
+                             stages::paged::PagedConfig{s, threads});
+            }
     }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

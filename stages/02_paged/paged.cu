@@ -1,7 +1,7 @@
 // Stage 02 — paged decode: the launcher, plan/run, and the registry entry.
 //
 // The kernel (paged_decode.cuh) is instantiated for fp32, fp16 and bf16 x head_dim 64,
-// 128 and 256: nine kernels, the only combinations the registry declares.
+// 128 and 256 (the combinations the registry declares) x 256 or 512 threads per block.
 //
 // How to run it: `ctest -L gpu` validates it over the decode grid;
 // `flashstep_bench --benchmark_filter=02_paged` times it.
@@ -25,9 +25,9 @@ struct BlockShape {
   int bdy, bdz;
 };
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, int THREADS>
 BlockShape block_shape(int group_size) {
-  using Tr = DecodeTraits<T, HEAD_DIM>;
+  using Tr = DecodeTraits<T, HEAD_DIM, THREADS>;
   const int bdy = (group_size + Tr::kHeadsPerThread - 1) / Tr::kHeadsPerThread;
   return {bdy, Tr::kThreads / (Tr::kBDX * bdy)};
 }
@@ -39,15 +39,15 @@ struct KernelEntry {
   void (*launch)(const BatchShape&, const DeviceBatch&, int num_stages, size_t smem, cudaStream_t);
 };
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, int THREADS>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const BlockShape bs = block_shape<T, HEAD_DIM>(group_size);
-    return paged_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
+    const BlockShape bs = block_shape<T, HEAD_DIM, THREADS>(group_size);
+    return paged_decode_smem_bytes<T, HEAD_DIM, THREADS>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<T, HEAD_DIM>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<T, HEAD_DIM, THREADS>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(bytes)));
   };
@@ -62,36 +62,42 @@ KernelEntry kernel_entry() {
     p.lse = batch.lse;
     p.num_qo_heads = s.num_qo_heads;
     p.group_size = s.group_size();
-    const BlockShape bs = block_shape<T, HEAD_DIM>(p.group_size);
+    const BlockShape bs = block_shape<T, HEAD_DIM, THREADS>(p.group_size);
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = num_stages;
     p.sm_scale_log2 = s.sm_scale * kernels::kLog2e;
     const dim3 grid(s.num_kv_heads, s.batch_size);
-    paged_decode_kernel<T, HEAD_DIM><<<grid, DecodeTraits<T, HEAD_DIM>::kThreads, smem, stream>>>(p);
+    paged_decode_kernel<T, HEAD_DIM, THREADS><<<grid, THREADS, smem, stream>>>(p);
     kernels::check_launch("paged_decode_kernel");
   };
   return e;
 }
 
-template <typename T>
+template <typename T, int THREADS>
 KernelEntry kernel_entry_for_dim(int head_dim) {
   switch (head_dim) {
-    case 64: return kernel_entry<T, 64>();
-    case 128: return kernel_entry<T, 128>();
-    case 256: return kernel_entry<T, 256>();
+    case 64: return kernel_entry<T, 64, THREADS>();
+    case 128: return kernel_entry<T, 128, THREADS>();
+    case 256: return kernel_entry<T, 256, THREADS>();
   }
   throw ref::InvalidArgument("PagedRunner::plan: head_dim must be 64, 128 or 256 (got " +
                              std::to_string(head_dim) + ")");
 }
 
-KernelEntry kernel_entry_for(DType dtype, int head_dim) {
+template <int THREADS>
+KernelEntry kernel_entry_for_threads(DType dtype, int head_dim) {
   switch (dtype) {
-    case DType::f32: return kernel_entry_for_dim<float>(head_dim);
-    case DType::f16: return kernel_entry_for_dim<__half>(head_dim);
-    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16>(head_dim);
+    case DType::f32: return kernel_entry_for_dim<float, THREADS>(head_dim);
+    case DType::f16: return kernel_entry_for_dim<__half, THREADS>(head_dim);
+    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16, THREADS>(head_dim);
   }
   throw ref::InvalidArgument("PagedRunner::plan: unknown dtype");
+}
+
+KernelEntry kernel_entry_for(DType dtype, int head_dim, int threads) {
+  return threads == 512 ? kernel_entry_for_threads<512>(dtype, head_dim)
+                        : kernel_entry_for_threads<256>(dtype, head_dim);
 }
 
 }  // namespace
@@ -102,24 +108,29 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
   ref::require(reason.empty(), fn, reason);
   ref::require(config_.num_stages == 0 || (config_.num_stages >= 2 && config_.num_stages <= 8), fn,
                "num_stages must be 0 (auto) or 2..8 (got " + std::to_string(config_.num_stages) + ")");
+  ref::require(config_.threads == 0 || config_.threads == 256 || config_.threads == 512, fn,
+               "threads must be 0 (auto), 256 or 512 (got " + std::to_string(config_.threads) + ")");
   shape_ = shape;
-  num_stages_ = config_.num_stages;
-  if (num_stages_ == 0) {
-    // Fewer blocks than two per SM: each block must keep more tiles in flight by itself.
-    int device = 0, sms = 0;
-    FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-    FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const int64_t blocks = int64_t{shape.batch_size} * shape.num_kv_heads;
-    num_stages_ = blocks < 2 * sms ? 6 : 4;
-  }
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
+  int device = 0, sms = 0, smem_optin = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // Fewer blocks than two per SM: each block must keep more tiles in flight by itself.
+  const bool small_grid = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms};
+  threads_ = config_.threads ? config_.threads : 256;
+  num_stages_ = config_.num_stages ? config_.num_stages : (small_grid ? 6 : 4);
+  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim, threads_);
   smem_bytes_ = entry.smem_bytes(num_stages_, shape.group_size());
+  ref::require(smem_bytes_ <= static_cast<size_t>(smem_optin), fn,
+               std::to_string(num_stages_) + " stages of " + std::to_string(threads_) + " threads need " +
+                   std::to_string(smem_bytes_) + " bytes of shared memory, more than the " +
+                   std::to_string(smem_optin) + " a block may have");
   entry.set_smem_limit(smem_bytes_);  // a host call, so plan() makes it and run() does not
 }
 
 void PagedRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   if (shape_.batch_size == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, batch, num_stages_, smem_bytes_, stream);
+  kernel_entry_for(shape_.dtype, shape_.head_dim, threads_).launch(shape_, batch, num_stages_, smem_bytes_, stream);
 }
 
 StageInfo stage_info() {

@@ -15,6 +15,8 @@ struct PagedConfig {
   /// consumed. 0 chooses in plan(): deeper when the grid has too few blocks to fill the
   /// chip, so each block must keep more bytes in flight on its own.
   int num_stages = 0;
+  /// Threads per block, 256 or 512; 0 chooses in plan() (256).
+  int threads = 0;
 };
 
 /// Largest GQA group the kernel takes (num_qo_heads / num_kv_heads).
@@ -33,11 +35,14 @@ class PagedRunner : public StageRunner {
   void run(const DeviceBatch& batch, cudaStream_t stream) override;
   /// The pipeline depth plan() chose.
   int num_stages() const { return num_stages_; }
+  /// The threads per block plan() chose.
+  int threads() const { return threads_; }
 
  private:
   PagedConfig config_;
   BatchShape shape_;
   int num_stages_ = 0;
+  int threads_ = 0;
   size_t smem_bytes_ = 0;
 };
 

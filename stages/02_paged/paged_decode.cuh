@@ -14,7 +14,7 @@
 ///    (kv_indices[kv_indptr[b] + t / page_size], slot t % page_size), with the division
 ///    done by FastDivmod and the page ids of the next tile fetched one tile ahead.
 ///
-/// Thread-block layout (256 threads, grid = (num_kv_heads, batch_size)):
+/// Thread-block layout (256 threads, or 512 for small grids; grid = (num_kv_heads, batch_size)):
 ///
 ///     tid = tx + BDX * (ty + bdy * tz)
 ///       tx  in [0, BDX)  which 16 of the head_dim elements (BDX = head_dim / 16)
@@ -32,7 +32,7 @@
 ///     of rows tid / chunks_per_row and that + rows_per_pass, of K and of V.
 ///
 /// Shared memory: num_stages x [K tile | V tile], each tile kTile rows of head_dim
-/// elements, 16 KB per stage for every dtype and head_dim.
+/// elements: 16 KB per stage (32 KB with 512 threads) for every dtype and head_dim.
 ///
 /// What it still does badly: one block per (request, kv head), so a batch of a few
 /// long requests leaves most SMs idle (stage 03 splits the KV); q . k runs on CUDA
@@ -48,10 +48,11 @@
 
 namespace flashstep::stages::paged {
 
-/// Compile-time shape of the kernel for element type T and head_dim HEAD_DIM.
-template <typename T, int HEAD_DIM>
+/// Compile-time shape of the kernel for element type T, head_dim HEAD_DIM and THREADS
+/// threads per block (256, or 512 to give a lone block per SM more warps).
+template <typename T, int HEAD_DIM, int THREADS>
 struct DecodeTraits {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = THREADS;
   static constexpr int kVec = kernels::Vec16<T>::kSize;      ///< elements per 16-byte vector
   static constexpr int kElemsPerThread = 16;                  ///< head_dim elements per thread
   static constexpr int kVecsPerThread = kElemsPerThread / kVec;  ///< 2 (16-bit) or 4 (fp32)
@@ -84,18 +85,19 @@ struct PagedDecodeParams {
 
 /// Shared memory (bytes) the kernel needs for a pipeline depth and block shape: the
 /// larger of the pipeline and the end-of-kernel merge buffers (they reuse one region).
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, int THREADS>
 constexpr size_t paged_decode_smem_bytes(int num_stages, int bdy, int bdz) {
-  using Tr = DecodeTraits<T, HEAD_DIM>;
+  using Tr = DecodeTraits<T, HEAD_DIM, THREADS>;
   const size_t pipeline = size_t(num_stages) * Tr::kStageElems * sizeof(T);
   const size_t states = size_t(bdz) * bdy * Tr::kHeadsPerThread;
   const size_t merge = states * (HEAD_DIM + 2) * sizeof(float);
   return pipeline > merge ? pipeline : merge;
 }
 
-template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeParams<T> p) {
-  using Tr = DecodeTraits<T, HEAD_DIM>;
+// Two blocks of 256 (or one of 512) per SM: caps registers at 128 per thread.
+template <typename T, int HEAD_DIM, int THREADS>
+__global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(const PagedDecodeParams<T> p) {
+  using Tr = DecodeTraits<T, HEAD_DIM, THREADS>;
   constexpr int BDX = Tr::kBDX, HPT = Tr::kHeadsPerThread, EPT = Tr::kElemsPerThread;
   constexpr int VEC = Tr::kVec, NV = Tr::kVecsPerThread, TILE = Tr::kTile;
   extern __shared__ __align__(16) uint8_t smem_raw[];

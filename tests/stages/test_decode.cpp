@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include "cases.hpp"
+#include "02_paged/paged.hpp"
 #include "grid_runner.hpp"
 
 using flashstep::test::check_grid;
@@ -35,4 +36,29 @@ TEST_CASE("decode: contiguous KV grid (fp32)") {
 
 TEST_CASE("decode: sanitizer subset") {
   CHECK(check_grid(grids::decode_sanitizer_grid()).count("02_paged") == 1);
+}
+
+TEST_CASE("decode: 02_paged at every block size and pipeline depth (also the sanitizer's)") {
+  using namespace flashstep::stages;
+  using harness::CaseSpec;
+  std::vector<CaseSpec> specs(3);
+  specs[0].kv_len = 300;  // bf16, 32/8 heads, head_dim 128, page 16: many tiles, a partial last one
+  specs[0].batch_size = 3;
+  specs[1].dtype = DType::f32, specs[1].head_dim = 256, specs[1].num_qo_heads = 7, specs[1].num_kv_heads = 1;
+  specs[1].page_size = 1, specs[1].kv_len = 77, specs[1].batch_size = 2;
+  specs[2].dtype = DType::f16, specs[2].head_dim = 64, specs[2].num_qo_heads = 4, specs[2].num_kv_heads = 4;
+  specs[2].page_size = 64, specs[2].kv_len = 200, specs[2].batch_size = 4;
+  specs[2].kv_layout = KVLayout::HND, specs[2].lengths = harness::LengthPolicy::ragged_with_empty;
+  for (int threads : {256, 512})
+    for (int depth : {2, 3, 5, 8}) {
+      if (threads == 512 && depth == 8) continue;  // more shared memory than a block may have
+      StageInfo stage = find_stage("02_paged");
+      stage.make_runner = [=] { return std::make_unique<paged::PagedRunner>(paged::PagedConfig{depth, threads}); };
+      for (const CaseSpec& spec : specs) {
+        CAPTURE(threads);
+        CAPTURE(depth);
+        const auto report = harness::validate(stage, spec, harness::case_seed(flashstep::test::run_seed(), spec.describe()));
+        CHECK_MESSAGE(report.passed, report.message());
+      }
+    }
 }
