@@ -38,5 +38,7 @@ void bind_attention(py::module_& m);
 void bind_merge(py::module_& m);
 void bind_kv_cache(py::module_& m);
 void bind_structures(py::module_& m);
+void bind_sampling(py::module_& m);
+void bind_decoder(py::module_& m);
 
 }  // namespace flashstep::python

@@ -13,5 +13,7 @@ PYBIND11_MODULE(_flashstep, m) {
   fp::bind_merge(m);
   fp::bind_kv_cache(m);
   fp::bind_structures(m);
+  fp::bind_sampling(m);
+  fp::bind_decoder(m);
   // Later topics add one line each here.
 }
