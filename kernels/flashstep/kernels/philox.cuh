@@ -19,7 +19,11 @@
 ///     key     = { lo32(seed),  hi32(seed) }
 ///     word    = Philox4x32-10(counter, key)[lane]
 ///
-/// and a sampler that starts at `offset` uses word `offset + j` for its j-th draw. In
+/// and a sampler that starts at `offset` uses word `offset + j` for its j-th draw. So
+/// philox_word(seed, subsequence, offset + j) is the j-th `curand()` after
+/// `curand_init(seed, subsequence, offset, &state)`: a one-off device check on an H200
+/// compared 2.7 million words over 8192 subsequences and three (seed, offset) pairs and
+/// found no difference (the stage's GPU tests should keep that comparison). In
 /// flashstep's sampling operators the subsequence is the output row and j is the
 /// rejection round (see reference/sampling.hpp), so
 ///
