@@ -23,7 +23,6 @@ const std::vector<std::string>& explain_sections();
 struct TourOptions {
   std::vector<std::string> sections;  ///< empty = all, in tour order
   bool no_gpu = false;                ///< skip the GPU part even where a GPU is present
-  bool quick = false;                 ///< GPU part: the quick case grid
   uint64_t seed = 0;                  ///< seed of every random value the tour draws
 };
 /// Runs the tour; prints PASS/FAIL last.
@@ -59,8 +58,9 @@ struct BenchOptions {
 /// Runs the benchmark and writes the results JSON.
 int run_bench(const BenchOptions& opt, std::ostream& os);
 
-/// The part of the tour that needs a GPU: validate every registered stage and print a
-/// table (stage, cases, max error, pass, time), or say why it was skipped.
+/// The part of the tour that needs a GPU: validate every registered stage (on the quick
+/// grid when `quick`) and print a table (stage, cases, max error, pass, time), or say why
+/// it was skipped.
 /// \return 0 pass, 1 fail, kExitSkipped skipped
 int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os);
 

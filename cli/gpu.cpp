@@ -1,16 +1,217 @@
-// `flashstep validate`, `flashstep bench` and the tour's GPU part. They need the CUDA
-// stages (the registry and validation harness of issue 5); a build without them says so.
+// `flashstep validate`, `flashstep bench` and the tour's GPU part.
+//
+// They run the CUDA stages through the stage registry and the validation harness
+// (flashstep::stages), which exist only in a CUDA build (FLASHSTEP_CLI_HAVE_STAGES). A
+// build without them, or a machine without a GPU, says so and exits 77 ("skipped").
 #include "commands.hpp"
+
+#ifdef FLASHSTEP_CLI_HAVE_STAGES
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <map>
+#include <future>
+#include <optional>
+#include <thread>
+#include <sstream>
+
+#include <flashstep/reference/errors.hpp>
+
+#include "cases.hpp"  // the GPU suite's case grids (tests/stages/cases.hpp), data only
+#include "harness/device.hpp"
+#include "harness/validate.hpp"
+#include "registry.hpp"
+#include "text_table.hpp"
 
 namespace flashstep::cli {
 
-bool stages_built() { return false; }
+namespace {
+
+using stages::StageInfo;
+using stages::harness::CaseSpec;
+
+// The grids `validate` runs. Quick: the small cases the GPU suite runs under
+// compute-sanitizer (every dtype, layout, head_dim, page sizes 1/16/64, GQA 7, an empty
+// request). Full: every grid of the GPU suite.
+std::vector<CaseSpec> case_grid(bool quick) {
+  namespace g = test::grids;
+  std::vector<std::vector<CaseSpec>> parts;
+  if (quick) {
+    parts = {g::decode_sanitizer_grid(), g::prefill_sanitizer_grid()};
+  } else {
+    parts = {g::decode_edge_grid(),   g::decode_long_grid(),       g::decode_batch128_grid(),
+             g::decode_group_grid(),  g::decode_ragged_grid(),     g::prefill_grid(),
+             g::decode_contiguous_grid()};
+  }
+  std::vector<CaseSpec> all;
+  for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+  return all;
+}
+
+std::string sci(double x) {
+  std::ostringstream os;
+  os << std::setprecision(2) << std::scientific << x;
+  return os.str();
+}
+
+// Whether a case of the grid is one the stage can take. A spec the stage's storage
+// cannot express at all (e.g. an HND layout for ragged KV) is refused by make_layout with
+// InvalidArgument: such a case does not apply either.
+bool applies(const StageInfo& stage, const CaseSpec& spec, uint64_t seed) {
+  std::mt19937_64 layout_rng(seed);
+  try {
+    return stage.supports(stages::harness::make_layout(spec, stage.storage, layout_rng).shape);
+  } catch (const ref::InvalidArgument&) {
+    return false;
+  }
+}
+
+struct StageTally {
+  int cases = 0;
+  int failed = 0;
+  double max_err_o = 0;
+  double max_err_lse = 0;
+  double seconds = 0;
+};
+
+// Validates `chosen` stages on `grid`; prints failures as they happen, progress to
+// `progress`, and the table to `os`. Returns 0 if every case passed, 1 otherwise.
+int validate_stages(const std::vector<const StageInfo*>& chosen, const std::vector<CaseSpec>& grid,
+                    uint64_t seed, std::ostream& os, std::ostream& progress) {
+  using namespace stages::harness;
+  os << "Device: " << device_description() << "\n";
+  os << "Run seed " << seed << " (reproduce with --seed " << seed << "); " << grid.size()
+     << " cases in the grid.\n";
+  std::map<std::string, StageTally> tally;
+  int shown_failures = 0;
+  size_t done = 0;
+  auto last_report = std::chrono::steady_clock::now();
+  // Building a case computes the reference answer in double on the CPU, which takes far
+  // longer than the stage itself: build the next chunk of cases on every core while the
+  // GPU runs them one by one.
+  const size_t chunk = std::max(1u, std::thread::hardware_concurrency());
+  for (size_t first = 0; first < grid.size(); first += chunk) {
+    const size_t last = std::min(grid.size(), first + chunk);
+    struct Built {
+      uint64_t seed;
+      std::optional<HostCase> host[2];  // per storage kind, only if some stage needs it
+    };
+    std::vector<std::future<Built>> futures;
+    for (size_t i = first; i < last; ++i)
+      futures.push_back(std::async(std::launch::async, [&, i] {
+        Built b;
+        b.seed = case_seed(seed, grid[i].describe());
+        for (const StageInfo* stage : chosen) {
+          auto& host = b.host[stage->storage == stages::KVStorage::paged ? 1 : 0];
+          if (!host && applies(*stage, grid[i], b.seed)) host = build_case(grid[i], stage->storage, b.seed);
+        }
+        return b;
+      }));
+    for (size_t i = first; i < last; ++i) {
+      const Built b = futures[i - first].get();
+      for (const StageInfo* stage : chosen) {
+        if (!applies(*stage, grid[i], b.seed)) continue;
+        const HostCase& host = *b.host[stage->storage == stages::KVStorage::paged ? 1 : 0];
+        const auto start = std::chrono::steady_clock::now();
+        const ValidationReport report = run_and_compare(*stage, host);
+        StageTally& t = tally[stage->name];
+        t.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        ++t.cases;
+        t.max_err_o = std::max(t.max_err_o, report.o.max_abs_err);
+        t.max_err_lse = std::max(t.max_err_lse, report.lse.max_abs_err);
+        if (!report.passed) {
+          ++t.failed;
+          if (shown_failures++ < 5) os << report.message() << "\n";
+        }
+      }
+      ++done;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_report > std::chrono::seconds(2) || done == grid.size()) {
+        progress << "\r[validate] " << done << "/" << grid.size() << " cases" << std::flush;
+        last_report = now;
+      }
+    }
+  }
+  progress << "\n";
+
+  TextTable table({"stage", "cases", "max error", "pass", "time"});
+  bool all_pass = true;
+  for (const StageInfo* stage : chosen) {
+    const auto it = tally.find(stage->name);
+    if (it == tally.end()) {
+      table.add({stage->name, "0", "-", "no case fits", "-"});
+      continue;
+    }
+    const StageTally& t = it->second;
+    all_pass &= t.failed == 0;
+    std::ostringstream secs;
+    secs << std::fixed << std::setprecision(2) << t.seconds << " s";
+    table.add({stage->name, std::to_string(t.cases),
+               "o " + sci(t.max_err_o) + ", lse " + sci(t.max_err_lse),
+               t.failed == 0 ? "PASS" : "FAIL (" + std::to_string(t.failed) + ")", secs.str()});
+  }
+  os << "\n";
+  table.print(os, "  ");
+  os << "  (max error: largest |stage - reference| over the cases; a case passes by the per-dtype\n"
+        "   tolerance table, element-wise and norm-wise. time: the stage's plan, run and the\n"
+        "   comparison, summed over its cases; the reference is computed beforehand.)\n";
+  return all_pass ? 0 : 1;
+}
+
+bool gpu_ready(std::ostream& os, const char* what) {
+  std::string why;
+  if (stages::harness::gpu_available(&why)) return true;
+  os << what << "no usable GPU here (" << why << ").\n";
+  return false;
+}
+
+}  // namespace
+
+bool stages_built() { return true; }
+
+int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os) {
+  if (!gpu_ready(os, "GPU part skipped: ")) return kExitSkipped;
+  std::vector<const StageInfo*> all;
+  for (const StageInfo& s : stages::registry()) all.push_back(&s);
+  os << "Every registered stage against the CPU reference, on the "
+     << (quick ? "quick" : "full") << " case grid:\n";
+  std::ostringstream progress;  // the tour prints no progress line
+  return validate_stages(all, case_grid(quick), seed, os, progress);
+}
+
+int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& progress) {
+  if (opt.list) {
+    TextTable table({"stage", "what it teaches", "supports"});
+    for (const StageInfo& s : stages::registry()) table.add({s.name, s.summary, s.capabilities()});
+    table.print(os);
+    return 0;
+  }
+  std::vector<const StageInfo*> chosen;
+  for (const std::string& name : opt.stages) chosen.push_back(&stages::find_stage(name));
+  if (chosen.empty())
+    for (const StageInfo& s : stages::registry()) chosen.push_back(&s);
+  if (!gpu_ready(os, "flashstep validate: nothing to validate: ")) return kExitSkipped;
+  const int rc = validate_stages(chosen, case_grid(opt.quick), opt.seed, os, progress);
+  os << (rc == 0 ? "PASS" : "FAIL") << ": " << chosen.size() << " stage"
+     << (chosen.size() == 1 ? "" : "s") << " against the reference\n";
+  return rc;
+}
+
+}  // namespace flashstep::cli
+
+#else  // no CUDA stages in this build
+
+namespace flashstep::cli {
 
 namespace {
 const char* kNoStages =
-    "this build has no CUDA stages (no nvcc was found when it was configured, or the stage "
-    "registry has not landed yet)";
+    "this build has no CUDA stages (no nvcc was found when it was configured, or it was "
+    "configured with -DFLASHSTEP_ENABLE_CUDA=OFF)";
 }
+
+bool stages_built() { return false; }
 
 int tour_gpu_part(bool, uint64_t, std::ostream& os) {
   os << "GPU part skipped: " << kNoStages << ".\n";
@@ -22,9 +223,6 @@ int run_validate(const ValidateOptions&, std::ostream& os, std::ostream&) {
   return kExitSkipped;
 }
 
-int run_bench(const BenchOptions&, std::ostream& os) {
-  os << "flashstep bench: nothing to benchmark: " << kNoStages << ".\n";
-  return kExitSkipped;
-}
-
 }  // namespace flashstep::cli
+
+#endif

@@ -56,7 +56,6 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(cli::tour_sections()))
       ->allow_extra_args(false);
   tour_cmd->add_flag("--no-gpu", tour.no_gpu, "Skip the GPU part even where a GPU is present");
-  tour_cmd->add_flag("--quick", tour.quick, "GPU part: the quick case grid");
   auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values (default: fresh)");
 
   cli::ExplainOptions explain;

@@ -29,7 +29,7 @@ def test_tour_tells_the_story_in_order_and_passes(flashstep, seed):
 
 
 def test_tour_without_no_gpu_validates_or_says_why_not(flashstep, seed):
-    r = flashstep("tour", "--section", "gpu", "--quick", "--seed", str(seed))
+    r = flashstep("tour", "--section", "gpu", "--seed", str(seed))
     if "GPU part skipped" in r.out:
         assert r.rc == 0, r
         assert "skipped: GPU part" in r.out, r
