@@ -26,6 +26,10 @@ def test_tour_tells_the_story_in_order_and_passes(flashstep, seed):
     assert "softmax(scores)                = [0.21, 0.21, 0.58]" in r.out, r
     assert "[0.63, 0.79]" in r.out, r
     assert "GPU part skipped: --no-gpu was given." in r.out, r
+    # The cascade's merged output for "A, pos 2" is the primer's exact [3, 1 + e] / (2 + e).
+    assert re.search(r"A, pos 2 .* \[0\.6358, 0\.7881\]  \[0\.6358, 0\.7881\]", r.out), r
+    # The primer's pictures: its Br = 3 row blocks and its unique-suffix rows.
+    assert "A, pos 0-2" in r.out and "B, pos 0-2" in r.out and "B, pos 3 " in r.out, r
 
 
 def test_tour_without_no_gpu_validates_or_says_why_not(flashstep, seed):
