@@ -180,23 +180,51 @@ TEST_CASE("min_p_sampling_from_probs matches the oracle for min_p in {0.05, 0.5}
   });
 }
 
-TEST_CASE("top_k_top_p_sampling_from_probs, joint and top_k_first, match their oracles") {
-  run_grid("statistics top_k_top_p", [](int64_t vocab, const Tensor&, const Tensor& probs) {
+TEST_CASE("top_k_renorm_probs, top_p_renorm_probs and top_k_mask_logits, then plain sampling, match the filters") {
+  // FlashInfer: "top_k_renorm_probs + sampling_from_probs should be equivalent to
+  // top_k_sampling_from_probs", and likewise for top-p and for mask + softmax.
+  run_grid("statistics renorm", [](int64_t vocab, const Tensor& logits, const Tensor& probs) {
+    const Tensor top_k = ref::top_k_renorm_probs(probs, 10), top_p = ref::top_p_renorm_probs(probs, 0.5);
+    const Tensor masked = ref::top_k_mask_logits(logits, 10);
+    return std::vector<Case>{
+        {"sampling_from_probs(top_k_renorm_probs k=10)", vocab,
+         [top_k](const SamplingOptions& o) { return ref::sampling_from_probs(top_k, o); },
+         target_of(probs, SamplingFilter::make_top_k(10))},
+        {"sampling_from_probs(top_p_renorm_probs p=0.5)", vocab,
+         [top_p](const SamplingOptions& o) { return ref::sampling_from_probs(top_p, o); },
+         target_of(probs, SamplingFilter::make_top_p(0.5))},
+        {"sampling_from_logits(top_k_mask_logits k=10)", vocab,
+         [masked](const SamplingOptions& o) { return ref::sampling_from_logits(masked, o); },
+         target_of(probs, SamplingFilter::make_top_k(10))},
+    };
+  });
+}
+
+TEST_CASE("top_k_top_p_sampling_from_probs, joint, matches the oracle") {
+  run_grid("statistics top_k_top_p joint", [](int64_t vocab, const Tensor&, const Tensor& probs) {
     std::vector<Case> cases;
-    for (const auto& [k, p] : kTopKTopP) {
-      const std::string params = " k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3);
-      cases.push_back({"top_k_top_p_sampling_from_probs joint" + params, vocab,
+    for (const auto& [k, p] : kTopKTopP)
+      cases.push_back({"top_k_top_p_sampling_from_probs joint k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3),
+                       vocab,
                        [probs, k = k, p = p](const SamplingOptions& o) {
                          return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::joint, o);
                        },
                        target_of(probs, SamplingFilter::make_top_k_top_p(k, p))});
-      // top_k_first: top-p on the renormalized top-k row (read as float32 again).
-      cases.push_back({"top_k_top_p_sampling_from_probs top_k_first" + params, vocab,
+    return cases;
+  });
+}
+
+TEST_CASE("top_k_top_p_sampling_from_probs, top_k_first, matches top-p on the renormalized top-k") {
+  run_grid("statistics top_k_top_p top_k_first", [](int64_t vocab, const Tensor&, const Tensor& probs) {
+    std::vector<Case> cases;
+    for (const auto& [k, p] : kTopKTopP)
+      cases.push_back({"top_k_top_p_sampling_from_probs top_k_first k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3),
+                       vocab,
                        [probs, k = k, p = p](const SamplingOptions& o) {
                          return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::top_k_first, o);
                        },
+                       // top-p on the renormalized top-k row, read as float32 again.
                        target_of(ref::top_k_renorm_probs(probs, k), SamplingFilter::make_top_p(p))});
-    }
     return cases;
   });
 }
