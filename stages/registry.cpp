@@ -3,6 +3,7 @@
 
 #include "01_naive/naive.hpp"
 #include "02_paged/paged.hpp"
+#include "03_split_kv/split_kv.hpp"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages {
@@ -11,6 +12,7 @@ const std::vector<StageInfo>& registry() {
   static const std::vector<StageInfo> stages = {
       naive::stage_info(),  // 01: scores materialized, three passes, fp32
       paged::stage_info(),  // 02: paged decode, online softmax, one pass
+      split_kv::stage_info(),  // 03: plan/run, KV split into chunks that fill the chip, merge
   };
   return stages;
 }

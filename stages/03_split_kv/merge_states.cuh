@@ -1,0 +1,138 @@
+/// \file merge_states.cuh
+/// \brief Stage 03's second kernel: each request's partial states, a variable number of
+/// them, merged into its output — FlashInfer's VariableLengthMergeStates.
+///
+/// Request r's chunks wrote partial rows o_indptr[r] .. o_indptr[r+1] (a normalized
+/// output v_k and its natural-log lse s_k per query head). A normalized state (v, s) is
+/// the unnormalized state (m = s, d = 1, o = v) of kernels/state.cuh, so the merge here is
+/// SoftmaxState::merge, the same exact operator as inside every decode block (and the
+/// reference's merge_state): the order of merges changes only rounding.
+///
+/// Block layout: one block per (query head, request), 128 threads.
+///
+///     tid = tx + TX * tz       TX = head_dim / 4 lanes, 4 fp32 dims each (one 16-byte load)
+///                              NZ = 128 / TX lanes over chunks: lane tz takes chunks
+///                              tz, tz + NZ, ... and loads kLoadsInFlight of them at once
+///
+/// then the NZ lane states are merged in shared memory and lane 0 writes o (output dtype)
+/// and lse. With programmatic dependent launch the block starts while the chunk kernel
+/// finishes, reads its schedule (o_indptr, written by plan() before the chunk kernel ran),
+/// and waits (griddepcontrol.wait) only before it reads the partial rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flashstep/kernels/state.cuh"
+
+namespace flashstep::stages::split_kv {
+
+/// Threads of a merge block.
+constexpr int kMergeThreads = 128;
+
+/// Arguments of merge_states_kernel; raw pointers and sizes only.
+template <typename T>
+struct MergeStatesParams {
+  const float* partial_o = nullptr;    ///< (num_work_items, num_qo_heads, head_dim) fp32
+  const float* partial_lse = nullptr;  ///< (num_work_items, num_qo_heads) natural log
+  const int32_t* o_indptr = nullptr;   ///< (batch_size + 1): request r's rows
+  T* o = nullptr;                      ///< (batch_size, num_qo_heads, head_dim)
+  float* lse = nullptr;                ///< (batch_size, num_qo_heads) natural log
+  int num_qo_heads = 0;
+};
+
+/// Waits until the grid this one programmatically depends on has completed and its
+/// writes are visible (sm_90+; returns at once when launched without that dependency).
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Stores 4 fp32 values as 4 elements of T. \param dst 4 elements, 8-byte aligned (16 for fp32)
+template <typename T>
+__device__ __forceinline__ void store4(T* dst, const float* v);
+template <>
+__device__ __forceinline__ void store4<float>(float* dst, const float* v) {
+  *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+}
+template <>
+__device__ __forceinline__ void store4<__half>(__half* dst, const float* v) {
+  __half2 h[2] = {__floats2half2_rn(v[0], v[1]), __floats2half2_rn(v[2], v[3])};
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
+}
+template <>
+__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const float* v) {
+  __nv_bfloat162 h[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
+  *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
+}
+
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const MergeStatesParams<T> p) {
+  constexpr int TX = HEAD_DIM / 4;
+  constexpr int NZ = kMergeThreads / TX;
+  constexpr int kLoadsInFlight = 8;  // a request of up to 8 * NZ chunks is read in one round trip
+  static_assert(HEAD_DIM % 4 == 0 && TX <= kMergeThreads && kMergeThreads % TX == 0,
+                "head_dim must be a multiple of 4, at most 4 x kMergeThreads");
+  __shared__ float part_o[NZ][HEAD_DIM];
+  __shared__ float part_m[NZ];
+  __shared__ float part_d[NZ];
+
+  const int qo_head = blockIdx.x, r = blockIdx.y;
+  const int tx = threadIdx.x % TX, tz = threadIdx.x / TX;
+  // The schedule was written before the chunk kernel started: safe to read before the wait.
+  const int begin = p.o_indptr[r], end = p.o_indptr[r + 1];
+  wait_for_prerequisite_grid();
+
+  // Lane tz merges chunks begin + tz, begin + tz + NZ, ...; loads first, then merges.
+  kernels::SoftmaxState<4> st;
+  st.init();
+  for (int k0 = begin + tz; k0 < end; k0 += NZ * kLoadsInFlight) {
+    float4 v[kLoadsInFlight];
+    float s[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const int k = k0 + u * NZ;
+      if (k < end) {
+        const int64_t row = int64_t{k} * p.num_qo_heads + qo_head;
+        v[u] = *reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM + tx * 4);
+        s[u] = p.partial_lse[row];
+      } else {
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        s[u] = -INFINITY;  // the empty state: merging it changes nothing
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      // (o, lse) natural log -> (m, d, o) base 2 with d = 1.
+      const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
+    }
+  }
+
+  // ---- the NZ lane states of this head, merged exactly by lane 0.
+  if (tz > 0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part_o[tz][tx * 4 + e] = st.o[e];
+    if (tx == 0) {
+      part_m[tz] = st.m;
+      part_d[tz] = st.d;
+    }
+  }
+  __syncthreads();
+  if (tz == 0) {
+    for (int z = 1; z < NZ; ++z) {
+      const float o_b[4] = {part_o[z][tx * 4], part_o[z][tx * 4 + 1], part_o[z][tx * 4 + 2], part_o[z][tx * 4 + 3]};
+      st.merge(part_m[z], part_d[z], o_b);
+    }
+    float out[4];
+    st.output(out);
+    const int64_t row = int64_t{r} * p.num_qo_heads + qo_head;
+    store4<T>(p.o + row * HEAD_DIM + tx * 4, out);
+    if (tx == 0) p.lse[row] = st.lse();
+  }
+}
+
+}  // namespace flashstep::stages::split_kv

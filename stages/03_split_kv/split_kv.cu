@@ -1,0 +1,393 @@
+// Stage 03 — split-KV decode: the workspace layout, plan/run, the launches, and the
+// registry entry.
+//
+// The control plane (plan, host, once per batch composition) and the data plane (run,
+// device, once per layer) are kept apart the way FlashInfer keeps them (seeds/001, 4.1):
+//   plan()  reads the lengths on the host, asks ref::plan_split_kv — the reference
+//           planner, the very function the CPU tests check — for the schedule, writes it
+//           into pinned memory in the workspace's layout, and ships it with ONE copy.
+//   run()   launches chunk_decode_kernel (and merge_states_kernel when the plan split)
+//           with pointers into the workspace; it reads no length and makes no choice.
+//
+// Kernels are instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256, as stage 02.
+// How to run it: `ctest -L gpu` validates it (the decode grids through the registry, and
+// tests/stages/test_split_kv.cpp for partial states, forced splits and CUDA graphs);
+// `flashstep_bench --shapes=bench/shapes_split_kv.csv` times it.
+#include "03_split_kv/split_kv.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "03_split_kv/chunk_decode.cuh"
+#include "03_split_kv/merge_states.cuh"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/reference/errors.hpp"
+
+namespace flashstep::stages::split_kv {
+
+namespace {
+
+size_t align_up(size_t x) { return (x + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+/// Block shape for a group size: bdy pairs of heads, bdz token groups.
+struct BlockShape {
+  int bdy, bdz;
+};
+
+template <typename T, int HEAD_DIM>
+BlockShape block_shape(int group_size) {
+  using Tr = ChunkTraits<T, HEAD_DIM>;
+  const int bdy = (group_size + Tr::kHeadsPerThread - 1) / Tr::kHeadsPerThread;
+  return {bdy, Tr::kThreads / (Tr::kBDX * bdy)};
+}
+
+/// What a launch of the two kernels needs besides the batch's pointers.
+struct LaunchArgs {
+  const BatchShape* shape;
+  const DeviceBatch* batch;
+  const ref::SplitKVPlan* plan;
+  const WorkspaceLayout* layout;
+  uint8_t* workspace;
+  int num_stages;
+  size_t smem_bytes;
+  bool programmatic_launch;
+};
+
+/// One instantiation (dtype x head_dim): what plan() asks of it and how run() launches it.
+struct KernelEntry {
+  size_t (*smem_bytes)(int num_stages, int group_size);
+  void (*set_smem_limit)(size_t bytes);
+  int (*blocks_per_sm)(size_t smem_bytes);
+  void (*launch)(const LaunchArgs& a, cudaStream_t stream);
+};
+
+template <typename T, int HEAD_DIM>
+void launch(const LaunchArgs& a, cudaStream_t stream) {
+  const BatchShape& s = *a.shape;
+  const WorkspaceLayout& w = *a.layout;
+  ChunkDecodeParams<T> p;
+  p.q = static_cast<const T*>(a.batch->q);
+  p.kv = kernels::make_paged_kv(static_cast<const T*>(a.batch->kv_pool), a.batch->kv_indptr,
+                                a.batch->kv_indices, a.batch->kv_last_page_len, s.page_size,
+                                s.num_kv_heads, HEAD_DIM, s.kv_layout == KVLayout::HND);
+  p.kv_chunk_size_in_pages = reinterpret_cast<const int32_t*>(a.workspace + w.header) +
+                             offsetof(SplitKVHeader, kv_chunk_size_in_pages) / sizeof(int32_t);
+  p.request_indices = reinterpret_cast<const int32_t*>(a.workspace + w.request_indices);
+  p.kv_tile_indices = reinterpret_cast<const int32_t*>(a.workspace + w.kv_tile_indices);
+  p.block_valid_mask = a.workspace + w.block_valid_mask;
+  p.partition_kv = a.plan->split_kv;
+  p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(a.workspace + w.partial_lse);
+  p.o = static_cast<T*>(a.batch->o);
+  p.lse = a.batch->lse;
+  p.num_qo_heads = s.num_qo_heads;
+  p.group_size = s.group_size();
+  const BlockShape bs = block_shape<T, HEAD_DIM>(p.group_size);
+  p.bdy = bs.bdy;
+  p.bdz = bs.bdz;
+  p.num_stages = a.num_stages;
+  p.sm_scale_log2 = s.sm_scale * kernels::kLog2e;
+  const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
+  chunk_decode_kernel<T, HEAD_DIM><<<grid, ChunkTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
+  kernels::check_launch("chunk_decode_kernel");
+  if (!a.plan->split_kv) return;
+
+  MergeStatesParams<T> m;
+  m.partial_o = p.partial_o;
+  m.partial_lse = p.partial_lse;
+  m.o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
+  m.o = p.o;
+  m.lse = p.lse;
+  m.num_qo_heads = s.num_qo_heads;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(s.num_qo_heads, s.batch_size);
+  config.blockDim = dim3(kMergeThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  // Programmatic dependent launch: the merge grid may be scheduled before the chunk grid
+  // has finished (its blocks wait in griddepcontrol.wait), which hides its launch latency.
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = a.programmatic_launch ? 1 : 0;
+  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_states_kernel<T, HEAD_DIM>, m));
+  kernels::check_launch("merge_states_kernel");
+}
+
+template <typename T, int HEAD_DIM>
+KernelEntry kernel_entry() {
+  KernelEntry e;
+  e.smem_bytes = [](int num_stages, int group_size) {
+    const BlockShape bs = block_shape<T, HEAD_DIM>(group_size);
+    return chunk_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
+  };
+  e.set_smem_limit = [](size_t bytes) {
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(bytes)));
+  };
+  e.blocks_per_sm = [](size_t bytes) {
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, chunk_decode_kernel<T, HEAD_DIM>, ChunkTraits<T, HEAD_DIM>::kThreads, bytes));
+    return blocks;
+  };
+  e.launch = launch<T, HEAD_DIM>;
+  return e;
+}
+
+template <typename T>
+KernelEntry kernel_entry_for_dim(int head_dim) {
+  switch (head_dim) {
+    case 64: return kernel_entry<T, 64>();
+    case 128: return kernel_entry<T, 128>();
+    case 256: return kernel_entry<T, 256>();
+  }
+  throw ref::InvalidArgument("SplitKVRunner::plan: head_dim must be 64, 128 or 256 (got " + str(head_dim) + ")");
+}
+
+KernelEntry kernel_entry_for(DType dtype, int head_dim) {
+  switch (dtype) {
+    case DType::f32: return kernel_entry_for_dim<float>(head_dim);
+    case DType::f16: return kernel_entry_for_dim<__half>(head_dim);
+    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16>(head_dim);
+  }
+  throw ref::InvalidArgument("SplitKVRunner::plan: unknown dtype");
+}
+
+/// The launch choices that depend on the shape but never on the lengths.
+struct Resolved {
+  int num_stages;
+  size_t smem_bytes;
+  int num_sm;
+  int ctas_per_sm;
+  bool programmatic_launch;
+};
+
+Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const char* fn) {
+  const std::string reason = stage_info().unsupported_reason(shape);
+  ref::require(reason.empty(), fn, reason);
+  ref::require(shape.batch_size >= 1 && shape.batch_size <= 65535, fn,
+               "batch_size must be 1..65535 (grid.y of the kernels), got " + str(shape.batch_size));
+  ref::require(options.num_stages == 0 || (options.num_stages >= 2 && options.num_stages <= 8), fn,
+               "options.num_stages must be 0 (auto) or 2..8, got " + str(options.num_stages));
+  ref::require(options.num_sm >= 0 && options.ctas_per_sm >= 0 && options.min_kv_chunk_tokens >= 0, fn,
+               "options.num_sm, ctas_per_sm and min_kv_chunk_tokens must be >= 0");
+  int device = 0, sms = 0, major = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  Resolved r;
+  r.num_sm = options.num_sm > 0 ? options.num_sm : sms;
+  r.num_stages = options.num_stages;
+  if (r.num_stages == 0) {
+    // As stage 02: when the unsplit batch has fewer blocks than two per SM, the plan will
+    // split, every block streams a long chunk alone, and a deeper pipeline keeps more
+    // bytes in flight per block. Depends on batch_size only, so graphs stay valid.
+    r.num_stages = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms} ? 6 : 4;
+  }
+  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
+  r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
+  entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
+  r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
+  ref::require(r.ctas_per_sm >= 1, fn,
+               "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
+                   " bytes of shared memory (num_stages " + str(r.num_stages) + ")");
+  r.programmatic_launch = options.programmatic_launch && major >= 9;
+  return r;
+}
+
+}  // namespace
+
+WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
+                                      int max_grid_size) {
+  const char* fn = "make_workspace_layout";
+  ref::require(batch_size >= 1 && num_qo_heads >= 1 && num_kv_heads >= 1 && head_dim >= 1 && max_grid_size >= 1,
+               fn, "batch_size, num_qo_heads, num_kv_heads, head_dim and max_grid_size must be >= 1");
+  WorkspaceLayout w;
+  w.batch_size = batch_size;
+  const int32_t per_head = max_grid_size / num_kv_heads;  // G / H: the split grid, padded
+  w.capacity = std::max(batch_size, per_head);
+  // The planner splits only when batch_size * H < G; then it never makes more than G / H items.
+  w.partial_rows = int64_t{batch_size} * num_kv_heads < max_grid_size ? per_head : 0;
+  size_t at = 0;
+  w.header = at;
+  at = align_up(at + sizeof(SplitKVHeader));
+  w.request_indices = at;
+  at = align_up(at + sizeof(int32_t) * w.capacity);
+  w.kv_tile_indices = at;
+  at = align_up(at + sizeof(int32_t) * w.capacity);
+  w.o_indptr = at;
+  at = align_up(at + sizeof(int32_t) * (size_t(batch_size) + 1));
+  w.block_valid_mask = at;
+  at = align_up(at + w.capacity);
+  w.schedule_bytes = at;
+  w.partial_o = at;
+  at = align_up(at + sizeof(float) * size_t(w.partial_rows) * num_qo_heads * head_dim);
+  w.partial_lse = at;
+  at = align_up(at + sizeof(float) * size_t(w.partial_rows) * num_qo_heads);
+  w.bytes = at;
+  return w;
+}
+
+SplitKVRunner::SplitKVRunner(SplitKVOptions options) : options_(options) {}
+
+SplitKVRunner::~SplitKVRunner() {
+  // No throw from a destructor: a failure here is reported by the next CUDA call.
+  if (staged_copy_done_) {
+    cudaEventSynchronize(staged_copy_done_);
+    cudaEventDestroy(staged_copy_done_);
+  }
+  if (staging_) cudaFreeHost(staging_);
+}
+
+size_t SplitKVRunner::workspace_bytes(const BatchShape& shape) const {
+  const Resolved r = resolve(options_, shape, "SplitKVRunner::workspace_bytes");
+  return make_workspace_layout(shape.batch_size, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
+                               r.num_sm * r.ctas_per_sm)
+      .bytes;
+}
+
+void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
+  const char* fn = "SplitKVRunner::plan";
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FLASHSTEP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  ref::require(capture == cudaStreamCaptureStatusNone, fn,
+               "the stream is being captured into a CUDA graph; plan() is host work that runs between "
+               "replays (it reads the lengths and copies a new schedule), so call it before capturing or "
+               "before each replay, never inside the capture");
+  const Resolved r = resolve(options_, shape, fn);
+  ref::require(shape.kv_indptr.size() == size_t(shape.batch_size) + 1, fn,
+               "shape.kv_indptr must have batch_size + 1 = " + str(shape.batch_size + 1) + " entries, got " +
+                   str(int64_t(shape.kv_indptr.size())));
+  ref::require(shape.kv_last_page_len.size() == size_t(shape.batch_size), fn,
+               "shape.kv_last_page_len must have batch_size = " + str(shape.batch_size) + " entries, got " +
+                   str(int64_t(shape.kv_last_page_len.size())));
+
+  // ---- the schedule: the reference planner, called as the CPU tests call it.
+  ref::SplitKVConfig config;
+  config.page_size = shape.page_size;
+  config.num_kv_heads = shape.num_kv_heads;
+  config.num_sm = r.num_sm;
+  config.ctas_per_sm = r.ctas_per_sm;
+  config.enable_cuda_graph = options_.enable_cuda_graph;
+  config.min_kv_chunk_tokens = options_.min_kv_chunk_tokens;
+  ref::SplitKVPlan plan = ref::plan_split_kv(ref::kv_page_counts_from_indptr(shape.kv_indptr), config);
+  ref::require(plan.padded_batch_size <= 65535, fn,
+               "the plan's grid has " + str(plan.padded_batch_size) + " work items, more than grid.y allows (65535)");
+
+  // ---- the workspace: every scratch array at a fixed offset of the caller's buffer.
+  const WorkspaceLayout layout = make_workspace_layout(shape.batch_size, shape.num_qo_heads, shape.num_kv_heads,
+                                                       shape.head_dim, plan.max_grid_size);
+  ref::require(workspace != nullptr, fn, "workspace is null; allocate workspace_bytes(shape) bytes of device memory");
+  ref::require(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, fn, "workspace must be 16-byte aligned");
+  ref::require(workspace_size >= layout.bytes, fn,
+               "workspace_size is " + str(int64_t(workspace_size)) + " bytes; this shape needs " +
+                   str(int64_t(layout.bytes)) + " (workspace_bytes(shape))");
+  ref::require(plan.padded_batch_size <= layout.capacity && (!plan.split_kv || plan.padded_batch_size <= layout.partial_rows),
+               fn, "internal: the plan does not fit the workspace layout");  // the planner's rule guarantees it
+
+  // ---- a captured graph froze the launch shape: a new plan must keep it.
+  if (captured_) {
+    ref::require(shape.batch_size == captured_batch_size_ && plan.padded_batch_size == captured_padded_batch_size_ &&
+                     plan.split_kv == captured_split_kv_,
+                 fn,
+                 "run() was captured into a CUDA graph for batch_size " + str(captured_batch_size_) + " (grid of " +
+                     str(captured_padded_batch_size_) + " work items); this plan needs batch_size " +
+                     str(shape.batch_size) + " and " + str(plan.padded_batch_size) +
+                     " work items, which that graph cannot replay. Use one runner (and workspace) per captured batch size.");
+  }
+
+  // ---- stage the schedule in pinned memory, in the workspace's layout, and copy it once.
+  if (staging_bytes_ < layout.schedule_bytes) {
+    if (staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
+    if (staging_) FLASHSTEP_CUDA_CHECK(cudaFreeHost(staging_));
+    staging_ = nullptr;
+    FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), layout.schedule_bytes));
+    staging_bytes_ = layout.schedule_bytes;
+  }
+  if (!staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copy_done_, cudaEventDisableTiming));
+  // The previous plan's copy may still be reading the staging buffer.
+  FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
+  std::memset(staging_, 0, layout.schedule_bytes);
+  const SplitKVHeader header{plan.kv_chunk_size_in_pages, plan.num_work_items, plan.split_kv ? 1 : 0,
+                             plan.padded_batch_size};
+  std::memcpy(staging_ + layout.header, &header, sizeof header);
+  std::memcpy(staging_ + layout.request_indices, plan.request_indices.data(), sizeof(int32_t) * plan.request_indices.size());
+  std::memcpy(staging_ + layout.kv_tile_indices, plan.kv_tile_indices.data(), sizeof(int32_t) * plan.kv_tile_indices.size());
+  std::memcpy(staging_ + layout.o_indptr, plan.o_indptr.data(), sizeof(int32_t) * plan.o_indptr.size());
+  std::memcpy(staging_ + layout.block_valid_mask, plan.block_valid_mask.data(), plan.block_valid_mask.size());
+  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace, staging_, layout.schedule_bytes, cudaMemcpyHostToDevice, stream));
+  FLASHSTEP_CUDA_CHECK(cudaEventRecord(staged_copy_done_, stream));
+
+  shape_ = shape;
+  planner_config_ = config;
+  plan_ = std::move(plan);
+  layout_ = layout;
+  workspace_ = static_cast<uint8_t*>(workspace);
+  num_stages_ = r.num_stages;
+  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
+  launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
+    entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
+                            r.programmatic_launch},
+                 s);
+  };
+  planned_ = true;
+}
+
+void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
+  const char* fn = "SplitKVRunner::run";
+  ref::require(planned_, fn, "call plan() before run()");
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FLASHSTEP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    // A graph replays this launch as captured: grid size, split or not. Without the graph
+    // flag the grid is the number of work items of *these* lengths, and a replay after a
+    // plan() for other lengths would silently skip or misread chunks.
+    ref::require(options_.enable_cuda_graph, fn,
+                 "the stream is being captured into a CUDA graph, but this runner plans without "
+                 "SplitKVOptions::enable_cuda_graph: its grid (" + str(plan_.padded_batch_size) +
+                     " work items) follows the current lengths, so a replay after the next plan() "
+                     "would compute on a stale schedule. Make the runner with enable_cuda_graph = true.");
+    captured_ = true;
+    captured_batch_size_ = shape_.batch_size;
+    captured_padded_batch_size_ = plan_.padded_batch_size;
+    captured_split_kv_ = plan_.split_kv;
+  }
+  launch_(batch, stream);
+}
+
+const float* SplitKVRunner::partial_o() const {
+  return planned_ ? reinterpret_cast<const float*>(workspace_ + layout_.partial_o) : nullptr;
+}
+
+const float* SplitKVRunner::partial_lse() const {
+  return planned_ ? reinterpret_cast<const float*>(workspace_ + layout_.partial_lse) : nullptr;
+}
+
+StageInfo stage_info() {
+  StageInfo s;
+  s.name = "03_split_kv";
+  s.summary = "split-KV decode: plan() cuts long requests into chunks that fill every SM, then a merge kernel; CUDA-graph safe";
+  s.modes = {Mode::decode};
+  s.storage = KVStorage::paged;
+  s.dtypes = {DType::f32, DType::f16, DType::bf16};
+  s.head_dims = {64, 128, 256};
+  s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
+  s.max_page_size = kMaxPageSize;
+  s.max_group_size = kMaxGroupSize;
+  s.causal = false;
+  s.make_runner = [] { return std::make_unique<SplitKVRunner>(); };
+  return s;
+}
+
+}  // namespace flashstep::stages::split_kv

@@ -1,0 +1,159 @@
+/// \file split_kv.hpp
+/// \brief Stage 03 — split-KV decode: FlashInfer's plan/run wrapper. plan() cuts long
+/// requests into chunks (the reference planner, ref::plan_split_kv) so that a small batch
+/// still fills every SM, lays every scratch array out in one caller-owned workspace and
+/// ships the schedule with one host-to-device copy; run() launches the chunk kernel and
+/// the merge kernel and decides nothing. run() can be captured in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "flashstep/reference/split_plan.hpp"
+#include "stage.hpp"
+
+namespace flashstep::stages::split_kv {
+
+/// Largest GQA group the chunk kernel takes (num_qo_heads / num_kv_heads), as stage 02.
+constexpr int kMaxGroupSize = 8;
+/// Largest page_size it is tested for (any positive page_size works), as stage 02.
+constexpr int kMaxPageSize = 64;
+/// Every section of the workspace starts at a multiple of this many bytes.
+constexpr size_t kWorkspaceAlignment = 256;
+
+/// How the runner plans. The defaults are what the registry entry (and so the tests, the
+/// benchmark and the CLI) use; the tests change them to force splits on short requests.
+struct SplitKVOptions {
+  /// Plan for a captured CUDA graph: the grid is padded to a size fixed by batch_size
+  /// alone (surplus blocks exit through block_valid_mask), so a graph captured after one
+  /// plan() replays correctly after a later plan() for other lengths, same batch size.
+  bool enable_cuda_graph = false;
+  /// The planner's shortest chunk, in tokens (c_min = this / page_size pages, at least 1):
+  /// below it a chunk costs more to merge than it saves. FlashInfer uses 128.
+  int min_kv_chunk_tokens = 128;
+  /// Pipeline depth of the chunk kernel, 2..8; 0 chooses from the batch (see plan()).
+  int num_stages = 0;
+  /// Multiprocessors the planner assumes; 0: the device's count. Tests set it to force
+  /// many or few chunks; the kernels are correct for any value.
+  int num_sm = 0;
+  /// Resident blocks per multiprocessor the planner assumes; 0: the occupancy calculator's
+  /// answer for the chunk kernel at the chosen depth.
+  int ctas_per_sm = 0;
+  /// Launch the merge kernel with programmatic dependent launch (sm_90+), so that its
+  /// launch overlaps the chunk kernel's tail. Off, or before sm_90: an ordinary launch.
+  bool programmatic_launch = true;
+};
+
+/// Where each scratch array lives in the workspace, in bytes from its start. A pure
+/// function of the batch size, heads, head_dim and the planner's grid limit, never of
+/// the lengths: a graph captured after one plan() keeps pointing at the right places
+/// after every later plan() of the same batch size.
+///
+///      offset 0 +---------------------------------------------+ -.
+///               | header: kv_chunk_size_in_pages, items, ...  |  |
+///               | request_indices   int32 [capacity]          |  |  the schedule: staged in
+///               | kv_tile_indices   int32 [capacity]          |  |  pinned host memory and
+///               | o_indptr          int32 [batch_size + 1]    |  |  copied by ONE H2D copy
+///               | block_valid_mask  uint8 [capacity]          |  |  per plan()
+///    partial_o  +---------------------------------------------+ -'
+///               | partial_o   fp32 [partial_rows][Hq][D]      |  |  written by the chunk
+///               | partial_lse fp32 [partial_rows][Hq]         |  |  kernel, read by the merge
+///         bytes +---------------------------------------------+ -'
+///
+///     (each section starts at a multiple of kWorkspaceAlignment bytes)
+///
+/// capacity = max(batch_size, G / Hkv) (the largest padded grid any plan of this batch
+/// size can ask for); partial_rows = G / Hkv when batch_size * Hkv < G (the only case in
+/// which the planner may split), else 0.
+struct WorkspaceLayout {
+  int32_t batch_size = 0;
+  int32_t capacity = 0;      ///< entries of request_indices, kv_tile_indices, block_valid_mask
+  int32_t partial_rows = 0;  ///< rows of partial_o / partial_lse (work items that may split)
+  size_t header = 0;             ///< SplitKVHeader
+  size_t request_indices = 0;    ///< int32 [capacity]
+  size_t kv_tile_indices = 0;    ///< int32 [capacity]
+  size_t o_indptr = 0;           ///< int32 [batch_size + 1]
+  size_t block_valid_mask = 0;   ///< uint8 [capacity]
+  size_t schedule_bytes = 0;     ///< bytes [0, schedule_bytes): what plan() copies
+  size_t partial_o = 0;          ///< fp32 [partial_rows][num_qo_heads][head_dim]
+  size_t partial_lse = 0;        ///< fp32 [partial_rows][num_qo_heads]
+  size_t bytes = 0;              ///< total workspace the runner needs
+};
+
+/// The schedule's scalars, at offset 0 of the workspace. The chunk kernel reads the chunk
+/// size from here (not from a launch argument) so that a replayed graph sees the newest plan.
+struct SplitKVHeader {
+  int32_t kv_chunk_size_in_pages;  ///< c of the plan
+  int32_t num_work_items;          ///< real work items (the rest of the grid is padding)
+  int32_t split_kv;                ///< 1: partial states + merge; 0: outputs written directly
+  int32_t padded_batch_size;       ///< grid.y of the chunk kernel
+};
+
+/// Lays out the workspace (see WorkspaceLayout). Throws ref::InvalidArgument on sizes < 1.
+/// \param max_grid_size G = num_sm * ctas_per_sm, the planner's grid limit
+WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
+                                      int max_grid_size);
+
+/// plan/run for stage 03.
+///
+/// plan() (host, once per batch composition): checks the shape, picks the kernel's depth
+/// and occupancy, calls ref::plan_split_kv with the device's G, writes the schedule into
+/// pinned memory in the workspace's layout and copies it with one cudaMemcpyAsync.
+/// run() (per layer): the chunk kernel, grid (num_kv_heads, padded_batch_size), then, when
+/// the plan split, the merge kernel, grid (num_qo_heads, batch_size). No host decisions:
+/// it refuses to be captured into a graph unless the plan was made for one.
+class SplitKVRunner : public StageRunner {
+ public:
+  explicit SplitKVRunner(SplitKVOptions options = {});
+  ~SplitKVRunner() override;
+  SplitKVRunner(const SplitKVRunner&) = delete;
+  SplitKVRunner& operator=(const SplitKVRunner&) = delete;
+
+  size_t workspace_bytes(const BatchShape& shape) const override;
+  void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) override;
+  void run(const DeviceBatch& batch, cudaStream_t stream) override;
+
+  /// The last plan, exactly as ref::plan_split_kv returned it.
+  const ref::SplitKVPlan& split_plan() const { return plan_; }
+  /// The planner configuration plan() used (num_sm, ctas_per_sm, ... as resolved).
+  const ref::SplitKVConfig& planner_config() const { return planner_config_; }
+  /// The workspace layout of the last plan.
+  const WorkspaceLayout& layout() const { return layout_; }
+  /// Pipeline depth the chunk kernel runs with.
+  int num_stages() const { return num_stages_; }
+  /// Device pointer to the partial outputs, fp32 (layout().partial_rows, num_qo_heads,
+  /// head_dim); row k belongs to work item k. Valid after run() when split_plan().split_kv.
+  const float* partial_o() const;
+  /// Device pointer to the partial natural-log LSEs, fp32 (layout().partial_rows, num_qo_heads).
+  const float* partial_lse() const;
+
+ private:
+  SplitKVOptions options_;
+  BatchShape shape_;
+  bool planned_ = false;
+  ref::SplitKVConfig planner_config_;
+  ref::SplitKVPlan plan_;
+  WorkspaceLayout layout_;
+  uint8_t* workspace_ = nullptr;
+  int num_stages_ = 0;
+  // The two launches, bound by plan() to this dtype and head_dim's kernels and to the
+  // workspace; run() only calls it.
+  std::function<void(const DeviceBatch&, cudaStream_t)> launch_;
+  // Pinned staging for the schedule, and the event that says its last copy is done.
+  uint8_t* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  cudaEvent_t staged_copy_done_ = nullptr;
+  // Set when run() was captured: later plans must keep the captured launch shape.
+  bool captured_ = false;
+  int32_t captured_batch_size_ = 0;
+  int32_t captured_padded_batch_size_ = 0;
+  bool captured_split_kv_ = false;
+};
+
+/// Stage 03's registry entry.
+StageInfo stage_info();
+
+}  // namespace flashstep::stages::split_kv
