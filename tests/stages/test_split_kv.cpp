@@ -1,0 +1,571 @@
+// Stage 03 (split-KV) beyond what the registry's decode grids check: the partial states
+// of every chunk against the reference's split phase, splits forced on short requests,
+// the workspace layout, the schedule being the reference planner's, CUDA-graph capture
+// and replay after re-planning, and the refusals (capture without the graph flag, plan()
+// under capture, a graph replayed for another batch size, a small workspace).
+//
+// The registry entry already runs the stage over every decode grid of cases.hpp with
+// the default options (o and lse checked); here the runner is made with options that
+// split short requests into many chunks, so the chunk and merge kernels meet every edge
+// of the page table, and each partial state is compared too.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "03_split_kv/split_kv.hpp"
+#include "cases.hpp"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/split_plan.hpp"
+#include "harness/case.hpp"
+#include "harness/compare.hpp"
+#include "harness/device.hpp"
+#include "harness/dtype_convert.hpp"
+#include "harness/validate.hpp"
+#include "support/random.hpp"
+
+using namespace flashstep;
+using namespace flashstep::stages;
+using namespace flashstep::stages::harness;
+using split_kv::SplitKVOptions;
+using split_kv::SplitKVRunner;
+using split_kv::WorkspaceLayout;
+namespace grids = flashstep::test::grids;
+
+namespace {
+
+/// Names element `flat` of a (work items, heads, dim) partial tensor by its work item.
+ElementLabel partial_label(const ref::SplitKVPlan& plan, int num_heads, int head_dim) {
+  return [plan, num_heads, head_dim](int64_t flat) {
+    const int64_t row = flat / head_dim, item = row / num_heads;
+    const std::string dim = head_dim > 1 ? std::to_string(flat % head_dim) : "-";
+    return "(work item " + std::to_string(item) + " = request " + std::to_string(plan.request_indices[item]) +
+           " chunk " + std::to_string(plan.kv_tile_indices[item]) + ", head " + std::to_string(row % num_heads) +
+           ", dim " + dim + ")";
+  };
+}
+
+/// The outcome of one stage-03 run on one case: outputs and (when split) partials.
+struct SplitReport {
+  std::string text;
+  ref::SplitKVPlan plan;
+  Comparison o, lse, partial_o, partial_lse;
+  bool checked_partials = false;
+  bool passed = false;
+  std::string message() const {
+    std::string m = std::string(passed ? "PASS" : "FAIL") + " 03_split_kv on " + text + "\n  " + o.summary() +
+                    "\n  " + lse.summary();
+    if (checked_partials) m += "\n  " + partial_o.summary() + "\n  " + partial_lse.summary();
+    return m + "\n";
+  }
+};
+
+std::vector<float> download_floats(const float* ptr, size_t count) {
+  std::vector<float> out(count);
+  if (count) FLASHSTEP_CUDA_CHECK(cudaMemcpy(out.data(), ptr, count * sizeof(float), cudaMemcpyDeviceToHost));
+  return out;
+}
+
+/// Compares o and lse with the reference (the unsplit decode) and, when the plan split,
+/// the first num_work_items partial rows with ref::split_kv_partials for the same plan.
+/// Partials are fp32 in the workspace, so they are held to the fp32 tolerance row.
+void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runner, const DeviceCase& dev) {
+  const BatchShape& s = host.layout.shape;
+  r.plan = runner.split_plan();
+  const DTypeTolerance& tol = tolerance_for(s.dtype);
+  r.o = compare("o", dev.output(), host.expected.o.data, tol.o, output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
+  r.lse = compare("lse", dev.lse(), host.expected.lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
+  r.passed = r.o.passed && r.lse.passed;
+  r.checked_partials = r.plan.split_kv;
+  if (!r.checked_partials) return;
+  ref::AttentionOptions opt;
+  opt.sm_scale = s.sm_scale;
+  const ref::SplitKVPartials expected = ref::split_kv_partials(host.q, host.paged, r.plan, opt);
+  const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
+  const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
+  const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
+  const DTypeTolerance& f32 = tolerance_for(DType::f32);
+  r.partial_o = compare("partial_o", std::vector<double>(po.begin(), po.end()), expected.v.data, f32.o,
+                        partial_label(r.plan, s.num_qo_heads, s.head_dim));
+  r.partial_lse = compare("partial_lse", std::vector<double>(pl.begin(), pl.end()), expected.s.data, f32.lse,
+                          partial_label(r.plan, s.num_qo_heads, 1));
+  r.passed = r.passed && r.partial_o.passed && r.partial_lse.passed;
+}
+
+/// Fills the workspace's partial rows with NaN, so a row the chunk kernel skips fails.
+void poison_partials(const SplitKVRunner& runner, void* workspace, cudaStream_t stream) {
+  const WorkspaceLayout& w = runner.layout();
+  FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + w.partial_o, 0xff,
+                                       w.bytes - w.partial_o, stream));
+}
+
+/// plan, poison, run, compare: one case through a runner made with `options`.
+SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
+  SplitReport r;
+  r.text = host.spec.describe() + " (case seed " + std::to_string(host.seed) + ", min_kv_chunk_tokens " +
+           std::to_string(options.min_kv_chunk_tokens) + ", num_sm " + std::to_string(options.num_sm) + ")";
+  DeviceCase dev(host);
+  SplitKVRunner runner(options);
+  DeviceBuffer workspace(runner.workspace_bytes(host.layout.shape));
+  runner.plan(host.layout.shape, workspace.get(), workspace.bytes(), nullptr);
+  dev.poison_outputs(nullptr);
+  poison_partials(runner, workspace.get(), nullptr);
+  runner.run(dev.batch(), nullptr);
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  compare_all(r, host, runner, dev);
+  return r;
+}
+
+/// Options that split short requests: chunks down to one page, and (cycling) a smaller
+/// pretend device, so chunk counts differ from case to case.
+SplitKVOptions forcing_options(int n) {
+  SplitKVOptions o;
+  o.min_kv_chunk_tokens = n % 3 == 2 ? 16 : 0;
+  if (n % 2 == 1) {
+    o.num_sm = 13;  // G = 26: few chunks per request, and batches that do not split at all
+    o.ctas_per_sm = 2;
+  }
+  return o;
+}
+
+struct GridTally {
+  int cases = 0, split = 0, multi_chunk = 0, failures = 0;
+};
+
+/// Runs `grid` (every `stride`-th case) through forced splits; stops after 10 failures.
+GridTally check_forced(const std::vector<CaseSpec>& grid, int stride = 1) {
+  GridTally t;
+  for (size_t i = 0; i < grid.size(); i += static_cast<size_t>(stride)) {
+    const CaseSpec& spec = grid[i];
+    const uint64_t seed = case_seed(test::run_seed(), "split_kv forced " + spec.describe());
+    const HostCase host = build_case(spec, KVStorage::paged, seed);
+    const SplitReport r = check_case(host, forcing_options(static_cast<int>(i)));
+    ++t.cases;
+    t.split += r.plan.split_kv;
+    t.multi_chunk += r.plan.num_work_items > spec.batch_size;
+    CHECK_MESSAGE(r.passed, r.message());
+    if (!r.passed && ++t.failures >= 10) {
+      FAIL("stopping this grid after 10 failures");
+      break;
+    }
+  }
+  std::printf("  03_split_kv forced splits: %d cases, %d split, %d with more chunks than requests\n", t.cases, t.split,
+              t.multi_chunk);
+  return t;
+}
+
+BatchShape small_shape(int batch_size) {
+  BatchShape s;
+  s.mode = Mode::decode;
+  s.storage = KVStorage::paged;
+  s.dtype = DType::bf16;
+  s.batch_size = batch_size;
+  s.num_qo_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_dim = 128;
+  s.page_size = 16;
+  s.num_pages = 64;
+  s.sm_scale = 0.088f;
+  for (int i = 0; i <= batch_size; ++i) s.qo_indptr.push_back(i);
+  for (int i = 0; i <= batch_size; ++i) s.kv_indptr.push_back(2 * i);
+  s.kv_last_page_len.assign(static_cast<size_t>(batch_size), 7);
+  return s;
+}
+
+/// Device buffers of fixed addresses and capacity, for graph replays: each new case's
+/// data is copied into the same buffers, as a serving engine reuses its page pool.
+struct FixedBatch {
+  DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, o, lse;
+  DeviceBatch batch;
+  FixedBatch(const BatchShape& s, size_t max_pages) {
+    const size_t elem = dtype_bytes(s.dtype);
+    const size_t rows = size_t(s.batch_size) * s.num_qo_heads;
+    q = DeviceBuffer(rows * s.head_dim * elem);
+    qo_indptr = DeviceBuffer((s.batch_size + 1) * sizeof(int32_t));
+    kv_indptr = DeviceBuffer((s.batch_size + 1) * sizeof(int32_t));
+    kv_indices = DeviceBuffer(max_pages * sizeof(int32_t));
+    kv_last_page_len = DeviceBuffer(s.batch_size * sizeof(int32_t));
+    pool = DeviceBuffer(max_pages * 2 * s.page_size * s.num_kv_heads * s.head_dim * elem);
+    o = DeviceBuffer(rows * s.head_dim * elem);
+    lse = DeviceBuffer(rows * sizeof(float));
+    batch = {q.get(), qo_indptr.as<int32_t>(), kv_indptr.as<int32_t>(), pool.get(), kv_indices.as<int32_t>(),
+             kv_last_page_len.as<int32_t>(), nullptr, nullptr, o.get(), lse.as<float>()};
+  }
+  /// Copies `host`'s inputs into the fixed buffers and poisons the outputs (on `stream`).
+  void load(const HostCase& host, cudaStream_t stream) {
+    const BatchShape& s = host.layout.shape;
+    auto put = [&](const DeviceBuffer& dst, const void* src, size_t bytes) {
+      REQUIRE(bytes <= dst.bytes());
+      FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream));
+      FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors are pageable temporaries
+    };
+    const std::vector<uint8_t> qb = encode(s.dtype, host.q.data), pb = encode(s.dtype, host.paged.pages.data);
+    put(q, qb.data(), qb.size());
+    put(qo_indptr, s.qo_indptr.data(), s.qo_indptr.size() * sizeof(int32_t));
+    put(kv_indptr, s.kv_indptr.data(), s.kv_indptr.size() * sizeof(int32_t));
+    put(kv_indices, host.layout.kv_indices.data(), host.layout.kv_indices.size() * sizeof(int32_t));
+    put(kv_last_page_len, s.kv_last_page_len.data(), s.kv_last_page_len.size() * sizeof(int32_t));
+    put(pool, pb.data(), pb.size());
+    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(o.get(), 0xff, o.bytes(), stream));
+    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xff, lse.bytes(), stream));
+  }
+  std::vector<double> output(DType dtype) const { return decode(dtype, o.download(), o.bytes() / dtype_bytes(dtype)); }
+  std::vector<double> lse_values() const { return decode(DType::f32, lse.download(), lse.bytes() / sizeof(float)); }
+};
+
+/// Captures run() once (after planning `specs[0]`), then for every spec: new inputs in
+/// the same buffers, plan(), replay, compare o, lse and partials. Returns the distinct
+/// chunk sizes the replays ran with.
+std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const SplitKVOptions& options,
+                                     const std::string& salt) {
+  REQUIRE(options.enable_cuda_graph);
+  std::vector<uint64_t> seeds;
+  size_t max_pages = 1;
+  for (const CaseSpec& spec : specs) {
+    seeds.push_back(case_seed(test::run_seed(), salt + spec.describe()));
+    std::mt19937_64 rng(seeds.back());
+    max_pages = std::max(max_pages, size_t(make_layout(spec, KVStorage::paged, rng).shape.num_pages));
+  }
+  cudaStream_t stream;
+  FLASHSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  HostCase first = build_case(specs[0], KVStorage::paged, seeds[0]);
+  FixedBatch fixed(first.layout.shape, max_pages);
+  SplitKVRunner runner(options);
+  DeviceBuffer workspace(runner.workspace_bytes(first.layout.shape));
+  runner.plan(first.layout.shape, workspace.get(), workspace.bytes(), stream);
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  runner.run(fixed.batch, stream);  // captured, not executed
+  FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::set<int32_t> chunk_sizes;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const HostCase host = i == 0 ? std::move(first) : build_case(specs[i], KVStorage::paged, seeds[i]);
+    fixed.load(host, stream);
+    runner.plan(host.layout.shape, workspace.get(), workspace.bytes(), stream);  // new lengths, same buffers
+    poison_partials(runner, workspace.get(), stream);
+    FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+    const BatchShape& s = host.layout.shape;
+    SplitReport r;
+    r.text = "graph replay " + std::to_string(i) + " of " + host.spec.describe() + " (case seed " +
+             std::to_string(host.seed) + ", kv_chunk_size_in_pages " +
+             std::to_string(runner.split_plan().kv_chunk_size_in_pages) + ", " +
+             std::to_string(runner.split_plan().num_work_items) + " of " +
+             std::to_string(runner.split_plan().padded_batch_size) + " work items)";
+    // compare_all reads o/lse through a DeviceCase; the fixed buffers are compared directly.
+    r.plan = runner.split_plan();
+    const DTypeTolerance& tol = tolerance_for(s.dtype);
+    r.o = compare("o", fixed.output(s.dtype), host.expected.o.data, tol.o,
+                  output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
+    r.lse = compare("lse", fixed.lse_values(), host.expected.lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
+    r.passed = r.o.passed && r.lse.passed;
+    if (r.plan.split_kv) {
+      r.checked_partials = true;
+      ref::AttentionOptions opt;
+      opt.sm_scale = s.sm_scale;
+      const ref::SplitKVPartials expected = ref::split_kv_partials(host.q, host.paged, r.plan, opt);
+      const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
+      const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
+      const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
+      const DTypeTolerance& f32 = tolerance_for(DType::f32);
+      r.partial_o = compare("partial_o", std::vector<double>(po.begin(), po.end()), expected.v.data, f32.o,
+                            partial_label(r.plan, s.num_qo_heads, s.head_dim));
+      r.partial_lse = compare("partial_lse", std::vector<double>(pl.begin(), pl.end()), expected.s.data, f32.lse,
+                              partial_label(r.plan, s.num_qo_heads, 1));
+      r.passed = r.passed && r.partial_o.passed && r.partial_lse.passed;
+    }
+    CHECK_MESSAGE(r.passed, r.message());
+    chunk_sizes.insert(r.plan.kv_chunk_size_in_pages);
+  }
+  FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+  FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(stream));
+  return chunk_sizes;
+}
+
+CaseSpec graph_spec(int batch, int kv_len, LengthPolicy lengths) {
+  CaseSpec c;
+  c.batch_size = batch;
+  c.kv_len = kv_len;
+  c.lengths = lengths;
+  return c;
+}
+
+}  // namespace
+
+TEST_SUITE("host") {
+
+TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by batch and G only") {
+  const WorkspaceLayout w = split_kv::make_workspace_layout(3, 32, 8, 128, 264);
+  CHECK(w.capacity == 33);      // G / H = 264 / 8 work items at most
+  CHECK(w.partial_rows == 33);  // 3 * 8 < 264: this batch may split
+  const std::vector<size_t> starts = {w.header, w.request_indices, w.kv_tile_indices, w.o_indptr,
+                                      w.block_valid_mask, w.partial_o, w.partial_lse, w.bytes};
+  for (size_t i = 0; i < starts.size(); ++i) CHECK(starts[i] % split_kv::kWorkspaceAlignment == 0);
+  CHECK(w.request_indices >= w.header + sizeof(split_kv::SplitKVHeader));
+  CHECK(w.kv_tile_indices >= w.request_indices + 4 * 33);
+  CHECK(w.o_indptr >= w.kv_tile_indices + 4 * 33);
+  CHECK(w.block_valid_mask >= w.o_indptr + 4 * 4);
+  CHECK(w.schedule_bytes >= w.block_valid_mask + 33);
+  CHECK(w.partial_o == w.schedule_bytes);
+  CHECK(w.partial_lse >= w.partial_o + sizeof(float) * 33 * 32 * 128);
+  CHECK(w.bytes >= w.partial_lse + sizeof(float) * 33 * 32);
+  CHECK(w.bytes < w.partial_lse + sizeof(float) * 33 * 32 + split_kv::kWorkspaceAlignment);
+  // A batch that fills the device alone never splits: no partial rows, capacity = batch.
+  const WorkspaceLayout big = split_kv::make_workspace_layout(40, 32, 8, 128, 264);
+  CHECK(big.capacity == 40);
+  CHECK(big.partial_rows == 0);
+  CHECK(big.partial_lse == big.partial_o);
+  CHECK_THROWS_WITH_AS(split_kv::make_workspace_layout(0, 32, 8, 128, 264),
+                       doctest::Contains("make_workspace_layout: batch_size"), ref::InvalidArgument);
+}
+
+TEST_CASE("split_kv workspace: every plan of a batch size fits its layout, whatever the lengths") {
+  auto rng = test::case_rng("split_kv workspace property");
+  for (int trial = 0; trial < 400; ++trial) {
+    const int batch = static_cast<int>(test::random_int(rng, 1, 40));
+    ref::SplitKVConfig config;
+    config.page_size = test::random_int(rng, 1, 64);
+    config.num_kv_heads = test::random_int(rng, 1, 8);
+    config.num_sm = test::random_int(rng, 1, 140);
+    config.ctas_per_sm = test::random_int(rng, 1, 3);
+    config.enable_cuda_graph = trial % 2 == 0;
+    config.min_kv_chunk_tokens = test::random_int(rng, 0, 256);
+    std::vector<int32_t> pages(static_cast<size_t>(batch));
+    for (int32_t& p : pages) p = static_cast<int32_t>(test::random_int(rng, 0, trial % 3 ? 50 : 5000));
+    const ref::SplitKVPlan plan = ref::plan_split_kv(pages, config);
+    const WorkspaceLayout w = split_kv::make_workspace_layout(batch, 4 * int(config.num_kv_heads),
+                                                              int(config.num_kv_heads), 64, plan.max_grid_size);
+    CAPTURE(trial);
+    CHECK(plan.padded_batch_size <= w.capacity);
+    if (plan.split_kv) CHECK(plan.padded_batch_size <= w.partial_rows);
+  }
+}
+
+}  // TEST_SUITE("host")
+
+TEST_CASE("split_kv: the runner's schedule is the reference planner's, for the device's G") {
+  BatchShape s = small_shape(3);
+  s.kv_indptr = {0, 700, 701, 701};  // 700 pages, 1 page, an empty request
+  s.kv_last_page_len = {5, 16, 0};
+  s.num_pages = 800;
+  SplitKVRunner runner;
+  DeviceBuffer workspace(runner.workspace_bytes(s));
+  runner.plan(s, workspace.get(), workspace.bytes(), nullptr);
+  const ref::SplitKVConfig& c = runner.planner_config();
+  int device = 0, sms = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  CHECK(c.num_sm == sms);
+  CHECK(c.ctas_per_sm >= 1);
+  CHECK(c.min_kv_chunk_tokens == 128);
+  const ref::SplitKVPlan expected = ref::plan_split_kv({700, 1, 0}, c);
+  const ref::SplitKVPlan& got = runner.split_plan();
+  CHECK(got.split_kv);
+  CHECK(got.kv_chunk_size_in_pages == expected.kv_chunk_size_in_pages);
+  CHECK(got.num_work_items == expected.num_work_items);
+  CHECK(got.padded_batch_size == expected.padded_batch_size);
+  CHECK(got.request_indices == expected.request_indices);
+  CHECK(got.kv_tile_indices == expected.kv_tile_indices);
+  CHECK(got.o_indptr == expected.o_indptr);
+  CHECK(got.block_valid_mask == expected.block_valid_mask);
+  CHECK(int64_t(got.num_work_items) * s.num_kv_heads <= int64_t(c.num_sm) * c.ctas_per_sm);  // one wave
+  // The one copy put the schedule in the workspace: read it back.
+  const std::vector<uint8_t> bytes = workspace.download();
+  const WorkspaceLayout& w = runner.layout();
+  split_kv::SplitKVHeader header;
+  std::memcpy(&header, bytes.data() + w.header, sizeof header);
+  CHECK(header.kv_chunk_size_in_pages == expected.kv_chunk_size_in_pages);
+  CHECK(header.num_work_items == expected.num_work_items);
+  CHECK(header.split_kv == 1);
+  std::vector<int32_t> o_indptr(4);
+  std::memcpy(o_indptr.data(), bytes.data() + w.o_indptr, 4 * sizeof(int32_t));
+  CHECK(o_indptr == expected.o_indptr);
+  std::vector<int32_t> request_indices(size_t(expected.padded_batch_size));
+  std::memcpy(request_indices.data(), bytes.data() + w.request_indices, request_indices.size() * sizeof(int32_t));
+  CHECK(request_indices == expected.request_indices);
+}
+
+TEST_CASE("split_kv: forced splits over the decode edge grid, partial states checked") {
+  const GridTally t = check_forced(grids::decode_edge_grid(), 4);
+  CHECK(t.multi_chunk > t.cases / 2);
+}
+
+TEST_CASE("split_kv: forced splits over GQA groups 1..8, ragged/empty requests and long sequences") {
+  GridTally t = check_forced(grids::decode_group_grid());
+  CHECK(t.multi_chunk > 0);
+  t = check_forced(grids::decode_ragged_grid());
+  CHECK(t.multi_chunk > 0);
+  t = check_forced(grids::decode_long_grid());
+  CHECK(t.split == t.cases);
+}
+
+TEST_CASE("split_kv: default options split a long request and leave a full batch alone") {
+  CaseSpec lone;
+  lone.batch_size = 1;
+  lone.kv_len = 16384;
+  lone.dtype = DType::bf16;
+  const uint64_t seed = case_seed(test::run_seed(), "split_kv default lone");
+  SplitReport r = check_case(build_case(lone, KVStorage::paged, seed), SplitKVOptions{});
+  CHECK_MESSAGE(r.passed, r.message());
+  CHECK(r.plan.split_kv);
+  CHECK(r.plan.num_work_items > 8);
+  CaseSpec full;
+  full.batch_size = 128;
+  full.kv_len = 64;
+  full.lengths = LengthPolicy::uniform;
+  r = check_case(build_case(full, KVStorage::paged, case_seed(test::run_seed(), "split_kv default full")),
+                 SplitKVOptions{});
+  CHECK_MESSAGE(r.passed, r.message());
+  CHECK_FALSE(r.plan.split_kv);  // 128 x 8 blocks fill the chip: the stage 02 path
+  CHECK(r.plan.num_work_items == 128);
+}
+
+TEST_CASE("split_kv: a CUDA graph captured once replays correctly after re-planning for new lengths") {
+  SplitKVOptions graph;
+  graph.enable_cuda_graph = true;
+  SUBCASE("batch 4, bf16 NHD page 16: lengths 1000, 37, 2048 uniform, with an empty request, 1 uniform") {
+    const std::set<int32_t> sizes = capture_and_replay(
+        {graph_spec(4, 1000, LengthPolicy::ragged), graph_spec(4, 37, LengthPolicy::ragged),
+         graph_spec(4, 2048, LengthPolicy::uniform), graph_spec(4, 500, LengthPolicy::ragged_with_empty),
+         graph_spec(4, 1, LengthPolicy::uniform)},
+        graph, "graph bf16 ");
+    CHECK(sizes.size() >= 3);  // the replays really ran different schedules
+  }
+  SUBCASE("batch 3, fp16 HND page 1, group 7, head_dim 64, forced chunks of one page") {
+    std::vector<CaseSpec> specs;
+    for (int kv_len : {300, 45, 97, 1}) {
+      CaseSpec c = graph_spec(3, kv_len, LengthPolicy::ragged);
+      c.dtype = DType::f16;
+      c.kv_layout = KVLayout::HND;
+      c.page_size = 1;
+      c.num_qo_heads = 7;
+      c.num_kv_heads = 1;
+      c.head_dim = 64;
+      specs.push_back(c);
+    }
+    SplitKVOptions forced = graph;
+    forced.min_kv_chunk_tokens = 0;
+    CHECK(capture_and_replay(specs, forced, "graph f16 ").size() >= 3);
+  }
+  SUBCASE("a batch that fills the (pretend) device: the unsplit kernel, grid = batch_size") {
+    SplitKVOptions small = graph;
+    small.num_sm = 4;
+    small.ctas_per_sm = 1;
+    CHECK(capture_and_replay({graph_spec(5, 200, LengthPolicy::ragged), graph_spec(5, 17, LengthPolicy::ragged)}, small,
+                             "graph unsplit ")
+              .size() == 2);
+  }
+}
+
+TEST_CASE("split_kv: run() under capture without enable_cuda_graph is refused, and so is plan() under capture") {
+  const BatchShape s = small_shape(2);
+  cudaStream_t stream;
+  FLASHSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer dummy(1 << 20);
+  DeviceBatch batch;  // never dereferenced: nothing runs
+  SplitKVRunner plain;
+  DeviceBuffer workspace(plain.workspace_bytes(s));
+  plain.plan(s, workspace.get(), workspace.bytes(), stream);
+  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  cudaGraph_t graph = nullptr;
+  FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  CHECK_THROWS_WITH_AS(plain.run(batch, stream),
+                       doctest::Contains("SplitKVRunner::run: the stream is being captured into a CUDA graph, "
+                                         "but this runner plans without SplitKVOptions::enable_cuda_graph"),
+                       ref::InvalidArgument);
+  SplitKVOptions graph_options;
+  graph_options.enable_cuda_graph = true;
+  SplitKVRunner graph_runner(graph_options);
+  CHECK_THROWS_WITH_AS(graph_runner.plan(s, workspace.get(), workspace.bytes(), stream),
+                       doctest::Contains("SplitKVRunner::plan: the stream is being captured"), ref::InvalidArgument);
+  FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));  // nothing was captured
+  size_t nodes = 99;
+  FLASHSTEP_CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(nodes == 0);
+  FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+  FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("split_kv: a graph-captured runner refuses a plan its graph cannot replay") {
+  SplitKVOptions options;
+  options.enable_cuda_graph = true;
+  SplitKVRunner runner(options);
+  const BatchShape two = small_shape(2);
+  const BatchShape three = small_shape(3);
+  DeviceBuffer workspace(std::max(runner.workspace_bytes(two), runner.workspace_bytes(three)));
+  DeviceBuffer q(2 * 32 * 128 * 2), o(2 * 32 * 128 * 2), lse(2 * 32 * 4);
+  runner.plan(two, workspace.get(), workspace.bytes(), nullptr);
+  cudaStream_t stream;
+  FLASHSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBatch batch;
+  batch.q = q.get();
+  batch.o = o.get();
+  batch.lse = lse.as<float>();
+  cudaGraph_t graph = nullptr;
+  FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  runner.run(batch, stream);  // captured only; the graph is never launched
+  FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+  FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(stream));
+  CHECK_NOTHROW(runner.plan(two, workspace.get(), workspace.bytes(), nullptr));  // same batch size: fine
+  CHECK_THROWS_WITH_AS(runner.plan(three, workspace.get(), workspace.bytes(), nullptr),
+                       doctest::Contains("captured into a CUDA graph for batch_size 2"), ref::InvalidArgument);
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST_CASE("split_kv: bad calls are InvalidArgument naming the rule") {
+  BatchShape s = small_shape(2);
+  SplitKVRunner runner;
+  DeviceBatch batch;
+  CHECK_THROWS_WITH_AS(runner.run(batch, nullptr), doctest::Contains("SplitKVRunner::run: call plan() before run()"),
+                       ref::InvalidArgument);
+  const size_t need = runner.workspace_bytes(s);
+  DeviceBuffer small(need - 1);
+  CHECK_THROWS_WITH_AS(runner.plan(s, small.get(), small.bytes(), nullptr),
+                       doctest::Contains(("SplitKVRunner::plan: workspace_size is " + std::to_string(need - 1)).c_str()),
+                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(runner.plan(s, nullptr, need, nullptr), doctest::Contains("workspace is null"),
+                       ref::InvalidArgument);
+  s.head_dim = 96;
+  CHECK_THROWS_WITH_AS(runner.plan(s, small.get(), small.bytes(), nullptr),
+                       doctest::Contains("03_split_kv is not built for head_dim 96"), ref::InvalidArgument);
+  s = small_shape(2);
+  s.kv_last_page_len.pop_back();
+  DeviceBuffer ok(need);
+  CHECK_THROWS_WITH_AS(runner.plan(s, ok.get(), ok.bytes(), nullptr),
+                       doctest::Contains("kv_last_page_len must have batch_size = 2 entries"), ref::InvalidArgument);
+  SplitKVOptions bad;
+  bad.num_stages = 1;
+  SplitKVRunner bad_runner(bad);
+  CHECK_THROWS_WITH_AS(bad_runner.workspace_bytes(small_shape(2)), doctest::Contains("num_stages must be 0 (auto) or 2..8"),
+                       ref::InvalidArgument);
+}
+
+TEST_CASE("split_kv: sanitizer subset, forced splits and a graph replay over every dtype and head_dim") {
+  // Small sizes: compute-sanitizer slows the kernels 10-100x.
+  const GridTally t = check_forced(grids::decode_sanitizer_grid());
+  CHECK(t.multi_chunk > 0);
+  SplitKVOptions graph;
+  graph.enable_cuda_graph = true;
+  graph.min_kv_chunk_tokens = 0;
+  graph.num_sm = 8;  // G = 16 (2 per SM): at most 2 chunks per kv head of the one request
+  graph.ctas_per_sm = 2;
+  CaseSpec a = graph_spec(1, 150, LengthPolicy::uniform), b = graph_spec(1, 9, LengthPolicy::uniform);
+  a.num_qo_heads = b.num_qo_heads = 16;
+  capture_and_replay({a, b}, graph, "sanitizer graph ");
+}
