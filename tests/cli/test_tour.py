@@ -55,3 +55,15 @@ def test_same_seed_same_output(flashstep, seed):
     a = flashstep("tour", "--no-gpu", "--seed", str(seed))
     b = flashstep("tour", "--no-gpu", "--seed", str(seed))
     assert a.out == b.out
+
+
+def test_decoder_generates_the_same_tokens_three_ways_and_reuses_the_shared_prefix(flashstep, seed):
+    r = flashstep("tour", "--section", "decoder", "--seed", str(seed))
+    assert r.rc == 0, r
+    rows = re.findall(r"^  (recompute|contiguous_kv_cache|paged_kv_cache)?\s+([AB])\s+(\".*\")", r.out, re.M)
+    by_request = {}
+    for _, name, text in rows:
+        by_request.setdefault(name, set()).add(text)
+    assert set(by_request) == {"A", "B"} and all(len(t) == 1 for t in by_request.values()), r
+    # "The cat " is 8 bytes, two whole pages of 4: B's prompt reuses exactly those.
+    assert "came from the radix cache instead of being computed: 8" in r.out, r
