@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Stage 03 on the GPU machine, in the repository root, with build-gpu/ carried (built by
+# scripts/gpu-build.sh plus the targets flashstep_exercise_03_split_kv and
+# flashstep_split_kv_tune): the whole GPU suite, compute-sanitizer on the sanitizer
+# subsets, the tuning sweep, then flashstep_bench and bench/peers.py on
+# bench/shapes_split_kv.csv in the same call, merged into one results JSON.
+# Writes under $OUT: device.txt tests.log sanitizer.log tune.json bench.log peers.json results.json
+# Usage: FLASHSTEP_COMMIT=<sha> [FLASHSTEP_DIRTY=1] bench/split_kv_run.sh [tests|sanitizer|tune|bench]...
+set -uo pipefail
+OUT=${OUT:-/tmp/flashstep-out}
+mkdir -p "$OUT"
+B=$PWD/build-gpu
+export LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
+steps=${*:-tests sanitizer tune bench}
+SHAPES=bench/shapes_split_kv.csv
+# CTest files hold this machine's absolute build paths; point that path at this checkout.
+if [ "$PWD" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv
+  nvcc --version | tail -1; python3 -c 'import torch; print("torch", torch.__version__)'; } > "$OUT/device.txt" 2>&1
+cat "$OUT/device.txt"
+
+for step in $steps; do
+  case $step in
+  tests)
+    start=$(date +%s)
+    ( cd "$B" && timeout 300 ctest -L gpu --output-on-failure -j4 --timeout 250 ) > "$OUT/tests.log" 2>&1
+    echo "tests: rc=$? in $(( $(date +%s) - start )) s"; grep -E "tests passed|tests failed|Total Test|\*\*\*Failed|Not Run|Timeout" "$OUT/tests.log"
+    # Exercise skeletons must build, run and FAIL as shipped; the filled-in stage 03 one must PASS.
+    for ex in flashstep_exercise_01_naive flashstep_exercise_02_paged flashstep_exercise_03_split_kv flashstep_exercise_03_solved; do
+      [ -x "$B/bin/$ex" ] || { echo "exercise $ex: not built" | tee -a "$OUT/tests.log"; continue; }
+      timeout 60 "$B/bin/$ex" > "$OUT/exercise.tmp" 2>&1
+      echo "exercise $ex: rc=$? $(tail -1 "$OUT/exercise.tmp")" | tee -a "$OUT/tests.log"
+    done
+    rm -f "$OUT/exercise.tmp" ;;
+  sanitizer)
+    t="$B/tests/stages/flashstep_stage_tests"
+    { for tool in memcheck racecheck; do
+        echo "=== compute-sanitizer --tool $tool"
+        timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 "$t" -tc='*sanitizer*'
+        echo "=== $tool rc=$?"
+      done
+    } > "$OUT/sanitizer.log" 2>&1
+    grep -E "^=== |ERROR SUMMARY|test cases:|03_split_kv forced" "$OUT/sanitizer.log" ;;
+  tune)
+    timeout 150 "$B/bin/flashstep_split_kv_tune" --shapes=$SHAPES \
+      --benchmark_out="$OUT/tune.json" --benchmark_out_format=json > "$OUT/tune.log" 2>&1
+    echo "tune: rc=$?"
+    grep -E "_median " "$OUT/tune.log" | sed -E 's/ +/ /g' | awk '{print $1, $2, $3, $6, $7}' ;;
+  bench)
+    FLASHSTEP_COMMIT=${FLASHSTEP_COMMIT:-unknown} timeout 240 "$B/bin/flashstep_bench" --shapes=$SHAPES \
+      --benchmark_filter='^(ceiling|02_paged|03_split_kv)/' \
+      --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.log" 2>&1
+    echo "bench: rc=$?"
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers.py --shapes $SHAPES --out "$OUT/peers.json" >> "$OUT/bench.log" 2>&1
+    echo "peers: rc=$?"
+    [ -f "$OUT/tune.log" ] && cat "$OUT/tune.log" >> "$OUT/bench.log" && rm -f "$OUT/tune.log"
+    python3 bench/merge_results.py --bench "$OUT/bench.json" --peers "$OUT/peers.json" \
+      --shapes $SHAPES --commit "${FLASHSTEP_COMMIT:-unknown}" ${FLASHSTEP_DIRTY:+--dirty} \
+      --out "$OUT/results.json" && rm -f "$OUT/bench.json"
+    python3 bench/split_kv_report.py "$OUT/results.json" --targets-only ;;
+  esac
+done

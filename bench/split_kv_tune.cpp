@@ -1,0 +1,197 @@
+// flashstep_split_kv_tune — stage 03's knobs, timed like flashstep_bench times the stages
+// (CUDA events, L2 flushed before every call, median of 5 repetitions; bench/timing.hpp),
+// so that the defaults in stages/03_split_kv are chosen from measurements:
+//
+//   auto            the defaults (what the registry entry and flashstep_bench run)
+//   stagesS         pipeline depth S of the chunk kernel (the default picks 6 or 4)
+//   no_pdl          the merge kernel launched plainly, not with programmatic dependent launch
+//   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
+//   min512          chunks of at least 512 tokens instead of 128
+//   graph           run() captured once (enable_cuda_graph: padded grid) and replayed
+//   no_split        the planner told the device holds 1 block: no split at all (stage 02's schedule)
+//
+//   flashstep_split_kv_tune [--shapes=bench/shapes_split_kv.csv] [Google Benchmark flags]
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "03_split_kv/split_kv.hpp"
+#include "device_fill.hpp"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "harness/device.hpp"
+#include "shapes.hpp"
+#include "timing.hpp"
+
+namespace {
+
+using namespace flashstep;
+using namespace flashstep::bench;
+using stages::harness::DeviceBuffer;
+using stages::split_kv::SplitKVOptions;
+using stages::split_kv::SplitKVRunner;
+
+cudaStream_t g_stream = nullptr;
+double g_copy_gbps = 0;
+
+/// Device inputs of one shape, shared by all its variants (built on first use).
+struct ShapeInputs {
+  std::string name;
+  stages::BatchShape shape;
+  DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, o, lse;
+  stages::DeviceBatch batch;
+  double bytes = 0;
+};
+std::unique_ptr<ShapeInputs> g_inputs;
+
+ShapeInputs& inputs_for(const BenchShape& bs) {
+  if (g_inputs && g_inputs->name == bs.name) return *g_inputs;
+  g_inputs.reset();
+  auto in = std::make_unique<ShapeInputs>();
+  in->name = bs.name;
+  std::mt19937_64 rng(20240607);
+  const stages::harness::CaseLayout layout = stages::harness::make_layout(bs.spec, stages::KVStorage::paged, rng);
+  const stages::BatchShape& s = in->shape = layout.shape;
+  const size_t elem = stages::dtype_bytes(s.dtype);
+  const size_t q_elems = size_t(s.nnz_qo()) * s.num_qo_heads * s.head_dim;
+  const size_t kv_elems = size_t(s.total_kv_len()) * s.num_kv_heads * s.head_dim;
+  const size_t pool_elems = size_t(s.num_pages) * 2 * s.page_size * s.num_kv_heads * s.head_dim;
+  in->q = DeviceBuffer(q_elems * elem);
+  fill_uniform(s.dtype, in->q.get(), q_elems, 1, -3.f, 3.f, nullptr);
+  in->qo_indptr = stages::harness::upload(s.qo_indptr);
+  in->kv_indptr = stages::harness::upload(s.kv_indptr);
+  in->kv_indices = stages::harness::upload(layout.kv_indices);
+  in->kv_last_page_len = stages::harness::upload(s.kv_last_page_len);
+  in->pool = DeviceBuffer(pool_elems * elem);
+  fill_uniform(s.dtype, in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
+  in->o = DeviceBuffer(q_elems * elem);
+  in->lse = DeviceBuffer(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float));
+  in->batch = {in->q.get(), in->qo_indptr.as<int32_t>(), in->kv_indptr.as<int32_t>(), in->pool.get(),
+               in->kv_indices.as<int32_t>(), in->kv_last_page_len.as<int32_t>(), nullptr, nullptr, in->o.get(),
+               in->lse.as<float>()};
+  in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  g_inputs = std::move(in);
+  return *g_inputs;
+}
+
+struct Variant {
+  std::string name;
+  SplitKVOptions options;
+  bool graph = false;
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  v.push_back({"auto", {}});
+  for (int s : {3, 4, 5, 6, 8}) {
+    SplitKVOptions o;
+    o.num_stages = s;
+    v.push_back({"stages" + std::to_string(s), o});
+  }
+  SplitKVOptions no_pdl;
+  no_pdl.programmatic_launch = false;
+  v.push_back({"no_pdl", no_pdl});
+  SplitKVOptions ctas1;
+  ctas1.ctas_per_sm = 1;
+  v.push_back({"ctas1", ctas1});
+  SplitKVOptions min512;
+  min512.min_kv_chunk_tokens = 512;
+  v.push_back({"min512", min512});
+  SplitKVOptions graph;
+  graph.enable_cuda_graph = true;
+  v.push_back({"graph", graph, true});
+  SplitKVOptions no_split;
+  no_split.num_sm = 1;
+  no_split.ctas_per_sm = 1;
+  v.push_back({"no_split", no_split});
+  return v;
+}
+
+void register_variant(const BenchShape& shape, const Variant& variant) {
+  const std::string name = "tune03/" + variant.name + "/" + shape.name;
+  benchmark::RegisterBenchmark(name.c_str(), [shape, variant](benchmark::State& state) {
+    ShapeInputs& in = inputs_for(shape);
+    SplitKVRunner runner(variant.options);
+    DeviceBuffer workspace(runner.workspace_bytes(in.shape));
+    runner.plan(in.shape, workspace.get(), workspace.bytes(), g_stream);
+    cudaGraphExec_t exec = nullptr;
+    cudaGraph_t graph = nullptr;
+    if (variant.graph) {
+      FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+      runner.run(in.batch, g_stream);
+      FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+      FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    }
+    static GpuTimer timer(g_stream);
+    run_timed(state, timer, [&] {
+      if (exec) FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+      else runner.run(in.batch, g_stream);
+    }, in.bytes, 0, g_copy_gbps);
+    const ref::SplitKVPlan& p = runner.split_plan();
+    state.counters["work_items"] = p.num_work_items;
+    state.counters["chunk_pages"] = p.kv_chunk_size_in_pages;
+    state.counters["num_stages"] = runner.num_stages();
+    state.counters["ctas_per_sm"] = double(runner.planner_config().ctas_per_sm);
+    if (exec) {
+      FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+  })->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05)->Repetitions(5)->ReportAggregatesOnly(true);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shapes_path = "bench/shapes_split_kv.csv";
+  std::vector<char*> rest = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--shapes=", 0) == 0) shapes_path = a.substr(9);
+    else rest.push_back(argv[i]);
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  std::string why;
+  if (!stages::harness::gpu_available(&why)) {
+    std::fprintf(stderr, "flashstep_split_kv_tune: no usable CUDA GPU (%s)\n", why.c_str());
+    return 1;
+  }
+  try {
+    FLASHSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
+    {
+      // The copy ceiling, as flashstep_bench measures it: 1 GiB device to device, counted twice.
+      const size_t bytes = size_t{1} << 30;
+      DeviceBuffer src(bytes), dst(bytes);
+      fill_uniform(stages::DType::f32, src.get(), bytes / 4, 7, -1.f, 1.f, nullptr);
+      GpuTimer timer(g_stream);
+      std::vector<double> t;
+      for (int i = 0; i < 23; ++i) {
+        const double ms = timer.time_once([&] {
+          FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, g_stream));
+        });
+        if (i >= 3) t.push_back(ms);
+      }
+      g_copy_gbps = 2.0 * bytes / (median(t) * 1e-3) * 1e-9;
+    }
+    benchmark::AddCustomContext("device", stages::harness::device_description());
+    benchmark::AddCustomContext("copy_ceiling_GB/s", std::to_string(g_copy_gbps));
+    const std::set<std::string> tuned = {"b1_kv1024_p16",  "b1_kv16384_p16",  "b1_kv131072_p16", "b4_kv4096_p16",
+                                         "b16_kv4096_p16", "b64_kv4096_p16", "b128_kv8192_p16"};
+    for (const BenchShape& shape : load_shapes(shapes_path))
+      if (tuned.count(shape.name))
+        for (const Variant& v : variants()) register_variant(shape, v);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    g_inputs.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashstep_split_kv_tune: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
