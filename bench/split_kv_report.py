@@ -7,8 +7,10 @@ bench/merge_results.py): the issue's ratio targets, the sweep table and the swee
     split_kv_report.py RESULTS.json [--tune TUNE.json] --readme stages/03_split_kv/README.md \
                        --plot stages/03_split_kv/sweep.png [--write-targets]
 
---readme replaces the text between the README's `<!-- results:begin -->` and
-`<!-- results:end -->` markers (nothing else); --write-targets stores the verdicts in the
+--readme replaces the text between the README's `<!-- split_kv results:begin -->` and
+`<!-- split_kv results:end -->` markers (nothing else; markers of their own, so that
+bench/report.py, which fills the plain `results:` markers of every chapter from
+bench/shapes.csv, leaves this chapter's sweep alone); --write-targets stores the verdicts in the
 JSON under flashstep.split_kv_targets. Every number written comes from the JSON files.
 """
 import argparse
@@ -85,7 +87,7 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def markdown(data, rows, verdicts, results_path, tune=None):
+def markdown(data, rows, verdicts, results_path, tune=None, image=None):
     ctx = data.get("context", {})
     copy = float(ctx.get("copy_ceiling_GB/s", "nan"))
     peers = data.get("flashstep", {}).get("peers", {})
@@ -119,6 +121,9 @@ def markdown(data, rows, verdicts, results_path, tune=None):
             shape = n.split("/", 1)[1]
             lines.append(f"| `{shape}` | {fmt(gbps(rows, f'{BASE}/{shape}'))} | {fmt(gbps(rows, n))} | "
                          f"{fmt(time_us(rows[n]), 1)} |")
+    if image:
+        lines += ["", f"![GB/s of stages 02 and 03 and the PyTorch SDPA peers over the sweep, "
+                      f"against the copy ceiling]({image})"]
     if tune:
         tdata, trows = tune
         lines += ["", f"**Knobs** (`bench/split_kv_tune.cpp`, `{tdata['path']}`, same device; GB/s, median):", ""]
@@ -203,13 +208,14 @@ def main():
     if a.readme:
         with open(a.readme, encoding="utf-8") as f:
             text = f.read()
-        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
+        begin, end = "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->"
         if begin not in text or end not in text:
             print(f"split_kv_report.py: {a.readme} has no {begin} ... {end} markers", file=sys.stderr)
             return 1
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
-        body = markdown(data, rows, verdicts, os.path.relpath(a.results), tune)
+        image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
+        body = markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image)
         with open(a.readme, "w", encoding="utf-8") as f:
             f.write(head + begin + "\n" + body + "\n" + end + tail)
     return 0

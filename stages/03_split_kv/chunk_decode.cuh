@@ -121,14 +121,17 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   // merge kernel may be scheduled as soon as blocks start to retire.
   allow_dependent_launch();
 
-  // ---- which work item: padding of a graph-sized grid exits here.
+  // ---- which work item: padding of a graph-sized grid exits here. The four schedule
+  // loads are independent, so they are issued together, before the branch.
   const int kv_head = blockIdx.x, item = blockIdx.y;
-  if (!p.block_valid_mask[item]) return;
+  const uint8_t valid_item = p.block_valid_mask[item];
   const int b = p.request_indices[item];
   const int chunk_idx = p.kv_tile_indices[item];
+  const int32_t chunk_pages = *p.kv_chunk_size_in_pages;
+  if (!valid_item) return;
   const kernels::PagedKV<T>& kv = p.kv;
   const int kv_len = kv.kv_len(b);
-  const int64_t chunk_tokens = int64_t{*p.kv_chunk_size_in_pages} * kv.page_size.divisor;
+  const int64_t chunk_tokens = int64_t{chunk_pages} * kv.page_size.divisor;
   const int chunk_start = static_cast<int>(min(int64_t{kv_len}, chunk_idx * chunk_tokens));
   const int chunk_end = static_cast<int>(min(int64_t{kv_len}, chunk_start + chunk_tokens));
   const int chunk_len = chunk_end - chunk_start;
