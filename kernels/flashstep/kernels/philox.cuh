@@ -49,6 +49,7 @@
 
 #include <cstdint>
 
+/// `__host__ __device__ __forceinline__` under nvcc, `inline` for a plain C++ compiler.
 #if defined(__CUDACC__)
 #define FLASHSTEP_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -59,20 +60,20 @@ namespace flashstep::kernels {
 
 /// Four 32-bit words: a Philox counter or output block.
 struct Philox4x32 {
-  uint32_t v[4];
+  uint32_t v[4];  ///< words 0..3 (counter: v[0] is the least significant)
 };
 
 /// A Philox key: two 32-bit words (the seed).
 struct PhiloxKey {
-  uint32_t v[2];
+  uint32_t v[2];  ///< words 0..1 (v[0] is the low half of the seed)
 };
 
 // Round multipliers and Weyl key increments of Philox4x32 (Salmon et al., Table 2; the
 // increments are the golden ratio and sqrt(3) - 1 in 0.32 fixed point).
-constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
-constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
-constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;  ///< multiplier of counter word 0
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;  ///< multiplier of counter word 2
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;  ///< key word 0 increment (golden ratio)
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;  ///< key word 1 increment (sqrt(3) - 1)
 
 /// hi and lo 32-bit halves of the 64-bit product a * b.
 FLASHSTEP_HOST_DEVICE void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {

@@ -92,10 +92,13 @@ template <typename T>
 struct RowParam {
   std::vector<T> values;  ///< size 1 (broadcast) or one per output
 
-  RowParam(T scalar) : values{scalar} {}                        // NOLINT: implicit on purpose
-  RowParam(std::vector<T> per_row) : values(std::move(per_row)) {}  // NOLINT
+  /// One value for every output (implicit, so `top_k_sampling_from_probs(probs, 10)` reads well).
+  RowParam(T scalar) : values{scalar} {}  // NOLINT(google-explicit-constructor)
+  /// One value per output. \param per_row (batch) values
+  RowParam(std::vector<T> per_row) : values(std::move(per_row)) {}  // NOLINT(google-explicit-constructor)
   /// Value for output `i` (the scalar when broadcast).
   T at(int64_t i) const { return values.size() == 1 ? values[0] : values[static_cast<size_t>(i)]; }
+  /// True when one value serves every output.
   bool is_scalar() const { return values.size() == 1; }
 };
 
@@ -113,19 +116,24 @@ const char* to_string(FilterKind kind);
 
 /// A filter and its parameters, in the float32 form the samplers use.
 struct SamplingFilter {
-  FilterKind kind = FilterKind::none;
+  FilterKind kind = FilterKind::none;  ///< which keep rule applies
   int64_t top_k = 0;     ///< top_k, top_k_top_p: >= 1
   float top_p = 1.0f;    ///< top_p, top_k_top_p: in (0, 1]
   float min_p = 0.0f;    ///< min_p: in [0, 1]
 
+  /// No truncation.
   static SamplingFilter none() { return {}; }
+  /// Top-k. \param k >= 1
   static SamplingFilter make_top_k(int64_t k) { return {FilterKind::top_k, k, 1.0f, 0.0f}; }
+  /// Top-p. \param p in (0, 1], rounded to float32
   static SamplingFilter make_top_p(double p) {
     return {FilterKind::top_p, 0, static_cast<float>(p), 0.0f};
   }
+  /// Min-p. \param m in [0, 1], rounded to float32
   static SamplingFilter make_min_p(double m) {
     return {FilterKind::min_p, 0, 1.0f, static_cast<float>(m)};
   }
+  /// Top-k and top-p, joint. \param k >= 1 \param p in (0, 1], rounded to float32
   static SamplingFilter make_top_k_top_p(int64_t k, double p) {
     return {FilterKind::top_k_top_p, k, static_cast<float>(p), 0.0f};
   }
@@ -153,7 +161,7 @@ struct SamplingOptions {
   std::vector<int32_t> indices;
   uint64_t seed = 0;    ///< Philox key
   uint64_t offset = 0;  ///< first stream position of every output (see the file comment)
-  SamplerEvaluation evaluation = SamplerEvaluation::automatic;
+  SamplerEvaluation evaluation = SamplerEvaluation::automatic;  ///< how the loop is evaluated
 };
 
 /// Tokens drawn by a sampling operator, one per output.
@@ -171,12 +179,15 @@ struct SamplingResult {
 /// The exact target distribution of one row under a filter: sort, truncate by the keep
 /// rule, renormalize the kept exact masses. Entries sum to 1 (up to double rounding).
 /// \param probs (vocab) the row as float32, entries in [0, 1], positive total mass
+/// \param filter the keep rule and its parameters
 /// \return (vocab) probability of each token under the filtered, renormalized row
 std::vector<double> sampling_target_distribution(const std::vector<float>& probs,
                                                  const SamplingFilter& filter);
 
 /// The oracle for a batch: row `indices[i]` (or i) of `probs` under `filters.at(i)`.
 /// \param probs (rows, vocab)
+/// \param filters one filter for every output (size 1) or one per output (size batch)
+/// \param indices (batch) row of each output; empty means output i reads row i
 /// \return (batch, vocab) target distribution of each output
 Tensor sampling_target_probs(const Tensor& probs, const std::vector<SamplingFilter>& filters,
                              const std::vector<int32_t>& indices = {});
@@ -185,8 +196,8 @@ Tensor sampling_target_probs(const Tensor& probs, const std::vector<SamplingFilt
 
 /// One output's draw: the token and the rounds it took.
 struct RejectionDraw {
-  int32_t token = -1;
-  int32_t rounds = 0;
+  int32_t token = -1;  ///< the accepted token
+  int32_t rounds = 0;  ///< uniforms used (1 = accepted in the first round)
 };
 
 /// The rejection sampler for one output, written the way the GPU kernel runs it (one
@@ -210,7 +221,11 @@ struct RejectionDraw {
 /// [low, high]. min_p draws once from p >= pivot; none draws once from the whole row.
 /// \param probs (vocab) float32 probabilities in [0, 1] with positive total (validated by
 ///        the operators, not here)
+/// \param vocab number of entries of `probs`
+/// \param filter keep rule and parameters
+/// \param seed Philox key
 /// \param subsequence the output index i (Philox subsequence)
+/// \param offset stream word of round 0 (round j reads word offset + j)
 RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const SamplingFilter& filter,
                                    uint64_t seed, uint64_t subsequence, uint64_t offset);
 
@@ -220,8 +235,11 @@ RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const Samp
 /// answers every inverse-CDF lookup in O(log V); counts and masses above a pivot come from
 /// one sorted copy of the row. Cost O((V + n) log V) per round instead of O(n V).
 /// \param probs (vocab) as for rejection_sample_row
+/// \param vocab number of entries of `probs`
 /// \param filters one filter shared by all outputs (size 1) or one per output (size n)
 /// \param subsequences (n) the output index of each draw
+/// \param seed Philox key
+/// \param offset stream word of round 0
 /// \return (n) draws, in the order of `subsequences`
 std::vector<RejectionDraw> rejection_sample_row_batched(const float* probs, int64_t vocab,
                                                         const std::vector<SamplingFilter>& filters,
@@ -239,22 +257,33 @@ Tensor softmax(const Tensor& logits, const RowParam<double>& temperature = 1.0);
 
 /// Draw from each row in proportion to its probabilities.
 /// \param probs (rows, vocab) entries in [0, 1], finite, each row with positive sum
+/// \param opt indices (batch), seed, offset, evaluation
 /// \return one token per output (batch = indices.size(), or rows)
 SamplingResult sampling_from_probs(const Tensor& probs, const SamplingOptions& opt = {});
 
 /// softmax(logits) then sampling_from_probs (see the file comment on Gumbel-max).
-/// \param logits (rows, vocab)
+/// \param logits (rows, vocab), finite or -inf
+/// \param opt indices (batch), seed, offset, evaluation
 SamplingResult sampling_from_logits(const Tensor& logits, const SamplingOptions& opt = {});
 
-/// Top-k sampling by rejection. \param top_k scalar or (batch), each >= 1 (k >= vocab keeps all)
+/// Top-k sampling by rejection.
+/// \param probs (rows, vocab) as for sampling_from_probs
+/// \param top_k scalar or (batch), each >= 1 (k >= vocab keeps all)
+/// \param opt indices (batch), seed, offset, evaluation
 SamplingResult top_k_sampling_from_probs(const Tensor& probs, const RowParam<int64_t>& top_k,
                                          const SamplingOptions& opt = {});
 
-/// Top-p (nucleus) sampling by rejection. \param top_p scalar or (batch), each in (0, 1]
+/// Top-p (nucleus) sampling by rejection.
+/// \param probs (rows, vocab) as for sampling_from_probs
+/// \param top_p scalar or (batch), each in (0, 1]
+/// \param opt indices (batch), seed, offset, evaluation
 SamplingResult top_p_sampling_from_probs(const Tensor& probs, const RowParam<double>& top_p,
                                          const SamplingOptions& opt = {});
 
-/// Min-p sampling: one draw among p >= max_p * min_p. \param min_p scalar or (batch) in [0, 1]
+/// Min-p sampling: one draw among p >= max_p * min_p.
+/// \param probs (rows, vocab) as for sampling_from_probs
+/// \param min_p scalar or (batch), each in [0, 1]
+/// \param opt indices (batch), seed, offset, evaluation
 SamplingResult min_p_sampling_from_probs(const Tensor& probs, const RowParam<double>& min_p,
                                          const SamplingOptions& opt = {});
 
@@ -264,13 +293,19 @@ SamplingResult min_p_sampling_from_probs(const Tensor& probs, const RowParam<dou
 /// \param top_p scalar or (batch), each in (0, 1]
 /// \param order top_k_first: renormalize the top-k, then top-p sampling on that row;
 ///        joint: one rejection loop testing both rules on the original row
+/// \param opt indices (batch), seed, offset, evaluation
 SamplingResult top_k_top_p_sampling_from_probs(const Tensor& probs, const RowParam<int64_t>& top_k,
                                                const RowParam<double>& top_p,
                                                FilterApplyOrder order = FilterApplyOrder::top_k_first,
                                                const SamplingOptions& opt = {});
 
 /// Top-k and top-p from logits. top_k_first: top_k_mask_logits, softmax, top-p sampling;
-/// joint: softmax, then the joint rejection loop. \param logits (rows, vocab)
+/// joint: softmax, then the joint rejection loop.
+/// \param logits (rows, vocab), finite or -inf
+/// \param top_k scalar or (batch), each >= 1
+/// \param top_p scalar or (batch), each in (0, 1]
+/// \param order top_k_first or joint
+/// \param opt indices (batch), seed, offset, evaluation
 SamplingResult top_k_top_p_sampling_from_logits(const Tensor& logits, const RowParam<int64_t>& top_k,
                                                 const RowParam<double>& top_p,
                                                 FilterApplyOrder order = FilterApplyOrder::top_k_first,

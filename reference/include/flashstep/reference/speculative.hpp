@@ -47,8 +47,8 @@ namespace flashstep::ref {
 
 /// Result of chain_speculative_sampling (row-major, FlashInfer's names).
 struct ChainSpeculativeResult {
-  int64_t batch_size = 0;
-  int64_t num_speculate_tokens = 0;
+  int64_t batch_size = 0;            ///< requests
+  int64_t num_speculate_tokens = 0;  ///< draft tokens per request (n)
   std::vector<int32_t> output_token_ids;                ///< (batch_size, num_speculate_tokens + 1), -1 padded
   std::vector<int32_t> output_accepted_token_num;       ///< (batch_size)
   std::vector<int32_t> output_emitted_draft_token_num;  ///< (batch_size)
