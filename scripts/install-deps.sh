@@ -6,7 +6,7 @@ packages=(
   libeigen3-dev doctest-dev libbenchmark-dev libcli11-dev
   python3 python3-dev python3-numpy python3-pytest pybind11-dev
   doxygen graphviz libjs-mathjax
-  python3-matplotlib python3-nbclient python3-nbformat python3-ipykernel
+  python3-matplotlib python3-nbclient python3-nbformat python3-ipykernel python3-nbconvert
   clang libclang-rt-14-dev
 )
 missing=()
