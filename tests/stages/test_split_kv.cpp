@@ -74,30 +74,37 @@ std::vector<float> download_floats(const float* ptr, size_t count) {
   return out;
 }
 
-/// Compares o and lse with the reference (the unsplit decode) and, when the plan split,
-/// the first num_work_items partial rows with ref::split_kv_partials for the same plan.
-/// Partials are fp32 in the workspace, so they are held to the fp32 tolerance row.
-void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runner, const DeviceCase& dev) {
+/// Compares the stage's o and lse with the reference and, when the plan split, every
+/// real partial row with ref::split_kv_partials for the same plan. When split, the final
+/// o and lse are compared with the reference's own split-and-merge of those partials
+/// (ref::merge_split_kv; equal to the unsplit decode, which the CPU suite checks), else
+/// with the unsplit decode. Partials are fp32 in the workspace: the fp32 tolerance row.
+void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runner, const std::vector<double>& o,
+                 const std::vector<double>& lse) {
   const BatchShape& s = host.layout.shape;
   r.plan = runner.split_plan();
-  const DTypeTolerance& tol = tolerance_for(s.dtype);
-  r.o = compare("o", dev.output(), host.expected.o.data, tol.o, output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
-  r.lse = compare("lse", dev.lse(), host.expected.lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
-  r.passed = r.o.passed && r.lse.passed;
   r.checked_partials = r.plan.split_kv;
-  if (!r.checked_partials) return;
-  ref::AttentionOptions opt;
-  opt.sm_scale = s.sm_scale;
-  const ref::SplitKVPartials expected = ref::split_kv_partials(host.q, host.paged, r.plan, opt);
-  const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
-  const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
-  const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
-  const DTypeTolerance& f32 = tolerance_for(DType::f32);
-  r.partial_o = compare("partial_o", std::vector<double>(po.begin(), po.end()), expected.v.data, f32.o,
-                        partial_label(r.plan, s.num_qo_heads, s.head_dim));
-  r.partial_lse = compare("partial_lse", std::vector<double>(pl.begin(), pl.end()), expected.s.data, f32.lse,
-                          partial_label(r.plan, s.num_qo_heads, 1));
-  r.passed = r.passed && r.partial_o.passed && r.partial_lse.passed;
+  const DTypeTolerance& tol = tolerance_for(s.dtype);
+  const ref::AttentionResult* expected = &host.expected;
+  ref::AttentionResult merged;
+  if (r.checked_partials) {
+    ref::AttentionOptions opt;
+    opt.sm_scale = s.sm_scale;
+    const ref::SplitKVPartials partials = ref::split_kv_partials(host.q, host.paged, r.plan, opt);
+    merged = ref::merge_split_kv(partials, r.plan);
+    expected = &merged;
+    const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
+    const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
+    const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
+    const DTypeTolerance& f32 = tolerance_for(DType::f32);
+    r.partial_o = compare("partial_o", std::vector<double>(po.begin(), po.end()), partials.v.data, f32.o,
+                          partial_label(r.plan, s.num_qo_heads, s.head_dim));
+    r.partial_lse = compare("partial_lse", std::vector<double>(pl.begin(), pl.end()), partials.s.data, f32.lse,
+                            partial_label(r.plan, s.num_qo_heads, 1));
+  }
+  r.o = compare("o", o, expected->o.data, tol.o, output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
+  r.lse = compare("lse", lse, expected->lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
+  r.passed = r.o.passed && r.lse.passed && (!r.checked_partials || (r.partial_o.passed && r.partial_lse.passed));
 }
 
 /// Fills the workspace's partial rows with NaN, so a row the chunk kernel skips fails.
@@ -120,7 +127,7 @@ SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
   poison_partials(runner, workspace.get(), nullptr);
   runner.run(dev.batch(), nullptr);
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
-  compare_all(r, host, runner, dev);
+  compare_all(r, host, runner, dev.output(), dev.lse());
   return r;
 }
 
@@ -265,28 +272,7 @@ std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const S
              std::to_string(runner.split_plan().kv_chunk_size_in_pages) + ", " +
              std::to_string(runner.split_plan().num_work_items) + " of " +
              std::to_string(runner.split_plan().padded_batch_size) + " work items)";
-    // compare_all reads o/lse through a DeviceCase; the fixed buffers are compared directly.
-    r.plan = runner.split_plan();
-    const DTypeTolerance& tol = tolerance_for(s.dtype);
-    r.o = compare("o", fixed.output(s.dtype), host.expected.o.data, tol.o,
-                  output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
-    r.lse = compare("lse", fixed.lse_values(), host.expected.lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
-    r.passed = r.o.passed && r.lse.passed;
-    if (r.plan.split_kv) {
-      r.checked_partials = true;
-      ref::AttentionOptions opt;
-      opt.sm_scale = s.sm_scale;
-      const ref::SplitKVPartials expected = ref::split_kv_partials(host.q, host.paged, r.plan, opt);
-      const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
-      const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
-      const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
-      const DTypeTolerance& f32 = tolerance_for(DType::f32);
-      r.partial_o = compare("partial_o", std::vector<double>(po.begin(), po.end()), expected.v.data, f32.o,
-                            partial_label(r.plan, s.num_qo_heads, s.head_dim));
-      r.partial_lse = compare("partial_lse", std::vector<double>(pl.begin(), pl.end()), expected.s.data, f32.lse,
-                              partial_label(r.plan, s.num_qo_heads, 1));
-      r.passed = r.passed && r.partial_o.passed && r.partial_lse.passed;
-    }
+    compare_all(r, host, runner, fixed.output(s.dtype), fixed.lse_values());
     CHECK_MESSAGE(r.passed, r.message());
     chunk_sizes.insert(r.plan.kv_chunk_size_in_pages);
   }
