@@ -20,7 +20,24 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import docs_results  # noqa: E402
 
-LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
+LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def outside_code(text, fix):
+    """Applies `fix` to `text` with fenced code blocks and inline code spans masked, so
+    that nothing Markdown shows verbatim is rewritten (a link's label may still hold an
+    inline code span: the mask keeps it whole and puts it back)."""
+    saved = []
+
+    def mask(m):
+        saved.append(m.group(0))
+        return f"\x00{len(saved) - 1}\x00"
+
+    masked = INLINE_CODE.sub(mask, FENCE.sub(mask, text))
+    fixed = fix(masked)
+    return re.sub(r"\x00(\d+)\x00", lambda m: saved[int(m.group(1))], fixed)
 
 
 def stage_label(folder):
@@ -45,7 +62,7 @@ def rewrite_links(text, folder, source_dir, labels, images_out):
         rel = os.path.relpath(path, source_dir)
         return f"{label} (`{rel}`)" if label and label != rel and label != f"`{rel}`" else f"`{rel}`"
 
-    return LINK.sub(fix, text)
+    return outside_code(text, lambda piece: LINK.sub(fix, piece))
 
 
 def stage_page(folder, source_dir, labels, results, out_dir):
@@ -60,17 +77,22 @@ def stage_page(folder, source_dir, labels, results, out_dir):
     lines[title_at] = f"# {title} {{#{labels[folder]}}}"
     body = rewrite_links("\n".join(lines), folder, source_dir, labels,
                          os.path.join(out_dir, "images"))
-    section = ["", "## Measured results (generated)", ""]
-    found = False
-    for res, rows in docs_results.rows_for_stage(results, name):
-        if rows:
-            found = True
-            section += ["From " + docs_results.provenance(res) + ":", "",
-                        docs_results.table(rows), ""]
-    if not found:
-        section += [f"No benchmark rows for `{name}` in `docs/results/*.json` yet. They are",
-                    "written on a GPU machine by `flashstep bench`; this section is generated",
-                    "from them when the docs are built. See also \\ref results.", ""]
+    if "<!-- results:begin -->" in text:
+        # The chapter carries its own results section, generated from the same JSON by
+        # bench/report.py (tests/docs checks that it is current); point to the full page.
+        section = ["", "All measured rows of every stage: \\ref results.", ""]
+    else:
+        section = ["", "## Measured results (generated)", ""]
+        found = False
+        for res, rows in docs_results.rows_for_stage(results, name):
+            if rows:
+                found = True
+                section += ["From " + docs_results.provenance(res) + ":", "",
+                            docs_results.table(rows), ""]
+        if not found:
+            section += [f"No benchmark rows for `{name}` in `docs/results/*.json` yet. They are",
+                        "written on a GPU machine by `flashstep bench`; this section is generated",
+                        "from them when the docs are built. See also \\ref results.", ""]
     section += ["Source: `stages/" + name + "/`. Validate it on a GPU with",
                 f"`flashstep validate --stage {name}`.", ""]
     page = os.path.join(out_dir, "pages", f"{labels[folder]}.md")

@@ -172,3 +172,26 @@ def test_checker_finds_a_course_out_of_order(tmp_path):
     (site / "index.html").write_text(text)
     run = run_checker(site)
     assert run.returncode == 1 and "out of order" in run.stdout, run.stdout
+
+
+def test_links_inside_code_stay_verbatim_and_code_labels_survive(tmp_path):
+    folder = tmp_path / "stages" / "05_x"
+    folder.mkdir(parents=True)
+    text = ("```\nlane in [0, n)   see [not a link](nowhere)\n```\n"
+            "Use `a[i](j)` here, then [`kernel.cuh`](kernel.cuh) and [b](b.cu).\n")
+    out = docs_stage_pages.rewrite_links(text, str(folder), str(tmp_path), {}, str(tmp_path))
+    assert "lane in [0, n)   see [not a link](nowhere)" in out
+    assert "`a[i](j)`" in out
+    assert "`kernel.cuh` (`stages/05_x/kernel.cuh`)" in out and "b (`stages/05_x/b.cu`)" in out
+
+
+def test_a_chapter_with_its_own_results_section_gets_no_second_one(tmp_path):
+    repo = make_repo(tmp_path)
+    readme = repo / "stages" / "02_paged" / "README.md"
+    readme.write_text("# Stage 02: paged\n\n<!-- results:begin -->\nNo results yet.\n<!-- results:end -->\n")
+    out = tmp_path / "gen"
+    subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "docs_stage_pages.py"),
+                    "--source-dir", str(repo), "--results-dir", str(repo / "docs" / "results"),
+                    "--out", str(out), "--stamp", str(tmp_path / "stamp")], check=True)
+    page = (out / "pages" / "stage_02_paged.md").read_text()
+    assert "Measured results (generated)" not in page and "\\ref results" in page
