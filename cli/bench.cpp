@@ -1,13 +1,118 @@
-// `flashstep bench`: runs the benchmark program of the CUDA build and writes its results
-// JSON (the file the docs' tables and plots are generated from).
+// `flashstep bench`: the benchmark policy in one command. Runs the benchmark program
+// (flashstep_bench: ceilings and every stage on bench/shapes.csv), the peers
+// (bench/peers.py: PyTorch SDPA, where PyTorch is installed) in the same call, and merges
+// both into the results JSON that the docs' tables and plots are generated from
+// (bench/merge_results.py). Without a GPU, or in a build without the benchmark, it says
+// so and exits 77.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "commands.hpp"
+
+#ifdef FLASHSTEP_CLI_HAVE_STAGES
+#include "harness/device.hpp"
+#endif
 
 namespace flashstep::cli {
 
-int run_bench(const BenchOptions&, std::ostream& os) {
-  os << "flashstep bench: nothing to benchmark: the benchmark program (bench/, issue 5) is not "
-        "part of this build yet.\n";
-  return kExitSkipped;
+namespace {
+
+// Folder of this executable: flashstep_bench is built next to it (build/bin).
+std::string own_dir() {
+  std::vector<char> buf(4096);
+  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) return ".";
+  std::string path(buf.data(), static_cast<size_t>(n));
+  return path.substr(0, path.find_last_of('/'));
+}
+
+bool exists(const std::string& path) { return std::ifstream(path).good(); }
+
+// Single-quotes an argument for /bin/sh.
+std::string quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int shell(const std::string& cmd, std::ostream& os) {
+  os << "$ " << cmd << "\n" << std::flush;
+  const int status = std::system(cmd.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& opt, std::ostream& os) {
+  const std::string bench_exe = own_dir() + "/flashstep_bench";
+  const std::string source = FLASHSTEP_SOURCE_DIR;
+  const std::string shapes = source + "/bench/shapes.csv";
+  if (!exists(bench_exe)) {
+    os << "flashstep bench: nothing to benchmark: this build has no benchmark program ("
+       << bench_exe << "; it is built with CUDA and -DFLASHSTEP_BUILD_BENCH=ON).\n";
+    return kExitSkipped;
+  }
+#ifdef FLASHSTEP_CLI_HAVE_STAGES
+  std::string why;
+  if (!stages::harness::gpu_available(&why)) {
+    os << "flashstep bench: nothing to benchmark: no usable GPU here (" << why << ").\n";
+    return kExitSkipped;
+  }
+#endif
+  if (!exists(shapes) || !exists(source + "/bench/merge_results.py")) {
+    os << "flashstep bench: the benchmark's shapes and scripts are not at " << source
+       << "/bench (they are read from the source tree).\n";
+    return 1;
+  }
+  char tmpl[] = "/tmp/flashstep-bench-XXXXXX";
+  const char* dir = mkdtemp(tmpl);
+  if (dir == nullptr) {
+    os << "flashstep bench: cannot create a temporary folder under /tmp.\n";
+    return 1;
+  }
+  const std::string tmp = dir;
+  const char* commit_env = std::getenv("FLASHSTEP_COMMIT");
+  const std::string commit = commit_env ? commit_env : "unknown";
+
+  // 1. Ceilings and stages, medians of CUDA-event-timed repetitions.
+  std::string cmd = "FLASHSTEP_COMMIT=" + quoted(commit) + " " + quoted(bench_exe) +
+                    " --shapes=" + quoted(shapes) + (opt.quick ? " --sets=target" : "") +
+                    " --benchmark_out=" + quoted(tmp + "/bench.json") +
+                    " --benchmark_out_format=json";
+  if (!opt.filter.empty()) cmd += " --benchmark_filter=" + quoted(opt.filter);
+  if (shell(cmd, os) != 0) {
+    os << "FAIL: the benchmark program failed (its output is above).\n";
+    return 1;
+  }
+  // 2. Peers in the same call, where PyTorch is installed.
+  const std::string peers = tmp + "/peers.json";
+  if (shell("python3 -c 'import torch' 2>/dev/null", os) == 0) {
+    if (shell("python3 " + quoted(source + "/bench/peers.py") + " --shapes " + quoted(shapes) +
+                  " --out " + quoted(peers),
+              os) != 0) {
+      os << "FAIL: bench/peers.py failed (its output is above).\n";
+      return 1;
+    }
+  } else {
+    os << "peers skipped: PyTorch is not installed here; the results hold the stages and "
+          "ceilings only.\n";
+    std::ofstream(peers) << "{\"results\": [], \"note\": \"PyTorch not installed\"}\n";
+  }
+  // 3. One results JSON: Google Benchmark's, with device, commit, date and the targets.
+  if (shell("python3 " + quoted(source + "/bench/merge_results.py") + " --bench " +
+                quoted(tmp + "/bench.json") + " --peers " + quoted(peers) + " --shapes " +
+                quoted(shapes) + " --commit " + quoted(commit) + " --out " + quoted(opt.out),
+            os) != 0) {
+    os << "FAIL: merging the results failed (see above).\n";
+    return 1;
+  }
+  os << "PASS: results written to " << opt.out
+     << " (copy it to docs/results/ to regenerate the docs' tables and plots)\n";
+  return 0;
 }
 
 }  // namespace flashstep::cli

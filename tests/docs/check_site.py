@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlsplit
 CHAPTERS = ["concept_sequence_attention", "concept_token_prediction", "concept_kv_cache",
             "concept_batching", "concept_paging", "concept_radix_tree",
             "concept_block_sparse", "concept_cascade", "concept_plan_run", "concept_sampling"]
-AFTER_CHAPTERS = ["stages", "notebooks", "results", "api"]
+AFTER_CHAPTERS = ["stages", "notebooks", "results", "cli", "api"]
 
 LINK_ATTRS = {("a", "href"), ("area", "href")}
 RESOURCE_ATTRS = {("img", "src"), ("script", "src"), ("link", "href"), ("iframe", "src"),

@@ -136,7 +136,7 @@ def make_site(tmp_path, body):
     pages = ["concept_sequence_attention", "concept_token_prediction", "concept_kv_cache",
              "concept_batching", "concept_paging", "concept_radix_tree", "concept_block_sparse",
              "concept_cascade", "concept_plan_run", "concept_sampling", "stages", "notebooks",
-             "results", "api"]
+             "results", "cli", "api"]
     links = "".join(f'<a href="{p}.html">{p}</a>' for p in pages)
     (site / "index.html").write_text(f"<html><body>{links}{body}</body></html>")
     for p in pages:
