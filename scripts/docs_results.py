@@ -31,6 +31,15 @@ class ResultsError(ValueError):
     """A results file that cannot be read as benchmark results."""
 
 
+def base_name(row):
+    """A row's name without Google Benchmark's suffixes (_median, /manual_time)."""
+    name = row.get("run_name") or row["name"]
+    for suffix in ("_median", "/manual_time"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
 def load(path):
     """One results file as {'path', 'context', 'rows'}; rows are dicts with name, time_us
     and the counters found. Raises ResultsError naming the file and the problem."""
@@ -43,18 +52,22 @@ def load(path):
         raise ResultsError(f"{path}: expected an object with a 'benchmarks' list "
                            "(Google Benchmark JSON)")
     rows = []
+    # With repetitions, Google Benchmark writes every repetition and then aggregates
+    # (mean, median, stddev, cv); the benchmark policy reports medians only.
+    have_medians = any(isinstance(b, dict) and b.get("aggregate_name") == "median"
+                       for b in data["benchmarks"])
     for i, b in enumerate(data["benchmarks"]):
         if not isinstance(b, dict) or "name" not in b:
             raise ResultsError(f"{path}: benchmarks[{i}] has no name")
-        if b.get("run_type") == "aggregate" and b.get("aggregate_name") not in (None, "median"):
-            continue  # keep medians only (the benchmark policy reports medians)
+        if have_medians and b.get("aggregate_name") != "median":
+            continue
         unit = b.get("time_unit", "ns")
         if unit not in TIME_UNITS:
             raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): unknown time_unit {unit!r}")
         t = b.get("real_time")
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): real_time {t!r} is not a time")
-        row = {"name": b["name"], "time_us": t * TIME_UNITS[unit] * 1e6}
+        row = {"name": base_name(b), "time_us": t * TIME_UNITS[unit] * 1e6}
         for key, _ in COUNTER_COLUMNS:
             if isinstance(b.get(key), (int, float)):
                 row[key] = float(b[key])
@@ -109,20 +122,34 @@ def rows_for_stage(results, stage):
 
 
 def plot_bandwidth(result, out_png):
-    """Bar chart of GB/s per benchmark of one file; returns False if it has no GB/s."""
-    rows = [r for r in result["rows"] if "GB/s" in r]
+    """GB/s of every '<implementation>/<shape>' row, grouped by shape, one bar per
+    implementation (stage or peer), against the copy ceiling of the same run when the file
+    has it. Returns False (and writes nothing) if no row has a GB/s counter."""
+    rows = [r for r in result["rows"] if "GB/s" in r and "/" in r["name"]]
     if not rows:
         return False
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.2))
-    ax.barh([r["name"] for r in rows], [r["GB/s"] for r in rows], color="#4c72b0")
-    ax.invert_yaxis()
-    ax.set_xlabel("GB/s (higher is better)")
-    ax.set_title(os.path.basename(result["path"]) + " - " + str(result["context"].get("device", "")))
-    ax.tick_params(axis="y", labelsize=7)
+    shapes = sorted({r["name"].split("/", 1)[1] for r in rows})
+    impls = sorted({r["name"].split("/", 1)[0] for r in rows})
+    gbps = {r["name"]: r["GB/s"] for r in rows}
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(shapes) * max(1, len(impls)) ** 0.5), 4))
+    width = 0.8 / len(impls)
+    for k, impl in enumerate(impls):
+        xs = [i + k * width for i, sh in enumerate(shapes) if f"{impl}/{sh}" in gbps]
+        ys = [gbps[f"{impl}/{sh}"] for sh in shapes if f"{impl}/{sh}" in gbps]
+        ax.bar(xs, ys, width, label=impl)
+    ceiling = result["context"].get("copy_ceiling_GB/s")
+    if ceiling is not None:
+        ax.axhline(float(ceiling), color="k", ls=":", label=f"copy ceiling ({float(ceiling):,.0f} GB/s)")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes, rotation=60,
+                  ha="right", fontsize=7)
+    ax.set_ylabel("GB/s (higher is better)")
+    ax.set_title(os.path.basename(result["path"]) + " - " + str(result["context"].get("device", "")),
+                 fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
@@ -146,7 +173,7 @@ def results_page(results, out_dir):
             lines += [table(res["rows"]), ""]
         png = f"results_{re.sub(r'[^0-9A-Za-z_]', '_', name)}.png"
         if plot_bandwidth(res, os.path.join(out_dir, "images", png)):
-            lines += [f"![Bandwidth per benchmark, {name}]({png})", ""]
+            lines += [f"![GB/s per shape, each stage and peer, {name}]({png})", ""]
     path = os.path.join(out_dir, "pages", "results.md")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
