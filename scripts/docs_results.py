@@ -31,13 +31,17 @@ class ResultsError(ValueError):
     """A results file that cannot be read as benchmark results."""
 
 
+GB_SUFFIX = re.compile(r"(/(min_time|min_warmup_time|repeats|iterations|threads):[^/]*"
+                       r"|/manual_time|/real_time|/process_time)+$")
+
+
 def base_name(row):
-    """A row's name without Google Benchmark's suffixes (_median, /manual_time)."""
+    """A row's name without what Google Benchmark appends: the aggregate (_median) and
+    the run options (/min_time:0.050/repeats:5/manual_time)."""
     name = row.get("run_name") or row["name"]
-    for suffix in ("_median", "/manual_time"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
+    if row.get("aggregate_name") and name.endswith("_" + row["aggregate_name"]):
+        name = name[: -len(row["aggregate_name"]) - 1]
+    return GB_SUFFIX.sub("", name)
 
 
 def load(path):

@@ -52,6 +52,14 @@ def test_only_medians_of_aggregates_are_kept(tmp_path):
     assert [r["name"] for r in res["rows"]] == ["s/x"]
 
 
+def test_run_options_are_not_part_of_a_row_name(tmp_path):
+    row = dict(bench("02_paged/b16_kv4096_p16/min_time:0.050/repeats:5/manual_time_median", 3.0),
+               run_type="aggregate", aggregate_name="median",
+               run_name="02_paged/b16_kv4096_p16/min_time:0.050/repeats:5/manual_time")
+    res = docs_results.load(write_json(tmp_path / "r.json", {"benchmarks": [row]}))
+    assert [r["name"] for r in res["rows"]] == ["02_paged/b16_kv4096_p16"]
+
+
 def test_stage_rows_match_the_stage_name_exactly():
     res = {"path": "r.json", "context": {},
            "rows": [{"name": n, "time_us": 1.0} for n in ("02_paged/a", "12_paged/b", "x_02_paged_y")]}
