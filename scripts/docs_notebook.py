@@ -68,19 +68,27 @@ def render(path, out_dir):
 
 def index(page_path, notebooks, have_module):
     lines = ["# Notebooks {#notebooks}", ""]
-    if not have_module:
-        lines += ["This build has no Python module (configured with",
-                  "`-DFLASHSTEP_BUILD_PYTHON=OFF`), so the notebooks were not executed or",
-                  "rendered here. They live in `notebooks/`.", ""]
-    else:
+    if have_module:
         lines += ["Each notebook drives the `flashstep` Python module (the CPU reference) and",
                   "was executed while this site was built. They follow the chapters' order.", ""]
-        for nb_path in sorted(notebooks):
-            nb = nbformat.read(nb_path, as_version=4)
-            name = os.path.basename(nb_path)
-            lines.append(f"- \\subpage {label_of(nb_path)} (`{html.escape(name)}`)")
-            # The title comes from the notebook; the page shows it.
-        lines.append("")
+    else:
+        lines += ["This build has no Python module (configured with",
+                  "`-DFLASHSTEP_BUILD_PYTHON=OFF`), so the notebooks were not executed or",
+                  "rendered here; each page below only names its file in `notebooks/`.", ""]
+    pages_dir = os.path.dirname(page_path)
+    current = {label_of(n) + ".md" for n in notebooks}
+    for old in os.listdir(pages_dir):  # a removed or renamed notebook leaves no page behind
+        if old.startswith("notebook_") and old.endswith(".md") and old not in current:
+            os.remove(os.path.join(pages_dir, old))
+    for nb_path in sorted(notebooks):
+        name = os.path.basename(nb_path)
+        lines.append(f"- \\subpage {label_of(nb_path)} (`{html.escape(name)}`)")
+        if not have_module:  # a placeholder, so that the chapters' references resolve
+            title = title_of(nbformat.read(nb_path, as_version=4), name)
+            with open(os.path.join(pages_dir, label_of(nb_path) + ".md"), "w", encoding="utf-8") as f:
+                f.write(f"# {title} {{#{label_of(nb_path)}}}\n\nNot executed in this build (no Python "
+                        f"module): see `notebooks/{name}`.\n")
+    lines.append("")
     with open(page_path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
