@@ -265,8 +265,8 @@ int main(int argc, char** argv) {
       for (const BenchShape& shape : shapes)
         if (shape.set == "target")
           for (int threads : {256, 512})
-            for (int s : {2, 3, 4, 6, 8}) {
-              if (threads == 512 && s == 8) continue;  // 8 x 32 KB: more shared memory than a block may have
+            for (int s : {2, 3, 4}) {
+              if (threads == 512 && s == 4) continue;  // 4 x 64 KB: more shared memory than a block may have
               register_stage(paged, shape,
                              "tune/t" + std::to_string(threads) + "_s" + std::to_string(s) + "/" + shape.name,
                              stages::paged::PagedConfig{s, threads});

@@ -40,11 +40,13 @@ def shape_key(s):
 
 
 def base_name(row):
-    """A row's name without Google Benchmark's suffixes (/manual_time, _median)."""
+    """A row's name without Google Benchmark's suffixes: "02_paged/b16_kv4096_p16/
+    min_time:0.050/repeats:5/manual_time_median" -> "02_paged/b16_kv4096_p16"."""
     name = row.get("run_name") or row["name"]
     if name.endswith("_median"):
         name = name[:-len("_median")]
-    return name[:-len("/manual_time")] if name.endswith("/manual_time") else name
+    parts = [x for x in name.split("/") if ":" not in x and x != "manual_time"]
+    return "/".join(parts)
 
 
 def main():

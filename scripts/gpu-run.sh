@@ -36,7 +36,7 @@ for step in $steps; do
       timeout 60 ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 3 --launch-count 1 \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
           "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --sets=target \
-          --benchmark_filter="^02_paged/${shape}(/manual_time)?$"
+          --benchmark_filter="^02_paged/${shape}/"
     done > "$OUT/ncu.log" 2>&1
     echo "ncu: rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Achieved Occupancy|Duration|Registers Per" "$OUT/ncu.log" ;;
   sanitizer)

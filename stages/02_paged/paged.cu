@@ -115,10 +115,11 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  // Fewer blocks than two per SM: each block must keep more tiles in flight by itself.
+  // Fewer blocks than two per SM: then a block is alone on its SM, and 512 threads give
+  // it twice the warps (and twice the bytes in flight) to keep the SM busy.
   const bool small_grid = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms};
-  threads_ = config_.threads ? config_.threads : 256;
-  num_stages_ = config_.num_stages ? config_.num_stages : (small_grid ? 6 : 4);
+  threads_ = config_.threads ? config_.threads : (small_grid ? 512 : 256);
+  num_stages_ = config_.num_stages ? config_.num_stages : 3;
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim, threads_);
   smem_bytes_ = entry.smem_bytes(num_stages_, shape.group_size());
   ref::require(smem_bytes_ <= static_cast<size_t>(smem_optin), fn,

@@ -12,10 +12,10 @@ namespace flashstep::stages::paged {
 /// Tuning knobs of the decode kernel (the kernel's shapes are fixed by dtype and head_dim).
 struct PagedConfig {
   /// Pipeline depth: K/V tiles in shared memory, S - 1 of them in flight while one is
-  /// consumed. 0 chooses in plan(): deeper when the grid has too few blocks to fill the
-  /// chip, so each block must keep more bytes in flight on its own.
+  /// consumed. 0 chooses in plan() (3).
   int num_stages = 0;
-  /// Threads per block, 256 or 512; 0 chooses in plan() (256).
+  /// Threads per block, 256 or 512; 0 chooses in plan(): 512 when the grid has fewer
+  /// than two blocks per SM (a lone block per SM needs more warps), else 256.
   int threads = 0;
 };
 

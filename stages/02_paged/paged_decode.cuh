@@ -32,7 +32,15 @@
 ///     of rows tid / chunks_per_row and that + rows_per_pass, of K and of V.
 ///
 /// Shared memory: num_stages x [K tile | V tile], each tile kTile rows of head_dim
-/// elements: 16 KB per stage (32 KB with 512 threads) for every dtype and head_dim.
+/// elements: 32 KB per stage (64 KB with 512 threads) for every dtype and head_dim.
+///
+/// Instruction budget. At 3 TB/s an H100 SM must consume about 12 bytes of K/V per clock,
+/// so the compute per byte matters as much as the loads: the scores of a step's tokens
+/// are computed without branches (rows past the tile are clamped and masked), so their
+/// loads, FMAs and shuffles interleave instead of running one token after another; each
+/// thread handles at least 4 tokens of a tile, so the per-tile work (barrier, copies,
+/// page-table walk) is spread over them; and the running output is rescaled only when
+/// the running max actually grows.
 ///
 /// What it still does badly: one block per (request, kv head), so a batch of a few
 /// long requests leaves most SMs idle (stage 03 splits the KV); q . k runs on CUDA
@@ -60,7 +68,8 @@ struct DecodeTraits {
   static constexpr int kHeadsPerThread = 2;                   ///< query heads per thread
   static constexpr int kChunksPerRow = HEAD_DIM / kVec;       ///< 16-byte chunks per K row
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  ///< rows one copy pass covers
-  static constexpr int kTile = 2 * kRowsPerPass;              ///< tokens per pipeline stage
+  static constexpr int kCopyPasses = 4;                       ///< rows (tokens) each thread copies per tile
+  static constexpr int kTile = kCopyPasses * kRowsPerPass;    ///< tokens per pipeline stage
   static constexpr int kTokensPerStep = 4;                    ///< tokens per online-softmax update
   static constexpr int kStageElems = 2 * kTile * HEAD_DIM;    ///< K tile + V tile
   static_assert(HEAD_DIM % kElemsPerThread == 0 && kBDX <= 32 && (kBDX & (kBDX - 1)) == 0,
@@ -143,14 +152,15 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
   // ---- the copy mapping: this thread's chunk and its two rows of every tile.
   const int chunk = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
-  int32_t page[2];   // physical page of each row's token in the tile being prefetched (-1: past kv_len)
-  uint32_t slot[2];  // the token's slot in that page
+  constexpr int PASSES = Tr::kCopyPasses;
+  int32_t page[PASSES];   // physical page of each row's token in the tile being prefetched (-1: past kv_len)
+  uint32_t slot[PASSES];  // the token's slot in that page
 
   // Page-table walk for a tile: the page ids are loaded one tile before their copies
   // are issued, so the dependent load's latency hides behind a tile of compute.
   auto fetch_pages = [&](int tile) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < PASSES; ++r) {
       const int tok = tile * TILE + row0 + r * Tr::kRowsPerPass;
       page[r] = -1;
       if (tok < kv_len) {
@@ -166,7 +176,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
     T* k_dst = smem + stage * Tr::kStageElems;
     T* v_dst = k_dst + TILE * HEAD_DIM;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < PASSES; ++r) {
       const int row = row0 + r * Tr::kRowsPerPass;
       const bool valid = page[r] >= 0;
       const int64_t src = valid ? kv.offset(page[r], slot[r], kv_head) + chunk * VEC : 0;
@@ -198,59 +208,65 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
       const T* k_tile = smem + (tile % S) * Tr::kStageElems;
       const T* v_tile = k_tile + TILE * HEAD_DIM;
       const int tile_start = tile * TILE;
-      for (int base = tz; base < TILE; base += Tr::kTokensPerStep * p.bdz) {
-        // Scores of up to kTokensPerStep tokens for both heads ...
-        float s[Tr::kTokensPerStep][HPT];
+      constexpr int STEP = Tr::kTokensPerStep;
+      for (int base = tz; base < TILE; base += STEP * p.bdz) {
+        // Scores of STEP tokens for both heads, with no branch: a token past the tile
+        // reads a clamped row and is masked below, so the compiler can interleave the
+        // STEP x HPT independent dot products and their shuffles.
+        float s[STEP][HPT];
 #pragma unroll
-        for (int u = 0; u < Tr::kTokensPerStep; ++u) {
-          const int local = base + u * p.bdz;
-          float dot[HPT] = {};
-          // `valid` is the same for the whole segment, so the shuffles stay converged.
-          const bool valid = local < TILE && tile_start + local < kv_len;
-          if (valid) {
+        for (int u = 0; u < STEP; ++u) {
+          const int row = min(base + u * p.bdz, TILE - 1);
 #pragma unroll
-            for (int v = 0; v < NV; ++v) {
-              kernels::Vec16<T> kv16;
-              kv16.load(k_tile + local * HEAD_DIM + (v * BDX + tx) * VEC);
-              float k[VEC];
-              kv16.to_float(k);
+          for (int j = 0; j < HPT; ++j) s[u][j] = 0.f;
 #pragma unroll
-              for (int j = 0; j < HPT; ++j)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) dot[j] = fmaf(q[j][v * VEC + e], k[e], dot[j]);
-            }
+          for (int v = 0; v < NV; ++v) {
+            kernels::Vec16<T> kv16;
+            kv16.load(k_tile + row * HEAD_DIM + (v * BDX + tx) * VEC);
+            float k[VEC];
+            kv16.to_float(k);
 #pragma unroll
             for (int j = 0; j < HPT; ++j)
 #pragma unroll
-              for (int offset = BDX / 2; offset > 0; offset /= 2)
-                dot[j] += __shfl_xor_sync(segment, dot[j], offset);
+              for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[e], s[u][j]);
           }
-#pragma unroll
-          for (int j = 0; j < HPT; ++j) s[u][j] = valid ? dot[j] : -INFINITY;
         }
-        // ... one rescale per head for the whole step ...
+        // The BDX lanes of the segment each hold a part of every dot product.
+#pragma unroll
+        for (int offset = BDX / 2; offset > 0; offset /= 2)
+#pragma unroll
+          for (int u = 0; u < STEP; ++u)
+#pragma unroll
+            for (int j = 0; j < HPT; ++j) s[u][j] += __shfl_xor_sync(segment, s[u][j], offset);
+        // Mask tokens past the tile or past kv_len, then rescale only if the max grew.
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+          const int local = base + u * p.bdz;
+          if (local >= TILE || tile_start + local >= kv_len)
+#pragma unroll
+            for (int j = 0; j < HPT; ++j) s[u][j] = -INFINITY;
+        }
 #pragma unroll
         for (int j = 0; j < HPT; ++j) {
           float m_new = state[j].m;
 #pragma unroll
-          for (int u = 0; u < Tr::kTokensPerStep; ++u) m_new = fmaxf(m_new, s[u][j]);
-          if (m_new != -INFINITY) state[j].rescale_to(m_new);
+          for (int u = 0; u < STEP; ++u) m_new = fmaxf(m_new, s[u][j]);
+          if (m_new > state[j].m) state[j].rescale_to(m_new);
         }
-        // ... then each token's V row, converted once, weighted into both heads.
+        // Each V row converted once and weighted into both heads (a masked token has
+        // weight 0, and its row holds finite data: real values or the copies' zero-fill).
 #pragma unroll
-        for (int u = 0; u < Tr::kTokensPerStep; ++u) {
-          const int local = base + u * p.bdz;
-          if (local < TILE && tile_start + local < kv_len) {
-            float v[EPT];
+        for (int u = 0; u < STEP; ++u) {
+          const int row = min(base + u * p.bdz, TILE - 1);
+          float v[EPT];
 #pragma unroll
-            for (int vi = 0; vi < NV; ++vi) {
-              kernels::Vec16<T> vv;
-              vv.load(v_tile + local * HEAD_DIM + (vi * BDX + tx) * VEC);
-              vv.to_float(&v[vi * VEC]);
-            }
-#pragma unroll
-            for (int j = 0; j < HPT; ++j) state[j].add(s[u][j], v);
+          for (int vi = 0; vi < NV; ++vi) {
+            kernels::Vec16<T> vv;
+            vv.load(v_tile + row * HEAD_DIM + (vi * BDX + tx) * VEC);
+            vv.to_float(&v[vi * VEC]);
           }
+#pragma unroll
+          for (int j = 0; j < HPT; ++j) state[j].add(s[u][j], v);
         }
       }
     }

@@ -143,18 +143,27 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   ref::AttentionOptions opt;
   opt.causal = s.causal;
   opt.sm_scale = s.sm_scale;
+  opt.kv_layout = KVLayout::NHD;
 
+  // Every request's K/V, contiguous (nnz_kv, H, D). The reference answers from these
+  // with its ragged entry point whatever the storage: the arithmetic is the same as its
+  // paged one (which gathers pages to exactly these rows first), and it does not walk
+  // the page table element by element, which takes seconds on the larger cases.
+  std::vector<int32_t> token_indptr(static_cast<size_t>(s.batch_size) + 1, 0);
+  for (int b = 0; b < s.batch_size; ++b) token_indptr[b + 1] = token_indptr[b] + static_cast<int32_t>(s.kv_len(b));
+  const int64_t nnz_kv = token_indptr.back();
+  ref::Tensor k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
+  ref::Tensor v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
+  c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
   if (storage == KVStorage::ragged) {
-    const int64_t nnz_kv = s.kv_indptr.back();
-    c.k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
-    c.v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
-    opt.kv_layout = KVLayout::NHD;
-    c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, c.k, c.v, s.kv_indptr, opt);
+    c.k = std::move(k);
+    c.v = std::move(v);
     return c;
   }
 
   // Paged: start from a pool of NaN, so that a kernel reading a slot no request owns
-  // (a spare page, or past last_page_len) poisons its output and fails the check.
+  // (a spare page, or past last_page_len) poisons its output and fails the check; then
+  // copy each token's rows to (page, slot) through the page table.
   ref::PagedKVCache& p = c.paged;
   p.layout = s.kv_layout;
   const int64_t P = s.page_size;
@@ -164,17 +173,30 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   p.kv_indptr = s.kv_indptr;
   p.kv_indices = c.layout.kv_indices;
   p.kv_last_page_len = s.kv_last_page_len;
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  const bool hnd = s.kv_layout == KVLayout::HND;
   for (int b = 0; b < s.batch_size; ++b)
     for (int64_t t = 0; t < s.kv_len(b); ++t) {
-      const int32_t page = p.kv_indices[static_cast<size_t>(p.kv_indptr[b] + t / P)];
+      const int64_t page = p.kv_indices[static_cast<size_t>(p.kv_indptr[b] + t / P)], slot = t % P;
+      const int64_t row = token_indptr[b] + t;
       for (int kv = 0; kv < 2; ++kv)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t d = 0; d < D; ++d) p.at(page, kv, t % P, h, d) = round_to(s.dtype, dist(rng));
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t dst = hnd ? (((page * 2 + kv) * H + h) * P + slot) * D
+                                  : (((page * 2 + kv) * P + slot) * H + h) * D;
+          const double* src = (kv ? v : k).data.data() + (row * H + h) * D;
+          std::copy(src, src + D, p.pages.data.begin() + dst);
+        }
     }
-  c.expected = s.mode == Mode::decode
-                   ? ref::batch_decode_with_paged_kv_cache(c.q, p, opt)
-                   : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, p, opt);
+  // On small cases, the reference's own paged entry point must give the same answer from
+  // this pool: that checks the scatter above against the reference's reading of pages.
+  if (p.pages.numel() <= (int64_t{1} << 20)) {
+    const ref::AttentionResult paged_ref =
+        s.mode == Mode::decode ? ref::batch_decode_with_paged_kv_cache(c.q, p, opt)
+                               : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, p, opt);
+    for (size_t i = 0; i < paged_ref.o.data.size(); ++i)
+      ref::require(paged_ref.o.data[i] == c.expected.o.data[i], "build_case",
+                   "internal: the pool does not hold what the page table says (o differs at " +
+                       std::to_string(i) + ")");
+  }
   return c;
 }
 

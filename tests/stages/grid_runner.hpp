@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -31,11 +33,16 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
     const uint64_t seed = case_seed(run_seed(), text);
     std::optional<HostCase> built[2];  // one per storage kind, built only if some stage needs it
     for (const StageInfo& stage : registry()) {
+      const auto& layouts = stage.kv_layouts;
+      if (std::find(layouts.begin(), layouts.end(), spec.kv_layout) == layouts.end()) continue;
       std::mt19937_64 layout_rng(seed);
       if (!stage.supports(make_layout(spec, stage.storage, layout_rng).shape)) continue;
       auto& host = built[stage.storage == KVStorage::paged ? 1 : 0];
       if (!host) host = build_case(spec, stage.storage, seed);
+      const auto t0 = std::chrono::steady_clock::now();
       const ValidationReport report = run_and_compare(stage, *host);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (seconds > 2.0) std::printf("  slow: %.1f s for %s on %s\n", seconds, stage.name.c_str(), text.c_str());
       ++ran[stage.name];
       CHECK_MESSAGE(report.passed, report.message());
       if (!report.passed && ++failures >= 10) {

@@ -61,9 +61,10 @@ struct SoftmaxState {
   }
 
   /// Adds key j with base-2 score s2 and value slice v (call after rescale_to with a max
-  /// >= s2). \param v this thread's N values of V row j
+  /// >= s2). A masked key has s2 = -inf and adds nothing, even to an empty state (where
+  /// s2 - m would be -inf - (-inf) = NaN). \param v this thread's N values of V row j
   __device__ __forceinline__ void add(float s2, const float* v) {
-    const float p = exp2f(s2 - m);
+    const float p = s2 == -INFINITY ? 0.f : exp2f(s2 - m);
     d += p;
 #pragma unroll
     for (int i = 0; i < N; ++i) o[i] = fmaf(p, v[i], o[i]);
