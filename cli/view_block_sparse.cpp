@@ -28,15 +28,6 @@ int64_t expected_blocks(const Scenario& s, int64_t Br, int64_t page_size) {
   return n;
 }
 
-double max_abs_diff(const ref::Tensor& a, const ref::Tensor& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double d = std::abs(a.data[i] - b.data[i]);
-    m = std::isnan(d) ? INFINITY : std::max(m, d);
-  }
-  return m;
-}
-
 // Draws the view for (Br, page_size) and checks it; returns the number of blocks.
 int64_t show_view(const Scenario& s, const PagedBatch& b, int64_t Br, std::ostream& os,
                   Ledger& ledger, bool lookup) {

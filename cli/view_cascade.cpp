@@ -49,15 +49,6 @@ std::string num(double x) {
   return os.str();
 }
 
-double max_abs_diff(const ref::Tensor& a, const ref::Tensor& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double d = std::abs(a.data[i] - b.data[i]);
-    m = std::isnan(d) ? INFINITY : std::max(m, d);
-  }
-  return m;
-}
-
 }  // namespace
 
 void show_cascade(const Scenario& s, std::ostream& os, Ledger& ledger) {
