@@ -6,7 +6,9 @@
 //
 // Rows: ceiling/copy_d2d (GB/s), ceiling/gemm_bf16 (TFLOP/s), then <stage>/<shape> with
 // counters GB/s and pct_of_ceiling (% of the copy ceiling). Each row is the median of 5
-// repetitions; a repetition is the mean of event-timed runs, each after an L2 flush.
+// repetitions; a repetition is the mean of event-timed calls, each after an L2 flush.
+// A call replays run() captured once in a CUDA graph (the label says "eager" where a
+// stage refuses capture), the way bench/peers.py calls the peers.
 // GB/s counts the bytes a decode must move at least: q, K and V of every token, o and
 // lse (the page table, 4 bytes per page, is left out). --tune adds pipeline-depth
 // variants of 02_paged on the target shapes. Set FLASHSTEP_COMMIT to stamp the commit.
@@ -97,8 +99,40 @@ struct StageInputs {
   DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, k, v, o, lse, workspace;
   stages::DeviceBatch batch;
   std::unique_ptr<stages::StageRunner> runner;
+  cudaGraphExec_t graph = nullptr;  ///< run() captured once; null: the stage refused capture
   double bytes = 0;
+  ~StageInputs() {
+    if (graph) cudaGraphExecDestroy(graph);
+  }
+  /// One call: a replay of the captured run() (how the peers are timed too), else run().
+  void call(cudaStream_t stream) const {
+    if (graph) FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(graph, stream));
+    else runner->run(batch, stream);
+  }
 };
+
+/// Captures run() in a CUDA graph, as serving engines run decode and as bench/peers.py
+/// times the peers, so that launch overheads are the same on both sides. A stage whose
+/// run() refuses capture (stage 03 without its graph flag) is timed eagerly instead.
+void capture(StageInputs& in) {
+  cudaStream_t cs = nullptr;
+  FLASHSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  cudaGraph_t g = nullptr;
+  try {
+    FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    in.runner->run(in.batch, cs);
+    FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+    FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&in.graph, g, 0));
+  } catch (const std::exception&) {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(cs, &partial);  // ends a capture the stage left open, if any
+    if (partial) cudaGraphDestroy(partial);
+    cudaGetLastError();
+    in.graph = nullptr;
+  }
+  if (g) cudaGraphDestroy(g);
+  FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(cs));
+}
 std::unique_ptr<StageInputs> g_inputs;  // one at a time: the previous shape's memory is freed first
 
 StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
@@ -137,6 +171,8 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
   in->runner = tune.num_stages || tune.threads ? std::make_unique<stages::paged::PagedRunner>(tune) : stage.make_runner();
   in->workspace = DeviceBuffer(in->runner->workspace_bytes(s));
   in->runner->plan(s, in->workspace.get(), in->workspace.bytes(), nullptr);
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  capture(*in);
   in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   g_inputs = std::move(in);
@@ -171,10 +207,11 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
   configure(benchmark::RegisterBenchmark(name.c_str(), [&stage, spec, name, note, tune](benchmark::State& state) {
     StageInputs& in = inputs_for(name, stage, spec, tune);
     static GpuTimer timer;
-    run_timed(state, timer, [&] { in.runner->run(in.batch, nullptr); }, in.bytes, 0, g_ceilings.copy_gbps);
+    run_timed(state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps);
     if (!lse_is_finite(in)) state.SkipWithError("non-finite lse: the stage is broken on this shape");
     std::ostringstream label;
-    label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage);
+    label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage) << ", "
+          << (in.graph ? "cuda_graph" : "eager");
     if (!note.empty()) label << "; runs " << note;
     state.SetLabel(label.str());
   }));

@@ -1,7 +1,7 @@
 // Stage 02 — paged decode: the launcher, plan/run, and the registry entry.
 //
 // The kernel (paged_decode.cuh) is instantiated for fp32, fp16 and bf16 x head_dim 64,
-// 128 and 256 (the combinations the registry declares) x 256 or 512 threads per block.
+// 128 and 256 (the combinations the registry declares) x one or two 256-thread halves.
 //
 // How to run it: `ctest -L gpu` validates it over the decode grid;
 // `flashstep_bench --benchmark_filter=02_paged` times it.
@@ -25,9 +25,9 @@ struct BlockShape {
   int bdy, bdz;
 };
 
-template <typename T, int HEAD_DIM, int THREADS>
+template <typename T, int HEAD_DIM>
 BlockShape block_shape(int group_size) {
-  using Tr = DecodeTraits<T, HEAD_DIM, THREADS>;
+  using Tr = DecodeTraits<T, HEAD_DIM>;
   const int bdy = (group_size + Tr::kHeadsPerThread - 1) / Tr::kHeadsPerThread;
   return {bdy, Tr::kThreads / (Tr::kBDX * bdy)};
 }
@@ -39,15 +39,15 @@ struct KernelEntry {
   void (*launch)(const BatchShape&, const DeviceBatch&, int num_stages, size_t smem, cudaStream_t);
 };
 
-template <typename T, int HEAD_DIM, int THREADS>
+template <typename T, int HEAD_DIM, int SPLITS>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const BlockShape bs = block_shape<T, HEAD_DIM, THREADS>(group_size);
-    return paged_decode_smem_bytes<T, HEAD_DIM, THREADS>(num_stages, bs.bdy, bs.bdz);
+    const BlockShape bs = block_shape<T, HEAD_DIM>(group_size);
+    return paged_decode_smem_bytes<T, HEAD_DIM>(SPLITS, num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<T, HEAD_DIM, THREADS>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<T, HEAD_DIM, SPLITS>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(bytes)));
   };
@@ -62,42 +62,43 @@ KernelEntry kernel_entry() {
     p.lse = batch.lse;
     p.num_qo_heads = s.num_qo_heads;
     p.group_size = s.group_size();
-    const BlockShape bs = block_shape<T, HEAD_DIM, THREADS>(p.group_size);
+    const BlockShape bs = block_shape<T, HEAD_DIM>(p.group_size);
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = num_stages;
     p.sm_scale_log2 = s.sm_scale * kernels::kLog2e;
     const dim3 grid(s.num_kv_heads, s.batch_size);
-    paged_decode_kernel<T, HEAD_DIM, THREADS><<<grid, THREADS, smem, stream>>>(p);
+    paged_decode_kernel<T, HEAD_DIM, SPLITS><<<grid, 256 * SPLITS, smem, stream>>>(p);
     kernels::check_launch("paged_decode_kernel");
   };
   return e;
 }
 
-template <typename T, int THREADS>
+template <typename T, int SPLITS>
 KernelEntry kernel_entry_for_dim(int head_dim) {
   switch (head_dim) {
-    case 64: return kernel_entry<T, 64, THREADS>();
-    case 128: return kernel_entry<T, 128, THREADS>();
-    case 256: return kernel_entry<T, 256, THREADS>();
+    case 64: return kernel_entry<T, 64, SPLITS>();
+    case 128: return kernel_entry<T, 128, SPLITS>();
+    case 256: return kernel_entry<T, 256, SPLITS>();
   }
   throw ref::InvalidArgument("PagedRunner::plan: head_dim must be 64, 128 or 256 (got " +
                              std::to_string(head_dim) + ")");
 }
 
-template <int THREADS>
-KernelEntry kernel_entry_for_threads(DType dtype, int head_dim) {
+template <int SPLITS>
+KernelEntry kernel_entry_for_splits(DType dtype, int head_dim) {
   switch (dtype) {
-    case DType::f32: return kernel_entry_for_dim<float, THREADS>(head_dim);
-    case DType::f16: return kernel_entry_for_dim<__half, THREADS>(head_dim);
-    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16, THREADS>(head_dim);
+    case DType::f32: return kernel_entry_for_dim<float, SPLITS>(head_dim);
+    case DType::f16: return kernel_entry_for_dim<__half, SPLITS>(head_dim);
+    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16, SPLITS>(head_dim);
   }
   throw ref::InvalidArgument("PagedRunner::plan: unknown dtype");
 }
 
+/// 256 threads: one half; 512: two halves splitting the tiles of each (request, kv head).
 KernelEntry kernel_entry_for(DType dtype, int head_dim, int threads) {
-  return threads == 512 ? kernel_entry_for_threads<512>(dtype, head_dim)
-                        : kernel_entry_for_threads<256>(dtype, head_dim);
+  return threads == 512 ? kernel_entry_for_splits<2>(dtype, head_dim)
+                        : kernel_entry_for_splits<1>(dtype, head_dim);
 }
 
 }  // namespace
@@ -115,11 +116,12 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  // Fewer blocks than two per SM: then a block is alone on its SM, and 512 threads give
-  // it twice the warps (and twice the bytes in flight) to keep the SM busy.
+  // Fewer blocks than two per SM: then a block is alone on its SM, so it gets two
+  // 256-thread halves that split its tiles and never wait for each other, as two
+  // blocks on one SM would.
   const bool small_grid = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms};
   threads_ = config_.threads ? config_.threads : (small_grid ? 512 : 256);
-  num_stages_ = config_.num_stages ? config_.num_stages : 3;
+  num_stages_ = config_.num_stages ? config_.num_stages : 2;
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim, threads_);
   smem_bytes_ = entry.smem_bytes(num_stages_, shape.group_size());
   ref::require(smem_bytes_ <= static_cast<size_t>(smem_optin), fn,

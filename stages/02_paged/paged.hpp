@@ -11,11 +11,12 @@ namespace flashstep::stages::paged {
 
 /// Tuning knobs of the decode kernel (the kernel's shapes are fixed by dtype and head_dim).
 struct PagedConfig {
-  /// Pipeline depth: K/V tiles in shared memory, S - 1 of them in flight while one is
-  /// consumed. 0 chooses in plan() (3).
+  /// Pipeline depth: K/V tiles (32 KB each) in shared memory, S - 1 of them in flight
+  /// while one is consumed. 0 chooses in plan() (2).
   int num_stages = 0;
-  /// Threads per block, 256 or 512; 0 chooses in plan(): 512 when the grid has fewer
-  /// than two blocks per SM (a lone block per SM needs more warps), else 256.
+  /// Threads per block: 256, or 512 = two 256-thread halves, each with its own pipeline
+  /// over every other tile. 0 chooses in plan(): 512 when the grid has fewer than two
+  /// blocks per SM (a lone block per SM), else 256.
   int threads = 0;
 };
 

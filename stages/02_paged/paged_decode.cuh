@@ -14,25 +14,30 @@
 ///    (kv_indices[kv_indptr[b] + t / page_size], slot t % page_size), with the division
 ///    done by FastDivmod and the page ids of the next tile fetched one tile ahead.
 ///
-/// Thread-block layout (256 threads, or 512 for small grids; grid = (num_kv_heads, batch_size)):
+/// Thread-block layout. grid = (num_kv_heads, batch_size); a block is SPLITS "halves"
+/// of 256 threads (SPLITS = 1 normally, 2 when the grid has too few blocks to put two
+/// on every SM). Each half runs its own pipeline over every SPLITS-th tile of the
+/// request, with its own named barrier, so the two halves of a lone block never wait
+/// for each other until the end: within one block they behave like two blocks.
+/// Inside a half:
 ///
-///     tid = tx + BDX * (ty + bdy * tz)
+///     tid = tx + BDX * (ty + bdy * tz)          (tid = threadIdx.x % 256)
 ///       tx  in [0, BDX)  which 16 of the head_dim elements (BDX = head_dim / 16)
 ///       ty  in [0, bdy)  which pair of the group's query heads (bdy = ceil(group / 2))
 ///       tz  in [0, bdz)  which tokens of each tile: tz, tz + bdz, tz + 2 bdz, ...
 ///
 ///     A thread converts each K/V element it reads once and uses it for its two query
 ///     heads. The BDX threads of a (ty, tz) hold one row of q . k in pieces and add them
-///     with BDX-wide shuffles. Each (ty, tz) keeps its own online-softmax state over its
-///     share of the tokens; at the end the bdz states of each head are merged exactly
-///     (the same merge as split-KV and cascade) in shared memory.
+///     with BDX-wide shuffles. Each (half, ty, tz) keeps its own online-softmax state
+///     over its share of the tokens; at the end the states of each head are merged
+///     exactly (the same merge as split-KV and cascade) in shared memory.
 ///
 ///     Loading is mapped separately, so that every thread issues the same copies
 ///     whatever the group size: thread tid copies 16-byte chunk (tid % chunks_per_row)
-///     of rows tid / chunks_per_row and that + rows_per_pass, of K and of V.
+///     of rows tid / chunks_per_row + r * rows_per_pass, r < 4, of K and of V.
 ///
-/// Shared memory: num_stages x [K tile | V tile], each tile kTile rows of head_dim
-/// elements: 32 KB per stage (64 KB with 512 threads) for every dtype and head_dim.
+/// Shared memory: per half, num_stages x [K tile | V tile], each tile kTile rows of
+/// head_dim elements: 32 KB per stage for every dtype and head_dim.
 ///
 /// Instruction budget. At 3 TB/s an H100 SM must consume about 12 bytes of K/V per clock,
 /// so the compute per byte matters as much as the loads: the scores of a step's tokens
@@ -43,8 +48,8 @@
 /// the running max actually grows.
 ///
 /// What it still does badly: one block per (request, kv head), so a batch of a few
-/// long requests leaves most SMs idle (stage 03 splits the KV); q . k runs on CUDA
-/// cores, fine for decode (a GEMV) but not for prefill (stage 04).
+/// long requests leaves most SMs idle (stage 03 splits the KV across blocks); q . k runs
+/// on CUDA cores, fine for decode (a GEMV) but not for prefill (stage 04).
 #pragma once
 
 #include <cstdint>
@@ -56,22 +61,22 @@
 
 namespace flashstep::stages::paged {
 
-/// Compile-time shape of the kernel for element type T, head_dim HEAD_DIM and THREADS
-/// threads per block (256, or 512 to give a lone block per SM more warps).
-template <typename T, int HEAD_DIM, int THREADS>
+/// Compile-time shape of one 256-thread half of the kernel, for element type T and
+/// head_dim HEAD_DIM.
+template <typename T, int HEAD_DIM>
 struct DecodeTraits {
-  static constexpr int kThreads = THREADS;
-  static constexpr int kVec = kernels::Vec16<T>::kSize;      ///< elements per 16-byte vector
-  static constexpr int kElemsPerThread = 16;                  ///< head_dim elements per thread
+  static constexpr int kThreads = 256;                         ///< threads of one half
+  static constexpr int kVec = kernels::Vec16<T>::kSize;        ///< elements per 16-byte vector
+  static constexpr int kElemsPerThread = 16;                   ///< head_dim elements per thread
   static constexpr int kVecsPerThread = kElemsPerThread / kVec;  ///< 2 (16-bit) or 4 (fp32)
-  static constexpr int kBDX = HEAD_DIM / kElemsPerThread;     ///< threads across head_dim: 4, 8, 16
-  static constexpr int kHeadsPerThread = 2;                   ///< query heads per thread
-  static constexpr int kChunksPerRow = HEAD_DIM / kVec;       ///< 16-byte chunks per K row
+  static constexpr int kBDX = HEAD_DIM / kElemsPerThread;      ///< threads across head_dim: 4, 8, 16
+  static constexpr int kHeadsPerThread = 2;                    ///< query heads per thread
+  static constexpr int kChunksPerRow = HEAD_DIM / kVec;        ///< 16-byte chunks per K row
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  ///< rows one copy pass covers
-  static constexpr int kCopyPasses = 4;                       ///< rows (tokens) each thread copies per tile
-  static constexpr int kTile = kCopyPasses * kRowsPerPass;    ///< tokens per pipeline stage
-  static constexpr int kTokensPerStep = 4;                    ///< tokens per online-softmax update
-  static constexpr int kStageElems = 2 * kTile * HEAD_DIM;    ///< K tile + V tile
+  static constexpr int kCopyPasses = 4;                        ///< rows (tokens) each thread copies per tile
+  static constexpr int kTile = kCopyPasses * kRowsPerPass;     ///< tokens per pipeline stage
+  static constexpr int kTokensPerStep = 4;                     ///< tokens per online-softmax update
+  static constexpr int kStageElems = 2 * kTile * HEAD_DIM;     ///< K tile + V tile
   static_assert(HEAD_DIM % kElemsPerThread == 0 && kBDX <= 32 && (kBDX & (kBDX - 1)) == 0,
                 "head_dim must be 16 x a power of two up to 512");
   static_assert(kThreads % kChunksPerRow == 0, "a copy pass must cover whole rows");
@@ -92,28 +97,38 @@ struct PagedDecodeParams {
   float sm_scale_log2 = 0.f; ///< sm_scale * log2(e): folded into q once
 };
 
-/// Shared memory (bytes) the kernel needs for a pipeline depth and block shape: the
-/// larger of the pipeline and the end-of-kernel merge buffers (they reuse one region).
-template <typename T, int HEAD_DIM, int THREADS>
-constexpr size_t paged_decode_smem_bytes(int num_stages, int bdy, int bdz) {
-  using Tr = DecodeTraits<T, HEAD_DIM, THREADS>;
-  const size_t pipeline = size_t(num_stages) * Tr::kStageElems * sizeof(T);
-  const size_t states = size_t(bdz) * bdy * Tr::kHeadsPerThread;
+/// Shared memory (bytes) the kernel needs for SPLITS halves, a pipeline depth and a
+/// block shape: the larger of the pipelines and the end-of-kernel merge buffers (they
+/// reuse one region).
+template <typename T, int HEAD_DIM>
+constexpr size_t paged_decode_smem_bytes(int splits, int num_stages, int bdy, int bdz) {
+  using Tr = DecodeTraits<T, HEAD_DIM>;
+  const size_t pipeline = size_t(splits) * num_stages * Tr::kStageElems * sizeof(T);
+  const size_t states = size_t(splits) * bdz * bdy * Tr::kHeadsPerThread;
   const size_t merge = states * (HEAD_DIM + 2) * sizeof(float);
   return pipeline > merge ? pipeline : merge;
 }
 
-// Two blocks of 256 (or one of 512) per SM: caps registers at 128 per thread.
-template <typename T, int HEAD_DIM, int THREADS>
-__global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(const PagedDecodeParams<T> p) {
-  using Tr = DecodeTraits<T, HEAD_DIM, THREADS>;
+/// The barrier of one 256-thread half: named barrier 1 or 2 (0 is __syncthreads), so
+/// the two halves of a block never wait for each other.
+__device__ __forceinline__ void half_barrier(int half) {
+  if (half == 0) asm volatile("bar.sync 1, 256;\n" ::: "memory");
+  else asm volatile("bar.sync 2, 256;\n" ::: "memory");
+}
+
+// Two blocks of one half, or one block of two halves, per SM: at most 128 registers.
+template <typename T, int HEAD_DIM, int SPLITS>
+__global__ void __launch_bounds__(256 * SPLITS, 2 / SPLITS) paged_decode_kernel(const PagedDecodeParams<T> p) {
+  using Tr = DecodeTraits<T, HEAD_DIM>;
   constexpr int BDX = Tr::kBDX, HPT = Tr::kHeadsPerThread, EPT = Tr::kElemsPerThread;
   constexpr int VEC = Tr::kVec, NV = Tr::kVecsPerThread, TILE = Tr::kTile;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int half = threadIdx.x / Tr::kThreads;
+  const int S = p.num_stages;
+  T* smem = reinterpret_cast<T*>(smem_raw) + half * S * Tr::kStageElems;  // this half's pipeline
 
   const int kv_head = blockIdx.x, b = blockIdx.y;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x % Tr::kThreads;
   const int tx = tid % BDX;
   const int ty = (tid / BDX) % p.bdy;
   const int tz = tid / (BDX * p.bdy);
@@ -126,8 +141,9 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
   const kernels::PagedKV<T>& kv = p.kv;
   const int kv_len = kv.kv_len(b);
   const int num_tiles = (kv_len + TILE - 1) / TILE;
+  // This half's tiles are half, half + SPLITS, ...: local tile i is tile half + i * SPLITS.
+  const int my_tiles = num_tiles > half ? (num_tiles - half + SPLITS - 1) / SPLITS : 0;
   const int32_t page_base = kv.kv_indptr[b];
-  const int S = p.num_stages;
 
   // ---- q in registers, pre-multiplied by sm_scale * log2(e): scores come out base 2.
   float q[HPT][EPT];
@@ -149,7 +165,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
     for (int e = 0; e < EPT; ++e) q[j][e] *= p.sm_scale_log2;
   }
 
-  // ---- the copy mapping: this thread's chunk and its two rows of every tile.
+  // ---- the copy mapping: this thread's chunk and its kCopyPasses rows of every tile.
   const int chunk = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
   constexpr int PASSES = Tr::kCopyPasses;
@@ -158,7 +174,8 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
 
   // Page-table walk for a tile: the page ids are loaded one tile before their copies
   // are issued, so the dependent load's latency hides behind a tile of compute.
-  auto fetch_pages = [&](int tile) {
+  auto fetch_pages = [&](int local_tile) {
+    const int tile = half + local_tile * SPLITS;
 #pragma unroll
     for (int r = 0; r < PASSES; ++r) {
       const int tok = tile * TILE + row0 + r * Tr::kRowsPerPass;
@@ -185,27 +202,30 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
     }
   };
 
-  // ---- prologue: tiles 0 .. S-2 in flight, page ids of tile S-1 fetched.
+  // ---- prologue: this half's tiles 0 .. S-2 in flight, page ids of tile S-1 fetched.
   for (int s = 0; s < S - 1; ++s) {
-    if (s < num_tiles) {
+    if (s < my_tiles) {
       fetch_pages(s);
       issue_copies(s);
     }
     kernels::cp_async_commit_group();  // one group per tile, empty or not: counts stay aligned
   }
-  if (S - 1 < num_tiles) fetch_pages(S - 1);
+  if (S - 1 < my_tiles) fetch_pages(S - 1);
 
   // ---- main loop: wait for tile i, refill the stage tile i-1 used, compute tile i.
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    kernels::cp_async_wait_group_dynamic(S - 2);  // this thread's copies of tile `tile` landed
-    __syncthreads();  // everyone's copies landed, and everyone is done with tile - 1
-    const int next = tile + S - 1;
-    if (next < num_tiles) issue_copies(next % S);
+  for (int i = 0; i < my_tiles; ++i) {
+    kernels::cp_async_wait_group_dynamic(S - 2);  // this thread's copies of tile i landed
+    // Everyone in the half: copies of tile i landed, and tile i-1 is done with.
+    if (SPLITS == 1) __syncthreads();
+    else half_barrier(half);
+    const int next = i + S - 1;
+    if (next < my_tiles) issue_copies(next % S);
     kernels::cp_async_commit_group();
-    if (next + 1 < num_tiles) fetch_pages(next + 1);
+    if (next + 1 < my_tiles) fetch_pages(next + 1);
+    const int tile = half + i * SPLITS;
 
     if (computes) {
-      const T* k_tile = smem + (tile % S) * Tr::kStageElems;
+      const T* k_tile = smem + (i % S) * Tr::kStageElems;
       const T* v_tile = k_tile + TILE * HEAD_DIM;
       const int tile_start = tile * TILE;
       constexpr int STEP = Tr::kTokensPerStep;
@@ -272,18 +292,20 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
     }
   }
   kernels::cp_async_wait_group<0>();
-  __syncthreads();  // the pipeline buffers are free: reuse them for the merge
+  __syncthreads();  // both halves' pipelines are free: reuse the memory for the merge
 
-  // ---- merge the bdz partial states of each head (exact), then write o and lse.
-  const int num_states = p.bdz * p.bdy * HPT;
+  // ---- merge the SPLITS x bdz partial states of each head (exact), then write o and lse.
+  const int num_states = SPLITS * p.bdz * p.bdy * HPT;
+  const int group_z = half * p.bdz + tz;  // this thread's state among the SPLITS x bdz
+  const int num_z = SPLITS * p.bdz;
   float* part_o = reinterpret_cast<float*>(smem_raw);  // [state][HEAD_DIM]
   float* part_m = part_o + num_states * HEAD_DIM;      // [state]
   float* part_d = part_m + num_states;                 // [state]
-  if (p.bdz > 1) {
-    if (computes && tz > 0) {
+  if (num_z > 1) {
+    if (computes && group_z > 0) {
 #pragma unroll
       for (int j = 0; j < HPT; ++j) {
-        const int id = (tz * p.bdy + ty) * HPT + j;
+        const int id = (group_z * p.bdy + ty) * HPT + j;
 #pragma unroll
         for (int v = 0; v < NV; ++v)
 #pragma unroll
@@ -295,8 +317,8 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
       }
     }
     __syncthreads();
-    if (computes && tz == 0) {
-      for (int z = 1; z < p.bdz; ++z)
+    if (computes && group_z == 0) {
+      for (int z = 1; z < num_z; ++z)
 #pragma unroll
         for (int j = 0; j < HPT; ++j) {
           const int id = (z * p.bdy + ty) * HPT + j;
@@ -309,7 +331,7 @@ __global__ void __launch_bounds__(THREADS, 512 / THREADS) paged_decode_kernel(co
         }
     }
   }
-  if (computes && tz == 0) {
+  if (computes && group_z == 0) {
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
       const int h_local = ty * HPT + j;
