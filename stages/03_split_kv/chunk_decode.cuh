@@ -19,8 +19,11 @@
 /// arrays, and blocks of the padded grid past the real items exit at once
 /// (block_valid_mask), so a graph replay after a new plan() runs the new schedule.
 ///
-/// The inner loop is stage 02's design, rebuilt from the same kernels/ building blocks
-/// (what each piece buys is explained there):
+/// The inner loop is stage 02's design (its second version: branch-free scores over 4
+/// tokens, 4 copy passes per tile, a rescale only when the max grows), rebuilt from the
+/// same kernels/ building blocks; what each piece buys is explained in paged_decode.cuh.
+/// Stage 02's two-halves block for lone blocks is not needed here: a plan that would
+/// leave blocks alone on their SMs splits instead.
 ///
 ///     tid = tx + BDX * (ty + bdy * tz)      256 threads
 ///       tx  which 16 of the head_dim elements          (BDX = head_dim / 16)
@@ -33,8 +36,9 @@
 ///     kernels/vec.cuh        16-byte shared loads, widened to fp32
 ///     kernels/state.cuh      online softmax per (head, tz), exact merge of the bdz states
 ///
-/// Shared memory: num_stages x [K tile | V tile], 16 KB per stage for every dtype and
-/// head_dim; reused at the end for the merge of the bdz states.
+/// Shared memory: num_stages x [K tile | V tile], 32 KB per stage for every dtype and
+/// head_dim (a tile is 4 copy passes of 256 x 16 bytes, for K and for V); reused at
+/// the end for the merge of the bdz states.
 #pragma once
 
 #include <cstdint>
@@ -57,7 +61,8 @@ struct ChunkTraits {
   static constexpr int kHeadsPerThread = 2;                       ///< query heads per thread
   static constexpr int kChunksPerRow = HEAD_DIM / kVec;           ///< 16-byte pieces of a K row
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;   ///< rows one copy pass covers
-  static constexpr int kTile = 2 * kRowsPerPass;                  ///< tokens per pipeline stage
+  static constexpr int kCopyPasses = 4;                           ///< rows (tokens) each thread copies per tile
+  static constexpr int kTile = kCopyPasses * kRowsPerPass;        ///< tokens per pipeline stage
   static constexpr int kTokensPerStep = 4;                        ///< tokens per softmax rescale
   static constexpr int kStageElems = 2 * kTile * HEAD_DIM;        ///< K tile + V tile
   static_assert(HEAD_DIM % kElemsPerThread == 0 && kBDX <= 32 && (kBDX & (kBDX - 1)) == 0,
@@ -168,17 +173,18 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
     for (int e = 0; e < EPT; ++e) q[j][e] *= p.sm_scale_log2;
   }
 
-  // ---- the copy mapping: this thread's 16-byte piece of two rows of every tile.
+  // ---- the copy mapping: this thread's 16-byte piece of kCopyPasses rows of every tile.
+  constexpr int PASSES = Tr::kCopyPasses;
   const int piece = tid % Tr::kChunksPerRow;
   const int row0 = tid / Tr::kChunksPerRow;
-  int32_t page[2];   // physical page of each row's token in the tile being prefetched; -1 past the chunk
-  uint32_t slot[2];  // the token's slot in that page
+  int32_t page[PASSES];   // physical page of each row's token in the tile being prefetched; -1 past the chunk
+  uint32_t slot[PASSES];  // the token's slot in that page
 
   // The page-table walk for a tile, one tile before its copies are issued, so the
   // dependent load of the page id hides behind a tile of compute.
   auto fetch_pages = [&](int tile) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < PASSES; ++r) {
       const int local = tile * TILE + row0 + r * Tr::kRowsPerPass;
       page[r] = -1;
       if (local < chunk_len) {
@@ -193,7 +199,7 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
     T* k_dst = smem + stage * Tr::kStageElems;
     T* v_dst = k_dst + TILE * HEAD_DIM;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < PASSES; ++r) {
       const int row = row0 + r * Tr::kRowsPerPass;
       const bool valid = page[r] >= 0;
       const int64_t src = valid ? kv.offset(page[r], slot[r], kv_head) + piece * VEC : 0;
@@ -225,59 +231,65 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
       const T* k_tile = smem + (tile % S) * Tr::kStageElems;
       const T* v_tile = k_tile + TILE * HEAD_DIM;
       const int tile_start = tile * TILE;
-      for (int base = tz; base < TILE; base += Tr::kTokensPerStep * p.bdz) {
-        // Base-2 scores of up to kTokensPerStep tokens for both heads ...
-        float s[Tr::kTokensPerStep][HPT];
+      constexpr int STEP = Tr::kTokensPerStep;
+      for (int base = tz; base < TILE; base += STEP * p.bdz) {
+        // Base-2 scores of STEP tokens for both heads, without a branch: a token past the
+        // tile reads a clamped row and is masked below, so the STEP x HPT independent dot
+        // products and their shuffles interleave (stage 02's instruction budget).
+        float s[STEP][HPT];
 #pragma unroll
-        for (int u = 0; u < Tr::kTokensPerStep; ++u) {
-          const int local = base + u * p.bdz;
-          float dot[HPT] = {};
-          // `valid` is uniform over the BDX-lane segment, so its shuffles stay converged.
-          const bool valid = local < TILE && tile_start + local < chunk_len;
-          if (valid) {
+        for (int u = 0; u < STEP; ++u) {
+          const int row = min(base + u * p.bdz, TILE - 1);
 #pragma unroll
-            for (int v = 0; v < NV; ++v) {
-              kernels::Vec16<T> k16;
-              k16.load(k_tile + local * HEAD_DIM + (v * BDX + tx) * VEC);
-              float k[VEC];
-              k16.to_float(k);
+          for (int j = 0; j < HPT; ++j) s[u][j] = 0.f;
 #pragma unroll
-              for (int j = 0; j < HPT; ++j)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) dot[j] = fmaf(q[j][v * VEC + e], k[e], dot[j]);
-            }
+          for (int v = 0; v < NV; ++v) {
+            kernels::Vec16<T> k16;
+            k16.load(k_tile + row * HEAD_DIM + (v * BDX + tx) * VEC);
+            float k[VEC];
+            k16.to_float(k);
 #pragma unroll
             for (int j = 0; j < HPT; ++j)
 #pragma unroll
-              for (int offset = BDX / 2; offset > 0; offset /= 2)
-                dot[j] += __shfl_xor_sync(segment, dot[j], offset);
+              for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[e], s[u][j]);
           }
-#pragma unroll
-          for (int j = 0; j < HPT; ++j) s[u][j] = valid ? dot[j] : -INFINITY;
         }
-        // ... one rescale per head for the whole step ...
+        // The BDX lanes of the segment each hold a part of every dot product.
+#pragma unroll
+        for (int offset = BDX / 2; offset > 0; offset /= 2)
+#pragma unroll
+          for (int u = 0; u < STEP; ++u)
+#pragma unroll
+            for (int j = 0; j < HPT; ++j) s[u][j] += __shfl_xor_sync(segment, s[u][j], offset);
+        // Mask tokens past the tile or past the chunk; rescale only if the max grew.
+#pragma unroll
+        for (int u = 0; u < STEP; ++u) {
+          const int local = base + u * p.bdz;
+          if (local >= TILE || tile_start + local >= chunk_len)
+#pragma unroll
+            for (int j = 0; j < HPT; ++j) s[u][j] = -INFINITY;
+        }
 #pragma unroll
         for (int j = 0; j < HPT; ++j) {
           float m_new = state[j].m;
 #pragma unroll
-          for (int u = 0; u < Tr::kTokensPerStep; ++u) m_new = fmaxf(m_new, s[u][j]);
-          if (m_new != -INFINITY) state[j].rescale_to(m_new);
+          for (int u = 0; u < STEP; ++u) m_new = fmaxf(m_new, s[u][j]);
+          if (m_new > state[j].m) state[j].rescale_to(m_new);
         }
-        // ... then each token's V row, widened once, weighted into both heads.
+        // Each V row widened once and weighted into both heads (a masked token has weight
+        // 0, and its row holds finite data: real values or the copies' zero-fill).
 #pragma unroll
-        for (int u = 0; u < Tr::kTokensPerStep; ++u) {
-          const int local = base + u * p.bdz;
-          if (local < TILE && tile_start + local < chunk_len) {
-            float v[EPT];
+        for (int u = 0; u < STEP; ++u) {
+          const int row = min(base + u * p.bdz, TILE - 1);
+          float v[EPT];
 #pragma unroll
-            for (int vi = 0; vi < NV; ++vi) {
-              kernels::Vec16<T> v16;
-              v16.load(v_tile + local * HEAD_DIM + (vi * BDX + tx) * VEC);
-              v16.to_float(&v[vi * VEC]);
-            }
-#pragma unroll
-            for (int j = 0; j < HPT; ++j) state[j].add(s[u][j], v);
+          for (int vi = 0; vi < NV; ++vi) {
+            kernels::Vec16<T> v16;
+            v16.load(v_tile + row * HEAD_DIM + (vi * BDX + tx) * VEC);
+            v16.to_float(&v[vi * VEC]);
           }
+#pragma unroll
+          for (int j = 0; j < HPT; ++j) state[j].add(s[u][j], v);
         }
       }
     }

@@ -188,13 +188,9 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   Resolved r;
   r.num_sm = options.num_sm > 0 ? options.num_sm : sms;
-  r.num_stages = options.num_stages;
-  if (r.num_stages == 0) {
-    // As stage 02: when the unsplit batch has fewer blocks than two per SM, the plan will
-    // split, every block streams a long chunk alone, and a deeper pipeline keeps more
-    // bytes in flight per block. Depends on batch_size only, so graphs stay valid.
-    r.num_stages = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms} ? 6 : 4;
-  }
+  // Stage 02's depth: two 32 KB stages, one tile in flight while one is computed. With
+  // two blocks on every SM (the wave the planner fills) that keeps 64 KB in flight per SM.
+  r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not

@@ -34,7 +34,7 @@ struct SplitKVOptions {
   /// The planner's shortest chunk, in tokens (c_min = this / page_size pages, at least 1):
   /// below it a chunk costs more to merge than it saves. FlashInfer uses 128.
   int min_kv_chunk_tokens = 128;
-  /// Pipeline depth of the chunk kernel, 2..8; 0 chooses from the batch (see plan()).
+  /// Pipeline depth of the chunk kernel (32 KB stages), 2..8; 0 chooses (2, as stage 02).
   int num_stages = 0;
   /// Multiprocessors the planner assumes; 0: the device's count. Tests set it to force
   /// many or few chunks; the kernels are correct for any value.
