@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <set>
 #include <string>
 #include <vector>
@@ -74,6 +75,50 @@ std::vector<float> download_floats(const float* ptr, size_t count) {
   return out;
 }
 
+/// The reference's partial states for `plan`: each work item's chunk of keys (positions
+/// [t c P, min((t + 1) c P, kv_len)) of its request, read through the page table into
+/// contiguous rows) attended by the reference's batch_prefill_with_ragged_kv_cache, all
+/// work items in one call. That is ref::split_kv_partials' definition, computed through
+/// the reference's ragged path, which does not walk the pool element by element (the
+/// paged walk takes seconds on a 16k-token case). The host test "split_kv reference
+/// partials" checks this shortcut against ref::split_kv_partials on small cases.
+ref::SplitKVPartials reference_partials(const HostCase& host, const ref::SplitKVPlan& plan) {
+  const BatchShape& s = host.layout.shape;
+  const ref::PagedKVCache& cache = host.paged;
+  const int64_t H = s.num_kv_heads, D = s.head_dim, P = s.page_size, Hq = s.num_qo_heads;
+  const int64_t chunk_tokens = int64_t{plan.kv_chunk_size_in_pages} * P;
+  const int items = plan.num_work_items;
+  std::vector<int32_t> qo_indptr(static_cast<size_t>(items) + 1), kv_indptr(1, 0);
+  std::iota(qo_indptr.begin(), qo_indptr.end(), 0);
+  ref::Tensor q({items, Hq, D});
+  std::vector<double> k, v;
+  for (int item = 0; item < items; ++item) {
+    const int r = plan.request_indices[item], t = plan.kv_tile_indices[item];
+    std::copy_n(host.q.data.begin() + int64_t{r} * Hq * D, Hq * D, q.data.begin() + int64_t{item} * Hq * D);
+    const int64_t kv_len = s.kv_len(r);
+    const int64_t j0 = std::min(kv_len, t * chunk_tokens), j1 = std::min(kv_len, j0 + chunk_tokens);
+    for (int64_t j = j0; j < j1; ++j) {
+      const int64_t page = cache.kv_indices[static_cast<size_t>(cache.kv_indptr[r] + j / P)], slot = j % P;
+      for (int kv = 0; kv < 2; ++kv)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t src = s.kv_layout == KVLayout::HND ? (((page * 2 + kv) * H + h) * P + slot) * D
+                                                           : (((page * 2 + kv) * P + slot) * H + h) * D;
+          std::vector<double>& dst = kv ? v : k;
+          dst.insert(dst.end(), cache.pages.data.begin() + src, cache.pages.data.begin() + src + D);
+        }
+    }
+    kv_indptr.push_back(kv_indptr.back() + static_cast<int32_t>(j1 - j0));
+  }
+  const int64_t nnz_kv = kv_indptr.back();
+  ref::AttentionOptions opt;
+  opt.sm_scale = s.sm_scale;
+  opt.kv_layout = KVLayout::NHD;
+  ref::AttentionResult chunks = ref::batch_prefill_with_ragged_kv_cache(
+      q, qo_indptr, ref::Tensor({nnz_kv, H, D}, std::move(k)), ref::Tensor({nnz_kv, H, D}, std::move(v)), kv_indptr, opt);
+  ref::SplitKVPartials out{std::move(chunks.o), std::move(chunks.lse)};
+  return out;
+}
+
 /// Compares the stage's o and lse with the reference and, when the plan split, every
 /// real partial row with ref::split_kv_partials for the same plan. When split, the final
 /// o and lse are compared with the reference's own split-and-merge of those partials
@@ -88,9 +133,7 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
   const ref::AttentionResult* expected = &host.expected;
   ref::AttentionResult merged;
   if (r.checked_partials) {
-    ref::AttentionOptions opt;
-    opt.sm_scale = s.sm_scale;
-    const ref::SplitKVPartials partials = ref::split_kv_partials(host.q, host.paged, r.plan, opt);
+    const ref::SplitKVPartials partials = reference_partials(host, r.plan);
     merged = ref::merge_split_kv(partials, r.plan);
     expected = &merged;
     const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
@@ -132,7 +175,8 @@ SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
 }
 
 /// Options that split short requests: chunks down to one page, and (cycling) a smaller
-/// pretend device, so chunk counts differ from case to case.
+/// pretend device and deeper pipelines, so chunk counts and pipeline wraps differ from
+/// case to case.
 SplitKVOptions forcing_options(int n) {
   SplitKVOptions o;
   o.min_kv_chunk_tokens = n % 3 == 2 ? 16 : 0;
@@ -140,6 +184,8 @@ SplitKVOptions forcing_options(int n) {
     o.num_sm = 13;  // G = 26: few chunks per request, and batches that do not split at all
     o.ctas_per_sm = 2;
   }
+  if (n % 4 == 3) o.num_stages = 3;  // deeper pipelines wrap differently over short chunks
+  if (n % 5 == 4) o.num_stages = 4;
   return o;
 }
 
@@ -317,6 +363,39 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(big.partial_lse == big.partial_o);
   CHECK_THROWS_WITH_AS(split_kv::make_workspace_layout(0, 32, 8, 128, 264),
                        doctest::Contains("make_workspace_layout: batch_size"), ref::InvalidArgument);
+}
+
+TEST_CASE("split_kv reference partials: the ragged shortcut equals ref::split_kv_partials") {
+  int n = 0;
+  for (const CaseSpec& spec : grids::decode_ragged_grid()) {
+    CaseSpec c = spec;
+    c.kv_len = 40;
+    c.head_dim = 64;
+    c.num_qo_heads = 7;
+    c.num_kv_heads = 1;
+    const uint64_t seed = case_seed(test::run_seed(), "reference partials " + c.describe());
+    CAPTURE(seed);
+    CAPTURE(c.describe());
+    const HostCase host = build_case(c, KVStorage::paged, seed);
+    ref::SplitKVConfig config;
+    config.page_size = c.page_size;
+    config.num_kv_heads = c.num_kv_heads;
+    config.num_sm = 40 + n++;  // G > batch: the planner splits
+    config.min_kv_chunk_tokens = 0;
+    const ref::SplitKVPlan plan = ref::plan_split_kv(ref::kv_page_counts_from_indptr(host.layout.shape.kv_indptr), config);
+    ref::AttentionOptions opt;
+    opt.sm_scale = host.layout.shape.sm_scale;
+    const ref::SplitKVPartials direct = ref::split_kv_partials(host.q, host.paged, plan, opt);
+    const ref::SplitKVPartials shortcut = reference_partials(host, plan);
+    REQUIRE(direct.v.data.size() == shortcut.v.data.size());
+    REQUIRE(direct.s.data.size() == shortcut.s.data.size());
+    for (size_t i = 0; i < direct.v.data.size(); ++i) CHECK(std::abs(direct.v.data[i] - shortcut.v.data[i]) <= 1e-12);
+    for (size_t i = 0; i < direct.s.data.size(); ++i) {
+      if (std::isinf(direct.s.data[i])) CHECK(shortcut.s.data[i] == direct.s.data[i]);
+      else CHECK(std::abs(direct.s.data[i] - shortcut.s.data[i]) <= 1e-12);
+    }
+    if (c.page_size < c.kv_len) CHECK(plan.num_work_items > c.batch_size);  // the chunks really cut the requests
+  }
 }
 
 TEST_CASE("split_kv workspace: every plan of a batch size fits its layout, whatever the lengths") {
