@@ -30,7 +30,18 @@ void launch(void* ptr, size_t count, uint64_t seed, float lo, float hi, cudaStre
   kernels::check_launch("fill_kernel");
 }
 
+__global__ void fill_bytes_kernel(uint4* out, size_t count, uint32_t word) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count; i += size_t{gridDim.x} * blockDim.x)
+    out[i] = make_uint4(word, word, word, word);
+}
+
 }  // namespace
+
+void fill_bytes(void* ptr, size_t bytes, uint8_t value, cudaStream_t stream) {
+  const uint32_t word = value * 0x01010101u;
+  fill_bytes_kernel<<<1056, 256, 0, stream>>>(static_cast<uint4*>(ptr), bytes / 16, word);
+  kernels::check_launch("fill_bytes_kernel");
+}
 
 void fill_uniform(stages::DType dtype, void* ptr, size_t count, uint64_t seed, float lo, float hi,
                   cudaStream_t stream) {

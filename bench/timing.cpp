@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 
 namespace flashstep::bench {
@@ -24,8 +25,7 @@ GpuTimer::~GpuTimer() {
 
 float GpuTimer::time_once(const std::function<void()>& body) {
   // A different byte each time, so no layer can skip a write that changes nothing.
-  FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(flush_.get(), static_cast<int>(++flush_count_ & 0xff),
-                                       flush_.bytes(), stream_));
+  fill_bytes(flush_.get(), flush_.bytes(), static_cast<uint8_t>(++flush_count_), stream_);
   FLASHSTEP_CUDA_CHECK(cudaEventRecord(start_, stream_));
   body();
   FLASHSTEP_CUDA_CHECK(cudaEventRecord(stop_, stream_));

@@ -32,7 +32,7 @@ for step in $steps; do
     rm -f "$OUT/exercise.tmp" ;;
   ncu)
     # Hardware counters of stage 02 on the two target shapes: DRAM throughput, occupancy.
-    for shape in b128_kv8192_p16 b16_kv4096_p16 b128_kv8192_p1; do
+    for shape in b128_kv8192_p16 b16_kv4096_p16; do
       timeout 60 ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 3 --launch-count 1 \
           --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
           "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --sets=target \
