@@ -56,6 +56,7 @@ def main():
     p.add_argument("--shapes", required=True)
     p.add_argument("--commit", required=True)
     p.add_argument("--dirty", action="store_true", help="the working tree had uncommitted changes")
+    p.add_argument("--note", default="", help="what this version changed (shown in the chapters' history)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
@@ -100,6 +101,7 @@ def main():
             t["missing"] = [n for n in (num, den) if n not in by_name]
         targets.append(t)
     bench["flashstep"] = {
+        "note": a.note,
         "targets": targets,
         "peers": {k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")},
         "peer_errors": [r for r in peers["results"] if "error" in r],

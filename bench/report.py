@@ -8,9 +8,12 @@ Rewrites, in each stages/NN_name/README.md, the text between the lines
 `<!-- results:begin -->` and `<!-- results:end -->`: provenance (file, device,
 commit, date, ceilings), a table of every shape the stage ran (time, GB/s, % of the copy
 ceiling, the previous stage and the peers on the same shape), the issue's targets that
-concern the stage, and a link to the plot. Writes docs/results/decode_bandwidth.png:
-GB/s of each stage and peer per shape against the copy ceiling. Nothing here is typed
-by hand; without --results the newest file (by its context date) is used.
+concern the stage, and a link to the plot. Between `<!-- history:begin -->` and
+`<!-- history:end -->`, if present, a table of the stage's earlier versions on the
+target shapes, from docs/results/history/*.json (each with its flashstep.note) and the
+current file. Writes docs/results/decode_bandwidth.png: GB/s of each stage and peer per
+shape against the copy ceiling. Nothing here is typed by hand; without --results the
+newest file (by its context date) is used.
 """
 import argparse
 import glob
@@ -20,6 +23,7 @@ import re
 import sys
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+HISTORY_BEGIN, HISTORY_END = "<!-- history:begin -->", "<!-- history:end -->"
 PEERS = [("peer_torch_sdpa_cudnn", "cuDNN SDPA"), ("peer_torch_sdpa_flash", "flash SDPA")]
 PLOT = "decode_bandwidth.png"
 
@@ -89,7 +93,7 @@ def stage_section(stage, prev_stage, path, data, rows, shapes, repo, chapter_dir
     head = ["shape", "batch x kv_len", "page", "layout", f"{stage} (us)", "GB/s", "% of copy"]
     if prev_stage:
         head += [f"{prev_stage} (us)", f"speedup vs {prev_stage[:2]}"]
-    head += [f"{label} GB/s" for _, label in PEERS] + ["vs cuDNN"]
+    head += [f"{label} GB/s" for _, label in PEERS] + ["speed vs cuDNN"]
     lines += ["| " + " | ".join(head) + " |", "|" + ":--|" * 4 + "--:|" * (len(head) - 4)]
     for s in ours:
         r = rows[f"{stage}/{s['name']}"]
@@ -98,17 +102,19 @@ def stage_section(stage, prev_stage, path, data, rows, shapes, repo, chapter_dir
         if prev_stage:
             p = prev_row(rows, prev_stage, s, shapes)
             cells += [fmt(p["real_time"]), f"{p['real_time'] / r['real_time']:.1f}x"] if p else ["–", "–"]
-        peer_gbps = {}
+        peer = {key: rows.get(f"{key}/{s['name']}") for key, _ in PEERS}
         for key, _ in PEERS:
-            p = rows.get(f"{key}/{s['name']}")
-            peer_gbps[key] = p.get("GB/s") if p else None
-            cells.append(fmt(peer_gbps[key]))
-        cudnn = peer_gbps["peer_torch_sdpa_cudnn"]
-        cells.append(f"{r['GB/s'] / cudnn:.2f}x" if cudnn and r.get("GB/s") else "–")
+            cells.append(fmt(peer[key].get("GB/s")) if peer[key] else "–")
+        cudnn = peer["peer_torch_sdpa_cudnn"]
+        # A time ratio, so that a stage moving other bytes (01 in fp32) compares fairly.
+        cells.append(f"{cudnn['real_time'] / r['real_time']:.2f}x" if cudnn else "–")
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     label = rows[f"{stage}/{ours[0]['name']}"].get("label", "")
-    lines += ["", f"Rows run as: {label}. Peers read contiguous KV (batch, kv_heads, kv_len, head_dim); "
-              "page size, layout and page order do not apply to them."]
+    lines += ["", f"Rows run as: {label}. \"speed vs cuDNN\" is cuDNN's time over this stage's on "
+              "the same sizes (above 1: faster). GB/s counts the bytes the call must move (q, K, V, o, "
+              "lse in the row's dtype); a kernel that only reads can exceed the copy ceiling, which "
+              "counts a read and a write per byte. Peers read contiguous KV (batch, kv_heads, kv_len, "
+              "head_dim); page size, layout and page order do not apply to them."]
     targets = [t for t in data.get("flashstep", {}).get("targets", []) if t["numerator"].startswith(stage + "/")]
     if targets:
         lines += ["", "Targets of the issue, as ratios within this run:", "",
@@ -124,6 +130,35 @@ def stage_section(stage, prev_stage, path, data, rows, shapes, repo, chapter_dir
     return lines
 
 
+def history_section(stage, current, repo, shapes):
+    """Earlier versions of `stage` (docs/results/history/*.json) and the current file, on
+    the target shapes: this stage's GB/s and its speed against cuDNN in the same run."""
+    files = sorted(glob.glob(os.path.join(repo, "docs", "results", "history", "*.json")))
+    runs = []
+    for path in files + [current]:
+        data, rows = load(path)
+        if any(k.startswith(stage + "/") for k in rows):
+            runs.append((path, data, rows))
+    targets = [s for s in shapes if s["set"] == "target"]
+    if not runs or not targets:
+        return ["No earlier versions recorded."]
+    head = ["version (file)", "commit"] + [f"`{s['name']}` GB/s (vs cuDNN)" for s in targets]
+    lines = ["| " + " | ".join(head) + " |", "|:--|:--|" + "--:|" * len(targets)]
+    for path, data, rows in runs:
+        cells = [data.get("flashstep", {}).get("note", "") + f" (`{os.path.basename(path)}`)",
+                 f"`{data['context'].get('commit', '?')}`"]
+        for s in targets:
+            r = rows.get(f"{stage}/{s['name']}")
+            c = rows.get(f"peer_torch_sdpa_cudnn/{s['name']}")
+            if not r:
+                cells.append("–")
+                continue
+            vs = f" ({c['real_time'] / r['real_time']:.2f}x)" if c else ""
+            cells.append(fmt(r.get("GB/s")) + vs)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def plot_bandwidth(path, data, rows, shapes, stages, out_png):
     import matplotlib
     matplotlib.use("Agg")
@@ -132,7 +167,11 @@ def plot_bandwidth(path, data, rows, shapes, stages, out_png):
     shown = [s for s in shapes if s["set"] in ("target", "sweep") and s["layout"] == "NHD"
              and s["page_order"] == "sequential" and s["page_size"] == "16"]
     shown.sort(key=lambda s: (int(s["batch"]) * int(s["kv_len"]), int(s["batch"])))
-    impls = [(st, st) for st in stages] + PEERS
+    def legend(st):  # a stage that ran another dtype than the shapes says so (01: fp32)
+        row = next((rows[f"{st}/{s['name']}"] for s in shown if f"{st}/{s['name']}" in rows), None)
+        dtype = row.get("label", "").split(" ")[0] if row else ""
+        return f"{st} ({dtype})" if dtype and dtype != shown[0]["dtype"] else st
+    impls = [(st, legend(st)) for st in stages] + PEERS
     fig, ax = plt.subplots(figsize=(10, 4.8))
     width = 0.8 / len(impls)
     for i, (key, label) in enumerate(impls):
@@ -196,6 +235,10 @@ def main():
         body = stage_section(stage, prev, path, data, rows, shapes, repo, os.path.dirname(chapter))
         new = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END),
                      lambda _: BEGIN + "\n" + "\n".join(body) + "\n" + END, text, flags=re.S)
+        if HISTORY_BEGIN in new and HISTORY_END in new:
+            hist = history_section(stage, path, repo, shapes)
+            new = re.sub(re.escape(HISTORY_BEGIN) + r".*?" + re.escape(HISTORY_END),
+                         lambda _: HISTORY_BEGIN + "\n" + "\n".join(hist) + "\n" + HISTORY_END, new, flags=re.S)
         with open(chapter, "w", encoding="utf-8") as f:
             f.write(new)
         print(f"report.py: {os.path.relpath(chapter, repo)} updated from {os.path.relpath(path, repo)}")

@@ -4,7 +4,7 @@
 # sanitizer subset, then flashstep_bench and bench/peers.py in the same call, merged into
 # one results JSON. Writes under $OUT (at most 8 files come back):
 #   device.txt tests.log sanitizer.log bench.log bench.json peers.json results.json ncu.log
-# Usage: FLASHSTEP_COMMIT=<sha> [FLASHSTEP_DIRTY=1] scripts/gpu-run.sh [tests|sanitizer|bench|ncu]...
+# Usage: FLASHSTEP_COMMIT=<sha> [FLASHSTEP_DIRTY=1] [FLASHSTEP_NOTE=<what changed>] scripts/gpu-run.sh [tests|sanitizer|bench|ncu]...
 set -uo pipefail
 OUT=${OUT:-/tmp/flashstep-out}
 mkdir -p "$OUT"
@@ -56,6 +56,7 @@ for step in $steps; do
     echo "peers: rc=$?"
     python3 bench/merge_results.py --bench "$OUT/bench.json" --peers "$OUT/peers.json" \
       --shapes bench/shapes.csv --commit "${FLASHSTEP_COMMIT:-unknown}" ${FLASHSTEP_DIRTY:+--dirty} \
+      --note "${FLASHSTEP_NOTE:-}" \
       --out "$OUT/results.json"
     grep -E "median " "$OUT/bench.log" | sed -E 's/ +/ /g' | cut -c1-150 ;;
   esac
