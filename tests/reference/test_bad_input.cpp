@@ -2,6 +2,8 @@
 // the rule it broke. The expected fragments are written by hand from the rules.
 #include <doctest/doctest.h>
 
+#include "support/expect_error.hpp"
+
 #include <cmath>
 #include <flashstep/reference.hpp>
 #include <functional>
@@ -11,23 +13,9 @@ using namespace flashstep;
 using ref::AttentionOptions;
 using ref::Tensor;
 
-namespace {
+using flashstep::test::expect_error;
 
-/// Runs `call`, requires an InvalidArgument whose message contains every fragment.
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  std::string message;
-  try {
-    call();
-  } catch (const ref::InvalidArgument& e) {
-    message = e.what();
-  }
-  CAPTURE(message);
-  REQUIRE_FALSE(message.empty());
-  for (const char* f : fragments) {
-    CAPTURE(f);
-    CHECK(message.find(f) != std::string::npos);
-  }
-}
+namespace {
 
 /// A valid 2-request NHD cache: page_size 4, 2 kv heads, head_dim 8, 6 pages.
 ref::PagedKVCache valid_cache() {

@@ -16,6 +16,7 @@
 #include <flashstep/reference/errors.hpp>
 #include <flashstep/reference/sampling.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
@@ -27,26 +28,13 @@ using ref::SamplingFilter;
 using ref::SamplingOptions;
 using ref::Tensor;
 
+using flashstep::test::expect_error;
+
 namespace {
 
 const double kInf = std::numeric_limits<double>::infinity();
 
 Mass pow2(int e) { return Mass{1} << e; }
-
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  std::string message;
-  try {
-    call();
-  } catch (const ref::InvalidArgument& e) {
-    message = e.what();
-  }
-  CAPTURE(message);
-  REQUIRE_FALSE(message.empty());
-  for (const char* f : fragments) {
-    CAPTURE(f);
-    CHECK(message.find(f) != std::string::npos);
-  }
-}
 
 // A row with ties (logits on a 1/4 grid), some exact zeros, as float32 probabilities.
 std::vector<float> random_row(std::mt19937_64& rng, int64_t vocab, double zero_fraction = 0.1) {

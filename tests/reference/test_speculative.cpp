@@ -14,27 +14,15 @@
 #include <flashstep/reference/errors.hpp>
 #include <flashstep/reference/speculative.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
 using ref::Tensor;
 
-namespace {
+using flashstep::test::expect_error;
 
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  std::string message;
-  try {
-    call();
-  } catch (const ref::InvalidArgument& e) {
-    message = e.what();
-  }
-  CAPTURE(message);
-  REQUIRE_FALSE(message.empty());
-  for (const char* f : fragments) {
-    CAPTURE(f);
-    CHECK(message.find(f) != std::string::npos);
-  }
-}
+namespace {
 
 // Random probability rows (float32-exact values), shape (B, J, V).
 Tensor random_probs(std::mt19937_64& rng, int64_t B, int64_t J, int64_t V) {

@@ -14,6 +14,7 @@
 #include <flashstep/reference/errors.hpp>
 #include <flashstep/reference/tiny_decoder.hpp>
 
+#include "support/expect_error.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
@@ -22,22 +23,9 @@ using ref::GenerationOptions;
 using ref::TinyDecoder;
 using ref::TinyDecoderConfig;
 
-namespace {
+using flashstep::test::expect_error;
 
-void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
-  std::string message;
-  try {
-    call();
-  } catch (const ref::InvalidArgument& e) {
-    message = e.what();
-  }
-  CAPTURE(message);
-  REQUIRE_FALSE(message.empty());
-  for (const char* f : fragments) {
-    CAPTURE(f);
-    CHECK(message.find(f) != std::string::npos);
-  }
-}
+namespace {
 
 const GenerationMode kModes[] = {GenerationMode::recompute, GenerationMode::contiguous_kv_cache,
                                  GenerationMode::paged_kv_cache};
