@@ -149,9 +149,10 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
           "kv_last_page_len must have length batch_size = " + std::to_string(batch) + ", got " +
               std::to_string(c.kv_last_page_len.size()));
   for (size_t n = 0; n < c.kv_indices.size(); ++n)
-    require(c.kv_indices[n] >= 0 && c.kv_indices[n] < c.num_pages(), fn,
-            "kv_indices[" + std::to_string(n) + "] = " + std::to_string(c.kv_indices[n]) +
-                " is out of range for a pool of " + std::to_string(c.num_pages()) + " pages");
+    require_lazy(c.kv_indices[n] >= 0 && c.kv_indices[n] < c.num_pages(), fn, [&] {
+      return "kv_indices[" + std::to_string(n) + "] = " + std::to_string(c.kv_indices[n]) +
+             " is out of range for a pool of " + std::to_string(c.num_pages()) + " pages";
+    });
   for (int64_t i = 0; i < batch; ++i) {
     const int64_t pages = c.kv_indptr[i + 1] - c.kv_indptr[i];
     const int32_t lpl = c.kv_last_page_len[i];
@@ -172,12 +173,13 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
       for (int kv = 0; kv < 2; ++kv)
         for (int64_t h = 0; h < c.num_kv_heads(); ++h)
           for (int64_t d = 0; d < c.head_dim(); ++d)
-            require(std::isfinite(c.at(page, kv, t % c.page_size(), h, d)), fn,
-                    std::string("paged_kv_cache must be finite, but the ") + (kv ? "V" : "K") +
-                        " of request " + std::to_string(i) + ", token " + std::to_string(t) +
-                        ", head " + std::to_string(h) + ", dim " + std::to_string(d) + " (page " +
-                        std::to_string(page) + ") is " +
-                        std::to_string(c.at(page, kv, t % c.page_size(), h, d)));
+            require_lazy(std::isfinite(c.at(page, kv, t % c.page_size(), h, d)), fn, [&] {
+              return std::string("paged_kv_cache must be finite, but the ") + (kv ? "V" : "K") +
+                     " of request " + std::to_string(i) + ", token " + std::to_string(t) +
+                     ", head " + std::to_string(h) + ", dim " + std::to_string(d) + " (page " +
+                     std::to_string(page) + ") is " +
+                     std::to_string(c.at(page, kv, t % c.page_size(), h, d));
+            });
     }
 }
 

@@ -63,10 +63,11 @@ void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& 
                 std::to_string(indptr.size()));
   require(indptr[0] == 0, fn, n + "[0] must be 0 (got " + std::to_string(indptr[0]) + ")");
   for (size_t i = 1; i < indptr.size(); ++i)
-    require(indptr[i] >= indptr[i - 1], fn,
-            n + " must be non-decreasing, but " + n + "[" + std::to_string(i) + "] = " +
-                std::to_string(indptr[i]) + " < " + n + "[" + std::to_string(i - 1) +
-                "] = " + std::to_string(indptr[i - 1]));
+    require_lazy(indptr[i] >= indptr[i - 1], fn, [&] {
+      return n + " must be non-decreasing, but " + n + "[" + std::to_string(i) + "] = " +
+             std::to_string(indptr[i]) + " < " + n + "[" + std::to_string(i - 1) + "] = " +
+             std::to_string(indptr[i - 1]);
+    });
   if (expected_end >= 0)
     require(indptr.back() == expected_end, fn,
             n + " must end at the data length " + std::to_string(expected_end) + ", but " + n +

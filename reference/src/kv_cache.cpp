@@ -72,9 +72,10 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
   // are allowed to hold garbage until we write them.
   check_indptr(fn, "kv_indptr", cache.kv_indptr, -1, static_cast<int64_t>(cache.kv_indices.size()));
   for (size_t n = 0; n < cache.kv_indices.size(); ++n)
-    require(cache.kv_indices[n] >= 0 && cache.kv_indices[n] < cache.num_pages(), fn,
-            "kv_indices[" + std::to_string(n) + "] = " + std::to_string(cache.kv_indices[n]) +
-                " is out of range for a pool of " + std::to_string(cache.num_pages()) + " pages");
+    require_lazy(cache.kv_indices[n] >= 0 && cache.kv_indices[n] < cache.num_pages(), fn, [&] {
+      return "kv_indices[" + std::to_string(n) + "] = " + std::to_string(cache.kv_indices[n]) +
+             " is out of range for a pool of " + std::to_string(cache.num_pages()) + " pages";
+    });
   require(static_cast<int64_t>(cache.kv_last_page_len.size()) == cache.batch_size(), fn,
           "kv_last_page_len must have length batch_size = " + std::to_string(cache.batch_size()));
   for (int64_t i = 0; i < cache.batch_size(); ++i) {
@@ -86,13 +87,15 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
   }
   for (int64_t t = 0; t < nnz; ++t) {
     const int32_t b = batch_indices[t], pos = positions[t];
-    require(b >= 0 && b < cache.batch_size(), fn,
-            "batch_indices[" + std::to_string(t) + "] = " + std::to_string(b) +
-                " is out of range for batch_size " + std::to_string(cache.batch_size()));
-    require(pos >= 0 && pos < cache.kv_len(b), fn,
-            "positions[" + std::to_string(t) + "] = " + std::to_string(pos) + " is outside request " +
-                std::to_string(b) + "'s kv_len " + std::to_string(cache.kv_len(b)) +
-                " (the page table must already include the appended tokens)");
+    require_lazy(b >= 0 && b < cache.batch_size(), fn, [&] {
+      return "batch_indices[" + std::to_string(t) + "] = " + std::to_string(b) +
+             " is out of range for batch_size " + std::to_string(cache.batch_size());
+    });
+    require_lazy(pos >= 0 && pos < cache.kv_len(b), fn, [&] {
+      return "positions[" + std::to_string(t) + "] = " + std::to_string(pos) + " is outside request " +
+             std::to_string(b) + "'s kv_len " + std::to_string(cache.kv_len(b)) +
+             " (the page table must already include the appended tokens)";
+    });
     // Address translation: logical position -> (page, slot) through the page table.
     const int32_t page = cache.kv_indices[cache.kv_indptr[b] + pos / cache.page_size()];
     const int64_t slot = pos % cache.page_size();

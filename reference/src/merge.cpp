@@ -15,9 +15,10 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 /// Checks that an LSE holds finite values or -inf (the empty state), nothing else.
 void check_lse(const char* fn, const char* name, const Tensor& s) {
   for (size_t i = 0; i < s.data.size(); ++i)
-    require(std::isfinite(s.data[i]) || s.data[i] == kNegInf, fn,
-            std::string(name) + " must be finite or -inf (empty set), but element " +
-                std::to_string(i) + " (flat index) is " + std::to_string(s.data[i]));
+    require_lazy(std::isfinite(s.data[i]) || s.data[i] == kNegInf, fn, [&] {
+      return std::string(name) + " must be finite or -inf (empty set), but element " +
+             std::to_string(i) + " (flat index) is " + std::to_string(s.data[i]);
+    });
 }
 
 }  // namespace

@@ -26,6 +26,13 @@ class InvalidArgument : public std::invalid_argument {
 /// Throws InvalidArgument("<fn>: <message>") unless `ok`.
 void require(bool ok, const char* fn, const std::string& message);
 
+/// The form for checks inside per-element loops: `make_message()` (returning a
+/// std::string) runs only when the check fails, so a passing check costs one comparison.
+template <typename MakeMessage>
+void require_lazy(bool ok, const char* fn, MakeMessage&& make_message) {
+  if (!ok) require(false, fn, make_message());
+}
+
 /// `t` must have `expected_rank` dimensions.
 void check_rank(const char* fn, const char* name, const Tensor& t, int expected_rank);
 /// `t.dim(axis)` must equal `expected` (`what` says what the extent means, e.g. "head_dim").
