@@ -31,9 +31,10 @@ void check_page_table(const char* fn, const std::vector<int32_t>& qo_indptr,
           "kv_last_page_len must have length batch_size = " + str(batch) + ", got " +
               str(static_cast<int64_t>(kv_last_page_len.size())));
   for (size_t n = 0; n < kv_indices.size(); ++n)
-    require(kv_indices[n] >= 0 && kv_indices[n] < num_pages, fn,
-            "kv_indices[" + str(static_cast<int64_t>(n)) + "] = " + str(kv_indices[n]) +
-                " is out of range for a pool of " + str(num_pages) + " pages");
+    require_lazy(kv_indices[n] >= 0 && kv_indices[n] < num_pages, fn, [&] {
+      return "kv_indices[" + str(static_cast<int64_t>(n)) + "] = " + str(kv_indices[n]) +
+             " is out of range for a pool of " + str(num_pages) + " pages";
+    });
   for (int64_t i = 0; i < batch; ++i) {
     const bool has_pages = kv_indptr[i + 1] > kv_indptr[i];
     const int32_t lpl = kv_last_page_len[i];
@@ -241,7 +242,7 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
             double s = 0;
             for (int64_t d = 0; d < head_dim; ++d) {
               const double kd = cache.at(page, 0, slot, kv_head, d);
-              require(std::isfinite(kd), fn, "K of page " + str(page) + ", slot " + str(slot) + " is not finite");
+              require_lazy(std::isfinite(kd), fn, [&] { return "K of page " + str(page) + ", slot " + str(slot) + " is not finite"; });
               s += q({row, h, d}) * kd;
             }
             s *= sm_scale;
@@ -253,7 +254,7 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
             l[st] = l[st] * rescale + p;
             for (int64_t d = 0; d < head_dim; ++d) {
               const double vd = cache.at(page, 1, slot, kv_head, d);
-              require(std::isfinite(vd), fn, "V of page " + str(page) + ", slot " + str(slot) + " is not finite");
+              require_lazy(std::isfinite(vd), fn, [&] { return "V of page " + str(page) + ", slot " + str(slot) + " is not finite"; });
               double& a = acc[st * static_cast<size_t>(head_dim) + static_cast<size_t>(d)];
               a = a * rescale + p * vd;
             }
