@@ -3,7 +3,8 @@
 // so that the defaults in stages/03_split_kv are chosen from measurements:
 //
 //   auto            the registry's runner: graph plan, timed as a replay of a captured run()
-//   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 2)
+//   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 3 for
+//                   batches that may split, 2 otherwise)
 //   no_pdl          the merge kernel launched plainly, not with programmatic dependent launch
 //   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
 //   min512          chunks of at least 512 tokens instead of 128
@@ -95,7 +96,7 @@ std::vector<Variant> variants() {
   };
   std::vector<Variant> v;
   v.push_back({"auto", graph({}), true});
-  for (int s : {3, 4}) {
+  for (int s : {2, 3, 4}) {
     SplitKVOptions o;
     o.num_stages = s;
     v.push_back({"stages" + std::to_string(s), graph(o), true});

@@ -14,10 +14,12 @@
 /// row in fp32 (merge_states.cuh combines them); when it did not (the batch fills the
 /// chip alone), it writes o and lse directly, and the kernel is stage 02's.
 ///
-/// Graph-safe by construction: nothing the launch captures depends on the lengths. The
-/// chunk size is read from the workspace header, the work item from the workspace index
-/// arrays, and blocks of the padded grid past the real items exit at once
-/// (block_valid_mask), so a graph replay after a new plan() runs the new schedule.
+/// Graph-safe by construction: nothing the launch captures depends on the lengths. Each
+/// block reads its work item from the schedule in the workspace — the request, the index
+/// of the chunk's first page in kv_indices, the chunk's length in tokens (plan() computed
+/// both from the host copy of the page table's lengths, so the block's first dependent
+/// load is already the page ids) — and blocks of the padded grid past the real items exit
+/// at once (block_valid_mask), so a graph replay after a new plan() runs the new schedule.
 ///
 /// The inner loop is stage 02's design (its second version: branch-free scores over 4
 /// tokens, 4 copy passes per tile, a rescale only when the max grows), rebuilt from the
@@ -76,9 +78,9 @@ struct ChunkDecodeParams {
   const T* q = nullptr;      ///< (batch_size, num_qo_heads, head_dim)
   kernels::PagedKV<T> kv{};  ///< the page pool and its CSR page table
   // The schedule, in the workspace (written by plan()'s one copy).
-  const int32_t* kv_chunk_size_in_pages = nullptr;  ///< one int32: c, pages per chunk
-  const int32_t* request_indices = nullptr;  ///< (padded_batch_size) request of work item k
-  const int32_t* kv_tile_indices = nullptr;  ///< (padded_batch_size) chunk index of item k in its request
+  const int32_t* request_indices = nullptr;  ///< (padded_batch_size) request r of work item k
+  const int32_t* kv_page_begin = nullptr;    ///< (padded_batch_size) kv_indptr[r] + t * c: item k's first page in kv_indices
+  const int32_t* kv_chunk_len = nullptr;     ///< (padded_batch_size) tokens of item k's chunk, 0..c * page_size
   const uint8_t* block_valid_mask = nullptr; ///< (padded_batch_size) 0: padding, exit
   // Where the result goes: partial rows (split) or the outputs (no split).
   bool partition_kv = false;
@@ -131,17 +133,11 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   const int kv_head = blockIdx.x, item = blockIdx.y;
   const uint8_t valid_item = p.block_valid_mask[item];
   const int b = p.request_indices[item];
-  const int chunk_idx = p.kv_tile_indices[item];
-  const int32_t chunk_pages = *p.kv_chunk_size_in_pages;
+  const int32_t page_base = p.kv_page_begin[item];  // a chunk starts on a page boundary
+  const int chunk_len = p.kv_chunk_len[item];
   if (!valid_item) return;
   const kernels::PagedKV<T>& kv = p.kv;
-  const int kv_len = kv.kv_len(b);
-  const int64_t chunk_tokens = int64_t{chunk_pages} * kv.page_size.divisor;
-  const int chunk_start = static_cast<int>(min(int64_t{kv_len}, chunk_idx * chunk_tokens));
-  const int chunk_end = static_cast<int>(min(int64_t{kv_len}, chunk_start + chunk_tokens));
-  const int chunk_len = chunk_end - chunk_start;
   const int num_tiles = (chunk_len + TILE - 1) / TILE;
-  const int32_t page_base = kv.kv_indptr[b];
   const int S = p.num_stages;
 
   const int tid = threadIdx.x;
@@ -182,18 +178,19 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
 
   // The page-table walk for a tile, one tile before its copies are issued, so the
   // dependent load of the page id hides behind a tile of compute.
-  auto fetch_pages = [&](int tile) {
+  auto fetch_pages_into = [&](int tile, int32_t (&pg)[PASSES], uint32_t (&sl)[PASSES]) {
 #pragma unroll
     for (int r = 0; r < PASSES; ++r) {
       const int local = tile * TILE + row0 + r * Tr::kRowsPerPass;
-      page[r] = -1;
+      pg[r] = -1;
       if (local < chunk_len) {
         uint32_t page_iter;
-        kv.page_size.divmod(static_cast<uint32_t>(chunk_start + local), page_iter, slot[r]);
-        page[r] = __ldg(kv.kv_indices + page_base + page_iter);
+        kv.page_size.divmod(static_cast<uint32_t>(local), page_iter, sl[r]);
+        pg[r] = __ldg(kv.kv_indices + page_base + page_iter);
       }
     }
   };
+  auto fetch_pages = [&](int tile) { fetch_pages_into(tile, page, slot); };
   // Copies of one tile into pipeline stage `stage`; rows past the chunk become zeros.
   auto issue_copies = [&](int stage) {
     T* k_dst = smem + stage * Tr::kStageElems;
@@ -208,13 +205,26 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
     }
   };
 
-  // ---- prologue: tiles 0 .. S-2 in flight, page ids of tile S-1 fetched.
-  for (int s = 0; s < S - 1; ++s) {
-    if (s < num_tiles) {
-      fetch_pages(s);
-      issue_copies(s);
+  // ---- prologue: tiles 0 .. S-2 in flight, page ids of tile S-1 fetched. A chunk is
+  // short (a few tiles), so the start matters: the page ids of tiles 0 and 1 are loaded
+  // together, not one dependent round trip after the other.
+  {
+    int32_t page1[PASSES];
+    uint32_t slot1[PASSES];
+    fetch_pages(0);
+    if (S > 2) fetch_pages_into(1, page1, slot1);
+    for (int s = 0; s < S - 1; ++s) {
+      if (s < num_tiles) {
+        if (s == 1) {
+#pragma unroll
+          for (int r = 0; r < PASSES; ++r) page[r] = page1[r], slot[r] = slot1[r];
+        } else if (s > 1) {
+          fetch_pages(s);
+        }
+        issue_copies(s);
+      }
+      kernels::cp_async_commit_group();  // one group per tile, empty or not: counts stay aligned
     }
-    kernels::cp_async_commit_group();  // one group per tile, empty or not: counts stay aligned
   }
   if (S - 1 < num_tiles) fetch_pages(S - 1);
 

@@ -78,10 +78,9 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.kv = kernels::make_paged_kv(static_cast<const T*>(a.batch->kv_pool), a.batch->kv_indptr,
                                 a.batch->kv_indices, a.batch->kv_last_page_len, s.page_size,
                                 s.num_kv_heads, HEAD_DIM, s.kv_layout == KVLayout::HND);
-  p.kv_chunk_size_in_pages = reinterpret_cast<const int32_t*>(a.workspace + w.header) +
-                             offsetof(SplitKVHeader, kv_chunk_size_in_pages) / sizeof(int32_t);
   p.request_indices = reinterpret_cast<const int32_t*>(a.workspace + w.request_indices);
-  p.kv_tile_indices = reinterpret_cast<const int32_t*>(a.workspace + w.kv_tile_indices);
+  p.kv_page_begin = reinterpret_cast<const int32_t*>(a.workspace + w.kv_page_begin);
+  p.kv_chunk_len = reinterpret_cast<const int32_t*>(a.workspace + w.kv_chunk_len);
   p.block_valid_mask = a.workspace + w.block_valid_mask;
   p.partition_kv = a.plan->split_kv;
   p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
@@ -188,9 +187,13 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   Resolved r;
   r.num_sm = options.num_sm > 0 ? options.num_sm : sms;
-  // Stage 02's depth: two 32 KB stages, one tile in flight while one is computed. With
-  // two blocks on every SM (the wave the planner fills) that keeps 64 KB in flight per SM.
-  r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
+  // Depth: stage 02's two 32 KB stages (one tile in flight while one is computed) when the
+  // batch fills the chip alone, its blocks streaming whole requests; three when the plan
+  // may split, because then every block streams a short chunk of a few tiles and its
+  // start (two tiles requested at once) is a large part of its time. Three stages still
+  // leave two blocks per SM. Depends on batch_size only, so graphs stay valid.
+  r.num_stages = options.num_stages > 0 ? options.num_stages
+                                        : (int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms} ? 3 : 2);
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
@@ -224,6 +227,10 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
   at = align_up(at + sizeof(int32_t) * w.capacity);
   w.o_indptr = at;
   at = align_up(at + sizeof(int32_t) * (size_t(batch_size) + 1));
+  w.kv_page_begin = at;
+  at = align_up(at + sizeof(int32_t) * w.capacity);
+  w.kv_chunk_len = at;
+  at = align_up(at + sizeof(int32_t) * w.capacity);
   w.block_valid_mask = at;
   at = align_up(at + w.capacity);
   w.schedule_bytes = at;
@@ -322,6 +329,18 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   std::memcpy(staging_ + layout.kv_tile_indices, plan.kv_tile_indices.data(), sizeof(int32_t) * plan.kv_tile_indices.size());
   std::memcpy(staging_ + layout.o_indptr, plan.o_indptr.data(), sizeof(int32_t) * plan.o_indptr.size());
   std::memcpy(staging_ + layout.block_valid_mask, plan.block_valid_mask.data(), plan.block_valid_mask.size());
+  // Each real work item's first page (an index into kv_indices) and its length in tokens,
+  // from the host copy of the lengths: the kernel starts with the page ids.
+  auto* page_begin = reinterpret_cast<int32_t*>(staging_ + layout.kv_page_begin);
+  auto* chunk_len = reinterpret_cast<int32_t*>(staging_ + layout.kv_chunk_len);
+  const int64_t chunk_tokens = int64_t{plan.kv_chunk_size_in_pages} * shape.page_size;
+  for (int32_t k = 0; k < plan.num_work_items; ++k) {
+    const int r = plan.request_indices[k];
+    const int64_t t = plan.kv_tile_indices[k];
+    const int64_t start = std::min(shape.kv_len(r), t * chunk_tokens);
+    page_begin[k] = static_cast<int32_t>(shape.kv_indptr[r] + t * plan.kv_chunk_size_in_pages);
+    chunk_len[k] = static_cast<int32_t>(std::min(shape.kv_len(r) - start, chunk_tokens));
+  }
   FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace, staging_, layout.schedule_bytes, cudaMemcpyHostToDevice, stream));
   FLASHSTEP_CUDA_CHECK(cudaEventRecord(staged_copy_done_, stream));
 

@@ -34,7 +34,8 @@ struct SplitKVOptions {
   /// The planner's shortest chunk, in tokens (c_min = this / page_size pages, at least 1):
   /// below it a chunk costs more to merge than it saves. FlashInfer uses 128.
   int min_kv_chunk_tokens = 128;
-  /// Pipeline depth of the chunk kernel (32 KB stages), 2..8; 0 chooses (2, as stage 02).
+  /// Pipeline depth of the chunk kernel (32 KB stages), 2..8; 0 chooses: 2 (stage 02's)
+  /// when the batch fills the chip alone, 3 when the plan may split.
   int num_stages = 0;
   /// Multiprocessors the planner assumes; 0: the device's count. Tests set it to force
   /// many or few chunks; the kernels are correct for any value.
@@ -57,7 +58,9 @@ struct SplitKVOptions {
 ///               | request_indices   int32 [capacity]          |  |  the schedule: staged in
 ///               | kv_tile_indices   int32 [capacity]          |  |  pinned host memory and
 ///               | o_indptr          int32 [batch_size + 1]    |  |  copied by ONE H2D copy
-///               | block_valid_mask  uint8 [capacity]          |  |  per plan()
+///               | kv_page_begin     int32 [capacity]          |  |  per plan()
+///               | kv_chunk_len      int32 [capacity]          |  |
+///               | block_valid_mask  uint8 [capacity]          |  |
 ///    partial_o  +---------------------------------------------+ -'
 ///               | partial_o   fp32 [partial_rows][Hq][D]      |  |  written by the chunk
 ///               | partial_lse fp32 [partial_rows][Hq]         |  |  kernel, read by the merge
@@ -76,6 +79,8 @@ struct WorkspaceLayout {
   size_t request_indices = 0;    ///< int32 [capacity]
   size_t kv_tile_indices = 0;    ///< int32 [capacity]
   size_t o_indptr = 0;           ///< int32 [batch_size + 1]
+  size_t kv_page_begin = 0;      ///< int32 [capacity]: work item k's first page, an index into kv_indices
+  size_t kv_chunk_len = 0;       ///< int32 [capacity]: work item k's tokens
   size_t block_valid_mask = 0;   ///< uint8 [capacity]
   size_t schedule_bytes = 0;     ///< bytes [0, schedule_bytes): what plan() copies
   size_t partial_o = 0;          ///< fp32 [partial_rows][num_qo_heads][head_dim]
@@ -83,8 +88,9 @@ struct WorkspaceLayout {
   size_t bytes = 0;              ///< total workspace the runner needs
 };
 
-/// The schedule's scalars, at offset 0 of the workspace. The chunk kernel reads the chunk
-/// size from here (not from a launch argument) so that a replayed graph sees the newest plan.
+/// The schedule's scalars, at offset 0 of the workspace (for inspection and tests: the
+/// kernels read the per-item arrays, which each plan() rewrites in place, so a replayed
+/// graph runs the newest plan).
 struct SplitKVHeader {
   int32_t kv_chunk_size_in_pages;  ///< c of the plan
   int32_t num_work_items;          ///< real work items (the rest of the grid is padding)

@@ -344,13 +344,16 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   const WorkspaceLayout w = split_kv::make_workspace_layout(3, 32, 8, 128, 264);
   CHECK(w.capacity == 33);      // G / H = 264 / 8 work items at most
   CHECK(w.partial_rows == 33);  // 3 * 8 < 264: this batch may split
-  const std::vector<size_t> starts = {w.header, w.request_indices, w.kv_tile_indices, w.o_indptr,
-                                      w.block_valid_mask, w.partial_o, w.partial_lse, w.bytes};
+  const std::vector<size_t> starts = {w.header,           w.request_indices, w.kv_tile_indices, w.o_indptr,
+                                      w.kv_page_begin,    w.kv_chunk_len,    w.block_valid_mask, w.partial_o,
+                                      w.partial_lse,      w.bytes};
   for (size_t i = 0; i < starts.size(); ++i) CHECK(starts[i] % split_kv::kWorkspaceAlignment == 0);
   CHECK(w.request_indices >= w.header + sizeof(split_kv::SplitKVHeader));
   CHECK(w.kv_tile_indices >= w.request_indices + 4 * 33);
   CHECK(w.o_indptr >= w.kv_tile_indices + 4 * 33);
-  CHECK(w.block_valid_mask >= w.o_indptr + 4 * 4);
+  CHECK(w.kv_page_begin >= w.o_indptr + 4 * 4);
+  CHECK(w.kv_chunk_len >= w.kv_page_begin + 4 * 33);
+  CHECK(w.block_valid_mask >= w.kv_chunk_len + 4 * 33);
   CHECK(w.schedule_bytes >= w.block_valid_mask + 33);
   CHECK(w.partial_o == w.schedule_bytes);
   CHECK(w.partial_lse >= w.partial_o + sizeof(float) * 33 * 32 * 128);
@@ -462,6 +465,24 @@ TEST_CASE("split_kv: the runner's schedule is the reference planner's, for the d
   std::vector<int32_t> request_indices(size_t(expected.padded_batch_size));
   std::memcpy(request_indices.data(), bytes.data() + w.request_indices, request_indices.size() * sizeof(int32_t));
   CHECK(request_indices == expected.request_indices);
+  // Each real item's first page and length, worked out here from the page counts:
+  // request 0 has 700 pages (last page 5 tokens), request 1 one page of 16, request 2 none.
+  const int32_t cp = expected.kv_chunk_size_in_pages;
+  std::vector<int32_t> page_begin(size_t(expected.num_work_items)), chunk_len(page_begin.size());
+  std::memcpy(page_begin.data(), bytes.data() + w.kv_page_begin, page_begin.size() * sizeof(int32_t));
+  std::memcpy(chunk_len.data(), bytes.data() + w.kv_chunk_len, chunk_len.size() * sizeof(int32_t));
+  const int32_t chunks0 = (700 + cp - 1) / cp;
+  REQUIRE(expected.num_work_items == chunks0 + 2);
+  for (int32_t t = 0; t < chunks0; ++t) {
+    CAPTURE(t);
+    CHECK(page_begin[size_t(t)] == t * cp);
+    const int32_t pages = std::min(cp, 700 - t * cp);
+    CHECK(chunk_len[size_t(t)] == (t == chunks0 - 1 ? (pages - 1) * 16 + 5 : pages * 16));
+  }
+  CHECK(page_begin[size_t(chunks0)] == 700);
+  CHECK(chunk_len[size_t(chunks0)] == 16);
+  CHECK(page_begin[size_t(chunks0) + 1] == 701);
+  CHECK(chunk_len[size_t(chunks0) + 1] == 0);
 }
 
 TEST_CASE("split_kv: forced splits over the decode edge grid, partial states checked") {
@@ -475,7 +496,7 @@ TEST_CASE("split_kv: forced splits over GQA groups 1..8, ragged/empty requests a
   t = check_forced(grids::decode_ragged_grid());
   CHECK(t.multi_chunk > 0);
   t = check_forced(grids::decode_long_grid());
-  CHECK(t.split == t.cases);
+  CHECK(t.multi_chunk > t.cases / 2);  // (a pretend device of G = 26 leaves batch 12 x 8 heads unsplit)
 }
 
 TEST_CASE("split_kv: default options split a long request and leave a full batch alone") {
@@ -508,12 +529,14 @@ TEST_CASE("split_kv: a CUDA graph captured once replays correctly after re-plann
          graph_spec(4, 2048, LengthPolicy::uniform), graph_spec(4, 500, LengthPolicy::ragged_with_empty),
          graph_spec(4, 1, LengthPolicy::uniform)},
         graph, "graph bf16 ");
-    CHECK(sizes.size() >= 3);  // the replays really ran different schedules
+    // The replays really ran different schedules: 2048 uniform needs chunks of 16 pages
+    // (4 x 128 pages in G / H = 33 items or fewer, on any G up to 132 x 8), 37 needs one.
+    CHECK(sizes.size() >= 2);
   }
   SUBCASE("batch 3, fp16 HND page 1, group 7, head_dim 64, forced chunks of one page") {
     std::vector<CaseSpec> specs;
     for (int kv_len : {300, 45, 97, 1}) {
-      CaseSpec c = graph_spec(3, kv_len, LengthPolicy::ragged);
+      CaseSpec c = graph_spec(3, kv_len, kv_len == 300 ? LengthPolicy::uniform : LengthPolicy::ragged);
       c.dtype = DType::f16;
       c.kv_layout = KVLayout::HND;
       c.page_size = 1;
@@ -524,7 +547,7 @@ TEST_CASE("split_kv: a CUDA graph captured once replays correctly after re-plann
     }
     SplitKVOptions forced = graph;
     forced.min_kv_chunk_tokens = 0;
-    CHECK(capture_and_replay(specs, forced, "graph f16 ").size() >= 3);
+    CHECK(capture_and_replay(specs, forced, "graph f16 ").size() >= 2);  // 900 pages need c > 1
   }
   SUBCASE("a batch that fills the (pretend) device: the unsplit kernel, grid = batch_size") {
     SplitKVOptions small = graph;
