@@ -4,14 +4,15 @@
 # flashstep_split_kv_tune): the whole GPU suite, compute-sanitizer on the sanitizer
 # subsets, the tuning sweep, then flashstep_bench and bench/peers.py on
 # bench/shapes_split_kv.csv in the same call, merged into one results JSON.
-# Writes under $OUT: device.txt tests.log sanitizer.log tune.json bench.log peers.json results.json
+# Writes under $OUT: device.txt tests.log sanitizer.log tune.json clean.json bench.log peers.json results.json
 # Usage: FLASHSTEP_COMMIT=<sha> [FLASHSTEP_DIRTY=1] bench/split_kv_run.sh [tests|sanitizer|tune|bench]...
+# (default order: tests bench tune sanitizer, the most needed first)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashstep-out}
 mkdir -p "$OUT"
 B=$PWD/build-gpu
 export LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
-steps=${*:-tests sanitizer tune bench}
+steps=${*:-tests bench tune sanitizer}
 SHAPES=bench/shapes_split_kv.csv
 # CTest files hold this machine's absolute build paths; point that path at this checkout.
 if [ "$PWD" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
@@ -24,7 +25,7 @@ for step in $steps; do
   case $step in
   tests)
     start=$(date +%s)
-    ( cd "$B" && timeout 300 ctest -L gpu --output-on-failure -j4 --timeout 250 ) > "$OUT/tests.log" 2>&1
+    ( cd "$B" && timeout 150 ctest -L gpu --output-on-failure -j4 --timeout 120 ) > "$OUT/tests.log" 2>&1
     echo "tests: rc=$? in $(( $(date +%s) - start )) s"; grep -E "tests passed|tests failed|Total Test|\*\*\*Failed|Not Run|Timeout" "$OUT/tests.log"
     # Exercise skeletons must build, run and FAIL as shipped; the filled-in stage 03 one must PASS.
     for ex in flashstep_exercise_01_naive flashstep_exercise_02_paged flashstep_exercise_03_split_kv flashstep_exercise_03_solved; do
@@ -37,7 +38,7 @@ for step in $steps; do
     t="$B/tests/stages/flashstep_stage_tests"
     { for tool in memcheck racecheck; do
         echo "=== compute-sanitizer --tool $tool"
-        timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 "$t" -tc='*sanitizer*'
+        timeout 100 compute-sanitizer --tool $tool --error-exitcode 3 "$t" -tc='*sanitizer*'
         echo "=== $tool rc=$?"
       done
     } > "$OUT/sanitizer.log" 2>&1
@@ -46,15 +47,17 @@ for step in $steps; do
     timeout 150 "$B/bin/flashstep_split_kv_tune" --shapes=$SHAPES \
       --benchmark_out="$OUT/tune.json" --benchmark_out_format=json > "$OUT/tune.log" 2>&1
     echo "tune: rc=$?"
-    grep -E "_median " "$OUT/tune.log" | sed -E 's/ +/ /g' | awk '{print $1, $2, $3, $6, $7}' ;;
+    grep -E "_median " "$OUT/tune.log" | sed -E 's/ +/ /g; s#/min_time:0.050/repeats:5/manual_time_median##' | awk '{print $1, $2, $3, $6}'
+    PYTHONUNBUFFERED=1 timeout 100 python3 bench/split_kv_clean_peers.py --shapes $SHAPES --out "$OUT/clean.json" >> "$OUT/tune.log" 2>&1
+    echo "clean-L2 peers: rc=$?"; grep -E "^peer_clean" "$OUT/tune.log"
+    cat "$OUT/tune.log" >> "$OUT/bench.log"; rm -f "$OUT/tune.log" ;;
   bench)
-    FLASHSTEP_COMMIT=${FLASHSTEP_COMMIT:-unknown} timeout 240 "$B/bin/flashstep_bench" --shapes=$SHAPES \
+    FLASHSTEP_COMMIT=${FLASHSTEP_COMMIT:-unknown} timeout 200 "$B/bin/flashstep_bench" --shapes=$SHAPES \
       --benchmark_filter='^(ceiling|02_paged|03_split_kv)/' \
       --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.log" 2>&1
     echo "bench: rc=$?"
-    PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers.py --shapes $SHAPES --out "$OUT/peers.json" >> "$OUT/bench.log" 2>&1
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers.py --shapes $SHAPES --out "$OUT/peers.json" >> "$OUT/bench.log" 2>&1
     echo "peers: rc=$?"
-    [ -f "$OUT/tune.log" ] && cat "$OUT/tune.log" >> "$OUT/bench.log" && rm -f "$OUT/tune.log"
     python3 bench/merge_results.py --bench "$OUT/bench.json" --peers "$OUT/peers.json" \
       --shapes $SHAPES --commit "${FLASHSTEP_COMMIT:-unknown}" ${FLASHSTEP_DIRTY:+--dirty} \
       --out "$OUT/results.json" && rm -f "$OUT/bench.json"

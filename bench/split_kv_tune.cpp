@@ -3,19 +3,21 @@
 // so that the defaults in stages/03_split_kv are chosen from measurements:
 //
 //   auto            the registry's runner: graph plan, timed as a replay of a captured run()
-//   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 3 for
-//                   batches that may split, 2 otherwise)
+//   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 2)
 //   no_pdl          the merge kernel launched plainly, not with programmatic dependent launch
 //   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
 //   min512          chunks of at least 512 tokens instead of 128
 //   eager           FlashInfer's default plan (no graph flag), run() called directly
 //   no_split        the planner told the device holds 1 block: no split at all (stage 02's schedule)
+//   auto_clean_l2   "auto", but the L2 is evicted by reading (split_kv_flush.cu) instead of by
+//                   writing: no dirty lines to write back during the timed call
 //
 //   flashstep_split_kv_tune [--shapes=bench/shapes_split_kv.csv] [Google Benchmark flags]
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -27,6 +29,7 @@
 #include "flashstep/kernels/cuda_check.cuh"
 #include "harness/device.hpp"
 #include "shapes.hpp"
+#include "split_kv_flush.hpp"
 #include "timing.hpp"
 
 namespace {
@@ -150,6 +153,75 @@ void register_variant(const BenchShape& shape, const Variant& variant) {
   })->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05)->Repetitions(5)->ReportAggregatesOnly(true);
 }
 
+/// Events around one call after a read-only L2 flush (split_kv_flush.cu).
+class CleanTimer {
+ public:
+  CleanTimer() {
+    FLASHSTEP_CUDA_CHECK(cudaEventCreate(&start_));
+    FLASHSTEP_CUDA_CHECK(cudaEventCreate(&stop_));
+    int device = 0, l2 = 0;
+    FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+    FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+    flush_ = DeviceBuffer(2 * static_cast<size_t>(l2));
+    fill_uniform(stages::DType::f32, flush_.get(), flush_.bytes() / 4, 11, -1.f, 1.f, nullptr);
+  }
+  ~CleanTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  float time_once(const std::function<void()>& body) {
+    read_flush(flush_.get(), flush_.bytes(), sink_.as<uint32_t>(), g_stream);
+    FLASHSTEP_CUDA_CHECK(cudaEventRecord(start_, g_stream));
+    body();
+    FLASHSTEP_CUDA_CHECK(cudaEventRecord(stop_, g_stream));
+    FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(stop_));
+    float ms = 0;
+    FLASHSTEP_CUDA_CHECK(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  DeviceBuffer flush_, sink_{4};
+};
+
+/// The registry's runner (graph plan, replayed), timed after a read-only flush.
+void register_clean(const BenchShape& shape) {
+  const std::string name = "tune03/auto_clean_l2/" + shape.name;
+  benchmark::RegisterBenchmark(name.c_str(), [shape](benchmark::State& state) {
+    ShapeInputs& in = inputs_for(shape);
+    SplitKVOptions options;
+    options.enable_cuda_graph = true;
+    SplitKVRunner runner(options);
+    DeviceBuffer workspace(runner.workspace_bytes(in.shape));
+    runner.plan(in.shape, workspace.get(), workspace.bytes(), g_stream);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    runner.run(in.batch, g_stream);
+    FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+    FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    static CleanTimer timer;
+    auto body = [&] { FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); };
+    for (int i = 0; i < 3; ++i) body();
+    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    double total_s = 0;
+    int64_t n = 0;
+    for (auto _ : state) {
+      const double t = timer.time_once(body) * 1e-3;
+      state.SetIterationTime(t);
+      total_s += t;
+      ++n;
+    }
+    if (n && total_s > 0) {
+      state.counters["GB/s"] = in.bytes / (total_s / n) * 1e-9;
+      state.counters["pct_of_ceiling"] = 100.0 * in.bytes / (total_s / n) * 1e-9 / g_copy_gbps;
+    }
+    FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+  })->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05)->Repetitions(5)->ReportAggregatesOnly(true);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -189,8 +261,10 @@ int main(int argc, char** argv) {
     const std::set<std::string> tuned = {"b1_kv1024_p16",  "b1_kv16384_p16",  "b1_kv131072_p16", "b4_kv4096_p16",
                                          "b16_kv4096_p16", "b64_kv4096_p16", "b128_kv8192_p16"};
     for (const BenchShape& shape : load_shapes(shapes_path))
-      if (tuned.count(shape.name))
+      if (tuned.count(shape.name)) {
         for (const Variant& v : variants()) register_variant(shape, v);
+        register_clean(shape);
+      }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     g_inputs.reset();

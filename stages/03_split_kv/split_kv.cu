@@ -187,13 +187,11 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   Resolved r;
   r.num_sm = options.num_sm > 0 ? options.num_sm : sms;
-  // Depth: stage 02's two 32 KB stages (one tile in flight while one is computed) when the
-  // batch fills the chip alone, its blocks streaming whole requests; three when the plan
-  // may split, because then every block streams a short chunk of a few tiles and its
-  // start (two tiles requested at once) is a large part of its time. Three stages still
-  // leave two blocks per SM. Depends on batch_size only, so graphs stay valid.
-  r.num_stages = options.num_stages > 0 ? options.num_stages
-                                        : (int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms} ? 3 : 2);
+  // Depth: stage 02's two 32 KB stages, one tile in flight while one is computed; with
+  // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
+  // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
+  // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
+  r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not

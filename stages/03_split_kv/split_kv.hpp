@@ -34,8 +34,7 @@ struct SplitKVOptions {
   /// The planner's shortest chunk, in tokens (c_min = this / page_size pages, at least 1):
   /// below it a chunk costs more to merge than it saves. FlashInfer uses 128.
   int min_kv_chunk_tokens = 128;
-  /// Pipeline depth of the chunk kernel (32 KB stages), 2..8; 0 chooses: 2 (stage 02's)
-  /// when the batch fills the chip alone, 3 when the plan may split.
+  /// Pipeline depth of the chunk kernel (32 KB stages), 2..8; 0 chooses 2 (stage 02's).
   int num_stages = 0;
   /// Multiprocessors the planner assumes; 0: the device's count. Tests set it to force
   /// many or few chunks; the kernels are correct for any value.
