@@ -76,7 +76,9 @@ def load(path):
             if isinstance(b.get(key), (int, float)):
                 row[key] = float(b[key])
         rows.append(row)
-    return {"path": path, "context": data.get("context", {}), "rows": rows}
+    extra = data.get("flashstep") if isinstance(data.get("flashstep"), dict) else {}
+    targets = [t for t in extra.get("targets", []) if isinstance(t, dict) and "target" in t]
+    return {"path": path, "context": data.get("context", {}), "rows": rows, "targets": targets}
 
 
 def load_dir(results_dir):
@@ -119,6 +121,17 @@ def table(rows):
     return "\n".join(lines)
 
 
+def targets_table(targets):
+    """The issue's ratio targets as the run computed them: target, ratio, goal, verdict."""
+    lines = ["| target | ratio | goal | verdict |", "|:--|--:|:--|:--|"]
+    for t in targets:
+        ratio = t.get("ratio")
+        verdict = {True: "met", False: "**missed**"}.get(t.get("met"), "not measured")
+        lines.append(f"| {t['target']} | {'' if ratio is None else f'{ratio:.3f}'} | "
+                     f"{t.get('goal', '')} | {verdict} |")
+    return "\n".join(lines)
+
+
 def rows_for_stage(results, stage):
     """Rows (with their file) whose benchmark name mentions `stage` (e.g. '02_paged')."""
     pattern = re.compile(r"(^|[^0-9A-Za-z])" + re.escape(stage) + r"($|[^0-9A-Za-z])")
@@ -126,10 +139,13 @@ def rows_for_stage(results, stage):
 
 
 def plot_bandwidth(result, out_png):
-    """GB/s of every '<implementation>/<shape>' row, grouped by shape, one bar per
-    implementation (stage or peer), against the copy ceiling of the same run when the file
-    has it. Returns False (and writes nothing) if no row has a GB/s counter."""
-    rows = [r for r in result["rows"] if "GB/s" in r and "/" in r["name"]]
+    """GB/s of every '<stage or peer>/<shape>' row, grouped by shape, one bar per stage or
+    peer, against the copy ceiling of the same run when the file has it. Returns False
+    (and writes nothing) if no such row has a GB/s counter."""
+    # Stages (NN_name) and peers (peer_*) only: the ceilings are drawn as a line, and
+    # other rows (e.g. tuning variants) stay in the table.
+    plotted = re.compile(r"^(\d\d_\w+|peer_\w+)/")
+    rows = [r for r in result["rows"] if "GB/s" in r and plotted.match(r["name"])]
     if not rows:
         return False
     import matplotlib
@@ -139,7 +155,7 @@ def plot_bandwidth(result, out_png):
     shapes = sorted({r["name"].split("/", 1)[1] for r in rows})
     impls = sorted({r["name"].split("/", 1)[0] for r in rows})
     gbps = {r["name"]: r["GB/s"] for r in rows}
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(shapes) * max(1, len(impls)) ** 0.5), 4))
+    fig, ax = plt.subplots(figsize=(min(16.0, max(6.0, 0.15 * len(shapes) * len(impls) + 2)), 4.2))
     width = 0.8 / len(impls)
     for k, impl in enumerate(impls):
         xs = [i + k * width for i, sh in enumerate(shapes) if f"{impl}/{sh}" in gbps]
@@ -153,7 +169,7 @@ def plot_bandwidth(result, out_png):
     ax.set_ylabel("GB/s (higher is better)")
     ax.set_title(os.path.basename(result["path"]) + " - " + str(result["context"].get("device", "")),
                  fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside the bars
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
@@ -173,6 +189,8 @@ def results_page(results, out_dir):
     for i, res in enumerate(results):
         name = os.path.splitext(os.path.basename(res["path"]))[0]
         lines += [f"## {name}", "", "From " + provenance(res) + ".", ""]
+        if res.get("targets"):
+            lines += ["Targets, as ratios within this one run:", "", targets_table(res["targets"]), ""]
         if res["rows"]:
             lines += [table(res["rows"]), ""]
         png = f"results_{re.sub(r'[^0-9A-Za-z_]', '_', name)}.png"

@@ -44,6 +44,15 @@ def test_results_table_shows_what_the_json_says(tmp_path):
     assert "NVIDIA H100" in docs_results.provenance(res) and "abc1234" in docs_results.provenance(res)
 
 
+def test_targets_are_shown_as_the_run_computed_them(tmp_path):
+    f = write_json(tmp_path / "t.json", {"benchmarks": [bench("x", 1.0)], "flashstep": {"targets": [
+        {"target": "A vs B", "ratio": 0.9328, "goal": ">= 1.05", "met": False},
+        {"target": "C vs D", "goal": ">= 1.00", "met": None}]}})
+    table = docs_results.targets_table(docs_results.load(f)["targets"])
+    assert "| A vs B | 0.933 | >= 1.05 | **missed** |" in table
+    assert "| C vs D |  | >= 1.00 | not measured |" in table
+
+
 def test_only_medians_of_aggregates_are_kept(tmp_path):
     reps = [bench("s/x/manual_time", float(t)) for t in (1, 2, 3)]
     aggs = [dict(bench("s/x/manual_time_" + a, 2.0), run_type="aggregate", aggregate_name=a,
