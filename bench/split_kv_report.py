@@ -4,8 +4,11 @@ flashstep_bench + bench/peers.py on bench/shapes_split_kv.csv, merged by
 bench/merge_results.py): the issue's ratio targets, the sweep table and the sweep plot.
 
     split_kv_report.py RESULTS.json --targets-only
-    split_kv_report.py RESULTS.json [--tune TUNE.json] --readme stages/03_split_kv/README.md \
-                       --plot stages/03_split_kv/sweep.png [--write-targets]
+    split_kv_report.py RESULTS.json [--tune TUNE.json [--clean CLEAN.json]] \
+                       --readme stages/03_split_kv/README.md --plot stages/03_split_kv/sweep.png [--write-targets]
+
+TUNE.json is flashstep_split_kv_tune's output and CLEAN.json bench/split_kv_clean_peers.py's,
+from the same device call: they add the knob table and the read-only-flush comparison.
 
 --readme replaces the text between the README's `<!-- split_kv results:begin -->` and
 `<!-- split_kv results:end -->` markers (nothing else; markers of their own, so that
@@ -36,10 +39,12 @@ TARGETS = [
 
 
 def base_name(row):
+    """A row's name without Google Benchmark's suffixes, as bench/merge_results.py reads it:
+    "03_split_kv/b1_kv16384_p16/min_time:0.050/repeats:5/manual_time_median" -> "03_split_kv/b1_kv16384_p16"."""
     name = row.get("run_name") or row["name"]
     if name.endswith("_median"):
         name = name[:-len("_median")]
-    return name[:-len("/manual_time")] if name.endswith("/manual_time") else name
+    return "/".join(x for x in name.split("/") if ":" not in x and x != "manual_time")
 
 
 def medians(path):
@@ -87,7 +92,7 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def markdown(data, rows, verdicts, results_path, tune=None, image=None):
+def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=None):
     ctx = data.get("context", {})
     copy = float(ctx.get("copy_ceiling_GB/s", "nan"))
     peers = data.get("flashstep", {}).get("peers", {})
@@ -139,6 +144,22 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None):
         for shape in shapes:
             cells = [fmt(gbps(trows, f"tune03/{v}/{shape}")) for v in variants]
             lines.append(f"| `{shape}` | " + " | ".join(cells) + " |")
+    if tune and clean:
+        _, trows = tune
+        cdata, crows = clean
+        lines += ["", f"**With a read-only L2 flush** (`bench/split_kv_flush.cu`; peers from `{cdata['path']}`): "
+                  "the timer above evicts the L2 by writing it, so every call starts with up to one L2 of "
+                  "dirty lines to write back; here the L2 is evicted by reading, on the same shapes "
+                  "(GB/s, median):", "",
+                  "| shape | 03_split_kv | cuDNN | flash | 03 / cuDNN |", "|:--|--:|--:|--:|--:|"]
+        for n in trows:
+            _, v, shape = n.split("/", 2)
+            if v != "auto_clean_l2":
+                continue
+            s3 = gbps(trows, n)
+            cu = gbps(crows, f"peer_clean_l2_torch_sdpa_cudnn/{shape}")
+            fl = gbps(crows, f"peer_clean_l2_torch_sdpa_flash/{shape}")
+            lines.append(f"| `{shape}` | {fmt(s3)} | {fmt(cu)} | {fmt(fl)} | {fmt(ratio(s3, cu), 2)} |")
     return "\n".join(lines)
 
 
@@ -180,6 +201,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results")
     p.add_argument("--tune", help="flashstep_split_kv_tune JSON of the same device")
+    p.add_argument("--clean", help="bench/split_kv_clean_peers.py JSON of the same device call")
     p.add_argument("--targets-only", action="store_true")
     p.add_argument("--readme")
     p.add_argument("--plot")
@@ -201,6 +223,11 @@ def main():
         tdata, trows = medians(a.tune)
         tdata["path"] = a.tune
         tune = (tdata, trows)
+    clean = None
+    if a.clean:
+        cdata, crows = medians(a.clean)
+        cdata["path"] = a.clean
+        clean = (cdata, crows)
     if a.plot:
         ctx = data.get("context", {})
         plot(rows, float(ctx["copy_ceiling_GB/s"]), a.plot,
@@ -215,7 +242,7 @@ def main():
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
         image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
-        body = markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image)
+        body = markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image, clean)
         with open(a.readme, "w", encoding="utf-8") as f:
             f.write(head + begin + "\n" + body + "\n" + end + tail)
     return 0
