@@ -1,7 +1,11 @@
-"""The results sections of the stage chapters are generated, never typed: regenerating
-them from the committed results JSON (bench/report.py, in a scratch copy of the files it
-reads and writes) must give exactly the committed text. A chapter edited by hand, or
-results JSON committed without rerunning the report, fails here."""
+"""The results sections of the stage chapters are generated, never typed.
+
+- A `<!-- results:begin -->` section names the results JSON it was generated from;
+  regenerating it from that file with bench/report.py (in a scratch copy of the files
+  the script reads and writes) must give exactly the committed text. A chapter edited by
+  hand, or a JSON replaced without rerunning the report, fails here.
+- Every results file a chapter cites (in any generated section) must exist.
+"""
 import glob
 import os
 import re
@@ -14,28 +18,45 @@ import pytest
 SOURCE = os.environ.get("FLASHSTEP_SOURCE_DIR",
                         os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 SECTION = re.compile(r"<!-- results:begin -->.*?<!-- results:end -->", re.S)
+CITED = re.compile(r"docs/results/[\w./-]+\.json")
+CHAPTERS = sorted(glob.glob(os.path.join(SOURCE, "stages", "[0-9][0-9]_*", "README.md")))
 
 
-def test_stage_results_sections_match_the_results_json(tmp_path):
-    results = glob.glob(os.path.join(SOURCE, "docs", "results", "*.json"))
+def read(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def test_every_cited_results_file_exists():
+    missing = [(os.path.relpath(c, SOURCE), f) for c in CHAPTERS for f in set(CITED.findall(read(c)))
+               if not os.path.exists(os.path.join(SOURCE, f))]
+    assert not missing, f"chapters cite results files that are not in the repository: {missing}"
+
+
+def test_report_sections_match_the_json_they_cite(tmp_path):
     report = os.path.join(SOURCE, "bench", "report.py")
-    if not results or not os.path.exists(report):
-        pytest.skip("no results JSON in docs/results yet (or no bench/report.py): nothing to compare")
-    chapters = sorted(glob.glob(os.path.join(SOURCE, "stages", "[0-9][0-9]_*", "README.md")))
-    for path in chapters + results + glob.glob(os.path.join(SOURCE, "bench", "*.csv")):
-        dest = tmp_path / os.path.relpath(path, SOURCE)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, dest)
-    run = subprocess.run([sys.executable, report, "--repo", str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert run.returncode == 0, run.stdout
+    by_file = {}
+    for chapter in CHAPTERS:
+        for section in SECTION.findall(read(chapter)):
+            for cited in set(CITED.findall(section)):
+                by_file.setdefault(cited, []).append(chapter)
+    if not by_file or not os.path.exists(report):
+        pytest.skip("no chapter has a results section generated from docs/results yet")
     stale = []
-    for path in chapters:
-        with open(path, encoding="utf-8") as f:
-            committed = SECTION.findall(f.read())
-        with open(tmp_path / os.path.relpath(path, SOURCE), encoding="utf-8") as f:
-            regenerated = SECTION.findall(f.read())
-        if committed != regenerated:
-            stale.append(os.path.relpath(path, SOURCE))
-    assert not stale, ("results sections differ from what `python3 bench/report.py` generates "
-                       f"from docs/results: {stale}")
+    for n, (cited, chapters) in enumerate(sorted(by_file.items())):
+        repo = tmp_path / f"repo{n}"  # a scratch copy of what report.py reads and writes
+        for path in CHAPTERS + glob.glob(os.path.join(SOURCE, "bench", "*.csv")):
+            dest = repo / os.path.relpath(path, SOURCE)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, dest)
+        (repo / os.path.dirname(cited)).mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(SOURCE, cited), repo / cited)
+        run = subprocess.run([sys.executable, report, "--repo", str(repo), "--results", str(repo / cited)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert run.returncode == 0, run.stdout
+        for chapter in chapters:
+            regenerated = SECTION.findall(read(repo / os.path.relpath(chapter, SOURCE)))
+            if SECTION.findall(read(chapter)) != regenerated:
+                stale.append((os.path.relpath(chapter, SOURCE), cited))
+    assert not stale, ("results sections differ from what `python3 bench/report.py --results FILE` "
+                       f"generates from the file they cite: {stale}")
