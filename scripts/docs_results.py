@@ -138,6 +138,15 @@ def rows_for_stage(results, stage):
     return [(res, [r for r in res["rows"] if pattern.search(r["name"])]) for res in results]
 
 
+def impl_color(impl):
+    """The same colour for a stage or peer in every plot: stage NN gets matplotlib's
+    colour NN - 1, peers the last ones of the cycle."""
+    m = re.match(r"^(\d\d)_", impl)
+    if m:
+        return f"C{(int(m.group(1)) - 1) % 7}"
+    return {"peer_torch_sdpa_cudnn": "C8", "peer_torch_sdpa_flash": "C9"}.get(impl, "C7")
+
+
 def plot_bandwidth(result, out_png):
     """GB/s of every '<stage or peer>/<shape>' row, grouped by shape, one bar per stage or
     peer, against the copy ceiling of the same run when the file has it. Returns False
@@ -160,7 +169,7 @@ def plot_bandwidth(result, out_png):
     for k, impl in enumerate(impls):
         xs = [i + k * width for i, sh in enumerate(shapes) if f"{impl}/{sh}" in gbps]
         ys = [gbps[f"{impl}/{sh}"] for sh in shapes if f"{impl}/{sh}" in gbps]
-        ax.bar(xs, ys, width, label=impl)
+        ax.bar(xs, ys, width, label=impl, color=impl_color(impl))
     ceiling = result["context"].get("copy_ceiling_GB/s")
     if ceiling is not None:
         ax.axhline(float(ceiling), color="k", ls=":", label=f"copy ceiling ({float(ceiling):,.0f} GB/s)")
