@@ -54,14 +54,14 @@ const char* to_string(KVStorage storage);
 /// arrays. This is all plan() may look at (FlashInfer's plan() also takes indptr on the
 /// host), so a plan never waits for the device.
 struct BatchShape {
-  Mode mode = Mode::decode;
-  KVStorage storage = KVStorage::paged;
-  DType dtype = DType::bf16;
-  KVLayout kv_layout = KVLayout::NHD;
-  int batch_size = 0;
-  int num_qo_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
+  Mode mode = Mode::decode;             ///< decode (qo_len 1 per request) or prefill
+  KVStorage storage = KVStorage::paged;  ///< paged pool + page table, or ragged k/v
+  DType dtype = DType::bf16;            ///< element type of q, k, v and o
+  KVLayout kv_layout = KVLayout::NHD;   ///< page layout: NHD or HND (ragged k/v are NHD)
+  int batch_size = 0;    ///< requests in the batch
+  int num_qo_heads = 0;  ///< query (and output) heads, Hq
+  int num_kv_heads = 0;  ///< key/value heads, Hkv; divides num_qo_heads (GQA)
+  int head_dim = 0;      ///< elements per head, D
   int page_size = 0;       ///< paged only: tokens per page
   int64_t num_pages = 0;   ///< paged only: pages in the pool
   bool causal = false;     ///< prefill only; bottom-right aligned
@@ -108,11 +108,16 @@ class StageRunner {
   /// allocates it once and passes it to plan(). Default: none.
   virtual size_t workspace_bytes(const BatchShape& shape) const;
   /// Host-side scheduling for `shape`. May write into the workspace, ordered on `stream`.
+  /// \param shape the batch to plan for; run() must then get pointers of this shape
   /// \param workspace device buffer of at least workspace_bytes(shape) bytes (may be null when 0)
+  /// \param workspace_size bytes of `workspace`; a stage that needs a workspace throws
+  ///        ref::InvalidArgument when this is below workspace_bytes(shape)
+  /// \param stream where any copy into the workspace is ordered
   virtual void plan(const BatchShape& shape, void* workspace, size_t workspace_size,
                     cudaStream_t stream) = 0;
   /// The per-layer device work: only kernel launches on `stream`, no host decisions.
   /// \param batch pointers matching the planned shape
+  /// \param stream where the kernels are launched (and may be captured in a CUDA graph)
   virtual void run(const DeviceBatch& batch, cudaStream_t stream) = 0;
 };
 
@@ -132,8 +137,11 @@ struct StageInfo {
 
   /// Empty when the stage can run `shape`; otherwise the first rule it breaks.
   std::string unsupported_reason(const BatchShape& shape) const;
+  /// Whether the stage can run `shape`: unsupported_reason(shape) is empty.
   bool supports(const BatchShape& shape) const { return unsupported_reason(shape).empty(); }
+  /// Whether `mode` is one of the stage's modes.
   bool supports(Mode mode) const;
+  /// Whether the stage is built for element type `dtype`.
   bool supports(DType dtype) const;
   /// One line listing the capabilities, for `flashstep` and the docs.
   std::string capabilities() const;

@@ -22,12 +22,12 @@ struct NaiveParams {
   float* scores = nullptr;              ///< per request (num_qo_heads, qo_len, kv_len): scores, then probabilities
   float* o = nullptr;                   ///< (nnz_qo, num_qo_heads, head_dim)
   float* lse = nullptr;                 ///< (nnz_qo, num_qo_heads), natural log
-  int batch_size = 0;
-  int num_qo_heads = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  float sm_scale = 0.f;
-  bool causal = false;
+  int batch_size = 0;     ///< requests in the batch
+  int num_qo_heads = 0;   ///< query heads, Hq
+  int num_kv_heads = 0;   ///< kv heads, Hkv; query head h reads kv head h / (Hq / Hkv)
+  int head_dim = 0;       ///< elements per head, D
+  float sm_scale = 0.f;   ///< scale applied to q . k before the softmax (natural-log scores)
+  bool causal = false;    ///< bottom-right aligned causal mask (prefill)
 };
 
 /// Launches the three passes (scores, softmax, output) on `stream`.

@@ -30,6 +30,7 @@ constexpr int kMaxPageSize = 64;
 /// kernel of (num_kv_heads, batch_size) blocks.
 class PagedRunner : public StageRunner {
  public:
+  /// A runner with the given knobs; plan() checks them (0 leaves each choice to plan()).
   explicit PagedRunner(PagedConfig config = {}) : config_(config) {}
   void plan(const BatchShape& shape, void* workspace, size_t workspace_size,
             cudaStream_t stream) override;

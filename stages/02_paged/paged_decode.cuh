@@ -90,7 +90,7 @@ struct PagedDecodeParams {
   kernels::PagedKV<T> kv{};  ///< the page pool and its CSR page table
   T* o = nullptr;            ///< (batch_size, num_qo_heads, head_dim)
   float* lse = nullptr;      ///< (batch_size, num_qo_heads), natural log
-  int num_qo_heads = 0;
+  int num_qo_heads = 0;      ///< query heads, Hq (the row stride of q, o and lse)
   int group_size = 0;        ///< num_qo_heads / num_kv_heads
   int bdy = 0;               ///< ceil(group_size / kHeadsPerThread)
   int bdz = 0;               ///< kThreads / (kBDX * bdy): token groups of a block
@@ -128,7 +128,16 @@ __device__ __forceinline__ void half_barrier(int half) {
   else asm volatile("bar.sync 2, 256;\n" ::: "memory");
 }
 
-// Two blocks of one half, or one block of two halves, per SM: at most 128 registers.
+/// Batch decode through the page table: block (kv head, request) computes the group_size
+/// query heads that share that kv head, over all of the request's keys, and writes their
+/// o and lse. grid = (num_kv_heads, batch_size), 256 * SPLITS threads, shared memory
+/// paged_decode_smem_bytes(SPLITS, num_stages, bdy, bdz). Two blocks of one half, or one
+/// block of two halves, per SM: at most 128 registers a thread.
+/// \tparam T element type of q, the pool and o (float, __half or __nv_bfloat16)
+/// \tparam HEAD_DIM head_dim, D
+/// \tparam SPLITS 1, or 2 halves each running its own pipeline over every other tile
+/// \param p q (batch_size, num_qo_heads, head_dim), the paged KV view, o (batch_size,
+///        num_qo_heads, head_dim) and lse (batch_size, num_qo_heads), block shape and scale
 template <typename T, int HEAD_DIM, int SPLITS>
 __global__ void __launch_bounds__(256 * SPLITS, 2 / SPLITS) paged_decode_kernel(const PagedDecodeParams<T> p) {
   using Tr = DecodeTraits<T, HEAD_DIM>;

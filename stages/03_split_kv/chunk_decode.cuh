@@ -55,7 +55,7 @@ namespace flashstep::stages::split_kv {
 /// Compile-time shape of the chunk kernel for element type T and head_dim HEAD_DIM.
 template <typename T, int HEAD_DIM>
 struct ChunkTraits {
-  static constexpr int kThreads = 256;
+  static constexpr int kThreads = 256;                            ///< threads of a block
   static constexpr int kVec = kernels::Vec16<T>::kSize;          ///< elements per 16-byte vector
   static constexpr int kElemsPerThread = 16;                      ///< head_dim elements per thread
   static constexpr int kVecsPerThread = kElemsPerThread / kVec;   ///< 2 (16-bit) or 4 (fp32)
@@ -83,12 +83,12 @@ struct ChunkDecodeParams {
   const int32_t* kv_chunk_len = nullptr;     ///< (padded_batch_size) tokens of item k's chunk, 0..c * page_size
   const uint8_t* block_valid_mask = nullptr; ///< (padded_batch_size) 0: padding, exit
   // Where the result goes: partial rows (split) or the outputs (no split).
-  bool partition_kv = false;
+  bool partition_kv = false;     ///< the plan split: write partial rows, else o and lse
   float* partial_o = nullptr;    ///< split: (padded_batch_size, num_qo_heads, head_dim) fp32
   float* partial_lse = nullptr;  ///< split: (padded_batch_size, num_qo_heads) natural log
   T* o = nullptr;                ///< no split: (batch_size, num_qo_heads, head_dim)
   float* lse = nullptr;          ///< no split: (batch_size, num_qo_heads) natural log
-  int num_qo_heads = 0;
+  int num_qo_heads = 0;       ///< query heads, Hq (the row stride of q, o and the partials)
   int group_size = 0;         ///< num_qo_heads / num_kv_heads
   int bdy = 0;                ///< ceil(group_size / kHeadsPerThread)
   int bdz = 0;                ///< kThreads / (kBDX * bdy)
@@ -116,6 +116,19 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+/// Decode attention of one work item: block (kv head, k) computes the group_size query
+/// heads of that kv head over the keys of work item k's chunk, and writes their normalized
+/// state to partial row k (partition_kv) or to the request's o and lse. grid =
+/// (num_kv_heads, padded_batch_size), ChunkTraits::kThreads threads, shared memory
+/// chunk_decode_smem_bytes(num_stages, bdy, bdz); two blocks per SM, so at most 128
+/// registers a thread. Blocks whose block_valid_mask entry is 0 exit at once.
+/// \tparam T element type of q, the pool and o (float, __half or __nv_bfloat16)
+/// \tparam HEAD_DIM head_dim, D
+/// \param p q (batch_size, num_qo_heads, head_dim), the paged KV view, the schedule
+///        (padded_batch_size entries each), and the destination: partial_o
+///        (padded_batch_size, num_qo_heads, head_dim) and partial_lse (padded_batch_size,
+///        num_qo_heads) in fp32, or o (batch_size, num_qo_heads, head_dim) and lse
+///        (batch_size, num_qo_heads)
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T> p) {
   using Tr = ChunkTraits<T, HEAD_DIM>;

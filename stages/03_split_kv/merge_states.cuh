@@ -40,7 +40,7 @@ struct MergeStatesParams {
   const int32_t* o_indptr = nullptr;   ///< (batch_size + 1): request r's rows
   T* o = nullptr;                      ///< (batch_size, num_qo_heads, head_dim)
   float* lse = nullptr;                ///< (batch_size, num_qo_heads) natural log
-  int num_qo_heads = 0;
+  int num_qo_heads = 0;                ///< query heads, Hq (the row stride of every array)
 };
 
 /// Waits until the grid this one programmatically depends on has completed and its
@@ -51,24 +51,38 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-/// Stores 4 fp32 values as 4 elements of T. \param dst 4 elements, 8-byte aligned (16 for fp32)
+/// Stores 4 fp32 values as 4 elements of T, in one 8-byte (16-bit T) or 16-byte store.
+/// \param dst 4 elements, 8-byte aligned (16 for fp32)
+/// \param v 4 floats, rounded to nearest even when T is 16-bit
 template <typename T>
 __device__ __forceinline__ void store4(T* dst, const float* v);
+/// fp32: the 4 values as one float4, no rounding.
 template <>
 __device__ __forceinline__ void store4<float>(float* dst, const float* v) {
   *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
 }
+/// fp16: two rounded __half2 pairs, stored as one 8-byte word.
 template <>
 __device__ __forceinline__ void store4<__half>(__half* dst, const float* v) {
   __half2 h[2] = {__floats2half2_rn(v[0], v[1]), __floats2half2_rn(v[2], v[3])};
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
 }
+/// bf16: two rounded __nv_bfloat162 pairs, stored as one 8-byte word.
 template <>
 __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const float* v) {
   __nv_bfloat162 h[2] = {__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
 }
 
+/// Merges request r's partial rows o_indptr[r] .. o_indptr[r+1] (any number, 0 included:
+/// then o = 0, lse = -inf) into its o and lse for one query head. grid = (num_qo_heads,
+/// batch_size), kMergeThreads threads; launched after chunk_decode_kernel, programmatically
+/// dependent on it where the launch asks for that.
+/// \tparam T element type of o (float, __half or __nv_bfloat16)
+/// \tparam HEAD_DIM head_dim, D: a multiple of 4, at most 4 * kMergeThreads
+/// \param p partial_o (num_work_items, num_qo_heads, head_dim) and partial_lse
+///        (num_work_items, num_qo_heads) in fp32, o_indptr (batch_size + 1), and the
+///        outputs o (batch_size, num_qo_heads, head_dim), lse (batch_size, num_qo_heads)
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const MergeStatesParams<T> p) {
   constexpr int TX = HEAD_DIM / 4;

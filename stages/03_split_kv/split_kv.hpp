@@ -71,7 +71,7 @@ struct SplitKVOptions {
 /// size can ask for); partial_rows = G / Hkv when batch_size * Hkv < G (the only case in
 /// which the planner may split), else 0.
 struct WorkspaceLayout {
-  int32_t batch_size = 0;
+  int32_t batch_size = 0;    ///< requests the layout was made for (o_indptr has batch_size + 1)
   int32_t capacity = 0;      ///< entries of request_indices, kv_tile_indices, block_valid_mask
   int32_t partial_rows = 0;  ///< rows of partial_o / partial_lse (work items that may split)
   size_t header = 0;             ///< SplitKVHeader
@@ -98,6 +98,10 @@ struct SplitKVHeader {
 };
 
 /// Lays out the workspace (see WorkspaceLayout). Throws ref::InvalidArgument on sizes < 1.
+/// \param batch_size requests in the batch
+/// \param num_qo_heads query heads, Hq (partial rows hold all of them)
+/// \param num_kv_heads kv heads, Hkv (a work item is one chunk for one kv head's group)
+/// \param head_dim elements per head, D
 /// \param max_grid_size G = num_sm * ctas_per_sm, the planner's grid limit
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                       int max_grid_size);
@@ -112,6 +116,7 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
 /// it refuses to be captured into a graph unless the plan was made for one.
 class SplitKVRunner : public StageRunner {
  public:
+  /// A runner that plans with `options`; workspace_bytes() and plan() check them.
   explicit SplitKVRunner(SplitKVOptions options = {});
   ~SplitKVRunner() override;
   SplitKVRunner(const SplitKVRunner&) = delete;

@@ -36,19 +36,19 @@ const char* to_string(PageOrder order);
 
 /// One case of a grid: sizes and options, no data. Written as data in the test grids.
 struct CaseSpec {
-  Mode mode = Mode::decode;
-  DType dtype = DType::bf16;
-  KVLayout kv_layout = KVLayout::NHD;
-  int batch_size = 1;
+  Mode mode = Mode::decode;            ///< decode (one query per request) or prefill
+  DType dtype = DType::bf16;           ///< element type the stage reads and writes
+  KVLayout kv_layout = KVLayout::NHD;  ///< page layout; ragged storage requires NHD
+  int batch_size = 1;                  ///< requests in the batch
   int kv_len = 1;   ///< request 0 has exactly this many keys; others follow `lengths`
   int qo_len = 1;   ///< prefill: request 0's queries, others drawn from 1..qo_len; decode: 1
-  LengthPolicy lengths = LengthPolicy::ragged;
-  int num_qo_heads = 32;
-  int num_kv_heads = 8;
-  int head_dim = 128;
+  LengthPolicy lengths = LengthPolicy::ragged;  ///< how the other requests' lengths are drawn
+  int num_qo_heads = 32;  ///< query heads, Hq
+  int num_kv_heads = 8;   ///< kv heads, Hkv; Hq / Hkv is the GQA group size
+  int head_dim = 128;     ///< elements per head, D
   int page_size = 16;  ///< paged storage only
   bool causal = false;  ///< prefill only
-  PageOrder page_order = PageOrder::shuffled;
+  PageOrder page_order = PageOrder::shuffled;  ///< which pool pages each request gets
 
   /// One line with every field, e.g. for a failure message or a test name.
   std::string describe() const;
@@ -56,7 +56,7 @@ struct CaseSpec {
 
 /// A batch's layout drawn from a spec: the host shape plus the page ids (paged storage).
 struct CaseLayout {
-  BatchShape shape;
+  BatchShape shape;                 ///< sizes and host index arrays: qo_indptr, kv_indptr, kv_last_page_len
   std::vector<int32_t> kv_indices;  ///< paged: (kv_indptr[batch_size]) page ids, distinct
 };
 
@@ -66,12 +66,14 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
 
 /// The host side of a validation case.
 struct HostCase {
-  CaseSpec spec;
+  CaseSpec spec;           ///< the grid entry this case was built from
   uint64_t seed = 0;       ///< everything random in the case derives from it
   CaseLayout layout;       ///< shape and page table
   ref::Tensor q;           ///< (nnz_qo, num_qo_heads, head_dim), values representable in dtype
   ref::PagedKVCache paged; ///< paged storage: the pool; every slot no request owns is NaN
-  ref::Tensor k, v;        ///< ragged storage: (nnz_kv, num_kv_heads, head_dim), NHD
+  /// \var k
+  /// ragged storage: the keys, (nnz_kv, num_kv_heads, head_dim), NHD
+  ref::Tensor k, v;        ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim), NHD
   ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
 };
 

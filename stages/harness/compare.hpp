@@ -29,7 +29,7 @@ struct Tolerance {
 /// One row of the tolerance table: how close a stage of this dtype must come to the
 /// double-precision reference computed on the same (already rounded) inputs.
 struct DTypeTolerance {
-  DType dtype;
+  DType dtype;    ///< element type of the stage's q, k, v and o
   Tolerance o;    ///< output, stored in `dtype`
   Tolerance lse;  ///< lse, always stored in fp32
   const char* why;  ///< where the error budget comes from

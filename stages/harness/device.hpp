@@ -31,13 +31,18 @@ class DeviceBuffer {
   /// Allocates and copies `bytes` bytes from host `src`.
   DeviceBuffer(const void* src, size_t bytes);
   ~DeviceBuffer();
+  /// Takes `other`'s allocation; `other` is left empty (null, 0 bytes).
   DeviceBuffer(DeviceBuffer&& other) noexcept;
+  /// Frees this buffer's allocation, then takes `other`'s; `other` is left empty.
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
+  /// The device pointer (null for an empty buffer).
   void* get() const { return ptr_; }
+  /// Size of the allocation in bytes.
   size_t bytes() const { return bytes_; }
+  /// The device pointer as `T*`, e.g. `as<int32_t>()` for an uploaded index array.
   template <typename T>
   T* as() const { return static_cast<T*>(ptr_); }
   /// Copies the whole buffer back to the host.

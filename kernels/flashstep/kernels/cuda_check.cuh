@@ -19,6 +19,9 @@ namespace flashstep::kernels {
 /// where, and the runtime's error string.
 class CudaError : public std::runtime_error {
  public:
+  /// \param code the runtime's error code, kept for code()
+  /// \param message the full text what() returns: the call, its file and line, the
+  ///        runtime's error name and string
   CudaError(cudaError_t code, const std::string& message)
       : std::runtime_error(message), code_(code) {}
   /// The runtime's error code.

@@ -90,7 +90,19 @@ struct PagedKV {
   }
 };
 
-/// Builds the view (host). \param hnd true for the HND page layout, false for NHD
+/// Builds the view (host). Stores the pointers and precomputes the strides of the
+/// layout; reads no device memory, so it is cheap to call once per launch.
+/// \param pool device page pool, (num_pages, 2, page_size, num_kv_heads, head_dim) for NHD
+///        or (num_pages, 2, num_kv_heads, page_size, head_dim) for HND
+/// \param kv_indptr device array (batch_size + 1): request b owns kv_indices[kv_indptr[b] :
+///        kv_indptr[b+1]]
+/// \param kv_indices device array (kv_indptr[batch_size]) of physical page ids
+/// \param kv_last_page_len device array (batch_size): tokens in each request's last page,
+///        1..page_size (0 for a request with no pages)
+/// \param page_size tokens per page, >= 1
+/// \param num_kv_heads kv heads, Hkv, of the pool
+/// \param head_dim elements per head, D
+/// \param hnd true for the HND page layout, false for NHD
 template <typename T>
 inline PagedKV<T> make_paged_kv(const T* pool, const int32_t* kv_indptr, const int32_t* kv_indices,
                                 const int32_t* kv_last_page_len, int page_size, int num_kv_heads,

@@ -62,7 +62,9 @@ struct SoftmaxState {
 
   /// Adds key j with base-2 score s2 and value slice v (call after rescale_to with a max
   /// >= s2). A masked key has s2 = -inf and adds nothing, even to an empty state (where
-  /// s2 - m would be -inf - (-inf) = NaN). \param v this thread's N values of V row j
+  /// s2 - m would be -inf - (-inf) = NaN).
+  /// \param s2 the key's score q . k_j * sm_scale * log2(e), or -inf if masked
+  /// \param v this thread's N values of V row j
   __device__ __forceinline__ void add(float s2, const float* v) {
     const float p = s2 == -INFINITY ? 0.f : exp2f(s2 - m);
     d += p;

@@ -38,6 +38,7 @@ struct alignas(16) Vec16 {
   __device__ __forceinline__ void from_float(const float* in);
 };
 
+/// fp32: the four words reinterpreted, no conversion.
 template <>
 __device__ __forceinline__ void Vec16<float>::to_float(float* out) const {
   out[0] = __uint_as_float(raw.x);
@@ -45,12 +46,14 @@ __device__ __forceinline__ void Vec16<float>::to_float(float* out) const {
   out[2] = __uint_as_float(raw.z);
   out[3] = __uint_as_float(raw.w);
 }
+/// fp32: the four floats stored bit for bit, no rounding.
 template <>
 __device__ __forceinline__ void Vec16<float>::from_float(const float* in) {
   raw = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
                    __float_as_uint(in[3]));
 }
 
+/// fp16: four __half2 pairs widened, exactly (every fp16 value is an fp32 value).
 template <>
 __device__ __forceinline__ void Vec16<__half>::to_float(float* out) const {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
@@ -61,6 +64,7 @@ __device__ __forceinline__ void Vec16<__half>::to_float(float* out) const {
     out[2 * i + 1] = f.y;
   }
 }
+/// fp16: rounded to nearest even in pairs (__floats2half2_rn).
 template <>
 __device__ __forceinline__ void Vec16<__half>::from_float(const float* in) {
   __half2* h = reinterpret_cast<__half2*>(&raw);
@@ -68,6 +72,7 @@ __device__ __forceinline__ void Vec16<__half>::from_float(const float* in) {
   for (int i = 0; i < 4; ++i) h[i] = __floats2half2_rn(in[2 * i], in[2 * i + 1]);
 }
 
+/// bf16: each element shifted into the top half of an fp32 word.
 template <>
 __device__ __forceinline__ void Vec16<__nv_bfloat16>::to_float(float* out) const {
   // bf16 is the top half of an fp32: widening is a shift, no rounding.
@@ -78,6 +83,7 @@ __device__ __forceinline__ void Vec16<__nv_bfloat16>::to_float(float* out) const
     out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
 }
+/// bf16: rounded to nearest even in pairs (__floats2bfloat162_rn).
 template <>
 __device__ __forceinline__ void Vec16<__nv_bfloat16>::from_float(const float* in) {
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);

@@ -58,7 +58,11 @@ struct CascadeLevels {
 
 /// Builds the levels from the batch's flat page table and where each level ends.
 /// \param qo_indptr (batch + 1) query rows of each request
-/// \param kv_indptr (batch + 1), kv_indices, kv_last_page_len: the flat CSR page table
+/// \param kv_indptr (batch + 1) the flat CSR page table: request r owns
+///        kv_indices[kv_indptr[r] : kv_indptr[r+1]]
+/// \param kv_indices (kv_indptr[batch]) page ids; each level takes a prefix of a
+///        request's list, so its shared pages come first
+/// \param kv_last_page_len (batch) 1..page_size, 0 for a request with no pages
 /// \param page_size >= 1
 /// \param level_page_ends (num_levels - 1) x (batch): level_page_ends[l][r] = pages of
 ///        request r in levels 0..l. Non-decreasing in l, and only whole pages may be shared
@@ -83,7 +87,15 @@ CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr,
 /// a request alone takes nothing at that level. A page is shareable if it is a full page
 /// and, when causal, lies wholly before the request's first query (so the cascade stays
 /// exact).
+/// \param qo_indptr (batch + 1) query rows of each request
+/// \param kv_indptr (batch + 1) CSR offsets into kv_indices
+/// \param kv_indices (kv_indptr[batch]) page ids; a page id held by several requests is
+///        a page they share
+/// \param kv_last_page_len (batch) 1..page_size, 0 for a request with no pages
+/// \param page_size tokens per page, >= 1 (only full pages are shareable)
 /// \param num_levels >= 1
+/// \param causal the cascade will be causal: a page is shareable only if it lies wholly
+///        before the request's first query
 /// \return (num_levels - 1) x (batch) cumulative page counts for build_cascade_levels
 std::vector<std::vector<int32_t>> derive_cascade_level_ends(const std::vector<int32_t>& qo_indptr,
                                                             const std::vector<int32_t>& kv_indptr,
@@ -104,7 +116,9 @@ struct CascadeResult {
 /// level's state, then each shared level merged into it). Each level runs
 /// batch_prefill_with_paged_kv_cache on its own CSR view of the same pool.
 /// \param q (qo_indptr[batch], num_qo_heads, head_dim)
+/// \param levels from build_cascade_levels; levels.page_size must be the pool's page_size
 /// \param paged_kv_cache pool (num_pages, 2, page_size, H, D) for NHD or (..., H, page_size, D) for HND
+/// \param layout NHD or HND, the layout of paged_kv_cache
 /// \param opt opt.causal must equal the last level's causal; window_left must be -1 (a
 ///        window needs key positions, which shared levels do not carry)
 CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels,
@@ -114,6 +128,7 @@ CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels,
 /// Draws each level as a block-sparse table (draw_block_sparse): a shared level as one
 /// row block per group drawn one line per query, the last level with Br = 1. Rows are
 /// named "<request>, pos <position in the whole sequence>".
+/// \param levels from build_cascade_levels
 /// \param options request_names and page_labels are used; the rest is set per level
 std::string draw_cascade(const CascadeLevels& levels, const BlockSparseDrawOptions& options = {});
 

@@ -166,6 +166,7 @@ class PagedSequences {
   /// Appends `n` tokens' worth of slots to `seq` (the caller writes K/V afterwards, e.g.
   /// with append_paged_kv_cache). Throws OutOfPages, changing nothing, if the pool lacks
   /// the pages this needs (one per new page, plus one for a copy-on-write).
+  /// \param seq a live sequence id (from add_sequence or fork)
   /// \param n tokens to append, >= 0
   AppendResult append_tokens(int32_t seq, int64_t n);
   /// Drops the sequence and its reference on each of its pages.

@@ -174,7 +174,9 @@ struct RadixDrawOptions {
 /// ```
 /// (vocabulary The, cat, sat, ran, fast = tokens 0..4; siblings are ordered by token id).
 /// Tokens of one edge are joined by spaces, with " | " between pages when page_size > 1.
+/// \param cache the tree to draw (read only)
 /// \param token_text maps a token id to its text; nullptr writes the id in decimal
+/// \param options one line per edge or per page; lock counts and access times or not
 std::string draw_radix_tree(const RadixCache& cache, const TokenText& token_text = nullptr,
                             const RadixDrawOptions& options = {});
 /// Same, with a vocabulary: token t is written as vocabulary[t] (its id if out of range).

@@ -101,6 +101,8 @@ struct SplitKVPartials {
 /// double, with the mask evaluated at the keys' positions in the whole request.
 /// \param q (batch_size, num_qo_heads, head_dim) one decode query per request
 /// \param cache paged cache whose page counts are the ones the plan was made for
+/// \param plan from plan_split_kv for those page counts: its chunks and o_indptr give
+///        the rows of the result
 /// \param opt causal is ignored (decode); window_left, soft cap and sm_scale apply
 SplitKVPartials split_kv_partials(const Tensor& q, const PagedKVCache& cache, const SplitKVPlan& plan,
                                   const AttentionOptions& opt = {});
