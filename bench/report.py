@@ -12,8 +12,15 @@ concern the stage, and a link to the plot. Between `<!-- history:begin -->` and
 `<!-- history:end -->`, if present, a table of the stage's earlier versions on the
 target shapes, from docs/results/history/*.json (each with its flashstep.note) and the
 current file. Writes docs/results/decode_bandwidth.png: GB/s of each stage and peer per
-shape against the copy ceiling. Nothing here is typed by hand; without --results the
-newest file (by its context date) is used.
+shape against the copy ceiling. Nothing here is typed by hand.
+
+Which run: the tables are rows of bench/shapes.csv, so only a run of that shapes file
+(its flashstep.shapes_file, written by bench/merge_results.py) is reported here; without
+--results, the newest such run (by its context date). A run of another shapes file, such
+as stage 03's split-KV sweep (bench/shapes_split_kv.csv), is reported by its own script
+(bench/split_kv_report.py) and refused here, even when it also timed stages 01 or 02 for
+its own comparisons. A chapter whose stage the run did not measure keeps the section it
+has, which names the run it came from; a chapter with no section yet says it has none.
 """
 import argparse
 import glob
@@ -26,6 +33,8 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HISTORY_BEGIN, HISTORY_END = "<!-- history:begin -->", "<!-- history:end -->"
 PEERS = [("peer_torch_sdpa_cudnn", "cuDNN SDPA"), ("peer_torch_sdpa_flash", "flash SDPA")]
 PLOT = "decode_bandwidth.png"
+SHAPES_FILE = "bench/shapes.csv"  # the shape set the chapters' tables are made of
+CITES_RUN = re.compile(r"docs/results/[\w./-]+\.json")
 
 
 def base_name(row):
@@ -197,15 +206,24 @@ def plot_bandwidth(path, data, rows, shapes, stages, out_png):
     plt.close(fig)
 
 
-def newest(repo):
-    files = glob.glob(os.path.join(repo, "docs", "results", "*.json"))
-    if not files:
-        return None
+def shapes_file(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f).get("flashstep", {}).get("shapes_file")
 
-    def date(p):
-        with open(p, encoding="utf-8") as f:
-            return json.load(f).get("context", {}).get("date", "")
-    return max(files, key=date)
+
+def newest(repo):
+    """The newest run of bench/shapes.csv in docs/results (by context date), or None."""
+    runs = []
+    for path in glob.glob(os.path.join(repo, "docs", "results", "*.json")):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("flashstep", {}).get("shapes_file") == SHAPES_FILE:
+            runs.append((data.get("context", {}).get("date", ""), path))
+        else:
+            print(f"report.py: skipping {os.path.relpath(path, repo)}: a run of "
+                  f"{data.get('flashstep', {}).get('shapes_file') or 'an unrecorded shapes file'}, "
+                  f"not {SHAPES_FILE}", file=sys.stderr)
+    return max(runs)[1] if runs else None
 
 
 def main():
@@ -216,8 +234,13 @@ def main():
     repo = os.path.abspath(a.repo)
     path = a.results or newest(repo)
     if not path:
-        print("report.py: no results JSON in docs/results", file=sys.stderr)
+        print(f"report.py: no results JSON of {SHAPES_FILE} in docs/results", file=sys.stderr)
         return 1
+    if shapes_file(path) != SHAPES_FILE:
+        print(f"report.py: {path} is a run of {shapes_file(path) or 'an unrecorded shapes file'}; the "
+              f"chapters' tables are rows of {SHAPES_FILE}, so only its runs are reported here "
+              "(stage 03's sweep: bench/split_kv_report.py)", file=sys.stderr)
+        return 2
     data, rows = load(path)
     shapes = load_shapes(repo)
     chapters = sorted(glob.glob(os.path.join(repo, "stages", "[0-9][0-9]_*", "README.md")))
@@ -229,6 +252,11 @@ def main():
         with open(chapter, encoding="utf-8") as f:
             text = f.read()
         if BEGIN not in text or END not in text:
+            continue
+        section = text[text.index(BEGIN):text.index(END)]
+        if stage not in ran and CITES_RUN.search(section):
+            print(f"report.py: {os.path.relpath(chapter, repo)} kept: {os.path.relpath(path, repo)} did not "
+                  f"measure {stage}; its section stays generated from {CITES_RUN.search(section).group(0)}")
             continue
         i = stages.index(stage)
         prev = stages[i - 1] if i > 0 and stages[i - 1] in ran else None
