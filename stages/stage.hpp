@@ -65,7 +65,10 @@ struct BatchShape {
   int page_size = 0;       ///< paged only: tokens per page
   int64_t num_pages = 0;   ///< paged only: pages in the pool
   bool causal = false;     ///< prefill only; bottom-right aligned
-  float sm_scale = 0.f;    ///< softmax scale applied to q.k (1/sqrt(head_dim) by default)
+  /// Softmax scale applied to q.k, used as given: the stages do not replace 0 (the
+  /// member's default) by 1/sqrt(head_dim), so a shape left at 0 gives every key the
+  /// same weight. Set it; harness::make_layout sets 1/sqrt(head_dim), DESIGN.md's default.
+  float sm_scale = 0.f;
   std::vector<int32_t> qo_indptr;         ///< (batch_size + 1); decode: 0, 1, ..., batch_size
   std::vector<int32_t> kv_indptr;         ///< (batch_size + 1); paged: page offsets, ragged: token offsets
   std::vector<int32_t> kv_last_page_len;  ///< (batch_size), paged only
