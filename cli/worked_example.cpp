@@ -119,7 +119,7 @@ void show_worked_attention(std::ostream& os, Ledger& ledger) {
   const auto paged = ref::batch_prefill_with_paged_kv_cache(q_all, {0, 3, 7}, cache, opt);
   const double out2[2] = {paged.o({2, 0, 0}), paged.o({2, 0, 1})};
   os << "  page table: kv_indptr [0, 2, 4], kv_indices [P0, P1, P0, P2], last_page_len [1, 2]\n";
-  os << "  \"A, pos 2\" through the Bc=2 pages = " << vec(out2, 2) << "   (same as Bc = 1)\n";
+  os << "  \"A, pos 2\" through the Bc=2 pages = " << vec(out2, 2, 4) << "   (same as Bc = 1)\n";
   expect(std::abs(out2[0] - out[0]) < 1e-12 && std::abs(out2[1] - out[1]) < 1e-12,
          "Bc=2 gives the same output");
 }
