@@ -101,11 +101,6 @@ class ExerciseRunner : public StageRunner {
 }  // namespace
 
 int main() {
-  std::string why;
-  if (!stages::harness::gpu_available(&why)) {
-    std::printf("SKIPPED: the exercise needs a CUDA GPU (%s)\n", why.c_str());
-    return 77;
-  }
   StageInfo stage;
   stage.name = "01_naive_exercise";
   stage.modes = {Mode::decode};
@@ -117,19 +112,12 @@ int main() {
   stage.make_runner = [] { return std::make_unique<ExerciseRunner>(); };
 
   // Small ragged edge cases first: kv_len 1, GQA 1/4/7, a batch with an empty request.
-  const stages::harness::CaseSpec cases[] = {
+  const std::vector<stages::harness::CaseSpec> cases = {
       {Mode::decode, DType::f32, KVLayout::NHD, 1, 1, 1, stages::harness::LengthPolicy::uniform, 8, 8, 64},
       {Mode::decode, DType::f32, KVLayout::NHD, 5, 97, 1, stages::harness::LengthPolicy::ragged, 32, 8, 128},
       {Mode::decode, DType::f32, KVLayout::NHD, 3, 54, 1, stages::harness::LengthPolicy::ragged, 7, 1, 64},
       {Mode::decode, DType::f32, KVLayout::NHD, 4, 17, 1, stages::harness::LengthPolicy::ragged_with_empty, 8, 2, 128},
   };
   const uint64_t seed = 20240601;
-  int failed = 0;
-  for (const auto& spec : cases) {
-    const auto report = stages::harness::validate(stage, spec, stages::harness::case_seed(seed, spec.describe()));
-    std::printf("%s", report.message().c_str());
-    failed += !report.passed;
-  }
-  std::printf("%s: %d of %zu cases failed\n", failed ? "FAIL" : "PASS", failed, std::size(cases));
-  return failed ? 1 : 0;
+  return stages::harness::run_exercise(stage, cases, seed);
 }

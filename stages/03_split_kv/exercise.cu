@@ -183,11 +183,6 @@ class ExerciseRunner : public StageRunner {
 }  // namespace
 
 int main() {
-  std::string why;
-  if (!stages::harness::gpu_available(&why)) {
-    std::printf("SKIPPED: the exercise needs a CUDA GPU (%s)\n", why.c_str());
-    return 77;
-  }
   StageInfo stage;
   stage.name = "03_split_kv_exercise";
   stage.modes = {Mode::decode};
@@ -202,18 +197,11 @@ int main() {
   using stages::harness::CaseSpec;
   using stages::harness::LengthPolicy;
   // Long enough to split into several chunks; one case has an empty request.
-  CaseSpec cases[4];
+  std::vector<CaseSpec> cases(4);
   cases[0].batch_size = 2, cases[0].kv_len = 300, cases[0].page_size = 16;
   cases[1].batch_size = 3, cases[1].kv_len = 97, cases[1].page_size = 1, cases[1].kv_layout = KVLayout::HND;
   cases[2].batch_size = 4, cases[2].kv_len = 200, cases[2].page_size = 8, cases[2].num_qo_heads = 28, cases[2].num_kv_heads = 4;
   cases[3].batch_size = 4, cases[3].kv_len = 129, cases[3].lengths = LengthPolicy::ragged_with_empty;
   const uint64_t seed = 20240603;
-  int failed = 0;
-  for (const CaseSpec& spec : cases) {
-    const auto report = stages::harness::validate(stage, spec, stages::harness::case_seed(seed, spec.describe()));
-    std::printf("%s", report.message().c_str());
-    failed += !report.passed;
-  }
-  std::printf("%s: %d of %zu cases failed\n", failed ? "FAIL" : "PASS", failed, std::size(cases));
-  return failed ? 1 : 0;
+  return stages::harness::run_exercise(stage, cases, seed);
 }

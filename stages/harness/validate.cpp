@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
 #include <sstream>
 
 #include "flashstep/kernels/cuda_check.cuh"
@@ -48,6 +49,22 @@ ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, c
 ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
                           cudaStream_t stream) {
   return run_and_compare(stage, build_case(spec, stage.storage, seed), stream);
+}
+
+int run_exercise(const StageInfo& stage, const std::vector<CaseSpec>& cases, uint64_t seed) {
+  std::string why;
+  if (!gpu_available(&why)) {
+    std::printf("SKIPPED: the exercise needs a CUDA GPU (%s)\n", why.c_str());
+    return 77;
+  }
+  int failed = 0;
+  for (const CaseSpec& spec : cases) {
+    const ValidationReport report = validate(stage, spec, case_seed(seed, spec.describe()));
+    std::printf("%s", report.message().c_str());
+    failed += !report.passed;
+  }
+  std::printf("%s: %d of %zu cases failed\n", failed ? "FAIL" : "PASS", failed, cases.size());
+  return failed ? 1 : 0;
 }
 
 }  // namespace flashstep::stages::harness

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "harness/case.hpp"
 #include "harness/compare.hpp"
@@ -40,5 +41,14 @@ ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host,
 /// build_case for the stage's storage, then run_and_compare.
 ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
                           cudaStream_t stream = nullptr);
+
+/// The body of every stage exercise's main(): without a GPU it prints why and returns 77
+/// (CTest's skip code); otherwise it validates `stage` on each case (seed derived from
+/// `seed` and the case text, so a failure names a reproducible case), prints every
+/// report and a final PASS/FAIL line, and returns 0 only if every case passed.
+/// \param stage the learner's stage (its runner is the exercise's kernel)
+/// \param cases the cases to validate, small edge cases first
+/// \param seed the exercise's fixed seed
+int run_exercise(const StageInfo& stage, const std::vector<CaseSpec>& cases, uint64_t seed);
 
 }  // namespace flashstep::stages::harness
