@@ -15,6 +15,8 @@ import csv
 import json
 import sys
 
+from gbench_rows import base_name  # bench/, beside this script
+
 # (description, numerator row, denominator row, goal, how the ratio reads)
 TARGETS = [
     ("02_paged vs cuDNN SDPA decode, batch 128 x kv 8192 (GB/s ratio)",
@@ -37,16 +39,6 @@ def load_shapes(path):
 def shape_key(s):
     return [int(s["batch"]), int(s["kv_len"]), int(s["num_qo_heads"]), int(s["num_kv_heads"]),
             int(s["head_dim"]), s["dtype"]]
-
-
-def base_name(row):
-    """A row's name without Google Benchmark's suffixes: "02_paged/b16_kv4096_p16/
-    min_time:0.050/repeats:5/manual_time_median" -> "02_paged/b16_kv4096_p16"."""
-    name = row.get("run_name") or row["name"]
-    if name.endswith("_median"):
-        name = name[:-len("_median")]
-    parts = [x for x in name.split("/") if ":" not in x and x != "manual_time"]
-    return "/".join(parts)
 
 
 def main():

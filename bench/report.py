@@ -29,29 +29,14 @@ import os
 import re
 import sys
 
+from gbench_rows import base_name, load_medians  # bench/, beside this script
+
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HISTORY_BEGIN, HISTORY_END = "<!-- history:begin -->", "<!-- history:end -->"
 PEERS = [("peer_torch_sdpa_cudnn", "cuDNN SDPA"), ("peer_torch_sdpa_flash", "flash SDPA")]
 PLOT = "decode_bandwidth.png"
 SHAPES_FILE = "bench/shapes.csv"  # the shape set the chapters' tables are made of
 CITES_RUN = re.compile(r"docs/results/[\w./-]+\.json")
-
-
-def base_name(row):
-    """A row's name without Google Benchmark's suffixes: "02_paged/b16_kv4096_p16/
-    min_time:0.050/repeats:5/manual_time_median" -> "02_paged/b16_kv4096_p16"."""
-    name = row.get("run_name") or row["name"]
-    if name.endswith("_median"):
-        name = name[:-len("_median")]
-    parts = [x for x in name.split("/") if ":" not in x and x != "manual_time"]
-    return "/".join(parts)
-
-
-def load(path):
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    rows = {base_name(b): b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
-    return data, rows
 
 
 def load_shapes(repo):
@@ -145,7 +130,7 @@ def history_section(stage, current, repo, shapes):
     files = sorted(glob.glob(os.path.join(repo, "docs", "results", "history", "*.json")))
     runs = []
     for path in files + [current]:
-        data, rows = load(path)
+        data, rows = load_medians(path)
         if any(k.startswith(stage + "/") for k in rows):
             runs.append((path, data, rows))
     targets = [s for s in shapes if s["set"] == "target"]
@@ -241,7 +226,7 @@ def main():
               f"chapters' tables are rows of {SHAPES_FILE}, so only its runs are reported here "
               "(stage 03's sweep: bench/split_kv_report.py)", file=sys.stderr)
         return 2
-    data, rows = load(path)
+    data, rows = load_medians(path)
     shapes = load_shapes(repo)
     chapters = sorted(glob.glob(os.path.join(repo, "stages", "[0-9][0-9]_*", "README.md")))
     stages = [os.path.basename(os.path.dirname(c)) for c in chapters]

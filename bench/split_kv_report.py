@@ -21,6 +21,8 @@ import json
 import os
 import sys
 
+from gbench_rows import base_name, load_medians  # bench/, beside this script
+
 STAGE, BASE = "03_split_kv", "02_paged"
 CUDNN, FLASH = "peer_torch_sdpa_cudnn", "peer_torch_sdpa_flash"
 BATCHES = (1, 4, 16, 64, 128)
@@ -36,22 +38,6 @@ TARGETS = [
     ("03 vs 02, batch 1 x kv 131072", f"{STAGE}/b1_kv131072_p16", f"{BASE}/b1_kv131072_p16", 1.8, "gbps"),
     ("03 time / 02 time, batch 128 x kv 8192", f"{STAGE}/b128_kv8192_p16", f"{BASE}/b128_kv8192_p16", 1.03, "time"),
 ]
-
-
-def base_name(row):
-    """A row's name without Google Benchmark's suffixes, as bench/merge_results.py reads it:
-    "03_split_kv/b1_kv16384_p16/min_time:0.050/repeats:5/manual_time_median" -> "03_split_kv/b1_kv16384_p16"."""
-    name = row.get("run_name") or row["name"]
-    if name.endswith("_median"):
-        name = name[:-len("_median")]
-    return "/".join(x for x in name.split("/") if ":" not in x and x != "manual_time")
-
-
-def medians(path):
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    rows = {base_name(b): b for b in data["benchmarks"] if b.get("aggregate_name") == "median"}
-    return data, rows
 
 
 def time_us(row):
@@ -207,7 +193,7 @@ def main():
     p.add_argument("--plot")
     p.add_argument("--write-targets", action="store_true")
     a = p.parse_args()
-    data, rows = medians(a.results)
+    data, rows = load_medians(a.results)
     verdicts = targets(rows)
     for t in verdicts:
         v = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
@@ -220,12 +206,12 @@ def main():
             json.dump(data, f, indent=1)
     tune = None
     if a.tune:
-        tdata, trows = medians(a.tune)
+        tdata, trows = load_medians(a.tune)
         tdata["path"] = a.tune
         tune = (tdata, trows)
     clean = None
     if a.clean:
-        cdata, crows = medians(a.clean)
+        cdata, crows = load_medians(a.clean)
         cdata["path"] = a.clean
         clean = (cdata, crows)
     if a.plot:
