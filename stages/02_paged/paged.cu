@@ -1,7 +1,8 @@
 // Stage 02 — paged decode: the launcher, plan/run, and the registry entry.
 //
-// The kernel (paged_decode.cuh) is instantiated for fp32, fp16 and bf16 x head_dim 64,
-// 128 and 256 (the combinations the registry declares) x one or two 256-thread halves.
+// The kernel (paged_decode.cuh, around the decode loop of kernels/decode_loop.cuh) is
+// instantiated for fp32, fp16 and bf16 x head_dim 64, 128 and 256 (the combinations the
+// registry declares) x one or two 256-thread halves.
 //
 // How to run it: `ctest -L gpu` validates it over the decode grid;
 // `flashstep_bench --benchmark_filter=02_paged` times it.
@@ -20,18 +21,6 @@ namespace flashstep::stages::paged {
 
 namespace {
 
-/// Block shape for a group size: bdy pairs of heads, bdz token groups.
-struct BlockShape {
-  int bdy, bdz;
-};
-
-template <typename T, int HEAD_DIM>
-BlockShape block_shape(int group_size) {
-  using Tr = DecodeTraits<T, HEAD_DIM>;
-  const int bdy = (group_size + Tr::kHeadsPerThread - 1) / Tr::kHeadsPerThread;
-  return {bdy, Tr::kThreads / (Tr::kBDX * bdy)};
-}
-
 /// What plan() needs to know of one instantiation, and how run() launches it.
 struct KernelEntry {
   size_t (*smem_bytes)(int num_stages, int group_size);
@@ -43,7 +32,7 @@ template <typename T, int HEAD_DIM, int SPLITS>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const BlockShape bs = block_shape<T, HEAD_DIM>(group_size);
+    const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
     return paged_decode_smem_bytes<T, HEAD_DIM>(SPLITS, num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
@@ -62,7 +51,7 @@ KernelEntry kernel_entry() {
     p.lse = batch.lse;
     p.num_qo_heads = s.num_qo_heads;
     p.group_size = s.group_size();
-    const BlockShape bs = block_shape<T, HEAD_DIM>(p.group_size);
+    const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = num_stages;

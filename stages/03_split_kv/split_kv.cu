@@ -37,18 +37,6 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlignment - 1) / kWorkspaceAli
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-/// Block shape for a group size: bdy pairs of heads, bdz token groups.
-struct BlockShape {
-  int bdy, bdz;
-};
-
-template <typename T, int HEAD_DIM>
-BlockShape block_shape(int group_size) {
-  using Tr = ChunkTraits<T, HEAD_DIM>;
-  const int bdy = (group_size + Tr::kHeadsPerThread - 1) / Tr::kHeadsPerThread;
-  return {bdy, Tr::kThreads / (Tr::kBDX * bdy)};
-}
-
 /// What a launch of the two kernels needs besides the batch's pointers.
 struct LaunchArgs {
   const BatchShape* shape;
@@ -89,13 +77,13 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.lse = a.batch->lse;
   p.num_qo_heads = s.num_qo_heads;
   p.group_size = s.group_size();
-  const BlockShape bs = block_shape<T, HEAD_DIM>(p.group_size);
+  const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
   p.num_stages = a.num_stages;
   p.sm_scale_log2 = s.sm_scale * kernels::kLog2e;
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
-  chunk_decode_kernel<T, HEAD_DIM><<<grid, ChunkTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
+  chunk_decode_kernel<T, HEAD_DIM><<<grid, kernels::DecodeTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv) return;
 
@@ -126,7 +114,7 @@ template <typename T, int HEAD_DIM>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const BlockShape bs = block_shape<T, HEAD_DIM>(group_size);
+    const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
     return chunk_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
@@ -137,7 +125,7 @@ KernelEntry kernel_entry() {
   e.blocks_per_sm = [](size_t bytes) {
     int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, chunk_decode_kernel<T, HEAD_DIM>, ChunkTraits<T, HEAD_DIM>::kThreads, bytes));
+        &blocks, chunk_decode_kernel<T, HEAD_DIM>, kernels::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
     return blocks;
   };
   e.launch = launch<T, HEAD_DIM>;
