@@ -93,6 +93,106 @@ __device__ __forceinline__ void half_barrier(int half) {
   else asm volatile("bar.sync 2, 256;\n" ::: "memory");
 }
 
+/// The end of the kernel: merges the num_z token groups' partial states of each of the
+/// group's heads (exact) and writes o and lse, with the whole block working on the merge.
+/// Why not DecodeLoop::merge_states: there one thread per (head, dims) folds the other
+/// num_z - 1 states into its own, one after another, a chain of num_z - 1 dependent
+/// rescales (31 for two halves of a group of 4). Stage 02 runs one block per SM when
+/// the grid is small, so that chain is a tail every block pays with no other block to
+/// hide it. Here every state goes to shared memory, and each thread takes VEC dims of
+/// one head: the max over the num_z states first, then one weighted sum over them, whose
+/// terms are independent (no rescale chain).
+///
+///     state id = (z * bdy + ty) * HPT + j: head ty * HPT + j of token group z
+///     part_o [num_states][HEAD_DIM]   part_m [num_states]   part_d [num_states]
+///
+/// Collective over the whole block (a __syncthreads).
+/// \param loop this thread's decode loop, its states final
+/// \param z_base token group of this thread's tz = 0 (half * bdz)
+/// \param num_z token groups of the block (SPLITS * bdz)
+/// \param group_size query heads of the block
+/// \param buf DecodeTraits::merge_bytes(num_z, bdy) bytes of shared memory, 16-byte
+///        aligned, not read or written by any copy still in flight
+/// \param o (batch_size, num_qo_heads, head_dim) output \param lse (batch_size,
+///        num_qo_heads) natural-log lse \param first_row row of the group's first head
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void merge_and_store(const kernels::DecodeLoop<T, HEAD_DIM>& loop, int z_base, int num_z,
+                                                int group_size, float* buf, T* o, float* lse, int64_t first_row) {
+  using L = kernels::DecodeLoop<T, HEAD_DIM>;
+  constexpr int HPT = L::HPT, VEC = L::VEC, NV = L::NV, BDX = L::BDX;
+  const int bdy = loop.bdy;
+  const int num_states = num_z * bdy * HPT;
+  float* part_o = buf;
+  float* part_m = part_o + num_states * HEAD_DIM;
+  float* part_d = part_m + num_states;
+  if (loop.computes) {
+    const int z = z_base + loop.tz;
+#pragma unroll
+    for (int j = 0; j < HPT; ++j) {
+      const int id = (z * bdy + loop.ty) * HPT + j;
+#pragma unroll
+      for (int v = 0; v < NV; ++v)
+#pragma unroll
+        for (int e = 0; e < VEC; e += 4)
+          *reinterpret_cast<float4*>(part_o + id * HEAD_DIM + (v * BDX + loop.tx) * VEC + e) =
+              make_float4(loop.state[j].o[v * VEC + e], loop.state[j].o[v * VEC + e + 1],
+                          loop.state[j].o[v * VEC + e + 2], loop.state[j].o[v * VEC + e + 3]);
+      if (loop.tx == 0) {
+        part_m[id] = loop.state[j].m;
+        part_d[id] = loop.state[j].d;
+      }
+    }
+  }
+  __syncthreads();
+  constexpr int CHUNKS = HEAD_DIM / VEC;  // VEC-dim pieces of one head's row
+  // Only the first 256 threads (half 0) read the states back. On the device the
+  // __syncthreads above (barrier 0, all 512 threads, each warp's second arrival at it
+  // after attend's) orders every write before every read, and nothing writes this region
+  // after it. But compute-sanitizer's racecheck reported half 0's writes of part_m vs
+  // half 1's reads (fp32, head_dim 256, a group of 7: 448 items, so half 1 read too; 5
+  // tiles, so half 0 had passed one more named barrier than half 1). Readers in half 0
+  // only is the decode loop's merge_states pattern, which racecheck accepts, and costs
+  // nothing where it matters: a group of 4 at bf16 / head_dim 128 is 64 items.
+  if (threadIdx.x >= L::Tr::kThreads) return;
+#pragma unroll 1
+  for (int item = threadIdx.x; item < group_size * CHUNKS; item += L::Tr::kThreads) {
+    const int h = item / CHUNKS, c = item % CHUNKS;
+    const int first_id = h;           // (0 * bdy + ty) * HPT + j for head h = ty * HPT + j
+    const int z_stride = bdy * HPT;   // ids between two token groups of one head
+    float m_max = -INFINITY;
+#pragma unroll 4
+    for (int z = 0; z < num_z; ++z) m_max = fmaxf(m_max, part_m[first_id + z * z_stride]);
+    float acc[VEC], d_sum = 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] = 0.f;
+    if (m_max != -INFINITY) {  // else no key at all: o = 0, lse = -inf, as SoftmaxState says
+#pragma unroll 4  // four states' loads in flight: the sum has no dependent chain to wait on
+      for (int z = 0; z < num_z; ++z) {
+        const int id = first_id + z * z_stride;
+        const float m_z = part_m[id];
+        const float w = m_z == -INFINITY ? 0.f : exp2f(m_z - m_max);  // an empty state adds nothing
+        d_sum = fmaf(w, part_d[id], d_sum);
+#pragma unroll
+        for (int e = 0; e < VEC; e += 4) {
+          const float4 x = *reinterpret_cast<const float4*>(part_o + id * HEAD_DIM + c * VEC + e);
+          acc[e] = fmaf(w, x.x, acc[e]);
+          acc[e + 1] = fmaf(w, x.y, acc[e + 1]);
+          acc[e + 2] = fmaf(w, x.z, acc[e + 2]);
+          acc[e + 3] = fmaf(w, x.w, acc[e + 3]);
+        }
+      }
+    }
+    const float inv_d = d_sum > 0.f ? 1.f / d_sum : 0.f;
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) acc[e] *= inv_d;
+    const int64_t row = first_row + h;
+    kernels::Vec16<T> ov;
+    ov.from_float(acc);
+    ov.store(o + row * HEAD_DIM + c * VEC);
+    if (c == 0) lse[row] = d_sum > 0.f ? (m_max + log2f(d_sum)) * kernels::kLn2 : -INFINITY;
+  }
+}
+
 /// Batch decode through the page table: block (kv head, request) computes the group_size
 /// query heads that share that kv head, over all of the request's keys, and writes their
 /// o and lse. grid = (num_kv_heads, batch_size), 256 * SPLITS threads, shared memory
@@ -106,7 +206,6 @@ __device__ __forceinline__ void half_barrier(int half) {
 template <typename T, int HEAD_DIM, int SPLITS>
 __global__ void __launch_bounds__(256 * SPLITS, 2 / SPLITS) paged_decode_kernel(const PagedDecodeParams<T> p) {
   using Tr = kernels::DecodeTraits<T, HEAD_DIM>;
-  constexpr int HPT = Tr::kHeadsPerThread;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const int half = threadIdx.x / Tr::kThreads;
   const int S = p.num_stages;
@@ -127,14 +226,21 @@ __global__ void __launch_bounds__(256 * SPLITS, 2 / SPLITS) paged_decode_kernel(
 
   // ---- merge the SPLITS x bdz partial states of each head (exact), then write o and lse.
   float* merge_buffers = reinterpret_cast<float*>(smem_raw + paged_decode_merge_offset<T, HEAD_DIM>(SPLITS, p.num_stages));
-  if (loop.merge_states(half * p.bdz, SPLITS * p.bdz, merge_buffers)) {
+  if constexpr (SPLITS == 1) {
+    // Two blocks per SM: one block's merge tail hides behind the other's loads, so the
+    // decode loop's own merge (its dependent chain over bdz states) is fine here.
+    if (loop.merge_states(half * p.bdz, SPLITS * p.bdz, merge_buffers)) {
 #pragma unroll
-    for (int j = 0; j < HPT; ++j) {
-      if (!loop.holds_head(j, p.group_size)) continue;
-      float out[Tr::kElemsPerThread];
-      loop.state[j].output(out);
-      loop.store_output(j, out, p.o, p.lse, first_row + loop.ty * HPT + j);
+      for (int j = 0; j < Tr::kHeadsPerThread; ++j) {
+        if (!loop.holds_head(j, p.group_size)) continue;
+        float out[Tr::kElemsPerThread];
+        loop.state[j].output(out);
+        loop.store_output(j, out, p.o, p.lse, first_row + loop.ty * Tr::kHeadsPerThread + j);
+      }
     }
+  } else {
+    // A lone block per SM: nothing hides the merge, so the whole block does it.
+    merge_and_store<T, HEAD_DIM>(loop, half * p.bdz, SPLITS * p.bdz, p.group_size, merge_buffers, p.o, p.lse, first_row);
   }
 }
 
