@@ -24,14 +24,6 @@ void Ledger::expect(bool ok, const std::string& what) {
 
 void Ledger::skipped(const std::string& what) { skips_.push_back(what); }
 
-double max_abs_diff(const ref::Tensor& a, const ref::Tensor& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double d = std::abs(a.data[i] - b.data[i]);
-    m = std::isnan(d) ? INFINITY : std::max(m, d);
-  }
-  return m;
-}
 
 int64_t Scenario::total_tokens() const {
   int64_t n = 0;

@@ -90,8 +90,8 @@ void show_worked_attention(std::ostream& os, Ledger& ledger);
 /// Section "decoder": the tiny decoder generating with a KV cache and shared prefixes.
 void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger);
 
-/// max |a - b| over all elements (NaN counts as infinite); shapes must agree.
-double max_abs_diff(const ref::Tensor& a, const ref::Tensor& b);
+/// max |a - b| (ref::max_abs_diff: NaN or a shape mismatch is +inf).
+using ref::max_abs_diff;
 
 /// Prints a section heading: "== <number>. <title> ==".
 void heading(std::ostream& os, int number, const std::string& title);

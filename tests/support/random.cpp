@@ -1,9 +1,7 @@
 #include "support/random.hpp"
 
-#include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <limits>
 
 namespace flashstep::test {
 
@@ -30,19 +28,5 @@ int64_t random_int(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 
-double max_abs_diff(const ref::Tensor& a, const ref::Tensor& b) {
-  if (a.shape != b.shape) return std::numeric_limits<double>::infinity();
-  double m = 0;
-  for (size_t i = 0; i < a.data.size(); ++i) {
-    const double d = std::abs(a.data[i] - b.data[i]);
-    if (std::isnan(d)) {
-      // Equal infinities (e.g. two empty states' lse = -inf) agree; anything else is a miss.
-      if (a.data[i] == b.data[i]) continue;
-      return std::numeric_limits<double>::infinity();
-    }
-    m = std::max(m, d);
-  }
-  return m;
-}
 
 }  // namespace flashstep::test

@@ -65,4 +65,11 @@ using Tensor = BasicTensor<double>;
 /// Shape as text, e.g. "(3, 8, 128)", for error messages.
 std::string shape_string(const std::vector<int64_t>& shape);
 
+/// max |a - b| over all elements, the one comparison the tests and the tour share.
+/// Different shapes, or a NaN anywhere, give +inf; equal infinities (two empty
+/// states' lse = -inf) agree.
+/// \param a any tensor
+/// \param b a tensor of the same shape as `a`
+double max_abs_diff(const Tensor& a, const Tensor& b);
+
 }  // namespace flashstep::ref
