@@ -103,6 +103,25 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
   }
 }
 
+/// Batch prefill through a paged cache; `fn` names the public entry point in errors.
+AttentionResult paged_prefill(const char* fn, const Tensor& q, const std::vector<int32_t>& qo_indptr,
+                              const PagedKVCache& cache, const AttentionOptions& opt) {
+  check_options(fn, opt);
+  check_rank(fn, "q", q, 3);
+  check_finite(fn, "q", q);
+  check_paged_kv_cache(fn, cache);
+  check_dim(fn, "paged_kv_cache", cache.pages, 4, q.dim(2), "head_dim, must match q");
+  check_heads(fn, q.dim(1), cache.num_kv_heads());
+  check_indptr(fn, "qo_indptr", qo_indptr, cache.batch_size() + 1, q.dim(0));
+  AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
+  for (int64_t i = 0; i < cache.batch_size(); ++i) {
+    const auto [k, v] = gather_paged_kv(cache, i);
+    attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, KVLayout::NHD, 0,
+                   k.dim(0), opt, r.o, r.lse);
+  }
+  return r;
+}
+
 }  // namespace
 
 KVLayout parse_kv_layout(const std::string& name) {
@@ -234,21 +253,7 @@ AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
                                                   const std::vector<int32_t>& qo_indptr,
                                                   const PagedKVCache& cache,
                                                   const AttentionOptions& opt) {
-  const char* fn = "batch_prefill_with_paged_kv_cache";
-  check_options(fn, opt);
-  check_rank(fn, "q", q, 3);
-  check_finite(fn, "q", q);
-  check_paged_kv_cache(fn, cache);
-  check_dim(fn, "paged_kv_cache", cache.pages, 4, q.dim(2), "head_dim, must match q");
-  check_heads(fn, q.dim(1), cache.num_kv_heads());
-  check_indptr(fn, "qo_indptr", qo_indptr, cache.batch_size() + 1, q.dim(0));
-  AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
-  for (int64_t i = 0; i < cache.batch_size(); ++i) {
-    const auto [k, v] = gather_paged_kv(cache, i);
-    attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, KVLayout::NHD, 0,
-                   k.dim(0), opt, r.o, r.lse);
-  }
-  return r;
+  return paged_prefill("batch_prefill_with_paged_kv_cache", q, qo_indptr, cache, opt);
 }
 
 AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVCache& cache,
@@ -263,13 +268,7 @@ AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVC
   decode_opt.causal = false;
   std::vector<int32_t> qo_indptr(static_cast<size_t>(q.dim(0)) + 1);
   for (size_t i = 0; i < qo_indptr.size(); ++i) qo_indptr[i] = static_cast<int32_t>(i);
-  try {
-    return batch_prefill_with_paged_kv_cache(q, qo_indptr, cache, decode_opt);
-  } catch (const InvalidArgument& e) {  // re-label with this function's name
-    const std::string msg = e.what();
-    const auto colon = msg.find(": ");
-    throw InvalidArgument(std::string(fn) + msg.substr(colon == std::string::npos ? 0 : colon));
-  }
+  return paged_prefill(fn, q, qo_indptr, cache, decode_opt);
 }
 
 Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
