@@ -1,0 +1,90 @@
+/// \file dispatch.cuh
+/// \brief From run-time shape to compile-time kernel: one switch per template parameter,
+/// the same macros in every stage.
+///
+/// A kernel is a template (element type, head_dim, group size, ...) so that loops unroll
+/// and registers are sized at compile time; the shape arrives at run time. Each macro
+/// turns one run-time value into a constant named by the caller and runs the body with
+/// it; nested, they pick one instantiation:
+///
+///     FLASHSTEP_DISPATCH_DTYPE(shape.dtype, T, {
+///       FLASHSTEP_DISPATCH_HEAD_DIM(shape.head_dim, HEAD_DIM, {
+///         return make_entry<T, HEAD_DIM>();
+///       });
+///     });
+///
+/// The body is a statement block (it may `return` from the enclosing function); the
+/// values listed in a macro are the instantiations every stage gets. A value outside
+/// them throws DispatchError naming the parameter, so a stage's plan() that checked the
+/// shape against its StageInfo never reaches that throw. The same vocabulary as
+/// FlashInfer's DISPATCH_* macros (include/flashinfer/utils.cuh), written for this
+/// project's types.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace flashstep::kernels {
+
+/// Thrown when a run-time value has no instantiation; what() names the parameter, the
+/// value and the values that do.
+class DispatchError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Throws DispatchError. \param name the parameter \param value its run-time value
+/// \param supported the values the macro instantiates, as text
+[[noreturn]] inline void dispatch_failed(const char* name, long long value, const char* supported) {
+  throw DispatchError(std::string("no kernel for ") + name + " = " + std::to_string(value) + " (instantiated: " +
+                      supported + ")");
+}
+
+}  // namespace flashstep::kernels
+
+/// Element type: `dtype` is any enum with members f32, f16 and bf16 (stages' DType);
+/// the body sees `using T = float | __half | __nv_bfloat16`.
+#define FLASHSTEP_DISPATCH_DTYPE(dtype, T, ...)                                                     \
+  switch (dtype) {                                                                                 \
+    case std::decay_t<decltype(dtype)>::f32: { using T = float; __VA_ARGS__ break; }               \
+    case std::decay_t<decltype(dtype)>::f16: { using T = __half; __VA_ARGS__ break; }              \
+    case std::decay_t<decltype(dtype)>::bf16: { using T = __nv_bfloat16; __VA_ARGS__ break; }      \
+    default: ::flashstep::kernels::dispatch_failed("dtype", static_cast<long long>(dtype), "f32, f16, bf16"); \
+  }
+
+/// head_dim 64, 128 or 256: the body sees `constexpr int HEAD_DIM`.
+#define FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, ...)                                        \
+  switch (head_dim) {                                                                              \
+    case 64: { constexpr int HEAD_DIM = 64; __VA_ARGS__ break; }                                   \
+    case 128: { constexpr int HEAD_DIM = 128; __VA_ARGS__ break; }                                 \
+    case 256: { constexpr int HEAD_DIM = 256; __VA_ARGS__ break; }                                 \
+    default: ::flashstep::kernels::dispatch_failed("head_dim", (head_dim), "64, 128, 256");        \
+  }
+
+/// GQA group size (query heads per kv head) 1, 2, 3, 4 or 8, for kernels whose tiling
+/// depends on it: the body sees `constexpr int GROUP_SIZE`. (The decode kernels of stages
+/// 02-03 take any group at run time and do not use it.)
+#define FLASHSTEP_DISPATCH_GROUP_SIZE(group_size, GROUP_SIZE, ...)                                  \
+  switch (group_size) {                                                                            \
+    case 1: { constexpr int GROUP_SIZE = 1; __VA_ARGS__ break; }                                   \
+    case 2: { constexpr int GROUP_SIZE = 2; __VA_ARGS__ break; }                                   \
+    case 3: { constexpr int GROUP_SIZE = 3; __VA_ARGS__ break; }                                   \
+    case 4: { constexpr int GROUP_SIZE = 4; __VA_ARGS__ break; }                                   \
+    case 8: { constexpr int GROUP_SIZE = 8; __VA_ARGS__ break; }                                   \
+    default: ::flashstep::kernels::dispatch_failed("group_size", (group_size), "1, 2, 3, 4, 8");   \
+  }
+
+/// A yes/no choice made at compile time (causal or not, two halves or one): the body sees
+/// `constexpr bool NAME`.
+#define FLASHSTEP_DISPATCH_BOOL(condition, NAME, ...) \
+  if (condition) {                                    \
+    constexpr bool NAME = true;                       \
+    __VA_ARGS__                                       \
+  } else {                                            \
+    constexpr bool NAME = false;                      \
+    __VA_ARGS__                                       \
+  }
