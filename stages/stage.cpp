@@ -3,6 +3,7 @@
 #include "stage.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "flashstep/reference/errors.hpp"
@@ -45,6 +46,10 @@ int64_t BatchShape::total_kv_len() const {
   return total;
 }
 
+float BatchShape::resolved_sm_scale() const {
+  return sm_scale ? *sm_scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
 std::string BatchShape::describe() const {
   std::ostringstream s;
   s << to_string(mode) << ' ' << to_string(storage) << ' ' << to_string(dtype) << ' '
@@ -70,6 +75,8 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
     return std::find(list.begin(), list.end(), x) != list.end();
   };
   if (!supports(shape.mode)) return name + " does not do " + to_string(shape.mode);
+  if (shape.sm_scale && !(std::isfinite(*shape.sm_scale) && *shape.sm_scale > 0))
+    return "sm_scale must be a positive finite number when given";
   if (shape.storage != storage)
     return name + " reads " + to_string(storage) + " KV, not " + to_string(shape.storage);
   if (!supports(shape.dtype)) return name + " is not built for dtype " + to_string(shape.dtype);

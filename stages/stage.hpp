@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,10 +66,9 @@ struct BatchShape {
   int page_size = 0;       ///< paged only: tokens per page
   int64_t num_pages = 0;   ///< paged only: pages in the pool
   bool causal = false;     ///< prefill only; bottom-right aligned
-  /// Softmax scale applied to q.k, used as given: the stages do not replace 0 (the
-  /// member's default) by 1/sqrt(head_dim), so a shape left at 0 gives every key the
-  /// same weight. Set it; harness::make_layout sets 1/sqrt(head_dim), DESIGN.md's default.
-  float sm_scale = 0.f;
+  /// Softmax scale applied to q.k. Not given (the default): 1/sqrt(head_dim). Stages
+  /// read it through resolved_sm_scale(); a given value must be positive and finite.
+  std::optional<float> sm_scale;
   std::vector<int32_t> qo_indptr;         ///< (batch_size + 1); decode: 0, 1, ..., batch_size
   std::vector<int32_t> kv_indptr;         ///< (batch_size + 1); paged: page offsets, ragged: token offsets
   std::vector<int32_t> kv_last_page_len;  ///< (batch_size), paged only
@@ -79,6 +79,8 @@ struct BatchShape {
   int64_t kv_len(int i) const;
   /// Keys of the whole batch.
   int64_t total_kv_len() const;
+  /// The scale the stages apply: sm_scale when given, else 1/sqrt(head_dim).
+  float resolved_sm_scale() const;
   /// Query heads per kv head (GQA group size).
   int group_size() const { return num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0; }
   /// One line, e.g. "decode paged bf16 NHD batch=16 heads=32/8 head_dim=128 page=16".

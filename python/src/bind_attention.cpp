@@ -17,7 +17,7 @@ ref::AttentionOptions make_options(bool causal, const std::string& kv_layout,
   ref::AttentionOptions opt;
   opt.causal = causal;
   opt.kv_layout = ref::parse_kv_layout(kv_layout);
-  opt.sm_scale = sm_scale.value_or(std::numeric_limits<double>::quiet_NaN());
+  opt.sm_scale = sm_scale;
   opt.window_left = window_left;
   opt.logits_soft_cap = logits_soft_cap.value_or(0.0);
   return opt;

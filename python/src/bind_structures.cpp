@@ -65,7 +65,7 @@ ref::AttentionOptions attention_options(bool causal, std::optional<double> sm_sc
                                         std::optional<double> logits_soft_cap) {
   ref::AttentionOptions opt;
   opt.causal = causal;
-  opt.sm_scale = sm_scale.value_or(std::numeric_limits<double>::quiet_NaN());
+  opt.sm_scale = sm_scale;
   opt.window_left = window_left;
   opt.logits_soft_cap = logits_soft_cap.value_or(0.0);
   return opt;

@@ -29,19 +29,24 @@ Matrix kv_head_rows(const Tensor& kv, KVLayout layout, int64_t head, int64_t row
   return m;
 }
 
-double resolve_sm_scale(const AttentionOptions& opt, int64_t head_dim) {
-  return std::isnan(opt.sm_scale) ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : opt.sm_scale;
+}  // namespace
+
+double resolved_sm_scale(const AttentionOptions& opt, int64_t head_dim) {
+  return opt.sm_scale ? *opt.sm_scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
-void check_options(const char* fn, const AttentionOptions& opt) {
-  require(std::isnan(opt.sm_scale) || (std::isfinite(opt.sm_scale) && opt.sm_scale > 0), fn,
-          "sm_scale must be a positive finite number (got " + std::to_string(opt.sm_scale) + ")");
+void check_attention_options(const char* fn, const AttentionOptions& opt) {
+  require(!opt.sm_scale || (std::isfinite(*opt.sm_scale) && *opt.sm_scale > 0), fn,
+          "sm_scale must be a positive finite number when given (got " +
+              (opt.sm_scale ? std::to_string(*opt.sm_scale) : std::string("none")) + ")");
   require(opt.window_left >= -1, fn,
           "window_left must be -1 (off) or >= 0 (got " + std::to_string(opt.window_left) + ")");
   require(std::isfinite(opt.logits_soft_cap) && opt.logits_soft_cap >= 0, fn,
           "logits_soft_cap must be 0 (off) or a positive finite number (got " +
               std::to_string(opt.logits_soft_cap) + ")");
 }
+
+namespace {
 
 /// Checks k/v of a single or ragged call against q; returns num_kv_heads.
 int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -67,7 +72,7 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
   const int64_t num_qo_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
   const int64_t group_size = num_qo_heads / num_kv_heads;
-  const double sm_scale = resolve_sm_scale(opt, head_dim);
+  const double sm_scale = resolved_sm_scale(opt, head_dim);
   const double cap = opt.logits_soft_cap;
 
   for (int64_t kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
@@ -106,7 +111,7 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
 /// Batch prefill through a paged cache; `fn` names the public entry point in errors.
 AttentionResult paged_prefill(const char* fn, const Tensor& q, const std::vector<int32_t>& qo_indptr,
                               const PagedKVCache& cache, const AttentionOptions& opt) {
-  check_options(fn, opt);
+  check_attention_options(fn, opt);
   check_rank(fn, "q", q, 3);
   check_finite(fn, "q", q);
   check_paged_kv_cache(fn, cache);
@@ -205,7 +210,7 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
 AttentionResult single_prefill_with_kv_cache(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt) {
   const char* fn = "single_prefill_with_kv_cache";
-  check_options(fn, opt);
+  check_attention_options(fn, opt);
   check_rank(fn, "q", q, 3);
   check_finite(fn, "q", q);
   check_contiguous_kv(fn, q, k, v, opt.kv_layout);
@@ -219,7 +224,7 @@ AttentionResult single_decode_with_kv_cache(const Tensor& q, const Tensor& k, co
                                             const AttentionOptions& opt) {
   const char* fn = "single_decode_with_kv_cache";
   check_rank(fn, "q", q, 2);
-  check_options(fn, opt);
+  check_attention_options(fn, opt);
   check_finite(fn, "q", q);
   Tensor q3({1, q.dim(0), q.dim(1)}, q.data);
   check_contiguous_kv(fn, q3, k, v, opt.kv_layout);
@@ -235,7 +240,7 @@ AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q,
                                                    const std::vector<int32_t>& kv_indptr,
                                                    const AttentionOptions& opt) {
   const char* fn = "batch_prefill_with_ragged_kv_cache";
-  check_options(fn, opt);
+  check_attention_options(fn, opt);
   check_rank(fn, "q", q, 3);
   check_finite(fn, "q", q);
   check_contiguous_kv(fn, q, k, v, opt.kv_layout);
@@ -274,7 +279,7 @@ AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVC
 Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
                         const AttentionOptions& opt) {
   const char* fn = "attention_scores";
-  check_options(fn, opt);
+  check_attention_options(fn, opt);
   check_rank(fn, "q", q, 3);
   check_contiguous_kv(fn, q, k, k, opt.kv_layout);
   require(qo_head >= 0 && qo_head < q.dim(1), fn,
@@ -283,7 +288,7 @@ Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
   const int64_t num_kv_heads = opt.kv_layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
   const int64_t kv_len = opt.kv_layout == KVLayout::NHD ? k.dim(0) : k.dim(1);
   const int64_t kv_head = qo_head / (q.dim(1) / num_kv_heads);
-  const double sm_scale = resolve_sm_scale(opt, head_dim);
+  const double sm_scale = resolved_sm_scale(opt, head_dim);
   const Matrix K = kv_head_rows(k, opt.kv_layout, kv_head, 0, kv_len);
   Tensor s({qo_len, kv_len});
   for (int64_t i = 0; i < qo_len; ++i)

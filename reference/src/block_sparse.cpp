@@ -205,17 +205,14 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
   require(opt.causal == v.causal && opt.window_left == v.window_left, fn,
           "opt.causal and opt.window_left must be the ones the view was built with (causal " +
               str(v.causal) + ", window_left " + str(v.window_left) + ")");
-  require(std::isnan(opt.sm_scale) || (std::isfinite(opt.sm_scale) && opt.sm_scale > 0), fn,
-          "sm_scale must be a positive finite number");
-  require(std::isfinite(opt.logits_soft_cap) && opt.logits_soft_cap >= 0, fn,
-          "logits_soft_cap must be 0 (off) or a positive finite number");
+  check_attention_options(fn, opt);
   check_view(fn, v);
   require(v.qo_indptr.back() == q.dim(0), fn,
           "q has " + str(q.dim(0)) + " rows but the view's batch has " + str(v.qo_indptr.back()) + " queries");
 
   const int64_t num_qo_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t group = num_qo_heads / cache.num_kv_heads();
-  const double sm_scale = std::isnan(opt.sm_scale) ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : opt.sm_scale;
+  const double sm_scale = resolved_sm_scale(opt, head_dim);
   const double cap = opt.logits_soft_cap;
   // NaN-filled, so that a row the walk forgets cannot pass as a result.
   const double nan = std::numeric_limits<double>::quiet_NaN();

@@ -132,16 +132,12 @@ SplitKVPartials split_kv_partials(const Tensor& q, const PagedKVCache& cache, co
           "q dimension 0 (batch_size) must equal the cache's batch size " + str(cache.batch_size()));
   check_dim(fn, "paged_kv_cache", cache.pages, 4, q.dim(2), "head_dim, must match q");
   check_heads(fn, q.dim(1), cache.num_kv_heads());
-  require(std::isnan(opt.sm_scale) || (std::isfinite(opt.sm_scale) && opt.sm_scale > 0), fn,
-          "sm_scale must be a positive finite number");
-  require(opt.window_left >= -1, fn, "window_left must be -1 (off) or >= 0");
-  require(std::isfinite(opt.logits_soft_cap) && opt.logits_soft_cap >= 0, fn,
-          "logits_soft_cap must be 0 (off) or a positive finite number");
+  check_attention_options(fn, opt);
   check_plan(fn, cache, plan);
 
   const int64_t heads = q.dim(1), head_dim = q.dim(2), group = heads / cache.num_kv_heads();
   const int64_t ps = cache.page_size(), c = plan.kv_chunk_size_in_pages;
-  const double sm_scale = std::isnan(opt.sm_scale) ? 1.0 / std::sqrt(static_cast<double>(head_dim)) : opt.sm_scale;
+  const double sm_scale = resolved_sm_scale(opt, head_dim);
   const double nan = std::numeric_limits<double>::quiet_NaN();
   SplitKVPartials out{Tensor({plan.num_work_items, heads, head_dim}, nan), Tensor({plan.num_work_items, heads}, nan)};
   for (int64_t k = 0; k < plan.num_work_items; ++k) {

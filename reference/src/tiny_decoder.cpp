@@ -30,7 +30,7 @@ Tensor philox_matrix(uint64_t seed, uint64_t m, int64_t rows, int64_t cols, doub
 
 AttentionOptions causal() {
   AttentionOptions opt;
-  opt.causal = true;  // sm_scale stays NaN: 1/sqrt(head_dim)
+  opt.causal = true;  // sm_scale not given: 1/sqrt(head_dim)
   return opt;
 }
 

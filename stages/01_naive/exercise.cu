@@ -78,7 +78,7 @@ class ExerciseRunner : public StageRunner {
     ExerciseParams p{static_cast<const float*>(batch.q), static_cast<const float*>(batch.k),
                      static_cast<const float*>(batch.v), batch.kv_indptr, scores_,
                      static_cast<float*>(batch.o), batch.lse, shape_.num_qo_heads,
-                     shape_.num_kv_heads, shape_.head_dim, max_kv_len(shape_), shape_.sm_scale};
+                     shape_.num_kv_heads, shape_.head_dim, max_kv_len(shape_), shape_.resolved_sm_scale()};
     const dim3 grid(shape_.num_qo_heads, shape_.batch_size);
     exercise_scores<<<grid, 128, 0, stream>>>(p);
     kernels::check_launch("exercise_scores");

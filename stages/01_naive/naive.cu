@@ -170,7 +170,7 @@ void NaiveRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   p.num_qo_heads = shape_.num_qo_heads;
   p.num_kv_heads = shape_.num_kv_heads;
   p.head_dim = shape_.head_dim;
-  p.sm_scale = shape_.sm_scale;
+  p.sm_scale = shape_.resolved_sm_scale();
   p.causal = shape_.causal;
   launch_naive(p, stream);
 }

@@ -101,7 +101,7 @@ class ExerciseRunner : public StageRunner {
     p.lse = batch.lse;
     p.num_qo_heads = shape_.num_qo_heads;
     p.group_size = shape_.group_size();
-    p.sm_scale = shape_.sm_scale;
+    p.sm_scale = shape_.resolved_sm_scale();
     exercise_decode<<<dim3(shape_.num_qo_heads, shape_.batch_size), 32, 0, stream>>>(p);
     kernels::check_launch("exercise_decode");
   }

@@ -55,7 +55,7 @@ KernelEntry kernel_entry() {
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = num_stages;
-    p.sm_scale_log2 = s.sm_scale * kernels::kLog2e;
+    p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
     const dim3 grid(s.num_kv_heads, s.batch_size);
     paged_decode_kernel<T, HEAD_DIM, SPLITS><<<grid, 256 * SPLITS, smem, stream>>>(p);
     kernels::check_launch("paged_decode_kernel");

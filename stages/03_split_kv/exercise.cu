@@ -161,7 +161,7 @@ class ExerciseRunner : public StageRunner {
     p.partial_lse = partial_lse_;
     p.num_qo_heads = shape_.num_qo_heads;
     p.group_size = shape_.group_size();
-    p.sm_scale = shape_.sm_scale;
+    p.sm_scale = shape_.resolved_sm_scale();
     chunk_kernel<<<dim3(shape_.num_qo_heads, plan_.num_work_items), 32, 0, stream>>>(p);
     kernels::check_launch("chunk_kernel");
     const MergeParams m{partial_o_, partial_lse_, o_indptr_, static_cast<bf16*>(batch.o), batch.lse,

@@ -81,7 +81,7 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
   p.num_stages = a.num_stages;
-  p.sm_scale_log2 = s.sm_scale * kernels::kLog2e;
+  p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   chunk_decode_kernel<T, HEAD_DIM><<<grid, kernels::DecodeTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");

@@ -99,7 +99,7 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   s.num_kv_heads = spec.num_kv_heads;
   s.head_dim = spec.head_dim;
   s.causal = spec.mode == Mode::prefill && spec.causal;
-  s.sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.head_dim)));
+  // sm_scale stays unset: the stages and the reference both apply 1/sqrt(head_dim).
 
   const std::vector<int32_t> kv_lens = draw_lengths(spec.batch_size, spec.kv_len, spec.lengths, rng);
   std::vector<int32_t> qo_lens(static_cast<size_t>(spec.batch_size), 1);

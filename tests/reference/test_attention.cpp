@@ -114,7 +114,7 @@ TEST_CASE("single prefill equals the direct formula (causal, window, soft cap, G
     const auto r = ref::single_prefill_with_kv_cache(q, k, v, opt);
     Tensor o, lse;
     direct_attention(q, k, v, opt.causal, opt.window_left,
-                     std::isnan(opt.sm_scale) ? 1 / std::sqrt(double(d)) : opt.sm_scale,
+                     opt.sm_scale.value_or(1 / std::sqrt(double(d))),
                      opt.logits_soft_cap, o, lse);
     CHECK(test::max_abs_diff(r.o, o) < kTol);
     CHECK(test::max_abs_diff(r.lse, lse) < kTol);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <flashstep/reference.hpp>
 #include <functional>
+#include <limits>
 #include <string>
 
 using namespace flashstep;
@@ -112,6 +113,10 @@ TEST_CASE("bad queries, heads and shapes are named") {
   expect_error([&] { ref::single_prefill_with_kv_cache(q, k, k, bad); }, {sf, "logits_soft_cap"});
   bad = {};
   bad.sm_scale = INFINITY;
+  expect_error([&] { ref::single_prefill_with_kv_cache(q, k, k, bad); }, {sf, "sm_scale"});
+  bad.sm_scale = std::numeric_limits<double>::quiet_NaN();  // NaN is not "not given"
+  expect_error([&] { ref::single_prefill_with_kv_cache(q, k, k, bad); }, {sf, "sm_scale"});
+  bad.sm_scale = 0.0;
   expect_error([&] { ref::single_prefill_with_kv_cache(q, k, k, bad); }, {sf, "sm_scale"});
   expect_error([] { ref::parse_kv_layout("NDH"); }, {"kv_layout", "NHD", "HND"});
 }

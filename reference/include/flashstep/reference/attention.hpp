@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <optional>
 #include <vector>
 
 #include "flashstep/reference/tensor.hpp"
@@ -42,11 +43,20 @@ const char* to_string(KVLayout layout);
 /// Options shared by every attention entry point (FlashInfer's keyword arguments).
 struct AttentionOptions {
   bool causal = false;            ///< bottom-right aligned causal mask
-  double sm_scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN means 1/sqrt(head_dim)
+  /// Scale applied to q.k. Not given (the default): 1/sqrt(head_dim). When given it must
+  /// be positive and finite (NaN is rejected, never read as "not given").
+  std::optional<double> sm_scale;
   int window_left = -1;           ///< keep the last window_left + 1 keys; -1 = off
   double logits_soft_cap = 0.0;   ///< c > 0: s -> c * tanh(s / c); 0 = off
   KVLayout kv_layout = KVLayout::NHD;  ///< layout of k/v (single, ragged) or of each page
 };
+
+/// The scale an attention call uses: `opt.sm_scale` when given, else 1/sqrt(head_dim).
+double resolved_sm_scale(const AttentionOptions& opt, int64_t head_dim);
+
+/// Throws InvalidArgument from `fn` when an option is out of range: a given sm_scale that
+/// is not positive and finite, window_left below -1, a negative or non-finite soft cap.
+void check_attention_options(const char* fn, const AttentionOptions& opt);
 
 /// Output and natural-log LSE of an attention call.
 struct AttentionResult {

@@ -86,7 +86,7 @@ BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const 
 ///        and num_pages must match it
 /// \param view built for the same batch; opt.causal and opt.window_left must equal the
 ///        view's (the view's blocks depend on them)
-/// \param opt sm_scale (NaN: 1/sqrt(head_dim)) and logits_soft_cap as for
+/// \param opt sm_scale (not given: 1/sqrt(head_dim)) and logits_soft_cap as for
 ///        batch_prefill_with_paged_kv_cache; causal and window_left as the view was built
 /// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
 AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cache,
