@@ -1,8 +1,8 @@
 // Stage 02 — paged decode: the launcher, plan/run, and the registry entry.
 //
-// The kernel (paged_decode.cuh, around the decode loop of kernels/decode_loop.cuh) is
-// instantiated for fp32, fp16 and bf16 x head_dim 64, 128 and 256 (the combinations the
-// registry declares) x one or two 256-thread halves.
+// Kernels: paged_decode_kernel (paged_decode.cuh) and, for grids of fewer than two blocks
+// per SM, paged_decode_two_halves_kernel (two_halves.cuh), each for fp32, fp16 and bf16
+// x head_dim 64, 128 and 256, picked by kernels/dispatch.cuh.
 //
 // How to run it: `ctest -L gpu` validates it over the decode grid;
 // `flashstep_bench --benchmark_filter=02_paged` times it.
@@ -14,7 +14,9 @@
 
 #include "02_paged/paged.hpp"
 #include "02_paged/paged_decode.cuh"
+#include "02_paged/two_halves.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages::paged {
@@ -28,15 +30,23 @@ struct KernelEntry {
   void (*launch)(const BatchShape&, const DeviceBatch&, int num_stages, size_t smem, cudaStream_t);
 };
 
-template <typename T, int HEAD_DIM, int SPLITS>
+/// The kernel for element type T, HEAD_DIM and one or two halves.
+template <typename T, int HEAD_DIM, bool TWO_HALVES>
+constexpr auto kernel() {
+  if constexpr (TWO_HALVES) return paged_decode_two_halves_kernel<T, HEAD_DIM>;
+  else return paged_decode_kernel<T, HEAD_DIM>;
+}
+
+template <typename T, int HEAD_DIM, bool TWO_HALVES>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
-    return paged_decode_smem_bytes<T, HEAD_DIM>(SPLITS, num_stages, bs.bdy, bs.bdz);
+    const DecodeBlockShape bs = DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
+    return TWO_HALVES ? two_halves_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz)
+                      : paged_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(paged_decode_kernel<T, HEAD_DIM, SPLITS>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, HEAD_DIM, TWO_HALVES>(),
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(bytes)));
   };
@@ -51,43 +61,25 @@ KernelEntry kernel_entry() {
     p.lse = batch.lse;
     p.num_qo_heads = s.num_qo_heads;
     p.group_size = s.group_size();
-    const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
+    const DecodeBlockShape bs = DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = num_stages;
     p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
     const dim3 grid(s.num_kv_heads, s.batch_size);
-    paged_decode_kernel<T, HEAD_DIM, SPLITS><<<grid, 256 * SPLITS, smem, stream>>>(p);
-    kernels::check_launch("paged_decode_kernel");
+    kernel<T, HEAD_DIM, TWO_HALVES>()<<<grid, TWO_HALVES ? 512 : 256, smem, stream>>>(p);
+    kernels::check_launch(TWO_HALVES ? "paged_decode_two_halves_kernel" : "paged_decode_kernel");
   };
   return e;
 }
 
-template <typename T, int SPLITS>
-KernelEntry kernel_entry_for_dim(int head_dim) {
-  switch (head_dim) {
-    case 64: return kernel_entry<T, 64, SPLITS>();
-    case 128: return kernel_entry<T, 128, SPLITS>();
-    case 256: return kernel_entry<T, 256, SPLITS>();
-  }
-  throw ref::InvalidArgument("PagedRunner::plan: head_dim must be 64, 128 or 256 (got " +
-                             std::to_string(head_dim) + ")");
-}
-
-template <int SPLITS>
-KernelEntry kernel_entry_for_splits(DType dtype, int head_dim) {
-  switch (dtype) {
-    case DType::f32: return kernel_entry_for_dim<float, SPLITS>(head_dim);
-    case DType::f16: return kernel_entry_for_dim<__half, SPLITS>(head_dim);
-    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16, SPLITS>(head_dim);
-  }
-  throw ref::InvalidArgument("PagedRunner::plan: unknown dtype");
-}
-
-/// 256 threads: one half; 512: two halves splitting the tiles of each (request, kv head).
+/// 256 threads: paged_decode_kernel; 512: paged_decode_two_halves_kernel.
 KernelEntry kernel_entry_for(DType dtype, int head_dim, int threads) {
-  return threads == 512 ? kernel_entry_for_splits<2>(dtype, head_dim)
-                        : kernel_entry_for_splits<1>(dtype, head_dim);
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+      FLASHSTEP_DISPATCH_BOOL(threads == 512, TWO_HALVES, { return kernel_entry<T, HEAD_DIM, TWO_HALVES>(); });
+    });
+  });
 }
 
 }  // namespace
@@ -105,9 +97,7 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  // Fewer blocks than two per SM: then a block is alone on its SM, so it gets two
-  // 256-thread halves that split its tiles and never wait for each other, as two
-  // blocks on one SM would.
+  // Fewer blocks than two per SM: a block would be alone on its SM (two_halves.cuh).
   const bool small_grid = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms};
   threads_ = config_.threads ? config_.threads : (small_grid ? 512 : 256);
   num_stages_ = config_.num_stages ? config_.num_stages : 2;

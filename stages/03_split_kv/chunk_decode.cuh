@@ -21,24 +21,24 @@
 /// load is already the page ids) — and blocks of the padded grid past the real items exit
 /// at once (block_valid_mask), so a graph replay after a new plan() runs the new schedule.
 ///
-/// The attention itself is stage 02's decode loop, kernels/decode_loop.cuh, run over the
+/// The attention itself is stage 02's decode loop, 02_paged/decode_loop.cuh, run over the
 /// chunk instead of the whole request: the same 256-thread layout, tile pipeline,
 /// page-table walk one tile ahead, branch-free 4-token scores and exact merge of the
 /// block's states. What this file adds is all that differs:
 ///
 ///     block (kv_head, k)
 ///       k's schedule entries -> request b, first page, chunk length  (exit if padding)
-///       DecodeLoop: load_q(b), attend(chunk), merge_states           kernels/decode_loop.cuh
+///       DecodeLoop: load_q(b), attend(chunk), merge_states           02_paged/decode_loop.cuh
 ///       write: partial row k in fp32 (the plan split) | o, lse of b (it did not)
 ///
-/// Stage 02's two-halves block for lone blocks is not needed here: a plan that would
+/// Stage 02's two-halves block for small grids is not needed here: a plan that would
 /// leave blocks alone on their SMs splits instead. Shared memory: the loop's pipeline,
 /// num_stages x 32 KB, reused at the end for the merge of the bdz states.
 #pragma once
 
 #include <cstdint>
 
-#include "flashstep/kernels/decode_loop.cuh"
+#include "02_paged/decode_loop.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/vec.cuh"
 
@@ -72,19 +72,10 @@ struct ChunkDecodeParams {
 /// end-of-block merge buffers (one region serves both).
 template <typename T, int HEAD_DIM>
 constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
-  using Tr = kernels::DecodeTraits<T, HEAD_DIM>;
+  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
   const size_t pipeline = Tr::pipeline_bytes(num_stages);
   const size_t merge = Tr::merge_bytes(bdz, bdy);
   return pipeline > merge ? pipeline : merge;
-}
-
-/// Lets the kernel launched after this one with programmatic dependent launch start its
-/// prologue now (sm_90+; a no-op when nothing depends on this grid programmatically). The
-/// dependent still waits for this grid's completion before it reads what this grid wrote.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 /// Decode attention of one work item: block (kv head, k) computes the group_size query
@@ -102,14 +93,17 @@ __device__ __forceinline__ void allow_dependent_launch() {
 ///        (batch_size, num_qo_heads)
 template <typename T, int HEAD_DIM>
 __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T> p) {
-  using Tr = kernels::DecodeTraits<T, HEAD_DIM>;
+  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
   constexpr int BDX = Tr::kBDX, HPT = Tr::kHeadsPerThread, EPT = Tr::kElemsPerThread;
   constexpr int VEC = Tr::kVec, NV = Tr::kVecsPerThread;
   extern __shared__ __align__(16) uint8_t smem_raw[];
 
   // Every block of this grid is resident in the one wave the plan sized it for, so the
-  // merge kernel may be scheduled as soon as blocks start to retire.
-  allow_dependent_launch();
+  // merge kernel may be scheduled as soon as blocks start to retire (programmatic
+  // dependent launch, sm_90+; it still waits for this grid's writes before reading them).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
 
   // ---- which work item: padding of a graph-sized grid exits here. The four schedule
   // loads are independent, so they are issued together, before the branch.
@@ -122,7 +116,7 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
 
   // ---- stage 02's loop over the chunk's keys, then the exact merge of the bdz states in
   // the pipeline's memory (free once attend returns).
-  kernels::DecodeLoop<T, HEAD_DIM> loop(threadIdx.x, p.bdy, p.bdz);
+  paged::DecodeLoop<T, HEAD_DIM> loop(threadIdx.x, p.bdy, p.bdz);
   loop.load_q(p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size, p.sm_scale_log2);
   loop.template attend<1, true>(p.kv, kv_head, page_base, chunk_len, 0, (chunk_len + Tr::kTile - 1) / Tr::kTile,
                                 reinterpret_cast<T*>(smem_raw), p.num_stages, [] { __syncthreads(); });

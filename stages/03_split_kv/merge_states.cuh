@@ -17,7 +17,7 @@
 /// then the NZ lane states are merged in shared memory and lane 0 writes o (output dtype)
 /// and lse. With programmatic dependent launch the block starts while the chunk kernel
 /// finishes, reads its schedule (o_indptr, written by plan() before the chunk kernel ran),
-/// and waits (griddepcontrol.wait) only before it reads the partial rows.
+/// and waits (cudaGridDependencySynchronize) only before it reads the partial rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,14 +42,6 @@ struct MergeStatesParams {
   float* lse = nullptr;                ///< (batch_size, num_qo_heads) natural log
   int num_qo_heads = 0;                ///< query heads, Hq (the row stride of every array)
 };
-
-/// Waits until the grid this one programmatically depends on has completed and its
-/// writes are visible (sm_90+; returns at once when launched without that dependency).
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 /// Stores 4 fp32 values as 4 elements of T, in one 8-byte (16-bit T) or 16-byte store.
 /// \param dst 4 elements, 8-byte aligned (16 for fp32)
@@ -98,7 +90,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   const int tx = threadIdx.x % TX, tz = threadIdx.x / TX;
   // The schedule was written before the chunk kernel started: safe to read before the wait.
   const int begin = p.o_indptr[r], end = p.o_indptr[r + 1];
-  wait_for_prerequisite_grid();
+  // Wait for the chunk kernel's writes (returns at once without programmatic launch).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
 
   // Lane tz merges chunks begin + tz, begin + tz + NZ, ...; loads first, then merges.
   kernels::SoftmaxState<4> st;

@@ -2,14 +2,16 @@
 // registry entry.
 //
 // The control plane (plan, host, once per batch composition) and the data plane (run,
-// device, once per layer) are kept apart the way FlashInfer keeps them (seeds/001, 4.1):
+// device, once per layer) are kept apart the way FlashInfer keeps them (the FlashInfer
+// paper, arXiv 2501.01005, and docs/concepts/09_plan_run.md):
 //   plan()  reads the lengths on the host, asks ref::plan_split_kv — the reference
 //           planner, the very function the CPU tests check — for the schedule, writes it
 //           into pinned memory in the workspace's layout, and ships it with ONE copy.
 //   run()   launches chunk_decode_kernel (and merge_states_kernel when the plan split)
 //           with pointers into the workspace; it reads no length and makes no choice.
 //
-// Kernels are instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256, as stage 02.
+// Kernels are instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256 by
+// kernels/dispatch.cuh, as stage 02's.
 // How to run it: `ctest -L gpu` validates it (the decode grids through the registry, and
 // tests/stages/test_split_kv.cpp for partial states, forced splits and CUDA graphs);
 // `flashstep_bench --shapes=bench/shapes_split_kv.csv` times it.
@@ -27,6 +29,7 @@
 #include "03_split_kv/chunk_decode.cuh"
 #include "03_split_kv/merge_states.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages::split_kv {
@@ -77,13 +80,13 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.lse = a.batch->lse;
   p.num_qo_heads = s.num_qo_heads;
   p.group_size = s.group_size();
-  const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
+  const paged::DecodeBlockShape bs = paged::DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
   p.num_stages = a.num_stages;
   p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
-  chunk_decode_kernel<T, HEAD_DIM><<<grid, kernels::DecodeTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
+  chunk_decode_kernel<T, HEAD_DIM><<<grid, paged::DecodeTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv) return;
 
@@ -100,7 +103,7 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   // Programmatic dependent launch: the merge grid may be scheduled before the chunk grid
-  // has finished (its blocks wait in griddepcontrol.wait), which hides its launch latency.
+  // has finished (its blocks wait in cudaGridDependencySynchronize), which hides its launch latency.
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
@@ -114,7 +117,7 @@ template <typename T, int HEAD_DIM>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const kernels::DecodeBlockShape bs = kernels::DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
+    const paged::DecodeBlockShape bs = paged::DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
     return chunk_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
@@ -125,30 +128,17 @@ KernelEntry kernel_entry() {
   e.blocks_per_sm = [](size_t bytes) {
     int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, chunk_decode_kernel<T, HEAD_DIM>, kernels::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+        &blocks, chunk_decode_kernel<T, HEAD_DIM>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
     return blocks;
   };
   e.launch = launch<T, HEAD_DIM>;
   return e;
 }
 
-template <typename T>
-KernelEntry kernel_entry_for_dim(int head_dim) {
-  switch (head_dim) {
-    case 64: return kernel_entry<T, 64>();
-    case 128: return kernel_entry<T, 128>();
-    case 256: return kernel_entry<T, 256>();
-  }
-  throw ref::InvalidArgument("SplitKVRunner::plan: head_dim must be 64, 128 or 256 (got " + str(head_dim) + ")");
-}
-
 KernelEntry kernel_entry_for(DType dtype, int head_dim) {
-  switch (dtype) {
-    case DType::f32: return kernel_entry_for_dim<float>(head_dim);
-    case DType::f16: return kernel_entry_for_dim<__half>(head_dim);
-    case DType::bf16: return kernel_entry_for_dim<__nv_bfloat16>(head_dim);
-  }
-  throw ref::InvalidArgument("SplitKVRunner::plan: unknown dtype");
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM>(); });
+  });
 }
 
 /// The launch choices that depend on the shape but never on the lengths.

@@ -1,24 +1,23 @@
 /// \file decode_loop.cuh
-/// \brief The decode loop of stages 02 and 03: the query heads of one GQA group attend a
-/// range of one request's keys through the paged-KV view, and the partial states of the
-/// block's threads merge into one online-softmax state per head.
+/// \brief Stage 02's decode loop: the query heads of one GQA group attend a range of one
+/// request's keys through the page table, and the partial states of the block's threads
+/// merge into one online-softmax state per head.
 ///
-/// Stage 02 runs it over a whole request, stage 03 over one chunk of a request; what each
-/// stage does around it (which range, how many pipelines, where the result goes) stays in
-/// the stage. The loop is stage 02's design; each line below is a reason it is fast.
-///  - One pass. The online softmax (state.cuh) folds each key into a running (m, d, o),
-///    so no score goes to HBM and K and V are read exactly once.
+/// paged_decode.cuh runs it over a whole request; stage 03 includes this file and runs
+/// it over one chunk of a request. Each point below is a reason it is fast:
+///  - One pass. The online softmax (kernels/state.cuh) folds each key into a running
+///    (m, d, o), so no score goes to HBM and K and V are read exactly once.
 ///  - One K/V read per GQA group. The loop computes every query head that shares the kv
 ///    head: each K/V element is converted once and used for two heads per thread.
 ///  - Wide, asynchronous loads. K/V rows move global -> shared memory with 16-byte
-///    cp.async copies (cp_async.cuh), num_stages tiles deep, so the memory system always
-///    has the next tiles in flight while the threads compute on the current one.
+///    cp.async copies (kernels/cp_async.cuh), num_stages tiles deep, so the memory system
+///    always has the next tiles in flight while the threads compute on the current one.
 ///  - Paged KV. Token t of the range is found through the page table
-///    (kv_indices[page_begin + t / page_size], slot t % page_size; paged_kv.cuh), with
-///    the division done by FastDivmod and the page ids of a tile fetched one tile ahead.
+///    (kv_indices[page_begin + t / page_size], slot t % page_size; kernels/paged_kv.cuh),
+///    with the division done by FastDivmod and the page ids of a tile fetched one tile ahead.
 ///
-/// Thread layout. The loop runs on a group of 256 threads (a block, or one of stage 02's
-/// two halves of a block):
+/// Thread layout. The loop runs on a group of 256 threads (a block, or one half of a
+/// two-halves block, two_halves.cuh):
 ///
 ///     tid = tx + BDX * (ty + bdy * tz)
 ///       tx  in [0, BDX)  which 16 of the head_dim elements (BDX = head_dim / 16)
@@ -68,7 +67,15 @@
 #include "flashstep/kernels/state.cuh"
 #include "flashstep/kernels/vec.cuh"
 
-namespace flashstep::kernels {
+namespace flashstep::stages::paged {
+
+using kernels::cp_async_16;
+using kernels::cp_async_commit_group;
+using kernels::cp_async_wait_group;
+using kernels::cp_async_wait_group_dynamic;
+using kernels::PagedKV;
+using kernels::SoftmaxState;
+using kernels::Vec16;
 
 /// Thread-block shape of the decode loop for one GQA group size: bdy pairs of query heads
 /// times bdz token groups (times BDX threads across head_dim) fill 256 threads.
@@ -179,14 +186,14 @@ struct DecodeLoop {
   /// Folds keys 0 .. len-1 of a range that starts on a page boundary into the states,
   /// through a cp.async pipeline of num_stages tiles. The range's tiles are 0 ..
   /// ceil(len / kTile) - 1; this pipeline takes my_tiles of them, first_tile,
-  /// first_tile + STRIDE, ... (stage 02's two halves each take every other tile; STRIDE 1
-  /// takes them all). Collective over the loop's 256 threads, which all call `barrier`
+  /// first_tile + STRIDE, ... (STRIDE 1 takes them all; the two halves of two_halves.cuh
+  /// each take every other tile). Collective over the loop's 256 threads, which all call `barrier`
   /// together; ends with a __syncthreads() after every copy has landed, so on return the
   /// caller may reuse the pipeline memory.
   /// \tparam STRIDE tiles between two of this pipeline's tiles (the number of pipelines)
-  /// \tparam PAIRED_START true: the page ids of the first two tiles are loaded together
-  ///         (a short range, such as stage 03's chunks, pays for its start); false: one
-  ///         tile at a time (stage 02)
+  /// \tparam PAIRED_START true: the page ids of the first two tiles are loaded together,
+  ///         for ranges of a few tiles, which pay for their start; false: one tile at a
+  ///         time, for whole requests
   /// \tparam Barrier callable with no arguments: a barrier over the loop's 256 threads
   /// \param kv the paged-KV view (pool, strides, kv_indices, page_size)
   /// \param kv_head the kv head whose K and V rows are read
@@ -243,8 +250,8 @@ struct DecodeLoop {
 
     // ---- prologue: tiles 0 .. S-2 in flight, page ids of tile S-1 fetched.
     if constexpr (PAIRED_START) {
-      // A short range (stage 03's chunks are a few tiles) pays for its start, so the page
-      // ids of tiles 0 and 1 are loaded together, not one dependent round trip after the other.
+      // A range of a few tiles pays for its start, so the page ids of tiles 0 and 1 are
+      // loaded together, not one dependent round trip after the other.
       int32_t page1[PASSES];
       uint32_t slot1[PASSES];
       fetch_pages(0);
@@ -363,7 +370,7 @@ struct DecodeLoop {
   /// groups of the same bdy. Returns true on the threads that hold the merged states
   /// (z == 0 and computing): they write the result.
   /// \param z_base token group of this thread's tz = 0: its token group is z_base + tz
-  ///        (stage 02's halves number theirs half * bdz + tz; one loop per block: 0)
+  ///        (0 with one loop per block)
   /// \param num_z token groups of the block
   /// \param buf DecodeTraits::merge_bytes(num_z, bdy) bytes of shared memory, not read or
   ///        written by any copy still in flight
@@ -428,4 +435,4 @@ struct DecodeLoop {
   }
 };
 
-}  // namespace flashstep::kernels
+}  // namespace flashstep::stages::paged
