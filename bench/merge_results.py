@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
-"""Joins one device call's flashstep_bench JSON and peers JSON into one results file.
+"""Joins one GPU run's flashstep_bench JSON and peers JSON into one results file.
 
     merge_results.py --bench bench.json --peers peers.json --shapes bench/shapes.csv \
-                     --commit SHA [--dirty] --out docs/results/NAME.json
+                     [--source-state build-gpu/source-state.txt] [--command TEXT] \
+                     --out docs/results/NAME.json
 
 The output stays Google Benchmark JSON (what scripts/docs_results.py reads): the peers
 become median rows named peer_<impl>/<shape>, one per shape whose sizes the peer ran;
-the context gains device, commit and date; a top-level "flashstep" object holds the
-issue's ratio targets, computed here from the rows of this one run, and the peers'
-versions. Prints the targets.
+the context gains the commit; a top-level "flashstep" object holds the stage's speed
+goals, computed here from the rows of this one run, the peers' versions, the command
+that produced the run and the state of the tree. Google Benchmark's "executable" (a
+path on the machine that ran it) is dropped. Prints the goals.
+
+Provenance is read, never typed: the commit and the tree's state come from the build
+folder's source-state.txt (written by scripts/gpu-build.sh, next to the binaries
+--bench names), else from git in the current folder. A tree with changes gives a commit
+"<sha>-dirty" and "tree": "modified"; only runs of a clean tree belong in docs/results/.
 """
 import argparse
 import csv
 import json
+import os
+import subprocess
 import sys
 
 from gbench_rows import base_name  # bench/, beside this script
@@ -28,6 +37,22 @@ TARGETS = [
     ("02_paged page_size 1 vs 16, batch 16 x kv 4096 (time ratio)",
      "02_paged/b16_kv4096_p1", "02_paged/b16_kv4096_p16", 1.03, "<=time"),
 ]
+
+
+def source_state(path):
+    """(commit, tree) of the source the run was built from: tree is clean, modified or unknown."""
+    if path and os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            fields = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+        return fields.get("commit", "unknown"), fields.get("tree", "unknown")
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=True, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain"], check=True, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout
+        return commit, "clean" if not status.strip() else "modified"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown", "unknown"
 
 
 def load_shapes(path):
@@ -46,8 +71,9 @@ def main():
     p.add_argument("--bench", required=True)
     p.add_argument("--peers", required=True)
     p.add_argument("--shapes", required=True)
-    p.add_argument("--commit", required=True)
-    p.add_argument("--dirty", action="store_true", help="the working tree had uncommitted changes")
+    p.add_argument("--source-state", help="source-state.txt of the build folder (default: beside --bench's "
+                   "binaries, i.e. <build>/source-state.txt when --bench is under <build>/)")
+    p.add_argument("--command", default="", help="the command that produced the run, recorded as given")
     p.add_argument("--note", default="", help="what this version changed (shown in the chapters' history)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -57,7 +83,14 @@ def main():
     with open(a.peers, encoding="utf-8") as f:
         peers = json.load(f)
     ctx = bench.setdefault("context", {})
-    ctx["commit"] = a.commit + ("-dirty" if a.dirty else "")
+    ctx.pop("executable", None)  # a path on the machine that ran it
+    state_file = a.source_state
+    if not state_file:  # <build>/gpu-run/bench.json -> <build>/source-state.txt
+        d = os.path.dirname(os.path.abspath(a.bench))
+        state_file = next((os.path.join(x, "source-state.txt") for x in (d, os.path.dirname(d))
+                           if os.path.exists(os.path.join(x, "source-state.txt"))), None)
+    commit, tree = source_state(state_file)
+    ctx["commit"] = commit + ("-dirty" if tree == "modified" else "")
     copy_gbps = float(ctx["copy_ceiling_GB/s"])
 
     rows = [b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"]
@@ -98,9 +131,13 @@ def main():
         "peers": {k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")},
         "peer_errors": [r for r in peers["results"] if "error" in r],
         "shapes_file": a.shapes,
+        "command": a.command,
+        "tree": tree,
     }
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(bench, f, indent=1)
+    if tree != "clean":
+        print(f"note: built from a {tree} tree (commit {ctx['commit']}); not for docs/results/")
     for t in targets:
         verdict = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
         print(f"{verdict} {t.get('ratio', float('nan')):7.3f} ({t['goal']})  {t['target']}")

@@ -4,7 +4,7 @@ of bench/shapes.csv, timed like flashstep_bench times the stages.
 
     python3 bench/peers.py --shapes bench/shapes.csv --out peers.json
 
-Run it in the same device call as flashstep_bench (the benchmark policy: ratios are
+Run it in the same GPU run as flashstep_bench (the benchmark policy: ratios are
 only meaningful within one run). Each peer reads a *contiguous* KV cache,
 k and v of shape (batch, num_kv_heads, kv_len, head_dim), with q of shape
 (batch, num_qo_heads, 1, head_dim) and GQA through enable_gqa=True; page size, page

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Stage 03's results, generated from one results JSON (bench/split_kv_run.sh writes it:
-flashstep_bench + bench/peers.py on bench/shapes_split_kv.csv, merged by
-bench/merge_results.py): the issue's ratio targets, the sweep table and the sweep plot.
+"""Stage 03's results, generated from one results JSON (`scripts/gpu-run.sh --shapes
+bench/shapes_split_kv.csv` writes it: flashstep_bench + bench/peers.py, merged by
+bench/merge_results.py): the stage's speed goals, the sweep table and the sweep plot.
 
     split_kv_report.py RESULTS.json --targets-only
     split_kv_report.py RESULTS.json [--tune TUNE.json [--clean CLEAN.json]] \
                        --readme stages/03_split_kv/README.md --plot stages/03_split_kv/sweep.png [--write-targets]
 
 TUNE.json is flashstep_split_kv_tune's output and CLEAN.json bench/split_kv_clean_peers.py's,
-from the same device call: they add the knob table and the read-only-flush comparison.
+from the same GPU run (gpu-run.sh's split_kv_tune step: tune.json, clean_l2_peers.json): they add the knob table and the read-only-flush comparison.
 
 --readme replaces the text between the README's `<!-- split_kv results:begin -->` and
 `<!-- split_kv results:end -->` markers (nothing else; markers of their own, so that
@@ -187,7 +187,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results")
     p.add_argument("--tune", help="flashstep_split_kv_tune JSON of the same device")
-    p.add_argument("--clean", help="bench/split_kv_clean_peers.py JSON of the same device call")
+    p.add_argument("--clean", help="bench/split_kv_clean_peers.py JSON of the same GPU run")
     p.add_argument("--targets-only", action="store_true")
     p.add_argument("--readme")
     p.add_argument("--plot")

@@ -122,7 +122,7 @@ def table(rows):
 
 
 def targets_table(targets):
-    """The issue's ratio targets as the run computed them: target, ratio, goal, verdict."""
+    """The stage's speed goals as the run computed them: target, ratio, goal, verdict."""
     lines = ["| target | ratio | goal | verdict |", "|:--|--:|:--|:--|"]
     for t in targets:
         ratio = t.get("ratio")

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Builds what the GPU machine runs into build-gpu/ (preset gpu: sm_90a, no Python, no
-# docs) and places beside the binaries the shared libraries the GPU image lacks
-# (Debian's Google Benchmark, and the CUDA runtime the binaries were linked against),
-# so `run` can carry build-gpu/ alone. Prints the CUDA build time and the carry size.
+# Builds what scripts/gpu-run.sh runs (preset gpu: sm_90a, no Python, no docs) into a
+# build folder: the first argument, else $FLASHSTEP_BUILD_DIR, else build-gpu. Copies
+# beside the binaries the shared libraries a GPU machine may lack (Debian's Google
+# Benchmark, the CUDA runtime they were linked against), so the folder can be built here
+# and copied to a GPU machine, and records the commit it was built from and whether the
+# tree had changes (source-state.txt, read by bench/merge_results.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake --preset gpu > /dev/null
+BUILD=${1:-${FLASHSTEP_BUILD_DIR:-build-gpu}}
+cmake --preset gpu -B "$BUILD" > /dev/null
 # Every stage's exercise and every tuning program, found in the build system rather than
 # listed here, so a new stage folder (with its flashstep_exercise_NN_name target) or a
 # new bench/*_tune program is built without editing this script.
-available=$(cmake --build build-gpu --target help | grep -oE '\bflashstep_[A-Za-z0-9_]+\b' | sort -u)
+available=$(cmake --build "$BUILD" --target help | grep -oE '\bflashstep_[A-Za-z0-9_]+\b' | sort -u)
 targets=(flashstep_stage_tests flashstep_bench)
 for dir in stages/[0-9][0-9]_*/; do
   exercise=flashstep_exercise_$(basename "$dir")
@@ -23,9 +26,17 @@ mapfile -t tuners < <(grep -E '_tune$' <<< "$available" || true)
 targets+=("${tuners[@]}")
 echo "building: ${targets[*]}"
 start=$(date +%s)
-cmake --build build-gpu -j2 --target "${targets[@]}"
+cmake --build "$BUILD" -j"${FLASHSTEP_JOBS:-2}" --target "${targets[@]}"
 echo "build time: $(( $(date +%s) - start )) s"
-cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian build-gpu/bin/
-cp -L "$(ldconfig -p | awk '/libcudart.so.13 /{print $NF; exit}' || true)" build-gpu/bin/ 2>/dev/null ||
-  cp -L /usr/local/cuda/lib64/libcudart.so.13 build-gpu/bin/
-du -sh build-gpu
+cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian "$BUILD/bin/"
+cp -L "$(ldconfig -p | awk '/libcudart.so.13 /{print $NF; exit}' || true)" "$BUILD/bin/" 2>/dev/null ||
+  cp -L /usr/local/cuda/lib64/libcudart.so.13 "$BUILD/bin/"
+# What these binaries were built from: a results JSON names it, and says "modified" when
+# the tree (tracked or untracked files) differed from the commit.
+{ echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  if ! git rev-parse --git-dir > /dev/null 2>&1; then echo "tree=unknown"
+  elif [ -z "$(git status --porcelain)" ]; then echo "tree=clean"
+  else echo "tree=modified"; git status --porcelain | sed 's/^/modified /'; fi
+} > "$BUILD/source-state.txt"
+cat "$BUILD/source-state.txt"
+du -sh "$BUILD"

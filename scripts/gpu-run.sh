@@ -1,69 +1,106 @@
 #!/usr/bin/env bash
-# On the GPU machine, in the repository root, after scripts/gpu-build.sh ran here and
-# build-gpu/ was carried: the GPU tests, compute-sanitizer (memcheck + racecheck) on the
-# sanitizer subset, then flashstep_bench and bench/peers.py in the same call, merged into
-# one results JSON. Writes under $OUT (at most 8 files come back):
-#   device.txt tests.log sanitizer.log bench.log bench.json peers.json results.json ncu.log
-# Usage: FLASHSTEP_COMMIT=<sha> [FLASHSTEP_DIRTY=1] [FLASHSTEP_NOTE=<what changed>] scripts/gpu-run.sh [tests|sanitizer|bench|ncu]...
+# Runs the GPU checks and the benchmark on a machine with a GPU, from the repository root
+# of a checkout anywhere, with a build folder made by scripts/gpu-build.sh (here, or
+# elsewhere and copied here). Writes logs and one results JSON to the output folder.
+#
+#   scripts/gpu-run.sh [--shapes FILE] [--build DIR] [--out DIR] [STEP...]
+#
+#   --shapes  benchmark shapes (default bench/shapes.csv); its "# bench-args:" line, if
+#             any, adds arguments to flashstep_bench (a filter, --tune)
+#   --build   build folder (default $FLASHSTEP_BUILD_DIR or build-gpu)
+#   --out     output folder (default <build>/gpu-run)
+#   STEP      any of: tests sanitizer bench split_kv_tune ncu (default: tests sanitizer bench)
+#
+# A step is the shell function step_NAME below: add one to add a step. The bench step
+# records this command line, the commit and whether the tree was clean in the JSON.
 set -uo pipefail
-OUT=${OUT:-/tmp/flashstep-out}
-mkdir -p "$OUT"
-B=$PWD/build-gpu
+cd "$(dirname "$0")/.."
+COMMAND="scripts/gpu-run.sh $*"
+SHAPES=bench/shapes.csv
+BUILD=${FLASHSTEP_BUILD_DIR:-build-gpu}
+RESULTS=
+steps=()
+while (($#)); do
+  case $1 in
+    --shapes) SHAPES=$2; shift 2 ;;
+    --build) BUILD=$2; shift 2 ;;
+    --out) RESULTS=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) steps+=("$1"); shift ;;
+  esac
+done
+((${#steps[@]})) || steps=(tests sanitizer bench)
+B=$(cd "$BUILD" && pwd) || { echo "gpu-run.sh: no build folder $BUILD (run scripts/gpu-build.sh)" >&2; exit 2; }
+RESULTS=${RESULTS:-$B/gpu-run}
+mkdir -p "$RESULTS"
 export LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
-steps=${*:-tests sanitizer bench}
-# CTest files hold this machine's absolute build paths; point that path at this checkout.
-if [ "$PWD" != /work/main ] && [ ! -e /work/main ]; then mkdir -p /work && ln -s "$PWD" /work/main; fi
+TESTS=$B/tests/stages/flashstep_stage_tests
+# flashstep_bench arguments the shapes file asks for, e.g. "# bench-args: --tune".
+BENCH_ARGS=$(sed -n 's/^# bench-args: *//p' "$SHAPES" | head -1)
+
+step_tests() {
+  # The test binary itself, not CTest: CTest's files name the folder the build was
+  # configured in, which need not exist here.
+  timeout 300 "$TESTS" > "$RESULTS/tests.log" 2>&1
+  echo "tests: rc=$?"; grep -E "test cases:|assertions:" "$RESULTS/tests.log"
+  # Every stage's exercise must build, run and FAIL as shipped (its holes are empty).
+  for dir in stages/[0-9][0-9]_*/; do
+    ex=flashstep_exercise_$(basename "$dir")
+    [ -x "$B/bin/$ex" ] || { echo "$ex: not built (scripts/gpu-build.sh builds every stage's)" | tee -a "$RESULTS/tests.log"; continue; }
+    timeout 60 "$B/bin/$ex" > "$RESULTS/exercise.tmp" 2>&1
+    echo "$ex as shipped: rc=$? (1 expected): $(tail -1 "$RESULTS/exercise.tmp")" | tee -a "$RESULTS/tests.log"
+  done
+  rm -f "$RESULTS/exercise.tmp"
+}
+
+step_sanitizer() {
+  for tool in memcheck racecheck; do
+    echo "=== compute-sanitizer --tool $tool"
+    timeout 200 compute-sanitizer --tool $tool --error-exitcode 3 "$TESTS" -tc='*sanitizer*,kernels:*'
+    echo "=== $tool rc=$?"
+  done > "$RESULTS/sanitizer.log" 2>&1
+  grep -E "^=== |ERROR SUMMARY|test cases:" "$RESULTS/sanitizer.log"
+}
+
+step_bench() {
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+  timeout 300 "$B/bin/flashstep_bench" --shapes="$SHAPES" $BENCH_ARGS \
+    --benchmark_out="$RESULTS/bench.json" --benchmark_out_format=json > "$RESULTS/bench.log" 2>&1
+  echo "bench: rc=$?"
+  PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers.py --shapes "$SHAPES" --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
+  echo "peers: rc=$?"
+  python3 bench/merge_results.py --bench "$RESULTS/bench.json" --peers "$RESULTS/peers.json" --shapes "$SHAPES" \
+    --command "$COMMAND" --note "${FLASHSTEP_NOTE:-}" --out "$RESULTS/results.json"
+  grep -E "median " "$RESULTS/bench.log" | sed -E 's/ +/ /g' | cut -c1-150
+}
+
+step_split_kv_tune() {
+  # Stage 03's knobs (chunk size, CTAs per SM, pipeline depth) and the peers with a clean L2.
+  timeout 200 "$B/bin/flashstep_split_kv_tune" --shapes="$SHAPES" \
+    --benchmark_out="$RESULTS/tune.json" --benchmark_out_format=json > "$RESULTS/tune.log" 2>&1
+  echo "split_kv_tune: rc=$?"
+  python3 -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); d.get("context", {}).pop("executable", None); json.dump(d, open(p, "w"), indent=1)' "$RESULTS/tune.json"
+  PYTHONUNBUFFERED=1 timeout 120 python3 bench/split_kv_clean_peers.py --shapes "$SHAPES" \
+    --out "$RESULTS/clean_l2_peers.json" >> "$RESULTS/tune.log" 2>&1
+  echo "clean-L2 peers: rc=$?"
+}
+
+step_ncu() {
+  # Hardware counters of stage 02 on two shapes of bench/shapes.csv: DRAM throughput, occupancy.
+  for shape in b128_kv8192_p16 b16_kv4096_p16; do
+    timeout 90 ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --sets=target --benchmark_filter="^02_paged/${shape}/"
+  done > "$RESULTS/ncu.log" 2>&1
+  echo "ncu: rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Achieved Occupancy|Duration|Registers Per" "$RESULTS/ncu.log"
+}
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv
   nvcc --version | tail -1; python3 -c 'import torch; print("torch", torch.__version__)'
-  ldd "$B/bin/flashstep_bench" | grep -E "not found|cublas|cudart|benchmark"; } > "$OUT/device.txt" 2>&1
-cat "$OUT/device.txt"
-
-for step in $steps; do
-  case $step in
-  tests)
-    ( cd "$B" && timeout 240 ctest -L gpu --output-on-failure -j4 --timeout 200 ) > "$OUT/tests.log" 2>&1
-    echo "tests: rc=$?"; grep -E "tests passed|tests failed|Total Test" "$OUT/tests.log"
-    # Every stage's exercise skeleton must build, run, and FAIL as shipped (its holes are
-    # empty): one per stage folder, so a stage whose exercise was not built shows here.
-    for dir in stages/[0-9][0-9]_*/; do
-      ex=$(basename "$dir")
-      if [ ! -x "$B/bin/flashstep_exercise_$ex" ]; then
-        echo "exercise $ex: not built (scripts/gpu-build.sh builds every stage's)" | tee -a "$OUT/tests.log"
-        continue
-      fi
-      timeout 60 "$B/bin/flashstep_exercise_$ex" > "$OUT/exercise.tmp" 2>&1
-      echo "exercise $ex as shipped: rc=$? (1 expected): $(tail -1 "$OUT/exercise.tmp")" | tee -a "$OUT/tests.log"
-    done
-    rm -f "$OUT/exercise.tmp" ;;
-  ncu)
-    # Hardware counters of stage 02 on the two target shapes: DRAM throughput, occupancy.
-    for shape in b128_kv8192_p16 b16_kv4096_p16; do
-      timeout 60 ncu --clock-control none --kernel-name regex:paged_decode --launch-skip 3 --launch-count 1 \
-          --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-          "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --sets=target \
-          --benchmark_filter="^02_paged/${shape}/"
-    done > "$OUT/ncu.log" 2>&1
-    echo "ncu: rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Achieved Occupancy|Duration|Registers Per" "$OUT/ncu.log" ;;
-  sanitizer)
-    t="$B/tests/stages/flashstep_stage_tests"
-    { for tool in memcheck racecheck; do
-        echo "=== compute-sanitizer --tool $tool"
-        timeout 150 compute-sanitizer --tool $tool --error-exitcode 3 "$t" -tc='*sanitizer*,kernels:*'
-        echo "=== $tool rc=$?"
-      done
-    } > "$OUT/sanitizer.log" 2>&1
-    grep -E "^=== |ERROR SUMMARY|test cases:" "$OUT/sanitizer.log" ;;
-  bench)
-    FLASHSTEP_COMMIT=${FLASHSTEP_COMMIT:-unknown} timeout 240 "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --tune \
-      --benchmark_out="$OUT/bench.json" --benchmark_out_format=json > "$OUT/bench.log" 2>&1
-    echo "bench: rc=$?"
-    PYTHONUNBUFFERED=1 timeout 200 python3 bench/peers.py --shapes bench/shapes.csv --out "$OUT/peers.json" >> "$OUT/bench.log" 2>&1
-    echo "peers: rc=$?"
-    python3 bench/merge_results.py --bench "$OUT/bench.json" --peers "$OUT/peers.json" \
-      --shapes bench/shapes.csv --commit "${FLASHSTEP_COMMIT:-unknown}" ${FLASHSTEP_DIRTY:+--dirty} \
-      --note "${FLASHSTEP_NOTE:-}" \
-      --out "$OUT/results.json"
-    grep -E "median " "$OUT/bench.log" | sed -E 's/ +/ /g' | cut -c1-150 ;;
-  esac
+  ldd "$B/bin/flashstep_bench" | grep -E "not found|cublas|cudart|benchmark" | sed "s#$PWD/##"; } > "$RESULTS/device.txt" 2>&1
+cat "$RESULTS/device.txt"
+for step in "${steps[@]}"; do
+  if declare -F "step_$step" > /dev/null; then "step_$step"
+  else echo "gpu-run.sh: no step '$step' (steps: $(declare -F | sed -n 's/^declare -f step_//p' | tr '\n' ' '))" >&2; fi
 done
+echo "output: $RESULTS"
