@@ -1,0 +1,46 @@
+// Stage 06's kernels as the operators chain them (from logits, top_k_first): each
+// launcher reads an optional `prior_status` (the status of its input row, written by the
+// kernel before it) and passes a bad status on instead of reading the row.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "06_sampling/sampling.hpp"
+
+namespace flashstep::stages::sampling::detail {
+
+/// Which rows a row kernel reads: output o reads row indices[o] (or o) of the input.
+struct Gather {
+  const int32_t* indices = nullptr;       ///< (outputs) device, or null for the identity
+  int64_t outputs = 0;                    ///< output rows
+  const int32_t* prior_status = nullptr;  ///< (input rows) device, or null
+  int32_t* status = nullptr;              ///< (outputs) device, or null
+};
+
+/// The rejection sampler for one filter kind (the Status contract of sampling.hpp).
+void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p,
+                    SamplingOutputs out, const SamplingOptions& opt, const int32_t* prior_status,
+                    cudaStream_t stream);
+
+/// softmax(logits / temperature) of the gathered rows into probs_out (outputs, vocab).
+void launch_softmax(DeviceRows logits, RowParam<double, float> temperature, float* probs_out, Gather gather,
+                    cudaStream_t stream);
+
+/// top_k_renorm_probs (top_p unused) or top_p_renorm_probs (top_k unused) of the
+/// gathered rows into probs_out (outputs, vocab).
+void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, float* probs_out, Gather gather,
+                   cudaStream_t stream);
+
+/// top_k_mask_logits of the gathered rows into logits_out (outputs, vocab).
+void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather gather, cudaStream_t stream);
+
+/// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments.
+void check_rows(const char* fn, const char* name, DeviceRows rows);
+/// Checks scalar parameters as the reference does (top_k >= 1, top_p in (0, 1], min_p in [0, 1]).
+void check_top_k(const char* fn, TopK top_k);
+void check_top_p(const char* fn, Fraction top_p);
+void check_min_p(const char* fn, Fraction min_p);
+/// The outputs of a call: opt.batch, or rows when it is -1 (then indices must be null).
+int64_t output_count(const char* fn, DeviceRows rows, const SamplingOptions& opt);
+
+}  // namespace flashstep::stages::sampling::detail

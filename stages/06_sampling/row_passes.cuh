@@ -1,0 +1,227 @@
+/// \file row_passes.cuh
+/// \brief The block-wide passes over one row that every stage 06 kernel is made of.
+///
+/// One thread block (kBlock threads) owns one output row. A *pass* streams the row once,
+/// VEC consecutive entries per thread per tile (tile = kBlock * VEC entries), and ends in
+/// one CUB block reduction or, for the inverse CDF, one block scan per tile. All sums are
+/// exact 128-bit masses (mass.cuh), so the order CUB adds them in does not matter and the
+/// answers equal the reference's loops.
+///
+///     summarize_row       total mass, max p, bad-entry flags          (pass 0)
+///     inverse_cdf         first candidate whose cumulative mass > t   (pass 1, scan)
+///     count_mass_above    count and mass of p > pivot_0 and > pivot_1 (pass 2)
+///     sum_mass_where      mass of the entries a predicate keeps
+///     count_mass_key_above  count and mass above an order key (bisection of the renorm ops)
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "06_sampling/mass.cuh"
+
+namespace flashstep::stages::sampling::device {
+
+/// Threads per block: one block per output row, as FlashInfer's samplers.
+constexpr int kBlock = 1024;
+
+/// Bad-entry flags of a probability row (RowSummary::flags).
+enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
+
+/// One probability row in device memory. load() reads VEC consecutive entries starting
+/// at i (VEC 4: one 16-byte load, needs vocab % 4 == 0 and an aligned row) and gives 0
+/// past the end: 0 is never a candidate, has no mass and never beats a maximum.
+struct ProbRow {
+  const float* p;  ///< (vocab) the row
+  int64_t vocab;   ///< entries
+  /// Entries i .. i + VEC - 1 into v.
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
+    if constexpr (VEC == 4) {
+      if (i < vocab) {
+        const float4 x = *reinterpret_cast<const float4*>(p + i);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+      } else {
+        v[0] = v[1] = v[2] = v[3] = 0.f;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = i + j < vocab ? p[i + j] : 0.f;
+    }
+  }
+  /// Entry i (i < vocab).
+  __device__ __forceinline__ float at(int64_t i) const { return p[i]; }
+};
+
+/// What pass 0 learns about a row.
+struct RowSummary {
+  Mass total;      ///< exact mass of the valid entries
+  float max_p;     ///< largest valid entry
+  uint32_t flags;  ///< kFlag* of the bad entries seen
+};
+
+/// Count and mass strictly above two pivots (pass 2).
+struct PivotStats {
+  Mass mass_0, mass_1;       ///< mass of p > pivot_0, of p > pivot_1
+  int32_t count_0, count_1;  ///< count of p > pivot_0, of p > pivot_1
+};
+
+/// Shared memory of one block: CUB's scratch (one pass at a time) and broadcast slots.
+struct SharedState {
+  union {
+    typename cub::BlockReduce<RowSummary, kBlock>::TempStorage summary;
+    typename cub::BlockReduce<PivotStats, kBlock>::TempStorage pivots;
+    typename cub::BlockReduce<Mass, kBlock>::TempStorage mass;
+    typename cub::BlockReduce<float, kBlock>::TempStorage value;
+    typename cub::BlockScan<Mass, kBlock>::TempStorage scan;
+  } temp;
+  RowSummary summary;  ///< broadcast slots, written by thread 0 (or the crossing thread)
+  PivotStats pivots;
+  Mass mass;
+  float value;
+  int32_t token;
+};
+
+/// Thread 0's `value` to every thread (all threads call it; the slot is free again after).
+template <typename T>
+__device__ __forceinline__ T broadcast(T value, T& slot) {
+  if (threadIdx.x == 0) slot = value;
+  __syncthreads();
+  const T result = slot;
+  __syncthreads();
+  return result;
+}
+
+/// Adds one entry to a thread's summary: bad entries only raise a flag.
+__device__ __forceinline__ void add_entry(RowSummary& s, float x) {
+  if (!isfinite(x)) {
+    s.flags |= kFlagNotFinite;
+  } else if (x < 0.f) {
+    s.flags |= kFlagNegative;
+  } else if (x > 1.f) {
+    s.flags |= kFlagAboveOne;
+  } else {
+    s.total += mass_of(x);
+    s.max_p = fmaxf(s.max_p, x);
+  }
+}
+
+/// Pass 0: exact total, max and bad-entry flags of the row (every thread gets them).
+template <int VEC, typename Row>
+__device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
+  RowSummary s{0, 0.f, 0u};
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) add_entry(s, v[j]);
+  }
+  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
+    return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
+  });
+  return broadcast(r, sh.summary);
+}
+
+/// Exact mass of the entries `keep(p)` accepts (every thread gets it).
+template <int VEC, typename Row, typename Keep>
+__device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh) {
+  Mass m = 0;
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (keep(v[j])) m += mass_of(v[j]);
+  }
+  const Mass r = cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(m);
+  return broadcast(r, sh.mass);
+}
+
+/// Pass 1, the inverse CDF: the first entry, in vocabulary order, among the candidates
+/// (`is_candidate(p)`), whose cumulative mass exceeds `threshold`; -1 if none does.
+/// Tile by tile, a block scan gives each thread the mass before its VEC entries; the one
+/// thread whose entries straddle the threshold finds the token; the scan's aggregate
+/// tells every thread whether to stop, so on average half the row is read.
+template <int VEC, typename Row, typename Candidate>
+__device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass threshold, SharedState& sh) {
+  if (threadIdx.x == 0) sh.token = -1;
+  Mass before = 0;  // candidate mass of the earlier tiles, the same in every thread
+  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {
+    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
+    float v[VEC];
+    row.template load<VEC>(i, v);
+    Mass mine = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (is_candidate(v[j])) mine += mass_of(v[j]);
+    Mass prefix, tile_mass;
+    __syncthreads();  // the previous tile's scan storage and sh.token reads are done
+    cub::BlockScan<Mass, kBlock>(sh.temp.scan).ExclusiveSum(mine, prefix, tile_mass);
+    Mass cdf = before + prefix;
+    if (cdf <= threshold && cdf + mine > threshold) {  // exactly one thread, or none
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (!is_candidate(v[j])) continue;
+        cdf += mass_of(v[j]);
+        if (cdf > threshold) {
+          sh.token = static_cast<int32_t>(i + j);
+          break;
+        }
+      }
+    }
+    before += tile_mass;
+    if (before > threshold) break;  // the same decision in every thread
+  }
+  __syncthreads();
+  const int32_t token = sh.token;
+  __syncthreads();
+  return token;
+}
+
+/// Pass 2: count and exact mass of the entries strictly above pivot_0 and pivot_1.
+template <int VEC, typename Row>
+__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh) {
+  PivotStats s{0, 0, 0, 0};
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const Mass m = mass_of(v[j]);
+      if (v[j] > pivot_0) s.count_0 += 1, s.mass_0 += m;
+      if (v[j] > pivot_1) s.count_1 += 1, s.mass_1 += m;
+    }
+  }
+  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, [](const PivotStats& a, const PivotStats& b) {
+    return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
+  });
+  return broadcast(r, sh.pivots);
+}
+
+/// Order key of a float: unsigned comparison of keys is float comparison (-0 and +0
+/// share +0's key; NaN never reaches here).
+__device__ __forceinline__ uint32_t order_key(float x) {
+  const uint32_t bits = __float_as_uint(x == 0.f ? 0.f : x);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+/// Count (in mass_0's count_0) and mass of the entries whose order key is above `key`
+/// and that `keep(x)` accepts: one step of the renorm operators' bisection.
+template <int VEC, typename Row, typename Keep>
+__device__ PivotStats count_mass_key_above(const Row& row, uint32_t key, Keep keep, SharedState& sh) {
+  PivotStats s{0, 0, 0, 0};
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (i + j < row.vocab && keep(v[j]) && order_key(v[j]) > key) s.count_0 += 1, s.mass_0 += mass_of(v[j]);
+  }
+  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, [](const PivotStats& a, const PivotStats& b) {
+    return PivotStats{a.mass_0 + b.mass_0, 0, a.count_0 + b.count_0, 0};
+  });
+  return broadcast(r, sh.pivots);
+}
+
+}  // namespace flashstep::stages::sampling::device

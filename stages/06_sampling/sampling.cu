@@ -1,0 +1,473 @@
+// Stage 06 — the sorting-free rejection sampler on the GPU.
+//
+// What it does: one thread block per output draws one token from row indices[i] under a
+// filter (none, top-k, top-p, min-p, top-k and top-p jointly), with the reference's
+// Philox stream (output i, round j reads word offset + j of subsequence i) and its exact
+// integer masses, so that every token equals ref::rejection_sample_row's.
+// Why it is fast: no sort. A round is two streaming passes over the row (an inverse CDF
+// by block scan that stops where the draw lands, then a count and mass above two pivots
+// by block reduction); a rejection raises the floor `low` so later rounds draw from fewer
+// candidates, and a handful of rounds is typical (the chapter has the counts).
+// What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
+// sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
+// at batch 1; masses are 128-bit integers, so the passes do more integer work than float
+// sums would; the renorm operators (transforms.cu) bisect on the value with ~30 passes.
+// How to run it: build flashstep_sampling_tests and run it (tests/stages/), or
+//     flashstep_exercise_06_sampling
+// for the exercise; the chapter is README.md in this folder.
+#include <cub/block/block_reduce.cuh>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "06_sampling/launch.hpp"
+#include "06_sampling/row_passes.cuh"
+#include "06_sampling/sampling.hpp"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/philox.cuh"
+#include "flashstep/reference/errors.hpp"
+
+namespace flashstep::stages::sampling {
+
+namespace device {
+
+/// The filter of one output, as the kernel reads it.
+struct Filter {
+  int64_t top_k;  ///< top_k, top_k_top_p
+  float top_p;    ///< top_p, top_k_top_p
+  float min_p;    ///< min_p
+};
+
+/// Everything one launch of the sampler reads and writes (raw pointers, FlashInfer style).
+struct SamplerParams {
+  const float* probs;          ///< (rows, vocab)
+  int64_t rows, vocab;         ///< shape of probs
+  const int32_t* indices;      ///< (batch) or null: output i reads row indices[i] (or i)
+  const int32_t* prior_status; ///< (rows) or null: a bad status of the input row is passed on
+  int64_t top_k;               ///< scalar, when top_k_per_output is null
+  const int32_t* top_k_per_output;  ///< (batch) or null
+  float top_p;                 ///< scalar, when top_p_per_output is null
+  const float* top_p_per_output;    ///< (batch) or null
+  float min_p;                 ///< scalar, when min_p_per_output is null
+  const float* min_p_per_output;    ///< (batch) or null
+  uint64_t seed, offset;       ///< Philox key and the stream word of round 0
+  int32_t* samples;            ///< (batch) tokens
+  int32_t* rounds;             ///< (batch) or null
+  int32_t* status;             ///< (batch) or null
+};
+
+__host__ __device__ constexpr bool uses_top_k(FilterKind k) { return k == FilterKind::top_k || k == FilterKind::top_k_top_p; }
+__host__ __device__ constexpr bool uses_top_p(FilterKind k) { return k == FilterKind::top_p || k == FilterKind::top_k_top_p; }
+
+/// Step 1: the row and filter of output `out`, or the Status that forbids drawing.
+template <FilterKind KIND>
+__device__ Status read_output(const SamplerParams& p, int64_t out, int64_t& row, Filter& f) {
+  row = p.indices ? p.indices[out] : out;
+  if (row < 0 || row >= p.rows) return Status::bad_index;
+  // a status from the kernel that wrote this row comes first (it saw the input first)
+  if (p.prior_status && p.prior_status[row] != static_cast<int32_t>(Status::ok))
+    return static_cast<Status>(p.prior_status[row]);
+  f.top_k = p.top_k_per_output ? p.top_k_per_output[out] : p.top_k;
+  f.top_p = p.top_p_per_output ? p.top_p_per_output[out] : p.top_p;
+  f.min_p = p.min_p_per_output ? p.min_p_per_output[out] : p.min_p;
+  if (uses_top_k(KIND) && f.top_k < 1) return Status::bad_top_k;
+  if (uses_top_p(KIND) && !(f.top_p > 0.f && f.top_p <= 1.f)) return Status::bad_top_p;
+  if (KIND == FilterKind::min_p && !(f.min_p >= 0.f && f.min_p <= 1.f)) return Status::bad_min_p;
+  return Status::ok;
+}
+
+/// Step 2's verdict on pass 0: the first bad-entry flag, or a row with no mass.
+__device__ __forceinline__ Status row_status(const RowSummary& s) {
+  if (s.flags & kFlagNotFinite) return Status::not_finite;
+  if (s.flags & kFlagNegative) return Status::negative;
+  if (s.flags & kFlagAboveOne) return Status::above_one;
+  if (s.total == 0) return Status::zero_row;
+  return Status::ok;
+}
+
+/// The u24 of (output, round): the same number ref::rejection_sample_row uses.
+__device__ __forceinline__ uint32_t uniform_bits(const SamplerParams& p, int64_t out, int32_t round) {
+  return kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(out), p.offset + static_cast<uint64_t>(round));
+}
+
+/// Does a pivot with `count` entries and `mass` above it pass the filter (every entry at
+/// or above a passing pivot is kept)?
+template <FilterKind KIND>
+__device__ __forceinline__ bool pivot_passes(const Filter& f, int32_t count, Mass mass, Mass top_p_bound) {
+  if (uses_top_k(KIND) && !(count < f.top_k)) return false;
+  if (uses_top_p(KIND) && !(mass < top_p_bound)) return false;
+  return true;
+}
+
+struct Draw {
+  int32_t token;
+  int32_t rounds;
+  Status status;
+};
+
+/// Step 3 for top_k / top_p / top_k_top_p: draw among p > low, test the two pivots,
+/// raise low (ref::rejection_sample_row, line for line).
+template <FilterKind KIND, int VEC>
+__device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const ProbRow& row, const RowSummary& s,
+                                  const Filter& f, SharedState& sh) {
+  const Mass top_p_bound = uses_top_p(KIND) ? mass_fraction_ceil(s.total, f.top_p) : 0;
+  float low = 0.f, high = 1.f;
+  Mass q = s.total;  // mass of the candidates p > low
+  for (int32_t round = 0;;) {
+    const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
+    const int32_t token = inverse_cdf<VEC>(row, [low](float x) { return x > low; }, threshold, sh);
+    if (token < 0) return {kInvalidToken, round, Status::internal_error};
+    // two pivots per pass: the drawn probability, and the midpoint towards `high`
+    const float pivot_0 = row.at(token);
+    const float pivot_1 = __fmul_rn(__fadd_rn(pivot_0, high), 0.5f);
+    const PivotStats above = count_mass_above<VEC>(row, pivot_0, pivot_1, sh);
+    if (pivot_passes<KIND>(f, above.count_0, above.mass_0, top_p_bound)) return {token, round, Status::ok};
+    if (pivot_passes<KIND>(f, above.count_1, above.mass_1, top_p_bound)) {
+      low = pivot_0;  // the keep threshold lies in (pivot_0, pivot_1]
+      high = pivot_1;
+      q = above.mass_0;
+    } else {
+      low = pivot_1;  // the keep threshold lies above pivot_1
+      q = above.mass_1;
+    }
+    // low rises every round and `high` always passes, so this ends; never loop on a surprise
+    if (!(low < high)) return {kInvalidToken, round, Status::internal_error};
+  }
+}
+
+/// Step 3 for none and min_p: one draw, no rejection (the pivot is known upfront).
+template <FilterKind KIND, int VEC>
+__device__ Draw draw_once(const SamplerParams& p, int64_t out, const ProbRow& row, const RowSummary& s,
+                          const Filter& f, SharedState& sh) {
+  const uint32_t u24 = uniform_bits(p, out, 0);
+  int32_t token;
+  if (KIND == FilterKind::min_p) {
+    const float pivot = __fmul_rn(s.max_p, f.min_p);
+    auto kept = [pivot](float x) { return x >= pivot && x > 0.f; };
+    const Mass q = sum_mass_where<VEC>(row, kept, sh);
+    token = inverse_cdf<VEC>(row, kept, scaled_threshold(u24, q), sh);
+  } else {
+    token = inverse_cdf<VEC>(row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh);
+  }
+  return token < 0 ? Draw{kInvalidToken, 1, Status::internal_error} : Draw{token, 1, Status::ok};
+}
+
+/// One block per output: read its row and filter, pass 0, draw, write.
+template <FilterKind KIND, int VEC>
+__global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParams p) {
+  __shared__ SharedState sh;
+  const int64_t out = blockIdx.x;
+  int64_t row_index = 0;
+  Filter f{};
+  Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
+  if (d.status == Status::ok) {
+    const ProbRow row{p.probs + row_index * p.vocab, p.vocab};
+    const RowSummary s = summarize_row<VEC>(row, sh);
+    d.status = row_status(s);
+    if (d.status == Status::ok) {
+      d = (KIND == FilterKind::none || KIND == FilterKind::min_p) ? draw_once<KIND, VEC>(p, out, row, s, f, sh)
+                                                                 : draw_by_rejection<KIND, VEC>(p, out, row, s, f, sh);
+    }
+  }
+  if (threadIdx.x == 0) {
+    const bool ok = d.status == Status::ok;
+    p.samples[out] = ok ? d.token : kInvalidToken;
+    if (p.rounds) p.rounds[out] = ok ? d.rounds : 0;
+    if (p.status) p.status[out] = static_cast<int32_t>(d.status);
+  }
+}
+
+}  // namespace device
+
+const char* to_string(Status status) {
+  switch (status) {
+    case Status::ok: return "ok";
+    case Status::bad_index: return "bad_index";
+    case Status::bad_top_k: return "bad_top_k";
+    case Status::bad_top_p: return "bad_top_p";
+    case Status::bad_min_p: return "bad_min_p";
+    case Status::bad_temperature: return "bad_temperature";
+    case Status::not_finite: return "not_finite";
+    case Status::negative: return "negative";
+    case Status::above_one: return "above_one";
+    case Status::zero_row: return "zero_row";
+    case Status::bad_draft_token: return "bad_draft_token";
+    case Status::internal_error: return "internal_error";
+  }
+  return "?";
+}
+
+namespace detail {
+
+namespace {
+constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^126
+
+[[noreturn]] void fail(const char* fn, const std::string& message) {
+  throw ref::InvalidArgument(std::string(fn) + ": " + message);
+}
+
+template <FilterKind KIND, int VEC>
+void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
+  device::rejection_sampling_kernel<KIND, VEC><<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
+  kernels::check_launch("rejection_sampling_kernel");
+}
+
+template <FilterKind KIND>
+void launch_vec(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
+  // 16-byte loads need every row start aligned: vocab % 4 == 0 and an aligned base
+  const bool vec4 = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.probs) % 16 == 0;
+  if (vec4) {
+    launch_kind<KIND, 4>(p, batch, stream);
+  } else {
+    launch_kind<KIND, 1>(p, batch, stream);
+  }
+}
+}  // namespace
+
+void check_rows(const char* fn, const char* name, DeviceRows rows) {
+  if (rows.rows < 0) fail(fn, std::string(name) + " must have rows >= 0, got " + std::to_string(rows.rows));
+  if (rows.vocab < 1 || rows.vocab > kMaxVocab)
+    fail(fn, std::string(name) + " vocab_size must be in [1, 2^30], got " + std::to_string(rows.vocab));
+  if (rows.rows > 0 && rows.data == nullptr) fail(fn, std::string(name) + " is null");
+}
+
+void check_top_k(const char* fn, TopK top_k) {
+  if (!top_k.per_output && top_k.scalar < 1) fail(fn, "top_k must be >= 1, but top_k = " + std::to_string(top_k.scalar));
+}
+
+void check_top_p(const char* fn, Fraction top_p) {
+  const double p = top_p.scalar;
+  if (!top_p.per_output && !(p > 0.0 && p <= 1.0 && static_cast<float>(p) > 0.0f))
+    fail(fn, "top_p must be in (0, 1], but top_p = " + std::to_string(p));
+}
+
+void check_min_p(const char* fn, Fraction min_p) {
+  const double m = min_p.scalar;
+  if (!min_p.per_output && !(m >= 0.0 && m <= 1.0)) fail(fn, "min_p must be in [0, 1], but min_p = " + std::to_string(m));
+}
+
+int64_t output_count(const char* fn, DeviceRows rows, const SamplingOptions& opt) {
+  if (opt.batch < 0) {
+    if (opt.indices) fail(fn, "batch must be given when indices is set");
+    return rows.rows;
+  }
+  if (opt.batch > std::numeric_limits<int32_t>::max()) fail(fn, "batch must be < 2^31, got " + std::to_string(opt.batch));
+  return opt.batch;
+}
+
+void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p,
+                    SamplingOutputs out, const SamplingOptions& opt, const int32_t* prior_status,
+                    cudaStream_t stream) {
+  const int64_t batch = output_count("sampler", probs, opt);
+  if (batch == 0) return;
+  device::SamplerParams p{};
+  p.probs = probs.data;
+  p.rows = probs.rows;
+  p.vocab = probs.vocab;
+  p.indices = opt.indices;
+  p.prior_status = prior_status;
+  p.top_k = top_k.scalar;
+  p.top_k_per_output = top_k.per_output;
+  p.top_p = static_cast<float>(top_p.scalar);
+  p.top_p_per_output = top_p.per_output;
+  p.min_p = static_cast<float>(min_p.scalar);
+  p.min_p_per_output = min_p.per_output;
+  p.seed = opt.seed;
+  p.offset = opt.offset;
+  p.samples = out.samples;
+  p.rounds = out.rounds;
+  p.status = out.status;
+  switch (kind) {
+    case FilterKind::none: return launch_vec<FilterKind::none>(p, batch, stream);
+    case FilterKind::top_k: return launch_vec<FilterKind::top_k>(p, batch, stream);
+    case FilterKind::top_p: return launch_vec<FilterKind::top_p>(p, batch, stream);
+    case FilterKind::min_p: return launch_vec<FilterKind::min_p>(p, batch, stream);
+    case FilterKind::top_k_top_p: return launch_vec<FilterKind::top_k_top_p>(p, batch, stream);
+  }
+}
+
+}  // namespace detail
+
+// ---- The operators --------------------------------------------------------------------------
+
+namespace {
+
+using detail::check_rows;
+
+void check_outputs(const char* fn, const SamplingOutputs& out, int64_t batch) {
+  if (batch > 0 && out.samples == nullptr) throw ref::InvalidArgument(std::string(fn) + ": samples is null");
+}
+
+void check_workspace(const char* fn, Workspace ws, size_t needed) {
+  if (ws.bytes < needed || (needed > 0 && ws.data == nullptr))
+    throw ref::InvalidArgument(std::string(fn) + ": workspace must hold " + std::to_string(needed) + " bytes, got " +
+                               std::to_string(ws.bytes));
+}
+
+// Workspace layout of the chained operators: float rows, then one status per row.
+struct ChainBuffers {
+  float* rows;
+  int32_t* status;
+};
+size_t chain_bytes(int64_t rows, int64_t vocab) {
+  const size_t floats = static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
+  const size_t aligned = (floats + 255) / 256 * 256;
+  return aligned + static_cast<size_t>(rows) * sizeof(int32_t);
+}
+ChainBuffers chain_buffers(Workspace ws, int64_t rows, int64_t vocab) {
+  const size_t floats = static_cast<size_t>(rows) * static_cast<size_t>(vocab) * sizeof(float);
+  auto* base = static_cast<uint8_t*>(ws.data);
+  return {reinterpret_cast<float*>(base), reinterpret_cast<int32_t*>(base + (floats + 255) / 256 * 256)};
+}
+
+const TopK kNoTopK(1);
+const Fraction kNoFraction(1.0);
+
+}  // namespace
+
+void sampling_from_probs(DeviceRows probs, SamplingOutputs out, const SamplingOptions& opt, cudaStream_t stream) {
+  const char* fn = "sampling_from_probs";
+  check_rows(fn, "probs", probs);
+  check_outputs(fn, out, detail::output_count(fn, probs, opt));
+  detail::launch_sampler(FilterKind::none, probs, kNoTopK, kNoFraction, Fraction(0.0), out, opt, nullptr, stream);
+}
+
+void top_k_sampling_from_probs(DeviceRows probs, TopK top_k, SamplingOutputs out, const SamplingOptions& opt,
+                               cudaStream_t stream) {
+  const char* fn = "top_k_sampling_from_probs";
+  check_rows(fn, "probs", probs);
+  detail::check_top_k(fn, top_k);
+  check_outputs(fn, out, detail::output_count(fn, probs, opt));
+  detail::launch_sampler(FilterKind::top_k, probs, top_k, kNoFraction, Fraction(0.0), out, opt, nullptr, stream);
+}
+
+void top_p_sampling_from_probs(DeviceRows probs, Fraction top_p, SamplingOutputs out, const SamplingOptions& opt,
+                               cudaStream_t stream) {
+  const char* fn = "top_p_sampling_from_probs";
+  check_rows(fn, "probs", probs);
+  detail::check_top_p(fn, top_p);
+  check_outputs(fn, out, detail::output_count(fn, probs, opt));
+  detail::launch_sampler(FilterKind::top_p, probs, kNoTopK, top_p, Fraction(0.0), out, opt, nullptr, stream);
+}
+
+void min_p_sampling_from_probs(DeviceRows probs, Fraction min_p, SamplingOutputs out, const SamplingOptions& opt,
+                               cudaStream_t stream) {
+  const char* fn = "min_p_sampling_from_probs";
+  check_rows(fn, "probs", probs);
+  detail::check_min_p(fn, min_p);
+  check_outputs(fn, out, detail::output_count(fn, probs, opt));
+  detail::launch_sampler(FilterKind::min_p, probs, kNoTopK, kNoFraction, min_p, out, opt, nullptr, stream);
+}
+
+void top_k_top_p_sampling_from_probs(DeviceRows probs, TopK top_k, Fraction top_p, FilterApplyOrder order,
+                                     SamplingOutputs out, Workspace workspace, const SamplingOptions& opt,
+                                     cudaStream_t stream) {
+  const char* fn = "top_k_top_p_sampling_from_probs";
+  check_rows(fn, "probs", probs);
+  detail::check_top_k(fn, top_k);
+  detail::check_top_p(fn, top_p);
+  const int64_t batch = detail::output_count(fn, probs, opt);
+  check_outputs(fn, out, batch);
+  if (order == FilterApplyOrder::joint) {
+    detail::launch_sampler(FilterKind::top_k_top_p, probs, top_k, top_p, Fraction(0.0), out, opt, nullptr, stream);
+    return;
+  }
+  // top_k_first: output i's row renormalized to its top-k, then top-p on that row
+  check_workspace(fn, workspace, chain_bytes(batch, probs.vocab));
+  if (batch == 0) return;
+  const ChainBuffers ws = chain_buffers(workspace, batch, probs.vocab);
+  detail::launch_renorm(FilterKind::top_k, probs, top_k, kNoFraction, ws.rows,
+                        detail::Gather{opt.indices, batch, nullptr, ws.status}, stream);
+  SamplingOptions renormed = opt;
+  renormed.indices = nullptr;
+  renormed.batch = batch;
+  detail::launch_sampler(FilterKind::top_p, DeviceRows{ws.rows, batch, probs.vocab}, kNoTopK, top_p, Fraction(0.0),
+                         out, renormed, ws.status, stream);
+}
+
+void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace workspace, const SamplingOptions& opt,
+                          cudaStream_t stream) {
+  const char* fn = "sampling_from_logits";
+  check_rows(fn, "logits", logits);
+  const int64_t batch = detail::output_count(fn, logits, opt);
+  check_outputs(fn, out, batch);
+  check_workspace(fn, workspace, chain_bytes(logits.rows, logits.vocab));
+  if (batch == 0 || logits.rows == 0) return;
+  const ChainBuffers ws = chain_buffers(workspace, logits.rows, logits.vocab);
+  detail::launch_softmax(logits, RowParam<double, float>(1.0), ws.rows,
+                         detail::Gather{nullptr, logits.rows, nullptr, ws.status}, stream);
+  detail::launch_sampler(FilterKind::none, DeviceRows{ws.rows, logits.rows, logits.vocab}, kNoTopK, kNoFraction,
+                         Fraction(0.0), out, opt, ws.status, stream);
+}
+
+void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction top_p, FilterApplyOrder order,
+                                      SamplingOutputs out, Workspace workspace, const SamplingOptions& opt,
+                                      cudaStream_t stream) {
+  const char* fn = "top_k_top_p_sampling_from_logits";
+  check_rows(fn, "logits", logits);
+  detail::check_top_k(fn, top_k);
+  detail::check_top_p(fn, top_p);
+  const int64_t batch = detail::output_count(fn, logits, opt);
+  check_outputs(fn, out, batch);
+  if (order == FilterApplyOrder::joint) {
+    check_workspace(fn, workspace, chain_bytes(logits.rows, logits.vocab));
+    if (batch == 0 || logits.rows == 0) return;
+    const ChainBuffers ws = chain_buffers(workspace, logits.rows, logits.vocab);
+    detail::launch_softmax(logits, RowParam<double, float>(1.0), ws.rows,
+                           detail::Gather{nullptr, logits.rows, nullptr, ws.status}, stream);
+    detail::launch_sampler(FilterKind::top_k_top_p, DeviceRows{ws.rows, logits.rows, logits.vocab}, top_k, top_p,
+                           Fraction(0.0), out, opt, ws.status, stream);
+    return;
+  }
+  // top_k_first: mask output i's logits to its top-k (into the rows), softmax in place, top-p
+  check_workspace(fn, workspace, chain_bytes(batch, logits.vocab));
+  if (batch == 0) return;
+  const ChainBuffers ws = chain_buffers(workspace, batch, logits.vocab);
+  const DeviceRows rows{ws.rows, batch, logits.vocab};
+  detail::launch_mask_logits(logits, top_k, ws.rows, detail::Gather{opt.indices, batch, nullptr, ws.status}, stream);
+  detail::launch_softmax(rows, RowParam<double, float>(1.0), ws.rows, detail::Gather{nullptr, batch, ws.status, ws.status},
+                         stream);
+  SamplingOptions masked = opt;
+  masked.indices = nullptr;
+  masked.batch = batch;
+  detail::launch_sampler(FilterKind::top_p, rows, kNoTopK, top_p, Fraction(0.0), out, masked, ws.status, stream);
+}
+
+// ---- Registry ----------------------------------------------------------------------------------
+
+const std::vector<OperatorInfo>& operators() {
+  static const std::vector<OperatorInfo> list = {
+      {"sampling_from_probs", "probs", "tokens", "one inverse-CDF pass (block scan), no rejection"},
+      {"sampling_from_logits", "logits", "tokens", "softmax kernel into the workspace, then sampling_from_probs"},
+      {"top_k_sampling_from_probs", "probs", "tokens", "rejection: draw among p > low, count above two pivots"},
+      {"top_p_sampling_from_probs", "probs", "tokens", "rejection: draw among p > low, exact mass above two pivots"},
+      {"min_p_sampling_from_probs", "probs", "tokens", "pivot max_p * min_p known after pass 0: one draw"},
+      {"top_k_top_p_sampling_from_probs", "probs", "tokens",
+       "joint: one rejection loop testing both rules; top_k_first: top_k_renorm_probs, then top-p"},
+      {"top_k_top_p_sampling_from_logits", "logits", "tokens",
+       "joint: softmax then the joint loop; top_k_first: top_k_mask_logits, softmax, top-p"},
+      {"softmax", "logits", "probs", "max, sum, divide: three passes, float"},
+      {"top_k_renorm_probs", "probs", "probs", "the k-th largest by bisection on the value, exact masses"},
+      {"top_p_renorm_probs", "probs", "probs", "the top-p cut by bisection on the value, exact masses"},
+      {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by bisection on the value"},
+      {"chain_speculative_sampling", "draft/target probs", "tokens",
+       "one block per request: acceptance tests, then one inverse CDF over relu(p - q)"},
+  };
+  return list;
+}
+
+size_t workspace_bytes(const std::string& name, int64_t rows, int64_t batch, int64_t vocab, FilterApplyOrder order) {
+  for (const OperatorInfo& op : operators()) {
+    if (op.name != name) continue;
+    if (name == "sampling_from_logits") return chain_bytes(rows, vocab);
+    if (name == "top_k_top_p_sampling_from_logits")
+      return order == FilterApplyOrder::joint ? chain_bytes(rows, vocab) : chain_bytes(batch, vocab);
+    if (name == "top_k_top_p_sampling_from_probs")
+      return order == FilterApplyOrder::joint ? 0 : chain_bytes(batch, vocab);
+    return 0;
+  }
+  throw ref::InvalidArgument("workspace_bytes: no sampling operator named \"" + name + "\"");
+}
+
+}  // namespace flashstep::stages::sampling
