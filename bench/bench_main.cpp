@@ -12,10 +12,14 @@
 // GB/s counts the bytes a decode must move at least: q, K and V of every token, o and
 // lse (the page table, 4 bytes per page, is left out). --tune adds pipeline-depth
 // variants of 02_paged on the target shapes. Set FLASHSTEP_COMMIT to stamp the commit.
+// Prefill shapes (bench/shapes_prefill.csv) report TFLOP/s instead: 4 * head_dim flops
+// per (query, key) pair the mask lets through, per query head, and pct_of_ceiling
+// against the cuBLAS bf16 GEMM measured in the same process.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +105,7 @@ struct StageInputs {
   std::unique_ptr<stages::StageRunner> runner;
   cudaGraphExec_t graph = nullptr;  ///< run() captured once; null: the stage refused capture
   double bytes = 0;
+  double flops = 0;  ///< prefill: 4 * head_dim * num_qo_heads per visible (query, key) pair
   ~StageInputs() {
     if (graph) cudaGraphExecDestroy(graph);
   }
@@ -110,6 +115,22 @@ struct StageInputs {
     else runner->run(batch, stream);
   }
 };
+
+/// (query, key) pairs of the batch that the mask lets through, per query head: a causal
+/// square counts about half, an append of a few queries on a long prefix almost all.
+double visible_pairs(const stages::BatchShape& s) {
+  double pairs = 0;
+  for (int b = 0; b < s.batch_size; ++b) {
+    const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b], kv_len = s.kv_len(b);
+    for (int64_t i = 0; i < qo_len; ++i) {
+      const int64_t diagonal = i + kv_len - qo_len;
+      const int64_t hi = s.causal ? std::min(kv_len, diagonal + 1) : kv_len;
+      const int64_t lo = s.window_left >= 0 ? std::max<int64_t>(0, diagonal - s.window_left) : 0;
+      pairs += static_cast<double>(std::max<int64_t>(0, hi - lo));
+    }
+  }
+  return pairs;
+}
 
 /// Captures run() in a CUDA graph, as serving engines run decode and as bench/peers.py
 /// times the peers, so that launch overheads are the same on both sides. A stage whose
@@ -174,6 +195,7 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   capture(*in);
   in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
+  if (s.mode == stages::Mode::prefill) in->flops = visible_pairs(s) * 4.0 * s.head_dim * s.num_qo_heads;
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   g_inputs = std::move(in);
   return *g_inputs;
@@ -207,7 +229,11 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
   configure(benchmark::RegisterBenchmark(name.c_str(), [&stage, spec, name, note, tune](benchmark::State& state) {
     StageInputs& in = inputs_for(name, stage, spec, tune);
     static GpuTimer timer;
-    run_timed(state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps);
+    // Prefill is compute-bound: TFLOP/s against the GEMM ceiling; decode: GB/s against the copy.
+    if (in.flops > 0)
+      run_timed(state, timer, [&] { in.call(nullptr); }, 0, in.flops, g_ceilings.gemm_tflops);
+    else
+      run_timed(state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps);
     if (!lse_is_finite(in)) state.SkipWithError("non-finite lse: the stage is broken on this shape");
     std::ostringstream label;
     label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage) << ", "
@@ -289,7 +315,9 @@ int main(int argc, char** argv) {
         if (stage.storage == stages::KVStorage::ragged) {
           const auto& c = shape.spec;
           const stages::DType dtype = stage.supports(c.dtype) ? c.dtype : stage.dtypes.front();
-          const std::string key = std::to_string(c.batch_size) + "/" + std::to_string(c.kv_len) + "/" +
+          const std::string key = std::string(stages::to_string(c.mode)) + "/" + std::to_string(c.qo_len) + "/" +
+                                  std::to_string(c.causal) + "/" + stages::harness::to_string(c.lengths) + "/" +
+                                  std::to_string(c.batch_size) + "/" + std::to_string(c.kv_len) + "/" +
                                   std::to_string(c.num_qo_heads) + "/" + std::to_string(c.num_kv_heads) + "/" +
                                   std::to_string(c.head_dim) + "/" + stages::to_string(dtype);
           if (!seen.insert(key).second) continue;

@@ -19,7 +19,9 @@ the stages are credited with.
 """
 import argparse
 import csv
+import itertools
 import json
+import math
 import statistics
 import sys
 
@@ -106,6 +108,154 @@ def run_peer(backend, q, k, v):
                 raise first
 
 
+# ---- Prefill/append and large-group decode (bench/shapes_prefill.csv, stage 04) --------
+# A shapes file with a "mode" column is a prefill file. Peers: SDPA flash and cuDNN on the
+# contiguous equivalent (one call per distinct request length; their is_causal aligns the
+# mask top-left, so an append with fewer queries than keys runs non-causal there and the
+# row says so), and FlashInfer's wrappers where `import flashinfer` works: the paged
+# prefill wrapper with the fa2 and fa3 backends, and the tensor-core decode wrapper for
+# decode rows, on a page-16 NHD pool laid out like the stage's. TFLOP/s counts 4 * head_dim
+# flops per (query, key) pair the peer's mask lets through, per query head, as
+# flashstep_bench does; decode rows count bytes (GB/s).
+
+def spread_lengths(batch, longest):
+    """bench/shapes_prefill.csv's "spread": request i of n gets longest/32 * 32^(i/(n-1))."""
+    if batch == 1:
+        return [longest]
+    return [int(math.floor(longest / 32.0 * 32.0 ** (i / (batch - 1)) + 0.5)) for i in range(batch - 1)] + [longest]
+
+
+def prefill_lengths(s):
+    batch, qo, kv = int(s["batch"]), int(s["qo_len"]), int(s["kv_len"])
+    if s["lengths"] == "spread":
+        return list(zip(spread_lengths(batch, qo), spread_lengths(batch, kv)))
+    return [(qo, kv)] * batch
+
+
+def visible_pairs(lengths, causal):
+    total = 0
+    for qo, kv in lengths:
+        if not causal:
+            total += qo * kv
+        else:  # bottom-right aligned: query i sees keys 0 .. i + kv - qo
+            total += sum(max(0, min(kv, i + kv - qo + 1)) for i in range(qo))
+    return total
+
+
+def sdpa_prefill_rows(s, flush):
+    """SDPA flash / cuDNN on the contiguous equivalent of a prefill shape."""
+    hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+    dtype = DTYPES[s["dtype"]]
+    lengths = prefill_lengths(s)
+    causal_req = s["causal"] == "1"
+    groups = {}  # (qo, kv) -> count: requests of one length run as one batched call
+    for qk in lengths:
+        groups[qk] = groups.get(qk, 0) + 1
+    tensors = []
+    for (qo, kv), n in groups.items():
+        q = torch.empty(n, hq, qo, d, dtype=dtype, device="cuda").uniform_(-3, 3)
+        k = torch.empty(n, hkv, kv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+        v = torch.empty(n, hkv, kv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+        tensors.append((q, k, v, causal_req and qo == kv))
+    top_left_only = causal_req and any(qo != kv for qo, kv in lengths)
+    rows = []
+    for impl, backend in BACKENDS.items():
+        note = "contiguous equivalent, one call per distinct length"
+        if top_left_only:
+            note += "; non-causal where qo_len != kv_len (SDPA aligns is_causal top-left)"
+        pairs = sum(visible_pairs([(t[0].shape[2], t[1].shape[2])] * t[0].shape[0], t[3]) for t in tensors)
+        flops = 4.0 * d * hq * pairs
+        row = {"impl": impl, "shape": s["name"], "flops": flops, "note": note}
+
+        def call():
+            with sdpa_kernel([backend]):
+                for q, k, v, causal in tensors:
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        try:
+            call()
+            fn, mode = as_graph(call)
+            ms, means = time_call(fn, flush)
+            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means],
+                        "TFLOP/s": flops / (ms * 1e-3) * 1e-12, "mode": mode})
+        except RuntimeError as e:
+            row["error"] = str(e).splitlines()[0][:300]
+        rows.append(row)
+    del tensors
+    return rows
+
+
+def flashinfer_rows(s, flush):
+    """FlashInfer on a page-16 NHD pool: prefill wrappers (fa2, fa3) or tensor-core decode."""
+    try:
+        import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
+    except Exception as e:  # not installed here: say so in the results, time nothing
+        return [{"impl": "flashinfer", "shape": s["name"], "error": f"flashinfer not importable: {e}"[:300]}]
+    hq, hkv, d, page = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"]), int(s["page_size"])
+    dtype = DTYPES[s["dtype"]]
+    decode = s["mode"] == "decode"
+    lengths = [(1, int(s["kv_len"]))] * int(s["batch"]) if decode else prefill_lengths(s)
+    causal = s["causal"] == "1" and not decode
+    pages = [(kv + page - 1) // page for _, kv in lengths]
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
+    kv_indices = torch.arange(sum(pages), dtype=torch.int32, device="cuda")
+    last = torch.tensor([kv - (p - 1) * page for (_, kv), p in zip(lengths, pages)], dtype=torch.int32, device="cuda")
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo for qo, _ in lengths)), dtype=torch.int32, device="cuda")
+    pool = torch.empty(sum(pages), 2, page, hkv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    q = torch.empty(int(qo_indptr[-1]), hq, d, dtype=dtype, device="cuda").uniform_(-3, 3)
+    workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    rows = []
+    variants = [("flashinfer_tc_decode", None)] if decode else [("flashinfer_fa2", "fa2"), ("flashinfer_fa3", "fa3")]
+    for impl, backend in variants:
+        row = {"impl": impl, "shape": s["name"], "note": "paged, page %d NHD" % page}
+        try:
+            if decode:
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+                w.plan(kv_indptr, kv_indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=dtype)
+                nbytes = decode_bytes(len(lengths), int(s["kv_len"]), hq, hkv, d, q.element_size())
+                row["bytes"] = nbytes
+            else:
+                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+                w.plan(qo_indptr, kv_indptr, kv_indices, last, hq, hkv, d, page, causal=causal,
+                       q_data_type=dtype, kv_data_type=dtype)
+                row["flops"] = 4.0 * d * hq * visible_pairs(lengths, causal)
+            w.run(q, pool)
+            fn, mode = as_graph(lambda: w.run(q, pool))
+            ms, means = time_call(fn, flush)
+            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means], "mode": mode})
+            if decode:
+                row["GB/s"] = row["bytes"] / (ms * 1e-3) * 1e-9
+            else:
+                row["TFLOP/s"] = row["flops"] / (ms * 1e-3) * 1e-12
+        except Exception as e:  # a backend this FlashInfer build or GPU lacks: recorded, not fatal
+            row["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
+        rows.append(row)
+    del pool, q, workspace
+    return rows
+
+
+def prefill_main(args, shapes, flush, out, sets):
+    for s in shapes:
+        if s["set"] not in sets:
+            continue
+        rows = []
+        if s["mode"] == "prefill":
+            rows += sdpa_prefill_rows(s, flush)
+        rows += flashinfer_rows(s, flush)
+        for row in rows:
+            out["results"].append(row)
+            if "TFLOP/s" in row:
+                msg = f"{row['TFLOP/s']:8.1f} TFLOP/s"
+            elif "GB/s" in row:
+                msg = f"{row['GB/s']:8.1f} GB/s"
+            else:
+                msg = "unsupported: " + row.get("error", "?")
+            print(f"{row['impl']:22s} {s['name']:30s} {msg}", flush=True)
+        torch.cuda.empty_cache()
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="bench/shapes.csv")
@@ -120,7 +270,10 @@ def main():
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "results": []}
     done = set()
-    for s in load_shapes(args.shapes):
+    shapes = load_shapes(args.shapes)
+    if shapes and "mode" in shapes[0]:  # bench/shapes_prefill.csv
+        return prefill_main(args, shapes, flush, out, sets)
+    for s in shapes:
         if s["set"] not in sets or shape_key(s) in done:
             continue
         done.add(shape_key(s))

@@ -13,18 +13,21 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
   ref::require(in.good(), fn, "cannot open " + path);
   std::vector<BenchShape> shapes;
   std::string line;
-  bool header_seen = false;
+  bool header_seen = false, prefill_format = false;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.empty() || line[0] == '#') continue;
-    if (!header_seen) {  // the column names; order is fixed, see the file
+    if (!header_seen) {  // the column names; order is fixed, see the files
       header_seen = true;
+      prefill_format = line.rfind("name,set,mode,", 0) == 0;
       continue;
     }
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
     const std::string where = path + ":" + std::to_string(line_no);
-    ref::require(f.size() == 11, fn, where + ": expected 11 fields, got " + std::to_string(f.size()));
+    const size_t fields = prefill_format ? 15 : 11;
+    ref::require(f.size() == fields, fn,
+                 where + ": expected " + std::to_string(fields) + " fields, got " + std::to_string(f.size()));
     auto number = [&](size_t i, const char* what) {
       try {
         return std::stoi(f[i]);
@@ -32,23 +35,35 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
         throw ref::InvalidArgument(std::string(fn) + ": " + where + ": " + what + " is not a number (\"" + f[i] + "\")");
       }
     };
+    // The prefill format has mode and qo_len after set, causal and lengths at the end.
+    const size_t o = prefill_format ? 2 : 0;
     BenchShape s;
     s.name = f[0];
     s.set = f[1];
     s.spec.mode = stages::Mode::decode;
-    s.spec.batch_size = number(2, "batch");
-    s.spec.kv_len = number(3, "kv_len");
-    s.spec.num_qo_heads = number(4, "num_qo_heads");
-    s.spec.num_kv_heads = number(5, "num_kv_heads");
-    s.spec.head_dim = number(6, "head_dim");
-    s.spec.page_size = number(7, "page_size");
-    s.spec.dtype = stages::parse_dtype(f[8]);
-    s.spec.kv_layout = ref::parse_kv_layout(f[9]);
-    ref::require(f[10] == "sequential" || f[10] == "shuffled", fn,
-                 where + ": page_order must be sequential or shuffled (got \"" + f[10] + "\")");
-    s.spec.page_order = f[10] == "sequential" ? stages::harness::PageOrder::sequential
-                                              : stages::harness::PageOrder::shuffled;
     s.spec.lengths = stages::harness::LengthPolicy::uniform;
+    if (prefill_format) {
+      ref::require(f[2] == "decode" || f[2] == "prefill", fn,
+                   where + ": mode must be decode or prefill (got \"" + f[2] + "\")");
+      s.spec.mode = f[2] == "prefill" ? stages::Mode::prefill : stages::Mode::decode;
+      s.spec.qo_len = number(4, "qo_len");
+      s.spec.causal = number(13, "causal") != 0;
+      ref::require(f[14] == "uniform" || f[14] == "spread", fn,
+                   where + ": lengths must be uniform or spread (got \"" + f[14] + "\")");
+      if (f[14] == "spread") s.spec.lengths = stages::harness::LengthPolicy::spread;
+    }
+    s.spec.batch_size = number(2 + (o ? 1 : 0), "batch");
+    s.spec.kv_len = number(3 + o, "kv_len");
+    s.spec.num_qo_heads = number(4 + o, "num_qo_heads");
+    s.spec.num_kv_heads = number(5 + o, "num_kv_heads");
+    s.spec.head_dim = number(6 + o, "head_dim");
+    s.spec.page_size = number(7 + o, "page_size");
+    s.spec.dtype = stages::parse_dtype(f[8 + o]);
+    s.spec.kv_layout = ref::parse_kv_layout(f[9 + o]);
+    ref::require(f[10 + o] == "sequential" || f[10 + o] == "shuffled", fn,
+                 where + ": page_order must be sequential or shuffled (got \"" + f[10 + o] + "\")");
+    s.spec.page_order = f[10 + o] == "sequential" ? stages::harness::PageOrder::sequential
+                                                  : stages::harness::PageOrder::shuffled;
     shapes.push_back(s);
   }
   return shapes;

@@ -4,6 +4,7 @@
 #include "01_naive/naive.hpp"
 #include "02_paged/paged.hpp"
 #include "03_split_kv/split_kv.hpp"
+#include "04_tensor_core/tensor_core.hpp"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages {
@@ -13,6 +14,8 @@ const std::vector<StageInfo>& registry() {
       naive::stage_info(),  // 01: scores materialized, three passes, fp32
       paged::stage_info(),  // 02: paged decode, online softmax, one pass
       split_kv::stage_info(),  // 03: plan/run, KV split into chunks that fill the chip, merge
+      tensor_core::stage_info(),         // 04: prefill and large-group decode on tensor cores, paged K/V
+      tensor_core::ragged_stage_info(),  // 04: the same kernel over ragged K/V
   };
   return stages;
 }

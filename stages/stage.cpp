@@ -57,6 +57,8 @@ std::string BatchShape::describe() const {
     << num_kv_heads << " head_dim=" << head_dim;
   if (storage == KVStorage::paged) s << " page=" << page_size;
   if (mode == Mode::prefill) s << (causal ? " causal" : " non-causal");
+  if (window_left >= 0) s << " window_left=" << window_left;
+  if (logits_soft_cap > 0.f) s << " soft_cap=" << logits_soft_cap;
   return s.str();
 }
 
@@ -92,6 +94,8 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
     return name + " supports page_size 1.." + std::to_string(max_page_size);
   if (shape.mode == Mode::prefill && shape.causal && !causal)
     return name + " does not implement the causal mask";
+  if (shape.window_left >= 0 && !window_left) return name + " does not implement window_left";
+  if (shape.logits_soft_cap > 0.f && !logits_soft_cap) return name + " does not implement logits_soft_cap";
   return {};
 }
 
@@ -108,6 +112,8 @@ std::string StageInfo::capabilities() const {
   s << "; GQA groups 1.." << max_group_size;
   if (storage == KVStorage::paged) s << "; page_size 1.." << max_page_size;
   if (causal) s << "; causal";
+  if (window_left) s << "; window_left";
+  if (logits_soft_cap) s << "; logits_soft_cap";
   return s.str();
 }
 

@@ -3,7 +3,7 @@
 /// shape + device pointers), the plan/run runner it provides, and the capabilities it
 /// declares. Tests, the benchmark, the CLI and the docs see stages only through this.
 ///
-/// The split into plan() and run() is FlashInfer's (seeds/001, section 4.1): plan() runs
+/// The split into plan() and run() is FlashInfer's (the FlashInfer paper, arXiv 2501.01005, section 4.1): plan() runs
 /// on the host once per batch composition, may read the index arrays on the host and
 /// writes whatever schedule it needs into the caller's workspace; run() is the per-layer
 /// call and makes no host decisions, so it can be timed alone and captured in a CUDA
@@ -66,6 +66,8 @@ struct BatchShape {
   int page_size = 0;       ///< paged only: tokens per page
   int64_t num_pages = 0;   ///< paged only: pages in the pool
   bool causal = false;     ///< prefill only; bottom-right aligned
+  int window_left = -1;    ///< keep the last window_left + 1 keys of each query's causal range; -1 = off
+  float logits_soft_cap = 0.f;  ///< c > 0: scores s -> c * tanh(s / c) before the softmax; 0 = off
   /// Softmax scale applied to q.k. Not given (the default): 1/sqrt(head_dim). Stages
   /// read it through resolved_sm_scale(); a given value must be positive and finite.
   std::optional<float> sm_scale;
@@ -138,6 +140,8 @@ struct StageInfo {
   int max_page_size = 0;              ///< paged only: largest page_size it accepts
   int max_group_size = 0;             ///< largest num_qo_heads / num_kv_heads
   bool causal = false;                ///< whether it implements the causal mask (prefill)
+  bool window_left = false;           ///< whether it implements window_left >= 0
+  bool logits_soft_cap = false;       ///< whether it implements logits_soft_cap > 0
   std::function<std::unique_ptr<StageRunner>()> make_runner;  ///< a fresh runner
 
   /// Empty when the stage can run `shape`; otherwise the first rule it breaks.

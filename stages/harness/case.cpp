@@ -18,6 +18,7 @@ const char* to_string(LengthPolicy policy) {
     case LengthPolicy::uniform: return "uniform";
     case LengthPolicy::ragged: return "ragged";
     case LengthPolicy::ragged_with_empty: return "ragged_with_empty";
+    case LengthPolicy::spread: return "spread";
   }
   return "?";
 }
@@ -31,6 +32,8 @@ std::string CaseSpec::describe() const {
   s << to_string(mode) << ' ' << to_string(dtype) << ' ' << ref::to_string(kv_layout)
     << " batch=" << batch_size << " kv_len=" << kv_len;
   if (mode == Mode::prefill) s << " qo_len=" << qo_len << (causal ? " causal" : " non-causal");
+  if (window_left >= 0) s << " window_left=" << window_left;
+  if (logits_soft_cap > 0) s << " soft_cap=" << logits_soft_cap;
   s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim
     << " page=" << page_size << ' ' << to_string(lengths) << ' ' << to_string(page_order);
   return s.str();
@@ -63,6 +66,12 @@ void check_spec(const CaseSpec& spec, KVStorage storage) {
 std::vector<int32_t> draw_lengths(int batch, int longest, LengthPolicy policy, std::mt19937_64& rng) {
   std::vector<int32_t> len(static_cast<size_t>(batch), longest);
   if (policy == LengthPolicy::uniform) return len;
+  if (policy == LengthPolicy::spread) {
+    for (int i = 0; i + 1 < batch; ++i)
+      len[static_cast<size_t>(i)] = static_cast<int32_t>(
+          std::lround(longest / 32.0 * std::pow(32.0, static_cast<double>(i) / (batch - 1))));
+    return len;
+  }
   const int lo = policy == LengthPolicy::ragged_with_empty ? 0 : 1;
   std::uniform_int_distribution<int> dist(lo, longest);
   for (int i = 1; i < batch; ++i) len[static_cast<size_t>(i)] = dist(rng);
@@ -99,13 +108,16 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   s.num_kv_heads = spec.num_kv_heads;
   s.head_dim = spec.head_dim;
   s.causal = spec.mode == Mode::prefill && spec.causal;
+  s.window_left = spec.window_left;
+  s.logits_soft_cap = static_cast<float>(spec.logits_soft_cap);
   // sm_scale stays unset: the stages and the reference both apply 1/sqrt(head_dim).
 
   const std::vector<int32_t> kv_lens = draw_lengths(spec.batch_size, spec.kv_len, spec.lengths, rng);
   std::vector<int32_t> qo_lens(static_cast<size_t>(spec.batch_size), 1);
   if (spec.mode == Mode::prefill) {
     const LengthPolicy qo_policy =
-        spec.lengths == LengthPolicy::uniform ? LengthPolicy::uniform : LengthPolicy::ragged;
+        spec.lengths == LengthPolicy::uniform || spec.lengths == LengthPolicy::spread ? spec.lengths
+                                                                                       : LengthPolicy::ragged;
     qo_lens = draw_lengths(spec.batch_size, spec.qo_len, qo_policy, rng);
   }
   s.qo_indptr = exclusive_scan(qo_lens);
@@ -142,6 +154,8 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   c.q = random_rounded(rng, {s.nnz_qo(), s.num_qo_heads, D}, -3.0, 3.0, s.dtype);
   ref::AttentionOptions opt;
   opt.causal = s.causal;
+  opt.window_left = s.window_left;
+  opt.logits_soft_cap = s.logits_soft_cap;
   opt.sm_scale = s.sm_scale;
   opt.kv_layout = KVLayout::NHD;
 

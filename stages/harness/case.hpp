@@ -22,8 +22,9 @@ enum class LengthPolicy {
   uniform,            ///< every request has exactly kv_len keys (and qo_len queries)
   ragged,             ///< request 0 has kv_len, the others a uniform draw from 1..kv_len
   ragged_with_empty,  ///< like ragged, but draws from 0..kv_len and request 1 gets 0 keys
+  spread,             ///< no draw: request i of n gets kv_len / 32 * 32^(i / (n - 1)) (rounded), the last kv_len
 };
-/// "uniform", "ragged" or "ragged_with_empty".
+/// "uniform", "ragged", "ragged_with_empty" or "spread".
 const char* to_string(LengthPolicy policy);
 
 /// Order in which the pages of the pool are handed to the requests.
@@ -48,6 +49,8 @@ struct CaseSpec {
   int head_dim = 128;     ///< elements per head, D
   int page_size = 16;  ///< paged storage only
   bool causal = false;  ///< prefill only
+  int window_left = -1;  ///< keep the last window_left + 1 keys of each query's range; -1 = off
+  double logits_soft_cap = 0.0;  ///< c > 0: scores s -> c * tanh(s / c); 0 = off
   PageOrder page_order = PageOrder::shuffled;  ///< which pool pages each request gets
 
   /// One line with every field, e.g. for a failure message or a test name.

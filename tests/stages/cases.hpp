@@ -234,4 +234,111 @@ inline std::vector<CaseSpec> decode_contiguous_grid() {
   return cases;
 }
 
+/// Stage 04's prefill grid (fp16/bf16, the tensor-core dtypes). qo_len around the tile
+/// sizes (16 rows of an m16 tile, 64/128 rows of a block) and a long 1000; kv_len from
+/// qo_len (a causal square) to qo_len + a long prefix (append); the other values rotate
+/// through the grid: GQA group 1/4/7/8/16/32 (packed into tile rows), head_dim, dtype,
+/// layout, page 1/16/64, ragged batches (other requests may have fewer keys than queries:
+/// causal rows that see nothing), window and soft cap. Heads shrink as lengths grow, so
+/// the double reference stays within a minute or two.
+inline std::vector<CaseSpec> tensor_core_prefill_grid() {
+  std::vector<CaseSpec> cases;
+  const int groups[] = {1, 4, 7, 8, 16, 32};
+  const int pages[] = {1, 16, 64};
+  const int head_dims[] = {64, 128, 256};
+  int n = 0;
+  for (int qo_len : {1, 15, 16, 17, 127, 128, 129, 1000})
+    for (int extra : {0, 17, 300, 4096})
+      for (bool causal : {false, true}) {
+        if (qo_len == 1000 && extra == 4096) continue;  // the long append runs at qo_len 128
+        CaseSpec c;
+        c.mode = Mode::prefill;
+        c.qo_len = qo_len;
+        c.kv_len = qo_len + extra;
+        c.causal = causal;
+        const int64_t work = int64_t{qo_len} * c.kv_len;
+        c.batch_size = work > 200000 ? 1 : 3;
+        const int group = work > 200000 ? ((n / 7) % 2 ? 4 : 1) : groups[n % 6];
+        c.num_kv_heads = work > 200000 || group >= 16 ? 1 : 2;
+        c.num_qo_heads = group * c.num_kv_heads;
+        c.head_dim = work > 200000 ? 128 : head_dims[(n / 2) % 3];
+        c.dtype = n % 2 ? DType::bf16 : DType::f16;
+        c.kv_layout = kLayouts[(n / 3) % 2];
+        c.page_size = pages[(n / 5) % 3];
+        c.lengths = n % 4 == 3 ? LengthPolicy::uniform : LengthPolicy::ragged;
+        if (n % 5 == 2) c.window_left = (n % 3 == 0) ? 0 : 37 + n;
+        if (n % 7 == 4) c.logits_soft_cap = 30.0;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// Stage 04's decode grid: groups 16 and 32 (MQA 32/1 and 64/4 included), which the
+/// CUDA-core stages refuse, packed as rows of one query tile; lengths from one key to
+/// several tiles, a batch wider than the chip, window and soft cap once each.
+inline std::vector<CaseSpec> tensor_core_decode_grid() {
+  std::vector<CaseSpec> cases;
+  const Heads heads[] = {{32, 1}, {16, 1}, {64, 4}, {32, 2}};
+  const int pages[] = {1, 16, 64};
+  const int head_dims[] = {64, 128, 256};
+  int n = 0;
+  for (int batch : {1, 7, 150})
+    for (int kv_len : {1, 17, 300, 2048})
+      for (Heads h : heads) {
+        if (batch == 150 && kv_len == 2048) continue;
+        CaseSpec c;
+        c.mode = Mode::decode;
+        c.batch_size = batch;
+        c.kv_len = kv_len;
+        c.num_qo_heads = h.qo;
+        c.num_kv_heads = h.kv;
+        c.head_dim = head_dims[n % 3];
+        c.dtype = n % 2 ? DType::bf16 : DType::f16;
+        c.kv_layout = kLayouts[(n / 2) % 2];
+        c.page_size = pages[(n / 4) % 3];
+        c.lengths = batch == 7 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+        if (n == 5) c.window_left = 100;
+        if (n == 9) c.logits_soft_cap = 50.0;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// Stage 04 under compute-sanitizer: both dtypes, every head_dim, both layouts, causal
+/// with partial tiles and rows that see nothing, a window, group 32 decode. Tiny sizes.
+inline std::vector<CaseSpec> tensor_core_sanitizer_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (int head_dim : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      CaseSpec c;
+      c.mode = Mode::prefill;
+      c.batch_size = 3;
+      c.qo_len = causal ? 70 : 9;
+      c.kv_len = causal ? 90 : 140;
+      c.causal = causal;
+      c.num_qo_heads = n % 2 ? 8 : 4;
+      c.num_kv_heads = n % 2 ? 2 : 4;
+      c.head_dim = head_dim;
+      c.dtype = n % 2 ? DType::bf16 : DType::f16;
+      c.kv_layout = kLayouts[n % 2];
+      c.page_size = n % 3 == 0 ? 1 : 16;
+      c.lengths = LengthPolicy::ragged_with_empty;
+      if (n == 3) c.window_left = 20;
+      ++n;
+      cases.push_back(c);
+    }
+  CaseSpec d;
+  d.mode = Mode::decode;
+  d.batch_size = 3;
+  d.kv_len = 200;
+  d.num_qo_heads = 32;
+  d.num_kv_heads = 1;
+  d.head_dim = 128;
+  cases.push_back(d);
+  return cases;
+}
+
 }  // namespace flashstep::test::grids

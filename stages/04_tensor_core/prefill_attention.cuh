@@ -1,0 +1,460 @@
+/// \file prefill_attention.cuh
+/// \brief Stage 04 — prefill/append (and large-group decode) on tensor cores.
+///
+/// What changed from stage 03: stages 01-03 give each query row its own threads and
+/// compute q.k with scalar FMAs on CUDA cores. That is right for decode (one query per
+/// request: the kernel waits on memory anyway) but prefill has qo_len queries per request
+/// sharing every key, so it is compute-bound, and CUDA cores give about a sixteenth of what
+/// the tensor cores give. Here a block takes a tile of Br query rows and walks the keys in
+/// tiles of Bc, FlashAttention-2's loop (Dao, "FlashAttention-2: Faster Attention with
+/// Better Parallelism and Work Partitioning", https://arxiv.org/abs/2307.08691):
+///
+///   S = Q K^T            mma.sync m16n8k16, Q and K read by ldmatrix from swizzled smem
+///   m, l, O rescaled     the online softmax, on the accumulator fragments in registers
+///   O += P V             P converted in registers into the A operand (never in smem)
+///
+/// while the next K/V tiles stream in by cp.async (through the page table when paged).
+/// A GQA group's query heads are packed as rows of the tile (packed row = token * group +
+/// head in group), so they share each K/V tile: with group 32, decode (one token) is one
+/// tile of 32 rows, FlashInfer's tensor-core decode (Ye et al., "FlashInfer: Efficient and
+/// Customizable Attention Engine for LLM Inference Serving", https://arxiv.org/abs/2501.01005).
+///
+/// What it still does badly: mma.sync is the Ampere instruction; on an H100 the warpgroup
+/// MMA (wgmma) with TMA loads and warp specialisation runs about half again as fast
+/// (stage 07). Outputs are stored straight from fragments (4-byte stores).
+///
+/// How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
+/// `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "flashstep/kernels/cp_async.cuh"
+#include "flashstep/kernels/mma.cuh"
+#include "flashstep/kernels/paged_kv.cuh"
+#include "flashstep/kernels/state.cuh"
+
+namespace flashstep::stages::tensor_core {
+
+/// Shapes of one instantiation. A block is 4 warps; warp w owns rows
+/// [w * 16 * NUM_MMA_Q, (w + 1) * 16 * NUM_MMA_Q) of the query tile:
+///
+///                  Bc = 64 keys (8 n-tiles of S)
+///               +--------------------------------+
+///     warp 0    | 16 x NUM_MMA_Q rows            |   each warp: S = Q_w K^T,
+///     warp 1    |                                |   its own rows' m and l,
+///     warp 2    |                                |   O_w += P_w V
+///     warp 3    |                                |   (no exchange between warps)
+///               +--------------------------------+
+///                  Br = 64 * NUM_MMA_Q rows
+template <typename T, int HEAD_DIM, int NUM_MMA_Q>
+struct PrefillTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int Br = 16 * NUM_MMA_Q * kWarps;  ///< packed query rows per block
+  static constexpr int Bc = 64;                       ///< keys per tile
+  static constexpr int kStages = 2;                   ///< K/V tiles in shared memory
+  static constexpr int kChunks = HEAD_DIM / 8;        ///< 16-byte chunks per row
+  static constexpr int kTilesS = Bc / 8;              ///< n-tiles of S (8 keys each)
+  static constexpr int kTilesO = HEAD_DIM / 8;        ///< n-tiles of O (8 dims each)
+  static_assert(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
+  /// Q tile + kStages x (K tile + V tile), all 16-bit.
+  static constexpr size_t smem_bytes() {
+    return (size_t{Br} + 2 * size_t{kStages} * Bc) * HEAD_DIM * sizeof(T);
+  }
+};
+
+/// Arguments of prefill_attention_kernel; raw pointers and sizes only.
+template <typename T>
+struct PrefillParams {
+  const T* q = nullptr;                ///< (nnz_qo, num_qo_heads, head_dim)
+  const int32_t* qo_indptr = nullptr;  ///< (batch_size + 1)
+  // ragged K/V (paged == false)
+  const T* k = nullptr;                ///< (nnz_kv, num_kv_heads, head_dim)
+  const T* v = nullptr;                ///< (nnz_kv, num_kv_heads, head_dim)
+  const int32_t* kv_indptr = nullptr;  ///< (batch_size + 1) token offsets
+  // paged K/V (paged == true)
+  kernels::PagedKV<T> paged{};         ///< pool + CSR page table
+  bool paged_kv = false;               ///< which of the two the block reads
+  // outputs
+  T* o = nullptr;                      ///< (nnz_qo, num_qo_heads, head_dim)
+  float* lse = nullptr;                ///< (nnz_qo, num_qo_heads), natural log
+  // the schedule plan() wrote: work item i is (request, query tile, kv chunk)
+  const int32_t* request_indices = nullptr;  ///< (num_items)
+  const int32_t* qo_tile_indices = nullptr;  ///< (num_items)
+  const int32_t* kv_chunk_indices = nullptr; ///< (num_items)
+  int kv_chunk_size = 0;               ///< keys per chunk (a multiple of Bc); 0: no split
+  // split-KV partial states (kv_chunk_size > 0)
+  const int32_t* partial_indptr = nullptr;  ///< (nnz_qo + 1): query row t's partial rows
+  float* partial_o = nullptr;          ///< (partial rows, num_qo_heads, head_dim)
+  float* partial_lse = nullptr;        ///< (partial rows, num_qo_heads), natural log
+  // sizes and options
+  int num_qo_heads = 0;                ///< Hq
+  int num_kv_heads = 0;                ///< Hkv
+  int group_size = 1;                  ///< Hq / Hkv: packed rows per query token
+  bool causal = false;                 ///< bottom-right aligned causal mask
+  int window_left = -1;                ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
+  float logit_pre = 0.f;               ///< sm_scale * log2(e), or sm_scale / cap with a soft cap
+  float logit_post = 0.f;              ///< soft cap only: cap * log2(e), applied after tanh
+  bool soft_cap = false;               ///< s -> cap * tanh(s / cap) before the softmax
+};
+
+/// What one block works on, decoded from its work item.
+struct BlockTask {
+  int request;
+  int qo_begin, qo_len;   ///< the request's query rows in q
+  int kv_len;             ///< the request's keys
+  int row_begin, rows;    ///< packed rows [row_begin, row_begin + rows) of the request
+  int kv_begin, kv_end;   ///< keys this block visits (after skipping masked tiles)
+  int chunk_end;          ///< keys past this belong to another chunk (or do not exist)
+  int num_tiles;          ///< Bc-tiles in [kv_begin, kv_end)
+  int chunk;              ///< kv chunk index (split-KV), 0 without a split
+};
+
+/// The request, query tile and key range of this block; tiles that the causal mask or the
+/// window hide from every row of the tile are cut off here and never loaded.
+template <int Br, int Bc, typename T>
+__device__ __forceinline__ BlockTask make_task(const PrefillParams<T>& p, int item) {
+  BlockTask t;
+  t.request = p.request_indices[item];
+  t.chunk = p.kv_chunk_indices[item];
+  t.qo_begin = p.qo_indptr[t.request];
+  t.qo_len = p.qo_indptr[t.request + 1] - t.qo_begin;
+  t.kv_len = p.paged_kv ? p.paged.kv_len(t.request) : p.kv_indptr[t.request + 1] - p.kv_indptr[t.request];
+  const int total_rows = t.qo_len * p.group_size;
+  t.row_begin = p.qo_tile_indices[item] * Br;
+  t.rows = min(Br, total_rows - t.row_begin);
+  const int chunk_begin = p.kv_chunk_size ? t.chunk * p.kv_chunk_size : 0;
+  t.chunk_end = p.kv_chunk_size ? min(t.kv_len, chunk_begin + p.kv_chunk_size) : t.kv_len;
+  // Query token i sees keys up to i + delta (causal) and from i + delta - window_left.
+  const int delta = t.kv_len - t.qo_len;
+  const int first_token = t.row_begin / p.group_size;
+  const int last_token = (t.row_begin + t.rows - 1) / p.group_size;
+  t.kv_begin = chunk_begin;
+  t.kv_end = t.chunk_end;
+  if (p.causal) t.kv_end = min(t.kv_end, last_token + delta + 1);
+  if (p.window_left >= 0) t.kv_begin = max(t.kv_begin, first_token + delta - p.window_left);
+  t.num_tiles = t.kv_end > t.kv_begin ? (t.kv_end - t.kv_begin + Bc - 1) / Bc : 0;
+  return t;
+}
+
+/// Copies this block's query rows into the swizzled Q tile; rows past the request are
+/// zero-filled (they compute garbage that is never stored).
+template <typename T, int HEAD_DIM, int Br, int kThreads>
+__device__ __forceinline__ void load_q_tile(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
+                                            T* q_smem) {
+  constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
+  const int chunk = threadIdx.x % kChunks;
+#pragma unroll
+  for (int pass = 0; pass < Br / kRowsPerPass; ++pass) {
+    const int r = threadIdx.x / kChunks + pass * kRowsPerPass;
+    const bool valid = r < t.rows;
+    const int packed = t.row_begin + (valid ? r : 0);
+    const int token = packed / p.group_size, head = kv_head * p.group_size + packed % p.group_size;
+    const T* src = p.q + (int64_t{t.qo_begin + token} * p.num_qo_heads + head) * HEAD_DIM + chunk * 8;
+    kernels::cp_async_16(q_smem + kernels::swizzled_offset(r, chunk, HEAD_DIM), src, valid);
+  }
+}
+
+/// Starts the copies of keys [kv0, kv0 + Bc) of this block into one K tile and one V tile
+/// (swizzled); keys at or past kv_end are zero-filled, so no NaN of an unowned slot can
+/// reach P V. Paged: each row's page comes from the page table.
+template <typename T, int HEAD_DIM, int Bc, int kThreads>
+__device__ __forceinline__ void load_kv_tile(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
+                                             int kv0, T* k_smem, T* v_smem) {
+  constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
+  const int chunk = threadIdx.x % kChunks;
+#pragma unroll
+  for (int pass = 0; pass < Bc / kRowsPerPass; ++pass) {
+    const int r = threadIdx.x / kChunks + pass * kRowsPerPass;
+    const int j = kv0 + r;
+    const bool valid = j < t.kv_end;
+    const T *k_src, *v_src;
+    if (p.paged_kv) {
+      const int64_t off = valid ? p.paged.k_offset(t.request, static_cast<uint32_t>(j), kv_head) : 0;
+      k_src = p.paged.pool + off + chunk * 8;
+      v_src = k_src + p.paged.stride_kv;
+    } else {
+      const int64_t off = valid ? (int64_t{p.kv_indptr[t.request] + j} * p.num_kv_heads + kv_head) * HEAD_DIM : 0;
+      k_src = p.k + off + chunk * 8;
+      v_src = p.v + off + chunk * 8;
+    }
+    const uint32_t dst = kernels::swizzled_offset(r, chunk, HEAD_DIM);
+    kernels::cp_async_16(k_smem + dst, k_src, valid);
+    kernels::cp_async_16(v_smem + dst, v_src, valid);
+  }
+}
+
+/// S = Q_w K^T for this warp's rows: s[mq][n] is the C fragment of rows 16 mq.. of the
+/// warp and keys 8 n.. of the tile. A from the Q tile, B from the K tile, both by ldmatrix.
+template <typename T, int HEAD_DIM, int NUM_MMA_Q, int kTilesS>
+__device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int warp_row0,
+                                           float (&s)[NUM_MMA_Q][kTilesS][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+#pragma unroll
+    for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
+#pragma unroll
+  for (int kd = 0; kd < HEAD_DIM / 16; ++kd) {
+    // A: lanes 0-15 address rows 0-15 at dims 16 kd.., lanes 16-31 the same rows at +8.
+    uint32_t a[NUM_MMA_Q][4];
+#pragma unroll
+    for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
+      const int row = warp_row0 + mq * 16 + lane % 16;
+      kernels::ldmatrix_x4(a[mq], kernels::smem_u32(q_smem + kernels::swizzled_offset(row, kd * 2 + lane / 16, HEAD_DIM)));
+    }
+    // B: two n-tiles at once; matrices (keys 0-7, dims lo), (0-7, hi), (8-15, lo), (8-15, hi).
+#pragma unroll
+    for (int n2 = 0; n2 < kTilesS / 2; ++n2) {
+      const int key = n2 * 16 + (lane / 16) * 8 + lane % 8;
+      uint32_t b[4];
+      kernels::ldmatrix_x4(b, kernels::smem_u32(k_smem + kernels::swizzled_offset(key, kd * 2 + (lane / 8) % 2, HEAD_DIM)));
+#pragma unroll
+      for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
+        kernels::mma_m16n8k16<T>(s[mq][2 * n2], a[mq], b[0], b[1]);
+        kernels::mma_m16n8k16<T>(s[mq][2 * n2 + 1], a[mq], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// Scores to base-2 logits (scale, optional soft cap), and -inf where the mask hides the
+/// key. `mask` is false on tiles where every key is visible to every row of the block
+/// (the causal interior): then no comparisons at all.
+template <typename T, int NUM_MMA_Q, int kTilesS>
+__device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float (&s)[NUM_MMA_Q][kTilesS][4],
+                                                bool mask, int kv0, int kv_end,
+                                                const int (&q_pos)[NUM_MMA_Q][2]) {
+  const int t4 = threadIdx.x % 4;
+#pragma unroll
+  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+#pragma unroll
+    for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[mq][n][e] * p.logit_pre;
+        if (p.soft_cap) x = tanhf(x) * p.logit_post;
+        if (mask) {
+          // c0, c1: row g; c2, c3: row g + 8 (the fragment layout of mma.cuh).
+          const int j = kv0 + n * 8 + 2 * t4 + (e & 1), i = q_pos[mq][e >> 1];
+          const bool visible = j < kv_end && (!p.causal || j <= i) &&
+                               (p.window_left < 0 || j >= i - p.window_left);
+          if (!visible) x = -INFINITY;
+        }
+        s[mq][n][e] = x;
+      }
+}
+
+/// The online softmax on this warp's fragments: each thread holds two rows per m-tile
+/// (g and g + 8), each spread over the 4 lanes of its group, so a row max is the thread's
+/// max and two shuffles. P = 2^(s - m) overwrites s; o and the thread's partial l are
+/// rescaled by 2^(m_old - m_new). l stays per thread until the end (sums commute).
+template <int NUM_MMA_Q, int kTilesS, int kTilesO>
+__device__ __forceinline__ void update_softmax(float (&s)[NUM_MMA_Q][kTilesS][4], float (&m)[NUM_MMA_Q][2],
+                                               float (&l)[NUM_MMA_Q][2],
+                                               float (&o)[NUM_MMA_Q][kTilesO][4]) {
+#pragma unroll
+  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float row_max = m[mq][h];
+#pragma unroll
+      for (int n = 0; n < kTilesS; ++n) row_max = fmaxf(row_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      // A row that has seen only masked keys keeps m = -inf; subtract 0 then, never -inf.
+      const float m_safe = row_max == -INFINITY ? 0.f : row_max;
+      const float scale = exp2f(m[mq][h] - m_safe);
+      m[mq][h] = row_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s[mq][n][e] = exp2f(s[mq][n][e] - m_safe);
+          sum += s[mq][n][e];
+        }
+      l[mq][h] = l[mq][h] * scale + sum;
+#pragma unroll
+      for (int n = 0; n < kTilesO; ++n) {
+        o[mq][n][2 * h] *= scale;
+        o[mq][n][2 * h + 1] *= scale;
+      }
+    }
+}
+
+/// O += P V: the C fragments of S n-tiles 2k and 2k + 1 are, packed to 16 bits, the A
+/// fragment of keys 16k..16k+15 (see mma.cuh), so P goes from registers to the tensor
+/// cores directly. V (row-major [key][dim]) is read transposed by ldmatrix.trans.
+template <typename T, int HEAD_DIM, int NUM_MMA_Q, int kTilesS, int kTilesO>
+__device__ __forceinline__ void compute_pv(const float (&s)[NUM_MMA_Q][kTilesS][4], const T* v_smem,
+                                           float (&o)[NUM_MMA_Q][kTilesO][4]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int kk = 0; kk < kTilesS / 2; ++kk) {
+    uint32_t a[NUM_MMA_Q][4];
+#pragma unroll
+    for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
+      a[mq][0] = kernels::pack2<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
+      a[mq][1] = kernels::pack2<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
+      a[mq][2] = kernels::pack2<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
+      a[mq][3] = kernels::pack2<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
+    }
+    // B: matrices (keys 0-7, dims lo), (keys 8-15, dims lo), (0-7, hi), (8-15, hi).
+    const int key = kk * 16 + (lane / 8) % 2 * 8 + lane % 8;
+#pragma unroll
+    for (int d2 = 0; d2 < kTilesO / 2; ++d2) {
+      uint32_t b[4];
+      kernels::ldmatrix_x4_trans(b, kernels::smem_u32(v_smem + kernels::swizzled_offset(key, d2 * 2 + lane / 16, HEAD_DIM)));
+#pragma unroll
+      for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
+        kernels::mma_m16n8k16<T>(o[mq][2 * d2], a[mq], b[0], b[1]);
+        kernels::mma_m16n8k16<T>(o[mq][2 * d2 + 1], a[mq], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// Two fp32 values to global memory as two T (one 4-byte store).
+template <typename T>
+__device__ __forceinline__ void store2(T* dst, float a, float b) {
+  *reinterpret_cast<uint32_t*>(dst) = kernels::pack2<T>(a, b);
+}
+
+/// Finishes the rows: l summed over the row's 4 lanes, o / l, lse = (m + log2 l) ln 2
+/// (a row that saw no key: o = 0, lse = -inf), written to o and lse, or, when the KV was
+/// split, to this chunk's partial row in fp32 for the merge kernel.
+template <typename T, int HEAD_DIM, int NUM_MMA_Q, int kTilesO>
+__device__ __forceinline__ void store_output(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
+                                             int warp_row0, const float (&m)[NUM_MMA_Q][2],
+                                             float (&l)[NUM_MMA_Q][2], const float (&o)[NUM_MMA_Q][kTilesO][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[mq][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = warp_row0 + mq * 16 + g + 8 * h;
+      if (r >= t.rows) continue;
+      const int packed = t.row_begin + r;
+      const int token = t.qo_begin + packed / p.group_size;
+      const int head = kv_head * p.group_size + packed % p.group_size;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const float lse = sum > 0.f ? (m[mq][h] + log2f(sum)) * kernels::kLn2 : -INFINITY;
+      if (p.kv_chunk_size == 0) {
+        T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
+#pragma unroll
+        for (int n = 0; n < kTilesO; ++n)
+          store2<T>(dst + n * 8 + 2 * t4, o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+        if (t4 == 0) p.lse[int64_t{token} * p.num_qo_heads + head] = lse;
+      } else {
+        const int64_t row = int64_t{p.partial_indptr[token] + t.chunk} * p.num_qo_heads + head;
+        float* dst = p.partial_o + row * HEAD_DIM;
+#pragma unroll
+        for (int n = 0; n < kTilesO; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) =
+              make_float2(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
+        if (t4 == 0) p.partial_lse[row] = lse;
+      }
+    }
+}
+
+/// One block = one work item (request, query tile, kv chunk) for one kv head.
+/// grid = num_items * num_kv_heads (item-major, so plan()'s longest-first order holds
+/// across heads), PrefillTraits::kThreads threads, PrefillTraits::smem_bytes() of
+/// dynamic shared memory:
+///
+///     smem  [ Q tile: Br x D ][ K_0 | V_0 ][ K_1 | V_1 ]      each tile row-major, swizzled
+///
+/// \tparam T __half or __nv_bfloat16
+/// \tparam HEAD_DIM 64, 128 or 256
+/// \tparam NUM_MMA_Q m16 tiles per warp (Br = 64 * NUM_MMA_Q)
+template <typename T, int HEAD_DIM, int NUM_MMA_Q>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThreads)
+    prefill_attention_kernel(const PrefillParams<T> p) {
+  using Tr = PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>;
+  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* q_smem = reinterpret_cast<T*>(smem_raw);
+  T* kv_smem = q_smem + Br * HEAD_DIM;  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
+
+  const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  const BlockTask t = make_task<Br, Bc>(p, item);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row0 = warp * 16 * NUM_MMA_Q;
+
+  // Position (i + kv_len - qo_len) of each of this thread's rows, for the mask.
+  int q_pos[NUM_MMA_Q][2];
+#pragma unroll
+  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      q_pos[mq][h] = (t.row_begin + warp_row0 + mq * 16 + lane / 4 + 8 * h) / p.group_size + t.kv_len - t.qo_len;
+  const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
+  const int last_pos = (t.row_begin + t.rows - 1) / p.group_size + t.kv_len - t.qo_len;
+
+  float o[NUM_MMA_Q][Tr::kTilesO][4];
+  float m[NUM_MMA_Q][2], l[NUM_MMA_Q][2];
+#pragma unroll
+  for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
+#pragma unroll
+    for (int n = 0; n < Tr::kTilesO; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.f;
+    m[mq][0] = m[mq][1] = -INFINITY;
+    l[mq][0] = l[mq][1] = 0.f;
+  }
+
+  // ---- prologue: Q and the first kStages - 1 K/V tiles in flight.
+  load_q_tile<T, HEAD_DIM, Br, Tr::kThreads>(p, t, kv_head, q_smem);
+  kernels::cp_async_commit_group();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < t.num_tiles)
+      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, kv_smem + 2 * s * Bc * HEAD_DIM,
+                                                  kv_smem + (2 * s + 1) * Bc * HEAD_DIM);
+    kernels::cp_async_commit_group();
+  }
+
+  // ---- main loop: wait for tile it, start tile it + kStages - 1, compute tile it.
+  for (int it = 0; it < t.num_tiles; ++it) {
+    kernels::cp_async_wait_group<kStages - 2>();
+    __syncthreads();  // tile it visible to all; every warp is done with tile it - 1's buffer
+    const int next = it + kStages - 1;
+    if (next < t.num_tiles) {
+      const int s = next % kStages;
+      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + next * Bc,
+                                                  kv_smem + 2 * s * Bc * HEAD_DIM, kv_smem + (2 * s + 1) * Bc * HEAD_DIM);
+    }
+    kernels::cp_async_commit_group();  // an empty group past the end keeps the count right
+
+    const int stage = it % kStages;
+    const T* k_smem = kv_smem + 2 * stage * Bc * HEAD_DIM;
+    const T* v_smem = k_smem + Bc * HEAD_DIM;
+    const int kv0 = t.kv_begin + it * Bc;
+    // Masks only where some (row, key) of the tile is hidden: the tile runs past the
+    // chunk, crosses the causal diagonal, or reaches below the window.
+    const bool mask = kv0 + Bc > t.kv_end || (p.causal && kv0 + Bc - 1 > first_pos) ||
+                      (p.window_left >= 0 && kv0 < last_pos - p.window_left);
+
+    float s[NUM_MMA_Q][Tr::kTilesS][4];
+    compute_qk<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS>(q_smem, k_smem, warp_row0, s);
+    logits_and_mask<T, NUM_MMA_Q, Tr::kTilesS>(p, s, mask, kv0, t.kv_end, q_pos);
+    update_softmax<NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, m, l, o);
+    compute_pv<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, v_smem, o);
+  }
+  kernels::cp_async_wait_group<0>();  // no copy may outlive the block (a block with no tiles)
+
+  store_output<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesO>(p, t, kv_head, warp_row0, m, l, o);
+}
+
+}  // namespace flashstep::stages::tensor_core

@@ -1,0 +1,320 @@
+// Stage 04 — tensor-core prefill: the planner, the launcher and the two registry entries.
+//
+// The kernel (prefill_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
+// and 256, with two m16 tiles per warp (Br = 128) at head_dim 64 and 128 and one (Br = 64)
+// at 256, where the output accumulators alone take 128 registers per thread. Causal,
+// window, soft cap, storage and layout are run-time flags: uniform branches, no extra
+// instantiations.
+//
+// How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
+// `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "03_split_kv/merge_states.cuh"
+#include "04_tensor_core/prefill_attention.cuh"
+#include "04_tensor_core/tensor_core.hpp"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/dispatch.cuh"
+#include "flashstep/reference/errors.hpp"
+
+namespace flashstep::stages::tensor_core {
+
+namespace {
+
+constexpr int kBc = 64;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+/// m16 tiles per warp at this head_dim (see the file comment).
+int num_mma_q(int head_dim) { return head_dim == 256 ? 1 : 2; }
+
+/// Where each array of the schedule and the split's scratch lives in the workspace.
+struct WorkspaceLayout {
+  size_t request_indices = 0, qo_tile_indices = 0, kv_chunk_indices = 0, partial_indptr = 0;
+  size_t schedule_bytes = 0;  ///< [0, schedule_bytes): what plan() copies
+  size_t partial_o = 0, partial_lse = 0, bytes = 0;
+};
+
+WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
+  WorkspaceLayout w;
+  const size_t items = static_cast<size_t>(s.num_items()) * sizeof(int32_t);
+  w.request_indices = 0;
+  w.qo_tile_indices = align_up(items);
+  w.kv_chunk_indices = w.qo_tile_indices + align_up(items);
+  w.partial_indptr = w.kv_chunk_indices + align_up(items);
+  w.schedule_bytes = w.partial_indptr + s.partial_indptr.size() * sizeof(int32_t);
+  const size_t rows = static_cast<size_t>(s.partial_rows()) * static_cast<size_t>(num_qo_heads);
+  w.partial_o = align_up(w.schedule_bytes);
+  w.partial_lse = w.partial_o + align_up(rows * static_cast<size_t>(head_dim) * sizeof(float));
+  w.bytes = w.partial_lse + align_up(rows * sizeof(float));
+  return w;
+}
+
+/// Keys of chunk [chunk_begin, chunk_end) that rows [row_begin, row_begin + rows) of a
+/// request can see: the block's work, as make_task in the kernel cuts it.
+int64_t visible_keys(const BatchShape& s, int64_t qo_len, int64_t kv_len, int64_t row_begin, int64_t rows,
+                     int64_t chunk_begin, int64_t chunk_end) {
+  const int64_t group = s.group_size(), delta = kv_len - qo_len;
+  int64_t lo = chunk_begin, hi = chunk_end;
+  if (s.causal) hi = std::min(hi, (row_begin + rows - 1) / group + delta + 1);
+  if (s.window_left >= 0) lo = std::max(lo, row_begin / group + delta - s.window_left);
+  return std::max<int64_t>(hi - lo, 0);
+}
+
+/// What plan() needs of one instantiation, and how run() launches it.
+struct KernelEntry {
+  size_t smem_bytes;
+  int br;
+  void (*set_smem_limit)(size_t bytes);
+  int (*blocks_per_sm)(size_t smem);
+  void (*launch)(const BatchShape&, const Schedule&, const WorkspaceLayout&, uint8_t* workspace,
+                 const DeviceBatch&, size_t smem, cudaStream_t);
+};
+
+template <typename T, int HEAD_DIM, int NUM_MMA_Q>
+KernelEntry kernel_entry() {
+  using Tr = PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>;
+  KernelEntry e;
+  e.smem_bytes = Tr::smem_bytes();
+  e.br = Tr::Br;
+  e.set_smem_limit = [](size_t bytes) {
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  };
+  e.blocks_per_sm = [](size_t smem) {
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>, Tr::kThreads, smem));
+    return blocks;
+  };
+  e.launch = [](const BatchShape& s, const Schedule& sched, const WorkspaceLayout& w, uint8_t* ws,
+                const DeviceBatch& batch, size_t smem, cudaStream_t stream) {
+    PrefillParams<T> p;
+    p.q = static_cast<const T*>(batch.q);
+    p.qo_indptr = batch.qo_indptr;
+    p.paged_kv = s.storage == KVStorage::paged;
+    if (p.paged_kv) {
+      p.paged = kernels::make_paged_kv(static_cast<const T*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
+                                       batch.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+                                       s.kv_layout == KVLayout::HND);
+    } else {
+      p.k = static_cast<const T*>(batch.k);
+      p.v = static_cast<const T*>(batch.v);
+      p.kv_indptr = batch.kv_indptr;
+    }
+    p.o = static_cast<T*>(batch.o);
+    p.lse = batch.lse;
+    p.request_indices = reinterpret_cast<const int32_t*>(ws + w.request_indices);
+    p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + w.qo_tile_indices);
+    p.kv_chunk_indices = reinterpret_cast<const int32_t*>(ws + w.kv_chunk_indices);
+    p.kv_chunk_size = sched.kv_chunk_size;
+    p.partial_indptr = reinterpret_cast<const int32_t*>(ws + w.partial_indptr);
+    p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
+    p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
+    p.num_qo_heads = s.num_qo_heads;
+    p.num_kv_heads = s.num_kv_heads;
+    p.group_size = s.group_size();
+    p.causal = s.mode == Mode::prefill && s.causal;
+    p.window_left = s.window_left;
+    const float sm_scale = s.resolved_sm_scale();
+    p.soft_cap = s.logits_soft_cap > 0.f;
+    p.logit_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : sm_scale * kernels::kLog2e;
+    p.logit_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 1.f;
+    const int64_t blocks = sched.num_items() * s.num_kv_heads;
+    prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>
+        <<<static_cast<unsigned>(blocks), Tr::kThreads, smem, stream>>>(p);
+    kernels::check_launch("prefill_attention_kernel");
+    if (sched.kv_chunk_size == 0) return;
+    split_kv::MergeStatesParams<T> mp;
+    mp.partial_o = p.partial_o;
+    mp.partial_lse = p.partial_lse;
+    mp.o_indptr = p.partial_indptr;
+    mp.o = p.o;
+    mp.lse = p.lse;
+    mp.num_qo_heads = s.num_qo_heads;
+    const dim3 grid(s.num_qo_heads, static_cast<unsigned>(s.nnz_qo()));
+    split_kv::merge_states_kernel<T, HEAD_DIM><<<grid, split_kv::kMergeThreads, 0, stream>>>(mp);
+    kernels::check_launch("merge_states_kernel");
+  };
+  return e;
+}
+
+KernelEntry kernel_entry_for(DType dtype, int head_dim) {
+  auto for_dtype = [&](auto type_tag) -> KernelEntry {
+    using T = decltype(type_tag);
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM, HEAD_DIM == 256 ? 1 : 2>(); });
+    return {};
+  };
+  if (dtype == DType::f16) return for_dtype(__half{});
+  if (dtype == DType::bf16) return for_dtype(__nv_bfloat16{});
+  throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " + std::string(to_string(dtype)) + ")");
+}
+
+int device_sm_count() {
+  int device = 0, sms = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+}  // namespace
+
+TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
+    : storage_(storage), options_(options) {}
+
+Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
+  const char* fn = "TensorCoreRunner::plan";
+  const StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
+  const std::string reason = info.unsupported_reason(s);
+  ref::require(reason.empty(), fn, reason);
+  ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kBc == 0, fn,
+               "kv_chunk_size must be 0 (auto) or a positive multiple of 64 (got " +
+                   std::to_string(options_.kv_chunk_size) + ")");
+  ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1, fn, "qo_indptr must have batch_size + 1 entries");
+  ref::require(static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1, fn, "kv_indptr must have batch_size + 1 entries");
+
+  Schedule sched;
+  sched.Br = 64 * num_mma_q(s.head_dim);
+  const int64_t group = s.group_size();
+  std::vector<int64_t> tiles(static_cast<size_t>(s.batch_size));
+  int64_t base_items = 0, max_kv = 0;
+  for (int b = 0; b < s.batch_size; ++b) {
+    const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b];
+    tiles[b] = (qo_len * group + sched.Br - 1) / sched.Br;
+    base_items += tiles[b];
+    max_kv = std::max(max_kv, s.kv_len(b));
+  }
+  // Too few blocks to fill the chip: cut every request's KV into chunks (stage 03's
+  // split), as many as it takes for the longest request to bring the grid to target.
+  int64_t chunk = options_.kv_chunk_size;
+  if (chunk == 0 && base_items > 0) {
+    int64_t target = options_.target_blocks;
+    if (target == 0) {
+      const KernelEntry e = kernel_entry_for(s.dtype, s.head_dim);
+      target = int64_t{device_sm_count()} * std::max(1, e.blocks_per_sm(e.smem_bytes));
+    }
+    const int64_t blocks = base_items * s.num_kv_heads;
+    if (blocks < target && s.nnz_qo() <= 65535) {
+      const int64_t splits = (target + blocks - 1) / blocks;
+      chunk = std::max<int64_t>(kMinChunkKeys, ((max_kv + splits - 1) / splits + kBc - 1) / kBc * kBc);
+      if (chunk >= max_kv) chunk = 0;
+    }
+  }
+  sched.kv_chunk_size = static_cast<int>(chunk);
+
+  struct Item {
+    int32_t request, tile, chunk;
+    int64_t keys;
+  };
+  std::vector<Item> items;
+  if (chunk > 0) sched.partial_indptr.assign(1, 0);
+  for (int b = 0; b < s.batch_size; ++b) {
+    const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b], kv_len = s.kv_len(b);
+    const int64_t chunks = chunk > 0 ? std::max<int64_t>(1, (kv_len + chunk - 1) / chunk) : 1;
+    for (int64_t tile = 0; tile < tiles[b]; ++tile) {
+      const int64_t row_begin = tile * sched.Br, rows = std::min<int64_t>(sched.Br, qo_len * group - row_begin);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t lo = chunk > 0 ? c * chunk : 0, hi = chunk > 0 ? std::min(kv_len, lo + chunk) : kv_len;
+        items.push_back({b, static_cast<int32_t>(tile), static_cast<int32_t>(c),
+                         visible_keys(s, qo_len, kv_len, row_begin, rows, lo, hi)});
+      }
+    }
+    if (chunk > 0)
+      for (int64_t i = 0; i < qo_len; ++i) sched.partial_indptr.push_back(sched.partial_indptr.back() + static_cast<int32_t>(chunks));
+  }
+  // Longest first: the last wave of blocks is made of short ones, so the chip empties evenly.
+  std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
+  ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 31), fn,
+               "too many work items for one grid");
+  for (const Item& it : items) {
+    sched.request_indices.push_back(it.request);
+    sched.qo_tile_indices.push_back(it.tile);
+    sched.kv_chunk_indices.push_back(it.chunk);
+  }
+  return sched;
+}
+
+size_t TensorCoreRunner::workspace_bytes(const BatchShape& shape) const {
+  return layout_of(make_schedule(shape), shape.num_qo_heads, shape.head_dim).bytes;
+}
+
+void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
+  const char* fn = "TensorCoreRunner::plan";
+  schedule_ = make_schedule(shape);
+  const WorkspaceLayout w = layout_of(schedule_, shape.num_qo_heads, shape.head_dim);
+  ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
+               "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " + std::to_string(w.bytes));
+  shape_ = shape;
+  workspace_ = static_cast<uint8_t*>(workspace);
+  const KernelEntry e = kernel_entry_for(shape.dtype, shape.head_dim);
+  smem_bytes_ = e.smem_bytes;
+  e.set_smem_limit(smem_bytes_);
+  // The schedule, staged in one host buffer and copied once.
+  std::vector<uint8_t> staged(w.schedule_bytes, 0);
+  auto put = [&](size_t offset, const std::vector<int32_t>& v) {
+    if (!v.empty()) std::memcpy(staged.data() + offset, v.data(), v.size() * sizeof(int32_t));
+  };
+  put(w.request_indices, schedule_.request_indices);
+  put(w.qo_tile_indices, schedule_.qo_tile_indices);
+  put(w.kv_chunk_indices, schedule_.kv_chunk_indices);
+  put(w.partial_indptr, schedule_.partial_indptr);
+  if (!staged.empty()) {
+    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream));
+    // Pageable source: wait so that `staged` may go when this returns.
+    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+}
+
+void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
+  if (schedule_.num_items() == 0) return;
+  const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
+  kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, smem_bytes_, stream);
+}
+
+namespace {
+
+StageInfo common_info() {
+  StageInfo s;
+  s.modes = {Mode::decode, Mode::prefill};
+  s.dtypes = {DType::f16, DType::bf16};
+  s.head_dims = {64, 128, 256};
+  s.max_group_size = kMaxGroupSize;
+  s.causal = true;
+  s.window_left = true;
+  s.logits_soft_cap = true;
+  return s;
+}
+
+}  // namespace
+
+StageInfo stage_info() {
+  StageInfo s = common_info();
+  s.name = "04_tensor_core";
+  s.summary = "prefill/append and large-group decode on mma.sync tensor cores, paged K/V";
+  s.storage = KVStorage::paged;
+  s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
+  s.max_page_size = kMaxPageSize;
+  s.make_runner = [] { return std::make_unique<TensorCoreRunner>(KVStorage::paged); };
+  return s;
+}
+
+StageInfo ragged_stage_info() {
+  StageInfo s = common_info();
+  s.name = "04_tensor_core_ragged";
+  s.summary = "stage 04 over ragged (contiguous) K/V";
+  s.storage = KVStorage::ragged;
+  s.kv_layouts = {KVLayout::NHD};
+  s.make_runner = [] { return std::make_unique<TensorCoreRunner>(KVStorage::ragged); };
+  return s;
+}
+
+}  // namespace flashstep::stages::tensor_core

@@ -1,0 +1,79 @@
+/// \file tensor_core.hpp
+/// \brief Stage 04 — prefill/append and large-group decode on tensor cores (mma.sync
+/// m16n8k16, ldmatrix from swizzled shared memory, cp.async K/V pipeline). plan() lists
+/// the (request, query tile, kv chunk) work items, longest first, and splits the KV when
+/// there are too few of them to fill the chip; run() launches the attention kernel and,
+/// after a split, stage 03's merge kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "stage.hpp"
+
+namespace flashstep::stages::tensor_core {
+
+/// Largest GQA group (num_qo_heads / num_kv_heads) the registry entries declare; the
+/// kernel packs any group into the rows of its query tile.
+constexpr int kMaxGroupSize = 32;
+/// Largest page_size the entries declare (any positive page_size works).
+constexpr int kMaxPageSize = 64;
+/// Shortest KV chunk plan() makes when it splits, in keys: below it the partial states
+/// cost more to write and merge than the extra blocks gain.
+constexpr int kMinChunkKeys = 256;
+
+/// How the runner plans. The defaults are what the registry entries use; tests change
+/// them to force splits.
+struct TensorCoreOptions {
+  /// Blocks the planner wants in the grid before it stops splitting the KV; 0: every
+  /// multiprocessor times the blocks that fit on one.
+  int target_blocks = 0;
+  /// Keys per KV chunk, forcing a split (a multiple of 64); 0: plan() decides.
+  int kv_chunk_size = 0;
+};
+
+/// The host-side schedule plan() computes (kept for inspection and tests).
+struct Schedule {
+  int Br = 0;                             ///< packed query rows per tile
+  int kv_chunk_size = 0;                  ///< keys per chunk; 0: no split
+  std::vector<int32_t> request_indices;   ///< work item -> request
+  std::vector<int32_t> qo_tile_indices;   ///< work item -> query tile of the request
+  std::vector<int32_t> kv_chunk_indices;  ///< work item -> kv chunk of the request
+  std::vector<int32_t> partial_indptr;    ///< split only: (nnz_qo + 1) partial rows per query row
+  int64_t partial_rows() const { return partial_indptr.empty() ? 0 : partial_indptr.back(); }
+  int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }
+};
+
+/// plan/run for stage 04, over the storage its registry entry names.
+class TensorCoreRunner : public StageRunner {
+ public:
+  /// \param storage paged pool or ragged k/v
+  /// \param options planning knobs (defaults: plan() decides)
+  explicit TensorCoreRunner(KVStorage storage, TensorCoreOptions options = {});
+  size_t workspace_bytes(const BatchShape& shape) const override;
+  void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) override;
+  void run(const DeviceBatch& batch, cudaStream_t stream) override;
+  /// The last plan's schedule.
+  const Schedule& schedule() const { return schedule_; }
+  /// The schedule plan() would make for `shape` (host only when options.target_blocks or
+  /// options.kv_chunk_size is set; otherwise it asks the device for its size).
+  Schedule make_schedule(const BatchShape& shape) const;
+
+ private:
+  KVStorage storage_;
+  TensorCoreOptions options_;
+  BatchShape shape_;
+  Schedule schedule_;
+  uint8_t* workspace_ = nullptr;
+  size_t smem_bytes_ = 0;
+};
+
+/// Stage 04's registry entry for the paged pool (NHD and HND).
+StageInfo stage_info();
+/// Stage 04's registry entry for ragged (contiguous, NHD) k/v.
+StageInfo ragged_stage_info();
+
+}  // namespace flashstep::stages::tensor_core
