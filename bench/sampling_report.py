@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Stage 06 results: merge flashstep_sampling_bench's JSON and bench/peers_sampling.py's
+JSON into one results file, and regenerate the chapter's results section from it.
+
+    python3 bench/sampling_report.py merge --bench sampling_bench.json --peers peers_sampling.json \\
+        --commit $(git rev-parse --short HEAD) --out docs/results/h100_sampling_DATE.json
+    python3 bench/sampling_report.py chapter --results docs/results/h100_sampling_DATE.json
+
+The chapter section lies between `<!-- sampling-results:begin -->` and
+`<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
+Ratios are peer time / flashstep time (above 1: flashstep is faster), within one run.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+CHAPTER = os.path.join(ROOT, "stages", "06_sampling", "README.md")
+SECTION = re.compile(r"(<!-- sampling-results:begin -->\n).*?(<!-- sampling-results:end -->)", re.S)
+
+# (flashstep shape, peer, least ratio peer/flashstep, what it stands for)
+TARGETS = [
+    ("b128_v128256_top_p", "flashinfer", 1.0, "top_p p=0.9, batch 128 x 128256 vs FlashInfer"),
+    ("b128_v128256_top_k_top_p_joint", "torch_sort_top_k_top_p", 10.0,
+     "top_k_top_p k=50 p=0.9 joint, batch 128 vs PyTorch sort-based"),
+    ("b128_v128256_top_k_top_p_top_k_first", "torch_sort_top_k_top_p", 10.0,
+     "top_k_top_p k=50 p=0.9 top_k_first, batch 128 vs PyTorch sort-based"),
+    ("b128_v128256_top_k_top_p_joint", "flashinfer", 1.0, "top_k_top_p joint, batch 128 vs FlashInfer joint"),
+    ("b1_v128256_top_p", "flashinfer", 1.0, "top_p, batch 1 vs FlashInfer"),
+    ("b1_v128256_top_k_top_p_joint", "flashinfer", 1.0, "top_k_top_p joint, batch 1 vs FlashInfer"),
+    ("b1_v128256_plain", "flashinfer", 1.0, "sampling_from_probs, batch 1 vs FlashInfer"),
+    ("b1_v128256_top_k", "flashinfer", 1.0, "top_k k=50, batch 1 vs FlashInfer"),
+    ("b1_v128256_min_p", "flashinfer", 1.0, "min_p 0.05, batch 1 vs FlashInfer"),
+]
+
+
+def bench_rows(path):
+    """Median rows of a Google Benchmark JSON (aggregate 'median', else the single run)."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    rows = {}
+    for b in data["benchmarks"]:
+        name = b.get("run_name", b["name"]).split("/", 1)[1]
+        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+            continue
+        if b.get("run_type") == "iteration" and name in rows:
+            continue
+        rows[name] = {"name": name, "operator": b.get("label", ""), "median_us": b["real_time"],
+                      "batch": int(b.get("batch", 0)), "vocab": int(b.get("vocab", 0)),
+                      "GB/s": b.get("GB/s"), "rounds_mean": b.get("rounds_mean"), "rounds_max": b.get("rounds_max")}
+    return data.get("context", {}), list(rows.values())
+
+
+def merge(args):
+    context, rows = bench_rows(args.bench)
+    peers = {"results": []}
+    if args.peers:
+        with open(args.peers, encoding="utf-8") as f:
+            peers = json.load(f)
+    out = {"stage": "06_sampling", "device": context.get("device", peers.get("device")), "commit": args.commit,
+           "date": args.date or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+           "torch": peers.get("torch"), "flashinfer": peers.get("flashinfer"), "flashstep": rows,
+           "peers": [r for r in peers["results"] if "median_us" in r],
+           "peer_errors": [r for r in peers["results"] if "error" in r]}
+    ours = {r["name"]: r for r in rows}
+    theirs = {(r["name"], r["impl"]): r for r in out["peers"]}
+    out["targets"] = []
+    for shape, peer, least, what in TARGETS:
+        t = {"shape": shape, "peer": peer, "target_ratio": least, "what": what}
+        if shape in ours and (shape, peer) in theirs:
+            t["ratio"] = theirs[(shape, peer)]["median_us"] / ours[shape]["median_us"]
+            t["met"] = t["ratio"] >= least
+        out["targets"].append(t)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def fmt(x, digits=1):
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def section(res, path):
+    lines = [f"H100 results from `{os.path.relpath(path, ROOT)}` ({res['device']}, commit `{res['commit']}`, "
+             f"{res['date']}; FlashInfer {res.get('flashinfer') or 'not measured'}, torch {res.get('torch')}). "
+             "Times are medians of CUDA-graph replays with the L2 flushed; ratios are peer time / "
+             "flashstep time.", ""]
+    peers = {}
+    for r in res["peers"]:
+        peers.setdefault(r["name"], {})[r["impl"]] = r["median_us"]
+    lines += ["| shape | operator | flashstep us | rounds mean / max | GB/s | peers (us) |", "|---|---|---|---|---|---|"]
+    for r in res["flashstep"]:
+        p = ", ".join(f"{k} {v:.1f}" for k, v in sorted(peers.get(r["name"], {}).items())) or "—"
+        rounds = "—" if r.get("rounds_mean") is None else f"{r['rounds_mean']:.2f} / {int(r['rounds_max'])}"
+        lines.append(f"| {r['name']} | {r['operator']} | {fmt(r['median_us'])} | {rounds} | {fmt(r.get('GB/s'), 0)} | {p} |")
+    lines += ["", "| target | peer | least ratio | ratio | met |", "|---|---|---|---|---|"]
+    for t in res["targets"]:
+        met = "—" if "met" not in t else ("yes" if t["met"] else "no")
+        lines.append(f"| {t['what']} | {t['peer']} | {t['target_ratio']:.1f} | {fmt(t.get('ratio'), 2)} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def chapter(args):
+    with open(args.results, encoding="utf-8") as f:
+        res = json.load(f)
+    with open(CHAPTER, encoding="utf-8") as f:
+        text = f.read()
+    if not SECTION.search(text):
+        sys.exit(f"{CHAPTER}: no sampling-results section")
+    text = SECTION.sub(lambda m: m.group(1) + section(res, os.path.abspath(args.results)) + m.group(2), text)
+    with open(CHAPTER, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"regenerated the results section of {os.path.relpath(CHAPTER, ROOT)}")
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("merge")
+    m.add_argument("--bench", required=True)
+    m.add_argument("--peers")
+    m.add_argument("--commit", required=True)
+    m.add_argument("--date")
+    m.add_argument("--out", required=True)
+    c = sub.add_parser("chapter")
+    c.add_argument("--results", required=True)
+    args = parser.parse_args()
+    return merge(args) if args.command == "merge" else chapter(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
