@@ -16,7 +16,7 @@ constexpr int kExitSkipped = 77;
 
 /// Sections of `flashstep tour`, in the order they are told.
 const std::vector<std::string>& tour_sections();
-/// Sections of `flashstep explain` (the tour's, less the primer-only ones).
+/// Sections of `flashstep explain` (the tour's, less the worked-example-only ones).
 const std::vector<std::string>& explain_sections();
 
 /// Options of `flashstep tour`.

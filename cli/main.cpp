@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   uint64_t tour_seed = 0;
   auto* tour_cmd = app.add_subcommand(
       "tour",
-      "Walk the primer's story on its example (\"The cat sat\", \"The cat ran fast\"): tokens,\n"
+      "Walk the course's story on its example (\"The cat sat\", \"The cat ran fast\"): tokens,\n"
       "radix tree, page tables, the block-sparse matrix (Br=1 and Br=3), cascade levels,\n"
       "the numbers of row \"A, pos 2\", the tiny decoder; then, where a GPU is present,\n"
       "validate every stage. Ends with PASS or FAIL.");

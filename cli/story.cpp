@@ -83,7 +83,7 @@ Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, i
   return s;
 }
 
-Scenario primer_scenario(uint64_t seed) {
+Scenario example_scenario(uint64_t seed) {
   return make_scenario({"The cat sat", "The cat ran fast"}, 1, 3, seed);
 }
 

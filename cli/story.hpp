@@ -1,5 +1,5 @@
 // The views that `flashstep tour` and `flashstep explain` print: one function per
-// section of the primer's story, each computed by the reference and each checking what
+// section of the course's story, each computed by the reference and each checking what
 // it can (the checks feed the command's PASS/FAIL line).
 #pragma once
 
@@ -52,15 +52,15 @@ struct PagedBatch {
   ref::Tensor q;                          ///< (nnz_qo, 1, 2): one query per token (prefill)
   std::vector<int32_t> qo_indptr;         ///< (batch + 1)
   std::vector<std::string> page_labels;   ///< (num_pages) the tokens each page holds
-  ref::AttentionOptions opt;              ///< causal, sm_scale 1 (the primer's convention)
+  ref::AttentionOptions opt;              ///< causal, sm_scale 1 (the course's convention)
 };
 
-/// The primer's K and V (d_model 2) of one of its words ("The", "cat", "sat", "ran",
+/// The course's K and V (d_model 2) of one of its words ("The", "cat", "sat", "ran",
 /// "fast"); false for any other word.
-bool primer_kv(const std::string& word, double k[2], double v[2]);
+bool example_kv(const std::string& word, double k[2], double v[2]);
 
 /// Builds the PagedBatch of `s` with pages of `page_size` tokens. K, V and Q have d = 2:
-/// for the primer's words the primer's own vectors (Q of a token = its K, as in the
+/// for the course's words the course's own vectors (Q of a token = its K, as in the
 /// worked example), for other words values drawn from `s.seed`, one per (word, position)
 /// so that a shared prefix holds the same K/V whoever wrote it.
 PagedBatch make_paged_batch(const Scenario& s, int page_size);
@@ -72,8 +72,8 @@ PagedBatch make_paged_batch(const Scenario& s, int page_size);
 Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, int br,
                        uint64_t seed);
 
-/// The primer's example: "The cat sat" and "The cat ran fast", page size 1, Br = 3.
-Scenario primer_scenario(uint64_t seed);
+/// The worked example: "The cat sat" and "The cat ran fast", page size 1, Br = 3.
+Scenario example_scenario(uint64_t seed);
 
 /// Section "tokens": word tokens, ids, the ragged packing (qo_indptr) against padding.
 void show_tokens(const Scenario& s, std::ostream& os, Ledger& ledger);
@@ -85,7 +85,7 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger);
 void show_block_sparse(const Scenario& s, std::ostream& os, Ledger& ledger);
 /// Section "cascade": the levels of cascade attention and the exact merge, checked.
 void show_cascade(const Scenario& s, std::ostream& os, Ledger& ledger);
-/// Section "attention": the primer's numbers for row "A, pos 2" (primer scenario only).
+/// Section "attention": the course's numbers for row "A, pos 2" (worked-example scenario only).
 void show_worked_attention(std::ostream& os, Ledger& ledger);
 /// Section "decoder": the tiny decoder generating with a KV cache and shared prefixes.
 void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger);

@@ -1,5 +1,5 @@
 // Aligned plain-text tables for the terminal (the CLI's tables, e.g. the validation
-// table), and the "[a, b, c]" list format the primer uses.
+// table), and the "[a, b, c]" list format the course uses.
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// `flashstep tour` and `flashstep explain`: the primer's story, section by section, for
+// `flashstep tour` and `flashstep explain`: the course's story, section by section, for
 // its own example or for any prompts. Every number printed is computed by the reference
-// in this run; the tour also checks the primer's printed values.
+// in this run; the tour also checks the course's printed values.
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -18,7 +18,7 @@ struct Section {
   std::function<void(const Scenario&, std::ostream&, Ledger&)> show;
 };
 
-// The story in the primer's order. "attention" uses the primer's own K/V numbers, so it
+// The story in the course's order. "attention" uses the course's own K/V numbers, so it
 // belongs to the tour only; "gpu" is handled apart (it may be skipped).
 const std::vector<Section>& all_sections() {
   static const std::vector<Section> sections = {
@@ -73,11 +73,11 @@ const std::vector<std::string>& explain_sections() {
 }
 
 int run_tour(const TourOptions& opt, std::ostream& os) {
-  const Scenario s = primer_scenario(opt.seed);
+  const Scenario s = example_scenario(opt.seed);
   Ledger ledger(os);
   const bool one_section = opt.sections.size() == 1;
   if (!one_section) {
-    os << "flashstep tour: the primer's story on its own example, \"The cat sat\" and \"The cat\n"
+    os << "flashstep tour: the course's story on its own example, \"The cat sat\" and \"The cat\n"
           "ran fast\", every number computed by the CPU reference (seed "
        << opt.seed << ").\n";
   }
@@ -100,7 +100,7 @@ int run_tour(const TourOptions& opt, std::ostream& os) {
       else ledger.expect(rc == 0, "every registered stage validates against the reference");
     }
   }
-  return finish(ledger, os, "the reference reproduces the primer's story");
+  return finish(ledger, os, "the reference reproduces the course's story");
 }
 
 int run_explain(const ExplainOptions& opt, std::ostream& os) {

@@ -5,7 +5,7 @@
 // The queries are each request's tokens *after* its shared prefix: the prefix was
 // prefilled once, when it was first cached, and the batch now appends the rest. That is
 // the case where cascade is exact with the causal mask (every query comes after every
-// shared page), and it is the primer's "unique suffix" picture.
+// shared page), and it is the course's "unique suffix" picture.
 #include <algorithm>
 #include <cmath>
 #include <iomanip>

@@ -39,7 +39,7 @@ std::string bytes_text(int64_t bytes) { return std::to_string(bytes) + " B"; }
 void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger) {
   const ref::TinyDecoderDemo demo = ref::tiny_decoder_demo(s.prompts, kNewTokens, kDecoderPageSize);
   const auto& cfg = demo.config;
-  os << "A decoder built as the primer describes, with random weights (seed " << cfg.weight_seed
+  os << "A decoder built as the course describes, with random weights (seed " << cfg.weight_seed
      << "):\nbyte tokens (vocabulary " << cfg.vocab_size << "), d_model " << cfg.d_model << ", "
      << cfg.num_layers << " layers of attention (" << cfg.num_qo_heads << " query / "
      << cfg.num_kv_heads << " KV heads) with a residual,\nthen W_vocab. Its weights are random, so "

@@ -93,7 +93,7 @@ PagedBatch make_paged_batch(const Scenario& s, int page_size) {
   b.qo_indptr = {0};
   b.q = ref::Tensor({s.total_tokens(), 1, 2});
 
-  // K/V of (word, position): the primer's vectors where it has them, else seeded draws.
+  // K/V of (word, position): the course's vectors where it has them, else seeded draws.
   std::mt19937_64 rng(s.seed);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
   std::map<std::pair<int32_t, size_t>, std::array<double, 4>> drawn;
@@ -105,7 +105,7 @@ PagedBatch make_paged_batch(const Scenario& s, int page_size) {
     for (size_t j = 0; j < s.tokens[r].size(); ++j, ++row) {
       const int32_t tok = s.tokens[r][j];
       std::array<double, 4> kv{};
-      if (!primer_kv(s.vocab[static_cast<size_t>(tok)], kv.data(), kv.data() + 2)) {
+      if (!example_kv(s.vocab[static_cast<size_t>(tok)], kv.data(), kv.data() + 2)) {
         auto it = drawn.find({tok, j});
         if (it == drawn.end()) {
           for (double& x : kv) x = uniform(rng);
@@ -118,7 +118,7 @@ PagedBatch make_paged_batch(const Scenario& s, int page_size) {
       for (int d = 0; d < 2; ++d) {
         b.cache.at(page, 0, slot, 0, d) = kv[static_cast<size_t>(d)];
         b.cache.at(page, 1, slot, 0, d) = kv[static_cast<size_t>(2 + d)];
-        b.q({row, 0, d}) = kv[static_cast<size_t>(d)];  // Q of a token = its K, as the primer
+        b.q({row, 0, d}) = kv[static_cast<size_t>(d)];  // Q of a token = its K, as the course
       }
       slot_text[static_cast<size_t>(page)][static_cast<size_t>(slot)] = s.vocab[static_cast<size_t>(tok)];
     }
@@ -150,8 +150,8 @@ void show_radix(const Scenario& s, std::ostream& os, Ledger& ledger) {
   adm.cache.check_invariants();
 
   if (s.prompts.size() == 2 && s.prompts[0] == "The cat sat") {
-    // The primer's edge split: [A,B,C,D,E] cached, then [A,B,C,F,G] arrives.
-    os << "\nThe primer's edge split: [A,B,C,D,E] is cached, then [A,B,C,F,G] arrives.\n";
+    // The course's edge split: [A,B,C,D,E] cached, then [A,B,C,F,G] arrives.
+    os << "\nThe course's edge split: [A,B,C,D,E] is cached, then [A,B,C,F,G] arrives.\n";
     const std::vector<std::string> letters = {"A", "B", "C", "D", "E", "F", "G"};
     ref::PageAllocator alloc(16, 1);
     ref::RadixCache tree(alloc);
@@ -167,7 +167,7 @@ void show_radix(const Scenario& s, std::ostream& os, Ledger& ledger) {
     tree.insert(second, seqs.pages(b));
     os << "  then:\n" << indent_lines(ref::draw_radix_tree(tree, letters), "  ");
     ledger.expect(m.length == 3 && tree.num_nodes() == 4,
-                  "primer: [A,B,C,D,E] + [A,B,C,F,G] splits into [A,B,C] -> {[D,E], [F,G]}");
+                  "worked example: [A,B,C,D,E] + [A,B,C,F,G] splits into [A,B,C] -> {[D,E], [F,G]}");
   }
 }
 
@@ -236,10 +236,10 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
      << " never filled), no sharing possible\n";
   ledger.expect(mem.pages_in_use == used, "every page in use belongs to some request");
   if (s.prompts.size() != 2 || s.prompts[0] != "The cat sat") return;
-  const ref::MemoryReport primer = ref::account_memory({500}, 16, 2048);
-  os << "  the primer's case, one request of 500 tokens with room for 2048: contiguous wastes "
-     << primer.contiguous_slots_wasted << " slots, pages of 16 waste " << primer.slots_wasted << "\n";
-  ledger.expect(primer.contiguous_slots_wasted == 1548, "primer: 2048 reserved, 500 used -> 1548 wasted");
+  const ref::MemoryReport example = ref::account_memory({500}, 16, 2048);
+  os << "  the course's case, one request of 500 tokens with room for 2048: contiguous wastes "
+     << example.contiguous_slots_wasted << " slots, pages of 16 waste " << example.slots_wasted << "\n";
+  ledger.expect(example.contiguous_slots_wasted == 1548, "worked example: 2048 reserved, 500 used -> 1548 wasted");
 }
 
 }  // namespace flashstep::cli

@@ -1,5 +1,6 @@
-// Section "attention" of the tour: the primer's worked example (FlashInfer section) for
-// row "A, pos 2", computed by the reference and checked against the primer's numbers.
+// Section "attention" of the tour: the worked example of
+// docs/concepts/01_sequence_and_attention.md for row "A, pos 2", computed by the
+// reference and checked against the numbers worked out by hand there.
 #include "story.hpp"
 
 #include <cmath>
@@ -16,7 +17,7 @@ namespace {
 
 using ref::Tensor;
 
-// The primer's five one-token pages (d_model = 2, one head): K and V of each token.
+// The course's five one-token pages (d_model = 2, one head): K and V of each token.
 struct Token {
   const char* text;
   double k[2];
@@ -45,7 +46,7 @@ std::string vec(const double* x, int n, int precision = 2) {
 
 }  // namespace
 
-bool primer_kv(const std::string& word, double k[2], double v[2]) {
+bool example_kv(const std::string& word, double k[2], double v[2]) {
   for (const Token& t : kTokens)
     if (word == t.text) {
       for (int d = 0; d < 2; ++d) k[d] = t.k[d], v[d] = t.v[d];
@@ -55,7 +56,7 @@ bool primer_kv(const std::string& word, double k[2], double v[2]) {
 }
 
 void show_worked_attention(std::ostream& os, Ledger& ledger) {
-  auto expect = [&](bool ok, const std::string& what) { ledger.expect(ok, "primer: " + what); };
+  auto expect = [&](bool ok, const std::string& what) { ledger.expect(ok, "worked example: " + what); };
 
   os << "KV cache pages (page size 1, d_model 2, one head):\n";
   for (int p = 0; p < 5; ++p)
@@ -80,12 +81,12 @@ void show_worked_attention(std::ostream& os, Ledger& ledger) {
   const auto a = ref::single_prefill_with_kv_cache(q_a, k_a, v_a, opt);
   const double out[2] = {a.o({2, 0, 0}), a.o({2, 0, 1})};
   os << "  output  = sum_j p_j V_j        = " << vec(out, 2, 4) << "\n";
-  // The primer multiplies the *rounded* weights: 0.21*[1,1] + 0.21*[2,0] + 0.58*[0,1].
+  // The course multiplies the *rounded* weights: 0.21*[1,1] + 0.21*[2,0] + 0.58*[0,1].
   double rounded[2] = {0, 0};
   for (int j = 0; j < 3; ++j)
     for (int d = 0; d < 2; ++d) rounded[d] += std::round(p[j] * 100) / 100 * kTokens[j].v[d];
-  os << "  with the weights rounded to 2 decimals, as the primer does: " << vec(rounded, 2)
-     << "   (primer: [0.63, 0.79];\n  exactly, o = [3, 1 + e] / (2 + e) = " << vec(out, 2, 4) << ")\n";
+  os << "  with the weights rounded to 2 decimals, as the course does: " << vec(rounded, 2)
+     << "   (worked example: [0.63, 0.79];\n  exactly, o = [3, 1 + e] / (2 + e) = " << vec(out, 2, 4) << ")\n";
   os << "  lse     = log sum_j exp(s_j)   = " << std::fixed << std::setprecision(4) << a.lse({2, 0})
      << "\n";
   expect(std::abs(p[0] - 0.21) < 0.005 && std::abs(p[2] - 0.58) < 0.005, "softmax [0.21, 0.21, 0.58]");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Main job: install missing Debian packages, build, run `flashstep tour`.
+# The tour: install missing Debian packages, build, run `flashstep tour`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh

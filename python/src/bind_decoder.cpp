@@ -1,4 +1,4 @@
-// The tiny decoder of the primer: model, generate() three ways, and the tour's demo.
+// The tiny decoder of the course: model, generate() three ways, and the tour's demo.
 #include <pybind11/stl.h>
 
 #include "bindings.hpp"
@@ -64,7 +64,7 @@ void bind_decoder(py::module_& m) {
       .def_readonly("requests", &ref::GenerationResult::requests)
       .def_readonly("memory", &ref::GenerationResult::memory);
 
-  py::class_<ref::TinyDecoder>(m, "TinyDecoder", R"doc(The primer's decoder with random weights from a fixed seed.
+  py::class_<ref::TinyDecoder>(m, "TinyDecoder", R"doc(The course's decoder with random weights from a fixed seed.
 
 Byte tokens, token embedding plus sinusoidal positions, num_layers attention layers
 (W_Q, W_K, W_V, optional W_O, residual), then W_vocab. Weight entry i of matrix m is
@@ -146,7 +146,7 @@ All modes give the same greedy tokens. Returns a GenerationResult.)doc");
   m.def("tiny_decoder_demo", &ref::tiny_decoder_demo,
         py::arg("prompts") = std::vector<std::string>{"The cat sat", "The cat ran fast"}, py::arg("max_new_tokens") = 8,
         py::arg("page_size") = 4,
-        "Greedy generation from the primer's prompts by recompute, contiguous KV cache and paged KV cache\n"
+        "Greedy generation from the course's prompts by recompute, contiguous KV cache and paged KV cache\n"
         "(with radix prefix sharing); tokens_agree says the three runs produced the same tokens.");
 }
 

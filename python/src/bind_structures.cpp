@@ -164,7 +164,7 @@ when the pool cannot hold an append.)doc")
       py::arg("seq_lens"), py::arg("page_size"), py::arg("max_seq_len"),
       R"doc(Memory of independent sequences, paged versus contiguous max-length preallocation.
 
-account_memory([500], 16, 2048) gives contiguous_slots_wasted 1548 (the primer's example)
+account_memory([500], 16, 2048) gives contiguous_slots_wasted 1548 (the worked example)
 and slots_wasted 12 (only the last page's tail). Returns a dict.)doc");
 
   m.def(
@@ -214,10 +214,10 @@ void bind_radix(py::module_& m) {
     o.show_locks = show_locks;
     return vocabulary ? ref::draw_radix_tree(c, *vocabulary, o) : ref::draw_radix_tree(c, ref::TokenText{}, o);
   };
-  const char* draw_doc = R"doc(The tree as text, like the primer's diagram.
+  const char* draw_doc = R"doc(The tree as text, like the course's diagram.
 
 vocabulary: token id -> text (ids are printed when None); one_line_per_page: one line
-per page instead of per edge (the primer's per-token picture); show_locks: append each
+per page instead of per edge (the course's per-token picture); show_locks: append each
 node's lock_ref and last use.)doc";
 
   py::class_<ref::RadixCache>(m, "RadixCache", R"doc(RadixAttention's prefix cache: a page-granular radix tree over a PageAllocator.
@@ -332,10 +332,10 @@ the page under the mask (causal, window_left). Returns BlockSparseView.)doc");
 q: (nnz_qo, num_qo_heads, head_dim); paged_kv_cache: the pool the view indexes; causal
 and window_left must be the view's. Equals batch_prefill_with_paged_kv_cache.)doc");
 
-  auto draw_doc = R"doc(The view as the primer's box table.
+  auto draw_doc = R"doc(The view as the course's box table.
 
 request_names (default A, B, ...), page_labels (one per pool page, shown as "(label)"),
-show_sharing ("shared"/"A-only" line), one_line_per_query (the primer's Br = 7 picture),
+show_sharing ("shared"/"A-only" line), one_line_per_query (the course's Br = 7 picture),
 skip_empty_rows, row_names (one per query row; default "A, pos 0").)doc";
   m.def(
       "draw_block_sparse",
@@ -357,7 +357,7 @@ skip_empty_rows, row_names (one per query row; default "A, pos 0").)doc";
       },
       py::arg("view"), py::arg("request_names") = py::none(), py::arg("skip_empty_rows") = false,
       py::arg("row_names") = py::none(),
-      "The view as the primer's lookup table: one line \"A, pos 2 → pages [P0, P1, P2]\" per row block.");
+      "The view as the course's lookup table: one line \"A, pos 2 → pages [P0, P1, P2]\" per row block.");
 }
 
 void bind_cascade(py::module_& m) {

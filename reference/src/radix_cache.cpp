@@ -319,7 +319,7 @@ size_t columns(const std::string& s) {
   return n;
 }
 
-// A child's connector sits two columns right of its parent's "[" (the primer's layout).
+// A child's connector sits two columns right of its parent's "[" (the course's layout).
 void draw_children(const DrawNode& node, const std::string& prefix, std::ostringstream& os) {
   for (size_t i = 0; i < node.children.size(); ++i) {
     const DrawNode& c = node.children[i];

@@ -1,4 +1,4 @@
-// The primer's tiny decoder: weights from Philox, the shared forward pieces, and the three
+// The course's tiny decoder: weights from Philox, the shared forward pieces, and the three
 // generation modes (recompute, contiguous KV cache, paged KV cache with radix sharing).
 #include "flashstep/reference/tiny_decoder.hpp"
 

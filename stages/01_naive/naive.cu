@@ -4,7 +4,7 @@
 //   pass 1  S[i][j] = sm_scale * q_i . k_j, or -inf where the causal mask hides j
 //   pass 2  P[i][j] = exp(S[i][j] - max_j S[i]) / sum_j exp(...), and lse_i = log sum_j exp(S[i][j])
 //   pass 3  o_i = sum_j P[i][j] v_j
-// exactly the formula of the primer, in fp32, with the (qo_len x kv_len) score matrix of
+// exactly the formula of the course, in fp32, with the (qo_len x kv_len) score matrix of
 // every (request, head) written to device memory between the passes.
 //
 // Why it exists: it is obviously right. Every later stage is checked against the CPU

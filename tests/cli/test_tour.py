@@ -1,6 +1,6 @@
-"""`flashstep tour`: the primer's story, in the primer's order, ending with PASS.
+"""`flashstep tour`: the course's story, in the course's order, ending with PASS.
 
-Expected values are the primer's printed numbers (typed from the text), never taken from
+Expected values are the course's printed numbers (worked out by hand), never taken from
 the code under test."""
 import re
 
@@ -21,14 +21,14 @@ def test_tour_tells_the_story_in_order_and_passes(flashstep, seed):
     found = headings(r.out)
     assert [int(n) for n, _ in found] == list(range(1, len(SECTIONS) + 1)), r
     assert f"(seed {seed})" in r.out, r
-    # The primer's numbers (seeds/000, FlashInfer section).
+    # The worked example's numbers, worked out by hand.
     assert "qo_indptr = [0, 3, 7]" in r.out, r
     assert "softmax(scores)                = [0.21, 0.21, 0.58]" in r.out, r
     assert "[0.63, 0.79]" in r.out, r
     assert "GPU part skipped: --no-gpu was given." in r.out, r
-    # The cascade's merged output for "A, pos 2" is the primer's exact [3, 1 + e] / (2 + e).
+    # The cascade's merged output for "A, pos 2" is the course's exact [3, 1 + e] / (2 + e).
     assert re.search(r"A, pos 2 .* \[0\.6358, 0\.7881\]  \[0\.6358, 0\.7881\]", r.out), r
-    # The primer's pictures: its Br = 3 row blocks and its unique-suffix rows.
+    # The course's pictures: its Br = 3 row blocks and its unique-suffix rows.
     assert "A, pos 0-2" in r.out and "B, pos 0-2" in r.out and "B, pos 3 " in r.out, r
 
 

@@ -7,7 +7,7 @@ Checks, over every .html page and every .svg diagram of the site:
 - every internal link (a/area href) and every resource (img/script/link/object/iframe)
   names a file that exists, and a #fragment names an id or anchor present in that file;
 - no resource is loaded from the network (the site works offline: MathJax is local);
-- the main page lists the course in order: the ten concept chapters in the primer's
+- the main page lists the course in order: the ten concept chapters in the course's
   order, then the stages, the notebooks, the results, the API reference;
 - pages that use formulas load MathJax from the site, and MathJax's files are there.
 Prints every problem found (file, what, target) and exits 1 if there is any.

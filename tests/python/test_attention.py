@@ -35,7 +35,7 @@ def np_attention(q, k, v, causal=False, sm_scale=None, window_left=-1, cap=None)
     return o, lse
 
 
-def test_primer_worked_example():
+def test_worked_example():
     k = np.array([[1, 0], [0, 1], [1, 1]], np.float32)[:, None, :]
     v = np.array([[1, 1], [2, 0], [0, 1]], np.float32)[:, None, :]
     o, lse = flashstep.single_decode_with_kv_cache(

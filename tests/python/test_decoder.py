@@ -1,4 +1,4 @@
-"""The tiny decoder from Python: a numpy transcription of the primer's equations, the
+"""The tiny decoder from Python: a numpy transcription of the course's equations, the
 three generation modes, the memory numbers by hand, seeded sampling, bad input."""
 import numpy as np
 import pytest
@@ -35,7 +35,7 @@ def np_next_token_logits(model, tokens, num_layers, num_qo_heads, num_kv_heads):
 
 
 @pytest.mark.parametrize("layers,qo,kv,proj", [(2, 4, 2, True), (1, 2, 2, False), (3, 4, 1, True)])
-def test_forward_is_the_primers_equations(rng, layers, qo, kv, proj):
+def test_forward_is_the_courses_equations(rng, layers, qo, kv, proj):
     seed = int(rng.integers(2**63))
     model = flashstep.TinyDecoder(num_layers=layers, num_qo_heads=qo, num_kv_heads=kv, output_projection=proj,
                                   weight_seed=seed)
@@ -60,7 +60,7 @@ def test_three_modes_generate_the_same_tokens(rng):
     assert runs[2].memory.prefix_tokens_reused == 9
 
 
-def test_primer_prompts_memory_numbers():
+def test_worked_example_prompts_memory_numbers():
     demo = flashstep.tiny_decoder_demo()
     assert demo.tokens_agree
     recompute, contiguous, paged = demo.runs

@@ -1,5 +1,5 @@
 """The host-side structures through the Python module: page allocator, radix cache,
-block-sparse view, cascade levels, split-KV planner. Expected values are the primer's or
+block-sparse view, cascade levels, split-KV planner. Expected values are the course's or
 computed here from the definitions (a Python naive model for the radix cache)."""
 import numpy as np
 import pytest
@@ -8,13 +8,13 @@ import flashstep as fs
 
 ATOL = 1e-12  # double reference against double reference, different summation order
 
-# The primer's tokens: K and V of "The", "cat", "sat", "ran", "fast" (d_model 2, one head).
+# The course's tokens: K and V of "The", "cat", "sat", "ran", "fast" (d_model 2, one head).
 K = np.array([[1, 0], [0, 1], [1, 1], [1, -1], [0, -1]], dtype=np.float64)
 V = np.array([[1, 1], [2, 0], [0, 1], [1, 0], [0, 1]], dtype=np.float64)
 WORDS = ["The", "cat", "sat", "ran", "fast"]
 
 
-def primer_pool():
+def example_pool():
     """Pages P0..P4, page_size 1, NHD: (5, 2, 1, 1, 2)."""
     pool = np.zeros((5, 2, 1, 1, 2))
     pool[:, 0, 0, 0, :] = K
@@ -42,7 +42,7 @@ def test_allocator_hands_out_pages_in_order_and_reports_exhaustion():
 
 
 def test_fork_shares_prefix_pages_and_copy_on_write_copies_the_shared_tail(rng):
-    # The primer's "The cat sat" / "The cat ran", page size 1: P0, P1 shared.
+    # The course's "The cat sat" / "The cat ran", page size 1: P0, P1 shared.
     alloc = fs.PageAllocator(8, 1)
     seqs = fs.PagedSequences(alloc)
     a = seqs.add_sequence()
@@ -74,7 +74,7 @@ def test_fork_shares_prefix_pages_and_copy_on_write_copies_the_shared_tail(rng):
     assert seqs4.seq_len(x) == 6
 
 
-def test_primer_2048_500_example_and_a_random_workload(rng):
+def test_worked_example_2048_500_example_and_a_random_workload(rng):
     r = fs.account_memory([500], 16, 2048)
     assert r["contiguous_slots_wasted"] == 1548
     assert r["slots_wasted"] == 12
@@ -90,7 +90,7 @@ def test_primer_2048_500_example_and_a_random_workload(rng):
 # ---- radix cache -------------------------------------------------------------------------
 
 
-def test_radix_edge_split_is_the_primers():
+def test_radix_edge_split_is_the_worked_examples():
     A, B, C, D, E, F, G = range(7)
     alloc = fs.PageAllocator(16, 1)
     cache = fs.RadixCache(alloc)
@@ -213,8 +213,8 @@ def test_radix_bad_calls_raise_value_error():
 # ---- block-sparse view -------------------------------------------------------------------
 
 
-def test_block_sparse_primer_lookup_and_attention():
-    pool = primer_pool()
+def test_block_sparse_worked_example_lookup_and_attention():
+    pool = example_pool()
     qo_indptr, kv_indptr, kv_indices, last = [0, 3, 7], [0, 3, 7], [0, 1, 2, 0, 1, 3, 4], [1, 1]
     view = fs.build_block_sparse(qo_indptr, kv_indptr, kv_indices, last, 1, 5, 1, causal=True)
     assert fs.draw_block_sparse_lookup(view) == (
@@ -229,7 +229,7 @@ def test_block_sparse_primer_lookup_and_attention():
         fs.build_block_sparse(qo_indptr, kv_indptr, kv_indices, last, 1, 5, 3, causal=True), page_labels=WORDS)
     q = np.array([[1, 0], [0, 1], [1, 1], [1, 0], [0, 1], [1, -1], [0, -1]], dtype=np.float64)[:, None, :]
     o = fs.block_sparse_attention(q, pool, view, causal=True, sm_scale=1.0)
-    np.testing.assert_allclose(o[2, 0], [0.63, 0.79], atol=0.01)  # the primer's row "A, pos 2"
+    np.testing.assert_allclose(o[2, 0], [0.63, 0.79], atol=0.01)  # the course's row "A, pos 2"
     ref = fs.batch_prefill_with_paged_kv_cache(q, qo_indptr, pool, kv_indptr, kv_indices, last, causal=True,
                                               sm_scale=1.0)
     np.testing.assert_allclose(o, ref, rtol=0, atol=ATOL)

@@ -1,4 +1,4 @@
-// FlashInfer's block-sparse view: the primer's three tables (typed from the primer) and
+// FlashInfer's block-sparse view: the course's three tables (worked out by hand) and
 // attention by walking the view equal to batch attention on random batches.
 #include <doctest/doctest.h>
 
@@ -29,13 +29,13 @@ namespace {
 // both in double, different summation order.
 constexpr double kTol = 1e-12;
 
-// The primer's tokens: K and V of "The", "cat", "sat", "ran", "fast".
+// The course's tokens: K and V of "The", "cat", "sat", "ran", "fast".
 const double kK[5][2] = {{1, 0}, {0, 1}, {1, 1}, {1, -1}, {0, -1}};
 const double kV[5][2] = {{1, 1}, {2, 0}, {0, 1}, {1, 0}, {0, 1}};
 const std::vector<std::string> kWords = {"The", "cat", "sat", "ran", "fast"};
 
-// Pages of the primer, Bc = 1: P0..P4 hold one token each; A = [P0 P1 P2], B = [P0 P1 P3 P4].
-PagedKVCache primer_bc1() {
+// Pages of the course, Bc = 1: P0..P4 hold one token each; A = [P0 P1 P2], B = [P0 P1 P3 P4].
+PagedKVCache example_bc1() {
   PagedKVCache c;
   c.pages = Tensor({5, 2, 1, 1, 2});
   for (int p = 0; p < 5; ++p)
@@ -49,8 +49,8 @@ PagedKVCache primer_bc1() {
   return c;
 }
 
-// Bc = 2, the primer's repacking: P0 = (The, cat), P1 = (sat), P2 = (ran, fast).
-PagedKVCache primer_bc2() {
+// Bc = 2, the course's repacking: P0 = (The, cat), P1 = (sat), P2 = (ran, fast).
+PagedKVCache example_bc2() {
   PagedKVCache c;
   c.pages = Tensor({3, 2, 2, 1, 2}, std::numeric_limits<double>::quiet_NaN());
   const int packed[3][2] = {{0, 1}, {2, -1}, {3, 4}};
@@ -72,7 +72,7 @@ PagedKVCache primer_bc2() {
 const Tensor kQ({7, 1, 2}, {1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, -1, 0, -1});
 const std::vector<int32_t> kQoIndptr = {0, 3, 7};
 
-AttentionOptions primer_options() {
+AttentionOptions example_options() {
   AttentionOptions opt;
   opt.causal = true;
   opt.sm_scale = 1.0;
@@ -87,12 +87,12 @@ void check_close(const flashstep::ref::AttentionResult& got, const flashstep::re
 
 }  // namespace
 
-TEST_CASE("block_sparse: the primer's Br=1, Bc=1 table and lookup") {
-  const PagedKVCache c = primer_bc1();
+TEST_CASE("block_sparse: the course's Br=1, Bc=1 table and lookup") {
+  const PagedKVCache c = example_bc1();
   const auto view = build_block_sparse(kQoIndptr, c, 1, true);
   CHECK(view.indptr == std::vector<int32_t>{0, 1, 3, 6, 7, 9, 12, 16});
   CHECK(view.indices == std::vector<int32_t>{0, 0, 1, 0, 1, 2, 0, 0, 1, 0, 1, 3, 0, 1, 3, 4});
-  // The primer's lookup table, verbatim.
+  // The course's lookup table, verbatim.
   CHECK(draw_block_sparse_lookup(view) ==
         "A, pos 0 → pages [P0]\n"
         "A, pos 1 → pages [P0, P1]\n"
@@ -122,16 +122,16 @@ TEST_CASE("block_sparse: the primer's Br=1, Bc=1 table and lookup") {
         "            ├──────┼──────┼──────┼──────┼──────┤\n"
         "B, pos 3    │  P0  │  P1  │      │  P3  │  P4  │\n"
         "            └──────┴──────┴──────┴──────┴──────┘\n");
-  // Walking it: row "A, pos 2" is the primer's [0.63, 0.79], and every row equals batch
+  // Walking it: row "A, pos 2" is the course's [0.63, 0.79], and every row equals batch
   // attention.
-  const auto walked = block_sparse_attention(kQ, c, view, primer_options());
+  const auto walked = block_sparse_attention(kQ, c, view, example_options());
   CHECK(walked.o({2, 0, 0}) == doctest::Approx(0.63).epsilon(0.01));
   CHECK(walked.o({2, 0, 1}) == doctest::Approx(0.79).epsilon(0.01));
-  check_close(walked, flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, c, primer_options()));
+  check_close(walked, flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, c, example_options()));
 }
 
-TEST_CASE("block_sparse: the primer's Br=3 table, where the causal mask inside a block is essential") {
-  const PagedKVCache c = primer_bc1();
+TEST_CASE("block_sparse: the course's Br=3 table, where the causal mask inside a block is essential") {
+  const PagedKVCache c = example_bc1();
   const auto view = build_block_sparse(kQoIndptr, c, 3, true);
   CHECK(draw_block_sparse_lookup(view) ==
         "A, pos 0-2 → pages [P0, P1, P2]\n"
@@ -150,20 +150,20 @@ TEST_CASE("block_sparse: the primer's Br=3 table, where the causal mask inside a
         "              ├──────┼──────┼──────┼──────┼──────┤\n"
         "B, pos 3      │  P0  │  P1  │      │  P3  │  P4  │\n"
         "              └──────┴──────┴──────┴──────┴──────┘\n");
-  const auto walked = block_sparse_attention(kQ, c, view, primer_options());
-  check_close(walked, flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, c, primer_options()));
+  const auto walked = block_sparse_attention(kQ, c, view, example_options());
+  check_close(walked, flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, c, example_options()));
   // A's block loads P0, P1, P2 for all three queries; only the mask keeps "A, pos 0" on
   // "The": its output is exactly V("The") = [1, 1], which unmasked attention is not.
   CHECK(walked.o({0, 0, 0}) == 1.0);
   CHECK(walked.o({0, 0, 1}) == 1.0);
-  AttentionOptions unmasked = primer_options();
+  AttentionOptions unmasked = example_options();
   unmasked.causal = false;
   const auto leak = flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, c, unmasked);
   CHECK(std::abs(leak.o({0, 0, 0}) - 1.0) > 0.1);
 }
 
-TEST_CASE("block_sparse: the primer's Bc=2 repacking gives the same rows") {
-  const PagedKVCache c = primer_bc2();
+TEST_CASE("block_sparse: the course's Bc=2 repacking gives the same rows") {
+  const PagedKVCache c = example_bc2();
   const auto view = build_block_sparse(kQoIndptr, c, 1, true);
   CHECK(view.Bc == 2);
   CHECK(draw_block_sparse_lookup(view) ==
@@ -197,12 +197,12 @@ TEST_CASE("block_sparse: the primer's Bc=2 repacking gives the same rows") {
         "            └──────────┴──────┴───────────┘\n");
   // "A, pos 0" loads both slots of P0 and the mask drops "cat"; P1's unused slot is NaN
   // and is never read. Same results as the Bc = 1 layout.
-  const auto walked = block_sparse_attention(kQ, c, view, primer_options());
-  const auto bc1 = primer_bc1();
-  check_close(walked, flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, bc1, primer_options()));
+  const auto walked = block_sparse_attention(kQ, c, view, example_options());
+  const auto bc1 = example_bc1();
+  check_close(walked, flashstep::ref::batch_prefill_with_paged_kv_cache(kQ, kQoIndptr, bc1, example_options()));
 }
 
-TEST_CASE("block_sparse: the primer's shared-prefix tile (Br=7) drawn one line per query") {
+TEST_CASE("block_sparse: the course's shared-prefix tile (Br=7) drawn one line per query") {
   // All seven queries as one row block over the shared pages P0, P1 (not causal).
   const auto view = build_block_sparse({0, 7}, {0, 2}, {0, 1}, {1}, 1, 5, 7, false);
   CHECK(view.num_row_blocks() == 1);
@@ -304,7 +304,7 @@ TEST_CASE("block_sparse: walking the view equals batch attention on random batch
 }
 
 TEST_CASE("block_sparse: bad arguments are InvalidArgument") {
-  const PagedKVCache c = primer_bc1();
+  const PagedKVCache c = example_bc1();
   CHECK_THROWS_WITH_AS(build_block_sparse(kQoIndptr, c, 0), doctest::Contains("Br must be >= 1"), InvalidArgument);
   CHECK_THROWS_WITH_AS(build_block_sparse({0, 3}, c, 1), doctest::Contains("kv_indptr must have length 2"),
                        InvalidArgument);
@@ -313,17 +313,17 @@ TEST_CASE("block_sparse: bad arguments are InvalidArgument") {
   CHECK_THROWS_WITH_AS(build_block_sparse(kQoIndptr, {0, 1, 2}, {0, 1}, {2, 1}, 1, 5, 1),
                        doctest::Contains("kv_last_page_len[0] = 2 must be in 1..page_size"), InvalidArgument);
   const auto view = build_block_sparse(kQoIndptr, c, 1, true);
-  AttentionOptions not_causal = primer_options();
+  AttentionOptions not_causal = example_options();
   not_causal.causal = false;
   CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, c, view, not_causal),
                        doctest::Contains("must be the ones the view was built with"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, primer_bc2(), view, primer_options()),
+  CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, example_bc2(), view, example_options()),
                        doctest::Contains("was not built for this pool"), InvalidArgument);
   auto broken = view;
   broken.indices[3] = 99;
-  CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, c, broken, primer_options()),
+  CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, c, broken, example_options()),
                        doctest::Contains("out of range"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(block_sparse_attention(Tensor({6, 1, 2}), c, view, primer_options()),
+  CHECK_THROWS_WITH_AS(block_sparse_attention(Tensor({6, 1, 2}), c, view, example_options()),
                        doctest::Contains("q has 6 rows"), InvalidArgument);
   // A hand-edited view is refused by the printers too, before they index anything.
   auto short_rows = view;

@@ -1,5 +1,5 @@
 // Cascade levels (FlashInfer's MultiLevelCascadeAttentionWrapper layout): a hand-built
-// 3-level example, the primer's shared-prefix example as a decode/append step, and random
+// 3-level example, the course's shared-prefix example as a decode/append step, and random
 // trees of 1..3 levels (empty shared prefixes included) whose merged result must equal flat
 // attention over the whole page table.
 #include <doctest/doctest.h>
@@ -63,7 +63,7 @@ TEST_CASE("cascade: three levels for R0 = P0 P1 P2, R1 = P0 P1 P3 P4, R2 = P0 P5
         std::vector<std::vector<int32_t>>{{1, 1, 1}});
 }
 
-TEST_CASE("cascade: the primer's shared prefix as a decode/append step, merged == flat, drawn") {
+TEST_CASE("cascade: the course's shared prefix as a decode/append step, merged == flat, drawn") {
   // A = "The cat sat" decodes at pos 2; B = "The cat ran fast" appends pos 2 and 3.
   const double kK[5][2] = {{1, 0}, {0, 1}, {1, 1}, {1, -1}, {0, -1}};
   const double kV[5][2] = {{1, 1}, {2, 0}, {0, 1}, {1, 0}, {0, 1}};
@@ -91,7 +91,7 @@ TEST_CASE("cascade: the primer's shared prefix as a decode/append step, merged =
   const auto want = flashstep::ref::batch_prefill_with_paged_kv_cache(q, qo_indptr, flat, opt);
   CHECK(flashstep::test::max_abs_diff(r.o, want.o) <= kTol);
   CHECK(flashstep::test::max_abs_diff(r.lse, want.lse) <= kTol);
-  // "A, pos 2" is still the primer's [0.63, 0.79], now as shared + unique merged.
+  // "A, pos 2" is still the course's [0.63, 0.79], now as shared + unique merged.
   CHECK(r.o({0, 0, 0}) == doctest::Approx(0.63).epsilon(0.01));
   CHECK(r.o({0, 0, 1}) == doctest::Approx(0.79).epsilon(0.01));
   REQUIRE(r.level.size() == 2);
@@ -118,7 +118,7 @@ TEST_CASE("cascade: the primer's shared prefix as a decode/append step, merged =
         "            └──────┴──────┴──────┘\n");
 }
 
-TEST_CASE("cascade: the primer's prefill version is rejected with causal (queries inside the prefix)") {
+TEST_CASE("cascade: the course's prefill version is rejected with causal (queries inside the prefix)") {
   // Prefill of all 7 tokens: "A, pos 0" would see "cat" through an unmasked shared level.
   const std::vector<int32_t> qo_indptr = {0, 3, 7}, kv_indptr = {0, 3, 7}, kv_indices = {0, 1, 2, 0, 1, 3, 4};
   CHECK_THROWS_WITH_AS(build_cascade_levels(qo_indptr, kv_indptr, kv_indices, {1, 1}, 1, {{2, 2}}, true),

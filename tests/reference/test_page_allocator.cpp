@@ -1,5 +1,5 @@
 // PagedAttention's memory manager: pool, reference counts, fork, copy-on-write, accounting.
-// Expected numbers are the primer's or computed here from the definitions, never taken
+// Expected numbers are the course's or computed here from the definitions, never taken
 // from the code under test.
 #include <doctest/doctest.h>
 
@@ -66,8 +66,8 @@ TEST_CASE("page_allocator: reference counts, double free and bad ids are Invalid
   alloc.check_invariants();
 }
 
-TEST_CASE("page_allocator: the primer's \"The cat sat\" / \"The cat ran\" share P0, P1 by fork") {
-  PageAllocator alloc(8, 1);  // page size 1 token, as in the primer
+TEST_CASE("page_allocator: the course's \"The cat sat\" / \"The cat ran\" share P0, P1 by fork") {
+  PageAllocator alloc(8, 1);  // page size 1 token, as in the course
   PagedSequences seqs(alloc);
   const int32_t a = seqs.add_sequence();
   CHECK(seqs.append_tokens(a, 2).new_pages == std::vector<int32_t>{0, 1});  // "The cat"
@@ -169,10 +169,10 @@ TEST_CASE("page_allocator: bad sequence arguments are InvalidArgument") {
                        InvalidArgument);
 }
 
-TEST_CASE("page_allocator: the primer's 2048 / 500 example: 1548 slots wasted contiguously") {
+TEST_CASE("page_allocator: the course's 2048 / 500 example: 1548 slots wasted contiguously") {
   const auto r = account_memory({500}, 16, 2048);
   CHECK(r.contiguous_slots == 2048);
-  CHECK(r.contiguous_slots_wasted == 1548);  // the primer's number
+  CHECK(r.contiguous_slots_wasted == 1548);  // the course's number
   CHECK(r.pages_in_use == 32);                // ceil(500 / 16)
   CHECK(r.slots_wasted == 12);                // 32 * 16 - 500: only the last page's tail
   const auto r1 = account_memory({500}, 1, 2048);

@@ -1,4 +1,4 @@
-// RadixAttention's prefix cache: the primer's edge split and diagram, page granularity,
+// RadixAttention's prefix cache: the course's edge split and diagram, page granularity,
 // locks, LRU eviction, and a randomized differential test against a naive model.
 #include <doctest/doctest.h>
 
@@ -28,7 +28,7 @@ struct RngSource {
 
 }  // namespace
 
-TEST_CASE("radix_cache: the primer's edge split, [A,B,C,D,E] then [A,B,C,F,G]") {
+TEST_CASE("radix_cache: the course's edge split, [A,B,C,D,E] then [A,B,C,F,G]") {
   PageAllocator alloc(16, 1);
   RadixCache cache(alloc);
   const auto abcde = alloc.allocate(5);  // P0..P4
@@ -74,7 +74,7 @@ TEST_CASE("radix_cache: insert without a match first adopts only the new pages")
   cache.check_invariants();
 }
 
-TEST_CASE("radix_cache: the primer's \"The cat sat\" / \"The cat ran\" diagram") {
+TEST_CASE("radix_cache: the course's \"The cat sat\" / \"The cat ran\" diagram") {
   const std::vector<std::string> vocab = {"The", "cat", "sat", "ran", "fast"};
   PageAllocator alloc(8, 1);
   RadixCache cache(alloc);
@@ -83,7 +83,7 @@ TEST_CASE("radix_cache: the primer's \"The cat sat\" / \"The cat ran\" diagram")
   cache.insert({0, 1, 3}, {m.pages[0], m.pages[1], alloc.allocate(1)[0]});  // P3
   RadixDrawOptions per_page;
   per_page.one_line_per_page = true;
-  // The primer's picture, with pages P0..P3 in place of R0..R3.
+  // The course's picture, with pages P0..P3 in place of R0..R3.
   CHECK(draw_radix_tree(cache, vocab, per_page) ==
         "Root\n"
         "  └─\"The\"─→ [P0]\n"

@@ -1,5 +1,5 @@
 // The tiny decoder (reference/tiny_decoder.hpp): weights from the documented Philox
-// formula, the forward pass against a naive transcription of the primer's equations, the
+// formula, the forward pass against a naive transcription of the course's equations, the
 // three generation modes giving the same tokens (greedy and seeded sampling), the memory
 // numbers by hand (pages, sharing, prefix reuse), and bad input.
 #include <doctest/doctest.h>
@@ -30,7 +30,7 @@ namespace {
 const GenerationMode kModes[] = {GenerationMode::recompute, GenerationMode::contiguous_kv_cache,
                                  GenerationMode::paged_kv_cache};
 
-// The primer's equations, transcribed with plain loops: X = embedding + positions; per
+// The course's equations, transcribed with plain loops: X = embedding + positions; per
 // layer Q, K, V, masked softmax(Q K^T / sqrt(d)) V per head (GQA: head h reads kv head
 // h / group), optional W_O, residual; logits = X[-1] W_vocab.
 std::vector<double> naive_next_token_logits(const TinyDecoder& m, const std::vector<int32_t>& tokens) {
@@ -107,7 +107,7 @@ TEST_CASE("tiny_decoder: weights follow the documented Philox formula and are de
   CHECK(TinyDecoder(c).embedding().data != a.embedding().data);
 }
 
-TEST_CASE("tiny_decoder: the forward pass is the primer's equations (naive transcription)") {
+TEST_CASE("tiny_decoder: the forward pass is the course's equations (naive transcription)") {
   auto rng = test::case_rng("tiny decoder forward");
   for (int variant = 0; variant < 4; ++variant) {
     TinyDecoderConfig c;
@@ -181,7 +181,7 @@ TEST_CASE("tiny_decoder: recompute, contiguous KV cache and paged KV cache gener
   }
 }
 
-TEST_CASE("tiny_decoder: the primer's two prompts share \"The cat \" through the radix cache") {
+TEST_CASE("tiny_decoder: the course's two prompts share \"The cat \" through the radix cache") {
   const TinyDecoder m;
   const std::vector<std::string> prompts = {"The cat sat", "The cat ran fast"};  // 11 and 16 bytes
   GenerationOptions o;

@@ -1,4 +1,4 @@
-// Uses the installed reference: the primer's "A, pos 2" row.
+// Uses the installed reference: the course's "A, pos 2" row.
 #include <cmath>
 #include <cstdio>
 #include <flashstep/reference.hpp>

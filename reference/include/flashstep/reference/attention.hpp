@@ -162,7 +162,7 @@ bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool caus
                  int window_left);
 
 /// The scaled, soft-capped, masked score matrix of one request and one query head,
-/// shape (qo_len, kv_len); masked entries are -inf. Used to teach (the primer's Br=3
+/// shape (qo_len, kv_len); masked entries are -inf. Used to teach (the course's Br=3
 /// table) and to check stages that materialize scores.
 /// \param q (qo_len, num_qo_heads, head_dim)
 /// \param k (kv_len, num_kv_heads, head_dim) (NHD) or HND per opt.kv_layout

@@ -10,7 +10,7 @@
 /// some key of that page under the mask (causal, window): with Br = 1 the table itself
 /// encodes causality; with Br > 1 the mask must still be applied inside the block.
 ///
-/// The primer's first table (Br = 1, Bc = 1), as draw_block_sparse_lookup() prints it:
+/// The course's first table (Br = 1, Bc = 1), as draw_block_sparse_lookup() prints it:
 /// ```
 ///   A, pos 0 → pages [P0]
 ///   A, pos 1 → pages [P0, P1]
@@ -101,19 +101,19 @@ struct BlockSparseDrawOptions {
   /// Print "shared" or "<request>-only" under each page (from the blocks that use it).
   bool show_sharing = true;
   /// One line per query instead of per row block, the block drawn once on the block's
-  /// middle line (the primer's Br = 7 shared-prefix picture).
+  /// middle line (the course's Br = 7 shared-prefix picture).
   bool one_line_per_query = false;
-  /// Leave out row blocks with no non-zero block (the primer's unique-suffix picture).
+  /// Leave out row blocks with no non-zero block (the course's unique-suffix picture).
   bool skip_empty_rows = false;
   /// Name of each packed query row (size nnz_qo); default "<request>, pos <position>".
   std::vector<std::string> row_names;
 };
 
-/// Draws the view as the primer's box table: one column per page in use, one row per row
+/// Draws the view as the course's box table: one column per page in use, one row per row
 /// block ("A, pos 0-2"), "Pk" in a cell where the block is non-zero.
 std::string draw_block_sparse(const BlockSparseView& view, const BlockSparseDrawOptions& options = {});
 
-/// The view as the primer's lookup table, one line per row block:
+/// The view as the course's lookup table, one line per row block:
 /// "A, pos 2 → pages [P0, P1, P2]".
 std::string draw_block_sparse_lookup(const BlockSparseView& view,
                                      const BlockSparseDrawOptions& options = {});

@@ -21,7 +21,7 @@
 /// that reads the shared pages once); it is not masked. The causal mask applies to the
 /// last level only, which is exact only if every query sits after all shared pages of its
 /// request: qo_len <= the request's last-level kv_len. That holds for decode and for
-/// append after a cached prefix; build_cascade_levels checks it. (The primer's Br = 7
+/// append after a cached prefix; build_cascade_levels checks it. (The course's Br = 7
 /// picture groups the prefill queries of the prefix tokens themselves; "A, pos 0" would
 /// then see "cat", so that picture is a sketch, not an exact cascade.)
 ///

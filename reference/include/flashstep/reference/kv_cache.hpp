@@ -11,7 +11,7 @@
 
 namespace flashstep::ref {
 
-/// The simplest KV cache: one request's K and V, grown by appending rows (the primer's
+/// The simplest KV cache: one request's K and V, grown by appending rows (the course's
 /// "KV Cache" section). Layout NHD: (kv_len, num_kv_heads, head_dim).
 class ContiguousKVCache {
  public:
@@ -27,7 +27,7 @@ class ContiguousKVCache {
   int64_t kv_len() const { return k_.dim(0); }
   const Tensor& k() const { return k_; }  ///< (kv_len, num_kv_heads, head_dim)
   const Tensor& v() const { return v_; }  ///< (kv_len, num_kv_heads, head_dim)
-  /// Bytes a fp16 cache of this length would hold (K and V), for the primer's arithmetic.
+  /// Bytes a fp16 cache of this length would hold (K and V), for the course's arithmetic.
   int64_t bytes_fp16() const { return 2 * k_.numel() * 2; }
 
  private:

@@ -14,7 +14,7 @@
 ///
 /// ```
 ///   seq A (len 3): [P0, P1, P2]         refcount: P0=2 P1=2 P2=1 P3=1
-///   seq B (len 3): [P0, P1, P3]         (page_size 1: the primer's "The cat sat/ran")
+///   seq B (len 3): [P0, P1, P3]         (page_size 1: the course's "The cat sat/ran")
 /// ```
 #pragma once
 
@@ -43,11 +43,11 @@ class OutOfPages : public std::runtime_error {
 ///
 /// Free pages are handed out first-freed-first (a FIFO queue, like vLLM's free block
 /// queue): a page freed long ago is reused before one freed just now. A fresh pool hands
-/// out P0, P1, P2, ... in order, which is what makes the primer's pictures reproducible.
+/// out P0, P1, P2, ... in order, which is what makes the course's pictures reproducible.
 class PageAllocator {
  public:
   /// \param num_pages pool size, 1 .. 2^31 - 1
-  /// \param page_size token slots per page (FlashInfer's page_size, the primer's Bc), >= 1
+  /// \param page_size token slots per page (FlashInfer's page_size, the course's Bc), >= 1
   PageAllocator(int64_t num_pages, int64_t page_size);
 
   /// Pages in the pool.
@@ -110,8 +110,8 @@ struct PageTable {
   std::vector<int32_t> kv_last_page_len;  ///< (batch) 1..page_size, 0 for an empty sequence
 };
 
-/// Memory use of a workload, paged versus contiguous max-length preallocation (the
-/// primer's PagedAttention section). Counts are in token slots of one layer's K (or V).
+/// Memory use of a workload, paged versus contiguous max-length preallocation (docs/concepts/05_paging.md;
+/// the PagedAttention paper, arXiv 2309.06180). Counts are in token slots of one layer's K (or V).
 struct MemoryReport {
   int64_t num_sequences = 0;   ///< sequences in the workload
   int64_t page_size = 0;       ///< tokens per page
@@ -127,7 +127,7 @@ struct MemoryReport {
 };
 
 /// Memory accounting of independent sequences (no sharing): each sequence of length L
-/// takes ceil(L / page_size) pages, or max_seq_len contiguous slots. The primer's example
+/// takes ceil(L / page_size) pages, or max_seq_len contiguous slots. The worked example
 /// account_memory({500}, 16, 2048) gives contiguous_slots_wasted 1548 and slots_wasted 12.
 /// \param seq_lens (num_sequences) lengths, each in [0, max_seq_len]
 /// \param page_size >= 1

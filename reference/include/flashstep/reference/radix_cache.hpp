@@ -159,13 +159,13 @@ using TokenText = std::function<std::string(int32_t)>;
 
 /// Options of draw_radix_tree.
 struct RadixDrawOptions {
-  /// Draw one line per page instead of one per edge, like the primer's per-token diagram.
+  /// Draw one line per page instead of one per edge, like the course's per-token diagram.
   bool one_line_per_page = false;
   /// Append each node's lock_ref and last access time.
   bool show_locks = false;
 };
 
-/// Draws the tree like the primer's diagram:
+/// Draws the tree like the course's diagram:
 /// ```
 ///   Root
 ///     └─"The cat"─→ [P0 P1]

@@ -3,7 +3,7 @@
 /// with temperature, plain / top-k / top-p / min-p / top-k-top-p sampling, the renorm and
 /// mask operators, and the exact oracle that defines what every sampler must draw.
 ///
-/// The primer ends every decoding step with `next_token = sample(probabilities)`. This
+/// The course ends every decoding step with `next_token = sample(probabilities)`. This
 /// file is that line, twice over:
 ///
 /// 1. **The oracle** (sampling_target_distribution): sort the row, truncate it by the

@@ -1,9 +1,9 @@
 /// \file tiny_decoder.hpp
-/// \brief The primer's decoder, end to end, small enough to run in milliseconds: byte
+/// \brief The course's decoder, end to end, small enough to run in milliseconds: byte
 /// tokens, embedding plus sinusoidal positions, L layers of attention with a residual,
 /// W_vocab, and sampling; generated three ways that must give the same tokens.
 ///
-/// The model is exactly the primer's (no layer norm, no MLP): for each layer
+/// The model is exactly the course's (no layer norm, no MLP): for each layer
 ///
 ///     Q = X W_Q,  K = X W_K,  V = X W_V              (heads of head_dim = d_model / num_qo_heads)
 ///     Z = softmax(mask(Q K^T) * sm_scale) V          (causal, sm_scale = 1/sqrt(head_dim))
@@ -18,9 +18,9 @@
 /// ## Three ways to generate (GenerationMode)
 ///
 /// - **recompute**: every step re-runs the whole sequence through every layer (causal
-///   prefill over all positions) and keeps nothing: the primer's "Next Generation Step".
+///   prefill over all positions) and keeps nothing: the course's "Next Generation Step".
 /// - **contiguous_kv_cache**: the prompt is prefilled once; each step computes Q, K, V for
-///   the new token only (the primer's query optimization), appends K and V to a
+///   the new token only (the course's query optimization), appends K and V to a
 ///   ContiguousKVCache per layer, and decodes against it.
 /// - **paged_kv_cache**: all requests run as one batch on a paged pool (one pool per layer,
 ///   one page table shared by all layers, pages from a PageAllocator). Requests are
@@ -139,7 +139,7 @@ struct GeneratedRequest {
 };
 
 /// What a run kept in memory and computed (K/V counted at fp16, 2 bytes per value, over
-/// all layers, as the primer's arithmetic does).
+/// all layers, as the course's arithmetic does).
 struct GenerationMemory {
   int64_t tokens = 0;                 ///< tokens whose K/V the run holds at the end (all requests)
   int64_t kv_bytes_per_token = 0;     ///< 2 (K, V) * num_kv_heads * head_dim * num_layers * 2 bytes
@@ -178,7 +178,7 @@ struct TinyDecoderDemo {
 };
 
 /// Runs the demo (milliseconds).
-/// \param prompts defaults to the primer's two prompts
+/// \param prompts defaults to the course's two prompts
 /// \param max_new_tokens tokens generated per prompt
 /// \param page_size tokens per page of the paged run
 TinyDecoderDemo tiny_decoder_demo(const std::vector<std::string>& prompts = {"The cat sat", "The cat ran fast"},
