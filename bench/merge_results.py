@@ -38,6 +38,22 @@ TARGETS = [
      "02_paged/b16_kv4096_p1", "02_paged/b16_kv4096_p16", 1.03, "<=time"),
 ]
 
+# Stage 04 on bench/shapes_prefill.csv (TFLOP/s ratios; decode rows GB/s).
+PREFILL_TARGETS = [
+    ("04_tensor_core vs FlashInfer fa2 prefill, batch 4 x 4096 causal (TFLOP/s ratio)",
+     "04_tensor_core/b4_q4096_causal", "peer_flashinfer_fa2/b4_q4096_causal", 1.00, ">="),
+    ("04_tensor_core vs FlashInfer fa2 prefill, batch 4 x 4096 non-causal (TFLOP/s ratio)",
+     "04_tensor_core/b4_q4096", "peer_flashinfer_fa2/b4_q4096", 1.00, ">="),
+    ("04_tensor_core vs FlashInfer fa2 prefill, batch 1 x 16384 causal (TFLOP/s ratio)",
+     "04_tensor_core/b1_q16384_causal", "peer_flashinfer_fa2/b1_q16384_causal", 1.00, ">="),
+    ("04_tensor_core vs FlashInfer fa2 prefill, batch 1 x 16384 non-causal (TFLOP/s ratio)",
+     "04_tensor_core/b1_q16384", "peer_flashinfer_fa2/b1_q16384", 1.00, ">="),
+    ("04_tensor_core vs cuDNN SDPA, MQA decode 32/1 heads, batch 128 x kv 8192 (GB/s ratio)",
+     "04_tensor_core/mqa_b128_kv8192", "peer_torch_sdpa_cudnn/mqa_b128_kv8192", 1.00, ">="),
+    ("04_tensor_core vs cuDNN SDPA, MQA decode 32/1 heads, batch 1 x kv 16384 (GB/s ratio)",
+     "04_tensor_core/mqa_b1_kv16384", "peer_torch_sdpa_cudnn/mqa_b1_kv16384", 1.00, ">="),
+]
+
 
 def source_state(path):
     """(commit, tree) of the source the run was built from: tree is clean, modified or unknown."""
@@ -95,8 +111,29 @@ def main():
 
     rows = [b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"]
     present = {base_name(b) for b in rows}
-    for s in load_shapes(a.shapes):
+    shapes = load_shapes(a.shapes)
+    prefill_file = bool(shapes) and "mode" in shapes[0]
+    gemm_tflops = float(ctx.get("gemm_bf16_ceiling_TFLOP/s", "nan"))
+    for s in shapes:
         for r in peers["results"]:
+            if prefill_file:  # peers.py names the shape of each prefill-file row
+                if r.get("shape") != s["name"] or "median_us" not in r:
+                    continue
+                name = f"peer_{r['impl']}/{s['name']}"
+                present.add(name)
+                row = {"name": name + "_median", "run_name": name, "run_type": "aggregate",
+                       "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
+                       "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
+                       "cpu_time": r["median_us"], "time_unit": "us",
+                       "label": f"{s['dtype']} {r.get('note', '')}, {r['mode']}"}
+                if "TFLOP/s" in r:
+                    row.update({"TFLOP/s": r["TFLOP/s"], "flops": r["flops"],
+                                "pct_of_ceiling": 100.0 * r["TFLOP/s"] / gemm_tflops})
+                else:
+                    row.update({"GB/s": r["GB/s"], "bytes": r["bytes"],
+                                "pct_of_ceiling": 100.0 * r["GB/s"] / copy_gbps})
+                bench["benchmarks"].append(row)
+                continue
             if r["key"] != shape_key(s) or "median_us" not in r:
                 continue
             name = f"peer_{r['impl']}/{s['name']}"
@@ -111,14 +148,15 @@ def main():
 
     by_name = {base_name(b): b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"}
     targets = []
-    for text, num, den, goal, how in TARGETS:
+    for text, num, den, goal, how in (PREFILL_TARGETS if prefill_file else TARGETS):
         t = {"target": text, "numerator": num, "denominator": den, "goal": f"{how[:2]} {goal:.2f}"}
         if num in by_name and den in by_name:
             if how == "<=time":
                 ratio = by_name[num]["real_time"] / by_name[den]["real_time"]
                 t["met"] = ratio <= goal
             else:
-                ratio = by_name[num]["GB/s"] / by_name[den]["GB/s"]
+                unit = "TFLOP/s" if "TFLOP/s" in by_name[num] else "GB/s"
+                ratio = by_name[num][unit] / by_name[den][unit]
                 t["met"] = ratio >= goal
             t["ratio"] = round(ratio, 4)
         else:
