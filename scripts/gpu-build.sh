@@ -13,7 +13,11 @@ cmake --preset gpu -B "$BUILD" > /dev/null
 # listed here, so a new stage folder (with its flashstep_exercise_NN_name target) or a
 # new bench/*_tune program is built without editing this script.
 available=$(cmake --build "$BUILD" --target help | grep -oE '\bflashstep_[A-Za-z0-9_]+\b' | sort -u)
-targets=(flashstep_stage_tests flashstep_bench)
+# Every test program of the `gpu` CTest label (the stage suite and any other GPU suite a
+# stage adds: flashstep_*_tests and *_gpu targets), less the CPU-only suites.
+mapfile -t targets < <(grep -E '^flashstep_[A-Za-z0-9_]+_tests$|_gpu$' <<< "$available" |
+                       grep -vxE 'flashstep_(reference|statistics)_tests' || true)
+targets+=(flashstep_bench)
 for dir in stages/[0-9][0-9]_*/; do
   exercise=flashstep_exercise_$(basename "$dir")
   if grep -qx "$exercise" <<< "$available"; then
@@ -28,6 +32,7 @@ echo "building: ${targets[*]}"
 start=$(date +%s)
 cmake --build "$BUILD" -j"${FLASHSTEP_JOBS:-2}" --target "${targets[@]}"
 echo "build time: $(( $(date +%s) - start )) s"
+echo "GPU tests: $(ctest --test-dir "$BUILD" -N -L gpu | sed -n 's/^Total Tests: //p')"
 cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian "$BUILD/bin/"
 cp -L "$(ldconfig -p | awk '/libcudart.so.13 /{print $NF; exit}' || true)" "$BUILD/bin/" 2>/dev/null ||
   cp -L /usr/local/cuda/lib64/libcudart.so.13 "$BUILD/bin/"

@@ -11,11 +11,11 @@
 #   --out     output folder (default <build>/gpu-run)
 #   STEP      any of: tests sanitizer bench split_kv_tune ncu (default: tests sanitizer bench)
 #
-# A step is the shell function step_NAME below: add one to add a step. The bench step
+# A step is the shell function step_NAME below: add one to add a step. `tests` runs CTest's
+# `gpu` label, after pointing CTest's files at this checkout and build folder. The bench step
 # records this command line, the commit and whether the tree was clean in the JSON.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-COMMAND="scripts/gpu-run.sh $*"
 SHAPES=bench/shapes.csv
 BUILD=${FLASHSTEP_BUILD_DIR:-build-gpu}
 RESULTS=
@@ -30,6 +30,9 @@ while (($#)); do
   esac
 done
 ((${#steps[@]})) || steps=(tests sanitizer bench)
+# What the results JSON records: this command as run, less --out (where logs go).
+build_shown=${BUILD#"$PWD"/}; [[ $build_shown == /* ]] && build_shown=$(basename "$BUILD")
+COMMAND="${FLASHSTEP_COMMAND_PREFIX:-}scripts/gpu-run.sh --shapes $SHAPES --build $build_shown ${steps[*]}"
 B=$(cd "$BUILD" && pwd) || { echo "gpu-run.sh: no build folder $BUILD (run scripts/gpu-build.sh)" >&2; exit 2; }
 RESULTS=${RESULTS:-$B/gpu-run}
 mkdir -p "$RESULTS"
@@ -38,11 +41,27 @@ TESTS=$B/tests/stages/flashstep_stage_tests
 # flashstep_bench arguments the shapes file asks for, e.g. "# bench-args: --tune".
 BENCH_ARGS=$(sed -n 's/^# bench-args: *//p' "$SHAPES" | head -1)
 
+# CTest's files name the folders the build was configured in (build and source). Where
+# this checkout or build folder lives elsewhere (a build copied from another machine),
+# rewrite those names to the folders here, once.
+relocate_ctest_files() {
+  local old_b old_s
+  old_b=$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' "$B/CMakeCache.txt")
+  old_s=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$B/CMakeCache.txt")
+  [ -n "$old_b" ] && [ -n "$old_s" ] || return 0
+  [ "$old_b" = "$B" ] && [ "$old_s" = "$PWD" ] && return 0
+  echo "CTest files: $old_b -> $B, $old_s -> $PWD"
+  find "$B" \( -name CTestTestfile.cmake -o -name '*_include-*.cmake' -o -name '*_tests-*.cmake' \) -print0 |
+    xargs -0 sed -i -e "s#$old_b#@FLASHSTEP_BUILD@#g" -e "s#$old_s#@FLASHSTEP_SOURCE@#g" \
+                    -e "s#@FLASHSTEP_BUILD@#$B#g" -e "s#@FLASHSTEP_SOURCE@#$PWD#g"
+  sed -i -e "s#^CMAKE_CACHEFILE_DIR:INTERNAL=.*#CMAKE_CACHEFILE_DIR:INTERNAL=$B#" \
+         -e "s#^CMAKE_HOME_DIRECTORY:INTERNAL=.*#CMAKE_HOME_DIRECTORY:INTERNAL=$PWD#" "$B/CMakeCache.txt"
+}
+
 step_tests() {
-  # The test binary itself, not CTest: CTest's files name the folder the build was
-  # configured in, which need not exist here.
-  timeout 300 "$TESTS" > "$RESULTS/tests.log" 2>&1
-  echo "tests: rc=$?"; grep -E "test cases:|assertions:" "$RESULTS/tests.log"
+  relocate_ctest_files
+  ( cd "$B" && timeout 300 ctest -L gpu --output-on-failure -j4 --timeout 240 ) > "$RESULTS/tests.log" 2>&1
+  echo "tests: rc=$?"; grep -E "tests passed|tests failed|Total Test|\*\*\*Failed|Not Run|Timeout" "$RESULTS/tests.log"
   # Every stage's exercise must build, run and FAIL as shipped (its holes are empty).
   for dir in stages/[0-9][0-9]_*/; do
     ex=flashstep_exercise_$(basename "$dir")
@@ -70,7 +89,7 @@ step_bench() {
   PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers.py --shapes "$SHAPES" --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
   echo "peers: rc=$?"
   python3 bench/merge_results.py --bench "$RESULTS/bench.json" --peers "$RESULTS/peers.json" --shapes "$SHAPES" \
-    --command "$COMMAND" --note "${FLASHSTEP_NOTE:-}" --out "$RESULTS/results.json"
+    --source-state "$B/source-state.txt" --command "$COMMAND" --note "${FLASHSTEP_NOTE:-}" --out "$RESULTS/results.json"
   grep -E "median " "$RESULTS/bench.log" | sed -E 's/ +/ /g' | cut -c1-150
 }
 

@@ -1,39 +1,13 @@
 /// \file chunk_decode.cuh
-/// \brief Stage 03's first kernel: decode attention of one work item — one chunk of one
-/// request's KV, for the query heads of one kv head — through the page table.
+/// \brief Stage 03's first kernel: stage 02's decode loop (02_paged/decode_loop.cuh) over
+/// one work item of the plan — one chunk of one request's KV, for the query heads of one
+/// kv head — instead of a whole request.
 ///
-/// What changed from stage 02 (paged_decode.cuh): a block no longer owns a whole request
-/// but a work item of the plan, (request_indices[k], kv_tile_indices[k]), and reads only
-/// that chunk's tokens
-///
-///     [t * c * page_size, min((t + 1) * c * page_size, kv_len))     c = kv_chunk_size_in_pages
-///
-/// so a batch of a few long requests becomes G = num_sm * ctas_per_sm blocks, one full
-/// wave, instead of batch_size * num_kv_heads blocks that leave most SMs idle. When the
-/// plan split, each block writes its chunk's *normalized* state (o, lse) as a partial
-/// row in fp32 (merge_states.cuh combines them); when it did not (the batch fills the
-/// chip alone), it writes o and lse directly, and the kernel is stage 02's.
-///
-/// Graph-safe by construction: nothing the launch captures depends on the lengths. Each
-/// block reads its work item from the schedule in the workspace — the request, the index
-/// of the chunk's first page in kv_indices, the chunk's length in tokens (plan() computed
-/// both from the host copy of the page table's lengths, so the block's first dependent
-/// load is already the page ids) — and blocks of the padded grid past the real items exit
-/// at once (block_valid_mask), so a graph replay after a new plan() runs the new schedule.
-///
-/// The attention itself is stage 02's decode loop, 02_paged/decode_loop.cuh, run over the
-/// chunk instead of the whole request: the same 256-thread layout, tile pipeline,
-/// page-table walk one tile ahead, branch-free 4-token scores and exact merge of the
-/// block's states. What this file adds is all that differs:
-///
-///     block (kv_head, k)
-///       k's schedule entries -> request b, first page, chunk length  (exit if padding)
-///       DecodeLoop: load_q(b), attend(chunk), merge_states           02_paged/decode_loop.cuh
-///       write: partial row k in fp32 (the plan split) | o, lse of b (it did not)
-///
-/// Stage 02's two-halves block for small grids is not needed here: a plan that would
-/// leave blocks alone on their SMs splits instead. Shared memory: the loop's pipeline,
-/// num_stages x 32 KB, reused at the end for the merge of the bdz states.
+/// What differs from stage 02's kernel: a block reads its work item from the schedule in
+/// the workspace (request, first page, chunk length; padding of a CUDA-graph-sized grid
+/// exits at once), and writes the chunk's normalized state as an fp32 partial row when the
+/// plan split (merge_states.cuh combines them), or o and lse directly when it did not.
+/// The chapter (README.md, "The two kernels") draws the work items and the grid.
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,10 @@
 /// The `.cg` variant caches in L2 only: KV is read once, so it should not evict L1.
 /// A copy with `valid == false` reads nothing and writes 16 zero bytes, so a partial
 /// tile at the end of a sequence needs no branch and leaves no stale data behind.
+///
+/// PTX rather than the toolkit's __pipeline_memcpy_async: that API takes the zero-fill as
+/// a compile-time size (a run-time `valid` becomes a switch per copy), and its commit and
+/// wait carry no memory clobber, so the compiler could move shared-memory reads across them.
 #pragma once
 
 #include <cuda_runtime.h>

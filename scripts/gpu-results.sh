@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Every measurement the chapters cite, in one command on a GPU machine (after
+# scripts/gpu-build.sh, here or copied here): the GPU tests and sanitizers, the decode
+# benchmark on bench/shapes.csv with Nsight Compute's counters, and stage 03's sweep on
+# bench/shapes_split_kv.csv with its knob sweep. Leaves seven files in OUT_DIR:
+#
+#   decode.json  decode_checks.txt                 -> docs/results/<gpu>_decode_<date>.json, _checks.txt
+#   split_kv.json  split_kv_checks.txt             -> docs/results/<gpu>_split_kv_<date>.json,
+#   split_kv_tune.json  split_kv_clean_l2_peers.json   docs/results/split_kv/...
+#   device.txt
+#
+#   scripts/gpu-results.sh OUT_DIR [--build DIR]
+#
+# Then, in a checkout: copy the files into docs/results/ under those names (the run that
+# the decode chapter cited before moves to docs/results/history/), and regenerate the
+# chapters: python3 bench/report.py; python3 bench/split_kv_report.py (see its --help).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:?usage: scripts/gpu-results.sh OUT_DIR [--build DIR]}
+shift
+mkdir -p "$OUT_DIR"
+work=$(mktemp -d)
+export FLASHSTEP_COMMAND_PREFIX="scripts/gpu-results.sh OUT_DIR $*, which ran: "
+scripts/gpu-run.sh "$@" --out "$work/decode" tests sanitizer bench ncu
+scripts/gpu-run.sh "$@" --shapes bench/shapes_split_kv.csv --out "$work/split_kv" bench split_kv_tune
+
+cp "$work/decode/device.txt" "$OUT_DIR/device.txt"
+cp "$work/decode/results.json" "$OUT_DIR/decode.json"
+cp "$work/split_kv/results.json" "$OUT_DIR/split_kv.json"
+cp "$work/split_kv/tune.json" "$OUT_DIR/split_kv_tune.json"
+cp "$work/split_kv/clean_l2_peers.json" "$OUT_DIR/split_kv_clean_l2_peers.json"
+checks() {  # the logs a reader needs to check a run, with headings
+  local dir=$1 what=$2; shift 2
+  echo "# Checks of the run that produced the results JSON beside this file: $what"
+  echo; echo "## device"; cat "$dir/device.txt"
+  for log in "$@"; do
+    [ -f "$dir/$log" ] || continue
+    echo; echo "## $log"; cat "$dir/$log"
+  done
+}
+checks "$work/decode" "scripts/gpu-results.sh (decode: tests sanitizer bench ncu)" \
+  tests.log sanitizer.log ncu.log > "$OUT_DIR/decode_checks.txt"
+checks "$work/split_kv" "scripts/gpu-results.sh (split-KV: bench split_kv_tune)" \
+  tune.log > "$OUT_DIR/split_kv_checks.txt"
+# Paths of this machine have no place in a committed file.
+sed -i "s#$PWD/##g; s#$work/##g" "$OUT_DIR"/*.txt
+rm -rf "$work"
+ls -l "$OUT_DIR"
