@@ -58,8 +58,8 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   }
 #ifdef FLASHSTEP_CLI_HAVE_STAGES
   std::string why;
-  if (!stages::harness::gpu_available(&why)) {
-    os << "flashstep bench: nothing to benchmark: no usable GPU here (" << why << ").\n";
+  if (!usable_gpu(&why)) {
+    os << "flashstep bench: nothing to benchmark: " << why << ".\n";
     return kExitSkipped;
   }
 #endif

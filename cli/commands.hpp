@@ -67,4 +67,8 @@ int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os);
 /// Whether this build has the CUDA stages compiled in.
 bool stages_built();
 
+/// Whether a CUDA GPU can run the stages; if not, `why` says so in a user's words ("no
+/// CUDA GPU found" where the machine has no NVIDIA device). Only in builds with stages.
+bool usable_gpu(std::string* why);
+
 }  // namespace flashstep::cli

@@ -7,6 +7,8 @@
 
 #ifdef FLASHSTEP_CLI_HAVE_STAGES
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -162,12 +164,27 @@ int validate_stages(const std::vector<const StageInfo*>& chosen, const std::vect
 
 bool gpu_ready(std::ostream& os, const char* what) {
   std::string why;
-  if (stages::harness::gpu_available(&why)) return true;
-  os << what << "no usable GPU here (" << why << ").\n";
+  if (usable_gpu(&why)) return true;
+  os << what << why << ".\n";
   return false;
 }
 
 }  // namespace
+
+bool usable_gpu(std::string* why) {
+  std::string runtime_why;
+  if (stages::harness::gpu_available(&runtime_why)) return true;
+  // On a machine with no NVIDIA GPU there is no driver either, and the CUDA runtime says
+  // cudaErrorInsufficientDriver ("CUDA driver version is insufficient"), which reads as
+  // "upgrade your driver". With no NVIDIA device node at all, say what is true.
+  const bool no_device_node = access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0;
+  if (runtime_why.find("cudaErrorNoDevice") != std::string::npos ||
+      (no_device_node && runtime_why.find("cudaErrorInsufficientDriver") != std::string::npos))
+    *why = "no CUDA GPU found";
+  else
+    *why = "no usable GPU here (" + runtime_why + ")";
+  return false;
+}
 
 bool stages_built() { return true; }
 
@@ -189,7 +206,14 @@ int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& pro
     return 0;
   }
   std::vector<const StageInfo*> chosen;
-  for (const std::string& name : opt.stages) chosen.push_back(&stages::find_stage(name));
+  for (const std::string& name : opt.stages) {
+    try {
+      chosen.push_back(&stages::find_stage(name));
+    } catch (const ref::InvalidArgument& e) {  // "find_stage: no stage named ..." -> the flag
+      const std::string what = e.what();
+      throw ref::InvalidArgument("--stage: " + what.substr(what.find(": ") + 2));
+    }
+  }
   if (chosen.empty())
     for (const StageInfo& s : stages::registry()) chosen.push_back(&s);
   if (!gpu_ready(os, "flashstep validate: nothing to validate: ")) return kExitSkipped;

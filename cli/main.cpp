@@ -5,6 +5,7 @@
 // bad argument value, 77 nothing could run here (no GPU, or a build without CUDA).
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <iostream>
 #include <random>
 #include <string>
@@ -21,6 +22,37 @@ constexpr int kExitUsage = 2;
 uint64_t fresh_seed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// --seed as the Python module takes `seed`: an integer in [0, 2^64 - 1], written in
+// decimal. CLI11 would wrap "-1" around to 2^64 - 1 and saturate a number past the range;
+// both are refused here, naming the flag.
+uint64_t parse_seed(const std::string& text, const std::string& flag) {
+  const uint64_t max = UINT64_MAX;
+  bool ok = !text.empty() && text.size() <= 20;
+  uint64_t value = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') { ok = false; break; }
+    const uint64_t digit = static_cast<uint64_t>(c - '0');
+    if (value > (max - digit) / 10) { ok = false; break; }
+    value = value * 10 + digit;
+  }
+  if (!ok)
+    throw flashstep::ref::InvalidArgument(flag + " must be an integer in [0, " + std::to_string(max) +
+                                          "], got \"" + text + "\"");
+  return value;
+}
+
+// A check's message without the name of the function that made it ("flashstep: ",
+// "find_stage: "): the command line is what the user wrote, so the message names the flag.
+std::string without_function_prefix(const std::string& message) {
+  const size_t colon = message.find(": ");
+  if (colon == std::string::npos) return message;
+  for (size_t i = 0; i < colon; ++i) {
+    const char c = message[i];
+    if (!(c == '_' || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return message;
+  }
+  return message.substr(colon + 2);
 }
 
 std::string joined(const std::vector<std::string>& names) {
@@ -44,7 +76,7 @@ int main(int argc, char** argv) {
   app.footer("Run `flashstep <command> --help` for a command's options.");
 
   cli::TourOptions tour;
-  uint64_t tour_seed = 0;
+  std::string tour_seed;
   auto* tour_cmd = app.add_subcommand(
       "tour",
       "Walk the course's story on its example (\"The cat sat\", \"The cat ran fast\"): tokens,\n"
@@ -56,10 +88,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(cli::tour_sections()))
       ->allow_extra_args(false);
   tour_cmd->add_flag("--no-gpu", tour.no_gpu, "Skip the GPU part even where a GPU is present");
-  auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values (default: fresh)");
+  auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values, 0 to 2^64-1 (default: fresh)");
 
   cli::ExplainOptions explain;
-  uint64_t explain_seed = 0;
+  std::string explain_seed;
   auto* explain_cmd = app.add_subcommand(
       "explain",
       "The tour's views for your own prompts: tokens, radix tree, page tables,\n"
@@ -77,10 +109,10 @@ int main(int argc, char** argv) {
                           "Only this section (repeatable): " + joined(cli::explain_sections()))
       ->check(CLI::IsMember(cli::explain_sections()))
       ->allow_extra_args(false);
-  auto* explain_seed_opt = explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V (default: fresh)");
+  auto* explain_seed_opt = explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V, 0 to 2^64-1 (default: fresh)");
 
   cli::ValidateOptions validate;
-  uint64_t validate_seed = 0;
+  std::string validate_seed;
   auto* validate_cmd = app.add_subcommand(
       "validate",
       "Run the validation harness over the case grid: every registered stage (or --stage)\n"
@@ -90,7 +122,7 @@ int main(int argc, char** argv) {
   validate_cmd->add_flag("--quick", validate.quick, "The quick case grid");
   validate_cmd->add_flag("--list", validate.list, "List the registered stages and exit");
   auto* validate_seed_opt =
-      validate_cmd->add_option("--seed", validate_seed, "Seed of the random cases (default: fresh)");
+      validate_cmd->add_option("--seed", validate_seed, "Seed of the random cases, 0 to 2^64-1 (default: fresh)");
 
   cli::BenchOptions bench;
   bench.out = "flashstep-bench.json";
@@ -120,20 +152,20 @@ int main(int argc, char** argv) {
 
   try {
     if (*tour_cmd) {
-      tour.seed = *tour_seed_opt ? tour_seed : fresh_seed();
+      tour.seed = *tour_seed_opt ? parse_seed(tour_seed, "--seed") : fresh_seed();
       return cli::run_tour(tour, std::cout);
     }
     if (*explain_cmd) {
-      explain.seed = *explain_seed_opt ? explain_seed : fresh_seed();
+      explain.seed = *explain_seed_opt ? parse_seed(explain_seed, "--seed") : fresh_seed();
       return cli::run_explain(explain, std::cout);
     }
     if (*validate_cmd) {
-      validate.seed = *validate_seed_opt ? validate_seed : fresh_seed();
+      validate.seed = *validate_seed_opt ? parse_seed(validate_seed, "--seed") : fresh_seed();
       return cli::run_validate(validate, std::cout, std::cerr);
     }
     if (*bench_cmd) return cli::run_bench(bench, std::cout);
   } catch (const flashstep::ref::InvalidArgument& e) {
-    std::cerr << "flashstep: error: " << e.what() << "\n";
+    std::cerr << "flashstep: error: " << without_function_prefix(e.what()) << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
     std::cerr << "flashstep: internal error: " << e.what() << "\n";

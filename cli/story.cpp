@@ -35,6 +35,8 @@ namespace {
 
 // Views draw one row per query token; past this the tables stop being readable.
 constexpr int64_t kMaxDrawnTokens = 96;
+// A token or a prompt wider than this is shown cut, with its length.
+constexpr size_t kMaxTokenColumns = 24;
 
 std::vector<std::string> split_words(const std::string& text) {
   std::istringstream in(text);
@@ -68,7 +70,7 @@ Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, i
       auto it = ids.find(w);
       if (it == ids.end()) {
         it = ids.emplace(w, static_cast<int32_t>(s.vocab.size())).first;
-        s.vocab.push_back(w);
+        s.vocab.push_back(display_text(w, kMaxTokenColumns));
       }
       toks.push_back(it->second);
     }
@@ -88,6 +90,10 @@ Scenario example_scenario(uint64_t seed) {
 }
 
 void heading(std::ostream& os, int number, const std::string& title) {
+  // Each section starts from the stream's default number format, so that a value reads
+  // the same whichever sections ran before it (tour or explain).
+  os.unsetf(std::ios::floatfield);
+  os.precision(6);
   os << "\n== " << number << ". " << title << " ==\n\n";
 }
 
@@ -101,7 +107,8 @@ void show_tokens(const Scenario& s, std::ostream& os, Ledger& ledger) {
       words += (j ? ", " : "") + s.vocab[static_cast<size_t>(s.tokens[r][j])];
       ids += (j ? ", " : "") + std::to_string(s.tokens[r][j]);
     }
-    t.add({s.names[r], "\"" + s.prompts[r] + "\"", words + "]", ids + "]"});
+    t.add({s.names[r], "\"" + display_text(s.prompts[r], kMaxPromptColumns) + "\"", words + "]",
+           ids + "]"});
   }
   t.print(os, "  ");
 
@@ -120,7 +127,7 @@ void show_tokens(const Scenario& s, std::ostream& os, Ledger& ledger) {
     os << "  request " << s.names[r] << " = rows " << qo_indptr[r] << ".." << qo_indptr[r + 1] - 1
        << "\n";
   os << "  packed rows: " << qo_indptr.back() << "; padded to the longest request: "
-     << s.tokens.size() << " x " << longest << " = " << padded << " rows ("
+     << s.tokens.size() << " x " << longest << " = " << count_of(padded, "row") << " ("
      << padded - qo_indptr.back() << " wasted)\n";
   ledger.expect(qo_indptr.back() == s.total_tokens(), "qo_indptr ends at the token count");
 }

@@ -38,7 +38,7 @@ struct Scenario {
   std::vector<std::string> prompts;              ///< as given, one per request
   std::vector<std::string> names;                ///< request names: "A", "B", ...
   std::vector<std::vector<int32_t>> tokens;      ///< token ids of each request
-  std::vector<std::string> vocab;                ///< token id -> its text
+  std::vector<std::string> vocab;                ///< token id -> its text, as shown (display_text)
   int page_size = 1;                             ///< tokens per KV page (= Bc)
   int br = 3;                                    ///< the larger query tile to show (Br)
   uint64_t seed = 0;                             ///< seed of any random values shown
@@ -92,6 +92,9 @@ void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger);
 
 /// max |a - b| (ref::max_abs_diff: NaN or a shape mismatch is +inf).
 using ref::max_abs_diff;
+
+/// A prompt wider than this many terminal columns is shown cut (display_text).
+constexpr size_t kMaxPromptColumns = 40;
 
 /// Prints a section heading: "== <number>. <title> ==".
 void heading(std::ostream& os, int number, const std::string& title);

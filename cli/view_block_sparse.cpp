@@ -48,7 +48,7 @@ int64_t show_view(const Scenario& s, const PagedBatch& b, int64_t Br, std::ostre
   const double diff = std::max(max_abs_diff(walked.o, batch.o), max_abs_diff(walked.lse, batch.lse));
   // Both are exact double-precision computations of the same sums in different orders.
   constexpr double kTolerance = 1e-12;
-  os << "  " << view.nnz_blocks() << " blocks; attention by walking them vs batch attention: max |diff| = "
+  os << "  " << count_of(view.nnz_blocks(), "block") << "; attention by walking them vs batch attention: max |diff| = "
      << diff << "\n";
   ledger.expect(diff <= kTolerance, what + ": walking the blocks gives batch attention");
   return view.nnz_blocks();
@@ -66,7 +66,7 @@ void show_block_sparse(const Scenario& s, std::ostream& os, Ledger& ledger) {
     os << "\nBr = " << s.br << " (a request's queries share a row block: each page is loaded once\n"
           "for the whole block, and the causal mask must now be applied inside it):\n";
     const int64_t blocks_br = show_view(s, b, s.br, os, ledger, false);
-    os << "  " << blocks1 << " blocks with Br = 1, " << blocks_br << " with Br = " << s.br << ".\n";
+    os << "  " << count_of(blocks1, "block") << " with Br = 1, " << blocks_br << " with Br = " << s.br << ".\n";
   }
   if (s.prompts.size() == 2 && s.prompts[0] == "The cat sat" && s.page_size == 1) {
     os << "\nBc = 2: the same tokens repacked two per page (fewer, larger blocks; some keys\n"

@@ -37,6 +37,19 @@ std::string bytes_text(int64_t bytes) { return std::to_string(bytes) + " B"; }
 }  // namespace
 
 void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger) {
+  // The decoder reads bytes, and its recompute run redoes the whole prompt for every new
+  // token: past this many bytes a prompt takes it minutes, so the view says so instead.
+  constexpr size_t kMaxPromptBytes = 512;
+  for (size_t r = 0; r < s.prompts.size(); ++r) {
+    if (s.prompts[r].size() > kMaxPromptBytes) {
+      os << "Skipped: prompt " << s.names[r] << " is " << s.prompts[r].size()
+         << " bytes; the tiny decoder reads bytes and this view runs it on prompts of up to "
+         << kMaxPromptBytes << ".\n";
+      ledger.skipped("decoder (prompt " + s.names[r] + " longer than " +
+                     std::to_string(kMaxPromptBytes) + " bytes)");
+      return;
+    }
+  }
   const ref::TinyDecoderDemo demo = ref::tiny_decoder_demo(s.prompts, kNewTokens, kDecoderPageSize);
   const auto& cfg = demo.config;
   os << "A decoder built as the course describes, with random weights (seed " << cfg.weight_seed

@@ -136,17 +136,29 @@ void show_radix(const Scenario& s, std::ostream& os, Ledger& ledger) {
      << s.page_size << " token" << (s.page_size > 1 ? "s" : "") << ").\n";
   Admission adm(s);
   admit(s, adm, [&](size_t r, const ref::RadixMatch& m) {
-    os << "\nAfter request " << s.names[r] << " (\"" << s.prompts[r] << "\"): matched " << m.length
-       << " token" << (m.length == 1 ? "" : "s");
-    if (m.length > 0) os << " on pages " << page_list(m.pages);
-    os << ", cached the rest.\n";
+    // What insert() added: the request's whole pages beyond the match (a partly filled
+    // last page is never cached).
+    const int64_t len = static_cast<int64_t>(s.tokens[r].size());
+    const int64_t whole = len / s.page_size * s.page_size;
+    const int64_t added = std::max<int64_t>(0, whole - m.length);
+    os << "\nAfter request " << s.names[r] << " (\"" << display_text(s.prompts[r], kMaxPromptColumns)
+       << "\"): matched " << count_of(m.length, "token");
+    if (m.length > 0) os << " on " << (m.pages.size() == 1 ? "page " : "pages ") << page_list(m.pages);
+    if (added > 0)
+      os << ", cached the next " << count_of(added, "token");
+    else if (m.length == len)
+      os << ", nothing left to cache";
+    else
+      os << ", cached nothing" << (m.length > 0 ? " more" : "") << " (the rest, "
+         << count_of(len - m.length, "token") << ", fills no whole page of " << s.page_size << ")";
+    os << ".\n";
     os << indent_lines(ref::draw_radix_tree(adm.cache, s.vocab), "  ");
     ledger.expect(m.length == expected_match(s, r),
                   "request " + s.names[r] + " matches the longest cached prefix (" +
                       std::to_string(expected_match(s, r)) + " tokens)");
   });
-  os << "\nThe tree holds " << adm.cache.cached_pages() << " pages in " << adm.cache.num_nodes()
-     << " nodes (root included).\n";
+  os << "\nThe tree holds " << count_of(adm.cache.cached_pages(), "page") << " in "
+     << count_of(adm.cache.num_nodes(), "node") << " (root included).\n";
   adm.cache.check_invariants();
 
   if (s.prompts.size() == 2 && s.prompts[0] == "The cat sat") {
@@ -179,7 +191,7 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
   TextTable t({"request", "tokens", "page table", "reused"});
   for (size_t r = 0; r < s.tokens.size(); ++r)
     t.add({s.names[r], std::to_string(s.tokens[r].size()), page_list(adm.seqs.pages(adm.ids[r])),
-           std::to_string(adm.reused[r]) + " tokens"});
+           count_of(adm.reused[r], "token")});
   t.print(os, "  ");
 
   os << "\nPhysical pages (page size " << s.page_size << "), with what they hold:\n";
@@ -204,9 +216,10 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
     }
     // Every holder owns one reference: each request whose table lists the page, and the
     // radix cache for every whole page it cached.
-    os << "  P" << p << " \"" << text << "\": refcount " << refs << " = " << requests << " request"
-       << (requests == 1 ? "" : "s") << " (" << holders << ") + " << refs - requests
-       << " radix cache\n";
+    os << "  P" << p << " \"" << text << "\": refcount " << refs << " = "
+       << count_of(requests, "request") << " (" << holders << ")";
+    if (refs > requests) os << " + " << refs - requests << " radix cache";
+    os << "\n";
   }
 
   const ref::PageTable csr = adm.seqs.page_table(adm.ids);
@@ -227,12 +240,15 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
   const int64_t reserve = static_cast<int64_t>(std::max<size_t>(longest, 2048));
   const ref::MemoryReport mem = adm.seqs.memory_report(reserve);
   os << "\nMemory, in token slots of one layer's K (V is the same):\n"
-     << "  paged:      " << mem.pages_in_use << " pages = " << mem.slots_allocated
-     << " slots hold the " << mem.tokens << " tokens (" << mem.shared_pages << " page"
-     << (mem.shared_pages == 1 ? "" : "s") << " shared by several requests, " << mem.slots_wasted
-     << (mem.slots_wasted == 1 ? " slot" : " slots") << " unfilled in last pages)\n"
+     << "  paged:      " << count_of(mem.pages_in_use, "page") << " = "
+     << count_of(mem.slots_allocated, "slot") << "; the requests' " << count_of(mem.tokens, "token")
+     << " fill " << mem.slots_filled << " of them";
+  if (mem.slots_filled < mem.tokens)
+    os << " (a token on a\n              shared page counts for every request that reads it, but is stored once)";
+  os << ";\n              " << count_of(mem.shared_pages, "page") << " shared by several requests, "
+     << count_of(mem.slots_wasted, "slot") << " unfilled in last pages\n"
      << "  contiguous: " << mem.num_sequences << " x " << reserve << " reserved = "
-     << mem.contiguous_slots << " slots (" << mem.contiguous_slots_wasted
+     << count_of(mem.contiguous_slots, "slot") << " (" << mem.contiguous_slots_wasted
      << " never filled), no sharing possible\n";
   ledger.expect(mem.pages_in_use == used, "every page in use belongs to some request");
   if (s.prompts.size() != 2 || s.prompts[0] != "The cat sat") return;

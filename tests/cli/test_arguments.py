@@ -48,12 +48,45 @@ BAD = [
     (["explain", "--prompt", " ".join(["w"] * 200)], "<= 96"),
     (["validate", "--quick", "extra"], "extra"),
     (["bench", "--out"], "--out"),
+    # Seeds: an integer in [0, 2**64 - 1], as the Python module's `seed`.
+    (["tour", "--seed", "-1"], "--seed must be an integer in [0, 18446744073709551615]"),
+    (["tour", "--seed=-1"], "--seed must be an integer in [0, 18446744073709551615]"),
+    (["tour", "--seed", "18446744073709551616"], "--seed must be an integer"),
+    (["tour", "--seed", "99999999999999999999999"], "--seed must be an integer"),
+    (["explain", "--prompt", "a", "--seed", "1.5"], "--seed must be an integer"),
+    (["validate", "--seed", " 7"], "--seed must be an integer"),
+    (["validate", "--stage", "nonesuch"], 'no stage named "nonesuch"'),
 ]
 
 
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a)[:40] or "(none)" for a, _ in BAD])
 def test_bad_arguments_exit_2_with_a_clear_message(flashstep, args, needle):
     r = flashstep(*args)
+    if args[:2] == ["validate", "--stage"] and "this build has no CUDA stages" in r.out:
+        pytest.skip("a build without CUDA stages has no registry to look the name up in")
     assert r.rc == 2, r
     assert needle in r.err, r
     assert r.out == "" or "Usage" not in r.out, r
+
+
+@pytest.mark.parametrize("args", [["explain", "--prompt", "   "], ["validate", "--stage", "nonesuch"],
+                                  ["tour", "--seed", "-1"]])
+def test_errors_name_the_flag_not_a_function(flashstep, args):
+    """One "flashstep: error: " prefix, then what the user wrote wrong; no internal
+    function name ("find_stage: ") and no second "flashstep: "."""
+    r = flashstep(*args)
+    if args[0] == "validate" and "this build has no CUDA stages" in r.out:
+        pytest.skip("a build without CUDA stages has no registry to look the name up in")
+    assert r.rc == 2, r
+    line = r.err.strip().splitlines()[0]
+    assert line.startswith("flashstep: error: "), r
+    rest = line[len("flashstep: error: "):]
+    assert not rest.startswith("flashstep"), r
+    assert not any(rest.startswith(f"{name}: ") for name in ("find_stage", "make_scenario")), r
+    assert rest.startswith("--"), r
+
+
+@pytest.mark.parametrize("seed", ["0", "18446744073709551615"])
+def test_seed_bounds_are_accepted_and_printed_as_given(flashstep, seed):
+    r = flashstep("tour", "--no-gpu", "--section", "tokens", "--seed", seed)
+    assert r.rc == 0, r

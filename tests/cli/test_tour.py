@@ -21,7 +21,7 @@ def test_tour_tells_the_story_in_order_and_passes(flashstep, seed):
     found = headings(r.out)
     assert [int(n) for n, _ in found] == list(range(1, len(SECTIONS) + 1)), r
     assert f"(seed {seed})" in r.out, r
-    # The worked example's numbers, worked out by hand.
+    # The worked example's numbers, computed by hand.
     assert "qo_indptr = [0, 3, 7]" in r.out, r
     assert "softmax(scores)                = [0.21, 0.21, 0.58]" in r.out, r
     assert "[0.63, 0.79]" in r.out, r
@@ -32,14 +32,36 @@ def test_tour_tells_the_story_in_order_and_passes(flashstep, seed):
     assert "A, pos 0-2" in r.out and "B, pos 0-2" in r.out and "B, pos 3 " in r.out, r
 
 
-def test_tour_without_no_gpu_validates_or_says_why_not(flashstep, seed):
+def test_tour_gpu_section_validates_or_exits_77_saying_why(flashstep, seed):
+    """Asked for the GPU part alone where it cannot run, the tour checked nothing: exit 77
+    ("nothing to run here", like validate and bench) with the reason, never a PASS."""
     r = flashstep("tour", "--section", "gpu", "--seed", str(seed))
     if "GPU part skipped" in r.out:
-        assert r.rc == 0, r
-        assert "skipped: GPU part" in r.out, r
+        assert r.rc == 77, r
+        assert "PASS" not in r.out, r
+        assert re.search(r"GPU part skipped: (no CUDA GPU found|this build has no CUDA stages"
+                         r"|no usable GPU here \(.+\))", r.out), r
+        assert "InsufficientDriver" not in r.out and "driver version is insufficient" not in r.out, r
+        assert r.out.rstrip().splitlines()[-1].startswith("SKIPPED: "), r
     else:  # a GPU machine: a table of every stage, then PASS
         assert re.search(r"stage\s+cases\s+max error\s+pass\s+time", r.out), r
         assert r.rc == 0, r
+
+
+def test_tour_gpu_section_with_no_gpu_flag_exits_77(flashstep, seed):
+    r = flashstep("tour", "--section", "gpu", "--no-gpu", "--seed", str(seed))
+    assert r.rc == 77, r
+    assert "GPU part skipped: --no-gpu was given." in r.out, r
+
+
+def test_full_tour_passes_where_the_gpu_part_is_skipped(flashstep, seed):
+    """The whole tour on a machine without a GPU still checks the CPU story: exit 0, and
+    the GPU part says it was skipped."""
+    r = flashstep("tour", "--seed", str(seed))
+    if "GPU part skipped" in r.out:
+        assert r.rc == 0, r
+        assert "skipped: GPU part" in r.out, r
+        assert r.out.rstrip().splitlines()[-1].startswith("PASS: "), r
 
 
 @pytest.mark.parametrize("section", SECTIONS[:-1])
