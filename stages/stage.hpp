@@ -3,12 +3,12 @@
 /// shape + device pointers), the plan/run runner it provides, and the capabilities it
 /// declares. Tests, the benchmark, the CLI and the docs see stages only through this.
 ///
-/// The split into plan() and run() is FlashInfer's (the FlashInfer paper, arXiv 2501.01005, section 4.1): plan() runs
-/// on the host once per batch composition, may read the index arrays on the host and
-/// writes whatever schedule it needs into the caller's workspace; run() is the per-layer
-/// call and makes no host decisions, so it can be timed alone and captured in a CUDA
-/// graph. Stages 01 and 02 need almost no planning; stage 03 (split-KV) is where plan()
-/// earns its keep.
+/// The split into plan() and run() is FlashInfer's (the FlashInfer paper, arXiv
+/// 2501.01005, section 4.1; docs/concepts/09_plan_run.md): plan() runs on the host once
+/// per batch composition, may read the index arrays on the host and writes whatever
+/// schedule it needs into the caller's workspace; run() is the per-layer call and makes
+/// no host decisions, so it can be timed alone and captured in a CUDA graph. Stages 01
+/// and 02 need almost no planning; stage 03 (split-KV) is where plan() earns its keep.
 #pragma once
 
 #include <cuda_runtime_api.h>
