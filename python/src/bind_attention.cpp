@@ -80,7 +80,10 @@ void bind_attention(py::module_& m) {
 
 q: (num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) for NHD or
 (num_kv_heads, kv_len, head_dim) for HND. Returns o (num_qo_heads, head_dim), and with
-return_lse=True also lse (num_qo_heads,), natural log. float64 results.)doc");
+return_lse=True also lse (num_qo_heads,), natural log. float64 results.
+
+sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
+(NaN or an infinity raises ValueError).)doc");
 
   m.def(
       "single_prefill_with_kv_cache",
@@ -100,7 +103,10 @@ return_lse=True also lse (num_qo_heads,), natural log. float64 results.)doc");
 
 q: (qo_len, num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) (NHD) or
 (num_kv_heads, kv_len, head_dim) (HND). causal is bottom-right aligned. Returns o
-(qo_len, num_qo_heads, head_dim) [, lse (qo_len, num_qo_heads)].)doc");
+(qo_len, num_qo_heads, head_dim) [, lse (qo_len, num_qo_heads)].
+
+sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
+(NaN or an infinity raises ValueError).)doc");
 
   m.def(
       "batch_decode_with_paged_kv_cache",
@@ -124,7 +130,10 @@ q: (qo_len, num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) (NHD
 q: (batch_size, num_qo_heads, head_dim). paged_kv_cache: (num_pages, 2, page_size,
 num_kv_heads, head_dim) for NHD, (num_pages, 2, num_kv_heads, page_size, head_dim) for
 HND, or a tuple (k_cache, v_cache) of the 4-D halves. kv_indptr (batch_size + 1),
-kv_indices (kv_indptr[-1]), kv_last_page_len (batch_size) in 1..page_size.)doc");
+kv_indices (kv_indptr[-1]), kv_last_page_len (batch_size) in 1..page_size.
+
+sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
+(NaN or an infinity raises ValueError).)doc");
 
   m.def(
       "batch_prefill_with_paged_kv_cache",
@@ -149,7 +158,10 @@ kv_indices (kv_indptr[-1]), kv_last_page_len (batch_size) in 1..page_size.)doc")
       R"doc(Batch prefill/append over ragged queries and a paged KV cache.
 
 q: (qo_indptr[-1], num_qo_heads, head_dim); qo_indptr (batch_size + 1); the cache as in
-batch_decode_with_paged_kv_cache. Returns o [, lse] with q's leading shape.)doc");
+batch_decode_with_paged_kv_cache. Returns o [, lse] with q's leading shape.
+
+sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
+(NaN or an infinity raises ValueError).)doc");
 
   m.def(
       "batch_prefill_with_ragged_kv_cache",
@@ -172,7 +184,10 @@ batch_decode_with_paged_kv_cache. Returns o [, lse] with q's leading shape.)doc"
       R"doc(Batch prefill over ragged queries and ragged contiguous KV.
 
 q: (qo_indptr[-1], num_qo_heads, head_dim); k, v: (kv_indptr[-1], num_kv_heads, head_dim)
-(NHD) or (num_kv_heads, kv_indptr[-1], head_dim) (HND).)doc");
+(NHD) or (num_kv_heads, kv_indptr[-1], head_dim) (HND).
+
+sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
+(NaN or an infinity raises ValueError).)doc");
 }
 
 }  // namespace flashstep::python

@@ -19,9 +19,11 @@ ref::RowParam<double> float_param(const py::handle& obj, const char* fn, const c
   py::array arr = py::array::ensure(obj);
   if (!arr || arr.ndim() > 1)
     throw ref::InvalidArgument(std::string(fn) + ": " + name + " must be a float or a 1-D array");
-  if (arr.ndim() == 0) return py::reinterpret_borrow<py::object>(obj).attr("__float__")().cast<double>();
+  // Before the scalar case: a string becomes a 0-d array of text, which has no __float__.
   if (arr.dtype().kind() != 'f' && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u')
-    throw ref::InvalidArgument(std::string(fn) + ": " + name + " must hold numbers");
+    throw ref::InvalidArgument(std::string(fn) + ": " + name + " must be a float or a 1-D array of numbers, got " +
+                               py::repr(obj).cast<std::string>().substr(0, 40));
+  if (arr.ndim() == 0) return py::reinterpret_borrow<py::object>(obj).attr("__float__")().cast<double>();
   auto d = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr);
   return std::vector<double>(d.data(), d.data() + d.size());
 }
