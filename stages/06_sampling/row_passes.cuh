@@ -23,8 +23,10 @@
 
 namespace flashstep::stages::sampling::device {
 
-/// Threads per block: one block per output row, as FlashInfer's samplers.
-constexpr int kBlock = 1024;
+/// Threads per block, one block per output row. 512, not FlashInfer's 1024: the 128-bit
+/// masses need ~120 registers a thread, and 1024 threads get at most 64 (ptxas then
+/// spilled ~3 KB a thread to local memory and every pass ran several times slower).
+constexpr int kBlock = 512;
 
 /// Bad-entry flags of a probability row (RowSummary::flags).
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };

@@ -126,7 +126,7 @@ __device__ Status renorm_row(const ProbRow& row, int64_t top_k, float top_p, flo
   if (s.flags & kFlagAboveOne) return Status::above_one;
   if (s.total == 0) return Status::zero_row;
   auto positive = [](float x) { return x > 0.f; };
-  const Mass top_p_bound = T == Transform::top_p_renorm ? mass_fraction_ceil(s.total, top_p) : 0;
+  const Mass top_p_bound = mass_fraction_ceil(s.total, top_p);  // unused by top-k
   // keep p iff fewer than k entries are larger (top-k), or their mass is below the bound (top-p)
   const uint32_t cut = bisect_cut(
       row, order_key(0.f), order_key(s.max_p), positive,
