@@ -253,8 +253,9 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
   ledger.expect(mem.pages_in_use == used, "every page in use belongs to some request");
   if (s.prompts.size() != 2 || s.prompts[0] != "The cat sat") return;
   const ref::MemoryReport example = ref::account_memory({500}, 16, 2048);
-  os << "  the course's case, one request of 500 tokens with room for 2048: contiguous wastes "
-     << example.contiguous_slots_wasted << " slots, pages of 16 waste " << example.slots_wasted << "\n";
+  os << "  the course's case, one request of 500 tokens with room for 2048:\n"
+     << "              contiguous wastes " << example.contiguous_slots_wasted << " slots, pages of 16 waste "
+     << example.slots_wasted << "\n";
   ledger.expect(example.contiguous_slots_wasted == 1548, "worked example: 2048 reserved, 500 used -> 1548 wasted");
 }
 
