@@ -61,8 +61,9 @@ int run_bench(const BenchOptions& opt, std::ostream& os);
 /// The part of the tour that needs a GPU: validate every registered stage (on the quick
 /// grid when `quick`) and print a table (stage, cases, max error, pass, time), or say why
 /// it was skipped.
+/// \param why_skipped if given, set to the reason when the part is skipped
 /// \return 0 pass, 1 fail, kExitSkipped skipped
-int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os);
+int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os, std::string* why_skipped = nullptr);
 
 /// Whether this build has the CUDA stages compiled in.
 bool stages_built();

@@ -188,8 +188,13 @@ bool usable_gpu(std::string* why) {
 
 bool stages_built() { return true; }
 
-int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os) {
-  if (!gpu_ready(os, "GPU part skipped: ")) return kExitSkipped;
+int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os, std::string* why_skipped) {
+  std::string why;
+  if (!usable_gpu(&why)) {
+    os << "GPU part skipped: " << why << ".\n";
+    if (why_skipped) *why_skipped = why;
+    return kExitSkipped;
+  }
   std::vector<const StageInfo*> all;
   for (const StageInfo& s : stages::registry()) all.push_back(&s);
   os << "Every registered stage against the CPU reference, on the "
@@ -237,8 +242,9 @@ const char* kNoStages =
 
 bool stages_built() { return false; }
 
-int tour_gpu_part(bool, uint64_t, std::ostream& os) {
+int tour_gpu_part(bool, uint64_t, std::ostream& os, std::string* why_skipped) {
   os << "GPU part skipped: " << kNoStages << ".\n";
+  if (why_skipped) *why_skipped = "this build has no CUDA stages";
   return kExitSkipped;
 }
 

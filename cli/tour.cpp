@@ -101,8 +101,9 @@ int run_tour(const TourOptions& opt, std::ostream& os) {
       os << "GPU part skipped: --no-gpu was given.\n";
       ledger.skipped("GPU part (--no-gpu)");
     } else {
-      const int rc = tour_gpu_part(/*quick=*/true, opt.seed, os);
-      if (rc == kExitSkipped) ledger.skipped("GPU part (see above)");
+      std::string why;
+      const int rc = tour_gpu_part(/*quick=*/true, opt.seed, os, &why);
+      if (rc == kExitSkipped) ledger.skipped("GPU part (" + why + ")");
       else ledger.expect(rc == 0, "every registered stage validates against the reference");
     }
   }
