@@ -60,7 +60,7 @@ def render(path, out_dir):
         "packages the README's commands install):",
         "",
         "    sudo apt-get install jupyter-notebook",
-        "    PYTHONPATH=build/python jupyter notebook notebooks/",
+        "    PYTHONPATH=$PWD/build/python jupyter notebook notebooks/   # absolute: the kernel runs in notebooks/",
         "",
         f"\\htmlinclude {name}.html",
         "",
