@@ -13,6 +13,7 @@ Checks:
   leading "N." only where N is the page's own number (chapter 5 is "5. Paging...");
 - no link anywhere in the site holds a list (<ol>/<ul>/<li> inside <a>): a link inside a
   sentence must stay inside the sentence;
+- the main page does not number the chapters again (their titles carry the number);
 - the sidebar (navtreedata.js) and the top menu (menudata.js) list every course page,
   in course order;
 - every course page ends with a previous/next bar linking to its neighbours in that
@@ -77,6 +78,7 @@ class Reader(HTMLParser):
         self.link_depth, self.lists_in_links = 0, []
         self.in_nav, self.nav_links, self.current_link = 0, [], None
         self.depth_stack = []
+        self.ol_depth, self.links_in_ol = 0, []
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -91,14 +93,20 @@ class Reader(HTMLParser):
                 self.in_nav += 1
         elif self.in_title:
             self.title_tags.append(tag)
+        if tag == "ol":
+            self.ol_depth += 1
         if tag == "a":
             self.link_depth += 1
+            if self.ol_depth and a.get("href"):
+                self.links_in_ol.append(a["href"])
             if self.in_nav and a.get("href"):
                 self.current_link = [a["href"], ""]
         elif tag in ("ol", "ul", "li") and self.link_depth:
             self.lists_in_links.append(tag)
 
     def handle_endtag(self, tag):
+        if tag == "ol":
+            self.ol_depth = max(0, self.ol_depth - 1)
         if tag == "div" and self.depth_stack:
             kind = self.depth_stack.pop()
             if kind == "title":
@@ -196,6 +204,15 @@ def main():
         if page.lists_in_links:
             problem(os.path.basename(path), f"a link holds a list ({', '.join(page.lists_in_links)}): "
                                             "the link breaks its sentence")
+
+    # The main page lists the chapters without numbering them a second time ("1. 1. ...").
+    index = os.path.join(html_dir, "index.html")
+    if os.path.isfile(index):
+        numbered = [h for h in read(index).links_in_ol if h.split("#")[0] in files]
+        if numbered:
+            problem("index.html", f"course pages in a numbered list, numbered twice: {numbered[:3]}")
+    else:
+        problem("index.html", "missing")
 
     # The sidebar and the top menu list the course in order.
     for data, pattern in (("navtreedata.js", r'\[\s*"[^"]*",\s*"([^"]+)"'),
