@@ -40,28 +40,36 @@
 
 namespace flashstep::stages::tensor_core {
 
-/// Shapes of one instantiation. A block is 4 warps; warp w owns rows
+/// Shapes of one instantiation. A block is 8 warps; warp w owns rows
 /// [w * 16 * NUM_MMA_Q, (w + 1) * 16 * NUM_MMA_Q) of the query tile:
 ///
 ///                  Bc = 64 keys (8 n-tiles of S)
 ///               +--------------------------------+
 ///     warp 0    | 16 x NUM_MMA_Q rows            |   each warp: S = Q_w K^T,
 ///     warp 1    |                                |   its own rows' m and l,
-///     warp 2    |                                |   O_w += P_w V
-///     warp 3    |                                |   (no exchange between warps)
+///      ...      |                                |   O_w += P_w V
+///     warp 7    |                                |   (no exchange between warps)
 ///               +--------------------------------+
-///                  Br = 64 * NUM_MMA_Q rows
+///                  Br = 128 * NUM_MMA_Q rows
+///
+/// Eight warps of one m16 tile each (rather than four of two) keep a thread's registers
+/// at 128 for head_dim <= 128, so two blocks, sixteen warps, share a multiprocessor and
+/// hide each other's latencies.
 template <typename T, int HEAD_DIM, int NUM_MMA_Q>
 struct PrefillTraits {
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = 8;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMinBlocksPerSM = HEAD_DIM <= 128 ? 2 : 1;  ///< caps registers at 128 per thread
   static constexpr int Br = 16 * NUM_MMA_Q * kWarps;  ///< packed query rows per block
   static constexpr int Bc = 64;                       ///< keys per tile
-  static constexpr int kStages = 2;                   ///< K/V tiles in shared memory
+  static constexpr int kStages = 2;                   ///< K/V tiles in shared memory (the loop is written for 2)
   static constexpr int kChunks = HEAD_DIM / 8;        ///< 16-byte chunks per row
   static constexpr int kTilesS = Bc / 8;              ///< n-tiles of S (8 keys each)
   static constexpr int kTilesO = HEAD_DIM / 8;        ///< n-tiles of O (8 dims each)
+  static constexpr int kRowsPerPass = kThreads / kChunks;  ///< tile rows one cp.async pass covers
+  static constexpr int kKVPasses = Bc / kRowsPerPass;      ///< passes per K/V tile
   static_assert(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
+  static_assert(kRowsPerPass % 8 == 0, "every pass must start on the same swizzle phase");
   /// Q tile + kStages x (K tile + V tile), all 16-bit.
   static constexpr size_t smem_bytes() {
     return (size_t{Br} + 2 * size_t{kStages} * Bc) * HEAD_DIM * sizeof(T);
@@ -113,6 +121,7 @@ struct BlockTask {
   int chunk_end;          ///< keys past this belong to another chunk (or do not exist)
   int num_tiles;          ///< Bc-tiles in [kv_begin, kv_end)
   int chunk;              ///< kv chunk index (split-KV), 0 without a split
+  int kv_first;           ///< ragged: the request's first row of k/v; paged: its first entry of kv_indices
 };
 
 /// The request, query tile and key range of this block; tiles that the causal mask or the
@@ -124,7 +133,8 @@ __device__ __forceinline__ BlockTask make_task(const PrefillParams<T>& p, int it
   t.chunk = p.kv_chunk_indices[item];
   t.qo_begin = p.qo_indptr[t.request];
   t.qo_len = p.qo_indptr[t.request + 1] - t.qo_begin;
-  t.kv_len = p.paged_kv ? p.paged.kv_len(t.request) : p.kv_indptr[t.request + 1] - p.kv_indptr[t.request];
+  t.kv_first = p.paged_kv ? p.paged.kv_indptr[t.request] : p.kv_indptr[t.request];
+  t.kv_len = p.paged_kv ? p.paged.kv_len(t.request) : p.kv_indptr[t.request + 1] - t.kv_first;
   const int total_rows = t.qo_len * p.group_size;
   t.row_begin = p.qo_tile_indices[item] * Br;
   t.rows = min(Br, total_rows - t.row_begin);
@@ -160,32 +170,56 @@ __device__ __forceinline__ void load_q_tile(const PrefillParams<T>& p, const Blo
   }
 }
 
-/// Starts the copies of keys [kv0, kv0 + Bc) of this block into one K tile and one V tile
-/// (swizzled); keys at or past kv_end are zero-filled, so no NaN of an unowned slot can
-/// reach P V. Paged: each row's page comes from the page table.
-template <typename T, int HEAD_DIM, int Bc, int kThreads>
-__device__ __forceinline__ void load_kv_tile(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
-                                             int kv0, T* k_smem, T* v_smem) {
-  constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
-  const int chunk = threadIdx.x % kChunks;
+/// Reads, for the rows this thread copies of the K/V tile starting at key kv0, their
+/// pages from the page table. Called one tile ahead of load_kv_tile, so that these
+/// dependent global reads are in flight while the block computes, not in its way.
+template <int HEAD_DIM, int Bc, int kThreads, typename T>
+__device__ __forceinline__ void fetch_pages(const PrefillParams<T>& p, const BlockTask& t, int kv0,
+                                            int32_t (&pages)[Bc / (kThreads / (HEAD_DIM / 8))]) {
+  constexpr int kRowsPerPass = kThreads / (HEAD_DIM / 8);
+  const int r0 = threadIdx.x / (HEAD_DIM / 8);
 #pragma unroll
   for (int pass = 0; pass < Bc / kRowsPerPass; ++pass) {
-    const int r = threadIdx.x / kChunks + pass * kRowsPerPass;
-    const int j = kv0 + r;
-    const bool valid = j < t.kv_end;
-    const T *k_src, *v_src;
-    if (p.paged_kv) {
-      const int64_t off = valid ? p.paged.k_offset(t.request, static_cast<uint32_t>(j), kv_head) : 0;
-      k_src = p.paged.pool + off + chunk * 8;
-      v_src = k_src + p.paged.stride_kv;
-    } else {
-      const int64_t off = valid ? (int64_t{p.kv_indptr[t.request] + j} * p.num_kv_heads + kv_head) * HEAD_DIM : 0;
-      k_src = p.k + off + chunk * 8;
-      v_src = p.v + off + chunk * 8;
+    const int j = kv0 + r0 + pass * kRowsPerPass;
+    uint32_t page_iter, slot;
+    p.paged.page_size.divmod(static_cast<uint32_t>(j), page_iter, slot);
+    pages[pass] = j < t.kv_end ? p.paged.kv_indices[t.kv_first + page_iter] : 0;
+  }
+}
+
+/// Starts the copies of keys [kv0, kv0 + Bc) of this block into one K tile and one V tile
+/// (swizzled); keys at or past kv_end are zero-filled, so no NaN of an unowned slot can
+/// reach P V. Ragged: one pointer per thread, advanced by a fixed stride per pass.
+/// Paged: each row's page was read ahead by fetch_pages.
+template <typename T, int HEAD_DIM, int Bc, int kThreads>
+__device__ __forceinline__ void load_kv_tile(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
+                                             int kv0, const int32_t (&pages)[Bc / (kThreads / (HEAD_DIM / 8))],
+                                             T* k_smem, T* v_smem) {
+  constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
+  const int r0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
+  // kRowsPerPass is a multiple of 8, so every pass has the same swizzle phase.
+  const uint32_t dst0 = kernels::swizzled_offset(r0, chunk, HEAD_DIM);
+  if (!p.paged_kv) {
+    const int64_t stride = int64_t{kRowsPerPass} * p.num_kv_heads * HEAD_DIM;
+    const int64_t off0 = (int64_t{t.kv_first + kv0 + r0} * p.num_kv_heads + kv_head) * HEAD_DIM + chunk * 8;
+#pragma unroll
+    for (int pass = 0; pass < Bc / kRowsPerPass; ++pass) {
+      const bool valid = kv0 + r0 + pass * kRowsPerPass < t.kv_end;
+      const int64_t off = valid ? off0 + pass * stride : 0;
+      kernels::cp_async_16(k_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.k + off, valid);
+      kernels::cp_async_16(v_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.v + off, valid);
     }
-    const uint32_t dst = kernels::swizzled_offset(r, chunk, HEAD_DIM);
-    kernels::cp_async_16(k_smem + dst, k_src, valid);
-    kernels::cp_async_16(v_smem + dst, v_src, valid);
+  } else {
+#pragma unroll
+    for (int pass = 0; pass < Bc / kRowsPerPass; ++pass) {
+      const int j = kv0 + r0 + pass * kRowsPerPass;
+      const bool valid = j < t.kv_end;
+      uint32_t page_iter, slot;
+      p.paged.page_size.divmod(static_cast<uint32_t>(j), page_iter, slot);
+      const int64_t off = valid ? p.paged.offset(pages[pass], slot, kv_head) + chunk * 8 : 0;
+      kernels::cp_async_16(k_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off, valid);
+      kernels::cp_async_16(v_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off + p.paged.stride_kv, valid);
+    }
   }
 }
 
@@ -252,6 +286,14 @@ __device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float
       }
 }
 
+/// 2^x by the special-function unit alone (ex2.approx.ftz: no range fix-up for
+/// denormal results, which only ever multiply probabilities below 2^-126).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 /// The online softmax on this warp's fragments: each thread holds two rows per m-tile
 /// (g and g + 8), each spread over the 4 lanes of its group, so a row max is the thread's
 /// max and two shuffles. P = 2^(s - m) overwrites s; o and the thread's partial l are
@@ -271,14 +313,14 @@ __device__ __forceinline__ void update_softmax(float (&s)[NUM_MMA_Q][kTilesS][4]
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
       // A row that has seen only masked keys keeps m = -inf; subtract 0 then, never -inf.
       const float m_safe = row_max == -INFINITY ? 0.f : row_max;
-      const float scale = exp2f(m[mq][h] - m_safe);
+      const float scale = exp2_approx(m[mq][h] - m_safe);
       m[mq][h] = row_max;
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[mq][n][e] = exp2f(s[mq][n][e] - m_safe);
+          s[mq][n][e] = exp2_approx(s[mq][n][e] - m_safe);
           sum += s[mq][n][e];
         }
       l[mq][h] = l[mq][h] * scale + sum;
@@ -377,9 +419,10 @@ __device__ __forceinline__ void store_output(const PrefillParams<T>& p, const Bl
 ///
 /// \tparam T __half or __nv_bfloat16
 /// \tparam HEAD_DIM 64, 128 or 256
-/// \tparam NUM_MMA_Q m16 tiles per warp (Br = 64 * NUM_MMA_Q)
+/// \tparam NUM_MMA_Q m16 tiles per warp (Br = 128 * NUM_MMA_Q)
 template <typename T, int HEAD_DIM, int NUM_MMA_Q>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThreads)
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kMinBlocksPerSM)
     prefill_attention_kernel(const PrefillParams<T> p) {
   using Tr = PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
@@ -414,28 +457,26 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
     l[mq][0] = l[mq][1] = 0.f;
   }
 
-  // ---- prologue: Q and the first kStages - 1 K/V tiles in flight.
+  // ---- prologue: Q and K/V tile 0 in flight; the pages of tile 1 read ahead.
+  int32_t pages[Tr::kKVPasses] = {};
   load_q_tile<T, HEAD_DIM, Br, Tr::kThreads>(p, t, kv_head, q_smem);
+  if (p.paged_kv) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin, pages);
+  if (t.num_tiles > 0) load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin, pages, kv_smem, kv_smem + Bc * HEAD_DIM);
   kernels::cp_async_commit_group();
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < t.num_tiles)
-      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, kv_smem + 2 * s * Bc * HEAD_DIM,
-                                                  kv_smem + (2 * s + 1) * Bc * HEAD_DIM);
-    kernels::cp_async_commit_group();
-  }
+  if (p.paged_kv) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + Bc, pages);
 
-  // ---- main loop: wait for tile it, start tile it + kStages - 1, compute tile it.
+  // ---- main loop: wait for tile it, start tile it + 1 (and the page reads of it + 2),
+  // compute tile it.
   for (int it = 0; it < t.num_tiles; ++it) {
-    kernels::cp_async_wait_group<kStages - 2>();
+    kernels::cp_async_wait_group<0>();
     __syncthreads();  // tile it visible to all; every warp is done with tile it - 1's buffer
-    const int next = it + kStages - 1;
-    if (next < t.num_tiles) {
-      const int s = next % kStages;
-      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + next * Bc,
-                                                  kv_smem + 2 * s * Bc * HEAD_DIM, kv_smem + (2 * s + 1) * Bc * HEAD_DIM);
+    if (it + 1 < t.num_tiles) {
+      T* k_next = kv_smem + 2 * ((it + 1) % kStages) * Bc * HEAD_DIM;
+      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + (it + 1) * Bc, pages, k_next,
+                                                  k_next + Bc * HEAD_DIM);
     }
-    kernels::cp_async_commit_group();  // an empty group past the end keeps the count right
+    kernels::cp_async_commit_group();
+    if (p.paged_kv && it + 2 < t.num_tiles) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (it + 2) * Bc, pages);
 
     const int stage = it % kStages;
     const T* k_smem = kv_smem + 2 * stage * Bc * HEAD_DIM;
@@ -446,6 +487,9 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
     const bool mask = kv0 + Bc > t.kv_end || (p.causal && kv0 + Bc - 1 > first_pos) ||
                       (p.window_left >= 0 && kv0 < last_pos - p.window_left);
 
+    // A warp whose rows are all past the tile's end (decode: group 32 fills 32 of the
+    // 128 rows) only helps load.
+    if (warp_row0 >= t.rows) continue;
     float s[NUM_MMA_Q][Tr::kTilesS][4];
     compute_qk<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS>(q_smem, k_smem, warp_row0, s);
     logits_and_mask<T, NUM_MMA_Q, Tr::kTilesS>(p, s, mask, kv0, t.kv_end, q_pos);

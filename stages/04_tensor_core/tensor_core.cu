@@ -1,10 +1,8 @@
 // Stage 04 — tensor-core prefill: the planner, the launcher and the two registry entries.
 //
 // The kernel (prefill_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
-// and 256, with two m16 tiles per warp (Br = 128) at head_dim 64 and 128 and one (Br = 64)
-// at 256, where the output accumulators alone take 128 registers per thread. Causal,
-// window, soft cap, storage and layout are run-time flags: uniform branches, no extra
-// instantiations.
+// and 256, each with 8 warps of one m16 tile (Br = 128). Causal, window, soft cap, storage
+// and layout are run-time flags: uniform branches, no extra instantiations.
 //
 // How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
 // `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
@@ -34,8 +32,8 @@ constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-/// m16 tiles per warp at this head_dim (see the file comment).
-int num_mma_q(int head_dim) { return head_dim == 256 ? 1 : 2; }
+/// m16 tiles per warp (see the file comment).
+int num_mma_q(int) { return 1; }
 
 /// Where each array of the schedule and the split's scratch lives in the workspace.
 struct WorkspaceLayout {
@@ -151,7 +149,7 @@ KernelEntry kernel_entry() {
 KernelEntry kernel_entry_for(DType dtype, int head_dim) {
   auto for_dtype = [&](auto type_tag) -> KernelEntry {
     using T = decltype(type_tag);
-    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM, HEAD_DIM == 256 ? 1 : 2>(); });
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM, 1>(); });
     return {};
   };
   if (dtype == DType::f16) return for_dtype(__half{});
@@ -183,7 +181,7 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   ref::require(static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1, fn, "kv_indptr must have batch_size + 1 entries");
 
   Schedule sched;
-  sched.Br = 64 * num_mma_q(s.head_dim);
+  sched.Br = 128 * num_mma_q(s.head_dim);
   const int64_t group = s.group_size();
   std::vector<int64_t> tiles(static_cast<size_t>(s.batch_size));
   int64_t base_items = 0, max_kv = 0;

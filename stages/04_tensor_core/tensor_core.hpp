@@ -23,7 +23,7 @@ constexpr int kMaxGroupSize = 32;
 constexpr int kMaxPageSize = 64;
 /// Shortest KV chunk plan() makes when it splits, in keys: below it the partial states
 /// cost more to write and merge than the extra blocks gain.
-constexpr int kMinChunkKeys = 256;
+constexpr int kMinChunkKeys = 128;
 
 /// How the runner plans. The defaults are what the registry entries use; tests change
 /// them to force splits.
