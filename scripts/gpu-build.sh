@@ -17,7 +17,9 @@ available=$(cmake --build "$BUILD" --target help | grep -oE '\bflashstep_[A-Za-z
 # stage adds: flashstep_*_tests and *_gpu targets), less the CPU-only suites.
 mapfile -t targets < <(grep -E '^flashstep_[A-Za-z0-9_]+_tests$|_gpu$' <<< "$available" |
                        grep -vxE 'flashstep_(reference|statistics)_tests' || true)
-targets+=(flashstep_bench)
+# Every benchmark program (flashstep_bench, and any a stage adds, such as stage 06's).
+mapfile -t benches < <(grep -E '^flashstep_[A-Za-z0-9_]*bench$' <<< "$available" || true)
+targets+=("${benches[@]}")
 for dir in stages/[0-9][0-9]_*/; do
   exercise=flashstep_exercise_$(basename "$dir")
   if grep -qx "$exercise" <<< "$available"; then

@@ -9,7 +9,8 @@
 #             any, adds arguments to flashstep_bench (a filter, --tune)
 #   --build   build folder (default $FLASHSTEP_BUILD_DIR or build-gpu)
 #   --out     output folder (default <build>/gpu-run)
-#   STEP      any of: tests sanitizer bench split_kv_tune ncu (default: tests sanitizer bench)
+#   STEP      any of: tests sanitizer bench split_kv_tune sampling ncu (default: tests
+#             sanitizer bench)
 #
 # A step is the shell function step_NAME below: add one to add a step. `tests` runs CTest's
 # `gpu` label, after pointing CTest's files at this checkout and build folder. The bench step
@@ -25,7 +26,7 @@ while (($#)); do
     --shapes) SHAPES=$2; shift 2 ;;
     --build) BUILD=$2; shift 2 ;;
     --out) RESULTS=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     *) steps+=("$1"); shift ;;
   esac
 done
@@ -98,10 +99,16 @@ step_split_kv_tune() {
   timeout 200 "$B/bin/flashstep_split_kv_tune" --shapes="$SHAPES" \
     --benchmark_out="$RESULTS/tune.json" --benchmark_out_format=json > "$RESULTS/tune.log" 2>&1
   echo "split_kv_tune: rc=$?"
-  python3 -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); d.get("context", {}).pop("executable", None); json.dump(d, open(p, "w"), indent=1)' "$RESULTS/tune.json"
+  [ -f "$RESULTS/tune.json" ] && python3 -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); d.get("context", {}).pop("executable", None); json.dump(d, open(p, "w"), indent=1)' "$RESULTS/tune.json"
   PYTHONUNBUFFERED=1 timeout 120 python3 bench/split_kv_clean_peers.py --shapes "$SHAPES" \
     --out "$RESULTS/clean_l2_peers.json" >> "$RESULTS/tune.log" 2>&1
   echo "clean-L2 peers: rc=$?"
+}
+
+step_sampling() {
+  # Stage 06's own run (token-equality suite, GPU statistics, sanitizers, sampling bench and
+  # peers on bench/shapes_sampling.csv): bench/sampling_run.sh, logs under sampling/.
+  bench/sampling_run.sh "$B/bin" "$RESULTS/sampling"
 }
 
 step_ncu() {
