@@ -1,59 +1,21 @@
 /// \file decode_loop.cuh
 /// \brief Stage 02's decode loop: the query heads of one GQA group attend a range of one
-/// request's keys through the page table, and the partial states of the block's threads
-/// merge into one online-softmax state per head.
+/// request's keys through the page table (online softmax over a cp.async tile pipeline,
+/// one K/V read for the whole group), and the partial states of the threads merge into
+/// one state per head. paged_decode.cuh runs it over a whole request; stage 03 includes
+/// this file and runs it over one chunk. The chapter (README.md) draws the pipeline and
+/// says why each part is fast.
 ///
-/// paged_decode.cuh runs it over a whole request; stage 03 includes this file and runs
-/// it over one chunk of a request. Each point below is a reason it is fast:
-///  - One pass. The online softmax (kernels/state.cuh) folds each key into a running
-///    (m, d, o), so no score goes to HBM and K and V are read exactly once.
-///  - One K/V read per GQA group. The loop computes every query head that shares the kv
-///    head: each K/V element is converted once and used for two heads per thread.
-///  - Wide, asynchronous loads. K/V rows move global -> shared memory with 16-byte
-///    cp.async copies (kernels/cp_async.cuh), num_stages tiles deep, so the memory system
-///    always has the next tiles in flight while the threads compute on the current one.
-///  - Paged KV. Token t of the range is found through the page table
-///    (kv_indices[page_begin + t / page_size], slot t % page_size; kernels/paged_kv.cuh),
-///    with the division done by FastDivmod and the page ids of a tile fetched one tile ahead.
-///
-/// Thread layout. The loop runs on a group of 256 threads (a block, or one half of a
-/// two-halves block, two_halves.cuh):
+/// Thread layout of the loop's 256 threads (a block, or one half of a two-halves block):
 ///
 ///     tid = tx + BDX * (ty + bdy * tz)
 ///       tx  in [0, BDX)  which 16 of the head_dim elements (BDX = head_dim / 16)
 ///       ty  in [0, bdy)  which pair of the group's query heads (bdy = ceil(group / 2))
 ///       tz  in [0, bdz)  which tokens of each tile: tz, tz + bdz, tz + 2 bdz, ...
 ///
-///     The BDX threads of a (ty, tz) hold one row of q . k in pieces and add them with
-///     BDX-wide shuffles. Each (ty, tz) keeps its own online-softmax state over its share
-///     of the tokens; at the end the states of each head are merged exactly (the same
-///     merge as split-KV and cascade) in shared memory. A few threads only copy when
-///     bdz * bdy * BDX < 256 (a group of 3, 5, 6 or 7 heads).
-///
-///     Loading is mapped separately, so that every thread issues the same copies
-///     whatever the group size: thread tid copies 16-byte chunk (tid % chunks_per_row)
-///     of rows tid / chunks_per_row + r * rows_per_pass, r < 4, of K and of V.
-///
-///      page pool                    shared memory: num_stages x 32 KB         registers
-///     +--------+                   +------------------------------+
-///     | page 7 | --cp.async 16 B-->| stage i % S:  K tile | V tile |--> q.k of 4 tokens x 2 heads,
-///     | page 2 |   rows past the   | stage (i+1) % S  (in flight) |    BDX lanes add by shuffle
-///     | page 9 |   range zeroed    +------------------------------+--> online softmax (m, d, o)
-///     +--------+                                                        per (head, tz)
-///         ^ kv_indices[page_begin + t / page_size], fetched one tile ahead
-///
-/// Instruction budget. At 3 TB/s an H100 SM must consume about 12 bytes of K/V per
-/// clock, so the compute per byte matters as much as the loads: the scores of a step's
-/// tokens are computed without branches (rows past the tile are clamped and masked), so
-/// their loads, FMAs and shuffles interleave instead of running one token after another;
-/// each thread handles at least 4 tokens of a tile, so the per-tile work (barrier,
-/// copies, page-table walk) is spread over them; and the running output is rescaled only
-/// when the running max actually grows.
-///
-/// Shared memory: num_stages x [K tile | V tile], each tile kTile rows of head_dim
-/// elements, 32 KB per stage for every dtype and head_dim (DecodeTraits::pipeline_bytes);
-/// then the merge buffers (DecodeTraits::merge_bytes), which may reuse the pipeline's
-/// memory once the loop has returned.
+/// The BDX threads of a (ty, tz) hold one row of q . k in pieces and add them by shuffle;
+/// each (ty, tz) keeps its own state over its share of the tokens. Copies are mapped
+/// apart from that, so every thread issues the same copies whatever the group size.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -295,7 +257,11 @@ struct DecodeLoop {
 
   /// Folds the keys of one tile in shared memory into the states: this thread's tokens
   /// tz, tz + bdz, ... of the tile, kTokensPerStep at a time. Keys at or past len (the end
-  /// of the range) are masked.
+  /// of the range) are masked. At 3 TB/s an H100 SM must consume about 12 bytes of K/V
+  /// per clock, so the compute per byte matters as much as the loads: the scores of a
+  /// step's tokens are computed without branches, so their loads, FMAs and shuffles
+  /// interleave; each thread takes at least 4 tokens of a tile, spreading the per-tile
+  /// work; the output is rescaled only when the running max grows.
   /// \param k_tile (kTile, head_dim) K rows in shared memory, followed by the V tile
   /// \param tile_start the tile's first key, counted from the range's first
   /// \param len keys in the range
