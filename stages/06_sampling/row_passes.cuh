@@ -32,20 +32,23 @@ constexpr int kBlock = 512;
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 
 /// One probability row in device memory. load() reads VEC consecutive entries starting
-/// at i (VEC 4: one 16-byte load, needs vocab % 4 == 0 and an aligned row) and gives 0
-/// past the end: 0 is never a candidate, has no mass and never beats a maximum.
-struct ProbRow {
+/// at i and gives 0 past the end: 0 is never a candidate, has no mass and never beats a
+/// maximum. With VECTOR_LOADS (needs vocab % 4 == 0 and a 16-byte aligned row) the entries
+/// come in VEC / 4 16-byte loads, all issued before any is used: at one block per row the
+/// passes are bound by memory latency, and several loads in flight per thread hide it.
+template <bool VECTOR_LOADS>
+struct ProbRowT {
   const float* p;  ///< (vocab) the row
   int64_t vocab;   ///< entries
   /// Entries i .. i + VEC - 1 into v.
   template <int VEC>
   __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
-    if constexpr (VEC == 4) {
-      if (i < vocab) {
-        const float4 x = *reinterpret_cast<const float4*>(p + i);
-        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
-      } else {
-        v[0] = v[1] = v[2] = v[3] = 0.f;
+    if constexpr (VECTOR_LOADS) {
+      static_assert(VEC % 4 == 0, "16-byte loads take 4 entries at a time");
+#pragma unroll
+      for (int j = 0; j < VEC; j += 4) {
+        const float4 x = i + j < vocab ? *reinterpret_cast<const float4*>(p + i + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[j] = x.x, v[j + 1] = x.y, v[j + 2] = x.z, v[j + 3] = x.w;
       }
     } else {
 #pragma unroll
@@ -55,6 +58,8 @@ struct ProbRow {
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return p[i]; }
 };
+/// A row read entry by entry (any vocab, any alignment).
+using ProbRow = ProbRowT<false>;
 
 /// What pass 0 learns about a row.
 struct RowSummary {

@@ -108,8 +108,8 @@ struct Draw {
 
 /// Step 3 for top_k / top_p / top_k_top_p: draw among p > low, test the two pivots,
 /// raise low (ref::rejection_sample_row, line for line).
-template <FilterKind KIND, int VEC>
-__device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const ProbRow& row, const RowSummary& s,
+template <FilterKind KIND, int VEC, typename Row>
+__device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row& row, const RowSummary& s,
                                   const Filter& f, SharedState& sh) {
   const Mass top_p_bound = uses_top_p(KIND) ? mass_fraction_ceil(s.total, f.top_p) : 0;
   float low = 0.f, high = 1.f;
@@ -137,8 +137,8 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Pro
 }
 
 /// Step 3 for none and min_p: one draw, no rejection (the pivot is known upfront).
-template <FilterKind KIND, int VEC>
-__device__ Draw draw_once(const SamplerParams& p, int64_t out, const ProbRow& row, const RowSummary& s,
+template <FilterKind KIND, int VEC, typename Row>
+__device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, const RowSummary& s,
                           const Filter& f, SharedState& sh) {
   const uint32_t u24 = uniform_bits(p, out, 0);
   int32_t token;
@@ -162,7 +162,8 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
   Filter f{};
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
   if (d.status == Status::ok) {
-    const ProbRow row{p.probs + row_index * p.vocab, p.vocab};
+    // VEC 16: four 16-byte loads a thread per tile (aligned rows); else 8 loads of 4 bytes
+    const ProbRowT<VEC == 16> row{p.probs + row_index * p.vocab, p.vocab};
     const RowSummary s = summarize_row<VEC>(row, sh);
     d.status = row_status(s);
     if (d.status == Status::ok) {
@@ -218,9 +219,9 @@ void launch_vec(const device::SamplerParams& p, int64_t batch, cudaStream_t stre
   // 16-byte loads need every row start aligned: vocab % 4 == 0 and an aligned base
   const bool vec4 = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.probs) % 16 == 0;
   if (vec4) {
-    launch_kind<KIND, 4>(p, batch, stream);
+    launch_kind<KIND, 16>(p, batch, stream);
   } else {
-    launch_kind<KIND, 1>(p, batch, stream);
+    launch_kind<KIND, 8>(p, batch, stream);
   }
 }
 }  // namespace

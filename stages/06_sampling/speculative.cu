@@ -51,9 +51,9 @@ __device__ Status check_request(const SpeculativeParams& p, int64_t b, SharedSta
   uint32_t flags = 0;
   bool zero_target = false;
   for (int64_t j = 0; j < p.n; ++j)
-    flags |= summarize_row<1>(ProbRow{p.draft_probs + (b * p.n + j) * p.vocab, p.vocab}, sh).flags;
+    flags |= summarize_row<8>(ProbRow{p.draft_probs + (b * p.n + j) * p.vocab, p.vocab}, sh).flags;
   for (int64_t j = 0; j <= p.n; ++j) {
-    const RowSummary s = summarize_row<1>(ProbRow{p.target_probs + (b * (p.n + 1) + j) * p.vocab, p.vocab}, sh);
+    const RowSummary s = summarize_row<8>(ProbRow{p.target_probs + (b * (p.n + 1) + j) * p.vocab, p.vocab}, sh);
     flags |= s.flags;
     zero_target = zero_target || s.total == 0;
   }
@@ -94,13 +94,13 @@ __global__ void __launch_bounds__(kBlock) chain_speculative_kernel(SpeculativePa
   const float* target = p.target_probs + (b * (n + 1) + pos) * p.vocab;
   ResidualRow row{target, pos < n ? p.draft_probs + (b * n + pos) * p.vocab : nullptr, p.vocab};
   auto any = [](float) { return true; };
-  Mass total = sum_mass_where<1>(row, any, sh);
+  Mass total = sum_mass_where<8>(row, any, sh);
   if (total == 0) {  // relu(p - q) has no mass: draw from p (the reference's documented choice)
     row.q = nullptr;
-    total = sum_mass_where<1>(row, any, sh);
+    total = sum_mass_where<8>(row, any, sh);
   }
   const uint32_t u24 = kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(b), p.offset + static_cast<uint64_t>(n));
-  const int32_t token = inverse_cdf<1>(row, any, scaled_threshold(u24, total), sh);
+  const int32_t token = inverse_cdf<8>(row, any, scaled_threshold(u24, total), sh);
   if (threadIdx.x == 0) {
     for (int64_t j = 0; j <= n; ++j)
       ids[j] = j < pos ? p.draft_token_ids[b * n + j] : (j == pos ? token : kInvalidToken);

@@ -88,7 +88,7 @@ template <typename Row, typename Keep, typename Passes>
 __device__ uint32_t bisect_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, SharedState& sh) {
   while (lo < hi) {
     const uint32_t mid = lo + (hi - lo) / 2;
-    const PivotStats above = count_mass_key_above<1>(row, mid, keep, sh);
+    const PivotStats above = count_mass_key_above<8>(row, mid, keep, sh);
     if (passes(above.count_0, above.mass_0)) {
       hi = mid;
     } else {
@@ -120,7 +120,7 @@ __device__ Status softmax_row(const LogitRow& row, float temperature, float* out
 /// top_k_renorm_probs / top_p_renorm_probs of one row.
 template <Transform T>
 __device__ Status renorm_row(const ProbRow& row, int64_t top_k, float top_p, float* out, SharedState& sh) {
-  const RowSummary s = summarize_row<1>(row, sh);
+  const RowSummary s = summarize_row<8>(row, sh);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.flags & kFlagNegative) return Status::negative;
   if (s.flags & kFlagAboveOne) return Status::above_one;
@@ -136,7 +136,7 @@ __device__ Status renorm_row(const ProbRow& row, int64_t top_k, float top_p, flo
       },
       sh);
   auto kept = [cut](float x) { return x > 0.f && order_key(x) >= cut; };
-  const double kept_units = mass_units(sum_mass_where<1>(row, kept, sh));
+  const double kept_units = mass_units(sum_mass_where<8>(row, kept, sh));
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.p[i];
     out[i] = kept(x) ? static_cast<float>(mass_units(mass_of(x)) / kept_units) : 0.f;
