@@ -20,7 +20,7 @@ Which run: the tables are rows of bench/shapes.csv, so only a run of that shapes
 as stage 03's split-KV sweep (bench/shapes_split_kv.csv), is reported by its own script
 (bench/split_kv_report.py) and refused here, even when it also timed stages 01 or 02 for
 its own comparisons. A chapter whose stage the run did not measure keeps the section it
-has, which names the run it came from; a chapter with no section yet says it has none.
+has (from another run, or written by its own script, such as bench/prefill_report.py).
 """
 import argparse
 import glob
@@ -146,7 +146,10 @@ def history_section(stage, current, repo, shapes):
     head = ["version (file)", "commit"] + [f"`{s['name']}` GB/s (vs cuDNN)" for s in targets]
     lines = ["| " + " | ".join(head) + " |", "|:--|:--|" + "--:|" * len(targets)]
     for path, data, rows in runs:
-        cells = [data.get("flashstep", {}).get("note", "") + f" (`{os.path.basename(path)}`)",
+        note = data.get("flashstep", {}).get("note", "")
+        if path != current:  # a note written when its run was the current one
+            note = note.replace(" (this version)", "")
+        cells = [note + f" (`{os.path.basename(path)}`)",
                  commit_cell(data['context'].get('commit', '?'))]
         for s in targets:
             r = rows.get(f"{stage}/{s['name']}")
@@ -246,9 +249,14 @@ def main():
         if BEGIN not in text or END not in text:
             continue
         section = text[text.index(BEGIN):text.index(END)]
-        if stage not in ran and CITES_RUN.search(section):
+        other_script = re.search(r"bench/\w+_report\.py", section)
+        if other_script:  # a section another script writes (bench/prefill_report.py, ...)
+            print(f"report.py: {os.path.relpath(chapter, repo)} kept: written by {other_script.group(0)}")
+            continue
+        if stage not in ran:  # its section stays as it is: from another run, or another script's
+            cited = CITES_RUN.search(section)
             print(f"report.py: {os.path.relpath(chapter, repo)} kept: {os.path.relpath(path, repo)} did not "
-                  f"measure {stage}; its section stays generated from {CITES_RUN.search(section).group(0)}")
+                  f"measure {stage}" + (f"; its section stays generated from {cited.group(0)}" if cited else ""))
             continue
         i = stages.index(stage)
         prev = stages[i - 1] if i > 0 and stages[i - 1] in ran else None
