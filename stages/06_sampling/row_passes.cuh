@@ -70,12 +70,15 @@ struct RowSummary {
 
 /// Count and mass strictly above two pivots (pass 2).
 struct PivotStats {
-  Mass mass_0, mass_1;       ///< mass of p > pivot_0, of p > pivot_1
-  int32_t count_0, count_1;  ///< count of p > pivot_0, of p > pivot_1
+  Mass mass_0;      ///< mass of p > pivot_0
+  Mass mass_1;      ///< mass of p > pivot_1
+  int32_t count_0;  ///< count of p > pivot_0
+  int32_t count_1;  ///< count of p > pivot_1
 };
 
 /// Shared memory of one block: CUB's scratch (one pass at a time) and broadcast slots.
 struct SharedState {
+  /// CUB's scratch of the pass in progress (passes are separated by barriers).
   union {
     typename cub::BlockReduce<RowSummary, kBlock>::TempStorage summary;
     typename cub::BlockReduce<PivotStats, kBlock>::TempStorage pivots;
@@ -83,11 +86,11 @@ struct SharedState {
     typename cub::BlockReduce<float, kBlock>::TempStorage value;
     typename cub::BlockScan<Mass, kBlock>::TempStorage scan;
   } temp;
-  RowSummary summary;  ///< broadcast slots, written by thread 0 (or the crossing thread)
-  PivotStats pivots;
-  Mass mass;
-  float value;
-  int32_t token;
+  RowSummary summary;  ///< broadcast slot of summarize_row
+  PivotStats pivots;   ///< broadcast slot of the counting passes
+  Mass mass;           ///< broadcast slot of sum_mass_where
+  float value;         ///< broadcast slot of a float reduction (softmax's sum)
+  int32_t token;       ///< the token inverse_cdf found (written by the crossing thread)
 };
 
 /// Thread 0's `value` to every thread (all threads call it; the slot is free again after).

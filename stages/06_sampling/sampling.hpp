@@ -108,63 +108,96 @@ struct Workspace {
 };
 
 // ---- Samplers ---------------------------------------------------------------------------
+//
+// Every sampler takes \p out (samples, optional rounds and status, one per output), \p opt
+// (indices, batch, seed, offset) and \p stream (where its kernels are launched).
 
 /// Draw from each row in proportion to its probabilities.
-/// \param probs (rows, vocab), entries in [0, 1] \param out (batch) \param opt indices, seed, offset
+/// \param probs (rows, vocab), entries in [0, 1]
+/// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
+/// \param stream where the kernel is launched
 void sampling_from_probs(DeviceRows probs, SamplingOutputs out, const SamplingOptions& opt = {},
                          cudaStream_t stream = nullptr);
 
 /// softmax(logits) into the workspace, then sampling_from_probs.
-/// \param logits (rows, vocab), finite or -inf \param workspace workspace_bytes("sampling_from_logits", ...)
+/// \param logits (rows, vocab), finite or -inf
+/// \param out (batch) samples, rounds, status
+/// \param workspace workspace_bytes("sampling_from_logits", rows, batch, vocab); starts with
+///        the (rows, vocab) softmax rows
+/// \param opt indices, batch, seed, offset \param stream where the kernels are launched
 void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace workspace,
                           const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
 
-/// Top-k by rejection. \param top_k each >= 1 (k >= vocab keeps all)
+/// Top-k by rejection.
+/// \param probs (rows, vocab) \param top_k each >= 1 (k >= vocab keeps all)
+/// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
+/// \param stream where the kernel is launched
 void top_k_sampling_from_probs(DeviceRows probs, TopK top_k, SamplingOutputs out,
                                const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
 
-/// Top-p by rejection. \param top_p each in (0, 1]
+/// Top-p by rejection.
+/// \param probs (rows, vocab) \param top_p each in (0, 1]
+/// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
+/// \param stream where the kernel is launched
 void top_p_sampling_from_probs(DeviceRows probs, Fraction top_p, SamplingOutputs out,
                                const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
 
-/// Min-p: one draw among p >= max_p * min_p. \param min_p each in [0, 1]
+/// Min-p: one draw among p >= max_p * min_p.
+/// \param probs (rows, vocab) \param min_p each in [0, 1]
+/// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
+/// \param stream where the kernels are launched
 void min_p_sampling_from_probs(DeviceRows probs, Fraction min_p, SamplingOutputs out,
                                const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
 
 /// Top-k and top-p. joint: one rejection loop testing both rules on the original row
 /// (no workspace); top_k_first: top_k_renorm_probs of each output's row into the
 /// workspace, then top-p sampling on it.
-/// \param workspace workspace_bytes("top_k_top_p_sampling_from_probs", ...); may be empty for joint
+/// \param probs (rows, vocab) \param top_k each >= 1 \param top_p each in (0, 1]
+/// \param order joint or top_k_first \param out (batch) samples, rounds, status
+/// \param workspace workspace_bytes("top_k_top_p_sampling_from_probs", rows, batch, vocab,
+///        order); empty for joint; for top_k_first starts with the (batch, vocab) renormalized rows
+/// \param opt indices, batch, seed, offset \param stream where the kernels are launched
 void top_k_top_p_sampling_from_probs(DeviceRows probs, TopK top_k, Fraction top_p, FilterApplyOrder order,
                                      SamplingOutputs out, Workspace workspace, const SamplingOptions& opt = {},
                                      cudaStream_t stream = nullptr);
 
 /// Top-k and top-p from logits. joint: softmax, then the joint loop; top_k_first:
 /// top_k_mask_logits, softmax, top-p sampling (each step into the workspace).
+/// \param logits (rows, vocab), finite or -inf \param top_k each >= 1 \param top_p each in (0, 1]
+/// \param order joint or top_k_first \param out (batch) samples, rounds, status
+/// \param workspace workspace_bytes("top_k_top_p_sampling_from_logits", rows, batch, vocab,
+///        order); starts with the probabilities sampled from ((rows, vocab) for joint,
+///        (batch, vocab) for top_k_first)
+/// \param opt indices, batch, seed, offset \param stream where the kernels are launched
 void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction top_p, FilterApplyOrder order,
                                       SamplingOutputs out, Workspace workspace, const SamplingOptions& opt = {},
                                       cudaStream_t stream = nullptr);
 
 // ---- Row transforms (one output row per input row) ----------------------------------------
 
-/// Softmax of logits / temperature, in float. \param logits (rows, vocab)
+/// Softmax of logits / temperature, in float.
+/// \param logits (rows, vocab), finite or -inf
 /// \param temperature host scalar or (rows) device array, finite and > 0
 /// \param probs_out (rows, vocab) device \param status (rows) optional
+/// \param stream where the kernel is launched
 void softmax(DeviceRows logits, RowParam<double, float> temperature, float* probs_out, int32_t* status = nullptr,
              cudaStream_t stream = nullptr);
 
 /// Keep the top-k of each row (ties kept), zero the rest, renormalize.
-/// \param top_k scalar or (rows) device \param probs_out (rows, vocab) \param status (rows) optional
+/// \param probs (rows, vocab) \param top_k scalar or (rows) device
+/// \param probs_out (rows, vocab) \param status (rows) optional \param stream where the kernel is launched
 void top_k_renorm_probs(DeviceRows probs, TopK top_k, float* probs_out, int32_t* status = nullptr,
                         cudaStream_t stream = nullptr);
 
 /// Keep the top-p head of each row, zero the rest, renormalize.
-/// \param top_p scalar or (rows) device \param probs_out (rows, vocab) \param status (rows) optional
+/// \param probs (rows, vocab) \param top_p scalar or (rows) device
+/// \param probs_out (rows, vocab) \param status (rows) optional \param stream where the kernel is launched
 void top_p_renorm_probs(DeviceRows probs, Fraction top_p, float* probs_out, int32_t* status = nullptr,
                         cudaStream_t stream = nullptr);
 
 /// Keep the top-k logits of each row (ties kept), set the rest to -inf.
-/// \param top_k scalar or (rows) device \param logits_out (rows, vocab) \param status (rows) optional
+/// \param logits (rows, vocab) \param top_k scalar or (rows) device
+/// \param logits_out (rows, vocab) \param status (rows) optional \param stream where the kernel is launched
 void top_k_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, int32_t* status = nullptr,
                        cudaStream_t stream = nullptr);
 
@@ -181,6 +214,9 @@ struct SpeculativeOutputs {
 /// Chain speculative sampling, one block per request (ref::chain_speculative_sampling).
 /// \param draft_probs (batch, n, vocab) \param draft_token_ids (batch, n)
 /// \param target_probs (batch, n + 1, vocab) \param batch requests \param n draft tokens per request
+/// \param vocab entries per row \param out the result arrays and optional status
+/// \param seed Philox key \param offset stream word of draft position 0 (request b reads subsequence b)
+/// \param stream where the kernel is launched
 void chain_speculative_sampling(const float* draft_probs, const int32_t* draft_token_ids, const float* target_probs,
                                 int64_t batch, int64_t n, int64_t vocab, SpeculativeOutputs out, uint64_t seed,
                                 uint64_t offset, cudaStream_t stream = nullptr);
@@ -198,8 +234,9 @@ struct OperatorInfo {
 /// Every operator of stage 06, in the order of the chapter.
 const std::vector<OperatorInfo>& operators();
 
-/// Workspace bytes that operator `name` needs for (rows, batch, vocab); 0 for most.
-/// Throws ref::InvalidArgument for an unknown name.
+/// Workspace bytes that operator `name` needs; 0 for most. Throws ref::InvalidArgument
+/// for an unknown name. \param name an OperatorInfo::name \param rows input rows
+/// \param batch outputs \param vocab entries per row \param order for the top_k_top_p operators
 size_t workspace_bytes(const std::string& name, int64_t rows, int64_t batch, int64_t vocab,
                        FilterApplyOrder order = FilterApplyOrder::top_k_first);
 
