@@ -9,7 +9,9 @@
 # BINDIR holds flashstep_sampling_tests, flashstep_sampling_statistics_gpu,
 # flashstep_exercise_06_sampling and flashstep_sampling_bench (and, on a machine without
 # them, libbenchmark.so.1debian and libcudart.so.13, found through LD_LIBRARY_PATH).
-# FlashInfer joins the peers when `import flashinfer` works (see bench/peers_sampling.py).
+# FlashInfer joins the peers when `import flashinfer` works (see bench/peers_sampling.py);
+# with FLASHINFER_BUNDLE set to an offline FlashInfer bundle folder, its install.sh is
+# sourced first (its JIT build of the sampling module takes a minute or two).
 set -uo pipefail
 bin=$(cd "${1:?usage: sampling_run.sh BINDIR OUTDIR}" && pwd)
 out=$(mkdir -p "${2:?usage: sampling_run.sh BINDIR OUTDIR}" && cd "$2" && pwd)
@@ -50,6 +52,10 @@ fi
 step bench "$bin/flashstep_sampling_bench" --shapes bench/shapes_sampling.csv \
   --benchmark_repetitions=5 --benchmark_out="$out/sampling_bench.json" --benchmark_out_format=json || status=1
 if [ $peers = 1 ]; then
+  if [ -n "${FLASHINFER_BUNDLE:-}" ] && [ -f "$FLASHINFER_BUNDLE/install.sh" ]; then
+    # shellcheck disable=SC1091
+    source "$FLASHINFER_BUNDLE/install.sh" "$FLASHINFER_BUNDLE" > "$out/flashinfer_install.log" 2>&1
+  fi
   PYTHONUNBUFFERED=1 step peers python3 bench/peers_sampling.py --shapes bench/shapes_sampling.csv \
     --out "$out/peers_sampling.json" || status=1
 fi
