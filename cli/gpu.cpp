@@ -7,8 +7,6 @@
 
 #ifdef FLASHSTEP_CLI_HAVE_STAGES
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +24,9 @@
 #include "harness/validate.hpp"
 #include "registry.hpp"
 #include "text_table.hpp"
+#ifdef FLASHSTEP_CLI_HAVE_SAMPLING
+#include "06_sampling/sampling.hpp"
+#endif
 
 namespace flashstep::cli {
 
@@ -174,15 +175,9 @@ bool gpu_ready(std::ostream& os, const char* what) {
 bool usable_gpu(std::string* why) {
   std::string runtime_why;
   if (stages::harness::gpu_available(&runtime_why)) return true;
-  // On a machine with no NVIDIA GPU there is no driver either, and the CUDA runtime says
-  // cudaErrorInsufficientDriver ("CUDA driver version is insufficient"), which reads as
-  // "upgrade your driver". With no NVIDIA device node at all, say what is true.
-  const bool no_device_node = access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0;
-  if (runtime_why.find("cudaErrorNoDevice") != std::string::npos ||
-      (no_device_node && runtime_why.find("cudaErrorInsufficientDriver") != std::string::npos))
-    *why = "no CUDA GPU found";
-  else
-    *why = "no usable GPU here (" + runtime_why + ")";
+  // gpu_available says "no CUDA GPU found" where the machine has none; anything else is
+  // the runtime's own error, worth quoting.
+  *why = runtime_why == "no CUDA GPU found" ? runtime_why : "no usable GPU here (" + runtime_why + ")";
   return false;
 }
 
@@ -208,6 +203,14 @@ int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& pro
     TextTable table({"stage", "what it teaches", "supports"});
     for (const StageInfo& s : stages::registry()) table.add({s.name, s.summary, s.capabilities()});
     table.print(os);
+#ifdef FLASHSTEP_CLI_HAVE_SAMPLING
+    // Stage 06 is not an attention stage: its own operators, validated token for token
+    // against the reference by flashstep_sampling_tests.
+    os << "\n06_sampling (own interface; flashstep_sampling_tests checks it token for token):\n";
+    TextTable ops({"operator", "input -> output", "how the GPU computes it"});
+    for (const auto& op : stages::sampling::operators()) ops.add({op.name, op.input + " -> " + op.output, op.summary});
+    ops.print(os);
+#endif
     return 0;
   }
   std::vector<const StageInfo*> chosen;

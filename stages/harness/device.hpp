@@ -16,7 +16,8 @@
 namespace flashstep::stages::harness {
 
 /// True when a CUDA device can be used; otherwise false and `why` says what the runtime
-/// reported (no device, no driver, ...).
+/// reported; "no CUDA GPU found" on a machine without an NVIDIA device (where the runtime
+/// itself says cudaErrorInsufficientDriver).
 bool gpu_available(std::string* why = nullptr);
 
 /// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)" for the current device.
