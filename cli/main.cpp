@@ -24,23 +24,27 @@ uint64_t fresh_seed() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
-// --seed as the Python module takes `seed`: an integer in [0, 2^64 - 1], written in
-// decimal. CLI11 would wrap "-1" around to 2^64 - 1 and saturate a number past the range;
-// both are refused here, naming the flag.
-uint64_t parse_seed(const std::string& text, const std::string& flag) {
-  const uint64_t max = UINT64_MAX;
+// An integer flag, checked as the Python module checks the same argument: decimal digits
+// (no sign, no spaces, no fraction) in [lo, hi], else exit 2 naming the flag and the
+// range. CLI11 alone would wrap "--seed -1" around to 2^64 - 1 and saturate a number past
+// the range.
+uint64_t parse_integer(const std::string& text, const std::string& flag, uint64_t lo, uint64_t hi) {
   bool ok = !text.empty() && text.size() <= 20;
   uint64_t value = 0;
   for (char c : text) {
     if (c < '0' || c > '9') { ok = false; break; }
     const uint64_t digit = static_cast<uint64_t>(c - '0');
-    if (value > (max - digit) / 10) { ok = false; break; }
+    if (value > (UINT64_MAX - digit) / 10) { ok = false; break; }
     value = value * 10 + digit;
   }
-  if (!ok)
-    throw flashstep::ref::InvalidArgument(flag + " must be an integer in [0, " + std::to_string(max) +
-                                          "], got \"" + text + "\"");
+  if (!ok || value < lo || value > hi)
+    throw flashstep::ref::InvalidArgument(flag + " must be an integer in [" + std::to_string(lo) + ", " +
+                                          std::to_string(hi) + "], got \"" + text + "\"");
   return value;
+}
+
+uint64_t parse_seed(const std::string& text, const std::string& flag) {
+  return parse_integer(text, flag, 0, UINT64_MAX);
 }
 
 // A check's message without the name of the function that made it ("flashstep: ",
@@ -74,6 +78,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1, 1);
   app.set_version_flag("--version", std::string("flashstep ") + FLASHSTEP_VERSION);
   app.footer("Run `flashstep <command> --help` for a command's options.");
+  // Every command-line error reads like the others: "flashstep: error: <what>".
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("flashstep: error: ") + e.what() + "\nRun with --help for more information.\n";
+  });
 
   cli::TourOptions tour;
   std::string tour_seed;
@@ -101,10 +109,11 @@ int main(int argc, char** argv) {
                    "A prompt, one request (repeat for a batch: --prompt \"...\" --prompt \"...\")")
       ->required()
       ->allow_extra_args(false);
-  explain_cmd->add_option("--page-size", explain.page_size, "Tokens per KV page, i.e. Bc (default 1)")
-      ->check(CLI::Range(1, 4096));
-  explain_cmd->add_option("--br", explain.br, "The larger query tile Br shown next to Br = 1 (default 4)")
-      ->check(CLI::Range(1, 4096));
+  std::string page_size_text, br_text;  // checked by parse_integer, 1 to 4096
+  auto* page_size_opt = explain_cmd->add_option("--page-size", page_size_text,
+                                                "Tokens per KV page, i.e. Bc, 1 to 4096 (default 1)");
+  auto* br_opt = explain_cmd->add_option("--br", br_text,
+                                         "The larger query tile Br shown next to Br = 1, 1 to 4096 (default 4)");
   explain_cmd->add_option("--section", explain.sections,
                           "Only this section (repeatable): " + joined(cli::explain_sections()))
       ->check(CLI::IsMember(cli::explain_sections()))
@@ -156,6 +165,8 @@ int main(int argc, char** argv) {
       return cli::run_tour(tour, std::cout);
     }
     if (*explain_cmd) {
+      if (*page_size_opt) explain.page_size = static_cast<int>(parse_integer(page_size_text, "--page-size", 1, 4096));
+      if (*br_opt) explain.br = static_cast<int>(parse_integer(br_text, "--br", 1, 4096));
       explain.seed = *explain_seed_opt ? parse_seed(explain_seed, "--seed") : fresh_seed();
       return cli::run_explain(explain, std::cout);
     }

@@ -56,6 +56,11 @@ BAD = [
     (["explain", "--prompt", "a", "--seed", "1.5"], "--seed must be an integer"),
     (["validate", "--seed", " 7"], "--seed must be an integer"),
     (["validate", "--stage", "nonesuch"], 'no stage named "nonesuch"'),
+    # Sizes: the same words as the seeds' and the Python module's integer arguments.
+    (["explain", "--prompt", "a", "--page-size", "0"], "--page-size must be an integer in [1, 4096]"),
+    (["explain", "--prompt", "a", "--page-size", "4097"], "--page-size must be an integer in [1, 4096]"),
+    (["explain", "--prompt", "a", "--page-size", "99999999999999999999999"], "--page-size must be an integer"),
+    (["explain", "--prompt", "a", "--br", "-3"], "--br must be an integer in [1, 4096]"),
 ]
 
 
@@ -90,3 +95,11 @@ def test_errors_name_the_flag_not_a_function(flashstep, args):
 def test_seed_bounds_are_accepted_and_printed_as_given(flashstep, seed):
     r = flashstep("tour", "--no-gpu", "--section", "tokens", "--seed", seed)
     assert r.rc == 0, r
+
+
+@pytest.mark.parametrize("args", [["tour", "--frob"], [], ["explain", "--prompt", "a", "--page-size", "x"]])
+def test_every_error_has_one_prefix(flashstep, args):
+    r = flashstep(*args)
+    assert r.rc == 2, r
+    assert r.err.startswith("flashstep: error: "), r
+    assert r.err.count("flashstep: error: ") == 1, r
