@@ -93,7 +93,9 @@ inline bool cuda_device_present(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why) *why = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+    // without an NVIDIA device the runtime says "driver version is insufficient": say what is meant
+    const bool no_device = n == 0 || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver;
+    if (why) *why = no_device ? "no CUDA GPU found" : cudaGetErrorString(e);
     return false;
   }
   return true;
