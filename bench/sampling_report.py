@@ -43,7 +43,7 @@ def bench_rows(path):
         data = json.load(f)
     rows = {}
     for b in data["benchmarks"]:
-        name = b.get("run_name", b["name"]).split("/", 1)[1]
+        name = b.get("run_name", b["name"]).split("/")[1]  # 06_sampling/NAME/min_time:.../manual_time
         if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
             continue
         if b.get("run_type") == "iteration" and name in rows:
