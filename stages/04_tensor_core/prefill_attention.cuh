@@ -106,8 +106,9 @@ struct PrefillParams {
   int group_size = 1;                  ///< Hq / Hkv: packed rows per query token
   bool causal = false;                 ///< bottom-right aligned causal mask
   int window_left = -1;                ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
-  float logit_pre = 0.f;               ///< sm_scale * log2(e), or sm_scale / cap with a soft cap
-  float logit_post = 0.f;              ///< soft cap only: cap * log2(e), applied after tanh
+  float score_scale = 0.f;             ///< multiplies q.k into base-2 logits: sm_scale * log2(e); 1 with a soft cap
+  float cap_pre = 0.f;                 ///< soft cap only: sm_scale / cap, applied before tanh
+  float cap_post = 0.f;                ///< soft cap only: cap * log2(e), applied after tanh
   bool soft_cap = false;               ///< s -> cap * tanh(s / cap) before the softmax
 };
 
@@ -259,9 +260,10 @@ __device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int
   }
 }
 
-/// Scores to base-2 logits (scale, optional soft cap), and -inf where the mask hides the
-/// key. `mask` is false on tiles where every key is visible to every row of the block
-/// (the causal interior): then no comparisons at all.
+/// The soft cap, when on (scores become base-2 logits, and score_scale is 1), and -inf
+/// where the mask hides the key. `mask` is false on tiles where every key is visible to
+/// every row of the block (the causal interior): then no comparisons at all. Without a
+/// cap the scale is left to update_softmax, which folds it into one FFMA per score.
 template <typename T, int NUM_MMA_Q, int kTilesS>
 __device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float (&s)[NUM_MMA_Q][kTilesS][4],
                                                 bool mask, int kv0, int kv_end,
@@ -273,8 +275,8 @@ __device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float
     for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[mq][n][e] * p.logit_pre;
-        if (p.soft_cap) x = tanhf(x) * p.logit_post;
+        float x = s[mq][n][e];
+        if (p.soft_cap) x = tanhf(x * p.cap_pre) * p.cap_post;
         if (mask) {
           // c0, c1: row g; c2, c3: row g + 8 (the fragment layout of mma.cuh).
           const int j = kv0 + n * 8 + 2 * t4 + (e & 1), i = q_pos[mq][e >> 1];
@@ -296,11 +298,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
 
 /// The online softmax on this warp's fragments: each thread holds two rows per m-tile
 /// (g and g + 8), each spread over the 4 lanes of its group, so a row max is the thread's
-/// max and two shuffles. P = 2^(s - m) overwrites s; o and the thread's partial l are
-/// rescaled by 2^(m_old - m_new). l stays per thread until the end (sums commute).
+/// max and two shuffles. m is kept in score units (a positive scale keeps the order);
+/// P = 2^(c s - c m) is one FFMA and one ex2 per score (c = score_scale) and overwrites
+/// s; o and the thread's partial l are rescaled by 2^(c (m_old - m_new)). l stays per
+/// thread until the end (sums commute).
 template <int NUM_MMA_Q, int kTilesS, int kTilesO>
-__device__ __forceinline__ void update_softmax(float (&s)[NUM_MMA_Q][kTilesS][4], float (&m)[NUM_MMA_Q][2],
-                                               float (&l)[NUM_MMA_Q][2],
+__device__ __forceinline__ void update_softmax(float (&s)[NUM_MMA_Q][kTilesS][4], float c,
+                                               float (&m)[NUM_MMA_Q][2], float (&l)[NUM_MMA_Q][2],
                                                float (&o)[NUM_MMA_Q][kTilesO][4]) {
 #pragma unroll
   for (int mq = 0; mq < NUM_MMA_Q; ++mq)
@@ -313,14 +317,15 @@ __device__ __forceinline__ void update_softmax(float (&s)[NUM_MMA_Q][kTilesS][4]
       row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
       // A row that has seen only masked keys keeps m = -inf; subtract 0 then, never -inf.
       const float m_safe = row_max == -INFINITY ? 0.f : row_max;
-      const float scale = exp2_approx(m[mq][h] - m_safe);
+      const float scale = exp2_approx((m[mq][h] - m_safe) * c);
+      const float cm = c * m_safe;
       m[mq][h] = row_max;
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
         for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[mq][n][e] = exp2_approx(s[mq][n][e] - m_safe);
+          s[mq][n][e] = exp2_approx(fmaf(s[mq][n][e], c, -cm));
           sum += s[mq][n][e];
         }
       l[mq][h] = l[mq][h] * scale + sum;
@@ -391,7 +396,7 @@ __device__ __forceinline__ void store_output(const PrefillParams<T>& p, const Bl
       const int token = t.qo_begin + packed / p.group_size;
       const int head = kv_head * p.group_size + packed % p.group_size;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const float lse = sum > 0.f ? (m[mq][h] + log2f(sum)) * kernels::kLn2 : -INFINITY;
+      const float lse = sum > 0.f ? (m[mq][h] * p.score_scale + log2f(sum)) * kernels::kLn2 : -INFINITY;
       if (p.kv_chunk_size == 0) {
         T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
 #pragma unroll
@@ -493,7 +498,7 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
     float s[NUM_MMA_Q][Tr::kTilesS][4];
     compute_qk<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS>(q_smem, k_smem, warp_row0, s);
     logits_and_mask<T, NUM_MMA_Q, Tr::kTilesS>(p, s, mask, kv0, t.kv_end, q_pos);
-    update_softmax<NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, m, l, o);
+    update_softmax<NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, p.score_scale, m, l, o);
     compute_pv<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, v_smem, o);
   }
   kernels::cp_async_wait_group<0>();  // no copy may outlive the block (a block with no tiles)
