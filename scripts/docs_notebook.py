@@ -41,12 +41,19 @@ def render(path, out_dir):
 
     name = os.path.splitext(os.path.basename(path))[0]
     nb = notebook_run.execute(path)
+    title = title_of(nb, name)
+    # The page's title is the notebook's first heading: shown once, not twice.
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            lines = cell.source.splitlines()
+            if lines and lines[0].startswith("# "):
+                cell.source = "\n".join(lines[1:]).lstrip("\n")
+            break
     # The "basic" template gives the cells alone: no <script>, no CDN, no <html> wrapper;
     # plots are embedded as data: URIs. Doxygen's page supplies the rest of the site.
     body, _ = HTMLExporter(template_name="basic").from_notebook_node(nb)
     with open(os.path.join(out_dir, "notebooks", name + ".html"), "w", encoding="utf-8") as f:
         f.write('<div class="flashstep-notebook">\n' + body + "\n</div>\n")
-    title = title_of(nb, name)
     page = [
         f"# {title} {{#{label_of(path)}}}",
         "",
