@@ -45,7 +45,8 @@ def stage_lines(source):
         title = re.sub(r"^Stage \d+\s*[—:-]\s*", "", title)
         registered = f'"{name}/' in registry
         status = (f"`flashstep validate --stage {name}` runs it" if registered
-                  else "not in `stages/registry.cpp` yet, so `flashstep validate` does not run it")
+                  else "not in the attention stages' registry (`stages/registry.cpp`); its chapter "
+                       "says how it is run and checked")
         lines.append(f"- `{name}` — {title}; {status}")
     coming = [f"- `{num}_{name}` — {what}" for num, name, what in PLANNED if num not in present]
     out = ["Stages in this tree (`stages/NN_name/`, each with its chapter):", ""] + lines
