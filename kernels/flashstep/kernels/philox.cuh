@@ -3,48 +3,21 @@
 /// reference and the CUDA sampling stage, so that both draw the *same* uniforms.
 ///
 /// Philox (Salmon, Moraes, Dror and Shaw, "Parallel Random Numbers: As Easy as 1, 2, 3",
-/// SC 2011) is a keyed bijection of a 128-bit counter: output = Philox(counter, key).
-/// Nothing is stateful, so the i-th number of any stream is computed directly, on any
-/// device, in any order. That is exactly what a sampler needs when a GPU block and a CPU
-/// loop must agree on the uniform used by output row r in rejection round j.
+/// SC 2011) is a keyed bijection of a 128-bit counter, so the n-th number of any stream
+/// is computed directly, on any device, in any order (docs/concepts/10_sampling.md). The
+/// layout is cuRAND's for `curand_init(seed, subsequence, offset)`, as FlashInfer's
+/// sampling kernels use it; the n-th 32-bit word of the stream (seed, subsequence) is
 ///
-/// ## The (seed, subsequence, offset) -> uniform mapping
-///
-/// We use cuRAND's layout for `curand_init(seed, subsequence, offset)` (which is what
-/// FlashInfer's sampling kernels call with `subsequence = blockIdx.x`, one block per
-/// output row). The n-th 32-bit word of the stream (seed, subsequence) is
-///
-///     block   = n / 4,  lane = n % 4
-///     counter = { lo32(block), hi32(block), lo32(subsequence), hi32(subsequence) }
+///     counter = { lo32(n / 4), hi32(n / 4), lo32(subsequence), hi32(subsequence) }
 ///     key     = { lo32(seed),  hi32(seed) }
-///     word    = Philox4x32-10(counter, key)[lane]
+///     word    = Philox4x32-10(counter, key)[n % 4]
 ///
-/// and a sampler that starts at `offset` uses word `offset + j` for its j-th draw. So
-/// philox_word(seed, subsequence, offset + j) is the j-th `curand()` after
-/// `curand_init(seed, subsequence, offset, &state)`: a one-off device check on an H200
-/// compared 2.7 million words over 8192 subsequences and three (seed, offset) pairs and
-/// found no difference (the stage's GPU tests should keep that comparison). In
-/// flashstep's sampling operators the subsequence is the output row and j is the
-/// rejection round (see reference/sampling.hpp), so
-///
-///     uniform(row r, round j) = philox_uniform(seed, r, offset + j)
-///
-/// on the CPU and on the GPU alike.
-///
-/// ## Words to uniforms
-///
-/// A uniform is the top 24 bits of a word divided by 2^24: a value in [0, 1) that is
-/// exactly representable in float, so the CPU (double) and the GPU (float) hold the
-/// identical number. cuRAND's curand_uniform differs (x * 2^-32 + 2^-33 rounded to float,
-/// which lies in (0, 1]); we do not use it.
-///
-/// ## Known answers
-///
-/// tests/reference/test_philox.cpp checks philox4x32<10> and philox4x32<7> against the
-/// Random123 known-answer vectors (the `kat_vectors` file of the Random123 distribution).
-///
-/// The header has no dependency: it compiles with nvcc (host and device) and with a plain
-/// C++ compiler, where the CUDA qualifiers expand to nothing.
+/// and a sampler's j-th draw uses word offset + j of subsequence = output row, so
+/// uniform(row r, round j) = philox_uniform(seed, r, offset + j) on the CPU and the GPU.
+/// A uniform is the top 24 bits of a word / 2^24: exact in float, so the CPU (double) and
+/// the GPU (float) hold the identical number (cuRAND's curand_uniform, in (0, 1], is not
+/// used). tests/reference/test_philox.cpp checks the Random123 known-answer vectors. The
+/// header compiles with nvcc and with a plain C++ compiler.
 #pragma once
 
 #include <cstdint>
