@@ -1,5 +1,5 @@
 // flashstep_bench — every registry stage on every benchmark shape it supports, with the
-// ceilings measured in the same process (benchmark policy, DESIGN.md).
+// ceilings measured in the same process (the benchmark policy of ARCHITECTURE.md).
 //
 //   flashstep_bench [--shapes=bench/shapes.csv] [--sets=target,sweep,extra] [--tune]
 //                   [Google Benchmark flags, e.g. --benchmark_out=r.json --benchmark_out_format=json]

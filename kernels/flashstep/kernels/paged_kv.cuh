@@ -2,7 +2,7 @@
 /// \brief The paged-KV view: a page pool plus a CSR page table, and the address
 /// translation from (request, token, head) to an element of the pool.
 ///
-/// Layout (FlashInfer's; DESIGN.md):
+/// Layout (FlashInfer's; ARCHITECTURE.md's conventions):
 ///
 ///     pool  NHD: (num_pages, 2, page_size, num_kv_heads, head_dim)   [:,0] = K, [:,1] = V
 ///           HND: (num_pages, 2, num_kv_heads, page_size, head_dim)

@@ -1,7 +1,7 @@
 /// \file attention.hpp
 /// \brief Reference attention: single and batch, decode and prefill, paged and ragged.
 ///
-/// Conventions (FlashInfer's; see DESIGN.md and the "KV layout" chapter):
+/// Conventions (FlashInfer's; see ARCHITECTURE.md and docs/concepts/05_paging.md):
 /// - `q` rows are packed without padding; request i owns rows `qo_indptr[i]..qo_indptr[i+1]`.
 /// - Causal masking is bottom-right aligned: query i of a request with `qo_len` queries
 ///   and `kv_len` keys sees key j iff `j <= i + (kv_len - qo_len)`.
