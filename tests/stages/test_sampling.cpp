@@ -464,7 +464,7 @@ TEST_CASE("chain_speculative_sampling: every output equals the reference's") {
   }
 }
 
-TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel; good rows are untouched") {
+TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, and good rows are untouched") {
   auto rng = flashstep::test::case_rng("stage 06 bad rows");
   const int64_t vocab = 1000;
   const int64_t good_rows = 4;
