@@ -65,7 +65,7 @@ TEST_CASE("split the keys anywhere, attend each chunk, merge: the unsplit result
   }
 }
 
-TEST_CASE("merge_state is commutative and associative; the empty state is its identity") {
+TEST_CASE("merge_state is commutative and associative, and the empty state is its identity") {
   auto rng = test::case_rng("merge-algebra");
   CAPTURE(test::run_seed());
   const int64_t n = 5, h = 2, d = 6;
