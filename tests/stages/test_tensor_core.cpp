@@ -132,6 +132,13 @@ TEST_CASE("04_tensor_core schedule: no split when the grid is full, a split when
   CHECK(sched.kv_chunk_size >= tensor_core::kMinChunkKeys);
   CHECK(sched.num_items() == (16384 + sched.kv_chunk_size - 1) / sched.kv_chunk_size);
   CHECK(sched.num_items() > 1);
+  // 128 such requests on 8192 keys: 128 blocks for 264 places -> 3 chunks of 2752 keys
+  // (8192 / 3 rounded up to a multiple of 64), 384 blocks.
+  BatchShape wide = prefill_shape(std::vector<int32_t>(128, 1), std::vector<int32_t>(128, 8192), 32, 1, false);
+  wide.mode = Mode::decode;
+  const tensor_core::Schedule wide_sched = tensor_core::TensorCoreRunner(KVStorage::ragged, opt).make_schedule(wide);
+  CHECK(wide_sched.kv_chunk_size == 2752);
+  CHECK(wide_sched.num_items() == 384);
 }
 
 }  // TEST_SUITE("host")
