@@ -19,9 +19,11 @@
 /// tile of 32 rows, FlashInfer's tensor-core decode (Ye et al., "FlashInfer: Efficient and
 /// Customizable Attention Engine for LLM Inference Serving", https://arxiv.org/abs/2501.01005).
 ///
-/// What it still does badly: mma.sync is the Ampere instruction; on an H100 the warpgroup
-/// MMA (wgmma) with TMA loads and warp specialisation runs about half again as fast
-/// (stage 07). Outputs are stored straight from fragments (4-byte stores).
+/// What it still does badly: at 128 registers per thread there is no room to load the
+/// next fragments while the MMAs run, so warps wait on ldmatrix and MMA latencies (the
+/// chapter's "Reading the targets"). mma.sync is the Ampere instruction; on an H100 the
+/// warpgroup MMA (wgmma) with TMA loads and warp specialisation is much faster (stage 07).
+/// Outputs are stored straight from fragments (4-byte stores).
 ///
 /// How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
 /// `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
