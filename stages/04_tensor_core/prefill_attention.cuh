@@ -59,8 +59,8 @@ namespace flashstep::stages::tensor_core {
 /// hide each other's latencies.
 template <typename T, int HEAD_DIM, int NUM_MMA_Q>
 struct PrefillTraits {
-  static constexpr int kWarps = 8;
-  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarps = 8;                    ///< warps per block
+  static constexpr int kThreads = 32 * kWarps;        ///< threads per block
   static constexpr int kMinBlocksPerSM = HEAD_DIM <= 128 ? 2 : 1;  ///< caps registers at 128 per thread
   static constexpr int Br = 16 * NUM_MMA_Q * kWarps;  ///< packed query rows per block
   static constexpr int Bc = 64;                       ///< keys per tile
@@ -116,11 +116,14 @@ struct PrefillParams {
 
 /// What one block works on, decoded from its work item.
 struct BlockTask {
-  int request;
-  int qo_begin, qo_len;   ///< the request's query rows in q
+  int request;           ///< the request of this block's work item
+  int qo_begin;           ///< the request's first query row in q
+  int qo_len;             ///< the request's query rows
   int kv_len;             ///< the request's keys
-  int row_begin, rows;    ///< packed rows [row_begin, row_begin + rows) of the request
-  int kv_begin, kv_end;   ///< keys this block visits (after skipping masked tiles)
+  int row_begin;          ///< first packed row of the tile within the request
+  int rows;               ///< packed rows of the tile: [row_begin, row_begin + rows)
+  int kv_begin;           ///< first key this block visits (after skipping masked tiles)
+  int kv_end;             ///< one past the last key this block visits
   int chunk_end;          ///< keys past this belong to another chunk (or do not exist)
   int num_tiles;          ///< Bc-tiles in [kv_begin, kv_end)
   int chunk;              ///< kv chunk index (split-KV), 0 without a split

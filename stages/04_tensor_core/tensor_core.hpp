@@ -43,7 +43,9 @@ struct Schedule {
   std::vector<int32_t> qo_tile_indices;   ///< work item -> query tile of the request
   std::vector<int32_t> kv_chunk_indices;  ///< work item -> kv chunk of the request
   std::vector<int32_t> partial_indptr;    ///< split only: (nnz_qo + 1) partial rows per query row
+  /// Rows of the split's partial o and lse (0 without a split).
   int64_t partial_rows() const { return partial_indptr.empty() ? 0 : partial_indptr.back(); }
+  /// Work items of the plan (the grid is num_items() x num_kv_heads blocks).
   int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }
 };
 
