@@ -22,8 +22,11 @@ import csv
 import itertools
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -209,8 +212,8 @@ def sdpa_decode_rows(s, flush):
     return rows
 
 
-def flashinfer_rows(s, flush):
-    """FlashInfer on a page-16 NHD pool: prefill wrappers (fa2, fa3) or tensor-core decode."""
+def flashinfer_rows(s, flush, backends=("fa2", "fa3")):
+    """FlashInfer on a page-16 NHD pool: prefill wrappers (`backends`) or tensor-core decode."""
     try:
         import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
     except Exception as e:  # not installed here: say so in the results, time nothing
@@ -229,7 +232,7 @@ def flashinfer_rows(s, flush):
     q = torch.empty(int(qo_indptr[-1]), hq, d, dtype=dtype, device="cuda").uniform_(-3, 3)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
     rows = []
-    variants = [("flashinfer_tc_decode", None)] if decode else [("flashinfer_fa2", "fa2"), ("flashinfer_fa3", "fa3")]
+    variants = [("flashinfer_tc_decode", None)] if decode else [("flashinfer_" + b, b) for b in backends]
     for impl, backend in variants:
         row = {"impl": impl, "shape": s["name"], "note": "paged, page %d NHD" % page}
         try:
@@ -258,13 +261,60 @@ def flashinfer_rows(s, flush):
     return rows
 
 
+def flashinfer_child(args, shapes, flush, sets):
+    """--flashinfer-child: FlashInfer's rows of the prefill file, one JSON line per shape
+    (appended to --out as each shape finishes), from the shape after --start-after on."""
+    names = [s["name"] for s in shapes if s["set"] in sets]
+    start = names.index(args.start_after) + 1 if args.start_after else 0
+    for s in shapes:
+        if s["set"] not in sets or names.index(s["name"]) < start:
+            continue
+        rows = flashinfer_rows(s, flush, args.flashinfer_backends.split(","))
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"shape": s["name"], "rows": rows}) + "\n")
+        torch.cuda.empty_cache()
+    return 0
+
+
+def flashinfer_all(args, shapes, sets):
+    """FlashInfer's rows, each shape's {"shape", "rows"}, timed in child processes: a
+    FlashInfer module that fails to load can end the process that loads it (a missing
+    symbol kills it outright), so a child that dies costs the shape it was on, recorded
+    as an error, and a new child carries on from the next shape."""
+    names = [s["name"] for s in shapes if s["set"] in sets]
+    done, after = {}, None
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = os.path.join(tmp, "flashinfer.jsonl")
+        while len(done) < len(names):
+            cmd = [sys.executable, os.path.abspath(__file__), "--shapes", args.shapes, "--sets", args.sets,
+                   "--flashinfer-backends", args.flashinfer_backends, "--out", lines, "--flashinfer-child"]
+            if after:
+                cmd += ["--start-after", after]
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            if os.path.exists(lines):
+                with open(lines, encoding="utf-8") as f:
+                    for line in f:
+                        entry = json.loads(line)
+                        done[entry["shape"]] = entry["rows"]
+            if len(done) == len(names):
+                break
+            pending = [n for n in names if n not in done]
+            if proc.returncode == 0 or not pending:
+                break
+            tail = (proc.stdout.strip().splitlines() or ["no output"])[-1]
+            done[pending[0]] = [{"impl": "flashinfer", "shape": pending[0],
+                                 "error": f"the FlashInfer process died (rc {proc.returncode}): {tail}"[:300]}]
+            after = pending[0]
+    return done
+
+
 def prefill_main(args, shapes, flush, out, sets):
+    flashinfer = flashinfer_all(args, shapes, sets)
     for s in shapes:
         if s["set"] not in sets:
             continue
-        rows = []
-        rows += sdpa_prefill_rows(s, flush) if s["mode"] == "prefill" else sdpa_decode_rows(s, flush)
-        rows += flashinfer_rows(s, flush)
+        rows = sdpa_prefill_rows(s, flush) if s["mode"] == "prefill" else sdpa_decode_rows(s, flush)
+        rows += flashinfer.get(s["name"], [])
         for row in rows:
             out["results"].append(row)
             if "TFLOP/s" in row:
@@ -285,6 +335,10 @@ def main():
     parser.add_argument("--shapes", default="bench/shapes.csv")
     parser.add_argument("--sets", default="target,sweep,extra")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--flashinfer-backends", default="fa2,fa3",
+                        help="prefill file: FlashInfer prefill backends to time (each compiles on first use)")
+    parser.add_argument("--flashinfer-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start-after", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sets = set(args.sets.split(","))
 
@@ -296,6 +350,8 @@ def main():
     done = set()
     shapes = load_shapes(args.shapes)
     if shapes and "mode" in shapes[0]:  # bench/shapes_prefill.csv
+        if args.flashinfer_child:
+            return flashinfer_child(args, shapes, flush, sets)
         return prefill_main(args, shapes, flush, out, sets)
     for s in shapes:
         if s["set"] not in sets or shape_key(s) in done:
