@@ -3,7 +3,7 @@
 
     python3 bench/prefill_report.py --results docs/results/NAME.json [--repo .] [--check]
 
-The section between `<!-- results:begin -->` and `<!-- results:end -->` of
+The section between `<!-- prefill results:begin -->` and `<!-- prefill results:end -->` of
 stages/04_tensor_core/README.md becomes: provenance (file, device, commit, date, the
 ceilings), one table of the prefill shapes (TFLOP/s, % of the run's cuBLAS bf16 GEMM,
 and the ratios to FlashInfer's fa2 and fa3 prefill and to cuDNN SDPA) and one of the
@@ -19,7 +19,9 @@ import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
 
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+# Markers of its own (as stage 03's sweep has): bench/report.py and the docs test of its
+# sections leave this one to this script.
+BEGIN, END = "<!-- prefill results:begin -->", "<!-- prefill results:end -->"
 STAGE, RAGGED = "04_tensor_core", "04_tensor_core_ragged"
 
 
