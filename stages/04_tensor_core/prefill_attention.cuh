@@ -273,6 +273,17 @@ template <typename T, int NUM_MMA_Q, int kTilesS>
 __device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float (&s)[NUM_MMA_Q][kTilesS][4],
                                                 bool mask, int kv0, int kv_end,
                                                 const int (&q_pos)[NUM_MMA_Q][2]) {
+  // Two uniform branches around whole loops (not one per score): the common tile, no cap
+  // and no mask, runs no code here at all.
+  if (p.soft_cap) {
+#pragma unroll
+    for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+#pragma unroll
+      for (int n = 0; n < kTilesS; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mq][n][e] = tanhf(s[mq][n][e] * p.cap_pre) * p.cap_post;
+  }
+  if (!mask) return;
   const int t4 = threadIdx.x % 4;
 #pragma unroll
   for (int mq = 0; mq < NUM_MMA_Q; ++mq)
@@ -280,16 +291,10 @@ __device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float
     for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = s[mq][n][e];
-        if (p.soft_cap) x = tanhf(x * p.cap_pre) * p.cap_post;
-        if (mask) {
-          // c0, c1: row g; c2, c3: row g + 8 (the fragment layout of mma.cuh).
-          const int j = kv0 + n * 8 + 2 * t4 + (e & 1), i = q_pos[mq][e >> 1];
-          const bool visible = j < kv_end && (!p.causal || j <= i) &&
-                               (p.window_left < 0 || j >= i - p.window_left);
-          if (!visible) x = -INFINITY;
-        }
-        s[mq][n][e] = x;
+        // c0, c1: row g; c2, c3: row g + 8 (the fragment layout of mma.cuh).
+        const int j = kv0 + n * 8 + 2 * t4 + (e & 1), i = q_pos[mq][e >> 1];
+        const bool visible = j < kv_end && (!p.causal || j <= i) && (p.window_left < 0 || j >= i - p.window_left);
+        if (!visible) s[mq][n][e] = -INFINITY;
       }
 }
 
