@@ -54,6 +54,7 @@ struct BenchOptions {
   std::string out;                    ///< results JSON path
   bool quick = false;                 ///< fewer shapes and repeats
   std::string filter;                 ///< only benchmarks whose name matches (regex)
+  std::string shapes = "bench/shapes.csv";  ///< shapes file, relative to the source tree or absolute
 };
 /// Runs the benchmark and writes the results JSON.
 int run_bench(const BenchOptions& opt, std::ostream& os);

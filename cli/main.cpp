@@ -141,6 +141,9 @@ int main(int argc, char** argv) {
       "tables and plots are generated from. Needs a GPU (exit 77 without one).");
   bench_cmd->add_option("--out", bench.out, "Results JSON to write (default flashstep-bench.json)");
   bench_cmd->add_flag("--quick", bench.quick, "Fewer shapes and repeats");
+  bench_cmd->add_option("--shapes", bench.shapes,
+                        "Shapes file: bench/shapes.csv (decode, the default), bench/shapes_prefill.csv "
+                        "(prefill, stage 04), bench/shapes_split_kv.csv; relative to the source tree");
   bench_cmd->add_option("--filter", bench.filter, "Only benchmarks whose name matches this regex");
 
   // CLI11 reports an unknown command as "A subcommand is required"; name it instead.
