@@ -92,6 +92,9 @@ def section(path, data, rows, shapes, repo):
            f"{fmt(float(ctx['gemm_bf16_ceiling_TFLOP/s']))} TFLOP/s, device-to-device copy "
            f"{fmt(float(ctx['copy_ceiling_GB/s']))} GB/s. Each number is the median of 5 repetitions "
            f"of CUDA-event-timed calls, L2 flushed before each call.", ""]
+    note = data.get("flashstep", {}).get("note", "")
+    if note:
+        out += [f"Note recorded with this run: {note}.", ""]
     out += ["| shape | causal | 04 paged TFLOP/s | % of GEMM | 04 ragged TFLOP/s | FlashInfer fa2 | "
             "FlashInfer fa3 | cuDNN SDPA | flash SDPA | 04 / fa2 | 04 / fa3 | 04 / cuDNN |",
             "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
