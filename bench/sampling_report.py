@@ -3,12 +3,15 @@
 JSON into one results file, and regenerate the chapter's results section from it.
 
     python3 bench/sampling_report.py merge --bench sampling_bench.json --peers peers_sampling.json \\
-        --commit $(git rev-parse --short HEAD) --out docs/results/h100_sampling_DATE.json
+        --source-state build-gpu/source-state.txt --command "bench/sampling_run.sh ..." \\
+        --out docs/results/h100_sampling_DATE.json
     python3 bench/sampling_report.py chapter --results docs/results/h100_sampling_DATE.json
 
 The chapter section lies between `<!-- sampling-results:begin -->` and
 `<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
 Ratios are peer time / flashstep time (above 1: flashstep is faster), within one run.
+Provenance is read, never typed: the commit and whether the tree was clean come from the
+build folder's source-state.txt (scripts/gpu-build.sh), the date from the benchmark's JSON.
 """
 import argparse
 import datetime
@@ -16,6 +19,8 @@ import json
 import os
 import re
 import sys
+
+from merge_results import source_state  # bench/, beside this script
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CHAPTER = os.path.join(ROOT, "stages", "06_sampling", "README.md")
@@ -60,8 +65,11 @@ def merge(args):
     if args.peers:
         with open(args.peers, encoding="utf-8") as f:
             peers = json.load(f)
-    out = {"stage": "06_sampling", "device": context.get("device", peers.get("device")), "commit": args.commit,
-           "date": args.date or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+    commit, tree = source_state(args.source_state)
+    out = {"stage": "06_sampling", "device": context.get("device", peers.get("device")),
+           "commit": commit + ("-dirty" if tree == "modified" else ""), "tree": tree,
+           "command": args.command, "note": args.note,
+           "date": context.get("date") or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
            "torch": peers.get("torch"), "flashinfer": peers.get("flashinfer"), "flashstep": rows,
            "peers": [r for r in peers["results"] if "median_us" in r],
            "peer_errors": [r for r in peers["results"] if "error" in r]}
@@ -89,6 +97,8 @@ def section(res, path):
              f"{res['date']}; FlashInfer {res.get('flashinfer') or 'not measured'}, torch {res.get('torch')}). "
              "Times are medians of CUDA-graph replays with the L2 flushed; ratios are peer time / "
              "flashstep time.", ""]
+    if res.get("command"):
+        lines += [f"Command: `{res['command']}`" + (f". Note recorded with this run: {res['note']}." if res.get("note") else ""), ""]
     peers = {}
     for r in res["peers"]:
         peers.setdefault(r["name"], {})[r["impl"]] = r["median_us"]
@@ -120,17 +130,19 @@ def chapter(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="action", required=True)
     m = sub.add_parser("merge")
     m.add_argument("--bench", required=True)
     m.add_argument("--peers")
-    m.add_argument("--commit", required=True)
-    m.add_argument("--date")
+    m.add_argument("--source-state", required=True,
+                   help="source-state.txt of the build folder the benchmark ran from (commit and tree)")
+    m.add_argument("--command", required=True, help="the command that produced --bench and --peers")
+    m.add_argument("--note", default="", help="what a reader of the results should know about the run")
     m.add_argument("--out", required=True)
     c = sub.add_parser("chapter")
     c.add_argument("--results", required=True)
     args = parser.parse_args()
-    return merge(args) if args.command == "merge" else chapter(args)
+    return merge(args) if args.action == "merge" else chapter(args)
 
 
 if __name__ == "__main__":
