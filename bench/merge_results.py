@@ -96,8 +96,12 @@ def main():
 
     with open(a.bench, encoding="utf-8") as f:
         bench = json.load(f)
-    with open(a.peers, encoding="utf-8") as f:
-        peers = json.load(f)
+    if os.path.exists(a.peers):
+        with open(a.peers, encoding="utf-8") as f:
+            peers = json.load(f)
+    else:  # the peers step wrote nothing (cut short before its first shape): stages only
+        print(f"note: no peers file {a.peers}; the results hold the stages and ceilings only")
+        peers = {"results": []}
     ctx = bench.setdefault("context", {})
     ctx.pop("executable", None)  # a path on the machine that ran it
     state_file = a.source_state
@@ -167,6 +171,9 @@ def main():
         "note": a.note,
         "targets": targets,
         "peers": {k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")},
+        # bench/peers.py sets "complete" when it reaches its end; a run cut short keeps the
+        # shapes it finished, and says so here
+        "peers_complete": bool(peers.get("complete")),
         "peer_errors": [r for r in peers["results"] if "error" in r],
         "shapes_file": a.shapes,
         "command": a.command,

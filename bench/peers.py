@@ -290,7 +290,11 @@ def flashinfer_all(args, shapes, sets):
                    "--flashinfer-backends", args.flashinfer_backends, "--out", lines, "--flashinfer-child"]
             if after:
                 cmd += ["--start-after", after]
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      timeout=args.flashinfer_timeout)
+            except subprocess.TimeoutExpired:  # e.g. a module compiling: the shapes left get an error row
+                proc = None
             if os.path.exists(lines):
                 with open(lines, encoding="utf-8") as f:
                     for line in f:
@@ -299,6 +303,11 @@ def flashinfer_all(args, shapes, sets):
             if len(done) == len(names):
                 break
             pending = [n for n in names if n not in done]
+            if proc is None:
+                for n in pending:
+                    done[n] = [{"impl": "flashinfer", "shape": n, "error": "the FlashInfer process ran past "
+                                f"--flashinfer-timeout ({args.flashinfer_timeout:.0f} s)"}]
+                break
             if proc.returncode == 0 or not pending:
                 break
             tail = (proc.stdout.strip().splitlines() or ["no output"])[-1]
@@ -309,25 +318,41 @@ def flashinfer_all(args, shapes, sets):
 
 
 def prefill_main(args, shapes, flush, out, sets):
-    flashinfer = flashinfer_all(args, shapes, sets)
+    """PyTorch SDPA on every shape first, then FlashInfer in child processes; the JSON is
+    written after each shape and after FlashInfer, so a run cut short keeps what it measured."""
     for s in shapes:
         if s["set"] not in sets:
             continue
         rows = sdpa_prefill_rows(s, flush) if s["mode"] == "prefill" else sdpa_decode_rows(s, flush)
-        rows += flashinfer.get(s["name"], [])
-        for row in rows:
-            out["results"].append(row)
-            if "TFLOP/s" in row:
-                msg = f"{row['TFLOP/s']:8.1f} TFLOP/s"
-            elif "GB/s" in row:
-                msg = f"{row['GB/s']:8.1f} GB/s"
-            else:
-                msg = "unsupported: " + row.get("error", "?")
-            print(f"{row['impl']:22s} {s['name']:30s} {msg}", flush=True)
+        print_rows(s, rows, out)
         torch.cuda.empty_cache()
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
+        write_json(args.out, out)
+    flashinfer = flashinfer_all(args, shapes, sets)
+    for s in shapes:
+        if s["set"] in sets:
+            print_rows(s, flashinfer.get(s["name"], []), out)
+    out["complete"] = True
+    write_json(args.out, out)
     return 0
+
+
+def write_json(path, data):
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def print_rows(s, rows, out):
+    """Appends a shape's rows to the results and prints one line per row."""
+    for row in rows:
+        out["results"].append(row)
+        if "TFLOP/s" in row:
+            msg = f"{row['TFLOP/s']:8.1f} TFLOP/s"
+        elif "GB/s" in row:
+            msg = f"{row['GB/s']:8.1f} GB/s"
+        else:
+            msg = "unsupported: " + row.get("error", "?")
+        print(f"{row['impl']:22s} {s['name']:30s} {msg}", flush=True)
 
 
 def main():
@@ -337,6 +362,8 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--flashinfer-backends", default="fa2,fa3",
                         help="prefill file: FlashInfer prefill backends to time (each compiles on first use)")
+    parser.add_argument("--flashinfer-timeout", type=float, default=180,
+                        help="prefill file: seconds a FlashInfer process may take (its modules compile on first use)")
     parser.add_argument("--flashinfer-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start-after", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -385,8 +412,9 @@ def main():
                 row["max_abs_diff_flash_vs_cudnn"] = diff
         del q, k, v, outputs
         torch.cuda.empty_cache()
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
+        write_json(args.out, out)  # after every shape: a run cut short keeps what it measured
+    out["complete"] = True
+    write_json(args.out, out)
     return 0
 
 

@@ -24,6 +24,7 @@ PyTorch peers:
 import argparse
 import csv
 import json
+import os
 import sys
 
 import torch
@@ -141,9 +142,16 @@ def main():
             print(f"{impl:24s} {s['name']:40s} {msg}", flush=True)
         del logits, x
         torch.cuda.empty_cache()
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
+        write_json(args.out, out)  # after every shape: a run cut short keeps what it measured
+    out["complete"] = True
+    write_json(args.out, out)
     return 0
+
+
+def write_json(path, data):
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ step_bench() {
   timeout 300 "$B/bin/flashstep_bench" --shapes="$SHAPES" $BENCH_ARGS \
     --benchmark_out="$RESULTS/bench.json" --benchmark_out_format=json > "$RESULTS/bench.log" 2>&1
   echo "bench: rc=$?"
-  PYTHONUNBUFFERED=1 timeout 240 python3 bench/peers.py --shapes "$SHAPES" --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
+  # peers.py writes its JSON after every shape, so a run cut short by the limit keeps what it measured
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers.py --shapes "$SHAPES" --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
   echo "peers: rc=$?"
   python3 bench/merge_results.py --bench "$RESULTS/bench.json" --peers "$RESULTS/peers.json" --shapes "$SHAPES" \
     --source-state "$B/source-state.txt" --command "$COMMAND" --note "${FLASHSTEP_NOTE:-}" --out "$RESULTS/results.json"
