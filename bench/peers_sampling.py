@@ -23,13 +23,11 @@ PyTorch peers:
 """
 import argparse
 import csv
-import json
-import os
 import sys
 
 import torch
 
-from peers import as_graph, time_call
+from peers import as_graph, time_call, write_json
 
 
 def load_shapes(path, sets):
@@ -147,11 +145,6 @@ def main():
     write_json(args.out, out)
     return 0
 
-
-def write_json(path, data):
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

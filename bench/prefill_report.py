@@ -20,21 +20,12 @@ import os
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
+from report import fmt  # the number format of every chapter table
 
 # Markers of its own (as stage 03's sweep has): bench/report.py and the docs test of its
 # sections leave this one to this script.
 BEGIN, END = "<!-- prefill results:begin -->", "<!-- prefill results:end -->"
 STAGE, RAGGED = "04_tensor_core", "04_tensor_core_ragged"
-
-
-def fmt(x, digits=3):
-    if x is None:
-        return "–"
-    if x == 0:
-        return "0"
-    import math
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
-    return f"{x:,.{decimals}f}"
 
 
 def load_shapes(repo):
