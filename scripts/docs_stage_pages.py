@@ -77,9 +77,9 @@ def stage_page(folder, source_dir, labels, results, out_dir):
     lines[title_at] = f"# {title} {{#{labels[folder]}}}"
     body = rewrite_links("\n".join(lines), folder, source_dir, labels,
                          os.path.join(out_dir, "images"))
-    if "<!-- results:begin -->" in text:
-        # The chapter carries its own results section, generated from the same JSON by
-        # bench/report.py (tests/docs checks that it is current); point to the full page.
+    if re.search(r"<!-- [\w -]*results:begin -->", text):
+        # The chapter carries its own results section (bench/report.py's, or stage 03's,
+        # 04's or 06's own markers), generated from a results JSON; point to the full page.
         section = ["", "All measured rows of every stage: \\ref results.", ""]
     else:
         section = ["", "## Measured results (generated)", ""]
