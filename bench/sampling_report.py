@@ -4,8 +4,8 @@ JSON into one results file, and regenerate the chapter's results section from it
 
     python3 bench/sampling_report.py merge --bench sampling_bench.json --peers peers_sampling.json \\
         --source-state build-gpu/source-state.txt --command "bench/sampling_run.sh ..." \\
-        --out docs/results/h100_sampling_DATE.json
-    python3 bench/sampling_report.py chapter --results docs/results/h100_sampling_DATE.json
+        --out docs/results/sampling/h100_sampling_DATE.json
+    python3 bench/sampling_report.py chapter --results docs/results/sampling/h100_sampling_DATE.json
 
 The chapter section lies between `<!-- sampling-results:begin -->` and
 `<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
