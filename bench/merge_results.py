@@ -82,6 +82,19 @@ def shape_key(s):
             int(s["head_dim"]), s["dtype"]]
 
 
+def peer_median_row(r, shape_name, label, unit, ceiling):
+    """A peer's timing `r` from bench/peers.py as a Google Benchmark median row named
+    peer_<impl>/<shape_name>: its `unit` ("GB/s" with r's bytes, or "TFLOP/s" with its
+    flops) and that as a percentage of `ceiling`, the run's ceiling in the same unit."""
+    name = f"peer_{r['impl']}/{shape_name}"
+    amount = "flops" if unit == "TFLOP/s" else "bytes"
+    return {"name": name + "_median", "run_name": name, "run_type": "aggregate",
+            "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
+            "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
+            "cpu_time": r["median_us"], "time_unit": "us", unit: r[unit], amount: r[amount],
+            "pct_of_ceiling": 100.0 * r[unit] / ceiling, "label": label}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bench", required=True)
@@ -113,8 +126,6 @@ def main():
     ctx["commit"] = commit + ("-dirty" if tree == "modified" else "")
     copy_gbps = float(ctx["copy_ceiling_GB/s"])
 
-    rows = [b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"]
-    present = {base_name(b) for b in rows}
     shapes = load_shapes(a.shapes)
     prefill_file = bool(shapes) and "mode" in shapes[0]
     gemm_tflops = float(ctx.get("gemm_bf16_ceiling_TFLOP/s", "nan"))
@@ -123,32 +134,14 @@ def main():
             if prefill_file:  # peers.py names the shape of each prefill-file row
                 if r.get("shape") != s["name"] or "median_us" not in r:
                     continue
-                name = f"peer_{r['impl']}/{s['name']}"
-                present.add(name)
-                row = {"name": name + "_median", "run_name": name, "run_type": "aggregate",
-                       "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
-                       "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
-                       "cpu_time": r["median_us"], "time_unit": "us",
-                       "label": f"{s['dtype']} {r.get('note', '')}, {r['mode']}"}
-                if "TFLOP/s" in r:
-                    row.update({"TFLOP/s": r["TFLOP/s"], "flops": r["flops"],
-                                "pct_of_ceiling": 100.0 * r["TFLOP/s"] / gemm_tflops})
-                else:
-                    row.update({"GB/s": r["GB/s"], "bytes": r["bytes"],
-                                "pct_of_ceiling": 100.0 * r["GB/s"] / copy_gbps})
-                bench["benchmarks"].append(row)
-                continue
-            if r["key"] != shape_key(s) or "median_us" not in r:
-                continue
-            name = f"peer_{r['impl']}/{s['name']}"
-            present.add(name)
-            bench["benchmarks"].append({
-                "name": name + "_median", "run_name": name, "run_type": "aggregate",
-                "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
-                "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
-                "cpu_time": r["median_us"], "time_unit": "us", "GB/s": r["GB/s"],
-                "bytes": r["bytes"], "pct_of_ceiling": 100.0 * r["GB/s"] / copy_gbps,
-                "label": f"{s['dtype']} contiguous, {r['gqa']}, {r['mode']}"})
+                label = f"{s['dtype']} {r.get('note', '')}, {r['mode']}"
+                unit, ceiling = ("TFLOP/s", gemm_tflops) if "TFLOP/s" in r else ("GB/s", copy_gbps)
+            else:
+                if r["key"] != shape_key(s) or "median_us" not in r:
+                    continue
+                label = f"{s['dtype']} contiguous, {r['gqa']}, {r['mode']}"
+                unit, ceiling = "GB/s", copy_gbps
+            bench["benchmarks"].append(peer_median_row(r, s["name"], label, unit, ceiling))
 
     by_name = {base_name(b): b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"}
     targets = []
