@@ -123,7 +123,7 @@ def table(rows):
     return "\n".join(lines)
 
 
-# Said under every table with a "% of ceiling" above 100, which otherwise reads as an error.
+# Said above every table with a "% of ceiling" above 100, which otherwise reads as an error.
 CEILING_NOTE = (
     "\"% of ceiling\" is the row's GB/s (the bytes the call must move: its inputs read, its "
     "outputs written) over the copy ceiling of the same run, a device-to-device copy whose "
