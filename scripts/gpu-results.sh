@@ -14,9 +14,9 @@
 # decode or split_kv runs only that half (the first: tests, sanitizer, bench, ncu; the
 # second: bench, split_kv_tune), for a machine that allows no single run that long.
 #
-# Then, in a checkout: copy the files into docs/results/ under those names (the run that
-# the decode chapter cited before moves to docs/results/history/), and regenerate the
-# chapters: python3 bench/report.py; python3 bench/split_kv_report.py (see its --help).
+# Then, in a checkout: scripts/gpu-results-install.sh OUT_DIR copies the files into
+# docs/results/ under those names (the run that the decode chapter cited before moves to
+# docs/results/history/) and regenerates the chapters of stages 01-03.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:?usage: scripts/gpu-results.sh OUT_DIR [decode|split_kv] [--build DIR]}
