@@ -8,13 +8,11 @@ e.g. ``sampling_from_probs: seed must be an integer in [0, 18446744073709551615]
 (the flashstep command checks ``--seed`` with the same rule and words).
 
 A few rules are checked before the call, because the C++ side would accept the value:
-- ``sm_scale`` must be a finite number or None (None: the default 1/sqrt(head_dim));
 - ``q`` must have a head_dim (last axis) of at least 1;
 - token ids (``tokens``, ``token_ids``) must be >= 0.
 The argument types come from the signature pybind11 writes at the top of each docstring.
 """
 import functools
-import math
 import numbers
 import re
 
@@ -125,17 +123,14 @@ def type_problem(name, kind, value):
 
 
 def _bind(params, args, kwargs):
-    """{name: value} of a call, the way Python would bind it (unknown names kept apart)."""
+    """{name: value} of a call, the way Python would bind it (unknown keyword names kept,
+    for _explain to report)."""
     bound = dict(zip((p[0] for p in params), args))
     bound.update(kwargs)
     return bound
 
 
 def _check_before(fn, bound):
-    scale = bound.get("sm_scale")
-    if isinstance(scale, numbers.Real) and not isinstance(scale, bool) and not math.isfinite(scale):
-        raise ValueError(f"{fn}: sm_scale must be a finite number, or None for the default "
-                         f"1/sqrt(head_dim), got {scale}")
     q = bound.get("q")
     if isinstance(q, np.ndarray) and q.ndim >= 1 and q.shape[-1] == 0:
         raise ValueError(f"{fn}: head_dim (the last axis of q) must be >= 1, got q of shape {q.shape}")
