@@ -107,10 +107,14 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
     std::ofstream(peers) << "{\"results\": [], \"note\": \"PyTorch not installed\"}\n";
   }
   // 3. One results JSON: Google Benchmark's, with device, commit, date and the targets.
-  if (shell("python3 " + quoted(source + "/bench/merge_results.py") + " --bench " +
-                quoted(tmp + "/bench.json") + " --peers " + quoted(peers) + " --shapes " +
-                quoted(shapes) + " --commit " + quoted(commit) + " --out " + quoted(opt.out),
-            os) != 0) {
+  // merge_results.py reads the commit and the tree's state from the build folder's
+  // source-state.txt (scripts/gpu-build.sh writes it), else from git here.
+  std::string merge = "python3 " + quoted(source + "/bench/merge_results.py") + " --bench " +
+                      quoted(tmp + "/bench.json") + " --peers " + quoted(peers) + " --shapes " +
+                      quoted(shapes) + " --out " + quoted(opt.out);
+  const std::string source_state = own_dir() + "/../source-state.txt";
+  if (exists(source_state)) merge += " --source-state " + quoted(source_state);
+  if (shell(merge, os) != 0) {
     os << "FAIL: merging the results failed (see above).\n";
     return 1;
   }
