@@ -58,6 +58,7 @@ int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, co
               shape_string(v.shape));
   check_dim(fn, "k", k, 2, q.dim(-1), "head_dim, must match q");
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
+  check_head_dim(fn, q.dim(-1));
   check_heads(fn, q.dim(-2), num_kv_heads);
   check_finite(fn, "k", k);
   check_finite(fn, "v", v);
@@ -116,6 +117,7 @@ AttentionResult paged_prefill(const char* fn, const Tensor& q, const std::vector
   check_finite(fn, "q", q);
   check_paged_kv_cache(fn, cache);
   check_dim(fn, "paged_kv_cache", cache.pages, 4, q.dim(2), "head_dim, must match q");
+  check_head_dim(fn, q.dim(2));
   check_heads(fn, q.dim(1), cache.num_kv_heads());
   check_indptr(fn, "qo_indptr", qo_indptr, cache.batch_size() + 1, q.dim(0));
   AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};

@@ -198,6 +198,7 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
   check_rank(fn, "paged_kv_cache", cache.pages, 5);
   require(cache.pages.dim(1) == 2, fn, "paged_kv_cache dimension 1 must be 2 (K and V)");
   check_dim(fn, "paged_kv_cache", cache.pages, 4, q.dim(2), "head_dim, must match q");
+  check_head_dim(fn, q.dim(2));
   check_heads(fn, q.dim(1), cache.num_kv_heads());
   require(v.Bc == cache.page_size() && v.num_pages == cache.num_pages(), fn,
           "the view (Bc " + str(v.Bc) + ", " + str(v.num_pages) + " pages) was not built for this pool (page_size " +

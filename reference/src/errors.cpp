@@ -83,4 +83,8 @@ void check_heads(const char* fn, int64_t num_qo_heads, int64_t num_kv_heads) {
               ") must be a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
 }
 
+void check_head_dim(const char* fn, int64_t head_dim) {
+  require(head_dim > 0, fn, "head_dim (q's last dimension) must be positive (got " + std::to_string(head_dim) + ")");
+}
+
 }  // namespace flashstep::ref

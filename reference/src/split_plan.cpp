@@ -131,6 +131,7 @@ SplitKVPartials split_kv_partials(const Tensor& q, const PagedKVCache& cache, co
   require(q.dim(0) == cache.batch_size(), fn,
           "q dimension 0 (batch_size) must equal the cache's batch size " + str(cache.batch_size()));
   check_dim(fn, "paged_kv_cache", cache.pages, 4, q.dim(2), "head_dim, must match q");
+  check_head_dim(fn, q.dim(2));
   check_heads(fn, q.dim(1), cache.num_kv_heads());
   check_attention_options(fn, opt);
   check_plan(fn, cache, plan);

@@ -102,8 +102,14 @@ TEST_CASE("bad queries, heads and shapes are named") {
   hand_built.data.pop_back();
   expect_error([&] { ref::single_prefill_with_kv_cache(hand_built, k, k); }, {sf, "q holds 95 elements"});
 
+  // head_dim 0: shapes that agree with each other, but a head of no elements
+  expect_error([&] { ref::single_prefill_with_kv_cache(Tensor({3, 4, 0}), Tensor({7, 2, 0}), Tensor({7, 2, 0})); },
+               {sf, "head_dim (q's last dimension) must be positive (got 0)"});
+
   const char* df = "single_decode_with_kv_cache";
   expect_error([&] { ref::single_decode_with_kv_cache(q, k, k); }, {df, "q must have rank 2"});
+  expect_error([&] { ref::single_decode_with_kv_cache(Tensor({4, 0}), Tensor({7, 2, 0}), Tensor({7, 2, 0})); },
+               {df, "head_dim (q's last dimension) must be positive (got 0)"});
 
   AttentionOptions bad;
   bad.window_left = -2;

@@ -50,5 +50,8 @@ void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& 
 
 /// Query/KV heads must divide (GQA) and be positive.
 void check_heads(const char* fn, int64_t num_qo_heads, int64_t num_kv_heads);
+/// Throws InvalidArgument from `fn` unless head_dim (q's last dimension) is positive: a
+/// head of no elements has no dot product, and the reference would return empty rows.
+void check_head_dim(const char* fn, int64_t head_dim);
 
 }  // namespace flashstep::ref
