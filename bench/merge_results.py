@@ -175,7 +175,7 @@ def main():
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(bench, f, indent=1)
     if tree != "clean":
-        print(f"note: built from a {tree} tree (commit {ctx['commit']}); not for docs/results/")
+        print(f"note: built from a tree that is {tree} (commit {ctx['commit']}); not for docs/results/")
     for t in targets:
         verdict = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
         print(f"{verdict} {t.get('ratio', float('nan')):7.3f} ({t['goal']})  {t['target']}")

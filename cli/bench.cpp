@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "flashstep/reference/errors.hpp"
 
 #ifdef FLASHSTEP_CLI_HAVE_STAGES
 #include "harness/device.hpp"
@@ -51,10 +52,7 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   const std::string bench_exe = own_dir() + "/flashstep_bench";
   const std::string source = FLASHSTEP_SOURCE_DIR;
   const std::string shapes = opt.shapes.rfind('/', 0) == 0 ? opt.shapes : source + "/" + opt.shapes;
-  if (!exists(shapes)) {
-    os << "flashstep bench: --shapes: no shapes file " << shapes << "\n";
-    return 2;
-  }
+  if (!exists(shapes)) throw ref::InvalidArgument("--shapes: no shapes file " + shapes);
   if (!exists(bench_exe)) {
     os << "flashstep bench: nothing to benchmark: this build has no benchmark program ("
        << bench_exe << "; it is built with CUDA and -DFLASHSTEP_BUILD_BENCH=ON).\n";

@@ -48,6 +48,7 @@ BAD = [
     (["explain", "--prompt", " ".join(["w"] * 200)], "<= 96"),
     (["validate", "--quick", "extra"], "extra"),
     (["bench", "--out"], "--out"),
+    (["bench", "--shapes", "bench/no_such_shapes.csv"], "--shapes: no shapes file"),
     # Seeds: an integer in [0, 2**64 - 1], as the Python module's `seed`.
     (["tour", "--seed", "-1"], "--seed must be an integer in [0, 18446744073709551615]"),
     (["tour", "--seed=-1"], "--seed must be an integer in [0, 18446744073709551615]"),
