@@ -146,6 +146,5 @@ def main():
     return 0
 
 
-
 if __name__ == "__main__":
     sys.exit(main())
