@@ -10,7 +10,10 @@ become median rows named peer_<impl>/<shape>, one per shape whose sizes the peer
 the context gains the commit; a top-level "flashstep" object holds the stage's speed
 goals, computed here from the rows of this one run, the peers' versions, the command
 that produced the run and the state of the tree. Google Benchmark's "executable" (a
-path on the machine that ran it) is dropped. Prints the goals.
+path on the machine that ran it) is dropped. Prints the goals. Which goals follows from
+the shapes file's columns: TARGETS (bench/shapes.csv), PREFILL_TARGETS (a "mode"
+column: bench/shapes_prefill.csv) or CASCADE_TARGETS and the cascade sweep (a
+"shared_prefix" column too: bench/shapes_cascade.csv).
 
 Provenance is read, never typed: the commit and the tree's state come from the build
 folder's source-state.txt (written by scripts/gpu-build.sh, next to the binaries
@@ -54,6 +57,90 @@ PREFILL_TARGETS = [
      "04_tensor_core/mqa_b1_kv16384", "peer_torch_sdpa_cudnn/mqa_b1_kv16384", 1.00, ">="),
 ]
 
+# Stage 05 on bench/shapes_cascade.csv: speedups, the other row's time over stage 05's
+# (">=speedup": higher is better, whatever unit each row counts). A denominator given as
+# a tuple is the fastest of those rows in this run.
+CASCADE_TARGETS = [
+    ("05_cascade vs FlashInfer's MultiLevelCascadeAttentionWrapper, prefix 32768 + suffix 128, "
+     "batch 128 decode (speedup)",
+     "05_cascade/p32768_b128_s128", "peer_flashinfer_cascade/p32768_b128_s128", 2.00, ">=speedup"),
+    ("05_cascade vs 03_split_kv on the flat page tables, prefix 32768 + suffix 128, batch 128 decode (speedup)",
+     "05_cascade/p32768_b128_s128", "03_split_kv/p32768_b128_s128", 15.0, ">=speedup"),
+    ("05_cascade vs FlashInfer's MultiLevelCascadeAttentionWrapper, append: prefix 8192, batch 16 x 256 "
+     "queries (speedup)",
+     "05_cascade/append_p8192_b16_q256", "peer_flashinfer_cascade/append_p8192_b16_q256", 1.00, ">=speedup"),
+    ("05_cascade vs 04_tensor_core on the flat page tables, append: prefix 8192, batch 16 x 256 queries (speedup)",
+     "05_cascade/append_p8192_b16_q256", "04_tensor_core/append_p8192_b16_q256", 1.00, ">=speedup"),
+]
+# The sweep grid, every decode shape of the cascade file (its "sweep" rows and the grid
+# point the targets above use): stage 05 against the fastest flat stage on the same batch,
+# each shape and the worst of them.
+CASCADE_FLAT_STAGES = ("02_paged", "03_split_kv", "04_tensor_core")
+CASCADE_SWEEP_GOAL = 0.98
+
+
+def cascade_targets(shapes):
+    """CASCADE_TARGETS, then one sweep target per decode shape of `shapes`."""
+    sweep = [(f"05_cascade vs the fastest flat stage ({', '.join(CASCADE_FLAT_STAGES)}), {s['name']} (speedup)",
+              f"05_cascade/{s['name']}", tuple(f"{st}/{s['name']}" for st in CASCADE_FLAT_STAGES),
+              CASCADE_SWEEP_GOAL, ">=speedup") for s in shapes if s["mode"] == "decode"]
+    return CASCADE_TARGETS + sweep
+
+
+def time_us(row):
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[row.get("time_unit", "ns")]
+    return row["real_time"] * scale
+
+
+def target(text, num, den, goal, how, by_name):
+    """One speed goal computed from this run's median rows `by_name`: "ratio" and "met", or
+    "met": None and the "missing" rows. how: ">=" (num's rate over den's: TFLOP/s where num
+    has it, else GB/s), "<=time" (num's time over den's) or ">=speedup" (den's time over
+    num's). A tuple `den` is the fastest of its rows that ran; "denominator" names it."""
+    t = {"target": text, "numerator": num, "denominator": den, "goal": f"{how[:2]} {goal:.2f}"}
+    if isinstance(den, tuple):
+        t["candidates"] = list(den)
+        ran = [n for n in den if n in by_name]
+        den = t["denominator"] = min(ran, key=lambda n: time_us(by_name[n])) if ran else None
+    if num in by_name and den in by_name:
+        if how == "<=time":
+            ratio = by_name[num]["real_time"] / by_name[den]["real_time"]
+            t["met"] = ratio <= goal
+        elif how == ">=speedup":
+            ratio = time_us(by_name[den]) / time_us(by_name[num])
+            t["met"] = ratio >= goal
+        else:
+            unit = "TFLOP/s" if "TFLOP/s" in by_name[num] else "GB/s"
+            ratio = by_name[num][unit] / by_name[den][unit]
+            t["met"] = ratio >= goal
+        t["ratio"] = round(ratio, 4)
+    else:
+        t["met"] = None
+        t["missing"] = [n for n in (num, *t.get("candidates", [den])) if n not in by_name]
+    return t
+
+
+def worst_of_sweep(sweep):
+    """The summary of the cascade sweep's targets: the lowest ratio and its rows; met when
+    every shape was measured and none is below the goal, missed when one is below (whatever
+    is missing), otherwise not measured."""
+    measured = [t for t in sweep if "ratio" in t]
+    worst = min(measured, key=lambda x: x["ratio"]) if measured else sweep[0]
+    t = {"target": f"05_cascade vs the fastest flat stage, worst of the {len(sweep)} decode shapes (speedup)",
+         "numerator": worst["numerator"], "denominator": worst["denominator"],
+         "goal": f">= {CASCADE_SWEEP_GOAL:.2f}", "measured": len(measured)}
+    if measured:
+        t["ratio"] = worst["ratio"]
+    if measured and worst["ratio"] < CASCADE_SWEEP_GOAL:
+        t["met"] = False
+    elif measured and len(measured) == len(sweep):
+        t["met"] = True
+    else:
+        t["met"] = None
+    if len(measured) < len(sweep):
+        t["missing"] = [x["numerator"] for x in sweep if "ratio" not in x]
+    return t
+
 
 def source_state(path):
     """(commit, tree) of the source the run was built from: tree is clean, modified or unknown."""
@@ -88,11 +175,14 @@ def peer_median_row(r, shape_name, label, unit, ceiling):
     flops) and that as a percentage of `ceiling`, the run's ceiling in the same unit."""
     name = f"peer_{r['impl']}/{shape_name}"
     amount = "flops" if unit == "TFLOP/s" else "bytes"
-    return {"name": name + "_median", "run_name": name, "run_type": "aggregate",
-            "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
-            "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
-            "cpu_time": r["median_us"], "time_unit": "us", unit: r[unit], amount: r[amount],
-            "pct_of_ceiling": 100.0 * r[unit] / ceiling, "label": label}
+    row = {"name": name + "_median", "run_name": name, "run_type": "aggregate",
+           "aggregate_name": "median", "repetitions": len(r["repetition_means_us"]),
+           "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
+           "cpu_time": r["median_us"], "time_unit": "us", unit: r[unit], amount: r[amount],
+           "pct_of_ceiling": 100.0 * r[unit] / ceiling, "label": label}
+    # a cascade peer's shared-level flops and its largest difference from the flat peers
+    row.update({k: r[k] for k in ("shared_flops", "max_abs_diff_vs_flat") if k in r})
+    return row
 
 
 def main():
@@ -127,7 +217,8 @@ def main():
     copy_gbps = float(ctx["copy_ceiling_GB/s"])
 
     shapes = load_shapes(a.shapes)
-    prefill_file = bool(shapes) and "mode" in shapes[0]
+    prefill_file = bool(shapes) and "mode" in shapes[0]  # also bench/shapes_cascade.csv: rows name their shape
+    cascade_file = prefill_file and "shared_prefix" in shapes[0]
     gemm_tflops = float(ctx.get("gemm_bf16_ceiling_TFLOP/s", "nan"))
     for s in shapes:
         for r in peers["results"]:
@@ -144,22 +235,12 @@ def main():
             bench["benchmarks"].append(peer_median_row(r, s["name"], label, unit, ceiling))
 
     by_name = {base_name(b): b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"}
-    targets = []
-    for text, num, den, goal, how in (PREFILL_TARGETS if prefill_file else TARGETS):
-        t = {"target": text, "numerator": num, "denominator": den, "goal": f"{how[:2]} {goal:.2f}"}
-        if num in by_name and den in by_name:
-            if how == "<=time":
-                ratio = by_name[num]["real_time"] / by_name[den]["real_time"]
-                t["met"] = ratio <= goal
-            else:
-                unit = "TFLOP/s" if "TFLOP/s" in by_name[num] else "GB/s"
-                ratio = by_name[num][unit] / by_name[den][unit]
-                t["met"] = ratio >= goal
-            t["ratio"] = round(ratio, 4)
-        else:
-            t["met"] = None
-            t["missing"] = [n for n in (num, den) if n not in by_name]
-        targets.append(t)
+    if cascade_file:
+        targets = [target(*x, by_name) for x in cascade_targets(shapes)]
+        fixed, sweep = targets[:len(CASCADE_TARGETS)], targets[len(CASCADE_TARGETS):]
+        targets = fixed + ([worst_of_sweep(sweep)] if sweep else []) + sweep
+    else:
+        targets = [target(*x, by_name) for x in (PREFILL_TARGETS if prefill_file else TARGETS)]
     bench["flashstep"] = {
         "note": a.note,
         "targets": targets,
@@ -172,6 +253,8 @@ def main():
         "command": a.command,
         "tree": tree,
     }
+    if peers.get("flashinfer"):  # the version FlashInfer's rows ran with (prefill and cascade files)
+        bench["flashstep"]["peers"]["flashinfer"] = peers["flashinfer"]
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(bench, f, indent=1)
     if tree != "clean":
