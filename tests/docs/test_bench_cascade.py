@@ -17,7 +17,8 @@ SOURCE = os.environ.get("FLASHSTEP_SOURCE_DIR",
                         os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 SHAPES = os.path.join(SOURCE, "bench", "shapes_cascade.csv")
 BEGIN, END = "<!-- cascade results:begin -->", "<!-- cascade results:end -->"
-FLAT = ("02_paged", "03_split_kv", "04_tensor_core")
+if not os.path.exists(SHAPES):  # the shapes file comes with stage 05
+    pytest.skip("no bench/shapes_cascade.csv in this tree", allow_module_level=True)
 
 
 def shapes():
