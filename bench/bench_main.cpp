@@ -15,6 +15,10 @@
 // Prefill shapes (bench/shapes_prefill.csv) report TFLOP/s instead: 4 * head_dim flops
 // per (query, key) pair the mask lets through, per query head, and pct_of_ceiling
 // against the cuBLAS bf16 GEMM measured in the same process.
+// Shapes with a shared prefix (bench/shapes_cascade.csv) add two rows per shape for stage
+// 05 with its path forced, 05_cascade[cascade] and 05_cascade[flat], beside the planner's
+// own choice; a cascade row carries shared_flops (the shared levels' flops, so that a
+// report can divide by the time) and its label names the path and levels.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "02_paged/paged.hpp"
+#include "05_cascade/cascade.hpp"
 #include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "harness/device.hpp"
@@ -226,7 +231,10 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     note = std::string(stages::to_string(stage.dtypes.front())) + " (stage has no " + stages::to_string(spec.dtype) + ")";
     spec.dtype = stage.dtypes.front();
   }
-  if (stage.storage == stages::KVStorage::ragged) spec.kv_layout = stages::KVLayout::NHD;
+  if (stage.storage == stages::KVStorage::ragged) {
+    if (spec.shared_prefix > 0) return;  // contiguous K/V rows cannot be shared between requests
+    spec.kv_layout = stages::KVLayout::NHD;
+  }
   std::mt19937_64 rng(1);
   if (!stage.supports(stages::harness::make_layout(spec, stage.storage, rng).shape)) return;
   configure(benchmark::RegisterBenchmark(name.c_str(), [&stage, spec, name, note, tune](benchmark::State& state) {
@@ -242,6 +250,25 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage) << ", "
           << (in.graph ? "cuda_graph" : "eager");
     if (!note.empty()) label << "; runs " << note;
+    if (const auto* c = dynamic_cast<const stages::cascade::CascadeRunner*>(in.runner.get())) {
+      const stages::cascade::CascadePlan& plan = c->cascade_plan();
+      if (plan.path == stages::cascade::Path::cascade) {
+        label << "; cascade, " << plan.levels.levels.size() << " levels";
+        double shared_flops = 0;
+        for (size_t l = 0; l + 1 < plan.levels.levels.size(); ++l) {
+          const auto& lv = plan.levels.levels[l];
+          for (size_t g = 0; g + 1 < lv.qo_indptr.size(); ++g) {
+            const double pages = lv.kv_indptr[g + 1] - lv.kv_indptr[g];
+            const double keys = pages == 0 ? 0 : (pages - 1) * plan.levels.page_size + lv.kv_last_page_len[g];
+            shared_flops += double(lv.qo_indptr[g + 1] - lv.qo_indptr[g]) * in.shape.num_qo_heads * keys * 4.0 *
+                            in.shape.head_dim;
+          }
+        }
+        state.counters["shared_flops"] = shared_flops;
+      } else {
+        label << "; flat via " << plan.flat_stage;
+      }
+    }
     state.SetLabel(label.str());
   }));
 }
@@ -328,6 +355,22 @@ int main(int argc, char** argv) {
         register_stage(stage, shape, stage.name + "/" + shape.name);
       }
     }
+    // Stage 05 with its path forced, on the shapes that share a prefix.
+    static const auto forced = [](stages::cascade::Path path, const char* name) {
+      stages::StageInfo info = stages::cascade::stage_info();
+      info.name = name;
+      info.make_runner = [path] {
+        stages::cascade::CascadeOptions options;
+        options.path = path;
+        return std::make_unique<stages::cascade::CascadeRunner>(options);
+      };
+      return info;
+    };
+    static const stages::StageInfo cascade_forced[] = {forced(stages::cascade::Path::cascade, "05_cascade[cascade]"),
+                                                        forced(stages::cascade::Path::flat, "05_cascade[flat]")};
+    for (const stages::StageInfo& stage : cascade_forced)
+      for (const BenchShape& shape : shapes)
+        if (sets.count(shape.set) && shape.spec.shared_prefix > 0) register_stage(stage, shape, stage.name + "/" + shape.name);
     if (tune) {
       const stages::StageInfo& paged = stages::find_stage("02_paged");
       for (const BenchShape& shape : shapes)

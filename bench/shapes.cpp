@@ -13,19 +13,21 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
   ref::require(in.good(), fn, "cannot open " + path);
   std::vector<BenchShape> shapes;
   std::string line;
-  bool header_seen = false, prefill_format = false;
+  bool header_seen = false, prefill_format = false, shared_prefix = false;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.empty() || line[0] == '#') continue;
     if (!header_seen) {  // the column names; order is fixed, see the files
       header_seen = true;
       prefill_format = line.rfind("name,set,mode,", 0) == 0;
+      // bench/shapes_cascade.csv: the prefill columns and a last one, shared_prefix
+      shared_prefix = prefill_format && line.size() >= 14 && line.compare(line.size() - 14, 14, ",shared_prefix") == 0;
       continue;
     }
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
     const std::string where = path + ":" + std::to_string(line_no);
-    const size_t fields = prefill_format ? 15 : 11;
+    const size_t fields = shared_prefix ? 16 : prefill_format ? 15 : 11;
     ref::require(f.size() == fields, fn,
                  where + ": expected " + std::to_string(fields) + " fields, got " + std::to_string(f.size()));
     auto number = [&](size_t i, const char* what) {
@@ -64,6 +66,10 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
                  where + ": page_order must be sequential or shuffled (got \"" + f[10 + o] + "\")");
     s.spec.page_order = f[10 + o] == "sequential" ? stages::harness::PageOrder::sequential
                                                   : stages::harness::PageOrder::shuffled;
+    if (shared_prefix) {
+      s.spec.shared_prefix = number(15, "shared_prefix");
+      ref::require(s.spec.shared_prefix >= 0, fn, where + ": shared_prefix must be >= 0");
+    }
     shapes.push_back(s);
   }
   return shapes;

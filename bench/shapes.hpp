@@ -1,4 +1,6 @@
-// Benchmark shapes, read from bench/shapes.csv (the same file bench/peers.py reads).
+// Benchmark shapes, read from bench/shapes*.csv (the same files bench/peers.py reads):
+// decode (shapes.csv), prefill (shapes_prefill.csv), and with a shared prefix
+// (shapes_cascade.csv).
 #pragma once
 
 #include <string>
@@ -12,7 +14,7 @@ namespace flashstep::bench {
 struct BenchShape {
   std::string name;  ///< e.g. "b128_kv8192_p16"
   std::string set;   ///< "target", "sweep" or "extra"
-  stages::harness::CaseSpec spec;  ///< decode, uniform lengths
+  stages::harness::CaseSpec spec;  ///< the batch: mode, lengths, shared prefix, ...
 };
 
 /// Parses `path`; throws ref::InvalidArgument naming the file, line and field on a bad row.

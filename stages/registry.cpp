@@ -5,6 +5,7 @@
 #include "02_paged/paged.hpp"
 #include "03_split_kv/split_kv.hpp"
 #include "04_tensor_core/tensor_core.hpp"
+#include "05_cascade/cascade.hpp"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages {
@@ -16,6 +17,7 @@ const std::vector<StageInfo>& registry() {
       split_kv::stage_info(),  // 03: plan/run, KV split into chunks that fill the chip, merge
       tensor_core::stage_info(),         // 04: prefill and large-group decode on tensor cores, paged K/V
       tensor_core::ragged_stage_info(),  // 04: the same kernel over ragged K/V
+      cascade::stage_info(),             // 05: shared prefix pages read once per group, levels merged
   };
   return stages;
 }

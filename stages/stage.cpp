@@ -96,6 +96,9 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
     return name + " does not implement the causal mask";
   if (shape.window_left >= 0 && !window_left) return name + " does not implement window_left";
   if (shape.logits_soft_cap > 0.f && !logits_soft_cap) return name + " does not implement logits_soft_cap";
+  if (needs_host_page_table && shape.storage == KVStorage::paged &&
+      (shape.kv_indptr.empty() || static_cast<int64_t>(shape.kv_indices.size()) != shape.kv_indptr.back()))
+    return name + " plans from the page ids: BatchShape::kv_indices must hold kv_indptr[batch_size] entries";
   return {};
 }
 
@@ -114,6 +117,7 @@ std::string StageInfo::capabilities() const {
   if (causal) s << "; causal";
   if (window_left) s << "; window_left";
   if (logits_soft_cap) s << "; logits_soft_cap";
+  if (needs_host_page_table) s << "; plans from the host page table";
   return s.str();
 }
 

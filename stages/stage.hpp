@@ -74,6 +74,10 @@ struct BatchShape {
   std::vector<int32_t> qo_indptr;         ///< (batch_size + 1); decode: 0, 1, ..., batch_size
   std::vector<int32_t> kv_indptr;         ///< (batch_size + 1); paged: page offsets, ragged: token offsets
   std::vector<int32_t> kv_last_page_len;  ///< (batch_size), paged only
+  /// Paged only, optional: a host copy of the page ids (kv_indptr[batch_size]). Stages
+  /// that plan from which pages requests share (stage 05's cascade) need it; the others
+  /// ignore it.
+  std::vector<int32_t> kv_indices;
 
   /// Query rows of the batch: qo_indptr[batch_size].
   int64_t nnz_qo() const { return qo_indptr.empty() ? 0 : qo_indptr.back(); }
@@ -142,6 +146,7 @@ struct StageInfo {
   bool causal = false;                ///< whether it implements the causal mask (prefill)
   bool window_left = false;           ///< whether it implements window_left >= 0
   bool logits_soft_cap = false;       ///< whether it implements logits_soft_cap > 0
+  bool needs_host_page_table = false; ///< whether plan() reads BatchShape::kv_indices
   std::function<std::unique_ptr<StageRunner>()> make_runner;  ///< a fresh runner
 
   /// Empty when the stage can run `shape`; otherwise the first rule it breaks.

@@ -31,6 +31,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
@@ -515,5 +516,18 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
 
   store_output<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesO>(p, t, kv_head, warp_row0, m, l, o);
 }
+
+/// For a later stage that builds its own PrefillParams (stage 05 runs this kernel once per
+/// cascade level, into its own partial rows): allows the instantiation for `head_dim` its
+/// dynamic shared memory. Call once before launches (in plan(): not a stream operation).
+/// Returns how many of its blocks fit on one multiprocessor (the occupancy calculator's
+/// answer). Defined in tensor_core.cu for __half and __nv_bfloat16.
+template <typename T>
+int prepare_prefill_attention(int head_dim);
+/// Launches prefill_attention_kernel<T, head_dim, 1> with `p` on `stream`: num_items x
+/// p.num_kv_heads blocks, PrefillTraits::smem_bytes() of shared memory. Launches only
+/// (CUDA-graph safe); p's schedule arrays must hold num_items entries.
+template <typename T>
+void launch_prefill_attention(const PrefillParams<T>& p, int head_dim, int64_t num_items, cudaStream_t stream);
 
 }  // namespace flashstep::stages::tensor_core

@@ -167,6 +167,32 @@ int device_sm_count() {
 
 }  // namespace
 
+template <typename T>
+int prepare_prefill_attention(int head_dim) {
+  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    const KernelEntry e = kernel_entry<T, HEAD_DIM, 1>();
+    e.set_smem_limit(e.smem_bytes);
+    return e.blocks_per_sm(e.smem_bytes);
+  });
+  return 0;
+}
+
+template <typename T>
+void launch_prefill_attention(const PrefillParams<T>& p, int head_dim, int64_t num_items, cudaStream_t stream) {
+  if (num_items == 0) return;
+  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    using Tr = PrefillTraits<T, HEAD_DIM, 1>;
+    prefill_attention_kernel<T, HEAD_DIM, 1>
+        <<<static_cast<unsigned>(num_items * p.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
+    kernels::check_launch("prefill_attention_kernel");
+  });
+}
+
+template int prepare_prefill_attention<__half>(int);
+template int prepare_prefill_attention<__nv_bfloat16>(int);
+template void launch_prefill_attention<__half>(const PrefillParams<__half>&, int, int64_t, cudaStream_t);
+template void launch_prefill_attention<__nv_bfloat16>(const PrefillParams<__nv_bfloat16>&, int, int64_t, cudaStream_t);
+
 TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
     : storage_(storage), options_(options) {}
 

@@ -36,6 +36,8 @@ std::string CaseSpec::describe() const {
   if (logits_soft_cap > 0) s << " soft_cap=" << logits_soft_cap;
   s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim
     << " page=" << page_size << ' ' << to_string(lengths) << ' ' << to_string(page_order);
+  if (shared_prefix > 0) s << " shared_prefix=" << shared_prefix;
+  if (group_prefix > 0) s << " group_prefix=" << group_prefix << 'x' << prefix_groups;
   return s.str();
 }
 
@@ -61,6 +63,11 @@ void check_spec(const CaseSpec& spec, KVStorage storage) {
                "page_size must be >= 1 (got " + std::to_string(spec.page_size) + ")");
   ref::require(storage != KVStorage::ragged || spec.kv_layout == KVLayout::NHD, fn,
                "ragged KV is stored NHD; kv_layout HND applies to paged storage only");
+  ref::require(spec.shared_prefix >= 0 && spec.group_prefix >= 0, fn, "shared_prefix and group_prefix must be >= 0");
+  ref::require(spec.prefix_groups >= 1 && spec.prefix_groups <= spec.batch_size, fn,
+               "prefix_groups must be in 1..batch_size (got " + std::to_string(spec.prefix_groups) + ")");
+  ref::require(storage == KVStorage::paged || (spec.shared_prefix == 0 && spec.group_prefix == 0), fn,
+               "a shared prefix needs paged storage (ragged requests cannot share rows)");
 }
 
 std::vector<int32_t> draw_lengths(int batch, int longest, LengthPolicy policy, std::mt19937_64& rng) {
@@ -127,18 +134,44 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
     return out;
   }
   s.page_size = spec.page_size;
+  const int P = spec.page_size;
+  // Request b: shared_prefix + group_prefix tokens it shares, then its own kv_lens[b].
+  // Whole pages below shared_prefix are shared by all; whole pages below shared_prefix +
+  // group_prefix (and not shared by all) by its group; the rest are its own.
+  const int prefix = spec.shared_prefix + spec.group_prefix;
+  const int all_pages = spec.shared_prefix / P, group_pages = prefix / P - all_pages;
   s.kv_indptr.push_back(0);
-  for (int32_t len : kv_lens) {
-    const int32_t pages = (len + spec.page_size - 1) / spec.page_size;
+  for (int32_t own : kv_lens) {
+    const int32_t len = prefix + own;
+    const int32_t pages = (len + P - 1) / P;
     s.kv_indptr.push_back(s.kv_indptr.back() + pages);
-    s.kv_last_page_len.push_back(pages == 0 ? 0 : len - (pages - 1) * spec.page_size);
+    s.kv_last_page_len.push_back(pages == 0 ? 0 : len - (pages - 1) * P);
   }
-  const int64_t used = s.kv_indptr.back();
+  const int64_t entries = s.kv_indptr.back();
+  const int64_t used = entries - int64_t{spec.batch_size - 1} * all_pages -
+                       int64_t{spec.batch_size - spec.prefix_groups} * group_pages;
   s.num_pages = used + used / 4 + 1;  // spare pages nobody owns: reading one is a bug
   std::vector<int32_t> order(static_cast<size_t>(s.num_pages));
   std::iota(order.begin(), order.end(), 0);
   if (spec.page_order == PageOrder::shuffled) std::shuffle(order.begin(), order.end(), rng);
-  out.kv_indices.assign(order.begin(), order.begin() + used);
+  size_t next = 0;
+  const std::vector<int32_t> shared_ids(order.begin(), order.begin() + all_pages);
+  next += static_cast<size_t>(all_pages);
+  std::vector<std::vector<int32_t>> group_ids(static_cast<size_t>(spec.prefix_groups));
+  for (auto& ids : group_ids) {
+    ids.assign(order.begin() + static_cast<std::ptrdiff_t>(next), order.begin() + static_cast<std::ptrdiff_t>(next) + group_pages);
+    next += static_cast<size_t>(group_pages);
+  }
+  for (int b = 0; b < spec.batch_size; ++b) {
+    const int64_t pages = s.kv_indptr[b + 1] - s.kv_indptr[b];
+    const auto& group = group_ids[static_cast<size_t>(int64_t{b} * spec.prefix_groups / spec.batch_size)];
+    for (int64_t k = 0; k < pages; ++k) {
+      if (k < all_pages) out.kv_indices.push_back(shared_ids[static_cast<size_t>(k)]);
+      else if (k < all_pages + group_pages) out.kv_indices.push_back(group[static_cast<size_t>(k - all_pages)]);
+      else out.kv_indices.push_back(order[next++]);
+    }
+  }
+  s.kv_indices = out.kv_indices;
   return out;
 }
 
@@ -168,6 +201,25 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   const int64_t nnz_kv = token_indptr.back();
   ref::Tensor k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
   ref::Tensor v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
+  // A page held by several requests (a shared prefix) holds one set of rows: every
+  // holder's rows of that page become a copy of its first holder's, before the answer.
+  if (storage == KVStorage::paged) {
+    const int64_t P = s.page_size;
+    std::vector<int64_t> first_row(static_cast<size_t>(s.num_pages), -1);  // row of slot 0
+    for (int b = 0; b < s.batch_size; ++b)
+      for (int64_t t = 0; t < s.kv_len(b); t += P) {
+        const int32_t page = c.layout.kv_indices[static_cast<size_t>(s.kv_indptr[b] + t / P)];
+        const int64_t row = token_indptr[b] + t;
+        int64_t& owner = first_row[static_cast<size_t>(page)];
+        if (owner < 0) {
+          owner = row;
+          continue;
+        }
+        const int64_t n = std::min<int64_t>(P, s.kv_len(b) - t) * H * D;
+        for (ref::Tensor* x : {&k, &v})
+          std::copy(x->data.begin() + owner * H * D, x->data.begin() + owner * H * D + n, x->data.begin() + row * H * D);
+      }
+  }
   c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
   if (storage == KVStorage::ragged) {
     c.k = std::move(k);

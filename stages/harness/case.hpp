@@ -52,6 +52,16 @@ struct CaseSpec {
   int window_left = -1;  ///< keep the last window_left + 1 keys of each query's range; -1 = off
   double logits_soft_cap = 0.0;  ///< c > 0: scores s -> c * tanh(s / c); 0 = off
   PageOrder page_order = PageOrder::shuffled;  ///< which pool pages each request gets
+  /// Paged only: tokens that every request holds before its own kv_len (a system prompt).
+  /// Its whole pages are the same page ids in every request's table (shared, as a radix
+  /// cache hands them out); a partly filled last page is each request's own copy.
+  int shared_prefix = 0;
+  /// Paged only: tokens after shared_prefix that the requests of one group share (a
+  /// document a few requests ask about): the batch is cut into prefix_groups contiguous
+  /// groups; whole pages of shared_prefix + group_prefix not already shared are shared
+  /// within the group. Each request's kv_len own keys follow.
+  int group_prefix = 0;
+  int prefix_groups = 1;  ///< groups of group_prefix (1: the whole batch)
 
   /// One line with every field, e.g. for a failure message or a test name.
   std::string describe() const;
@@ -60,11 +70,11 @@ struct CaseSpec {
 /// A batch's layout drawn from a spec: the host shape plus the page ids (paged storage).
 struct CaseLayout {
   BatchShape shape;                 ///< sizes and host index arrays: qo_indptr, kv_indptr, kv_last_page_len
-  std::vector<int32_t> kv_indices;  ///< paged: (kv_indptr[batch_size]) page ids, distinct
+  std::vector<int32_t> kv_indices;  ///< paged: (kv_indptr[batch_size]) page ids; distinct unless the spec shares a prefix
 };
 
-/// Draws lengths and the page table of `spec` for `storage`.
-/// Paged pools get 25% spare pages that no request owns.
+/// Draws lengths and the page table of `spec` for `storage` (shape.kv_indices holds the
+/// page ids too). Paged pools get 25% spare pages that no request owns.
 CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64& rng);
 
 /// The host side of a validation case.

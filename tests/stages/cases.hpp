@@ -8,6 +8,7 @@
 // Benchmark shapes live elsewhere (bench/shapes.csv): these cases check, they never time.
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "harness/case.hpp"
@@ -341,4 +342,88 @@ inline std::vector<CaseSpec> tensor_core_sanitizer_grid() {
   return cases;
 }
 
+/// Stage 05 (cascade): batches whose requests share prefix pages. Shared prefixes of 0
+/// (nothing shared), 1, 15, 16, 17 (page 16: one whole page shared, the rest each
+/// request's own), 1000 and 32768 tokens; three-level cases (a prefix all share, then a
+/// group prefix per half of the batch); own suffixes 0..300 (ragged_with_empty gives
+/// request 1 none); batch 1..128; groups 1, 4, 7, 8, 16, 32; fp16/bf16; pages of 1 and
+/// 16, shuffled; decode and append (causal and not). Kept to what the double reference
+/// answers in seconds: the long prefixes run with few heads and requests.
+inline std::vector<CaseSpec> cascade_grid() {
+  struct Row {
+    Mode mode;
+    int batch, prefix, group_prefix, groups, suffix, qo_len, hq, hkv, head_dim, page;
+    bool causal;
+  };
+  const Row rows[] = {
+      // mode           batch prefix group x  suffix qo  hq hkv  D  page causal
+      {Mode::decode,    1,    0,     0,   1,  300,   1,  8,  2, 128, 16, false},
+      {Mode::decode,    5,    1,     0,   1,  64,    1,  4,  4, 128, 16, false},
+      {Mode::decode,    33,   15,    0,   1,  200,   1,  7,  1, 64,  16, false},
+      {Mode::decode,    128,  16,    0,   1,  40,    1,  32, 1, 128, 16, false},
+      {Mode::decode,    6,    17,    0,   1,  1,     1,  16, 1, 256, 1,  false},
+      {Mode::decode,    33,   1000,  0,   1,  300,   1,  8,  1, 128, 16, false},
+      {Mode::decode,    128,  1000,  0,   1,  17,    1,  8,  2, 64,  16, false},
+      {Mode::decode,    3,    32768, 0,   1,  100,   1,  4,  1, 128, 16, false},
+      {Mode::decode,    8,    100,   60,  2,  50,    1,  32, 4, 128, 16, false},
+      {Mode::decode,    9,    16,    300, 3,  20,    1,  4,  1, 64,  1,  false},
+      {Mode::prefill,   4,    1000,  0,   1,  300,   17, 8,  2, 128, 16, true},
+      {Mode::prefill,   3,    17,    0,   1,  64,    64, 32, 4, 128, 16, false},
+      {Mode::prefill,   5,    16,    33,  2,  100,   40, 7,  1, 64,  1,  true},
+      {Mode::prefill,   2,    32768, 0,   1,  256,   256, 4, 1, 64,  16, true},
+      {Mode::prefill,   6,    0,     0,   1,  90,    15, 16, 2, 256, 16, false},
+      {Mode::prefill,   4,    600,   0,   1,  10,    30, 8,  8, 128, 16, true},  // qo_len > some suffixes
+  };
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (const Row& r : rows) {
+    CaseSpec c;
+    c.mode = r.mode;
+    c.batch_size = r.batch;
+    c.shared_prefix = r.prefix;
+    c.group_prefix = r.group_prefix;
+    c.prefix_groups = r.groups;
+    c.kv_len = std::max(1, r.suffix);
+    c.qo_len = r.qo_len;
+    c.num_qo_heads = r.hq;
+    c.num_kv_heads = r.hkv;
+    c.head_dim = r.head_dim;
+    c.page_size = r.page;
+    c.causal = r.causal;
+    c.dtype = n % 2 ? DType::f16 : DType::bf16;
+    c.kv_layout = kLayouts[(n / 2) % 2];
+    c.lengths = r.batch > 1 && n % 3 != 2 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+    if (n % 5 == 4) c.logits_soft_cap = 30.0;
+    ++n;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+/// Stage 05 under compute-sanitizer: small cascades that reach every kernel (two and three
+/// levels, split and unsplit levels, an empty shared level for some requests).
+inline std::vector<CaseSpec> cascade_sanitizer_grid() {
+  std::vector<CaseSpec> cases;
+  for (int i = 0; i < 3; ++i) {
+    CaseSpec c;
+    c.mode = i == 2 ? Mode::prefill : Mode::decode;
+    c.batch_size = 4;
+    c.shared_prefix = 300;  // longer than the shortest chunk (128 keys): the shared level splits
+    c.group_prefix = i == 1 ? 32 : 0;
+    c.prefix_groups = i == 1 ? 2 : 1;
+    c.kv_len = 40;
+    c.qo_len = 8;
+    c.causal = i == 2;
+    c.num_qo_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = i == 1 ? 64 : 128;
+    c.dtype = i == 1 ? DType::f16 : DType::bf16;
+    c.kv_layout = kLayouts[i % 2];
+    c.lengths = LengthPolicy::ragged_with_empty;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 }  // namespace flashstep::test::grids
+

@@ -35,6 +35,8 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
     for (const StageInfo& stage : registry()) {
       const auto& layouts = stage.kv_layouts;
       if (std::find(layouts.begin(), layouts.end(), spec.kv_layout) == layouts.end()) continue;
+      // Rows of contiguous (ragged) K/V cannot be shared: a shared-prefix case is paged only.
+      if (stage.storage == KVStorage::ragged && (spec.shared_prefix > 0 || spec.group_prefix > 0)) continue;
       std::mt19937_64 layout_rng(seed);
       if (!stage.supports(make_layout(spec, stage.storage, layout_rng).shape)) continue;
       auto& host = built[stage.storage == KVStorage::paged ? 1 : 0];

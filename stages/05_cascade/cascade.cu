@@ -1,0 +1,489 @@
+// Stage 05 — cascade: the planner (levels, cost model, chunks), the workspace, the
+// per-level launches of stage 04's kernel, and the registry entry.
+//
+// How to run it: `ctest -L gpu` validates it (tests/stages/test_cascade.cpp);
+// `flashstep_bench --shapes=bench/shapes_cascade.csv` times it against the flat stages.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "03_split_kv/split_kv.hpp"
+#include "04_tensor_core/prefill_attention.cuh"
+#include "04_tensor_core/tensor_core.hpp"
+#include "05_cascade/cascade.hpp"
+#include "05_cascade/merge_levels.cuh"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/dispatch.cuh"
+#include "flashstep/reference/errors.hpp"
+
+namespace flashstep::stages::cascade {
+
+const char* to_string(Path path) {
+  switch (path) {
+    case Path::automatic: return "automatic";
+    case Path::cascade: return "cascade";
+    case Path::flat: return "flat";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kBc = 64;          // stage 04's key tile
+constexpr int kBr = 128;         // stage 04's packed query rows per tile
+constexpr int kMinChunkKeys = 128;
+constexpr size_t kAlign = 256;
+constexpr int64_t kMaxMergeTokens = 65535;  // the merge grid's y dimension
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t group_kv_len(const ref::CascadeLevel& lv, int64_t g, int64_t page_size) {
+  const int64_t pages = lv.kv_indptr[g + 1] - lv.kv_indptr[g];
+  return pages == 0 ? 0 : (pages - 1) * page_size + lv.kv_last_page_len[g];
+}
+
+/// The batch stage 04 sees for one level: its groups are the "requests".
+BatchShape level_shape(const BatchShape& s, const ref::CascadeLevel& lv) {
+  BatchShape b;
+  b.mode = Mode::prefill;
+  b.storage = KVStorage::paged;
+  b.dtype = s.dtype;
+  b.kv_layout = s.kv_layout;
+  b.batch_size = static_cast<int>(lv.kv_last_page_len.size());
+  b.num_qo_heads = s.num_qo_heads;
+  b.num_kv_heads = s.num_kv_heads;
+  b.head_dim = s.head_dim;
+  b.page_size = s.page_size;
+  b.num_pages = s.num_pages;
+  b.causal = lv.causal;
+  b.logits_soft_cap = s.logits_soft_cap;
+  b.sm_scale = s.sm_scale;
+  b.qo_indptr = lv.qo_indptr;
+  b.kv_indptr = lv.kv_indptr;
+  b.kv_last_page_len = lv.kv_last_page_len;
+  return b;
+}
+
+/// Seconds stage 04's kernel needs for a batch whose request g has qo_len[g] queries and
+/// kv_len[g] keys: every query tile of a request reads all its (visible) keys, K and V,
+/// and each of its warps with rows computes 16 rows x keys x Hkv x 4 D flops (a warp's
+/// padded rows cost as much as real ones; a warp with none skips the arithmetic); the
+/// launch costs whichever of the two is larger.
+double tensor_core_seconds(const BatchShape& s, const std::vector<int64_t>& qo_len,
+                           const std::vector<int64_t>& kv_len, bool causal, const CostModel& c) {
+  const double elt = static_cast<double>(dtype_bytes(s.dtype)), D = s.head_dim, Hkv = s.num_kv_heads;
+  double flops = 0, bytes = 0;
+  for (size_t g = 0; g < qo_len.size(); ++g) {
+    const int64_t tiles = ceil_div(qo_len[g] * s.group_size(), kBr);
+    // causal: a tile sees on average the keys before its middle row
+    const double keys = causal ? std::max(0.0, kv_len[g] - qo_len[g] / 2.0) : static_cast<double>(kv_len[g]);
+    const int64_t padded_rows = ceil_div(qo_len[g] * s.group_size(), 16) * 16;
+    flops += double(padded_rows) * keys * Hkv * 4.0 * D;
+    bytes += tiles * keys * Hkv * D * 2.0 * elt + qo_len[g] * double(s.num_qo_heads) * D * 2.0 * elt;
+  }
+  return std::max(flops / c.flops_per_second, bytes / c.tensor_core_bytes_per_second);
+}
+
+/// The flat path: stage 03 for the decode it can run (CUDA cores, memory-bound: groups up
+/// to 8, no soft cap), stage 04 otherwise.
+bool flat_is_split_kv(const BatchShape& s) {
+  return s.mode == Mode::decode && split_kv::stage_info().unsupported_reason(s).empty();
+}
+
+double flat_seconds(const BatchShape& s, const CostModel& c) {
+  std::vector<int64_t> qo(static_cast<size_t>(s.batch_size)), kv(qo.size());
+  double kv_bytes = 0;
+  for (int b = 0; b < s.batch_size; ++b) {
+    qo[b] = s.qo_indptr[b + 1] - s.qo_indptr[b];
+    kv[b] = s.kv_len(b);
+    kv_bytes += double(kv[b]) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
+  }
+  if (flat_is_split_kv(s)) return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
+  return tensor_core_seconds(s, qo, kv, s.causal, c) + 2 * c.seconds_per_launch;
+}
+
+double level_seconds(const BatchShape& s, const ref::CascadeLevel& lv, int64_t page_size, const CostModel& c) {
+  std::vector<int64_t> qo, kv;
+  for (size_t g = 0; g + 1 < lv.qo_indptr.size(); ++g) {
+    qo.push_back(lv.qo_indptr[g + 1] - lv.qo_indptr[g]);
+    kv.push_back(group_kv_len(lv, static_cast<int64_t>(g), page_size));
+  }
+  return tensor_core_seconds(s, qo, kv, lv.causal, c) + c.seconds_per_launch;
+}
+
+/// Keys per chunk of one level's launch: none when the level already fills the chip,
+/// else as many chunks as it takes to fill one wave (never more: a second, part-empty
+/// wave costs as much as the first).
+int level_chunk(const BatchShape& ls, int64_t target_blocks) {
+  int64_t blocks = 0, max_kv = 0;
+  for (int g = 0; g < ls.batch_size; ++g) {
+    blocks += ceil_div(int64_t{ls.qo_indptr[g + 1] - ls.qo_indptr[g]} * ls.group_size(), kBr) * ls.num_kv_heads;
+    max_kv = std::max(max_kv, ls.kv_len(g));
+  }
+  const int64_t whole = std::max<int64_t>(kBc, ceil_div(max_kv, kBc) * kBc);  // one chunk
+  if (blocks == 0 || blocks >= target_blocks) return static_cast<int>(whole);
+  const int64_t splits = std::max<int64_t>(1, target_blocks / blocks);
+  const int64_t chunk = std::max<int64_t>(kMinChunkKeys, ceil_div(ceil_div(max_kv, splits), kBc) * kBc);
+  return static_cast<int>(std::min(chunk, whole));
+}
+
+int device_sm_count() {
+  int device = 0, sms = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+int prefill_blocks_per_sm(DType dtype, int head_dim) {
+  return dtype == DType::f16 ? tensor_core::prepare_prefill_attention<__half>(head_dim)
+                             : tensor_core::prepare_prefill_attention<__nv_bfloat16>(head_dim);
+}
+
+/// A hand-built CascadeLevels' consistency with the batch it is planned for.
+void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeLevels& c) {
+  ref::require(!c.levels.empty() && static_cast<int>(c.levels.size()) <= kMaxLevels, fn,
+               "levels must hold 1.." + std::to_string(kMaxLevels) + " levels (got " +
+                   std::to_string(c.levels.size()) + ")");
+  ref::require(c.page_size == s.page_size, fn,
+               "levels.page_size (" + std::to_string(c.page_size) + ") must equal the pool's page_size (" +
+                   std::to_string(s.page_size) + ")");
+  ref::require(c.qo_indptr == s.qo_indptr, fn, "levels.qo_indptr must equal the batch's qo_indptr");
+  for (size_t l = 0; l < c.levels.size(); ++l) {
+    const ref::CascadeLevel& lv = c.levels[l];
+    const std::string at = "level " + std::to_string(l) + ": ";
+    const size_t groups = lv.kv_last_page_len.size();
+    ref::require(groups >= 1 && lv.qo_indptr.size() == groups + 1 && lv.kv_indptr.size() == groups + 1, fn,
+                 at + "qo_indptr and kv_indptr must have num_groups + 1 entries, kv_last_page_len num_groups >= 1");
+    ref::require(lv.qo_indptr.front() == 0 && lv.qo_indptr.back() == s.nnz_qo() && lv.kv_indptr.front() == 0 &&
+                     lv.kv_indptr.back() == static_cast<int64_t>(lv.kv_indices.size()),
+                 fn, at + "qo_indptr must run 0..nnz_qo and kv_indptr 0..len(kv_indices)");
+    for (size_t g = 0; g < groups; ++g) {
+      const int64_t pages = lv.kv_indptr[g + 1] - lv.kv_indptr[g];
+      ref::require(lv.qo_indptr[g + 1] >= lv.qo_indptr[g] && pages >= 0, fn, at + "indptr must not decrease");
+      const int32_t lpl = lv.kv_last_page_len[g];
+      ref::require(pages > 0 ? lpl >= 1 && lpl <= s.page_size : lpl == 0, fn,
+                   at + "kv_last_page_len[" + std::to_string(g) + "] = " + std::to_string(lpl) +
+                       " does not fit its " + std::to_string(pages) + " pages");
+    }
+    for (int32_t page : lv.kv_indices)
+      ref::require(page >= 0 && page < s.num_pages, fn,
+                   at + "page id " + std::to_string(page) + " outside the pool of " + std::to_string(s.num_pages));
+    ref::require(lv.causal == (l + 1 == c.levels.size() && s.mode == Mode::prefill && s.causal), fn,
+                 at + "causal must be set on the last level exactly when the batch is causal prefill");
+  }
+}
+
+/// Drops the shared levels that hold no page at all (nothing shared there).
+std::vector<std::vector<int32_t>> nonempty_ends(const BatchShape& s, std::vector<std::vector<int32_t>> ends) {
+  std::vector<std::vector<int32_t>> kept;
+  for (size_t l = 0; l < ends.size(); ++l) {
+    bool grows = false;
+    for (int b = 0; b < s.batch_size && !grows; ++b) grows = ends[l][b] > (kept.empty() ? 0 : kept.back()[b]);
+    if (grows) kept.push_back(std::move(ends[l]));
+  }
+  return kept;
+}
+
+}  // namespace
+
+/// Everything plan() computes before it touches the device: the plan, the per-level
+/// stage 04 schedules, the workspace layout and the staged index arrays.
+struct CascadeRunner::Prepared {
+  CascadePlan plan;
+  std::unique_ptr<StageRunner> flat;      // flat path: stage 03 or 04's runner
+  size_t flat_bytes = 0;                  // its workspace
+  struct Level {
+    BatchShape shape;                     // stage 04's view of the level
+    tensor_core::Schedule schedule;
+    std::vector<int32_t> partial_indptr;  // (nnz_qo + 1) absolute rows in the partial buffer
+    size_t qo_indptr, kv_indptr, kv_indices, last_page_len, request, tile, chunk, rows;  // byte offsets
+  };
+  std::vector<Level> levels;
+  size_t partial_o = 0, partial_lse = 0, bytes = 0;
+  std::vector<uint8_t> staged;            // [0, staged.size()) of the workspace
+};
+
+CascadeRunner::CascadeRunner(CascadeOptions options) : options_(options) {}
+CascadeRunner::~CascadeRunner() = default;
+
+std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape& s,
+                                                               const ref::CascadeLevels* given) const {
+  const char* fn = given ? "CascadeRunner::plan_levels" : "CascadeRunner::plan";
+  StageInfo info = stage_info();
+  if (given) info.needs_host_page_table = false;  // the levels carry the page ids
+  const std::string reason = info.unsupported_reason(s);
+  ref::require(reason.empty(), fn, reason);
+  ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1 &&
+                   static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1 &&
+                   static_cast<int>(s.kv_last_page_len.size()) == s.batch_size,
+               fn, "qo_indptr and kv_indptr must have batch_size + 1 entries, kv_last_page_len batch_size");
+  ref::require(options_.max_levels >= 1 && options_.max_levels <= kMaxLevels, fn,
+               "options.max_levels must be in 1.." + std::to_string(kMaxLevels));
+  ref::require(s.mode == Mode::prefill || s.nnz_qo() == s.batch_size, fn, "decode needs one query per request");
+  const CostModel& cost = options_.cost;
+
+  auto out = std::make_unique<Prepared>();
+  CascadePlan& plan = out->plan;
+  plan.flat_seconds = flat_seconds(s, cost);
+
+  // Candidate level sets: the given ones, or every subset of the derived shared levels
+  // (a shared level that does not pay is folded into the next one).
+  std::vector<ref::CascadeLevels> candidates;
+  if (given) {
+    check_given_levels(fn, s, *given);
+    candidates.push_back(*given);
+  } else if (options_.path != Path::flat && s.nnz_qo() <= kMaxMergeTokens) {
+    const auto ends = nonempty_ends(
+        s, ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size,
+                                          options_.max_levels, s.causal));
+    const int shared = static_cast<int>(ends.size());
+    for (int mask = (options_.path == Path::cascade ? 0 : 1); mask < (1 << shared); ++mask) {
+      std::vector<std::vector<int32_t>> kept;
+      for (int l = 0; l < shared; ++l)
+        if (mask & (1 << l)) kept.push_back(ends[static_cast<size_t>(l)]);
+      candidates.push_back(ref::build_cascade_levels(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len,
+                                                     s.page_size, kept, s.causal));
+    }
+  }
+  double best = std::numeric_limits<double>::infinity();
+  for (const ref::CascadeLevels& c : candidates) {
+    // the levels, then the merge kernel: a launch, and at least one fp32 state per level
+    // and query row written by the levels and read back (chunks add a few more)
+    double t = cost.seconds_per_launch;
+    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(s, lv, c.page_size, cost);
+    t += double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 * 2 /
+         cost.bytes_per_second;
+    if (t < best) {
+      best = t;
+      plan.levels = c;
+    }
+  }
+  plan.cascade_seconds = candidates.empty() ? 0 : best;
+  const bool cascade = !candidates.empty() && (given ? options_.path != Path::flat
+                                               : options_.path == Path::cascade ||
+                                                     (options_.path == Path::automatic &&
+                                                      best < cost.margin * plan.flat_seconds));
+  if (!cascade) {
+    plan.path = Path::flat;
+    plan.levels = {};
+    if (flat_is_split_kv(s)) {
+      plan.flat_stage = "03_split_kv";
+      out->flat = split_kv::stage_info().make_runner();  // planned for CUDA graphs, as this stage is
+    } else {
+      plan.flat_stage = "04_tensor_core";
+      out->flat = std::make_unique<tensor_core::TensorCoreRunner>(KVStorage::paged);
+    }
+    out->flat_bytes = out->flat->workspace_bytes(s);
+    out->bytes = out->flat_bytes;
+    return out;
+  }
+
+  // ---- the cascade: per level, stage 04's schedule with this stage's chunk choice.
+  plan.path = Path::cascade;
+  plan.flat_stage = flat_is_split_kv(s) ? "03_split_kv" : "04_tensor_core";
+  int64_t target = options_.target_blocks;
+  if (target == 0) target = int64_t{device_sm_count()} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
+  size_t offset = 0;
+  auto take = [&](size_t n_int32) {
+    const size_t at = offset;
+    offset = align_up(offset + n_int32 * sizeof(int32_t));
+    return at;
+  };
+  int64_t rows = 0;
+  for (const ref::CascadeLevel& lv : plan.levels.levels) {
+    Prepared::Level L;
+    L.shape = level_shape(s, lv);
+    tensor_core::TensorCoreOptions topt;
+    topt.kv_chunk_size = level_chunk(L.shape, target);
+    L.schedule = tensor_core::TensorCoreRunner(KVStorage::paged, topt).make_schedule(L.shape);
+    L.partial_indptr = L.schedule.partial_indptr;
+    for (int32_t& r : L.partial_indptr) r += static_cast<int32_t>(rows);
+    LevelPlan lp;
+    lp.num_groups = L.shape.batch_size;
+    lp.num_pages = static_cast<int64_t>(lv.kv_indices.size());
+    for (int g = 0; g < L.shape.batch_size; ++g) lp.max_kv_len = std::max(lp.max_kv_len, L.shape.kv_len(g));
+    lp.kv_chunk_size = L.schedule.kv_chunk_size;
+    lp.num_items = L.schedule.num_items();
+    lp.partial_rows = L.schedule.partial_rows();
+    lp.seconds = level_seconds(s, lv, plan.levels.page_size, cost);
+    plan.level_plans.push_back(lp);
+    rows += L.schedule.partial_rows();
+    L.qo_indptr = take(lv.qo_indptr.size());
+    L.kv_indptr = take(lv.kv_indptr.size());
+    L.kv_indices = take(lv.kv_indices.size());
+    L.last_page_len = take(lv.kv_last_page_len.size());
+    L.request = take(L.schedule.request_indices.size());
+    L.tile = take(L.schedule.qo_tile_indices.size());
+    L.chunk = take(L.schedule.kv_chunk_indices.size());
+    L.rows = take(L.partial_indptr.size());
+    out->levels.push_back(std::move(L));
+  }
+  ref::require(rows * s.num_qo_heads * s.head_dim < (int64_t{1} << 40) && rows < (int64_t{1} << 31), fn,
+               "too many partial states for one workspace");
+  plan.partial_rows = rows;
+  out->staged.assign(offset, 0);
+  auto put = [&](size_t at, const std::vector<int32_t>& v) {
+    if (!v.empty()) std::memcpy(out->staged.data() + at, v.data(), v.size() * sizeof(int32_t));
+  };
+  for (size_t l = 0; l < out->levels.size(); ++l) {
+    const Prepared::Level& L = out->levels[l];
+    const ref::CascadeLevel& lv = plan.levels.levels[l];
+    put(L.qo_indptr, lv.qo_indptr);
+    put(L.kv_indptr, lv.kv_indptr);
+    put(L.kv_indices, lv.kv_indices);
+    put(L.last_page_len, lv.kv_last_page_len);
+    put(L.request, L.schedule.request_indices);
+    put(L.tile, L.schedule.qo_tile_indices);
+    put(L.chunk, L.schedule.kv_chunk_indices);
+    put(L.rows, L.partial_indptr);
+  }
+  const size_t states = static_cast<size_t>(rows) * static_cast<size_t>(s.num_qo_heads);
+  out->partial_o = offset;
+  out->partial_lse = out->partial_o + align_up(states * static_cast<size_t>(s.head_dim) * sizeof(float));
+  out->bytes = out->partial_lse + align_up(states * sizeof(float));
+  return out;
+}
+
+size_t CascadeRunner::workspace_bytes(const BatchShape& shape) const { return prepare(shape, nullptr)->bytes; }
+
+size_t CascadeRunner::workspace_bytes_levels(const BatchShape& shape, const ref::CascadeLevels& levels) const {
+  return prepare(shape, &levels)->bytes;
+}
+
+void CascadeRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
+  commit(shape, prepare(shape, nullptr), workspace, workspace_size, stream);
+}
+
+void CascadeRunner::plan_levels(const BatchShape& shape, const ref::CascadeLevels& levels, void* workspace,
+                                size_t workspace_size, cudaStream_t stream) {
+  commit(shape, prepare(shape, &levels), workspace, workspace_size, stream);
+}
+
+void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p, void* workspace,
+                           size_t workspace_size, cudaStream_t stream) {
+  ref::require(workspace_size >= p->bytes && (workspace != nullptr || p->bytes == 0), "CascadeRunner::plan",
+               "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " + std::to_string(p->bytes));
+  shape_ = shape;
+  workspace_ = static_cast<uint8_t*>(workspace);
+  if (p->plan.path == Path::flat) {
+    p->flat->plan(shape, workspace, workspace_size, stream);
+  } else {
+    // stage 04's kernel needs more dynamic shared memory than a launch gets by default
+    prefill_blocks_per_sm(shape.dtype, shape.head_dim);
+  }
+  if (p->plan.path == Path::cascade && !p->staged.empty()) {
+    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, p->staged.data(), p->staged.size(), cudaMemcpyHostToDevice, stream));
+    // Pageable source: wait, so that the staged buffer may change with the next plan().
+    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  plan_ = p->plan;
+  flat_ = std::move(p->flat);
+  prepared_ = std::move(p);
+}
+
+void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
+  ref::require(prepared_ != nullptr, "CascadeRunner::run", "plan() must come first");
+  if (plan_.path == Path::flat) {
+    flat_->run(batch, stream);
+    return;
+  }
+  const BatchShape& s = shape_;
+  auto launch = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    const float sm_scale = s.resolved_sm_scale();
+    for (const Prepared::Level& L : prepared_->levels) {
+      tensor_core::PrefillParams<T> p;
+      p.q = static_cast<const T*>(batch.q);
+      p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.qo_indptr);
+      p.paged_kv = true;
+      p.paged = kernels::make_paged_kv(static_cast<const T*>(batch.kv_pool),
+                                       reinterpret_cast<const int32_t*>(workspace_ + L.kv_indptr),
+                                       reinterpret_cast<const int32_t*>(workspace_ + L.kv_indices),
+                                       reinterpret_cast<const int32_t*>(workspace_ + L.last_page_len), s.page_size,
+                                       s.num_kv_heads, s.head_dim, s.kv_layout == KVLayout::HND);
+      p.request_indices = reinterpret_cast<const int32_t*>(workspace_ + L.request);
+      p.qo_tile_indices = reinterpret_cast<const int32_t*>(workspace_ + L.tile);
+      p.kv_chunk_indices = reinterpret_cast<const int32_t*>(workspace_ + L.chunk);
+      p.kv_chunk_size = L.schedule.kv_chunk_size;  // always > 0 here: every level writes partial rows
+      p.partial_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.rows);
+      p.partial_o = reinterpret_cast<float*>(workspace_ + prepared_->partial_o);
+      p.partial_lse = reinterpret_cast<float*>(workspace_ + prepared_->partial_lse);
+      p.num_qo_heads = s.num_qo_heads;
+      p.num_kv_heads = s.num_kv_heads;
+      p.group_size = s.group_size();
+      p.causal = L.shape.causal;
+      p.window_left = -1;
+      p.soft_cap = s.logits_soft_cap > 0.f;
+      p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
+      p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
+      p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
+      tensor_core::launch_prefill_attention<T>(p, s.head_dim, L.schedule.num_items(), stream);
+    }
+    MergeLevelsParams<T> m;
+    m.partial_o = reinterpret_cast<const float*>(workspace_ + prepared_->partial_o);
+    m.partial_lse = reinterpret_cast<const float*>(workspace_ + prepared_->partial_lse);
+    for (size_t l = 0; l < prepared_->levels.size(); ++l)
+      m.level_indptr[l] = reinterpret_cast<const int32_t*>(workspace_ + prepared_->levels[l].rows);
+    m.num_levels = static_cast<int>(prepared_->levels.size());
+    m.o = static_cast<T*>(batch.o);
+    m.lse = batch.lse;
+    m.num_qo_heads = s.num_qo_heads;
+    const dim3 grid(static_cast<unsigned>(s.num_qo_heads), static_cast<unsigned>(s.nnz_qo()));
+    if (s.nnz_qo() == 0) return;
+    FLASHSTEP_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM, {
+      merge_levels_kernel<T, HEAD_DIM><<<grid, kMergeThreads, 0, stream>>>(m);
+      kernels::check_launch("merge_levels_kernel");
+    });
+  };
+  if (s.dtype == DType::f16) launch(__half{});
+  else launch(__nv_bfloat16{});
+}
+
+void CascadeRunner::level_state(int level, float* o, float* lse, cudaStream_t stream) const {
+  const char* fn = "CascadeRunner::level_state";
+  ref::require(prepared_ != nullptr && plan_.path == Path::cascade, fn, "the last plan is not a cascade");
+  ref::require(level >= 0 && level < static_cast<int>(prepared_->levels.size()), fn,
+               "level must be in 0.." + std::to_string(prepared_->levels.size() - 1));
+  if (shape_.nnz_qo() == 0) return;
+  MergeLevelsParams<float> m;
+  m.partial_o = reinterpret_cast<const float*>(workspace_ + prepared_->partial_o);
+  m.partial_lse = reinterpret_cast<const float*>(workspace_ + prepared_->partial_lse);
+  m.level_indptr[0] = reinterpret_cast<const int32_t*>(workspace_ + prepared_->levels[static_cast<size_t>(level)].rows);
+  m.num_levels = 1;
+  m.o = o;
+  m.lse = lse;
+  m.num_qo_heads = shape_.num_qo_heads;
+  const dim3 grid(static_cast<unsigned>(shape_.num_qo_heads), static_cast<unsigned>(shape_.nnz_qo()));
+  FLASHSTEP_DISPATCH_HEAD_DIM(shape_.head_dim, HEAD_DIM, {
+    merge_levels_kernel<float, HEAD_DIM><<<grid, kMergeThreads, 0, stream>>>(m);
+    kernels::check_launch("merge_levels_kernel");
+  });
+}
+
+StageInfo stage_info() {
+  StageInfo s;
+  s.name = "05_cascade";
+  s.summary = "shared prefix pages read once per group as a tall tile, levels merged exactly";
+  s.modes = {Mode::decode, Mode::prefill};
+  s.storage = KVStorage::paged;
+  s.dtypes = {DType::f16, DType::bf16};
+  s.head_dims = {64, 128, 256};
+  s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
+  s.max_page_size = tensor_core::kMaxPageSize;
+  s.max_group_size = tensor_core::kMaxGroupSize;
+  s.causal = true;
+  s.window_left = false;  // a window needs key positions, which shared levels do not carry
+  s.logits_soft_cap = true;
+  s.needs_host_page_table = true;
+  s.make_runner = [] { return std::make_unique<CascadeRunner>(); };
+  return s;
+}
+
+}  // namespace flashstep::stages::cascade

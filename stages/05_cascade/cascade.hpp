@@ -1,0 +1,135 @@
+/// \file cascade.hpp
+/// \brief Stage 05 — cascade attention: the K/V pages a group of requests shares are read
+/// once for the whole group, as one tall query tile, and merged exactly with each
+/// request's own keys.
+///
+/// plan() reads the page table on the host (BatchShape::kv_indices), derives the levels
+/// from the page ids requests share (the reference's derive_cascade_level_ends and
+/// build_cascade_levels: whole pages, as a radix cache hands prefixes out), or takes
+/// levels the caller built (plan_levels, FlashInfer's MultiLevelCascadeAttentionWrapper
+/// form). It then prices the flat batch against every choice of shared levels with a
+/// bytes-and-flops model and keeps the cheapest: when sharing does not pay, run() is
+/// stage 03's (decode) or stage 04's (prefill, large groups) flat path, unchanged.
+///
+/// run() of a cascade: one launch of stage 04's tensor-core kernel per level, each over
+/// its own CSR view of the same pool, writing fp32 partial states; then merge_levels
+/// folds every level's states into o and lse. Only launches: CUDA-graph safe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "flashstep/reference/cascade.hpp"
+#include "stage.hpp"
+
+namespace flashstep::stages::cascade {
+
+/// Which path run() takes.
+enum class Path {
+  automatic,  ///< the cheaper one by the cost model (the registry entry's choice)
+  cascade,    ///< the levels, even where the model says flat is cheaper (tests, bench)
+  flat,       ///< stage 03 or 04 on the flat page table
+};
+/// "automatic", "cascade" or "flat".
+const char* to_string(Path path);
+
+/// What the planner assumes of the GPU. The defaults are an H100's, measured with
+/// flashstep's own bench (docs/results): the copy ceiling, which stage 03's decode
+/// reaches; the bandwidth stage 04's kernel reaches when memory-bound (its group-32
+/// decode); its tensor-core rate on long prefill; the cost of one more kernel in a
+/// CUDA-graph replay.
+struct CostModel {
+  double bytes_per_second = 2.9e12;              ///< stage 03 (CUDA-core decode) streaming K/V
+  double tensor_core_bytes_per_second = 2.0e12;  ///< stage 04's kernel streaming K/V
+  double flops_per_second = 2.5e14;              ///< what stage 04's kernel sustains on full tiles
+  double seconds_per_launch = 3e-6;              ///< fixed cost of each kernel of a run
+  double margin = 0.9;               ///< the cascade must cost under margin x flat to be chosen
+};
+
+/// How the runner plans.
+struct CascadeOptions {
+  Path path = Path::automatic;  ///< see Path
+  int max_levels = 3;           ///< levels plan() derives at most (1 = flat), 1..kMaxLevels
+  /// Blocks a level's launch should reach before its KV is not split further; 0: every
+  /// multiprocessor times the blocks of stage 04's kernel that fit on one.
+  int target_blocks = 0;
+  CostModel cost;               ///< the planner's prices
+};
+
+/// One level as planned: its CSR view and how stage 04's kernel is cut over it.
+struct LevelPlan {
+  int64_t num_groups = 0;   ///< groups (one "request" each for the kernel)
+  int64_t num_pages = 0;    ///< pages the level reads
+  int64_t max_kv_len = 0;   ///< longest group's keys
+  int kv_chunk_size = 0;    ///< keys per chunk of the level's launch (one chunk: >= max_kv_len)
+  int64_t num_items = 0;    ///< work items (group, query tile, chunk) of the launch
+  int64_t partial_rows = 0; ///< partial states the level writes (per query head)
+  double seconds = 0;       ///< the cost model's estimate
+};
+
+/// The last plan, for tests, the bench and the chapter.
+struct CascadePlan {
+  Path path = Path::flat;            ///< cascade or flat (never automatic after plan())
+  std::string flat_stage;            ///< the flat path's stage: "03_split_kv" or "04_tensor_core"
+  ref::CascadeLevels levels;         ///< the levels run() launches (cascade only)
+  std::vector<LevelPlan> level_plans;  ///< one per level (cascade only)
+  double flat_seconds = 0;           ///< the model's flat estimate
+  double cascade_seconds = 0;        ///< the model's estimate for the levels chosen
+  int64_t partial_rows = 0;          ///< partial states of all levels (per query head)
+};
+
+/// plan/run for stage 05 over a paged pool.
+class CascadeRunner : public StageRunner {
+ public:
+  /// \param options planning knobs (defaults: the registry entry's)
+  explicit CascadeRunner(CascadeOptions options = {});
+  ~CascadeRunner() override;
+  CascadeRunner(const CascadeRunner&) = delete;
+  CascadeRunner& operator=(const CascadeRunner&) = delete;
+
+  size_t workspace_bytes(const BatchShape& shape) const override;
+  /// Derives the levels from shape.kv_indices (pages several requests hold), prices them
+  /// and plans the cheaper path.
+  void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) override;
+  /// Plans the given levels (FlashInfer's multi-level form) instead of deriving them; the
+  /// flat path, when the model prefers it (or options.path asks), runs the flat batch.
+  /// \param levels from ref::build_cascade_levels over shape's page table (or built the
+  ///        same way by hand); levels.page_size must equal shape.page_size
+  void plan_levels(const BatchShape& shape, const ref::CascadeLevels& levels, void* workspace,
+                   size_t workspace_size, cudaStream_t stream);
+  /// Workspace for plan_levels(shape, levels, ...).
+  size_t workspace_bytes_levels(const BatchShape& shape, const ref::CascadeLevels& levels) const;
+  /// The planned launches. The page ids the levels read are the ones plan() copied: a
+  /// changed page table needs a new plan().
+  void run(const DeviceBatch& batch, cudaStream_t stream) override;
+  /// After run() of a cascade: level `level`'s own state (its chunks merged) as fp32, for
+  /// checking the intermediates against the reference's per-level results.
+  /// \param o (nnz_qo, num_qo_heads, head_dim) fp32 device buffer
+  /// \param lse (nnz_qo, num_qo_heads) fp32 device buffer, natural log
+  void level_state(int level, float* o, float* lse, cudaStream_t stream) const;
+  /// The last plan.
+  const CascadePlan& cascade_plan() const { return plan_; }
+
+ private:
+  struct Prepared;  // the plan, the staged schedule and the workspace layout
+  std::unique_ptr<Prepared> prepare(const BatchShape& shape, const ref::CascadeLevels* given) const;
+  void commit(const BatchShape& shape, std::unique_ptr<Prepared> p, void* workspace, size_t workspace_size,
+              cudaStream_t stream);
+
+  CascadeOptions options_;
+  BatchShape shape_;
+  CascadePlan plan_;
+  std::unique_ptr<Prepared> prepared_;
+  std::unique_ptr<StageRunner> flat_;
+  uint8_t* workspace_ = nullptr;
+};
+
+/// Stage 05's registry entry.
+StageInfo stage_info();
+
+}  // namespace flashstep::stages::cascade
