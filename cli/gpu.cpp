@@ -42,11 +42,13 @@ std::vector<CaseSpec> case_grid(bool quick) {
   namespace g = test::grids;
   std::vector<std::vector<CaseSpec>> parts;
   if (quick) {
-    parts = {g::decode_sanitizer_grid(), g::prefill_sanitizer_grid(), g::tensor_core_sanitizer_grid()};
+    parts = {g::decode_sanitizer_grid(), g::prefill_sanitizer_grid(), g::tensor_core_sanitizer_grid(),
+             g::cascade_sanitizer_grid()};
   } else {
     parts = {g::decode_edge_grid(),   g::decode_long_grid(),       g::decode_batch128_grid(),
              g::decode_group_grid(),  g::decode_ragged_grid(),     g::prefill_grid(),
-             g::decode_contiguous_grid(), g::tensor_core_prefill_grid(), g::tensor_core_decode_grid()};
+             g::decode_contiguous_grid(), g::tensor_core_prefill_grid(), g::tensor_core_decode_grid(),
+             g::cascade_grid()};
   }
   std::vector<CaseSpec> all;
   for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
