@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,13 +29,17 @@ namespace smp = flashstep::stages::sampling;
 thread_local std::string last_error;
 thread_local std::string last_reason;
 
-/// Runs `body`; returns 0, or 1 with the exception's message kept for fs_last_error().
+/// Runs `body`; returns 0, or FS_BAD_ARGUMENT / FS_FAILED with the exception's message
+/// kept for fs_last_error().
 template <typename F>
 int guarded(const char* function, F&& body) {
   try {
     last_error.clear();
     body();
     return 0;
+  } catch (const std::invalid_argument& e) {  // ref::InvalidArgument, the dispatch's errors
+    last_error = e.what();
+    return FS_BAD_ARGUMENT;
   } catch (const std::bad_alloc&) {
     last_error = std::string(function) + ": out of host memory";
   } catch (const std::exception& e) {
@@ -42,7 +47,7 @@ int guarded(const char* function, F&& body) {
   } catch (...) {
     last_error = std::string(function) + ": unknown error";
   }
-  return 1;
+  return FS_FAILED;
 }
 
 void require(bool ok, const std::string& message) {
@@ -189,7 +194,7 @@ int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const c
   return guarded("fs_stage_unsupported_reason", [&] {
     require(name != nullptr && reason != nullptr, "fs_stage_unsupported_reason: name and reason are required");
     const st::StageInfo& info = st::find_stage(name);
-    last_reason = info.unsupported_reason(to_shape(shape, "fs_stage_unsupported_reason"));
+    last_reason = info.unsupported_reason(to_shape(shape, "plan"));
     *reason = last_reason.c_str();
   });
 }
@@ -405,6 +410,21 @@ int fs_chain_speculative_sampling(const float* draft_probs, const int32_t* draft
     smp::chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, batch, n, vocab, out, seed, offset,
                                     as_stream(stream));
     check_cuda(cudaGetLastError(), "chain_speculative_sampling");
+  });
+}
+
+int fs_sampling_status_name(int status, const char** name) {
+  return guarded("fs_sampling_status_name", [&] {
+    require(name != nullptr, "fs_sampling_status_name: name is null");
+    *name = smp::to_string(static_cast<smp::Status>(status));
+  });
+}
+
+int fs_memcpy(void* dst, const void* src, size_t bytes, void* stream, int synchronize) {
+  return guarded("fs_memcpy", [&] {
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)), "fs_memcpy");
+    if (synchronize) check_cuda(cudaStreamSynchronize(as_stream(stream)), "fs_memcpy");
   });
 }
 

@@ -3,9 +3,9 @@
 /// layer `flashstep.cuda` loads it with ctypes, so it runs in any Python and PyTorch
 /// without being built against either.
 ///
-/// Every function returns a status: 0 on success, otherwise non-zero with a message
-/// (the C++ ref::InvalidArgument text, or the CUDA error) that fs_last_error() returns
-/// on the same thread. Nothing throws across this interface and nothing aborts.
+/// Every function returns a status: 0 on success, FS_BAD_ARGUMENT when an argument is
+/// refused (the C++ ref::InvalidArgument text), FS_FAILED for anything else (a CUDA
+/// error), with a message that fs_last_error() returns on the same thread. Nothing throws across this interface and nothing aborts.
 ///
 /// Pointers named "host" are read on the host during the call; every other array is
 /// device memory. A `stream` is a cudaStream_t passed as void* (null: the legacy
@@ -28,6 +28,8 @@ extern "C" {
 /// Bumped whenever a signature or a struct below changes.
 #define FLASHSTEP_CAPI_VERSION 1
 
+/// Statuses returned by every function.
+enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
 /// Element types: FS_F32, FS_F16, FS_BF16 (q, k, v, o and merge/append inputs).
 enum { FS_F32 = 0, FS_F16 = 1, FS_BF16 = 2 };
 /// Attention modes.
@@ -177,6 +179,9 @@ FS_API int fs_chain_speculative_sampling(const float* draft_probs, const int32_t
                                   int32_t* output_token_ids, int32_t* accepted, int32_t* emitted,
                                   int32_t* status, uint64_t seed, uint64_t offset, void* stream);
 
+/// The name of a stage 06 Status code ("ok", "bad_index", ...).
+FS_API int fs_sampling_status_name(int status, const char** name);
+
 // ---- the device ---------------------------------------------------------------------
 
 /// The CUDA device that `ptr` lives on, and its memory type (cudaMemoryType: 0
@@ -184,6 +189,9 @@ FS_API int fs_chain_speculative_sampling(const float* draft_probs, const int32_t
 FS_API int fs_pointer_device(const void* ptr, int* device, int* memory_type);
 /// Makes `device` current on this thread; `previous` (may be null) gets the one before.
 FS_API int fs_set_device(int device, int* previous);
+/// Copies `bytes` between any two pointers (host or device, found by unified addressing)
+/// on `stream`; waits for it when `synchronize` is non-zero.
+FS_API int fs_memcpy(void* dst, const void* src, size_t bytes, void* stream, int synchronize);
 /// Waits for `stream` (tests and notebooks only).
 FS_API int fs_stream_synchronize(void* stream);
 

@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int64_t k = 0; k < num_states; ++k) o += expf(lse_of(k) - m) * v_of(k, d);
     v_out[(row * num_heads + head) * head_dim + d] = from_float<T>(m == -INFINITY ? 0.f : o / denominator);
   }
+  __syncthreads();  // in place (s_out == s), every thread has read the lse before it is written
   if (threadIdx.x == 0) s_out[row * num_heads + head] = m == -INFINITY ? -INFINITY : m + logf(denominator);
 }
 
