@@ -184,3 +184,28 @@ def test_without_a_gpu_the_failure_is_a_runtime_error_that_says_so():
     w = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
     with pytest.raises(RuntimeError, match="CUDA|cuda"):
         w.plan([0, 4], [0, 9], 8, 8, 128)
+
+
+def test_torch_cpu_tensors_are_refused_by_name():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+    q = torch.zeros(2, 4, 64, dtype=torch.float16)
+    raises(r"merge_state: v_a must be a CUDA tensor; it is on cpu", fsc.merge_state, q, None, None, None)
+    raises(r"top_p_sampling_from_probs: probs must be a CUDA tensor; it is on cpu", fsc.top_p_sampling_from_probs,
+           torch.ones(2, 5), 0.5)
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"plan: qo_indptr must have dtype int32; it has int64", w.plan, torch.tensor([0, 4]), [0, 9], 8, 8, 128)
+    raises(r"plan: kv_indptr must be one-dimensional", w.plan, [0, 4], torch.zeros(1, 2, dtype=torch.int32), 8, 8, 128)
+    raises(r"plan: q_data_type must be float32, float16 or bfloat16; got torch.int8", w.plan, [0, 4], [0, 9], 8, 8,
+           128, q_data_type=torch.int8)
+
+
+def test_get_batch_indices_positions():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+    append_indptr = torch.tensor([0, 3, 4, 9], dtype=torch.int32)
+    seq_lens = torch.tensor([3, 10, 5], dtype=torch.int32)  # after the append
+    batch_indices, positions = fsc.get_batch_indices_positions(append_indptr, seq_lens, 9)
+    assert batch_indices.tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 2]
+    assert positions.tolist() == [0, 1, 2, 9, 0, 1, 2, 3, 4]
+    assert batch_indices.dtype == positions.dtype == torch.int32
+    raises(r"get_batch_indices_positions: seq_lens must be an int32 torch tensor", fsc.get_batch_indices_positions,
+           append_indptr, seq_lens.long(), 9)
