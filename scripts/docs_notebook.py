@@ -133,8 +133,10 @@ def highlight_css(path):
 def index(page_path, notebooks, have_module):
     lines = ["# Notebooks {#notebooks}", ""]
     if have_module:
-        lines += ["Each notebook drives the `flashstep` Python module (the CPU reference) and",
-                  "was executed while this site was built. They follow the chapters' order.", ""]
+        lines += ["Each notebook drives the `flashstep` Python module (the CPU reference; notebooks",
+                  "11 and 12 also the GPU stages through `flashstep.cuda`) and was executed while",
+                  "this site was built, or, for GPU notebooks, on a GPU machine (each page says",
+                  "which). They follow the chapters' order.", ""]
     else:
         lines += ["This build has no Python module (configured with",
                   "`-DFLASHSTEP_BUILD_PYTHON=OFF`), so the notebooks were not executed or",

@@ -6,7 +6,7 @@
 #
 #   --lib   folder holding libflashstep_capi.so and libcudart.so.13 (default
 #           build-gpu-python, else build-gpu/bin)
-#   --out   where the log and the executed notebooks go (default $OUT, else <lib>/run)
+#   --out   where the log and the executed notebooks go (default <lib>/run)
 #   STEP    any of: tests flashinfer sanitizer notebooks (default: all four)
 #
 #   tests       tests/python/test_cuda_arguments.py and test_cuda_gpu.py (pytest)
@@ -23,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIB=
-OUTDIR=${OUT:-}
+OUTDIR=
 steps=()
 while (($#)); do
   case $1 in

@@ -117,8 +117,9 @@ def _positive_int(value, fn, name, minimum=1):
     return value
 
 
-def _copy_to_host(dst, src, nbytes):
-    _capi.call("fs_memcpy", dst, src, nbytes, None, 1)
+def _copy_to_host(dst, src, nbytes, stream=0):
+    """Copies device memory to host memory after the work queued on `stream`."""
+    _capi.call("fs_memcpy", dst, src, nbytes, ctypes.c_void_p(stream), 1)
 
 
 def _ptr(a):
@@ -281,15 +282,16 @@ class _PlanRun:
                 self._runner, self._runner_stage = runner, chosen
             need = ctypes.c_size_t()
             _capi.call("fs_runner_workspace_bytes", self._runner, ctypes.byref(shape), ctypes.byref(need))
-            # The workspace holds the stage's own bytes, then the device copies of the index
-            # arrays that no fixed buffer was given for (FlashInfer keeps its copies in its
-            # workspace too), so run() reads them at addresses that never change.
-            stage_bytes = -(-need.value // _ALIGN) * _ALIGN
+            # The stage's own bytes start the workspace; the device copies of the index arrays
+            # that no fixed buffer was given for end it (FlashInfer keeps such copies in its
+            # workspace too). Counted from the end, their addresses depend only on their
+            # lengths, so a CUDA graph captured after one plan reads the next plan's arrays
+            # (the same batch size, the fixed buffers holding the variable-length kv_indices).
             host = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr}
             if kv_indices is not None:
                 host["kv_indices"] = kv_indices[:max(kv_indptr[-1], 1)] if kv_indices else [0]
                 host["kv_last_page_len"] = last_page_len
-            offset, device = stage_bytes, {}
+            end, device = ws.nbytes // _ALIGN * _ALIGN, {}
             for name, values in host.items():
                 fixed = self._fixed.get(name)
                 if fixed is not None:
@@ -298,10 +300,11 @@ class _PlanRun:
                                          f"{len(values)}")
                     device[name] = fixed.ptr
                 else:
-                    device[name] = ws.ptr + offset
-                    offset += -(-4 * len(values) // _ALIGN) * _ALIGN
-            if offset > ws.nbytes:
-                raise ValueError(f"{fn}: workspace_buffer has {ws.nbytes} bytes; this plan needs {offset} "
+                    end -= -(-4 * len(values) // _ALIGN) * _ALIGN
+                    device[name] = ws.ptr + end
+            if need.value > end:
+                needed = need.value + ws.nbytes // _ALIGN * _ALIGN - end
+                raise ValueError(f"{fn}: workspace_buffer has {ws.nbytes} bytes; this plan needs {needed} "
                                  f"({need.value} for stage {chosen}, the rest for the index arrays)")
             stream = current_stream(ws)
             for name, values in host.items():
@@ -795,7 +798,7 @@ def _raise_on_status(fn, status):
     """Reads the status array (a device sync) and raises for the first output not ok."""
     a = device_array(status, fn, "status")
     buf = (ctypes.c_int32 * a.numel)()
-    _copy_to_host(ctypes.addressof(buf), a.ptr, a.nbytes)
+    _copy_to_host(ctypes.addressof(buf), a.ptr, a.nbytes, current_stream(a))
     for i, code in enumerate(buf):
         if code != 0:
             name = ctypes.c_char_p()
