@@ -19,7 +19,7 @@ import importlib.util as _util
 
 try:
     from . import _flashstep
-except ImportError as _missing:
+except ImportError:
     if _util.find_spec(__name__ + "._flashstep") is not None:
         raise  # built but broken: say so, as before
     # No compiled CPU module for this Python (e.g. a source checkout on a GPU machine):

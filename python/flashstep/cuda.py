@@ -571,6 +571,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
     forward = run
 
 
+# Stage 05 (cascade, C++ namespace flashstep::stages::cascade) backs this class once it is
+# in the registry: its plan/run join capi/ as fs_* functions, and the class takes
+# FlashInfer's MultiLevelCascadeAttentionWrapper signature (num_levels, workspace, kv_layout).
 class MultiLevelCascadeAttentionWrapper:
     """FlashInfer's cascade wrapper (shared prefix read once, unique suffixes, states
     merged) belongs to stage 05, which is not in this build's registry yet. Until it is,

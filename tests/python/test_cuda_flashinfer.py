@@ -50,6 +50,15 @@ def workspace(torch):
     return torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
 
 
+def peer(call, what):
+    """FlashInfer's answer; a case FlashInfer itself refuses (a kernel its build lacks, a
+    layout a backend does not take) is skipped with its message, not counted as ours."""
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001  (whatever FlashInfer raises)
+        pytest.skip(f"FlashInfer refused {what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
 def compare(torch, fsc, ours, theirs, dtype, what):
     o, lse = ours
     o_fi, lse_fi = theirs
@@ -70,10 +79,12 @@ def test_batch_decode(torch, fsc, flashinfer, rng, layout, page_size, group):
     pool, indptr, indices, last, _, _ = cs.paged_batch(torch, g, kv_lens, page_size, hkv, d, dtype, layout)
     pool = pool.nan_to_num(0.0)  # FlashInfer may read a whole last page; flashstep's own tests keep the NaN
     q = cs.random_rows(torch, g, len(kv_lens), hq, d, dtype)
-    theirs = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
-    theirs.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16,
-                kv_data_type=torch.bfloat16)
-    fi = theirs.run(q, pool, return_lse=True)
+    def flashinfer_decode():
+        theirs = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
+        theirs.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16,
+                    kv_data_type=torch.bfloat16)
+        return theirs.run(q, pool, return_lse=True)
+    fi = peer(flashinfer_decode, "this decode batch")
     for stage in ("02_paged", "03_split_kv", "04_tensor_core"):
         ours = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, stage=stage)
         ours.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16)
@@ -97,10 +108,12 @@ def test_batch_prefill_paged(torch, fsc, flashinfer, rng, layout, page_size, cau
     pool = pool.nan_to_num(0.0)
     qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo for qo, _ in lens)), dtype=torch.int32, device="cuda")
     q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, d, dtype)
-    theirs = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
-    theirs.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page_size, causal=causal,
-                q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    fi = theirs.run(q, pool, return_lse=True)
+    def flashinfer_prefill():
+        theirs = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+        theirs.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page_size, causal=causal,
+                    q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        return theirs.run(q, pool, return_lse=True)
+    fi = peer(flashinfer_prefill, "this paged prefill batch")
     ours = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
     ours.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page_size, causal=causal, q_data_type=torch.bfloat16)
     compare(torch, fsc, ours.run(q, pool, return_lse=True), fi, dtype, f"paged prefill {ours.stage} vs FlashInfer")
@@ -117,10 +130,12 @@ def test_batch_prefill_ragged(torch, fsc, flashinfer, rng, causal, head_dim):
     q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, head_dim, dtype)
     k = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, head_dim, dtype)
     v = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, head_dim, dtype)
-    theirs = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), "NHD")
-    theirs.plan(qo_indptr, kv_indptr, hq, hkv, head_dim, causal=causal, q_data_type=torch.bfloat16,
-                kv_data_type=torch.bfloat16)
-    fi = theirs.run(q, k, v, return_lse=True)
+    def flashinfer_prefill():
+        theirs = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), "NHD")
+        theirs.plan(qo_indptr, kv_indptr, hq, hkv, head_dim, causal=causal, q_data_type=torch.bfloat16,
+                    kv_data_type=torch.bfloat16)
+        return theirs.run(q, k, v, return_lse=True)
+    fi = peer(flashinfer_prefill, "this ragged prefill batch")
     ours = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
     ours.plan(qo_indptr, kv_indptr, hq, hkv, head_dim, causal=causal, q_data_type=torch.bfloat16)
     compare(torch, fsc, ours.run(q, k, v, return_lse=True), fi, dtype, f"ragged prefill {ours.stage} vs FlashInfer")
@@ -134,13 +149,13 @@ def test_merge_state_with_base_2_lse(torch, fsc, flashinfer, rng):
     sa = torch.rand((seq, heads), generator=g, device="cuda") * 20 - 10  # natural log
     sb = torch.rand((seq, heads), generator=g, device="cuda") * 20 - 10
     ours = fsc.merge_state(va, sa, vb, sb)
-    fi = flashinfer.merge_state(va, sa / LN2, vb, sb / LN2)  # FlashInfer takes base 2
+    fi = peer(lambda: flashinfer.merge_state(va, sa / LN2, vb, sb / LN2), "merge_state")  # it takes base 2
     compare(torch, fsc, ours, fi, "bfloat16", "merge_state vs FlashInfer")
     n = 4
     v = cs.random_rows(torch, g, seq * n, heads, d, "bfloat16").view(seq, n, heads, d)
     s = torch.rand((seq, n, heads), generator=g, device="cuda") * 20 - 10
-    compare(torch, fsc, fsc.merge_states(v, s), flashinfer.merge_states(v, (s / LN2).contiguous()), "bfloat16",
-            "merge_states vs FlashInfer")
+    fi = peer(lambda: flashinfer.merge_states(v, (s / LN2).contiguous()), "merge_states")
+    compare(torch, fsc, fsc.merge_states(v, s), fi, "bfloat16", "merge_states vs FlashInfer")
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -160,7 +175,8 @@ def test_append_paged_kv_cache(torch, fsc, flashinfer, rng, layout, page_size):
     seq_lens = torch.tensor(new_lens, dtype=torch.int32, device="cuda")
     nnz = int(append_indptr[-1])
     bi, pos = fsc.get_batch_indices_positions(append_indptr, seq_lens, nnz)
-    bi_fi, pos_fi = flashinfer.page.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    bi_fi, pos_fi = peer(lambda: flashinfer.page.get_batch_indices_positions(append_indptr, seq_lens, nnz),
+                         "get_batch_indices_positions")
     assert torch.equal(bi, bi_fi.to(torch.int32)) and torch.equal(pos, pos_fi.to(torch.int32))
     k = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
     v = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
@@ -168,7 +184,8 @@ def test_append_paged_kv_cache(torch, fsc, flashinfer, rng, layout, page_size):
     start = cs.random_rows(torch, g, math.prod(shape) // (hkv * d), hkv, d, "bfloat16").view(shape)
     ours, theirs = start.clone(), start.clone()
     fsc.append_paged_kv_cache(k, v, bi, pos, ours, indices, kv_indptr, last, kv_layout=layout)
-    flashinfer.page.append_paged_kv_cache(k, v, bi_fi, pos_fi, theirs, indices, kv_indptr, last, kv_layout=layout)
+    peer(lambda: flashinfer.page.append_paged_kv_cache(k, v, bi_fi, pos_fi, theirs, indices, kv_indptr, last,
+                                                       kv_layout=layout), "append_paged_kv_cache")
     torch.cuda.synchronize()
     assert torch.equal(ours, theirs), f"{int((ours != theirs).sum())} pool elements differ from FlashInfer's append"
     assert not torch.equal(ours, start)
