@@ -238,7 +238,8 @@ class _PlanRun:
             _capi.call("fs_stage_unsupported_reason", str(stage).encode(), ctypes.byref(shape), ctypes.byref(reason))
             if reason.value:
                 raise ValueError(f"{self._fn}: stage {stage} cannot run this batch: {reason.value.decode()}")
-            return str(stage)
+            # the registry's full name, also when the number alone was given ("02")
+            return next(name for name, _, _ in stages() if str(stage) in (name, name.split("_")[0]))
         reasons = []
         for name, _, _ in reversed(stages()):
             _capi.call("fs_stage_unsupported_reason", name.encode(), ctypes.byref(shape), ctypes.byref(reason))
@@ -249,6 +250,7 @@ class _PlanRun:
 
     def _plan(self, dtype, qo_indptr, kv_indptr, kv_indices, last_page_len, stage, **shape_args):
         fn = self._fn
+        self._planned = None  # a plan() that fails leaves no plan to run
         if len(kv_indptr) < 2:
             raise ValueError(f"{fn}: kv_indptr must have batch_size + 1 >= 2 entries; it has {len(kv_indptr)}")
         batch = len(kv_indptr) - 1

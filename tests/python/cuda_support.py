@@ -7,22 +7,29 @@ derives its own from the run seed and its name, and prints it.
 """
 import itertools
 import math
+import os
 
 import pytest
 
 
 def torch_cuda_or_skip():
-    """torch, where it imports and sees a CUDA device, and the library loads; else skip."""
+    """torch, where it imports and sees a CUDA device, and the library loads; else skip
+    (or fail, under FLASHSTEP_REQUIRE_GPU=1: scripts/gpu-python.sh sets it, so that a GPU
+    machine where nothing could run does not pass by skipping everything)."""
+    def unavailable(why):
+        if os.environ.get("FLASHSTEP_REQUIRE_GPU") == "1":
+            pytest.fail(f"FLASHSTEP_REQUIRE_GPU=1 but {why}")
+        pytest.skip(f"GPU test skipped: {why}")
     try:
         import torch
     except ImportError:
-        pytest.skip("GPU test skipped: PyTorch is not installed here (the GPU machine has it)")
+        unavailable("PyTorch is not installed here (the GPU machine has it)")
     if not torch.cuda.is_available():
-        pytest.skip("GPU test skipped: PyTorch sees no CUDA device")
+        unavailable("PyTorch sees no CUDA device")
     import flashstep.cuda as fsc
     usable, why = fsc.available()
     if not usable:
-        pytest.skip(f"GPU test skipped: flashstep.cuda cannot run here: {why.splitlines()[0]}")
+        unavailable(f"flashstep.cuda cannot run here: {why.splitlines()[0]}")
     return torch
 
 
