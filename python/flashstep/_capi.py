@@ -1,7 +1,8 @@
 """Loading libflashstep_capi.so (the C interface to the CUDA stages, capi/) with ctypes.
 
 The library is looked for, in order, at:
-1. ``$FLASHSTEP_CAPI`` (the path of the .so, or a folder holding it);
+1. ``$FLASHSTEP_CAPI`` (the path of the .so, or a folder holding it); when it is set,
+   nowhere else;
 2. ``<build>/bin/`` of the build tree this package was copied into
    (``<build>/python/flashstep/`` -> ``<build>/bin/libflashstep_capi.so``);
 3. ``build-gpu/bin/`` and ``build/bin/`` beside the source folder ``python/``.
@@ -97,11 +98,12 @@ _lib = None
 
 
 def candidates():
-    """Where the library is looked for, in order (see the module docstring)."""
-    found = []
+    """Where the library is looked for, in order (see the module docstring). When
+    $FLASHSTEP_CAPI is set, it is the only place: a path asked for is not second-guessed."""
     env = os.environ.get(ENV_VAR)
     if env:
-        found.append(os.path.join(env, LIB_NAME) if os.path.isdir(env) else env)
+        return [os.path.join(env, LIB_NAME) if os.path.isdir(env) else env]
+    found = []
     here = os.path.dirname(os.path.abspath(__file__))
     found.append(os.path.normpath(os.path.join(here, "..", "..", "bin", LIB_NAME)))
     source_root = os.path.normpath(os.path.join(here, "..", ".."))
@@ -124,8 +126,6 @@ def load():
             lib = ctypes.CDLL(path)
         except OSError as e:
             tried.append(f"{path} ({e})")
-            if os.environ.get(ENV_VAR):
-                break  # an explicit path that fails to load is the answer, not a reason to look on
             continue
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name)
