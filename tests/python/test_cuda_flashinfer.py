@@ -200,12 +200,17 @@ def test_sampling_where_the_draw_is_determined(torch, fsc, flashinfer, rng):
     probs = torch.softmax(torch.randn(batch, vocab, generator=g, device="cuda"), dim=-1)
     s = flashinfer.sampling
     pairs = [
-        ("sampling_from_probs", fsc.sampling_from_probs(onehot), s.sampling_from_probs(onehot)),
-        ("top_p 0.9", fsc.top_p_sampling_from_probs(onehot, 0.9), s.top_p_sampling_from_probs(onehot, 0.9)),
-        ("min_p 0.5", fsc.min_p_sampling_from_probs(onehot, 0.5), s.min_p_sampling_from_probs(onehot, 0.5)),
-        ("top_k 1", fsc.top_k_sampling_from_probs(probs, 1), s.top_k_sampling_from_probs(probs, 1)),
+        ("sampling_from_probs", fsc.sampling_from_probs(onehot),
+         peer(lambda: s.sampling_from_probs(onehot), "sampling_from_probs")),
+        ("top_p 0.9", fsc.top_p_sampling_from_probs(onehot, 0.9),
+         peer(lambda: s.top_p_sampling_from_probs(onehot, 0.9), "top_p_sampling_from_probs")),
+        ("min_p 0.5", fsc.min_p_sampling_from_probs(onehot, 0.5),
+         peer(lambda: s.min_p_sampling_from_probs(onehot, 0.5), "min_p_sampling_from_probs")),
+        ("top_k 1", fsc.top_k_sampling_from_probs(probs, 1),
+         peer(lambda: s.top_k_sampling_from_probs(probs, 1), "top_k_sampling_from_probs")),
         ("top_k_top_p joint", fsc.top_k_top_p_sampling_from_probs(probs, 1, 0.9, filter_apply_order="joint"),
-         s.top_k_top_p_sampling_from_probs(probs, 1, 0.9, filter_apply_order="joint")),
+         peer(lambda: s.top_k_top_p_sampling_from_probs(probs, 1, 0.9, filter_apply_order="joint"),
+              "top_k_top_p_sampling_from_probs")),
     ]
     for name, ours, theirs in pairs:
         assert torch.equal(ours.long(), theirs.long()), f"{name}: flashstep {ours.tolist()[:8]}..., " \
@@ -225,17 +230,17 @@ def test_sampling_distributions_agree(torch, fsc, flashinfer, rng):
     seed = int(rng.integers(2**62))
     print(f"sampling seed {seed}")
     ours = fsc.sampling_from_probs(probs, indices=zeros, seed=seed)
-    theirs = s.sampling_from_probs(rows)
+    theirs = peer(lambda: s.sampling_from_probs(rows), "sampling_from_probs")
     for name, tokens in (("flashstep", ours), ("FlashInfer", theirs)):
         freq = torch.bincount(tokens.long(), minlength=7).double() / n
         assert ((freq - p).abs() <= 6 * sigma).all(), f"{name}: frequencies {freq.tolist()}"
     supports = [
         ("top_k 3", fsc.top_k_sampling_from_probs(probs, 3, indices=zeros, seed=seed + 1),
-         s.top_k_sampling_from_probs(rows, 3)),
+         peer(lambda: s.top_k_sampling_from_probs(rows, 3), "top_k_sampling_from_probs")),
         ("top_p 0.65", fsc.top_p_sampling_from_probs(probs, 0.65, indices=zeros, seed=seed + 2),
-         s.top_p_sampling_from_probs(rows, 0.65)),
+         peer(lambda: s.top_p_sampling_from_probs(rows, 0.65), "top_p_sampling_from_probs")),
         ("min_p 0.3", fsc.min_p_sampling_from_probs(probs, 0.3, indices=zeros, seed=seed + 3),
-         s.min_p_sampling_from_probs(rows, 0.3)),
+         peer(lambda: s.min_p_sampling_from_probs(rows, 0.3), "min_p_sampling_from_probs")),
     ]
     for name, a, b in supports:
         sa, sb = set(torch.unique(a).tolist()), set(torch.unique(b).tolist())
@@ -246,8 +251,9 @@ def test_softmax_and_top_p_renorm(torch, fsc, flashinfer, rng):
     g = cs.generator(torch, rng, "transforms")
     logits = torch.randn(16, 5000, generator=g, device="cuda") * 2
     tol = fsc.tolerance("float32")
-    cs.assert_close(torch, fsc.softmax(logits, temperature=0.8),
-                    flashinfer.sampling.softmax(logits, temperature=0.8), tol, "softmax vs FlashInfer", FACTOR)
+    theirs = peer(lambda: flashinfer.sampling.softmax(logits, temperature=0.8), "softmax")
+    cs.assert_close(torch, fsc.softmax(logits, temperature=0.8), theirs, tol, "softmax vs FlashInfer", FACTOR)
     probs = torch.softmax(logits, dim=-1)
-    cs.assert_close(torch, fsc.top_p_renorm_probs(probs, 0.7), flashinfer.sampling.top_p_renorm_probs(probs, 0.7),
-                    tol, "top_p_renorm_probs vs FlashInfer", FACTOR)
+    theirs = peer(lambda: flashinfer.sampling.top_p_renorm_probs(probs, 0.7), "top_p_renorm_probs")
+    cs.assert_close(torch, fsc.top_p_renorm_probs(probs, 0.7), theirs, tol, "top_p_renorm_probs vs FlashInfer",
+                    FACTOR)
