@@ -154,6 +154,19 @@ def test_the_library_checks_what_only_it_knows():
     raises(r"plan: stage 01_naive cannot run this batch: 01_naive reads ragged KV, not paged", w.plan, *ok,
            stage="01_naive")
     raises(r"find_stage: no stage named \"09\" \(known: 01_naive, ", w.plan, *ok, stage="09")
+    # every field of the shape reaches the library where C expects it (the struct's layout)
+    raises(r"stage 02 cannot run this batch: 02_paged does not implement logits_soft_cap", w.plan, *ok,
+           logits_soft_cap=5.0, stage="02")
+    raises(r"stage 03_split_kv cannot run this batch: 03_split_kv does not implement window_left", w.plan, *ok,
+           window_left=3, stage="03_split_kv")
+    raises(r"02_paged supports GQA groups up to 8", w.plan, ok[0], ok[1], ok[2], 32, 2, 128, 16, stage="02_paged")
+    raises(r"02_paged supports page_size 1..64", w.plan, ok[0], ok[1], [5, 100], 8, 2, 128, 128, stage="02_paged")
+    raises(r"04_tensor_core is not built for dtype f32", w.plan, *ok, q_data_type="float32", stage="04_tensor_core")
+    h = fsc.BatchPrefillWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"), "HND")
+    raises(r"01_naive reads ragged KV, not paged", h.plan, [0, 2, 5], *ok[:3], 8, 2, 128, 16, stage="01_naive")
+    r = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"01_naive is not built for dtype bf16", r.plan, [0, 4], [0, 9], 8, 8, 128, q_data_type="bfloat16",
+           stage="01_naive")
 
 
 def test_stages_are_the_registry_in_teaching_order():
