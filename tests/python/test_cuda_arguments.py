@@ -222,3 +222,30 @@ def test_get_batch_indices_positions():
     assert batch_indices.dtype == positions.dtype == torch.int32
     raises(r"get_batch_indices_positions: seq_lens must be an int32 torch tensor", fsc.get_batch_indices_positions,
            append_indptr, seq_lens.long(), 9)
+
+
+def test_sampler_parameters_reach_the_library_intact():
+    """Stage 06 checks scalar parameters on the host before any launch, so bad values
+    come back named without a GPU; this also pins fs_sampling_params' layout. Fake device
+    pointers are used, so it runs only where no GPU could be reached by a launch."""
+    import ctypes
+    library_or_skip()
+    if fsc.available()[0]:
+        pytest.skip("a CUDA device is present: fake pointers must not reach a kernel there")
+    fake = ctypes.c_void_p(1 << 40)
+
+    def sample(op, **fields):
+        p = _capi.SamplingParams(top_k=1, top_p=1.0, min_p=0.0, temperature=1.0)
+        for k, v in fields.items():
+            setattr(p, k, v)
+        _capi.call("fs_sample", op.encode(), fake, 4, 100, ctypes.byref(p), None, 4, 0, 0, fake, None, None,
+                   None, 0, None)
+
+    raises(r"top_k must be >= 1, but top_k = 0", sample, "top_k_sampling_from_probs", top_k=0)
+    raises(r"top_p must be in \(0, 1\], but top_p = 1.5", sample, "top_p_sampling_from_probs", top_p=1.5)
+    raises(r"min_p must be in \[0, 1\], but min_p = 2", sample, "min_p_sampling_from_probs", min_p=2.0)
+    raises(r"top_p must be in \(0, 1\]", sample, "top_k_top_p_sampling_from_probs", top_k=3, top_p=0.0,
+           filter_apply_order=1)
+    raises(r"no sampler named \"nope\"", sample, "nope")
+    with pytest.raises(RuntimeError, match="CUDA"):  # good arguments: the launch is what fails here
+        sample("top_p_sampling_from_probs", top_p=0.5)
