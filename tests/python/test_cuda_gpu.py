@@ -4,6 +4,7 @@ attention stage through FlashInfer's wrapper classes, merge_state(s),
 append_paged_kv_cache, stage 06's samplers, bad inputs, CUDA graphs, streams, DLPack and
 CuPy. Skipped with a message where PyTorch, a GPU or the C library is missing.
 """
+import itertools
 import math
 
 import pytest
@@ -99,7 +100,7 @@ def test_paged_prefill_matches_the_float64_oracle(torch, fsc, rng, dtype, layout
     qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
     kv_lens = [kv for _, kv in PREFILL_LENGTHS]
     pool, kv_indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page_size, hkv, d, dtype, layout)
-    qo_indptr = torch.tensor([0] + list(__import__("itertools").accumulate(qo_lens)), dtype=torch.int32,
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32,
                              device="cuda")
     q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
     w = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
@@ -114,7 +115,6 @@ def test_paged_prefill_matches_the_float64_oracle(torch, fsc, rng, dtype, layout
                                          ("01_naive", "float32"), (None, "float32"), (None, "bfloat16")])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype, causal):
-    import itertools
     g = cs.generator(torch, rng, f"ragged prefill {stage} {dtype} {causal}")
     hq, hkv, d = 8, 2, 128
     qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
@@ -138,7 +138,6 @@ def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype
 
 @pytest.mark.parametrize("window_left,soft_cap", [(31, 0.0), (-1, 20.0), (7, 5.0)])
 def test_window_and_soft_cap(torch, fsc, rng, window_left, soft_cap):
-    import itertools
     g = cs.generator(torch, rng, f"window {window_left} cap {soft_cap}")
     hq, hkv, d = 4, 4, 64
     lens = [(5, 80), (40, 40)]
@@ -308,11 +307,11 @@ def test_append_paged_kv_cache(torch, fsc, rng, layout, page_size, as_tuple):
     pages = [-(-n // page_size) for n in new_lens]
     total = sum(pages) + 2
     indices = torch.randperm(total, generator=g, device="cuda").to(torch.int32)[:sum(pages)].contiguous()
-    kv_indptr = torch.tensor([0] + list(__import__("itertools").accumulate(pages)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
     last = torch.tensor([n - (p - 1) * page_size for n, p in zip(new_lens, pages)], dtype=torch.int32, device="cuda")
     shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
     pool = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    append_indptr = torch.tensor([0] + list(__import__("itertools").accumulate(append_lens)), dtype=torch.int32,
+    append_indptr = torch.tensor([0] + list(itertools.accumulate(append_lens)), dtype=torch.int32,
                                  device="cuda")
     nnz = int(append_indptr[-1])
     k = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
