@@ -104,7 +104,7 @@ step_notebooks() {
   mkdir -p "$OUTDIR/notebooks"
   local rc=0
   for nb in notebooks/11_stage_speed.ipynb notebooks/12_against_flashinfer.ipynb; do
-    FLASHSTEP_RESULTS_DIR=$PWD/docs/results run_logged timeout 150 python3 scripts/notebook_exec.py "$nb" \
+    run_logged timeout 150 python3 scripts/notebook_exec.py "$nb" \
       --save "$OUTDIR/notebooks/$(basename "$nb")" --source-state "$LIB/source-state.txt" || rc=1
   done
   return $rc

@@ -6,7 +6,8 @@ its outputs: for a GPU machine whose Python has no nbclient or ipykernel.
 
 Cells run top to bottom in one namespace, in the notebook's folder, as a kernel would
 run them (the last expression of a cell is not echoed: the notebooks print what they
-show). Printed text becomes stream outputs; every matplotlib figure a cell leaves open
+show). Printed text (stdout, with the repository's path replaced by "<repository>")
+becomes stream outputs; stderr, where libraries log, stays in the run's log; every matplotlib figure a cell leaves open
 becomes a PNG output. The saved notebook records in its metadata (``flashstep``) the
 GPU, the Python and PyTorch versions, the date, and the commit and tree state from a
 build's source-state.txt, which the docs site shows above the outputs
@@ -75,6 +76,7 @@ def execute(path, source_state=None):
     warnings.filterwarnings("ignore", message=".*non-interactive.*")
     here = os.getcwd()
     os.chdir(os.path.dirname(os.path.abspath(path)))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))  # notebooks/ is in the repository's root
     ok, count = True, 0
     try:
         for cell in nb["cells"]:
@@ -85,14 +87,16 @@ def execute(path, source_state=None):
             out = io.StringIO()
             outputs = []
             try:
-                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                # stdout only: libraries' logs and warnings (stderr) stay in the run's log
+                with contextlib.redirect_stdout(out):
                     exec(compile(source_of(cell), f"<cell {count}>", "exec"), namespace)  # noqa: S102
             except Exception as e:  # noqa: BLE001  (recorded in the notebook, then we stop)
                 ok = False
                 outputs.append({"output_type": "error", "ename": type(e).__name__, "evalue": str(e),
                                 "traceback": traceback.format_exc().splitlines()})
-            if out.getvalue():
-                outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": out.getvalue()})
+            text = out.getvalue().replace(root, "<repository>")  # no machine's paths in a stored run
+            if text:
+                outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": text})
             outputs += figures_as_outputs()
             cell["outputs"] = outputs
             sys.stdout.write(out.getvalue())

@@ -80,3 +80,14 @@ def test_docs_use_a_stored_run_only_when_its_code_is_the_notebooks(tmp_path):
     assert "NVIDIA H100 80GB HBM3" in label and "`abc1234`" in label
     write_notebook(tmp_path / "n.ipynb", ["print(2)"])  # the notebook changed since that run
     assert docs_notebook.stored_run(nb, str(stored)) is None
+
+
+def test_exec_keeps_machine_paths_and_logs_out_of_the_stored_outputs(tmp_path):
+    (tmp_path / "notebooks").mkdir()
+    nb = write_notebook(tmp_path / "notebooks" / "n.ipynb", [
+        "import os, sys\nprint('root is', os.path.dirname(os.getcwd()))\nprint('a log line', file=sys.stderr)"])
+    run = run_exec(nb, tmp_path / "out.ipynb")
+    assert run.returncode == 0, run.stderr
+    assert "a log line" in run.stderr
+    out = nbformat.read(str(tmp_path / "out.ipynb"), as_version=4)
+    assert [o["text"] for o in out.cells[1].outputs] == ["root is <repository>\n"]
