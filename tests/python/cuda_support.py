@@ -108,7 +108,7 @@ def attention_reference(torch, q, k, v, causal=False, sm_scale=None, window_left
     s = s.masked_fill(~visible, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (Hq, qo_len)
     p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
-    o = torch.einsum("hqk,khd->qhd", p, vx)
+    o = torch.einsum("hqk,khd->qhd", p, vx).contiguous()
     return o, lse.transpose(0, 1).contiguous()
 
 
