@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Execute a notebook and render it as a page of the docs site.
 
-    docs_notebook.py NOTEBOOK --out GENERATED_DIR
+    docs_notebook.py NOTEBOOK --out GENERATED_DIR [--stored RUNS_DIR]
         writes GENERATED_DIR/notebooks/NAME.html (an HTML fragment: cells and outputs,
         plots embedded) and GENERATED_DIR/pages/notebook_NAME.md (the Doxygen page that
-        \\htmlinclude-s it, labelled notebook_NAME).
+        \\htmlinclude-s it, labelled notebook_NAME). With --stored, a notebook that has a
+        current executed copy there (a GPU run saved by scripts/gpu-python.sh) is shown
+        with that run's outputs, labelled with its GPU and commit, instead of being run.
     docs_notebook.py --index PAGE.md --notebooks NB.ipynb...   (or --no-module)
         writes the "Notebooks" page listing every notebook in file-name order.
 
 Notebooks are stored without outputs; these outputs come from running them now, against
-the module just built, so the site always shows what the code does today.
+the module just built, so the site always shows what the code does today, except where a
+stored GPU run of the same code exists (GPU cells skip on the machine that builds docs).
 """
 import argparse
 import html
@@ -36,11 +39,46 @@ def label_of(path):
     return "notebook_" + os.path.splitext(os.path.basename(path))[0]
 
 
-def render(path, out_dir):
+def code_sources(nb):
+    """The code cells' sources, in order: what a stored run must share with its notebook."""
+    return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def stored_run(path, stored_dir):
+    """The executed copy of `path` in `stored_dir` (a GPU run that scripts/gpu-python.sh
+    saved, with the GPU and commit in its metadata), when one exists and its code is the
+    notebook's; else None (then the notebook is executed here, as usual)."""
+    if not stored_dir:
+        return None
+    stored = os.path.join(stored_dir, os.path.basename(path))
+    if not os.path.exists(stored):
+        return None
+    nb = nbformat.read(stored, as_version=4)
+    if code_sources(nb) != code_sources(nbformat.read(path, as_version=4)):
+        print(f"docs_notebook.py: {stored} was run from other code than {path}; executing the notebook "
+              "here instead (re-run scripts/gpu-python.sh notebooks to refresh it)", file=sys.stderr)
+        return None
+    return nb
+
+
+def run_label(nb):
+    """One sentence naming where a stored run happened, from its metadata."""
+    meta = nb.metadata.get("flashstep", {})
+    tree = " (a tree with changes)" if meta.get("tree") == "modified" else ""
+    return (f"The outputs below come from a run on an {meta.get('gpu', 'unknown GPU')} at commit "
+            f"`{meta.get('commit', 'unknown')}`{tree}, {meta.get('executed', 'date unknown')} (PyTorch "
+            f"{meta.get('torch', '?')}), stored in `docs/results/notebooks/` by `scripts/gpu-python.sh "
+            "notebooks`. Without a GPU its GPU cells skip, and the tests check that they do.")
+
+
+def render(path, out_dir, stored_dir=None):
     from nbconvert import HTMLExporter
 
     name = os.path.splitext(os.path.basename(path))[0]
-    nb = notebook_run.execute(path)
+    nb = stored_run(path, stored_dir)
+    stored = nb is not None
+    if not stored:
+        nb = notebook_run.execute(path)
     title = title_of(nb, name)
     # The page's title is the notebook's first heading: shown once, not twice.
     for cell in nb.cells:
@@ -54,12 +92,17 @@ def render(path, out_dir):
     body, _ = HTMLExporter(template_name="basic").from_notebook_node(nb)
     with open(os.path.join(out_dir, "notebooks", name + ".html"), "w", encoding="utf-8") as f:
         f.write('<div class="flashstep-notebook">\n' + body + "\n</div>\n")
+    if stored:
+        intro = [f"This page is the notebook `notebooks/{name}.ipynb`. {run_label(nb)} Execute it",
+                 "yourself after the README's commands, the way the tests do (it prints each cell's output):"]
+    else:
+        intro = [f"This page is the notebook `notebooks/{name}.ipynb`, executed while these docs were",
+                 "built (no GPU is needed; cells that want one say so and skip). Execute it yourself",
+                 "after the README's commands, the way the tests do (it prints each cell's output):"]
     page = [
         f"# {title} {{#{label_of(path)}}}",
         "",
-        f"This page is the notebook `notebooks/{name}.ipynb`, executed while these docs were",
-        "built (no GPU is needed; cells that want one say so and skip). Execute it yourself",
-        "after the README's commands, the way the tests do (it prints each cell's output):",
+        *intro,
         "",
         f"    PYTHONPATH=build/python /usr/bin/python3 scripts/notebook_run.py notebooks/{name}.ipynb",
         "",
@@ -90,8 +133,10 @@ def highlight_css(path):
 def index(page_path, notebooks, have_module):
     lines = ["# Notebooks {#notebooks}", ""]
     if have_module:
-        lines += ["Each notebook drives the `flashstep` Python module (the CPU reference) and",
-                  "was executed while this site was built. They follow the chapters' order.", ""]
+        lines += ["Each notebook drives the `flashstep` Python module (the CPU reference; notebooks",
+                  "11 and 12 also the GPU stages through `flashstep.cuda`) and was executed while",
+                  "this site was built, or, for GPU notebooks, on a GPU machine (each page says",
+                  "which). They follow the chapters' order.", ""]
     else:
         lines += ["This build has no Python module (configured with",
                   "`-DFLASHSTEP_BUILD_PYTHON=OFF`), so the notebooks were not executed or",
@@ -122,6 +167,7 @@ def main():
     parser.add_argument("--notebooks", nargs="*", default=[])
     parser.add_argument("--no-module", action="store_true")
     parser.add_argument("--css", help="also write the code highlighting stylesheet here")
+    parser.add_argument("--stored", help="folder of executed notebooks from a GPU run (docs/results/notebooks)")
     args = parser.parse_args()
     if args.index:
         index(args.index, args.notebooks, not args.no_module)
@@ -131,7 +177,7 @@ def main():
     if not args.notebook or not args.out:
         parser.error("give NOTEBOOK and --out, or --index")
     try:
-        render(args.notebook, args.out)
+        render(args.notebook, args.out, args.stored)
     except Exception as e:  # a failing notebook must fail the docs build, visibly
         print(f"docs_notebook.py: {args.notebook}: {e}", file=sys.stderr)
         return 1

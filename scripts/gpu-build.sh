@@ -4,7 +4,9 @@
 # beside the binaries the shared libraries a GPU machine may lack (Debian's Google
 # Benchmark, the CUDA runtime they were linked against), so the folder can be built here
 # and copied to a GPU machine, and records the commit it was built from and whether the
-# tree had changes (source-state.txt, read by bench/merge_results.py).
+# tree had changes (source-state.txt, read by bench/merge_results.py). Also builds the C
+# library of flashstep.cuda and copies it, with the CUDA runtime and source-state.txt,
+# into <folder>-python/ (build-gpu-python/): all that scripts/gpu-python.sh needs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-${FLASHSTEP_BUILD_DIR:-build-gpu}}
@@ -30,6 +32,8 @@ for dir in stages/[0-9][0-9]_*/; do
 done
 mapfile -t tuners < <(grep -E '_tune$' <<< "$available" || true)
 targets+=("${tuners[@]}")
+# The C interface that the Python layer flashstep.cuda loads (scripts/gpu-python.sh).
+if grep -qx flashstep_capi <<< "$available"; then targets+=(flashstep_capi); fi
 echo "building: ${targets[*]}"
 start=$(date +%s)
 cmake --build "$BUILD" -j"${FLASHSTEP_JOBS:-2}" --target "${targets[@]}"
@@ -46,4 +50,12 @@ cp -L "$(ldconfig -p | awk '/libcudart.so.13 /{print $NF; exit}' || true)" "$BUI
   else echo "tree=modified"; git status --porcelain | sed 's/^/modified /'; fi
 } > "$BUILD/source-state.txt"
 cat "$BUILD/source-state.txt"
+# What scripts/gpu-python.sh needs, and nothing else, in a folder small enough to carry
+# to a GPU machine beside the working tree: the C library, the CUDA runtime its RPATH
+# ($ORIGIN) finds beside it, and the source state.
+if [ -f "$BUILD/bin/libflashstep_capi.so" ]; then
+  rm -rf "$BUILD-python" && mkdir -p "$BUILD-python"
+  cp "$BUILD/bin/libflashstep_capi.so" "$BUILD/bin/libcudart.so.13" "$BUILD/source-state.txt" "$BUILD-python/"
+  du -sh "$BUILD-python"
+fi
 du -sh "$BUILD"

@@ -9,12 +9,35 @@ whose message names the function and the argument, e.g.
 ``sm_scale=None`` (the default) means 1/sqrt(head_dim).
 
 Import from a build tree with ``PYTHONPATH=build/python /usr/bin/python3 -c "import flashstep"``.
+
+The CUDA stages, on PyTorch or CuPy tensors under FlashInfer's wrapper classes, are the
+submodule ``flashstep.cuda`` (pure Python over the C library libflashstep_capi.so). It
+imports without the compiled CPU module, so ``PYTHONPATH=python`` from a source checkout
+is enough on a GPU machine whose Python the CPU module was not built for.
 """
-from . import _arguments, _flashstep
+import importlib.util as _util
 
-_arguments.install(_flashstep)
+try:
+    from . import _flashstep
+except ImportError:
+    if _util.find_spec(__name__ + "._flashstep") is not None:
+        raise  # built but broken: say so, as before
+    # No compiled CPU module for this Python (e.g. a source checkout on a GPU machine):
+    # flashstep.cuda still imports; the reference's names say why they are absent.
+    _flashstep = None
 
-from ._flashstep import *  # noqa: F401,F403,E402
-from ._flashstep import __doc__ as _ext_doc  # noqa: F401,E402
+    def __getattr__(name):
+        raise AttributeError(
+            f"flashstep.{name}: the CPU reference module (_flashstep) is not built for this Python; build it "
+            "with the README's commands, or use flashstep.cuda for the GPU stages")
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+    __all__ = []
+else:
+    from . import _arguments
+
+    _arguments.install(_flashstep)
+
+    from ._flashstep import *  # noqa: F401,F403,E402
+    from ._flashstep import __doc__ as _ext_doc  # noqa: F401,E402
+
+    __all__ = [name for name in dir() if not name.startswith("_")]

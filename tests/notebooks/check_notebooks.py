@@ -3,9 +3,12 @@
 - every concept chapter (docs/concepts/NN_*.md) has a notebook with the same NN;
 - each chapter refers to its notebook page (\\ref notebook_<name>);
 - no notebook stores outputs or execution counts (outputs are made by running them);
-- each notebook is valid nbformat 4, starts with a Markdown title, and uses the module.
+- each notebook is valid nbformat 4, starts with a Markdown title, and uses the module;
+- each stored GPU run (RUNS_DIR, docs/results/notebooks/: executed copies that the docs
+  show, saved by scripts/gpu-python.sh) belongs to a notebook, was run from the same code,
+  and names its GPU and commit.
 
-    check_notebooks.py NOTEBOOKS_DIR CONCEPTS_DIR
+    check_notebooks.py NOTEBOOKS_DIR CONCEPTS_DIR [RUNS_DIR]
 """
 import os
 import re
@@ -52,9 +55,26 @@ def main(argv):
             label = "notebook_" + n[:-len(".ipynb")]
             if f"\\ref {label}" not in text:
                 problems.append(f"{chapter}: does not refer to its notebook (\\ref {label})")
+    runs_dir = argv[3] if len(argv) > 3 else None
+    runs = sorted(n for n in os.listdir(runs_dir) if n.endswith(".ipynb")) if runs_dir and os.path.isdir(runs_dir) else []
+    for name in runs:
+        run = nbformat.read(os.path.join(runs_dir, name), as_version=4)
+        if name not in notebooks:
+            problems.append(f"stored run {name}: no notebook of that name in {nb_dir}")
+            continue
+        nb = nbformat.read(os.path.join(nb_dir, name), as_version=4)
+        code = [c.source for c in nb.cells if c.cell_type == "code"]
+        if code != [c.source for c in run.cells if c.cell_type == "code"]:
+            problems.append(f"stored run {name}: its code differs from the notebook's; re-run "
+                            "scripts/gpu-python.sh notebooks on a GPU machine and copy it again")
+        meta = run.metadata.get("flashstep", {})
+        if not meta.get("gpu") or not meta.get("commit"):
+            problems.append(f"stored run {name}: its metadata must name the GPU and the commit it ran on")
+        if any(o.get("output_type") == "error" for c in run.cells for o in c.get("outputs", [])):
+            problems.append(f"stored run {name}: a cell raised in that run")
     for p in problems:
         print("PROBLEM:", p)
-    print(f"{len(notebooks)} notebooks checked; {len(problems)} problem(s)")
+    print(f"{len(notebooks)} notebooks and {len(runs)} stored run(s) checked; {len(problems)} problem(s)")
     return 1 if problems else 0
 
 

@@ -1,0 +1,455 @@
+// The C interface over the stage registry, the stage runners and stage 06's operators:
+// each function turns its plain-C arguments into the C++ types, calls the stage, and turns
+// any exception into a status and a thread-local message (see flashstep_capi.h).
+#include "flashstep_capi.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "06_sampling/sampling.hpp"
+#include "capi_kernels.hpp"
+#include "flashstep/reference/errors.hpp"
+#include "harness/compare.hpp"
+#include "registry.hpp"
+#include "stage.hpp"
+
+namespace {
+
+using flashstep::ref::InvalidArgument;
+namespace st = flashstep::stages;
+namespace smp = flashstep::stages::sampling;
+
+thread_local std::string last_error;
+thread_local std::string last_reason;
+
+/// Runs `body`; returns 0, or FS_BAD_ARGUMENT / FS_FAILED with the exception's message
+/// kept for fs_last_error().
+template <typename F>
+int guarded(const char* function, F&& body) {
+  try {
+    last_error.clear();
+    body();
+    return 0;
+  } catch (const std::invalid_argument& e) {  // ref::InvalidArgument, the dispatch's errors
+    last_error = e.what();
+    return FS_BAD_ARGUMENT;
+  } catch (const std::bad_alloc&) {
+    last_error = std::string(function) + ": out of host memory";
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = std::string(function) + ": unknown error";
+  }
+  return FS_FAILED;
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw InvalidArgument(message);
+}
+
+void check_cuda(cudaError_t err, const char* function) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // a launch error would otherwise stick to the next call
+    throw std::runtime_error(std::string(function) + ": CUDA error: " + cudaGetErrorString(err));
+  }
+}
+
+st::DType to_dtype(int dtype, const char* function) {
+  switch (dtype) {
+    case FS_F32: return st::DType::f32;
+    case FS_F16: return st::DType::f16;
+    case FS_BF16: return st::DType::bf16;
+  }
+  throw InvalidArgument(std::string(function) + ": dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " +
+                        std::to_string(dtype));
+}
+
+/// The BatchShape that `s` describes, after checking what plan() would trust blindly.
+st::BatchShape to_shape(const fs_shape* s, const char* function) {
+  const std::string fn = function;
+  require(s != nullptr, fn + ": shape is null");
+  require(s->mode == FS_DECODE || s->mode == FS_PREFILL, fn + ": mode must be 0 (decode) or 1 (prefill)");
+  require(s->storage == FS_RAGGED || s->storage == FS_PAGED, fn + ": storage must be 0 (ragged) or 1 (paged)");
+  require(s->kv_layout == FS_NHD || s->kv_layout == FS_HND, fn + ": kv_layout must be 0 (NHD) or 1 (HND)");
+  require(s->batch_size >= 1, fn + ": batch_size must be >= 1, got " + std::to_string(s->batch_size));
+  require(s->num_qo_heads >= 1 && s->num_kv_heads >= 1, fn + ": num_qo_heads and num_kv_heads must be >= 1");
+  require(s->head_dim >= 1, fn + ": head_dim must be >= 1, got " + std::to_string(s->head_dim));
+  require(s->qo_indptr && s->kv_indptr, fn + ": qo_indptr and kv_indptr are required");
+  st::BatchShape b;
+  b.mode = s->mode == FS_DECODE ? st::Mode::decode : st::Mode::prefill;
+  b.storage = s->storage == FS_PAGED ? st::KVStorage::paged : st::KVStorage::ragged;
+  b.dtype = to_dtype(s->dtype, function);
+  b.kv_layout = s->kv_layout == FS_HND ? st::KVLayout::HND : st::KVLayout::NHD;
+  b.batch_size = s->batch_size;
+  b.num_qo_heads = s->num_qo_heads;
+  b.num_kv_heads = s->num_kv_heads;
+  b.head_dim = s->head_dim;
+  b.page_size = s->page_size;
+  b.num_pages = s->num_pages;
+  b.causal = s->causal != 0;
+  b.window_left = s->window_left;
+  b.logits_soft_cap = static_cast<float>(s->logits_soft_cap);
+  if (s->has_sm_scale) b.sm_scale = static_cast<float>(s->sm_scale);
+  const int n = s->batch_size;
+  b.qo_indptr.assign(s->qo_indptr, s->qo_indptr + n + 1);
+  b.kv_indptr.assign(s->kv_indptr, s->kv_indptr + n + 1);
+  for (const auto* indptr : {&b.qo_indptr, &b.kv_indptr}) {
+    const char* name = indptr == &b.qo_indptr ? "qo_indptr" : "kv_indptr";
+    require((*indptr)[0] == 0, fn + ": " + name + "[0] must be 0");
+    for (int i = 0; i < n; ++i)
+      require((*indptr)[i + 1] >= (*indptr)[i],
+              fn + ": " + name + " must be non-decreasing (at " + std::to_string(i + 1) + ")");
+  }
+  if (b.mode == st::Mode::decode)
+    for (int i = 0; i <= n; ++i)
+      require(b.qo_indptr[i] == i, fn + ": decode needs qo_indptr = 0, 1, ..., batch_size");
+  if (b.storage == st::KVStorage::paged) {
+    require(s->kv_last_page_len != nullptr, fn + ": kv_last_page_len is required for paged KV");
+    require(s->page_size >= 1, fn + ": page_size must be >= 1, got " + std::to_string(s->page_size));
+    b.kv_last_page_len.assign(s->kv_last_page_len, s->kv_last_page_len + n);
+    for (int i = 0; i < n; ++i) {
+      const bool has_pages = b.kv_indptr[i + 1] > b.kv_indptr[i];
+      const int32_t last = b.kv_last_page_len[i];
+      require(has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size),
+              fn + ": kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) +
+                  " must be in 1..page_size");
+    }
+  }
+  return b;
+}
+
+/// A runner and the registry entry it came from.
+struct Runner {
+  const st::StageInfo* info = nullptr;
+  std::unique_ptr<st::StageRunner> runner;
+  bool planned = false;
+};
+
+Runner* as_runner(void* p, const char* function) {
+  require(p != nullptr, std::string(function) + ": runner is null");
+  return static_cast<Runner*>(p);
+}
+
+cudaStream_t as_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+smp::SamplingOutputs outputs(int32_t* samples, int32_t* rounds, int32_t* status) {
+  smp::SamplingOutputs out;
+  out.samples = samples;
+  out.rounds = rounds;
+  out.status = status;
+  return out;
+}
+
+smp::TopK top_k_of(const fs_sampling_params& p) {
+  return p.top_k_arr ? smp::TopK::per_row(p.top_k_arr) : smp::TopK(p.top_k);
+}
+smp::Fraction top_p_of(const fs_sampling_params& p) {
+  return p.top_p_arr ? smp::Fraction::per_row(p.top_p_arr) : smp::Fraction(p.top_p);
+}
+smp::Fraction min_p_of(const fs_sampling_params& p) {
+  return p.min_p_arr ? smp::Fraction::per_row(p.min_p_arr) : smp::Fraction(p.min_p);
+}
+smp::FilterApplyOrder order_of(int order, const char* function) {
+  require(order == FS_TOP_K_FIRST || order == FS_JOINT,
+          std::string(function) + ": filter_apply_order must be 0 (top_k_first) or 1 (joint)");
+  return order == FS_JOINT ? smp::FilterApplyOrder::joint : smp::FilterApplyOrder::top_k_first;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* fs_last_error(void) { return last_error.c_str(); }
+
+int fs_version(void) { return FLASHSTEP_CAPI_VERSION; }
+
+int fs_stage_count(void) { return static_cast<int>(st::registry().size()); }
+
+int fs_stage_info(int index, const char** name, const char** summary, const char** capabilities) {
+  return guarded("fs_stage_info", [&] {
+    const auto& reg = st::registry();
+    require(index >= 0 && index < static_cast<int>(reg.size()),
+            "fs_stage_info: index " + std::to_string(index) + " is not in 0.." + std::to_string(reg.size() - 1));
+    // The registry is built once and never changes, so its strings outlive the call;
+    // capabilities() makes a new string, kept in a table of the same lifetime.
+    static const std::vector<std::string> caps = [] {
+      std::vector<std::string> c;
+      for (const auto& s : st::registry()) c.push_back(s.capabilities());
+      return c;
+    }();
+    if (name) *name = reg[index].name.c_str();
+    if (summary) *summary = reg[index].summary.c_str();
+    if (capabilities) *capabilities = caps[index].c_str();
+  });
+}
+
+int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const char** reason) {
+  return guarded("fs_stage_unsupported_reason", [&] {
+    require(name != nullptr && reason != nullptr, "fs_stage_unsupported_reason: name and reason are required");
+    const st::StageInfo& info = st::find_stage(name);
+    last_reason = info.unsupported_reason(to_shape(shape, "plan"));
+    *reason = last_reason.c_str();
+  });
+}
+
+int fs_tolerance(int dtype, int which, double* atol, double* rtol, double* norm) {
+  return guarded("fs_tolerance", [&] {
+    require(which == 0 || which == 1, "fs_tolerance: which must be 0 (o) or 1 (lse)");
+    const auto& row = st::harness::tolerance_for(to_dtype(dtype, "fs_tolerance"));
+    const auto& t = which == 0 ? row.o : row.lse;
+    if (atol) *atol = t.atol;
+    if (rtol) *rtol = t.rtol;
+    if (norm) *norm = t.norm;
+  });
+}
+
+int fs_runner_create(const char* name, void** runner) {
+  return guarded("fs_runner_create", [&] {
+    require(name != nullptr && runner != nullptr, "fs_runner_create: name and runner are required");
+    auto r = std::make_unique<Runner>();
+    r->info = &st::find_stage(name);
+    r->runner = r->info->make_runner();
+    *runner = r.release();
+  });
+}
+
+int fs_runner_destroy(void* runner) {
+  return guarded("fs_runner_destroy", [&] { delete static_cast<Runner*>(runner); });
+}
+
+int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t* bytes) {
+  return guarded("fs_runner_workspace_bytes", [&] {
+    Runner* r = as_runner(runner, "fs_runner_workspace_bytes");
+    require(bytes != nullptr, "fs_runner_workspace_bytes: bytes is null");
+    *bytes = r->runner->workspace_bytes(to_shape(shape, "fs_runner_workspace_bytes"));
+  });
+}
+
+int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded("fs_runner_plan", [&] {
+    Runner* r = as_runner(runner, "fs_runner_plan");
+    r->planned = false;
+    const st::BatchShape b = to_shape(shape, "fs_runner_plan");
+    const std::string reason = r->info->unsupported_reason(b);
+    require(reason.empty(), "plan: stage " + r->info->name + " cannot run " + b.describe() + ": " + reason);
+    r->runner->plan(b, workspace, workspace_bytes, as_stream(stream));
+    check_cuda(cudaGetLastError(), "plan");
+    r->planned = true;
+  });
+}
+
+int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
+  return guarded("fs_runner_run", [&] {
+    Runner* r = as_runner(runner, "fs_runner_run");
+    require(batch != nullptr, "fs_runner_run: batch is null");
+    require(r->planned, "run: call plan() first (the last plan failed or none was made)");
+    st::DeviceBatch d;
+    d.q = batch->q;
+    d.qo_indptr = batch->qo_indptr;
+    d.kv_indptr = batch->kv_indptr;
+    d.kv_pool = batch->kv_pool;
+    d.kv_indices = batch->kv_indices;
+    d.kv_last_page_len = batch->kv_last_page_len;
+    d.k = batch->k;
+    d.v = batch->v;
+    d.o = batch->o;
+    d.lse = batch->lse;
+    r->runner->run(d, as_stream(stream));
+    check_cuda(cudaGetLastError(), "run");
+  });
+}
+
+int fs_merge_state(int dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,
+                   int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out, float* s_out,
+                   void* stream) {
+  return guarded("fs_merge_state", [&] {
+    require(seq_len >= 0 && num_heads >= 1 && head_dim >= 1,
+            "merge_state: seq_len must be >= 0, num_heads and head_dim >= 1");
+    flashstep::capi::launch_merge_state(to_dtype(dtype, "merge_state"), v_a, s_a, v_b, s_b, seq_len, num_heads,
+                                        head_dim, v_out, s_out, as_stream(stream));
+    check_cuda(cudaGetLastError(), "merge_state");
+  });
+}
+
+int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, int64_t num_states,
+                    int64_t num_heads, int64_t head_dim, void* v_out, float* s_out, void* stream) {
+  return guarded("fs_merge_states", [&] {
+    require(seq_len >= 0 && num_states >= 0 && num_heads >= 1 && head_dim >= 1,
+            "merge_states: seq_len and num_states must be >= 0, num_heads and head_dim >= 1");
+    flashstep::capi::launch_merge_states(to_dtype(dtype, "merge_states"), v, s, seq_len, num_states, num_heads,
+                                         head_dim, v_out, s_out, as_stream(stream));
+    check_cuda(cudaGetLastError(), "merge_states");
+  });
+}
+
+int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value,
+                             int64_t key_row_stride, int64_t value_row_stride, int64_t nnz,
+                             const int32_t* batch_indices, const int32_t* positions, void* k_cache,
+                             void* v_cache, int64_t page_stride, int kv_layout, int num_kv_heads,
+                             int head_dim, int page_size, int64_t num_pages, const int32_t* kv_indices,
+                             const int32_t* kv_indptr, int batch_size, int32_t* status, void* stream) {
+  return guarded("fs_append_paged_kv_cache", [&] {
+    const std::string fn = "append_paged_kv_cache";
+    require(nnz >= 0 && num_kv_heads >= 1 && head_dim >= 1 && page_size >= 1 && batch_size >= 0 && num_pages >= 0,
+            fn + ": nnz, batch_size and num_pages must be >= 0; num_kv_heads, head_dim and page_size >= 1");
+    require(kv_layout == FS_NHD || kv_layout == FS_HND, fn + ": kv_layout must be 0 (NHD) or 1 (HND)");
+    flashstep::capi::AppendParams p;
+    p.append_key = append_key;
+    p.append_value = append_value;
+    p.key_row_stride = key_row_stride;
+    p.value_row_stride = value_row_stride;
+    p.nnz = nnz;
+    p.batch_indices = batch_indices;
+    p.positions = positions;
+    p.k_cache = k_cache;
+    p.v_cache = v_cache;
+    p.page_stride = page_stride;
+    p.hnd = kv_layout == FS_HND;
+    p.num_kv_heads = num_kv_heads;
+    p.head_dim = head_dim;
+    p.page_size = page_size;
+    p.num_pages = num_pages;
+    p.kv_indices = kv_indices;
+    p.kv_indptr = kv_indptr;
+    p.batch_size = batch_size;
+    p.status = status;
+    flashstep::capi::launch_append_paged_kv_cache(to_dtype(dtype, fn.c_str()), p, as_stream(stream));
+    check_cuda(cudaGetLastError(), fn.c_str());
+  });
+}
+
+int fs_sampling_workspace_bytes(const char* name, int64_t rows, int64_t batch, int64_t vocab,
+                                int filter_apply_order, size_t* bytes) {
+  return guarded("fs_sampling_workspace_bytes", [&] {
+    require(name != nullptr && bytes != nullptr, "fs_sampling_workspace_bytes: name and bytes are required");
+    *bytes = smp::workspace_bytes(name, rows, batch, vocab, order_of(filter_apply_order, name));
+  });
+}
+
+int fs_sample(const char* name, const float* data, int64_t rows, int64_t vocab,
+              const fs_sampling_params* params, const int32_t* indices, int64_t batch, uint64_t seed,
+              uint64_t offset, int32_t* samples, int32_t* rounds, int32_t* status, void* workspace,
+              size_t workspace_bytes, void* stream) {
+  return guarded("fs_sample", [&] {
+    require(name != nullptr && params != nullptr, "fs_sample: name and params are required");
+    const std::string op = name;
+    const smp::DeviceRows in{data, rows, vocab};
+    smp::SamplingOptions opt;
+    opt.indices = indices;
+    opt.batch = batch;
+    opt.seed = seed;
+    opt.offset = offset;
+    const smp::SamplingOutputs out = outputs(samples, rounds, status);
+    const smp::Workspace ws{workspace, workspace_bytes};
+    cudaStream_t s = as_stream(stream);
+    if (op == "sampling_from_probs") {
+      smp::sampling_from_probs(in, out, opt, s);
+    } else if (op == "sampling_from_logits") {
+      smp::sampling_from_logits(in, out, ws, opt, s);
+    } else if (op == "top_k_sampling_from_probs") {
+      smp::top_k_sampling_from_probs(in, top_k_of(*params), out, opt, s);
+    } else if (op == "top_p_sampling_from_probs") {
+      smp::top_p_sampling_from_probs(in, top_p_of(*params), out, opt, s);
+    } else if (op == "min_p_sampling_from_probs") {
+      smp::min_p_sampling_from_probs(in, min_p_of(*params), out, opt, s);
+    } else if (op == "top_k_top_p_sampling_from_probs") {
+      smp::top_k_top_p_sampling_from_probs(in, top_k_of(*params), top_p_of(*params),
+                                           order_of(params->filter_apply_order, name), out, ws, opt, s);
+    } else if (op == "top_k_top_p_sampling_from_logits") {
+      smp::top_k_top_p_sampling_from_logits(in, top_k_of(*params), top_p_of(*params),
+                                            order_of(params->filter_apply_order, name), out, ws, opt, s);
+    } else {
+      throw InvalidArgument("fs_sample: no sampler named \"" + op + "\"");
+    }
+    check_cuda(cudaGetLastError(), name);
+  });
+}
+
+int fs_row_transform(const char* name, const float* data, int64_t rows, int64_t vocab,
+                     const fs_sampling_params* params, float* out, int32_t* status, void* stream) {
+  return guarded("fs_row_transform", [&] {
+    require(name != nullptr && params != nullptr, "fs_row_transform: name and params are required");
+    const std::string op = name;
+    const smp::DeviceRows in{data, rows, vocab};
+    cudaStream_t s = as_stream(stream);
+    if (op == "softmax") {
+      const smp::RowParam<double, float> t = params->temperature_arr
+                                                 ? smp::RowParam<double, float>::per_row(params->temperature_arr)
+                                                 : smp::RowParam<double, float>(params->temperature);
+      smp::softmax(in, t, out, status, s);
+    } else if (op == "top_k_renorm_probs") {
+      smp::top_k_renorm_probs(in, top_k_of(*params), out, status, s);
+    } else if (op == "top_p_renorm_probs") {
+      smp::top_p_renorm_probs(in, top_p_of(*params), out, status, s);
+    } else if (op == "top_k_mask_logits") {
+      smp::top_k_mask_logits(in, top_k_of(*params), out, status, s);
+    } else {
+      throw InvalidArgument("fs_row_transform: no transform named \"" + op + "\"");
+    }
+    check_cuda(cudaGetLastError(), name);
+  });
+}
+
+int fs_chain_speculative_sampling(const float* draft_probs, const int32_t* draft_token_ids,
+                                  const float* target_probs, int64_t batch, int64_t n, int64_t vocab,
+                                  int32_t* output_token_ids, int32_t* accepted, int32_t* emitted,
+                                  int32_t* status, uint64_t seed, uint64_t offset, void* stream) {
+  return guarded("fs_chain_speculative_sampling", [&] {
+    smp::SpeculativeOutputs out;
+    out.output_token_ids = output_token_ids;
+    out.output_accepted_token_num = accepted;
+    out.output_emitted_draft_token_num = emitted;
+    out.status = status;
+    smp::chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, batch, n, vocab, out, seed, offset,
+                                    as_stream(stream));
+    check_cuda(cudaGetLastError(), "chain_speculative_sampling");
+  });
+}
+
+int fs_sampling_status_name(int status, const char** name) {
+  return guarded("fs_sampling_status_name", [&] {
+    require(name != nullptr, "fs_sampling_status_name: name is null");
+    *name = smp::to_string(static_cast<smp::Status>(status));
+  });
+}
+
+int fs_memcpy(void* dst, const void* src, size_t bytes, void* stream, int synchronize) {
+  return guarded("fs_memcpy", [&] {
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, as_stream(stream)), "fs_memcpy");
+    if (synchronize) check_cuda(cudaStreamSynchronize(as_stream(stream)), "fs_memcpy");
+  });
+}
+
+int fs_pointer_device(const void* ptr, int* device, int* memory_type) {
+  return guarded("fs_pointer_device", [&] {
+    cudaPointerAttributes attr{};
+    check_cuda(cudaPointerGetAttributes(&attr, ptr), "fs_pointer_device");
+    if (device) *device = attr.device;
+    if (memory_type) *memory_type = static_cast<int>(attr.type);
+  });
+}
+
+int fs_set_device(int device, int* previous) {
+  return guarded("fs_set_device", [&] {
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), "fs_set_device");
+    if (previous) *previous = current;
+    if (current != device) check_cuda(cudaSetDevice(device), "fs_set_device");
+  });
+}
+
+int fs_stream_synchronize(void* stream) {
+  return guarded("fs_stream_synchronize", [&] {
+    check_cuda(cudaStreamSynchronize(as_stream(stream)), "fs_stream_synchronize");
+  });
+}
+
+}  // extern "C"

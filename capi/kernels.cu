@@ -1,0 +1,133 @@
+// The C interface's own kernels: the merge of attention states over whole tensors and
+// the append of key/value rows into the paged pool. Both are plain element-wise loops:
+// they move a few bytes per element, so any head_dim works and nothing is tiled.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "capi_kernels.hpp"
+#include "flashstep/kernels/dispatch.cuh"
+
+namespace flashstep::capi {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+constexpr int kThreads = 128;
+
+// One block per (row, head); its threads stride over head_dim. Each state k contributes
+// exp(s_k - m) of weight, m the largest lse of the row: the merge of normalized states
+// (docs/concepts/08_cascade.md). A row whose states all have lse = -inf (no key at all)
+// gets o = 0 and lse = -inf.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    merge_states_kernel(const T* v, const float* s, int64_t num_states, int64_t num_heads, int64_t head_dim,
+                        int64_t row_stride_v, int64_t row_stride_s, const T* v_b, const float* s_b, T* v_out,
+                        float* s_out) {
+  const int64_t row = blockIdx.x / num_heads;
+  const int64_t head = blockIdx.x % num_heads;
+  // v_b / s_b set: exactly two states, from two tensors (merge_state).
+  auto lse_of = [&](int64_t k) {
+    if (v_b != nullptr && k == 1) return s_b[row * num_heads + head];
+    return s[row * row_stride_s + k * num_heads + head];
+  };
+  auto v_of = [&](int64_t k, int64_t d) {
+    if (v_b != nullptr && k == 1) return to_float(v_b[(row * num_heads + head) * head_dim + d]);
+    return to_float(v[row * row_stride_v + (k * num_heads + head) * head_dim + d]);
+  };
+  float m = -INFINITY;
+  for (int64_t k = 0; k < num_states; ++k) m = fmaxf(m, lse_of(k));
+  float denominator = 0.f;
+  if (m != -INFINITY)
+    for (int64_t k = 0; k < num_states; ++k) denominator += expf(lse_of(k) - m);
+  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float o = 0.f;
+    if (m != -INFINITY)
+      for (int64_t k = 0; k < num_states; ++k) o += expf(lse_of(k) - m) * v_of(k, d);
+    v_out[(row * num_heads + head) * head_dim + d] = from_float<T>(m == -INFINITY ? 0.f : o / denominator);
+  }
+  __syncthreads();  // in place (s_out == s), every thread has read the lse before it is written
+  if (threadIdx.x == 0) s_out[row * num_heads + head] = m == -INFINITY ? -INFINITY : m + logf(denominator);
+}
+
+// One block per appended row; its threads stride over (head, dim). The row's page comes
+// from the request's page table; a row whose request, position or page is out of range
+// is skipped (status 1), so a bad index never writes outside the pool.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) append_paged_kv_cache_kernel(const AppendParams p) {
+  const int64_t r = blockIdx.x;
+  const int32_t b = p.batch_indices[r];
+  const int32_t pos = p.positions[r];
+  bool ok = b >= 0 && b < p.batch_size && pos >= 0;
+  int64_t page = -1;
+  if (ok) {
+    const int64_t entry = static_cast<int64_t>(p.kv_indptr[b]) + pos / p.page_size;
+    ok = entry < p.kv_indptr[b + 1];
+    if (ok) page = p.kv_indices[entry];
+    ok = ok && page >= 0 && page < p.num_pages;
+  }
+  if (threadIdx.x == 0 && p.status != nullptr) p.status[r] = ok ? 0 : 1;
+  if (!ok) return;
+  const int slot = pos % p.page_size;
+  const T* key = static_cast<const T*>(p.append_key) + r * p.key_row_stride;
+  const T* value = static_cast<const T*>(p.append_value) + r * p.value_row_stride;
+  T* k_page = static_cast<T*>(p.k_cache) + page * p.page_stride;
+  T* v_page = static_cast<T*>(p.v_cache) + page * p.page_stride;
+  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
+  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
+    const int64_t h = i / p.head_dim;
+    const int64_t d = i % p.head_dim;
+    // NHD: page[slot][h][d]; HND: page[h][slot][d]
+    const int64_t at = p.hnd ? (h * p.page_size + slot) * p.head_dim + d
+                             : (static_cast<int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + d;
+    k_page[at] = key[i];
+    v_page[at] = value[i];
+  }
+}
+
+}  // namespace
+
+void launch_append_paged_kv_cache(stages::DType dtype, const AppendParams& p, cudaStream_t stream) {
+  if (p.nnz == 0) return;
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    append_paged_kv_cache_kernel<T><<<static_cast<unsigned>(p.nnz), kThreads, 0, stream>>>(p);
+  })
+}
+
+void launch_merge_state(stages::DType dtype, const void* v_a, const float* s_a, const void* v_b,
+                        const float* s_b, int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out,
+                        float* s_out, cudaStream_t stream) {
+  if (seq_len == 0) return;
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    // Two states: state 0 is row `row` of (v_a, s_a), state 1 is read from (v_b, s_b).
+    merge_states_kernel<T><<<static_cast<unsigned>(seq_len * num_heads), kThreads, 0, stream>>>(
+        static_cast<const T*>(v_a), s_a, 2, num_heads, head_dim, num_heads * head_dim, num_heads,
+        static_cast<const T*>(v_b), s_b, static_cast<T*>(v_out), s_out);
+  })
+}
+
+void launch_merge_states(stages::DType dtype, const void* v, const float* s, int64_t seq_len, int64_t num_states,
+                         int64_t num_heads, int64_t head_dim, void* v_out, float* s_out, cudaStream_t stream) {
+  if (seq_len == 0) return;
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    merge_states_kernel<T><<<static_cast<unsigned>(seq_len * num_heads), kThreads, 0, stream>>>(
+        static_cast<const T*>(v), s, num_states, num_heads, head_dim, num_states * num_heads * head_dim,
+        num_states * num_heads, nullptr, nullptr, static_cast<T*>(v_out), s_out);
+  })
+}
+
+}  // namespace flashstep::capi

@@ -1,0 +1,153 @@
+"""Loading libflashstep_capi.so (the C interface to the CUDA stages, capi/) with ctypes.
+
+The library is looked for, in order, at:
+1. ``$FLASHSTEP_CAPI`` (the path of the .so, or a folder holding it); when it is set,
+   nowhere else;
+2. ``<build>/bin/`` of the build tree this package was copied into
+   (``<build>/python/flashstep/`` -> ``<build>/bin/libflashstep_capi.so``);
+3. ``build-gpu/bin/`` and ``build/bin/`` beside the source folder ``python/``.
+
+Nothing is loaded until a GPU function is first called, so ``import flashstep.cuda``
+works on any machine; a missing library is reported then, naming every place tried.
+"""
+import ctypes
+import os
+
+LIB_NAME = "libflashstep_capi.so"
+ENV_VAR = "FLASHSTEP_CAPI"
+BAD_ARGUMENT = 1
+
+
+class LibraryNotFound(RuntimeError):
+    """The C library could not be found or loaded."""
+
+
+class _Shape(ctypes.Structure):
+    """fs_shape of flashstep_capi.h, field for field."""
+    _fields_ = [
+        ("mode", ctypes.c_int32), ("storage", ctypes.c_int32), ("dtype", ctypes.c_int32),
+        ("kv_layout", ctypes.c_int32), ("batch_size", ctypes.c_int32),
+        ("num_qo_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32), ("page_size", ctypes.c_int32), ("causal", ctypes.c_int32),
+        ("num_pages", ctypes.c_int64), ("window_left", ctypes.c_int32),
+        ("has_sm_scale", ctypes.c_int32), ("sm_scale", ctypes.c_double),
+        ("logits_soft_cap", ctypes.c_double),
+        ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
+        ("kv_last_page_len", ctypes.c_void_p),
+    ]
+
+
+class _Batch(ctypes.Structure):
+    """fs_batch of flashstep_capi.h."""
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "q", "qo_indptr", "kv_indptr", "kv_pool", "kv_indices", "kv_last_page_len", "k", "v", "o", "lse")]
+
+
+class _SamplingParams(ctypes.Structure):
+    """fs_sampling_params of flashstep_capi.h."""
+    _fields_ = [
+        ("top_k", ctypes.c_int64), ("top_k_arr", ctypes.c_void_p),
+        ("top_p", ctypes.c_double), ("top_p_arr", ctypes.c_void_p),
+        ("min_p", ctypes.c_double), ("min_p_arr", ctypes.c_void_p),
+        ("temperature", ctypes.c_double), ("temperature_arr", ctypes.c_void_p),
+        ("filter_apply_order", ctypes.c_int32),
+    ]
+
+
+Shape, Batch, SamplingParams = _Shape, _Batch, _SamplingParams
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_I64 = ctypes.c_int64
+_U64 = ctypes.c_uint64
+_D = ctypes.c_double
+_S = ctypes.c_char_p
+_SIZE = ctypes.c_size_t
+_PP = ctypes.POINTER(ctypes.c_char_p)
+
+# Argument types of every exported function (flashstep_capi.h is the source of truth).
+_SIGNATURES = {
+    "fs_version": [],
+    "fs_stage_count": [],
+    "fs_stage_info": [_I, _PP, _PP, _PP],
+    "fs_stage_unsupported_reason": [_S, ctypes.POINTER(_Shape), _PP],
+    "fs_tolerance": [_I, _I, ctypes.POINTER(_D), ctypes.POINTER(_D), ctypes.POINTER(_D)],
+    "fs_runner_create": [_S, ctypes.POINTER(_P)],
+    "fs_runner_destroy": [_P],
+    "fs_runner_workspace_bytes": [_P, ctypes.POINTER(_Shape), ctypes.POINTER(_SIZE)],
+    "fs_runner_plan": [_P, ctypes.POINTER(_Shape), _P, _SIZE, _P],
+    "fs_runner_run": [_P, ctypes.POINTER(_Batch), _P],
+    "fs_merge_state": [_I, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P],
+    "fs_merge_states": [_I, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P],
+    "fs_append_paged_kv_cache": [_I, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I, _I, _I, _I,
+                                 _I64, _P, _P, _I, _P, _P],
+    "fs_sampling_workspace_bytes": [_S, _I64, _I64, _I64, _I, ctypes.POINTER(_SIZE)],
+    "fs_sample": [_S, _P, _I64, _I64, ctypes.POINTER(_SamplingParams), _P, _I64, _U64, _U64, _P, _P, _P,
+                  _P, _SIZE, _P],
+    "fs_row_transform": [_S, _P, _I64, _I64, ctypes.POINTER(_SamplingParams), _P, _P, _P],
+    "fs_chain_speculative_sampling": [_P, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _U64, _U64, _P],
+    "fs_sampling_status_name": [_I, _PP],
+    "fs_memcpy": [_P, _P, _SIZE, _P, _I],
+    "fs_pointer_device": [_P, ctypes.POINTER(_I), ctypes.POINTER(_I)],
+    "fs_set_device": [_I, ctypes.POINTER(_I)],
+    "fs_stream_synchronize": [_P],
+}
+EXPECTED_VERSION = 1
+
+_lib = None
+
+
+def candidates():
+    """Where the library is looked for, in order (see the module docstring). When
+    $FLASHSTEP_CAPI is set, it is the only place: a path asked for is not second-guessed."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        return [os.path.join(env, LIB_NAME) if os.path.isdir(env) else env]
+    found = []
+    here = os.path.dirname(os.path.abspath(__file__))
+    found.append(os.path.normpath(os.path.join(here, "..", "..", "bin", LIB_NAME)))
+    source_root = os.path.normpath(os.path.join(here, "..", ".."))
+    for build in ("build-gpu", "build"):
+        found.append(os.path.join(source_root, build, "bin", LIB_NAME))
+    return found
+
+
+def load():
+    """The loaded library (loaded once); raises LibraryNotFound naming every path tried."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in candidates():
+        if not os.path.exists(path):
+            tried.append(f"{path} (no such file)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int
+        lib.fs_last_error.argtypes = []
+        lib.fs_last_error.restype = ctypes.c_char_p
+        if lib.fs_version() != EXPECTED_VERSION:
+            raise LibraryNotFound(f"{path} has C interface version {lib.fs_version()}, this module "
+                                  f"needs {EXPECTED_VERSION}: rebuild the library")
+        _lib = lib
+        return lib
+    raise LibraryNotFound(
+        "flashstep.cuda: cannot load the C library " + LIB_NAME + "; tried:\n  " + "\n  ".join(tried) +
+        f"\nBuild it (scripts/gpu-build.sh builds it into build-gpu/bin/) or set {ENV_VAR} to its path.")
+
+
+def call(name, *args):
+    """Calls fs_<name>; a refused argument raises ValueError, anything else RuntimeError,
+    each with the library's message."""
+    lib = load()
+    status = getattr(lib, name)(*args)
+    if status != 0:
+        message = (lib.fs_last_error() or b"").decode("utf-8", "replace")
+        raise (ValueError if status == BAD_ARGUMENT else RuntimeError)(message)

@@ -1,0 +1,939 @@
+"""flashstep's CUDA stages from Python, under FlashInfer's names and argument order.
+
+    import torch, flashstep.cuda as fsc
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    decode = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")
+    decode.plan(kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads,
+                head_dim, page_size, q_data_type=torch.bfloat16)
+    o, lse = decode.run(q, paged_kv_cache, return_lse=True)
+
+The classes mirror FlashInfer's wrappers (https://docs.flashinfer.ai): plan() once per
+batch composition on the host, run() per layer on the caller's current CUDA stream.
+Tensors may come from PyTorch, CuPy, or anything with ``__cuda_array_interface__`` or
+``__dlpack__``; outputs are allocated in the caller's framework (PyTorch or CuPy), or
+passed as ``out=`` / ``lse=``. A tensor on the wrong device (a CPU tensor included), of
+the wrong dtype, shape or strides, or an index array that is not int32, raises
+ValueError naming the argument before any kernel runs.
+
+Which stage runs: every wrapper takes ``stage=`` (a registry name such as "02_paged",
+or its number, "02"); by default plan() picks the latest stage in teaching order whose
+registry entry supports the planned shape (``stages()`` lists them with what each
+supports, ``plan()`` records the choice in ``.stage``).
+
+Differences from FlashInfer, each on purpose:
+- every log-sum-exp returned or taken (``return_lse=True``, merge_state) is the natural
+  log; FlashInfer's is base 2 (``lse_flashinfer = lse / ln 2``);
+- no RoPE inside attention (``pos_encoding_mode`` must be "NONE"), no custom masks, and
+  head_dim_vo equals head_dim_qk;
+- the paged cache is one pool ``(num_pages, 2, page_size, Hkv, D)`` (NHD) or
+  ``(num_pages, 2, Hkv, page_size, D)`` (HND); a ``(k_cache, v_cache)`` tuple is accepted
+  by attention only when it is the two halves of such a pool;
+- the samplers draw from the Philox stream of stage 06 and the CPU reference (``seed``,
+  ``offset``), so a token matches the reference's draw for draw, not FlashInfer's.
+
+The library is libflashstep_capi.so (capi/ in the repository), found through
+``$FLASHSTEP_CAPI`` or the build tree; see ``flashstep._capi``.
+"""
+import ctypes
+import math
+import random
+
+from . import _capi
+from ._capi import LibraryNotFound  # noqa: F401  (part of the module's interface)
+from ._tensors import check, current_stream, device_array, empty, host_int32, same_device
+
+__all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper", "MultiLevelCascadeAttentionWrapper",
+    "merge_state", "merge_state_in_place", "merge_states", "append_paged_kv_cache",
+    "get_batch_indices_positions", "sampling_from_probs", "sampling_from_logits",
+    "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits", "softmax",
+    "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits", "chain_speculative_sampling",
+    "stages", "tolerance", "available", "LibraryNotFound",
+]
+
+_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+_ATTENTION_DTYPES = tuple(_DTYPES)
+_DTYPE_ALIASES = {"float32": "float32", "f32": "float32", "float": "float32", "fp32": "float32",
+                  "float16": "float16", "f16": "float16", "half": "float16", "fp16": "float16",
+                  "bfloat16": "bfloat16", "bf16": "bfloat16"}
+_LAYOUTS = {"NHD": 0, "HND": 1}
+_DECODE, _PREFILL = 0, 1
+_RAGGED, _PAGED = 0, 1
+_ALIGN = 256
+
+
+def available():
+    """(True, "") when the library loads and a CUDA device is usable; else (False, why)."""
+    try:
+        _capi.load()
+        _capi.call("fs_set_device", 0, None)
+    except (LibraryNotFound, RuntimeError, ValueError) as e:
+        return False, str(e)
+    return True, ""
+
+
+def stages():
+    """The attention stages of the registry, in teaching order: a list of
+    (name, summary, capabilities) tuples."""
+    lib = _capi.load()
+    out = []
+    for i in range(lib.fs_stage_count()):
+        name, summary, caps = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
+        _capi.call("fs_stage_info", i, ctypes.byref(name), ctypes.byref(summary), ctypes.byref(caps))
+        out.append((name.value.decode(), summary.value.decode(), caps.value.decode()))
+    return out
+
+
+def tolerance(dtype, which="o"):
+    """The validation harness's tolerances (atol, rtol, norm) for `dtype` ("float16", ...)
+    and `which` ("o" or "lse"): stages/harness/compare.cpp's table."""
+    atol, rtol, norm = ctypes.c_double(), ctypes.c_double(), ctypes.c_double()
+    _capi.call("fs_tolerance", _DTYPES[_dtype_name(dtype, "tolerance", "dtype")], 0 if which == "o" else 1,
+               ctypes.byref(atol), ctypes.byref(rtol), ctypes.byref(norm))
+    return atol.value, rtol.value, norm.value
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+def _dtype_name(dtype, fn, name):
+    """'float32', 'float16' or 'bfloat16' from a torch dtype, a numpy dtype or a string."""
+    text = str(dtype).replace("torch.", "")
+    if text in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[text]
+    raise ValueError(f"{fn}: {name} must be float32, float16 or bfloat16; got {dtype!r}")
+
+
+def _layout(kv_layout, fn):
+    if kv_layout not in _LAYOUTS:
+        raise ValueError(f"{fn}: kv_layout must be 'NHD' or 'HND'; got {kv_layout!r}")
+    return kv_layout
+
+
+def _positive_int(value, fn, name, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{fn}: {name} must be an integer >= {minimum}; got {value!r}")
+    return value
+
+
+def _copy_to_host(dst, src, nbytes, stream=0):
+    """Copies device memory to host memory after the work queued on `stream`."""
+    _capi.call("fs_memcpy", dst, src, nbytes, ctypes.c_void_p(stream), 1)
+
+
+def _ptr(a):
+    return None if a is None else ctypes.c_void_p(a.ptr)
+
+
+class _DeviceGuard:
+    """Makes `device` current for the C calls inside, restores the previous one after."""
+
+    def __init__(self, device):
+        self.device, self.previous = device, None
+
+    def __enter__(self):
+        if self.device is not None:
+            prev = ctypes.c_int()
+            _capi.call("fs_set_device", self.device, ctypes.byref(prev))
+            self.previous = prev.value
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None and self.previous != self.device:
+            _capi.call("fs_set_device", self.previous, None)
+
+
+def _check_on_device(a, fn, name):
+    """For producers that do not name a device (CUDA Array Interface), ask the driver."""
+    if a.device is None and a.ptr:
+        device, kind = ctypes.c_int(), ctypes.c_int()
+        _capi.call("fs_pointer_device", ctypes.c_void_p(a.ptr), ctypes.byref(device), ctypes.byref(kind))
+        if kind.value not in (2, 3):
+            raise ValueError(f"{fn}: {name} is not CUDA device memory")
+        a.device = device.value
+    return a
+
+
+def _alloc_or_check(like, out, shape, dtype, fn, name):
+    if out is None:
+        return empty(like, shape, dtype, fn, name)
+    check(device_array(out, fn, name), fn, name, dtypes=(dtype,), shape=shape)
+    return out
+
+
+# ---- plan / run wrappers --------------------------------------------------------------------
+
+class _PlanRun:
+    """What the three wrappers share: the workspace, the choice of stage, the runner, the
+    device copies of the index arrays, and the call into the C library."""
+
+    _fn = "plan"
+    _mode = _PREFILL
+    _storage = _PAGED
+
+    def __init__(self, workspace_buffer, kv_layout, use_cuda_graph, stage, fixed_buffers):
+        cls = type(self).__name__
+        self._ws = check(device_array(workspace_buffer, cls, "workspace_buffer"), cls, "workspace_buffer",
+                         dtypes=("uint8", "int8", "float32", "float16", "bfloat16", "int32", "int64"))
+        self._kv_layout = _layout(kv_layout, cls)
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._fixed = {}
+        for name, buf in fixed_buffers.items():
+            if buf is None and self._use_cuda_graph:
+                raise ValueError(f"{cls}: use_cuda_graph=True needs fixed index buffers: pass the {name} buffer "
+                                 "(an int32 CUDA tensor as long as the largest batch's array)")
+            if buf is not None:
+                self._fixed[name] = check(device_array(buf, cls, name), cls, name, dtypes=("int32",),
+                                          shape=(None,))
+        self._stage_request = stage
+        self._runner = None
+        self._runner_stage = None
+        self._planned = None
+        self.stage = None  # the registry name the last plan() chose
+
+    def __del__(self):
+        runner = getattr(self, "_runner", None)
+        if runner is not None and _capi._lib is not None:
+            _capi._lib.fs_runner_destroy(runner)
+
+    @property
+    def is_cuda_graph_enabled(self):
+        return self._use_cuda_graph
+
+    def _shape(self, dtype, num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
+               logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len):
+        fn = self._fn
+        s = _capi.Shape()
+        s.mode, s.storage, s.dtype = self._mode, self._storage, _DTYPES[dtype]
+        s.kv_layout = _LAYOUTS[self._kv_layout]
+        s.batch_size = len(kv_indptr) - 1
+        s.num_qo_heads = _positive_int(num_qo_heads, fn, "num_qo_heads")
+        s.num_kv_heads = _positive_int(num_kv_heads, fn, "num_kv_heads")
+        s.head_dim = _positive_int(head_dim, fn, "head_dim")
+        s.page_size = _positive_int(page_size, fn, "page_size") if self._storage == _PAGED else 0
+        s.causal = int(bool(causal))
+        if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
+            raise ValueError(f"{fn}: window_left must be an integer >= -1; got {window_left!r}")
+        s.window_left = window_left
+        cap = 0.0 if logits_soft_cap is None else float(logits_soft_cap)
+        if not (math.isfinite(cap) and cap >= 0):
+            raise ValueError(f"{fn}: logits_soft_cap must be None, 0 or a positive number; got {logits_soft_cap!r}")
+        s.logits_soft_cap = cap
+        if sm_scale is not None:
+            scale = float(sm_scale)
+            if not (math.isfinite(scale) and scale > 0):
+                raise ValueError(f"{fn}: sm_scale must be a positive finite number or None; got {sm_scale!r}")
+            s.has_sm_scale, s.sm_scale = 1, scale
+        s.num_pages = 0
+        arrays = [(ctypes.c_int32 * len(v))(*v) for v in (qo_indptr, kv_indptr, last_page_len or [0])]
+        s.qo_indptr, s.kv_indptr = ctypes.addressof(arrays[0]), ctypes.addressof(arrays[1])
+        s.kv_last_page_len = ctypes.addressof(arrays[2]) if self._storage == _PAGED else None
+        return s, arrays
+
+    def _choose_stage(self, shape, stage):
+        """The requested stage (checked), or the latest supporting the shape."""
+        reason = ctypes.c_char_p()
+        if stage is not None:
+            _capi.call("fs_stage_unsupported_reason", str(stage).encode(), ctypes.byref(shape), ctypes.byref(reason))
+            if reason.value:
+                raise ValueError(f"{self._fn}: stage {stage} cannot run this batch: {reason.value.decode()}")
+            # the registry's full name, also when the number alone was given ("02")
+            return next(name for name, _, _ in stages() if str(stage) in (name, name.split("_")[0]))
+        reasons = []
+        for name, _, _ in reversed(stages()):
+            _capi.call("fs_stage_unsupported_reason", name.encode(), ctypes.byref(shape), ctypes.byref(reason))
+            if not reason.value:
+                return name
+            reasons.append(f"{name}: {reason.value.decode()}")
+        raise ValueError(f"{self._fn}: no stage supports this batch:\n  " + "\n  ".join(reversed(reasons)))
+
+    def _plan(self, dtype, qo_indptr, kv_indptr, kv_indices, last_page_len, stage, **shape_args):
+        fn = self._fn
+        self._planned = None  # a plan() that fails leaves no plan to run
+        if len(kv_indptr) < 2:
+            raise ValueError(f"{fn}: kv_indptr must have batch_size + 1 >= 2 entries; it has {len(kv_indptr)}")
+        batch = len(kv_indptr) - 1
+        if len(qo_indptr) != batch + 1:
+            raise ValueError(f"{fn}: qo_indptr has {len(qo_indptr)} entries, kv_indptr {batch + 1}: they must match")
+        if last_page_len is not None and len(last_page_len) != batch:
+            raise ValueError(f"{fn}: last_page_len must have batch_size = {batch} entries; it has {len(last_page_len)}")
+        if kv_indices is not None:
+            if len(kv_indices) < kv_indptr[-1]:
+                raise ValueError(f"{fn}: kv_indices has {len(kv_indices)} entries; kv_indptr[-1] = {kv_indptr[-1]} "
+                                 "pages are needed")
+            if any(i < 0 for i in kv_indices):
+                raise ValueError(f"{fn}: kv_indices must be >= 0")
+        shape, keep = self._shape(dtype, qo_indptr=qo_indptr, kv_indptr=kv_indptr, last_page_len=last_page_len,
+                                  **shape_args)
+        try:
+            chosen = self._choose_stage(shape, stage if stage is not None else self._stage_request)
+        except ValueError as e:
+            message = str(e)
+            if message.startswith("plan: "):  # the C library's check of the shape
+                message = message[len("plan: "):]
+            raise ValueError(message if message.startswith(fn) else f"{fn}: {message}") from None
+        ws = self._ws
+        with _DeviceGuard(ws.device):
+            if self._runner is None or self._runner_stage != chosen:
+                if self._runner is not None:
+                    _capi.call("fs_runner_destroy", self._runner)
+                    self._runner = None
+                runner = ctypes.c_void_p()
+                _capi.call("fs_runner_create", chosen.encode(), ctypes.byref(runner))
+                self._runner, self._runner_stage = runner, chosen
+            need = ctypes.c_size_t()
+            _capi.call("fs_runner_workspace_bytes", self._runner, ctypes.byref(shape), ctypes.byref(need))
+            # The stage's own bytes start the workspace; the device copies of the index arrays
+            # that no fixed buffer was given for end it (FlashInfer keeps such copies in its
+            # workspace too). Counted from the end, their addresses depend only on their
+            # lengths, so a CUDA graph captured after one plan reads the next plan's arrays
+            # (the same batch size, the fixed buffers holding the variable-length kv_indices).
+            host = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr}
+            if kv_indices is not None:
+                host["kv_indices"] = kv_indices[:max(kv_indptr[-1], 1)] if kv_indices else [0]
+                host["kv_last_page_len"] = last_page_len
+            end, device = ws.nbytes // _ALIGN * _ALIGN, {}
+            for name, values in host.items():
+                fixed = self._fixed.get(name)
+                if fixed is not None:
+                    if fixed.numel < len(values):
+                        raise ValueError(f"{fn}: {name} buffer holds {fixed.numel} entries, this plan needs "
+                                         f"{len(values)}")
+                    device[name] = fixed.ptr
+                else:
+                    end -= -(-4 * len(values) // _ALIGN) * _ALIGN
+                    device[name] = ws.ptr + end
+            if need.value > end:
+                needed = need.value + ws.nbytes // _ALIGN * _ALIGN - end
+                raise ValueError(f"{fn}: workspace_buffer has {ws.nbytes} bytes; this plan needs {needed} "
+                                 f"({need.value} for stage {chosen}, the rest for the index arrays)")
+            stream = current_stream(ws)
+            for name, values in host.items():
+                buf = (ctypes.c_int32 * len(values))(*values)
+                _capi.call("fs_memcpy", ctypes.c_void_p(device[name]), buf, 4 * len(values), ctypes.c_void_p(stream), 0)
+            _capi.call("fs_runner_plan", self._runner, ctypes.byref(shape), ctypes.c_void_p(ws.ptr),
+                       need.value, ctypes.c_void_p(stream))
+        del keep
+        self.stage = chosen
+        self._planned = {
+            "dtype": dtype, "batch_size": len(kv_indptr) - 1, "nnz_qo": qo_indptr[-1],
+            "nnz_kv": kv_indptr[-1], "num_qo_heads": shape.num_qo_heads, "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim, "page_size": shape.page_size,
+            "max_page": max(kv_indices[:kv_indptr[-1]], default=-1) if kv_indices is not None else -1,
+            "device": device,
+        }
+
+    def _require_plan(self):
+        if self._planned is None:
+            raise ValueError(f"{type(self).__name__}.run: call plan() first")
+        return self._planned
+
+    def _outputs(self, like, out, lse, p, fn):
+        shape_o = (p["nnz_qo"], p["num_qo_heads"], p["head_dim"])
+        o = _alloc_or_check(like, out, shape_o, p["dtype"], fn, "out")
+        lse_t = _alloc_or_check(like, lse, shape_o[:2], "float32", fn, "lse")
+        return o, lse_t
+
+    def _launch(self, like, batch, arrays):
+        same_device(f"{type(self).__name__}.run", arrays + [(self._ws, "workspace_buffer")])
+        with _DeviceGuard(self._ws.device):
+            _capi.call("fs_runner_run", self._runner, ctypes.byref(batch), ctypes.c_void_p(current_stream(like)))
+
+    def _paged_pool(self, paged_kv_cache, p, fn):
+        """The pool pointer of a 5-D cache, or of a (k_cache, v_cache) tuple that is its two halves."""
+        hnd = self._kv_layout == "HND"
+        ps, hk, d = p["page_size"], p["num_kv_heads"], p["head_dim"]
+        page = (hk, ps, d) if hnd else (ps, hk, d)
+        if isinstance(paged_kv_cache, (tuple, list)):
+            if len(paged_kv_cache) != 2:
+                raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
+            k = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
+                      dtypes=(p["dtype"],), shape=(None,) + page, contiguous=False)
+            v = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
+                      dtypes=(p["dtype"],), shape=k.shape, contiguous=False)
+            inner = ps * hk * d
+            want = (2 * inner, page[1] * page[2], page[2], 1)
+            if k.strides != want or v.strides != want or v.ptr - k.ptr != inner * (2 if p["dtype"] != "float32" else 4):
+                raise ValueError(f"{fn}: the stages read one pool (num_pages, 2, ...): a (k_cache, v_cache) pair "
+                                 "is accepted only as pool[:, 0] and pool[:, 1] of one contiguous tensor")
+            return k, k.shape[0]
+        pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache",
+                     dtypes=(p["dtype"],), shape=(None, 2) + page)
+        return pool, pool.shape[0]
+
+
+def _as_host_indices(x, fn, name):
+    return host_int32(x, fn, name, _copy_to_host)
+
+
+class BatchDecodeWithPagedKVCacheWrapper(_PlanRun):
+    """Batch decode (one query per request) over a paged KV cache: FlashInfer's wrapper of
+    the same name. plan() once per batch, run() per layer.
+
+    Default stage: the latest in teaching order whose registry entry supports the planned
+    shape (02_paged, 03_split_kv or 04_tensor_core; fp32 falls to 03); pick one with
+    ``stage=`` here or in plan(). ``use_tensor_cores`` is accepted for FlashInfer's
+    signature and ignored: the stage decides.
+
+    use_cuda_graph=True: pass the three fixed int32 buffers (or let the workspace hold the
+    copies); plan() outside the graph, run() inside (run only launches kernels).
+    """
+
+    _mode, _storage = _DECODE, _PAGED
+
+    def __init__(self, workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 *, stage=None):
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage, {
+            "kv_indptr": paged_kv_indptr_buffer, "kv_indices": paged_kv_indices_buffer,
+            "kv_last_page_len": paged_kv_last_page_len_buffer})
+        self._fn = "BatchDecodeWithPagedKVCacheWrapper.plan"
+
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
+             kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
+             non_blocking=True, *, stage=None):
+        """Plans a decode batch. indptr (batch_size + 1), indices (indptr[-1]) and
+        last_page_len (batch_size) are int32 (host or device); sm_scale None means
+        1/sqrt(head_dim); logits_soft_cap None or 0 is off. q_data_type (or data_type)
+        is the dtype of q, the cache and the output."""
+        fn = self._fn
+        _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
+        dtype = _dtype_name(data_type if data_type is not None else q_data_type, fn, "q_data_type")
+        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
+            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
+        kv_indptr = _as_host_indices(indptr, fn, "indptr")
+        self._plan(dtype, list(range(len(kv_indptr))), kv_indptr, _as_host_indices(indices, fn, "indices"),
+                   _as_host_indices(last_page_len, fn, "last_page_len"), stage,
+                   num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
+                   causal=False, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False, **kwargs):
+        """Decode attention: q (batch_size, num_qo_heads, head_dim) -> o of the same shape
+        (and lse (batch_size, num_qo_heads), natural log, when return_lse)."""
+        return _paged_run(self, "BatchDecodeWithPagedKVCacheWrapper.run", q, paged_kv_cache, args, out, lse,
+                          return_lse, kwargs)
+
+    forward = run
+
+
+def _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta):
+    if pos_encoding_mode not in (None, "NONE"):
+        raise ValueError(f"{fn}: pos_encoding_mode must be 'NONE' (flashstep applies no RoPE inside attention); "
+                         f"got {pos_encoding_mode!r}")
+    if rope_scale is not None or rope_theta is not None:
+        raise ValueError(f"{fn}: rope_scale and rope_theta are not supported (no RoPE inside attention)")
+
+
+def _unsupported_run_args(fn, args, kwargs):
+    if args:
+        raise ValueError(f"{fn}: takes no extra positional arguments (FlashInfer's k_scale/v_scale are not supported)")
+    for key, value in kwargs.items():
+        if key in ("enable_pdl",) or value is None or (key in ("q_scale", "k_scale", "v_scale") and value == 1.0):
+            continue
+        raise ValueError(f"{fn}: argument {key}={value!r} is not supported")
+
+
+def _paged_run(self, fn, q, paged_kv_cache, args, out, lse, return_lse, kwargs):
+    _unsupported_run_args(fn, args, kwargs)
+    p = self._require_plan()
+    qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p["dtype"],),
+               shape=(p["nnz_qo"], p["num_qo_heads"], p["head_dim"]))
+    pool, num_pages = self._paged_pool(paged_kv_cache, p, fn)
+    if p["max_page"] >= num_pages:
+        raise ValueError(f"{fn}: the planned indices reach page {p['max_page']}; paged_kv_cache has {num_pages} pages")
+    o, lse_t = self._outputs(qa, out, lse, p, fn)
+    oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
+    for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
+        _check_on_device(a, fn, name)
+    b = _capi.Batch()
+    d = p["device"]
+    b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
+    b.qo_indptr, b.kv_indptr = d["qo_indptr"], d["kv_indptr"]
+    b.kv_indices, b.kv_last_page_len = d["kv_indices"], d["kv_last_page_len"]
+    self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
+    return (o, lse_t) if return_lse else o
+
+
+class BatchPrefillWithPagedKVCacheWrapper(_PlanRun):
+    """Batch prefill/append attention over a paged KV cache: FlashInfer's wrapper of the
+    same name. Default stage: the latest in teaching order that supports the shape (today
+    04_tensor_core, fp16/bf16); ``stage=`` picks one. The causal mask is aligned
+    bottom-right, as FlashInfer's."""
+
+    _mode, _storage = _PREFILL, _PAGED
+
+    def __init__(self, workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+                 custom_mask_buf=None, mask_indptr_buf=None, *, stage=None):
+        if custom_mask_buf is not None or mask_indptr_buf is not None:
+            raise ValueError("BatchPrefillWithPagedKVCacheWrapper: custom masks are not supported")
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage, {
+            "qo_indptr": qo_indptr_buf, "kv_indptr": paged_kv_indptr_buf, "kv_indices": paged_kv_indices_buf,
+            "kv_last_page_len": paged_kv_last_page_len_buf})
+        self._fn = "BatchPrefillWithPagedKVCacheWrapper.plan"
+
+    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
+             num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
+             causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
+             logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
+             non_blocking=True, *, stage=None):
+        """Plans a prefill batch: qo_indptr (batch_size + 1) over the query rows, the page
+        table (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len), int32."""
+        fn = self._fn
+        _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
+        _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
+        dtype = _dtype_name(q_data_type, fn, "q_data_type")
+        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
+            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
+        self._plan(dtype, _as_host_indices(qo_indptr, fn, "qo_indptr"),
+                   _as_host_indices(paged_kv_indptr, fn, "paged_kv_indptr"),
+                   _as_host_indices(paged_kv_indices, fn, "paged_kv_indices"),
+                   _as_host_indices(paged_kv_last_page_len, fn, "paged_kv_last_page_len"), stage,
+                   num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=page_size,
+                   causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False, **kwargs):
+        """q (qo_indptr[-1], num_qo_heads, head_dim) -> o of the same shape (and lse,
+        natural log, when return_lse)."""
+        return _paged_run(self, "BatchPrefillWithPagedKVCacheWrapper.run", q, paged_kv_cache, args, out, lse,
+                          return_lse, kwargs)
+
+    forward = run
+
+
+def _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
+    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
+        raise ValueError(f"{fn}: head_dim_vo must equal head_dim_qk; got {head_dim_vo} and {head_dim_qk}")
+    if custom_mask is not None or packed_custom_mask is not None:
+        raise ValueError(f"{fn}: custom masks are not supported")
+
+
+class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
+    """Batch prefill attention over ragged (contiguous) K/V: FlashInfer's wrapper of the
+    same name. Default stage: the latest in teaching order that supports the shape
+    (04_tensor_core_ragged for fp16/bf16, 01_naive for fp32); ``stage=`` picks one."""
+
+    _mode, _storage = _PREFILL, _RAGGED
+
+    def __init__(self, workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+                 kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, *, stage=None):
+        if kv_layout != "NHD":
+            raise ValueError("BatchPrefillWithRaggedKVCacheWrapper: kv_layout must be 'NHD' for ragged K/V")
+        if custom_mask_buf is not None or mask_indptr_buf is not None:
+            raise ValueError("BatchPrefillWithRaggedKVCacheWrapper: custom masks are not supported")
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage,
+                         {"qo_indptr": qo_indptr_buf, "kv_indptr": kv_indptr_buf})
+        self._fn = "BatchPrefillWithRaggedKVCacheWrapper.plan"
+
+    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
+             custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
+             use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
+             rope_theta=None, q_data_type="float16", kv_data_type=None, non_blocking=True, *, stage=None):
+        """Plans a prefill batch over ragged K/V: qo_indptr and kv_indptr (batch_size + 1), int32."""
+        fn = self._fn
+        _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
+        _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
+        dtype = _dtype_name(q_data_type, fn, "q_data_type")
+        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
+            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
+        self._plan(dtype, _as_host_indices(qo_indptr, fn, "qo_indptr"), _as_host_indices(kv_indptr, fn, "kv_indptr"),
+                   None, None, stage, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk,
+                   page_size=1, causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
+                   sm_scale=sm_scale)
+
+    begin_forward = plan
+
+    def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, **kwargs):
+        """q (qo_indptr[-1], Hq, D), k and v (kv_indptr[-1], Hkv, D) -> o (and lse, natural log)."""
+        fn = "BatchPrefillWithRaggedKVCacheWrapper.run"
+        _unsupported_run_args(fn, args, kwargs)
+        p = self._require_plan()
+        qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p["dtype"],),
+                   shape=(p["nnz_qo"], p["num_qo_heads"], p["head_dim"]))
+        kv_shape = (p["nnz_kv"], p["num_kv_heads"], p["head_dim"])
+        ka = check(device_array(k, fn, "k"), fn, "k", dtypes=(p["dtype"],), shape=kv_shape)
+        va = check(device_array(v, fn, "v"), fn, "v", dtypes=(p["dtype"],), shape=kv_shape)
+        o, lse_t = self._outputs(qa, out, lse, p, fn)
+        oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
+        for a, name in ((qa, "q"), (ka, "k"), (va, "v")):
+            _check_on_device(a, fn, name)
+        b = _capi.Batch()
+        d = p["device"]
+        b.q, b.k, b.v, b.o, b.lse = qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr
+        b.qo_indptr, b.kv_indptr = d["qo_indptr"], d["kv_indptr"]
+        self._launch(qa, b, [(qa, "q"), (ka, "k"), (va, "v"), (oa, "out"), (la, "lse")])
+        return (o, lse_t) if return_lse else o
+
+    forward = run
+
+
+# Stage 05 (cascade, C++ namespace flashstep::stages::cascade) backs this class once it is
+# in the registry: its plan/run join capi/ as fs_* functions, and the class takes
+# FlashInfer's MultiLevelCascadeAttentionWrapper signature (num_levels, workspace, kv_layout).
+class MultiLevelCascadeAttentionWrapper:
+    """FlashInfer's cascade wrapper (shared prefix read once, unique suffixes, states
+    merged) belongs to stage 05, which is not in this build's registry yet. Until it is,
+    compose it from the pieces here: a BatchPrefillWithPagedKVCacheWrapper per level with
+    return_lse=True, then merge_state."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("MultiLevelCascadeAttentionWrapper: stage 05 (cascade) is not in this "
+                                  "build; use one prefill wrapper per level and merge_state")
+
+
+# ---- the merge of attention states ------------------------------------------------------------
+
+def merge_state(v_a, s_a, v_b, s_b):
+    """Merges the attention states of two index sets: v_a, v_b (seq_len, num_heads,
+    head_dim), s_a, s_b (seq_len, num_heads) float32 -> (v, s). s is the natural-log
+    lse (FlashInfer's merge_state takes and returns base 2: pass s * log2(e) to it)."""
+    fn = "merge_state"
+    a = check(device_array(v_a, fn, "v_a"), fn, "v_a", dtypes=_ATTENTION_DTYPES, shape=(None, None, None))
+    seq, heads, dim = a.shape
+    sa = check(device_array(s_a, fn, "s_a"), fn, "s_a", dtypes=("float32",), shape=(seq, heads))
+    b = check(device_array(v_b, fn, "v_b"), fn, "v_b", dtypes=(a.dtype,), shape=a.shape)
+    sb = check(device_array(s_b, fn, "s_b"), fn, "s_b", dtypes=("float32",), shape=(seq, heads))
+    v_out, s_out = empty(a, a.shape, a.dtype, fn, "v"), empty(a, (seq, heads), "float32", fn, "s")
+    _merge_two(fn, a, sa, b, sb, device_array(v_out, fn, "v"), device_array(s_out, fn, "s"))
+    return v_out, s_out
+
+
+def merge_state_in_place(v, s, v_other, s_other, mask=None):
+    """merge_state into (v, s), in place. mask is not supported (pass None)."""
+    fn = "merge_state_in_place"
+    if mask is not None:
+        raise ValueError(f"{fn}: mask is not supported")
+    a = check(device_array(v, fn, "v"), fn, "v", dtypes=_ATTENTION_DTYPES, shape=(None, None, None))
+    seq, heads, dim = a.shape
+    sa = check(device_array(s, fn, "s"), fn, "s", dtypes=("float32",), shape=(seq, heads))
+    b = check(device_array(v_other, fn, "v_other"), fn, "v_other", dtypes=(a.dtype,), shape=a.shape)
+    sb = check(device_array(s_other, fn, "s_other"), fn, "s_other", dtypes=("float32",), shape=(seq, heads))
+    _merge_two(fn, a, sa, b, sb, a, sa)
+
+
+def _merge_two(fn, a, sa, b, sb, vo, so):
+    arrays = [(a, "v_a"), (sa, "s_a"), (b, "v_b"), (sb, "s_b")]
+    for x, name in arrays:
+        _check_on_device(x, fn, name)
+    with _DeviceGuard(same_device(fn, arrays)):
+        _capi.call("fs_merge_state", _DTYPES[a.dtype], _ptr(a), _ptr(sa), _ptr(b), _ptr(sb), a.shape[0], a.shape[1],
+                   a.shape[2], _ptr(vo), _ptr(so), ctypes.c_void_p(current_stream(a)))
+
+
+def merge_states(v, s):
+    """Merges num_states states per row: v (seq_len, num_states, num_heads, head_dim), s
+    (seq_len, num_states, num_heads) float32, natural-log lse -> (v (seq_len, num_heads,
+    head_dim), s (seq_len, num_heads)). FlashInfer's merge_states uses base 2."""
+    fn = "merge_states"
+    a = check(device_array(v, fn, "v"), fn, "v", dtypes=_ATTENTION_DTYPES, shape=(None, None, None, None))
+    seq, n, heads, dim = a.shape
+    sa = check(device_array(s, fn, "s"), fn, "s", dtypes=("float32",), shape=(seq, n, heads))
+    _check_on_device(a, fn, "v")
+    _check_on_device(sa, fn, "s")
+    v_out, s_out = empty(a, (seq, heads, dim), a.dtype, fn, "v"), empty(a, (seq, heads), "float32", fn, "s")
+    vo, so = device_array(v_out, fn, "v"), device_array(s_out, fn, "s")
+    with _DeviceGuard(same_device(fn, [(a, "v"), (sa, "s")])):
+        _capi.call("fs_merge_states", _DTYPES[a.dtype], _ptr(a), _ptr(sa), seq, n, heads, dim, _ptr(vo), _ptr(so),
+                   ctypes.c_void_p(current_stream(a)))
+    return v_out, s_out
+
+
+# ---- the paged KV cache ------------------------------------------------------------------------
+
+def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
+                          kv_indptr, kv_last_page_len, kv_layout="NHD"):
+    """Writes row r of append_key / append_value (nnz, num_kv_heads, head_dim) at position
+    positions[r] of request batch_indices[r]: page kv_indices[kv_indptr[b] + p //
+    page_size], slot p % page_size. The page table must already include the new tokens
+    (kv_last_page_len, (batch_size), is checked for its shape only). paged_kv_cache is one
+    5-D pool or a (k_cache, v_cache) pair of 4-D caches. A row whose request, position or
+    page falls outside the table is not written (FlashInfer does not check)."""
+    fn = "append_paged_kv_cache"
+    layout = _layout(kv_layout, fn)
+    k = check(device_array(append_key, fn, "append_key"), fn, "append_key", dtypes=_ATTENTION_DTYPES,
+              shape=(None, None, None), contiguous=False)
+    nnz, heads, dim = k.shape
+    v = check(device_array(append_value, fn, "append_value"), fn, "append_value", dtypes=(k.dtype,), shape=k.shape,
+              contiguous=False)
+    for a, name in ((k, "append_key"), (v, "append_value")):
+        if a.strides[1:] != (dim, 1):
+            raise ValueError(f"{fn}: {name} must have contiguous heads and dims (strides (*, {dim}, 1)); "
+                             f"it has {a.strides}")
+    bi = check(device_array(batch_indices, fn, "batch_indices"), fn, "batch_indices", dtypes=("int32",), shape=(nnz,))
+    pos = check(device_array(positions, fn, "positions"), fn, "positions", dtypes=("int32",), shape=(nnz,))
+    ip = check(device_array(kv_indptr, fn, "kv_indptr"), fn, "kv_indptr", dtypes=("int32",), shape=(None,))
+    batch = ip.shape[0] - 1
+    if batch < 0:
+        raise ValueError(f"{fn}: kv_indptr must have batch_size + 1 >= 1 entries")
+    ind = check(device_array(kv_indices, fn, "kv_indices"), fn, "kv_indices", dtypes=("int32",), shape=(None,))
+    check(device_array(kv_last_page_len, fn, "kv_last_page_len"), fn, "kv_last_page_len", dtypes=("int32",),
+          shape=(batch,))
+    esize = 4 if k.dtype == "float32" else 2
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
+        kc = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
+                   dtypes=(k.dtype,), shape=(None, None, None, dim), contiguous=False)
+        vc = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
+                   dtypes=(k.dtype,), shape=kc.shape, contiguous=False)
+        num_pages, page_size = kc.shape[0], (kc.shape[1] if layout == "NHD" else kc.shape[2])
+        inner = kc.shape[1] * kc.shape[2] * dim
+        if kc.strides != vc.strides or kc.strides[1:] != (kc.shape[2] * dim, dim, 1):
+            raise ValueError(f"{fn}: k_cache and v_cache must be pages of contiguous (page_size, heads, dim) "
+                             f"blocks with equal strides; they have {kc.strides} and {vc.strides}")
+        k_ptr, v_ptr, page_stride = kc.ptr, vc.ptr, kc.strides[0]
+        cache_heads = kc.shape[2] if layout == "NHD" else kc.shape[1]
+        cache_arrays = [(kc, "paged_kv_cache[0]"), (vc, "paged_kv_cache[1]")]
+    else:
+        pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache", dtypes=(k.dtype,),
+                     shape=(None, 2, None, None, dim))
+        num_pages = pool.shape[0]
+        page_size = pool.shape[2] if layout == "NHD" else pool.shape[3]
+        cache_heads = pool.shape[3] if layout == "NHD" else pool.shape[2]
+        inner = pool.shape[2] * pool.shape[3] * dim
+        k_ptr, v_ptr, page_stride = pool.ptr, pool.ptr + inner * esize, 2 * inner
+        cache_arrays = [(pool, "paged_kv_cache")]
+    if cache_heads != heads:
+        raise ValueError(f"{fn}: paged_kv_cache has {cache_heads} kv heads, append_key {heads}")
+    arrays = [(k, "append_key"), (v, "append_value"), (bi, "batch_indices"), (pos, "positions"),
+              (ind, "kv_indices"), (ip, "kv_indptr")] + cache_arrays
+    for a, name in arrays:
+        _check_on_device(a, fn, name)
+    with _DeviceGuard(same_device(fn, arrays)):
+        _capi.call("fs_append_paged_kv_cache", _DTYPES[k.dtype], _ptr(k), _ptr(v), k.strides[0], v.strides[0], nnz,
+                   _ptr(bi), _ptr(pos), ctypes.c_void_p(k_ptr), ctypes.c_void_p(v_ptr), page_stride,
+                   _LAYOUTS[layout], heads, dim, page_size, num_pages, _ptr(ind), _ptr(ip), batch, None,
+                   ctypes.c_void_p(current_stream(k)))
+
+
+def get_batch_indices_positions(append_indptr, seq_lens, nnz):
+    """For append_paged_kv_cache: the request of each appended row and its position in
+    that request's KV after the append (the last append_len of seq_lens positions).
+    append_indptr (batch_size + 1) and seq_lens (batch_size) are int32 torch tensors."""
+    import torch
+    fn = "get_batch_indices_positions"
+    for t, name in ((append_indptr, "append_indptr"), (seq_lens, "seq_lens")):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+            raise ValueError(f"{fn}: {name} must be an int32 torch tensor")
+    append_len = append_indptr[1:] - append_indptr[:-1]
+    batch_indices = torch.repeat_interleave(torch.arange(len(append_len), device=append_indptr.device,
+                                                         dtype=torch.int32), append_len.long(), output_size=nnz)
+    row = torch.arange(nnz, device=append_indptr.device, dtype=torch.int32)
+    start = (seq_lens - append_len).to(torch.int32)
+    positions = row - append_indptr[:-1][batch_indices.long()] + start[batch_indices.long()]
+    return batch_indices, positions.to(torch.int32)
+
+
+# ---- stage 06: sampling --------------------------------------------------------------------
+
+def _seed_offset(seed, offset, generator, fn):
+    """The Philox key and offset: given, drawn from a torch generator, or fresh."""
+    if seed is None:
+        if generator is not None:
+            import torch
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+        else:
+            seed = random.getrandbits(63)
+    if offset is None:
+        offset = 0
+    for value, name in ((seed, "seed"), (offset, "offset")):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+            raise ValueError(f"{fn}: {name} must be an integer in [0, 2^64); got {value!r}")
+    return seed, offset
+
+
+def _rows(x, fn, name):
+    a = check(device_array(x, fn, name), fn, name, dtypes=("float32",), shape=(None, None))
+    return _check_on_device(a, fn, name)
+
+
+def _param(value, fn, name, dtype, batch, like, params, field):
+    """A sampler parameter: a Python number for every output, or a device array of one per output."""
+    if value is None:
+        return
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        setattr(params, field, value)
+        return
+    a = check(device_array(value, fn, name), fn, name, dtypes=(dtype,), shape=(batch,))
+    same_device(fn, [(like, "probs"), (a, name)])
+    setattr(params, field + "_arr", a.ptr)
+
+
+def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, order="top_k_first",
+            seed=None, offset=None, generator=None, check_nan=False, return_status=False):
+    rows = _rows(data, fn, name)
+    idx = None
+    batch = rows.shape[0]
+    if indices is not None:
+        idx = check(device_array(indices, fn, "indices"), fn, "indices", dtypes=("int32",), shape=(None,))
+        batch = idx.shape[0]
+    params = _capi.SamplingParams()
+    params.top_k, params.top_p, params.min_p, params.temperature = 0, 1.0, 0.0, 1.0
+    if order not in ("top_k_first", "joint"):
+        raise ValueError(f"{fn}: filter_apply_order must be 'top_k_first' or 'joint'; got {order!r}")
+    params.filter_apply_order = 0 if order == "top_k_first" else 1
+    _param(top_k, fn, "top_k", "int32", batch, rows, params, "top_k")
+    _param(top_p, fn, "top_p", "float32", batch, rows, params, "top_p")
+    _param(min_p, fn, "min_p", "float32", batch, rows, params, "min_p")
+    seed, offset = _seed_offset(seed, offset, generator, fn)
+    samples = empty(rows, (batch,), "int32", fn, "samples")
+    status = empty(rows, (batch,), "int32", fn, "status")
+    need = ctypes.c_size_t()
+    _capi.call("fs_sampling_workspace_bytes", op.encode(), rows.shape[0], batch, rows.shape[1],
+               params.filter_apply_order, ctypes.byref(need))
+    workspace = empty(rows, (max(need.value, 1),), "uint8", fn, "workspace") if need.value else None
+    ws = device_array(workspace, fn, "workspace") if workspace is not None else None
+    with _DeviceGuard(rows.device):
+        _capi.call("fs_sample", op.encode(), _ptr(rows), rows.shape[0], rows.shape[1], ctypes.byref(params),
+                   _ptr(idx), batch, seed, offset, _ptr(device_array(samples, fn, "samples")), None,
+                   _ptr(device_array(status, fn, "status")), _ptr(ws), need.value,
+                   ctypes.c_void_p(current_stream(rows)))
+    if check_nan:
+        _raise_on_status(fn, status)
+    return (samples, status) if return_status else samples
+
+
+def _raise_on_status(fn, status):
+    """Reads the status array (a device sync) and raises for the first output not ok."""
+    a = device_array(status, fn, "status")
+    buf = (ctypes.c_int32 * a.numel)()
+    _copy_to_host(ctypes.addressof(buf), a.ptr, a.nbytes, current_stream(a))
+    for i, code in enumerate(buf):
+        if code != 0:
+            name = ctypes.c_char_p()
+            _capi.call("fs_sampling_status_name", code, ctypes.byref(name))
+            raise ValueError(f"{fn}: output {i} is invalid: {name.value.decode()}")
+
+
+def sampling_from_probs(probs, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
+                        offset=None, return_status=False):
+    """One token per output drawn from probs (batch, vocab) float32 (row indices[i] for
+    output i). Stage 06's rejection sampler on the Philox stream (seed, offset) shared with
+    the CPU reference; FlashInfer's tokens for the same seed differ (another stream).
+    An invalid row gives token -1; check_nan=True raises instead (a sync)."""
+    return _sample("sampling_from_probs", "sampling_from_probs", probs, "probs", indices, seed=seed, offset=offset,
+                   generator=generator, check_nan=check_nan, return_status=return_status)
+
+
+def sampling_from_logits(logits, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
+                         offset=None, return_status=False):
+    """softmax(logits), then sampling_from_probs."""
+    return _sample("sampling_from_logits", "sampling_from_logits", logits, "logits", indices, seed=seed,
+                   offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+
+
+def top_k_sampling_from_probs(probs, top_k, indices=None, deterministic=True, generator=None, check_nan=False,
+                              seed=None, offset=None, return_status=False):
+    """Top-k sampling by rejection (no sort); top_k an int or an int32 array (batch)."""
+    return _sample("top_k_sampling_from_probs", "top_k_sampling_from_probs", probs, "probs", indices, top_k=top_k,
+                   seed=seed, offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+
+
+def top_p_sampling_from_probs(probs, top_p, indices=None, deterministic=True, generator=None, check_nan=False,
+                              seed=None, offset=None, return_status=False):
+    """Top-p sampling by rejection; top_p a float in (0, 1] or a float32 array (batch)."""
+    return _sample("top_p_sampling_from_probs", "top_p_sampling_from_probs", probs, "probs", indices, top_p=top_p,
+                   seed=seed, offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+
+
+def min_p_sampling_from_probs(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False,
+                              seed=None, offset=None, return_status=False):
+    """Min-p sampling: one draw among the entries p >= min_p * max(p)."""
+    return _sample("min_p_sampling_from_probs", "min_p_sampling_from_probs", probs, "probs", indices, min_p=min_p,
+                   seed=seed, offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+
+
+def top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=None, filter_apply_order="top_k_first",
+                                    deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
+                                    return_status=False):
+    """Top-k and top-p: "top_k_first" renormalizes the top-k, then samples top-p from it;
+    "joint" tests both rules on the original row in one rejection loop."""
+    return _sample("top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_probs", probs, "probs", indices,
+                   top_k=top_k, top_p=top_p, order=filter_apply_order, seed=seed, offset=offset, generator=generator,
+                   check_nan=check_nan, return_status=return_status)
+
+
+def top_k_top_p_sampling_from_logits(logits, top_k, top_p, indices=None, filter_apply_order="top_k_first",
+                                     deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
+                                     return_status=False):
+    """top_k_top_p_sampling_from_probs from logits (softmax first; top_k_first masks logits first)."""
+    return _sample("top_k_top_p_sampling_from_logits", "top_k_top_p_sampling_from_logits", logits, "logits",
+                   indices, top_k=top_k, top_p=top_p, order=filter_apply_order, seed=seed, offset=offset,
+                   generator=generator, check_nan=check_nan, return_status=return_status)
+
+
+def _transform(op, fn, data, name, top_k=None, top_p=None, temperature=None):
+    rows = _rows(data, fn, name)
+    params = _capi.SamplingParams()
+    params.top_k, params.top_p, params.min_p, params.temperature = 0, 1.0, 0.0, 1.0
+    _param(top_k, fn, "top_k", "int32", rows.shape[0], rows, params, "top_k")
+    _param(top_p, fn, "top_p", "float32", rows.shape[0], rows, params, "top_p")
+    _param(temperature, fn, "temperature", "float32", rows.shape[0], rows, params, "temperature")
+    out = empty(rows, rows.shape, "float32", fn, "out")
+    with _DeviceGuard(rows.device):
+        _capi.call("fs_row_transform", op.encode(), _ptr(rows), rows.shape[0], rows.shape[1], ctypes.byref(params),
+                   _ptr(device_array(out, fn, "out")), None, ctypes.c_void_p(current_stream(rows)))
+    return out
+
+
+def softmax(logits, temperature=None, enable_pdl=None):
+    """Softmax of logits / temperature per row (float32); temperature a float or a
+    float32 array (rows); None means 1."""
+    return _transform("softmax", "softmax", logits, "logits", temperature=temperature)
+
+
+def top_k_renorm_probs(probs, top_k):
+    """Keeps each row's top-k (ties kept), zeroes the rest, renormalizes."""
+    return _transform("top_k_renorm_probs", "top_k_renorm_probs", probs, "probs", top_k=top_k)
+
+
+def top_p_renorm_probs(probs, top_p):
+    """Keeps each row's top-p head, zeroes the rest, renormalizes."""
+    return _transform("top_p_renorm_probs", "top_p_renorm_probs", probs, "probs", top_p=top_p)
+
+
+def top_k_mask_logits(logits, top_k):
+    """Keeps each row's top-k logits (ties kept), sets the rest to -inf."""
+    return _transform("top_k_mask_logits", "top_k_mask_logits", logits, "logits", top_k=top_k)
+
+
+def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, maybe_output_accepted_token_num=None,
+                               maybe_output_emitted_draft_token_num=None, deterministic=True, generator=None,
+                               seed=None, offset=None):
+    """Chain speculative sampling: draft_probs (batch, n, vocab), draft_token_ids (batch,
+    n) int32, target_probs (batch, n + 1, vocab) -> (output_token_ids (batch, n + 1), -1
+    padded; accepted token counts (batch); emitted draft token counts (batch)). The two
+    maybe_output_* arrays, when given, have the counts added to them, as FlashInfer does."""
+    fn = "chain_speculative_sampling"
+    dp = check(device_array(draft_probs, fn, "draft_probs"), fn, "draft_probs", dtypes=("float32",),
+               shape=(None, None, None))
+    batch, n, vocab = dp.shape
+    ids = check(device_array(draft_token_ids, fn, "draft_token_ids"), fn, "draft_token_ids", dtypes=("int32",),
+                shape=(batch, n))
+    tp = check(device_array(target_probs, fn, "target_probs"), fn, "target_probs", dtypes=("float32",),
+               shape=(batch, n + 1, vocab))
+    seed, offset = _seed_offset(seed, offset, generator, fn)
+    out = empty(dp, (batch, n + 1), "int32", fn, "output_token_ids")
+    accepted = empty(dp, (batch,), "int32", fn, "accepted")
+    emitted = empty(dp, (batch,), "int32", fn, "emitted")
+    arrays = [(dp, "draft_probs"), (ids, "draft_token_ids"), (tp, "target_probs")]
+    for a, name in arrays:
+        _check_on_device(a, fn, name)
+    with _DeviceGuard(same_device(fn, arrays)):
+        _capi.call("fs_chain_speculative_sampling", _ptr(dp), _ptr(ids), _ptr(tp), batch, n, vocab,
+                   _ptr(device_array(out, fn, "output_token_ids")), _ptr(device_array(accepted, fn, "accepted")),
+                   _ptr(device_array(emitted, fn, "emitted")), None, seed, offset,
+                   ctypes.c_void_p(current_stream(dp)))
+    if maybe_output_accepted_token_num is not None:
+        maybe_output_accepted_token_num += accepted
+        accepted = maybe_output_accepted_token_num
+    if maybe_output_emitted_draft_token_num is not None:
+        maybe_output_emitted_draft_token_num += emitted
+        emitted = maybe_output_emitted_draft_token_num
+    return out, accepted, emitted

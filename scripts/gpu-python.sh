@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Runs flashstep.cuda (the stages from Python, python/flashstep/cuda.py) on a GPU machine,
+# from the repository root, with the C library that scripts/gpu-build.sh built:
+#
+#   scripts/gpu-python.sh [--lib DIR] [--out DIR] [STEP...]
+#
+#   --lib   folder holding libflashstep_capi.so and libcudart.so.13 (default
+#           build-gpu-python, else build-gpu/bin)
+#   --out   where the log and the executed notebooks go (default <lib>/run)
+#   STEP    any of: tests flashinfer sanitizer notebooks (default: all four)
+#
+#   tests       tests/python/test_cuda_arguments.py and test_cuda_gpu.py (pytest)
+#   flashinfer  tests/python/test_cuda_flashinfer.py: the cross-check; source FlashInfer's
+#               install.sh first, or it skips with a message
+#   sanitizer   a few test_cuda_gpu.py cases under compute-sanitizer memcheck
+#   notebooks   notebooks 11 and 12 executed on this GPU (scripts/notebook_exec.py), saved
+#               with their outputs, the GPU and the commit to <out>/notebooks/; copy them
+#               to docs/results/notebooks/ to show them on the docs site
+#
+# It needs python3 with PyTorch and pytest (the GPU machine's image has both), not the
+# CPU module _flashstep: PYTHONPATH is the source folder python/. Each step is bounded
+# (tests 300 s, flashinfer 420 s, sanitizer 300 s, notebooks 150 s each); to stay within
+# a 10-minute command, run them in two or three calls. Exit status: 0 when every step
+# passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LIB=
+OUTDIR=
+steps=()
+while (($#)); do
+  case $1 in
+    --lib) LIB=$2; shift 2 ;;
+    --out) OUTDIR=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    *) steps+=("$1"); shift ;;
+  esac
+done
+((${#steps[@]})) || steps=(tests flashinfer sanitizer notebooks)
+if [ -z "$LIB" ]; then
+  for d in build-gpu-python build-gpu/bin; do [ -f "$d/libflashstep_capi.so" ] && LIB=$d && break; done
+fi
+[ -n "$LIB" ] && [ -f "$LIB/libflashstep_capi.so" ] ||
+  { echo "gpu-python.sh: no libflashstep_capi.so (run scripts/gpu-build.sh, or pass --lib DIR)" >&2; exit 2; }
+LIB=$(cd "$LIB" && pwd)
+OUTDIR=${OUTDIR:-$LIB/run}
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+LOG=$OUTDIR/gpu-python.log
+: > "$LOG"
+export FLASHSTEP_CAPI=$LIB/libflashstep_capi.so
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+PYTEST=(python3 -m pytest -q -p no:cacheprovider -rs)
+
+say() { echo "$@" | tee -a "$LOG"; }
+run_logged() { "$@" 2>&1 | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
+
+say "== gpu-python.sh $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "library: $FLASHSTEP_CAPI ($(tr '\n' ' ' < "$LIB/source-state.txt" 2>/dev/null || echo 'no source-state.txt'))"
+run_logged python3 - <<'PY'
+import sys
+print("python", sys.version.split()[0])
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "device",
+          torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+except Exception as e:
+    print("torch: not importable:", e)
+try:
+    import flashinfer
+    print("flashinfer", getattr(flashinfer, "__version__", "?"))
+except Exception as e:
+    print("flashinfer: not importable:", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+import flashstep.cuda as fsc
+print("flashstep.cuda available:", fsc.available())
+PY
+python3 -c "import pytest" 2>/dev/null || { say "gpu-python.sh: pytest is not installed for python3"; exit 2; }
+# On a GPU machine nothing may pass by skipping: a GPU test that cannot run fails.
+export FLASHSTEP_REQUIRE_GPU=1
+
+failed=()
+# Each step is bounded, so that a hung step still leaves the log of the others.
+step_tests() {
+  run_logged timeout 300 "${PYTEST[@]}" tests/python/test_cuda_arguments.py tests/python/test_cuda_gpu.py
+}
+step_flashinfer() {
+  # FlashInfer compiles a kernel module on first use where its JIT cache lacks one: bounded.
+  run_logged timeout 420 "${PYTEST[@]}" tests/python/test_cuda_flashinfer.py
+}
+step_sanitizer() {
+  command -v compute-sanitizer > /dev/null || { say "sanitizer: compute-sanitizer not found, skipped"; return 0; }
+  # One cudaMalloc per tensor, so that an access past a tensor's end leaves its allocation.
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_logged timeout 300 compute-sanitizer --tool memcheck --error-exitcode 86 \
+    "${PYTEST[@]}" -p no:faulthandler tests/python/test_cuda_gpu.py -k \
+    "test_decode_matches_the_float64_oracle and 03_split_kv-bfloat16-HND-16-4 or \
+     test_decode_matches_the_float64_oracle and 02_paged-float32-NHD-1-8 or \
+     test_paged_prefill_matches_the_float64_oracle and 4-True-NHD-16-bfloat16 or \
+     test_ragged_prefill_matches_the_float64_oracle and True-01_naive or \
+     test_merge_state_and_merge_states and 100-float16 or \
+     test_append_paged_kv_cache and False-16-HND or \
+     test_samplers_on_rows_with_one_possible_token or test_check_nan"
+}
+step_notebooks() {
+  mkdir -p "$OUTDIR/notebooks"
+  local rc=0
+  for nb in notebooks/11_stage_speed.ipynb notebooks/12_against_flashinfer.ipynb; do
+    run_logged timeout 150 python3 scripts/notebook_exec.py "$nb" \
+      --save "$OUTDIR/notebooks/$(basename "$nb")" --source-state "$LIB/source-state.txt" || rc=1
+  done
+  return $rc
+}
+for s in "${steps[@]}"; do
+  if ! declare -F "step_$s" > /dev/null; then say "gpu-python.sh: no step '$s'"; exit 2; fi
+  say "== step $s"
+  if "step_$s"; then say "== step $s: passed"; else say "== step $s: FAILED (rc $?)"; failed+=("$s"); fi
+done
+say "== log: $LOG"
+if ((${#failed[@]})); then say "FAILED steps: ${failed[*]}"; exit 1; fi
+say "all steps passed: ${steps[*]}"

@@ -1,0 +1,134 @@
+"""What the GPU suites of flashstep.cuda share: skipping cleanly where there is no GPU,
+random batches with a printed seed, an independent float64 attention in PyTorch (the
+oracle: it shares no code with the stages), and the harness's comparison rule.
+
+Run seeds come from FLASHSTEP_SEED (tests/python/conftest.py prints it); each test
+derives its own from the run seed and its name, and prints it.
+"""
+import itertools
+import math
+import os
+
+import pytest
+
+
+def torch_cuda_or_skip():
+    """torch, where it imports and sees a CUDA device, and the library loads; else skip
+    (or fail, under FLASHSTEP_REQUIRE_GPU=1: scripts/gpu-python.sh sets it, so that a GPU
+    machine where nothing could run does not pass by skipping everything)."""
+    def unavailable(why):
+        if os.environ.get("FLASHSTEP_REQUIRE_GPU") == "1":
+            pytest.fail(f"FLASHSTEP_REQUIRE_GPU=1 but {why}")
+        pytest.skip(f"GPU test skipped: {why}")
+    try:
+        import torch
+    except ImportError:
+        unavailable("PyTorch is not installed here (the GPU machine has it)")
+    if not torch.cuda.is_available():
+        unavailable("PyTorch sees no CUDA device")
+    import flashstep.cuda as fsc
+    usable, why = fsc.available()
+    if not usable:
+        unavailable(f"flashstep.cuda cannot run here: {why.splitlines()[0]}")
+    return torch
+
+
+def generator(torch, rng, name):
+    """A CUDA torch.Generator seeded from the numpy rng fixture (whose seed is printed)."""
+    seed = int(rng.integers(2**62))
+    print(f"torch seed for {name}: {seed}")
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed)
+    return g
+
+
+DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+def torch_dtype(torch, name):
+    return getattr(torch, name)
+
+
+def paged_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim, dtype, layout, spare_pages=3):
+    """A paged pool holding len(kv_lens) requests on shuffled pages, NaN in every slot no
+    request owns. Returns (pool, kv_indptr, kv_indices, last_page_len, keys, values), the
+    last two lists of (kv_len, Hkv, D) float64 tensors per request."""
+    pages = [max(1, -(-n // page_size)) if n > 0 else 0 for n in kv_lens]
+    total = sum(pages) + spare_pages
+    order = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
+    kv_indices = order[:sum(pages)].contiguous()
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
+    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, pages)],
+                        dtype=torch.int32, device="cuda")
+    shape = (total, 2, page_size, num_kv_heads, head_dim) if layout == "NHD" else \
+        (total, 2, num_kv_heads, page_size, head_dim)
+    pool = torch.full(shape, float("nan"), dtype=getattr(torch, dtype), device="cuda")
+    keys, values = [], []
+    for i, n in enumerate(kv_lens):
+        k = (torch.rand((n, num_kv_heads, head_dim), generator=g, device="cuda") * 2 - 1).to(pool.dtype)
+        v = (torch.rand((n, num_kv_heads, head_dim), generator=g, device="cuda") * 2 - 1).to(pool.dtype)
+        t = torch.arange(n, device="cuda")
+        page = kv_indices[int(kv_indptr[i]) + t // page_size].long()
+        slot = t % page_size
+        if layout == "NHD":
+            pool[page, 0, slot], pool[page, 1, slot] = k, v
+        else:  # advanced indices around a slice: the indexed dims come first, (n, Hkv, D)
+            pool[page, 0, :, slot], pool[page, 1, :, slot] = k, v
+        keys.append(k.double())
+        values.append(v.double())
+    return pool, kv_indptr, kv_indices, last, keys, values
+
+
+def random_rows(torch, g, rows, heads, head_dim, dtype, scale=1.0):
+    """(rows, heads, head_dim) uniform in [-scale, scale), rounded to dtype."""
+    x = (torch.rand((rows, heads, head_dim), generator=g, device="cuda") * 2 - 1) * scale
+    return x.to(getattr(torch, dtype))
+
+
+def attention_reference(torch, q, k, v, causal=False, sm_scale=None, window_left=-1, logits_soft_cap=0.0):
+    """One request, float64: q (qo_len, Hq, D), k and v (kv_len, Hkv, D) -> o (qo_len, Hq,
+    D), lse (qo_len, Hq), natural log. The conventions of ARCHITECTURE.md: causal aligned
+    bottom-right, window keeps the last window_left + 1 keys, GQA head h reads h // group."""
+    q = q.double()
+    qo_len, hq, d = q.shape
+    kv_len, hkv, _ = k.shape
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    kx = k.double().repeat_interleave(group, dim=1)  # (kv_len, Hq, D)
+    vx = v.double().repeat_interleave(group, dim=1)
+    s = torch.einsum("qhd,khd->hqk", q, kx) * scale
+    if logits_soft_cap > 0:
+        s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
+    i = torch.arange(qo_len, device=q.device).view(-1, 1)
+    j = torch.arange(kv_len, device=q.device).view(1, -1)
+    last_visible = i + (kv_len - qo_len) if causal else torch.full_like(i, kv_len - 1)
+    visible = j <= last_visible
+    if window_left >= 0:
+        visible &= j >= last_visible - window_left
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)  # (Hq, qo_len)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    o = torch.einsum("hqk,khd->qhd", p, vx).contiguous()
+    return o, lse.transpose(0, 1).contiguous()
+
+
+def assert_close(torch, out, ref, tol, what, factor=1.0, seed_note=""):
+    """The harness's rule: every element within atol + rtol * |ref| and ||out - ref|| <=
+    norm * ||ref||, tolerances (atol, rtol, norm) times `factor`. -inf must match -inf;
+    NaN never passes. A failure lists the first five mismatches by index."""
+    atol, rtol, norm = (t * factor for t in tol)
+    out, ref = out.double(), ref.double()
+    assert out.shape == ref.shape, f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    both_neg_inf = torch.isneginf(out) & torch.isneginf(ref)
+    err = (out - ref).abs().masked_fill(both_neg_inf, 0.0)
+    bound = atol + rtol * ref.abs().masked_fill(both_neg_inf, 0.0)
+    finite = torch.isfinite(ref)
+    bad = ~(err <= bound) | (~finite & (out != ref))  # NaN compares false; +-inf must match exactly
+    num = torch.linalg.vector_norm((out - ref)[finite]).item()
+    den = torch.linalg.vector_norm(ref[finite]).item()
+    ratio = num / den if den > 0 else num
+    if bad.any() or not ratio <= norm:
+        idx = bad.nonzero()[:5].tolist()
+        lines = [f"  at {tuple(i)}: got {out[tuple(i)].item():.6g}, want {ref[tuple(i)].item():.6g}" for i in idx]
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} elements outside atol {atol:g} + rtol "
+                             f"{rtol:g}, norm ratio {ratio:.3g} (bound {norm:g}) {seed_note}\n" + "\n".join(lines))

@@ -1,0 +1,251 @@
+"""flashstep.cuda on any machine: it imports without a GPU, finds (or clearly fails to
+find) its C library, and refuses bad arguments with a ValueError naming the argument
+before anything reaches the GPU. The GPU runs are in test_cuda_gpu.py and
+test_cuda_flashinfer.py.
+
+The fakes below carry a __cuda_array_interface__ whose pointer is never dereferenced:
+every check they trigger happens on the host, before any CUDA call.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flashstep.cuda as fsc
+from flashstep import _capi
+
+
+class FakeCuda:
+    """A device array as CuPy or Numba would describe it (no memory behind it)."""
+
+    def __init__(self, shape, typestr="<f2", strides=None):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (1 << 40, False),
+                                         "strides": strides, "version": 3}
+
+
+def library_or_skip():
+    try:
+        return _capi.load()
+    except fsc.LibraryNotFound as e:
+        pytest.skip(f"libflashstep_capi.so is not built here (a build without CUDA): {str(e).splitlines()[0]}")
+
+
+def raises(match, fn, *args, **kwargs):
+    with pytest.raises(ValueError, match=match):
+        fn(*args, **kwargs)
+
+
+def test_imports_without_touching_the_gpu():
+    # A fresh interpreter: importing must not load the library or need a device.
+    code = "import flashstep.cuda as c, flashstep._capi as k; assert k._lib is None; print('ok')"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
+def test_a_missing_library_names_every_place_tried(tmp_path):
+    missing = tmp_path / "nowhere" / "libflashstep_capi.so"
+    code = ("import flashstep.cuda as c\n"
+            "try:\n    c.stages()\nexcept c.LibraryNotFound as e:\n    print(e)\nelse:\n    print('loaded')\n")
+    env = dict(os.environ, FLASHSTEP_CAPI=str(missing))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "cannot load the C library libflashstep_capi.so" in run.stdout
+    assert f"{missing} (no such file)" in run.stdout
+    assert "FLASHSTEP_CAPI" in run.stdout and "gpu-build.sh" in run.stdout
+
+
+def test_a_file_that_is_not_a_library_is_named(tmp_path):
+    bogus = tmp_path / "libflashstep_capi.so"
+    bogus.write_text("not an ELF file")
+    code = "import flashstep.cuda as c\ntry:\n    c.stages()\nexcept c.LibraryNotFound as e:\n    print(e)\n"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, FLASHSTEP_CAPI=str(bogus)))
+    assert str(bogus) in run.stdout and "no such file" not in run.stdout.split(str(bogus))[1].splitlines()[0]
+
+
+def test_host_arrays_are_refused_by_name():
+    host = np.zeros((2, 4, 64), np.float16)
+    raises(r"merge_state: v_a must be a CUDA array; it is in host memory", fsc.merge_state, host, None, None, None)
+    raises(r"merge_states: v must be a CUDA array", fsc.merge_states, np.zeros((2, 2, 4, 64), np.float32), None)
+    raises(r"sampling_from_probs: probs must be a CUDA array", fsc.sampling_from_probs, np.ones((2, 8), np.float32))
+    raises(r"BatchDecodeWithPagedKVCacheWrapper: workspace_buffer must be a CUDA array",
+           fsc.BatchDecodeWithPagedKVCacheWrapper, np.zeros(1024, np.uint8))
+    raises(r"softmax: logits must be a CUDA tensor .*got list", fsc.softmax, [[1.0, 2.0]])
+    raises(r"merge_state: v_a is required", fsc.merge_state, None, None, None, None)
+
+
+def test_dtype_shape_and_strides_are_checked_before_the_gpu():
+    v = FakeCuda((5, 4, 64))
+    raises(r"merge_state: s_a must have dtype float32; it has float16", fsc.merge_state, v, FakeCuda((5, 4)), v,
+           FakeCuda((5, 4), "<f4"))
+    raises(r"merge_state: s_a must have shape \(5, 4\); it has \(5, 3\)", fsc.merge_state, v,
+           FakeCuda((5, 3), "<f4"), v, FakeCuda((5, 4), "<f4"))
+    raises(r"merge_state: v_b must have dtype float16; it has float32", fsc.merge_state, v, FakeCuda((5, 4), "<f4"),
+           FakeCuda((5, 4, 64), "<f4"), FakeCuda((5, 4), "<f4"))
+    transposed = FakeCuda((5, 4, 64), "<f2", strides=(2 * 64, 2 * 5 * 64, 2))
+    raises(r"merge_state: v_a must be contiguous", fsc.merge_state, transposed, FakeCuda((5, 4), "<f4"), v,
+           FakeCuda((5, 4), "<f4"))
+    raises(r"merge_states: v must have shape \(\*, \*, \*, \*\)", fsc.merge_states, v, FakeCuda((5, 4), "<f4"))
+    raises(r"sampling_from_probs: probs must have dtype float32; it has float16", fsc.sampling_from_probs,
+           FakeCuda((3, 100)))
+    raises(r"has element type '<c8'", fsc.softmax, FakeCuda((3, 100), "<c8"))
+
+
+def test_append_paged_kv_cache_checks_every_argument():
+    k = FakeCuda((6, 2, 64))
+    idx = FakeCuda((6,), "<i4")
+    pool = FakeCuda((10, 2, 16, 2, 64))
+    table = (FakeCuda((4,), "<i4"), FakeCuda((3,), "<i4"), FakeCuda((2,), "<i4"))
+    fn = fsc.append_paged_kv_cache
+    raises(r"append_paged_kv_cache: batch_indices must have dtype int32; it has int64", fn, k, k,
+           FakeCuda((6,), "<i8"), idx, pool, *table)
+    raises(r"append_paged_kv_cache: positions must have shape \(6\)", fn, k, k, idx, FakeCuda((5,), "<i4"), pool,
+           *table)
+    raises(r"append_paged_kv_cache: append_value must have dtype float16", fn, k, FakeCuda((6, 2, 64), "<f4"), idx,
+           idx, pool, *table)
+    raises(r"append_paged_kv_cache: kv_last_page_len must have shape \(2\)", fn, k, k, idx, idx, pool, table[0],
+           table[1], FakeCuda((3,), "<i4"))
+    raises(r"append_paged_kv_cache: paged_kv_cache has 4 kv heads, append_key 2", fn, k, k, idx, idx,
+           FakeCuda((10, 2, 16, 4, 64)), *table)
+    raises(r"append_paged_kv_cache: kv_layout must be 'NHD' or 'HND'", fn, k, k, idx, idx, pool, *table,
+           kv_layout="NDH")
+    raises(r"append_paged_kv_cache: append_key must have contiguous heads and dims", fn,
+           FakeCuda((6, 2, 64), "<f2", strides=(2 * 128, 2, 2 * 2)), k, idx, idx, pool, *table)
+
+
+def test_plan_arguments_are_checked_on_the_host():
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    plan = w.plan
+    ok = ([0, 1, 3], [0, 1, 2], [5, 16], 8, 2, 128, 16)
+    raises(r"plan: indptr must have dtype int32; it has int64", plan, np.array(ok[0], np.int64), *ok[1:])
+    raises(r"plan: q_data_type must be float32, float16 or bfloat16; got 'int8'", plan, *ok, q_data_type="int8")
+    raises(r"plan: pos_encoding_mode must be 'NONE'", plan, *ok, pos_encoding_mode="ROPE_LLAMA")
+    raises(r"plan: kv_data_type must equal q_data_type", plan, *ok, q_data_type="float16", kv_data_type="float32")
+    raises(r"plan: last_page_len must have batch_size = 2 entries; it has 1", plan, ok[0], ok[1], [5], *ok[3:])
+    raises(r"plan: kv_indices has 2 entries; kv_indptr\[-1\] = 3 pages are needed", plan, ok[0], [0, 1], *ok[2:])
+    raises(r"plan: kv_indices must be >= 0", plan, ok[0], [0, -1, 2], *ok[2:])
+    raises(r"plan: num_kv_heads must be an integer >= 1; got 0", plan, *ok[:4], 0, *ok[5:])
+    raises(r"plan: sm_scale must be a positive finite number or None; got -1", plan, *ok, sm_scale=-1)
+    raises(r"plan: window_left must be an integer >= -1", plan, *ok, window_left=-2)
+    raises(r"BatchDecodeWithPagedKVCacheWrapper: use_cuda_graph=True needs fixed index buffers: pass the kv_indptr",
+           fsc.BatchDecodeWithPagedKVCacheWrapper, FakeCuda((1 << 20,), "|u1"), "NHD", True)
+    raises(r"BatchDecodeWithPagedKVCacheWrapper: kv_layout must be 'NHD' or 'HND'",
+           fsc.BatchDecodeWithPagedKVCacheWrapper, FakeCuda((1 << 20,), "|u1"), "NDH")
+    with pytest.raises(ValueError, match=r"run: call plan\(\) first"):
+        w.run(FakeCuda((2, 8, 128)), FakeCuda((10, 2, 16, 2, 128)))
+    r = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"plan: head_dim_vo must equal head_dim_qk", r.plan, [0, 4], [0, 9], 8, 8, 128, 64)
+    raises(r"plan: custom masks are not supported", r.plan, [0, 4], [0, 9], 8, 8, 128, custom_mask=object())
+    raises(r"plan: qo_indptr has 3 entries, kv_indptr 2", r.plan, [0, 4, 5], [0, 9], 8, 8, 128)
+
+
+def test_the_library_checks_what_only_it_knows():
+    library_or_skip()
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    ok = ([0, 1, 3], [0, 1, 2], [5, 16], 8, 2, 128, 16)
+    raises(r"^BatchDecodeWithPagedKVCacheWrapper.plan: kv_last_page_len\[1\] = 17 must be in 1..page_size", w.plan,
+           *ok[:2], [5, 17], *ok[3:])
+    raises(r"plan: kv_indptr must be non-decreasing", w.plan, [0, 3, 1], ok[1], *ok[2:])
+    raises(r"no stage supports this batch:\n  01_naive: .*ragged.*\n  02_paged: 02_paged is not built for head_dim 96",
+           w.plan, *ok[:5], 96, 16)
+    raises(r"plan: stage 01_naive cannot run this batch: 01_naive reads ragged KV, not paged", w.plan, *ok,
+           stage="01_naive")
+    raises(r"find_stage: no stage named \"09\" \(known: 01_naive, ", w.plan, *ok, stage="09")
+    # every field of the shape reaches the library where C expects it (the struct's layout)
+    raises(r"stage 02 cannot run this batch: 02_paged does not implement logits_soft_cap", w.plan, *ok,
+           logits_soft_cap=5.0, stage="02")
+    raises(r"stage 03_split_kv cannot run this batch: 03_split_kv does not implement window_left", w.plan, *ok,
+           window_left=3, stage="03_split_kv")
+    raises(r"02_paged supports GQA groups up to 8", w.plan, ok[0], ok[1], ok[2], 32, 2, 128, 16, stage="02_paged")
+    raises(r"02_paged supports page_size 1..64", w.plan, ok[0], ok[1], [5, 100], 8, 2, 128, 128, stage="02_paged")
+    raises(r"04_tensor_core is not built for dtype f32", w.plan, *ok, q_data_type="float32", stage="04_tensor_core")
+    h = fsc.BatchPrefillWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"), "HND")
+    raises(r"01_naive reads ragged KV, not paged", h.plan, [0, 2, 5], *ok[:3], 8, 2, 128, 16, stage="01_naive")
+    r = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"01_naive is not built for dtype bf16", r.plan, [0, 4], [0, 9], 8, 8, 128, q_data_type="bfloat16",
+           stage="01_naive")
+
+
+def test_stages_are_the_registry_in_teaching_order():
+    library_or_skip()
+    names = [name for name, _, _ in fsc.stages()]
+    assert names == sorted(names) and names[0] == "01_naive"
+    assert {"02_paged", "03_split_kv", "04_tensor_core", "04_tensor_core_ragged"} <= set(names)
+    for name, summary, caps in fsc.stages():
+        assert summary and ("paged" in caps or "ragged" in caps), name
+
+
+def test_tolerances_are_the_harness_table():
+    library_or_skip()
+    # stages/harness/compare.cpp: bf16 outputs are rounded to 2^-8 relative, fp32 to 2^-24.
+    atol_bf16, rtol_bf16, _ = fsc.tolerance("bfloat16")
+    atol_f32, rtol_f32, _ = fsc.tolerance("float32")
+    assert rtol_bf16 > 2.0 ** -8 > rtol_f32 > 2.0 ** -24
+    assert atol_bf16 > atol_f32 > 0
+    assert fsc.tolerance("float16", "lse")[2] > 0
+
+
+def test_without_a_gpu_the_failure_is_a_runtime_error_that_says_so():
+    library_or_skip()
+    usable, why = fsc.available()
+    if usable:
+        pytest.skip("a CUDA device is present: test_cuda_gpu.py covers this machine")
+    assert why  # e.g. "CUDA driver version is insufficient" or "no CUDA-capable device"
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    with pytest.raises(RuntimeError, match="CUDA|cuda"):
+        w.plan([0, 4], [0, 9], 8, 8, 128)
+
+
+def test_torch_cpu_tensors_are_refused_by_name():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+    q = torch.zeros(2, 4, 64, dtype=torch.float16)
+    raises(r"merge_state: v_a must be a CUDA tensor; it is on cpu", fsc.merge_state, q, None, None, None)
+    raises(r"top_p_sampling_from_probs: probs must be a CUDA tensor; it is on cpu", fsc.top_p_sampling_from_probs,
+           torch.ones(2, 5), 0.5)
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"plan: qo_indptr must have dtype int32; it has int64", w.plan, torch.tensor([0, 4]), [0, 9], 8, 8, 128)
+    raises(r"plan: kv_indptr must be one-dimensional", w.plan, [0, 4], torch.zeros(1, 2, dtype=torch.int32), 8, 8, 128)
+    raises(r"plan: q_data_type must be float32, float16 or bfloat16; got torch.int8", w.plan, [0, 4], [0, 9], 8, 8,
+           128, q_data_type=torch.int8)
+
+
+def test_get_batch_indices_positions():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed here")
+    append_indptr = torch.tensor([0, 3, 4, 9], dtype=torch.int32)
+    seq_lens = torch.tensor([3, 10, 5], dtype=torch.int32)  # after the append
+    batch_indices, positions = fsc.get_batch_indices_positions(append_indptr, seq_lens, 9)
+    assert batch_indices.tolist() == [0, 0, 0, 1, 2, 2, 2, 2, 2]
+    assert positions.tolist() == [0, 1, 2, 9, 0, 1, 2, 3, 4]
+    assert batch_indices.dtype == positions.dtype == torch.int32
+    raises(r"get_batch_indices_positions: seq_lens must be an int32 torch tensor", fsc.get_batch_indices_positions,
+           append_indptr, seq_lens.long(), 9)
+
+
+def test_sampler_parameters_reach_the_library_intact():
+    """Stage 06 checks scalar parameters on the host before any launch, so bad values
+    come back named without a GPU; this also pins fs_sampling_params' layout. Fake device
+    pointers are used, so it runs only where no GPU could be reached by a launch."""
+    import ctypes
+    library_or_skip()
+    if fsc.available()[0]:
+        pytest.skip("a CUDA device is present: fake pointers must not reach a kernel there")
+    fake = ctypes.c_void_p(1 << 40)
+
+    def sample(op, **fields):
+        p = _capi.SamplingParams(top_k=1, top_p=1.0, min_p=0.0, temperature=1.0)
+        for k, v in fields.items():
+            setattr(p, k, v)
+        _capi.call("fs_sample", op.encode(), fake, 4, 100, ctypes.byref(p), None, 4, 0, 0, fake, None, None,
+                   None, 0, None)
+
+    raises(r"top_k must be >= 1, but top_k = 0", sample, "top_k_sampling_from_probs", top_k=0)
+    raises(r"top_p must be in \(0, 1\], but top_p = 1.5", sample, "top_p_sampling_from_probs", top_p=1.5)
+    raises(r"min_p must be in \[0, 1\], but min_p = 2", sample, "min_p_sampling_from_probs", min_p=2.0)
+    raises(r"top_p must be in \(0, 1\]", sample, "top_k_top_p_sampling_from_probs", top_k=3, top_p=0.0,
+           filter_apply_order=1)
+    raises(r"no sampler named \"nope\"", sample, "nope")
+    with pytest.raises(RuntimeError, match="CUDA"):  # good arguments: the launch is what fails here
+        sample("top_p_sampling_from_probs", top_p=0.5)

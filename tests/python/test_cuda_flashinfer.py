@@ -1,0 +1,259 @@
+"""flashstep.cuda against FlashInfer itself, on the same tensors: a real peer as a second
+oracle. Tolerances are twice the harness's table (two low-precision results, each within
+the table of the exact answer). Skipped with a message where FlashInfer does not import.
+
+Convention differences, converted here and documented in docs/python_gpu.md:
+- FlashInfer's lse (run(return_lse=True), merge_state) is base 2; flashstep's is the
+  natural log: lse_flashstep = lse_flashinfer * ln 2.
+- The samplers draw from different random streams (flashstep: Philox as the CPU
+  reference, seed/offset), so tokens are compared only where the draw is determined
+  (one possible token), and otherwise as distributions and supports.
+
+The cases use bf16 and head_dim 128/64, the modules FlashInfer's prebuilt JIT cache
+holds on the GPU machine; a case that needs another module compiles it on first use.
+"""
+import itertools
+import math
+
+import pytest
+
+import cuda_support as cs
+
+LN2 = math.log(2.0)
+FACTOR = 2.0
+
+
+@pytest.fixture(scope="module")
+def flashinfer():
+    cs.torch_cuda_or_skip()
+    try:
+        import flashinfer
+    except Exception as e:  # noqa: BLE001  (any import failure means: no peer here)
+        pytest.skip(f"FlashInfer cross-check skipped: flashinfer does not import here ({type(e).__name__}: {e})")
+    print(f"FlashInfer {getattr(flashinfer, '__version__', '?')}")
+    return flashinfer
+
+
+@pytest.fixture
+def torch(flashinfer):
+    import torch
+    return torch
+
+
+@pytest.fixture
+def fsc():
+    import flashstep.cuda as fsc
+    return fsc
+
+
+def workspace(torch):
+    return torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+
+
+def peer(call, what):
+    """FlashInfer's answer; a case FlashInfer itself refuses (a kernel its build lacks, a
+    layout a backend does not take) is skipped with its message, not counted as ours."""
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001  (whatever FlashInfer raises)
+        pytest.skip(f"FlashInfer refused {what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
+def compare(torch, fsc, ours, theirs, dtype, what):
+    o, lse = ours
+    o_fi, lse_fi = theirs
+    cs.assert_close(torch, o, o_fi, fsc.tolerance(dtype, "o"), what + " o", FACTOR)
+    cs.assert_close(torch, lse, lse_fi.float() * LN2, fsc.tolerance(dtype, "lse"), what + " lse (FlashInfer's x ln 2)",
+                    FACTOR)
+
+
+DECODE_CASES = [(layout, page, group) for layout in ("NHD", "HND") for page in (1, 16) for group in (1, 4, 8)]
+
+
+@pytest.mark.parametrize("layout,page_size,group", DECODE_CASES)
+def test_batch_decode(torch, fsc, flashinfer, rng, layout, page_size, group):
+    g = cs.generator(torch, rng, f"decode {layout} page {page_size} group {group}")
+    hkv, d, dtype = 2, 128, "bfloat16"
+    hq = hkv * group
+    kv_lens = [1, 15, 16, 17, 257, int(rng.integers(1, 1000))]
+    pool, indptr, indices, last, _, _ = cs.paged_batch(torch, g, kv_lens, page_size, hkv, d, dtype, layout)
+    pool = pool.nan_to_num(0.0)  # FlashInfer may read a whole last page; flashstep's own tests keep the NaN
+    q = cs.random_rows(torch, g, len(kv_lens), hq, d, dtype)
+    def flashinfer_decode():
+        theirs = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
+        theirs.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16,
+                    kv_data_type=torch.bfloat16)
+        return theirs.run(q, pool, return_lse=True)
+    fi = peer(flashinfer_decode, "this decode batch")
+    for stage in ("02_paged", "03_split_kv", "04_tensor_core"):
+        ours = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, stage=stage)
+        ours.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16)
+        compare(torch, fsc, ours.run(q, pool, return_lse=True), fi, dtype, f"decode {stage} vs FlashInfer")
+
+
+def prefill_lengths(rng):
+    return [(1, 1), (7, 30), (16, 16), (33, 100), (64, 200), (int(rng.integers(1, 300)), 300)]
+
+
+@pytest.mark.parametrize("layout,page_size", [("NHD", 16), ("HND", 16), ("NHD", 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_batch_prefill_paged(torch, fsc, flashinfer, rng, layout, page_size, causal, group):
+    g = cs.generator(torch, rng, f"paged prefill {layout} {page_size} {causal} {group}")
+    hkv, d, dtype = 2, 128, "bfloat16"
+    hq = hkv * group
+    lens = prefill_lengths(rng)
+    pool, kv_indptr, indices, last, _, _ = cs.paged_batch(torch, g, [kv for _, kv in lens], page_size, hkv, d, dtype,
+                                                          layout)
+    pool = pool.nan_to_num(0.0)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo for qo, _ in lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, d, dtype)
+    def flashinfer_prefill():
+        theirs = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+        theirs.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page_size, causal=causal,
+                    q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        return theirs.run(q, pool, return_lse=True)
+    fi = peer(flashinfer_prefill, "this paged prefill batch")
+    ours = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+    ours.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page_size, causal=causal, q_data_type=torch.bfloat16)
+    compare(torch, fsc, ours.run(q, pool, return_lse=True), fi, dtype, f"paged prefill {ours.stage} vs FlashInfer")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_batch_prefill_ragged(torch, fsc, flashinfer, rng, causal, head_dim):
+    g = cs.generator(torch, rng, f"ragged prefill {causal} {head_dim}")
+    hq, hkv, dtype = 8, 2, "bfloat16"
+    lens = prefill_lengths(rng)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, head_dim, dtype)
+    k = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, head_dim, dtype)
+    v = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, head_dim, dtype)
+    def flashinfer_prefill():
+        theirs = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), "NHD")
+        theirs.plan(qo_indptr, kv_indptr, hq, hkv, head_dim, causal=causal, q_data_type=torch.bfloat16,
+                    kv_data_type=torch.bfloat16)
+        return theirs.run(q, k, v, return_lse=True)
+    fi = peer(flashinfer_prefill, "this ragged prefill batch")
+    ours = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
+    ours.plan(qo_indptr, kv_indptr, hq, hkv, head_dim, causal=causal, q_data_type=torch.bfloat16)
+    compare(torch, fsc, ours.run(q, k, v, return_lse=True), fi, dtype, f"ragged prefill {ours.stage} vs FlashInfer")
+
+
+def test_merge_state_with_base_2_lse(torch, fsc, flashinfer, rng):
+    g = cs.generator(torch, rng, "merge_state")
+    seq, heads, d = 50, 8, 128
+    va = cs.random_rows(torch, g, seq, heads, d, "bfloat16")
+    vb = cs.random_rows(torch, g, seq, heads, d, "bfloat16")
+    sa = torch.rand((seq, heads), generator=g, device="cuda") * 20 - 10  # natural log
+    sb = torch.rand((seq, heads), generator=g, device="cuda") * 20 - 10
+    ours = fsc.merge_state(va, sa, vb, sb)
+    fi = peer(lambda: flashinfer.merge_state(va, sa / LN2, vb, sb / LN2), "merge_state")  # it takes base 2
+    compare(torch, fsc, ours, fi, "bfloat16", "merge_state vs FlashInfer")
+    n = 4
+    v = cs.random_rows(torch, g, seq * n, heads, d, "bfloat16").view(seq, n, heads, d)
+    s = torch.rand((seq, n, heads), generator=g, device="cuda") * 20 - 10
+    fi = peer(lambda: flashinfer.merge_states(v, (s / LN2).contiguous()), "merge_states")
+    compare(torch, fsc, fsc.merge_states(v, s), fi, "bfloat16", "merge_states vs FlashInfer")
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_append_paged_kv_cache(torch, fsc, flashinfer, rng, layout, page_size):
+    g = cs.generator(torch, rng, f"append {layout} {page_size}")
+    hkv, d = 4, 128
+    old_lens = [0, 9, 16, 100]
+    append_lens = [int(x) for x in rng.integers(1, 40, size=4)]
+    new_lens = [a + b for a, b in zip(old_lens, append_lens)]
+    pages = [-(-n // page_size) for n in new_lens]
+    total = sum(pages) + 3
+    indices = torch.randperm(total, generator=g, device="cuda").to(torch.int32)[:sum(pages)].contiguous()
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(new_lens, pages)], dtype=torch.int32, device="cuda")
+    append_indptr = torch.tensor([0] + list(itertools.accumulate(append_lens)), dtype=torch.int32, device="cuda")
+    seq_lens = torch.tensor(new_lens, dtype=torch.int32, device="cuda")
+    nnz = int(append_indptr[-1])
+    bi, pos = fsc.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    bi_fi, pos_fi = peer(lambda: flashinfer.page.get_batch_indices_positions(append_indptr, seq_lens, nnz),
+                         "get_batch_indices_positions")
+    assert torch.equal(bi, bi_fi.to(torch.int32)) and torch.equal(pos, pos_fi.to(torch.int32))
+    k = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
+    v = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
+    shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
+    start = cs.random_rows(torch, g, math.prod(shape) // (hkv * d), hkv, d, "bfloat16").view(shape)
+    ours, theirs = start.clone(), start.clone()
+    fsc.append_paged_kv_cache(k, v, bi, pos, ours, indices, kv_indptr, last, kv_layout=layout)
+    peer(lambda: flashinfer.page.append_paged_kv_cache(k, v, bi_fi, pos_fi, theirs, indices, kv_indptr, last,
+                                                       kv_layout=layout), "append_paged_kv_cache")
+    torch.cuda.synchronize()
+    assert torch.equal(ours, theirs), f"{int((ours != theirs).sum())} pool elements differ from FlashInfer's append"
+    assert not torch.equal(ours, start)
+
+
+def test_sampling_where_the_draw_is_determined(torch, fsc, flashinfer, rng):
+    g = cs.generator(torch, rng, "determined draws")
+    batch, vocab = 32, 4096
+    want = torch.randint(0, vocab, (batch,), generator=g, device="cuda")
+    onehot = torch.zeros(batch, vocab, device="cuda")
+    onehot[torch.arange(batch), want] = 1.0
+    probs = torch.softmax(torch.randn(batch, vocab, generator=g, device="cuda"), dim=-1)
+    s = flashinfer.sampling
+    pairs = [
+        ("sampling_from_probs", fsc.sampling_from_probs(onehot),
+         peer(lambda: s.sampling_from_probs(onehot), "sampling_from_probs")),
+        ("top_p 0.9", fsc.top_p_sampling_from_probs(onehot, 0.9),
+         peer(lambda: s.top_p_sampling_from_probs(onehot, 0.9), "top_p_sampling_from_probs")),
+        ("min_p 0.5", fsc.min_p_sampling_from_probs(onehot, 0.5),
+         peer(lambda: s.min_p_sampling_from_probs(onehot, 0.5), "min_p_sampling_from_probs")),
+        ("top_k 1", fsc.top_k_sampling_from_probs(probs, 1),
+         peer(lambda: s.top_k_sampling_from_probs(probs, 1), "top_k_sampling_from_probs")),
+        ("top_k_top_p joint", fsc.top_k_top_p_sampling_from_probs(probs, 1, 0.9, filter_apply_order="joint"),
+         peer(lambda: s.top_k_top_p_sampling_from_probs(probs, 1, 0.9, filter_apply_order="joint"),
+              "top_k_top_p_sampling_from_probs")),
+    ]
+    for name, ours, theirs in pairs:
+        assert torch.equal(ours.long(), theirs.long()), f"{name}: flashstep {ours.tolist()[:8]}..., " \
+                                                        f"FlashInfer {theirs.tolist()[:8]}..."
+
+
+def test_sampling_distributions_agree(torch, fsc, flashinfer, rng):
+    """One row drawn 200,000 times by each: both frequency vectors within 6 sigma of the
+    probabilities, and the top-k / top-p / min-p supports equal."""
+    probs = torch.tensor([[0.35, 0.25, 0.15, 0.1, 0.08, 0.05, 0.02]], device="cuda")
+    n = 200_000
+    rows = probs.expand(n, -1).contiguous()
+    zeros = torch.zeros(n, dtype=torch.int32, device="cuda")
+    p = probs[0].double()
+    sigma = torch.sqrt(p * (1 - p) / n)
+    s = flashinfer.sampling
+    seed = int(rng.integers(2**62))
+    print(f"sampling seed {seed}")
+    ours = fsc.sampling_from_probs(probs, indices=zeros, seed=seed)
+    theirs = peer(lambda: s.sampling_from_probs(rows), "sampling_from_probs")
+    for name, tokens in (("flashstep", ours), ("FlashInfer", theirs)):
+        freq = torch.bincount(tokens.long(), minlength=7).double() / n
+        assert ((freq - p).abs() <= 6 * sigma).all(), f"{name}: frequencies {freq.tolist()}"
+    supports = [
+        ("top_k 3", fsc.top_k_sampling_from_probs(probs, 3, indices=zeros, seed=seed + 1),
+         peer(lambda: s.top_k_sampling_from_probs(rows, 3), "top_k_sampling_from_probs")),
+        ("top_p 0.65", fsc.top_p_sampling_from_probs(probs, 0.65, indices=zeros, seed=seed + 2),
+         peer(lambda: s.top_p_sampling_from_probs(rows, 0.65), "top_p_sampling_from_probs")),
+        ("min_p 0.3", fsc.min_p_sampling_from_probs(probs, 0.3, indices=zeros, seed=seed + 3),
+         peer(lambda: s.min_p_sampling_from_probs(rows, 0.3), "min_p_sampling_from_probs")),
+    ]
+    for name, a, b in supports:
+        sa, sb = set(torch.unique(a).tolist()), set(torch.unique(b).tolist())
+        assert sa == sb, f"{name}: flashstep draws {sorted(sa)}, FlashInfer {sorted(sb)}"
+
+
+def test_softmax_and_top_p_renorm(torch, fsc, flashinfer, rng):
+    g = cs.generator(torch, rng, "transforms")
+    logits = torch.randn(16, 5000, generator=g, device="cuda") * 2
+    tol = fsc.tolerance("float32")
+    theirs = peer(lambda: flashinfer.sampling.softmax(logits, temperature=0.8), "softmax")
+    cs.assert_close(torch, fsc.softmax(logits, temperature=0.8), theirs, tol, "softmax vs FlashInfer", FACTOR)
+    probs = torch.softmax(logits, dim=-1)
+    theirs = peer(lambda: flashinfer.sampling.top_p_renorm_probs(probs, 0.7), "top_p_renorm_probs")
+    cs.assert_close(torch, fsc.top_p_renorm_probs(probs, 0.7), theirs, tol, "top_p_renorm_probs vs FlashInfer",
+                    FACTOR)

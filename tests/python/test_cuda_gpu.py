@@ -1,0 +1,479 @@
+"""flashstep.cuda on a GPU, against an independent float64 attention in PyTorch
+(tests/python/cuda_support.py) under the validation harness's tolerances: every
+attention stage through FlashInfer's wrapper classes, merge_state(s),
+append_paged_kv_cache, stage 06's samplers, bad inputs, CUDA graphs, streams, DLPack and
+CuPy. Skipped with a message where PyTorch, a GPU or the C library is missing.
+"""
+import itertools
+import math
+
+import pytest
+
+import cuda_support as cs
+
+WORKSPACE_BYTES = 64 << 20
+
+
+@pytest.fixture
+def torch():
+    return cs.torch_cuda_or_skip()
+
+
+@pytest.fixture
+def fsc():
+    import flashstep.cuda as fsc
+    return fsc
+
+
+def workspace(torch):
+    return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+
+
+def check_attention(torch, fsc, o, lse, refs, dtype, what):
+    o_ref = torch.cat([r[0] for r in refs])
+    lse_ref = torch.cat([r[1] for r in refs])
+    cs.assert_close(torch, o, o_ref, fsc.tolerance(dtype, "o"), what + " o")
+    cs.assert_close(torch, lse, lse_ref, fsc.tolerance(dtype, "lse"), what + " lse")
+
+
+# ---- batch decode -------------------------------------------------------------------------
+
+DECODE_STAGES = [("02_paged", ("float32", "float16", "bfloat16")),
+                 ("03_split_kv", ("float32", "float16", "bfloat16")),
+                 ("04_tensor_core", ("float16", "bfloat16"))]
+DECODE_CASES = [(stage, dtype, layout, page, group)
+                for stage, dtypes in DECODE_STAGES for dtype in dtypes
+                for layout in ("NHD", "HND") for page in (1, 16) for group in (1, 4, 8)]
+
+
+@pytest.mark.parametrize("stage,dtype,layout,page_size,group", DECODE_CASES)
+def test_decode_matches_the_float64_oracle(torch, fsc, rng, stage, dtype, layout, page_size, group):
+    g = cs.generator(torch, rng, f"decode {stage} {dtype} {layout} page {page_size} group {group}")
+    hkv, d = 2, 128
+    hq = hkv * group
+    kv_lens = [1, 15, 16, 17, 300, int(rng.integers(1, 700))]
+    pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page_size, hkv, d, dtype, layout)
+    q = cs.random_rows(torch, g, len(kv_lens), hq, d, dtype)
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, stage=stage)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=getattr(torch, dtype))
+    assert w.stage == stage
+    o, lse = w.run(q, pool, return_lse=True)
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(len(kv_lens))]
+    check_attention(torch, fsc, o, lse, refs, dtype, f"decode {stage}")
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_decode_default_stage_other_head_dims_and_options(torch, fsc, rng, head_dim):
+    g = cs.generator(torch, rng, f"decode head_dim {head_dim}")
+    kv_lens = [3, 64, 129]
+    pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, 16, 1, head_dim, "bfloat16", "NHD")
+    q = cs.random_rows(torch, g, 3, 4, head_dim, "bfloat16")
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch))
+    w.plan(indptr.cpu(), indices.cpu(), last.cpu(), 4, 1, head_dim, 16, q_data_type="bfloat16", sm_scale=0.3)
+    assert w.stage == "04_tensor_core"  # the latest stage in teaching order that supports the shape
+    o, lse = w.run(q, pool, return_lse=True)
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i], sm_scale=0.3) for i in range(3)]
+    check_attention(torch, fsc, o, lse, refs, "bfloat16", "decode sm_scale")
+    # plan() again on the same wrapper with another composition: the new plan is used
+    pool2, indptr2, indices2, last2, keys2, values2 = cs.paged_batch(torch, g, [40], 16, 1, head_dim, "bfloat16",
+                                                                     "NHD")
+    w.plan(indptr2, indices2, last2, 4, 1, head_dim, 16, q_data_type="bfloat16")
+    q2 = cs.random_rows(torch, g, 1, 4, head_dim, "bfloat16")
+    o2 = w.run(q2, pool2)
+    o2_ref, _ = cs.attention_reference(torch, q2, keys2[0], values2[0])
+    cs.assert_close(torch, o2, o2_ref, fsc.tolerance("bfloat16"), "decode after a second plan")
+
+
+# ---- batch prefill -------------------------------------------------------------------------
+
+PREFILL_LENGTHS = [(1, 1), (7, 30), (16, 16), (33, 100), (64, 200), (130, 131)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout,page_size", [("NHD", 16), ("HND", 16), ("NHD", 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_paged_prefill_matches_the_float64_oracle(torch, fsc, rng, dtype, layout, page_size, causal, group):
+    g = cs.generator(torch, rng, f"paged prefill {dtype} {layout} {page_size} {causal} {group}")
+    hkv, d = 2, 128
+    hq = hkv * group
+    qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
+    kv_lens = [kv for _, kv in PREFILL_LENGTHS]
+    pool, kv_indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page_size, hkv, d, dtype, layout)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32,
+                             device="cuda")
+    q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+    w = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+    w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, page_size, causal=causal, q_data_type=dtype)
+    o, lse = w.run(q, pool, return_lse=True)
+    refs = [cs.attention_reference(torch, q[int(qo_indptr[i]):int(qo_indptr[i + 1])], keys[i], values[i],
+                                   causal=causal) for i in range(len(qo_lens))]
+    check_attention(torch, fsc, o, lse, refs, dtype, f"paged prefill {w.stage}")
+
+
+@pytest.mark.parametrize("stage,dtype", [("04_tensor_core_ragged", "float16"), ("04_tensor_core_ragged", "bfloat16"),
+                                         ("01_naive", "float32"), (None, "float32"), (None, "bfloat16")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype, causal):
+    g = cs.generator(torch, rng, f"ragged prefill {stage} {dtype} {causal}")
+    hq, hkv, d = 8, 2, 128
+    qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
+    kv_lens = [kv for _, kv in PREFILL_LENGTHS]
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+    k = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+    v = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), stage=stage)
+    w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype)
+    if stage is None:
+        assert w.stage == ("01_naive" if dtype == "float32" else "04_tensor_core_ragged")
+    o, lse = w.run(q, k, v, return_lse=True)
+    refs = []
+    for i in range(len(qo_lens)):
+        qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
+        refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=causal))
+    check_attention(torch, fsc, o, lse, refs, dtype, f"ragged prefill {w.stage}")
+
+
+@pytest.mark.parametrize("window_left,soft_cap", [(31, 0.0), (-1, 20.0), (7, 5.0)])
+def test_window_and_soft_cap(torch, fsc, rng, window_left, soft_cap):
+    g = cs.generator(torch, rng, f"window {window_left} cap {soft_cap}")
+    hq, hkv, d = 4, 4, 64
+    lens = [(5, 80), (40, 40)]
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, d, "float16", scale=3.0)
+    k = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, d, "float16", scale=3.0)
+    v = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, d, "float16")
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
+    w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=True, window_left=window_left, logits_soft_cap=soft_cap,
+           q_data_type=torch.float16)
+    o, lse = w.run(q, k, v, return_lse=True)
+    refs = []
+    for i in range(len(lens)):
+        qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
+        refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=True, window_left=window_left,
+                                           logits_soft_cap=soft_cap))
+    check_attention(torch, fsc, o, lse, refs, "float16", f"window/soft cap {w.stage}")
+
+
+# ---- CUDA graphs, streams, DLPack, CuPy -----------------------------------------------------
+
+def test_cuda_graph_plan_outside_run_inside(torch, fsc, rng):
+    g = cs.generator(torch, rng, "cuda graph")
+    kv_lens = [20, 70, 33, 1]
+    pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, 16, 2, 128, "bfloat16", "NHD")
+    bufs = [torch.empty(64, dtype=torch.int32, device="cuda") for _ in range(3)]
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", use_cuda_graph=True,
+                                               paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
+                                               paged_kv_last_page_len_buffer=bufs[2], stage="03_split_kv")
+    w.plan(indptr, indices, last, 8, 2, 128, 16, q_data_type="bfloat16")
+    q = cs.random_rows(torch, g, 4, 8, 128, "bfloat16")
+    eager = w.run(q, pool)
+    out = torch.empty_like(eager)
+    lse = torch.empty(4, 8, dtype=torch.float32, device="cuda")
+    w.run(q, pool, out=out, lse=lse)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, pool, out=out, lse=lse)
+    q.copy_(cs.random_rows(torch, g, 4, 8, 128, "bfloat16"))  # new queries, same addresses
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(4)]
+    check_attention(torch, fsc, out, lse, refs, "bfloat16", "graph replay")
+
+
+def test_runs_on_the_callers_stream(torch, fsc, rng):
+    g = cs.generator(torch, rng, "stream")
+    v = cs.random_rows(torch, g, 300, 4, 128, "float16").view(100, 3, 4, 128)
+    s = (torch.rand((100, 3, 4), generator=g, device="cuda") * 8 - 4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o, lse = fsc.merge_states(v, s)
+    torch.cuda.current_stream().wait_stream(side)
+    o_ref, lse_ref = merge_oracle(torch, v, s)
+    cs.assert_close(torch, o, o_ref, fsc.tolerance("float16"), "merge_states on a side stream")
+
+
+class DLPackOnly:
+    """Exposes a tensor only through DLPack, as a producer other than torch and CuPy would."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, stream=None):
+        return self._t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def test_dlpack_inputs_with_caller_outputs(torch, fsc, rng):
+    g = cs.generator(torch, rng, "dlpack")
+    pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, [9, 40], 16, 2, 64, "float16", "HND")
+    q = cs.random_rows(torch, g, 2, 2, 64, "float16")
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(DLPackOnly(workspace(torch)), "HND")
+    w.plan(indptr, indices, last, 2, 2, 64, 16, q_data_type="float16")
+    with pytest.raises(ValueError, match="pass out="):
+        w.run(DLPackOnly(q), DLPackOnly(pool))
+    out = torch.empty(2, 2, 64, dtype=torch.float16, device="cuda")
+    lse = torch.empty(2, 2, dtype=torch.float32, device="cuda")
+    w.run(DLPackOnly(q), DLPackOnly(pool), out=out, lse=lse)
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(2)]
+    check_attention(torch, fsc, out, lse, refs, "float16", "DLPack decode")
+
+
+def test_cupy_arrays(torch, fsc, rng):
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed here")
+    g = cs.generator(torch, rng, "cupy")
+    v = cs.random_rows(torch, g, 60, 2, 64, "float32").view(20, 3, 2, 64)
+    s = torch.rand((20, 3, 2), generator=g, device="cuda") * 6 - 3
+    torch.cuda.synchronize()
+    o, lse = fsc.merge_states(cupy.asarray(v), cupy.asarray(s))
+    assert isinstance(o, cupy.ndarray)
+    cupy.cuda.get_current_stream().synchronize()
+    o_ref, lse_ref = merge_oracle(torch, v, s)
+    cs.assert_close(torch, torch.as_tensor(o, device="cuda"), o_ref, fsc.tolerance("float32"), "CuPy merge_states")
+
+
+# ---- merge -----------------------------------------------------------------------------------
+
+def merge_oracle(torch, v, s):
+    """float64: v (seq, n, H, D), s (seq, n, H) natural log -> (o, lse); all -inf -> (0, -inf)."""
+    s64 = s.double()
+    lse = torch.logsumexp(s64, dim=1)
+    w = torch.exp(s64 - lse.unsqueeze(1)).nan_to_num(0.0)
+    return torch.einsum("snh,snhd->shd", w, v.double()), lse
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 100])
+def test_merge_state_and_merge_states(torch, fsc, rng, dtype, head_dim):
+    g = cs.generator(torch, rng, f"merge {dtype} {head_dim}")
+    seq, heads = 37, 4
+    va = cs.random_rows(torch, g, seq, heads, head_dim, dtype)
+    vb = cs.random_rows(torch, g, seq, heads, head_dim, dtype)
+    sa = torch.rand((seq, heads), generator=g, device="cuda") * 20 - 10
+    sb = torch.rand((seq, heads), generator=g, device="cuda") * 20 - 10
+    sa[0, 0] = float("-inf")  # an empty index set on one side
+    sa[1, 1] = sb[1, 1] = float("-inf")  # on both: o = 0, lse = -inf
+    o, lse = fsc.merge_state(va, sa, vb, sb)
+    o_ref, lse_ref = merge_oracle(torch, torch.stack([va, vb], 1), torch.stack([sa, sb], 1))
+    cs.assert_close(torch, o, o_ref, fsc.tolerance(dtype), "merge_state o")
+    cs.assert_close(torch, lse, lse_ref, fsc.tolerance(dtype, "lse"), "merge_state lse")
+    assert torch.isneginf(lse[1, 1]) and (o[1, 1] == 0).all()
+    # in place gives the same
+    va2, sa2 = va.clone(), sa.clone()
+    fsc.merge_state_in_place(va2, sa2, vb, sb)
+    assert torch.equal(va2, o) and torch.equal(sa2, lse)
+    # many states
+    n = 5
+    v = cs.random_rows(torch, g, seq * n, heads, head_dim, dtype).view(seq, n, heads, head_dim)
+    s = torch.rand((seq, n, heads), generator=g, device="cuda") * 20 - 10
+    o, lse = fsc.merge_states(v, s)
+    o_ref, lse_ref = merge_oracle(torch, v, s)
+    cs.assert_close(torch, o, o_ref, fsc.tolerance(dtype), "merge_states o")
+    cs.assert_close(torch, lse, lse_ref, fsc.tolerance(dtype, "lse"), "merge_states lse")
+
+
+def test_merge_states_is_the_attention_of_the_union(torch, fsc, rng):
+    """Attention over keys split in two, merged, equals attention over all of them."""
+    g = cs.generator(torch, rng, "merge union")
+    q = cs.random_rows(torch, g, 3, 4, 64, "float32")
+    k = cs.random_rows(torch, g, 50, 4, 64, "float32")
+    v = cs.random_rows(torch, g, 50, 4, 64, "float32")
+    o1, l1 = cs.attention_reference(torch, q, k[:20], v[:20])
+    o2, l2 = cs.attention_reference(torch, q, k[20:], v[20:])
+    o, lse = fsc.merge_state(o1.float(), l1.float(), o2.float(), l2.float())
+    o_all, l_all = cs.attention_reference(torch, q, k, v)
+    cs.assert_close(torch, o, o_all, fsc.tolerance("float32"), "merged o")
+    cs.assert_close(torch, lse, l_all, fsc.tolerance("float32", "lse"), "merged lse")
+
+
+# ---- append_paged_kv_cache ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("as_tuple", [False, True])
+def test_append_paged_kv_cache(torch, fsc, rng, layout, page_size, as_tuple):
+    g = cs.generator(torch, rng, f"append {layout} {page_size} {as_tuple}")
+    hkv, d, dtype = 2, 64, torch.bfloat16
+    old_lens, append_lens = [0, 5, 16, 31], [3, 1, 20, 16]
+    new_lens = [a + b for a, b in zip(old_lens, append_lens)]
+    pages = [-(-n // page_size) for n in new_lens]
+    total = sum(pages) + 2
+    indices = torch.randperm(total, generator=g, device="cuda").to(torch.int32)[:sum(pages)].contiguous()
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(new_lens, pages)], dtype=torch.int32, device="cuda")
+    shape = (total, 2, page_size, hkv, d) if layout == "NHD" else (total, 2, hkv, page_size, d)
+    pool = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    append_indptr = torch.tensor([0] + list(itertools.accumulate(append_lens)), dtype=torch.int32,
+                                 device="cuda")
+    nnz = int(append_indptr[-1])
+    k = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
+    v = cs.random_rows(torch, g, nnz, hkv, d, "bfloat16")
+    seq_lens = torch.tensor(new_lens, dtype=torch.int32, device="cuda")
+    batch_indices, positions = fsc.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    # the expected pool, written row by row from the definition
+    expected = pool.clone()
+    for r in range(nnz):
+        b, p = int(batch_indices[r]), int(positions[r])
+        assert old_lens[b] <= p < new_lens[b]
+        page = int(indices[int(kv_indptr[b]) + p // page_size])
+        if layout == "NHD":
+            expected[page, 0, p % page_size], expected[page, 1, p % page_size] = k[r], v[r]
+        else:
+            expected[page, 0, :, p % page_size], expected[page, 1, :, p % page_size] = k[r], v[r]
+    cache = (pool[:, 0], pool[:, 1]) if as_tuple else pool
+    fsc.append_paged_kv_cache(k, v, batch_indices, positions, cache, indices, kv_indptr, last, kv_layout=layout)
+    torch.cuda.synchronize()
+    same = (pool == expected) | (torch.isnan(pool) & torch.isnan(expected))
+    assert same.all(), f"{int((~same).sum())} pool elements differ from the expected append"
+    # a row whose position lies beyond its request's pages is not written anywhere
+    before = pool.clone()
+    bad_pos = torch.tensor([pages[0] * page_size + 5], dtype=torch.int32, device="cuda")
+    fsc.append_paged_kv_cache(k[:1], v[:1], batch_indices[:1], bad_pos, cache, indices, kv_indptr, last,
+                              kv_layout=layout)
+    torch.cuda.synchronize()
+    assert ((pool == before) | (torch.isnan(pool) & torch.isnan(before))).all()
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+
+def test_samplers_on_rows_with_one_possible_token(torch, fsc, rng):
+    g = cs.generator(torch, rng, "one-hot sampling")
+    batch, vocab = 16, 1000
+    want = torch.randint(0, vocab, (batch,), generator=g, device="cuda")
+    probs = torch.zeros(batch, vocab, device="cuda")
+    probs[torch.arange(batch), want] = 1.0
+    logits = torch.full((batch, vocab), float("-inf"), device="cuda")
+    logits[torch.arange(batch), want] = 0.0
+    seed = int(rng.integers(2**62))
+    calls = {
+        "sampling_from_probs": lambda: fsc.sampling_from_probs(probs, seed=seed),
+        "sampling_from_logits": lambda: fsc.sampling_from_logits(logits, seed=seed),
+        "top_k": lambda: fsc.top_k_sampling_from_probs(probs, 5, seed=seed),
+        "top_p": lambda: fsc.top_p_sampling_from_probs(probs, 0.5, seed=seed),
+        "min_p": lambda: fsc.min_p_sampling_from_probs(probs, 0.2, seed=seed),
+        "top_k_top_p": lambda: fsc.top_k_top_p_sampling_from_probs(probs, 3, 0.9, seed=seed),
+        "top_k_top_p joint": lambda: fsc.top_k_top_p_sampling_from_probs(probs, 3, 0.9, filter_apply_order="joint",
+                                                                          seed=seed),
+        "top_k_top_p logits": lambda: fsc.top_k_top_p_sampling_from_logits(logits, 3, 0.9, seed=seed),
+    }
+    for name, call in calls.items():
+        got = call()
+        assert got.dtype == torch.int32 and torch.equal(got.long(), want), name
+
+
+def test_top_k_1_is_argmax_and_seeds_reproduce(torch, fsc, rng):
+    g = cs.generator(torch, rng, "argmax")
+    probs = torch.softmax(torch.randn(64, 5000, generator=g, device="cuda"), dim=-1)
+    assert torch.equal(fsc.top_k_sampling_from_probs(probs, 1, seed=3).long(), probs.argmax(-1))
+    a = fsc.sampling_from_probs(probs, seed=11, offset=0)
+    assert torch.equal(a, fsc.sampling_from_probs(probs, seed=11, offset=0))
+    per_row_k = torch.ones(64, dtype=torch.int32, device="cuda")
+    assert torch.equal(fsc.top_k_sampling_from_probs(probs, per_row_k, seed=5).long(), probs.argmax(-1))
+
+
+def test_sampling_frequencies_follow_the_probabilities(torch, fsc, rng):
+    probs = torch.tensor([[0.4, 0.25, 0.2, 0.1, 0.05]], device="cuda")
+    n = 200_000
+    indices = torch.zeros(n, dtype=torch.int32, device="cuda")
+    seed = int(rng.integers(2**62))
+    print(f"sampling seed {seed}")
+    tokens = fsc.sampling_from_probs(probs, indices=indices, seed=seed)
+    freq = torch.bincount(tokens.long(), minlength=5).double() / n
+    p = probs[0].double()
+    sigma = torch.sqrt(p * (1 - p) / n)
+    assert ((freq - p).abs() <= 6 * sigma).all(), f"frequencies {freq.tolist()} vs {p.tolist()}"
+    # top-p 0.7: the smallest head of the sorted row reaching 0.7 is {0, 1, 2} (mass 0.85)
+    kept = fsc.top_p_sampling_from_probs(probs, 0.7, indices=indices, seed=seed + 1)
+    assert set(torch.unique(kept).tolist()) <= {0, 1, 2}
+    kept = fsc.top_k_sampling_from_probs(probs, 2, indices=indices, seed=seed + 2)
+    assert set(torch.unique(kept).tolist()) == {0, 1}
+    kept = fsc.min_p_sampling_from_probs(probs, 0.5, indices=indices, seed=seed + 3)  # p >= 0.2
+    assert set(torch.unique(kept).tolist()) == {0, 1, 2}
+
+
+def test_row_transforms_match_their_definitions(torch, fsc, rng):
+    g = cs.generator(torch, rng, "transforms")
+    logits = torch.randn(8, 3000, generator=g, device="cuda") * 3
+    tol = fsc.tolerance("float32")
+    ref = torch.softmax(logits.double() / 0.7, dim=-1)
+    cs.assert_close(torch, fsc.softmax(logits, temperature=0.7), ref, tol, "softmax")
+    probs = torch.softmax(logits, dim=-1)
+    top = probs.double().topk(50, dim=-1)
+    ref = torch.zeros_like(probs, dtype=torch.float64).scatter(-1, top.indices, top.values)
+    ref /= ref.sum(-1, keepdim=True)
+    cs.assert_close(torch, fsc.top_k_renorm_probs(probs, 50), ref, tol, "top_k_renorm_probs")
+    masked = fsc.top_k_mask_logits(logits, 50)
+    assert torch.equal(torch.isfinite(masked), ref > 0)
+    sorted_p, order = probs.double().sort(dim=-1, descending=True)
+    head = (sorted_p.cumsum(-1) - sorted_p) < 0.8  # entries before the mass reaches 0.8
+    ref = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p * head)
+    ref /= ref.sum(-1, keepdim=True)
+    cs.assert_close(torch, fsc.top_p_renorm_probs(probs, 0.8), ref, tol, "top_p_renorm_probs")
+
+
+def test_chain_speculative_sampling_accepts_drafts_from_the_target(torch, fsc, rng):
+    g = cs.generator(torch, rng, "speculative")
+    batch, n, vocab = 4, 3, 100
+    target = torch.softmax(torch.randn(batch, n + 1, vocab, generator=g, device="cuda"), dim=-1)
+    draft = target[:, :n].contiguous()
+    ids = torch.multinomial(draft.view(-1, vocab), 1, generator=g).view(batch, n).to(torch.int32)
+    out, accepted, emitted = fsc.chain_speculative_sampling(draft, ids, target, seed=int(rng.integers(2**62)))
+    assert torch.equal(out[:, :n], ids), "a draft token drawn from the target is always accepted"
+    assert (out[:, n] >= 0).all() and accepted.tolist() == [n] * batch and emitted.tolist() == [n] * batch
+
+
+def test_check_nan_raises_naming_the_output(torch, fsc):
+    probs = torch.full((2, 10), 0.1, device="cuda")
+    probs[1, 3] = float("nan")
+    tokens = fsc.sampling_from_probs(probs, seed=1)
+    assert tokens[1].item() == -1 and 0 <= tokens[0].item() < 10
+    with pytest.raises(ValueError, match=r"sampling_from_probs: output 1 is invalid: not_finite"):
+        fsc.sampling_from_probs(probs, seed=1, check_nan=True)
+
+
+# ---- bad inputs, on a GPU ---------------------------------------------------------------------
+
+def test_bad_tensors_are_refused_by_name(torch, fsc, rng):
+    g = cs.generator(torch, rng, "bad inputs")
+    pool, indptr, indices, last, _, _ = cs.paged_batch(torch, g, [10, 20], 16, 2, 128, "float16", "NHD")
+    q = cs.random_rows(torch, g, 2, 4, 128, "float16")
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch))
+    w.plan(indptr, indices, last, 4, 2, 128, 16, q_data_type="float16")
+    cases = {
+        r"run: q must be a CUDA tensor; it is on cpu": lambda: w.run(q.cpu(), pool),
+        r"run: q must have dtype float16; it has bfloat16": lambda: w.run(q.bfloat16(), pool),
+        r"run: q must have shape \(2, 4, 128\); it has \(3, 4, 128\)": lambda: w.run(
+            cs.random_rows(torch, g, 3, 4, 128, "float16"), pool),
+        r"run: q must be contiguous": lambda: w.run(q.transpose(0, 1).contiguous().transpose(0, 1), pool),
+        r"run: paged_kv_cache must have shape \(\*, 2, 16, 2, 128\)": lambda: w.run(q, pool[:, :, :8]),
+        r"run: the planned indices reach page \d+; paged_kv_cache has 1 pages": lambda: w.run(q, pool[:1]),
+        r"run: out must have dtype float16": lambda: w.run(q, pool, out=torch.empty(2, 4, 128, device="cuda")),
+        r"plan: indptr must have dtype int32; it has int64": lambda: w.plan(indptr.long(), indices, last, 4, 2, 128,
+                                                                            16),
+        r"plan: workspace_buffer has 16 bytes": lambda: fsc.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(16, dtype=torch.uint8, device="cuda")).plan(indptr, indices, last, 4, 2, 128, 16),
+        r"top_k_sampling_from_probs: top_k must have dtype int32": lambda: fsc.top_k_sampling_from_probs(
+            torch.ones(2, 5, device="cuda") / 5, torch.ones(2, dtype=torch.int64, device="cuda")),
+        r"merge_state: v_b must be a CUDA tensor; it is on cpu": lambda: fsc.merge_state(
+            q, torch.zeros(2, 4, device="cuda"), q.cpu(), torch.zeros(2, 4, device="cuda")),
+    }
+    for pattern, call in cases.items():
+        with pytest.raises(ValueError, match=pattern):
+            call()
+    # the wrapper still works after every refusal
+    assert torch.isfinite(w.run(q, pool)).all()
+
+
+def test_a_bad_row_in_the_cache_pool_is_not_a_crash(torch, fsc):
+    """Sampler rows with NaN, and math.inf parameters: defined outputs, no exception."""
+    probs = torch.full((3, 7), 1 / 7, device="cuda")
+    tokens = fsc.top_p_sampling_from_probs(probs, torch.tensor([0.5, math.nan, 1.0], device="cuda"), seed=2)
+    assert tokens[1].item() == -1 and tokens[0].item() >= 0 and tokens[2].item() >= 0
