@@ -155,6 +155,15 @@ def _check_on_device(a, fn, name):
     return a
 
 
+def _aligned(arrays, fn):
+    """The attention stages move q, k, v and o in 16-byte vectors: each must start on a
+    16-byte boundary (every allocation does; a view with an offset may not)."""
+    for a, name in arrays:
+        if a.ptr % 16:
+            raise ValueError(f"{fn}: {name} must start at a 16-byte aligned address; it starts at "
+                             f"{a.ptr:#x} (a view with an offset? pass a copy: .clone())")
+
+
 def _alloc_or_check(like, out, shape, dtype, fn, name):
     if out is None:
         return empty(like, shape, dtype, fn, name)
@@ -447,6 +456,7 @@ def _paged_run(self, fn, q, paged_kv_cache, args, out, lse, return_lse, kwargs):
         raise ValueError(f"{fn}: the planned indices reach page {p['max_page']}; paged_kv_cache has {num_pages} pages")
     o, lse_t = self._outputs(qa, out, lse, p, fn)
     oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
+    _aligned([(qa, "q"), (pool, "paged_kv_cache"), (oa, "out")], fn)
     for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
         _check_on_device(a, fn, name)
     b = _capi.Batch()
@@ -561,6 +571,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
         va = check(device_array(v, fn, "v"), fn, "v", dtypes=(p["dtype"],), shape=kv_shape)
         o, lse_t = self._outputs(qa, out, lse, p, fn)
         oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
+        _aligned([(qa, "q"), (ka, "k"), (va, "v"), (oa, "out")], fn)
         for a, name in ((qa, "q"), (ka, "k"), (va, "v")):
             _check_on_device(a, fn, name)
         b = _capi.Batch()

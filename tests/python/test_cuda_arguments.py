@@ -94,6 +94,27 @@ def test_dtype_shape_and_strides_are_checked_before_the_gpu():
     raises(r"has element type '<c8'", fsc.softmax, FakeCuda((3, 100), "<c8"))
 
 
+def test_attention_inputs_must_be_16_byte_aligned():
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    fsc_plan_without_gpu(w)
+    q = FakeCuda((4, 8, 128))
+    shifted = FakeCuda((4, 8, 128))
+    shifted.__cuda_array_interface__["data"] = ((1 << 40) + 2, False)  # one fp16 element in
+    kv = FakeCuda((9, 8, 128))
+    out = FakeCuda((4, 8, 128))
+    lse = FakeCuda((4, 8), "<f4")
+    raises(r"run: q must start at a 16-byte aligned address; it starts at 0x10000000002", w.run, shifted, kv, kv,
+           out=out, lse=lse)
+    raises(r"run: out must start at a 16-byte aligned address", w.run, q, kv, kv, out=shifted, lse=lse)
+
+
+def fsc_plan_without_gpu(w):
+    """Gives `w` the plan plan() would make, without the device copies a GPU would need."""
+    w._planned = {"dtype": "float16", "batch_size": 1, "nnz_qo": 4, "nnz_kv": 9, "num_qo_heads": 8,
+                  "num_kv_heads": 8, "head_dim": 128, "page_size": 0, "max_page": -1,
+                  "device": {"qo_indptr": 0, "kv_indptr": 0}}
+
+
 def test_append_paged_kv_cache_checks_every_argument():
     k = FakeCuda((6, 2, 64))
     idx = FakeCuda((6,), "<i4")
