@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "05_cascade/cascade.hpp"
 #include "06_sampling/sampling.hpp"
 #include "capi_kernels.hpp"
 #include "flashstep/reference/errors.hpp"
@@ -263,6 +265,80 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
     d.lse = batch->lse;
     r->runner->run(d, as_stream(stream));
     check_cuda(cudaGetLastError(), "run");
+  });
+}
+
+int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const int32_t* num_groups,
+                    const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,
+                    const int32_t* const* kv_indices, const int32_t* const* kv_last_page_len, void* workspace,
+                    size_t workspace_bytes, size_t* bytes_needed, void* stream) {
+  return guarded("fs_cascade_plan", [&] {
+    const char* fn = "fs_cascade_plan";
+    Runner* r = as_runner(runner, fn);
+    auto* cascade = dynamic_cast<st::cascade::CascadeRunner*>(r->runner.get());
+    require(cascade != nullptr, std::string(fn) + ": the runner must be of stage 05_cascade, not " + r->info->name);
+    require(num_levels >= 1 && num_levels <= st::cascade::kMaxLevels,
+            std::string(fn) + ": num_levels must be in 1.." + std::to_string(st::cascade::kMaxLevels) + ", got " +
+                std::to_string(num_levels));
+    require(num_groups && qo_indptr && kv_indptr && kv_indices && kv_last_page_len,
+            std::string(fn) + ": num_groups and the four level arrays are required");
+    require(workspace != nullptr || bytes_needed != nullptr, std::string(fn) + ": give a workspace or bytes_needed");
+    r->planned = false;
+    st::BatchShape batch = to_shape(shape, fn);  // the last level: one group per request
+    require(batch.storage == st::KVStorage::paged, std::string(fn) + ": the cascade reads a paged pool");
+    const int n = batch.batch_size;
+    require(num_groups[num_levels - 1] == n,
+            std::string(fn) + ": the last level must hold one group per request (" + std::to_string(n) + ")");
+    flashstep::ref::CascadeLevels levels;
+    levels.page_size = batch.page_size;
+    levels.qo_indptr = batch.qo_indptr;
+    for (int l = 0; l < num_levels; ++l) {
+      const std::string at = std::string(fn) + ": level " + std::to_string(l) + ": ";
+      const int g = num_groups[l];
+      require(g >= 1 && qo_indptr[l] && kv_indptr[l] && kv_last_page_len[l], at + "needs num_groups >= 1 and its arrays");
+      flashstep::ref::CascadeLevel lv;
+      lv.qo_indptr.assign(qo_indptr[l], qo_indptr[l] + g + 1);
+      lv.kv_indptr.assign(kv_indptr[l], kv_indptr[l] + g + 1);
+      require(lv.kv_indptr[0] == 0, at + "kv_indptr[0] must be 0");
+      for (int i = 0; i < g; ++i) require(lv.kv_indptr[i + 1] >= lv.kv_indptr[i], at + "kv_indptr must not decrease");
+      require(lv.kv_indptr[g] == 0 || kv_indices[l] != nullptr, at + "kv_indices is required");
+      if (lv.kv_indptr[g] > 0) lv.kv_indices.assign(kv_indices[l], kv_indices[l] + lv.kv_indptr[g]);
+      lv.kv_last_page_len.assign(kv_last_page_len[l], kv_last_page_len[l] + g);
+      lv.causal = l + 1 == num_levels && batch.mode == st::Mode::prefill && batch.causal;
+      // The requests of each group: the group's queries must start where a request's do.
+      for (int i = 0; i <= g; ++i) {
+        const auto it = std::lower_bound(batch.qo_indptr.begin(), batch.qo_indptr.end(), lv.qo_indptr[i]);
+        require(it != batch.qo_indptr.end() && *it == lv.qo_indptr[i],
+                at + "qo_indptr[" + std::to_string(i) + "] = " + std::to_string(lv.qo_indptr[i]) +
+                    " does not fall on a request's first query");
+        lv.request_indptr.push_back(static_cast<int32_t>(i == g ? n : it - batch.qo_indptr.begin()));
+      }
+      levels.levels.push_back(std::move(lv));
+    }
+    // The flat page table of every request (its group's pages at each level), which the
+    // planner prices the cascade against.
+    st::BatchShape flat = batch;
+    flat.kv_indptr = {0};
+    flat.kv_last_page_len.clear();
+    for (int q = 0; q < n; ++q) {
+      int32_t last = 0;
+      for (const auto& lv : levels.levels) {
+        const auto g = std::upper_bound(lv.request_indptr.begin(), lv.request_indptr.end(), q) - lv.request_indptr.begin() - 1;
+        if (g < 0 || g >= static_cast<std::ptrdiff_t>(lv.kv_last_page_len.size())) continue;
+        const int32_t b = lv.kv_indptr[g], e = lv.kv_indptr[g + 1];
+        flat.kv_indices.insert(flat.kv_indices.end(), lv.kv_indices.begin() + b, lv.kv_indices.begin() + e);
+        if (e > b) last = lv.kv_last_page_len[g];
+      }
+      flat.kv_indptr.push_back(static_cast<int32_t>(flat.kv_indices.size()));
+      flat.kv_last_page_len.push_back(last);
+    }
+    if (workspace == nullptr) {
+      *bytes_needed = cascade->workspace_bytes_levels(flat, levels);
+      return;
+    }
+    cascade->plan_levels(flat, levels, workspace, workspace_bytes, as_stream(stream));
+    check_cuda(cudaGetLastError(), "plan");
+    r->planned = true;
   });
 }
 

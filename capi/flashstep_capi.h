@@ -105,6 +105,19 @@ FS_API int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t
 FS_API int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
 /// Launches the planned attention on `stream`; fails when no plan was made.
 FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
+/// Plans a stage 05 runner (fs_runner_create("05_cascade")) on FlashInfer's multi-level
+/// form instead of deriving the levels: level l has num_groups[l] groups, host arrays
+/// qo_indptr[l] (num_groups[l] + 1), kv_indptr[l] (num_groups[l] + 1), kv_indices[l]
+/// (kv_indptr[l][num_groups[l]]) and kv_last_page_len[l] (num_groups[l]); the last level
+/// holds one group per request. `shape` is the batch as its last level sees it (paged;
+/// its qo_indptr, kv_indptr and kv_last_page_len are the last level's; causal masks the
+/// last level only). With workspace null, only sets *bytes_needed (the workspace plan()
+/// needs); otherwise plans, copying every level's arrays into the workspace. run() with
+/// fs_runner_run reads q, kv_pool, o and lse of the batch (its index pointers may be null).
+FS_API int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const int32_t* num_groups,
+                           const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,
+                           const int32_t* const* kv_indices, const int32_t* const* kv_last_page_len,
+                           void* workspace, size_t workspace_bytes, size_t* bytes_needed, void* stream);
 
 // ---- the merge of attention states (natural-log lse) --------------------------------
 

@@ -584,18 +584,123 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
     forward = run
 
 
-# Stage 05 (cascade, C++ namespace flashstep::stages::cascade) backs this class once it is
-# in the registry: its plan/run join capi/ as fs_* functions, and the class takes
-# FlashInfer's MultiLevelCascadeAttentionWrapper signature (num_levels, workspace, kv_layout).
-class MultiLevelCascadeAttentionWrapper:
-    """FlashInfer's cascade wrapper (shared prefix read once, unique suffixes, states
-    merged) belongs to stage 05, which is not in this build's registry yet. Until it is,
-    compose it from the pieces here: a BatchPrefillWithPagedKVCacheWrapper per level with
-    return_lse=True, then merge_state."""
+class MultiLevelCascadeAttentionWrapper(_PlanRun):
+    """Cascade attention over a paged KV cache in levels: FlashInfer's wrapper of the same
+    name, on stage 05 (05_cascade). Level 0 holds the pages the most requests share; a
+    level's qo_indptr groups requests (all queries of a group form one tall tile that
+    reads the group's pages once); the last level holds each request's own pages. Every
+    level runs stage 04's tensor-core kernel into fp32 partial states, which one kernel
+    merges exactly. fp16/bf16, head_dim 64/128/256. ``causal`` masks the last level only
+    (the shared levels lie before every query). The LSE (``return_lse``) is natural log;
+    FlashInfer's is base 2.
 
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("MultiLevelCascadeAttentionWrapper: stage 05 (cascade) is not in this "
-                                  "build; use one prefill wrapper per level and merge_state")
+    plan() copies every level's arrays into the workspace, so a CUDA graph captured around
+    run() replays the last plan; plan again (and capture again) for another batch."""
+
+    _mode, _storage = _PREFILL, _PAGED
+
+    def __init__(self, num_levels, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False,
+                 qo_indptr_buf_arr=None, paged_kv_indptr_buf_arr=None, paged_kv_indices_buf_arr=None,
+                 paged_kv_last_page_len_buf_arr=None):
+        cls = "MultiLevelCascadeAttentionWrapper"
+        if isinstance(num_levels, bool) or not isinstance(num_levels, int) or not 1 <= num_levels <= 8:
+            raise ValueError(f"{cls}: num_levels must be an integer in 1..8; got {num_levels!r}")
+        # The stage keeps its own copies of the level arrays in the workspace: FlashInfer's
+        # fixed index buffers are accepted and not needed.
+        super().__init__(float_workspace_buffer, kv_layout, False, "05_cascade", {})
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._num_levels = num_levels
+        self._fn = "MultiLevelCascadeAttentionWrapper.plan"
+
+    def plan(self, qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len,
+             num_qo_heads, num_kv_heads, head_dim, page_size, causal=False, pos_encoding_mode="NONE",
+             use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None,
+             rope_theta=None, q_data_type="float16", kv_data_type=None):
+        """Plans the levels: four lists of num_levels int32 arrays (qo_indptr, kv_indptr,
+        kv_indices, kv_last_page_len per level), the last level one group per request."""
+        fn = self._fn
+        _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
+        if window_left != -1:
+            raise ValueError(f"{fn}: window_left must be -1 (a sliding window needs key positions, which the "
+                             "shared levels do not carry)")
+        dtype = _dtype_name(q_data_type, fn, "q_data_type")
+        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
+            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
+        arrays = {}
+        for name, value in (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
+                            ("paged_kv_indices_arr", paged_kv_indices_arr),
+                            ("paged_kv_last_page_len", paged_kv_last_page_len)):
+            if not isinstance(value, (list, tuple)) or len(value) != self._num_levels:
+                raise ValueError(f"{fn}: {name} must be a list of num_levels = {self._num_levels} int32 arrays")
+            arrays[name] = [_as_host_indices(a, fn, f"{name}[{l}]") for l, a in enumerate(value)]
+        qo, kv, idx, lpl = (arrays[k] for k in ("qo_indptr_arr", "paged_kv_indptr_arr", "paged_kv_indices_arr",
+                                                "paged_kv_last_page_len"))
+        groups = []
+        for l in range(self._num_levels):
+            g = len(kv[l]) - 1
+            if g < 1 or len(qo[l]) != g + 1 or len(lpl[l]) != g:
+                raise ValueError(f"{fn}: level {l}: qo_indptr and paged_kv_indptr need num_groups + 1 >= 2 entries "
+                                 f"and kv_last_page_len num_groups (got {len(qo[l])}, {len(kv[l])}, {len(lpl[l])})")
+            if len(idx[l]) < kv[l][-1] or any(i < 0 for i in idx[l][:kv[l][-1]]):
+                raise ValueError(f"{fn}: level {l}: paged_kv_indices needs kv_indptr[-1] = {kv[l][-1]} page ids >= 0")
+            groups.append(g)
+        last = self._num_levels - 1
+        shape, keep = self._shape(dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                  page_size=page_size, causal=causal, window_left=-1,
+                                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, qo_indptr=qo[last],
+                                  kv_indptr=kv[last], last_page_len=lpl[last])
+        self._planned = None
+        c_arrays = [[(ctypes.c_int32 * max(len(a), 1))(*a) for a in level_list] for level_list in (qo, kv, idx, lpl)]
+        ptrs = [(ctypes.POINTER(ctypes.c_int32) * self._num_levels)(
+            *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int32)) for a in level_list]) for level_list in c_arrays]
+        num_groups = (ctypes.c_int32 * self._num_levels)(*groups)
+        ws = self._ws
+        with _DeviceGuard(ws.device):
+            if self._runner is None:
+                runner = ctypes.c_void_p()
+                _capi.call("fs_runner_create", b"05_cascade", ctypes.byref(runner))
+                self._runner, self._runner_stage = runner, "05_cascade"
+            need = ctypes.c_size_t()
+            args = (self._runner, ctypes.byref(shape), self._num_levels, ctypes.cast(num_groups, ctypes.c_void_p),
+                    *[ctypes.cast(a, ctypes.c_void_p) for a in ptrs])
+            _capi.call("fs_cascade_plan", *args, None, 0, ctypes.byref(need), None)
+            if need.value > ws.nbytes:
+                raise ValueError(f"{fn}: workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}")
+            _capi.call("fs_cascade_plan", *args, ctypes.c_void_p(ws.ptr), ws.nbytes, None,
+                       ctypes.c_void_p(current_stream(ws)))
+        del keep
+        self.stage = "05_cascade"
+        self._planned = {
+            "dtype": dtype, "batch_size": groups[last], "nnz_qo": qo[last][-1], "num_qo_heads": shape.num_qo_heads,
+            "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim, "page_size": shape.page_size,
+            "max_page": max((max(i[:k[-1]], default=-1) for i, k in zip(idx, kv)), default=-1),
+        }
+
+    begin_forward = plan
+
+    def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False, **kwargs):
+        """q (qo_indptr_arr[-1][-1], num_qo_heads, head_dim) -> o of the same shape (and lse,
+        natural log, when return_lse)."""
+        fn = "MultiLevelCascadeAttentionWrapper.run"
+        _unsupported_run_args(fn, args, kwargs)
+        p = self._require_plan()
+        qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p["dtype"],),
+                   shape=(p["nnz_qo"], p["num_qo_heads"], p["head_dim"]))
+        pool, num_pages = self._paged_pool(paged_kv_cache, p, fn)
+        if p["max_page"] >= num_pages:
+            raise ValueError(f"{fn}: the planned indices reach page {p['max_page']}; paged_kv_cache has "
+                             f"{num_pages} pages")
+        o, lse_t = self._outputs(qa, out, lse, p, fn)
+        oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
+        _aligned([(qa, "q"), (pool, "paged_kv_cache"), (oa, "out")], fn)
+        for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
+            _check_on_device(a, fn, name)
+        b = _capi.Batch()
+        b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
+        self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
+        return (o, lse_t) if return_lse else o
+
+    forward = run
 
 
 # ---- the merge of attention states ------------------------------------------------------------

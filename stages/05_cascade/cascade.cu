@@ -155,6 +155,8 @@ void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeL
                "levels.page_size (" + std::to_string(c.page_size) + ") must equal the pool's page_size (" +
                    std::to_string(s.page_size) + ")");
   ref::require(c.qo_indptr == s.qo_indptr, fn, "levels.qo_indptr must equal the batch's qo_indptr");
+  ref::require(s.nnz_qo() <= kMaxMergeTokens, fn,
+               "a cascade takes at most " + std::to_string(kMaxMergeTokens) + " query tokens (the merge grid)");
   for (size_t l = 0; l < c.levels.size(); ++l) {
     const ref::CascadeLevel& lv = c.levels[l];
     const std::string at = "level " + std::to_string(l) + ": ";

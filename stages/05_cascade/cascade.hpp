@@ -29,6 +29,9 @@
 
 namespace flashstep::stages::cascade {
 
+/// Most levels one run folds (a system prompt, a document, ..., the request's own keys).
+constexpr int kMaxLevels = 8;
+
 /// Which path run() takes.
 enum class Path {
   automatic,  ///< the cheaper one by the cost model (the registry entry's choice)

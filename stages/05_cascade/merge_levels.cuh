@@ -33,14 +33,13 @@
 #include <cstdint>
 
 #include "03_split_kv/merge_states.cuh"
+#include "05_cascade/cascade.hpp"  // kMaxLevels
 #include "flashstep/kernels/state.cuh"
 
 namespace flashstep::stages::cascade {
 
 /// Threads of a merge block.
 constexpr int kMergeThreads = 128;
-/// Most levels one run folds (a system prompt, a document, ..., the request's own keys).
-constexpr int kMaxLevels = 8;
 
 /// Arguments of merge_levels_kernel; raw pointers and sizes only.
 template <typename T>

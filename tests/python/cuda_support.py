@@ -132,3 +132,38 @@ def assert_close(torch, out, ref, tol, what, factor=1.0, seed_note=""):
         lines = [f"  at {tuple(i)}: got {out[tuple(i)].item():.6g}, want {ref[tuple(i)].item():.6g}" for i in idx]
         raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} elements outside atol {atol:g} + rtol "
                              f"{rtol:g}, norm ratio {ratio:.3g} (bound {norm:g}) {seed_note}\n" + "\n".join(lines))
+
+
+def cascade_batch(torch, g, qo_lens, own_lens, prefix, doc, page_size, num_kv_heads, head_dim, dtype, layout):
+    """A batch whose requests share a prefix of `prefix` tokens (whole pages), then, with
+    doc > 0, a document of `doc` tokens shared by each half of the batch, then their own
+    keys. Returns (pool, levels, keys, values): levels is FlashInfer's multi-level form,
+    four lists (qo_indptr, kv_indptr, kv_indices, kv_last_page_len) of int32 CUDA tensors
+    per level; keys and values hold each request's whole (kv_len, Hkv, D) float64 rows."""
+    n = len(own_lens)
+    half = n // 2
+    shared = [prefix] + ([doc, doc] if doc else [])
+    pool, kv_indptr, idx, last, k, v = paged_batch(torch, g, shared + list(own_lens), page_size, num_kv_heads,
+                                                   head_dim, dtype, layout)
+    kv_indptr, idx, last = kv_indptr.tolist(), idx.tolist(), last.tolist()
+
+    def pages(i):
+        return idx[kv_indptr[i]:kv_indptr[i + 1]]
+
+    qo = [0] + list(itertools.accumulate(qo_lens))
+    levels = [([0, qo[-1]], [0, len(pages(0))], pages(0), [page_size])]
+    if doc:
+        a, b = pages(1), pages(2)
+        levels.append(([0, qo[half], qo[-1]], [0, len(a), len(a) + len(b)], a + b, [page_size, page_size]))
+    first_own = len(shared)
+    own = [pages(first_own + r) for r in range(n)]
+    levels.append((qo, [0] + list(itertools.accumulate(len(p) for p in own)), sum(own, []) or [0],
+                   [last[first_own + r] for r in range(n)]))
+    as_cuda = [[torch.tensor(x, dtype=torch.int32, device="cuda") for x in level] for level in levels]
+    arrays = [[level[i] for level in as_cuda] for i in range(4)]
+    keys, values = [], []
+    for r in range(n):
+        parts = [0] + ([1 if r < half else 2] if doc else []) + [first_own + r]
+        keys.append(torch.cat([k[i] for i in parts]))
+        values.append(torch.cat([v[i] for i in parts]))
+    return pool, arrays, keys, values

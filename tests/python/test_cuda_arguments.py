@@ -163,6 +163,25 @@ def test_plan_arguments_are_checked_on_the_host():
     raises(r"plan: qo_indptr has 3 entries, kv_indptr 2", r.plan, [0, 4, 5], [0, 9], 8, 8, 128)
 
 
+def test_cascade_plan_arguments_are_checked():
+    raises(r"MultiLevelCascadeAttentionWrapper: num_levels must be an integer in 1..8; got 0",
+           fsc.MultiLevelCascadeAttentionWrapper, 0, FakeCuda((1 << 20,), "|u1"))
+    w = fsc.MultiLevelCascadeAttentionWrapper(2, FakeCuda((1 << 20,), "|u1"))
+    levels = ([[0, 3], [0, 1, 2, 3]], [[0, 2], [0, 1, 1, 2]], [[7, 8], [1, 2]], [[16], [5, 0, 9]])
+    ok = (8, 2, 128, 16)
+    raises(r"plan: qo_indptr_arr must be a list of num_levels = 2 int32 arrays", w.plan, levels[0][:1],
+           *levels[1:], *ok)
+    raises(r"plan: window_left must be -1", w.plan, *levels, *ok, window_left=4)
+    raises(r"plan: level 1: qo_indptr and paged_kv_indptr need num_groups \+ 1", w.plan, levels[0],
+           [[0, 2], [0, 1, 2]], *levels[2:], *ok)
+    raises(r"plan: level 0: paged_kv_indices needs kv_indptr\[-1\] = 2 page ids >= 0", w.plan, *levels[:2],
+           [[7, -8], [1, 2]], levels[3], *ok)
+    library_or_skip()
+    # a group must start where a request's queries start
+    raises(r"level 0: qo_indptr\[1\] = 1 does not fall on a request's first query", w.plan,
+           [[0, 1, 4], [0, 2, 4]], [[0, 1, 2], [0, 1, 2]], [[7, 8], [1, 2]], [[16, 16], [5, 9]], *ok)
+
+
 def test_the_library_checks_what_only_it_knows():
     library_or_skip()
     w = fsc.BatchDecodeWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))

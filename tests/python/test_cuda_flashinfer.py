@@ -257,3 +257,27 @@ def test_softmax_and_top_p_renorm(torch, fsc, flashinfer, rng):
     theirs = peer(lambda: flashinfer.sampling.top_p_renorm_probs(probs, 0.7), "top_p_renorm_probs")
     cs.assert_close(torch, fsc.top_p_renorm_probs(probs, 0.7), theirs, tol, "top_p_renorm_probs vs FlashInfer",
                     FACTOR)
+
+
+@pytest.mark.parametrize("layout,doc", [("NHD", 0), ("HND", 32)])
+def test_cascade(torch, fsc, flashinfer, rng, layout, doc):
+    g = cs.generator(torch, rng, f"cascade {layout} {doc}")
+    hq, hkv, d, page, dtype = 8, 2, 128, 16, "bfloat16"
+    own = [5, 40, 17, 1, 30, 33]
+    qo_lens = [1] * len(own)
+    pool, levels, _, _ = cs.cascade_batch(torch, g, qo_lens, own, 48, doc, page, hkv, d, dtype, layout)
+    pool = pool.nan_to_num(0.0)
+    q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+    n = len(levels[0])
+    ours = fsc.MultiLevelCascadeAttentionWrapper(n, workspace(torch), layout)
+    ours.plan(*levels, hq, hkv, d, page, q_data_type=dtype)
+    o = ours.run(q, pool)
+
+    def theirs():
+        w = flashinfer.MultiLevelCascadeAttentionWrapper(n, workspace(torch), layout)
+        w.plan(*levels, hq, hkv, d, page, q_data_type=torch.bfloat16)
+        return w.run(q, pool)
+
+    o_fi = peer(theirs, "MultiLevelCascadeAttentionWrapper")
+    cs.assert_close(torch, o, o_fi, fsc.tolerance(dtype, "o"), f"cascade {n} levels o", FACTOR)
+

@@ -158,6 +158,32 @@ def test_window_and_soft_cap(torch, fsc, rng, window_left, soft_cap):
     check_attention(torch, fsc, o, lse, refs, "float16", f"window/soft cap {w.stage}")
 
 
+# ---- cascade (stage 05) ----------------------------------------------------------------------
+
+CASCADE_CASES = [("bfloat16", "NHD", 16, False, 0), ("float16", "HND", 16, True, 0),
+                 ("bfloat16", "NHD", 1, False, 40), ("float16", "NHD", 16, True, 32)]
+
+
+@pytest.mark.parametrize("dtype,layout,page_size,causal,doc", CASCADE_CASES)
+def test_cascade_matches_the_float64_oracle(torch, fsc, rng, dtype, layout, page_size, causal, doc):
+    g = cs.generator(torch, rng, f"cascade {dtype} {layout} {page_size} {causal} {doc}")
+    hq, hkv, d = 8, 2, 128
+    own = [5, 40, 17, 1, 0, 33] if not causal else [5, 40, 17, 1, 9, 33]
+    qo_lens = [1] * len(own) if not causal else [3, 8, 2, 1, 9, 16]  # appended queries end each request
+    pool, levels, keys, values = cs.cascade_batch(torch, g, qo_lens, own, 48, doc, page_size, hkv, d, dtype, layout)
+    q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+    w = fsc.MultiLevelCascadeAttentionWrapper(len(levels[0]), workspace(torch), layout)
+    w.plan(*levels, hq, hkv, d, page_size, causal=causal, q_data_type=dtype)
+    assert w.stage == "05_cascade"
+    o, lse = w.run(q, pool, return_lse=True)
+    qo = [0] + list(itertools.accumulate(qo_lens))
+    refs = [cs.attention_reference(torch, q[qo[r]:qo[r + 1]], keys[r], values[r], causal=causal)
+            for r in range(len(own))]
+    check_attention(torch, fsc, o, lse, refs, dtype, f"cascade {len(levels[0])} levels")
+    # without return_lse, the output alone (FlashInfer's run returns o)
+    assert torch.equal(w.run(q, pool), o)
+
+
 # ---- CUDA graphs, streams, DLPack, CuPy -----------------------------------------------------
 
 def test_cuda_graph_plan_outside_run_inside(torch, fsc, rng):
