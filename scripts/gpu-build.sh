@@ -34,6 +34,8 @@ mapfile -t tuners < <(grep -E '_tune$' <<< "$available" || true)
 targets+=("${tuners[@]}")
 # The C interface that the Python layer flashstep.cuda loads (scripts/gpu-python.sh).
 if grep -qx flashstep_capi <<< "$available"; then targets+=(flashstep_capi); fi
+# the flashstep command, which notebook 11 runs (`flashstep validate --quick`) on a GPU
+if grep -qx flashstep_cli <<< "$available"; then targets+=(flashstep_cli); fi
 echo "building: ${targets[*]}"
 start=$(date +%s)
 cmake --build "$BUILD" -j"${FLASHSTEP_JOBS:-2}" --target "${targets[@]}"
@@ -52,10 +54,11 @@ cp -L "$(ldconfig -p | awk '/libcudart.so.13 /{print $NF; exit}' || true)" "$BUI
 cat "$BUILD/source-state.txt"
 # What scripts/gpu-python.sh needs, and nothing else, in a folder small enough to carry
 # to a GPU machine beside the working tree: the C library, the CUDA runtime its RPATH
-# ($ORIGIN) finds beside it, and the source state.
+# ($ORIGIN) finds beside it, the flashstep command and the source state.
 if [ -f "$BUILD/bin/libflashstep_capi.so" ]; then
   rm -rf "$BUILD-python" && mkdir -p "$BUILD-python"
   cp "$BUILD/bin/libflashstep_capi.so" "$BUILD/bin/libcudart.so.13" "$BUILD/source-state.txt" "$BUILD-python/"
+  [ -f "$BUILD/bin/flashstep" ] && cp "$BUILD/bin/flashstep" "$BUILD-python/"
   du -sh "$BUILD-python"
 fi
 du -sh "$BUILD"

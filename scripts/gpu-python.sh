@@ -48,6 +48,8 @@ OUTDIR=$(cd "$OUTDIR" && pwd)
 LOG=$OUTDIR/gpu-python.log
 : > "$LOG"
 export FLASHSTEP_CAPI=$LIB/libflashstep_capi.so
+# notebook 11 runs the flashstep command when it finds one
+[ -x "$LIB/flashstep" ] && export FLASHSTEP_CLI=$LIB/flashstep LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 PYTEST=(python3 -m pytest -q -p no:cacheprovider -rs)

@@ -174,8 +174,10 @@ void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeL
                    at + "kv_last_page_len[" + std::to_string(g) + "] = " + std::to_string(lpl) +
                        " does not fit its " + std::to_string(pages) + " pages");
     }
+    // num_pages 0: the pool's size is not known at plan time (FlashInfer's plan does not
+    // take it); the caller then checks the page ids against the pool it runs on.
     for (int32_t page : lv.kv_indices)
-      ref::require(page >= 0 && page < s.num_pages, fn,
+      ref::require(page >= 0 && (s.num_pages == 0 || page < s.num_pages), fn,
                    at + "page id " + std::to_string(page) + " outside the pool of " + std::to_string(s.num_pages));
     ref::require(lv.causal == (l + 1 == c.levels.size() && s.mode == Mode::prefill && s.causal), fn,
                  at + "causal must be set on the last level exactly when the batch is causal prefill");
