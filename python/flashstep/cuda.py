@@ -460,10 +460,11 @@ def _paged_run(self, fn, q, paged_kv_cache, args, out, lse, return_lse, kwargs):
     for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
         _check_on_device(a, fn, name)
     b = _capi.Batch()
-    d = p["device"]
     b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
-    b.qo_indptr, b.kv_indptr = d["qo_indptr"], d["kv_indptr"]
-    b.kv_indices, b.kv_last_page_len = d["kv_indices"], d["kv_last_page_len"]
+    d = p.get("device")  # the cascade's index arrays live in the stage's own workspace
+    if d:
+        b.qo_indptr, b.kv_indptr = d["qo_indptr"], d["kv_indptr"]
+        b.kv_indices, b.kv_last_page_len = d["kv_indices"], d["kv_last_page_len"]
     self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
     return (o, lse_t) if return_lse else o
 
@@ -681,24 +682,8 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
     def run(self, q, paged_kv_cache, *args, out=None, lse=None, return_lse=False, **kwargs):
         """q (qo_indptr_arr[-1][-1], num_qo_heads, head_dim) -> o of the same shape (and lse,
         natural log, when return_lse)."""
-        fn = "MultiLevelCascadeAttentionWrapper.run"
-        _unsupported_run_args(fn, args, kwargs)
-        p = self._require_plan()
-        qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p["dtype"],),
-                   shape=(p["nnz_qo"], p["num_qo_heads"], p["head_dim"]))
-        pool, num_pages = self._paged_pool(paged_kv_cache, p, fn)
-        if p["max_page"] >= num_pages:
-            raise ValueError(f"{fn}: the planned indices reach page {p['max_page']}; paged_kv_cache has "
-                             f"{num_pages} pages")
-        o, lse_t = self._outputs(qa, out, lse, p, fn)
-        oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
-        _aligned([(qa, "q"), (pool, "paged_kv_cache"), (oa, "out")], fn)
-        for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
-            _check_on_device(a, fn, name)
-        b = _capi.Batch()
-        b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
-        self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
-        return (o, lse_t) if return_lse else o
+        return _paged_run(self, "MultiLevelCascadeAttentionWrapper.run", q, paged_kv_cache, args, out, lse,
+                          return_lse, kwargs)
 
     forward = run
 
