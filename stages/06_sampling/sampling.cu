@@ -7,7 +7,9 @@
 // Why it is fast: no sort. A round is two streaming passes over the row (an inverse CDF
 // by block scan that stops where the draw lands, then a count and mass above two pivots
 // by block reduction); a rejection raises the floor `low` so later rounds draw from fewer
-// candidates, and a handful of rounds is typical (the chapter has the counts).
+// candidates, and a handful of rounds is typical (the chapter has the counts). From
+// logits (f32 or bf16) the same kernel fuses the softmax: the row's max and sum first,
+// then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
 // at batch 1; masses are 128-bit integers, so the passes do more integer work than float
