@@ -74,7 +74,7 @@ class Case {
       for (int64_t i = 0; i < s.vocab; ++i) sum += std::exp(double(x[i] - m));
       for (int64_t i = 0; i < s.vocab; ++i) probs[static_cast<size_t>(r * s.vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
     }
-    const bool logit_input = s.op == "sampling_from_logits" || s.op == "top_k_mask_logits";
+    const bool logit_input = s.op.find("logits") != std::string::npos;
     input_ = alloc<float>(n);
     FLASHSTEP_CUDA_CHECK(cudaMemcpy(input_, (logit_input ? logits : probs).data(), n * sizeof(float), cudaMemcpyHostToDevice));
     out_rows_ = alloc<float>(n);
@@ -153,6 +153,8 @@ class Case {
     else if (op == "min_p_sampling_from_probs") gpu::min_p_sampling_from_probs(in, s_.min_p, out, opt, stream_);
     else if (op == "top_k_top_p_sampling_from_probs")
       gpu::top_k_top_p_sampling_from_probs(in, s_.top_k, s_.top_p, order, out, ws, opt, stream_);
+    else if (op == "top_k_top_p_sampling_from_logits")
+      gpu::top_k_top_p_sampling_from_logits(in, s_.top_k, s_.top_p, order, out, ws, opt, stream_);
     else if (op == "top_k_renorm_probs") gpu::top_k_renorm_probs(in, s_.top_k, out_rows_, nullptr, stream_);
     else if (op == "top_p_renorm_probs") gpu::top_p_renorm_probs(in, s_.top_p, out_rows_, nullptr, stream_);
     else if (op == "top_k_mask_logits") gpu::top_k_mask_logits(in, s_.top_k, out_rows_, nullptr, stream_);

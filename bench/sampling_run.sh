@@ -39,11 +39,12 @@ step statistics "$bin/flashstep_sampling_statistics_gpu" || status=1
 step exercise "$bin/flashstep_exercise_06_sampling"
 [ $? -eq 1 ] || { echo "exercise: expected FAIL (exit 1) as shipped"; status=1; }
 if [ $sanitizers = 1 ] && command -v compute-sanitizer > /dev/null; then
-  # memcheck also on the plain grid (every vocab and batch); racecheck and initcheck,
+  # memcheck also on the plain grid (every vocab and batch) and the fused from-logits
+  # samplers (f32 and bf16 logits); racecheck and initcheck,
   # much slower, on the cases that reach every kernel: bad rows and speculative
   small='--test-case=bad rows*,chain_speculative*,host-side*'
   step sanitizer_memcheck compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$bin/flashstep_sampling_tests" "$small,sampling_from_probs*" || status=1
+    "$bin/flashstep_sampling_tests" "$small,sampling_from_probs*,from logits*" || status=1
   for tool in racecheck initcheck; do
     step "sanitizer_$tool" compute-sanitizer --tool "$tool" --error-exitcode 3 \
       "$bin/flashstep_sampling_tests" "$small" || status=1

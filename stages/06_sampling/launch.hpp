@@ -1,4 +1,4 @@
-// Stage 06's kernels as the operators chain them (from logits, top_k_first): each
+// Stage 06's kernels as the operators chain them (top_k_first): each
 // launcher reads an optional `prior_status` (the status of its input row, written by the
 // kernel before it) and passes a bad status on instead of reading the row.
 #pragma once
@@ -18,9 +18,11 @@ struct Gather {
 };
 
 /// The rejection sampler for one filter kind (the Status contract of sampling.hpp).
+/// logits: `probs` holds logits (f32 or bf16) and the kernel fuses their softmax (kinds
+/// none, top_p and top_k_top_p), writing it to out.probs when that is set.
 void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p,
                     SamplingOutputs out, const SamplingOptions& opt, const int32_t* prior_status,
-                    cudaStream_t stream);
+                    cudaStream_t stream, bool logits = false);
 
 /// softmax(logits / temperature) of the gathered rows into probs_out (outputs, vocab).
 void launch_softmax(DeviceRows logits, RowParam<double, float> temperature, float* probs_out, Gather gather,
@@ -34,8 +36,9 @@ void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p
 /// top_k_mask_logits of the gathered rows into logits_out (outputs, vocab).
 void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather gather, cudaStream_t stream);
 
-/// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments.
-void check_rows(const char* fn, const char* name, DeviceRows rows);
+/// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments
+/// (bf16 rows only where `bf16_allowed`: the operators that take logits).
+void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed = false);
 /// Checks scalar parameters as the reference does (top_k >= 1, top_p in (0, 1], min_p in [0, 1]).
 void check_top_k(const char* fn, TopK top_k);
 void check_top_p(const char* fn, Fraction top_p);

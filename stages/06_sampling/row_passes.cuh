@@ -12,6 +12,7 @@
 ///     count_mass_above    count and mass of p > pivot_0 and > pivot_1 (pass 2)
 ///     sum_mass_where      mass of the entries a predicate keeps
 ///     count_mass_key_above  count and mass above an order key (bisection of the renorm ops)
+///     softmax_scale       max and sum of a logit row (the fused softmax's two passes)
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -60,6 +61,98 @@ struct ProbRowT {
 };
 /// A row read entry by entry (any vocab, any alignment).
 using ProbRow = ProbRowT<false>;
+
+/// A bf16 value as its 16 bits (the upper half of a float32): no cuda_bf16.h needed.
+using Bf16Bits = uint16_t;
+
+/// An input entry as float: exact for both element types.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(Bf16Bits b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+
+/// One logit row of element type T (float, or Bf16Bits) read as float; -inf past the end
+/// (never a maximum, never kept, probability 0). With VECTOR_LOADS (vocab a multiple of
+/// 16 / sizeof(T) and a 16-byte aligned row) the entries come in 16-byte loads; the
+/// entries a thread reads, and so every sum, are the same either way.
+template <typename T, bool VECTOR_LOADS>
+struct LogitRowT {
+  const T* p;     ///< (vocab) the row
+  int64_t vocab;  ///< entries
+  /// Entries i .. i + VEC - 1 into v.
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
+    constexpr int kPerLoad = 16 / static_cast<int>(sizeof(T));  // entries per 16-byte load
+    if constexpr (VECTOR_LOADS) {
+      static_assert(VEC % kPerLoad == 0, "16-byte loads take whole groups");
+      uint4 w[VEC / kPerLoad];
+#pragma unroll
+      for (int j = 0; j < VEC / kPerLoad; ++j)
+        w[j] = i + j * kPerLoad < vocab ? *reinterpret_cast<const uint4*>(p + i + j * kPerLoad)
+                                        : make_uint4(0xFF800000u, 0xFF800000u, 0xFF800000u, 0xFF800000u);
+#pragma unroll
+      for (int j = 0; j < VEC / kPerLoad; ++j) {
+        const uint32_t words[4] = {w[j].x, w[j].y, w[j].z, w[j].w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          if constexpr (sizeof(T) == 4) {
+            v[j * 4 + k] = __uint_as_float(words[k]);
+          } else {  // two bf16 per word, the lower address in the low half; -inf pads as 0xFF80
+            const bool pad = !(i + j * kPerLoad < vocab);
+            v[j * 8 + 2 * k] = pad ? -INFINITY : __uint_as_float(words[k] << 16);
+            v[j * 8 + 2 * k + 1] = pad ? -INFINITY : __uint_as_float(words[k] & 0xFFFF0000u);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[j] = i + j < vocab ? to_float(p[i + j]) : -INFINITY;
+    }
+  }
+  /// Entry i (i < vocab).
+  __device__ __forceinline__ float at(int64_t i) const { return to_float(p[i]); }
+};
+
+/// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) / sum.
+struct SoftmaxScale {
+  float inv_t;  ///< 1 / temperature
+  float m;      ///< max logit * inv_t
+  float sum;    ///< sum over the row of the numerators, >= 1
+};
+
+/// 2^x in one instruction (ex2.approx.ftz: about 2 ulp; denormal results flush to 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// The softmax numerator of logit x. Every operation is spelled out (no FMA contraction,
+/// one hardware exp2), so every pass, every kernel and every call computes the same bits.
+__device__ __forceinline__ float softmax_numerator(float x, float inv_t, float m) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  return exp2_approx(__fmul_rn(__fsub_rn(__fmul_rn(x, inv_t), m), kLog2e));
+}
+
+/// A softmax row computed on the fly from its logits: what the fused from-logits sampler
+/// reads in every pass instead of a probability row in memory. load() and at() apply
+/// the same function to the same logit, so a pivot equals the entry it came from.
+template <typename LogitRow>
+struct SoftmaxRowT {
+  LogitRow logits;     ///< the logit row
+  SoftmaxScale scale;  ///< from softmax_scale
+  int64_t vocab;       ///< entries (logits.vocab)
+  __device__ __forceinline__ float prob(float x) const {
+    return __fdiv_rn(softmax_numerator(x, scale.inv_t, scale.m), scale.sum);
+  }
+  /// Entries i .. i + VEC - 1 into v (0 past the end).
+  template <int VEC>
+  __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
+    logits.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = prob(v[j]);
+  }
+  /// Entry i (i < vocab).
+  __device__ __forceinline__ float at(int64_t i) const { return prob(logits.at(i)); }
+};
 
 /// What pass 0 learns about a row.
 struct RowSummary {
@@ -131,6 +224,55 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
     return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
   });
   return broadcast(r, sh.summary);
+}
+
+/// The two passes of a softmax over a logit row (VEC entries a thread per tile): the
+/// max (and kFlagNotFinite for NaN or +inf), then the sum of the numerators in a fixed
+/// order (each thread its entries in tile order, then one CUB reduction). Returns false,
+/// leaving `flags` / an all -inf max for the caller's status, when there is no softmax.
+template <int VEC, typename Row>
+__device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh) {
+  RowSummary s{0, -INFINITY, 0u};
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+      else s.max_p = fmaxf(s.max_p, v[j]);
+    }
+  }
+  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
+    return RowSummary{0, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
+  });
+  const RowSummary all = broadcast(r, sh.summary);
+  flags = all.flags;
+  if (all.flags != 0 || all.max_p == -INFINITY) return false;
+  out.inv_t = __fdiv_rn(1.0f, temperature);
+  out.m = __fmul_rn(all.max_p, out.inv_t);  // the largest numerator is 2^0 = 1: no overflow
+  float sum = 0.f;
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
+  }
+  sum = cub::BlockReduce<float, kBlock>(sh.temp.value).Sum(sum);
+  out.sum = broadcast(sum, sh.value);
+  return true;
+}
+
+/// Writes row entries 0 .. vocab - 1 to `out` with the pass layout (VEC per thread per
+/// tile): the same values the other passes read.
+template <int VEC, typename Row>
+__device__ void write_row(const Row& row, float* out) {
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j)
+      if (i + j < row.vocab) out[i + j] = v[j];
+  }
 }
 
 /// Exact mass of the entries `keep(p)` accepts (every thread gets it).

@@ -7,7 +7,9 @@
 // Why it is fast: no sort. A round is two streaming passes over the row (an inverse CDF
 // by block scan that stops where the draw lands, then a count and mass above two pivots
 // by block reduction); a rejection raises the floor `low` so later rounds draw from fewer
-// candidates, and a handful of rounds is typical (the chapter has the counts).
+// candidates, and a handful of rounds is typical (the chapter has the counts). From
+// logits (f32 or bf16) the same kernel fuses the softmax: the row's max and sum first,
+// then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
 // at batch 1; masses are 128-bit integers, so the passes do more integer work than float
@@ -20,6 +22,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "06_sampling/launch.hpp"
 #include "06_sampling/row_passes.cuh"
@@ -41,7 +44,7 @@ struct Filter {
 
 /// Everything one launch of the sampler reads and writes (raw pointers, FlashInfer style).
 struct SamplerParams {
-  const float* probs;          ///< (rows, vocab)
+  const void* input;           ///< (rows, vocab) probabilities (f32), or logits (Source)
   int64_t rows, vocab;         ///< shape of probs
   const int32_t* indices;      ///< (batch) or null: output i reads row indices[i] (or i)
   const int32_t* prior_status; ///< (rows) or null: a bad status of the input row is passed on
@@ -55,7 +58,11 @@ struct SamplerParams {
   int32_t* samples;            ///< (batch) tokens
   int32_t* rounds;             ///< (batch) or null
   int32_t* status;             ///< (batch) or null
+  float* probs_out;            ///< (batch, vocab) or null: the fused softmax rows (logits only)
 };
+
+/// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
+enum class Source { probs, f32_logits, bf16_logits };
 
 __host__ __device__ constexpr bool uses_top_k(FilterKind k) { return k == FilterKind::top_k || k == FilterKind::top_k_top_p; }
 __host__ __device__ constexpr bool uses_top_p(FilterKind k) { return k == FilterKind::top_p || k == FilterKind::top_k_top_p; }
@@ -153,22 +160,52 @@ __device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, c
   return token < 0 ? Draw{kInvalidToken, 1, Status::internal_error} : Draw{token, 1, Status::ok};
 }
 
-/// One block per output: read its row and filter, pass 0, draw, write.
-template <FilterKind KIND, int VEC>
+/// Pass 0 and the draw, on a row of probabilities in memory or computed on the fly.
+template <FilterKind KIND, int VEC, typename Row>
+__device__ Draw sample_row(const SamplerParams& p, int64_t out, const Row& row, const Filter& f, SharedState& sh) {
+  const RowSummary s = summarize_row<VEC>(row, sh);
+  const Status status = row_status(s);
+  if (status != Status::ok) return {kInvalidToken, 0, status};
+  return (KIND == FilterKind::none || KIND == FilterKind::min_p) ? draw_once<KIND, VEC>(p, out, row, s, f, sh)
+                                                                 : draw_by_rejection<KIND, VEC>(p, out, row, s, f, sh);
+}
+
+/// One block per output: read its row and filter, (for logits: the softmax's max and
+/// sum), pass 0, draw, write. VECTOR_LOADS: 16-byte loads (aligned rows).
+template <FilterKind KIND, Source SOURCE, bool VECTOR_LOADS>
 __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParams p) {
   __shared__ SharedState sh;
   const int64_t out = blockIdx.x;
   int64_t row_index = 0;
   Filter f{};
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
-  if (d.status == Status::ok) {
-    // VEC 16: four 16-byte loads a thread per tile (aligned rows); else 8 loads of 4 bytes
-    const ProbRowT<VEC == 16> row{p.probs + row_index * p.vocab, p.vocab};
-    const RowSummary s = summarize_row<VEC>(row, sh);
-    d.status = row_status(s);
+  if constexpr (SOURCE == Source::probs) {
     if (d.status == Status::ok) {
-      d = (KIND == FilterKind::none || KIND == FilterKind::min_p) ? draw_once<KIND, VEC>(p, out, row, s, f, sh)
-                                                                 : draw_by_rejection<KIND, VEC>(p, out, row, s, f, sh);
+      // 16 entries a thread per tile as four 16-byte loads (aligned rows); else 8 loads of 4 bytes
+      constexpr int VEC = VECTOR_LOADS ? 16 : 8;
+      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab};
+      d = sample_row<KIND, VEC>(p, out, row, f, sh);
+    }
+  } else {
+    // the fused softmax: always 16 entries a thread per tile, so the sum (a float sum,
+    // order-dependent) is the same whatever the loads; softmax() uses the same passes
+    using T = std::conditional_t<SOURCE == Source::f32_logits, float, Bf16Bits>;
+    constexpr int VEC = 16;
+    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab};
+    SoftmaxScale scale{};
+    uint32_t flags = 0;
+    bool have_softmax = false;
+    if (d.status == Status::ok) {
+      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh);
+      if (!have_softmax) d.status = flags ? Status::not_finite : Status::zero_row;
+    }
+    float* probs_row = p.probs_out ? p.probs_out + out * p.vocab : nullptr;
+    if (have_softmax) {
+      const SoftmaxRowT<LogitRowT<T, VECTOR_LOADS>> row{logits, scale, p.vocab};
+      if (probs_row) write_row<VEC>(row, probs_row);
+      d = sample_row<KIND, VEC>(p, out, row, f, sh);
+    } else if (probs_row) {
+      for (int64_t i = threadIdx.x; i < p.vocab; i += kBlock) probs_row[i] = NAN;
     }
   }
   if (threadIdx.x == 0) {
@@ -208,25 +245,41 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
   throw ref::InvalidArgument(std::string(fn) + ": " + message);
 }
 
-template <FilterKind KIND, int VEC>
+template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
 void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
-  device::rejection_sampling_kernel<KIND, VEC><<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
+  device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS><<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
   kernels::check_launch("rejection_sampling_kernel");
 }
 
-template <FilterKind KIND>
-void launch_vec(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
-  // 16-byte loads need every row start aligned: vocab % 4 == 0 and an aligned base
-  const bool vec4 = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.probs) % 16 == 0;
-  if (vec4) {
-    launch_kind<KIND, 16>(p, batch, stream);
+template <FilterKind KIND, device::Source SOURCE>
+void launch_vec(const device::SamplerParams& p, int64_t batch, int64_t bytes_per_entry, cudaStream_t stream) {
+  // 16-byte loads need every row start aligned: vocab * entry size % 16 == 0 and an aligned base
+  const bool vec = p.vocab * bytes_per_entry % 16 == 0 && reinterpret_cast<uintptr_t>(p.input) % 16 == 0;
+  if (vec) {
+    launch_kind<KIND, SOURCE, true>(p, batch, stream);
   } else {
-    launch_kind<KIND, 8>(p, batch, stream);
+    launch_kind<KIND, SOURCE, false>(p, batch, stream);
+  }
+}
+
+template <FilterKind KIND>
+void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, ElementType dtype, cudaStream_t stream) {
+  if (!logits) return launch_vec<KIND, device::Source::probs>(p, batch, 4, stream);
+  // the from-logits operators use none (sampling_from_logits), top_k_top_p (joint) and
+  // top_p (top_k_first); the other kinds are not instantiated for logits
+  if constexpr (KIND == FilterKind::none || KIND == FilterKind::top_p || KIND == FilterKind::top_k_top_p) {
+    if (dtype == ElementType::bf16) return launch_vec<KIND, device::Source::bf16_logits>(p, batch, 2, stream);
+    return launch_vec<KIND, device::Source::f32_logits>(p, batch, 4, stream);
+  } else {
+    fail("sampler", "no from-logits sampler for this filter");
   }
 }
 }  // namespace
 
-void check_rows(const char* fn, const char* name, DeviceRows rows) {
+void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed) {
+  if (rows.dtype != ElementType::f32 && !(bf16_allowed && rows.dtype == ElementType::bf16))
+    fail(fn, std::string(name) + " must be " + (bf16_allowed ? "f32 or bf16" : "f32") + ", got element type " +
+                 std::to_string(static_cast<int>(rows.dtype)));
   if (rows.rows < 0) fail(fn, std::string(name) + " must have rows >= 0, got " + std::to_string(rows.rows));
   if (rows.vocab < 1 || rows.vocab > kMaxVocab)
     fail(fn, std::string(name) + " vocab_size must be in [1, 2^30], got " + std::to_string(rows.vocab));
@@ -259,11 +312,11 @@ int64_t output_count(const char* fn, DeviceRows rows, const SamplingOptions& opt
 
 void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p,
                     SamplingOutputs out, const SamplingOptions& opt, const int32_t* prior_status,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool logits) {
   const int64_t batch = output_count("sampler", probs, opt);
   if (batch == 0) return;
   device::SamplerParams p{};
-  p.probs = probs.data;
+  p.input = probs.data;
   p.rows = probs.rows;
   p.vocab = probs.vocab;
   p.indices = opt.indices;
@@ -279,12 +332,14 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.samples = out.samples;
   p.rounds = out.rounds;
   p.status = out.status;
+  p.probs_out = logits ? out.probs : nullptr;
+  const ElementType dtype = probs.dtype;
   switch (kind) {
-    case FilterKind::none: return launch_vec<FilterKind::none>(p, batch, stream);
-    case FilterKind::top_k: return launch_vec<FilterKind::top_k>(p, batch, stream);
-    case FilterKind::top_p: return launch_vec<FilterKind::top_p>(p, batch, stream);
-    case FilterKind::min_p: return launch_vec<FilterKind::min_p>(p, batch, stream);
-    case FilterKind::top_k_top_p: return launch_vec<FilterKind::top_k_top_p>(p, batch, stream);
+    case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);
+    case FilterKind::top_k: return launch_source<FilterKind::top_k>(p, batch, logits, dtype, stream);
+    case FilterKind::top_p: return launch_source<FilterKind::top_p>(p, batch, logits, dtype, stream);
+    case FilterKind::min_p: return launch_source<FilterKind::min_p>(p, batch, logits, dtype, stream);
+    case FilterKind::top_k_top_p: return launch_source<FilterKind::top_k_top_p>(p, batch, logits, dtype, stream);
   }
 }
 
@@ -296,8 +351,11 @@ namespace {
 
 using detail::check_rows;
 
-void check_outputs(const char* fn, const SamplingOutputs& out, int64_t batch) {
+void check_outputs(const char* fn, const SamplingOutputs& out, int64_t batch, bool from_logits = false) {
   if (batch > 0 && out.samples == nullptr) throw ref::InvalidArgument(std::string(fn) + ": samples is null");
+  if (!from_logits && out.probs != nullptr)
+    throw ref::InvalidArgument(std::string(fn) + ": probs (the fused softmax output) is written only by the "
+                               "from-logits samplers; leave it null");
 }
 
 void check_workspace(const char* fn, Workspace ws, size_t needed) {
@@ -387,52 +445,39 @@ void top_k_top_p_sampling_from_probs(DeviceRows probs, TopK top_k, Fraction top_
                          out, renormed, ws.status, stream);
 }
 
-void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace workspace, const SamplingOptions& opt,
+void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace, const SamplingOptions& opt,
                           cudaStream_t stream) {
   const char* fn = "sampling_from_logits";
-  check_rows(fn, "logits", logits);
-  const int64_t batch = detail::output_count(fn, logits, opt);
-  check_outputs(fn, out, batch);
-  check_workspace(fn, workspace, chain_bytes(logits.rows, logits.vocab));
-  if (batch == 0 || logits.rows == 0) return;
-  const ChainBuffers ws = chain_buffers(workspace, logits.rows, logits.vocab);
-  detail::launch_softmax(logits, RowParam<double, float>(1.0), ws.rows,
-                         detail::Gather{nullptr, logits.rows, nullptr, ws.status}, stream);
-  detail::launch_sampler(FilterKind::none, DeviceRows{ws.rows, logits.rows, logits.vocab}, kNoTopK, kNoFraction,
-                         Fraction(0.0), out, opt, ws.status, stream);
+  check_rows(fn, "logits", logits, true);
+  check_outputs(fn, out, detail::output_count(fn, logits, opt), true);
+  // one kernel: each block's softmax is fused into its passes (no workspace)
+  detail::launch_sampler(FilterKind::none, logits, kNoTopK, kNoFraction, Fraction(0.0), out, opt, nullptr, stream, true);
 }
 
 void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction top_p, FilterApplyOrder order,
                                       SamplingOutputs out, Workspace workspace, const SamplingOptions& opt,
                                       cudaStream_t stream) {
   const char* fn = "top_k_top_p_sampling_from_logits";
-  check_rows(fn, "logits", logits);
+  check_rows(fn, "logits", logits, true);
   detail::check_top_k(fn, top_k);
   detail::check_top_p(fn, top_p);
   const int64_t batch = detail::output_count(fn, logits, opt);
-  check_outputs(fn, out, batch);
-  if (order == FilterApplyOrder::joint) {
-    check_workspace(fn, workspace, chain_bytes(logits.rows, logits.vocab));
-    if (batch == 0 || logits.rows == 0) return;
-    const ChainBuffers ws = chain_buffers(workspace, logits.rows, logits.vocab);
-    detail::launch_softmax(logits, RowParam<double, float>(1.0), ws.rows,
-                           detail::Gather{nullptr, logits.rows, nullptr, ws.status}, stream);
-    detail::launch_sampler(FilterKind::top_k_top_p, DeviceRows{ws.rows, logits.rows, logits.vocab}, top_k, top_p,
-                           Fraction(0.0), out, opt, ws.status, stream);
+  check_outputs(fn, out, batch, true);
+  if (order == FilterApplyOrder::joint) {  // one kernel, softmax fused
+    detail::launch_sampler(FilterKind::top_k_top_p, logits, top_k, top_p, Fraction(0.0), out, opt, nullptr, stream, true);
     return;
   }
-  // top_k_first: mask output i's logits to its top-k (into the rows), softmax in place, top-p
+  // top_k_first: mask output i's logits to its top-k (f32, into the workspace), then top-p
+  // with the softmax of the masked row fused
   check_workspace(fn, workspace, chain_bytes(batch, logits.vocab));
   if (batch == 0) return;
   const ChainBuffers ws = chain_buffers(workspace, batch, logits.vocab);
-  const DeviceRows rows{ws.rows, batch, logits.vocab};
   detail::launch_mask_logits(logits, top_k, ws.rows, detail::Gather{opt.indices, batch, nullptr, ws.status}, stream);
-  detail::launch_softmax(rows, RowParam<double, float>(1.0), ws.rows, detail::Gather{nullptr, batch, ws.status, ws.status},
-                         stream);
   SamplingOptions masked = opt;
   masked.indices = nullptr;
   masked.batch = batch;
-  detail::launch_sampler(FilterKind::top_p, rows, kNoTopK, top_p, Fraction(0.0), out, masked, ws.status, stream);
+  detail::launch_sampler(FilterKind::top_p, DeviceRows{ws.rows, batch, logits.vocab}, kNoTopK, top_p, Fraction(0.0), out,
+                         masked, ws.status, stream, true);
 }
 
 // ---- Registry ----------------------------------------------------------------------------------
@@ -440,15 +485,15 @@ void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction to
 const std::vector<OperatorInfo>& operators() {
   static const std::vector<OperatorInfo> list = {
       {"sampling_from_probs", "probs", "tokens", "one inverse-CDF pass (block scan), no rejection"},
-      {"sampling_from_logits", "logits", "tokens", "softmax kernel into the workspace, then sampling_from_probs"},
+      {"sampling_from_logits", "logits", "tokens", "one kernel: the row's max and sum, then the sampler on p computed on the fly"},
       {"top_k_sampling_from_probs", "probs", "tokens", "rejection: draw among p > low, count above two pivots"},
       {"top_p_sampling_from_probs", "probs", "tokens", "rejection: draw among p > low, exact mass above two pivots"},
       {"min_p_sampling_from_probs", "probs", "tokens", "pivot max_p * min_p known after pass 0: one draw"},
       {"top_k_top_p_sampling_from_probs", "probs", "tokens",
        "joint: one rejection loop testing both rules; top_k_first: top_k_renorm_probs, then top-p"},
       {"top_k_top_p_sampling_from_logits", "logits", "tokens",
-       "joint: softmax then the joint loop; top_k_first: top_k_mask_logits, softmax, top-p"},
-      {"softmax", "logits", "probs", "max, sum, divide: three passes, float"},
+       "joint: the joint loop, softmax fused; top_k_first: top_k_mask_logits, then top-p, softmax fused"},
+      {"softmax", "logits", "probs", "max, sum, divide: three passes, float (the samplers' fused softmax)"},
       {"top_k_renorm_probs", "probs", "probs", "the k-th largest by bisection on the value, exact masses"},
       {"top_p_renorm_probs", "probs", "probs", "the top-p cut by bisection on the value, exact masses"},
       {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by bisection on the value"},
@@ -459,11 +504,11 @@ const std::vector<OperatorInfo>& operators() {
 }
 
 size_t workspace_bytes(const std::string& name, int64_t rows, int64_t batch, int64_t vocab, FilterApplyOrder order) {
+  static_cast<void>(rows);  // every workspace is per output now (the fused softmax keeps none per input row)
   for (const OperatorInfo& op : operators()) {
     if (op.name != name) continue;
-    if (name == "sampling_from_logits") return chain_bytes(rows, vocab);
     if (name == "top_k_top_p_sampling_from_logits")
-      return order == FilterApplyOrder::joint ? chain_bytes(rows, vocab) : chain_bytes(batch, vocab);
+      return order == FilterApplyOrder::joint ? 0 : chain_bytes(batch, vocab);
     if (name == "top_k_top_p_sampling_from_probs")
       return order == FilterApplyOrder::joint ? 0 : chain_bytes(batch, vocab);
     return 0;

@@ -8,7 +8,8 @@
 /// decision after its arguments are checked, no allocation, no synchronization), so
 /// a call can be captured in a CUDA graph. What a plan() does for attention — sizing the
 /// buffers a call needs — is workspace_bytes() here: the operators that chain kernels
-/// (from logits, top_k_first) take a caller-allocated workspace. The registry at the end
+/// (top_k_first) take a caller-allocated workspace; the from-logits samplers fuse their
+/// softmax and need none. The registry at the end
 /// lists the operators for the tests, the benchmark and the CLI.
 ///
 /// ## Errors a kernel cannot throw
@@ -40,8 +41,8 @@ using ref::FilterKind;
 constexpr int32_t kInvalidToken = -1;
 
 /// Per-output (or per-row) outcome, written to the optional `status` buffer. When several
-/// apply, the first in this list is reported; in a chained operator (from logits,
-/// top_k_first) the first kernel's status is passed on unchanged.
+/// apply, the first in this list is reported; in a chained operator (the top_k_first
+/// orders) the first kernel's status is passed on unchanged.
 enum class Status : int32_t {
   ok = 0,
   bad_index = 1,       ///< indices[i] is not a row of the input
@@ -59,11 +60,19 @@ enum class Status : int32_t {
 /// "ok", "bad_index", ... (the enumerator's name).
 const char* to_string(Status status);
 
-/// Probability (or logit) rows in device memory, row-major (rows, vocab), fp32.
+/// Element type of an input row buffer. Probabilities are always f32; logits may also be
+/// bf16 (the operators read them as float, exactly, and compute in float).
+enum class ElementType : int32_t {
+  f32 = 0,   ///< float32
+  bf16 = 1,  ///< bfloat16 (the upper 16 bits of a float32); logits only
+};
+
+/// Probability (or logit) rows in device memory, row-major (rows, vocab).
 struct DeviceRows {
-  const float* data = nullptr;  ///< (rows, vocab)
-  int64_t rows = 0;             ///< number of rows
-  int64_t vocab = 0;            ///< entries per row, 1 .. 2^30
+  const void* data = nullptr;           ///< (rows, vocab) entries of type `dtype`
+  int64_t rows = 0;                     ///< number of rows
+  int64_t vocab = 0;                    ///< entries per row, 1 .. 2^30
+  ElementType dtype = ElementType::f32; ///< bf16 only where an operator takes logits
 };
 
 /// A per-output parameter: one host scalar for every output, or a device array of one
@@ -99,6 +108,11 @@ struct SamplingOutputs {
   int32_t* samples = nullptr;  ///< (batch) token ids, kInvalidToken where status != ok
   int32_t* rounds = nullptr;   ///< (batch) rejection rounds used (>= 1), 0 where status != ok; may be null
   int32_t* status = nullptr;   ///< (batch) Status codes; may be null
+  /// (batch, vocab) float, optional, from-logits samplers only: row i gets the
+  /// probabilities output i drew from (its softmax, computed inside the sampler), so a
+  /// caller can replay the draw with the reference; a row of NaN where status != ok
+  /// because of its input. Null (the default): nothing written.
+  float* probs = nullptr;
 };
 
 /// A caller-allocated device buffer (size from workspace_bytes).
@@ -119,11 +133,12 @@ struct Workspace {
 void sampling_from_probs(DeviceRows probs, SamplingOutputs out, const SamplingOptions& opt = {},
                          cudaStream_t stream = nullptr);
 
-/// softmax(logits) into the workspace, then sampling_from_probs.
-/// \param logits (rows, vocab), finite or -inf
-/// \param out (batch) samples, rounds, status
-/// \param workspace workspace_bytes("sampling_from_logits", rows, batch, vocab); starts with
-///        the (rows, vocab) softmax rows
+/// sampling_from_probs(softmax(logits)) in one kernel: the softmax is fused (each block
+/// finds its row's max and sum, then evaluates p_j on the fly in every pass; nothing is
+/// written unless out.probs is set).
+/// \param logits (rows, vocab), f32 or bf16, finite or -inf
+/// \param out (batch) samples, rounds, status, optional probs
+/// \param workspace unused (workspace_bytes is 0); kept so every sampler has one signature
 /// \param opt indices, batch, seed, offset \param stream where the kernels are launched
 void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace workspace,
                           const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
@@ -161,13 +176,14 @@ void top_k_top_p_sampling_from_probs(DeviceRows probs, TopK top_k, Fraction top_
                                      SamplingOutputs out, Workspace workspace, const SamplingOptions& opt = {},
                                      cudaStream_t stream = nullptr);
 
-/// Top-k and top-p from logits. joint: softmax, then the joint loop; top_k_first:
-/// top_k_mask_logits, softmax, top-p sampling (each step into the workspace).
-/// \param logits (rows, vocab), finite or -inf \param top_k each >= 1 \param top_p each in (0, 1]
-/// \param order joint or top_k_first \param out (batch) samples, rounds, status
+/// Top-k and top-p from logits. joint: the joint loop with the softmax fused (one
+/// kernel, no workspace); top_k_first: top_k_mask_logits into the workspace, then top-p
+/// sampling with the softmax fused on the masked rows.
+/// \param logits (rows, vocab), f32 or bf16, finite or -inf \param top_k each >= 1
+/// \param top_p each in (0, 1] \param order joint or top_k_first
+/// \param out (batch) samples, rounds, status, optional probs (the softmax rows sampled from)
 /// \param workspace workspace_bytes("top_k_top_p_sampling_from_logits", rows, batch, vocab,
-///        order); starts with the probabilities sampled from ((rows, vocab) for joint,
-///        (batch, vocab) for top_k_first)
+///        order); empty for joint; for top_k_first starts with the (batch, vocab) masked logits (f32)
 /// \param opt indices, batch, seed, offset \param stream where the kernels are launched
 void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction top_p, FilterApplyOrder order,
                                       SamplingOutputs out, Workspace workspace, const SamplingOptions& opt = {},
@@ -175,8 +191,9 @@ void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction to
 
 // ---- Row transforms (one output row per input row) ----------------------------------------
 
-/// Softmax of logits / temperature, in float.
-/// \param logits (rows, vocab), finite or -inf
+/// Softmax of logits / temperature, in float: the same device function as the fused
+/// softmax of the from-logits samplers (bit for bit the probabilities they draw from).
+/// \param logits (rows, vocab), f32 or bf16, finite or -inf
 /// \param temperature host scalar or (rows) device array, finite and > 0
 /// \param probs_out (rows, vocab) device \param status (rows) optional
 /// \param stream where the kernel is launched
@@ -196,8 +213,8 @@ void top_p_renorm_probs(DeviceRows probs, Fraction top_p, float* probs_out, int3
                         cudaStream_t stream = nullptr);
 
 /// Keep the top-k logits of each row (ties kept), set the rest to -inf.
-/// \param logits (rows, vocab) \param top_k scalar or (rows) device
-/// \param logits_out (rows, vocab) \param status (rows) optional \param stream where the kernel is launched
+/// \param logits (rows, vocab), f32 or bf16 \param top_k scalar or (rows) device
+/// \param logits_out (rows, vocab) float (bf16 values are exact in it) \param status (rows) optional \param stream where the kernel is launched
 void top_k_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, int32_t* status = nullptr,
                        cudaStream_t stream = nullptr);
 

@@ -9,6 +9,7 @@
 // 8-bit histograms), but short and obviously exact; the chapter's exercise list has it.
 #include <cmath>
 #include <limits>
+#include <cstdint>
 #include <string>
 
 #include "06_sampling/launch.hpp"
@@ -21,23 +22,11 @@ namespace flashstep::stages::sampling {
 
 namespace device {
 
-/// A logit row: like ProbRow, but -inf past the end (never a maximum, never kept).
-struct LogitRow {
-  const float* p;  ///< (vocab) the row
-  int64_t vocab;   ///< entries
-  /// Entries i .. i + VEC - 1 into v.
-  template <int VEC>
-  __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) v[j] = i + j < vocab ? p[i + j] : -INFINITY;
-  }
-};
-
 enum class Transform { softmax, top_k_renorm, top_p_renorm, top_k_mask };
 
 /// One launch of a row transform.
 struct TransformParams {
-  const float* in;                 ///< (rows, vocab)
+  const void* in;                  ///< (rows, vocab): float, or bf16 logits (softmax, mask)
   int64_t rows, vocab;             ///< shape of `in`
   const int32_t* indices;          ///< (outputs) or null: output o reads row indices[o] (or o)
   const int32_t* prior_status;     ///< (rows) or null
@@ -69,10 +58,11 @@ __device__ Status read_row(const TransformParams& p, int64_t o, int64_t& row, in
 }
 
 /// Pass 0 of a logit row: largest logit, and kFlagNotFinite for NaN or +inf.
-__device__ RowSummary summarize_logits(const LogitRow& row, SharedState& sh) {
+template <typename Row>
+__device__ RowSummary summarize_logits(const Row& row, SharedState& sh) {
   RowSummary s{0, -INFINITY, 0u};
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
-    const float x = row.p[i];
+    const float x = row.at(i);
     if (isnan(x) || x == INFINITY) s.flags |= kFlagNotFinite;
     else s.max_p = fmaxf(s.max_p, x);
   }
@@ -102,18 +92,16 @@ __device__ void fill_row(float* out, int64_t vocab, float value) {
   for (int64_t i = threadIdx.x; i < vocab; i += kBlock) out[i] = value;
 }
 
-/// softmax(x / temperature): max, sum of exp, divide (in place allowed).
-__device__ Status softmax_row(const LogitRow& row, float temperature, float* out, SharedState& sh) {
-  const RowSummary s = summarize_logits(row, sh);
-  if (s.flags & kFlagNotFinite) return Status::not_finite;
-  if (s.max_p == -INFINITY) return Status::zero_row;
-  const float inv_t = 1.0f / temperature;
-  const float m = s.max_p * inv_t;  // subtract the max before exp: no overflow
-  float sum = 0.f;
-  for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) sum += expf(row.p[i] * inv_t - m);
-  sum = cub::BlockReduce<float, kBlock>(sh.temp.value).Sum(sum);
-  sum = broadcast(sum, sh.value);
-  for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) out[i] = expf(row.p[i] * inv_t - m) / sum;
+/// softmax(x / temperature): max, sum of exp, divide (in place allowed: each thread
+/// writes only the entries it has just read, after the sum's barrier). The very passes
+/// of the fused from-logits samplers (row_passes.cuh: softmax_scale, SoftmaxRowT, VEC 16),
+/// so at temperature 1 this writes the probabilities they draw from, bit for bit.
+template <typename Row>
+__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh) {
+  SoftmaxScale scale{};
+  uint32_t flags = 0;
+  if (!softmax_scale<16>(row, temperature, scale, flags, sh)) return flags ? Status::not_finite : Status::zero_row;
+  write_row<16>(SoftmaxRowT<Row>{row, scale, row.vocab}, out);
   return Status::ok;
 }
 
@@ -145,7 +133,8 @@ __device__ Status renorm_row(const ProbRow& row, int64_t top_k, float top_p, flo
 }
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
-__device__ Status mask_row(const LogitRow& row, int64_t top_k, float* out, SharedState& sh) {
+template <typename Row>
+__device__ Status mask_row(const Row& row, int64_t top_k, float* out, SharedState& sh) {
   const RowSummary s = summarize_logits(row, sh);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.max_p == -INFINITY) return Status::zero_row;
@@ -153,14 +142,15 @@ __device__ Status mask_row(const LogitRow& row, int64_t top_k, float* out, Share
       row, order_key(-INFINITY), order_key(s.max_p), [](float) { return true; },
       [&](int32_t count, Mass) { return count < top_k; }, sh);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
-    const float x = row.p[i];
+    const float x = row.at(i);
     out[i] = order_key(x) >= cut ? x : -INFINITY;
   }
   return Status::ok;
 }
 
 /// One block per output row: read the row and parameters, transform, or write NaN + status.
-template <Transform T>
+/// In: float or Bf16Bits (softmax and mask only); VECTOR_LOADS: softmax's 16-byte loads.
+template <Transform T, typename In, bool VECTOR_LOADS>
 __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   __shared__ SharedState sh;
   const int64_t o = blockIdx.x;
@@ -169,10 +159,10 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   Status status = read_row<T>(p, o, row, top_k, top_p, temperature);
   float* out = p.out + o * p.vocab;
   if (status == Status::ok) {
-    const float* in = p.in + row * p.vocab;
-    if (T == Transform::softmax) status = softmax_row(LogitRow{in, p.vocab}, temperature, out, sh);
-    if (T == Transform::top_k_mask) status = mask_row(LogitRow{in, p.vocab}, top_k, out, sh);
-    if (T == Transform::top_k_renorm || T == Transform::top_p_renorm)
+    const In* in = static_cast<const In*>(p.in) + row * p.vocab;
+    if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, temperature, out, sh);
+    if constexpr (T == Transform::top_k_mask) status = mask_row(LogitRowT<In, false>{in, p.vocab}, top_k, out, sh);
+    if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm)
       status = renorm_row<T>(ProbRow{in, p.vocab}, top_k, top_p, out, sh);
   }
   if (status != Status::ok) {
@@ -188,11 +178,22 @@ namespace detail {
 
 namespace {
 
-template <device::Transform T>
+template <device::Transform T, typename In, bool VECTOR_LOADS = false>
 void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
   if (outputs == 0) return;
-  device::transform_kernel<T><<<static_cast<unsigned>(outputs), device::kBlock, 0, stream>>>(p);
+  device::transform_kernel<T, In, VECTOR_LOADS><<<static_cast<unsigned>(outputs), device::kBlock, 0, stream>>>(p);
   kernels::check_launch("transform_kernel");
+}
+
+// 16-byte loads for softmax when every row start is aligned (as the fused samplers decide)
+template <typename In>
+void launch_softmax_as(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
+  const bool vec = p.vocab * static_cast<int64_t>(sizeof(In)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.in) % 16 == 0;
+  if (vec) {
+    launch_transform<device::Transform::softmax, In, true>(p, outputs, stream);
+  } else {
+    launch_transform<device::Transform::softmax, In, false>(p, outputs, stream);
+  }
 }
 
 device::TransformParams transform_params(DeviceRows in, float* out, const Gather& g) {
@@ -217,7 +218,11 @@ void launch_softmax(DeviceRows logits, RowParam<double, float> temperature, floa
   device::TransformParams p = transform_params(logits, probs_out, gather);
   p.temperature = static_cast<float>(temperature.scalar);
   p.temperature_per_output = temperature.per_output;
-  launch_transform<device::Transform::softmax>(p, gather.outputs, stream);
+  if (logits.dtype == ElementType::bf16) {
+    launch_softmax_as<device::Bf16Bits>(p, gather.outputs, stream);
+  } else {
+    launch_softmax_as<float>(p, gather.outputs, stream);
+  }
 }
 
 void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, float* probs_out, Gather gather,
@@ -228,9 +233,9 @@ void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p
   p.top_p = static_cast<float>(top_p.scalar);
   p.top_p_per_output = top_p.per_output;
   if (kind == FilterKind::top_k) {
-    launch_transform<device::Transform::top_k_renorm>(p, gather.outputs, stream);
+    launch_transform<device::Transform::top_k_renorm, float>(p, gather.outputs, stream);
   } else {
-    launch_transform<device::Transform::top_p_renorm>(p, gather.outputs, stream);
+    launch_transform<device::Transform::top_p_renorm, float>(p, gather.outputs, stream);
   }
 }
 
@@ -238,7 +243,11 @@ void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather
   device::TransformParams p = transform_params(logits, logits_out, gather);
   p.top_k = top_k.scalar;
   p.top_k_per_output = top_k.per_output;
-  launch_transform<device::Transform::top_k_mask>(p, gather.outputs, stream);
+  if (logits.dtype == ElementType::bf16) {
+    launch_transform<device::Transform::top_k_mask, device::Bf16Bits>(p, gather.outputs, stream);
+  } else {
+    launch_transform<device::Transform::top_k_mask, float>(p, gather.outputs, stream);
+  }
 }
 
 }  // namespace detail
@@ -252,7 +261,7 @@ void check_out(const char* fn, const char* name, const void* out, int64_t rows) 
 void softmax(DeviceRows logits, RowParam<double, float> temperature, float* probs_out, int32_t* status,
              cudaStream_t stream) {
   const char* fn = "softmax";
-  detail::check_rows(fn, "logits", logits);
+  detail::check_rows(fn, "logits", logits, true);
   check_out(fn, "probs_out", probs_out, logits.rows);
   const double t = temperature.scalar;
   if (!temperature.per_output && !(std::isfinite(t) && t > 0.0 && std::isfinite(static_cast<float>(1.0 / t))))
@@ -281,7 +290,7 @@ void top_p_renorm_probs(DeviceRows probs, Fraction top_p, float* probs_out, int3
 
 void top_k_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, int32_t* status, cudaStream_t stream) {
   const char* fn = "top_k_mask_logits";
-  detail::check_rows(fn, "logits", logits);
+  detail::check_rows(fn, "logits", logits, true);
   detail::check_top_k(fn, top_k);
   check_out(fn, "logits_out", logits_out, logits.rows);
   detail::launch_mask_logits(logits, top_k, logits_out, detail::Gather{nullptr, logits.rows, nullptr, status}, stream);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -86,6 +87,21 @@ inline ref::Tensor as_tensor(const std::vector<float>& rows, int64_t vocab) {
   ref::Tensor t({static_cast<int64_t>(rows.size()) / vocab, vocab});
   for (size_t i = 0; i < rows.size(); ++i) t.data[i] = rows[i];
   return t;
+}
+
+/// A float rounded to bfloat16 (nearest, ties to even; NaN stays NaN) as its 16 bits.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if (std::isnan(x)) return 0x7FC0;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+/// The float value of bfloat16 bits (exact).
+inline float bf16_value(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
 }
 
 /// True when a CUDA device is usable; `why` says otherwise.

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <string>
@@ -30,6 +31,8 @@
 namespace gpu = flashstep::stages::sampling;
 namespace ref = flashstep::ref;
 using flashstep::test::as_tensor;
+using flashstep::test::bf16_bits;
+using flashstep::test::bf16_value;
 using flashstep::test::DeviceArray;
 using flashstep::test::random_prob_rows;
 
@@ -304,75 +307,113 @@ std::vector<double> random_logits(std::mt19937_64& rng, int64_t n, double neg_in
   return v;
 }
 
+// Logit rows on the device as f32 or bf16; `values` are what the device holds, as doubles.
+struct DeviceLogits {
+  DeviceArray<float> f32;
+  DeviceArray<uint16_t> bf16;
+  ref::Tensor values;
+  gpu::DeviceRows rows;
+  DeviceLogits(const ref::Tensor& logits, bool as_bf16) : values(logits) {
+    const int64_t n_rows = logits.dim(0), vocab = logits.dim(1);
+    if (as_bf16) {
+      std::vector<uint16_t> b;
+      for (double x : logits.data) b.push_back(bf16_bits(static_cast<float>(x)));
+      for (size_t i = 0; i < b.size(); ++i) values.data[i] = bf16_value(b[i]);
+      bf16 = DeviceArray<uint16_t>(b);
+      rows = {bf16.get(), n_rows, vocab, gpu::ElementType::bf16};
+    } else {
+      std::vector<float> f(logits.data.begin(), logits.data.end());
+      for (size_t i = 0; i < f.size(); ++i) values.data[i] = f[i];
+      f32 = DeviceArray<float>(f);
+      rows = {f32.get(), n_rows, vocab, gpu::ElementType::f32};
+    }
+  }
+};
+
 }  // namespace
 
-TEST_CASE("from logits: the GPU softmax is within float tolerance, tokens exact on the GPU's probabilities") {
+TEST_CASE("from logits (f32 and bf16): fused softmax within float tolerance, tokens exact on it") {
   auto rng = flashstep::test::case_rng("stage 06 logits");
   size_t n = 0;
-  for (int64_t vocab : {int64_t{2}, int64_t{111}, int64_t{32000}, int64_t{151936}}) {
-    for (int64_t batch : {int64_t{1}, int64_t{7}}) {
-      for (int variant = 0; variant < 3; ++variant, ++n) {
-        const bool shuffled = n % 2 == 1;
-        const int64_t rows = shuffled ? batch / 2 + 1 : batch;
-        ref::Tensor logits({rows, vocab});
-        logits.data = random_logits(rng, rows * vocab, vocab > 2 ? 0.02 : 0.0);
-        for (int64_t r = 0; r < rows; ++r) logits.data[static_cast<size_t>(r * vocab)] = 0.5;  // one finite per row
-        std::vector<float> lf(logits.data.begin(), logits.data.end());
-        std::vector<int32_t> indices;
-        if (shuffled)
-          for (int64_t i = 0; i < batch; ++i) indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, rows - 1)));
-        const int64_t k = pick_k(n, vocab);
-        const double p = pick_p(n);
-        const uint64_t seed = rng(), offset = kOffsets[n % 4];
-        CAPTURE(vocab);
-        CAPTURE(batch);
-        CAPTURE(variant);
-        CAPTURE(seed);
-        CAPTURE(k);
-        CAPTURE(p);
-        DeviceArray<float> d_logits(lf);
-        DeviceArray<int32_t> d_indices(indices), samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
-            status(static_cast<size_t>(batch));
-        samples.poison(), rounds.poison(), status.poison();
-        gpu::SamplingOptions opt;
-        opt.indices = shuffled ? d_indices.get() : nullptr;
-        opt.batch = batch;
-        opt.seed = seed;
-        opt.offset = offset;
-        ref::SamplingOptions ropt;
-        ropt.indices = indices;
-        ropt.seed = seed;
-        ropt.offset = offset;
-        const gpu::DeviceRows in{d_logits.get(), rows, vocab};
-        const gpu::SamplingOutputs out{samples.get(), rounds.get(), status.get()};
-        const auto order = variant == 1 ? ref::FilterApplyOrder::joint : ref::FilterApplyOrder::top_k_first;
-        const char* name = variant == 0 ? "sampling_from_logits" : "top_k_top_p_sampling_from_logits";
-        const size_t bytes = gpu::workspace_bytes(name, rows, batch, vocab, order);
-        DeviceArray<uint8_t> ws(bytes);
-        ws.poison();
-        if (variant == 0) {
-          gpu::sampling_from_logits(in, out, {ws.get(), bytes}, opt);
-        } else {
-          gpu::top_k_top_p_sampling_from_logits(in, gpu::TopK(k), gpu::Fraction(p), order, out, {ws.get(), bytes}, opt);
+  for (bool as_bf16 : {false, true}) {
+    for (int64_t vocab : {int64_t{2}, int64_t{111}, int64_t{32000}, int64_t{151936}}) {
+      for (int64_t batch : {int64_t{1}, int64_t{7}}) {
+        for (int variant = 0; variant < 3; ++variant, ++n) {
+          const bool shuffled = n % 2 == 1;
+          const int64_t rows = shuffled ? batch / 2 + 1 : batch;
+          ref::Tensor raw({rows, vocab});
+          raw.data = random_logits(rng, rows * vocab, vocab > 2 ? 0.02 : 0.0);
+          if (as_bf16) {  // off the 1/8 grid, so that rounding to bf16 changes most values
+            std::normal_distribution<double> jitter(0.0, 0.01);
+            for (auto& x : raw.data) x += std::isinf(x) ? 0.0 : jitter(rng);
+          }
+          for (int64_t r = 0; r < rows; ++r) raw.data[static_cast<size_t>(r * vocab)] = 0.5;  // one finite per row
+          const DeviceLogits dl(raw, as_bf16);
+          const ref::Tensor& logits = dl.values;
+          std::vector<int32_t> indices;
+          if (shuffled)
+            for (int64_t i = 0; i < batch; ++i) indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, rows - 1)));
+          const int64_t k = pick_k(n, vocab);
+          const double p = pick_p(n);
+          const uint64_t seed = rng(), offset = kOffsets[n % 4];
+          CAPTURE(as_bf16);
+          CAPTURE(vocab);
+          CAPTURE(batch);
+          CAPTURE(variant);
+          CAPTURE(seed);
+          CAPTURE(k);
+          CAPTURE(p);
+          DeviceArray<int32_t> d_indices(indices), samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
+              status(static_cast<size_t>(batch));
+          DeviceArray<float> probs(static_cast<size_t>(batch * vocab));
+          samples.poison(), rounds.poison(), status.poison(), probs.poison();
+          gpu::SamplingOptions opt;
+          opt.indices = shuffled ? d_indices.get() : nullptr;
+          opt.batch = batch;
+          opt.seed = seed;
+          opt.offset = offset;
+          const gpu::SamplingOutputs out{samples.get(), rounds.get(), status.get(), probs.get()};
+          const auto order = variant == 1 ? ref::FilterApplyOrder::joint : ref::FilterApplyOrder::top_k_first;
+          const char* name = variant == 0 ? "sampling_from_logits" : "top_k_top_p_sampling_from_logits";
+          const size_t bytes = gpu::workspace_bytes(name, rows, batch, vocab, order);
+          if (variant < 2) CHECK(bytes == 0);  // fused: only top_k_first keeps a workspace
+          DeviceArray<uint8_t> ws(bytes);
+          ws.poison();
+          if (variant == 0) {
+            gpu::sampling_from_logits(dl.rows, out, {}, opt);
+          } else {
+            gpu::top_k_top_p_sampling_from_logits(dl.rows, gpu::TopK(k), gpu::Fraction(p), order, out, {ws.get(), bytes}, opt);
+          }
+          // the probabilities each output drew from: the fused softmax, written on request
+          const std::vector<float> used = probs.download();
+          const ref::Tensor gathered = gather(logits, indices, batch);
+          ref::SamplingOptions on_rows;
+          on_rows.seed = seed;
+          on_rows.offset = offset;  // output i drew from row i of `used`, subsequence i
+          ref::SamplingResult expected;
+          if (variant == 2) {
+            const ref::Tensor masked = ref::top_k_mask_logits(gathered, k);
+            const auto ws_bytes = ws.download();
+            std::vector<float> ws_masked(static_cast<size_t>(batch * vocab));
+            std::memcpy(ws_masked.data(), ws_bytes.data(), ws_masked.size() * sizeof(float));
+            check_close("top_k_mask_logits intermediate (exact)", ws_masked, masked, 0.0, 0.0);
+            check_close("fused softmax(top_k_mask_logits)", used, ref::softmax(masked), 1e-7, 2e-5);
+            expected = ref::top_p_sampling_from_probs(as_tensor(used, vocab), p, on_rows);
+          } else {
+            check_close("fused softmax", used, ref::softmax(gathered), 1e-7, 2e-5);
+            expected = variant == 0 ? ref::sampling_from_probs(as_tensor(used, vocab), on_rows)
+                                    : ref::top_k_top_p_sampling_from_probs(as_tensor(used, vocab), k, p,
+                                                                           ref::FilterApplyOrder::joint, on_rows);
+            // softmax() is the same device function: bit for bit the rows the sampler used
+            DeviceArray<float> soft(static_cast<size_t>(rows * vocab));
+            gpu::softmax(dl.rows, 1.0, soft.get());
+            const ref::Tensor soft_rows = gather(as_tensor(soft.download(), vocab), indices, batch);
+            size_t differ = 0;
+            for (size_t i = 0; i < used.size(); ++i) differ += static_cast<float>(soft_rows.data[i]) != used[i];
+            CHECK_MESSAGE(differ == 0, differ, " entries of softmax() differ from the fused softmax");
+          }
+          check_tokens(name, samples.download(), rounds.download(), status.download(), expected, {});
         }
-        const auto ws_bytes = ws.download();
-        const int64_t inter_rows = variant == 2 ? batch : rows;  // top_k_first keeps one row per output
-        std::vector<float> inter(static_cast<size_t>(inter_rows * vocab));
-        std::memcpy(inter.data(), ws_bytes.data(), inter.size() * sizeof(float));
-        ref::SamplingResult expected;
-        ref::SamplingOptions on_rows = ropt;
-        if (variant == 2) {
-          check_close("softmax(top_k_mask_logits)", inter, ref::softmax(ref::top_k_mask_logits(gather(logits, indices, batch), k)),
-                      1e-7, 2e-5);
-          on_rows.indices.clear();
-          expected = ref::top_p_sampling_from_probs(as_tensor(inter, vocab), p, on_rows);
-        } else {
-          check_close("softmax", inter, ref::softmax(logits), 1e-7, 2e-5);
-          expected = variant == 0 ? ref::sampling_from_probs(as_tensor(inter, vocab), ropt)
-                                  : ref::top_k_top_p_sampling_from_probs(as_tensor(inter, vocab), k, p,
-                                                                         ref::FilterApplyOrder::joint, ropt);
-        }
-        check_tokens(name, samples.download(), rounds.download(), status.download(), expected, indices);
       }
     }
   }
@@ -418,6 +459,19 @@ TEST_CASE("top_k_renorm_probs, top_p_renorm_probs, top_k_mask_logits and softmax
       d_out.poison(), status.poison();
       gpu::softmax({d_logits.get(), rows, vocab}, temperature, d_out.get(), status.get());
       check_close("softmax", d_out.download(), ref::softmax(logits, temperature), 1e-7, 2e-5);
+      statuses_ok();
+      // bf16 logits (off the 1/8 grid): the reference gets the bf16-rounded values
+      ref::Tensor jittered = logits;
+      std::normal_distribution<double> jitter(0.0, 0.01);
+      for (auto& x : jittered.data) x += std::isinf(x) ? 0.0 : jitter(rng);
+      const DeviceLogits bf(jittered, true);
+      d_out.poison(), status.poison();
+      gpu::top_k_mask_logits(bf.rows, gpu::TopK(k), d_out.get(), status.get());
+      check_close("top_k_mask_logits bf16 (exact)", d_out.download(), ref::top_k_mask_logits(bf.values, k), 0.0, 0.0);
+      statuses_ok();
+      d_out.poison(), status.poison();
+      gpu::softmax(bf.rows, temperature, d_out.get(), status.get());
+      check_close("softmax bf16", d_out.download(), ref::softmax(bf.values, temperature), 1e-7, 2e-5);
       statuses_ok();
     }
   }
@@ -601,6 +655,34 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
   gpu::top_k_mask_logits({d_logits.get(), 3, vocab}, 5, probs_out.get(), logit_status.get());
   CHECK(logit_status.download() ==
         std::vector<int32_t>{int32_t(gpu::Status::not_finite), int32_t(gpu::Status::not_finite), int32_t(gpu::Status::zero_row)});
+  // the fused from-logits samplers, f32 and bf16: the same statuses, -1 tokens, NaN probs
+  // rows; a good fourth row still samples the reference's token
+  for (bool as_bf16 : {false, true}) {
+    CAPTURE(as_bf16);
+    ref::Tensor four({4, vocab});
+    std::copy(logits.begin(), logits.end(), four.data.begin());
+    for (int64_t i = 0; i < vocab; ++i) four.data[static_cast<size_t>(3 * vocab + i)] = 0.001 * static_cast<double>(i % 97);
+    const DeviceLogits dl(four, as_bf16);
+    DeviceArray<int32_t> tok(4), st(4), rd(4);
+    DeviceArray<float> used(static_cast<size_t>(4 * vocab));
+    tok.poison(), st.poison(), rd.poison(), used.poison();
+    gpu::SamplingOptions o;
+    o.seed = opt.seed;
+    gpu::sampling_from_logits(dl.rows, {tok.get(), rd.get(), st.get(), used.get()}, {}, o);
+    const auto t = tok.download();
+    const auto u = used.download();
+    CHECK(st.download() == std::vector<int32_t>{int32_t(gpu::Status::not_finite), int32_t(gpu::Status::not_finite),
+                                                int32_t(gpu::Status::zero_row), 0});
+    CHECK(std::vector<int32_t>(t.begin(), t.begin() + 3) == std::vector<int32_t>(3, gpu::kInvalidToken));
+    for (int64_t r = 0; r < 3; ++r) CHECK(std::isnan(u[static_cast<size_t>(r * vocab)]));
+    ref::SamplingOptions ro;
+    ro.seed = opt.seed;
+    ref::Tensor padded({4, vocab});  // output 3 reads Philox subsequence 3: rows 0..2 are placeholders
+    std::copy(u.begin() + 3 * vocab, u.end(), padded.data.begin() + 3 * vocab);
+    std::fill(padded.data.begin(), padded.data.begin() + 3 * vocab, 1.0 / static_cast<double>(vocab));
+    ro.indices = {0, 1, 2, 3};
+    CHECK(t[3] == ref::sampling_from_probs(padded, ro).samples[3]);
+  }
   // speculative: a draft id out of range and a NaN target
   {
     const int64_t b = 2, n = 2;
@@ -627,7 +709,15 @@ TEST_CASE("host-side arguments are checked before any launch, naming the argumen
   expect_error([&] { gpu::min_p_sampling_from_probs(in, -0.1, out); }, {"min_p_sampling_from_probs", "min_p", "[0, 1]"});
   expect_error([&] { gpu::min_p_sampling_from_probs(in, 1.5, out); }, {"min_p", "[0, 1]"});
   expect_error([&] { gpu::sampling_from_probs({probs.get(), 1, 0}, out); }, {"sampling_from_probs", "vocab_size"});
-  expect_error([&] { gpu::sampling_from_logits(in, out, {}); }, {"sampling_from_logits", "workspace"});
+  expect_error([&] { gpu::top_k_top_p_sampling_from_logits(in, 2, 0.5, ref::FilterApplyOrder::top_k_first, out, {}); },
+               {"top_k_top_p_sampling_from_logits", "workspace"});
+  const gpu::DeviceRows as_bf16{probs.get(), 1, 8, gpu::ElementType::bf16};
+  expect_error([&] { gpu::sampling_from_probs(as_bf16, out); }, {"sampling_from_probs", "probs", "f32"});
+  expect_error([&] { gpu::top_k_renorm_probs(as_bf16, 2, probs.get()); }, {"top_k_renorm_probs", "probs", "f32"});
+  const gpu::DeviceRows bad_type{probs.get(), 1, 8, static_cast<gpu::ElementType>(7)};
+  expect_error([&] { gpu::softmax(bad_type, 1.0, probs.get()); }, {"softmax", "logits", "f32 or bf16"});
+  expect_error([&] { gpu::sampling_from_probs(in, {samples.get(), nullptr, nullptr, probs.get()}); },
+               {"sampling_from_probs", "probs", "from-logits"});
   expect_error([&] { gpu::softmax(in, 0.0, probs.get()); }, {"softmax", "temperature", "greedy"});
   expect_error([&] {
     gpu::SamplingOptions o;
@@ -688,6 +778,9 @@ TEST_SUITE("host") {
     }
     flashstep::test::expect_error([] { gpu::workspace_bytes("sort_and_sample", 1, 1, 1); }, {"workspace_bytes", "sort_and_sample"});
     CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_probs", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
-    CHECK(gpu::workspace_bytes("sampling_from_logits", 3, 5, 100) >= 3 * 100 * sizeof(float) + 3 * sizeof(int32_t));
+    CHECK(gpu::workspace_bytes("sampling_from_logits", 3, 5, 100) == 0);  // softmax fused
+    CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
+    CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::top_k_first) >=
+          5 * 100 * sizeof(float) + 5 * sizeof(int32_t));
   }
 }

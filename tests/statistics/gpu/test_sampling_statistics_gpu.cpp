@@ -184,6 +184,24 @@ void run_operators(int64_t vocab, int64_t draws, bool full) {
                                                      {ws.get(), bytes}, opt);
              },
              row.target(SamplingFilter::make_top_k_top_p(10, 0.5)), draws, seed);
+  // bf16 logits: the law is the softmax of the bf16-rounded logits (not of the f32 ones)
+  std::vector<uint16_t> bits;
+  ref::Tensor rounded({1, vocab});
+  for (int64_t i = 0; i < vocab; ++i) {
+    bits.push_back(flashstep::test::bf16_bits(static_cast<float>(row.logits.data[static_cast<size_t>(i)])));
+    rounded.data[static_cast<size_t>(i)] = flashstep::test::bf16_value(bits.back());
+  }
+  DeviceArray<uint16_t> d_bits(bits);
+  const gpu::DeviceRows bf16_rows{d_bits.get(), 1, vocab, gpu::ElementType::bf16};
+  const std::vector<float> p_bf16 = as_float(ref::softmax(rounded));
+  expect_law("sampling_from_logits bf16",
+             [&](auto out, auto opt) { gpu::sampling_from_logits(bf16_rows, out, {}, opt); },
+             ref::sampling_target_distribution(p_bf16, SamplingFilter::none()), draws, seed);
+  expect_law("top_k_top_p_sampling_from_logits bf16 joint k=10 p=0.5",
+             [&](auto out, auto opt) {
+               gpu::top_k_top_p_sampling_from_logits(bf16_rows, 10, 0.5, ref::FilterApplyOrder::joint, out, {}, opt);
+             },
+             ref::sampling_target_distribution(p_bf16, SamplingFilter::make_top_k_top_p(10, 0.5)), draws, seed);
 }
 
 }  // namespace
