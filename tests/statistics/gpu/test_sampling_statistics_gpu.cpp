@@ -248,27 +248,33 @@ TEST_CASE("the verdict rejects the four broken samplers, drawn on the GPU") {
     report("broken: top_k keeps k+1 tokens", v1);
     CHECK_FALSE(v1.pass());
 
-    const auto top_p = row.target(SamplingFilter::make_top_p(0.5));
+    // A top-p cut whose nucleus holds four tokens whatever the row drew (a fixed p = 0.5
+    // keeps one token when the top one holds more than half the mass, and then neither
+    // broken top-p sampler below differs from the right one): halfway between the mass of
+    // the three and of the four most likely tokens, so that the fourth crosses it.
+    std::vector<size_t> order(row.p.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return row.p[a] > row.p[b]; });
+    const double total = std::accumulate(row.p.begin(), row.p.end(), 0.0);
+    const double c3 = (row.p[order[0]] + row.p[order[1]] + row.p[order[2]]) / total;
+    const double p_cut = c3 + row.p[order[3]] / total / 2;
+    const auto top_p = row.target(SamplingFilter::make_top_p(p_cut));
+    REQUIRE(support(top_p) == 4);
     std::vector<double> no_renorm(row.p.size(), 0.0);
-    double kept = 0.0, total = 0.0;
+    double kept = 0.0;
     size_t last_kept = 0;
-    for (size_t i = 0; i < row.p.size(); ++i) {
-      total += row.p[i];
+    for (size_t i = 0; i < row.p.size(); ++i)
       if (top_p[i] > 0.0) no_renorm[i] = row.p[i], kept += row.p[i], last_kept = i;
-    }
     no_renorm[last_kept] += total - kept;
     const Verdict v2 = verdict_of(no_renorm, top_p);
     report("broken: top_p forgets to renormalize", v2);
     CHECK_FALSE(v2.pass());
 
-    std::vector<size_t> order(row.p.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return row.p[a] > row.p[b]; });
     std::vector<double> short_head(row.p.size(), 0.0);
     double cumulative = 0.0;
     for (size_t i : order) {
       cumulative += row.p[i] / total;
-      if (cumulative <= 0.5) short_head[i] = row.p[i];
+      if (cumulative <= p_cut) short_head[i] = row.p[i];
     }
     if (std::accumulate(short_head.begin(), short_head.end(), 0.0) == 0.0) short_head[order[0]] = 1.0;
     const Verdict v3 = verdict_of(short_head, top_p);
