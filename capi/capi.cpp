@@ -409,14 +409,28 @@ int fs_sampling_workspace_bytes(const char* name, int64_t rows, int64_t batch, i
   });
 }
 
-int fs_sample(const char* name, const float* data, int64_t rows, int64_t vocab,
+namespace {
+
+/// The rows a sampling call reads: fp32, or bf16 where params.input_dtype says so (the
+/// operators that take logits accept it; the others refuse it, naming the argument).
+smp::DeviceRows rows_of(const void* data, int64_t rows, int64_t vocab, const fs_sampling_params& params,
+                        const char* function) {
+  require(params.input_dtype == FS_F32 || params.input_dtype == FS_BF16,
+          std::string(function) + ": params.input_dtype must be 0 (f32) or 2 (bf16), got " +
+              std::to_string(params.input_dtype));
+  return {data, rows, vocab, params.input_dtype == FS_BF16 ? smp::ElementType::bf16 : smp::ElementType::f32};
+}
+
+}  // namespace
+
+int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab,
               const fs_sampling_params* params, const int32_t* indices, int64_t batch, uint64_t seed,
               uint64_t offset, int32_t* samples, int32_t* rounds, int32_t* status, void* workspace,
               size_t workspace_bytes, void* stream) {
   return guarded("fs_sample", [&] {
     require(name != nullptr && params != nullptr, "fs_sample: name and params are required");
     const std::string op = name;
-    const smp::DeviceRows in{data, rows, vocab};
+    const smp::DeviceRows in = rows_of(data, rows, vocab, *params, name);
     smp::SamplingOptions opt;
     opt.indices = indices;
     opt.batch = batch;
@@ -448,12 +462,12 @@ int fs_sample(const char* name, const float* data, int64_t rows, int64_t vocab,
   });
 }
 
-int fs_row_transform(const char* name, const float* data, int64_t rows, int64_t vocab,
+int fs_row_transform(const char* name, const void* data, int64_t rows, int64_t vocab,
                      const fs_sampling_params* params, float* out, int32_t* status, void* stream) {
   return guarded("fs_row_transform", [&] {
     require(name != nullptr && params != nullptr, "fs_row_transform: name and params are required");
     const std::string op = name;
-    const smp::DeviceRows in{data, rows, vocab};
+    const smp::DeviceRows in = rows_of(data, rows, vocab, *params, name);
     cudaStream_t s = as_stream(stream);
     if (op == "softmax") {
       const smp::RowParam<double, float> t = params->temperature_arr

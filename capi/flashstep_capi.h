@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 1
+#define FLASHSTEP_CAPI_VERSION 2
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -166,6 +166,7 @@ typedef struct fs_sampling_params {
   double temperature;         ///< softmax: temperature scalar
   const float* temperature_arr;  ///< softmax: (rows) device, or null
   int32_t filter_apply_order; ///< FS_TOP_K_FIRST or FS_JOINT
+  int32_t input_dtype;        ///< element type of `data`: FS_F32, or FS_BF16 for the operators that take logits
 } fs_sampling_params;
 
 /// Workspace bytes of sampling operator `name` (stage 06's workspace_bytes).
@@ -176,14 +177,14 @@ FS_API int fs_sampling_workspace_bytes(const char* name, int64_t rows, int64_t b
 /// "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits") on fp32 rows
 /// (rows, vocab). indices: (batch) device or null (then batch == rows). samples, rounds,
 /// status: (batch) device; rounds and status may be null.
-FS_API int fs_sample(const char* name, const float* data, int64_t rows, int64_t vocab,
+FS_API int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab,
               const fs_sampling_params* params, const int32_t* indices, int64_t batch, uint64_t seed,
               uint64_t offset, int32_t* samples, int32_t* rounds, int32_t* status, void* workspace,
               size_t workspace_bytes, void* stream);
 /// Row transform `name` ("softmax", "top_k_renorm_probs", "top_p_renorm_probs",
 /// "top_k_mask_logits") from (rows, vocab) fp32 `data` into `out` (rows, vocab); status
 /// (rows) may be null.
-FS_API int fs_row_transform(const char* name, const float* data, int64_t rows, int64_t vocab,
+FS_API int fs_row_transform(const char* name, const void* data, int64_t rows, int64_t vocab,
                      const fs_sampling_params* params, float* out, int32_t* status, void* stream);
 /// Chain speculative sampling (stage 06). draft_probs (batch, n, vocab), draft_token_ids
 /// (batch, n), target_probs (batch, n + 1, vocab); outputs (batch, n + 1), (batch), (batch).

@@ -50,7 +50,7 @@ class _SamplingParams(ctypes.Structure):
         ("top_p", ctypes.c_double), ("top_p_arr", ctypes.c_void_p),
         ("min_p", ctypes.c_double), ("min_p_arr", ctypes.c_void_p),
         ("temperature", ctypes.c_double), ("temperature_arr", ctypes.c_void_p),
-        ("filter_apply_order", ctypes.c_int32),
+        ("filter_apply_order", ctypes.c_int32), ("input_dtype", ctypes.c_int32),
     ]
 
 
@@ -93,7 +93,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 1
+EXPECTED_VERSION = 2
 
 _lib = None
 

@@ -850,8 +850,15 @@ def _seed_offset(seed, offset, generator, fn):
 
 
 def _rows(x, fn, name):
-    a = check(device_array(x, fn, name), fn, name, dtypes=("float32",), shape=(None, None))
+    # logits may be bfloat16 (computed in float32 inside); probabilities are float32
+    dtypes = ("float32", "bfloat16") if name == "logits" else ("float32",)
+    a = check(device_array(x, fn, name), fn, name, dtypes=dtypes, shape=(None, None))
     return _check_on_device(a, fn, name)
+
+
+def _input_dtype(rows):
+    """fs_sampling_params.input_dtype of a row array: 0 (float32) or 2 (bfloat16)."""
+    return 2 if rows.dtype == "bfloat16" else 0
 
 
 def _param(value, fn, name, dtype, batch, like, params, field):
@@ -879,6 +886,7 @@ def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, ord
     if order not in ("top_k_first", "joint"):
         raise ValueError(f"{fn}: filter_apply_order must be 'top_k_first' or 'joint'; got {order!r}")
     params.filter_apply_order = 0 if order == "top_k_first" else 1
+    params.input_dtype = _input_dtype(rows)
     _param(top_k, fn, "top_k", "int32", batch, rows, params, "top_k")
     _param(top_p, fn, "top_p", "float32", batch, rows, params, "top_p")
     _param(min_p, fn, "min_p", "float32", batch, rows, params, "min_p")
@@ -924,7 +932,8 @@ def sampling_from_probs(probs, indices=None, deterministic=True, generator=None,
 
 def sampling_from_logits(logits, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
                          offset=None, return_status=False):
-    """softmax(logits), then sampling_from_probs."""
+    """softmax(logits), then sampling_from_probs, in one kernel; logits float32 or
+    bfloat16."""
     return _sample("sampling_from_logits", "sampling_from_logits", logits, "logits", indices, seed=seed,
                    offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
 
@@ -973,6 +982,7 @@ def _transform(op, fn, data, name, top_k=None, top_p=None, temperature=None):
     rows = _rows(data, fn, name)
     params = _capi.SamplingParams()
     params.top_k, params.top_p, params.min_p, params.temperature = 0, 1.0, 0.0, 1.0
+    params.input_dtype = _input_dtype(rows)
     _param(top_k, fn, "top_k", "int32", rows.shape[0], rows, params, "top_k")
     _param(top_p, fn, "top_p", "float32", rows.shape[0], rows, params, "top_p")
     _param(temperature, fn, "temperature", "float32", rows.shape[0], rows, params, "temperature")
@@ -984,8 +994,8 @@ def _transform(op, fn, data, name, top_k=None, top_p=None, temperature=None):
 
 
 def softmax(logits, temperature=None, enable_pdl=None):
-    """Softmax of logits / temperature per row (float32); temperature a float or a
-    float32 array (rows); None means 1."""
+    """Softmax of logits / temperature per row; logits float32 or bfloat16, the result
+    float32; temperature a float or a float32 array (rows); None means 1."""
     return _transform("softmax", "softmax", logits, "logits", temperature=temperature)
 
 
@@ -1000,7 +1010,8 @@ def top_p_renorm_probs(probs, top_p):
 
 
 def top_k_mask_logits(logits, top_k):
-    """Keeps each row's top-k logits (ties kept), sets the rest to -inf."""
+    """Keeps each row's top-k logits (ties kept), sets the rest to -inf; logits float32
+    or bfloat16, the result float32."""
     return _transform("top_k_mask_logits", "top_k_mask_logits", logits, "logits", top_k=top_k)
 
 

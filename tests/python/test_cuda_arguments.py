@@ -74,6 +74,11 @@ def test_host_arrays_are_refused_by_name():
     raises(r"BatchDecodeWithPagedKVCacheWrapper: workspace_buffer must be a CUDA array",
            fsc.BatchDecodeWithPagedKVCacheWrapper, np.zeros(1024, np.uint8))
     raises(r"softmax: logits must be a CUDA tensor .*got list", fsc.softmax, [[1.0, 2.0]])
+    # logits may be float32 or bfloat16, probabilities float32 only
+    raises(r"sampling_from_probs: probs must have dtype float32; it has float16", fsc.sampling_from_probs,
+           FakeCuda((2, 10), "<f2"))
+    raises(r"sampling_from_logits: logits must have dtype float32 or bfloat16; it has float16",
+           fsc.sampling_from_logits, FakeCuda((2, 10), "<f2"))
     raises(r"merge_state: v_a is required", fsc.merge_state, None, None, None, None)
 
 

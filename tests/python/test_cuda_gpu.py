@@ -389,6 +389,9 @@ def test_samplers_on_rows_with_one_possible_token(torch, fsc, rng):
         "top_k_top_p joint": lambda: fsc.top_k_top_p_sampling_from_probs(probs, 3, 0.9, filter_apply_order="joint",
                                                                           seed=seed),
         "top_k_top_p logits": lambda: fsc.top_k_top_p_sampling_from_logits(logits, 3, 0.9, seed=seed),
+        "sampling_from_logits bf16": lambda: fsc.sampling_from_logits(logits.bfloat16(), seed=seed),
+        "top_k_top_p logits bf16 joint": lambda: fsc.top_k_top_p_sampling_from_logits(
+            logits.bfloat16(), 3, 0.9, filter_apply_order="joint", seed=seed),
     }
     for name, call in calls.items():
         got = call()
@@ -443,6 +446,21 @@ def test_row_transforms_match_their_definitions(torch, fsc, rng):
     ref = torch.zeros_like(sorted_p).scatter(-1, order, sorted_p * head)
     ref /= ref.sum(-1, keepdim=True)
     cs.assert_close(torch, fsc.top_p_renorm_probs(probs, 0.8), ref, tol, "top_p_renorm_probs")
+    # bf16 logits: the softmax of the bf16-rounded values, computed in float32
+    lb = logits.bfloat16()
+    cs.assert_close(torch, fsc.softmax(lb), torch.softmax(lb.double(), dim=-1), tol, "softmax bf16")
+    top_b = torch.softmax(lb.double(), dim=-1).topk(50, dim=-1)
+    masked_b = fsc.top_k_mask_logits(lb, 50)
+    assert masked_b.dtype == torch.float32
+    assert torch.equal(torch.isfinite(masked_b), torch.zeros_like(masked_b, dtype=torch.bool).scatter(-1, top_b.indices, True))
+    # the same bf16 logits sampled many times follow their softmax
+    n = 100_000
+    row = lb[:1, :8].contiguous()
+    tokens = fsc.sampling_from_logits(row, indices=torch.zeros(n, dtype=torch.int32, device="cuda"),
+                                      seed=int(rng.integers(2**62)))
+    freq = torch.bincount(tokens.long(), minlength=8).double() / n
+    p = torch.softmax(row[0].double(), dim=-1)
+    assert ((freq - p).abs() <= 6 * torch.sqrt(p * (1 - p) / n) + 1e-12).all(), f"{freq.tolist()} vs {p.tolist()}"
 
 
 def test_chain_speculative_sampling_accepts_drafts_from_the_target(torch, fsc, rng):
