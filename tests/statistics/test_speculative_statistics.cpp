@@ -19,27 +19,8 @@
 using namespace flashstep;
 using ref::Tensor;
 
-namespace {
-
-// A random row rounded to float32 values (what the sampler reads), as doubles.
-std::vector<double> random_row(std::mt19937_64& rng, int64_t V) {
-  std::gamma_distribution<double> gamma(0.7, 1.0);
-  std::vector<double> w(static_cast<size_t>(V));
-  double sum = 0.0;
-  for (auto& x : w) sum += (x = gamma(rng) + 1e-3);
-  for (auto& x : w) x = static_cast<float>(x / sum);
-  return w;
-}
-
-// Exact float32-row target of a sampler (renormalized by its own sum).
-std::vector<double> normalized(const std::vector<double>& w) {
-  const double s = std::accumulate(w.begin(), w.end(), 0.0);
-  std::vector<double> out(w.size());
-  for (size_t i = 0; i < w.size(); ++i) out[i] = w[i] / s;
-  return out;
-}
-
-}  // namespace
+using flashstep::test::normalized;
+using flashstep::test::random_row;
 
 TEST_CASE("speculative sampling emits target-distributed tokens at every position (10^6 requests)") {
   auto rng = test::case_rng("statistics speculative");

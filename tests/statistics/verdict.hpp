@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,5 +86,25 @@ inline Verdict compare(const std::vector<int64_t>& counts, const std::vector<dou
   return v;
 }
 
+
+/// A random row for the speculative-sampling laws: gamma(0.7) weights (a few large, many
+/// small), normalized and rounded to float32 (what a sampler reads), as doubles.
+inline std::vector<double> random_row(std::mt19937_64& rng, int64_t vocab) {
+  std::gamma_distribution<double> gamma(0.7, 1.0);
+  std::vector<double> w(static_cast<size_t>(vocab));
+  double sum = 0.0;
+  for (auto& x : w) sum += (x = gamma(rng) + 1e-3);
+  for (auto& x : w) x = static_cast<float>(x / sum);
+  return w;
+}
+
+/// The exact law of a float row: renormalized by its own sum, as a sampler's masses are.
+inline std::vector<double> normalized(const std::vector<double>& w) {
+  double s = 0.0;
+  for (double x : w) s += x;
+  std::vector<double> out(w.size());
+  for (size_t i = 0; i < w.size(); ++i) out[i] = w[i] / s;
+  return out;
+}
 
 }  // namespace flashstep::test

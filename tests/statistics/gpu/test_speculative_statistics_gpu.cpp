@@ -31,25 +31,10 @@ using flashstep::test::compare;
 using flashstep::test::DeviceArray;
 using flashstep::test::Verdict;
 
+using flashstep::test::normalized;
+using flashstep::test::random_row;
+
 namespace {
-
-// A random row rounded to float32 values (what the kernel reads), as doubles.
-std::vector<double> random_row(std::mt19937_64& rng, int64_t vocab) {
-  std::gamma_distribution<double> gamma(0.7, 1.0);
-  std::vector<double> w(static_cast<size_t>(vocab));
-  double sum = 0.0;
-  for (auto& x : w) sum += (x = gamma(rng) + 1e-3);
-  for (auto& x : w) x = static_cast<float>(x / sum);
-  return w;
-}
-
-// The exact law of a float row (renormalized by its own sum, as the kernel's masses are).
-std::vector<double> normalized(const std::vector<double>& w) {
-  const double s = std::accumulate(w.begin(), w.end(), 0.0);
-  std::vector<double> out(w.size());
-  for (size_t i = 0; i < w.size(); ++i) out[i] = w[i] / s;
-  return out;
-}
 
 struct Setup {
   int64_t vocab, n;
