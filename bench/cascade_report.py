@@ -18,13 +18,12 @@ The markers are the chapter's: without them nothing is written (exit 2). --check
 reports whether the section is up to date (exit 1 if not).
 """
 import argparse
-import csv
 import os
 import re
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
-from report import fmt  # the number format of every chapter table
+from report import fmt, load_shapes, ratio  # the chapters' number format and shapes reader
 
 # Markers of its own: bench/report.py and the docs test of its sections leave this one to
 # this script.
@@ -42,21 +41,10 @@ SWEEP_GOAL = 0.98  # stage 05 over the fastest flat stage, every decode shape (b
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
-def load_shapes(repo):
-    with open(os.path.join(repo, "bench", "shapes_cascade.csv"), encoding="utf-8") as f:
-        lines = [line for line in f if line.strip() and not line.startswith("#")]
-    return list(csv.DictReader(lines))
-
-
 def us(rows, name):
     """The median time of row `name` in µs, or None where the run has no such row."""
     r = rows.get(name)
     return None if r is None else r["real_time"] * TIME_UNITS[r.get("time_unit", "ns")]
-
-
-def ratio(a, b):
-    """a / b, or None where either is missing."""
-    return None if a is None or b is None or b == 0 else a / b
 
 
 def times(x):
@@ -348,7 +336,7 @@ def main():
         return 2
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    shapes = load_shapes(a.repo)
+    shapes = load_shapes(a.repo, "shapes_cascade.csv")
     new = head + BEGIN + "\n" + section(a.results, data, rows, shapes, a.repo) + "\n" + END + tail
     if a.check:
         print("up to date" if new == text else "stale")

@@ -15,12 +15,11 @@ Every number comes from the JSON; a peer that did not run shows "–". --check o
 reports whether the section is up to date (exit 1 if not).
 """
 import argparse
-import csv
 import os
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
-from report import fmt  # the number format of every chapter table
+from report import fmt, load_shapes, ratio  # the chapters' number format and shapes reader
 
 # Markers of its own (as stage 03's sweep has): bench/report.py and the docs test of its
 # sections leave this one to this script.
@@ -28,19 +27,9 @@ BEGIN, END = "<!-- prefill results:begin -->", "<!-- prefill results:end -->"
 STAGE, RAGGED = "04_tensor_core", "04_tensor_core_ragged"
 
 
-def load_shapes(repo):
-    with open(os.path.join(repo, "bench", "shapes_prefill.csv"), encoding="utf-8") as f:
-        lines = [line for line in f if line.strip() and not line.startswith("#")]
-    return list(csv.DictReader(lines))
-
-
 def value(rows, name, unit):
     r = rows.get(name)
     return None if r is None or unit not in r else float(r[unit])
-
-
-def ratio(a, b):
-    return None if a is None or b is None or b == 0 else a / b
 
 
 PLOT = "prefill_tflops.png"
@@ -145,11 +134,12 @@ def main():
         text = f.read()
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    new = head + BEGIN + "\n" + section(a.results, data, rows, load_shapes(a.repo), a.repo) + "\n" + END + tail
+    shapes = load_shapes(a.repo, "shapes_prefill.csv")
+    new = head + BEGIN + "\n" + section(a.results, data, rows, shapes, a.repo) + "\n" + END + tail
     if a.check:
         print("up to date" if new == text else "stale")
         return 0 if new == text else 1
-    plot_tflops(data, rows, load_shapes(a.repo), os.path.join(a.repo, "docs", "results", PLOT))
+    plot_tflops(data, rows, shapes, os.path.join(a.repo, "docs", "results", PLOT))
     with open(chapter, "w", encoding="utf-8") as f:
         f.write(new)
     print(f"wrote {os.path.relpath(chapter, a.repo)}")

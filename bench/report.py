@@ -39,11 +39,17 @@ SHAPES_FILE = "bench/shapes.csv"  # the shape set the chapters' tables are made 
 CITES_RUN = re.compile(r"docs/results/[\w./-]+\.json")
 
 
-def load_shapes(repo):
+def load_shapes(repo, name="shapes.csv"):
+    """The rows of bench/`name` (comment lines skipped) as dicts keyed by its header."""
     import csv
-    with open(os.path.join(repo, "bench", "shapes.csv"), encoding="utf-8") as f:
+    with open(os.path.join(repo, "bench", name), encoding="utf-8") as f:
         lines = [line for line in f if line.strip() and not line.startswith("#")]
     return list(csv.DictReader(lines))
+
+
+def ratio(a, b):
+    """a / b, or None where either is missing (or b is 0)."""
+    return None if a is None or b is None or b == 0 else a / b
 
 
 def fmt(x, digits=3):
