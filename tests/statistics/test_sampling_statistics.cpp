@@ -60,27 +60,6 @@ std::vector<int64_t> histogram(const std::vector<int32_t>& samples, int64_t voca
   return counts;
 }
 
-// Logits of a test row: normal, with 3% of tokens masked (-inf); the 111-token row is
-// quantized to quarters and given ties at ranks (1, 2) and (10, 11), where top_k = 1 and
-// top_k = 10 cut.
-std::vector<double> test_logits(std::mt19937_64& rng, int64_t vocab) {
-  std::normal_distribution<double> normal(0.0, 2.5);
-  std::uniform_real_distribution<double> unit(0.0, 1.0);
-  std::vector<double> logits(static_cast<size_t>(vocab));
-  for (auto& x : logits) x = normal(rng);
-  if (vocab == 111) {
-    for (auto& x : logits) x = std::round(4.0 * x) / 4.0;
-    std::vector<size_t> order(logits.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
-    logits[order[1]] = logits[order[0]];
-    logits[order[10]] = logits[order[9]];
-  }
-  for (auto& x : logits)
-    if (unit(rng) < 0.03) x = -std::numeric_limits<double>::infinity();
-  return logits;
-}
-
 // The float32 row a sampler reads for these logits.
 std::vector<float> as_float(const Tensor& probs) {
   std::vector<float> f(probs.data.size());
@@ -123,7 +102,7 @@ void run_grid(const char* salt, const std::function<std::vector<Case>(int64_t, c
   CAPTURE(seed);
   for (int64_t vocab : kVocabs) {
     Tensor logits({1, vocab});
-    logits.data = test_logits(rng, vocab);
+    logits.data = test::test_logits(rng, vocab, false);
     const Tensor probs = ref::softmax(logits);
     for (const Case& c : make_cases(vocab, logits, probs)) run_case(c, seed);
   }
@@ -273,7 +252,7 @@ TEST_CASE("the same verdict rejects broken samplers and accepts the oracle's own
   CAPTURE(seed);
   for (int64_t vocab : {int64_t{111}, int64_t{32000}}) {
     Tensor logits({1, vocab});
-    logits.data = test_logits(rng, vocab);
+    logits.data = test::test_logits(rng, vocab, false);
     const auto row = as_float(ref::softmax(logits));
     CAPTURE(vocab);
     auto report = [&](const char* what, const Verdict& v) {

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -86,6 +88,28 @@ inline Verdict compare(const std::vector<int64_t>& counts, const std::vector<dou
   return v;
 }
 
+
+/// Logits of the samplers' test row: N(0, 2.5^2), 3% of the tokens masked (-inf); the
+/// 111-token row is quantized to quarters and given ties at ranks (1, 2) and (10, 11),
+/// where top_k = 1 and top_k = 10 cut. float32_values: each normal draw is rounded to
+/// float first (the GPU suite's rows are float logits).
+inline std::vector<double> test_logits(std::mt19937_64& rng, int64_t vocab, bool float32_values) {
+  std::normal_distribution<double> normal(0.0, 2.5);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<double> logits(static_cast<size_t>(vocab));
+  for (auto& x : logits) x = float32_values ? static_cast<float>(normal(rng)) : normal(rng);
+  if (vocab == 111) {
+    for (auto& x : logits) x = std::round(4.0 * x) / 4.0;
+    std::vector<size_t> order(logits.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    logits[order[1]] = logits[order[0]];
+    logits[order[10]] = logits[order[9]];
+  }
+  for (auto& x : logits)
+    if (unit(rng) < 0.03) x = -std::numeric_limits<double>::infinity();
+  return logits;
+}
 
 /// A random row for the speculative-sampling laws: gamma(0.7) weights (a few large, many
 /// small), normalized and rounded to float32 (what a sampler reads), as doubles.

@@ -35,26 +35,6 @@ namespace {
 constexpr double kMaxMeanRounds = 8.0;  // as the reference suite
 constexpr int32_t kMaxRounds = 40;
 
-// The reference suite's test row: N(0, 2.5^2) logits, 3% masked; the 111-token row on a
-// quarter grid with ties at ranks (1, 2) and (10, 11).
-std::vector<double> test_logits(std::mt19937_64& rng, int64_t vocab) {
-  std::normal_distribution<double> normal(0.0, 2.5);
-  std::uniform_real_distribution<double> unit(0.0, 1.0);
-  std::vector<double> logits(static_cast<size_t>(vocab));
-  for (auto& x : logits) x = static_cast<float>(normal(rng));
-  if (vocab == 111) {
-    for (auto& x : logits) x = std::round(4.0 * x) / 4.0;
-    std::vector<size_t> order(logits.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
-    logits[order[1]] = logits[order[0]];
-    logits[order[10]] = logits[order[9]];
-  }
-  for (auto& x : logits)
-    if (unit(rng) < 0.03) x = -std::numeric_limits<double>::infinity();
-  return logits;
-}
-
 std::vector<float> as_float(const ref::Tensor& t) { return std::vector<float>(t.data.begin(), t.data.end()); }
 
 // A draw on the GPU: fills `out` for `batch` outputs that all read row 0.
@@ -118,7 +98,7 @@ struct Row {
   std::vector<float> p;
   DeviceArray<float> d_probs, d_logits;
   Row(std::mt19937_64& rng, int64_t v) : vocab(v), logits({1, v}) {
-    logits.data = test_logits(rng, v);
+    logits.data = flashstep::test::test_logits(rng, v, true);
     probs = ref::softmax(logits);
     p = as_float(probs);
     d_probs = DeviceArray<float>(p);
