@@ -44,11 +44,6 @@ constexpr int64_t kMaxMergeTokens = 65535;  // the merge grid's y dimension
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t group_kv_len(const ref::CascadeLevel& lv, int64_t g, int64_t page_size) {
-  const int64_t pages = lv.kv_indptr[g + 1] - lv.kv_indptr[g];
-  return pages == 0 ? 0 : (pages - 1) * page_size + lv.kv_last_page_len[g];
-}
-
 /// The batch stage 04 sees for one level: its groups are the "requests".
 BatchShape level_shape(const BatchShape& s, const ref::CascadeLevel& lv) {
   BatchShape b;
@@ -71,22 +66,22 @@ BatchShape level_shape(const BatchShape& s, const ref::CascadeLevel& lv) {
   return b;
 }
 
-/// Seconds stage 04's kernel needs for a batch whose request g has qo_len[g] queries and
-/// kv_len[g] keys: every query tile of a request reads all its (visible) keys, K and V,
-/// and each of its warps with rows computes 16 rows x keys x Hkv x 4 D flops (a warp's
+/// Seconds stage 04's kernel needs for batch `b` (a flat batch, or one level with its
+/// groups as requests): every query tile of a request reads all its (visible) keys, K and
+/// V, and each of its warps with rows computes 16 rows x keys x Hkv x 4 D flops (a warp's
 /// padded rows cost as much as real ones; a warp with none skips the arithmetic); the
 /// launch costs whichever of the two is larger.
-double tensor_core_seconds(const BatchShape& s, const std::vector<int64_t>& qo_len,
-                           const std::vector<int64_t>& kv_len, bool causal, const CostModel& c) {
-  const double elt = static_cast<double>(dtype_bytes(s.dtype)), D = s.head_dim, Hkv = s.num_kv_heads;
+double tensor_core_seconds(const BatchShape& b, const CostModel& c) {
+  const double elt = static_cast<double>(dtype_bytes(b.dtype)), D = b.head_dim, Hkv = b.num_kv_heads;
   double flops = 0, bytes = 0;
-  for (size_t g = 0; g < qo_len.size(); ++g) {
-    const int64_t tiles = ceil_div(qo_len[g] * s.group_size(), kBr);
+  for (int g = 0; g < b.batch_size; ++g) {
+    const int64_t qo_len = b.qo_indptr[g + 1] - b.qo_indptr[g], kv_len = b.kv_len(g);
+    const int64_t tiles = ceil_div(qo_len * b.group_size(), kBr);
     // causal: a tile sees on average the keys before its middle row
-    const double keys = causal ? std::max(0.0, kv_len[g] - qo_len[g] / 2.0) : static_cast<double>(kv_len[g]);
-    const int64_t padded_rows = ceil_div(qo_len[g] * s.group_size(), 16) * 16;
+    const double keys = b.causal ? std::max(0.0, kv_len - qo_len / 2.0) : static_cast<double>(kv_len);
+    const int64_t padded_rows = ceil_div(qo_len * b.group_size(), 16) * 16;
     flops += double(padded_rows) * keys * Hkv * 4.0 * D;
-    bytes += tiles * keys * Hkv * D * 2.0 * elt + qo_len[g] * double(s.num_qo_heads) * D * 2.0 * elt;
+    bytes += tiles * keys * Hkv * D * 2.0 * elt + qo_len * double(b.num_qo_heads) * D * 2.0 * elt;
   }
   return std::max(flops / c.flops_per_second, bytes / c.tensor_core_bytes_per_second);
 }
@@ -98,24 +93,16 @@ bool flat_is_split_kv(const BatchShape& s) {
 }
 
 double flat_seconds(const BatchShape& s, const CostModel& c) {
-  std::vector<int64_t> qo(static_cast<size_t>(s.batch_size)), kv(qo.size());
-  double kv_bytes = 0;
-  for (int b = 0; b < s.batch_size; ++b) {
-    qo[b] = s.qo_indptr[b + 1] - s.qo_indptr[b];
-    kv[b] = s.kv_len(b);
-    kv_bytes += double(kv[b]) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
+  if (flat_is_split_kv(s)) {
+    const double kv_bytes = double(s.total_kv_len()) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
+    return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
   }
-  if (flat_is_split_kv(s)) return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
-  return tensor_core_seconds(s, qo, kv, s.causal, c) + 2 * c.seconds_per_launch;
+  return tensor_core_seconds(s, c) + 2 * c.seconds_per_launch;
 }
 
-double level_seconds(const BatchShape& s, const ref::CascadeLevel& lv, int64_t page_size, const CostModel& c) {
-  std::vector<int64_t> qo, kv;
-  for (size_t g = 0; g + 1 < lv.qo_indptr.size(); ++g) {
-    qo.push_back(lv.qo_indptr[g + 1] - lv.qo_indptr[g]);
-    kv.push_back(group_kv_len(lv, static_cast<int64_t>(g), page_size));
-  }
-  return tensor_core_seconds(s, qo, kv, lv.causal, c) + c.seconds_per_launch;
+/// One level's launch: stage 04's kernel over the level's batch (level_shape).
+double level_seconds(const BatchShape& level, const CostModel& c) {
+  return tensor_core_seconds(level, c) + c.seconds_per_launch;
 }
 
 /// Keys per chunk of one level's launch: none when the level already fills the chip,
@@ -261,7 +248,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     // the levels, then the merge kernel: a launch, and at least one fp32 state per level
     // and query row written by the levels and read back (chunks add a few more)
     double t = cost.seconds_per_launch;
-    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(s, lv, c.page_size, cost);
+    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), cost);
     t += double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 * 2 /
          cost.bytes_per_second;
     if (t < best) {
@@ -316,7 +303,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     lp.kv_chunk_size = L.schedule.kv_chunk_size;
     lp.num_items = L.schedule.num_items();
     lp.partial_rows = L.schedule.partial_rows();
-    lp.seconds = level_seconds(s, lv, plan.levels.page_size, cost);
+    lp.seconds = level_seconds(L.shape, cost);
     plan.level_plans.push_back(lp);
     rows += L.schedule.partial_rows();
     L.qo_indptr = take(lv.qo_indptr.size());
