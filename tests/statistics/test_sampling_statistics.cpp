@@ -27,6 +27,7 @@
 #include <flashstep/reference/sampling.hpp>
 
 #include "support/random.hpp"
+#include "statistics/broken_samplers.hpp"
 #include "statistics/verdict.hpp"
 
 using namespace flashstep;
@@ -259,61 +260,38 @@ TEST_CASE("the same verdict rejects broken samplers and accepts the oracle's own
       std::printf("%-44s V=%-6lld %s\n", what, static_cast<long long>(vocab), v.text().c_str());
     };
 
+    const test::BrokenSamplers b = test::broken_samplers(row, kDraws);
+    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
+    // the nucleus: the four most likely tokens (and any tied with the fourth); the short head three
+    REQUIRE(support(b.top_p) >= 4);
+    REQUIRE(support(b.short_head) == 3);
+
     // Control: draws from the target itself pass.
-    const auto top_k = ref::sampling_target_distribution(row, SamplingFilter::make_top_k(10));
-    const Verdict control = compare(draw_from(top_k, seed), top_k, kDraws);
+    const Verdict control = compare(draw_from(b.top_k, seed), b.top_k, kDraws);
     report("control: exact top_k=10 draws", control);
     CHECK(control.pass());
 
     // Keeps one token more than top_k = 10 does (an off-by-one in the count test; on the
     // 111-token row ranks 10 and 11 are tied, so the next k that grows the set is used).
-    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
-    std::vector<double> k_plus_1;
-    for (int64_t k = 11; support(k_plus_1) <= support(top_k); ++k)
-      k_plus_1 = ref::sampling_target_distribution(row, SamplingFilter::make_top_k(k));
-    const Verdict v1 = compare(draw_from(k_plus_1, seed), top_k, kDraws);
+    const Verdict v1 = compare(draw_from(b.k_plus_1, seed), b.top_k, kDraws);
     report("broken: top_k keeps k+1 tokens", v1);
     CHECK_FALSE(v1.pass());
 
     // Forgets to renormalize: u is drawn over the whole row, and a draw that lands outside
     // the top-p head falls back to the head's last token (in vocabulary order).
-    const auto top_p = ref::sampling_target_distribution(row, SamplingFilter::make_top_p(0.5));
-    std::vector<double> no_renorm(row.size(), 0.0);
-    double kept = 0.0, total = 0.0;
-    size_t last_kept = 0;
-    for (size_t i = 0; i < row.size(); ++i) {
-      total += row[i];
-      if (top_p[i] > 0.0) {
-        no_renorm[i] = row[i];
-        kept += row[i];
-        last_kept = i;
-      }
-    }
-    no_renorm[last_kept] += total - kept;
-    const Verdict v2 = compare(draw_from(no_renorm, seed), top_p, kDraws);
+    const Verdict v2 = compare(draw_from(b.no_renorm, seed), b.top_p, kDraws);
     report("broken: top_p forgets to renormalize", v2);
     CHECK_FALSE(v2.pass());
 
     // Drops the token that crosses top_p (keeps only tokens whose cumulative mass <= p).
-    std::vector<size_t> order(row.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return row[a] > row[b]; });
-    std::vector<double> short_head(row.size(), 0.0);
-    double cumulative = 0.0;
-    for (size_t i : order) {
-      cumulative += row[i] / total;
-      if (cumulative <= 0.5) short_head[i] = row[i];
-    }
-    if (std::accumulate(short_head.begin(), short_head.end(), 0.0) == 0.0) short_head[order[0]] = 1.0;
-    const Verdict v3 = compare(draw_from(short_head, seed), top_p, kDraws);
+    const Verdict v3 = compare(draw_from(b.short_head, seed), b.top_p, kDraws);
     report("broken: top_p drops the crossing token", v3);
     CHECK_FALSE(v3.pass());
 
     // Subtle: the top token 2% too likely (renormalized), everything else right.
-    std::vector<double> tilted = top_k;
-    tilted[order[0]] *= 1.02;
-    const Verdict v4 = compare(draw_from(tilted, seed), top_k, kDraws);
+    const Verdict v4 = compare(draw_from(b.tilted, seed), b.top_k, kDraws);
     report("broken: top_k with the top token 2% heavy", v4);
+    CAPTURE(b.tilt);
     CHECK_FALSE(v4.pass());
   }
 }

@@ -20,6 +20,7 @@
 #include "06_sampling/sampling.hpp"
 #include "flashstep/reference/sampling.hpp"
 #include "sampling_support.hpp"
+#include "statistics/broken_samplers.hpp"
 #include "statistics/verdict.hpp"
 #include "support/random.hpp"
 
@@ -200,8 +201,7 @@ TEST_CASE("the verdict rejects the four broken samplers, drawn on the GPU") {
   const uint64_t seed = rng();
   CAPTURE(seed);
   const int64_t draws = 1000000;
-  // the reference suite's vocabularies: on a 1024-token row of these logits the top-p 0.5
-  // head can be a single token, where the two top-p bugs change nothing
+  // the reference suite's vocabularies and broken laws (statistics/broken_samplers.hpp)
   for (int64_t vocab : {int64_t{111}, int64_t{32000}}) {
     const Row row(rng, vocab);
     CAPTURE(vocab);
@@ -216,55 +216,30 @@ TEST_CASE("the verdict rejects the four broken samplers, drawn on the GPU") {
     auto report = [&](const char* what, const Verdict& v) {
       std::printf("GPU %-46s V=%-6lld %s\n", what, static_cast<long long>(vocab), v.text().c_str());
     };
-    const auto top_k = row.target(SamplingFilter::make_top_k(10));
-    const Verdict control = verdict_of(top_k, top_k);
+    const flashstep::test::BrokenSamplers b = flashstep::test::broken_samplers(row.p, draws);
+    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
+    // the nucleus: the four most likely tokens (and any tied with the fourth); the short head three
+    REQUIRE(support(b.top_p) >= 4);
+    REQUIRE(support(b.short_head) == 3);
+    const Verdict control = verdict_of(b.top_k, b.top_k);
     report("control: exact top_k=10 row", control);
     CHECK(control.pass());
 
-    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
-    std::vector<double> k_plus_1;
-    for (int64_t k = 11; support(k_plus_1) <= support(top_k); ++k) k_plus_1 = row.target(SamplingFilter::make_top_k(k));
-    const Verdict v1 = verdict_of(k_plus_1, top_k);
+    const Verdict v1 = verdict_of(b.k_plus_1, b.top_k);
     report("broken: top_k keeps k+1 tokens", v1);
     CHECK_FALSE(v1.pass());
 
-    // A top-p cut whose nucleus holds four tokens whatever the row drew (a fixed p = 0.5
-    // keeps one token when the top one holds more than half the mass, and then neither
-    // broken top-p sampler below differs from the right one): halfway between the mass of
-    // the three and of the four most likely tokens, so that the fourth crosses it.
-    std::vector<size_t> order(row.p.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return row.p[a] > row.p[b]; });
-    const double total = std::accumulate(row.p.begin(), row.p.end(), 0.0);
-    const double c3 = (row.p[order[0]] + row.p[order[1]] + row.p[order[2]]) / total;
-    const double p_cut = c3 + row.p[order[3]] / total / 2;
-    const auto top_p = row.target(SamplingFilter::make_top_p(p_cut));
-    REQUIRE(support(top_p) == 4);
-    std::vector<double> no_renorm(row.p.size(), 0.0);
-    double kept = 0.0;
-    size_t last_kept = 0;
-    for (size_t i = 0; i < row.p.size(); ++i)
-      if (top_p[i] > 0.0) no_renorm[i] = row.p[i], kept += row.p[i], last_kept = i;
-    no_renorm[last_kept] += total - kept;
-    const Verdict v2 = verdict_of(no_renorm, top_p);
+    const Verdict v2 = verdict_of(b.no_renorm, b.top_p);
     report("broken: top_p forgets to renormalize", v2);
     CHECK_FALSE(v2.pass());
 
-    std::vector<double> short_head(row.p.size(), 0.0);
-    double cumulative = 0.0;
-    for (size_t i : order) {
-      cumulative += row.p[i] / total;
-      if (cumulative <= p_cut) short_head[i] = row.p[i];
-    }
-    if (std::accumulate(short_head.begin(), short_head.end(), 0.0) == 0.0) short_head[order[0]] = 1.0;
-    const Verdict v3 = verdict_of(short_head, top_p);
+    const Verdict v3 = verdict_of(b.short_head, b.top_p);
     report("broken: top_p drops the crossing token", v3);
     CHECK_FALSE(v3.pass());
 
-    std::vector<double> tilted = top_k;
-    tilted[order[0]] *= 1.02;
-    const Verdict v4 = verdict_of(tilted, top_k);
+    const Verdict v4 = verdict_of(b.tilted, b.top_k);
     report("broken: top_k with the top token 2% heavy", v4);
+    CAPTURE(b.tilt);
     CHECK_FALSE(v4.pass());
   }
 }
