@@ -23,7 +23,7 @@ import re
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
-from report import fmt, load_shapes, ratio  # the chapters' number format and shapes reader
+from report import fmt, load_shapes, ratio, split_chapter  # shared by the chapters' generators
 
 # Markers of its own: bench/report.py and the docs test of its sections leave this one to
 # this script.
@@ -325,17 +325,10 @@ def main():
               "not bench/shapes_cascade.csv", file=sys.stderr)
         return 2
     chapter = os.path.join(a.repo, "stages", "05_cascade", "README.md")
-    if not os.path.exists(chapter):
-        print(f"cascade_report.py: no chapter {os.path.relpath(chapter, a.repo)}", file=sys.stderr)
+    parts = split_chapter(chapter, BEGIN, END, "cascade_report.py", a.repo)
+    if parts is None:
         return 2
-    with open(chapter, encoding="utf-8") as f:
-        text = f.read()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        print(f"cascade_report.py: {os.path.relpath(chapter, a.repo)} needs one line `{BEGIN}` and, after it, "
-              f"one line `{END}` where the section goes", file=sys.stderr)
-        return 2
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    text, head, tail = parts
     shapes = load_shapes(a.repo, "shapes_cascade.csv")
     new = head + BEGIN + "\n" + section(a.results, data, rows, shapes, a.repo) + "\n" + END + tail
     if a.check:

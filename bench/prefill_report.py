@@ -19,7 +19,7 @@ import os
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
-from report import fmt, load_shapes, ratio  # the chapters' number format and shapes reader
+from report import fmt, load_shapes, ratio, split_chapter  # shared by the chapters' generators
 
 # Markers of its own (as stage 03's sweep has): bench/report.py and the docs test of its
 # sections leave this one to this script.
@@ -130,10 +130,10 @@ def main():
               "not bench/shapes_prefill.csv", file=sys.stderr)
         return 2
     chapter = os.path.join(a.repo, "stages", "04_tensor_core", "README.md")
-    with open(chapter, encoding="utf-8") as f:
-        text = f.read()
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    parts = split_chapter(chapter, BEGIN, END, "prefill_report.py", a.repo)
+    if parts is None:
+        return 2
+    text, head, tail = parts
     shapes = load_shapes(a.repo, "shapes_prefill.csv")
     new = head + BEGIN + "\n" + section(a.results, data, rows, shapes, a.repo) + "\n" + END + tail
     if a.check:

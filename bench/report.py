@@ -47,6 +47,24 @@ def load_shapes(repo, name="shapes.csv"):
     return list(csv.DictReader(lines))
 
 
+def split_chapter(chapter, begin, end, script, repo):
+    """(text, head, tail) of a chapter whose generated section lies between a line `begin`
+    and, after it, a line `end` (head ends before `begin`, tail starts after `end`); or
+    None after saying on stderr, as `script`, what is missing."""
+    shown = os.path.relpath(chapter, repo)
+    if not os.path.exists(chapter):
+        print(f"{script}: no chapter {shown}", file=sys.stderr)
+        return None
+    with open(chapter, encoding="utf-8") as f:
+        text = f.read()
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        print(f"{script}: {shown} needs one line `{begin}` and, after it, one line `{end}` where the section goes",
+              file=sys.stderr)
+        return None
+    head, rest = text.split(begin, 1)
+    return text, head, rest.split(end, 1)[1]
+
+
 def ratio(a, b):
     """a / b, or None where either is missing (or b is 0)."""
     return None if a is None or b is None or b == 0 else a / b
