@@ -37,7 +37,10 @@ template <typename T>
 struct MergeStatesParams {
   const float* partial_o = nullptr;    ///< (num_work_items, num_qo_heads, head_dim) fp32
   const float* partial_lse = nullptr;  ///< (num_work_items, num_qo_heads) natural log
-  const int32_t* o_indptr = nullptr;   ///< (batch_size + 1): request r's rows
+  const int32_t* o_indptr = nullptr;   ///< (batch_size + 1): request r's rows; or null, below
+  /// With o_indptr null: every request has this many states, state j of request r at row
+  /// j * batch_size + r (the layout of an all-gather of per-GPU (batch_size, ...) arrays).
+  int states_per_request = 0;
   T* o = nullptr;                      ///< (batch_size, num_qo_heads, head_dim)
   float* lse = nullptr;                ///< (batch_size, num_qo_heads) natural log
   int num_qo_heads = 0;                ///< query heads, Hq (the row stride of every array)
@@ -67,7 +70,8 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const 
 }
 
 /// Merges request r's partial rows o_indptr[r] .. o_indptr[r+1] (any number, 0 included:
-/// then o = 0, lse = -inf) into its o and lse for one query head. grid = (num_qo_heads,
+/// then o = 0, lse = -inf) into its o and lse for one query head; with o_indptr null, its
+/// states_per_request rows r, r + batch_size, r + 2 * batch_size, ... instead. grid = (num_qo_heads,
 /// batch_size), kMergeThreads threads; launched after chunk_decode_kernel, programmatically
 /// dependent on it where the launch asks for that.
 /// \tparam T element type of o (float, __half or __nv_bfloat16)
@@ -89,7 +93,10 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   const int qo_head = blockIdx.x, r = blockIdx.y;
   const int tx = threadIdx.x % TX, tz = threadIdx.x / TX;
   // The schedule was written before the chunk kernel started: safe to read before the wait.
-  const int begin = p.o_indptr[r], end = p.o_indptr[r + 1];
+  // State number k (begin <= k < end) of this request is row first + k * step.
+  const bool strided = p.o_indptr == nullptr;
+  const int begin = strided ? 0 : p.o_indptr[r], end = strided ? p.states_per_request : p.o_indptr[r + 1];
+  const int64_t first = strided ? r : 0, step = strided ? gridDim.y : 1;
   // Wait for the chunk kernel's writes (returns at once without programmatic launch).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
@@ -105,7 +112,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const int k = k0 + u * NZ;
       if (k < end) {
-        const int64_t row = int64_t{k} * p.num_qo_heads + qo_head;
+        const int64_t row = (first + k * step) * p.num_qo_heads + qo_head;
         v[u] = *reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM + tx * 4);
         s[u] = p.partial_lse[row];
       } else {
@@ -140,7 +147,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
     st.output(out);
     const int64_t row = int64_t{r} * p.num_qo_heads + qo_head;
     store4<T>(p.o + row * HEAD_DIM + tx * 4, out);
-    if (tx == 0) p.lse[row] = st.lse();
+    if (tx == 0 && p.lse != nullptr) p.lse[row] = st.lse();
   }
 }
 

@@ -50,6 +50,7 @@ struct LaunchArgs {
   int num_stages;
   size_t smem_bytes;
   bool programmatic_launch;
+  bool fp32_states;
 };
 
 /// One instantiation (dtype x head_dim): what plan() asks of it and how run() launches it.
@@ -59,6 +60,11 @@ struct KernelEntry {
   int (*blocks_per_sm)(size_t smem_bytes);
   void (*launch)(const LaunchArgs& a, cudaStream_t stream);
 };
+
+template <typename OutT, int HEAD_DIM>
+void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, int states_per_request,
+                  OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch,
+                  cudaStream_t stream);
 
 template <typename T, int HEAD_DIM>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
@@ -90,15 +96,31 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv) return;
 
-  MergeStatesParams<T> m;
-  m.partial_o = p.partial_o;
-  m.partial_lse = p.partial_lse;
-  m.o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
-  m.o = p.o;
-  m.lse = p.lse;
-  m.num_qo_heads = s.num_qo_heads;
+  if (a.fp32_states) {
+    launch_merge<float, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr),
+                                  0, static_cast<float*>(a.batch->o), p.lse, s.num_qo_heads, s.batch_size,
+                                  a.programmatic_launch, stream);
+  } else {
+    launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr),
+                              0, p.o, p.lse, s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
+  }
+}
+
+/// The merge kernel over partial rows (o_indptr) or strided states (o_indptr null).
+template <typename OutT, int HEAD_DIM>
+void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, int states_per_request,
+                  OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch,
+                  cudaStream_t stream) {
+  MergeStatesParams<OutT> m;
+  m.partial_o = partial_o;
+  m.partial_lse = partial_lse;
+  m.o_indptr = o_indptr;
+  m.states_per_request = states_per_request;
+  m.o = o;
+  m.lse = lse;
+  m.num_qo_heads = num_qo_heads;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(s.num_qo_heads, s.batch_size);
+  config.gridDim = dim3(num_qo_heads, batch_size);
   config.blockDim = dim3(kMergeThreads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
@@ -108,8 +130,8 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = a.programmatic_launch ? 1 : 0;
-  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_states_kernel<T, HEAD_DIM>, m));
+  config.numAttrs = programmatic_launch ? 1 : 0;
+  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_states_kernel<OutT, HEAD_DIM>, m));
   kernels::check_launch("merge_states_kernel");
 }
 
@@ -184,7 +206,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
 }  // namespace
 
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
-                                      int max_grid_size) {
+                                      int max_grid_size, bool fp32_states) {
   const char* fn = "make_workspace_layout";
   ref::require(batch_size >= 1 && num_qo_heads >= 1 && num_kv_heads >= 1 && head_dim >= 1 && max_grid_size >= 1,
                fn, "batch_size, num_qo_heads, num_kv_heads, head_dim and max_grid_size must be >= 1");
@@ -194,6 +216,8 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
   w.capacity = std::max(batch_size, per_head);
   // The planner splits only when batch_size * H < G; then it never makes more than G / H items.
   w.partial_rows = int64_t{batch_size} * num_kv_heads < max_grid_size ? per_head : 0;
+  // fp32 states: every work item writes a row, split or not.
+  if (fp32_states) w.partial_rows = w.capacity;
   size_t at = 0;
   w.header = at;
   at = align_up(at + sizeof(SplitKVHeader));
@@ -232,7 +256,7 @@ SplitKVRunner::~SplitKVRunner() {
 size_t SplitKVRunner::workspace_bytes(const BatchShape& shape) const {
   const Resolved r = resolve(options_, shape, "SplitKVRunner::workspace_bytes");
   return make_workspace_layout(shape.batch_size, shape.num_qo_heads, shape.num_kv_heads, shape.head_dim,
-                               r.num_sm * r.ctas_per_sm)
+                               r.num_sm * r.ctas_per_sm, options_.fp32_states)
       .bytes;
 }
 
@@ -261,12 +285,16 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   config.enable_cuda_graph = options_.enable_cuda_graph;
   config.min_kv_chunk_tokens = options_.min_kv_chunk_tokens;
   ref::SplitKVPlan plan = ref::plan_split_kv(ref::kv_page_counts_from_indptr(shape.kv_indptr), config);
+  // fp32 states: one work item per request where the planner does not split, its state
+  // written as a partial row, and the merge kernel (of one row) writes it in fp32. This
+  // depends on the batch size only, as the planner's choice does, so graphs still replay.
+  if (options_.fp32_states) plan.split_kv = true;
   ref::require(plan.padded_batch_size <= 65535, fn,
                "the plan's grid has " + str(plan.padded_batch_size) + " work items, more than grid.y allows (65535)");
 
   // ---- the workspace: every scratch array at a fixed offset of the caller's buffer.
   const WorkspaceLayout layout = make_workspace_layout(shape.batch_size, shape.num_qo_heads, shape.num_kv_heads,
-                                                       shape.head_dim, plan.max_grid_size);
+                                                       shape.head_dim, plan.max_grid_size, options_.fp32_states);
   ref::require(workspace != nullptr, fn, "workspace is null; allocate workspace_bytes(shape) bytes of device memory");
   ref::require(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, fn, "workspace must be 16-byte aligned");
   ref::require(workspace_size >= layout.bytes, fn,
@@ -329,7 +357,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
   launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
     entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                            r.programmatic_launch},
+                            r.programmatic_launch, options_.fp32_states},
                  s);
   };
   planned_ = true;
@@ -354,7 +382,28 @@ void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
     captured_padded_batch_size_ = plan_.padded_batch_size;
     captured_split_kv_ = plan_.split_kv;
   }
+  ref::require(!options_.fp32_states || batch.lse != nullptr, fn,
+               "batch.lse is null; a runner with SplitKVOptions::fp32_states writes (o, lse) states and needs both");
   launch_(batch, stream);
+}
+
+void launch_merge_states(const float* states_o, const float* states_lse, int states_per_request, int batch_size,
+                         int num_qo_heads, int head_dim, DType dtype, void* o, float* lse, cudaStream_t stream) {
+  const char* fn = "launch_merge_states";
+  ref::require(states_per_request >= 1, fn, "states_per_request must be >= 1, got " + str(states_per_request));
+  ref::require(batch_size >= 1 && batch_size <= 65535, fn,
+               "batch_size must be 1..65535 (grid.y of the merge kernel), got " + str(batch_size));
+  ref::require(num_qo_heads >= 1, fn, "num_qo_heads must be >= 1, got " + str(num_qo_heads));
+  ref::require(head_dim == 64 || head_dim == 128 || head_dim == 256, fn,
+               "head_dim must be 64, 128 or 256, got " + str(head_dim));
+  ref::require(states_o != nullptr && states_lse != nullptr && o != nullptr, fn, "states_o, states_lse and o must not be null");
+  ref::require(reinterpret_cast<uintptr_t>(states_o) % 16 == 0, fn, "states_o must be 16-byte aligned");
+  FLASHSTEP_DISPATCH_DTYPE(dtype, OutT, {
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+      launch_merge<OutT, HEAD_DIM>(states_o, states_lse, nullptr, states_per_request, static_cast<OutT*>(o), lse,
+                                   num_qo_heads, batch_size, false, stream);
+    });
+  });
 }
 
 const float* SplitKVRunner::partial_o() const {

@@ -45,6 +45,13 @@ struct SplitKVOptions {
   /// Launch the merge kernel with programmatic dependent launch (sm_90+), so that its
   /// launch overlaps the chunk kernel's tail. Off, or before sm_90: an ordinary launch.
   bool programmatic_launch = true;
+  /// run() writes every request's attention state in fp32 instead of the output dtype:
+  /// DeviceBatch::o is then a float array (batch_size, num_qo_heads, head_dim) and
+  /// DeviceBatch::lse (batch_size, num_qo_heads), natural log, is required. A request with
+  /// no keys gets o = 0, lse = -inf. The states can be merged exactly with other states of
+  /// the same requests (other keys, computed elsewhere): launch_merge_states below. Every
+  /// work item then writes a partial row, split or not, and the merge kernel writes fp32.
+  bool fp32_states = false;
 };
 
 /// Where each scratch array lives in the workspace, in bytes from its start. A pure
@@ -69,7 +76,7 @@ struct SplitKVOptions {
 ///
 /// capacity = max(batch_size, G / Hkv) (the largest padded grid any plan of this batch
 /// size can ask for); partial_rows = G / Hkv when batch_size * Hkv < G (the only case in
-/// which the planner may split), else 0.
+/// which the planner may split), else 0; with fp32 states, capacity (every item a row).
 struct WorkspaceLayout {
   int32_t batch_size = 0;    ///< requests the layout was made for (o_indptr has batch_size + 1)
   int32_t capacity = 0;      ///< entries of request_indices, kv_tile_indices, block_valid_mask
@@ -103,8 +110,25 @@ struct SplitKVHeader {
 /// \param num_kv_heads kv heads, Hkv (a work item is one chunk for one kv head's group)
 /// \param head_dim elements per head, D
 /// \param max_grid_size G = num_sm * ctas_per_sm, the planner's grid limit
+/// \param fp32_states SplitKVOptions::fp32_states: a partial row for every work item
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
-                                      int max_grid_size);
+                                      int max_grid_size, bool fp32_states = false);
+
+/// Merges several fp32 attention states of every request into its output, exactly
+/// (stage 03's merge kernel, grid (num_qo_heads, batch_size); capturable in a CUDA graph).
+/// State j of request r is row j * batch_size + r of states_o (states_per_request *
+/// batch_size, num_qo_heads, head_dim) and states_lse (same rows, num_qo_heads): the layout
+/// an all-gather of per-GPU (batch_size, ...) states produces. A request whose states all
+/// have lse = -inf gets o = 0, lse = -inf. Throws ref::InvalidArgument on bad sizes.
+/// \param states_o fp32 normalized outputs \param states_lse natural-log LSEs
+/// \param states_per_request states of each request, >= 1
+/// \param batch_size requests \param num_qo_heads query heads \param head_dim 64, 128 or 256
+/// \param dtype element type of o (f32, f16 or bf16)
+/// \param o (batch_size, num_qo_heads, head_dim) output \param lse (batch_size,
+///        num_qo_heads) natural-log output, or null
+/// \param stream the stream to launch on
+void launch_merge_states(const float* states_o, const float* states_lse, int states_per_request, int batch_size,
+                         int num_qo_heads, int head_dim, DType dtype, void* o, float* lse, cudaStream_t stream);
 
 /// plan/run for stage 03.
 ///

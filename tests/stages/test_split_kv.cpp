@@ -328,6 +328,26 @@ std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const S
   return chunk_sizes;
 }
 
+/// One shard of a case's requests: pages [cut[r], end) of request r when `upper`, else
+/// [begin, cut[r]). Whole pages; only the request's last page may be partial, so it goes
+/// with the upper shard; a shard may be empty (0 pages, last_page_len 0).
+ref::PagedKVCache shard_of(const ref::PagedKVCache& full, const std::vector<int32_t>& cut, bool upper) {
+  ref::PagedKVCache s;
+  s.pages = full.pages;
+  s.layout = full.layout;
+  s.kv_indptr.push_back(0);
+  const int64_t P = full.page_size();
+  for (int64_t r = 0; r < full.batch_size(); ++r) {
+    const int32_t b = full.kv_indptr[r], e = full.kv_indptr[r + 1], c = b + cut[size_t(r)];
+    const int32_t lo = upper ? c : b, hi = upper ? e : c;
+    s.kv_indices.insert(s.kv_indices.end(), full.kv_indices.begin() + lo, full.kv_indices.begin() + hi);
+    s.kv_indptr.push_back(s.kv_indptr.back() + (hi - lo));
+    const bool last = hi == e && hi > lo;
+    s.kv_last_page_len.push_back(hi == lo ? 0 : last ? full.kv_last_page_len[size_t(r)] : int32_t(P));
+  }
+  return s;
+}
+
 CaseSpec graph_spec(int batch, int kv_len, LengthPolicy lengths) {
   CaseSpec c;
   c.batch_size = batch;
@@ -520,6 +540,97 @@ TEST_CASE("split_kv: default options split a long request and leave a full batch
   CHECK(r.plan.num_work_items == 128);
 }
 
+TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launch_merge_states") {
+  // Each request's pages are cut in two at a random page (the lower part may be empty,
+  // and so may the upper one when the cut is at the end); a runner with fp32_states writes
+  // each shard's state, every shard's state is checked against the reference over that
+  // shard's keys, and the two, laid out as an all-gather of two GPUs' states, are merged
+  // by launch_merge_states and checked against the reference over the whole request.
+  auto rng = test::case_rng("split_kv fp32 states");
+  int cases = 0;
+  for (const CaseSpec& base : {graph_spec(5, 700, LengthPolicy::ragged_with_empty), graph_spec(3, 2048, LengthPolicy::ragged),
+                               graph_spec(1, 40, LengthPolicy::uniform), graph_spec(130, 64, LengthPolicy::ragged)}) {
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
+      CaseSpec spec = base;
+      spec.dtype = dtype;
+      if (dtype == DType::f16) {
+        spec.kv_layout = KVLayout::HND;
+        spec.page_size = 1;
+        spec.head_dim = 64;
+        spec.num_qo_heads = 8;  // group 8
+      } else if (dtype == DType::f32) {
+        spec.head_dim = 256;
+        spec.num_qo_heads = 8;  // group 1
+      }
+      const uint64_t seed = case_seed(test::run_seed(), "split_kv fp32 states " + spec.describe());
+      const HostCase host = build_case(spec, KVStorage::paged, seed);
+      const BatchShape& full = host.layout.shape;
+      const int B = full.batch_size, Hq = full.num_qo_heads, D = full.head_dim;
+      std::vector<int32_t> cut;
+      for (int r = 0; r < B; ++r) {
+        const int pages = full.kv_indptr[size_t(r) + 1] - full.kv_indptr[size_t(r)];
+        cut.push_back(std::uniform_int_distribution<int>(0, pages)(rng));
+      }
+      const size_t rows = size_t(B) * Hq;
+      DeviceCase dev(host);
+      DeviceBuffer states_o(2 * rows * D * sizeof(float)), states_lse(2 * rows * sizeof(float));
+      FLASHSTEP_CUDA_CHECK(cudaMemset(states_o.get(), 0xff, states_o.bytes()));
+      FLASHSTEP_CUDA_CHECK(cudaMemset(states_lse.get(), 0xff, states_lse.bytes()));
+      SplitKVOptions options;
+      options.fp32_states = true;
+      options.min_kv_chunk_tokens = 0;  // chunks of any size, so shards split too
+      const std::string text = spec.describe() + " (case seed " + std::to_string(seed) + ")";
+      for (int part = 0; part < 2; ++part) {
+        const ref::PagedKVCache cache = shard_of(host.paged, cut, part == 1);
+        BatchShape shape = full;
+        shape.kv_indptr = cache.kv_indptr;
+        shape.kv_indices = cache.kv_indices;
+        shape.kv_last_page_len = cache.kv_last_page_len;
+        DeviceBuffer indptr = upload(cache.kv_indptr), last = upload(cache.kv_last_page_len);
+        DeviceBuffer indices = upload(cache.kv_indices.empty() ? std::vector<int32_t>{0} : cache.kv_indices);
+        DeviceBatch batch = dev.batch();
+        batch.kv_indptr = indptr.as<int32_t>();
+        batch.kv_indices = indices.as<int32_t>();
+        batch.kv_last_page_len = last.as<int32_t>();
+        float* shard_o = states_o.as<float>() + part * rows * D;
+        float* shard_lse = states_lse.as<float>() + part * rows;
+        batch.o = shard_o;
+        batch.lse = shard_lse;
+        SplitKVRunner runner(options);
+        DeviceBuffer workspace(runner.workspace_bytes(shape));
+        runner.plan(shape, workspace.get(), workspace.bytes(), nullptr);
+        poison_partials(runner, workspace.get(), nullptr);
+        runner.run(batch, nullptr);
+        FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+        // The shard's state, fp32, against the reference over the shard's keys.
+        ref::AttentionOptions opt;
+        opt.sm_scale = full.sm_scale;
+        opt.kv_layout = full.kv_layout;
+        const ref::AttentionResult want = ref::batch_decode_with_paged_kv_cache(host.q, cache, opt);
+        const std::vector<float> go = download_floats(shard_o, rows * D), gl = download_floats(shard_lse, rows);
+        const DTypeTolerance& f32 = tolerance_for(DType::f32);
+        const Comparison co = compare("shard o", std::vector<double>(go.begin(), go.end()), want.o.data, f32.o,
+                                      output_label(full.qo_indptr, Hq, D));
+        const Comparison cl = compare("shard lse", std::vector<double>(gl.begin(), gl.end()), want.lse.data, f32.lse,
+                                      lse_label(full.qo_indptr, Hq));
+        CHECK_MESSAGE((co.passed && cl.passed), "shard " << part << " of " << text << "\n  " << co.summary() << "\n  "
+                                                        << cl.summary());
+      }
+      // Both shards' states, rows j * B + r, merged into the dtype's output.
+      dev.poison_outputs(nullptr);
+      split_kv::launch_merge_states(states_o.as<float>(), states_lse.as<float>(), 2, B, Hq, D, spec.dtype,
+                                    dev.batch().o, dev.batch().lse, nullptr);
+      FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+      const DTypeTolerance& tol = tolerance_for(spec.dtype);
+      const Comparison co = compare("o", dev.output(), host.expected.o.data, tol.o, output_label(full.qo_indptr, Hq, D));
+      const Comparison cl = compare("lse", dev.lse(), host.expected.lse.data, tol.lse, lse_label(full.qo_indptr, Hq));
+      CHECK_MESSAGE((co.passed && cl.passed), "merged " << text << "\n  " << co.summary() << "\n  " << cl.summary());
+      ++cases;
+    }
+  }
+  CHECK(cases == 12);
+}
+
 TEST_CASE("split_kv: a CUDA graph captured once replays correctly after re-planning for new lengths") {
   SplitKVOptions graph;
   graph.enable_cuda_graph = true;
@@ -637,6 +748,10 @@ TEST_CASE("split_kv: bad calls are InvalidArgument naming the rule") {
   DeviceBuffer ok(need);
   CHECK_THROWS_WITH_AS(runner.plan(s, ok.get(), ok.bytes(), nullptr),
                        doctest::Contains("kv_last_page_len must have batch_size = 2 entries"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(split_kv::launch_merge_states(nullptr, nullptr, 0, 1, 32, 128, DType::bf16, nullptr, nullptr, nullptr),
+                       doctest::Contains("states_per_request must be >= 1"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(split_kv::launch_merge_states(nullptr, nullptr, 2, 1, 32, 96, DType::bf16, nullptr, nullptr, nullptr),
+                       doctest::Contains("head_dim must be 64, 128 or 256"), ref::InvalidArgument);
   SplitKVOptions bad;
   bad.num_stages = 1;
   SplitKVRunner bad_runner(bad);
