@@ -3,12 +3,16 @@
 // so that the defaults in stages/03_split_kv are chosen from measurements:
 //
 //   auto            the registry's runner: graph plan, timed as a replay of a captured run()
+//   unsplit         stage 02's kernel always (PathChoice::unsplit)
+//   split_fused     the planner's chunks always, merged by the last block (PathChoice::split)
+//   split_kernel    the planner's chunks always, merged by the merge kernel
+//   split_kernel_no_pdl  the same, the merge kernel launched plainly (no programmatic launch)
+//   fused_minN      split_fused with chunks of at least N tokens instead of 128
 //   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 2)
-//   no_pdl          the merge kernel launched plainly, not with programmatic dependent launch
 //   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
-//   min512          chunks of at least 512 tokens instead of 128
 //   eager           FlashInfer's default plan (no graph flag), run() called directly
-//   no_split        the planner told the device holds 1 block: no split at all (stage 02's schedule)
+//   chunk_unsplit   the planner told the device holds 1 block, the split path forced: the
+//                   chunk kernel with no split (stage 02's schedule without its two halves)
 //   auto_clean_l2   "auto", but the L2 is evicted by reading (split_kv_flush.cu) instead of by
 //                   writing: no dirty lines to write back during the timed call
 //
@@ -20,7 +24,6 @@
 #include <functional>
 #include <memory>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -99,25 +102,34 @@ std::vector<Variant> variants() {
   };
   std::vector<Variant> v;
   v.push_back({"auto", graph({}), true});
-  for (int s : {2, 3, 4}) {
-    SplitKVOptions o;
-    o.num_stages = s;
-    v.push_back({"stages" + std::to_string(s), graph(o), true});
+  SplitKVOptions o;
+  o.path = stages::split_kv::PathChoice::unsplit;
+  v.push_back({"unsplit", graph(o), true});
+  o.path = stages::split_kv::PathChoice::split;
+  v.push_back({"split_fused", graph(o), true});
+  for (int min_tokens : {32, 64, 256}) {
+    SplitKVOptions m = o;
+    m.min_kv_chunk_tokens = min_tokens;
+    v.push_back({"fused_min" + std::to_string(min_tokens), graph(m), true});
   }
-  SplitKVOptions no_pdl;
-  no_pdl.programmatic_launch = false;
-  v.push_back({"no_pdl", graph(no_pdl), true});
+  o.fused_merge = false;
+  v.push_back({"split_kernel", graph(o), true});
+  o.programmatic_launch = false;
+  v.push_back({"split_kernel_no_pdl", graph(o), true});
+  SplitKVOptions stages3;
+  stages3.num_stages = 3;
+  stages3.path = stages::split_kv::PathChoice::split;
+  v.push_back({"stages3", graph(stages3), true});
   SplitKVOptions ctas1;
   ctas1.ctas_per_sm = 1;
+  ctas1.path = stages::split_kv::PathChoice::split;
   v.push_back({"ctas1", graph(ctas1), true});
-  SplitKVOptions min512;
-  min512.min_kv_chunk_tokens = 512;
-  v.push_back({"min512", graph(min512), true});
   v.push_back({"eager", SplitKVOptions{}, false});
-  SplitKVOptions no_split;
-  no_split.num_sm = 1;
-  no_split.ctas_per_sm = 1;
-  v.push_back({"no_split", graph(no_split), true});
+  SplitKVOptions chunk_unsplit;
+  chunk_unsplit.num_sm = 1;
+  chunk_unsplit.ctas_per_sm = 1;
+  chunk_unsplit.path = stages::split_kv::PathChoice::split;
+  v.push_back({"chunk_unsplit", graph(chunk_unsplit), true});
   return v;
 }
 
@@ -146,6 +158,9 @@ void register_variant(const BenchShape& shape, const Variant& variant) {
     state.counters["chunk_pages"] = p.kv_chunk_size_in_pages;
     state.counters["num_stages"] = runner.num_stages();
     state.counters["ctas_per_sm"] = double(runner.planner_config().ctas_per_sm);
+    state.counters["path"] = double(static_cast<int>(runner.path()));  // DecodePath
+    state.counters["est_unsplit_us"] = runner.estimate().unsplit_seconds * 1e6;
+    state.counters["est_split_us"] = runner.estimate().split_seconds * 1e6;
     if (exec) {
       FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
       FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
@@ -258,13 +273,11 @@ int main(int argc, char** argv) {
     }
     benchmark::AddCustomContext("device", stages::harness::device_description());
     benchmark::AddCustomContext("copy_ceiling_GB/s", std::to_string(g_copy_gbps));
-    const std::set<std::string> tuned = {"b1_kv1024_p16",  "b1_kv16384_p16",  "b1_kv131072_p16", "b4_kv4096_p16",
-                                         "b16_kv4096_p16", "b64_kv4096_p16", "b128_kv8192_p16"};
-    for (const BenchShape& shape : load_shapes(shapes_path))
-      if (tuned.count(shape.name)) {
-        for (const Variant& v : variants()) register_variant(shape, v);
-        register_clean(shape);
-      }
+    // Every shape of the file (the sweep, the goals, the layout checks), every variant.
+    for (const BenchShape& shape : load_shapes(shapes_path)) {
+      for (const Variant& v : variants()) register_variant(shape, v);
+      register_clean(shape);
+    }
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     g_inputs.reset();

@@ -97,7 +97,7 @@ step_bench() {
 
 step_split_kv_tune() {
   # Stage 03's knobs (chunk size, CTAs per SM, pipeline depth) and the peers with a clean L2.
-  timeout 200 "$B/bin/flashstep_split_kv_tune" --shapes="$SHAPES" \
+  timeout 480 "$B/bin/flashstep_split_kv_tune" --shapes="$SHAPES" \
     --benchmark_out="$RESULTS/tune.json" --benchmark_out_format=json > "$RESULTS/tune.log" 2>&1
   echo "split_kv_tune: rc=$?"
   [ -f "$RESULTS/tune.json" ] && python3 -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); d.get("context", {}).pop("executable", None); json.dump(d, open(p, "w"), indent=1)' "$RESULTS/tune.json"

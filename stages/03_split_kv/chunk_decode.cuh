@@ -8,11 +8,22 @@
 /// exits at once), and writes the chunk's normalized state as an fp32 partial row when the
 /// plan split (merge_states.cuh combines them), or o and lse directly when it did not.
 /// The chapter (README.md, "The two kernels") draws the work items and the grid.
+///
+/// The fused merge (merge_counters set): no second kernel. Each block that wrote a partial
+/// row counts itself on its (request, kv head) counter; the block that brings the count to
+/// the request's number of chunks is the last, so every other row is written, and it merges
+/// them into o and lse (merge_request_chunks), then puts the counter back to 0 for the next
+/// run or graph replay. A request of one chunk writes o and lse directly.
+///
+///     block (kv head h, item k of request r):  write row k   -> fence -> n = ++count[r][h]
+///                                              n < chunks(r): exit
+///                                              n = chunks(r): merge rows of r, count[r][h] = 0
 #pragma once
 
 #include <cstdint>
 
 #include "02_paged/decode_loop.cuh"
+#include "03_split_kv/merge_states.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/vec.cuh"
 
@@ -28,6 +39,10 @@ struct ChunkDecodeParams {
   const int32_t* kv_page_begin = nullptr;    ///< (padded_batch_size) kv_indptr[r] + t * c: item k's first page in kv_indices
   const int32_t* kv_chunk_len = nullptr;     ///< (padded_batch_size) tokens of item k's chunk, 0..c * page_size
   const uint8_t* block_valid_mask = nullptr; ///< (padded_batch_size) 0: padding, exit
+  const int32_t* o_indptr = nullptr;         ///< (batch_size + 1) request r's items; read by the fused merge
+  /// Fused merge: (batch_size, num_kv_heads) counters, 0 between runs; null: the merge
+  /// kernel runs after this one (or the plan did not split).
+  int32_t* merge_counters = nullptr;
   // Where the result goes: partial rows (split) or the outputs (no split).
   bool partition_kv = false;     ///< the plan split: write partial rows, else o and lse
   float* partial_o = nullptr;    ///< split: (padded_batch_size, num_qo_heads, head_dim) fp32
@@ -50,6 +65,44 @@ constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
   const size_t pipeline = Tr::pipeline_bytes(num_stages);
   const size_t merge = Tr::merge_bytes(bdz, bdy);
   return pipeline > merge ? pipeline : merge;
+}
+
+/// The fused merge, by the last block of request b for one kv head: the partial rows
+/// first_item .. end_item of the group's query heads, merged exactly (SoftmaxState::merge,
+/// as merge_states_kernel does) into o and lse. Thread t takes 4 dims of one head; the rows
+/// are read through L2 (__ldcg): other blocks wrote them, and this SM's L1 may not know.
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>& p, int b, int kv_head,
+                                                     int first_item, int end_item) {
+  constexpr int C = HEAD_DIM / 4;  // 4-float columns of one head
+  constexpr int kInFlight = 4;     // rows loaded before they are merged
+  for (int idx = threadIdx.x; idx < p.group_size * C; idx += blockDim.x) {
+    const int qo_head = kv_head * p.group_size + idx / C, c = idx % C;
+    kernels::SoftmaxState<4> st;
+    st.init();
+    for (int k0 = first_item; k0 < end_item; k0 += kInFlight) {
+      float4 v[kInFlight];
+      float s[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const int64_t row = int64_t{k0 + u} * p.num_qo_heads + qo_head;
+        const bool real = k0 + u < end_item;
+        v[u] = real ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM) + c)
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
+        s[u] = real ? __ldcg(p.partial_lse + row) : -INFINITY;
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
+      }
+    }
+    float out[4];
+    st.output(out);
+    const int64_t row = int64_t{b} * p.num_qo_heads + qo_head;
+    store4<T>(p.o + row * HEAD_DIM + c * 4, out);
+    if (c == 0) p.lse[row] = st.lse();
+  }
 }
 
 /// Decode attention of one work item: block (kv head, k) computes the group_size query
@@ -87,6 +140,9 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   const int32_t page_base = p.kv_page_begin[item];  // a chunk starts on a page boundary
   const int chunk_len = p.kv_chunk_len[item];
   if (!valid_item) return;
+  // The fused merge needs the request's items; loaded now, used at the end.
+  const bool fused = p.partition_kv && p.merge_counters != nullptr;
+  const int first_item = fused ? p.o_indptr[b] : 0, end_item = fused ? p.o_indptr[b + 1] : 0;
 
   // ---- stage 02's loop over the chunk's keys, then the exact merge of the bdz states in
   // the pipeline's memory (free once attend returns).
@@ -94,31 +150,48 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   loop.load_q(p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size, p.sm_scale_log2);
   loop.template attend<1, true>(p.kv, kv_head, page_base, chunk_len, 0, (chunk_len + Tr::kTile - 1) / Tr::kTile,
                                 reinterpret_cast<T*>(smem_raw), p.num_stages, [] { __syncthreads(); });
-  if (!loop.merge_states(0, p.bdz, reinterpret_cast<float*>(smem_raw))) return;
+  const bool holds = loop.merge_states(0, p.bdz, reinterpret_cast<float*>(smem_raw));
 
-  // ---- write the chunk's normalized state: a partial row (split) or the output itself.
+  // ---- write the chunk's normalized state: a partial row (split) or the output itself
+  // (no split, or a request of one chunk under the fused merge).
+  const bool direct = !p.partition_kv || (fused && end_item - first_item == 1);
   const int tx = loop.tx;
+  if (holds) {
 #pragma unroll
-  for (int j = 0; j < HPT; ++j) {
-    if (!loop.holds_head(j, p.group_size)) continue;
-    const int qo_head = kv_head * p.group_size + loop.ty * HPT + j;
-    float out[EPT];
-    loop.state[j].output(out);
-    if (p.partition_kv) {
-      const int64_t row = int64_t{item} * p.num_qo_heads + qo_head;
-      float* dst = p.partial_o + row * HEAD_DIM;
-      // fp32 partials: the merge then rounds once, to the output dtype, at the end.
+    for (int j = 0; j < HPT; ++j) {
+      if (!loop.holds_head(j, p.group_size)) continue;
+      const int qo_head = kv_head * p.group_size + loop.ty * HPT + j;
+      float out[EPT];
+      loop.state[j].output(out);
+      if (!direct) {
+        const int64_t row = int64_t{item} * p.num_qo_heads + qo_head;
+        float* dst = p.partial_o + row * HEAD_DIM;
+        // fp32 partials: the merge then rounds once, to the output dtype, at the end.
 #pragma unroll
-      for (int v = 0; v < NV; ++v)
+        for (int v = 0; v < NV; ++v)
 #pragma unroll
-        for (int w = 0; w < VEC; w += 4)
-          *reinterpret_cast<float4*>(dst + (v * BDX + tx) * VEC + w) =
-              make_float4(out[v * VEC + w], out[v * VEC + w + 1], out[v * VEC + w + 2], out[v * VEC + w + 3]);
-      if (tx == 0) p.partial_lse[row] = loop.state[j].lse();
-    } else {
-      loop.store_output(j, out, p.o, p.lse, int64_t{b} * p.num_qo_heads + qo_head);
+          for (int w = 0; w < VEC; w += 4)
+            *reinterpret_cast<float4*>(dst + (v * BDX + tx) * VEC + w) =
+                make_float4(out[v * VEC + w], out[v * VEC + w + 1], out[v * VEC + w + 2], out[v * VEC + w + 3]);
+        if (tx == 0) p.partial_lse[row] = loop.state[j].lse();
+      } else {
+        loop.store_output(j, out, p.o, p.lse, int64_t{b} * p.num_qo_heads + qo_head);
+      }
     }
   }
+  if (!fused || direct) return;
+
+  // ---- the fused merge: the last of the request's blocks for this kv head merges.
+  __shared__ int is_last;
+  __threadfence();  // this block's partial row is visible device-wide before it is counted
+  __syncthreads();
+  int32_t* counter = p.merge_counters + int64_t{b} * gridDim.x + kv_head;
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();  // and every other block's rows, counted before ours, are read after it
+  merge_request_chunks<T, HEAD_DIM>(p, b, kv_head, first_item, end_item);
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
 }
 
 }  // namespace flashstep::stages::split_kv

@@ -24,7 +24,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <functional>
+#include <queue>
 #include <string>
+#include <vector>
 
 #include "03_split_kv/chunk_decode.cuh"
 #include "03_split_kv/merge_states.cuh"
@@ -51,6 +54,7 @@ struct LaunchArgs {
   size_t smem_bytes;
   bool programmatic_launch;
   bool fp32_states;
+  DecodePath path;
 };
 
 /// One instantiation (dtype x head_dim): what plan() asks of it and how run() launches it.
@@ -79,6 +83,9 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.kv_page_begin = reinterpret_cast<const int32_t*>(a.workspace + w.kv_page_begin);
   p.kv_chunk_len = reinterpret_cast<const int32_t*>(a.workspace + w.kv_chunk_len);
   p.block_valid_mask = a.workspace + w.block_valid_mask;
+  p.o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
+  p.merge_counters =
+      a.path == DecodePath::split_fused ? reinterpret_cast<int32_t*>(a.workspace + w.merge_counters) : nullptr;
   p.partition_kv = a.plan->split_kv;
   p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(a.workspace + w.partial_lse);
@@ -94,7 +101,7 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   chunk_decode_kernel<T, HEAD_DIM><<<grid, paged::DecodeTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
-  if (!a.plan->split_kv) return;
+  if (!a.plan->split_kv || a.path == DecodePath::split_fused) return;
 
   if (a.fp32_states) {
     launch_merge<float, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr),
@@ -203,7 +210,76 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   return r;
 }
 
+/// The busiest SM's bytes when blocks of `sizes` bytes are handed out longest first, each
+/// to the least loaded of `bins` SMs (LPT, the greedy schedule the model assumes).
+double lpt_makespan(std::vector<double> sizes, int bins) {
+  std::sort(sizes.begin(), sizes.end(), std::greater<double>());
+  std::priority_queue<double, std::vector<double>, std::greater<double>> load;
+  for (int i = 0; i < bins; ++i) load.push(0.0);
+  double busiest = 0;
+  for (double b : sizes) {
+    const double l = load.top() + b;
+    load.pop();
+    load.push(l);
+    busiest = std::max(busiest, l);
+  }
+  return busiest;
+}
+
 }  // namespace
+
+const char* to_string(DecodePath path) {
+  switch (path) {
+    case DecodePath::unsplit: return "unsplit";
+    case DecodePath::split: return "split";
+    case DecodePath::split_fused: return "split_fused";
+  }
+  return "?";
+}
+
+PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::SplitKVPlan& plan, int page_size,
+                            int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, int num_sm,
+                            bool fused_merge, const DecodeCostModel& model) {
+  const char* fn = "estimate_paths";
+  ref::require(kv_lens.size() + 1 == plan.o_indptr.size(), fn,
+               "kv_lens has " + str(int64_t(kv_lens.size())) + " requests, the plan " +
+                   str(int64_t(plan.o_indptr.size()) - 1));
+  ref::require(page_size >= 1 && num_kv_heads >= 1 && num_qo_heads >= 1 && head_dim >= 1 && elem_bytes >= 1 &&
+                   num_sm >= 1 && model.bytes_per_second > 0,
+               fn, "page_size, heads, head_dim, elem_bytes, num_sm and bytes_per_second must be positive");
+  const double per_token = 2.0 * head_dim * elem_bytes;  // one K row and one V row of one kv head
+  const double sm_rate = model.bytes_per_second / num_sm;
+  PathEstimate e;
+  // Unsplit: one block per (request, kv head), each reading its request's keys.
+  std::vector<double> blocks;
+  for (int64_t len : kv_lens)
+    for (int h = 0; h < num_kv_heads; ++h) blocks.push_back(double(len) * per_token);
+  e.unsplit_seconds = lpt_makespan(blocks, num_sm) / sm_rate;
+  if (!plan.split_kv) {  // nothing to split: the chunk kernel would be stage 02's loop, unsplit
+    e.split_seconds = e.unsplit_seconds;
+    return e;
+  }
+  // Split: one block per (work item, kv head); the partial rows of requests cut in more
+  // than one chunk (all of them without the fused merge) go to memory and back.
+  std::vector<double> items;
+  const int64_t chunk_tokens = int64_t{plan.kv_chunk_size_in_pages} * page_size;
+  for (int32_t k = 0; k < plan.num_work_items; ++k) {
+    const int64_t len = kv_lens[size_t(plan.request_indices[size_t(k)])];
+    const int64_t start = std::min(len, int64_t{plan.kv_tile_indices[size_t(k)]} * chunk_tokens);
+    for (int h = 0; h < num_kv_heads; ++h) items.push_back(double(std::min(len - start, chunk_tokens)) * per_token);
+  }
+  int64_t partial_rows = 0;
+  for (size_t r = 0; r + 1 < plan.o_indptr.size(); ++r) {
+    const int64_t n = plan.o_indptr[r + 1] - plan.o_indptr[r];
+    if (!fused_merge || n > 1) partial_rows += n;
+  }
+  const double partial_bytes = 2.0 * partial_rows * num_qo_heads * (head_dim + 1) * sizeof(float);
+  e.split_seconds = lpt_makespan(items, num_sm) / sm_rate + partial_bytes / model.bytes_per_second +
+                    (fused_merge ? model.fused_merge_seconds : model.merge_kernel_seconds);
+  const bool split = e.split_seconds < model.split_margin * e.unsplit_seconds;
+  e.path = !split ? DecodePath::unsplit : fused_merge ? DecodePath::split_fused : DecodePath::split;
+  return e;
+}
 
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                       int max_grid_size, bool fp32_states) {
@@ -233,6 +309,8 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
   at = align_up(at + sizeof(int32_t) * w.capacity);
   w.block_valid_mask = at;
   at = align_up(at + w.capacity);
+  w.merge_counters = at;
+  at = align_up(at + sizeof(int32_t) * size_t(batch_size) * num_kv_heads);
   w.schedule_bytes = at;
   w.partial_o = at;
   at = align_up(at + sizeof(float) * size_t(w.partial_rows) * num_qo_heads * head_dim);
@@ -303,15 +381,48 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   ref::require(plan.padded_batch_size <= layout.capacity && (!plan.split_kv || plan.padded_batch_size <= layout.partial_rows),
                fn, "internal: the plan does not fit the workspace layout");  // the planner's rule guarantees it
 
+  // ---- the path: stage 02's kernel, or the chunks and their merge (DecodeCostModel).
+  PathEstimate estimate;
+  DecodePath path = DecodePath::unsplit;
+  const bool fused = options_.fused_merge && !options_.fp32_states;
+  if (options_.fp32_states) {
+    path = DecodePath::split;  // every item a partial row; the merge kernel writes fp32
+  } else if (options_.path == PathChoice::unsplit) {
+    path = DecodePath::unsplit;
+  } else if (options_.path == PathChoice::split) {
+    path = plan.split_kv && fused ? DecodePath::split_fused : DecodePath::split;
+  } else if (plan.split_kv) {
+    const int elem = static_cast<int>(dtype_bytes(shape.dtype));
+    if (options_.enable_cuda_graph) {
+      // A graph cannot change path with the lengths: price graph_kv_len keys per request,
+      // so that the choice depends on the batch size alone.
+      const int64_t len = std::max(1, options_.cost.graph_kv_len);
+      const std::vector<int32_t> pages(size_t(shape.batch_size), int32_t((len + shape.page_size - 1) / shape.page_size));
+      const ref::SplitKVPlan uniform = ref::plan_split_kv(pages, config);
+      estimate = estimate_paths(std::vector<int64_t>(size_t(shape.batch_size), len), uniform, shape.page_size,
+                                shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, elem, r.num_sm, fused,
+                                options_.cost);
+    } else {
+      std::vector<int64_t> lens;
+      for (int i = 0; i < shape.batch_size; ++i) lens.push_back(shape.kv_len(i));
+      estimate = estimate_paths(lens, plan, shape.page_size, shape.num_kv_heads, shape.num_qo_heads, shape.head_dim,
+                                elem, r.num_sm, fused, options_.cost);
+    }
+    path = estimate.path;
+  }
+  if (path == DecodePath::unsplit) unsplit_.plan(shape, nullptr, 0, stream);
+
   // ---- a captured graph froze the launch shape: a new plan must keep it.
   if (captured_) {
-    ref::require(shape.batch_size == captured_batch_size_ && plan.padded_batch_size == captured_padded_batch_size_ &&
-                     plan.split_kv == captured_split_kv_,
+    ref::require(shape.batch_size == captured_batch_size_ && path == captured_path_ &&
+                     (path == DecodePath::unsplit || (plan.padded_batch_size == captured_padded_batch_size_ &&
+                                                      plan.split_kv == captured_split_kv_)),
                  fn,
-                 "run() was captured into a CUDA graph for batch_size " + str(captured_batch_size_) + " (grid of " +
-                     str(captured_padded_batch_size_) + " work items); this plan needs batch_size " +
-                     str(shape.batch_size) + " and " + str(plan.padded_batch_size) +
-                     " work items, which that graph cannot replay. Use one runner (and workspace) per captured batch size.");
+                 "run() was captured into a CUDA graph for batch_size " + str(captured_batch_size_) + " (path " +
+                     to_string(captured_path_) + ", grid of " + str(captured_padded_batch_size_) +
+                     " work items); this plan needs batch_size " + str(shape.batch_size) + " (path " + to_string(path) +
+                     ", " + str(plan.padded_batch_size) +
+                     " work items), which that graph cannot replay. Use one runner (and workspace) per captured batch size.");
   }
 
   // ---- stage the schedule in pinned memory, in the workspace's layout, and copy it once.
@@ -327,7 +438,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
   std::memset(staging_, 0, layout.schedule_bytes);
   const SplitKVHeader header{plan.kv_chunk_size_in_pages, plan.num_work_items, plan.split_kv ? 1 : 0,
-                             plan.padded_batch_size};
+                             plan.padded_batch_size, static_cast<int32_t>(path)};
   std::memcpy(staging_ + layout.header, &header, sizeof header);
   std::memcpy(staging_ + layout.request_indices, plan.request_indices.data(), sizeof(int32_t) * plan.request_indices.size());
   std::memcpy(staging_ + layout.kv_tile_indices, plan.kv_tile_indices.data(), sizeof(int32_t) * plan.kv_tile_indices.size());
@@ -355,9 +466,12 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
   const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
+  path_ = path;
+  estimate_ = estimate;
   launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
+    if (path_ == DecodePath::unsplit) return unsplit_.run(batch, s);
     entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                            r.programmatic_launch, options_.fp32_states},
+                            r.programmatic_launch, options_.fp32_states, path_},
                  s);
   };
   planned_ = true;
@@ -381,6 +495,7 @@ void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
     captured_batch_size_ = shape_.batch_size;
     captured_padded_batch_size_ = plan_.padded_batch_size;
     captured_split_kv_ = plan_.split_kv;
+    captured_path_ = path_;
   }
   ref::require(!options_.fp32_states || batch.lse != nullptr, fn,
                "batch.lse is null; a runner with SplitKVOptions::fp32_states writes (o, lse) states and needs both");

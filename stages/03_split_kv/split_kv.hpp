@@ -1,9 +1,10 @@
 /// \file split_kv.hpp
 /// \brief Stage 03 — split-KV decode: FlashInfer's plan/run wrapper. plan() cuts long
 /// requests into chunks (the reference planner, ref::plan_split_kv) so that a small batch
-/// still fills every SM, lays every scratch array out in one caller-owned workspace and
-/// ships the schedule with one host-to-device copy; run() launches the chunk kernel and
-/// the merge kernel and decides nothing. run() can be captured in a CUDA graph.
+/// still fills every SM, prices that split against not splitting (stage 02's kernel) with
+/// a cost model, lays every scratch array out in one caller-owned workspace and ships the
+/// schedule with one host-to-device copy; run() launches what plan() chose and decides
+/// nothing. run() can be captured in a CUDA graph.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,7 +12,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
 
+#include "02_paged/paged.hpp"
 #include "flashstep/reference/split_plan.hpp"
 #include "stage.hpp"
 
@@ -23,6 +26,49 @@ constexpr int kMaxGroupSize = 8;
 constexpr int kMaxPageSize = 64;
 /// Every section of the workspace starts at a multiple of this many bytes.
 constexpr size_t kWorkspaceAlignment = 256;
+
+/// What run() computes with; plan() chooses.
+enum class DecodePath : int32_t {
+  unsplit = 0,      ///< stage 02's runner: one block per (request, kv head), its two halves on small grids
+  split = 1,        ///< the chunk kernel into fp32 partial rows, then the merge kernel
+  split_fused = 2,  ///< the chunk kernel; the last block of each (request, kv head) merges its chunks
+};
+/// "unsplit", "split" or "split_fused".
+const char* to_string(DecodePath path);
+
+/// Which paths plan() may take.
+enum class PathChoice {
+  automatic,  ///< the cost model picks (DecodeCostModel)
+  unsplit,    ///< always stage 02's kernel
+  split,      ///< always the planner's chunks (split or, when it splits nothing, the chunk kernel alone)
+};
+
+/// The constants of the model plan() prices the two paths with (the chapter, "Split or
+/// not: the cost model"). Decode reads every key once, so time is bytes over bandwidth; what
+/// decides is how evenly the bytes spread over the SMs, and what the split adds.
+///
+///     unsplit  = LPT(blocks' bytes over num_sm SMs) / (bytes_per_second / num_sm)
+///     split    = LPT(chunks' bytes over num_sm SMs) / (bytes_per_second / num_sm)
+///                + partial rows written and read / bytes_per_second + merge_seconds
+///
+/// LPT: the longest-first greedy schedule's busiest SM (the GPU hands blocks to SMs as they
+/// free up; the one-wave grids here make that a bin packing). Under a CUDA graph the path
+/// cannot change between replays, so plan() prices a batch of graph_kv_len keys per request:
+/// the choice depends on the batch size alone.
+struct DecodeCostModel {
+  double bytes_per_second = 2.9e12;      ///< K/V read rate of the whole chip (H100: stage 02's best)
+  double merge_kernel_seconds = 3.0e-6;  ///< what the second kernel adds beyond its bytes
+  double fused_merge_seconds = 1.5e-6;   ///< what the last block's merge adds
+  double split_margin = 0.95;            ///< split only when estimated below this fraction of unsplit
+  int graph_kv_len = 4096;               ///< keys per request the graph plan prices
+};
+
+/// The model's two estimates for one batch, and the path they choose.
+struct PathEstimate {
+  double unsplit_seconds = 0;
+  double split_seconds = 0;
+  DecodePath path = DecodePath::unsplit;
+};
 
 /// How the runner plans. The defaults are what the registry entry (and so the tests, the
 /// benchmark and the CLI) use; the tests change them to force splits on short requests.
@@ -52,7 +98,26 @@ struct SplitKVOptions {
   /// the same requests (other keys, computed elsewhere): launch_merge_states below. Every
   /// work item then writes a partial row, split or not, and the merge kernel writes fp32.
   bool fp32_states = false;
+  /// Which paths plan() may take; automatic: the cost model's choice.
+  PathChoice path = PathChoice::automatic;
+  /// The split path's merge. true: the last block of each (request, kv head) to finish
+  /// merges that request's chunks (one kernel; a counter per (request, kv head) in the
+  /// workspace, put back to 0 by the merging block so a graph replays). false: the merge
+  /// kernel, a second launch (with fp32_states, always).
+  bool fused_merge = true;
+  /// The cost model's constants.
+  DecodeCostModel cost;
 };
+
+/// The cost model (DecodeCostModel) for one batch, given the split the planner made for
+/// it. A pure host function. \param kv_lens keys of each request
+/// \param plan ref::plan_split_kv's plan for those lengths \param page_size tokens per page
+/// \param num_kv_heads Hkv \param num_qo_heads Hq \param head_dim D
+/// \param elem_bytes bytes of one K or V element \param num_sm SMs the blocks spread over
+/// \param fused_merge the split path's merge is fused \param model the constants
+PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::SplitKVPlan& plan, int page_size,
+                            int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, int num_sm,
+                            bool fused_merge, const DecodeCostModel& model);
 
 /// Where each scratch array lives in the workspace, in bytes from its start. A pure
 /// function of the batch size, heads, head_dim and the planner's grid limit, never of
@@ -67,6 +132,7 @@ struct SplitKVOptions {
 ///               | kv_page_begin     int32 [capacity]          |  |  per plan()
 ///               | kv_chunk_len      int32 [capacity]          |  |
 ///               | block_valid_mask  uint8 [capacity]          |  |
+///               | merge_counters    int32 [batch_size][Hkv]   |  |  (zeroed by each copy)
 ///    partial_o  +---------------------------------------------+ -'
 ///               | partial_o   fp32 [partial_rows][Hq][D]      |  |  written by the chunk
 ///               | partial_lse fp32 [partial_rows][Hq]         |  |  kernel, read by the merge
@@ -88,6 +154,7 @@ struct WorkspaceLayout {
   size_t kv_page_begin = 0;      ///< int32 [capacity]: work item k's first page, an index into kv_indices
   size_t kv_chunk_len = 0;       ///< int32 [capacity]: work item k's tokens
   size_t block_valid_mask = 0;   ///< uint8 [capacity]
+  size_t merge_counters = 0;     ///< int32 [batch_size][num_kv_heads]: the fused merge's counts
   size_t schedule_bytes = 0;     ///< bytes [0, schedule_bytes): what plan() copies
   size_t partial_o = 0;          ///< fp32 [partial_rows][num_qo_heads][head_dim]
   size_t partial_lse = 0;        ///< fp32 [partial_rows][num_qo_heads]
@@ -102,6 +169,7 @@ struct SplitKVHeader {
   int32_t num_work_items;          ///< real work items (the rest of the grid is padding)
   int32_t split_kv;                ///< 1: partial states + merge; 0: outputs written directly
   int32_t padded_batch_size;       ///< grid.y of the chunk kernel
+  int32_t path;                    ///< DecodePath run() takes
 };
 
 /// Lays out the workspace (see WorkspaceLayout). Throws ref::InvalidArgument on sizes < 1.
@@ -135,9 +203,12 @@ void launch_merge_states(const float* states_o, const float* states_lse, int sta
 /// plan() (host, once per batch composition): checks the shape, picks the kernel's depth
 /// and occupancy, calls ref::plan_split_kv with the device's G, writes the schedule into
 /// pinned memory in the workspace's layout and copies it with one cudaMemcpyAsync.
-/// run() (per layer): the chunk kernel, grid (num_kv_heads, padded_batch_size), then, when
-/// the plan split, the merge kernel, grid (num_qo_heads, batch_size). No host decisions:
-/// it refuses to be captured into a graph unless the plan was made for one.
+/// Then it chooses the path (DecodePath): stage 02's kernel, or the chunks with their merge
+/// fused into the chunk kernel or in a second kernel (PathChoice, DecodeCostModel).
+/// run() (per layer): stage 02's kernel, grid (num_kv_heads, batch_size); or the chunk
+/// kernel, grid (num_kv_heads, padded_batch_size), then, when the plan split and the merge
+/// is not fused, the merge kernel, grid (num_qo_heads, batch_size). No host decisions: it
+/// refuses to be captured into a graph unless the plan was made for one.
 class SplitKVRunner : public StageRunner {
  public:
   /// A runner that plans with `options`; workspace_bytes() and plan() check them.
@@ -156,6 +227,10 @@ class SplitKVRunner : public StageRunner {
   const ref::SplitKVConfig& planner_config() const { return planner_config_; }
   /// The workspace layout of the last plan.
   const WorkspaceLayout& layout() const { return layout_; }
+  /// What run() computes with, as the last plan() chose.
+  DecodePath path() const { return path_; }
+  /// The cost model's estimates of the last plan (zero when the path was not automatic).
+  const PathEstimate& estimate() const { return estimate_; }
   /// Pipeline depth the chunk kernel runs with.
   int num_stages() const { return num_stages_; }
   /// Device pointer to the partial outputs, fp32 (layout().partial_rows, num_qo_heads,
@@ -173,6 +248,10 @@ class SplitKVRunner : public StageRunner {
   WorkspaceLayout layout_;
   uint8_t* workspace_ = nullptr;
   int num_stages_ = 0;
+  DecodePath path_ = DecodePath::split;
+  PathEstimate estimate_;
+  // The unsplit path: stage 02's runner, planned by plan() when it chooses that path.
+  paged::PagedRunner unsplit_;
   // The two launches, bound by plan() to this dtype and head_dim's kernels and to the
   // workspace; run() only calls it.
   std::function<void(const DeviceBatch&, cudaStream_t)> launch_;
@@ -185,6 +264,7 @@ class SplitKVRunner : public StageRunner {
   int32_t captured_batch_size_ = 0;
   int32_t captured_padded_batch_size_ = 0;
   bool captured_split_kv_ = false;
+  DecodePath captured_path_ = DecodePath::split;
 };
 
 /// Stage 03's registry entry.

@@ -36,6 +36,8 @@
 using namespace flashstep;
 using namespace flashstep::stages;
 using namespace flashstep::stages::harness;
+using split_kv::DecodePath;
+using split_kv::PathChoice;
 using split_kv::SplitKVOptions;
 using split_kv::SplitKVRunner;
 using split_kv::WorkspaceLayout;
@@ -58,11 +60,13 @@ ElementLabel partial_label(const ref::SplitKVPlan& plan, int num_heads, int head
 struct SplitReport {
   std::string text;
   ref::SplitKVPlan plan;
+  DecodePath path = DecodePath::split;
   Comparison o, lse, partial_o, partial_lse;
   bool checked_partials = false;
   bool passed = false;
   std::string message() const {
-    std::string m = std::string(passed ? "PASS" : "FAIL") + " 03_split_kv on " + text + "\n  " + o.summary() +
+    std::string m = std::string(passed ? "PASS" : "FAIL") + " 03_split_kv (" + split_kv::to_string(path) + ") on " +
+                    text + "\n  " + o.summary() +
                     "\n  " + lse.summary();
     if (checked_partials) m += "\n  " + partial_o.summary() + "\n  " + partial_lse.summary();
     return m + "\n";
@@ -128,7 +132,8 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
                  const std::vector<double>& lse) {
   const BatchShape& s = host.layout.shape;
   r.plan = runner.split_plan();
-  r.checked_partials = r.plan.split_kv;
+  r.path = runner.path();
+  r.checked_partials = r.plan.split_kv && r.path != DecodePath::unsplit;
   const DTypeTolerance& tol = tolerance_for(s.dtype);
   const ref::AttentionResult* expected = &host.expected;
   ref::AttentionResult merged;
@@ -139,11 +144,21 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
     const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
     const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
     const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
+    // The fused merge writes a request of one chunk straight to o: its row stays poisoned,
+    // so it is compared as the reference's value (the final o checks it).
+    std::vector<double> got_o(po.begin(), po.end()), got_lse(pl.begin(), pl.end());
+    if (r.path == DecodePath::split_fused)
+      for (int32_t k = 0; k < r.plan.num_work_items; ++k) {
+        const int req = r.plan.request_indices[size_t(k)];
+        if (r.plan.o_indptr[size_t(req) + 1] - r.plan.o_indptr[size_t(req)] > 1) continue;
+        const size_t row0 = size_t(k) * s.num_qo_heads;
+        std::copy_n(partials.v.data.begin() + row0 * s.head_dim, s.num_qo_heads * s.head_dim,
+                    got_o.begin() + row0 * s.head_dim);
+        std::copy_n(partials.s.data.begin() + row0, s.num_qo_heads, got_lse.begin() + row0);
+      }
     const DTypeTolerance& f32 = tolerance_for(DType::f32);
-    r.partial_o = compare("partial_o", std::vector<double>(po.begin(), po.end()), partials.v.data, f32.o,
-                          partial_label(r.plan, s.num_qo_heads, s.head_dim));
-    r.partial_lse = compare("partial_lse", std::vector<double>(pl.begin(), pl.end()), partials.s.data, f32.lse,
-                            partial_label(r.plan, s.num_qo_heads, 1));
+    r.partial_o = compare("partial_o", got_o, partials.v.data, f32.o, partial_label(r.plan, s.num_qo_heads, s.head_dim));
+    r.partial_lse = compare("partial_lse", got_lse, partials.s.data, f32.lse, partial_label(r.plan, s.num_qo_heads, 1));
   }
   r.o = compare("o", o, expected->o.data, tol.o, output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
   r.lse = compare("lse", lse, expected->lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
@@ -161,7 +176,8 @@ void poison_partials(const SplitKVRunner& runner, void* workspace, cudaStream_t 
 SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
   SplitReport r;
   r.text = host.spec.describe() + " (case seed " + std::to_string(host.seed) + ", min_kv_chunk_tokens " +
-           std::to_string(options.min_kv_chunk_tokens) + ", num_sm " + std::to_string(options.num_sm) + ")";
+           std::to_string(options.min_kv_chunk_tokens) + ", num_sm " + std::to_string(options.num_sm) +
+           (options.fused_merge ? ", fused merge" : ", merge kernel") + ")";
   DeviceCase dev(host);
   SplitKVRunner runner(options);
   DeviceBuffer workspace(runner.workspace_bytes(host.layout.shape));
@@ -174,11 +190,13 @@ SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
   return r;
 }
 
-/// Options that split short requests: chunks down to one page, and (cycling) a smaller
-/// pretend device and deeper pipelines, so chunk counts and pipeline wraps differ from
-/// case to case.
+/// Options that split short requests: the split path whatever the cost model says, chunks
+/// down to one page, and (cycling) the fused merge or the merge kernel, a smaller pretend
+/// device and deeper pipelines, so chunk counts and pipeline wraps differ from case to case.
 SplitKVOptions forcing_options(int n) {
   SplitKVOptions o;
+  o.path = PathChoice::split;
+  o.fused_merge = n % 4 < 2;  // both merges, each with the real and the pretend device
   o.min_kv_chunk_tokens = n % 3 == 2 ? 16 : 0;
   if (n % 2 == 1) {
     o.num_sm = 13;  // G = 26: few chunks per request, and batches that do not split at all
@@ -275,7 +293,7 @@ struct FixedBatch {
 };
 
 /// Captures run() once (after planning `specs[0]`), then for every spec: new inputs in
-/// the same buffers, plan(), replay, compare o, lse and partials. Returns the distinct
+/// the same buffers, plan(), replay twice, compare o, lse and partials. Returns the distinct
 /// chunk sizes the replays ran with.
 std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const SplitKVOptions& options,
                                      const std::string& salt) {
@@ -308,6 +326,11 @@ std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const S
     fixed.load(host, stream);
     runner.plan(host.layout.shape, workspace.get(), workspace.bytes(), stream);  // new lengths, same buffers
     poison_partials(runner, workspace.get(), stream);
+    FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    // A second replay of the same plan, its outputs poisoned first: the fused merge's
+    // counters must be back at 0 after the first (plan() zeroes them, a replay does not).
+    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(fixed.o.get(), 0xff, fixed.o.bytes(), stream));
+    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(fixed.lse.get(), 0xff, fixed.lse.bytes(), stream));
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
 
@@ -374,7 +397,9 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(w.kv_page_begin >= w.o_indptr + 4 * 4);
   CHECK(w.kv_chunk_len >= w.kv_page_begin + 4 * 33);
   CHECK(w.block_valid_mask >= w.kv_chunk_len + 4 * 33);
-  CHECK(w.schedule_bytes >= w.block_valid_mask + 33);
+  CHECK(w.merge_counters >= w.block_valid_mask + 33);
+  CHECK(w.merge_counters % split_kv::kWorkspaceAlignment == 0);
+  CHECK(w.schedule_bytes >= w.merge_counters + 4 * 3 * 8);  // zeroed by every plan's copy
   CHECK(w.partial_o == w.schedule_bytes);
   CHECK(w.partial_lse >= w.partial_o + sizeof(float) * 33 * 32 * 128);
   CHECK(w.bytes >= w.partial_lse + sizeof(float) * 33 * 32);
@@ -386,6 +411,62 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(big.partial_lse == big.partial_o);
   CHECK_THROWS_WITH_AS(split_kv::make_workspace_layout(0, 32, 8, 128, 264),
                        doctest::Contains("make_workspace_layout: batch_size"), ref::InvalidArgument);
+}
+
+/// The cost model on a batch of `batch` requests of `len` keys, bf16, 32/8 heads, D 128,
+/// page 16, an H100's 132 SMs and 2 blocks per SM, planned for a graph.
+split_kv::PathEstimate estimate_uniform(int batch, int64_t len, bool fused = true) {
+  ref::SplitKVConfig c;
+  c.page_size = 16;
+  c.num_kv_heads = 8;
+  c.num_sm = 132;
+  c.ctas_per_sm = 2;
+  c.enable_cuda_graph = true;
+  const ref::SplitKVPlan plan = ref::plan_split_kv(std::vector<int32_t>(size_t(batch), int32_t((len + 15) / 16)), c);
+  return split_kv::estimate_paths(std::vector<int64_t>(size_t(batch), len), plan, 16, 8, 32, 128, 2, 132, fused,
+                                  split_kv::DecodeCostModel{});
+}
+
+TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
+  const double rate = 2.9e12 / 132;           // one SM's share of the read rate
+  const double block = 4096.0 * 2 * 128 * 2;  // one (request, kv head) of 4096 keys: K and V, bf16
+  // Batch 16: 128 blocks on 132 SMs, one wave. The planner's split (2 chunks per request,
+  // 256 items) leaves 124 SMs with two half-blocks: the same busiest SM, plus the merge.
+  split_kv::PathEstimate e = estimate_uniform(16, 4096);
+  CHECK(e.unsplit_seconds == doctest::Approx(block / rate));
+  CHECK(e.split_seconds > e.unsplit_seconds);
+  CHECK(e.path == DecodePath::unsplit);
+  // Batch 8: 64 blocks leave 68 SMs idle; 4 chunks per request spread 256 items two per SM.
+  e = estimate_uniform(8, 4096);
+  CHECK(e.unsplit_seconds == doctest::Approx(block / rate));
+  const double partials = 2.0 * 8 * 4 * 32 * 129 * 4;  // 32 rows of 32 heads x (128 + 1) floats, out and in
+  CHECK(e.split_seconds == doctest::Approx(2 * block / 4 / rate + partials / 2.9e12 + 1.5e-6));
+  CHECK(e.path == DecodePath::split_fused);
+  CHECK(estimate_uniform(8, 4096, false).path == DecodePath::split);
+  // Batch 20: 160 blocks, two waves on some SMs; G / H = 33 items allow no second chunk,
+  // so the split is the same blocks plus a merge.
+  e = estimate_uniform(20, 4096);
+  CHECK(e.unsplit_seconds == doctest::Approx(2 * block / rate));
+  CHECK(e.path == DecodePath::unsplit);
+  // Batch 1: 8 blocks; 33 chunks per kv head.
+  CHECK(estimate_uniform(1, 4096).path == DecodePath::split_fused);
+  // Lengths known (no graph): one long request among short ones is split even at batch 16.
+  ref::SplitKVConfig c;
+  c.page_size = 16;
+  c.num_kv_heads = 8;
+  c.num_sm = 132;
+  c.ctas_per_sm = 2;
+  std::vector<int64_t> lens(16, 64);
+  lens[3] = 65536;
+  std::vector<int32_t> pages;
+  for (int64_t l : lens) pages.push_back(int32_t((l + 15) / 16));
+  const ref::SplitKVPlan plan = ref::plan_split_kv(pages, c);
+  REQUIRE(plan.split_kv);
+  e = split_kv::estimate_paths(lens, plan, 16, 8, 32, 128, 2, 132, true, split_kv::DecodeCostModel{});
+  CHECK(e.unsplit_seconds == doctest::Approx(65536.0 * 512 / rate));
+  CHECK(e.path == DecodePath::split_fused);
+  CHECK_THROWS_WITH_AS(split_kv::estimate_paths({1, 2}, plan, 16, 8, 32, 128, 2, 132, true, split_kv::DecodeCostModel{}),
+                       doctest::Contains("kv_lens has 2 requests, the plan 16"), ref::InvalidArgument);
 }
 
 TEST_CASE("split_kv reference partials: the ragged shortcut equals ref::split_kv_partials") {
@@ -529,6 +610,7 @@ TEST_CASE("split_kv: default options split a long request and leave a full batch
   CHECK_MESSAGE(r.passed, r.message());
   CHECK(r.plan.split_kv);
   CHECK(r.plan.num_work_items > 8);
+  CHECK(r.path == DecodePath::split_fused);
   CaseSpec full;
   full.batch_size = 128;
   full.kv_len = 64;
@@ -538,6 +620,18 @@ TEST_CASE("split_kv: default options split a long request and leave a full batch
   CHECK_MESSAGE(r.passed, r.message());
   CHECK_FALSE(r.plan.split_kv);  // 128 x 8 blocks fill the chip: the stage 02 path
   CHECK(r.plan.num_work_items == 128);
+  CHECK(r.path == DecodePath::unsplit);
+  // Forced: stage 02's kernel on a lone request, and the merge kernel instead of the fused one.
+  SplitKVOptions unsplit;
+  unsplit.path = PathChoice::unsplit;
+  r = check_case(build_case(lone, KVStorage::paged, seed), unsplit);
+  CHECK_MESSAGE(r.passed, r.message());
+  CHECK(r.path == DecodePath::unsplit);
+  SplitKVOptions kernel;
+  kernel.fused_merge = false;
+  r = check_case(build_case(lone, KVStorage::paged, seed), kernel);
+  CHECK_MESSAGE(r.passed, r.message());
+  CHECK(r.path == DecodePath::split);
 }
 
 TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launch_merge_states") {
