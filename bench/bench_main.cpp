@@ -4,8 +4,11 @@
 //   flashstep_bench [--shapes=bench/shapes.csv] [--sets=target,sweep,extra] [--tune]
 //                   [Google Benchmark flags, e.g. --benchmark_out=r.json --benchmark_out_format=json]
 //
-// Rows: ceiling/copy_d2d (GB/s), ceiling/gemm_bf16 (TFLOP/s), then <stage>/<shape> with
-// counters GB/s and pct_of_ceiling (% of the copy ceiling). Each row is the median of 5
+// Rows: ceiling/copy_d2d (GB/s), ceiling/read_only (GB/s, bytes read), ceiling/gemm_bf16
+// (TFLOP/s), then <stage>/<shape> with counters GB/s, pct_of_ceiling (% of the copy
+// ceiling) and pct_of_read_ceiling (% of the read ceiling: decode almost only reads, so
+// that is the most it can reach; the context's read_ceiling_config says which of the
+// launches swept in bench/read_ceiling.cu measured it). Each row is the median of 5
 // repetitions; a repetition is the mean of event-timed calls, each after an L2 flush.
 // A call replays run() captured once in a CUDA graph (the label says "eager" where a
 // stage refuses capture), the way bench/peers.py calls the peers.
@@ -39,6 +42,7 @@
 #include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "harness/device.hpp"
+#include "read_ceiling.hpp"
 #include "registry.hpp"
 #include "shapes.hpp"
 #include "timing.hpp"
@@ -63,12 +67,21 @@ using stages::harness::DeviceBuffer;
 
 struct Ceilings {
   double copy_gbps = 0;    ///< device-to-device copy, bytes read + written
+  double read_gbps = 0;    ///< read_only over kReadBytes, bytes read, the best launch swept
+  ReadConfig read_config;  ///< that launch
+  std::string read_text;   ///< that launch in words (ReadCeiling::describe)
   double gemm_tflops = 0;  ///< cuBLAS bf16 GEMM 8192^3, fp32 accumulation
 };
 Ceilings g_ceilings;
 
 constexpr size_t kCopyBytes = size_t{1} << 30;
+// 4 GiB: the timer's flush leaves up to one L2 of dirty lines to write back (50 MB on an
+// H100), about 1% of this read, where it would be 5% of 1 GiB.
+constexpr size_t kReadBytes = size_t{4} << 30;
 constexpr int kGemmN = 8192;
+// The launches the read ceiling is swept over (the best is kept): full occupancy in blocks
+// of two sizes, and two 1024-thread blocks per SM.
+constexpr ReadConfig kReadConfigs[] = {{256, 8}, {512, 4}, {1024, 2}};
 
 /// The copy ceiling: one cudaMemcpyAsync of 1 GiB, counted as 2 GiB moved.
 struct CopyCeiling {
@@ -78,6 +91,26 @@ struct CopyCeiling {
     FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, stream));
   }
   static double bytes() { return 2.0 * kCopyBytes; }
+};
+
+/// The read ceiling: kReadBytes read once into registers by bench/read_ceiling.cu's kernel,
+/// counted once (the one word per block it writes is left out).
+struct ReadCeiling {
+  DeviceBuffer buffer{kReadBytes}, sink;
+  ReadConfig config;
+  int blocks;
+  explicit ReadCeiling(ReadConfig c) : config(c), blocks(read_grid_blocks(c)) {
+    sink = DeviceBuffer(size_t(blocks) * sizeof(uint32_t));
+    fill_uniform(stages::DType::f32, buffer.get(), kReadBytes / 4, 10, -1.f, 1.f, nullptr);
+  }
+  void run(cudaStream_t stream) const {
+    read_only(buffer.get(), kReadBytes, sink.as<uint32_t>(), blocks, config.threads, stream);
+  }
+  std::string describe() const {
+    return to_string(config) + " (" + std::to_string(blocks) + " blocks), " + std::to_string(kReadLoadsInFlight) +
+           " 16-byte loads in flight per thread, " + std::to_string(kReadBytes >> 30) + " GiB";
+  }
+  static double bytes() { return double(kReadBytes); }
 };
 
 /// The matrix ceiling: C = A B, bf16 8192 x 8192 operands, fp32 accumulation.
@@ -244,7 +277,7 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     if (in.flops > 0)
       run_timed(state, timer, [&] { in.call(nullptr); }, 0, in.flops, g_ceilings.gemm_tflops);
     else
-      run_timed(state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps);
+      run_timed(state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps, g_ceilings.read_gbps);
     if (!lse_is_finite(in)) state.SkipWithError("non-finite lse: the stage is broken on this shape");
     std::ostringstream label;
     label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage) << ", "
@@ -315,8 +348,22 @@ int main(int argc, char** argv) {
     const std::vector<BenchShape> shapes = load_shapes(shapes_path);
     {
       GpuTimer timer;
-      const CopyCeiling copy;
-      g_ceilings.copy_gbps = CopyCeiling::bytes() / (median_ms(timer, [&] { copy.run(nullptr); }, 20) * 1e-3) * 1e-9;
+      {
+        const CopyCeiling copy;
+        g_ceilings.copy_gbps = CopyCeiling::bytes() / (median_ms(timer, [&] { copy.run(nullptr); }, 20) * 1e-3) * 1e-9;
+      }
+      std::ostringstream sweep;
+      for (const ReadConfig& config : kReadConfigs) {
+        const ReadCeiling read(config);
+        const double gbps = ReadCeiling::bytes() / (median_ms(timer, [&] { read.run(nullptr); }, 20) * 1e-3) * 1e-9;
+        sweep << (sweep.tellp() > 0 ? "; " : "") << read.describe() << ": " << std::to_string(gbps) << " GB/s";
+        if (gbps > g_ceilings.read_gbps) {
+          g_ceilings.read_gbps = gbps;
+          g_ceilings.read_config = config;
+          g_ceilings.read_text = read.describe();
+        }
+      }
+      benchmark::AddCustomContext("read_ceiling_sweep", sweep.str());
       const GemmCeiling gemm;
       g_ceilings.gemm_tflops = GemmCeiling::flops() / (median_ms(timer, [&] { gemm.run(nullptr); }, 10) * 1e-3) * 1e-12;
     }
@@ -324,6 +371,8 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("device", stages::harness::device_description());
     benchmark::AddCustomContext("commit", commit ? commit : "unknown");
     benchmark::AddCustomContext("copy_ceiling_GB/s", std::to_string(g_ceilings.copy_gbps));
+    benchmark::AddCustomContext("read_ceiling_GB/s", std::to_string(g_ceilings.read_gbps));
+    benchmark::AddCustomContext("read_ceiling_config", g_ceilings.read_text);
     benchmark::AddCustomContext("gemm_bf16_ceiling_TFLOP/s", std::to_string(g_ceilings.gemm_tflops));
     benchmark::AddCustomContext("shapes_file", shapes_path);
 
@@ -331,6 +380,13 @@ int main(int argc, char** argv) {
       static GpuTimer timer;
       static const CopyCeiling copy;
       run_timed(state, timer, [&] { copy.run(nullptr); }, CopyCeiling::bytes(), 0, g_ceilings.copy_gbps);
+    }));
+    configure(benchmark::RegisterBenchmark("ceiling/read_only", [](benchmark::State& state) {
+      static GpuTimer timer;
+      const ReadCeiling read(g_ceilings.read_config);  // per repetition: 4 GiB not held while the stages run
+      run_timed(state, timer, [&] { read.run(nullptr); }, ReadCeiling::bytes(), 0, g_ceilings.copy_gbps,
+                g_ceilings.read_gbps);
+      state.SetLabel(read.describe());
     }));
     configure(benchmark::RegisterBenchmark("ceiling/gemm_bf16", [](benchmark::State& state) {
       static GpuTimer timer;

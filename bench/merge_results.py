@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Joins one GPU run's flashstep_bench JSON and peers JSON into one results file.
 
-    merge_results.py --bench bench.json --peers peers.json --shapes bench/shapes.csv \
-                     [--source-state build-gpu/source-state.txt] [--command TEXT] \
-                     --out docs/results/NAME.json
+    merge_results.py --bench bench.json --peers peers.json [--peers more_peers.json] \
+                     --shapes bench/shapes.csv [--source-state build-gpu/source-state.txt] \
+                     [--command TEXT] --out docs/results/NAME.json
 
 The output stays Google Benchmark JSON (what scripts/docs_results.py reads): the peers
-become median rows named peer_<impl>/<shape>, one per shape whose sizes the peer ran;
-the context gains the commit; a top-level "flashstep" object holds the stage's speed
+become median rows named peer_<impl>/<shape>, one per shape whose sizes the peer ran (a
+decode file's SDPA rows are keyed by sizes and repeat on every shape of those sizes;
+FlashInfer's name their shape; a row with an error, such as an output that differs from
+cuDNN's, is listed under peer_errors instead), with GB/s or TFLOP/s, pct_of_ceiling and,
+where the run measured the read ceiling (context read_ceiling_GB/s), pct_of_read_ceiling;
+several --peers files (bench/peers.py run once per family with --peers) are joined as
+one. The context gains the commit; a top-level "flashstep" object holds the stage's speed
 goals, computed here from the rows of this one run, the peers' versions, the command
 that produced the run and the state of the tree. Google Benchmark's "executable" (a
 path on the machine that ran it) is dropped. Prints the goals. Which goals follows from
@@ -169,10 +174,11 @@ def shape_key(s):
             int(s["head_dim"]), s["dtype"]]
 
 
-def peer_median_row(r, shape_name, label, unit, ceiling):
+def peer_median_row(r, shape_name, label, unit, ceiling, read_ceiling=None):
     """A peer's timing `r` from bench/peers.py as a Google Benchmark median row named
     peer_<impl>/<shape_name>: its `unit` ("GB/s" with r's bytes, or "TFLOP/s" with its
-    flops) and that as a percentage of `ceiling`, the run's ceiling in the same unit."""
+    flops) and that as a percentage of `ceiling`, the run's ceiling in the same unit, and
+    of `read_ceiling` (GB/s rows, where the run measured it)."""
     name = f"peer_{r['impl']}/{shape_name}"
     amount = "flops" if unit == "TFLOP/s" else "bytes"
     row = {"name": name + "_median", "run_name": name, "run_type": "aggregate",
@@ -180,15 +186,47 @@ def peer_median_row(r, shape_name, label, unit, ceiling):
            "iterations": len(r["repetition_means_us"]), "real_time": r["median_us"],
            "cpu_time": r["median_us"], "time_unit": "us", unit: r[unit], amount: r[amount],
            "pct_of_ceiling": 100.0 * r[unit] / ceiling, "label": label}
-    # a cascade peer's shared-level flops and its largest difference from the flat peers
-    row.update({k: r[k] for k in ("shared_flops", "max_abs_diff_vs_flat") if k in r})
+    if unit == "GB/s" and read_ceiling:
+        row["pct_of_read_ceiling"] = 100.0 * r[unit] / read_ceiling
+    # a cascade peer's shared-level flops and its largest difference from the flat peers;
+    # a decode peer's largest difference from cuDNN SDPA's output on the same K/V
+    row.update({k: r[k] for k in ("shared_flops", "max_abs_diff_vs_flat", "max_abs_diff_vs_cudnn") if k in r})
     return row
+
+
+def load_peers(paths):
+    """The peers files of one run (bench/peers.py, once or once per family) as one: their
+    rows in order (where two files time the same peer on the same shape, the later file's
+    row replaces the earlier's), the first file's versions, complete when every file is;
+    a file that does not exist (the peers step cut short before its first shape) is
+    skipped, said so."""
+    merged = {"results": []}
+    files = []
+    for path in paths:
+        if not os.path.exists(path):
+            print(f"note: no peers file {path}; the results hold the stages and ceilings only" if len(paths) == 1
+                  else f"note: no peers file {path}")
+            continue
+        with open(path, encoding="utf-8") as f:
+            files.append(json.load(f))
+    rows = {}  # (impl, shape or sizes) -> row, in the order first seen
+    for peers in files:
+        for k, v in peers.items():
+            if k != "results":
+                merged.setdefault(k, v)
+        for r in peers["results"]:
+            rows[(r.get("impl"), r.get("shape") or str(r.get("key")))] = r
+    merged["results"] = list(rows.values())
+    merged["complete"] = bool(files) and len(files) == len(paths) and all(p.get("complete") for p in files)
+    merged["flashinfer"] = next((p["flashinfer"] for p in files if p.get("flashinfer")), None)
+    return merged
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bench", required=True)
-    p.add_argument("--peers", required=True)
+    p.add_argument("--peers", required=True, action="append",
+                   help="bench/peers.py's JSON; again for another peers file of the same run")
     p.add_argument("--shapes", required=True)
     p.add_argument("--source-state", help="source-state.txt of the build folder (default: beside --bench's "
                    "binaries, i.e. <build>/source-state.txt when --bench is under <build>/)")
@@ -199,12 +237,7 @@ def main():
 
     with open(a.bench, encoding="utf-8") as f:
         bench = json.load(f)
-    if os.path.exists(a.peers):
-        with open(a.peers, encoding="utf-8") as f:
-            peers = json.load(f)
-    else:  # the peers step wrote nothing (cut short before its first shape): stages only
-        print(f"note: no peers file {a.peers}; the results hold the stages and ceilings only")
-        peers = {"results": []}
+    peers = load_peers(a.peers)  # a peers step that wrote nothing (cut short): stages only
     ctx = bench.setdefault("context", {})
     ctx.pop("executable", None)  # a path on the machine that ran it
     state_file = a.source_state
@@ -215,6 +248,7 @@ def main():
     commit, tree = source_state(state_file)
     ctx["commit"] = commit + ("-dirty" if tree == "modified" else "")
     copy_gbps = float(ctx["copy_ceiling_GB/s"])
+    read_gbps = float(ctx["read_ceiling_GB/s"]) if "read_ceiling_GB/s" in ctx else None  # absent before it existed
 
     shapes = load_shapes(a.shapes)
     prefill_file = bool(shapes) and "mode" in shapes[0]  # also bench/shapes_cascade.csv: rows name their shape
@@ -222,17 +256,18 @@ def main():
     gemm_tflops = float(ctx.get("gemm_bf16_ceiling_TFLOP/s", "nan"))
     for s in shapes:
         for r in peers["results"]:
-            if prefill_file:  # peers.py names the shape of each prefill-file row
-                if r.get("shape") != s["name"] or "median_us" not in r:
+            if "median_us" not in r or "error" in r:  # not timed, or timed and marked wrong
+                continue
+            if "shape" in r:  # peers.py names the shape of prefill- and cascade-file rows and FlashInfer's
+                if r["shape"] != s["name"]:
                     continue
                 label = f"{s['dtype']} {r.get('note', '')}, {r['mode']}"
-                unit, ceiling = ("TFLOP/s", gemm_tflops) if "TFLOP/s" in r else ("GB/s", copy_gbps)
-            else:
-                if r["key"] != shape_key(s) or "median_us" not in r:
+            else:  # a decode file's SDPA rows: keyed by the sizes they ran
+                if r.get("key") != shape_key(s):
                     continue
                 label = f"{s['dtype']} contiguous, {r['gqa']}, {r['mode']}"
-                unit, ceiling = "GB/s", copy_gbps
-            bench["benchmarks"].append(peer_median_row(r, s["name"], label, unit, ceiling))
+            unit, ceiling = ("TFLOP/s", gemm_tflops) if "TFLOP/s" in r else ("GB/s", copy_gbps)
+            bench["benchmarks"].append(peer_median_row(r, s["name"], label, unit, ceiling, read_gbps))
 
     by_name = {base_name(b): b for b in bench["benchmarks"] if b.get("aggregate_name") == "median"}
     if cascade_file:
@@ -253,7 +288,7 @@ def main():
         "command": a.command,
         "tree": tree,
     }
-    if peers.get("flashinfer"):  # the version FlashInfer's rows ran with (prefill and cascade files)
+    if peers.get("flashinfer"):  # the version FlashInfer's rows ran with
         bench["flashstep"]["peers"]["flashinfer"] = peers["flashinfer"]
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(bench, f, indent=1)

@@ -1,21 +1,44 @@
 #!/usr/bin/env python3
-"""Peers: PyTorch scaled_dot_product_attention (flash and cuDNN backends) on the shapes
-of bench/shapes.csv, timed like flashstep_bench times the stages.
+"""Peers: PyTorch scaled_dot_product_attention (flash and cuDNN backends) and FlashInfer's
+batch decode wrapper on the decode shapes of bench/shapes.csv and
+bench/shapes_split_kv.csv, timed like flashstep_bench times the stages.
 
     python3 bench/peers.py --shapes bench/shapes.csv --out peers.json
+    python3 bench/peers.py --shapes bench/shapes_split_kv.csv --out peers.json [--peers sdpa|flashinfer]
 
-Run it in the same GPU run as flashstep_bench (the benchmark policy: ratios are
-only meaningful within one run). Each peer reads a *contiguous* KV cache,
-k and v of shape (batch, num_kv_heads, kv_len, head_dim), with q of shape
-(batch, num_qo_heads, 1, head_dim) and GQA through enable_gqa=True; page size, page
-layout and page order do not apply, so shapes that differ only in those share one
-measurement. Timing: CUDA events around one call, the L2 flushed before each call,
-warm-up first; 5 repetitions of at least 50 ms (or 10 calls) each, and the median of
-the repetitions' mean times. The call is captured once in a CUDA graph and replayed,
-so Python's dispatch time (tens of microseconds, comparable to a small decode) stays
-out of the measurement, as the C++ stages' launch time does; where capture fails the
-call runs eagerly and the row says so. GB/s counts q, K, V, o and lse, the same bytes
-the stages are credited with.
+Run it in the same GPU run as flashstep_bench (the benchmark policy: ratios are only
+meaningful within one run). Timing, for every peer: CUDA events around one call, the L2
+flushed before each call, warm-up first; 5 repetitions of at least 50 ms (or 10 calls)
+each, and the median of the repetitions' mean times. The call is captured once in a CUDA
+graph and replayed, so Python's dispatch time (tens of microseconds, comparable to a
+small decode) stays out of the measurement, as the C++ stages' launch time does; where
+capture fails the call runs eagerly and the row says so. GB/s counts q, K, V, o and lse,
+the same bytes the stages are credited with (decode_bytes).
+
+The decode peers:
+  torch_sdpa_flash, torch_sdpa_cudnn   SDPA on a *contiguous* KV cache, k and v of shape
+      (batch, num_kv_heads, kv_len, head_dim), q of shape (batch, num_qo_heads, 1,
+      head_dim), GQA through enable_gqa=True. Page size, page layout and page order do
+      not apply, so shapes that differ only in those share one measurement (rows keyed
+      by shape_key, named by the first shape).
+  flashinfer_cuda_core_decode, flashinfer_tc_decode   FlashInfer's
+      BatchDecodeWithPagedKVCacheWrapper with use_tensor_cores False / True
+      (https://docs.flashinfer.ai/api/decode.html), where `import flashinfer` works (a row
+      says why where it does not), on a paged pool laid out as flashstep_bench lays out
+      the shape's: its page_size, its layout (NHD or HND), its page order (sequential, or
+      a random permutation of the pool's page ids from PAGE_ORDER_SEED, printed in the
+      row's note), a quarter of spare pages, the dtype of its dtype column. Every shape is
+      its own measurement. plan() runs outside the graph, run() is captured. Each row
+      records max_abs_diff_vs_cudnn, its output's largest difference from cuDNN SDPA's on
+      the same K/V (gathered from the pool through the page table), and is marked with an
+      error where that is more than DECODE_CHECK_RTOL of cuDNN's largest |o|. (FlashInfer's
+      lse is base 2; these rows do not use it.)
+FlashInfer runs after SDPA, in child processes with a time limit (--flashinfer-timeout):
+its kernels compile on first use, and a module that fails to load can end its process; a
+child that dies or runs out of time leaves error rows for the shapes it did not finish,
+and the JSON (written after every shape) keeps what was measured. --peers times one
+family only, for a machine that allows no single command that long; bench/merge_results.py
+joins several peers files of one run.
 
 Two other shapes files are recognised by their columns: bench/shapes_prefill.csv (a
 "mode" column; stage 04) and bench/shapes_cascade.csv (a "shared_prefix" column; stage
@@ -23,14 +46,17 @@ Two other shapes files are recognised by their columns: bench/shapes_prefill.csv
 """
 import argparse
 import csv
+import importlib.util
 import itertools
 import json
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
@@ -121,9 +147,10 @@ def run_peer(backend, q, k, v):
 # mask top-left, so an append with fewer queries than keys runs non-causal there and the
 # row says so), and FlashInfer's wrappers where `import flashinfer` works: the paged
 # prefill wrapper with the fa2 and fa3 backends, and the tensor-core decode wrapper for
-# decode rows, on a page-16 NHD pool laid out like the stage's. TFLOP/s counts 4 * head_dim
-# flops per (query, key) pair the peer's mask lets through, per query head, as
-# flashstep_bench does; decode rows count bytes (GB/s).
+# decode rows (checked against cuDNN SDPA like the decode files' rows), on a page-16 NHD
+# pool laid out like the stage's. TFLOP/s counts 4 * head_dim flops per (query, key) pair
+# the peer's mask lets through, per query head, as flashstep_bench does; decode rows count
+# bytes (GB/s). flashinfer_rows serves the decode files too (the module's docstring).
 
 def spread_lengths(batch, longest):
     """bench/shapes_prefill.csv's "spread": request i of n gets longest/32 * 32^(i/(n-1))."""
@@ -216,54 +243,144 @@ def sdpa_decode_rows(s, flush):
     return rows
 
 
+def paged_layout(kv_lens, page, page_order="sequential", seed=None):
+    """The page table flashstep_bench builds for a batch (make_layout in
+    stages/harness/case.cpp): request b owns ceil(kv_lens[b] / page) pages, taken in request
+    order from a list of every page id of a pool with a quarter more pages than the batch
+    uses (spare pages nobody owns). The list is 0, 1, 2, ... ("sequential") or a random
+    permutation drawn from `seed` ("shuffled": a server's pool after many evictions; the same
+    kind of permutation as flashstep_bench's, not the same one, which comes from C++'s
+    std::shuffle). Returns (kv_indptr, kv_indices, last_page_len, num_pages) as lists."""
+    pages = [(kv + page - 1) // page for kv in kv_lens]
+    used = sum(pages)
+    num_pages = used + used // 4 + 1
+    order = list(range(num_pages))
+    if page_order == "shuffled":
+        random.Random(seed).shuffle(order)
+    last = [kv - (p - 1) * page if p else 0 for kv, p in zip(kv_lens, pages)]
+    return [0] + list(itertools.accumulate(pages)), order[:used], last, num_pages
+
+
+def cudnn_decode_reference(q, pool, kv_indices, kv_len, layout):
+    """cuDNN SDPA's output, (batch, num_qo_heads, head_dim) in fp32, on the K/V that a decode
+    batch of `kv_len` keys per request holds in the paged `pool` (NHD or HND `layout`),
+    gathered through its page table `kv_indices` into contiguous (requests, kv_heads,
+    kv_len, head_dim) copies a few requests at a time (DECODE_CHECK_CHUNK_BYTES of K and V)."""
+    batch = q.shape[0]
+    page, hkv, d = (pool.shape[2], pool.shape[3], pool.shape[4]) if layout == "NHD" else \
+        (pool.shape[3], pool.shape[2], pool.shape[4])
+    table = kv_indices.long().view(batch, -1)
+    chunk = max(1, int(DECODE_CHECK_CHUNK_BYTES // (2 * kv_len * hkv * d * pool.element_size())))
+    out = []
+    for b in range(0, batch, chunk):
+        pages = pool[table[b:b + chunk]]  # (n, pages, 2, page, hkv, d) or (n, pages, 2, hkv, page, d)
+        if layout == "HND":
+            pages = pages.transpose(3, 4)
+        n = pages.shape[0]
+        kv = pages.permute(2, 0, 1, 3, 4, 5).reshape(2, n, -1, hkv, d)[:, :, :kv_len].transpose(2, 3)
+        o, _ = run_peer(BACKENDS["torch_sdpa_cudnn"], q[b:b + chunk].unsqueeze(2), kv[0].contiguous(),
+                        kv[1].contiguous())
+        out.append(o.squeeze(2).float())
+        del pages, kv
+    return torch.cat(out)
+
+
+PAGE_ORDER_SEED = 20240607  # the "shuffled" page order's permutation; printed with the rows
+DECODE_CHECK_CHUNK_BYTES = 1e9  # K and V gathered at a time for the cuDNN reference
+DECODE_CHECK_RTOL = 0.02  # a decode row whose output is further from cuDNN's than this
+#                           fraction of cuDNN's largest |o| (about 5 bf16 steps) is marked
+
+
 def flashinfer_rows(s, flush, backends=("fa2", "fa3")):
-    """FlashInfer on a page-16 NHD pool: prefill wrappers (`backends`) or tensor-core decode."""
+    """FlashInfer on a paged pool laid out as flashstep_bench lays out the shape's: its
+    prefill wrappers (`backends`) on a prefill row, its decode wrapper on a decode row. A
+    row of a decode shapes file (no "mode" column) gets both decode variants, CUDA cores and
+    tensor cores, on the shape's page size, layout and page order; a decode row of the
+    prefill file the tensor-core one on page-16 NHD. Each decode row records its largest
+    difference from cuDNN SDPA's output on the same K/V (max_abs_diff_vs_cudnn) and is
+    marked with an error where that is large."""
     try:
         import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
     except Exception as e:  # not installed here: say so in the results, time nothing
         return [{"impl": "flashinfer", "shape": s["name"], "error": f"flashinfer not importable: {e}"[:300]}]
     hq, hkv, d, page = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"]), int(s["page_size"])
     dtype = DTYPES[s["dtype"]]
-    decode = s["mode"] == "decode"
+    decode_file = "mode" not in s
+    decode = decode_file or s["mode"] == "decode"
+    layout, order = s.get("layout", "NHD"), s.get("page_order", "sequential")
     lengths = [(1, int(s["kv_len"]))] * int(s["batch"]) if decode else prefill_lengths(s)
-    causal = s["causal"] == "1" and not decode
-    pages = [(kv + page - 1) // page for _, kv in lengths]
-    kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
-    kv_indices = torch.arange(sum(pages), dtype=torch.int32, device="cuda")
-    last = torch.tensor([kv - (p - 1) * page for (_, kv), p in zip(lengths, pages)], dtype=torch.int32, device="cuda")
-    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo for qo, _ in lengths)), dtype=torch.int32, device="cuda")
-    pool = torch.empty(sum(pages), 2, page, hkv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    causal = not decode and s["causal"] == "1"
+    indptr, indices, last, num_pages = paged_layout([kv for _, kv in lengths], page, order, PAGE_ORDER_SEED)
+
+    def i32(values):
+        return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+    kv_indptr, kv_indices, last = i32(indptr), i32(indices), i32(last)
+    qo_indptr = i32([0] + list(itertools.accumulate(qo for qo, _ in lengths)))
+    pool_shape = (num_pages, 2, page, hkv, d) if layout == "NHD" else (num_pages, 2, hkv, page, d)
+    pool = torch.empty(pool_shape, dtype=dtype, device="cuda").uniform_(-1, 1)
     q = torch.empty(int(qo_indptr[-1]), hq, d, dtype=dtype, device="cuda").uniform_(-3, 3)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    rows = []
-    variants = [("flashinfer_tc_decode", None)] if decode else [("flashinfer_" + b, b) for b in backends]
-    for impl, backend in variants:
-        row = {"impl": impl, "shape": s["name"], "note": "paged, page %d NHD" % page,
-               "flashinfer_version": getattr(flashinfer, "__version__", "unknown")}
+    note = "paged, page %d %s" % (page, layout)
+    if order == "shuffled":
+        note += ", shuffled pages (seed %d)" % PAGE_ORDER_SEED
+    if decode_file:
+        variants = [("flashinfer_cuda_core_decode", False), ("flashinfer_tc_decode", True)]
+    elif decode:
+        variants = [("flashinfer_tc_decode", True)]
+    else:
+        variants = [("flashinfer_" + b, b) for b in backends]
+    rows, outputs = [], {}
+    for impl, how in variants:
+        row = {"impl": impl, "shape": s["name"], "note": note, "flashinfer_version": getattr(flashinfer, "__version__",
+                                                                                            "unknown")}
+        if decode_file:
+            row["note"] += ", use_tensor_cores=%s" % how
+            if order == "shuffled":
+                row["page_order_seed"] = PAGE_ORDER_SEED
         try:
             if decode:
-                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=True)
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout, use_tensor_cores=how)
                 w.plan(kv_indptr, kv_indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=dtype)
-                nbytes = decode_bytes(len(lengths), int(s["kv_len"]), hq, hkv, d, q.element_size())
-                row["bytes"] = nbytes
+                row["bytes"] = decode_bytes(len(lengths), int(s["kv_len"]), hq, hkv, d, q.element_size())
             else:
-                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend=backend)
+                w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, layout, backend=how)
                 w.plan(qo_indptr, kv_indptr, kv_indices, last, hq, hkv, d, page, causal=causal,
                        q_data_type=dtype, kv_data_type=dtype)
                 row["flops"] = 4.0 * d * hq * visible_pairs(lengths, causal)
-            w.run(q, pool)
-            fn, mode = as_graph(lambda: w.run(q, pool))
-            ms, means = time_call(fn, flush)
-            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means], "mode": mode})
+            # plan() above, outside the graph; run() captured in it and replayed
+            out = w.run(q, pool)
             if decode:
-                row["GB/s"] = row["bytes"] / (ms * 1e-3) * 1e-9
-            else:
-                row["TFLOP/s"] = row["flops"] / (ms * 1e-3) * 1e-12
+                outputs[impl] = out.float()
+            timed(row, lambda: w.run(q, pool), flush)
         except Exception as e:  # a backend this FlashInfer build or GPU lacks: recorded, not fatal
             row["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
         rows.append(row)
-    del pool, q, workspace
+    if outputs:  # the same attention as cuDNN's on the same K/V: a wrong page table or layout shows here
+        check_decode_rows(rows, outputs, lambda: cudnn_decode_reference(q, pool, kv_indices, int(s["kv_len"]), layout))
     return rows
+
+
+def check_decode_rows(rows, outputs, reference):
+    """Records in each row of `rows` whose impl has an output in `outputs` its largest
+    difference from `reference()` (cuDNN SDPA's output), and marks the row with an error
+    where that is more than DECODE_CHECK_RTOL of the reference's largest |o|."""
+    try:
+        ref = reference()
+    except Exception as e:  # cuDNN unavailable here: the rows stay, unchecked, and say why
+        for row in rows:
+            if row["impl"] in outputs:
+                row["check_error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
+        return
+    ref_max = ref.abs().max().item()
+    for row in rows:
+        if row["impl"] not in outputs:
+            continue
+        diff = (outputs[row["impl"]] - ref).abs().max().item()
+        row.update({"max_abs_diff_vs_cudnn": diff, "cudnn_max_abs": ref_max})
+        if not diff <= DECODE_CHECK_RTOL * ref_max:  # NaN fails too
+            row["error"] = (f"output differs from cuDNN SDPA's on the same K/V: max |diff| {diff:.3g}, more than "
+                            f"{DECODE_CHECK_RTOL} x max |o| {ref_max:.3g}")
 
 
 # ---- Shared-prefix (cascade) shapes (bench/shapes_cascade.csv, stage 05) ---------------
@@ -450,7 +567,7 @@ def flashinfer_cascade_rows(s, flush):
 
 
 def flashinfer_child(args, shapes, flush, sets):
-    """--flashinfer-child: FlashInfer's rows of the prefill or cascade file, one JSON line per shape
+    """--flashinfer-child: FlashInfer's rows of the shapes file, one JSON line per shape
     (appended to --out as each shape finishes), from the shape after --start-after on."""
     names = [s["name"] for s in shapes if s["set"] in sets]
     start = names.index(args.start_after) + 1 if args.start_after else 0
@@ -467,52 +584,79 @@ def flashinfer_child(args, shapes, flush, sets):
     return 0
 
 
-def flashinfer_all(args, shapes, sets):
-    """FlashInfer's rows, each shape's {"shape", "rows"}, timed in child processes: a
-    FlashInfer module that fails to load can end the process that loads it (a missing
-    symbol kills it outright), so a child that dies costs the shape it was on, recorded
-    as an error, and a new child carries on from the next shape."""
+def flashinfer_all(args, shapes, sets, on_shape):
+    """FlashInfer's rows, timed in child processes, handed to on_shape(shape, rows) shape by
+    shape as they come (so the caller can write its JSON after each: a run cut short keeps
+    what it measured). A FlashInfer module that fails to load can end the process that
+    loads it (a missing symbol kills it outright), so a child that dies costs the shape it
+    was on, recorded as an error, and a new child carries on from the next shape; a child
+    that runs past --flashinfer-timeout (its kernels compile on first use) is stopped, and
+    the shapes it did not reach get an error row."""
     names = [s["name"] for s in shapes if s["set"] in sets]
-    done, after = {}, None
+    done, after = set(), None
+
+    def take(lines, seen):
+        """Hands on the shapes the child has finished since `seen` bytes of its file."""
+        if not os.path.exists(lines):
+            return seen
+        with open(lines, "rb") as f:
+            f.seek(seen)
+            data = f.read()
+        complete = data[:data.rfind(b"\n") + 1]  # a line being written is read next time
+        for line in complete.decode("utf-8").splitlines():
+            entry = json.loads(line)
+            done.add(entry["shape"])
+            on_shape(entry["shape"], entry["rows"])
+        return seen + len(complete)
+
     with tempfile.TemporaryDirectory() as tmp:
-        lines = os.path.join(tmp, "flashinfer.jsonl")
+        lines, log_path = os.path.join(tmp, "flashinfer.jsonl"), os.path.join(tmp, "child.log")
+        seen = 0
         while len(done) < len(names):
             cmd = [sys.executable, os.path.abspath(__file__), "--shapes", args.shapes, "--sets", args.sets,
                    "--flashinfer-backends", args.flashinfer_backends, "--out", lines, "--flashinfer-child"]
             if after:
                 cmd += ["--start-after", after]
-            try:
-                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      timeout=args.flashinfer_timeout)
-            except subprocess.TimeoutExpired:  # e.g. a module compiling: the shapes left get an error row
-                proc = None
-            if os.path.exists(lines):
-                with open(lines, encoding="utf-8") as f:
-                    for line in f:
-                        entry = json.loads(line)
-                        done[entry["shape"]] = entry["rows"]
-            if len(done) == len(names):
-                break
+            deadline = time.monotonic() + args.flashinfer_timeout
+            with open(log_path, "w", encoding="utf-8") as log:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                while proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    seen = take(lines, seen)
+                timed_out = proc.poll() is None
+                if timed_out:  # e.g. a module compiling: the shapes left get an error row
+                    proc.kill()
+                proc.wait()
+            seen = take(lines, seen)
             pending = [n for n in names if n not in done]
-            if proc is None:
+            if not pending:
+                break
+            if timed_out:
                 for n in pending:
-                    done[n] = [{"impl": "flashinfer", "shape": n, "error": "the FlashInfer process ran past "
-                                f"--flashinfer-timeout ({args.flashinfer_timeout:.0f} s)"}]
+                    on_shape(n, [{"impl": "flashinfer", "shape": n, "error": "the FlashInfer process ran past "
+                                  f"--flashinfer-timeout ({args.flashinfer_timeout:.0f} s)"}])
                 break
-            if proc.returncode == 0 or not pending:
+            if proc.returncode == 0:
                 break
-            tail = (proc.stdout.strip().splitlines() or ["no output"])[-1]
-            done[pending[0]] = [{"impl": "flashinfer", "shape": pending[0],
-                                 "error": f"the FlashInfer process died (rc {proc.returncode}): {tail}"[:300]}]
+            with open(log_path, encoding="utf-8", errors="replace") as log:
+                tail = (log.read().strip().splitlines() or ["no output"])[-1]
+            on_shape(pending[0], [{"impl": "flashinfer", "shape": pending[0],
+                                   "error": f"the FlashInfer process died (rc {proc.returncode}): {tail}"[:300]}])
+            done.add(pending[0])
             after = pending[0]
-    return done
 
 
-def prefill_main(args, shapes, flush, out, sets):
+def flashinfer_version(out):
+    """The FlashInfer version the results' rows ran with, or None."""
+    return next((r["flashinfer_version"] for r in out["results"] if "flashinfer_version" in r), None)
+
+
+def prefill_main(args, shapes, flush, out, sets, families):
     """PyTorch SDPA on every shape first, then FlashInfer in child processes; the JSON is
-    written after each shape and after FlashInfer, so a run cut short keeps what it measured."""
+    written after each shape, so a run cut short keeps what it measured."""
+    by_name = {s["name"]: s for s in shapes}
     for s in shapes:
-        if s["set"] not in sets:
+        if s["set"] not in sets or "sdpa" not in families:
             continue
         if "shared_prefix" in s:
             rows = sdpa_cascade_rows(s, flush)
@@ -521,15 +665,77 @@ def prefill_main(args, shapes, flush, out, sets):
         print_rows(s, rows, out)
         torch.cuda.empty_cache()
         write_json(args.out, out)
-    flashinfer = flashinfer_all(args, shapes, sets)
-    for s in shapes:
-        if s["set"] in sets:
-            print_rows(s, flashinfer.get(s["name"], []), out)
-    out["flashinfer"] = next((r["flashinfer_version"] for rows in flashinfer.values() for r in rows
-                              if "flashinfer_version" in r), None)
+    if "flashinfer" in families:
+        flashinfer_into(args, shapes, sets, out, by_name)
     out["complete"] = True
     write_json(args.out, out)
     return 0
+
+
+def flashinfer_into(args, shapes, sets, out, by_name):
+    """FlashInfer's rows of every shape into `out`, the JSON written after each shape."""
+    def on_shape(name, rows):
+        print_rows(by_name[name], rows, out)
+        out["flashinfer"] = flashinfer_version(out)
+        write_json(args.out, out)
+    if importlib.util.find_spec("flashinfer") is None:  # no child to start: every shape says why
+        for s in shapes:
+            if s["set"] in sets:
+                on_shape(s["name"], [{"impl": "flashinfer", "shape": s["name"],
+                                      "error": "flashinfer not importable: No module named 'flashinfer'"}])
+        return
+    flashinfer_all(args, shapes, sets, on_shape)
+    out["flashinfer"] = flashinfer_version(out)
+
+
+def decode_main(args, shapes, flush, out, sets, families):
+    """A decode shapes file (bench/shapes.csv, bench/shapes_split_kv.csv): PyTorch SDPA once
+    per shape_key (contiguous K/V: what it sees of a shape), then FlashInfer on every shape
+    (page size, layout and page order are its own shapes), in child processes."""
+    done = set()
+    for s in shapes:
+        if "sdpa" not in families or s["set"] not in sets or shape_key(s) in done:
+            continue
+        done.add(shape_key(s))
+        sdpa_decode_file_rows(s, flush, out)
+        torch.cuda.empty_cache()
+        write_json(args.out, out)  # after every shape: a run cut short keeps what it measured
+    if "flashinfer" in families:
+        flashinfer_into(args, shapes, sets, out, {s["name"]: s for s in shapes})
+    out["complete"] = True
+    write_json(args.out, out)
+    return 0
+
+
+def sdpa_decode_file_rows(s, flush, out):
+    """SDPA flash and cuDNN on the contiguous K/V of a decode-file shape, rows keyed by its
+    shape_key (a later shape with the same key reuses them), appended to `out`."""
+    batch, kv_len, hq, hkv, d, dtype_name = shape_key(s)
+    dtype = DTYPES[dtype_name]
+    q = torch.empty(batch, hq, 1, d, dtype=dtype, device="cuda").uniform_(-3, 3)
+    k = torch.empty(batch, hkv, kv_len, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    v = torch.empty(batch, hkv, kv_len, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    nbytes = decode_bytes(batch, kv_len, hq, hkv, d, q.element_size())
+    outputs = {}
+    for impl, backend in BACKENDS.items():
+        row = {"impl": impl, "key": list(shape_key(s)), "first_shape": s["name"], "bytes": nbytes}
+        try:
+            o, gqa = run_peer(backend, q, k, v)
+            outputs[impl] = o.float()
+            fn, mode = as_graph(lambda: run_peer(backend, q, k, v))
+            ms, means = time_call(fn, flush)
+            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means],
+                        "GB/s": nbytes / (ms * 1e-3) * 1e-9, "gqa": gqa, "mode": mode})
+        except RuntimeError as e:
+            row["error"] = str(e).splitlines()[0][:300]
+        out["results"].append(row)
+        msg = f"{row['GB/s']:8.1f} GB/s" if "GB/s" in row else "unsupported: " + row["error"]
+        print(f"{impl:18s} {s['name']:28s} {msg}", flush=True)
+    if len(outputs) == 2:  # the two peers must agree, or one of them is not a peer
+        a, b = outputs.values()
+        diff = (a - b).abs().max().item()
+        for row in out["results"][-2:]:
+            row["max_abs_diff_flash_vs_cudnn"] = diff
 
 
 def write_json(path, data):
@@ -548,7 +754,9 @@ def print_rows(s, rows, out):
             msg = f"{row['GB/s']:8.1f} GB/s"
         else:
             msg = "unsupported: " + row.get("error", "?")
-        print(f"{row['impl']:22s} {s['name']:30s} {msg}", flush=True)
+        if "error" in row and "median_us" in row:  # timed, then found wrong: not a peer
+            msg += " -- MARKED: " + row["error"]
+        print(f"{row['impl']:27s} {s['name']:30s} {msg}", flush=True)
 
 
 def main():
@@ -556,67 +764,38 @@ def main():
     parser.add_argument("--shapes", default="bench/shapes.csv")
     parser.add_argument("--sets", default="target,sweep,extra")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--peers", default="sdpa,flashinfer",
+                        help="which peers to time: sdpa (PyTorch SDPA flash and cuDNN), flashinfer, or both "
+                        "(default); bench/merge_results.py takes one --peers file per run of this script")
     parser.add_argument("--flashinfer-backends", default="fa2,fa3",
                         help="prefill file: FlashInfer prefill backends to time (each compiles on first use); "
                         "the cascade file always times fa2 for its flat prefill")
     parser.add_argument("--flashinfer-timeout", type=float,
-                        help="prefill and cascade files: seconds a FlashInfer process may take (its modules "
-                        "compile on first use; default 180, 300 for the cascade file, which loads three "
-                        "kinds of kernel per shape)")
+                        help="seconds a FlashInfer process may take (its modules compile on first use; "
+                        "default 180, 300 for the cascade file, which loads three kinds of kernel per shape, "
+                        "and for the decode files, which time two wrappers on every shape)")
     parser.add_argument("--flashinfer-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start-after", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sets = set(args.sets.split(","))
+    families = set(args.peers.split(","))
+    if not families <= {"sdpa", "flashinfer"}:
+        parser.error(f"--peers: sdpa, flashinfer or both, not {args.peers!r}")
 
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "results": []}
-    done = set()
+           "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "peers": sorted(families),
+           "results": []}
     shapes = load_shapes(args.shapes)
     if args.flashinfer_timeout is None:
-        args.flashinfer_timeout = 300.0 if shapes and "shared_prefix" in shapes[0] else 180.0
+        args.flashinfer_timeout = 180.0 if shapes and "mode" in shapes[0] and "shared_prefix" not in shapes[0] else 300.0
+    if args.flashinfer_child:
+        return flashinfer_child(args, shapes, flush, sets)
     if shapes and "mode" in shapes[0]:  # bench/shapes_prefill.csv or bench/shapes_cascade.csv
-        if args.flashinfer_child:
-            return flashinfer_child(args, shapes, flush, sets)
-        return prefill_main(args, shapes, flush, out, sets)
-    for s in shapes:
-        if s["set"] not in sets or shape_key(s) in done:
-            continue
-        done.add(shape_key(s))
-        batch, kv_len, hq, hkv, d, dtype_name = shape_key(s)
-        dtype = DTYPES[dtype_name]
-        q = torch.empty(batch, hq, 1, d, dtype=dtype, device="cuda").uniform_(-3, 3)
-        k = torch.empty(batch, hkv, kv_len, d, dtype=dtype, device="cuda").uniform_(-1, 1)
-        v = torch.empty(batch, hkv, kv_len, d, dtype=dtype, device="cuda").uniform_(-1, 1)
-        nbytes = decode_bytes(batch, kv_len, hq, hkv, d, q.element_size())
-        outputs = {}
-        for impl, backend in BACKENDS.items():
-            row = {"impl": impl, "key": list(shape_key(s)), "first_shape": s["name"], "bytes": nbytes}
-            try:
-                o, gqa = run_peer(backend, q, k, v)
-                outputs[impl] = o.float()
-                fn, mode = as_graph(lambda: run_peer(backend, q, k, v))
-                ms, means = time_call(fn, flush)
-                row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means],
-                            "GB/s": nbytes / (ms * 1e-3) * 1e-9, "gqa": gqa, "mode": mode})
-            except RuntimeError as e:
-                row["error"] = str(e).splitlines()[0][:300]
-            out["results"].append(row)
-            msg = f"{row['GB/s']:8.1f} GB/s" if "GB/s" in row else "unsupported: " + row["error"]
-            print(f"{impl:18s} {s['name']:28s} {msg}", flush=True)
-        if len(outputs) == 2:  # the two peers must agree, or one of them is not a peer
-            a, b = outputs.values()
-            diff = (a - b).abs().max().item()
-            for row in out["results"][-2:]:
-                row["max_abs_diff_flash_vs_cudnn"] = diff
-        del q, k, v, outputs
-        torch.cuda.empty_cache()
-        write_json(args.out, out)  # after every shape: a run cut short keeps what it measured
-    out["complete"] = True
-    write_json(args.out, out)
-    return 0
+        return prefill_main(args, shapes, flush, out, sets, families)
+    return decode_main(args, shapes, flush, out, sets, families)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ bench/merge_results.py): the stage's speed goals, the sweep table and the sweep 
 
     split_kv_report.py RESULTS.json --targets-only
     split_kv_report.py RESULTS.json [--tune TUNE.json [--clean CLEAN.json]] \
-                       --readme stages/03_split_kv/README.md --plot stages/03_split_kv/sweep.png [--write-targets]
+                       --readme stages/03_split_kv/README.md --plot stages/03_split_kv/sweep.png \
+                       [--write-targets | --check]
 
 TUNE.json is flashstep_split_kv_tune's output and CLEAN.json bench/split_kv_clean_peers.py's,
 from the same GPU run (gpu-run.sh's split_kv_tune step: tune.json, clean_l2_peers.json): they add the knob table and the read-only-flush comparison.
@@ -14,19 +15,42 @@ from the same GPU run (gpu-run.sh's split_kv_tune step: tune.json, clean_l2_peer
 `<!-- split_kv results:end -->` markers (nothing else; markers of their own, so that
 bench/report.py, which fills the plain `results:` markers of every chapter from
 bench/shapes.csv, leaves this chapter's sweep alone); --write-targets stores the verdicts in the
-JSON under flashstep.split_kv_targets. Every number written comes from the JSON files.
+JSON under flashstep.split_kv_targets and the decode goals under
+flashstep.split_kv_decode_goals. --check writes nothing: it says whether the README's
+section is what these files generate (exit 0) or stale (exit 1); run it from the repository
+root with the paths the section cites. Every number written comes from the JSON files.
+
+The decode goals (decode_goals below), for a run that has what they need: stage 03 against
+cuDNN SDPA and against the better of FlashInfer's two decode wrappers (bench/peers.py's
+flashinfer_cuda_core_decode and flashinfer_tc_decode) on each of GOAL_SHAPES, their
+geometric mean and worst shape; and the layout and page-order check, stage 03's time on
+LAYOUT_SHAPES against sequential NHD page 16 at the same sizes. A run made before the read
+ceiling (context read_ceiling_GB/s) and FlashInfer's decode rows existed has neither: its
+section, its columns and its plot come out as they always did.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
-from gbench_rows import base_name, load_medians  # bench/, beside this script
+from gbench_rows import load_medians  # bench/, beside this script
 
 STAGE, BASE = "03_split_kv", "02_paged"
 CUDNN, FLASH = "peer_torch_sdpa_cudnn", "peer_torch_sdpa_flash"
+FLASHINFER = ("peer_flashinfer_cuda_core_decode", "peer_flashinfer_tc_decode")  # the better one counts
 BATCHES = (1, 4, 16, 64, 128)
 KV_LENS = (1024, 4096, 16384, 65536)
+# The decode goals: the sweep and batch 1 x kv 131072; the layout and page-order check at
+# batch 128 x kv 8192 against sequential NHD page 16 (what, shape).
+GOAL_SHAPES = tuple(f"b{b}_kv{kv}_p16" for b in BATCHES for kv in KV_LENS) + ("b1_kv131072_p16",)
+LAYOUT_BASE = "b128_kv8192_p16"
+LAYOUT_SHAPES = (("HND", "b128_kv8192_p16_hnd"), ("shuffled pages", "b128_kv8192_p16_shuffled"),
+                 ("shuffled pages of one token", "b128_kv8192_p1_shuffled"))
+# Stage 03 the fastest on every shape: the worst ratio (and so the geomean) at least 1; a
+# layout or page order at most 3% slower (the page-size goal of stage 02, 1.03 in time).
+RATIO_GOAL = 1.00
+LAYOUT_GOAL_PCT = 3.0
 
 # (what, numerator row, denominator row, goal, "gbps" for a GB/s ratio >= goal or
 #  "time" for a time ratio <= goal)
@@ -69,6 +93,11 @@ def fmt(x, digits=0):
     return "" if x is None else f"{x:,.{digits}f}"
 
 
+def cell(x, digits=0):
+    """A cell of a column that only some runs have: "–" where this run has no value."""
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
 def gbps(rows, name):
     r = rows.get(name)
     return r["GB/s"] if r and "GB/s" in r else None
@@ -78,43 +107,166 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
+def read_ceiling(data):
+    """The run's read ceiling in GB/s, or None for a run made before it was measured."""
+    value = data.get("context", {}).get("read_ceiling_GB/s")
+    return float(value) if value is not None else None
+
+
+def has_flashinfer(rows):
+    return any(n.startswith(p + "/") for n in rows for p in FLASHINFER)
+
+
+def best_flashinfer(rows, shape):
+    """(GB/s, row name) of the faster of FlashInfer's decode wrappers on `shape`, or (None, None)."""
+    ran = [(gbps(rows, f"{p}/{shape}"), f"{p}/{shape}") for p in FLASHINFER if gbps(rows, f"{p}/{shape}")]
+    return max(ran) if ran else (None, None)
+
+
+def pct_of_read(rows, name, read):
+    """% of the read ceiling of a row: its own counter, else its GB/s over the run's ceiling."""
+    r = rows.get(name)
+    if not r or "GB/s" not in r:
+        return None
+    if "pct_of_read_ceiling" in r:
+        return r["pct_of_read_ceiling"]
+    return None if not read else 100.0 * r["GB/s"] / read
+
+
+def summary(ratios, goal):
+    """Geometric mean and worst of {shape: ratio} (None where not measured): "geomean",
+    "worst", "worst_shape", "measured" (shapes with a ratio), "missing" (shapes without),
+    "met" (every shape measured and the worst at least `goal`; False as soon as one
+    measured shape is below; otherwise None)."""
+    measured = {k: v for k, v in ratios.items() if v is not None}
+    out = {"measured": len(measured), "of": len(ratios), "missing": [k for k, v in ratios.items() if v is None]}
+    if measured:
+        out["geomean"] = round(math.exp(sum(math.log(v) for v in measured.values()) / len(measured)), 4)
+        out["worst_shape"] = min(measured, key=measured.get)
+        out["worst"] = round(measured[out["worst_shape"]], 4)
+    out["met"] = (False if measured and out["worst"] < goal else
+                  True if measured and len(measured) == len(ratios) else None)
+    return out
+
+
+def decode_goals(data, rows):
+    """Stage 03's decode goals from one run: per shape of GOAL_SHAPES its GB/s, % of the read
+    ceiling and ratios (GB/s over GB/s) to stage 02, cuDNN and the better FlashInfer wrapper;
+    the summary of the ratios to cuDNN and to FlashInfer; the layout and page-order check
+    (stage 03's time on each of LAYOUT_SHAPES over its time on LAYOUT_BASE, as a % more)."""
+    read = read_ceiling(data)
+    per_shape = []
+    for shape in GOAL_SHAPES:
+        s3 = gbps(rows, f"{STAGE}/{shape}")
+        fi, fi_row = best_flashinfer(rows, shape)
+        per_shape.append({"shape": shape, "GB/s": s3, "pct_of_read_ceiling": pct_of_read(rows, f"{STAGE}/{shape}", read),
+                          "vs_02": ratio(s3, gbps(rows, f"{BASE}/{shape}")),
+                          "vs_cudnn": ratio(s3, gbps(rows, f"{CUDNN}/{shape}")),
+                          "vs_flashinfer": ratio(s3, fi), "flashinfer": fi_row})
+    layout = []
+    base = rows.get(f"{STAGE}/{LAYOUT_BASE}")
+    for what, shape in LAYOUT_SHAPES:
+        r = rows.get(f"{STAGE}/{shape}")
+        pct = 100.0 * (time_us(r) / time_us(base) - 1.0) if r and base else None
+        layout.append({"what": what, "shape": shape, "base": LAYOUT_BASE,
+                       "time_pct_vs_base": None if pct is None else round(pct, 2),
+                       "goal": f"<= +{LAYOUT_GOAL_PCT:.1f}%",
+                       "met": None if pct is None else pct <= LAYOUT_GOAL_PCT})
+    return {"shapes": per_shape,
+            "vs_cudnn": {**summary({p["shape"]: p["vs_cudnn"] for p in per_shape}, RATIO_GOAL),
+                         "goal": f">= {RATIO_GOAL:.2f}"},
+            "vs_flashinfer": {**summary({p["shape"]: p["vs_flashinfer"] for p in per_shape}, RATIO_GOAL),
+                              "goal": f">= {RATIO_GOAL:.2f}"},
+            "layout": layout}
+
+
+def goals_markdown(goals):
+    """The decode goals as Markdown lines: the summary, then the layout and page-order check."""
+    verdict = {True: "yes", False: "**no**", None: "not measured"}
+    n = len(GOAL_SHAPES)
+    lines = [f"**Decode goals** (stage 03 on the {n} shapes of the sweep and batch 1 x kv 131072; ratios of GB/s "
+             "within this run; FlashInfer: the faster of its CUDA-core and tensor-core decode wrappers on each "
+             "shape):", "", "| what | measured | worst shape | goal | met |", "|:--|--:|:--|--:|:--|"]
+    for key, peer in (("vs_cudnn", "cuDNN SDPA"), ("vs_flashinfer", "FlashInfer")):
+        g = goals[key]
+        shown = f"{g['measured']} of {g['of']} shapes" if g["measured"] < g["of"] else f"{g['of']} shapes"
+        worst = f"`{g['worst_shape']}`" if "worst_shape" in g else "–"
+        lines.append(f"| 03 / {peer}, geomean over {shown} | {cell(g.get('geomean'), 3)} | | | |")
+        lines.append(f"| 03 / {peer}, worst shape | {cell(g.get('worst'), 3)} | {worst} | {g['goal']} | "
+                     f"{verdict[g['met']]} |")
+    lines += ["", f"**Layout and page order** (stage 03's time at batch 128 x kv 8192 against sequential NHD "
+              f"page 16, `{LAYOUT_BASE}`, in the same run; +: slower):", "",
+              "| layout / page order | shape | time vs NHD page 16 | goal | met |", "|:--|:--|--:|--:|:--|"]
+    for x in goals["layout"]:
+        pct = "–" if x["time_pct_vs_base"] is None else f"{x['time_pct_vs_base']:+.1f}%"
+        lines.append(f"| {x['what']} | `{x['shape']}` | {pct} | {x['goal']} | {verdict[x['met']]} |")
+    return lines
+
+
 def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=None):
     ctx = data.get("context", {})
     copy = float(ctx.get("copy_ceiling_GB/s", "nan"))
+    read, fi = read_ceiling(data), has_flashinfer(rows)  # neither in a run made before they existed
     peers = data.get("flashstep", {}).get("peers", {})
+    ceilings = f"Copy ceiling measured in the same run: {copy:,.0f} GB/s."
+    if read is not None:
+        ceilings = (f"Ceilings measured in the same run: copy {copy:,.0f} GB/s (bytes read + written), read "
+                    f"{read:,.0f} GB/s (bytes read by a kernel that only reads, `bench/read_ceiling.cu`: the "
+                    "most a decode, which almost only reads, can reach).")
+    versions = f"torch {peers.get('torch', '?')}, cuDNN {peers.get('cudnn', '?')}"
+    who_reads = "peers read contiguous KV."
+    if fi:
+        versions += f", FlashInfer {peers.get('flashinfer', '?')}"
+        who_reads = ("SDPA peers read contiguous KV, FlashInfer's decode wrappers the same paged pool as the "
+                     "stages (its page size, layout and page order).")
     lines = [f"Generated by `bench/split_kv_report.py` from `{results_path}`: "
              f"{ctx.get('device', '?')}, commit {ctx.get('commit', '?')}, {ctx.get('date', '?')}; "
-             f"torch {peers.get('torch', '?')}, cuDNN {peers.get('cudnn', '?')}. "
-             f"Copy ceiling measured in the same run: {copy:,.0f} GB/s. bf16, 32 query / 8 kv heads, "
-             "head_dim 128, page_size 16; peers read contiguous KV.", "",
+             f"{versions}. {ceilings} bf16, 32 query / 8 kv heads, head_dim 128, page_size 16; {who_reads}", "",
              "**Targets** (ratios within this one run):", "",
              "| target | ratio | goal | met |", "|:--|--:|--:|:--|"]
     for t in verdicts:
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {fmt(t.get('ratio'), 3)} | {t['goal']} | {met} |")
-    lines += ["", "**Sweep** (GB/s: the bytes a decode must move, q + K + V + o + lse, over the median time):", "",
-              "| batch | kv_len | 02_paged | 03_split_kv | cuDNN | flash | 03 % of copy | 03 / 02 | 03 / cuDNN |",
-              "|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    if read is not None or fi:
+        lines += [""] + goals_markdown(decode_goals(data, rows))
+    head = ["batch", "kv_len", "02_paged", "03_split_kv", "cuDNN", "flash"] + (["FlashInfer"] if fi else []) + \
+        ["03 % of copy"] + (["03 % of read"] if read is not None else []) + ["03 / 02", "03 / cuDNN"] + \
+        (["03 / FlashInfer"] if fi else [])
+    lines += ["", "**Sweep** (GB/s: the bytes a decode must move, q + K + V + o + lse, over the median time"
+              + ("; FlashInfer: the faster of its two decode wrappers" if fi else "") + "):", "",
+              "| " + " | ".join(head) + " |", "|" + "--:|" * len(head)]
     for b in BATCHES:
         for kv in KV_LENS:
             shape = f"b{b}_kv{kv}_p16"
             s3, s2 = gbps(rows, f"{STAGE}/{shape}"), gbps(rows, f"{BASE}/{shape}")
             cu, fl = gbps(rows, f"{CUDNN}/{shape}"), gbps(rows, f"{FLASH}/{shape}")
+            bf = best_flashinfer(rows, shape)[0]
             pct = None if s3 is None else 100 * s3 / copy
-            lines.append(f"| {b} | {kv} | {fmt(s2)} | {fmt(s3)} | {fmt(cu)} | {fmt(fl)} | {fmt(pct, 1)} | "
-                         f"{fmt(ratio(s3, s2), 2)} | {fmt(ratio(s3, cu), 2)} |")
+            cells = [str(b), str(kv), fmt(s2), fmt(s3), fmt(cu), fmt(fl)] + ([cell(bf)] if fi else []) + \
+                [fmt(pct, 1)] + ([cell(pct_of_read(rows, f"{STAGE}/{shape}", read), 1)] if read is not None else []) + \
+                [fmt(ratio(s3, s2), 2), fmt(ratio(s3, cu), 2)] + ([cell(ratio(s3, bf), 2)] if fi else [])
+            lines.append("| " + " | ".join(cells) + " |")
     extra = [n for n in rows if n.startswith(STAGE + "/") and not any(
         n == f"{STAGE}/b{b}_kv{kv}_p16" for b in BATCHES for kv in KV_LENS)]
     if extra:
-        lines += ["", "Other shapes of the same run:", "", "| shape | 02_paged GB/s | 03_split_kv GB/s | 03 time (us) |",
-                  "|:--|--:|--:|--:|"]
+        head = ["shape", "02_paged GB/s", "03_split_kv GB/s", "03 time (us)"] + \
+            (["03 % of read"] if read is not None else []) + (["FlashInfer GB/s", "03 / FlashInfer"] if fi else [])
+        lines += ["", "Other shapes of the same run:", "", "| " + " | ".join(head) + " |",
+                  "|:--|" + "--:|" * (len(head) - 1)]
         for n in sorted(extra):
             shape = n.split("/", 1)[1]
-            lines.append(f"| `{shape}` | {fmt(gbps(rows, f'{BASE}/{shape}'))} | {fmt(gbps(rows, n))} | "
-                         f"{fmt(time_us(rows[n]), 1)} |")
+            bf = best_flashinfer(rows, shape)[0]
+            cells = [f"`{shape}`", fmt(gbps(rows, f"{BASE}/{shape}")), fmt(gbps(rows, n)), fmt(time_us(rows[n]), 1)] + \
+                ([cell(pct_of_read(rows, n, read), 1)] if read is not None else []) + \
+                ([cell(bf), cell(ratio(gbps(rows, n), bf), 2)] if fi else [])
+            lines.append("| " + " | ".join(cells) + " |")
     if image:
-        lines += ["", f"![GB/s of stages 02 and 03 and the PyTorch SDPA peers over the sweep, "
-                      f"against the copy ceiling]({image})"]
+        if read is not None or fi:
+            lines += ["", f"![GB/s of stages 02 and 03 and the peers over the sweep, against the copy and read "
+                          f"ceilings]({image})"]
+        else:
+            lines += ["", f"![GB/s of stages 02 and 03 and the PyTorch SDPA peers over the sweep, "
+                          f"against the copy ceiling]({image})"]
     if tune:
         tdata, trows = tune
         lines += ["", f"**Knobs** (`bench/split_kv_tune.cpp`, `{tdata['path']}`, same device; GB/s, median):", ""]
@@ -149,25 +301,29 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
     return "\n".join(lines)
 
 
-def plot(rows, copy, out_png, title):
+def plot(rows, copy, out_png, title, read=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(BATCHES), figsize=(15, 3.6), sharey=True)
     series = [(BASE, "02_paged", "#8c8c8c", "o"), (STAGE, "03_split_kv", "#c44e52", "s"),
-              (CUDNN, "cuDNN SDPA", "#4c72b0", "^"), (FLASH, "flash SDPA", "#55a868", "v")]
+              (CUDNN, "cuDNN SDPA", "#4c72b0", "^"), (FLASH, "flash SDPA", "#55a868", "v"),
+              (FLASHINFER, "FlashInfer (faster wrapper)", "#8172b2", "D")]
     for ax, b in zip(axes, BATCHES):
         for prefix, label, color, marker in series:
             xs, ys = [], []
             for kv in KV_LENS:
-                y = gbps(rows, f"{prefix}/b{b}_kv{kv}_p16")
+                shape = f"b{b}_kv{kv}_p16"
+                y = best_flashinfer(rows, shape)[0] if prefix == FLASHINFER else gbps(rows, f"{prefix}/{shape}")
                 if y is not None:
                     xs.append(kv)
                     ys.append(y)
             if xs:
                 ax.plot(xs, ys, marker=marker, color=color, label=label)
         ax.axhline(copy, color="black", linestyle="--", linewidth=1, label="copy ceiling")
+        if read is not None:
+            ax.axhline(read, color="black", linestyle=":", linewidth=1, label="read ceiling")
         ax.set_xscale("log", base=2)
         ax.set_xticks(KV_LENS)
         ax.set_xticklabels([f"{kv // 1024}k" for kv in KV_LENS])
@@ -192,16 +348,31 @@ def main():
     p.add_argument("--readme")
     p.add_argument("--plot")
     p.add_argument("--write-targets", action="store_true")
+    p.add_argument("--check", action="store_true",
+                   help="with --readme: exit 1 if its section differs from what these files generate; writes nothing")
     a = p.parse_args()
+    if a.check and not a.readme:
+        p.error("--check needs --readme")
     data, rows = load_medians(a.results)
     verdicts = targets(rows)
     for t in verdicts:
         v = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
         print(f"{v} {t.get('ratio', float('nan')):7.3f} ({t['goal']})  {t['target']}")
+    goals = decode_goals(data, rows)
+    for key, peer in (("vs_cudnn", "cuDNN SDPA"), ("vs_flashinfer", "FlashInfer")):
+        g = goals[key]
+        v = {True: "MET ", False: "MISS", None: "n/a "}[g["met"]]
+        print(f"{v} {g.get('worst', float('nan')):7.3f} ({g['goal']})  03 / {peer}, worst of {g['measured']} of "
+              f"{g['of']} shapes ({g.get('worst_shape', '-')}); geomean {g.get('geomean', float('nan')):.3f}")
+    for x in goals["layout"]:
+        v = {True: "MET ", False: "MISS", None: "n/a "}[x["met"]]
+        print(f"{v} {x['time_pct_vs_base'] if x['time_pct_vs_base'] is not None else float('nan'):+7.2f}% "
+              f"({x['goal']})  03 time, {x['what']} vs sequential NHD page 16, batch 128 x kv 8192")
     if a.targets_only:
         return 0
-    if a.write_targets:
+    if a.write_targets and not a.check:
         data.setdefault("flashstep", {})["split_kv_targets"] = verdicts
+        data["flashstep"]["split_kv_decode_goals"] = goals
         with open(a.results, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
     tune = None
@@ -214,23 +385,28 @@ def main():
         cdata, crows = load_medians(a.clean)
         cdata["path"] = a.clean
         clean = (cdata, crows)
-    if a.plot:
+    if a.plot and not a.check:
         ctx = data.get("context", {})
         plot(rows, float(ctx["copy_ceiling_GB/s"]), a.plot,
-             f"{ctx.get('device', '')}, commit {ctx.get('commit', '')}: decode GB/s, bf16 32/8 heads, head_dim 128, page 16")
+             f"{ctx.get('device', '')}, commit {ctx.get('commit', '')}: decode GB/s, bf16 32/8 heads, head_dim 128, page 16",
+             read_ceiling(data))
     if a.readme:
         with open(a.readme, encoding="utf-8") as f:
             text = f.read()
         begin, end = "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->"
         if begin not in text or end not in text:
             print(f"split_kv_report.py: {a.readme} has no {begin} ... {end} markers", file=sys.stderr)
-            return 1
+            return 2
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
         image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
         body = markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image, clean)
+        new = head + begin + "\n" + body + "\n" + end + tail
+        if a.check:
+            print("up to date" if new == text else "stale")
+            return 0 if new == text else 1
         with open(a.readme, "w", encoding="utf-8") as f:
-            f.write(head + begin + "\n" + body + "\n" + end + tail)
+            f.write(new)
     return 0
 
 

@@ -43,7 +43,7 @@ double median(std::vector<double> values) {
 }
 
 void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<void()>& body,
-               double bytes, double flops, double ceiling, int warmup) {
+               double bytes, double flops, double ceiling, double read_ceiling, int warmup) {
   for (int i = 0; i < warmup; ++i) body();
   FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
   double total_s = 0;
@@ -62,6 +62,7 @@ void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<voi
     state.counters["GB/s"] = bytes / t * 1e-9;
     state.counters["bytes"] = bytes;
     if (ceiling > 0) state.counters["pct_of_ceiling"] = 100.0 * (bytes / t * 1e-9) / ceiling;
+    if (read_ceiling > 0) state.counters["pct_of_read_ceiling"] = 100.0 * (bytes / t * 1e-9) / read_ceiling;
   }
   if (flops > 0) {
     state.counters["TFLOP/s"] = flops / t * 1e-12;

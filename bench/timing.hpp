@@ -39,7 +39,9 @@ double median(std::vector<double> values);
 /// The body of a benchmark: `warmup` untimed calls, then one timed call per iteration
 /// (manual time). Sets counters "GB/s" (bytes / time) or "TFLOP/s" (flops / time) and
 /// "pct_of_ceiling" against `ceiling` (same unit); 0 for bytes or flops skips that counter.
+/// A row that counts bytes also gets "pct_of_read_ceiling" against `read_ceiling` (GB/s of
+/// a kernel that only reads; 0 skips it).
 void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<void()>& body,
-               double bytes, double flops, double ceiling, int warmup = 3);
+               double bytes, double flops, double ceiling, double read_ceiling = 0, int warmup = 3);
 
 }  // namespace flashstep::bench

@@ -1,6 +1,7 @@
 // `flashstep bench`: the benchmark policy in one command. Runs the benchmark program
 // (flashstep_bench: ceilings and every stage on bench/shapes.csv), the peers
-// (bench/peers.py: PyTorch SDPA, where PyTorch is installed) in the same call, and merges
+// (bench/peers.py: PyTorch SDPA where PyTorch is installed, FlashInfer's decode wrappers
+// where it imports too) in the same call, and merges
 // both into the results JSON that the docs' tables and plots are generated from
 // (bench/merge_results.py). Without a GPU, or in a build without the benchmark, it says
 // so and exits 77.

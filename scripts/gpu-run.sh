@@ -9,12 +9,16 @@
 #             any, adds arguments to flashstep_bench (a filter, --tune)
 #   --build   build folder (default $FLASHSTEP_BUILD_DIR or build-gpu)
 #   --out     output folder (default <build>/gpu-run)
-#   STEP      any of: tests sanitizer bench split_kv_tune sampling ncu (default: tests
-#             sanitizer bench)
+#   STEP      any of: tests sanitizer bench flashinfer_peers split_kv_tune sampling ncu
+#             (default: tests sanitizer bench)
 #
 # A step is the shell function step_NAME below: add one to add a step. `tests` runs CTest's
 # `gpu` label, after pointing CTest's files at this checkout and build folder. The bench step
-# records this command line, the commit and whether the tree was clean in the JSON.
+# records this command line, the commit and whether the tree was clean in the JSON; with
+# FLASHSTEP_PEERS=sdpa in the environment it times only the SDPA peers, and a second command
+# with the same --shapes and --out, `scripts/gpu-run.sh ... flashinfer_peers`, adds
+# FlashInfer's to the same results JSON (for a machine that allows no single command that
+# long: FlashInfer's kernels compile on first use).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SHAPES=bench/shapes.csv
@@ -82,17 +86,41 @@ step_sanitizer() {
   grep -E "^=== |ERROR SUMMARY|test cases:" "$RESULTS/sanitizer.log"
 }
 
+# results.json: bench.json and every peers file of this run, with the command(s) that made them.
+merge_results() {
+  local peers=(--peers "$RESULTS/peers.json")
+  [ -f "$RESULTS/peers_flashinfer.json" ] && peers+=(--peers "$RESULTS/peers_flashinfer.json")
+  python3 bench/merge_results.py --bench "$RESULTS/bench.json" "${peers[@]}" --shapes "$SHAPES" \
+    --source-state "$B/source-state.txt" --command "$(cat "$RESULTS/command.txt")" --note "${FLASHSTEP_NOTE:-}" \
+    --out "$RESULTS/results.json"
+}
+
 step_bench() {
+  rm -f "$RESULTS/peers_flashinfer.json"  # a new run: no peers of an earlier one
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
   timeout 300 "$B/bin/flashstep_bench" --shapes="$SHAPES" $BENCH_ARGS \
     --benchmark_out="$RESULTS/bench.json" --benchmark_out_format=json > "$RESULTS/bench.log" 2>&1
   echo "bench: rc=$?"
   # peers.py writes its JSON after every shape, so a run cut short by the limit keeps what it measured
-  PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers.py --shapes "$SHAPES" --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers.py --shapes "$SHAPES" --peers "${FLASHSTEP_PEERS:-sdpa,flashinfer}" \
+    --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
   echo "peers: rc=$?"
-  python3 bench/merge_results.py --bench "$RESULTS/bench.json" --peers "$RESULTS/peers.json" --shapes "$SHAPES" \
-    --source-state "$B/source-state.txt" --command "$COMMAND" --note "${FLASHSTEP_NOTE:-}" --out "$RESULTS/results.json"
+  echo "${FLASHSTEP_PEERS:+FLASHSTEP_PEERS=$FLASHSTEP_PEERS }$COMMAND" > "$RESULTS/command.txt"
+  merge_results
   grep -E "median " "$RESULTS/bench.log" | sed -E 's/ +/ /g' | cut -c1-150
+}
+
+step_flashinfer_peers() {
+  # FlashInfer's peers of a bench step run before with the same --shapes and --out (and
+  # FLASHSTEP_PEERS=sdpa), merged into its results.json.
+  if [ ! -f "$RESULTS/bench.json" ] || [ ! -f "$RESULTS/command.txt" ]; then
+    echo "flashinfer_peers: no bench step in $RESULTS (run it first, with the same --shapes and --out)"; return
+  fi
+  PYTHONUNBUFFERED=1 timeout 540 python3 bench/peers.py --shapes "$SHAPES" --peers flashinfer --flashinfer-timeout 500 \
+    --out "$RESULTS/peers_flashinfer.json" >> "$RESULTS/bench.log" 2>&1
+  echo "flashinfer peers: rc=$?"
+  echo "$(cat "$RESULTS/command.txt"), then $COMMAND" > "$RESULTS/command.txt"
+  merge_results
 }
 
 step_split_kv_tune() {
