@@ -7,7 +7,8 @@
 //   split_fused     the planner's chunks always, merged by the last block (PathChoice::split)
 //   split_kernel    the planner's chunks always, merged by the merge kernel
 //   split_kernel_no_pdl  the same, the merge kernel launched plainly (no programmatic launch)
-//   fused_minN      split_fused with chunks of at least N tokens instead of 128
+//   fused_min64     split_fused with chunks of at least 64 tokens instead of 128
+//   kernel_minN     split_kernel with chunks of at least N tokens instead of 128
 //   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 2)
 //   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
 //   eager           FlashInfer's default plan (no graph flag), run() called directly
@@ -107,13 +108,16 @@ std::vector<Variant> variants() {
   v.push_back({"unsplit", graph(o), true});
   o.path = stages::split_kv::PathChoice::split;
   v.push_back({"split_fused", graph(o), true});
+  SplitKVOptions fused64 = o;
+  fused64.min_kv_chunk_tokens = 64;
+  v.push_back({"fused_min64", graph(fused64), true});
+  o.fused_merge = false;
+  v.push_back({"split_kernel", graph(o), true});
   for (int min_tokens : {32, 64, 256}) {
     SplitKVOptions m = o;
     m.min_kv_chunk_tokens = min_tokens;
-    v.push_back({"fused_min" + std::to_string(min_tokens), graph(m), true});
+    v.push_back({"kernel_min" + std::to_string(min_tokens), graph(m), true});
   }
-  o.fused_merge = false;
-  v.push_back({"split_kernel", graph(o), true});
   o.programmatic_launch = false;
   v.push_back({"split_kernel_no_pdl", graph(o), true});
   SplitKVOptions stages3;

@@ -40,8 +40,7 @@ struct ChunkDecodeParams {
   const int32_t* kv_chunk_len = nullptr;     ///< (padded_batch_size) tokens of item k's chunk, 0..c * page_size
   const uint8_t* block_valid_mask = nullptr; ///< (padded_batch_size) 0: padding, exit
   const int32_t* o_indptr = nullptr;         ///< (batch_size + 1) request r's items; read by the fused merge
-  /// Fused merge: (batch_size, num_kv_heads) counters, 0 between runs; null: the merge
-  /// kernel runs after this one (or the plan did not split).
+  /// Fused merge (the FUSED_MERGE kernel): (batch_size, num_kv_heads) counters, 0 between runs.
   int32_t* merge_counters = nullptr;
   // Where the result goes: partial rows (split) or the outputs (no split).
   bool partition_kv = false;     ///< the plan split: write partial rows, else o and lse
@@ -69,39 +68,70 @@ constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 
 /// The fused merge, by the last block of request b for one kv head: the partial rows
 /// first_item .. end_item of the group's query heads, merged exactly (SoftmaxState::merge,
-/// as merge_states_kernel does) into o and lse. Thread t takes 4 dims of one head; the rows
-/// are read through L2 (__ldcg): other blocks wrote them, and this SM's L1 may not know.
+/// as merge_states_kernel does) into o and lse. The whole block works on it, as the merge
+/// kernel's blocks do: thread t takes 4 dims (a column) of one head and one lane of rows
+/// (rows lane, lane + lanes, ...), up to 8 loads in flight; the lanes' states then meet in
+/// shared memory and lane 0 writes. Rows are read through L2 (__ldcg): other blocks wrote
+/// them, and this SM's L1 may hold nothing newer than before they did.
+/// \param buf (blockDim.x * 6) floats of shared memory no copy is still writing
 template <typename T, int HEAD_DIM>
 __device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>& p, int b, int kv_head,
-                                                     int first_item, int end_item) {
-  constexpr int C = HEAD_DIM / 4;  // 4-float columns of one head
-  constexpr int kInFlight = 4;     // rows loaded before they are merged
-  for (int idx = threadIdx.x; idx < p.group_size * C; idx += blockDim.x) {
-    const int qo_head = kv_head * p.group_size + idx / C, c = idx % C;
+                                                     int first_item, int end_item, float* buf) {
+  constexpr int kInFlight = 8;
+  const int columns = p.group_size * (HEAD_DIM / 4);  // 4-float columns of the group's heads
+  const int threads = blockDim.x;
+  const int lanes = columns >= threads ? 1 : threads / columns;
+  const int per_pass = threads / lanes;  // columns merged at once
+  const int lane = threadIdx.x / per_pass;
+  float* lane_o = buf;                      // [lanes][per_pass][4]
+  float* lane_m = lane_o + 4 * threads;     // [lanes][per_pass]
+  float* lane_d = lane_m + threads;         // [lanes][per_pass]
+  for (int base = 0; base < columns; base += per_pass) {  // the same trip count in every thread
+    const int col = base + threadIdx.x % per_pass;
+    const bool active = lane < lanes && col < columns;
+    const int qo_head = kv_head * p.group_size + col / (HEAD_DIM / 4), c = col % (HEAD_DIM / 4);
     kernels::SoftmaxState<4> st;
     st.init();
-    for (int k0 = first_item; k0 < end_item; k0 += kInFlight) {
-      float4 v[kInFlight];
-      float s[kInFlight];
+    if (active) {
+      for (int k0 = first_item + lane; k0 < end_item; k0 += lanes * kInFlight) {
+        float4 v[kInFlight];
+        float s[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const int64_t row = int64_t{k0 + u} * p.num_qo_heads + qo_head;
-        const bool real = k0 + u < end_item;
-        v[u] = real ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM) + c)
-                    : make_float4(0.f, 0.f, 0.f, 0.f);
-        s[u] = real ? __ldcg(p.partial_lse + row) : -INFINITY;
+        for (int u = 0; u < kInFlight; ++u) {
+          const int k = k0 + u * lanes;
+          const int64_t row = int64_t{k} * p.num_qo_heads + qo_head;
+          v[u] = k < end_item ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM) + c)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
+          s[u] = k < end_item ? __ldcg(p.partial_lse + row) : -INFINITY;
+        }
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) {
+          const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+          st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
+        }
       }
+      if (lane > 0) {
+        const int slot = threadIdx.x;  // = lane * per_pass + column in pass
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) {
-        const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
+        for (int e = 0; e < 4; ++e) lane_o[4 * slot + e] = st.o[e];
+        lane_m[slot] = st.m;
+        lane_d[slot] = st.d;
       }
     }
-    float out[4];
-    st.output(out);
-    const int64_t row = int64_t{b} * p.num_qo_heads + qo_head;
-    store4<T>(p.o + row * HEAD_DIM + c * 4, out);
-    if (c == 0) p.lse[row] = st.lse();
+    __syncthreads();
+    if (active && lane == 0) {
+      for (int l = 1; l < lanes; ++l) {
+        const int slot = l * per_pass + threadIdx.x;
+        const float o_b[4] = {lane_o[4 * slot], lane_o[4 * slot + 1], lane_o[4 * slot + 2], lane_o[4 * slot + 3]};
+        st.merge(lane_m[slot], lane_d[slot], o_b);
+      }
+      float out[4];
+      st.output(out);
+      const int64_t row = int64_t{b} * p.num_qo_heads + qo_head;
+      store4<T>(p.o + row * HEAD_DIM + c * 4, out);
+      if (c == 0) p.lse[row] = st.lse();
+    }
+    __syncthreads();  // the buffers are reused by the next pass
   }
 }
 
@@ -113,12 +143,14 @@ __device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>&
 /// registers a thread. Blocks whose block_valid_mask entry is 0 exit at once.
 /// \tparam T element type of q, the pool and o (float, __half or __nv_bfloat16)
 /// \tparam HEAD_DIM head_dim, D
+/// \tparam FUSED_MERGE the last block of a split request merges its chunks (the file
+///         comment); a separate instantiation, so the plain kernel carries none of it
 /// \param p q (batch_size, num_qo_heads, head_dim), the paged KV view, the schedule
 ///        (padded_batch_size entries each), and the destination: partial_o
 ///        (padded_batch_size, num_qo_heads, head_dim) and partial_lse (padded_batch_size,
 ///        num_qo_heads) in fp32, or o (batch_size, num_qo_heads, head_dim) and lse
 ///        (batch_size, num_qo_heads)
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, bool FUSED_MERGE>
 __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T> p) {
   using Tr = paged::DecodeTraits<T, HEAD_DIM>;
   constexpr int BDX = Tr::kBDX, HPT = Tr::kHeadsPerThread, EPT = Tr::kElemsPerThread;
@@ -141,7 +173,7 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   const int chunk_len = p.kv_chunk_len[item];
   if (!valid_item) return;
   // The fused merge needs the request's items; loaded now, used at the end.
-  const bool fused = p.partition_kv && p.merge_counters != nullptr;
+  const bool fused = FUSED_MERGE && p.partition_kv;
   const int first_item = fused ? p.o_indptr[b] : 0, end_item = fused ? p.o_indptr[b + 1] : 0;
 
   // ---- stage 02's loop over the chunk's keys, then the exact merge of the bdz states in
@@ -151,6 +183,10 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   loop.template attend<1, true>(p.kv, kv_head, page_base, chunk_len, 0, (chunk_len + Tr::kTile - 1) / Tr::kTile,
                                 reinterpret_cast<T*>(smem_raw), p.num_stages, [] { __syncthreads(); });
   const bool holds = loop.merge_states(0, p.bdz, reinterpret_cast<float*>(smem_raw));
+  // Without the fused merge a thread that holds no state is done (no barrier follows).
+  if constexpr (!FUSED_MERGE) {
+    if (!holds) return;
+  }
 
   // ---- write the chunk's normalized state: a partial row (split) or the output itself
   // (no split, or a request of one chunk under the fused merge).
@@ -179,19 +215,20 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
       }
     }
   }
-  if (!fused || direct) return;
-
-  // ---- the fused merge: the last of the request's blocks for this kv head merges.
-  __shared__ int is_last;
-  __threadfence();  // this block's partial row is visible device-wide before it is counted
-  __syncthreads();
-  int32_t* counter = p.merge_counters + int64_t{b} * gridDim.x + kv_head;
-  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();  // and every other block's rows, counted before ours, are read after it
-  merge_request_chunks<T, HEAD_DIM>(p, b, kv_head, first_item, end_item);
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
+  if constexpr (FUSED_MERGE) {
+    if (!fused || direct) return;
+    // ---- the fused merge: the last of the request's blocks for this kv head merges.
+    __shared__ int is_last;
+    __threadfence();  // this block's partial row is visible device-wide before it is counted
+    __syncthreads();
+    int32_t* counter = p.merge_counters + int64_t{b} * gridDim.x + kv_head;
+    if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();  // and every other block's rows, counted before ours, are read after it
+    merge_request_chunks<T, HEAD_DIM>(p, b, kv_head, first_item, end_item, reinterpret_cast<float*>(smem_raw));
+    if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
+  }
 }
 
 }  // namespace flashstep::stages::split_kv

@@ -99,7 +99,11 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.num_stages = a.num_stages;
   p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
-  chunk_decode_kernel<T, HEAD_DIM><<<grid, paged::DecodeTraits<T, HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
+  constexpr int kThreads = paged::DecodeTraits<T, HEAD_DIM>::kThreads;
+  if (a.path == DecodePath::split_fused && a.plan->split_kv)
+    chunk_decode_kernel<T, HEAD_DIM, true><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+  else
+    chunk_decode_kernel<T, HEAD_DIM, false><<<grid, kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv || a.path == DecodePath::split_fused) return;
 
@@ -150,15 +154,17 @@ KernelEntry kernel_entry() {
     return chunk_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(bytes)));
+    for (auto kernel : {chunk_decode_kernel<T, HEAD_DIM, false>, chunk_decode_kernel<T, HEAD_DIM, true>})
+      FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(bytes)));
   };
-  e.blocks_per_sm = [](size_t bytes) {
-    int blocks = 0;
+  e.blocks_per_sm = [](size_t bytes) {  // the smaller of the two kernels' answers
+    int plain = 0, fused = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, chunk_decode_kernel<T, HEAD_DIM>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
-    return blocks;
+        &plain, chunk_decode_kernel<T, HEAD_DIM, false>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &fused, chunk_decode_kernel<T, HEAD_DIM, true>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+    return std::min(plain, fused);
   };
   e.launch = launch<T, HEAD_DIM>;
   return e;
