@@ -218,6 +218,10 @@ std::vector<Row> time_cp(const Shape& sh, int world, Exchange exchange, int warm
       ContextParallelRank cp(comm, options);
       DeviceBuffer ws(cp.workspace_bytes(s));
       cp.plan(s, shards, ws.get(), ws.bytes(), stream);
+      // Eager first: NCCL connects on a communicator's first collective and send/recv,
+      // which must not happen inside a capture.
+      cp.run(in.batch, stream);
+      cp.exchange_only(stream);
       FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
       cudaGraphExec_t step = capture(stream, [&] { cp.run(in.batch, stream); });
       time_ranks(rank, world, barrier, slot, step, stream, in.flush, warmup, reps, &rows[0].t);

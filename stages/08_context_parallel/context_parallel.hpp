@@ -125,7 +125,9 @@ class ContextParallelRank {
   void plan(const BatchShape& global, const std::vector<PageTable>& shards, void* workspace, size_t workspace_size,
             cudaStream_t stream);
   /// The step on this rank (stage 03, exchange, merge). Only launches and NCCL calls:
-  /// capturable when planned with enable_cuda_graph.
+  /// capturable when planned with enable_cuda_graph. Run it once uncaptured before the
+  /// first capture: NCCL connects the ranks on a communicator's first collective (and
+  /// first send/recv), which it cannot do inside a capture.
   /// \param batch this rank's device pointers: q (B, Hq, D), the same on every rank;
   ///        kv_indptr, kv_indices, kv_last_page_len: device copies of this rank's shard;
   ///        kv_pool: this rank's pool (the shard's page ids index it); o (B, Hq, D) in

@@ -3,6 +3,7 @@
 #include "08_context_parallel/sharding.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "flashstep/reference/errors.hpp"
@@ -179,11 +180,14 @@ StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable
     const double W = e.world_size;
     const double rows = double(global.batch_size) * global.num_qo_heads;
     const double state_bytes = rows * (global.head_dim + 1) * 4.0;  // fp32 o and lse, one rank's
+    // A collective's latency grows with the ranks it must hear from: log2 W steps, as a
+    // tree-shaped small-message collective takes (2 GPUs: one collective_seconds).
+    const double latency = cost.collective_seconds * std::log2(W);
     if (exchange == Exchange::all_gather) {
-      e.exchange_seconds = cost.collective_seconds + (W - 1) * state_bytes / cost.link_bytes_per_second;
+      e.exchange_seconds = latency + (W - 1) * state_bytes / cost.link_bytes_per_second;
     } else {  // an all-to-all of the states, then an all-gather of the merged outputs
       const double out_bytes = rows * (global.head_dim * elt + 4.0);
-      e.exchange_seconds = 2 * cost.collective_seconds +
+      e.exchange_seconds = 2 * latency +
                            (W - 1) / W * (state_bytes + out_bytes) / cost.link_bytes_per_second;
     }
     e.merge_seconds = cost.merge_seconds;

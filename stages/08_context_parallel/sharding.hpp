@@ -79,8 +79,8 @@ Exchange parse_exchange(const std::string& name);
 /// What plan_shards() assumes of the machine. The step on W GPUs is modelled as
 ///
 ///     t(W) = max over ranks (K/V bytes of its shard) / bytes_per_second + stage03_seconds
-///          + [W > 1] (collectives x collective_seconds + state bytes / link_bytes_per_second
-///                     + merge_seconds)
+///          + [W > 1] (collectives x collective_seconds x log2 W
+///                     + state bytes / link_bytes_per_second + merge_seconds)
 ///
 /// The defaults are round figures for an H200 pair on NVLink within one node (stage 03's
 /// streaming rate, a small NCCL collective's latency under a CUDA graph, one merge launch);

@@ -308,6 +308,11 @@ std::vector<RankOutput> run_case(const CpCase& c, ContextParallelOptions options
       cp.plan(c.shape, c.shards, workspace.get(), workspace.bytes(), stream);
       buf.poison(stream);
       if (graph) {
+        // One eager step first: NCCL sets up its connections on a communicator's first
+        // collective and send/recv, which must not happen inside a capture.
+        cp.run(buf.batch, stream);
+        FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+        buf.poison(stream);
         cudaGraph_t g = nullptr;
         cudaGraphExec_t exec = nullptr;
         FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
