@@ -258,6 +258,8 @@ struct RankBuffers {
     kv_indices = upload(t.kv_indices);
     kv_last_page_len = upload(t.kv_last_page_len);
     pool = DeviceBuffer(c.pool.data(), c.pool.size());
+    // A copy from pageable memory may return before its DMA lands; the NaN below must come after it.
+    FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
     const size_t page_bytes = c.pool.size() / size_t(s.num_pages);
     std::vector<uint8_t> mine(size_t(s.num_pages), 0);
     for (int32_t p : t.kv_indices) mine[size_t(p)] = 1;
