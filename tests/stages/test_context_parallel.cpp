@@ -1,4 +1,4 @@
-// Stage 08 (context parallel): the sharding helper, the cost model's decision, and the
+// Stage 08 (context parallel): the sharding functions, the cost model's decision, and the
 // step on 1 and 2 GPUs against the CPU reference over the unsharded requests.
 //
 // The cases here are too large for the harness's build_case (a batch of 16 x 64k tokens,
