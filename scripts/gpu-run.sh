@@ -42,6 +42,8 @@ B=$(cd "$BUILD" && pwd) || { echo "gpu-run.sh: no build folder $BUILD (run scrip
 RESULTS=${RESULTS:-$B/gpu-run}
 mkdir -p "$RESULTS"
 export LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
+# stage 08 opens NCCL at run time: find its runtime, keep NVLink multicast off
+source scripts/nccl-env.sh
 TESTS=$B/tests/stages/flashstep_stage_tests
 # flashstep_bench arguments the shapes file asks for, e.g. "# bench-args: --tune".
 BENCH_ARGS=$(sed -n 's/^# bench-args: *//p' "$SHAPES" | head -1)
