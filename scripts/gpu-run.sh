@@ -9,7 +9,7 @@
 #             any, adds arguments to flashstep_bench (a filter, --tune)
 #   --build   build folder (default $FLASHSTEP_BUILD_DIR or build-gpu)
 #   --out     output folder (default <build>/gpu-run)
-#   STEP      any of: tests sanitizer bench flashinfer_peers split_kv_tune sampling ncu
+#   STEP      any of: tests sanitizer bench flashinfer_peers split_kv_tune sampling ncu ncu_split
 #             (default: tests sanitizer bench)
 #
 # A step is the shell function step_NAME below: add one to add a step. `tests` runs CTest's
@@ -127,7 +127,8 @@ step_flashinfer_peers() {
 
 step_split_kv_tune() {
   # Stage 03's knobs (chunk size, CTAs per SM, pipeline depth) and the peers with a clean L2.
-  timeout 480 "$B/bin/flashstep_split_kv_tune" --shapes="$SHAPES" \
+  # FLASHSTEP_TUNE_FILTER: a Google Benchmark filter (e.g. a few shapes) for a shorter run.
+  timeout 480 "$B/bin/flashstep_split_kv_tune" --shapes="$SHAPES" ${FLASHSTEP_TUNE_FILTER:+--benchmark_filter="$FLASHSTEP_TUNE_FILTER"} \
     --benchmark_out="$RESULTS/tune.json" --benchmark_out_format=json > "$RESULTS/tune.log" 2>&1
   echo "split_kv_tune: rc=$?"
   [ -f "$RESULTS/tune.json" ] && python3 -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); d.get("context", {}).pop("executable", None); json.dump(d, open(p, "w"), indent=1)' "$RESULTS/tune.json"
@@ -150,6 +151,17 @@ step_ncu() {
         "$B/bin/flashstep_bench" --shapes=bench/shapes.csv --sets=target --benchmark_filter="^02_paged/${shape}/"
   done > "$RESULTS/ncu.log" 2>&1
   echo "ncu: rc=$?"; grep -E "DRAM Throughput|Memory Throughput|Achieved Occupancy|Duration|Registers Per" "$RESULTS/ncu.log"
+}
+
+step_ncu_split() {
+  # Stage 03's kernels at small work (batch 1, kv 1k and 16k; the registry's runner, a graph
+  # replay): each kernel's duration, to see where a small call's time goes.
+  for shape in b1_kv1024_p16 b1_kv16384_p16; do
+    timeout 120 ncu --clock-control none --kernel-name regex:'chunk_decode|merge_states' --launch-skip 6 --launch-count 2 \
+        --section SpeedOfLight --section LaunchStats \
+        "$B/bin/flashstep_bench" --shapes=bench/shapes_split_kv.csv --benchmark_filter="^03_split_kv/${shape}/"
+  done > "$RESULTS/ncu_split.log" 2>&1
+  echo "ncu_split: rc=$?"; grep -E "chunk_decode_kernel|merge_states_kernel|Duration|DRAM Throughput" "$RESULTS/ncu_split.log"
 }
 
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem --format=csv

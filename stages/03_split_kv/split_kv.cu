@@ -538,7 +538,7 @@ const float* SplitKVRunner::partial_lse() const {
 StageInfo stage_info() {
   StageInfo s;
   s.name = "03_split_kv";
-  s.summary = "split-KV decode: plan() cuts long requests into chunks that fill every SM, then a merge kernel; CUDA-graph safe";
+  s.summary = "split-KV decode: plan() prices chunks that fill every SM (then a merge) against stage 02's kernel and runs the cheaper; CUDA-graph safe";
   s.modes = {Mode::decode};
   s.storage = KVStorage::paged;
   s.dtypes = {DType::f32, DType::f16, DType::bf16};
