@@ -7,7 +7,7 @@ provenance, the measured table (stage 03 on one GPU, stage 08 on 1 and 2 GPUs wi
 exchange, the exchange alone), and the cost model refitted from those measurements for
 2..64 GPUs, labelled as a model.
 
-    python3 bench/cp_report.py --results docs/results/<run>.json [--chapter FILE]
+    python3 bench/cp_report.py --results docs/results/context_parallel/<run>.json [--chapter FILE]
 """
 import argparse
 import json

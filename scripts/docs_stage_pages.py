@@ -93,12 +93,26 @@ def stage_page(folder, source_dir, labels, results, out_dir):
             section += [f"No benchmark rows for `{name}` in `docs/results/*.json` yet. They are",
                         "written on a GPU machine by `flashstep bench`; this section is generated",
                         "from them when the docs are built. See also \\ref results.", ""]
-    section += ["Source: `stages/" + name + "/`. Validate it on a GPU with",
-                f"`flashstep validate --stage {name}`.", ""]
+    if registered(folder, name):
+        section += ["Source: `stages/" + name + "/`. Validate it on a GPU with",
+                    f"`flashstep validate --stage {name}`.", ""]
+    else:  # its own interface (06's operators, 08's ranks): its chapter says how it is validated
+        section += ["Source: `stages/" + name + "/`. It is not an attention stage of the registry, so",
+                    "`flashstep validate` does not run it; its chapter says how it is validated.", ""]
     page = os.path.join(out_dir, "pages", f"{labels[folder]}.md")
     with open(page, "w", encoding="utf-8") as f:
         f.write(body.rstrip() + "\n" + "\n".join(section))
     return title
+
+
+def registered(folder, name):
+    """Whether the folder's sources declare a registry entry named `name` (`s.name = "..."`
+    in its stage_info()), i.e. whether `flashstep validate --stage NAME` runs it."""
+    for path in glob.glob(os.path.join(folder, "*.cu")) + glob.glob(os.path.join(folder, "*.cpp")):
+        with open(path, encoding="utf-8") as f:
+            if f's.name = "{name}";' in f.read():
+                return True
+    return False
 
 
 def main():
