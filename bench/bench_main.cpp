@@ -42,6 +42,7 @@
 #include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "harness/device.hpp"
+#include "launch_floor.hpp"
 #include "read_ceiling.hpp"
 #include "registry.hpp"
 #include "shapes.hpp"
@@ -364,6 +365,11 @@ int main(int argc, char** argv) {
         }
       }
       benchmark::AddCustomContext("read_ceiling_sweep", sweep.str());
+      for (int kernels : {1, 2}) {
+        const LaunchFloor floor(kernels);
+        benchmark::AddCustomContext("launch_floor_" + std::to_string(kernels) + "_us",
+                                    std::to_string(median_ms(timer, [&] { floor.run(timer.stream()); }, 50) * 1e3));
+      }
       const GemmCeiling gemm;
       g_ceilings.gemm_tflops = GemmCeiling::flops() / (median_ms(timer, [&] { gemm.run(nullptr); }, 10) * 1e-3) * 1e-12;
     }
@@ -388,6 +394,18 @@ int main(int argc, char** argv) {
                 g_ceilings.read_gbps);
       state.SetLabel(read.describe());
     }));
+    // The launch floor: a graph of one or two empty kernels, timed like a stage (no bytes:
+    // the row's time is the floor; context launch_floor_1_us / launch_floor_2_us).
+    for (int kernels : {1, 2}) {
+      const std::string name = "ceiling/launch_floor_" + std::to_string(kernels);
+      configure(benchmark::RegisterBenchmark(name.c_str(), [kernels](benchmark::State& state) {
+        static GpuTimer timer;
+        const LaunchFloor floor(kernels);
+        run_timed(state, timer, [&] { floor.run(timer.stream()); }, 0, 0, 0);
+        state.SetLabel(std::to_string(kernels) + " empty kernel" + (kernels == 1 ? "" : "s") +
+                       " in a CUDA graph, one 256-thread block per SM");
+      }));
+    }
     configure(benchmark::RegisterBenchmark("ceiling/gemm_bf16", [](benchmark::State& state) {
       static GpuTimer timer;
       static const GemmCeiling gemm;

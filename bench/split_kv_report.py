@@ -203,6 +203,41 @@ def goals_markdown(goals):
     return lines
 
 
+def floor_markdown(data, rows, read, fi):
+    """The sweep against the floor a call cannot beat: the launch floor (a CUDA graph of one
+    empty kernel, timed like the stages; flashstep_bench's ceiling/launch_floor_1) plus the
+    call's bytes at the read ceiling. Only for runs that measured both."""
+    ctx = data.get("context", {})
+    launch = ctx.get("launch_floor_1_us")
+    if read is None or launch is None:
+        return []
+    launch = float(launch)
+    two = ctx.get("launch_floor_2_us")
+    head = ["batch", "kv_len", "floor (us)", "03 (us)", "03 / floor", "cuDNN / floor"] + \
+        (["FlashInfer / floor"] if fi else [])
+    lines = ["", f"**Against the floor** (times; floor = the launch floor, {launch:.1f} us for a CUDA graph of one "
+             "empty kernel timed like the stages" + (f" ({float(two):.1f} us for two)" if two else "") +
+             f", plus the call's bytes at the read ceiling, {read:,.0f} GB/s; 1.00 is a call that costs only "
+             "its launch and its bytes):", "", "| " + " | ".join(head) + " |", "|" + "--:|" * len(head)]
+    for b in BATCHES:
+        for kv in KV_LENS:
+            shape = f"b{b}_kv{kv}_p16"
+            r3 = rows.get(f"{STAGE}/{shape}")
+            if not r3 or "GB/s" not in r3:
+                continue
+            nbytes = r3["GB/s"] * 1e9 * time_us(r3) * 1e-6
+            floor = launch + nbytes / (read * 1e9) * 1e6
+
+            def over(name):
+                r = rows.get(name)
+                return None if not r or "GB/s" not in r else time_us(r) / floor
+            bf = best_flashinfer(rows, shape)[1]
+            cells = [str(b), str(kv), fmt(floor, 1), fmt(time_us(r3), 1), fmt(time_us(r3) / floor, 2),
+                     cell(over(f"{CUDNN}/{shape}"), 2)] + ([cell(over(bf) if bf else None, 2)] if fi else [])
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=None):
     ctx = data.get("context", {})
     copy = float(ctx.get("copy_ceiling_GB/s", "nan"))
@@ -246,6 +281,7 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
                 [fmt(pct, 1)] + ([cell(pct_of_read(rows, f"{STAGE}/{shape}", read), 1)] if read is not None else []) + \
                 [fmt(ratio(s3, s2), 2), fmt(ratio(s3, cu), 2)] + ([cell(ratio(s3, bf), 2)] if fi else [])
             lines.append("| " + " | ".join(cells) + " |")
+    lines += floor_markdown(data, rows, read, fi)
     extra = [n for n in rows if n.startswith(STAGE + "/") and not any(
         n == f"{STAGE}/b{b}_kv{kv}_p16" for b in BATCHES for kv in KV_LENS)]
     if extra:

@@ -294,3 +294,19 @@ def test_the_decode_chapter_shows_the_read_ceiling_and_flashinfer_where_the_run_
     else:
         assert row == "| `b128_kv8192_p16` | 128 x 8192 | 16 | NHD | 1,400 | 3,069 | 102 | 3,053 | – | 1.00x |"
         assert "(bytes read)" not in text and "% of read" not in text and "FlashInfer" not in text
+
+
+def test_the_floor_table_is_the_launch_floor_plus_the_bytes_at_the_read_ceiling():
+    # b1 x kv 1024: 03 at 15 us and 280 GB/s moves 4.2 MB; at a 3000 GB/s read ceiling that
+    # is 1.4 us, plus a 4 us launch floor: 5.4 us, so 03 is 15 / 5.4 = 2.78 floors and
+    # cuDNN (10.8 us) exactly 2.00.
+    data = {"context": {"launch_floor_1_us": "4.0", "launch_floor_2_us": "6.5"}}
+    rows = {"03_split_kv/b1_kv1024_p16": {"real_time": 15.0, "time_unit": "us", "GB/s": 280.0},
+            "peer_torch_sdpa_cudnn/b1_kv1024_p16": {"real_time": 10.8, "time_unit": "us", "GB/s": 388.9}}
+    lines = split_kv_report.floor_markdown(data, rows, 3000.0, False)
+    assert "4.0 us for a CUDA graph of one empty kernel" in lines[1] and "(6.5 us for two)" in lines[1]
+    assert "| 1 | 1024 | 5.4 | 15.0 | 2.78 | 2.00 |" in lines
+    assert len([x for x in lines if x.startswith("| 1 |") or x.startswith("| 4 |")]) == 1  # only measured shapes
+    # a run without the launch floor (or the read ceiling) gets no table
+    assert split_kv_report.floor_markdown({"context": {}}, rows, 3000.0, False) == []
+    assert split_kv_report.floor_markdown(data, rows, None, False) == []
