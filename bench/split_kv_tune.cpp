@@ -11,6 +11,8 @@
 //   kernel_minN     split_kernel with chunks of at least N tokens instead of 128
 //   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 2)
 //   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
+//   ctas4, ctas6    the planner told 4 or 6 blocks per SM while 2 run: the split path over a
+//                   grid of 2 or 3 waves (finer chunks where one wave cannot cut a request)
 //   eager           FlashInfer's default plan (no graph flag), run() called directly
 //   chunk_unsplit   the planner told the device holds 1 block, the split path forced: the
 //                   chunk kernel with no split (stage 02's schedule without its two halves)
@@ -129,6 +131,12 @@ std::vector<Variant> variants() {
   ctas1.path = stages::split_kv::PathChoice::split;
   v.push_back({"ctas1", graph(ctas1), true});
   v.push_back({"eager", SplitKVOptions{}, false});
+  for (int virtual_ctas : {4, 6}) {  // the planner told 4 or 6 blocks per SM: a grid of 2 or 3 waves
+    SplitKVOptions waves;
+    waves.ctas_per_sm = virtual_ctas;
+    waves.path = stages::split_kv::PathChoice::split;
+    v.push_back({"ctas" + std::to_string(virtual_ctas), graph(waves), true});
+  }
   SplitKVOptions chunk_unsplit;
   chunk_unsplit.num_sm = 1;
   chunk_unsplit.ctas_per_sm = 1;
