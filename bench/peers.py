@@ -207,10 +207,7 @@ def sdpa_prefill_rows(s, flush):
                     F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         try:
             call()
-            fn, mode = as_graph(call)
-            ms, means = time_call(fn, flush)
-            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means],
-                        "TFLOP/s": flops / (ms * 1e-3) * 1e-12, "mode": mode})
+            timed(row, call, flush)
         except RuntimeError as e:
             row["error"] = str(e).splitlines()[0][:300]
         rows.append(row)
@@ -231,11 +228,8 @@ def sdpa_decode_rows(s, flush):
     for impl, backend in BACKENDS.items():
         row = {"impl": impl, "shape": s["name"], "bytes": nbytes, "note": "contiguous equivalent"}
         try:
-            _, gqa = run_peer(backend, q, k, v)
-            fn, mode = as_graph(lambda: run_peer(backend, q, k, v))
-            ms, means = time_call(fn, flush)
-            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means],
-                        "GB/s": nbytes / (ms * 1e-3) * 1e-9, "gqa": gqa, "mode": mode})
+            _, row["gqa"] = run_peer(backend, q, k, v)
+            timed(row, lambda: run_peer(backend, q, k, v), flush)
         except RuntimeError as e:
             row["error"] = str(e).splitlines()[0][:300]
         rows.append(row)
@@ -720,12 +714,9 @@ def sdpa_decode_file_rows(s, flush, out):
     for impl, backend in BACKENDS.items():
         row = {"impl": impl, "key": list(shape_key(s)), "first_shape": s["name"], "bytes": nbytes}
         try:
-            o, gqa = run_peer(backend, q, k, v)
+            o, row["gqa"] = run_peer(backend, q, k, v)
             outputs[impl] = o.float()
-            fn, mode = as_graph(lambda: run_peer(backend, q, k, v))
-            ms, means = time_call(fn, flush)
-            row.update({"median_us": ms * 1e3, "repetition_means_us": [m * 1e3 for m in means],
-                        "GB/s": nbytes / (ms * 1e-3) * 1e-9, "gqa": gqa, "mode": mode})
+            timed(row, lambda: run_peer(backend, q, k, v), flush)
         except RuntimeError as e:
             row["error"] = str(e).splitlines()[0][:300]
         out["results"].append(row)
