@@ -301,8 +301,9 @@ def test_the_floor_table_is_the_launch_floor_plus_the_bytes_at_the_read_ceiling(
     # is 1.4 us, plus a 4 us launch floor: 5.4 us, so 03 is 15 / 5.4 = 2.78 floors and
     # cuDNN (10.8 us) exactly 2.00.
     data = {"context": {"launch_floor_1_us": "4.0", "launch_floor_2_us": "6.5"}}
-    rows = {"03_split_kv/b1_kv1024_p16": {"real_time": 15.0, "time_unit": "us", "GB/s": 280.0},
-            "peer_torch_sdpa_cudnn/b1_kv1024_p16": {"real_time": 10.8, "time_unit": "us", "GB/s": 388.9}}
+    rows = {"03_split_kv/b1_kv1024_p16": {"real_time": 15.0, "time_unit": "us", "GB/s": 280.0, "bytes": 4.2e6},
+            "peer_torch_sdpa_cudnn/b1_kv1024_p16": {"real_time": 10.8, "time_unit": "us", "GB/s": 388.9,
+                                                    "bytes": 4.2e6}}
     lines = split_kv_report.floor_markdown(data, rows, 3000.0, False)
     assert "4.0 us for a CUDA graph of one empty kernel" in lines[1] and "(6.5 us for two)" in lines[1]
     assert "| 1 | 1024 | 5.4 | 15.0 | 2.78 | 2.00 |" in lines
