@@ -70,9 +70,9 @@ constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 /// first_item .. end_item of the group's query heads, merged exactly (SoftmaxState::merge,
 /// as merge_states_kernel does) into o and lse. The whole block works on it, as the merge
 /// kernel's blocks do: thread t takes 4 dims (a column) of one head and one lane of rows
-/// (rows lane, lane + lanes, ...), up to 8 loads in flight; the lanes' states then meet in
-/// shared memory and lane 0 writes. Rows are read through L2 (__ldcg): other blocks wrote
-/// them, and this SM's L1 may hold nothing newer than before they did.
+/// (rows lane, lane + lanes, ...), folded by the merge kernel's fold_states with 8 loads in
+/// flight, through L2 (other blocks wrote the rows); the lanes' states then meet in shared
+/// memory and lane 0 writes.
 /// \param buf (blockDim.x * 6) floats of shared memory no copy is still writing
 template <typename T, int HEAD_DIM>
 __device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>& p, int b, int kv_head,
@@ -93,23 +93,8 @@ __device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>&
     kernels::SoftmaxState<4> st;
     st.init();
     if (active) {
-      for (int k0 = first_item + lane; k0 < end_item; k0 += lanes * kInFlight) {
-        float4 v[kInFlight];
-        float s[kInFlight];
-#pragma unroll
-        for (int u = 0; u < kInFlight; ++u) {
-          const int k = k0 + u * lanes;
-          const int64_t row = int64_t{k} * p.num_qo_heads + qo_head;
-          v[u] = k < end_item ? __ldcg(reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM) + c)
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
-          s[u] = k < end_item ? __ldcg(p.partial_lse + row) : -INFINITY;
-        }
-#pragma unroll
-        for (int u = 0; u < kInFlight; ++u) {
-          const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-          st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
-        }
-      }
+      fold_states<HEAD_DIM, kInFlight, true>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, c,
+                                             first_item + lane, end_item, lanes);
       if (lane > 0) {
         const int slot = threadIdx.x;  // = lane * per_pass + column in pass
 #pragma unroll

@@ -69,6 +69,44 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const 
   *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(h);
 }
 
+/// Folds normalized states into `st`, the running state of one query head's 4 dims `col`
+/// (4 * col .. 4 * col + 3): states k = k_begin, k_begin + lanes, ... below k_end, state k
+/// being row first + k * step of partial_o (rows, num_qo_heads, HEAD_DIM) and partial_lse
+/// (rows, num_qo_heads). IN_FLIGHT rows are loaded before any is merged; a normalized state
+/// (v, s) is merged as the unnormalized (m = s, d = 1, o = v), in base 2. VIA_L2 reads
+/// through L2 only (__ldcg): rows other blocks of the same grid wrote, which this SM's L1
+/// may hold older copies of. Used by merge_states_kernel and by chunk_decode.cuh's fused
+/// merge, so both fold the rows the same way.
+template <int HEAD_DIM, int IN_FLIGHT, bool VIA_L2 = false>
+__device__ __forceinline__ void fold_states(kernels::SoftmaxState<4>& st, const float* partial_o,
+                                            const float* partial_lse, int num_qo_heads, int qo_head, int col,
+                                            int k_begin, int k_end, int lanes, int64_t first = 0,
+                                            int64_t step = 1) {
+  for (int k0 = k_begin; k0 < k_end; k0 += lanes * IN_FLIGHT) {
+    float4 v[IN_FLIGHT];
+    float s[IN_FLIGHT];
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      const int k = k0 + u * lanes;
+      if (k < k_end) {
+        const int64_t row = (first + k * step) * num_qo_heads + qo_head;
+        const float4* src = reinterpret_cast<const float4*>(partial_o + row * HEAD_DIM) + col;
+        v[u] = VIA_L2 ? __ldcg(src) : *src;
+        s[u] = VIA_L2 ? __ldcg(partial_lse + row) : partial_lse[row];
+      } else {
+        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        s[u] = -INFINITY;  // the empty state: merging it changes nothing
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < IN_FLIGHT; ++u) {
+      // (o, lse) natural log -> (m, d, o) base 2 with d = 1.
+      const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
+    }
+  }
+}
+
 /// Merges request r's partial rows o_indptr[r] .. o_indptr[r+1] (any number, 0 included:
 /// then o = 0, lse = -inf) into its o and lse for one query head; with o_indptr null, its
 /// states_per_request rows r, r + batch_size, r + 2 * batch_size, ... instead. grid = (num_qo_heads,
@@ -105,28 +143,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   // Lane tz merges chunks begin + tz, begin + tz + NZ, ...; loads first, then merges.
   kernels::SoftmaxState<4> st;
   st.init();
-  for (int k0 = begin + tz; k0 < end; k0 += NZ * kLoadsInFlight) {
-    float4 v[kLoadsInFlight];
-    float s[kLoadsInFlight];
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int k = k0 + u * NZ;
-      if (k < end) {
-        const int64_t row = (first + k * step) * p.num_qo_heads + qo_head;
-        v[u] = *reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM + tx * 4);
-        s[u] = p.partial_lse[row];
-      } else {
-        v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        s[u] = -INFINITY;  // the empty state: merging it changes nothing
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      // (o, lse) natural log -> (m, d, o) base 2 with d = 1.
-      const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-      st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
-    }
-  }
+  fold_states<HEAD_DIM, kLoadsInFlight>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, tx, begin + tz, end,
+                                        NZ, first, step);
 
   // ---- the NZ lane states of this head, merged exactly by lane 0.
   if (tz > 0) {
