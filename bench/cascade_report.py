@@ -23,7 +23,7 @@ import re
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
-from report import fmt, load_shapes, ratio, split_chapter  # shared by the chapters' generators
+from report import fmt, load_shapes, ratio, write_section  # shared by the chapters' generators
 
 # Markers of its own: bench/report.py and the docs test of its sections leave this one to
 # this script.
@@ -325,20 +325,13 @@ def main():
               "not bench/shapes_cascade.csv", file=sys.stderr)
         return 2
     chapter = os.path.join(a.repo, "stages", "05_cascade", "README.md")
-    parts = split_chapter(chapter, BEGIN, END, "cascade_report.py", a.repo)
-    if parts is None:
-        return 2
-    text, head, tail = parts
     shapes = load_shapes(a.repo, "shapes_cascade.csv")
-    new = head + BEGIN + "\n" + section(a.results, data, rows, shapes, a.repo) + "\n" + END + tail
-    if a.check:
-        print("up to date" if new == text else "stale")
-        return 0 if new == text else 1
-    plot_sweep(data, rows, shapes, os.path.join(a.repo, "docs", "results", PLOT))
-    with open(chapter, "w", encoding="utf-8") as f:
-        f.write(new)
-    print(f"wrote {os.path.relpath(chapter, a.repo)} and docs/results/{PLOT}")
-    return 0
+    rc = write_section(chapter, BEGIN, END, "cascade_report.py", a.repo,
+                       lambda: section(a.results, data, rows, shapes, a.repo), a.check,
+                       lambda: plot_sweep(data, rows, shapes, os.path.join(a.repo, "docs", "results", PLOT)))
+    if rc == 0 and not a.check:
+        print(f"wrote {os.path.relpath(chapter, a.repo)} and docs/results/{PLOT}")
+    return rc
 
 
 if __name__ == "__main__":

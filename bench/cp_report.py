@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from report import fmt, split_chapter  # noqa: E402
+from report import fmt, write_section  # noqa: E402
 
 BEGIN, END = "<!-- context_parallel results:begin -->", "<!-- context_parallel results:end -->"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -88,12 +88,9 @@ def main():
     a = p.parse_args()
     with open(a.results, encoding="utf-8") as f:
         data = json.load(f)
-    parts = split_chapter(a.chapter, BEGIN, END, "cp_report.py", REPO)
-    if parts is None:
+    # section() ends with a newline, which write_section puts before END itself
+    if write_section(a.chapter, BEGIN, END, "cp_report.py", REPO, lambda: section(a.results, data)[:-1], False):
         return 1
-    _, head, tail = parts
-    with open(a.chapter, "w", encoding="utf-8") as f:
-        f.write(head + BEGIN + "\n" + section(a.results, data) + END + tail)
     print(f"cp_report.py: wrote the results section of {os.path.relpath(a.chapter, REPO)}")
     return 0
 

@@ -70,6 +70,27 @@ def split_chapter(chapter, begin, end, script, repo):
     return text, head, rest.split(end, 1)[1]
 
 
+def write_section(chapter, begin, end, script, repo, render, check, before_write=None):
+    """Puts render() between a chapter's `begin` and `end` lines (split_chapter; render is
+    called only when the chapter has them). With `check`,
+    writes nothing and says whether the chapter is up to date (0) or stale (1); otherwise
+    calls `before_write` (a plot, say), writes the chapter and returns 0. 2 where the
+    chapter or its markers are missing."""
+    parts = split_chapter(chapter, begin, end, script, repo)
+    if parts is None:
+        return 2
+    text, head, tail = parts
+    new = head + begin + "\n" + render() + "\n" + end + tail
+    if check:
+        print("up to date" if new == text else "stale")
+        return 0 if new == text else 1
+    if before_write:
+        before_write()
+    with open(chapter, "w", encoding="utf-8") as f:
+        f.write(new)
+    return 0
+
+
 def ratio(a, b):
     """a / b, or None where either is missing (or b is 0)."""
     return None if a is None or b is None or b == 0 else a / b
