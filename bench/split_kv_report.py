@@ -35,6 +35,7 @@ import os
 import sys
 
 from gbench_rows import load_medians  # bench/, beside this script
+from report import write_section  # the chapters' generators share it
 
 STAGE, BASE = "03_split_kv", "02_paged"
 CUDNN, FLASH = "peer_torch_sdpa_cudnn", "peer_torch_sdpa_flash"
@@ -426,22 +427,11 @@ def main():
              f"{ctx.get('device', '')}, commit {ctx.get('commit', '')}: decode GB/s, bf16 32/8 heads, head_dim 128, page 16",
              read_ceiling(data))
     if a.readme:
-        with open(a.readme, encoding="utf-8") as f:
-            text = f.read()
-        begin, end = "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->"
-        if begin not in text or end not in text:
-            print(f"split_kv_report.py: {a.readme} has no {begin} ... {end} markers", file=sys.stderr)
-            return 2
-        head, rest = text.split(begin, 1)
-        _, tail = rest.split(end, 1)
         image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
-        body = markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image, clean)
-        new = head + begin + "\n" + body + "\n" + end + tail
-        if a.check:
-            print("up to date" if new == text else "stale")
-            return 0 if new == text else 1
-        with open(a.readme, "w", encoding="utf-8") as f:
-            f.write(new)
+        return write_section(a.readme, "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->",
+                             "split_kv_report.py", os.getcwd(),
+                             lambda: markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image, clean),
+                             a.check)
     return 0
 
 
