@@ -107,6 +107,38 @@ __device__ __forceinline__ void fold_states(kernels::SoftmaxState<4>& st, const 
   }
 }
 
+/// The end of a merge block whose NZ lanes each folded some of one head's states: lane
+/// tz's state of 4 dims (column tx) goes to shared memory, lane 0 merges the NZ of them
+/// exactly and writes the 4 elements of o (rounded once, to T) and, where lse is not null,
+/// the lse of `row` (a (token or request, head) row of o and lse). Collective over the
+/// block (one __syncthreads). Stage 05's merge_levels_kernel ends the same way.
+template <typename T, int HEAD_DIM, int NZ>
+__device__ __forceinline__ void merge_lanes_and_store(kernels::SoftmaxState<4>& st, int tx, int tz, T* o, float* lse,
+                                                      int64_t row) {
+  __shared__ float part_o[NZ][HEAD_DIM];
+  __shared__ float part_m[NZ];
+  __shared__ float part_d[NZ];
+  if (tz > 0) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part_o[tz][tx * 4 + e] = st.o[e];
+    if (tx == 0) {
+      part_m[tz] = st.m;
+      part_d[tz] = st.d;
+    }
+  }
+  __syncthreads();
+  if (tz == 0) {
+    for (int z = 1; z < NZ; ++z) {
+      const float o_b[4] = {part_o[z][tx * 4], part_o[z][tx * 4 + 1], part_o[z][tx * 4 + 2], part_o[z][tx * 4 + 3]};
+      st.merge(part_m[z], part_d[z], o_b);
+    }
+    float out[4];
+    st.output(out);
+    store4<T>(o + row * HEAD_DIM + tx * 4, out);
+    if (tx == 0 && lse != nullptr) lse[row] = st.lse();
+  }
+}
+
 /// Merges request r's partial rows o_indptr[r] .. o_indptr[r+1] (any number, 0 included:
 /// then o = 0, lse = -inf) into its o and lse for one query head; with o_indptr null, its
 /// states_per_request rows r, r + batch_size, r + 2 * batch_size, ... instead. grid = (num_qo_heads,
@@ -124,10 +156,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   constexpr int kLoadsInFlight = 8;  // a request of up to 8 * NZ chunks is read in one round trip
   static_assert(HEAD_DIM % 4 == 0 && TX <= kMergeThreads && kMergeThreads % TX == 0,
                 "head_dim must be a multiple of 4, at most 4 x kMergeThreads");
-  __shared__ float part_o[NZ][HEAD_DIM];
-  __shared__ float part_m[NZ];
-  __shared__ float part_d[NZ];
-
   const int qo_head = blockIdx.x, r = blockIdx.y;
   const int tx = threadIdx.x % TX, tz = threadIdx.x / TX;
   // The schedule was written before the chunk kernel started: safe to read before the wait.
@@ -146,27 +174,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   fold_states<HEAD_DIM, kLoadsInFlight>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, tx, begin + tz, end,
                                         NZ, first, step);
 
-  // ---- the NZ lane states of this head, merged exactly by lane 0.
-  if (tz > 0) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) part_o[tz][tx * 4 + e] = st.o[e];
-    if (tx == 0) {
-      part_m[tz] = st.m;
-      part_d[tz] = st.d;
-    }
-  }
-  __syncthreads();
-  if (tz == 0) {
-    for (int z = 1; z < NZ; ++z) {
-      const float o_b[4] = {part_o[z][tx * 4], part_o[z][tx * 4 + 1], part_o[z][tx * 4 + 2], part_o[z][tx * 4 + 3]};
-      st.merge(part_m[z], part_d[z], o_b);
-    }
-    float out[4];
-    st.output(out);
-    const int64_t row = int64_t{r} * p.num_qo_heads + qo_head;
-    store4<T>(p.o + row * HEAD_DIM + tx * 4, out);
-    if (tx == 0 && p.lse != nullptr) p.lse[row] = st.lse();
-  }
+  merge_lanes_and_store<T, HEAD_DIM, NZ>(st, tx, tz, p.o, p.lse, int64_t{r} * p.num_qo_heads + qo_head);
 }
 
 }  // namespace flashstep::stages::split_kv

@@ -65,10 +65,6 @@ __global__ void __launch_bounds__(kMergeThreads) merge_levels_kernel(const Merge
   constexpr int NZ = kMergeThreads / TX;
   static_assert(HEAD_DIM % 4 == 0 && TX <= kMergeThreads && kMergeThreads % TX == 0,
                 "head_dim must be a multiple of 4, at most 4 x kMergeThreads");
-  __shared__ float part_o[NZ][HEAD_DIM];
-  __shared__ float part_m[NZ];
-  __shared__ float part_d[NZ];
-
   const int qo_head = blockIdx.x, t = blockIdx.y;
   const int tx = threadIdx.x % TX, tz = threadIdx.x / TX;
 
@@ -91,27 +87,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_levels_kernel(const Merge
     skip = k - end;
   }
 
-  // ---- the NZ lane states of this head, merged exactly by lane 0.
-  if (tz > 0) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) part_o[tz][tx * 4 + e] = st.o[e];
-    if (tx == 0) {
-      part_m[tz] = st.m;
-      part_d[tz] = st.d;
-    }
-  }
-  __syncthreads();
-  if (tz == 0) {
-    for (int z = 1; z < NZ; ++z) {
-      const float o_b[4] = {part_o[z][tx * 4], part_o[z][tx * 4 + 1], part_o[z][tx * 4 + 2], part_o[z][tx * 4 + 3]};
-      st.merge(part_m[z], part_d[z], o_b);
-    }
-    float out[4];
-    st.output(out);
-    const int64_t row = int64_t{t} * p.num_qo_heads + qo_head;
-    split_kv::store4<T>(p.o + row * HEAD_DIM + tx * 4, out);
-    if (tx == 0) p.lse[row] = st.lse();
-  }
+  // ---- the NZ lane states of this head, merged exactly by lane 0 (stage 03's end of a merge).
+  split_kv::merge_lanes_and_store<T, HEAD_DIM, NZ>(st, tx, tz, p.o, p.lse, int64_t{t} * p.num_qo_heads + qo_head);
 }
 
 }  // namespace flashstep::stages::cascade
