@@ -311,7 +311,6 @@ void ContextParallelRank::exchange_states(cudaStream_t stream) {
     nccl_check(n.Recv(recv_lse + k * part_lse, part_lse, ncclFloat32, k, comm_.get(), stream), "ncclRecv(lse)");
   }
   nccl_check(n.GroupEnd(), "ncclGroupEnd");
-  (void)rank;
 }
 
 void ContextParallelRank::exchange_outputs(void* o, float* lse, cudaStream_t stream) {
