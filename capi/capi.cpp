@@ -99,6 +99,7 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
   b.window_left = s->window_left;
   b.logits_soft_cap = static_cast<float>(s->logits_soft_cap);
   if (s->has_sm_scale) b.sm_scale = static_cast<float>(s->sm_scale);
+  b.cuda_graph = s->cuda_graph != 0;
   const int n = s->batch_size;
   b.qo_indptr.assign(s->qo_indptr, s->qo_indptr + n + 1);
   b.kv_indptr.assign(s->kv_indptr, s->kv_indptr + n + 1);

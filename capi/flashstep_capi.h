@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 2
+#define FLASHSTEP_CAPI_VERSION 3
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -59,6 +59,9 @@ typedef struct fs_shape {
   const int32_t* qo_indptr;         ///< host, (batch_size + 1)
   const int32_t* kv_indptr;         ///< host, (batch_size + 1); paged: pages, ragged: tokens
   const int32_t* kv_last_page_len;  ///< host, (batch_size); paged only (else null)
+  /// 1: plan for a captured CUDA graph (the launch depends on batch_size and nnz_qo only;
+  /// stages that cannot are refused, see fs_stage_unsupported_reason)
+  int32_t cuda_graph;
 } fs_shape;
 
 /// Device pointers of one run (flashstep::stages::DeviceBatch).

@@ -96,9 +96,13 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
     return name + " does not implement the causal mask";
   if (shape.window_left >= 0 && !window_left) return name + " does not implement window_left";
   if (shape.logits_soft_cap > 0.f && !logits_soft_cap) return name + " does not implement logits_soft_cap";
+  if (shape.cuda_graph && !cuda_graph)
+    return name + " plans its launch from the request lengths, so a CUDA graph captured after one plan() "
+                  "would replay a stale schedule after the next: it does not plan for CUDA graphs";
   if (needs_host_page_table && shape.storage == KVStorage::paged &&
       (shape.kv_indptr.empty() || static_cast<int64_t>(shape.kv_indices.size()) != shape.kv_indptr.back()))
     return name + " plans from the page ids: BatchShape::kv_indices must hold kv_indptr[batch_size] entries";
+  if (rules) return rules(shape);
   return {};
 }
 
@@ -118,7 +122,22 @@ std::string StageInfo::capabilities() const {
   if (window_left) s << "; window_left";
   if (logits_soft_cap) s << "; logits_soft_cap";
   if (needs_host_page_table) s << "; plans from the host page table";
+  if (cuda_graph) s << "; cuda_graph (the launch depends on batch_size and nnz_qo only)";
   return s.str();
+}
+
+void CapturedLaunch::check_plan(const char* fn, const std::string& launch) const {
+  ref::require(captured_.empty() || captured_ == launch, fn,
+               "run() was captured into a CUDA graph with the launch [" + captured_ +
+                   "]; this plan needs [" + launch +
+                   "], which that graph cannot replay. Plan with BatchShape::cuda_graph on a stage that supports "
+                   "it (the launch then depends on batch_size and nnz_qo only), or use one runner per captured graph.");
+}
+
+void CapturedLaunch::on_run(cudaStream_t stream, const std::string& launch) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusActive)
+    captured_ = launch;
 }
 
 }  // namespace flashstep::stages

@@ -78,6 +78,12 @@ struct BatchShape {
   /// that plan from which pages requests share (stage 05's cascade) need it; the others
   /// ignore it.
   std::vector<int32_t> kv_indices;
+  /// Plan for a captured CUDA graph: the launch (grid, kernel arguments, workspace
+  /// offsets) may depend on batch_size and nnz_qo but never on the lengths, so a graph
+  /// captured after one plan() replays correctly after a later plan() of the same
+  /// batch_size and nnz_qo with any lengths. Only stages whose StageInfo::cuda_graph is
+  /// set accept it (FlashInfer's use_cuda_graph=True).
+  bool cuda_graph = false;
 
   /// Query rows of the batch: qo_indptr[batch_size].
   int64_t nnz_qo() const { return qo_indptr.empty() ? 0 : qo_indptr.back(); }
@@ -132,6 +138,23 @@ class StageRunner {
   virtual void run(const DeviceBatch& batch, cudaStream_t stream) = 0;
 };
 
+/// What a CUDA graph froze of a runner: it replays the launches it captured (grids,
+/// kernel arguments, workspace offsets), not the host code of run(). A runner keeps one
+/// of these and describes its launch as a string; once run() has been captured, a plan()
+/// whose launch reads differently is refused instead of leaving the graph to replay a
+/// stale schedule over new lengths (FlashInfer's bug class: a silently wrong replay).
+class CapturedLaunch {
+ public:
+  /// From plan(), before anything is written: throws ref::InvalidArgument (from `fn`)
+  /// when a graph captured a launch other than `launch`.
+  void check_plan(const char* fn, const std::string& launch) const;
+  /// From run(): remembers `launch` when `stream` is being captured.
+  void on_run(cudaStream_t stream, const std::string& launch);
+
+ private:
+  std::string captured_;  // empty: nothing captured yet
+};
+
 /// What a stage declares about itself: one registry entry.
 struct StageInfo {
   std::string name;                   ///< folder name, e.g. "02_paged"
@@ -147,6 +170,13 @@ struct StageInfo {
   bool window_left = false;           ///< whether it implements window_left >= 0
   bool logits_soft_cap = false;       ///< whether it implements logits_soft_cap > 0
   bool needs_host_page_table = false; ///< whether plan() reads BatchShape::kv_indices
+  /// Whether plan() honours BatchShape::cuda_graph: a launch that depends only on
+  /// batch_size and nnz_qo. Every stage also refuses, through CapturedLaunch, a plan()
+  /// whose launch differs from the one a CUDA graph captured.
+  bool cuda_graph = false;
+  /// The stage's own rules beyond the fields above (the GPU it needs, shapes its tiles
+  /// cannot cut): empty, or a function returning the first rule `shape` breaks ("" if none).
+  std::function<std::string(const BatchShape&)> rules;
   std::function<std::unique_ptr<StageRunner>()> make_runner;  ///< a fresh runner
 
   /// Empty when the stage can run `shape`; otherwise the first rule it breaks.

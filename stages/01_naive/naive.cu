@@ -186,6 +186,7 @@ StageInfo stage_info() {
   s.kv_layouts = {KVLayout::NHD};
   s.max_group_size = 64;
   s.causal = true;
+  s.cuda_graph = true;  // grid (heads, batch_size); lengths are read on the device
   s.make_runner = [] { return std::make_unique<NaiveRunner>(); };
   return s;
 }

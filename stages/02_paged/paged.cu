@@ -127,6 +127,7 @@ StageInfo stage_info() {
   s.max_page_size = kMaxPageSize;
   s.max_group_size = kMaxGroupSize;
   s.causal = false;
+  s.cuda_graph = true;  // grid (heads, batch_size); lengths are read on the device
   s.make_runner = [] { return std::make_unique<PagedRunner>(); };
   return s;
 }

@@ -547,6 +547,7 @@ StageInfo stage_info() {
   s.max_page_size = kMaxPageSize;
   s.max_group_size = kMaxGroupSize;
   s.causal = false;
+  s.cuda_graph = true;
   // The registry's runner plans for CUDA graphs, as a serving engine's decode step does,
   // so that the benchmark replays a captured run() for this stage as it does for stage
   // 02 and the peers. (SplitKVOptions' own default is FlashInfer's: no graph.)

@@ -447,6 +447,9 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
   T* kv_smem = q_smem + Br * HEAD_DIM;  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  // A plan for CUDA graphs pads the grid to a size fixed by batch_size and nnz_qo: the
+  // padding items name no request.
+  if (p.request_indices[item] < 0) return;
   const BlockTask t = make_task<Br, Bc>(p, item);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_row0 = warp * 16 * NUM_MMA_Q;

@@ -158,6 +158,19 @@ KernelEntry kernel_entry_for(DType dtype, int head_dim) {
   throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " + std::string(to_string(dtype)) + ")");
 }
 
+/// Work items of a CUDA-graph plan: enough for any lengths of batch_size requests and
+/// nnz_qo queries, so the grid does not change between plans.
+int64_t graph_capacity(const BatchShape& s, int br) {
+  return (s.nnz_qo() * s.group_size() + br - 1) / br + std::max(0, s.batch_size - 1);
+}
+
+/// What a captured graph freezes of run(): the grid, the split and the workspace offsets.
+std::string launch_of(const Schedule& s, const WorkspaceLayout& w, int num_kv_heads) {
+  return "stage 04: " + std::to_string(s.num_items()) + " work items x " + std::to_string(num_kv_heads) +
+         " kv heads, kv_chunk_size " + std::to_string(s.kv_chunk_size) + ", workspace " + std::to_string(w.bytes) +
+         " bytes";
+}
+
 int device_sm_count() {
   int device = 0, sms = 0;
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
@@ -220,8 +233,10 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   }
   // Too few blocks to fill the chip: cut every request's KV into chunks (stage 03's
   // split), as many as it takes for the longest request to bring the grid to target.
-  int64_t chunk = options_.kv_chunk_size;
-  if (chunk == 0 && base_items > 0) {
+  // Not under a CUDA graph: the chunk count follows the lengths, and the graph keeps the
+  // grid of the plan it was captured after.
+  int64_t chunk = s.cuda_graph ? 0 : options_.kv_chunk_size;
+  if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
       const KernelEntry e = kernel_entry_for(s.dtype, s.head_dim);
@@ -258,12 +273,22 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   }
   // Longest first: the last wave of blocks is made of short ones, so the chip empties evenly.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
-  ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 31), fn,
-               "too many work items for one grid");
+  ref::require((s.cuda_graph ? graph_capacity(s, sched.Br) : static_cast<int64_t>(items.size())) * s.num_kv_heads <
+                   (int64_t{1} << 31),
+               fn, "too many work items for one grid");
   for (const Item& it : items) {
     sched.request_indices.push_back(it.request);
     sched.qo_tile_indices.push_back(it.tile);
     sched.kv_chunk_indices.push_back(it.chunk);
+  }
+  if (s.cuda_graph) {
+    // The most tiles any batch of batch_size requests and nnz_qo queries can need
+    // (sum of ceil(qo_len * group / Br) <= ceil(nnz_qo * group / Br) + batch_size - 1);
+    // the rest of the grid is padding (request -1) that the kernel skips.
+    const int64_t capacity = graph_capacity(s, sched.Br);
+    sched.request_indices.resize(static_cast<size_t>(capacity), -1);
+    sched.qo_tile_indices.resize(static_cast<size_t>(capacity), 0);
+    sched.kv_chunk_indices.resize(static_cast<size_t>(capacity), 0);
   }
   return sched;
 }
@@ -274,10 +299,12 @@ size_t TensorCoreRunner::workspace_bytes(const BatchShape& shape) const {
 
 void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
   const char* fn = "TensorCoreRunner::plan";
-  schedule_ = make_schedule(shape);
-  const WorkspaceLayout w = layout_of(schedule_, shape.num_qo_heads, shape.head_dim);
+  Schedule schedule = make_schedule(shape);
+  const WorkspaceLayout w = layout_of(schedule, shape.num_qo_heads, shape.head_dim);
+  captured_.check_plan(fn, launch_of(schedule, w, shape.num_kv_heads));
   ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " + std::to_string(w.bytes));
+  schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   const KernelEntry e = kernel_entry_for(shape.dtype, shape.head_dim);
@@ -300,8 +327,9 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
 }
 
 void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
-  if (schedule_.num_items() == 0) return;
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
+  captured_.on_run(stream, launch_of(schedule_, w, shape_.num_kv_heads));
+  if (schedule_.num_items() == 0) return;
   kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, smem_bytes_, stream);
 }
 
@@ -316,6 +344,7 @@ StageInfo common_info() {
   s.causal = true;
   s.window_left = true;
   s.logits_soft_cap = true;
+  s.cuda_graph = true;
   return s;
 }
 

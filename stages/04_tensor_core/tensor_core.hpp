@@ -71,6 +71,7 @@ class TensorCoreRunner : public StageRunner {
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
   size_t smem_bytes_ = 0;
+  CapturedLaunch captured_;
 };
 
 /// Stage 04's registry entry for the paged pool (NHD and HND).

@@ -209,6 +209,9 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   const char* fn = given ? "CascadeRunner::plan_levels" : "CascadeRunner::plan";
   StageInfo info = stage_info();
   if (given) info.needs_host_page_table = false;  // the levels carry the page ids
+  // A graph replays the levels' launches as captured: commit() refuses a plan that
+  // changes them, and the flat path plans for graphs.
+  info.cuda_graph = true;
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
   ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1 &&
@@ -357,8 +360,29 @@ void CascadeRunner::plan_levels(const BatchShape& shape, const ref::CascadeLevel
   commit(shape, prepare(shape, &levels), workspace, workspace_size, stream);
 }
 
+namespace {
+
+/// What a captured graph freezes of the cascade's run(): the path, and per level the
+/// grid, the split and the workspace offsets.
+std::string launch_of(const CascadePlan& plan, size_t bytes) {
+  if (plan.path == Path::flat) return "stage 05: flat on " + plan.flat_stage;
+  std::string d = "stage 05: " + std::to_string(plan.level_plans.size()) + " levels (";
+  for (const LevelPlan& lp : plan.level_plans)
+    d += std::to_string(lp.num_items) + " items, chunk " + std::to_string(lp.kv_chunk_size) + ", " +
+         std::to_string(lp.num_groups) + " groups, " + std::to_string(lp.num_pages) + " pages; ";
+  return d + std::to_string(plan.partial_rows) + " partial rows, workspace " + std::to_string(bytes) + " bytes)";
+}
+
+}  // namespace
+
 void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p, void* workspace,
                            size_t workspace_size, cudaStream_t stream) {
+  captured_.check_plan("CascadeRunner::plan", launch_of(p->plan, p->bytes));
+  // The same flat stage as the last plan: keep its runner, whose own CapturedLaunch
+  // knows what a graph captured of it.
+  if (p->plan.path == Path::flat && flat_ != nullptr && plan_.path == Path::flat &&
+      plan_.flat_stage == p->plan.flat_stage)
+    p->flat = std::move(flat_);
   ref::require(workspace_size >= p->bytes && (workspace != nullptr || p->bytes == 0), "CascadeRunner::plan",
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " + std::to_string(p->bytes));
   shape_ = shape;
@@ -381,6 +405,7 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
 
 void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   ref::require(prepared_ != nullptr, "CascadeRunner::run", "plan() must come first");
+  captured_.on_run(stream, launch_of(plan_, prepared_->bytes));
   if (plan_.path == Path::flat) {
     flat_->run(batch, stream);
     return;

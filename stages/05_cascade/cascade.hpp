@@ -108,7 +108,10 @@ class CascadeRunner : public StageRunner {
   /// Workspace for plan_levels(shape, levels, ...).
   size_t workspace_bytes_levels(const BatchShape& shape, const ref::CascadeLevels& levels) const;
   /// The planned launches. The page ids the levels read are the ones plan() copied: a
-  /// changed page table needs a new plan().
+  /// changed page table needs a new plan(). Under a CUDA graph the launches depend on the
+  /// levels (their count, sizes and schedules): after a capture, a plan() whose launches
+  /// differ is refused (CapturedLaunch), and the flat path runs stage 03 or stage 04
+  /// planned for graphs (BatchShape::cuda_graph).
   void run(const DeviceBatch& batch, cudaStream_t stream) override;
   /// After run() of a cascade: level `level`'s own state (its chunks merged) as fp32, for
   /// checking the intermediates against the reference's per-level results.
@@ -130,6 +133,7 @@ class CascadeRunner : public StageRunner {
   std::unique_ptr<Prepared> prepared_;
   std::unique_ptr<StageRunner> flat_;
   uint8_t* workspace_ = nullptr;
+  CapturedLaunch captured_;  // the levels' launches (the flat runner guards its own)
 };
 
 /// Stage 05's registry entry.

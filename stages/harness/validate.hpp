@@ -38,6 +38,12 @@ struct ValidationReport {
 ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host,
                                  cudaStream_t stream = nullptr);
 
+/// Compares a stage's output `o` (nnz_qo, Hq, D) and `lse` (nnz_qo, Hq), as doubles, with
+/// the reference answer of `host` under the dtype's tolerances: the check of
+/// run_and_compare, for callers that run the stage themselves (CUDA-graph replays).
+ValidationReport compare_outputs(const std::string& stage, const HostCase& host, const std::vector<double>& o,
+                                 const std::vector<double>& lse);
+
 /// build_case for the stage's storage, then run_and_compare.
 ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
                           cudaStream_t stream = nullptr);

@@ -23,6 +23,7 @@
 
 #include "03_split_kv/split_kv.hpp"
 #include "cases.hpp"
+#include "fixed_batch.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/split_plan.hpp"
@@ -36,6 +37,7 @@
 using namespace flashstep;
 using namespace flashstep::stages;
 using namespace flashstep::stages::harness;
+using flashstep::test::FixedBatch;
 using split_kv::DecodePath;
 using split_kv::PathChoice;
 using split_kv::SplitKVOptions;
@@ -251,47 +253,6 @@ BatchShape small_shape(int batch_size) {
   return s;
 }
 
-/// Device buffers of fixed addresses and capacity, for graph replays: each new case's
-/// data is copied into the same buffers, as a serving engine reuses its page pool.
-struct FixedBatch {
-  DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, o, lse;
-  DeviceBatch batch;
-  FixedBatch(const BatchShape& s, size_t max_pages) {
-    const size_t elem = dtype_bytes(s.dtype);
-    const size_t rows = size_t(s.batch_size) * s.num_qo_heads;
-    q = DeviceBuffer(rows * s.head_dim * elem);
-    qo_indptr = DeviceBuffer((s.batch_size + 1) * sizeof(int32_t));
-    kv_indptr = DeviceBuffer((s.batch_size + 1) * sizeof(int32_t));
-    kv_indices = DeviceBuffer(max_pages * sizeof(int32_t));
-    kv_last_page_len = DeviceBuffer(s.batch_size * sizeof(int32_t));
-    pool = DeviceBuffer(max_pages * 2 * s.page_size * s.num_kv_heads * s.head_dim * elem);
-    o = DeviceBuffer(rows * s.head_dim * elem);
-    lse = DeviceBuffer(rows * sizeof(float));
-    batch = {q.get(), qo_indptr.as<int32_t>(), kv_indptr.as<int32_t>(), pool.get(), kv_indices.as<int32_t>(),
-             kv_last_page_len.as<int32_t>(), nullptr, nullptr, o.get(), lse.as<float>()};
-  }
-  /// Copies `host`'s inputs into the fixed buffers and poisons the outputs (on `stream`).
-  void load(const HostCase& host, cudaStream_t stream) {
-    const BatchShape& s = host.layout.shape;
-    auto put = [&](const DeviceBuffer& dst, const void* src, size_t bytes) {
-      REQUIRE(bytes <= dst.bytes());
-      FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream));
-      FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors are pageable temporaries
-    };
-    const std::vector<uint8_t> qb = encode(s.dtype, host.q.data), pb = encode(s.dtype, host.paged.pages.data);
-    put(q, qb.data(), qb.size());
-    put(qo_indptr, s.qo_indptr.data(), s.qo_indptr.size() * sizeof(int32_t));
-    put(kv_indptr, s.kv_indptr.data(), s.kv_indptr.size() * sizeof(int32_t));
-    put(kv_indices, host.layout.kv_indices.data(), host.layout.kv_indices.size() * sizeof(int32_t));
-    put(kv_last_page_len, s.kv_last_page_len.data(), s.kv_last_page_len.size() * sizeof(int32_t));
-    put(pool, pb.data(), pb.size());
-    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(o.get(), 0xff, o.bytes(), stream));
-    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(lse.get(), 0xff, lse.bytes(), stream));
-  }
-  std::vector<double> output(DType dtype) const { return decode(dtype, o.download(), o.bytes() / dtype_bytes(dtype)); }
-  std::vector<double> lse_values() const { return decode(DType::f32, lse.download(), lse.bytes() / sizeof(float)); }
-};
-
 /// Captures run() once (after planning `specs[0]`), then for every spec: new inputs in
 /// the same buffers, plan(), replay twice, compare o, lse and partials. Returns the distinct
 /// chunk sizes the replays ran with.
@@ -329,8 +290,7 @@ std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const S
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     // A second replay of the same plan, its outputs poisoned first: the fused merge's
     // counters must be back at 0 after the first (plan() zeroes them, a replay does not).
-    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(fixed.o.get(), 0xff, fixed.o.bytes(), stream));
-    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(fixed.lse.get(), 0xff, fixed.lse.bytes(), stream));
+    fixed.poison(stream);
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
 
