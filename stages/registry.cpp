@@ -6,6 +6,7 @@
 #include "03_split_kv/split_kv.hpp"
 #include "04_tensor_core/tensor_core.hpp"
 #include "05_cascade/cascade.hpp"
+#include "07_hopper/hopper.hpp"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages {
@@ -18,6 +19,7 @@ const std::vector<StageInfo>& registry() {
       tensor_core::stage_info(),         // 04: prefill and large-group decode on tensor cores, paged K/V
       tensor_core::ragged_stage_info(),  // 04: the same kernel over ragged K/V
       cascade::stage_info(),             // 05: shared prefix pages read once per group, levels merged
+      hopper::ragged_stage_info(),       // 07: prefill on Hopper: TMA, wgmma, warp specialisation
   };
   return stages;
 }

@@ -22,8 +22,10 @@ struct FixedBatch {
   stages::DeviceBatch batch;
 
   /// Buffers for batches of `s`'s batch_size, heads, head_dim, page size and nnz_qo, with
-  /// room for `max_pages` pages (paged) or `max_kv_rows` rows of k and v (ragged).
-  FixedBatch(const stages::BatchShape& s, size_t max_pages, size_t max_kv_rows = 0) {
+  /// room for `max_pages` pages and `max_indices` page ids (paged; shared pages appear
+  /// once in the pool and once per request in the ids; 0: max_pages) or `max_kv_rows`
+  /// rows of k and v (ragged).
+  FixedBatch(const stages::BatchShape& s, size_t max_pages, size_t max_kv_rows = 0, size_t max_indices = 0) {
     using stages::harness::DeviceBuffer;
     const size_t elem = stages::dtype_bytes(s.dtype);
     const size_t rows = size_t(s.nnz_qo()) * s.num_qo_heads;
@@ -32,7 +34,7 @@ struct FixedBatch {
     qo_indptr = DeviceBuffer((s.batch_size + 1) * sizeof(int32_t));
     kv_indptr = DeviceBuffer((s.batch_size + 1) * sizeof(int32_t));
     if (s.storage == stages::KVStorage::paged) {
-      kv_indices = DeviceBuffer(max_pages * sizeof(int32_t));
+      kv_indices = DeviceBuffer((max_indices ? max_indices : max_pages) * sizeof(int32_t));
       kv_last_page_len = DeviceBuffer(s.batch_size * sizeof(int32_t));
       pool = DeviceBuffer(max_pages * 2 * s.page_size * kv_row);
     } else {

@@ -57,7 +57,7 @@ struct Graph {
 /// The cases of one replay sequence, built from the run seed, with room for all of them.
 struct Sequence {
   std::vector<HostCase> cases;
-  size_t max_pages = 1, max_kv_rows = 1;
+  size_t max_pages = 1, max_kv_rows = 1, max_indices = 1;
 };
 
 Sequence build_sequence(const std::vector<CaseSpec>& specs, KVStorage storage, const std::string& salt) {
@@ -68,6 +68,7 @@ Sequence build_sequence(const std::vector<CaseSpec>& specs, KVStorage storage, c
     s.cuda_graph = true;
     seq.max_pages = std::max(seq.max_pages, size_t(s.num_pages));
     seq.max_kv_rows = std::max(seq.max_kv_rows, size_t(std::max(1, s.kv_indptr.back())));
+    seq.max_indices = std::max(seq.max_indices, seq.cases.back().layout.kv_indices.size());
   }
   return seq;
 }
@@ -76,7 +77,7 @@ Sequence build_sequence(const std::vector<CaseSpec>& specs, KVStorage storage, c
 /// plan() into the same workspace, replay (twice, outputs poisoned before each), compare.
 void check_replays(const StageInfo& stage, const Sequence& seq) {
   const BatchShape& first = seq.cases[0].layout.shape;
-  FixedBatch fixed(first, seq.max_pages, seq.max_kv_rows);
+  FixedBatch fixed(first, seq.max_pages, seq.max_kv_rows, seq.max_indices);
   std::unique_ptr<StageRunner> runner = stage.make_runner();
   size_t bytes = 0;
   for (const HostCase& host : seq.cases) bytes = std::max(bytes, runner->workspace_bytes(host.layout.shape));
@@ -164,7 +165,7 @@ TEST_CASE("the replay check catches a graph replaying a stale schedule") {
                                  graph_spec(Mode::decode, DType::bf16, 4000, LengthPolicy::ragged, PageOrder::shuffled)},
                                 stage.storage, "stale schedule");
   for (HostCase& host : seq.cases) host.layout.shape.cuda_graph = false;
-  FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages);
+  FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages, 0, seq.max_indices);
   auto first = stage.make_runner(), second = stage.make_runner();
   DeviceBuffer workspace(std::max(first->workspace_bytes(seq.cases[0].layout.shape),
                                   second->workspace_bytes(seq.cases[1].layout.shape)));
@@ -184,7 +185,7 @@ TEST_CASE("a runner not planned for CUDA graphs refuses a re-plan that a capture
                                  graph_spec(Mode::decode, DType::bf16, 4000, LengthPolicy::ragged, PageOrder::shuffled)},
                                 stage.storage, "refused re-plan");
   for (HostCase& host : seq.cases) host.layout.shape.cuda_graph = false;
-  FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages);
+  FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages, 0, seq.max_indices);
   auto runner = stage.make_runner();
   DeviceBuffer workspace(std::max(runner->workspace_bytes(seq.cases[0].layout.shape),
                                   runner->workspace_bytes(seq.cases[1].layout.shape)));
@@ -215,7 +216,7 @@ TEST_CASE("05_cascade refuses a re-plan whose levels a captured graph cannot rep
   cascade::CascadeOptions options;
   options.path = cascade::Path::cascade;
   cascade::CascadeRunner runner(options);
-  FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages);
+  FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages, 0, seq.max_indices);
   DeviceBuffer workspace(std::max(runner.workspace_bytes(seq.cases[0].layout.shape),
                                   runner.workspace_bytes(seq.cases[1].layout.shape)));
   Graph graph;

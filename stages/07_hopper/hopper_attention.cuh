@@ -1,0 +1,322 @@
+// Stage 07 — prefill attention on Hopper: the TMA copies tiles into shared memory, wgmma
+// multiplies them, and the warp groups of a block specialise.
+//
+// What changes from stage 04 (prefill_attention.cuh), and why it is faster:
+// - Loads: one thread issues a bulk tensor copy (TMA, cp.async.bulk.tensor) per 64
+//   columns of a tile; the copy engine computes every address, swizzles the rows as it
+//   writes them (128-byte swizzle) and signals an mbarrier when the bytes have landed.
+//   Stage 04 spent its threads' issue slots on address arithmetic and cp.async.
+// - MMAs: wgmma.mma_async m64nNk16 runs a 64 x N x 16 product per instruction for a
+//   warp group (four warps) reading both operands of S = Q K^T straight from shared
+//   memory, and P from registers for O += P V. Stage 04's mma.sync m16n8k16 needs every
+//   fragment loaded into registers first (ldmatrix), and issues 16x more instructions.
+// - Warp specialisation: warp group 0 only loads (its registers given to the others with
+//   setmaxnreg), warp groups 1 and 2 only compute, each on 64 of the tile's 128 query
+//   rows. A ring of kStages K/V buffers decouples them: the producer fills stage s while
+//   the consumers read stage s - 1; full and empty mbarriers hand each stage over.
+//
+//   producer (WG 0)   Q | K0 V0 | K1 V1 | wait empty0 | K2 V2 | wait empty1 | K3 V3 ...
+//   consumer (WG 1)       wait K0: S = Q K0^T, softmax, wait V0: O += P V0, free 0 | K1 ...
+//   consumer (WG 2)       (the same on query rows 64..127)
+//
+// What it still does badly: the softmax of tile j waits for S_j and the GEMM P_j V_j waits
+// for the softmax (no overlap inside a warp group, no ping-pong between the two); the
+// grid is one block per (request, query tile, kv head), not persistent; the output is
+// written from registers, not through shared memory and a TMA store.
+#pragma once
+
+#include <cuda/ptx>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "04_tensor_core/prefill_attention.cuh"  // exp2_approx
+#include "07_hopper/wgmma.cuh"
+#include "flashstep/kernels/mma.cuh"
+
+namespace flashstep::stages::hopper {
+
+/// Tile sizes and the shared-memory plan of one instantiation.
+template <typename T, int HEAD_DIM>
+struct HopperTraits {
+  static constexpr int Br = 128;          ///< packed query rows per block: 64 per consumer warp group
+  static constexpr int Bc = 128;          ///< keys per K/V tile
+  static constexpr int kStages = 2;       ///< K/V buffers in the ring
+  static constexpr int kConsumers = 2;    ///< consumer warp groups
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kBlockCols = 64;   ///< elements per 128-byte swizzled row
+  static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
+  static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
+  static constexpr uint32_t kKVBytes = Bc * HEAD_DIM * sizeof(T);  ///< one K (or V) tile
+  // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
+  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 3 * kStages); }
+  static_assert(HEAD_DIM % kBlockCols == 0, "head_dim must be a multiple of 64");
+};
+
+/// What the kernel reads. The three tensor maps describe q (nnz_qo, Hq, D), k and v
+/// (nnz_kv, Hkv, D) as 3-D tensors (D, heads, tokens) with boxes of 64 x heads x tokens.
+struct HopperParams {
+  CUtensorMap q_map;  ///< box (64, group, Br / group): one 64-column block of a packed query tile
+  CUtensorMap k_map;  ///< box (64, 1, Bc)
+  CUtensorMap v_map;  ///< box (64, 1, Bc)
+  const int32_t* qo_indptr = nullptr;        ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;        ///< (batch_size + 1) token offsets
+  const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i, -1 for padding
+  const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
+  void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
+  float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
+  int num_qo_heads = 0;
+  int num_kv_heads = 0;
+  int group_size = 1;       ///< Hq / Hkv, divides Br: the packed rows of a token
+  bool causal = false;      ///< bottom-right aligned
+  float score_scale = 0.f;  ///< sm_scale * log2(e): q.k to base-2 logits
+};
+
+namespace detail {
+
+namespace ptx = cuda::ptx;
+
+__device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
+  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+/// The work of one block: a request's query tile against its keys, for one kv head.
+struct Tile {
+  int request, qo_begin, qo_len, kv_begin, kv_len;
+  int row_begin;  ///< first packed row of the tile: token row_begin / group, head row_begin % group
+  int num_kv_tiles;
+};
+
+template <int Br, int Bc>
+__device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
+  Tile t;
+  t.request = p.request_indices[item];
+  t.qo_begin = p.qo_indptr[t.request];
+  t.qo_len = p.qo_indptr[t.request + 1] - t.qo_begin;
+  t.kv_begin = p.kv_indptr[t.request];
+  t.kv_len = p.kv_indptr[t.request + 1] - t.kv_begin;
+  t.row_begin = p.qo_tile_indices[item] * Br;
+  int kv_end = t.kv_len;
+  if (p.causal) {
+    // the tile's last query token sees keys up to token + (kv_len - qo_len)
+    const int last_token = min(t.row_begin + Br, t.qo_len * p.group_size) / p.group_size - 1;
+    kv_end = min(kv_end, last_token + t.kv_len - t.qo_len + 1);
+  }
+  t.num_kv_tiles = kv_end > 0 ? (kv_end + Bc - 1) / Bc : 0;
+  return t;
+}
+
+}  // namespace detail
+
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
+    hopper_attention_kernel(const __grid_constant__ HopperParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  namespace ptx = cuda::ptx;
+  using Tr = HopperTraits<T, HEAD_DIM>;
+  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kCols = Tr::kBlockCols;
+  extern __shared__ unsigned char smem_raw[];
+  // the 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  T* q_smem = reinterpret_cast<T*>(smem);
+  auto k_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + 2 * s * Tr::kKVBytes); };
+  auto v_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes); };
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
+  uint64_t* k_full = q_full + 1;          // [kStages]: K tile landed
+  uint64_t* v_full = k_full + kStages;    // [kStages]: V tile landed
+  uint64_t* kv_empty = v_full + kStages;  // [kStages]: both consumers done with the stage
+
+  const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  // A plan for CUDA graphs pads the grid: the padding items name no request.
+  if (p.request_indices[item] < 0) return;
+  const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
+  const int warp_group = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&k_full[s], 1);
+      ptx::mbarrier_init(&v_full[s], 1);
+      ptx::mbarrier_init(&kv_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
+    }
+    // make the initialised barriers visible to the copy engine (the async proxy)
+    ptx::fence_proxy_async(ptx::space_shared);
+  }
+  __syncthreads();
+
+  if (warp_group == 0) {
+    // ---- producer: hand its registers to the consumers, then one thread issues every copy.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");  // no C++ API for setmaxnreg
+    if (threadIdx.x != 0) return;
+    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
+    const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
+    for (int c = 0; c < Tr::kColBlocks; ++c) {
+      const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
+                                q_full);
+    }
+    for (int j = 0; j < t.num_kv_tiles; ++j) {
+      const int s = j % kStages;
+      // the consumers free stage s for the (j / kStages)-th time before it is refilled
+      if (j >= kStages) detail::wait_barrier(&kv_empty[s], ((j / kStages) - 1) & 1);
+      const int32_t key0 = t.kv_begin + j * Bc;
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
+      for (int c = 0; c < Tr::kColBlocks; ++c) {
+        const int32_t coords[3] = {c * kCols, kv_head, key0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
+                                  coords, &k_full[s]);
+      }
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
+      for (int c = 0; c < Tr::kColBlocks; ++c) {
+        const int32_t coords[3] = {c * kCols, kv_head, key0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map,
+                                  coords, &v_full[s]);
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warp group 1 owns rows 0..63 of the tile, warp group 2 rows 64..127.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");  // no C++ API for setmaxnreg
+  const int consumer = warp_group - 1;
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // this thread's two accumulator rows (h = 0, 1) within the tile
+  int row[2], q_pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
+    // position of the row's token among the keys, for the causal mask
+    q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+  }
+  // the smallest position in the block: tiles wholly at or below it need no causal mask
+  const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
+
+  constexpr int kS = Bc / 2, kO = HEAD_DIM / 2;  // accumulator registers per thread
+  float o[kO];
+#pragma unroll
+  for (int i = 0; i < kO; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
+  float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
+
+  detail::wait_barrier(q_full, 0);
+  const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
+
+  for (int j = 0; j < t.num_kv_tiles; ++j) {
+    const int s = j % kStages;
+    const uint32_t parity = (j / kStages) & 1;
+
+    // S = Q K^T: HEAD_DIM / 16 k-steps, 16 columns of q and k each
+    float sc[kS];
+    detail::wait_barrier(&k_full[s], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int c = 0; c < Tr::kColBlocks; ++c)
+#pragma unroll
+      for (int k = 0; k < kCols / 16; ++k)
+        wgmma_ss<T, Bc>(sc, smem_descriptor(q_rows + c * Br * kCols + k * 16, 16),
+                        smem_descriptor(k_smem(s) + c * Bc * kCols + k * 16, 16), c + k > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(sc);
+
+    // mask: keys past kv_len, and (causal) keys after the row's position
+    const int key0 = j * Bc;
+    const bool edge = key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos);
+    if (edge) {
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = key0 + 8 * n + 2 * (lane % 4) + e;
+            if (key >= t.kv_len || (p.causal && key > q_pos[h])) sc[4 * n + 2 * h + e] = -INFINITY;
+          }
+    }
+
+    // online softmax: m_new = max(m, rowmax(S) * scale); rescale l and O by exp2(m - m_new)
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx * p.score_scale);
+      // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alpha[h] = tensor_core::exp2_approx(m[h] - m_use);
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = sc[4 * n + 2 * h + e];
+          x = tensor_core::exp2_approx(fmaf(x, p.score_scale, -m_use));
+          sum += x;
+        }
+      l[h] = l[h] * alpha[h] + sum;
+    }
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[4 * n + 2 * h] *= alpha[h];
+        o[4 * n + 2 * h + 1] *= alpha[h];
+      }
+
+    // P as wgmma A fragments: k-step k covers keys 16k..16k+15, accumulator columns 2k and 2k+1
+    uint32_t a[Bc / 16][4];
+#pragma unroll
+    for (int k = 0; k < Bc / 16; ++k) {
+      a[k][0] = kernels::pack2<T>(sc[8 * k + 0], sc[8 * k + 1]);
+      a[k][1] = kernels::pack2<T>(sc[8 * k + 2], sc[8 * k + 3]);
+      a[k][2] = kernels::pack2<T>(sc[8 * k + 4], sc[8 * k + 5]);
+      a[k][3] = kernels::pack2<T>(sc[8 * k + 6], sc[8 * k + 7]);
+    }
+
+    // O += P V: Bc / 16 k-steps of 16 keys; V is MN-major (a row holds 64 of O's columns)
+    detail::wait_barrier(&v_full[s], parity);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < Bc / 16; ++k)
+      wgmma_rs<T, HEAD_DIM>(o, a[k], smem_descriptor(v_smem(s) + k * 16 * kCols, Bc * kCols * sizeof(T)), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    // this warp is done reading stage s
+    if (lane == 0) ptx::mbarrier_arrive(&kv_empty[s]);
+  }
+
+  // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns
+  T* out = static_cast<T*>(p.o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int packed = t.row_begin + row[h];
+    if (packed >= t.qo_len * p.group_size) continue;
+    const int token = t.qo_begin + packed / p.group_size;
+    const int head = kv_head * p.group_size + packed % p.group_size;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      const int col = 8 * n + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+    }
+    if (lane % 4 == 0)
+      p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+  }
+#endif
+}
+
+}  // namespace flashstep::stages::hopper

@@ -1,0 +1,48 @@
+// Stage 07 (Hopper) beyond the registry's prefill grids: the tails of its 128 x 128 tiles,
+// ragged batches with empty requests, long sequences, and what it refuses.
+#include <doctest/doctest.h>
+
+#include "07_hopper/hopper.hpp"
+#include "cases.hpp"
+#include "grid_runner.hpp"
+#include "registry.hpp"
+
+using namespace flashstep;
+using namespace flashstep::stages;
+namespace grids = flashstep::test::grids;
+
+TEST_CASE("07_hopper: tails of the 128-row, 128-key tiles, groups 1..32, head_dim 64 and 128, causal and not") {
+  const auto ran = test::check_grid(grids::hopper_tail_grid());
+  CHECK(ran.count("07_hopper_ragged"));
+}
+
+TEST_CASE("07_hopper: one long request (4096 and 16384 tokens)") {
+  const auto ran = test::check_grid(grids::hopper_long_grid());
+  CHECK(ran.count("07_hopper_ragged"));
+}
+
+TEST_SUITE("host") {
+TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
+  const StageInfo& stage = find_stage("07_hopper_ragged");
+  BatchShape s;
+  s.mode = Mode::prefill;
+  s.storage = KVStorage::ragged;
+  s.dtype = DType::bf16;
+  s.batch_size = 1;
+  s.num_qo_heads = 28;
+  s.num_kv_heads = 4;
+  s.head_dim = 128;
+  s.qo_indptr = {0, 5};
+  s.kv_indptr = {0, 9};
+  CHECK(stage.unsupported_reason(s).find("divides 128") != std::string::npos);  // group 7
+  s.num_qo_heads = 32;
+  s.head_dim = 256;
+  CHECK(stage.unsupported_reason(s).find("head_dim 256") != std::string::npos);
+  s.head_dim = 128;
+  s.dtype = DType::f32;
+  CHECK(stage.unsupported_reason(s).find("dtype") != std::string::npos);
+  s.dtype = DType::bf16;
+  s.window_left = 3;
+  CHECK(stage.unsupported_reason(s).find("window_left") != std::string::npos);
+}
+}
