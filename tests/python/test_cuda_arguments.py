@@ -74,11 +74,14 @@ def test_host_arrays_are_refused_by_name():
     raises(r"BatchDecodeWithPagedKVCacheWrapper: workspace_buffer must be a CUDA array",
            fsc.BatchDecodeWithPagedKVCacheWrapper, np.zeros(1024, np.uint8))
     raises(r"softmax: logits must be a CUDA tensor .*got list", fsc.softmax, [[1.0, 2.0]])
-    # logits may be float32 or bfloat16, probabilities float32 only
-    raises(r"sampling_from_probs: probs must have dtype float32; it has float16", fsc.sampling_from_probs,
+    # logits are read as float32 or bfloat16, probabilities as float32; other float dtypes
+    # are converted first (as FlashInfer's .float()), which needs PyTorch or CuPy
+    raises(r"sampling_from_probs: probs has dtype float16; flashstep converts it to float32 only for PyTorch and "
+           r"CuPy arrays", fsc.sampling_from_probs, FakeCuda((2, 10), "<f2"))
+    raises(r"sampling_from_logits: logits has dtype float16; flashstep converts it", fsc.sampling_from_logits,
            FakeCuda((2, 10), "<f2"))
-    raises(r"sampling_from_logits: logits must have dtype float32 or bfloat16; it has float16",
-           fsc.sampling_from_logits, FakeCuda((2, 10), "<f2"))
+    raises(r"sampling_from_probs: probs must have dtype float32 or float16 or bfloat16 or float64; it has int32",
+           fsc.sampling_from_probs, FakeCuda((2, 10), "<i4"))
     raises(r"merge_state: v_a is required", fsc.merge_state, None, None, None, None)
 
 
@@ -94,7 +97,7 @@ def test_dtype_shape_and_strides_are_checked_before_the_gpu():
     raises(r"merge_state: v_a must be contiguous", fsc.merge_state, transposed, FakeCuda((5, 4), "<f4"), v,
            FakeCuda((5, 4), "<f4"))
     raises(r"merge_states: v must have shape \(\*, \*, \*, \*\)", fsc.merge_states, v, FakeCuda((5, 4), "<f4"))
-    raises(r"sampling_from_probs: probs must have dtype float32; it has float16", fsc.sampling_from_probs,
+    raises(r"sampling_from_probs: probs has dtype float16; flashstep converts", fsc.sampling_from_probs,
            FakeCuda((3, 100)))
     raises(r"has element type '<c8'", fsc.softmax, FakeCuda((3, 100), "<c8"))
 
@@ -115,9 +118,11 @@ def test_attention_inputs_must_be_16_byte_aligned():
 
 def fsc_plan_without_gpu(w):
     """Gives `w` the plan plan() would make, without the device copies a GPU would need."""
-    w._planned = {"dtype": "float16", "batch_size": 1, "nnz_qo": 4, "nnz_kv": 9, "num_qo_heads": 8,
-                  "num_kv_heads": 8, "head_dim": 128, "page_size": 0, "max_page": -1,
-                  "device": {"qo_indptr": 0, "kv_indptr": 0}}
+    p = fsc._Plan()
+    p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = "float16", 1, 4, 9
+    p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size, p.max_page = 8, 8, 128, 0, None
+    p.q_shape, p.lse_shape, p.batch = (4, 8, 128), (4, 8), _capi.Batch()
+    w._planned = p
 
 
 def test_append_paged_kv_cache_checks_every_argument():
