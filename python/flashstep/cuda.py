@@ -53,7 +53,7 @@ __all__ = [
     "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits", "softmax",
     "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits", "chain_speculative_sampling",
-    "stages", "default_stage", "tolerance", "available", "LibraryNotFound",
+    "stages", "default_stage", "index_array", "tolerance", "available", "LibraryNotFound",
 ]
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -272,14 +272,13 @@ class _PlanRun:
                          dtypes=("uint8", "int8", "float32", "float16", "bfloat16", "int32", "int64"))
         self._kv_layout = _layout(kv_layout, cls)
         self._use_cuda_graph = bool(use_cuda_graph)
-        self._fixed = {}
-        for name, buf in fixed_buffers.items():
+        self._fixed = {}  # index array -> its fixed device buffer
+        for name, (arg, buf) in fixed_buffers.items():
             if buf is None and self._use_cuda_graph:
-                raise ValueError(f"{cls}: use_cuda_graph=True needs fixed index buffers: pass the {name} buffer "
-                                 "(an int32 CUDA tensor as long as the largest batch's array)")
+                raise ValueError(f"{cls}: use_cuda_graph=True needs fixed index buffers: pass {arg} (an int32 CUDA "
+                                 f"tensor as long as the largest batch's {name})")
             if buf is not None:
-                self._fixed[name] = check(device_array(buf, cls, name), cls, name, dtypes=("int32",),
-                                          shape=(None,))
+                self._fixed[name] = check(device_array(buf, cls, arg), cls, arg, dtypes=("int32",), shape=(None,))
         self._stage_request = stage
         self._runner = None
         self._runner_stage = None
@@ -643,8 +642,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_PlanRun):
                  paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None, *, stage=None):
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage, {
-            "kv_indptr": paged_kv_indptr_buffer, "kv_indices": paged_kv_indices_buffer,
-            "kv_last_page_len": paged_kv_last_page_len_buffer}, backend, jit_args)
+            "kv_indptr": ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+            "kv_indices": ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+            "kv_last_page_len": ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)}, backend, jit_args)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
@@ -692,8 +692,9 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
 
     def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, kv_layout="NHD",
                  use_tensor_cores=False, *, stage=None):
-        super().__init__(workspace_buffer, kv_layout, True, use_tensor_cores, indptr_buffer, indices_buffer,
-                         last_page_len_buffer, stage=stage)
+        _PlanRun.__init__(self, workspace_buffer, kv_layout, True, stage, {
+            "kv_indptr": ("indptr_buffer", indptr_buffer), "kv_indices": ("indices_buffer", indices_buffer),
+            "kv_last_page_len": ("last_page_len_buffer", last_page_len_buffer)})
 
 
 def _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta):
@@ -754,8 +755,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PlanRun):
         if custom_mask_buf is not None or mask_indptr_buf is not None:
             raise ValueError("BatchPrefillWithPagedKVCacheWrapper: custom masks are not supported")
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage, {
-            "qo_indptr": qo_indptr_buf, "kv_indptr": paged_kv_indptr_buf, "kv_indices": paged_kv_indices_buf,
-            "kv_last_page_len": paged_kv_last_page_len_buf}, backend, jit_args)
+            "qo_indptr": ("qo_indptr_buf", qo_indptr_buf), "kv_indptr": ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+            "kv_indices": ("paged_kv_indices_buf", paged_kv_indices_buf),
+            "kv_last_page_len": ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf)}, backend, jit_args)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
@@ -825,7 +827,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
         if custom_mask_buf is not None or mask_indptr_buf is not None:
             raise ValueError(f"{cls}: custom masks are not supported")
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage,
-                         {"qo_indptr": qo_indptr_buf, "kv_indptr": kv_indptr_buf}, backend, jit_args)
+                         {"qo_indptr": ("qo_indptr_buf", qo_indptr_buf), "kv_indptr": ("kv_indptr_buf", kv_indptr_buf)},
+                         backend, jit_args)
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
@@ -1150,11 +1153,7 @@ def _seed_offset(seed, offset, generator, fn, like=None):
     the default CUDA generator of `like`'s device when `like` is a torch tensor), as
     FlashInfer does, so that torch.manual_seed() makes the draws reproducible; or fresh
     from Python's random where no torch tensor is involved."""
-    for value, name in ((seed, "seed"), (offset, "offset")):
-        if value is not None and not isinstance(value, int):
-            raise ValueError(f"{fn}: {name} must be an integer in [0, 2^64) or None; got {type(value).__name__} "
-                             "(a tensor seed, FlashInfer's form for graph capture, is not supported: the library "
-                             "takes the key by value)")
+    _seed_types(seed, offset, fn)
     if seed is None:
         if generator is None and like is not None and like.kind == "torch":
             import torch
@@ -1170,6 +1169,14 @@ def _seed_offset(seed, offset, generator, fn, like=None):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
             raise ValueError(f"{fn}: {name} must be an integer in [0, 2^64); got {value!r}")
     return seed, offset
+
+
+def _seed_types(seed, offset, fn):
+    for value, name in ((seed, "seed"), (offset, "offset")):
+        if value is not None and not isinstance(value, int):
+            raise ValueError(f"{fn}: {name} must be an integer in [0, 2^64) or None; got {type(value).__name__} "
+                             "(a tensor seed, FlashInfer's form for graph capture, is not supported: the library "
+                             "takes the key by value)")
 
 
 def _from_generator(generator):
@@ -1238,6 +1245,7 @@ def _param(value, fn, name, dtype, batch, like, params, field, keep):
 
 def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, order="top_k_first",
             seed=None, offset=None, generator=None, check_nan=False, return_status=False, return_valid=False):
+    _seed_types(seed, offset, fn)
     rows = _rows(data, fn, name)
     idx = given_idx = None
     batch = rows.shape[0]
