@@ -302,8 +302,8 @@ def flashinfer_graph_wrapper(flashinfer, torch, kind, k, layout, batch, rows, ca
             ws, layout, use_cuda_graph=True, qo_indptr_buf=buf(batch + 1), paged_kv_indptr_buf=buf(batch + 1),
             paged_kv_indices_buf=buf(capacity), paged_kv_last_page_len_buf=buf(batch))
     if kind == "ragged":
-        return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, qo_indptr_buf=buf(batch + 1),
-                                                               kv_indptr_buf=buf(batch + 1))
+        return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            ws, "NHD", use_cuda_graph=True, qo_indptr_buf=buf(batch + 1), kv_indptr_buf=buf(batch + 1))
     return flashinfer.MultiLevelCascadeAttentionWrapper(
         2, ws, layout, use_cuda_graph=True, qo_indptr_buf_arr=[buf(2), buf(batch + 1)],
         paged_kv_indptr_buf_arr=[buf(2), buf(batch + 1)], paged_kv_indices_buf_arr=[buf(capacity), buf(capacity)],
