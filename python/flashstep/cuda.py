@@ -16,9 +16,17 @@ the wrong dtype, shape or strides, or an index array that is not int32, raises
 ValueError naming the argument before any kernel runs.
 
 Which stage runs: every wrapper takes ``stage=`` (a registry name such as "02_paged",
-or its number, "02"); by default plan() picks the latest stage in teaching order whose
-registry entry supports the planned shape (``stages()`` lists them with what each
-supports, ``plan()`` records the choice in ``.stage``).
+or its number, "02"); by default plan() applies ``default_stage()`` to the stages whose
+registry entry supports the planned shape: a decode with a GQA group of at most 8 gets
+03_split_kv, anything else the latest such stage in teaching order (``stages()`` lists
+them with what each supports, ``plan()`` records the choice in ``.stage``). With
+``use_cuda_graph=True`` only stages that can plan for a captured graph are considered,
+and a graph captured after one plan() replays correctly after any later plan() of the
+same batch size (docs/python_gpu.md, "CUDA graphs").
+
+plan() reads index arrays in place (CPU tensors, numpy arrays, array.array, or device
+arrays) and copies what the stage reads to the device in one copy per array; it may be
+called while the previous run() is still in flight.
 
 Differences from FlashInfer, each on purpose:
 - every log-sum-exp returned or taken (``return_lse=True``, merge_state) is the natural
@@ -29,7 +37,10 @@ Differences from FlashInfer, each on purpose:
   ``(num_pages, 2, Hkv, page_size, D)`` (HND); a ``(k_cache, v_cache)`` tuple is accepted
   by attention only when it is the two halves of such a pool;
 - the samplers draw from the Philox stream of stage 06 and the CPU reference (``seed``,
-  ``offset``), so a token matches the reference's draw for draw, not FlashInfer's.
+  ``offset``), so a token matches the reference's draw for draw, not FlashInfer's; with
+  no seed, the key comes from torch's generator, as FlashInfer's does;
+- the rest (``backend=``, ``jit_args=``, dtypes, ``forward()``, graph sizes, samplers'
+  conversions) is in docs/python_gpu.md's table of differences.
 
 The library is libflashstep_capi.so (capi/ in the repository), found through
 ``$FLASHSTEP_CAPI`` or the build tree; see ``flashstep._capi``.
@@ -224,7 +235,7 @@ def _host_view(a):
     if not a.on_device:
         return a
     return host_copy(a, lambda dst, src, nbytes, like: _copy_to_host(
-        dst, src, nbytes, current_stream(like.obj) if like.kind == "torch" else 0))
+        dst, src, nbytes, current_stream(device_array(like.obj, "plan", "index array"))))
 
 
 def _page_locked(ptr):
