@@ -7,21 +7,25 @@
 #   --lib   folder holding libflashstep_capi.so and libcudart.so.13 (default
 #           build-gpu-python, else build-gpu/bin)
 #   --out   where the log and the executed notebooks go (default <lib>/run)
-#   STEP    any of: tests flashinfer sanitizer notebooks (default: all four)
+#   STEP    any of: tests flashinfer sanitizer notebooks hostcost (default: the first four)
 #
-#   tests       tests/python/test_cuda_arguments.py and test_cuda_gpu.py (pytest)
+#   tests       tests/python/test_cuda_arguments.py, test_cuda_gpu.py and test_cuda_graph.py
+#               (pytest; the graph contract, in-flight re-plans and two streams are the last)
 #   flashinfer  tests/python/test_cuda_flashinfer.py: the cross-check; source FlashInfer's
 #               install.sh first, or it skips with a message
-#   sanitizer   a few test_cuda_gpu.py cases under compute-sanitizer memcheck
+#   sanitizer   a few test_cuda_gpu.py and test_cuda_graph.py cases (graph replays after
+#               re-plans among them) under compute-sanitizer memcheck
 #   notebooks   notebooks 11 and 12 executed on this GPU (scripts/notebook_exec.py), saved
 #               with their outputs, the GPU and the commit to <out>/notebooks/; copy them
 #               to docs/results/notebooks/ to show them on the docs site
+#   hostcost    bench/host_cost.py: plan() and run() host time per call against FlashInfer
+#               (source its install.sh first to compare), table and <out>/host_cost.json
 #
 # It needs python3 with PyTorch and pytest (the GPU machine's image has both), not the
 # CPU module _flashstep: PYTHONPATH is the source folder python/. Each step is bounded
-# (tests 300 s, flashinfer 420 s, sanitizer 300 s, notebooks 150 s each); to stay within
-# a 10-minute command, run them in two or three calls. Exit status: 0 when every step
-# passed.
+# (tests 540 s, flashinfer 420 s, sanitizer 420 s, notebooks 150 s each, hostcost 300 s);
+# to stay within a 10-minute command, run one or two steps per call. Exit status: 0 when
+# every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LIB=
@@ -83,7 +87,8 @@ export FLASHSTEP_REQUIRE_GPU=1
 failed=()
 # Each step is bounded, so that a hung step still leaves the log of the others.
 step_tests() {
-  run_logged timeout 300 "${PYTEST[@]}" tests/python/test_cuda_arguments.py tests/python/test_cuda_gpu.py
+  run_logged timeout 540 "${PYTEST[@]}" tests/python/test_cuda_arguments.py tests/python/test_cuda_gpu.py \
+    tests/python/test_cuda_graph.py
 }
 step_flashinfer() {
   # FlashInfer compiles a kernel module on first use where its JIT cache lacks one: bounded.
@@ -92,15 +97,20 @@ step_flashinfer() {
 step_sanitizer() {
   command -v compute-sanitizer > /dev/null || { say "sanitizer: compute-sanitizer not found, skipped"; return 0; }
   # One cudaMalloc per tensor, so that an access past a tensor's end leaves its allocation.
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_logged timeout 300 compute-sanitizer --tool memcheck --error-exitcode 86 \
-    "${PYTEST[@]}" -p no:faulthandler tests/python/test_cuda_gpu.py -k \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_logged timeout 420 compute-sanitizer --tool memcheck --error-exitcode 86 \
+    "${PYTEST[@]}" -p no:faulthandler tests/python/test_cuda_gpu.py tests/python/test_cuda_graph.py -k \
     "test_decode_matches_the_float64_oracle and 03_split_kv-bfloat16-HND-16-4 or \
      test_decode_matches_the_float64_oracle and 02_paged-float32-NHD-1-8 or \
      test_paged_prefill_matches_the_float64_oracle and 4-True-NHD-16-bfloat16 or \
      test_ragged_prefill_matches_the_float64_oracle and True-01_naive or \
      test_merge_state_and_merge_states and 100-float16 or \
      test_append_paged_kv_cache and False-16-HND or \
-     test_samplers_on_rows_with_one_possible_token or test_check_nan"
+     test_samplers_on_rows_with_one_possible_token or test_check_nan or \
+     test_decode_graph_replays_after_replan and None-bfloat16-NHD-16-host or \
+     test_decode_graph_replays_after_replan and 03_split_kv-float32-HND-1-device or \
+     test_paged_prefill_graph_replays_after_replan and True-NHD-16-host or \
+     test_ragged_prefill_graph_replays_after_replan and False-None-bfloat16-host or \
+     test_cascade_graph_replays_after_replan_or_refuses and NHD-16-host"
 }
 step_notebooks() {
   mkdir -p "$OUTDIR/notebooks"
@@ -110,6 +120,9 @@ step_notebooks() {
       --save "$OUTDIR/notebooks/$(basename "$nb")" --source-state "$LIB/source-state.txt" || rc=1
   done
   return $rc
+}
+step_hostcost() {
+  run_logged timeout 300 python3 bench/host_cost.py --json "$OUTDIR/host_cost.json"
 }
 for s in "${steps[@]}"; do
   if ! declare -F "step_$s" > /dev/null; then say "gpu-python.sh: no step '$s'"; exit 2; fi

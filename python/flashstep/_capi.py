@@ -34,6 +34,7 @@ class _Shape(ctypes.Structure):
         ("logits_soft_cap", ctypes.c_double),
         ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
         ("kv_last_page_len", ctypes.c_void_p),
+        ("cuda_graph", ctypes.c_int32),
     ]
 
 
@@ -93,7 +94,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 2
+EXPECTED_VERSION = 3
 
 _lib = None
 
@@ -147,8 +148,14 @@ def load():
 def call(name, *args):
     """Calls fs_<name>; a refused argument raises ValueError, anything else RuntimeError,
     each with the library's message."""
-    lib = load()
-    status = getattr(lib, name)(*args)
+    status = getattr(load(), name)(*args)
     if status != 0:
-        message = (lib.fs_last_error() or b"").decode("utf-8", "replace")
-        raise (ValueError if status == BAD_ARGUMENT else RuntimeError)(message)
+        raise_status(status)
+
+
+def raise_status(status):
+    """Raises for a non-zero status of the last call on this thread: ValueError for a
+    refused argument, RuntimeError for anything else, with the library's message. For
+    callers that keep a function of the library and call it directly (run()'s hot path)."""
+    message = (_lib.fs_last_error() or b"").decode("utf-8", "replace")
+    raise (ValueError if status == BAD_ARGUMENT else RuntimeError)(message)

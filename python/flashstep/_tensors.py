@@ -11,6 +11,7 @@ A host array (numpy, a CPU tensor) or an object with neither protocol is refused
 ValueError naming the function and the argument. Nothing here imports torch or cupy;
 they are used only when the caller's objects come from them.
 """
+import array
 import ctypes
 
 # Element types by name, with their sizes.
@@ -53,8 +54,25 @@ class DeviceArray:
         return True
 
 
+_TORCH_TYPES = set()  # types already seen to be torch tensors: run() asks once per tensor
+_TORCH_DTYPES = {}  # torch dtype -> its name here ("bfloat16")
+
+
 def _is_torch(x):
-    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "is_cuda")
+    t = type(x)
+    if t in _TORCH_TYPES:
+        return True
+    if t.__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "is_cuda"):
+        _TORCH_TYPES.add(t)
+        return True
+    return False
+
+
+def _torch_dtype_name(dtype):
+    name = _TORCH_DTYPES.get(dtype)
+    if name is None:
+        name = _TORCH_DTYPES[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 def _contiguous_strides(shape):
@@ -105,10 +123,10 @@ def device_array(x, fn, name):
     if x is None:
         raise ValueError(f"{fn}: {name} is required (got None)")
     if _is_torch(x):
-        if not x.is_cuda:
+        device = x.get_device()  # -1 on the CPU; cheaper than x.device.index
+        if device < 0:
             raise ValueError(f"{fn}: {name} must be a CUDA tensor; it is on {x.device}")
-        dtype = str(x.dtype).replace("torch.", "")
-        return DeviceArray(x, x.data_ptr(), tuple(x.shape), tuple(x.stride()), dtype, x.device.index, "torch")
+        return DeviceArray(x, x.data_ptr(), x.shape, x.stride(), _torch_dtype_name(x.dtype), device, "torch")
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
         shape = tuple(cai["shape"])
@@ -165,6 +183,9 @@ def current_stream(like):
     int: PyTorch's or CuPy's current stream, else 0 (the legacy default stream)."""
     if like.kind == "torch":
         import torch
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:  # the same pointer, without building a torch.cuda.Stream object
+            return raw(like.device)
         return torch.cuda.current_stream(like.obj.device).cuda_stream
     if like.kind == "cupy":
         import cupy
@@ -188,33 +209,112 @@ def empty(like, shape, dtype, fn, name):
                      f"here: pass {name}=")
 
 
-def host_int32(x, fn, name, copy_from_device):
-    """The values of an index array as a list of Python ints, from a host sequence (list,
-    numpy array, CPU tensor) or a device array (copied with `copy_from_device`). Must be
-    one-dimensional and int32 when it is an array."""
+class IndexArray:
+    """A one-dimensional int32 index array read where it lives, without copying: host
+    memory this process can read (a CPU tensor, a numpy array, an array.array) or a CUDA
+    device's. `obj` owns the memory and is kept alive with it."""
+
+    __slots__ = ("obj", "ptr", "size", "on_device", "kind")
+
+    def __init__(self, obj, ptr, size, on_device, kind):
+        self.obj, self.ptr, self.size, self.on_device, self.kind = obj, ptr, size, on_device, kind
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        """Entry i (negative counts from the end) of a host array."""
+        if i < 0:
+            i += self.size
+        if self.on_device or not 0 <= i < self.size:
+            raise IndexError(i)
+        return ctypes.c_int32.from_address(self.ptr + 4 * i).value
+
+    def min_max(self, n):
+        """(min, max) of the first n entries of a host array, n >= 1, in C speed where the
+        owner is a torch tensor or a numpy array (a Python loop otherwise)."""
+        if self.kind == "torch":
+            lo, hi = self.obj[:n].aminmax()
+            return int(lo), int(hi)
+        if self.kind == "numpy":
+            head = self.obj[:n]
+            return int(head.min()), int(head.max())
+        values = (ctypes.c_int32 * n).from_address(self.ptr)
+        return min(values), max(values)
+
+
+def _is_cuda_dlpack(x):
+    return hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in (_KDL_CUDA, _KDL_CUDA_MANAGED)
+
+
+def index_array(x, fn, name):
+    """An int32 index array as an IndexArray, read in place: a torch tensor (CPU or CUDA),
+    anything with __cuda_array_interface__ or CUDA DLPack, a numpy array or array.array of
+    int32; a list, tuple or range is converted once (in C, with a range check). One
+    dimension, int32, contiguous; ValueError naming `fn` and `name` otherwise."""
+    if x is None:
+        raise ValueError(f"{fn}: {name} is required (got None)")
     if _is_torch(x):
-        if str(x.dtype) != "torch.int32":
+        if x.dtype != _torch_int32(x):
             raise ValueError(f"{fn}: {name} must have dtype int32; it has {str(x.dtype).replace('torch.', '')}")
         if x.dim() != 1:
             raise ValueError(f"{fn}: {name} must be one-dimensional; it has shape {tuple(x.shape)}")
-        return [int(v) for v in x.detach().cpu().tolist()]
-    if getattr(x, "__cuda_array_interface__", None) is not None or (
-            hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in (_KDL_CUDA, _KDL_CUDA_MANAGED)):
-        a = device_array(x, fn, name)
-        check(a, fn, name, dtypes=("int32",), shape=(None,))
-        buf = (ctypes.c_int32 * a.numel)()
-        copy_from_device(ctypes.addressof(buf), a.ptr, a.nbytes)
-        return list(buf)
-    dtype = getattr(x, "dtype", None)
-    if dtype is not None:
-        if str(dtype) != "int32":
+        if x.is_cuda:
+            if x.numel() > 1 and x.stride(0) != 1:
+                raise ValueError(f"{fn}: {name} must be contiguous; its stride is {x.stride(0)} elements")
+            return IndexArray(x, x.data_ptr(), x.numel(), True, "torch")
+        if x.numel() > 1 and x.stride(0) != 1:
+            x = x.contiguous()
+        return IndexArray(x, x.data_ptr(), x.numel(), False, "torch")
+    if getattr(x, "__cuda_array_interface__", None) is not None or _is_cuda_dlpack(x):
+        a = check(device_array(x, fn, name), fn, name, dtypes=("int32",), shape=(None,))
+        return IndexArray(x, a.ptr, a.numel, True, a.kind)
+    ai = getattr(x, "__array_interface__", None)
+    if ai is not None:  # numpy, or anything describing host memory the same way
+        dtype = str(getattr(x, "dtype", ai["typestr"]))
+        if ai["typestr"] != "<i4":
             raise ValueError(f"{fn}: {name} must have dtype int32; it has {dtype}")
-        if len(getattr(x, "shape", (0,))) != 1:
-            raise ValueError(f"{fn}: {name} must be one-dimensional; it has shape {tuple(x.shape)}")
+        if len(ai["shape"]) != 1:
+            raise ValueError(f"{fn}: {name} must be one-dimensional; it has shape {tuple(ai['shape'])}")
+        if ai.get("strides") not in (None, (4,)) and ai["shape"][0] > 1:
+            if not hasattr(x, "copy"):
+                raise ValueError(f"{fn}: {name} must be contiguous; its strides are {ai['strides']} bytes")
+            x = x.copy()
+            ai = x.__array_interface__
+        kind = "numpy" if type(x).__module__ == "numpy" else "host"
+        return IndexArray(x, ai["data"][0] or 0, ai["shape"][0], False, kind)
+    if isinstance(x, array.array):
+        if x.itemsize != 4 or x.typecode not in "il":
+            raise ValueError(f"{fn}: {name} must hold int32; it is an array.array of typecode {x.typecode!r}")
+        return IndexArray(x, x.buffer_info()[0], len(x), False, "array")
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and str(dtype) != "int32":
+        raise ValueError(f"{fn}: {name} must have dtype int32; it has {dtype}")
     try:
-        values = [int(v) for v in x]
+        values = array.array("i", x)
+    except OverflowError:
+        raise ValueError(f"{fn}: {name} has values outside int32") from None
     except TypeError:
         raise ValueError(f"{fn}: {name} must be a one-dimensional int32 array; got {type(x).__name__}") from None
-    if any(v < -2**31 or v >= 2**31 for v in values):
-        raise ValueError(f"{fn}: {name} has values outside int32")
-    return values
+    return IndexArray(values, values.buffer_info()[0], len(values), False, "array")
+
+
+def host_copy(a, copy_from_device):
+    """A host IndexArray holding the values of device IndexArray `a`: a torch CPU tensor
+    when `a` is a torch tensor, an array.array otherwise, filled by copy_from_device(dst,
+    src, nbytes, like) (which waits for the copy)."""
+    if a.kind == "torch":
+        import torch
+        out = torch.empty(a.size, dtype=torch.int32)
+        obj, ptr = out, out.data_ptr()
+    else:
+        obj = array.array("i", bytes(4 * a.size))
+        ptr = obj.buffer_info()[0]
+    if a.size:
+        copy_from_device(ptr, a.ptr, 4 * a.size, a)
+    return IndexArray(obj, ptr, a.size, False, "torch" if a.kind == "torch" else "array")
+
+
+def _torch_int32(x):
+    import torch
+    return torch.int32

@@ -16,9 +16,17 @@ the wrong dtype, shape or strides, or an index array that is not int32, raises
 ValueError naming the argument before any kernel runs.
 
 Which stage runs: every wrapper takes ``stage=`` (a registry name such as "02_paged",
-or its number, "02"); by default plan() picks the latest stage in teaching order whose
-registry entry supports the planned shape (``stages()`` lists them with what each
-supports, ``plan()`` records the choice in ``.stage``).
+or its number, "02"); by default plan() applies ``default_stage()`` to the stages whose
+registry entry supports the planned shape: a decode with a GQA group of at most 8 gets
+03_split_kv, anything else the latest such stage in teaching order (``stages()`` lists
+them with what each supports, ``plan()`` records the choice in ``.stage``). With
+``use_cuda_graph=True`` only stages that can plan for a captured graph are considered,
+and a graph captured after one plan() replays correctly after any later plan() of the
+same batch size (docs/python_gpu.md, "CUDA graphs").
+
+plan() reads index arrays in place (CPU tensors, numpy arrays, array.array, or device
+arrays) and copies what the stage reads to the device in one copy per array; it may be
+called while the previous run() is still in flight.
 
 Differences from FlashInfer, each on purpose:
 - every log-sum-exp returned or taken (``return_lse=True``, merge_state) is the natural
@@ -29,28 +37,34 @@ Differences from FlashInfer, each on purpose:
   ``(num_pages, 2, Hkv, page_size, D)`` (HND); a ``(k_cache, v_cache)`` tuple is accepted
   by attention only when it is the two halves of such a pool;
 - the samplers draw from the Philox stream of stage 06 and the CPU reference (``seed``,
-  ``offset``), so a token matches the reference's draw for draw, not FlashInfer's.
+  ``offset``), so a token matches the reference's draw for draw, not FlashInfer's; with
+  no seed, the key comes from torch's generator, as FlashInfer's does;
+- the rest (``backend=``, ``jit_args=``, dtypes, ``forward()``, graph sizes, samplers'
+  conversions) is in docs/python_gpu.md's table of differences.
 
 The library is libflashstep_capi.so (capi/ in the repository), found through
 ``$FLASHSTEP_CAPI`` or the build tree; see ``flashstep._capi``.
 """
+import array
 import ctypes
 import math
 import random
+import re
 
 from . import _capi
 from ._capi import LibraryNotFound  # noqa: F401  (part of the module's interface)
-from ._tensors import check, current_stream, device_array, empty, host_int32, same_device
+from ._tensors import IndexArray, check, current_stream, device_array, empty, host_copy, index_array, same_device
 
 __all__ = [
-    "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
+    "BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+    "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper", "MultiLevelCascadeAttentionWrapper",
     "merge_state", "merge_state_in_place", "merge_states", "append_paged_kv_cache",
     "get_batch_indices_positions", "sampling_from_probs", "sampling_from_logits",
     "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits", "softmax",
     "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits", "chain_speculative_sampling",
-    "stages", "tolerance", "available", "LibraryNotFound",
+    "stages", "default_stage", "index_array", "tolerance", "available", "LibraryNotFound",
 ]
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -76,14 +90,9 @@ def available():
 
 def stages():
     """The attention stages of the registry, in teaching order: a list of
-    (name, summary, capabilities) tuples."""
-    lib = _capi.load()
-    out = []
-    for i in range(lib.fs_stage_count()):
-        name, summary, caps = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
-        _capi.call("fs_stage_info", i, ctypes.byref(name), ctypes.byref(summary), ctypes.byref(caps))
-        out.append((name.value.decode(), summary.value.decode(), caps.value.decode()))
-    return out
+    (name, summary, capabilities) tuples. A stage that can plan for a captured CUDA graph
+    names cuda_graph in its capabilities."""
+    return list(_registry())
 
 
 def tolerance(dtype, which="o"):
@@ -173,32 +182,120 @@ def _alloc_or_check(like, out, shape, dtype, fn, name):
 
 # ---- plan / run wrappers --------------------------------------------------------------------
 
-class _PlanRun:
-    """What the three wrappers share: the workspace, the choice of stage, the runner, the
-    device copies of the index arrays, and the call into the C library."""
+# FlashInfer's attention kernel families: accepted (a FlashInfer program passes them) and
+# ignored, since flashstep runs a stage (stage= picks one).
+_BACKENDS = ("auto", "fa2", "fa3")
+# The decode stage: it splits long requests so that every SM streams keys and prices stage
+# 02's kernel against the split (its chapter's cost model). Stage 04's tensor-core tile
+# computes 16 query rows per kv head where a decode of GQA group g has g, so for g <= 8
+# it only adds work on a memory-bound step.
+_DECODE_STAGE, _DECODE_STAGE_MAX_GROUP = "03_split_kv", 8
+_LIBRARY_PREFIX = re.compile(r"^(plan|fs_\w+): ")
 
-    _fn = "plan"
+
+def _check_backend(cls, backend, jit_args):
+    if backend not in _BACKENDS:
+        raise ValueError(f"{cls}: backend must be one of {', '.join(map(repr, _BACKENDS))} (FlashInfer's kernel "
+                         f"families, accepted and ignored: flashstep runs a stage; stage= picks one); got {backend!r}")
+    if jit_args is not None:
+        raise ValueError(f"{cls}: jit_args (a custom FlashInfer kernel) is not supported; got "
+                         f"{type(jit_args).__name__}")
+
+
+def _graph_safe(capabilities):
+    """Whether a registry entry can plan for a captured CUDA graph (its launch depends on
+    batch_size and the query rows only): its capabilities name cuda_graph."""
+    return re.search(r"\bcuda_graph\b", capabilities) is not None
+
+
+def _plans_from_page_ids(capabilities):
+    """Stage 05 plans from which pages requests share: it has a wrapper of its own."""
+    return "plans from the host page table" in capabilities
+
+
+def default_stage(supporting, mode, group_size):
+    """The stage plan() picks when none is asked for, among `supporting` (registry names
+    in teaching order whose entry supports the batch; with use_cuda_graph=True, the
+    graph-safe ones): a decode (mode 0) whose GQA group is at most 8 gets 03_split_kv;
+    anything else the latest stage that supports it. None when `supporting` is empty."""
+    if mode == _DECODE and group_size <= _DECODE_STAGE_MAX_GROUP and _DECODE_STAGE in supporting:
+        return _DECODE_STAGE
+    return supporting[-1] if supporting else None
+
+
+def _renamed(fn, message):
+    """A library message under the wrapper's name: 'plan: x' -> '<fn>: x'."""
+    message = _LIBRARY_PREFIX.sub("", message, count=1)
+    return message if message.startswith(fn) else f"{fn}: {message}"
+
+
+def _host_view(a):
+    """Index array `a` readable on the host: itself, or a copy of a device array (which
+    waits for the caller's stream, as FlashInfer's indptr.to("cpu") does)."""
+    if not a.on_device:
+        return a
+    return host_copy(a, lambda dst, src, nbytes, like: _copy_to_host(
+        dst, src, nbytes, current_stream(device_array(like.obj, "plan", "index array"))))
+
+
+def _page_locked(ptr):
+    """Whether host address `ptr` is page-locked (pinned or registered) memory."""
+    device, kind = ctypes.c_int(), ctypes.c_int()
+    _capi.call("fs_pointer_device", ctypes.c_void_p(ptr), ctypes.byref(device), ctypes.byref(kind))
+    return kind.value == 1
+
+
+def _arange(n):
+    values = array.array("i", range(n))
+    return IndexArray(values, values.buffer_info()[0], n, False, "array")
+
+
+class _Plan:
+    """What run() needs of the last plan: sizes, the checks' bounds, the C batch struct
+    whose index pointers plan() filled, and the library function to call."""
+
+    __slots__ = ("dtype", "batch_size", "nnz_qo", "nnz_kv", "num_qo_heads", "num_kv_heads", "head_dim",
+                 "page_size", "max_page", "q_shape", "lse_shape", "batch", "causal", "window_left",
+                 "logits_soft_cap", "sm_scale")
+
+
+class _PlanRun:
+    """What the wrappers share: the workspace, the choice of stage, the runner, the device
+    copies of the index arrays, and the call into the C library.
+
+    plan() reads the host index arrays in place (their buffers, never Python lists) and
+    copies each array the stage reads on the device with one cudaMemcpyAsync on the
+    caller's stream: host to device from the caller's memory, device to device when the
+    array is already on the GPU. Nothing is staged in page-locked memory of plan()'s own:
+    a copy from ordinary memory has read its source when it returns, so the caller may
+    rewrite its arrays, and plan() again, while an earlier run() is still in flight (a
+    page-locked source is first copied to ordinary memory for that reason)."""
+
     _mode = _PREFILL
     _storage = _PAGED
 
-    def __init__(self, workspace_buffer, kv_layout, use_cuda_graph, stage, fixed_buffers):
+    def __init__(self, workspace_buffer, kv_layout, use_cuda_graph, stage, fixed_buffers, backend="auto",
+                 jit_args=None):
         cls = type(self).__name__
+        self._fn = cls + ".plan"
+        _check_backend(cls, backend, jit_args)
         self._ws = check(device_array(workspace_buffer, cls, "workspace_buffer"), cls, "workspace_buffer",
                          dtypes=("uint8", "int8", "float32", "float16", "bfloat16", "int32", "int64"))
         self._kv_layout = _layout(kv_layout, cls)
         self._use_cuda_graph = bool(use_cuda_graph)
-        self._fixed = {}
-        for name, buf in fixed_buffers.items():
+        self._fixed = {}  # index array -> its fixed device buffer
+        for name, (arg, buf) in fixed_buffers.items():
             if buf is None and self._use_cuda_graph:
-                raise ValueError(f"{cls}: use_cuda_graph=True needs fixed index buffers: pass the {name} buffer "
-                                 "(an int32 CUDA tensor as long as the largest batch's array)")
+                raise ValueError(f"{cls}: use_cuda_graph=True needs fixed index buffers: pass {arg} (an int32 CUDA "
+                                 f"tensor as long as the largest batch's {name})")
             if buf is not None:
-                self._fixed[name] = check(device_array(buf, cls, name), cls, name, dtypes=("int32",),
-                                          shape=(None,))
+                self._fixed[name] = check(device_array(buf, cls, arg), cls, arg, dtypes=("int32",), shape=(None,))
         self._stage_request = stage
         self._runner = None
         self._runner_stage = None
         self._planned = None
+        self._graph_size = None  # (batch_size, query rows) of the first plan, under use_cuda_graph
+        self._c_shape = _capi.Shape()
         self.stage = None  # the registry name the last plan() chose
 
     def __del__(self):
@@ -212,8 +309,10 @@ class _PlanRun:
 
     def _shape(self, dtype, num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
                logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len):
+        """The C shape of the batch (one struct per wrapper, refilled); the index arrays are
+        host IndexArrays, pointed at in place."""
         fn = self._fn
-        s = _capi.Shape()
+        s = self._c_shape
         s.mode, s.storage, s.dtype = self._mode, self._storage, _DTYPES[dtype]
         s.kv_layout = _LAYOUTS[self._kv_layout]
         s.batch_size = len(kv_indptr) - 1
@@ -229,109 +328,184 @@ class _PlanRun:
         if not (math.isfinite(cap) and cap >= 0):
             raise ValueError(f"{fn}: logits_soft_cap must be None, 0 or a positive number; got {logits_soft_cap!r}")
         s.logits_soft_cap = cap
+        s.has_sm_scale, s.sm_scale = 0, 0.0
         if sm_scale is not None:
             scale = float(sm_scale)
             if not (math.isfinite(scale) and scale > 0):
                 raise ValueError(f"{fn}: sm_scale must be a positive finite number or None; got {sm_scale!r}")
             s.has_sm_scale, s.sm_scale = 1, scale
         s.num_pages = 0
-        arrays = [(ctypes.c_int32 * len(v))(*v) for v in (qo_indptr, kv_indptr, last_page_len or [0])]
-        s.qo_indptr, s.kv_indptr = ctypes.addressof(arrays[0]), ctypes.addressof(arrays[1])
-        s.kv_last_page_len = ctypes.addressof(arrays[2]) if self._storage == _PAGED else None
-        return s, arrays
+        s.qo_indptr, s.kv_indptr = qo_indptr.ptr, kv_indptr.ptr
+        s.kv_last_page_len = last_page_len.ptr if last_page_len is not None else None
+        s.cuda_graph = int(self._use_cuda_graph)
+        return s
 
     def _choose_stage(self, shape, stage):
-        """The requested stage (checked), or the latest supporting the shape."""
+        """The requested stage (checked), or default_stage()'s choice; remembered per shape
+        kind (the registry's rules read the sizes and options, not the lengths)."""
+        key = (stage, shape.mode, shape.storage, shape.dtype, shape.kv_layout, shape.num_qo_heads,
+               shape.num_kv_heads, shape.head_dim, shape.page_size, shape.causal, shape.window_left >= 0,
+               shape.logits_soft_cap > 0, shape.has_sm_scale, shape.cuda_graph)
+        chosen = _STAGE_CHOICES.get(key)
+        if chosen is not None:
+            return chosen
         reason = ctypes.c_char_p()
+        graph = bool(shape.cuda_graph)
+        table = _registry()
         if stage is not None:
-            _capi.call("fs_stage_unsupported_reason", str(stage).encode(), ctypes.byref(shape), ctypes.byref(reason))
+            chosen = _resolve_stage(str(stage), shape)
+            caps = next(c for name, _, c in table if name == chosen)
+            if graph and not _graph_safe(caps):
+                safe = [name for name, _, c in table if _graph_safe(c)]
+                raise ValueError(f"stage {chosen} cannot plan for a captured CUDA graph (use_cuda_graph=True): its "
+                                 f"launch depends on the lengths, so a graph replayed after another plan() would run "
+                                 f"a stale grid; pass stage= one of {', '.join(safe) or '(none in this build)'}, or "
+                                 "leave stage unset")
+            _capi.call("fs_stage_unsupported_reason", chosen.encode(), ctypes.byref(shape), ctypes.byref(reason))
             if reason.value:
-                raise ValueError(f"{self._fn}: stage {stage} cannot run this batch: {reason.value.decode()}")
-            # the registry's full name, also when the number alone was given ("02")
-            return next(name for name, _, _ in stages() if str(stage) in (name, name.split("_")[0]))
-        reasons = []
-        for name, _, _ in reversed(stages()):
-            _capi.call("fs_stage_unsupported_reason", name.encode(), ctypes.byref(shape), ctypes.byref(reason))
-            if not reason.value:
-                return name
-            reasons.append(f"{name}: {reason.value.decode()}")
-        raise ValueError(f"{self._fn}: no stage supports this batch:\n  " + "\n  ".join(reversed(reasons)))
+                raise ValueError(f"stage {stage} cannot run this batch: {reason.value.decode()}")
+            if _plans_from_page_ids(caps):
+                return chosen  # its answer depends on the page ids: not remembered
+        else:
+            supporting, reasons = [], []
+            for name, _, caps in table:
+                if _plans_from_page_ids(caps):
+                    continue
+                if graph and not _graph_safe(caps):
+                    reasons.append(f"{name}: cannot plan for a captured CUDA graph (use_cuda_graph=True)")
+                    continue
+                _capi.call("fs_stage_unsupported_reason", name.encode(), ctypes.byref(shape), ctypes.byref(reason))
+                if reason.value:
+                    reasons.append(f"{name}: {reason.value.decode()}")
+                else:
+                    supporting.append(name)
+            chosen = default_stage(supporting, shape.mode, shape.num_qo_heads // shape.num_kv_heads)
+            if chosen is None:
+                raise ValueError("no stage supports this batch:\n  " + "\n  ".join(reasons))
+        _STAGE_CHOICES[key] = chosen
+        return chosen
 
     def _plan(self, dtype, qo_indptr, kv_indptr, kv_indices, last_page_len, stage, **shape_args):
+        """plan() of every wrapper but the cascade: the index arguments are IndexArrays
+        (host or device; qo_indptr None for decode)."""
         fn = self._fn
         self._planned = None  # a plan() that fails leaves no plan to run
-        if len(kv_indptr) < 2:
-            raise ValueError(f"{fn}: kv_indptr must have batch_size + 1 >= 2 entries; it has {len(kv_indptr)}")
-        batch = len(kv_indptr) - 1
-        if len(qo_indptr) != batch + 1:
-            raise ValueError(f"{fn}: qo_indptr has {len(qo_indptr)} entries, kv_indptr {batch + 1}: they must match")
-        if last_page_len is not None and len(last_page_len) != batch:
-            raise ValueError(f"{fn}: last_page_len must have batch_size = {batch} entries; it has {len(last_page_len)}")
+        kv_host = _host_view(kv_indptr)
+        if len(kv_host) < 2:
+            raise ValueError(f"{fn}: kv_indptr must have batch_size + 1 >= 2 entries; it has {len(kv_host)}")
+        batch = len(kv_host) - 1
+        qo_host = _host_view(qo_indptr) if qo_indptr is not None else self._decode_qo_indptr(batch)
+        if len(qo_host) != batch + 1:
+            raise ValueError(f"{fn}: qo_indptr has {len(qo_host)} entries, kv_indptr {batch + 1}: they must match")
+        lpl_host = None
+        if last_page_len is not None:
+            lpl_host = _host_view(last_page_len)
+            if len(lpl_host) != batch:
+                raise ValueError(f"{fn}: last_page_len must have batch_size = {batch} entries; it has {len(lpl_host)}")
+        nnz_qo, nnz_kv = qo_host[batch], kv_host[batch]
+        max_page = None  # unknown: device-resident page ids are not read on the host
         if kv_indices is not None:
-            if len(kv_indices) < kv_indptr[-1]:
-                raise ValueError(f"{fn}: kv_indices has {len(kv_indices)} entries; kv_indptr[-1] = {kv_indptr[-1]} "
-                                 "pages are needed")
-            if any(i < 0 for i in kv_indices):
-                raise ValueError(f"{fn}: kv_indices must be >= 0")
-        shape, keep = self._shape(dtype, qo_indptr=qo_indptr, kv_indptr=kv_indptr, last_page_len=last_page_len,
-                                  **shape_args)
+            if len(kv_indices) < nnz_kv:
+                raise ValueError(f"{fn}: kv_indices has {len(kv_indices)} entries; kv_indptr[-1] = {nnz_kv} pages are "
+                                 "needed")
+            max_page = -1
+            if not kv_indices.on_device and nnz_kv > 0:
+                low, max_page = kv_indices.min_max(nnz_kv)
+                if low < 0:
+                    raise ValueError(f"{fn}: kv_indices must be >= 0 (it holds {low})")
+        if self._use_cuda_graph and self._graph_size not in (None, (batch, nnz_qo)):
+            rows = self._mode == _PREFILL
+            was = f"batch_size {self._graph_size[0]}" + (f" and {self._graph_size[1]} query rows" if rows else "")
+            now = f"batch_size {batch}" + (f" and {nnz_qo} query rows" if rows else "")
+            raise ValueError(f"{fn}: use_cuda_graph=True: this wrapper's first plan() fixed {was}; this plan has "
+                             f"{now}. A captured graph replays the launch it was captured with: make one wrapper "
+                             "(and workspace) per graph size, and pad the query rows to it as FlashInfer's graph "
+                             "mode does")
+        shape = self._shape(dtype, qo_indptr=qo_host, kv_indptr=kv_host, last_page_len=lpl_host, **shape_args)
         try:
             chosen = self._choose_stage(shape, stage if stage is not None else self._stage_request)
         except ValueError as e:
-            message = str(e)
-            if message.startswith("plan: "):  # the C library's check of the shape
-                message = message[len("plan: "):]
-            raise ValueError(message if message.startswith(fn) else f"{fn}: {message}") from None
+            raise ValueError(_renamed(fn, str(e))) from None
         ws = self._ws
         with _DeviceGuard(ws.device):
-            if self._runner is None or self._runner_stage != chosen:
-                if self._runner is not None:
-                    _capi.call("fs_runner_destroy", self._runner)
-                    self._runner = None
-                runner = ctypes.c_void_p()
-                _capi.call("fs_runner_create", chosen.encode(), ctypes.byref(runner))
-                self._runner, self._runner_stage = runner, chosen
-            need = ctypes.c_size_t()
-            _capi.call("fs_runner_workspace_bytes", self._runner, ctypes.byref(shape), ctypes.byref(need))
-            # The stage's own bytes start the workspace; the device copies of the index arrays
-            # that no fixed buffer was given for end it (FlashInfer keeps such copies in its
-            # workspace too). Counted from the end, their addresses depend only on their
-            # lengths, so a CUDA graph captured after one plan reads the next plan's arrays
-            # (the same batch size, the fixed buffers holding the variable-length kv_indices).
-            host = {"qo_indptr": qo_indptr, "kv_indptr": kv_indptr}
-            if kv_indices is not None:
-                host["kv_indices"] = kv_indices[:max(kv_indptr[-1], 1)] if kv_indices else [0]
-                host["kv_last_page_len"] = last_page_len
-            end, device = ws.nbytes // _ALIGN * _ALIGN, {}
-            for name, values in host.items():
-                fixed = self._fixed.get(name)
-                if fixed is not None:
-                    if fixed.numel < len(values):
-                        raise ValueError(f"{fn}: {name} buffer holds {fixed.numel} entries, this plan needs "
-                                         f"{len(values)}")
-                    device[name] = fixed.ptr
-                else:
-                    end -= -(-4 * len(values) // _ALIGN) * _ALIGN
-                    device[name] = ws.ptr + end
-            if need.value > end:
-                needed = need.value + ws.nbytes // _ALIGN * _ALIGN - end
-                raise ValueError(f"{fn}: workspace_buffer has {ws.nbytes} bytes; this plan needs {needed} "
-                                 f"({need.value} for stage {chosen}, the rest for the index arrays)")
-            stream = current_stream(ws)
-            for name, values in host.items():
-                buf = (ctypes.c_int32 * len(values))(*values)
-                _capi.call("fs_memcpy", ctypes.c_void_p(device[name]), buf, 4 * len(values), ctypes.c_void_p(stream), 0)
-            _capi.call("fs_runner_plan", self._runner, ctypes.byref(shape), ctypes.c_void_p(ws.ptr),
-                       need.value, ctypes.c_void_p(stream))
-        del keep
+            try:
+                arrays = {"qo_indptr": (qo_indptr, qo_host), "kv_indptr": (kv_indptr, kv_host),
+                          "kv_indices": (kv_indices, None), "kv_last_page_len": (last_page_len, lpl_host)}
+                self._plan_on_device(shape, chosen, arrays, nnz_kv)
+            except ValueError as e:
+                raise ValueError(_renamed(fn, str(e))) from None
         self.stage = chosen
-        self._planned = {
-            "dtype": dtype, "batch_size": len(kv_indptr) - 1, "nnz_qo": qo_indptr[-1],
-            "nnz_kv": kv_indptr[-1], "num_qo_heads": shape.num_qo_heads, "num_kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim, "page_size": shape.page_size,
-            "max_page": max(kv_indices[:kv_indptr[-1]], default=-1) if kv_indices is not None else -1,
-            "device": device,
-        }
+        if self._use_cuda_graph:
+            self._graph_size = (batch, nnz_qo)
+        p = _Plan()
+        p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = dtype, batch, nnz_qo, nnz_kv
+        p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size = (shape.num_qo_heads, shape.num_kv_heads,
+                                                                   shape.head_dim, shape.page_size)
+        p.max_page = max_page
+        p.q_shape, p.lse_shape = (nnz_qo, shape.num_qo_heads, shape.head_dim), (nnz_qo, shape.num_qo_heads)
+        _planned_options(p, shape)
+        p.batch = self._device_batch
+        self._planned = p
+
+    def _decode_qo_indptr(self, batch):
+        cached = getattr(self, "_arange_cache", None)
+        if cached is None or len(cached) != batch + 1:
+            cached = self._arange_cache = _arange(batch + 1)
+        return cached
+
+    def _plan_on_device(self, shape, chosen, arrays, nnz_kv):
+        """Makes (or keeps) the runner of `chosen`, copies the index arrays the stage reads
+        to the device and plans. `arrays`: name -> (IndexArray as given or None, its host view)."""
+        ws = self._ws
+        if self._runner is None or self._runner_stage != chosen:
+            if self._runner is not None:
+                _capi.call("fs_runner_destroy", self._runner)
+                self._runner = None
+            runner = ctypes.c_void_p()
+            _capi.call("fs_runner_create", chosen.encode(), ctypes.byref(runner))
+            self._runner, self._runner_stage = runner, chosen
+        need = ctypes.c_size_t()
+        _capi.call("fs_runner_workspace_bytes", self._runner, ctypes.byref(shape), ctypes.byref(need))
+        # The stage's own bytes start the workspace; the device copies of the index arrays
+        # that no fixed buffer was given for end it (FlashInfer keeps such copies in its
+        # workspace too). Counted from the end, their addresses depend only on their
+        # lengths, so a CUDA graph captured after one plan reads the next plan's arrays
+        # (the same batch size, the fixed buffers holding the variable-length kv_indices).
+        end, device, copies = ws.nbytes // _ALIGN * _ALIGN, {}, []
+        for name, (given, host) in arrays.items():
+            if given is None and host is None:
+                continue
+            count = nnz_kv if name == "kv_indices" else len(host)
+            source = given if given is not None and (given.on_device or host is None) else host
+            fixed = self._fixed.get(name)
+            if fixed is not None:
+                if fixed.numel < count:
+                    raise ValueError(f"{name} buffer holds {fixed.numel} entries, this plan needs {count}")
+                device[name] = fixed.ptr
+            else:
+                end -= max(1, -(-4 * count // _ALIGN)) * _ALIGN
+                device[name] = ws.ptr + end
+            if count and source.ptr != device[name]:
+                copies.append((device[name], source, count))
+        if need.value > end:
+            needed = need.value + ws.nbytes // _ALIGN * _ALIGN - end
+            raise ValueError(f"workspace_buffer has {ws.nbytes} bytes; this plan needs {needed} ({need.value} for "
+                             f"stage {chosen}, the rest for the index arrays): pass a workspace of at least that")
+        stream = ctypes.c_void_p(current_stream(ws))
+        for dst, source, count in copies:
+            src = source.ptr
+            if not source.on_device and _page_locked(src):
+                # A page-locked source would be read when the stream reaches the copy, after
+                # plan() returns: copy it to ordinary memory, which the copy reads at once.
+                staged = (ctypes.c_int32 * count)()
+                ctypes.memmove(staged, src, 4 * count)
+                source, src = staged, ctypes.addressof(staged)
+            _capi.call("fs_memcpy", ctypes.c_void_p(dst), ctypes.c_void_p(src), 4 * count, stream, 0)
+        _capi.call("fs_runner_plan", self._runner, ctypes.byref(shape), ctypes.c_void_p(ws.ptr), need.value, stream)
+        b = _capi.Batch()
+        b.qo_indptr, b.kv_indptr = device.get("qo_indptr"), device.get("kv_indptr")
+        b.kv_indices, b.kv_last_page_len = device.get("kv_indices"), device.get("kv_last_page_len")
+        self._device_batch = b
 
     def _require_plan(self):
         if self._planned is None:
@@ -339,82 +513,165 @@ class _PlanRun:
         return self._planned
 
     def _outputs(self, like, out, lse, p, fn):
-        shape_o = (p["nnz_qo"], p["num_qo_heads"], p["head_dim"])
-        o = _alloc_or_check(like, out, shape_o, p["dtype"], fn, "out")
-        lse_t = _alloc_or_check(like, lse, shape_o[:2], "float32", fn, "lse")
+        o = _alloc_or_check(like, out, p.q_shape, p.dtype, fn, "out")
+        lse_t = _alloc_or_check(like, lse, p.lse_shape, "float32", fn, "lse")
         return o, lse_t
 
     def _launch(self, like, batch, arrays):
-        same_device(f"{type(self).__name__}.run", arrays + [(self._ws, "workspace_buffer")])
-        with _DeviceGuard(self._ws.device):
-            _capi.call("fs_runner_run", self._runner, ctypes.byref(batch), ctypes.c_void_p(current_stream(like)))
+        """One fs_runner_run on the caller's current stream (the hot path: the library
+        function is called directly)."""
+        device = same_device(f"{type(self).__name__}.run", arrays + [(self._ws, "workspace_buffer")])
+        with _DeviceGuard(device):
+            status = _capi._lib.fs_runner_run(self._runner, ctypes.byref(batch),
+                                              ctypes.c_void_p(current_stream(like)))
+        if status:
+            _capi.raise_status(status)
 
     def _paged_pool(self, paged_kv_cache, p, fn):
         """The pool pointer of a 5-D cache, or of a (k_cache, v_cache) tuple that is its two halves."""
         hnd = self._kv_layout == "HND"
-        ps, hk, d = p["page_size"], p["num_kv_heads"], p["head_dim"]
+        ps, hk, d = p.page_size, p.num_kv_heads, p.head_dim
         page = (hk, ps, d) if hnd else (ps, hk, d)
         if isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
             k = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
-                      dtypes=(p["dtype"],), shape=(None,) + page, contiguous=False)
+                      dtypes=(p.dtype,), shape=(None,) + page, contiguous=False)
             v = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
-                      dtypes=(p["dtype"],), shape=k.shape, contiguous=False)
+                      dtypes=(p.dtype,), shape=k.shape, contiguous=False)
             inner = ps * hk * d
             want = (2 * inner, page[1] * page[2], page[2], 1)
-            if k.strides != want or v.strides != want or v.ptr - k.ptr != inner * (2 if p["dtype"] != "float32" else 4):
+            if k.strides != want or v.strides != want or v.ptr - k.ptr != inner * (2 if p.dtype != "float32" else 4):
                 raise ValueError(f"{fn}: the stages read one pool (num_pages, 2, ...): a (k_cache, v_cache) pair "
                                  "is accepted only as pool[:, 0] and pool[:, 1] of one contiguous tensor")
             return k, k.shape[0]
         pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache",
-                     dtypes=(p["dtype"],), shape=(None, 2) + page)
+                     dtypes=(p.dtype,), shape=(None, 2) + page)
         return pool, pool.shape[0]
 
+    def run_return_lse(self, *args, **kwargs):
+        """run(..., return_lse=True): FlashInfer's name for it."""
+        return self.run(*args, return_lse=True, **kwargs)
 
-def _as_host_indices(x, fn, name):
-    return host_int32(x, fn, name, _copy_to_host)
+    forward_return_lse = run_return_lse
+
+
+_REGISTRY = None
+_STAGE_CHOICES = {}  # shape kind -> stage: see _PlanRun._choose_stage
+
+
+def _registry():
+    """stages(), read once: the registry does not change while the library is loaded."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        lib = _capi.load()
+        table = []
+        for i in range(lib.fs_stage_count()):
+            name, summary, caps = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
+            _capi.call("fs_stage_info", i, ctypes.byref(name), ctypes.byref(summary), ctypes.byref(caps))
+            table.append((name.value.decode(), summary.value.decode(), caps.value.decode()))
+        _REGISTRY = tuple(table)
+    return _REGISTRY
+
+
+def _resolve_stage(stage, shape):
+    """The registry's full name of `stage` ("02" -> "02_paged"); for an unknown name, the
+    library's error, which lists the known ones."""
+    for name, _, _ in _registry():
+        if stage in (name, name.split("_")[0]):
+            return name
+    reason = ctypes.c_char_p()
+    _capi.call("fs_stage_unsupported_reason", stage.encode(), ctypes.byref(shape), ctypes.byref(reason))
+    raise ValueError(f"no stage named {stage!r}")
+
+
+def _index(x, fn, name):
+    return index_array(x, fn, name)
+
+
+def _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type=None):
+    """The one dtype of q, K/V and o, from FlashInfer's plan() arguments: q_data_type (None:
+    data_type), kv_data_type (None: data_type, then q's), o_data_type (None: q's)."""
+    q = _dtype_name(q_data_type if q_data_type is not None else data_type if data_type is not None else "float16",
+                    fn, "q_data_type")
+    kv_given = kv_data_type if kv_data_type is not None else data_type
+    if kv_given is not None and _dtype_name(kv_given, fn, "kv_data_type") != q:
+        which = "kv_data_type" if kv_data_type is not None else "data_type (FlashInfer's K/V dtype)"
+        raise ValueError(f"{fn}: {which} must equal q_data_type (the stages read one dtype); got "
+                         f"{_dtype_name(kv_given, fn, 'kv_data_type')} and {q}")
+    if o_data_type is not None and _dtype_name(o_data_type, fn, "o_data_type") != q:
+        raise ValueError(f"{fn}: o_data_type must equal q_data_type (the stages write the output in q's dtype); "
+                         f"got {_dtype_name(o_data_type, fn, 'o_data_type')} and {q}")
+    return q
+
+
+def _planned_options(p, shape):
+    """The options a stage planned with, as forward() compares them: causal, window_left,
+    logits_soft_cap (0: off) and the resolved sm_scale."""
+    p.causal, p.window_left, p.logits_soft_cap = bool(shape.causal), shape.window_left, shape.logits_soft_cap
+    p.sm_scale = shape.sm_scale if shape.has_sm_scale else 1.0 / math.sqrt(shape.head_dim)
+
+
+def _check_forward_options(fn, p, pos_encoding_mode, rope_scale, rope_theta, window_left, logits_soft_cap, sm_scale,
+                           causal=None):
+    """forward() (FlashInfer's older run) takes the attention options again, and FlashInfer
+    runs with them: here they must be what plan() fixed, since the stage planned with
+    them (RoPE is refused as in plan())."""
+    _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
+    given = [("window_left", window_left, p.window_left),
+             ("logits_soft_cap", 0.0 if logits_soft_cap is None else float(logits_soft_cap), p.logits_soft_cap),
+             ("sm_scale", 1.0 / math.sqrt(p.head_dim) if sm_scale is None else float(sm_scale), p.sm_scale)]
+    if causal is not None:
+        given.append(("causal", bool(causal), p.causal))
+    for name, value, planned in given:
+        if not (value == planned or isinstance(value, float) and math.isclose(value, planned, rel_tol=1e-6)):
+            raise ValueError(f"{fn}: {name}={value!r} differs from the plan's {planned!r}; the stage planned with "
+                             f"it: pass the same value to plan() and forward(), or call run()")
 
 
 class BatchDecodeWithPagedKVCacheWrapper(_PlanRun):
     """Batch decode (one query per request) over a paged KV cache: FlashInfer's wrapper of
     the same name. plan() once per batch, run() per layer.
 
-    Default stage: the latest in teaching order whose registry entry supports the planned
-    shape (02_paged, 03_split_kv or 04_tensor_core; fp32 falls to 03); pick one with
-    ``stage=`` here or in plan(). ``use_tensor_cores`` is accepted for FlashInfer's
-    signature and ignored: the stage decides.
+    Default stage (``stage=`` here or in plan() picks another): 03_split_kv when the GQA
+    group (num_qo_heads / num_kv_heads) is at most 8, the decode stage: it splits long
+    requests across the SMs and takes stage 02's kernel where a split does not pay;
+    otherwise the latest stage that supports the shape (04_tensor_core, fp16/bf16).
+    ``use_tensor_cores`` and ``backend`` are accepted for FlashInfer's signature and
+    ignored: the stage decides.
 
-    use_cuda_graph=True: pass the three fixed int32 buffers (or let the workspace hold the
-    copies); plan() outside the graph, run() inside (run only launches kernels).
+    use_cuda_graph=True: pass the three fixed int32 buffers; plan() outside the graph,
+    run() inside (run only launches kernels). Only stages that can plan for a captured
+    graph are chosen (or accepted as ``stage=``), and the first plan() fixes the batch
+    size: a graph captured after it stays valid for every later plan() of that batch
+    size, whatever the lengths and page ids; another batch size is refused.
     """
 
     _mode, _storage = _DECODE, _PAGED
 
     def __init__(self, workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
                  paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
-                 *, stage=None):
+                 backend="auto", jit_args=None, *, stage=None):
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage, {
-            "kv_indptr": paged_kv_indptr_buffer, "kv_indices": paged_kv_indices_buffer,
-            "kv_last_page_len": paged_kv_last_page_len_buffer})
-        self._fn = "BatchDecodeWithPagedKVCacheWrapper.plan"
+            "kv_indptr": ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+            "kv_indices": ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+            "kv_last_page_len": ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)}, backend, jit_args)
 
     def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
              pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-             kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
+             kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
              non_blocking=True, *, stage=None):
         """Plans a decode batch. indptr (batch_size + 1), indices (indptr[-1]) and
-        last_page_len (batch_size) are int32 (host or device); sm_scale None means
-        1/sqrt(head_dim); logits_soft_cap None or 0 is off. q_data_type (or data_type)
-        is the dtype of q, the cache and the output."""
+        last_page_len (batch_size) are int32 (host or device; read in place, copied to the
+        device in one copy each). sm_scale None means 1/sqrt(head_dim); logits_soft_cap
+        None or 0 is off. q, the cache and the output share one dtype: q_data_type;
+        kv_data_type (or data_type, FlashInfer's K/V dtype) and o_data_type, when given,
+        must equal it."""
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
-        dtype = _dtype_name(data_type if data_type is not None else q_data_type, fn, "q_data_type")
-        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
-            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
-        kv_indptr = _as_host_indices(indptr, fn, "indptr")
-        self._plan(dtype, list(range(len(kv_indptr))), kv_indptr, _as_host_indices(indices, fn, "indices"),
-                   _as_host_indices(last_page_len, fn, "last_page_len"), stage,
+        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type)
+        self._plan(dtype, None, _index(indptr, fn, "indptr"), _index(indices, fn, "indices"),
+                   _index(last_page_len, fn, "last_page_len"), stage,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
                    causal=False, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
 
@@ -426,7 +683,29 @@ class BatchDecodeWithPagedKVCacheWrapper(_PlanRun):
         return _paged_run(self, "BatchDecodeWithPagedKVCacheWrapper.run", q, paged_kv_cache, args, out, lse,
                           return_lse, kwargs)
 
-    forward = run
+    def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None, v_scale=None,
+                window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None, *,
+                return_lse=False):
+        """FlashInfer's older run(): the plan's options, RoPE refused."""
+        fn = "BatchDecodeWithPagedKVCacheWrapper.forward"
+        _check_forward_options(fn, self._require_plan(), pos_encoding_mode, rope_scale, rope_theta, window_left,
+                               logits_soft_cap, sm_scale)
+        return _paged_run(self, fn, q, paged_kv_cache, (), None, None, return_lse,
+                          {"q_scale": q_scale, "k_scale": k_scale, "v_scale": v_scale})
+
+    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """FlashInfer's name for the decode wrapper in CUDA-graph mode: the three fixed
+    index buffers come right after the workspace."""
+
+    def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, kv_layout="NHD",
+                 use_tensor_cores=False, *, stage=None):
+        _PlanRun.__init__(self, workspace_buffer, kv_layout, True, stage, {
+            "kv_indptr": ("indptr_buffer", indptr_buffer), "kv_indices": ("indices_buffer", indices_buffer),
+            "kv_last_page_len": ("last_page_len_buffer", last_page_len_buffer)})
 
 
 def _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta):
@@ -447,24 +726,23 @@ def _unsupported_run_args(fn, args, kwargs):
 
 
 def _paged_run(self, fn, q, paged_kv_cache, args, out, lse, return_lse, kwargs):
-    _unsupported_run_args(fn, args, kwargs)
-    p = self._require_plan()
-    qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p["dtype"],),
-               shape=(p["nnz_qo"], p["num_qo_heads"], p["head_dim"]))
+    if args or kwargs:
+        _unsupported_run_args(fn, args, kwargs)
+    p = self._planned
+    if p is None:
+        self._require_plan()
+    qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p.dtype,), shape=p.q_shape)
     pool, num_pages = self._paged_pool(paged_kv_cache, p, fn)
-    if p["max_page"] >= num_pages:
-        raise ValueError(f"{fn}: the planned indices reach page {p['max_page']}; paged_kv_cache has {num_pages} pages")
+    if p.max_page is not None and p.max_page >= num_pages:
+        raise ValueError(f"{fn}: the planned indices reach page {p.max_page}; paged_kv_cache has {num_pages} pages")
     o, lse_t = self._outputs(qa, out, lse, p, fn)
     oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
     _aligned([(qa, "q"), (pool, "paged_kv_cache"), (oa, "out")], fn)
-    for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
-        _check_on_device(a, fn, name)
-    b = _capi.Batch()
+    if qa.device is None:
+        for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
+            _check_on_device(a, fn, name)
+    b = p.batch
     b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
-    d = p.get("device")  # the cascade's index arrays live in the stage's own workspace
-    if d:
-        b.qo_indptr, b.kv_indptr = d["qo_indptr"], d["kv_indptr"]
-        b.kv_indices, b.kv_last_page_len = d["kv_indices"], d["kv_last_page_len"]
     self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
     return (o, lse_t) if return_lse else o
 
@@ -473,37 +751,40 @@ class BatchPrefillWithPagedKVCacheWrapper(_PlanRun):
     """Batch prefill/append attention over a paged KV cache: FlashInfer's wrapper of the
     same name. Default stage: the latest in teaching order that supports the shape (today
     04_tensor_core, fp16/bf16); ``stage=`` picks one. The causal mask is aligned
-    bottom-right, as FlashInfer's."""
+    bottom-right, as FlashInfer's.
+
+    use_cuda_graph=True: pass the four fixed int32 buffers. The first plan() fixes the
+    batch size and the total query rows (pad them to the graph's size, as with
+    FlashInfer's graph mode); a captured graph stays valid for every later plan() of
+    that size, whatever the lengths; another size is refused."""
 
     _mode, _storage = _PREFILL, _PAGED
 
     def __init__(self, workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None, *, stage=None):
+                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, *, stage=None):
         if custom_mask_buf is not None or mask_indptr_buf is not None:
             raise ValueError("BatchPrefillWithPagedKVCacheWrapper: custom masks are not supported")
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage, {
-            "qo_indptr": qo_indptr_buf, "kv_indptr": paged_kv_indptr_buf, "kv_indices": paged_kv_indices_buf,
-            "kv_last_page_len": paged_kv_last_page_len_buf})
-        self._fn = "BatchPrefillWithPagedKVCacheWrapper.plan"
+            "qo_indptr": ("qo_indptr_buf", qo_indptr_buf), "kv_indptr": ("paged_kv_indptr_buf", paged_kv_indptr_buf),
+            "kv_indices": ("paged_kv_indices_buf", paged_kv_indices_buf),
+            "kv_last_page_len": ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf)}, backend, jit_args)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
              causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
              logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
-             non_blocking=True, *, stage=None):
+             o_data_type=None, non_blocking=True, *, stage=None):
         """Plans a prefill batch: qo_indptr (batch_size + 1) over the query rows, the page
-        table (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len), int32."""
+        table (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len), int32, host or
+        device."""
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
         _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
-        dtype = _dtype_name(q_data_type, fn, "q_data_type")
-        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
-            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
-        self._plan(dtype, _as_host_indices(qo_indptr, fn, "qo_indptr"),
-                   _as_host_indices(paged_kv_indptr, fn, "paged_kv_indptr"),
-                   _as_host_indices(paged_kv_indices, fn, "paged_kv_indices"),
-                   _as_host_indices(paged_kv_last_page_len, fn, "paged_kv_last_page_len"), stage,
+        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
+        self._plan(dtype, _index(qo_indptr, fn, "qo_indptr"), _index(paged_kv_indptr, fn, "paged_kv_indptr"),
+                   _index(paged_kv_indices, fn, "paged_kv_indices"),
+                   _index(paged_kv_last_page_len, fn, "paged_kv_last_page_len"), stage,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=page_size,
                    causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
 
@@ -515,7 +796,19 @@ class BatchPrefillWithPagedKVCacheWrapper(_PlanRun):
         return _paged_run(self, "BatchPrefillWithPagedKVCacheWrapper.run", q, paged_kv_cache, args, out, lse,
                           return_lse, kwargs)
 
-    forward = run
+    def forward(self, q, paged_kv_cache, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
+                k_scale=None, v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
+                rope_theta=None, *, return_lse=False):
+        """FlashInfer's older run(): the plan's options, RoPE refused."""
+        fn = "BatchPrefillWithPagedKVCacheWrapper.forward"
+        p = self._require_plan()
+        _check_forward_options(fn, p, pos_encoding_mode, rope_scale, rope_theta, window_left, logits_soft_cap,
+                               sm_scale, causal)
+        return _paged_run(self, fn, q, paged_kv_cache, (), None, None, return_lse,
+                          {"k_scale": k_scale, "v_scale": v_scale})
+
+    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
 
 
 def _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
@@ -528,61 +821,76 @@ def _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mas
 class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
     """Batch prefill attention over ragged (contiguous) K/V: FlashInfer's wrapper of the
     same name. Default stage: the latest in teaching order that supports the shape
-    (04_tensor_core_ragged for fp16/bf16, 01_naive for fp32); ``stage=`` picks one."""
+    (04_tensor_core_ragged for fp16/bf16, 01_naive for fp32); ``stage=`` picks one.
+    kv_layout must be "NHD" (k and v (nnz_kv, num_kv_heads, head_dim)); FlashInfer's
+    "HND" ragged K/V is refused. use_cuda_graph=True: as the paged prefill wrapper, with
+    the fixed qo_indptr_buf and kv_indptr_buf."""
 
     _mode, _storage = _PREFILL, _RAGGED
 
     def __init__(self, workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, *, stage=None):
+                 kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, *,
+                 stage=None):
+        cls = "BatchPrefillWithRaggedKVCacheWrapper"
         if kv_layout != "NHD":
-            raise ValueError("BatchPrefillWithRaggedKVCacheWrapper: kv_layout must be 'NHD' for ragged K/V")
+            raise ValueError(f"{cls}: kv_layout must be 'NHD' for ragged K/V (k, v of shape (nnz_kv, num_kv_heads, "
+                             f"head_dim)); the stages do not read FlashInfer's HND ragged layout; got {kv_layout!r}")
         if custom_mask_buf is not None or mask_indptr_buf is not None:
-            raise ValueError("BatchPrefillWithRaggedKVCacheWrapper: custom masks are not supported")
+            raise ValueError(f"{cls}: custom masks are not supported")
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph, stage,
-                         {"qo_indptr": qo_indptr_buf, "kv_indptr": kv_indptr_buf})
-        self._fn = "BatchPrefillWithRaggedKVCacheWrapper.plan"
+                         {"qo_indptr": ("qo_indptr_buf", qo_indptr_buf), "kv_indptr": ("kv_indptr_buf", kv_indptr_buf)},
+                         backend, jit_args)
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
              use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
-             rope_theta=None, q_data_type="float16", kv_data_type=None, non_blocking=True, *, stage=None):
+             rope_theta=None, q_data_type="float16", kv_data_type=None, o_data_type=None, non_blocking=True, *,
+             stage=None):
         """Plans a prefill batch over ragged K/V: qo_indptr and kv_indptr (batch_size + 1), int32."""
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
         _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
-        dtype = _dtype_name(q_data_type, fn, "q_data_type")
-        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
-            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
-        self._plan(dtype, _as_host_indices(qo_indptr, fn, "qo_indptr"), _as_host_indices(kv_indptr, fn, "kv_indptr"),
-                   None, None, stage, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk,
-                   page_size=1, causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap,
-                   sm_scale=sm_scale)
+        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
+        self._plan(dtype, _index(qo_indptr, fn, "qo_indptr"), _index(kv_indptr, fn, "kv_indptr"), None, None, stage,
+                   num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=1,
+                   causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
 
     begin_forward = plan
 
     def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, **kwargs):
         """q (qo_indptr[-1], Hq, D), k and v (kv_indptr[-1], Hkv, D) -> o (and lse, natural log)."""
-        fn = "BatchPrefillWithRaggedKVCacheWrapper.run"
-        _unsupported_run_args(fn, args, kwargs)
+        return self._run("BatchPrefillWithRaggedKVCacheWrapper.run", q, k, v, args, out, lse, return_lse, kwargs)
+
+    def _run(self, fn, q, k, v, args, out, lse, return_lse, kwargs):
+        if args or kwargs:
+            _unsupported_run_args(fn, args, kwargs)
         p = self._require_plan()
-        qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p["dtype"],),
-                   shape=(p["nnz_qo"], p["num_qo_heads"], p["head_dim"]))
-        kv_shape = (p["nnz_kv"], p["num_kv_heads"], p["head_dim"])
-        ka = check(device_array(k, fn, "k"), fn, "k", dtypes=(p["dtype"],), shape=kv_shape)
-        va = check(device_array(v, fn, "v"), fn, "v", dtypes=(p["dtype"],), shape=kv_shape)
+        qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p.dtype,), shape=p.q_shape)
+        kv_shape = (p.nnz_kv, p.num_kv_heads, p.head_dim)
+        ka = check(device_array(k, fn, "k"), fn, "k", dtypes=(p.dtype,), shape=kv_shape)
+        va = check(device_array(v, fn, "v"), fn, "v", dtypes=(p.dtype,), shape=kv_shape)
         o, lse_t = self._outputs(qa, out, lse, p, fn)
         oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
         _aligned([(qa, "q"), (ka, "k"), (va, "v"), (oa, "out")], fn)
-        for a, name in ((qa, "q"), (ka, "k"), (va, "v")):
-            _check_on_device(a, fn, name)
-        b = _capi.Batch()
-        d = p["device"]
+        if qa.device is None:
+            for a, name in ((qa, "q"), (ka, "k"), (va, "v")):
+                _check_on_device(a, fn, name)
+        b = p.batch
         b.q, b.k, b.v, b.o, b.lse = qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr
-        b.qo_indptr, b.kv_indptr = d["qo_indptr"], d["kv_indptr"]
         self._launch(qa, b, [(qa, "q"), (ka, "k"), (va, "v"), (oa, "out"), (la, "lse")])
         return (o, lse_t) if return_lse else o
 
-    forward = run
+    def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,
+                logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None, *, return_lse=False):
+        """FlashInfer's older run(): the plan's options, RoPE refused."""
+        fn = "BatchPrefillWithRaggedKVCacheWrapper.forward"
+        p = self._require_plan()
+        _check_forward_options(fn, p, pos_encoding_mode, rope_scale, rope_theta, window_left, logits_soft_cap,
+                               sm_scale, causal)
+        return self._run(fn, q, k, v, (), None, None, return_lse, {})
+
+    def forward_return_lse(self, q, k, v, *args, **kwargs):
+        return self.forward(q, k, v, *args, return_lse=True, **kwargs)
 
 
 class MultiLevelCascadeAttentionWrapper(_PlanRun):
@@ -595,8 +903,10 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
     (the shared levels lie before every query). The LSE (``return_lse``) is natural log;
     FlashInfer's is base 2.
 
-    plan() copies every level's arrays into the workspace, so a CUDA graph captured around
-    run() replays the last plan; plan again (and capture again) for another batch."""
+    plan() copies every level's arrays into the workspace (it reads them on the host:
+    device arrays are copied back first). use_cuda_graph=True: the plan is made for a
+    captured graph, the first plan() fixes the batch size and query rows, and a later
+    plan() whose launch the captured graph cannot replay is refused by the stage."""
 
     _mode, _storage = _PREFILL, _PAGED
 
@@ -608,74 +918,85 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
             raise ValueError(f"{cls}: num_levels must be an integer in 1..8; got {num_levels!r}")
         # The stage keeps its own copies of the level arrays in the workspace: FlashInfer's
         # fixed index buffers are accepted and not needed.
-        super().__init__(float_workspace_buffer, kv_layout, False, "05_cascade", {})
-        self._use_cuda_graph = bool(use_cuda_graph)
+        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, "05_cascade", {})
         self._num_levels = num_levels
-        self._fn = "MultiLevelCascadeAttentionWrapper.plan"
 
     def plan(self, qo_indptr_arr, paged_kv_indptr_arr, paged_kv_indices_arr, paged_kv_last_page_len,
              num_qo_heads, num_kv_heads, head_dim, page_size, causal=False, pos_encoding_mode="NONE",
              use_fp16_qk_reduction=False, sm_scale=None, window_left=-1, logits_soft_cap=None, rope_scale=None,
-             rope_theta=None, q_data_type="float16", kv_data_type=None):
+             rope_theta=None, q_data_type="float16", kv_data_type=None, o_data_type=None):
         """Plans the levels: four lists of num_levels int32 arrays (qo_indptr, kv_indptr,
         kv_indices, kv_last_page_len per level), the last level one group per request."""
         fn = self._fn
+        self._planned = None
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
         if window_left != -1:
             raise ValueError(f"{fn}: window_left must be -1 (a sliding window needs key positions, which the "
                              "shared levels do not carry)")
-        dtype = _dtype_name(q_data_type, fn, "q_data_type")
-        if kv_data_type is not None and _dtype_name(kv_data_type, fn, "kv_data_type") != dtype:
-            raise ValueError(f"{fn}: kv_data_type must equal q_data_type (the stages read one dtype)")
+        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
         arrays = {}
         for name, value in (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
                             ("paged_kv_indices_arr", paged_kv_indices_arr),
                             ("paged_kv_last_page_len", paged_kv_last_page_len)):
             if not isinstance(value, (list, tuple)) or len(value) != self._num_levels:
                 raise ValueError(f"{fn}: {name} must be a list of num_levels = {self._num_levels} int32 arrays")
-            arrays[name] = [_as_host_indices(a, fn, f"{name}[{l}]") for l, a in enumerate(value)]
+            arrays[name] = [_host_view(_index(a, fn, f"{name}[{l}]")) for l, a in enumerate(value)]
         qo, kv, idx, lpl = (arrays[k] for k in ("qo_indptr_arr", "paged_kv_indptr_arr", "paged_kv_indices_arr",
                                                 "paged_kv_last_page_len"))
-        groups = []
+        groups, max_page = [], -1
         for l in range(self._num_levels):
             g = len(kv[l]) - 1
             if g < 1 or len(qo[l]) != g + 1 or len(lpl[l]) != g:
                 raise ValueError(f"{fn}: level {l}: qo_indptr and paged_kv_indptr need num_groups + 1 >= 2 entries "
                                  f"and kv_last_page_len num_groups (got {len(qo[l])}, {len(kv[l])}, {len(lpl[l])})")
-            if len(idx[l]) < kv[l][-1] or any(i < 0 for i in idx[l][:kv[l][-1]]):
-                raise ValueError(f"{fn}: level {l}: paged_kv_indices needs kv_indptr[-1] = {kv[l][-1]} page ids >= 0")
+            pages = kv[l][g]
+            low = 0
+            if len(idx[l]) >= pages > 0:
+                low, high = idx[l].min_max(pages)
+                max_page = max(max_page, high)
+            if len(idx[l]) < pages or low < 0:
+                raise ValueError(f"{fn}: level {l}: paged_kv_indices needs kv_indptr[-1] = {pages} page ids >= 0")
             groups.append(g)
         last = self._num_levels - 1
-        shape, keep = self._shape(dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                                  page_size=page_size, causal=causal, window_left=-1,
-                                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, qo_indptr=qo[last],
-                                  kv_indptr=kv[last], last_page_len=lpl[last])
-        self._planned = None
-        c_arrays = [[(ctypes.c_int32 * max(len(a), 1))(*a) for a in level_list] for level_list in (qo, kv, idx, lpl)]
-        ptrs = [(ctypes.POINTER(ctypes.c_int32) * self._num_levels)(
-            *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int32)) for a in level_list]) for level_list in c_arrays]
+        batch, nnz_qo = groups[last], qo[last][groups[last]]
+        if self._use_cuda_graph and self._graph_size not in (None, (batch, nnz_qo)):
+            raise ValueError(f"{fn}: use_cuda_graph=True: this wrapper's first plan() fixed batch_size "
+                             f"{self._graph_size[0]} and {self._graph_size[1]} query rows; this plan has {batch} and "
+                             f"{nnz_qo}: make one wrapper (and workspace) per graph size")
+        shape = self._shape(dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                            page_size=page_size, causal=causal, window_left=-1, logits_soft_cap=logits_soft_cap,
+                            sm_scale=sm_scale, qo_indptr=qo[last], kv_indptr=kv[last], last_page_len=lpl[last])
+        levels = [(ctypes.c_void_p * self._num_levels)(*[a.ptr for a in level]) for level in (qo, kv, idx, lpl)]
         num_groups = (ctypes.c_int32 * self._num_levels)(*groups)
         ws = self._ws
         with _DeviceGuard(ws.device):
-            if self._runner is None:
-                runner = ctypes.c_void_p()
-                _capi.call("fs_runner_create", b"05_cascade", ctypes.byref(runner))
-                self._runner, self._runner_stage = runner, "05_cascade"
-            need = ctypes.c_size_t()
-            args = (self._runner, ctypes.byref(shape), self._num_levels, ctypes.cast(num_groups, ctypes.c_void_p),
-                    *[ctypes.cast(a, ctypes.c_void_p) for a in ptrs])
-            _capi.call("fs_cascade_plan", *args, None, 0, ctypes.byref(need), None)
-            if need.value > ws.nbytes:
-                raise ValueError(f"{fn}: workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}")
-            _capi.call("fs_cascade_plan", *args, ctypes.c_void_p(ws.ptr), ws.nbytes, None,
-                       ctypes.c_void_p(current_stream(ws)))
-        del keep
+            try:
+                if self._runner is None:
+                    runner = ctypes.c_void_p()
+                    _capi.call("fs_runner_create", b"05_cascade", ctypes.byref(runner))
+                    self._runner, self._runner_stage = runner, "05_cascade"
+                need = ctypes.c_size_t()
+                args = (self._runner, ctypes.byref(shape), self._num_levels, num_groups, *levels)
+                _capi.call("fs_cascade_plan", *args, None, 0, ctypes.byref(need), None)
+                if need.value > ws.nbytes:
+                    raise ValueError(f"workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}: pass a "
+                                     "workspace of at least that")
+                _capi.call("fs_cascade_plan", *args, ctypes.c_void_p(ws.ptr), ws.nbytes, None,
+                           ctypes.c_void_p(current_stream(ws)))
+            except ValueError as e:
+                raise ValueError(_renamed(fn, str(e))) from None
         self.stage = "05_cascade"
-        self._planned = {
-            "dtype": dtype, "batch_size": groups[last], "nnz_qo": qo[last][-1], "num_qo_heads": shape.num_qo_heads,
-            "num_kv_heads": shape.num_kv_heads, "head_dim": shape.head_dim, "page_size": shape.page_size,
-            "max_page": max((max(i[:k[-1]], default=-1) for i, k in zip(idx, kv)), default=-1),
-        }
+        if self._use_cuda_graph:
+            self._graph_size = (batch, nnz_qo)
+        p = _Plan()
+        p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = dtype, batch, nnz_qo, kv[last][batch]
+        p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size = (shape.num_qo_heads, shape.num_kv_heads,
+                                                                   shape.head_dim, shape.page_size)
+        p.max_page = max_page
+        p.q_shape, p.lse_shape = (nnz_qo, shape.num_qo_heads, shape.head_dim), (nnz_qo, shape.num_qo_heads)
+        _planned_options(p, shape)
+        p.batch = _capi.Batch()  # the stage keeps its index arrays in its workspace
+        self._planned = p
 
     begin_forward = plan
 
@@ -833,12 +1154,24 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz):
 
 # ---- stage 06: sampling --------------------------------------------------------------------
 
-def _seed_offset(seed, offset, generator, fn):
-    """The Philox key and offset: given, drawn from a torch generator, or fresh."""
+# Stream words each call takes from a torch generator (its Philox offset advances by this):
+# an output's rejection rounds read offset + round, far fewer than this.
+_GENERATOR_WORDS_PER_CALL = 1 << 16
+
+
+def _seed_offset(seed, offset, generator, fn, like=None):
+    """The Philox key and offset: given; or read from a torch generator (`generator`, else
+    the default CUDA generator of `like`'s device when `like` is a torch tensor), as
+    FlashInfer does, so that torch.manual_seed() makes the draws reproducible; or fresh
+    from Python's random where no torch tensor is involved."""
+    _seed_types(seed, offset, fn)
     if seed is None:
-        if generator is not None:
+        if generator is None and like is not None and like.kind == "torch":
             import torch
-            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+            generator = torch.cuda.default_generators[like.device]
+        if generator is not None:
+            seed, drawn = _from_generator(generator)
+            offset = drawn if offset is None else offset
         else:
             seed = random.getrandbits(63)
     if offset is None:
@@ -849,10 +1182,53 @@ def _seed_offset(seed, offset, generator, fn):
     return seed, offset
 
 
+def _seed_types(seed, offset, fn):
+    for value, name in ((seed, "seed"), (offset, "offset")):
+        if value is not None and not isinstance(value, int):
+            raise ValueError(f"{fn}: {name} must be an integer in [0, 2^64) or None; got {type(value).__name__} "
+                             "(a tensor seed, FlashInfer's form for graph capture, is not supported: the library "
+                             "takes the key by value)")
+
+
+def _from_generator(generator):
+    """(key, offset) from a torch generator, advancing it. A CUDA generator's state is its
+    Philox (seed, offset): read and moved on the host, no kernel, no wait. Another kind
+    (a CPU generator) gives one draw."""
+    import torch
+    if generator.device.type == "cuda":
+        state = generator.get_state()
+        seed, offset = (int(v) for v in state.view(torch.int64))
+        generator.set_state(torch.tensor([seed, offset + _GENERATOR_WORDS_PER_CALL], dtype=torch.int64).view(
+            torch.uint8))
+        return seed % 2**64, offset
+    return int(torch.randint(0, 2**62, (1,), generator=generator).item()), 0
+
+
+def _converted(a, fn, name, dtype):
+    """Device array `a` converted to `dtype` in its framework (FlashInfer's .float() /
+    .int()), as a DeviceArray of the new array; PyTorch and CuPy only."""
+    if a.kind == "torch":
+        import torch
+        x = a.obj.to(getattr(torch, dtype))
+    elif a.kind == "cupy":
+        x = a.obj.astype(dtype)
+    else:
+        raise ValueError(f"{fn}: {name} has dtype {a.dtype}; flashstep converts it to {dtype} only for PyTorch and "
+                         f"CuPy arrays: pass {dtype}")
+    return device_array(x, fn, name)
+
+
+_FLOATS = ("float32", "float16", "bfloat16", "float64")
+
+
 def _rows(x, fn, name):
-    # logits may be bfloat16 (computed in float32 inside); probabilities are float32
-    dtypes = ("float32", "bfloat16") if name == "logits" else ("float32",)
-    a = check(device_array(x, fn, name), fn, name, dtypes=dtypes, shape=(None, None))
+    """The (rows, vocab) input of a sampler or transform. Logits are read as float32 or
+    bfloat16 (bfloat16 computed in float32 inside); probabilities as float32. Any other
+    float dtype is converted to float32 first, as FlashInfer does."""
+    native = ("float32", "bfloat16") if name == "logits" else ("float32",)
+    a = check(device_array(x, fn, name), fn, name, dtypes=_FLOATS, shape=(None, None))
+    if a.dtype not in native:
+        a = _converted(a, fn, name, "float32")
     return _check_on_device(a, fn, name)
 
 
@@ -861,25 +1237,33 @@ def _input_dtype(rows):
     return 2 if rows.dtype == "bfloat16" else 0
 
 
-def _param(value, fn, name, dtype, batch, like, params, field):
-    """A sampler parameter: a Python number for every output, or a device array of one per output."""
+def _param(value, fn, name, dtype, batch, like, params, field, keep):
+    """A sampler parameter: a Python number for every output, or a device array of one per
+    output (converted to `dtype` when it has another, and kept alive in `keep`)."""
     if value is None:
         return
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         setattr(params, field, value)
         return
-    a = check(device_array(value, fn, name), fn, name, dtypes=(dtype,), shape=(batch,))
+    allowed = ("int32", "int64") if dtype == "int32" else _FLOATS
+    a = check(device_array(value, fn, name), fn, name, dtypes=allowed, shape=(batch,))
     same_device(fn, [(like, "probs"), (a, name)])
+    if a.dtype != dtype:
+        a = _converted(a, fn, name, dtype)
+    keep.append(a)
     setattr(params, field + "_arr", a.ptr)
 
 
 def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, order="top_k_first",
-            seed=None, offset=None, generator=None, check_nan=False, return_status=False):
+            seed=None, offset=None, generator=None, check_nan=False, return_status=False, return_valid=False):
+    _seed_types(seed, offset, fn)
     rows = _rows(data, fn, name)
-    idx = None
+    idx = given_idx = None
     batch = rows.shape[0]
     if indices is not None:
-        idx = check(device_array(indices, fn, "indices"), fn, "indices", dtypes=("int32",), shape=(None,))
+        given_idx = check(device_array(indices, fn, "indices"), fn, "indices", dtypes=("int32", "int64"),
+                          shape=(None,))
+        idx = given_idx if given_idx.dtype == "int32" else _converted(given_idx, fn, "indices", "int32")
         batch = idx.shape[0]
     params = _capi.SamplingParams()
     params.top_k, params.top_p, params.min_p, params.temperature = 0, 1.0, 0.0, 1.0
@@ -887,10 +1271,11 @@ def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, ord
         raise ValueError(f"{fn}: filter_apply_order must be 'top_k_first' or 'joint'; got {order!r}")
     params.filter_apply_order = 0 if order == "top_k_first" else 1
     params.input_dtype = _input_dtype(rows)
-    _param(top_k, fn, "top_k", "int32", batch, rows, params, "top_k")
-    _param(top_p, fn, "top_p", "float32", batch, rows, params, "top_p")
-    _param(min_p, fn, "min_p", "float32", batch, rows, params, "min_p")
-    seed, offset = _seed_offset(seed, offset, generator, fn)
+    keep = []
+    _param(top_k, fn, "top_k", "int32", batch, rows, params, "top_k", keep)
+    _param(top_p, fn, "top_p", "float32", batch, rows, params, "top_p", keep)
+    _param(min_p, fn, "min_p", "float32", batch, rows, params, "min_p", keep)
+    seed, offset = _seed_offset(seed, offset, generator, fn, rows)
     samples = empty(rows, (batch,), "int32", fn, "samples")
     status = empty(rows, (batch,), "int32", fn, "status")
     need = ctypes.c_size_t()
@@ -905,7 +1290,10 @@ def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, ord
                    ctypes.c_void_p(current_stream(rows)))
     if check_nan:
         _raise_on_status(fn, status)
-    return (samples, status) if return_status else samples
+    if given_idx is not None and given_idx.dtype != "int32":
+        samples = _converted(device_array(samples, fn, "samples"), fn, "samples", given_idx.dtype).obj
+    out = (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
+    return out if len(out) > 1 else samples
 
 
 def _raise_on_status(fn, status):
@@ -921,61 +1309,68 @@ def _raise_on_status(fn, status):
 
 
 def sampling_from_probs(probs, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                        offset=None, return_status=False):
+                        offset=None, return_valid=False, return_status=False):
     """One token per output drawn from probs (batch, vocab) float32 (row indices[i] for
     output i). Stage 06's rejection sampler on the Philox stream (seed, offset) shared with
     the CPU reference; FlashInfer's tokens for the same seed differ (another stream).
     An invalid row gives token -1; check_nan=True raises instead (a sync)."""
     return _sample("sampling_from_probs", "sampling_from_probs", probs, "probs", indices, seed=seed, offset=offset,
-                   generator=generator, check_nan=check_nan, return_status=return_status)
+                   generator=generator, check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def sampling_from_logits(logits, indices=None, deterministic=True, generator=None, check_nan=False, seed=None,
-                         offset=None, return_status=False):
+                         offset=None, return_valid=False, return_status=False):
     """softmax(logits), then sampling_from_probs, in one kernel; logits float32 or
     bfloat16."""
     return _sample("sampling_from_logits", "sampling_from_logits", logits, "logits", indices, seed=seed,
-                   offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+                   offset=offset, generator=generator, check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def top_k_sampling_from_probs(probs, top_k, indices=None, deterministic=True, generator=None, check_nan=False,
-                              seed=None, offset=None, return_status=False):
+                              seed=None, offset=None, return_valid=False, return_status=False):
     """Top-k sampling by rejection (no sort); top_k an int or an int32 array (batch)."""
     return _sample("top_k_sampling_from_probs", "top_k_sampling_from_probs", probs, "probs", indices, top_k=top_k,
-                   seed=seed, offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+                   seed=seed, offset=offset, generator=generator, check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def top_p_sampling_from_probs(probs, top_p, indices=None, deterministic=True, generator=None, check_nan=False,
-                              seed=None, offset=None, return_status=False):
+                              seed=None, offset=None, return_valid=False, return_status=False):
     """Top-p sampling by rejection; top_p a float in (0, 1] or a float32 array (batch)."""
     return _sample("top_p_sampling_from_probs", "top_p_sampling_from_probs", probs, "probs", indices, top_p=top_p,
-                   seed=seed, offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+                   seed=seed, offset=offset, generator=generator, check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def min_p_sampling_from_probs(probs, min_p, indices=None, deterministic=True, generator=None, check_nan=False,
-                              seed=None, offset=None, return_status=False):
+                              seed=None, offset=None, return_valid=False, return_status=False):
     """Min-p sampling: one draw among the entries p >= min_p * max(p)."""
     return _sample("min_p_sampling_from_probs", "min_p_sampling_from_probs", probs, "probs", indices, min_p=min_p,
-                   seed=seed, offset=offset, generator=generator, check_nan=check_nan, return_status=return_status)
+                   seed=seed, offset=offset, generator=generator, check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def top_k_top_p_sampling_from_probs(probs, top_k, top_p, indices=None, filter_apply_order="top_k_first",
                                     deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
-                                    return_status=False):
+                                    return_valid=False, return_status=False):
     """Top-k and top-p: "top_k_first" renormalizes the top-k, then samples top-p from it;
     "joint" tests both rules on the original row in one rejection loop."""
     return _sample("top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_probs", probs, "probs", indices,
                    top_k=top_k, top_p=top_p, order=filter_apply_order, seed=seed, offset=offset, generator=generator,
-                   check_nan=check_nan, return_status=return_status)
+                   check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def top_k_top_p_sampling_from_logits(logits, top_k, top_p, indices=None, filter_apply_order="top_k_first",
                                      deterministic=True, generator=None, check_nan=False, seed=None, offset=None,
-                                     return_status=False):
+                                     return_valid=False, return_status=False):
     """top_k_top_p_sampling_from_probs from logits (softmax first; top_k_first masks logits first)."""
     return _sample("top_k_top_p_sampling_from_logits", "top_k_top_p_sampling_from_logits", logits, "logits",
                    indices, top_k=top_k, top_p=top_p, order=filter_apply_order, seed=seed, offset=offset,
-                   generator=generator, check_nan=check_nan, return_status=return_status)
+                   generator=generator, check_nan=check_nan,
+                   return_valid=return_valid, return_status=return_status)
 
 
 def _transform(op, fn, data, name, top_k=None, top_p=None, temperature=None):
@@ -983,9 +1378,10 @@ def _transform(op, fn, data, name, top_k=None, top_p=None, temperature=None):
     params = _capi.SamplingParams()
     params.top_k, params.top_p, params.min_p, params.temperature = 0, 1.0, 0.0, 1.0
     params.input_dtype = _input_dtype(rows)
-    _param(top_k, fn, "top_k", "int32", rows.shape[0], rows, params, "top_k")
-    _param(top_p, fn, "top_p", "float32", rows.shape[0], rows, params, "top_p")
-    _param(temperature, fn, "temperature", "float32", rows.shape[0], rows, params, "temperature")
+    keep = []
+    _param(top_k, fn, "top_k", "int32", rows.shape[0], rows, params, "top_k", keep)
+    _param(top_p, fn, "top_p", "float32", rows.shape[0], rows, params, "top_p", keep)
+    _param(temperature, fn, "temperature", "float32", rows.shape[0], rows, params, "temperature", keep)
     out = empty(rows, rows.shape, "float32", fn, "out")
     with _DeviceGuard(rows.device):
         _capi.call("fs_row_transform", op.encode(), _ptr(rows), rows.shape[0], rows.shape[1], ctypes.byref(params),
@@ -994,24 +1390,33 @@ def _transform(op, fn, data, name, top_k=None, top_p=None, temperature=None):
 
 
 def softmax(logits, temperature=None, enable_pdl=None):
-    """Softmax of logits / temperature per row; logits float32 or bfloat16, the result
-    float32; temperature a float or a float32 array (rows); None means 1."""
+    """Softmax of logits / temperature per row; logits float32 or bfloat16 (float16 is
+    converted to float32 first), the result float32; temperature a float or an array
+    (rows); None means 1."""
     return _transform("softmax", "softmax", logits, "logits", temperature=temperature)
 
 
 def top_k_renorm_probs(probs, top_k):
-    """Keeps each row's top-k (ties kept), zeroes the rest, renormalizes."""
-    return _transform("top_k_renorm_probs", "top_k_renorm_probs", probs, "probs", top_k=top_k)
+    """Keeps each row's top-k (ties kept), zeroes the rest, renormalizes. fp16/bf16
+    probabilities are computed in float32 and returned in their own dtype, as
+    FlashInfer's are."""
+    fn = "top_k_renorm_probs"
+    a = check(device_array(probs, fn, "probs"), fn, "probs", dtypes=_FLOATS, shape=(None, None))
+    out = _transform("top_k_renorm_probs", fn, probs, "probs", top_k=top_k)
+    if a.dtype in ("float16", "bfloat16"):
+        out = _converted(device_array(out, fn, "probs"), fn, "probs", a.dtype).obj
+    return out
 
 
 def top_p_renorm_probs(probs, top_p):
-    """Keeps each row's top-p head, zeroes the rest, renormalizes."""
+    """Keeps each row's top-p head, zeroes the rest, renormalizes; float32 out (other
+    float inputs converted first, as FlashInfer does)."""
     return _transform("top_p_renorm_probs", "top_p_renorm_probs", probs, "probs", top_p=top_p)
 
 
 def top_k_mask_logits(logits, top_k):
     """Keeps each row's top-k logits (ties kept), sets the rest to -inf; logits float32
-    or bfloat16, the result float32."""
+    or bfloat16 (float16 converted), the result float32."""
     return _transform("top_k_mask_logits", "top_k_mask_logits", logits, "logits", top_k=top_k)
 
 
@@ -1030,7 +1435,7 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, maybe
                 shape=(batch, n))
     tp = check(device_array(target_probs, fn, "target_probs"), fn, "target_probs", dtypes=("float32",),
                shape=(batch, n + 1, vocab))
-    seed, offset = _seed_offset(seed, offset, generator, fn)
+    seed, offset = _seed_offset(seed, offset, generator, fn, dp)
     out = empty(dp, (batch, n + 1), "int32", fn, "output_token_ids")
     accepted = empty(dp, (batch,), "int32", fn, "accepted")
     emitted = empty(dp, (batch,), "int32", fn, "emitted")

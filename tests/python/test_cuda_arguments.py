@@ -74,11 +74,14 @@ def test_host_arrays_are_refused_by_name():
     raises(r"BatchDecodeWithPagedKVCacheWrapper: workspace_buffer must be a CUDA array",
            fsc.BatchDecodeWithPagedKVCacheWrapper, np.zeros(1024, np.uint8))
     raises(r"softmax: logits must be a CUDA tensor .*got list", fsc.softmax, [[1.0, 2.0]])
-    # logits may be float32 or bfloat16, probabilities float32 only
-    raises(r"sampling_from_probs: probs must have dtype float32; it has float16", fsc.sampling_from_probs,
+    # logits are read as float32 or bfloat16, probabilities as float32; other float dtypes
+    # are converted first (as FlashInfer's .float()), which needs PyTorch or CuPy
+    raises(r"sampling_from_probs: probs has dtype float16; flashstep converts it to float32 only for PyTorch and "
+           r"CuPy arrays", fsc.sampling_from_probs, FakeCuda((2, 10), "<f2"))
+    raises(r"sampling_from_logits: logits has dtype float16; flashstep converts it", fsc.sampling_from_logits,
            FakeCuda((2, 10), "<f2"))
-    raises(r"sampling_from_logits: logits must have dtype float32 or bfloat16; it has float16",
-           fsc.sampling_from_logits, FakeCuda((2, 10), "<f2"))
+    raises(r"sampling_from_probs: probs must have dtype float32 or float16 or bfloat16 or float64; it has int32",
+           fsc.sampling_from_probs, FakeCuda((2, 10), "<i4"))
     raises(r"merge_state: v_a is required", fsc.merge_state, None, None, None, None)
 
 
@@ -94,7 +97,7 @@ def test_dtype_shape_and_strides_are_checked_before_the_gpu():
     raises(r"merge_state: v_a must be contiguous", fsc.merge_state, transposed, FakeCuda((5, 4), "<f4"), v,
            FakeCuda((5, 4), "<f4"))
     raises(r"merge_states: v must have shape \(\*, \*, \*, \*\)", fsc.merge_states, v, FakeCuda((5, 4), "<f4"))
-    raises(r"sampling_from_probs: probs must have dtype float32; it has float16", fsc.sampling_from_probs,
+    raises(r"sampling_from_probs: probs has dtype float16; flashstep converts", fsc.sampling_from_probs,
            FakeCuda((3, 100)))
     raises(r"has element type '<c8'", fsc.softmax, FakeCuda((3, 100), "<c8"))
 
@@ -115,9 +118,11 @@ def test_attention_inputs_must_be_16_byte_aligned():
 
 def fsc_plan_without_gpu(w):
     """Gives `w` the plan plan() would make, without the device copies a GPU would need."""
-    w._planned = {"dtype": "float16", "batch_size": 1, "nnz_qo": 4, "nnz_kv": 9, "num_qo_heads": 8,
-                  "num_kv_heads": 8, "head_dim": 128, "page_size": 0, "max_page": -1,
-                  "device": {"qo_indptr": 0, "kv_indptr": 0}}
+    p = fsc._Plan()
+    p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = "float16", 1, 4, 9
+    p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size, p.max_page = 8, 8, 128, 0, None
+    p.q_shape, p.lse_shape, p.batch = (4, 8, 128), (4, 8), _capi.Batch()
+    w._planned = p
 
 
 def test_append_paged_kv_cache_checks_every_argument():
@@ -156,7 +161,8 @@ def test_plan_arguments_are_checked_on_the_host():
     raises(r"plan: num_kv_heads must be an integer >= 1; got 0", plan, *ok[:4], 0, *ok[5:])
     raises(r"plan: sm_scale must be a positive finite number or None; got -1", plan, *ok, sm_scale=-1)
     raises(r"plan: window_left must be an integer >= -1", plan, *ok, window_left=-2)
-    raises(r"BatchDecodeWithPagedKVCacheWrapper: use_cuda_graph=True needs fixed index buffers: pass the kv_indptr",
+    raises(r"BatchDecodeWithPagedKVCacheWrapper: use_cuda_graph=True needs fixed index buffers: pass "
+           r"paged_kv_indptr_buffer",
            fsc.BatchDecodeWithPagedKVCacheWrapper, FakeCuda((1 << 20,), "|u1"), "NHD", True)
     raises(r"BatchDecodeWithPagedKVCacheWrapper: kv_layout must be 'NHD' or 'HND'",
            fsc.BatchDecodeWithPagedKVCacheWrapper, FakeCuda((1 << 20,), "|u1"), "NDH")
@@ -294,3 +300,113 @@ def test_sampler_parameters_reach_the_library_intact():
     raises(r"no sampler named \"nope\"", sample, "nope")
     with pytest.raises(RuntimeError, match="CUDA"):  # good arguments: the launch is what fails here
         sample("top_p_sampling_from_probs", top_p=0.5)
+
+
+def test_the_default_stage_rule():
+    """default_stage() is pure Python over the registry's answers (docs/python_gpu.md)."""
+    decode, prefill = 0, 1
+    every = ["02_paged", "03_split_kv", "04_tensor_core"]
+    assert fsc.default_stage(every, decode, 1) == "03_split_kv"
+    assert fsc.default_stage(every, decode, 8) == "03_split_kv"
+    assert fsc.default_stage(every, decode, 16) == "04_tensor_core"  # past the decode stages' groups
+    assert fsc.default_stage(["02_paged", "04_tensor_core"], decode, 4) == "04_tensor_core"
+    assert fsc.default_stage(["04_tensor_core", "04_tensor_core_ragged"], prefill, 4) == "04_tensor_core_ragged"
+    assert fsc.default_stage(every, prefill, 4) == "04_tensor_core"
+    assert fsc.default_stage([], decode, 4) is None
+
+
+def test_the_default_stage_of_each_wrapper():
+    """The registry's answers put through the rule, for the shapes docs/python_gpu.md lists."""
+    library_or_skip()
+    cases = [(fsc.BatchDecodeWithPagedKVCacheWrapper, "bfloat16", 32, 8, "03_split_kv"),
+             (fsc.BatchDecodeWithPagedKVCacheWrapper, "float32", 8, 1, "03_split_kv"),
+             (fsc.BatchDecodeWithPagedKVCacheWrapper, "float16", 32, 2, "04_tensor_core"),
+             (fsc.BatchPrefillWithPagedKVCacheWrapper, "bfloat16", 32, 8, "04_tensor_core"),
+             (fsc.BatchPrefillWithRaggedKVCacheWrapper, "float16", 32, 8, "04_tensor_core_ragged"),
+             (fsc.BatchPrefillWithRaggedKVCacheWrapper, "float32", 32, 8, "01_naive")]
+    indptr, last = fsc.index_array([0, 1, 3], "t", "indptr"), fsc.index_array([5, 16], "t", "last")
+    qo = fsc.index_array([0, 1, 2], "t", "qo")
+    for graph in (False, True):
+        for cls, dtype, hq, hkv, want in cases:
+            bufs = {}
+            if graph:
+                names = {"BatchDecodeWithPagedKVCacheWrapper": ("paged_kv_indptr_buffer", "paged_kv_indices_buffer",
+                                                                "paged_kv_last_page_len_buffer"),
+                         "BatchPrefillWithPagedKVCacheWrapper": ("qo_indptr_buf", "paged_kv_indptr_buf",
+                                                                 "paged_kv_indices_buf", "paged_kv_last_page_len_buf"),
+                         "BatchPrefillWithRaggedKVCacheWrapper": ("qo_indptr_buf", "kv_indptr_buf")}[cls.__name__]
+                bufs = {name: FakeCuda((64,), "<i4") for name in names}
+            w = cls(FakeCuda((1 << 20,), "|u1"), use_cuda_graph=graph, **bufs)
+            shape = w._shape(dtype, hq, hkv, 128, 16, False, -1, None, None, qo, indptr,
+                             last if w._storage == 1 else None)
+            chosen = w._choose_stage(shape, None)
+            assert chosen == want, (cls.__name__, dtype, hq, hkv, graph, chosen)
+
+
+def test_which_stages_claim_graph_safety():
+    """The stages whose launch depends on batch_size and the query rows only; stage 05's
+    cascade has its own wrapper and refuses a re-plan its captured graph cannot replay."""
+    library_or_skip()
+    caps = {name: c for name, _, c in fsc.stages()}
+    for name in ("01_naive", "02_paged", "03_split_kv", "04_tensor_core", "04_tensor_core_ragged"):
+        assert fsc._graph_safe(caps[name]), f"{name} does not name cuda_graph in its capabilities: {caps[name]}"
+
+
+def test_graph_mode_refuses_a_stage_that_is_not_graph_safe():
+    library_or_skip()
+    unsafe = [name for name, _, caps in fsc.stages() if not fsc._graph_safe(caps)]
+    if not unsafe:
+        pytest.skip("every stage of this build claims graph safety")
+    bufs = [FakeCuda((64,), "<i4") for _ in range(3)]
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"), "NHD", True, False, *bufs)
+    for name in unsafe:
+        raises(rf"plan: stage {name} cannot plan for a captured CUDA graph \(use_cuda_graph=True\)", w.plan,
+               [0, 1, 3], [0, 1, 2], [5, 16], 8, 2, 128, 16, stage=name)
+
+
+def test_index_arrays_are_read_in_place():
+    from flashstep._tensors import index_array
+    a = np.array([0, 3, 7, 7], np.int32)
+    ia = index_array(a, "f", "indptr")
+    assert ia.ptr == a.ctypes.data and not ia.on_device and len(ia) == 4 and ia[-1] == 7
+    assert ia.min_max(3) == (0, 7)
+    import array
+    b = array.array("i", [4, -2, 9])
+    ib = index_array(b, "f", "indices")
+    assert ib.ptr == b.buffer_info()[0] and ib.min_max(3) == (-2, 9) and ib[1] == -2
+    assert list(index_array(range(5), "f", "x").obj) == [0, 1, 2, 3, 4]
+    strided = np.arange(10, dtype=np.int32)[::2]
+    assert [index_array(strided, "f", "x")[i] for i in range(5)] == [0, 2, 4, 6, 8]
+    raises(r"f: x must have dtype int32; it has int64", index_array, np.zeros(3, np.int64), "f", "x")
+    raises(r"f: x must be one-dimensional; it has shape \(1, 2\)", index_array, np.zeros((1, 2), np.int32), "f",
+           "x")
+    raises(r"f: x has values outside int32", index_array, [0, 2**31], "f", "x")
+    raises(r"f: x must be a one-dimensional int32 array; got list", index_array, [[0, 1]], "f", "x")
+    raises(r"f: x must hold int32; it is an array.array of typecode 'q'", index_array, array.array("q", [1]), "f",
+           "x")
+    raises(r"f: x is required", index_array, None, "f", "x")
+
+
+def test_flashinfer_arguments_are_taken_or_refused_by_name():
+    ws = FakeCuda((1 << 20,), "|u1")
+    for backend in ("auto", "fa2", "fa3"):
+        fsc.BatchDecodeWithPagedKVCacheWrapper(ws, backend=backend)
+    raises(r"BatchPrefillWithPagedKVCacheWrapper: backend must be one of 'auto', 'fa2', 'fa3'",
+           fsc.BatchPrefillWithPagedKVCacheWrapper, ws, backend="trtllm-gen")
+    raises(r"BatchPrefillWithRaggedKVCacheWrapper: jit_args \(a custom FlashInfer kernel\) is not supported",
+           fsc.BatchPrefillWithRaggedKVCacheWrapper, ws, jit_args=["x"])
+    raises(r"BatchPrefillWithRaggedKVCacheWrapper: kv_layout must be 'NHD' for ragged K/V",
+           fsc.BatchPrefillWithRaggedKVCacheWrapper, ws, "HND")
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(ws)
+    ok = ([0, 1, 3], [0, 1, 2], [5, 16], 8, 2, 128, 16)
+    # FlashInfer's order after page_size: ..., q_data_type, kv_data_type, o_data_type, data_type
+    raises(r"plan: o_data_type must equal q_data_type .*got float32 and bfloat16", w.plan, *ok, "NONE", -1, None,
+           "bfloat16", "bfloat16", "float32")
+    raises(r"plan: data_type \(FlashInfer's K/V dtype\) must equal q_data_type .*got bfloat16 and float16", w.plan,
+           *ok, data_type="bfloat16")
+    raises(r"CUDAGraphBatchDecodeWithPagedKVCacheWrapper: indptr_buffer must be a CUDA",
+           fsc.CUDAGraphBatchDecodeWithPagedKVCacheWrapper, ws, [0], [0], [0])
+    g = fsc.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *[FakeCuda((8,), "<i4") for _ in range(3)])
+    assert g.is_cuda_graph_enabled
+    raises(r"sampling_from_probs: seed must be an integer in \[0, 2\^64\) or None; got ndarray \(a tensor seed",
+           fsc.sampling_from_probs, FakeCuda((2, 8), "<f4"), seed=np.zeros(2, np.int64))

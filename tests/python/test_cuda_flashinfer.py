@@ -9,6 +9,9 @@ Convention differences, converted here and documented in docs/python_gpu.md:
   reference, seed/offset), so tokens are compared only where the draw is determined
   (one possible token), and otherwise as distributions and supports.
 
+Every wrapper is also compared in CUDA-graph mode: a graph captured after one plan() and
+replayed after re-plans to other lengths, the way engines use both libraries.
+
 The cases use bf16 and head_dim 128/64, the modules FlashInfer's prebuilt JIT cache
 holds on the GPU machine; a case that needs another module compiles it on first use.
 """
@@ -18,6 +21,7 @@ import math
 import pytest
 
 import cuda_support as cs
+import test_cuda_graph as tg
 
 LN2 = math.log(2.0)
 FACTOR = 2.0
@@ -281,3 +285,104 @@ def test_cascade(torch, fsc, flashinfer, rng, layout, doc):
     o_fi = peer(theirs, "MultiLevelCascadeAttentionWrapper")
     cs.assert_close(torch, o, o_fi, fsc.tolerance(dtype, "o"), f"cascade {n} levels o", FACTOR)
 
+
+
+# ---- CUDA graphs: replay after re-plan, as engines use both ------------------------------------
+
+def flashinfer_graph_wrapper(flashinfer, torch, kind, k, layout, batch, rows, capacity):
+    """FlashInfer's wrapper of `kind` in CUDA-graph mode, with fixed buffers of this size."""
+    ws = workspace(torch)
+    buf = lambda n: torch.empty(n, dtype=torch.int32, device="cuda")  # noqa: E731
+    if kind == "decode":
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            ws, layout, use_cuda_graph=True, paged_kv_indptr_buffer=buf(batch + 1),
+            paged_kv_indices_buffer=buf(capacity), paged_kv_last_page_len_buffer=buf(batch))
+    if kind == "prefill":
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            ws, layout, use_cuda_graph=True, qo_indptr_buf=buf(batch + 1), paged_kv_indptr_buf=buf(batch + 1),
+            paged_kv_indices_buf=buf(capacity), paged_kv_last_page_len_buf=buf(batch))
+    if kind == "ragged":
+        return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(
+            ws, "NHD", use_cuda_graph=True, qo_indptr_buf=buf(batch + 1), kv_indptr_buf=buf(batch + 1))
+    return flashinfer.MultiLevelCascadeAttentionWrapper(
+        2, ws, layout, use_cuda_graph=True, qo_indptr_buf_arr=[buf(2), buf(batch + 1)],
+        paged_kv_indptr_buf_arr=[buf(2), buf(batch + 1)], paged_kv_indices_buf_arr=[buf(capacity), buf(capacity)],
+        paged_kv_last_page_len_buf_arr=[buf(1), buf(batch)])
+
+
+def flashinfer_plan(w, kind, k, b, causal):
+    bf16 = {"q_data_type": k.torch.bfloat16, "kv_data_type": k.torch.bfloat16}
+    if kind == "decode":
+        w.plan(b["indptr"], b["indices"], b["last"], tg.HQ, tg.HKV, tg.D, k.page_size, **bf16)
+    elif kind == "prefill":
+        w.plan(b["qo_indptr"], b["indptr"], b["indices"], b["last"], tg.HQ, tg.HKV, tg.D, k.page_size,
+               causal=causal, **bf16)
+    elif kind == "ragged":
+        w.plan(b["qo_indptr"], b["kv_indptr"], tg.HQ, tg.HKV, tg.D, causal=causal, **bf16)
+    else:
+        w.plan(*b["levels"], tg.HQ, tg.HKV, tg.D, k.page_size, **bf16)
+
+
+def flashinfer_run(w, kind, k, q, out, lse):
+    if kind == "ragged":
+        return w.run(q, k.k[:k.nnz_kv], k.v[:k.nnz_kv], out=out, lse=lse, return_lse=True)
+    if kind == "cascade":
+        return w.run(q, k.pool, out=out)
+    return w.run(q, k.pool, out=out, lse=lse, return_lse=True)
+
+
+@pytest.mark.parametrize("kind,layout,page_size,causal", [("decode", "NHD", 16, False), ("decode", "HND", 1, False),
+                                                          ("prefill", "NHD", 16, True), ("prefill", "HND", 16, False),
+                                                          ("ragged", "NHD", 1, True), ("cascade", "NHD", 16, False)])
+def test_graph_replay_after_replan(torch, fsc, flashinfer, rng, kind, layout, page_size, causal):
+    """Both libraries' wrappers in CUDA-graph mode: plan, capture run(), then for each new
+    batch of the same size (shorter, longer, a permuted page table) plan again and replay
+    both graphs; the outputs must agree. Requests without keys are left out here (the
+    two libraries' empty-request conventions are not this test's subject; flashstep's own
+    suite covers them against the oracle)."""
+    g = cs.generator(torch, rng, f"graph {kind} {layout} {page_size} {causal}")
+    mode = "prefill" if kind in ("prefill", "ragged") else kind
+    cases = [(name, qo, [max(1, n) for n in kv]) for name, qo, kv in tg.scenarios(rng, mode, tg.BATCH, tg.ROWS,
+                                                                                   page_size)
+             if name != "with empty requests"]
+    capacity = tg.max_pages(cases, page_size if kind != "ragged" else 1) + 4 * page_size
+    k = tg.kind_of(torch, fsc, g, rng, kind, "bfloat16", layout, page_size, causal, pages=capacity)
+    rows = tg.BATCH if mode != "prefill" else tg.ROWS
+    ours = k.wrapper(True, tg.BATCH, rows, capacity)
+    theirs = peer(lambda: flashinfer_graph_wrapper(flashinfer, torch, kind, k, layout, tg.BATCH, rows, capacity),
+                  f"the {kind} wrapper in CUDA-graph mode")
+    q = cs.random_rows(torch, g, rows, tg.HQ, tg.D, "bfloat16")
+    outs = [(torch.empty(rows, tg.HQ, tg.D, dtype=torch.bfloat16, device="cuda"),
+             torch.empty(rows, tg.HQ, dtype=torch.float32, device="cuda")) for _ in range(2)]
+    first = k.batch(cases[0][1], cases[0][2])
+    k.plan(ours, first)
+    peer(lambda: flashinfer_plan(theirs, kind, k, first, causal), f"plan() of the {kind} graph wrapper")
+    k.run(ours, q, *outs[0])
+    peer(lambda: flashinfer_run(theirs, kind, k, q, *outs[1]), f"run() of the {kind} graph wrapper")
+    torch.cuda.synchronize()
+    graphs = [torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()]
+    with torch.cuda.graph(graphs[0]):
+        k.run(ours, q, *outs[0])
+    with torch.cuda.graph(graphs[1]):
+        flashinfer_run(theirs, kind, k, q, *outs[1])
+    for name, qo_lens, kv_lens in cases:
+        b = k.batch(qo_lens, kv_lens) if name != "captured" else first
+        try:
+            k.plan(ours, b)
+        except ValueError as e:
+            if kind == "cascade" and "graph" in str(e):
+                continue  # the cascade may refuse a re-plan its captured graph cannot replay
+            raise
+        flashinfer_plan(theirs, kind, k, b, causal)
+        q.copy_(cs.random_rows(torch, g, rows, tg.HQ, tg.D, "bfloat16"))
+        for o, lse in outs:
+            o.fill_(float("nan"))
+            lse.fill_(float("nan"))
+        for graph in graphs:
+            graph.replay()
+        torch.cuda.synchronize()
+        what = f"{kind} ({ours.stage}) graph replay after re-plan '{name}' vs FlashInfer"
+        if kind == "cascade":  # FlashInfer's cascade run() returns o alone
+            cs.assert_close(torch, outs[0][0], outs[1][0], fsc.tolerance("bfloat16", "o"), what + " o", FACTOR)
+        else:
+            compare(torch, fsc, outs[0], outs[1], "bfloat16", what)
