@@ -52,7 +52,7 @@ struct HopperTraits {
   static constexpr uint32_t kKVBytes = Bc * HEAD_DIM * sizeof(T);  ///< one K (or V) tile
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 3 * kStages); }
+  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
   static_assert(HEAD_DIM % kBlockCols == 0, "head_dim must be a multiple of 64");
 };
 
@@ -110,6 +110,104 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   return t;
 }
 
+
+/// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
+/// named barrier 1 + c until the other has issued its own, and after issuing lets the
+/// other go. While one group's GEMMs run on the tensor cores, the other does its softmax.
+/// (bar.sync / bar.arrive with a barrier id: no C++ API, one line of PTX each.)
+__device__ __forceinline__ void wait_turn(int consumer) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int consumer) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
+}
+
+/// S = Q K^T for this warp group's 64 rows: HEAD_DIM / 16 k-steps of wgmma, both operands
+/// K-major in 128-byte swizzled column blocks of 64 (a k-step further: 32 bytes further).
+template <typename T, int HEAD_DIM, int Br, int Bc>
+__device__ __forceinline__ void issue_scores(float (&sc)[Bc / 2], const T* q_rows, const T* k_tile) {
+  constexpr int kCols = 64;
+#pragma unroll
+  for (int c = 0; c < HEAD_DIM / kCols; ++c)
+#pragma unroll
+    for (int k = 0; k < kCols / 16; ++k)
+      wgmma_ss<T, Bc>(sc, smem_descriptor(q_rows + c * Br * kCols + k * 16, 16),
+                      smem_descriptor(k_tile + c * Bc * kCols + k * 16, 16), c + k > 0);
+}
+
+/// O += P V: Bc / 16 k-steps of 16 keys; P from registers, V MN-major (a 128-byte row
+/// holds 64 of O's columns; the next 64 columns are Bc rows further).
+template <typename T, int HEAD_DIM, int Bc>
+__device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[Bc / 16][4], const T* v_tile) {
+  constexpr int kCols = 64;
+#pragma unroll
+  for (int k = 0; k < Bc / 16; ++k)
+    wgmma_rs<T, HEAD_DIM>(o, a[k], smem_descriptor(v_tile + k * 16 * kCols, Bc * kCols * sizeof(T)), 1);
+}
+
+/// -inf for keys past kv_len and (causal) keys after the row's position q_pos[h].
+template <int Bc>
+__device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int kv_len, bool causal,
+                                            const int (&q_pos)[2], int lane) {
+#pragma unroll
+  for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = key0 + 8 * n + 2 * (lane % 4) + e;
+        if (key >= kv_len || (causal && key > q_pos[h])) sc[4 * n + 2 * h + e] = -INFINITY;
+      }
+}
+
+/// The online softmax on one tile of scores, in base 2:
+///   m_new = max(m, rowmax(S) * scale);  P = exp2(S * scale - m_new);
+///   l = l * exp2(m - m_new) + rowsum(P);  O *= exp2(m - m_new).
+/// A row's max is shared by the four threads of a quad (shuffles); l stays per thread
+/// until the end. sc holds P afterwards.
+template <int Bc, int HEAD_DIM>
+__device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2], float (&l)[2],
+                                               float (&o)[HEAD_DIM / 2], float scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m[h], mx * scale);
+    // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = tensor_core::exp2_approx(m[h] - m_use);
+    m[h] = m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = sc[4 * n + 2 * h + e];
+        x = tensor_core::exp2_approx(fmaf(x, scale, -m_use));
+        sum += x;
+      }
+    l[h] = l[h] * alpha + sum;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      o[4 * n + 2 * h] *= alpha;
+      o[4 * n + 2 * h + 1] *= alpha;
+    }
+  }
+}
+
+/// P (fp32 accumulator layout) as wgmma A fragments: k-step k covers keys 16k..16k+15,
+/// which are accumulator column blocks 2k and 2k+1 (the mma.sync A layout).
+template <typename T, int Bc>
+__device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[Bc / 16][4]) {
+#pragma unroll
+  for (int k = 0; k < Bc / 16; ++k)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[k][r] = kernels::pack2<T>(sc[8 * k + 2 * r], sc[8 * k + 2 * r + 1]);
+}
+
 }  // namespace detail
 
 template <typename T, int HEAD_DIM>
@@ -128,20 +226,23 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
   uint64_t* k_full = q_full + 1;          // [kStages]: K tile landed
   uint64_t* v_full = k_full + kStages;    // [kStages]: V tile landed
-  uint64_t* kv_empty = v_full + kStages;  // [kStages]: both consumers done with the stage
+  uint64_t* k_empty = v_full + kStages;   // [kStages]: both consumers done with the K tile
+  uint64_t* v_empty = k_empty + kStages;  // [kStages]: both consumers done with the V tile
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
   // A plan for CUDA graphs pads the grid: the padding items name no request.
   if (p.request_indices[item] < 0) return;
   const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
   const int warp_group = threadIdx.x / 128;
+  const int n_tiles = t.num_kv_tiles;
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&k_full[s], 1);
       ptx::mbarrier_init(&v_full[s], 1);
-      ptx::mbarrier_init(&kv_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
+      ptx::mbarrier_init(&k_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
+      ptx::mbarrier_init(&v_empty[s], Tr::kConsumers * 4);
     }
     // make the initialised barriers visible to the copy engine (the async proxy)
     ptx::fence_proxy_async(ptx::space_shared);
@@ -160,17 +261,20 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
                                 q_full);
     }
-    for (int j = 0; j < t.num_kv_tiles; ++j) {
+    // K_j and V_j into stage j % kStages, each once the consumers freed it (K_j - kStages
+    // after its S, V_j - kStages after its P V, one turn later).
+    for (int j = 0; j < n_tiles; ++j) {
       const int s = j % kStages;
-      // the consumers free stage s for the (j / kStages)-th time before it is refilled
-      if (j >= kStages) detail::wait_barrier(&kv_empty[s], ((j / kStages) - 1) & 1);
+      const uint32_t parity = ((j / kStages) - 1) & 1;
       const int32_t key0 = t.kv_begin + j * Bc;
+      if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
         const int32_t coords[3] = {c * kCols, kv_head, key0};
         ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
                                   coords, &k_full[s]);
       }
+      if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
         const int32_t coords[3] = {c * kCols, kv_head, key0};
@@ -185,115 +289,84 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // this thread's two accumulator rows (h = 0, 1) within the tile
+  // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
+  // positions among the keys (for the causal mask)
   int row[2], q_pos[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
-    // position of the row's token among the keys, for the causal mask
     q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
   }
-  // the smallest position in the block: tiles wholly at or below it need no causal mask
+  // the smallest position in the block: a tile of keys wholly at or below it needs no causal mask
   const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
 
-  constexpr int kS = Bc / 2, kO = HEAD_DIM / 2;  // accumulator registers per thread
-  float o[kO];
+  float o[HEAD_DIM / 2];
 #pragma unroll
-  for (int i = 0; i < kO; ++i) o[i] = 0.f;
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
   float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
+  float sc[Bc / 2];                     // S_j, then P_j
+  uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
 
   detail::wait_barrier(q_full, 0);
   const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
+  if (consumer == 1) detail::pass_turn(consumer);    // consumer 0 issues first
 
-  for (int j = 0; j < t.num_kv_tiles; ++j) {
-    const int s = j % kStages;
-    const uint32_t parity = (j / kStages) & 1;
-
-    // S = Q K^T: HEAD_DIM / 16 k-steps, 16 columns of q and k each
-    float sc[kS];
-    detail::wait_barrier(&k_full[s], parity);
+  // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} together, let the
+  // other group issue, wait, then the softmax of S_j (under the other group's GEMMs).
+  // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
+  // each turn's wgmma are one straight run of instructions.
+  auto softmax_of = [&](int j) {
+    const int key0 = j * Bc;
+    if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
+      detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
+    detail::online_softmax<Bc, HEAD_DIM>(sc, m, l, o, p.score_scale);
+    detail::pack_p<T, Bc>(sc, a);
+  };
+  if (n_tiles > 0) {
+    detail::wait_barrier(&k_full[0], 0);
+    detail::wait_turn(consumer);
     wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < Tr::kColBlocks; ++c)
-#pragma unroll
-      for (int k = 0; k < kCols / 16; ++k)
-        wgmma_ss<T, Bc>(sc, smem_descriptor(q_rows + c * Br * kCols + k * 16, 16),
-                        smem_descriptor(k_smem(s) + c * Bc * kCols + k * 16, 16), c + k > 0);
+    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(0));
     wgmma_commit();
+    detail::pass_turn(consumer);
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
-
-    // mask: keys past kv_len, and (causal) keys after the row's position
-    const int key0 = j * Bc;
-    const bool edge = key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos);
-    if (edge) {
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int key = key0 + 8 * n + 2 * (lane % 4) + e;
-            if (key >= t.kv_len || (p.causal && key > q_pos[h])) sc[4 * n + 2 * h + e] = -INFINITY;
-          }
-    }
-
-    // online softmax: m_new = max(m, rowmax(S) * scale); rescale l and O by exp2(m - m_new)
-    float alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx * p.score_scale);
-      // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = tensor_core::exp2_approx(m[h] - m_use);
-      m[h] = m_new;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = sc[4 * n + 2 * h + e];
-          x = tensor_core::exp2_approx(fmaf(x, p.score_scale, -m_use));
-          sum += x;
-        }
-      l[h] = l[h] * alpha[h] + sum;
-    }
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        o[4 * n + 2 * h] *= alpha[h];
-        o[4 * n + 2 * h + 1] *= alpha[h];
-      }
-
-    // P as wgmma A fragments: k-step k covers keys 16k..16k+15, accumulator columns 2k and 2k+1
-    uint32_t a[Bc / 16][4];
-#pragma unroll
-    for (int k = 0; k < Bc / 16; ++k) {
-      a[k][0] = kernels::pack2<T>(sc[8 * k + 0], sc[8 * k + 1]);
-      a[k][1] = kernels::pack2<T>(sc[8 * k + 2], sc[8 * k + 3]);
-      a[k][2] = kernels::pack2<T>(sc[8 * k + 4], sc[8 * k + 5]);
-      a[k][3] = kernels::pack2<T>(sc[8 * k + 6], sc[8 * k + 7]);
-    }
-
-    // O += P V: Bc / 16 k-steps of 16 keys; V is MN-major (a row holds 64 of O's columns)
-    detail::wait_barrier(&v_full[s], parity);
+    if (lane == 0) ptx::mbarrier_arrive(&k_empty[0]);  // this warp is done reading K_0
+    softmax_of(0);
+  }
+  for (int j = 1; j < n_tiles; ++j) {
+    const int s = j % kStages, prev = (j - 1) % kStages;
+    detail::wait_barrier(&k_full[s], (j / kStages) & 1);
+    detail::wait_barrier(&v_full[prev], ((j - 1) / kStages) & 1);
+    detail::wait_turn(consumer);
     wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < Bc / 16; ++k)
-      wgmma_rs<T, HEAD_DIM>(o, a[k], smem_descriptor(v_smem(s) + k * 16 * kCols, Bc * kCols * sizeof(T)), 1);
+    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
+    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
     wgmma_commit();
+    detail::pass_turn(consumer);
+    wgmma_wait<0>();
+    wgmma_fence_operands(sc);
+    wgmma_fence_operands(o);
+    if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
+      ptx::mbarrier_arrive(&k_empty[s]);
+      ptx::mbarrier_arrive(&v_empty[prev]);
+    }
+    softmax_of(j);
+  }
+  if (n_tiles > 0) {
+    const int last = (n_tiles - 1) % kStages;
+    detail::wait_barrier(&v_full[last], ((n_tiles - 1) / kStages) & 1);
+    detail::wait_turn(consumer);
+    wgmma_fence();
+    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));
+    wgmma_commit();
+    detail::pass_turn(consumer);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    // this warp is done reading stage s
-    if (lane == 0) ptx::mbarrier_arrive(&kv_empty[s]);
   }
+  // consumer 1's first pass_turn has no turn of consumer 0 to match: take it
+  if (consumer == 0) detail::wait_turn(consumer);
 
   // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns
   T* out = static_cast<T*>(p.o);
