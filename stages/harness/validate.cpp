@@ -36,8 +36,9 @@ ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, c
   r.stage = stage.name;
   r.case_text = host.spec.describe();
   r.seed = host.seed;
-  const Tolerance& o_tol = tolerance_for(shape.dtype).o;
-  const Tolerance& lse_tol = tolerance_for(shape.dtype).lse;
+  const DTypeTolerance& tol = tolerance_for(shape.dtype, shape.resolved_kv_dtype());
+  const Tolerance& o_tol = tol.o;
+  const Tolerance& lse_tol = tol.lse;
   r.o = compare("o", dev.output(), host.expected.o.data, o_tol,
                 output_label(shape.qo_indptr, shape.num_qo_heads, shape.head_dim));
   r.lse = compare("lse", dev.lse(), host.expected.lse.data, lse_tol,
