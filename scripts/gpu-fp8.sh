@@ -9,7 +9,7 @@
 #   scripts/gpu-fp8.sh [--build DIR] [--out DIR] [STEP...]
 #
 #   --build  build folder (default $FLASHSTEP_BUILD_DIR or build-gpu)
-#   --out    where logs and JSON go (default $OUT/gpu-fp8 when OUT is set, else <build>/gpu-fp8)
+#   --out    where logs and JSON go (default <build>/gpu-fp8)
 #   STEP     any of: tests sanitizer regression bench peers report (default: all six)
 #
 #   tests       flashstep_stage_tests -tc='fp8 conversions*,decode fp8*,split_kv fp8*' and the
@@ -41,7 +41,6 @@ while (($#)); do
 done
 ((${#steps[@]})) || steps=(tests sanitizer regression bench peers report)
 B=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "gpu-fp8.sh: no build folder $BUILD (run scripts/gpu-build.sh)" >&2; exit 2; }
-RESULTS=${RESULTS:-${OUT:+$OUT/gpu-fp8}}
 RESULTS=${RESULTS:-$B/gpu-fp8}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
