@@ -112,7 +112,7 @@ TEST_CASE("fp8: known values of each format, from the bit layout") {
   }
 }
 
-TEST_CASE("fp8: every pattern decodes to its class; positives increase; the sign bit negates") {
+TEST_CASE("fp8: every pattern decodes to its class, positives increase, the sign bit negates") {
   for (FP8Format f : {FP8Format::e4m3, FP8Format::e5m2}) {
     CAPTURE(std::string(ref::to_string(f)));
     int nans = 0, infs = 0;
@@ -276,7 +276,7 @@ TEST_CASE("fp8: NaN, from double (sign kept) and from float (canonical +NaN)") {
   }
 }
 
-TEST_CASE("fp8: quantize divides by the scale and rounds once; dequantize multiplies back") {
+TEST_CASE("fp8: quantize divides by the scale and rounds once, dequantize multiplies back") {
   auto rng = test::case_rng("fp8-quantize");
   CAPTURE(test::run_seed());
   const Tensor x = test::random_tensor(rng, {3, 4, 16}, -1, 1);

@@ -264,7 +264,7 @@ TEST_CASE("registry: unsupported shapes are explained, and runners refuse them")
   CHECK(naive_stage.unsupported_reason(shape).empty());
 }
 
-TEST_CASE("registry: FP8 caches are read by the stages that declare them; the others say why") {
+TEST_CASE("registry: FP8 caches are read by the stages that declare them, the others say why") {
   BatchShape shape;
   shape.mode = Mode::decode;
   shape.storage = KVStorage::paged;
