@@ -13,7 +13,8 @@
 // A call replays run() captured once in a CUDA graph (the label says "eager" where a
 // stage refuses capture), the way bench/peers.py calls the peers.
 // GB/s counts the bytes a decode must move at least: q, K and V of every token, o and
-// lse (the page table, 4 bytes per page, is left out). --tune adds pipeline-depth
+// lse (the page table, 4 bytes per page, is left out), K and V at the pool's element
+// size (one byte for an FP8 cache: bench/shapes_fp8.csv). --tune adds pipeline-depth
 // variants of 02_paged on the target shapes. Set FLASHSTEP_COMMIT to stamp the commit.
 // Prefill shapes (bench/shapes_prefill.csv) report TFLOP/s instead: 4 * head_dim flops
 // per (query, key) pair the mask lets through, per query head, and pct_of_ceiling
@@ -205,6 +206,7 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
   const stages::harness::CaseLayout layout = stages::harness::make_layout(spec, stage.storage, rng);
   const stages::BatchShape& s = in->shape = layout.shape;
   const size_t elem = stages::dtype_bytes(s.dtype);
+  const size_t kv_elem = stages::dtype_bytes(s.resolved_kv_dtype());  // 1 for an FP8 cache
   const size_t q_elems = size_t(s.nnz_qo()) * s.num_qo_heads * s.head_dim;
   const size_t kv_elems = size_t(s.total_kv_len()) * s.num_kv_heads * s.head_dim;  // K or V
   in->q = DeviceBuffer(q_elems * elem);
@@ -215,13 +217,13 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
     in->kv_indices = stages::harness::upload(layout.kv_indices);
     in->kv_last_page_len = stages::harness::upload(s.kv_last_page_len);
     const size_t pool_elems = size_t(s.num_pages) * 2 * s.page_size * s.num_kv_heads * s.head_dim;
-    in->pool = DeviceBuffer(pool_elems * elem);
-    fill_uniform(s.dtype, in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
+    in->pool = DeviceBuffer(pool_elems * kv_elem);
+    fill_uniform(s.resolved_kv_dtype(), in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
   } else {
-    in->k = DeviceBuffer(kv_elems * elem);
-    in->v = DeviceBuffer(kv_elems * elem);
-    fill_uniform(s.dtype, in->k.get(), kv_elems, 3, -1.f, 1.f, nullptr);
-    fill_uniform(s.dtype, in->v.get(), kv_elems, 4, -1.f, 1.f, nullptr);
+    in->k = DeviceBuffer(kv_elems * kv_elem);
+    in->v = DeviceBuffer(kv_elems * kv_elem);
+    fill_uniform(s.resolved_kv_dtype(), in->k.get(), kv_elems, 3, -1.f, 1.f, nullptr);
+    fill_uniform(s.resolved_kv_dtype(), in->v.get(), kv_elems, 4, -1.f, 1.f, nullptr);
   }
   in->o = DeviceBuffer(q_elems * elem);
   in->lse = DeviceBuffer(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float));
@@ -233,7 +235,7 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
   in->runner->plan(s, in->workspace.get(), in->workspace.bytes(), nullptr);
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   capture(*in);
-  in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
+  in->bytes = double(elem) * 2.0 * q_elems + double(kv_elem) * 2.0 * kv_elems + 4.0 * s.nnz_qo() * s.num_qo_heads;
   if (s.mode == stages::Mode::prefill) in->flops = visible_pairs(s) * 4.0 * s.head_dim * s.num_qo_heads;
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   g_inputs = std::move(in);
@@ -283,6 +285,9 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     std::ostringstream label;
     label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage) << ", "
           << (in.graph ? "cuda_graph" : "eager");
+    if (in.shape.resolved_kv_dtype() != in.shape.dtype) label << "; kv " << stages::to_string(in.shape.resolved_kv_dtype());
+    if (in.shape.k_scale != 1.f || in.shape.v_scale != 1.f)
+      label << ", k_scale " << in.shape.k_scale << ", v_scale " << in.shape.v_scale;
     if (!note.empty()) label << "; runs " << note;
     if (const auto* c = dynamic_cast<const stages::cascade::CascadeRunner*>(in.runner.get())) {
       const stages::cascade::CascadePlan& plan = c->cascade_plan();

@@ -1,5 +1,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
@@ -50,6 +51,9 @@ void fill_uniform(stages::DType dtype, void* ptr, size_t count, uint64_t seed, f
     case stages::DType::f32: return launch<float>(ptr, count, seed, lo, hi, stream);
     case stages::DType::f16: return launch<__half>(ptr, count, seed, lo, hi, stream);
     case stages::DType::bf16: return launch<__nv_bfloat16>(ptr, count, seed, lo, hi, stream);
+    // FP8: the float rounded to nearest even, saturating (the __nv_fp8_* constructors)
+    case stages::DType::e4m3: return launch<__nv_fp8_e4m3>(ptr, count, seed, lo, hi, stream);
+    case stages::DType::e5m2: return launch<__nv_fp8_e5m2>(ptr, count, seed, lo, hi, stream);
   }
 }
 

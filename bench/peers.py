@@ -33,6 +33,13 @@ The decode peers:
       the same K/V (gathered from the pool through the page table), and is marked with an
       error where that is more than DECODE_CHECK_RTOL of cuDNN's largest |o|. (FlashInfer's
       lse is base 2; these rows do not use it.)
+  An FP8 cache (bench/shapes_fp8.csv: the decode columns, then kv_dtype, k_scale,
+      v_scale): both FlashInfer decode wrappers read a float8_e4m3fn / float8_e5m2 pool
+      (kv_data_type in plan(), bf16 q and o), with k_scale and v_scale passed to run() where
+      a row gives them; the bytes count K and V at one byte an element; the check against
+      cuDNN widens the FP8 pool to q's dtype exactly and applies the scales as FlashInfer
+      does (k_scale in the softmax scale, v_scale on the output). SDPA has no FP8 cache:
+      its rows are the bf16 contiguous ones, shared by the shapes of equal sizes.
 FlashInfer runs after SDPA, in child processes with a time limit (--flashinfer-timeout):
 its kernels compile on first use, and a module that fails to load can end its process; a
 child that dies or runs out of time leaves error rows for the shapes it did not finish,
@@ -67,6 +74,8 @@ BACKENDS = {
     "torch_sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+# K/V element types of an FP8 cache (bench/shapes_fp8.csv's kv_dtype column)
+KV_DTYPES = {**DTYPES, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
 def load_shapes(path):
@@ -81,8 +90,10 @@ def shape_key(s):
             int(s["head_dim"]), s["dtype"])
 
 
-def decode_bytes(batch, kv_len, hq, hkv, d, elem):
-    return elem * (2 * batch * hq * d + 2 * batch * kv_len * hkv * d) + 4 * batch * hq
+def decode_bytes(batch, kv_len, hq, hkv, d, elem, kv_elem=None):
+    """q, K, V, o and lse; K and V at `kv_elem` bytes an element (an FP8 cache: 1), else `elem`."""
+    kv_elem = elem if kv_elem is None else kv_elem
+    return elem * 2 * batch * hq * d + kv_elem * 2 * batch * kv_len * hkv * d + 4 * batch * hq
 
 
 def time_call(fn, flush, reps=5, min_ms=50.0, min_calls=10):
@@ -127,16 +138,17 @@ def as_graph(call):
         return call, "eager"
 
 
-def run_peer(backend, q, k, v):
-    """One call; returns (output, how GQA was passed). Tries enable_gqa=True first."""
+def run_peer(backend, q, k, v, scale=None):
+    """One call; returns (output, how GQA was passed). Tries enable_gqa=True first.
+    `scale`: SDPA's softmax scale (None: 1/sqrt(head_dim))."""
     with sdpa_kernel([backend]):
         try:
-            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True), "enable_gqa=True"
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=scale), "enable_gqa=True"
         except RuntimeError as first:
             if k.shape[1] == q.shape[1]:
                 raise
             try:  # some backends take differing head counts directly
-                return F.scaled_dot_product_attention(q, k, v), "heads differ, no enable_gqa"
+                return F.scaled_dot_product_attention(q, k, v, scale=scale), "heads differ, no enable_gqa"
             except RuntimeError:
                 raise first
 
@@ -255,26 +267,34 @@ def paged_layout(kv_lens, page, page_order="sequential", seed=None):
     return [0] + list(itertools.accumulate(pages)), order[:used], last, num_pages
 
 
-def cudnn_decode_reference(q, pool, kv_indices, kv_len, layout):
+def cudnn_decode_reference(q, pool, kv_indices, kv_len, layout, k_scale=1.0, v_scale=1.0):
     """cuDNN SDPA's output, (batch, num_qo_heads, head_dim) in fp32, on the K/V that a decode
     batch of `kv_len` keys per request holds in the paged `pool` (NHD or HND `layout`),
     gathered through its page table `kv_indices` into contiguous (requests, kv_heads,
-    kv_len, head_dim) copies a few requests at a time (DECODE_CHECK_CHUNK_BYTES of K and V)."""
+    kv_len, head_dim) copies a few requests at a time (DECODE_CHECK_CHUNK_BYTES of K and V).
+    An FP8 pool is gathered as bytes and widened to q's dtype (exact: every e4m3 and e5m2
+    value is a bf16 and an fp16 value); its scales enter as FlashInfer applies them, k_scale
+    in the softmax scale and v_scale on the output."""
     batch = q.shape[0]
+    fp8 = pool.element_size() == 1
+    scale = k_scale / math.sqrt(pool.shape[4]) if k_scale != 1.0 else None
     page, hkv, d = (pool.shape[2], pool.shape[3], pool.shape[4]) if layout == "NHD" else \
         (pool.shape[3], pool.shape[2], pool.shape[4])
     table = kv_indices.long().view(batch, -1)
     chunk = max(1, int(DECODE_CHECK_CHUNK_BYTES // (2 * kv_len * hkv * d * pool.element_size())))
     out = []
     for b in range(0, batch, chunk):
-        pages = pool[table[b:b + chunk]]  # (n, pages, 2, page, hkv, d) or (n, pages, 2, hkv, page, d)
+        if fp8:  # indexed as bytes (the index kernels need not know the FP8 types), then widened
+            pages = pool.view(torch.uint8)[table[b:b + chunk]].view(pool.dtype).to(q.dtype)
+        else:
+            pages = pool[table[b:b + chunk]]  # (n, pages, 2, page, hkv, d) or (n, pages, 2, hkv, page, d)
         if layout == "HND":
             pages = pages.transpose(3, 4)
         n = pages.shape[0]
         kv = pages.permute(2, 0, 1, 3, 4, 5).reshape(2, n, -1, hkv, d)[:, :, :kv_len].transpose(2, 3)
         o, _ = run_peer(BACKENDS["torch_sdpa_cudnn"], q[b:b + chunk].unsqueeze(2), kv[0].contiguous(),
-                        kv[1].contiguous())
-        out.append(o.squeeze(2).float())
+                        kv[1].contiguous(), scale=scale)
+        out.append(o.squeeze(2).float() * v_scale)
         del pages, kv
     return torch.cat(out)
 
@@ -292,13 +312,18 @@ def flashinfer_rows(s, flush, backends=("fa2", "fa3")):
     tensor cores, on the shape's page size, layout and page order; a decode row of the
     prefill file the tensor-core one on page-16 NHD. Each decode row records its largest
     difference from cuDNN SDPA's output on the same K/V (max_abs_diff_vs_cudnn) and is
-    marked with an error where that is large."""
+    marked with an error where that is large. A shape with a kv_dtype column of e4m3 or
+    e5m2 (bench/shapes_fp8.csv) reads an FP8 pool (kv_data_type float8_e4m3fn /
+    float8_e5m2 in plan()), with its k_scale and v_scale passed to run() unless both are 1."""
     try:
         import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
     except Exception as e:  # not installed here: say so in the results, time nothing
         return [{"impl": "flashinfer", "shape": s["name"], "error": f"flashinfer not importable: {e}"[:300]}]
     hq, hkv, d, page = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"]), int(s["page_size"])
     dtype = DTYPES[s["dtype"]]
+    kv_dtype = KV_DTYPES[s.get("kv_dtype") or s["dtype"]]
+    k_scale, v_scale = float(s.get("k_scale") or 1), float(s.get("v_scale") or 1)
+    scales = {"k_scale": k_scale, "v_scale": v_scale} if (k_scale, v_scale) != (1.0, 1.0) else {}
     decode_file = "mode" not in s
     decode = decode_file or s["mode"] == "decode"
     layout, order = s.get("layout", "NHD"), s.get("page_order", "sequential")
@@ -313,9 +338,15 @@ def flashinfer_rows(s, flush, backends=("fa2", "fa3")):
     qo_indptr = i32([0] + list(itertools.accumulate(qo for qo, _ in lengths)))
     pool_shape = (num_pages, 2, page, hkv, d) if layout == "NHD" else (num_pages, 2, hkv, page, d)
     pool = torch.empty(pool_shape, dtype=dtype, device="cuda").uniform_(-1, 1)
+    if kv_dtype != dtype:  # an FP8 cache: the same draw, rounded (torch's conversion saturates nothing here)
+        pool = pool.to(kv_dtype)
     q = torch.empty(int(qo_indptr[-1]), hq, d, dtype=dtype, device="cuda").uniform_(-3, 3)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
     note = "paged, page %d %s" % (page, layout)
+    if kv_dtype != dtype:
+        note += ", kv %s" % s["kv_dtype"]
+    if scales:
+        note += ", k_scale %g v_scale %g" % (k_scale, v_scale)
     if order == "shuffled":
         note += ", shuffled pages (seed %d)" % PAGE_ORDER_SEED
     if decode_file:
@@ -335,23 +366,26 @@ def flashinfer_rows(s, flush, backends=("fa2", "fa3")):
         try:
             if decode:
                 w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout, use_tensor_cores=how)
-                w.plan(kv_indptr, kv_indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=dtype)
-                row["bytes"] = decode_bytes(len(lengths), int(s["kv_len"]), hq, hkv, d, q.element_size())
+                w.plan(kv_indptr, kv_indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=kv_dtype)
+                row["bytes"] = decode_bytes(len(lengths), int(s["kv_len"]), hq, hkv, d, q.element_size(),
+                                            pool.element_size())
             else:
                 w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, layout, backend=how)
                 w.plan(qo_indptr, kv_indptr, kv_indices, last, hq, hkv, d, page, causal=causal,
                        q_data_type=dtype, kv_data_type=dtype)
                 row["flops"] = 4.0 * d * hq * visible_pairs(lengths, causal)
-            # plan() above, outside the graph; run() captured in it and replayed
-            out = w.run(q, pool)
+            # plan() above, outside the graph; run() captured in it and replayed (an FP8
+            # cache's scales as run() arguments, FlashInfer's API)
+            out = w.run(q, pool, **scales)
             if decode:
                 outputs[impl] = out.float()
-            timed(row, lambda: w.run(q, pool), flush)
+            timed(row, lambda: w.run(q, pool, **scales), flush)
         except Exception as e:  # a backend this FlashInfer build or GPU lacks: recorded, not fatal
             row["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
         rows.append(row)
     if outputs:  # the same attention as cuDNN's on the same K/V: a wrong page table or layout shows here
-        check_decode_rows(rows, outputs, lambda: cudnn_decode_reference(q, pool, kv_indices, int(s["kv_len"]), layout))
+        check_decode_rows(rows, outputs, lambda: cudnn_decode_reference(q, pool, kv_indices, int(s["kv_len"]), layout,
+                                                                         k_scale, v_scale))
     return rows
 
 

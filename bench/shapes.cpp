@@ -1,5 +1,6 @@
 #include "shapes.hpp"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -13,7 +14,7 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
   ref::require(in.good(), fn, "cannot open " + path);
   std::vector<BenchShape> shapes;
   std::string line;
-  bool header_seen = false, prefill_format = false, shared_prefix = false;
+  bool header_seen = false, prefill_format = false, shared_prefix = false, kv_columns = false;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.empty() || line[0] == '#') continue;
     if (!header_seen) {  // the column names; order is fixed, see the files
@@ -21,13 +22,17 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
       prefill_format = line.rfind("name,set,mode,", 0) == 0;
       // bench/shapes_cascade.csv: the prefill columns and a last one, shared_prefix
       shared_prefix = prefill_format && line.size() >= 14 && line.compare(line.size() - 14, 14, ",shared_prefix") == 0;
+      // bench/shapes_fp8.csv: the decode columns and three last ones, the K/V dtype and scales
+      const std::string kv_tail = ",kv_dtype,k_scale,v_scale";
+      kv_columns = !prefill_format && line.size() >= kv_tail.size() &&
+                   line.compare(line.size() - kv_tail.size(), kv_tail.size(), kv_tail) == 0;
       continue;
     }
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
     const std::string where = path + ":" + std::to_string(line_no);
-    const size_t fields = shared_prefix ? 16 : prefill_format ? 15 : 11;
+    const size_t fields = shared_prefix ? 16 : prefill_format ? 15 : kv_columns ? 14 : 11;
     ref::require(f.size() == fields, fn,
                  where + ": expected " + std::to_string(fields) + " fields, got " + std::to_string(f.size()));
     auto number = [&](size_t i, const char* what) {
@@ -66,6 +71,21 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
                  where + ": page_order must be sequential or shuffled (got \"" + f[10 + o] + "\")");
     s.spec.page_order = f[10 + o] == "sequential" ? stages::harness::PageOrder::sequential
                                                   : stages::harness::PageOrder::shuffled;
+    if (kv_columns) {
+      const stages::DType kv = stages::parse_dtype(f[11]);
+      if (kv != s.spec.dtype) s.spec.kv_dtype = kv;
+      for (size_t i : {size_t{12}, size_t{13}}) {
+        double scale = 0;
+        try {
+          scale = std::stod(f[i]);
+        } catch (const std::exception&) {
+        }
+        ref::require(std::isfinite(scale) && scale > 0, fn,
+                     where + ": " + (i == 12 ? "k_scale" : "v_scale") + " must be a positive number (got \"" + f[i] +
+                         "\")");
+        (i == 12 ? s.spec.k_scale : s.spec.v_scale) = scale;
+      }
+    }
     if (shared_prefix) {
       s.spec.shared_prefix = number(15, "shared_prefix");
       ref::require(s.spec.shared_prefix >= 0, fn, where + ": shared_prefix must be >= 0");

@@ -15,6 +15,8 @@ const char* to_string(DType dtype) {
     case DType::f32: return "f32";
     case DType::f16: return "f16";
     case DType::bf16: return "bf16";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "?";
 }
@@ -23,10 +25,14 @@ DType parse_dtype(const std::string& name) {
   if (name == "f32" || name == "float32") return DType::f32;
   if (name == "f16" || name == "float16") return DType::f16;
   if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  throw ref::InvalidArgument("parse_dtype: dtype must be f32, f16 or bf16 (got \"" + name + "\")");
+  if (name == "e4m3" || name == "float8_e4m3fn") return DType::e4m3;
+  if (name == "e5m2" || name == "float8_e5m2") return DType::e5m2;
+  throw ref::InvalidArgument("parse_dtype: dtype must be f32, f16, bf16, e4m3 or e5m2 (got \"" + name + "\")");
 }
 
-size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : 2; }
+size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : is_fp8(dtype) ? 1 : 2; }
+
+bool is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; }
 
 const char* to_string(Mode mode) { return mode == Mode::decode ? "decode" : "prefill"; }
 
@@ -52,8 +58,10 @@ float BatchShape::resolved_sm_scale() const {
 
 std::string BatchShape::describe() const {
   std::ostringstream s;
-  s << to_string(mode) << ' ' << to_string(storage) << ' ' << to_string(dtype) << ' '
-    << ref::to_string(kv_layout) << " batch=" << batch_size << " heads=" << num_qo_heads << '/'
+  s << to_string(mode) << ' ' << to_string(storage) << ' ' << to_string(dtype);
+  if (resolved_kv_dtype() != dtype) s << " kv=" << to_string(resolved_kv_dtype());
+  if (k_scale != 1.f || v_scale != 1.f) s << " k_scale=" << k_scale << " v_scale=" << v_scale;
+  s << ' ' << ref::to_string(kv_layout) << " batch=" << batch_size << " heads=" << num_qo_heads << '/'
     << num_kv_heads << " head_dim=" << head_dim;
   if (storage == KVStorage::paged) s << " page=" << page_size;
   if (mode == Mode::prefill) s << (causal ? " causal" : " non-causal");
@@ -72,6 +80,23 @@ bool StageInfo::supports(DType dtype) const {
   return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
 }
 
+std::string StageInfo::kv_dtype_reason(const BatchShape& shape) const {
+  if (!(std::isfinite(shape.k_scale) && shape.k_scale > 0) || !(std::isfinite(shape.v_scale) && shape.v_scale > 0))
+    return "k_scale and v_scale must be positive finite numbers";
+  const DType kv = shape.resolved_kv_dtype();
+  if (kv != shape.dtype) {
+    if (!is_fp8(kv))
+      return std::string("K/V must be in q's dtype (") + to_string(shape.dtype) + ") or an FP8 format, not " +
+             to_string(kv);
+    if (shape.dtype == DType::f32) return "FP8 K/V is read with fp16 or bf16 queries, not f32";
+    if (std::find(kv_dtypes.begin(), kv_dtypes.end(), kv) == kv_dtypes.end())
+      return name + " reads K/V in q's dtype only, not " + to_string(kv) + " (an FP8 cache)";
+  }
+  if ((shape.k_scale != 1.f || shape.v_scale != 1.f) && kv_dtypes.empty())
+    return name + " does not apply k_scale or v_scale (both must be 1)";
+  return {};
+}
+
 std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
   auto contains = [](const auto& list, const auto& x) {
     return std::find(list.begin(), list.end(), x) != list.end();
@@ -82,6 +107,7 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
   if (shape.storage != storage)
     return name + " reads " + to_string(storage) + " KV, not " + to_string(shape.storage);
   if (!supports(shape.dtype)) return name + " is not built for dtype " + to_string(shape.dtype);
+  if (const std::string kv = kv_dtype_reason(shape); !kv.empty()) return kv;
   if (!contains(head_dims, shape.head_dim))
     return name + " is not built for head_dim " + std::to_string(shape.head_dim);
   if (!contains(kv_layouts, shape.kv_layout))
@@ -112,6 +138,11 @@ std::string StageInfo::capabilities() const {
   for (Mode m : modes) s << ' ' << to_string(m);
   s << "; dtypes";
   for (DType d : dtypes) s << ' ' << to_string(d);
+  if (!kv_dtypes.empty()) {
+    s << "; FP8 K/V";
+    for (DType d : kv_dtypes) s << ' ' << to_string(d);
+    s << " (k_scale, v_scale)";
+  }
   s << "; head_dim";
   for (int d : head_dims) s << ' ' << d;
   s << "; layouts";

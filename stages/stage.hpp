@@ -28,15 +28,19 @@ namespace flashstep::stages {
 using ref::KVLayout;
 
 /// Element type of q, k, v and o. LSE is always fp32 and every stage accumulates in fp32.
-enum class DType { f32, f16, bf16 };
+/// e4m3 and e5m2 (reference/fp8.hpp) are K/V types only: an FP8 cache read with fp16 or
+/// bf16 queries and outputs.
+enum class DType { f32, f16, bf16, e4m3, e5m2 };
 
-/// "f32", "f16" or "bf16".
+/// "f32", "f16", "bf16", "e4m3" or "e5m2".
 const char* to_string(DType dtype);
-/// Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16"; throws
-/// ref::InvalidArgument naming `dtype` otherwise.
+/// Parses "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16", "e4m3"/"float8_e4m3fn",
+/// "e5m2"/"float8_e5m2"; throws ref::InvalidArgument naming `dtype` otherwise.
 DType parse_dtype(const std::string& name);
-/// Bytes per element: 4, 2, 2.
+/// Bytes per element: 4, 2, 2, 1, 1.
 size_t dtype_bytes(DType dtype);
+/// Whether `dtype` is one of the FP8 formats (e4m3, e5m2).
+bool is_fp8(DType dtype);
 
 /// Decode (one query token per request) or prefill/append (qo_len >= 1 per request).
 enum class Mode { decode, prefill };
@@ -58,6 +62,11 @@ struct BatchShape {
   Mode mode = Mode::decode;             ///< decode (qo_len 1 per request) or prefill
   KVStorage storage = KVStorage::paged;  ///< paged pool + page table, or ragged k/v
   DType dtype = DType::bf16;            ///< element type of q, k, v and o
+  /// Element type of K and V when it differs from q's: e4m3 or e5m2 for an FP8 cache.
+  /// Not given (the default): dtype. Stages read it through resolved_kv_dtype().
+  std::optional<DType> kv_dtype;
+  float k_scale = 1.f;  ///< attention reads k * k_scale (FlashInfer's run() argument); positive, finite
+  float v_scale = 1.f;  ///< attention reads v * v_scale; positive, finite
   KVLayout kv_layout = KVLayout::NHD;   ///< page layout: NHD or HND (ragged k/v are NHD)
   int batch_size = 0;    ///< requests in the batch
   int num_qo_heads = 0;  ///< query (and output) heads, Hq
@@ -93,6 +102,8 @@ struct BatchShape {
   int64_t total_kv_len() const;
   /// The scale the stages apply: sm_scale when given, else 1/sqrt(head_dim).
   float resolved_sm_scale() const;
+  /// The element type of K and V: kv_dtype when given, else dtype.
+  DType resolved_kv_dtype() const { return kv_dtype.value_or(dtype); }
   /// Query heads per kv head (GQA group size).
   int group_size() const { return num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0; }
   /// One line, e.g. "decode paged bf16 NHD batch=16 heads=32/8 head_dim=128 page=16".
@@ -105,12 +116,12 @@ struct DeviceBatch {
   const int32_t* qo_indptr = nullptr;         ///< (batch_size + 1)
   const int32_t* kv_indptr = nullptr;         ///< (batch_size + 1), as in BatchShape
   // paged storage
-  const void* kv_pool = nullptr;              ///< (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND
+  const void* kv_pool = nullptr;              ///< (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND, kv dtype
   const int32_t* kv_indices = nullptr;        ///< (kv_indptr[batch_size]) page ids
   const int32_t* kv_last_page_len = nullptr;  ///< (batch_size)
   // ragged storage
-  const void* k = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD
-  const void* v = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD
+  const void* k = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
+  const void* v = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
   // outputs
   void* o = nullptr;                          ///< (nnz_qo, num_qo_heads, head_dim), dtype
   float* lse = nullptr;                       ///< (nnz_qo, num_qo_heads), natural log
@@ -162,6 +173,9 @@ struct StageInfo {
   std::vector<Mode> modes;            ///< decode and/or prefill
   KVStorage storage = KVStorage::paged;  ///< where it expects K/V
   std::vector<DType> dtypes;          ///< element types of q/k/v/o it accepts
+  /// FP8 K/V types it reads with fp16/bf16 q and o (e4m3, e5m2), applying k_scale and
+  /// v_scale; empty: K/V in q's dtype only, and both scales must be 1.
+  std::vector<DType> kv_dtypes;
   std::vector<int> head_dims;         ///< head_dim values it is built for
   std::vector<KVLayout> kv_layouts;   ///< page (or ragged) layouts it reads
   int max_page_size = 0;              ///< paged only: largest page_size it accepts
@@ -181,6 +195,8 @@ struct StageInfo {
 
   /// Empty when the stage can run `shape`; otherwise the first rule it breaks.
   std::string unsupported_reason(const BatchShape& shape) const;
+  /// The part of unsupported_reason about K/V's element type and scales (kv_dtypes).
+  std::string kv_dtype_reason(const BatchShape& shape) const;
   /// Whether the stage can run `shape`: unsupported_reason(shape) is empty.
   bool supports(const BatchShape& shape) const { return unsupported_reason(shape).empty(); }
   /// Whether `mode` is one of the stage's modes.

@@ -16,6 +16,13 @@
 /// The BDX threads of a (ty, tz) hold one row of q . k in pieces and add them by shuffle;
 /// each (ty, tz) keeps its own state over its share of the tokens. Copies are mapped
 /// apart from that, so every thread issues the same copies whatever the group size.
+///
+/// **FP8 K/V.** The pool's element type KV may differ from q's and o's T: an e4m3/e5m2
+/// cache read with fp16/bf16 queries. A 16-byte vector then carries 16 elements, a
+/// thread's whole share of a row, so a tile holds twice the tokens in the same bytes; the
+/// elements are widened to fp32 in registers, as they are read from shared memory.
+/// k_scale is folded into q's scale (load_q), v_scale into the output's normalisation
+/// (SoftmaxState::output), so the scales cost nothing per key.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,14 +53,14 @@ struct DecodeBlockShape {
   int bdz;  ///< kThreads / (kBDX * bdy): token groups, each with its own softmax states
 };
 
-/// Compile-time shape of one 256-thread decode loop, for element type T and head_dim
-/// HEAD_DIM, and the sizes that follow from it.
+/// Compile-time shape of one 256-thread decode loop, for K/V element type T (the pool's)
+/// and head_dim HEAD_DIM, and the sizes that follow from it.
 template <typename T, int HEAD_DIM>
 struct DecodeTraits {
   static constexpr int kThreads = 256;                         ///< threads of one loop
   static constexpr int kVec = Vec16<T>::kSize;                 ///< elements per 16-byte vector
   static constexpr int kElemsPerThread = 16;                   ///< head_dim elements per thread
-  static constexpr int kVecsPerThread = kElemsPerThread / kVec;  ///< 2 (16-bit) or 4 (fp32)
+  static constexpr int kVecsPerThread = kElemsPerThread / kVec;  ///< 1 (fp8), 2 (16-bit) or 4 (fp32)
   static constexpr int kBDX = HEAD_DIM / kElemsPerThread;      ///< threads across head_dim: 4, 8, 16
   static constexpr int kHeadsPerThread = 2;                    ///< query heads per thread
   static constexpr int kChunksPerRow = HEAD_DIM / kVec;        ///< 16-byte chunks per K row
@@ -86,18 +93,25 @@ struct DecodeTraits {
 /// comment), the query heads it holds and their running softmax states. A kernel makes
 /// one, then calls load_q, attend, merge_states and store_output in that order; each call
 /// is collective over the threads named in its comment.
-template <typename T, int HEAD_DIM>
+/// \tparam T element type of q and o (float, __half or __nv_bfloat16)
+/// \tparam HEAD_DIM head_dim, D
+/// \tparam KV element type of the K/V pool: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with a
+///         16-bit T
+template <typename T, int HEAD_DIM, typename KV = T>
 struct DecodeLoop {
-  using Tr = DecodeTraits<T, HEAD_DIM>;  ///< the loop's compile-time shape
+  using Tr = DecodeTraits<KV, HEAD_DIM>;  ///< the loop's compile-time shape (of the K/V elements)
   static constexpr int BDX = Tr::kBDX;              ///< threads across head_dim
   static constexpr int HPT = Tr::kHeadsPerThread;   ///< query heads per thread
   static constexpr int EPT = Tr::kElemsPerThread;   ///< head_dim elements per thread
-  static constexpr int VEC = Tr::kVec;              ///< elements per 16-byte vector
-  static constexpr int NV = Tr::kVecsPerThread;     ///< 16-byte vectors per thread and row
+  static constexpr int VEC = Tr::kVec;              ///< K/V elements per 16-byte vector
+  static constexpr int NV = Tr::kVecsPerThread;     ///< 16-byte K/V vectors per thread and row
   static constexpr int TILE = Tr::kTile;            ///< tokens per pipeline stage
+  static constexpr int QVEC = Vec16<T>::kSize;      ///< q/o elements per 16-byte vector
+  static constexpr int QPV = VEC / QVEC;            ///< q/o vectors per K/V vector: 1, or 2 for fp8 K/V
+  static_assert(VEC % QVEC == 0, "a K/V vector must span whole q/o vectors (K/V no wider than q)");
 
   int tid;           ///< this thread's index among the loop's 256, 0..255
-  int tx;            ///< which 16 of the head_dim elements: dims (v * BDX + tx) * VEC + e
+  int tx;            ///< which 16 of the head_dim elements: dims (v * BDX + tx) * VEC + e (VEC of K/V)
   int ty;            ///< which pair of query heads: heads ty * HPT + j of the group
   int tz;            ///< which tokens of each tile: tz, tz + bdz, ...
   int bdy;           ///< ceil(group_size / HPT)
@@ -119,13 +133,14 @@ struct DecodeLoop {
   }
 
   /// Loads this thread's dims of its two query heads into registers, pre-multiplied by
-  /// sm_scale * log2(e) so that scores come out base 2, and empties the states. Heads
-  /// past group_size (an odd group) get q = 0 and are never written.
+  /// sm_scale * log2(e) so that scores come out base 2 (times k_scale for a scaled cache:
+  /// q . (k * k_scale) = (q * k_scale) . k), and empties the states. Heads past group_size
+  /// (an odd group) get q = 0 and are never written.
   /// \param q_rows (rows, head_dim) queries, one row per (request, query head)
   /// \param first_row row of the group's first query head: request * num_qo_heads +
   ///        kv_head * group_size
   /// \param group_size query heads per kv head
-  /// \param sm_scale_log2 sm_scale * log2(e)
+  /// \param sm_scale_log2 sm_scale * k_scale * log2(e)
   __device__ __forceinline__ void load_q(const T* q_rows, int64_t first_row, int group_size, float sm_scale_log2) {
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
@@ -134,12 +149,14 @@ struct DecodeLoop {
       const bool has_head = computes && h_local < group_size;
       const T* q_row = q_rows + (first_row + h_local) * HEAD_DIM;
 #pragma unroll
-      for (int v = 0; v < NV; ++v) {
-        Vec16<T> qv;
-        if (has_head) qv.load(q_row + (v * BDX + tx) * VEC);
-        else qv.raw = make_uint4(0, 0, 0, 0);
-        qv.to_float(&q[j][v * VEC]);
-      }
+      for (int v = 0; v < NV; ++v)
+#pragma unroll
+        for (int w = 0; w < QPV; ++w) {  // the q vectors of the dims one K/V vector holds
+          Vec16<T> qv;
+          if (has_head) qv.load(q_row + (v * BDX + tx) * VEC + w * QVEC);
+          else qv.raw = make_uint4(0, 0, 0, 0);
+          qv.to_float(&q[j][v * VEC + w * QVEC]);
+        }
 #pragma unroll
       for (int e = 0; e < EPT; ++e) q[j][e] *= sm_scale_log2;
     }
@@ -168,8 +185,8 @@ struct DecodeLoop {
   /// \param num_stages pipeline depth, 2..8
   /// \param barrier waits for the loop's 256 threads (and orders their shared memory)
   template <int STRIDE, bool PAIRED_START, typename Barrier>
-  __device__ __forceinline__ void attend(const PagedKV<T>& kv, int kv_head, int32_t page_begin, int len,
-                                         int first_tile, int my_tiles, T* smem, int num_stages, Barrier barrier) {
+  __device__ __forceinline__ void attend(const PagedKV<KV>& kv, int kv_head, int32_t page_begin, int len,
+                                         int first_tile, int my_tiles, KV* smem, int num_stages, Barrier barrier) {
     const int S = num_stages;
 
     // ---- the copy mapping: this thread's 16-byte chunk of kCopyPasses rows of every tile.
@@ -198,8 +215,8 @@ struct DecodeLoop {
     // Copies of one tile into pipeline stage `stage`. Rows past len are zero-filled (no
     // read), so no stale or NaN data sits in shared memory.
     auto issue_copies = [&](int stage) {
-      T* k_dst = smem + stage * Tr::kStageElems;
-      T* v_dst = k_dst + TILE * HEAD_DIM;
+      KV* k_dst = smem + stage * Tr::kStageElems;
+      KV* v_dst = k_dst + TILE * HEAD_DIM;
 #pragma unroll
       for (int r = 0; r < PASSES; ++r) {
         const int row = row0 + r * Tr::kRowsPerPass;
@@ -265,8 +282,8 @@ struct DecodeLoop {
   /// \param k_tile (kTile, head_dim) K rows in shared memory, followed by the V tile
   /// \param tile_start the tile's first key, counted from the range's first
   /// \param len keys in the range
-  __device__ __forceinline__ void attend_tile(const T* k_tile, int tile_start, int len) {
-    const T* v_tile = k_tile + TILE * HEAD_DIM;
+  __device__ __forceinline__ void attend_tile(const KV* k_tile, int tile_start, int len) {
+    const KV* v_tile = k_tile + TILE * HEAD_DIM;
     constexpr int STEP = Tr::kTokensPerStep;
     for (int base = tz; base < TILE; base += STEP * bdz) {
       // Base-2 scores of STEP tokens for both heads, with no branch: a token past the
@@ -280,7 +297,7 @@ struct DecodeLoop {
         for (int j = 0; j < HPT; ++j) s[u][j] = 0.f;
 #pragma unroll
         for (int v = 0; v < NV; ++v) {
-          Vec16<T> k16;
+          Vec16<KV> k16;
           k16.load(k_tile + row * HEAD_DIM + (v * BDX + tx) * VEC);
           float k[VEC];
           k16.to_float(k);
@@ -320,7 +337,7 @@ struct DecodeLoop {
         float v[EPT];
 #pragma unroll
         for (int vi = 0; vi < NV; ++vi) {
-          Vec16<T> v16;
+          Vec16<KV> v16;
           v16.load(v_tile + row * HEAD_DIM + (vi * BDX + tx) * VEC);
           v16.to_float(&v[vi * VEC]);
         }
@@ -392,11 +409,13 @@ struct DecodeLoop {
   /// \param row the head's row: request * num_qo_heads + query head
   __device__ __forceinline__ void store_output(int j, const float (&out)[EPT], T* o, float* lse, int64_t row) const {
 #pragma unroll
-    for (int v = 0; v < NV; ++v) {
-      Vec16<T> ov;
-      ov.from_float(&out[v * VEC]);
-      ov.store(o + row * HEAD_DIM + (v * BDX + tx) * VEC);
-    }
+    for (int v = 0; v < NV; ++v)
+#pragma unroll
+      for (int w = 0; w < QPV; ++w) {
+        Vec16<T> ov;
+        ov.from_float(&out[v * VEC + w * QVEC]);
+        ov.store(o + row * HEAD_DIM + (v * BDX + tx) * VEC + w * QVEC);
+      }
     if (tx == 0) lse[row] = state[j].lse();
   }
 };

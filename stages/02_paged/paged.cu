@@ -2,7 +2,8 @@
 //
 // Kernels: paged_decode_kernel (paged_decode.cuh) and, for grids of fewer than two blocks
 // per SM, paged_decode_two_halves_kernel (two_halves.cuh), each for fp32, fp16 and bf16
-// x head_dim 64, 128 and 256, picked by kernels/dispatch.cuh.
+// x head_dim 64, 128 and 256, and for fp16/bf16 queries over an FP8 cache (e4m3, e5m2),
+// picked by kernels/dispatch.cuh.
 //
 // How to run it: `ctest -L gpu` validates it over the decode grid;
 // `flashstep_bench --benchmark_filter=02_paged` times it.
@@ -30,54 +31,58 @@ struct KernelEntry {
   void (*launch)(const BatchShape&, const DeviceBatch&, int num_stages, size_t smem, cudaStream_t);
 };
 
-/// The kernel for element type T, HEAD_DIM and one or two halves.
-template <typename T, int HEAD_DIM, bool TWO_HALVES>
+/// The kernel for element types T (q, o) and KV (the pool), HEAD_DIM and one or two halves.
+template <typename T, int HEAD_DIM, bool TWO_HALVES, typename KV>
 constexpr auto kernel() {
-  if constexpr (TWO_HALVES) return paged_decode_two_halves_kernel<T, HEAD_DIM>;
-  else return paged_decode_kernel<T, HEAD_DIM>;
+  if constexpr (TWO_HALVES) return paged_decode_two_halves_kernel<T, HEAD_DIM, KV>;
+  else return paged_decode_kernel<T, HEAD_DIM, KV>;
 }
 
-template <typename T, int HEAD_DIM, bool TWO_HALVES>
+template <typename T, int HEAD_DIM, bool TWO_HALVES, typename KV>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const DecodeBlockShape bs = DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
-    return TWO_HALVES ? two_halves_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz)
-                      : paged_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
+    const DecodeBlockShape bs = DecodeTraits<KV, HEAD_DIM>::block_shape(group_size);
+    return TWO_HALVES ? two_halves_smem_bytes<KV, HEAD_DIM>(num_stages, bs.bdy, bs.bdz)
+                      : paged_decode_smem_bytes<KV, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, HEAD_DIM, TWO_HALVES>(),
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, HEAD_DIM, TWO_HALVES, KV>(),
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(bytes)));
   };
   e.launch = [](const BatchShape& s, const DeviceBatch& batch, int num_stages, size_t smem,
                 cudaStream_t stream) {
-    PagedDecodeParams<T> p;
+    PagedDecodeParams<T, KV> p;
     p.q = static_cast<const T*>(batch.q);
-    p.kv = kernels::make_paged_kv(static_cast<const T*>(batch.kv_pool), batch.kv_indptr,
+    p.kv = kernels::make_paged_kv(static_cast<const KV*>(batch.kv_pool), batch.kv_indptr,
                                   batch.kv_indices, batch.kv_last_page_len, s.page_size,
                                   s.num_kv_heads, HEAD_DIM, s.kv_layout == KVLayout::HND);
     p.o = static_cast<T*>(batch.o);
     p.lse = batch.lse;
     p.num_qo_heads = s.num_qo_heads;
     p.group_size = s.group_size();
-    const DecodeBlockShape bs = DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
+    const DecodeBlockShape bs = DecodeTraits<KV, HEAD_DIM>::block_shape(p.group_size);
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = num_stages;
-    p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
+    // k_scale rides on q's scale, v_scale on the output's normalisation (scale 1: as before).
+    p.sm_scale_log2 = s.resolved_sm_scale() * s.k_scale * kernels::kLog2e;
+    p.v_scale = s.v_scale;
     const dim3 grid(s.num_kv_heads, s.batch_size);
-    kernel<T, HEAD_DIM, TWO_HALVES>()<<<grid, TWO_HALVES ? 512 : 256, smem, stream>>>(p);
+    kernel<T, HEAD_DIM, TWO_HALVES, KV>()<<<grid, TWO_HALVES ? 512 : 256, smem, stream>>>(p);
     kernels::check_launch(TWO_HALVES ? "paged_decode_two_halves_kernel" : "paged_decode_kernel");
   };
   return e;
 }
 
 /// 256 threads: paged_decode_kernel; 512: paged_decode_two_halves_kernel.
-KernelEntry kernel_entry_for(DType dtype, int head_dim, int threads) {
+KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int threads) {
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-      FLASHSTEP_DISPATCH_BOOL(threads == 512, TWO_HALVES, { return kernel_entry<T, HEAD_DIM, TWO_HALVES>(); });
+      FLASHSTEP_DISPATCH_BOOL(threads == 512, TWO_HALVES, {
+        FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, { return kernel_entry<T, HEAD_DIM, TWO_HALVES, KV>(); });
+      });
     });
   });
 }
@@ -101,7 +106,7 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
   const bool small_grid = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms};
   threads_ = config_.threads ? config_.threads : (small_grid ? 512 : 256);
   num_stages_ = config_.num_stages ? config_.num_stages : 2;
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim, threads_);
+  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, threads_);
   smem_bytes_ = entry.smem_bytes(num_stages_, shape.group_size());
   ref::require(smem_bytes_ <= static_cast<size_t>(smem_optin), fn,
                std::to_string(num_stages_) + " stages of " + std::to_string(threads_) + " threads need " +
@@ -112,7 +117,8 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
 
 void PagedRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   if (shape_.batch_size == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.head_dim, threads_).launch(shape_, batch, num_stages_, smem_bytes_, stream);
+  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, threads_)
+      .launch(shape_, batch, num_stages_, smem_bytes_, stream);
 }
 
 StageInfo stage_info() {
@@ -122,6 +128,7 @@ StageInfo stage_info() {
   s.modes = {Mode::decode};
   s.storage = KVStorage::paged;
   s.dtypes = {DType::f32, DType::f16, DType::bf16};
+  s.kv_dtypes = {DType::e4m3, DType::e5m2};
   s.head_dims = {64, 128, 256};
   s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
   s.max_page_size = kMaxPageSize;

@@ -30,10 +30,11 @@
 namespace flashstep::stages::split_kv {
 
 /// Arguments of chunk_decode_kernel; raw pointers and sizes only.
-template <typename T>
+/// \tparam T element type of q and o \tparam KV element type of the pool (T, or FP8)
+template <typename T, typename KV = T>
 struct ChunkDecodeParams {
-  const T* q = nullptr;      ///< (batch_size, num_qo_heads, head_dim)
-  kernels::PagedKV<T> kv{};  ///< the page pool and its CSR page table
+  const T* q = nullptr;       ///< (batch_size, num_qo_heads, head_dim)
+  kernels::PagedKV<KV> kv{};  ///< the page pool and its CSR page table
   // The schedule, in the workspace (written by plan()'s one copy).
   const int32_t* request_indices = nullptr;  ///< (padded_batch_size) request r of work item k
   const int32_t* kv_page_begin = nullptr;    ///< (padded_batch_size) kv_indptr[r] + t * c: item k's first page in kv_indices
@@ -53,14 +54,17 @@ struct ChunkDecodeParams {
   int bdy = 0;                ///< ceil(group_size / kHeadsPerThread)
   int bdz = 0;                ///< kThreads / (kBDX * bdy)
   int num_stages = 0;         ///< pipeline depth, 2..8
-  float sm_scale_log2 = 0.f;  ///< sm_scale * log2(e), folded into q once
+  float sm_scale_log2 = 0.f;  ///< sm_scale * k_scale * log2(e), folded into q once
+  /// Folded into each chunk's normalisation, so the partial rows (and the merge, linear in
+  /// them) already carry it.
+  float v_scale = 1.f;
 };
 
 /// Shared memory (bytes) for a depth and block shape: the larger of the pipeline and the
-/// end-of-block merge buffers (one region serves both).
-template <typename T, int HEAD_DIM>
+/// end-of-block merge buffers (one region serves both). \tparam KV element type of the pool
+template <typename KV, int HEAD_DIM>
 constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
-  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
+  using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
   const size_t pipeline = Tr::pipeline_bytes(num_stages);
   const size_t merge = Tr::merge_bytes(bdz, bdy);
   return pipeline > merge ? pipeline : merge;
@@ -74,8 +78,8 @@ constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 /// flight, through L2 (other blocks wrote the rows); the lanes' states then meet in shared
 /// memory and lane 0 writes.
 /// \param buf (blockDim.x * 6) floats of shared memory no copy is still writing
-template <typename T, int HEAD_DIM>
-__device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>& p, int b, int kv_head,
+template <typename T, int HEAD_DIM, typename KV>
+__device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T, KV>& p, int b, int kv_head,
                                                      int first_item, int end_item, float* buf) {
   constexpr int kInFlight = 8;
   const int columns = p.group_size * (HEAD_DIM / 4);  // 4-float columns of the group's heads
@@ -126,18 +130,19 @@ __device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T>&
 /// (num_kv_heads, padded_batch_size), DecodeTraits::kThreads threads, shared memory
 /// chunk_decode_smem_bytes(num_stages, bdy, bdz); two blocks per SM, so at most 128
 /// registers a thread. Blocks whose block_valid_mask entry is 0 exit at once.
-/// \tparam T element type of q, the pool and o (float, __half or __nv_bfloat16)
+/// \tparam T element type of q and o (float, __half or __nv_bfloat16)
 /// \tparam HEAD_DIM head_dim, D
 /// \tparam FUSED_MERGE the last block of a split request merges its chunks (the file
 ///         comment); a separate instantiation, so the plain kernel carries none of it
+/// \tparam KV element type of the pool: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with a 16-bit T
 /// \param p q (batch_size, num_qo_heads, head_dim), the paged KV view, the schedule
 ///        (padded_batch_size entries each), and the destination: partial_o
 ///        (padded_batch_size, num_qo_heads, head_dim) and partial_lse (padded_batch_size,
 ///        num_qo_heads) in fp32, or o (batch_size, num_qo_heads, head_dim) and lse
 ///        (batch_size, num_qo_heads)
-template <typename T, int HEAD_DIM, bool FUSED_MERGE>
-__global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T> p) {
-  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
+template <typename T, int HEAD_DIM, bool FUSED_MERGE, typename KV = T>
+__global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T, KV> p) {
+  using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
   constexpr int BDX = Tr::kBDX, HPT = Tr::kHeadsPerThread, EPT = Tr::kElemsPerThread;
   constexpr int VEC = Tr::kVec, NV = Tr::kVecsPerThread;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -163,10 +168,10 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
 
   // ---- stage 02's loop over the chunk's keys, then the exact merge of the bdz states in
   // the pipeline's memory (free once attend returns).
-  paged::DecodeLoop<T, HEAD_DIM> loop(threadIdx.x, p.bdy, p.bdz);
+  paged::DecodeLoop<T, HEAD_DIM, KV> loop(threadIdx.x, p.bdy, p.bdz);
   loop.load_q(p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size, p.sm_scale_log2);
   loop.template attend<1, true>(p.kv, kv_head, page_base, chunk_len, 0, (chunk_len + Tr::kTile - 1) / Tr::kTile,
-                                reinterpret_cast<T*>(smem_raw), p.num_stages, [] { __syncthreads(); });
+                                reinterpret_cast<KV*>(smem_raw), p.num_stages, [] { __syncthreads(); });
   const bool holds = loop.merge_states(0, p.bdz, reinterpret_cast<float*>(smem_raw));
   // Without the fused merge a thread that holds no state is done (no barrier follows).
   if constexpr (!FUSED_MERGE) {
@@ -183,7 +188,7 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
       if (!loop.holds_head(j, p.group_size)) continue;
       const int qo_head = kv_head * p.group_size + loop.ty * HPT + j;
       float out[EPT];
-      loop.state[j].output(out);
+      loop.state[j].output(out, p.v_scale);
       if (!direct) {
         const int64_t row = int64_t{item} * p.num_qo_heads + qo_head;
         float* dst = p.partial_o + row * HEAD_DIM;

@@ -10,8 +10,8 @@
 //   run()   launches chunk_decode_kernel (and merge_states_kernel when the plan split)
 //           with pointers into the workspace; it reads no length and makes no choice.
 //
-// Kernels are instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256 by
-// kernels/dispatch.cuh, as stage 02's.
+// Kernels are instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256, and for fp16/bf16
+// queries over an FP8 cache (e4m3, e5m2), by kernels/dispatch.cuh, as stage 02's.
 // How to run it: `ctest -L gpu` validates it (the decode grids through the registry, and
 // tests/stages/test_split_kv.cpp for partial states, forced splits and CUDA graphs);
 // `flashstep_bench --shapes=bench/shapes_split_kv.csv` times it.
@@ -70,13 +70,13 @@ void launch_merge(const float* partial_o, const float* partial_lse, const int32_
                   OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch,
                   cudaStream_t stream);
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, typename KV>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
-  ChunkDecodeParams<T> p;
+  ChunkDecodeParams<T, KV> p;
   p.q = static_cast<const T*>(a.batch->q);
-  p.kv = kernels::make_paged_kv(static_cast<const T*>(a.batch->kv_pool), a.batch->kv_indptr,
+  p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr,
                                 a.batch->kv_indices, a.batch->kv_last_page_len, s.page_size,
                                 s.num_kv_heads, HEAD_DIM, s.kv_layout == KVLayout::HND);
   p.request_indices = reinterpret_cast<const int32_t*>(a.workspace + w.request_indices);
@@ -93,17 +93,19 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.lse = a.batch->lse;
   p.num_qo_heads = s.num_qo_heads;
   p.group_size = s.group_size();
-  const paged::DecodeBlockShape bs = paged::DecodeTraits<T, HEAD_DIM>::block_shape(p.group_size);
+  const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(p.group_size);
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
   p.num_stages = a.num_stages;
-  p.sm_scale_log2 = s.resolved_sm_scale() * kernels::kLog2e;
+  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation.
+  p.sm_scale_log2 = s.resolved_sm_scale() * s.k_scale * kernels::kLog2e;
+  p.v_scale = s.v_scale;
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
-  constexpr int kThreads = paged::DecodeTraits<T, HEAD_DIM>::kThreads;
+  constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
   if (a.path == DecodePath::split_fused && a.plan->split_kv)
-    chunk_decode_kernel<T, HEAD_DIM, true><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+    chunk_decode_kernel<T, HEAD_DIM, true, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
   else
-    chunk_decode_kernel<T, HEAD_DIM, false><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+    chunk_decode_kernel<T, HEAD_DIM, false, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv || a.path == DecodePath::split_fused) return;
 
@@ -146,33 +148,35 @@ void launch_merge(const float* partial_o, const float* partial_lse, const int32_
   kernels::check_launch("merge_states_kernel");
 }
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, typename KV>
 KernelEntry kernel_entry() {
   KernelEntry e;
   e.smem_bytes = [](int num_stages, int group_size) {
-    const paged::DecodeBlockShape bs = paged::DecodeTraits<T, HEAD_DIM>::block_shape(group_size);
-    return chunk_decode_smem_bytes<T, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
+    const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(group_size);
+    return chunk_decode_smem_bytes<KV, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    for (auto kernel : {chunk_decode_kernel<T, HEAD_DIM, false>, chunk_decode_kernel<T, HEAD_DIM, true>})
+    for (auto kernel : {chunk_decode_kernel<T, HEAD_DIM, false, KV>, chunk_decode_kernel<T, HEAD_DIM, true, KV>})
       FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                 static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t bytes) {  // the smaller of the two kernels' answers
     int plain = 0, fused = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &plain, chunk_decode_kernel<T, HEAD_DIM, false>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+        &plain, chunk_decode_kernel<T, HEAD_DIM, false, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fused, chunk_decode_kernel<T, HEAD_DIM, true>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+        &fused, chunk_decode_kernel<T, HEAD_DIM, true, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
     return std::min(plain, fused);
   };
-  e.launch = launch<T, HEAD_DIM>;
+  e.launch = launch<T, HEAD_DIM, KV>;
   return e;
 }
 
-KernelEntry kernel_entry_for(DType dtype, int head_dim) {
+KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
-    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM>(); });
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, { return kernel_entry<T, HEAD_DIM, KV>(); });
+    });
   });
 }
 
@@ -205,7 +209,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
+  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
@@ -398,7 +402,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   } else if (options_.path == PathChoice::split) {
     path = plan.split_kv && fused ? DecodePath::split_fused : DecodePath::split;
   } else if (plan.split_kv) {
-    const int elem = static_cast<int>(dtype_bytes(shape.dtype));
+    const int elem = static_cast<int>(dtype_bytes(shape.resolved_kv_dtype()));  // the K/V bytes are what it prices
     if (options_.enable_cuda_graph) {
       // A graph cannot change path with the lengths: price graph_kv_len keys per request,
       // so that the choice depends on the batch size alone.
@@ -471,7 +475,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   layout_ = layout;
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.head_dim);
+  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
   path_ = path;
   estimate_ = estimate;
   launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
@@ -542,6 +546,7 @@ StageInfo stage_info() {
   s.modes = {Mode::decode};
   s.storage = KVStorage::paged;
   s.dtypes = {DType::f32, DType::f16, DType::bf16};
+  s.kv_dtypes = {DType::e4m3, DType::e5m2};
   s.head_dims = {64, 128, 256};
   s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
   s.max_page_size = kMaxPageSize;

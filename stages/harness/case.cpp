@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/fp8.hpp"
 #include "harness/dtype_convert.hpp"
 
 namespace flashstep::stages::harness {
@@ -29,7 +30,10 @@ const char* to_string(PageOrder order) {
 
 std::string CaseSpec::describe() const {
   std::ostringstream s;
-  s << to_string(mode) << ' ' << to_string(dtype) << ' ' << ref::to_string(kv_layout)
+  s << to_string(mode) << ' ' << to_string(dtype);
+  if (kv_dtype && *kv_dtype != dtype) s << " kv=" << to_string(*kv_dtype);
+  if (k_scale != 1.0 || v_scale != 1.0) s << " k_scale=" << k_scale << " v_scale=" << v_scale;
+  s << ' ' << ref::to_string(kv_layout)
     << " batch=" << batch_size << " kv_len=" << kv_len;
   if (mode == Mode::prefill) s << " qo_len=" << qo_len << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
@@ -68,6 +72,8 @@ void check_spec(const CaseSpec& spec, KVStorage storage) {
                "prefix_groups must be in 1..batch_size (got " + std::to_string(spec.prefix_groups) + ")");
   ref::require(storage == KVStorage::paged || (spec.shared_prefix == 0 && spec.group_prefix == 0), fn,
                "a shared prefix needs paged storage (ragged requests cannot share rows)");
+  ref::require(std::isfinite(spec.k_scale) && spec.k_scale > 0 && std::isfinite(spec.v_scale) && spec.v_scale > 0, fn,
+               "k_scale and v_scale must be positive and finite");
 }
 
 std::vector<int32_t> draw_lengths(int batch, int longest, LengthPolicy policy, std::mt19937_64& rng) {
@@ -93,11 +99,22 @@ std::vector<int32_t> exclusive_scan(const std::vector<int32_t>& len) {
 }
 
 ref::Tensor random_rounded(std::mt19937_64& rng, std::vector<int64_t> shape, double lo, double hi,
-                           DType dtype) {
+                           DType dtype, double scale = 1.0) {
   ref::Tensor t(std::move(shape));
   std::uniform_real_distribution<double> dist(lo, hi);
-  for (double& x : t.data) x = round_to(dtype, dist(rng));
+  for (double& x : t.data) x = round_to(dtype, dist(rng) / scale);
   return t;
+}
+
+/// `t` times `scale`, in double.
+ref::Tensor scaled(ref::Tensor t, double scale) {
+  for (double& x : t.data) x *= scale;
+  return t;
+}
+
+/// A tensor of values representable in FP8 `dtype` (or NaN) as the reference's FP8 tensor.
+ref::FP8Tensor as_fp8(const ref::Tensor& t, DType dtype) {
+  return ref::quantize(t, dtype == DType::e4m3 ? ref::FP8Format::e4m3 : ref::FP8Format::e5m2);
 }
 
 }  // namespace
@@ -117,6 +134,9 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   s.causal = spec.mode == Mode::prefill && spec.causal;
   s.window_left = spec.window_left;
   s.logits_soft_cap = static_cast<float>(spec.logits_soft_cap);
+  s.kv_dtype = spec.kv_dtype;
+  s.k_scale = static_cast<float>(spec.k_scale);
+  s.v_scale = static_cast<float>(spec.v_scale);
   // sm_scale stays unset: the stages and the reference both apply 1/sqrt(head_dim).
 
   const std::vector<int32_t> kv_lens = draw_lengths(spec.batch_size, spec.kv_len, spec.lengths, rng);
@@ -199,8 +219,13 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   std::vector<int32_t> token_indptr(static_cast<size_t>(s.batch_size) + 1, 0);
   for (int b = 0; b < s.batch_size; ++b) token_indptr[b + 1] = token_indptr[b] + static_cast<int32_t>(s.kv_len(b));
   const int64_t nnz_kv = token_indptr.back();
-  ref::Tensor k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
-  ref::Tensor v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, s.dtype);
+  // K/V as stored: in the K/V dtype, divided by their scales (the float values the stage
+  // gets, so the reference multiplies back exactly what the stage does).
+  const DType kv_dtype = s.resolved_kv_dtype();
+  const ref::KVScales scales{s.k_scale, s.v_scale};
+  const bool unscaled = scales.k_scale == 1.0 && scales.v_scale == 1.0;
+  ref::Tensor k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, kv_dtype, scales.k_scale);
+  ref::Tensor v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, kv_dtype, scales.v_scale);
   // A page held by several requests (a shared prefix) holds one set of rows: every
   // holder's rows of that page become a copy of its first holder's, before the answer.
   if (storage == KVStorage::paged) {
@@ -220,7 +245,16 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
           std::copy(x->data.begin() + owner * H * D, x->data.begin() + owner * H * D + n, x->data.begin() + row * H * D);
       }
   }
-  c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
+  // An FP8 cache is answered by the reference's FP8 entry point (it decodes, scales, then
+  // attends); a scaled cache of another dtype by its values times the scales.
+  if (is_fp8(kv_dtype))
+    c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, as_fp8(k, kv_dtype), as_fp8(v, kv_dtype),
+                                                         token_indptr, scales, opt);
+  else if (unscaled)
+    c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
+  else
+    c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, scaled(k, scales.k_scale),
+                                                         scaled(v, scales.v_scale), token_indptr, opt);
   if (storage == KVStorage::ragged) {
     c.k = std::move(k);
     c.v = std::move(v);
@@ -255,9 +289,27 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   // On small cases, the reference's own paged entry point must give the same answer from
   // this pool: that checks the scatter above against the reference's reading of pages.
   if (p.pages.numel() <= (int64_t{1} << 20)) {
+    ref::FP8PagedKVCache p8;
+    ref::PagedKVCache pool = p;  // a cache of another dtype, with its scales applied
+    if (is_fp8(kv_dtype)) {
+      p8.pages = as_fp8(p.pages, kv_dtype);
+      p8.layout = p.layout;
+      p8.kv_indptr = p.kv_indptr;
+      p8.kv_indices = p.kv_indices;
+      p8.kv_last_page_len = p.kv_last_page_len;
+    } else if (!unscaled) {
+      const int64_t half = p.pages.numel() / (s.num_pages * 2);  // K or V of one page
+      for (int64_t page = 0; page < s.num_pages; ++page)
+        for (int kv = 0; kv < 2; ++kv)
+          for (int64_t i = 0; i < half; ++i)
+            pool.pages.data[static_cast<size_t>((page * 2 + kv) * half + i)] *= kv ? scales.v_scale : scales.k_scale;
+    }
     const ref::AttentionResult paged_ref =
-        s.mode == Mode::decode ? ref::batch_decode_with_paged_kv_cache(c.q, p, opt)
-                               : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, p, opt);
+        is_fp8(kv_dtype)
+            ? (s.mode == Mode::decode ? ref::batch_decode_with_paged_kv_cache(c.q, p8, scales, opt)
+                                      : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, p8, scales, opt))
+            : (s.mode == Mode::decode ? ref::batch_decode_with_paged_kv_cache(c.q, pool, opt)
+                                      : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, pool, opt));
     for (size_t i = 0; i < paged_ref.o.data.size(); ++i)
       ref::require(paged_ref.o.data[i] == c.expected.o.data[i], "build_case",
                    "internal: the pool does not hold what the page table says (o differs at " +

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -39,6 +40,13 @@ const char* to_string(PageOrder order);
 struct CaseSpec {
   Mode mode = Mode::decode;            ///< decode (one query per request) or prefill
   DType dtype = DType::bf16;           ///< element type the stage reads and writes
+  /// Element type of the K/V when it differs from dtype: e4m3 or e5m2 for an FP8 cache.
+  std::optional<DType> kv_dtype;
+  /// The cache's scales (FlashInfer's run() arguments): keys and values are drawn as
+  /// before, stored as round(k / k_scale) and round(v / v_scale) in the K/V dtype, and
+  /// read back as stored * scale, so scores and outputs keep their usual size.
+  double k_scale = 1.0;
+  double v_scale = 1.0;  ///< as k_scale, for the values
   KVLayout kv_layout = KVLayout::NHD;  ///< page layout; ragged storage requires NHD
   int batch_size = 1;                  ///< requests in the batch
   int kv_len = 1;   ///< request 0 has exactly this many keys; others follow `lengths`
@@ -83,16 +91,19 @@ struct HostCase {
   uint64_t seed = 0;       ///< everything random in the case derives from it
   CaseLayout layout;       ///< shape and page table
   ref::Tensor q;           ///< (nnz_qo, num_qo_heads, head_dim), values representable in dtype
-  ref::PagedKVCache paged; ///< paged storage: the pool; every slot no request owns is NaN
+  /// paged storage: the pool, holding the stored K/V values (representable in the K/V
+  /// dtype, before the scales); every slot no request owns is NaN
+  ref::PagedKVCache paged;
   /// \var k
-  /// ragged storage: the keys, (nnz_kv, num_kv_heads, head_dim), NHD
+  /// ragged storage: the keys, (nnz_kv, num_kv_heads, head_dim), NHD, stored values as in `paged`
   ref::Tensor k, v;        ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim), NHD
   ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
 };
 
 /// Builds a case: lengths, page table and inputs from `seed` (q uniform in [-3, 3], so
-/// that softmax is peaked and not nearly uniform; k, v uniform in [-1, 1]; all rounded
-/// to the dtype), then the reference's answer in double.
+/// that softmax is peaked and not nearly uniform; k, v uniform in [-1, 1], divided by
+/// their scales; all rounded to the dtype, K/V to the K/V dtype), then the reference's
+/// answer in double (for an FP8 cache, its FP8 entry point with the spec's scales).
 HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed);
 
 /// A case's seed from the run's seed and the case's text (splitmix64 of both), so each

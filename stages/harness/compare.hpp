@@ -29,16 +29,19 @@ struct Tolerance {
 /// One row of the tolerance table: how close a stage of this dtype must come to the
 /// double-precision reference computed on the same (already rounded) inputs.
 struct DTypeTolerance {
-  DType dtype;    ///< element type of the stage's q, k, v and o
+  DType dtype;    ///< element type of the stage's q and o (and of k and v unless kv_dtype says otherwise)
+  DType kv_dtype; ///< element type of its K/V: dtype, or an FP8 format
   Tolerance o;    ///< output, stored in `dtype`
   Tolerance lse;  ///< lse, always stored in fp32
   const char* why;  ///< where the error budget comes from
 };
 
-/// The table, one row per dtype.
+/// The table, one row per (dtype, kv_dtype) a stage may run.
 const std::vector<DTypeTolerance>& tolerance_table();
-/// The row for `dtype`.
+/// The row for `dtype` with K/V in `dtype`.
 const DTypeTolerance& tolerance_for(DType dtype);
+/// The row for q/o in `dtype` and K/V in `kv_dtype` (throws ref::InvalidArgument if none).
+const DTypeTolerance& tolerance_for(DType dtype, DType kv_dtype);
 
 /// Names element `flat` of a tensor for a message, e.g. "(request 3, head 7, token 0, dim 12)".
 using ElementLabel = std::function<std::string(int64_t flat)>;

@@ -77,16 +77,17 @@ std::vector<uint8_t> DeviceBuffer::download() const {
 DeviceCase::DeviceCase(const HostCase& host) : dtype_(host.layout.shape.dtype) {
   const BatchShape& s = host.layout.shape;
   const size_t elem = dtype_bytes(dtype_);
+  const DType kv_dtype = s.resolved_kv_dtype();  // the pool (or k, v) in it: an FP8 cache is 1 byte a value
   q_ = upload(encode(dtype_, host.q.data));
   qo_indptr_ = upload(s.qo_indptr);
   kv_indptr_ = upload(s.kv_indptr);
   if (s.storage == KVStorage::paged) {
     kv_indices_ = upload(host.layout.kv_indices);
     kv_last_page_len_ = upload(s.kv_last_page_len);
-    pool_ = upload(encode(dtype_, host.paged.pages.data));  // NaN slots stay NaN in every dtype
+    pool_ = upload(encode(kv_dtype, host.paged.pages.data));  // NaN slots stay NaN in every dtype
   } else {
-    k_ = upload(encode(dtype_, host.k.data));
-    v_ = upload(encode(dtype_, host.v.data));
+    k_ = upload(encode(kv_dtype, host.k.data));
+    v_ = upload(encode(kv_dtype, host.v.data));
   }
   const size_t rows = static_cast<size_t>(s.nnz_qo()) * static_cast<size_t>(s.num_qo_heads);
   o_ = DeviceBuffer(rows * static_cast<size_t>(s.head_dim) * elem);

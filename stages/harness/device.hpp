@@ -60,7 +60,8 @@ DeviceBuffer upload(const std::vector<T>& v) {
   return DeviceBuffer(v.data(), v.size() * sizeof(T));
 }
 
-/// A HostCase on the device: inputs in the stage's dtype, index arrays, output buffers.
+/// A HostCase on the device: q in the stage's dtype, K/V in its K/V dtype, index arrays,
+/// output buffers.
 class DeviceCase {
  public:
   /// Uploads `host` (its storage decides which of pool or k/v is used).

@@ -20,7 +20,8 @@ double round_to(DType dtype, double x);
 /// Rounds every element of `values` in place to `dtype`.
 void round_all(DType dtype, std::vector<double>& values);
 
-/// Packs `values` (already representable, or rounded now) as `dtype` bytes, 2 or 4 per element.
+/// Packs `values` (already representable, or rounded now) as `dtype` bytes, 1, 2 or 4 per
+/// element. A NaN becomes a NaN pattern in every dtype (FP8 included).
 std::vector<uint8_t> encode(DType dtype, const std::vector<double>& values);
 
 /// Unpacks `count` elements of `dtype` from `bytes` to doubles (NaN stays NaN).

@@ -42,10 +42,9 @@ ValidationReport compare_outputs(const std::string& stage, const HostCase& host,
   r.stage = stage;
   r.case_text = host.spec.describe();
   r.seed = host.seed;
-  const Tolerance& o_tol = tolerance_for(shape.dtype).o;
-  const Tolerance& lse_tol = tolerance_for(shape.dtype).lse;
-  r.o = compare("o", o, host.expected.o.data, o_tol, output_label(shape.qo_indptr, shape.num_qo_heads, shape.head_dim));
-  r.lse = compare("lse", lse, host.expected.lse.data, lse_tol, lse_label(shape.qo_indptr, shape.num_qo_heads));
+  const DTypeTolerance& tol = tolerance_for(shape.dtype, shape.resolved_kv_dtype());
+  r.o = compare("o", o, host.expected.o.data, tol.o, output_label(shape.qo_indptr, shape.num_qo_heads, shape.head_dim));
+  r.lse = compare("lse", lse, host.expected.lse.data, tol.lse, lse_label(shape.qo_indptr, shape.num_qo_heads));
   r.passed = r.o.passed && r.lse.passed;
   return r;
 }

@@ -447,6 +447,77 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
         c.dtype = (n / 3) % 2 ? DType::f16 : DType::bf16;
         c.causal = causal;
         c.lengths = n % 5 == 0 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+
+/// The cache scales an FP8 grid cycles through (k_scale, v_scale): stored values near the
+/// top of e4m3's range (keys up to 200, values up to 81), values below 1 where e4m3's
+/// subnormals start to matter (a scale above 1), e5m2's wider range (keys up to 4096), and
+/// scales that are no power of two, so the fp32 product sm_scale * k_scale rounds.
+struct Scales {
+  double k, v;
+};
+inline const Scales kFP8Scales[] = {{1.0 / 200, 0.0123}, {3.7, 1.0 / 64}, {1.0 / 4096, 3.7}, {0.011, 1.0 / 1024}};
+
+/// Decode over an FP8 cache (stages that declare kv_dtypes: 02 and 03): both formats, both
+/// layouts, pages of 1 and 16, shuffled (and now and then sequential) pages, GQA groups
+/// 1/4/8, head_dim 64/128/256, without scales and with each of kFP8Scales; q and o in
+/// fp16 or bf16 by turns, ragged lengths from 1 key to several FP8 tiles (128 keys at
+/// head_dim 128), now and then a request with none.
+inline std::vector<CaseSpec> decode_fp8_grid() {
+  std::vector<CaseSpec> cases;
+  const int batches[] = {1, 5, 17};
+  const int kv_lens[] = {1, 17, 97, 300};
+  int n = 0;
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (KVLayout layout : kLayouts)
+      for (int page : {1, 16})
+        for (int group : {1, 4, 8})
+          for (int head_dim : {64, 128, 256})
+            for (bool scaled : {false, true}) {
+              CaseSpec c;
+              c.mode = Mode::decode;
+              c.dtype = n % 2 ? DType::bf16 : DType::f16;
+              c.kv_dtype = kv;
+              c.kv_layout = layout;
+              c.page_size = page;
+              c.num_kv_heads = 2;
+              c.num_qo_heads = 2 * group;
+              c.head_dim = head_dim;
+              c.batch_size = batches[(n / 2) % 3];
+              c.kv_len = kv_lens[(n / 3) % 4];
+              c.lengths = n % 7 == 3 && c.batch_size > 1 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+              c.page_order = n % 5 == 4 ? PageOrder::sequential : PageOrder::shuffled;
+              if (scaled) {
+                const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 4) % 2];
+                c.k_scale = sc.k;
+                c.v_scale = sc.v;
+              }
+              ++n;
+              cases.push_back(c);
+            }
+  return cases;
+}
+
+/// FP8 decode on the benchmark's head configuration (32/8 heads, head_dim 128) at lengths
+/// that split (stage 03) and wrap the pipeline many times, and at batch 128 (blocks in
+/// waves, 256-thread blocks); both formats, pages of 1 and 16, with and without scales.
+inline std::vector<CaseSpec> decode_fp8_long_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (int kv_len : {2048, 16384, 256})
+      for (int page : {1, 16}) {
+        CaseSpec c;
+        c.dtype = n % 2 ? DType::f16 : DType::bf16;
+        c.kv_dtype = kv;
+        c.kv_len = kv_len;
+        c.batch_size = kv_len == 16384 ? 1 : kv_len == 2048 ? 4 : 128;
+        c.page_size = page;
+        c.kv_layout = kLayouts[(n / 2) % 2];
+        if (n % 2) {
+          const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 4) % 2];
+          c.k_scale = sc.k;
+          c.v_scale = sc.v;
+        }
         ++n;
         cases.push_back(c);
       }
@@ -470,6 +541,31 @@ inline std::vector<CaseSpec> hopper_long_grid() {
       c.head_dim = 128;
       c.causal = causal;
       c.lengths = LengthPolicy::uniform;
+
+/// FP8 decode cases small enough for compute-sanitizer: each format, layout and
+/// head_dim, pages 1/16, group 7, an empty request, scales on half of them.
+inline std::vector<CaseSpec> decode_fp8_sanitizer_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (DType kv : {DType::e4m3, DType::e5m2})
+    for (int head_dim : {64, 128, 256}) {
+      CaseSpec c;
+      c.batch_size = 3;
+      c.kv_len = n % 2 ? 300 : 37;
+      c.page_size = n % 3 == 0 ? 1 : 16;
+      c.num_qo_heads = n % 2 ? 7 : 32;
+      c.num_kv_heads = n % 2 ? 1 : 8;
+      c.head_dim = head_dim;
+      c.dtype = n % 2 ? DType::f16 : DType::bf16;
+      c.kv_dtype = kv;
+      c.kv_layout = kLayouts[n % 2];
+      c.lengths = n == 4 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+      if (n % 2 == 0) {
+        const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 2) % 2];
+        c.k_scale = sc.k;
+        c.v_scale = sc.v;
+      }
+      ++n;
       cases.push_back(c);
     }
   return cases;

@@ -36,7 +36,8 @@ struct FixedBatch {
     if (s.storage == stages::KVStorage::paged) {
       kv_indices = DeviceBuffer((max_indices ? max_indices : max_pages) * sizeof(int32_t));
       kv_last_page_len = DeviceBuffer(s.batch_size * sizeof(int32_t));
-      pool = DeviceBuffer(max_pages * 2 * s.page_size * kv_row);
+      pool = DeviceBuffer(max_pages * 2 * s.page_size * size_t(s.num_kv_heads) * s.head_dim *
+                          stages::dtype_bytes(s.resolved_kv_dtype()));
     } else {
       k = DeviceBuffer(max_kv_rows * kv_row);
       v = DeviceBuffer(max_kv_rows * kv_row);
@@ -61,7 +62,7 @@ struct FixedBatch {
     put(qo_indptr, s.qo_indptr.data(), s.qo_indptr.size() * sizeof(int32_t));
     put(kv_indptr, s.kv_indptr.data(), s.kv_indptr.size() * sizeof(int32_t));
     if (s.storage == stages::KVStorage::paged) {
-      const std::vector<uint8_t> pb = encode(s.dtype, host.paged.pages.data);
+      const std::vector<uint8_t> pb = encode(s.resolved_kv_dtype(), host.paged.pages.data);
       put(kv_indices, host.layout.kv_indices.data(), host.layout.kv_indices.size() * sizeof(int32_t));
       put(kv_last_page_len, s.kv_last_page_len.data(), s.kv_last_page_len.size() * sizeof(int32_t));
       put(pool, pb.data(), pb.size());

@@ -4,6 +4,7 @@
 // runners must refuse shapes they cannot run with a clear InvalidArgument.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -13,6 +14,7 @@
 #include "02_paged/paged.hpp"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/fp8.hpp"
 #include "harness/case.hpp"
 #include "harness/compare.hpp"
 #include "harness/dtype_convert.hpp"
@@ -80,10 +82,26 @@ TEST_CASE("compare: mismatch labels name request, head, token and dim through qo
 }
 
 TEST_CASE("tolerance table: one row per dtype, looser for narrower types") {
-  CHECK(tolerance_table().size() == 3);
+  CHECK(tolerance_table().size() == 7);  // f32, f16, bf16; f16 and bf16 over e4m3 and e5m2 K/V
   CHECK(tolerance_for(DType::f32).o.rtol < tolerance_for(DType::f16).o.rtol);
   CHECK(tolerance_for(DType::f16).o.rtol < tolerance_for(DType::bf16).o.rtol);
   CHECK(tolerance_for(DType::bf16).o.norm < 0.01);  // never a "1% of elements" rule
+}
+
+TEST_CASE("tolerance table: an FP8 cache's rows are its q dtype's, derived, not chosen") {
+  for (DType q : {DType::f16, DType::bf16})
+    for (DType kv : {DType::e4m3, DType::e5m2}) {
+      const DTypeTolerance& row = tolerance_for(q, kv);
+      const DTypeTolerance& base = tolerance_for(q);
+      CHECK(row.kv_dtype == kv);
+      for (auto [a, b] : {std::pair{row.o, base.o}, std::pair{row.lse, base.lse}}) {
+        CHECK(a.atol == b.atol);
+        CHECK(a.rtol == b.rtol);
+        CHECK(a.norm == b.norm);
+      }
+    }
+  CHECK_THROWS_AS(tolerance_for(DType::f32, DType::e4m3), ref::InvalidArgument);  // FP8 K/V needs 16-bit q
+  CHECK_THROWS_AS(tolerance_for(DType::bf16, DType::f16), ref::InvalidArgument);
 }
 
 TEST_CASE("dtype conversion: rounding is exact and encode/decode round-trips") {
@@ -98,6 +116,61 @@ TEST_CASE("dtype conversion: rounding is exact and encode/decode round-trips") {
   }
   CHECK(round_to(DType::bf16, 1.0 + 1.0 / 256) == 1.0);  // 8 significant bits: ties to even
   CHECK(std::isnan(decode(DType::bf16, encode(DType::bf16, {kNaN}), 1)[0]));
+  // FP8: one byte a value, the reference's rounding, NaN kept.
+  for (DType dtype : {DType::e4m3, DType::e5m2}) {
+    CAPTURE(to_string(dtype));
+    std::vector<double> rounded(x);
+    round_all(dtype, rounded);
+    const std::vector<uint8_t> bytes = encode(dtype, rounded);
+    CHECK(bytes.size() == rounded.size());
+    CHECK(decode(dtype, bytes, rounded.size()) == rounded);
+    CHECK(std::isnan(decode(dtype, encode(dtype, {kNaN}), 1)[0]));
+  }
+  CHECK(round_to(DType::e4m3, 1.0625) == 1.0);  // 4 significant bits: ties to even
+  CHECK(round_to(DType::e5m2, 1.375) == 1.5);
+  CHECK(encode(DType::e4m3, {448.0, -1.0}) == std::vector<uint8_t>{0x7e, 0xb8});
+}
+
+TEST_CASE("build_case: an FP8 cache holds FP8 values, and the reference reads them scaled") {
+  CaseSpec spec;
+  spec.batch_size = 3;
+  spec.kv_len = 40;
+  spec.num_qo_heads = 8;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 64;
+  spec.kv_dtype = DType::e4m3;
+  spec.k_scale = 1.0 / 128;
+  spec.v_scale = 0.03;
+  const uint64_t seed = case_seed(test::run_seed(), "build_case fp8");
+  CAPTURE(seed);
+  const HostCase c = build_case(spec, KVStorage::paged, seed);
+  CHECK(c.layout.shape.resolved_kv_dtype() == DType::e4m3);
+  CHECK(c.layout.shape.k_scale == static_cast<float>(1.0 / 128));
+  // Stored values are e4m3 values of k / k_scale: K up to 128 (|k| <= 1), V up to 33.
+  double k_max = 0, v_max = 0;
+  const int64_t P = spec.page_size, H = 2, D = 64, per_half = P * H * D;
+  for (int64_t i = 0; i < c.paged.pages.numel(); ++i) {
+    const double x = c.paged.pages.data[static_cast<size_t>(i)];
+    if (!std::isfinite(x)) continue;
+    CHECK(round_to(DType::e4m3, x) == x);
+    ((i / per_half) % 2 == 0 ? k_max : v_max) = std::max((i / per_half) % 2 == 0 ? k_max : v_max, std::abs(x));
+  }
+  CHECK(k_max > 64);
+  CHECK(k_max <= 128);
+  CHECK(v_max > 16);
+  CHECK(v_max <= 34);
+  // The answer is the reference's FP8 attention of exactly these values and scales.
+  ref::FP8PagedKVCache p8;
+  p8.pages = ref::quantize(c.paged.pages, ref::FP8Format::e4m3);
+  p8.layout = c.paged.layout;
+  p8.kv_indptr = c.paged.kv_indptr;
+  p8.kv_indices = c.paged.kv_indices;
+  p8.kv_last_page_len = c.paged.kv_last_page_len;
+  // The scales the stage gets: the shape's floats (read from there, not cast again here).
+  const ref::KVScales scales{c.layout.shape.k_scale, c.layout.shape.v_scale};
+  const auto r = ref::batch_decode_with_paged_kv_cache(c.q, p8, scales);
+  CHECK(ref::max_abs_diff(r.o, c.expected.o) < 1e-12);
+  CHECK(c.layout.shape.describe().find("kv=e4m3") != std::string::npos);
 }
 
 TEST_CASE("build_case: lengths, page table and NaN pool follow the spec") {
@@ -189,6 +262,52 @@ TEST_CASE("registry: unsupported shapes are explained, and runners refuse them")
   CHECK(naive_stage.unsupported_reason(shape).find("dtype bf16") != std::string::npos);
   shape.dtype = DType::f32;
   CHECK(naive_stage.unsupported_reason(shape).empty());
+}
+
+TEST_CASE("registry: FP8 caches are read by the stages that declare them, the others say why") {
+  BatchShape shape;
+  shape.mode = Mode::decode;
+  shape.storage = KVStorage::paged;
+  shape.dtype = DType::bf16;
+  shape.kv_dtype = DType::e4m3;
+  shape.batch_size = 1;
+  shape.num_qo_heads = 32;
+  shape.num_kv_heads = 8;
+  shape.head_dim = 128;
+  shape.page_size = 16;
+  shape.k_scale = 0.5f;
+  shape.v_scale = 2.f;
+  for (const StageInfo& stage : registry()) {
+    CAPTURE(stage.name);
+    const bool declares = std::find(stage.kv_dtypes.begin(), stage.kv_dtypes.end(), DType::e4m3) != stage.kv_dtypes.end();
+    BatchShape s = shape;
+    s.storage = stage.storage;
+    s.kv_layout = stage.kv_layouts.front();
+    if (!stage.supports(s.dtype)) continue;  // refused for its dtype before its K/V
+    if (!stage.supports(s.mode)) s.mode = stage.modes.front();
+    const std::string reason = stage.unsupported_reason(s);
+    if (declares) CHECK(reason.empty());
+    else CHECK(reason.find("not e4m3") != std::string::npos);
+  }
+  const StageInfo& paged_stage = find_stage("02_paged");
+  CHECK(paged_stage.kv_dtypes == std::vector<DType>{DType::e4m3, DType::e5m2});
+  CHECK(find_stage("03_split_kv").kv_dtypes == paged_stage.kv_dtypes);
+  CHECK(paged_stage.capabilities().find("FP8 K/V e4m3 e5m2") != std::string::npos);
+  shape.dtype = DType::f32;
+  CHECK(paged_stage.unsupported_reason(shape).find("fp16 or bf16 queries") != std::string::npos);
+  shape.dtype = DType::bf16;
+  shape.kv_dtype = DType::f16;
+  CHECK(paged_stage.unsupported_reason(shape).find("q's dtype (bf16) or an FP8 format") != std::string::npos);
+  shape.kv_dtype.reset();
+  shape.v_scale = 0.f;
+  CHECK(paged_stage.unsupported_reason(shape).find("positive finite") != std::string::npos);
+  shape.v_scale = 1.f;
+  CHECK(paged_stage.unsupported_reason(shape).empty());  // k_scale 0.5 on a bf16 cache: applied too
+  const StageInfo& tensor_core = find_stage("04_tensor_core");
+  CHECK(tensor_core.unsupported_reason(shape).find("does not apply k_scale or v_scale") != std::string::npos);
+  CHECK(parse_dtype("float8_e4m3fn") == DType::e4m3);
+  CHECK(parse_dtype("e5m2") == DType::e5m2);
+  CHECK(dtype_bytes(DType::e5m2) == 1);
 }
 
 TEST_CASE("FastDivmod: equals / and % for every divisor 1..130 and many numerators") {

@@ -87,7 +87,10 @@ std::vector<float> download_floats(const float* ptr, size_t count) {
 /// work items in one call. That is ref::split_kv_partials' definition, computed through
 /// the reference's ragged path, which does not walk the pool element by element (the
 /// paged walk takes seconds on a 16k-token case). The host test "split_kv reference
-/// partials" checks this shortcut against ref::split_kv_partials on small cases.
+/// partials" checks this shortcut against ref::split_kv_partials on small cases. A scaled
+/// (FP8) cache's rows are read as stored * k_scale and stored * v_scale, in double: the
+/// reference's FP8 semantics (reference/fp8.hpp), which the chunk kernel's partial rows
+/// follow (it folds v_scale into each chunk's normalisation).
 ref::SplitKVPartials reference_partials(const HostCase& host, const ref::SplitKVPlan& plan) {
   const BatchShape& s = host.layout.shape;
   const ref::PagedKVCache& cache = host.paged;
@@ -110,7 +113,8 @@ ref::SplitKVPartials reference_partials(const HostCase& host, const ref::SplitKV
           const int64_t src = s.kv_layout == KVLayout::HND ? (((page * 2 + kv) * H + h) * P + slot) * D
                                                            : (((page * 2 + kv) * P + slot) * H + h) * D;
           std::vector<double>& dst = kv ? v : k;
-          dst.insert(dst.end(), cache.pages.data.begin() + src, cache.pages.data.begin() + src + D);
+          const double scale = kv ? double(s.v_scale) : double(s.k_scale);
+          for (int64_t d = 0; d < D; ++d) dst.push_back(cache.pages.data[static_cast<size_t>(src + d)] * scale);
         }
     }
     kv_indptr.push_back(kv_indptr.back() + static_cast<int32_t>(j1 - j0));
@@ -136,7 +140,7 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
   r.plan = runner.split_plan();
   r.path = runner.path();
   r.checked_partials = r.plan.split_kv && r.path != DecodePath::unsplit;
-  const DTypeTolerance& tol = tolerance_for(s.dtype);
+  const DTypeTolerance& tol = tolerance_for(s.dtype, s.resolved_kv_dtype());
   const ref::AttentionResult* expected = &host.expected;
   ref::AttentionResult merged;
   if (r.checked_partials) {
@@ -825,4 +829,26 @@ TEST_CASE("split_kv: sanitizer subset, forced splits and a graph replay over eve
   CaseSpec a = graph_spec(1, 150, LengthPolicy::uniform), b = graph_spec(1, 9, LengthPolicy::uniform);
   a.num_qo_heads = b.num_qo_heads = 16;
   capture_and_replay({a, b}, graph, "sanitizer graph ");
+}
+
+TEST_CASE("split_kv fp8: forced splits over the FP8 grids, partial states checked") {
+  GridTally t = check_forced(grids::decode_fp8_grid(), 3);
+  CHECK(t.multi_chunk > 0);
+  t = check_forced(grids::decode_fp8_long_grid());
+  CHECK(t.multi_chunk > 0);
+}
+
+TEST_CASE("split_kv fp8: a CUDA graph over an FP8 cache replays correctly after re-planning") {
+  SplitKVOptions graph;
+  graph.enable_cuda_graph = true;
+  graph.fused_merge = true;
+  std::vector<CaseSpec> specs;
+  for (int kv_len : {1000, 37, 2048, 1}) {
+    CaseSpec c = graph_spec(4, kv_len, kv_len == 2048 ? LengthPolicy::uniform : LengthPolicy::ragged);
+    c.kv_dtype = DType::e4m3;
+    c.k_scale = 1.0 / 200;
+    c.v_scale = 0.0123;
+    specs.push_back(c);
+  }
+  CHECK(capture_and_replay(specs, graph, "graph fp8 ").size() >= 2);
 }

@@ -23,6 +23,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,22 @@ class DispatchError : public std::invalid_argument {
                       supported + ")");
 }
 
+/// The K/V element type of a kernel that may read an FP8 cache: calls `body` with a value
+/// of type T when kv_dtype == dtype (K/V stored like q), of __nv_fp8_e4m3 or
+/// __nv_fp8_e5m2 for an FP8 cache (instantiated for 16-bit T only: FP8 K/V is read with
+/// fp16/bf16 queries), and returns what it returns. `Enum` is any enum with members e4m3
+/// and e5m2 (stages' DType). The FP8 branches sit in an `if constexpr` of this template,
+/// so no FP8 kernel is instantiated for an fp32 T.
+template <typename T, typename Enum, typename Body>
+auto dispatch_kv_dtype(Enum dtype, Enum kv_dtype, Body&& body) {
+  if (kv_dtype == dtype) return body(T{});
+  if constexpr (sizeof(T) == 2) {
+    if (kv_dtype == Enum::e4m3) return body(__nv_fp8_e4m3{});
+    if (kv_dtype == Enum::e5m2) return body(__nv_fp8_e5m2{});
+  }
+  dispatch_failed("kv_dtype", static_cast<long long>(kv_dtype), "q's dtype; e4m3 or e5m2 with f16/bf16 q");
+}
+
 }  // namespace flashstep::kernels
 
 /// Element type: `dtype` is any enum with members f32, f16 and bf16 (stages' DType);
@@ -55,6 +72,16 @@ class DispatchError : public std::invalid_argument {
     case std::decay_t<decltype(dtype)>::bf16: { using T = __nv_bfloat16; __VA_ARGS__ break; }      \
     default: ::flashstep::kernels::dispatch_failed("dtype", static_cast<long long>(dtype), "f32, f16, bf16"); \
   }
+
+/// K/V element type, inside FLASHSTEP_DISPATCH_DTYPE (which names T): the body sees
+/// `using KV = T | __nv_fp8_e4m3 | __nv_fp8_e5m2` (kernels::dispatch_kv_dtype says which
+/// are instantiated). Unlike the macros above, the body must return a value, and the
+/// macro returns it from the enclosing function.
+#define FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, ...)                                    \
+  return ::flashstep::kernels::dispatch_kv_dtype<T>((dtype), (kv_dtype), [&](auto kv_tag_) {       \
+    using KV = decltype(kv_tag_);                                                                  \
+    __VA_ARGS__                                                                                    \
+  });
 
 /// head_dim 64, 128 or 256: the body sees `constexpr int HEAD_DIM`.
 #define FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, ...)                                        \

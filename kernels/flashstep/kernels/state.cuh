@@ -90,9 +90,11 @@ struct SoftmaxState {
     return d > 0.f ? (m + log2f(d)) * kLn2 : -INFINITY;
   }
 
-  /// The normalized output o / d (0 when empty). \param out N floats
-  __device__ __forceinline__ void output(float* out) const {
-    const float inv_d = d > 0.f ? 1.f / d : 0.f;
+  /// The normalized output o / d (0 when empty), times `scale`: a scaled FP8 cache's
+  /// v_scale, folded into the one division (scale 1 gives exactly o * (1 / d)).
+  /// \param out N floats \param scale multiplies every output value
+  __device__ __forceinline__ void output(float* out, float scale = 1.f) const {
+    const float inv_d = d > 0.f ? scale / d : 0.f;
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = o[i] * inv_d;
   }

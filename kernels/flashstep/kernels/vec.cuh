@@ -4,7 +4,7 @@
 /// Decode attention is a stream of bytes through a few FMAs, so the width of each memory
 /// instruction matters: a warp issuing 16-byte loads moves 512 bytes per instruction,
 /// four times what 4-byte loads move, with a quarter of the instructions to issue and
-/// track. Vec16<T> holds exactly 16 bytes of T (8 fp16/bf16 or 4 fp32), is loaded and
+/// track. Vec16<T> holds exactly 16 bytes of T (16 fp8, 8 fp16/bf16 or 4 fp32), is loaded and
 /// stored as one `uint4`, and converts to and from fp32, the accumulation type of every
 /// stage. The address must be 16-byte aligned: every row this project loads starts at a
 /// multiple of head_dim elements, and head_dim * sizeof(T) is a multiple of 16.
@@ -13,15 +13,16 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
 namespace flashstep::kernels {
 
-/// 16 bytes of `T` (float, __half or __nv_bfloat16).
+/// 16 bytes of `T` (float, __half, __nv_bfloat16, __nv_fp8_e4m3 or __nv_fp8_e5m2).
 template <typename T>
 struct alignas(16) Vec16 {
-  /// Elements per vector: 4 for fp32, 8 for fp16/bf16.
+  /// Elements per vector: 4 for fp32, 8 for fp16/bf16, 16 for fp8.
   static constexpr int kSize = 16 / static_cast<int>(sizeof(T));
   uint4 raw;  ///< the 16 bytes, as the hardware moves them
 
@@ -89,6 +90,62 @@ __device__ __forceinline__ void Vec16<__nv_bfloat16>::from_float(const float* in
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(in[2 * i], in[2 * i + 1]);
+}
+
+namespace detail {
+
+/// 16 FP8 elements widened exactly: each pair through the toolkit's fp8x2 -> f16x2
+/// conversion (one cvt.rn.f16x2.e4m3x2 / .e5m2x2 instruction on sm_89 and later; every
+/// FP8 value is an fp16 value), then f16 -> f32. Element e is byte e (little-endian).
+template <__nv_fp8_interpretation_t FORMAT>
+__device__ __forceinline__ void fp8x16_to_float(const uint4& raw, float* out) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * p)), FORMAT);
+      const float2 f = __half22float2(__half2(h));
+      out[4 * i + 2 * p] = f.x;
+      out[4 * i + 2 * p + 1] = f.y;
+    }
+}
+
+/// 16 floats rounded to FP8 (to nearest even, saturating to +-max: __NV_SATFINITE),
+/// in pairs (cvt.rn.satfinite.e4m3x2.f32 / .e5m2x2 on sm_89 and later).
+template <__nv_fp8_interpretation_t FORMAT>
+__device__ __forceinline__ uint4 float_to_fp8x16(const float* in) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(in[4 * i], in[4 * i + 1]), __NV_SATFINITE, FORMAT);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(in[4 * i + 2], in[4 * i + 3]), __NV_SATFINITE, FORMAT);
+    w[i] = lo | (hi << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+}  // namespace detail
+
+/// e4m3: sixteen elements widened exactly (detail::fp8x16_to_float).
+template <>
+__device__ __forceinline__ void Vec16<__nv_fp8_e4m3>::to_float(float* out) const {
+  detail::fp8x16_to_float<__NV_E4M3>(raw, out);
+}
+/// e4m3: rounded to nearest even, saturating (the __nv_fp8_e4m3(float) constructor's rule).
+template <>
+__device__ __forceinline__ void Vec16<__nv_fp8_e4m3>::from_float(const float* in) {
+  raw = detail::float_to_fp8x16<__NV_E4M3>(in);
+}
+/// e5m2: sixteen elements widened exactly (detail::fp8x16_to_float).
+template <>
+__device__ __forceinline__ void Vec16<__nv_fp8_e5m2>::to_float(float* out) const {
+  detail::fp8x16_to_float<__NV_E5M2>(raw, out);
+}
+/// e5m2: rounded to nearest even, saturating (the __nv_fp8_e5m2(float) constructor's rule).
+template <>
+__device__ __forceinline__ void Vec16<__nv_fp8_e5m2>::from_float(const float* in) {
+  raw = detail::float_to_fp8x16<__NV_E5M2>(in);
 }
 
 }  // namespace flashstep::kernels

@@ -16,3 +16,4 @@
 #include "flashstep/reference/split_plan.hpp"      // IWYU pragma: export
 #include "flashstep/reference/speculative.hpp"     // IWYU pragma: export
 #include "flashstep/reference/tiny_decoder.hpp"    // IWYU pragma: export
+#include "flashstep/reference/fp8.hpp"             // IWYU pragma: export

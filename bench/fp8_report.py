@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""The FP8 decode table of one run: flashstep_bench's rows and bench/peers.py's FlashInfer
+rows on bench/shapes_fp8.csv, measured in the same GPU run, and the FP8 speed goals.
+
+    python3 bench/fp8_report.py --bench bench.json --peers peers.json [--shapes bench/shapes_fp8.csv]
+
+For every FP8 shape (a kv_dtype of e4m3 or e5m2): stage 02's and stage 03's median times,
+the same stage's time on the bf16 pool of the same sizes (the row whose name ends in _bf16
+instead of _<kv_dtype>[_scaled]), FlashInfer's two decode wrappers on the same FP8 pool,
+and the floor: the bytes the row is credited with (q, K and V at one byte an element, o,
+lse) over the read ceiling measured in the same run. Then the goals, each MET or MISS with
+its ratio, judged on stage 03 (the decode stage that chooses between its split and stage
+02's kernel):
+  time <= 0.55 x the same stage's bf16 time      b128 x kv 8192 and b1 x kv 131072
+  >= 1.15 x FlashInfer's faster FP8 wrapper       those two, b64 x kv 4096, b16 x kv 4096
+  time <= 1.10 x the FP8 read floor               b128 x kv 8192 and b1 x kv 131072
+  >= 1.0 x FlashInfer's faster FP8 wrapper        b1 x kv 16384, b16 x kv 1024 (launch-bound)
+  with scales no slower than without             every shape and format
+A number the run did not measure is "-" and its goal "n/a", never filled in from elsewhere.
+Nothing here is typed by hand: every number comes from the two files."""
+import argparse
+import csv
+import json
+import sys
+
+STAGES = ("02_paged", "03_split_kv")
+RATIO_GOALS = {  # sizes -> (time vs bf16, speedup vs FlashInfer's best, time vs floor)
+    "b128_kv8192": (0.55, 1.15, 1.10),
+    "b1_kv131072": (0.55, 1.15, 1.10),
+    "b64_kv4096": (None, 1.15, None),
+    "b16_kv4096": (None, 1.15, None),
+    "b1_kv16384": (None, 1.0, None),
+    "b16_kv1024": (None, 1.0, None),
+}
+
+
+def load_shapes(path):
+    with open(path, encoding="utf-8") as f:
+        return list(csv.DictReader(line for line in f if line.strip() and not line.startswith("#")))
+
+
+def bench_medians(bench):
+    """{row name: median real time in microseconds} of Google Benchmark's JSON."""
+    out = {}
+    for b in bench.get("benchmarks", []):
+        if b.get("aggregate_name") != "median" or b.get("error_occurred"):
+            continue
+        name = b["run_name"].split("/min_time")[0]
+        scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3}[b.get("time_unit", "us")]
+        out[name] = b["real_time"] * scale
+    return out
+
+
+def decode_bytes(s):
+    batch, kv_len = int(s["batch"]), int(s["kv_len"])
+    hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+    elem = 4 if s["dtype"] == "f32" else 2
+    kv_elem = 1 if s["kv_dtype"] in ("e4m3", "e5m2") else elem
+    return elem * 2 * batch * hq * d + kv_elem * 2 * batch * kv_len * hkv * d + 4 * batch * hq
+
+
+def fmt(x, spec="8.1f"):
+    return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bench", required=True)
+    p.add_argument("--peers", action="append", default=[], help="bench/peers.py's JSON (again for another file)")
+    p.add_argument("--shapes", default="bench/shapes_fp8.csv")
+    a = p.parse_args()
+    with open(a.bench, encoding="utf-8") as f:
+        bench = json.load(f)
+    times = bench_medians(bench)
+    read_gbps = float(bench.get("context", {}).get("read_ceiling_GB/s", "nan"))
+    peers = {}
+    for path in a.peers:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            continue
+        for r in data.get("results", []):
+            if "shape" in r and "median_us" in r and "error" not in r:
+                peers[(r["impl"], r["shape"])] = r["median_us"]
+    shapes = load_shapes(a.shapes)
+    by_name = {s["name"]: s for s in shapes}
+
+    print(f"device: {bench.get('context', {}).get('device', '?')}, read ceiling {read_gbps:.0f} GB/s, "
+          f"commit {bench.get('context', {}).get('commit', '?')}")
+    head = (f"{'shape':30s} {'02 us':>8s} {'03 us':>8s} {'03 bf16':>8s} {'FI cc':>8s} {'FI tc':>8s} "
+            f"{'floor':>8s} {'x bf16':>7s} {'vs FI':>6s} {'% read':>7s}")
+    print(head)
+    goals = []
+    for s in shapes:
+        kv = s["kv_dtype"]
+        if kv not in ("e4m3", "e5m2"):
+            continue
+        name = s["name"]
+        sizes = name.split("_" + kv)[0]
+        bf16_name = sizes + "_bf16"
+        t02, t03 = times.get("02_paged/" + name), times.get("03_split_kv/" + name)
+        t03_bf16 = times.get("03_split_kv/" + bf16_name) if bf16_name in by_name else None
+        cc, tc = peers.get(("flashinfer_cuda_core_decode", name)), peers.get(("flashinfer_tc_decode", name))
+        fi_best = min([t for t in (cc, tc) if t is not None], default=None)
+        floor = decode_bytes(s) / (read_gbps * 1e9) * 1e6 if read_gbps == read_gbps else None
+        x_bf16 = t03 / t03_bf16 if t03 and t03_bf16 else None
+        vs_fi = fi_best / t03 if t03 and fi_best else None
+        pct = 100 * floor / t03 if t03 and floor else None
+        print(f"{name:30s} {fmt(t02)} {fmt(t03)} {fmt(t03_bf16)} {fmt(cc)} {fmt(tc)} {fmt(floor)} "
+              f"{fmt(x_bf16, '7.3f')} {fmt(vs_fi, '6.2f')} {fmt(pct, '7.1f')}")
+        g_bf16, g_fi, g_floor = RATIO_GOALS.get(sizes, (None, None, None))
+        if g_bf16 is not None:
+            goals.append((f"{name}: 03 time / bf16 time <= {g_bf16}", x_bf16, x_bf16 is not None and x_bf16 <= g_bf16))
+        if g_fi is not None:
+            goals.append((f"{name}: FlashInfer best / 03 time >= {g_fi}", vs_fi, vs_fi is not None and vs_fi >= g_fi))
+        if g_floor is not None:
+            r = t03 / floor if t03 and floor else None
+            goals.append((f"{name}: 03 time / FP8 read floor <= {g_floor}", r, r is not None and r <= g_floor))
+        if name.endswith("_scaled"):
+            plain = times.get("03_split_kv/" + name[: -len("_scaled")])
+            r = t03 / plain if t03 and plain else None
+            goals.append((f"{name}: time with scales / without <= 1.0", r, r is not None and r <= 1.0))
+    print()
+    for text, ratio, met in goals:
+        verdict = "n/a " if ratio is None else ("MET " if met else "MISS")
+        print(f"{verdict} {fmt(ratio, '7.3f')}  {text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

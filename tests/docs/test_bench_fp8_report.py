@@ -1,0 +1,83 @@
+"""bench/fp8_report.py on a small hand-made run, CPU only (no GPU, no torch): the FP8 decode
+table takes every number from the two files, and each goal's ratio and verdict is the one
+worked out by hand in the comments; a number the run lacks is "-" and its goal "n/a"."""
+import json
+import os
+import subprocess
+import sys
+
+SOURCE = os.environ.get("FLASHSTEP_SOURCE_DIR",
+                        os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+SCRIPT = os.path.join(SOURCE, "bench", "fp8_report.py")
+
+SHAPES = """# test shapes
+name,set,batch,kv_len,num_qo_heads,num_kv_heads,head_dim,page_size,dtype,layout,page_order,kv_dtype,k_scale,v_scale
+b128_kv8192_bf16,target,128,8192,32,8,128,16,bf16,NHD,sequential,bf16,1,1
+b128_kv8192_e4m3,target,128,8192,32,8,128,16,bf16,NHD,sequential,e4m3,1,1
+b128_kv8192_e4m3_scaled,target,128,8192,32,8,128,16,bf16,NHD,sequential,e4m3,0.5,2
+b16_kv1024_e5m2,sweep,16,1024,32,8,128,16,bf16,NHD,sequential,e5m2,1,1
+"""
+
+
+def median(name, us):
+    return {"name": f"{name}/min_time:0.050/repeats:5/manual_time_median", "run_type": "aggregate",
+            "run_name": f"{name}/min_time:0.050/repeats:5/manual_time", "aggregate_name": "median",
+            "real_time": us, "cpu_time": us, "time_unit": "us"}
+
+
+def run(tmp_path):
+    (tmp_path / "shapes.csv").write_text(SHAPES)
+    # Read ceiling 3000 GB/s. b128 x kv 8192 at e4m3: q and o 2 x 128 x 32 x 128 x 2 bytes =
+    # 2097152, K and V 2 x 128 x 8192 x 8 x 128 x 1 = 2147483648, lse 128 x 32 x 4 = 16384:
+    # 2149597184 bytes, a floor of 716.532 us.
+    bench = {"context": {"device": "GPU X", "read_ceiling_GB/s": "3000", "commit": "abc"},
+             "benchmarks": [median("03_split_kv/b128_kv8192_bf16", 1400.0),
+                            median("03_split_kv/b128_kv8192_e4m3", 750.0),
+                            median("02_paged/b128_kv8192_e4m3", 760.0),
+                            median("03_split_kv/b128_kv8192_e4m3_scaled", 760.0),
+                            median("03_split_kv/b16_kv1024_e5m2", 40.0)]}
+    peers = {"results": [
+        {"impl": "flashinfer_cuda_core_decode", "shape": "b128_kv8192_e4m3", "median_us": 1775.0},
+        {"impl": "flashinfer_tc_decode", "shape": "b128_kv8192_e4m3", "median_us": 895.0},
+        {"impl": "flashinfer_tc_decode", "shape": "b128_kv8192_e4m3_scaled", "median_us": 800.0,
+         "error": "marked wrong"},  # a marked row is no peer
+        {"impl": "flashinfer_tc_decode", "shape": "b16_kv1024_e5m2", "median_us": 36.0}]}
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    (tmp_path / "peers.json").write_text(json.dumps(peers))
+    out = subprocess.run([sys.executable, SCRIPT, "--bench", str(tmp_path / "bench.json"), "--peers",
+                          str(tmp_path / "peers.json"), "--shapes", str(tmp_path / "shapes.csv")],
+                         capture_output=True, text=True, check=True)
+    return out.stdout
+
+
+def goal(text, stdout):
+    line = next(l for l in stdout.splitlines() if l.endswith(text))
+    return line.split()[0], line.split()[1]
+
+
+def test_goals_are_the_ratios_worked_out_by_hand(tmp_path):
+    out = run(tmp_path)
+    # 750 / 1400 = 0.536 <= 0.55: met.
+    assert goal("b128_kv8192_e4m3: 03 time / bf16 time <= 0.55", out) == ("MET", "0.536")
+    # FlashInfer's best is the tensor-core wrapper's 895 us: 895 / 750 = 1.193 >= 1.15.
+    assert goal("b128_kv8192_e4m3: FlashInfer best / 03 time >= 1.15", out) == ("MET", "1.193")
+    # 750 / 716.532 = 1.047 <= 1.10.
+    assert goal("b128_kv8192_e4m3: 03 time / FP8 read floor <= 1.1", out) == ("MET", "1.047")
+    # Scaled 760 us against 750 without: 1.013, slower: missed.
+    assert goal("b128_kv8192_e4m3_scaled: time with scales / without <= 1.0", out) == ("MISS", "1.013")
+    # The scaled row's only FlashInfer row is marked wrong: no peer, no ratio.
+    assert goal("b128_kv8192_e4m3_scaled: FlashInfer best / 03 time >= 1.15", out)[0] == "n/a"
+    # b16 x kv 1024 is launch-bound: 36 / 40 = 0.9 < 1.0.
+    assert goal("b16_kv1024_e5m2: FlashInfer best / 03 time >= 1.0", out) == ("MISS", "0.900")
+
+
+def test_the_table_shows_what_the_run_measured_and_dashes_for_the_rest(tmp_path):
+    out = run(tmp_path)
+    row = next(l for l in out.splitlines() if l.startswith("b128_kv8192_e4m3 "))
+    cells = row.split()
+    assert cells[1:4] == ["760.0", "750.0", "1400.0"]  # stage 02, stage 03, stage 03 on bf16
+    assert cells[4:6] == ["1775.0", "895.0"]            # FlashInfer CUDA cores, tensor cores
+    assert cells[6] == "716.5"                          # the floor
+    e5m2 = next(l for l in out.splitlines() if l.startswith("b16_kv1024_e5m2 ")).split()
+    assert e5m2[1] == "-" and e5m2[3] == "-"  # no stage 02 row, no bf16 shape of these sizes
+    assert not any(l.startswith("b128_kv8192_bf16") for l in out.splitlines())  # a bf16 row is no FP8 row
