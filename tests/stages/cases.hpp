@@ -425,29 +425,6 @@ inline std::vector<CaseSpec> cascade_sanitizer_grid() {
   return cases;
 }
 
-/// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys): qo_len and kv_len
-/// one below, at and above each multiple, ragged batches with an empty request, GQA
-/// groups that divide the tile (1, 4, 8, 32), both head_dims, both 16-bit dtypes, causal
-/// and not. Ragged (contiguous) K/V: the TMA reads tiles across request boundaries.
-inline std::vector<CaseSpec> hopper_tail_grid() {
-  std::vector<CaseSpec> cases;
-  int n = 0;
-  const Heads heads[] = {{32, 8}, {8, 8}, {32, 4}, {32, 1}};
-  for (int qo_len : {1, 63, 65, 127, 129, 300})
-    for (int kv_extra : {0, 1, 64, 190})
-      for (bool causal : {false, true}) {
-        CaseSpec c;
-        c.mode = Mode::prefill;
-        c.batch_size = n % 3 == 0 ? 1 : 5;
-        c.qo_len = qo_len;
-        c.kv_len = qo_len + kv_extra;
-        c.num_qo_heads = heads[n % 4].qo;
-        c.num_kv_heads = heads[n % 4].kv;
-        c.head_dim = (n / 2) % 2 ? 64 : 128;
-        c.dtype = (n / 3) % 2 ? DType::f16 : DType::bf16;
-        c.causal = causal;
-        c.lengths = n % 5 == 0 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
-
 /// The cache scales an FP8 grid cycles through (k_scale, v_scale): stored values near the
 /// top of e4m3's range (keys up to 200, values up to 81), values below 1 where e4m3's
 /// subnormals start to matter (a scale above 1), e5m2's wider range (keys up to 4096), and
@@ -524,24 +501,6 @@ inline std::vector<CaseSpec> decode_fp8_long_grid() {
   return cases;
 }
 
-/// One long request, causal and not: many K/V ring wraps and query tiles.
-inline std::vector<CaseSpec> hopper_long_grid() {
-  std::vector<CaseSpec> cases;
-  // few heads: the double-precision reference costs O(len^2 * heads)
-  for (int len : {4096, 16384})
-    for (bool causal : {true, false}) {
-      if (len == 16384 && !causal) continue;
-      CaseSpec c;
-      c.mode = Mode::prefill;
-      c.batch_size = 1;
-      c.qo_len = len;
-      c.kv_len = len;
-      c.num_qo_heads = len > 4096 ? 1 : 4;
-      c.num_kv_heads = 1;
-      c.head_dim = 128;
-      c.causal = causal;
-      c.lengths = LengthPolicy::uniform;
-
 /// FP8 decode cases small enough for compute-sanitizer: each format, layout and
 /// head_dim, pages 1/16, group 7, an empty request, scales on half of them.
 inline std::vector<CaseSpec> decode_fp8_sanitizer_grid() {
@@ -568,6 +527,69 @@ inline std::vector<CaseSpec> decode_fp8_sanitizer_grid() {
       ++n;
       cases.push_back(c);
     }
+  return cases;
+}
+
+/// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys): qo_len and kv_len
+/// one below, at and above each multiple, ragged batches with an empty request, GQA
+/// groups that divide the tile (1, 4, 8, 32), both head_dims, both 16-bit dtypes, causal
+/// and not. Ragged (contiguous) K/V: the TMA reads tiles across request boundaries.
+inline std::vector<CaseSpec> hopper_tail_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  const Heads heads[] = {{32, 8}, {8, 8}, {32, 4}, {32, 1}};
+  for (int qo_len : {1, 63, 65, 127, 129, 300})
+    for (int kv_extra : {0, 1, 64, 190})
+      for (bool causal : {false, true}) {
+        CaseSpec c;
+        c.mode = Mode::prefill;
+        c.batch_size = n % 3 == 0 ? 1 : 5;
+        c.qo_len = qo_len;
+        c.kv_len = qo_len + kv_extra;
+        c.num_qo_heads = heads[n % 4].qo;
+        c.num_kv_heads = heads[n % 4].kv;
+        c.head_dim = (n / 2) % 2 ? 64 : 128;
+        c.dtype = (n / 3) % 2 ? DType::f16 : DType::bf16;
+        c.causal = causal;
+        c.lengths = n % 5 == 0 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// One long request, causal and not: many K/V ring wraps and query tiles; and a batch
+/// of more units than multiprocessors.
+inline std::vector<CaseSpec> hopper_long_grid() {
+  std::vector<CaseSpec> cases;
+  // few heads: the double-precision reference costs O(len^2 * heads)
+  for (int len : {4096, 16384})
+    for (bool causal : {true, false}) {
+      if (len == 16384 && !causal) continue;
+      CaseSpec c;
+      c.mode = Mode::prefill;
+      c.batch_size = 1;
+      c.qo_len = len;
+      c.kv_len = len;
+      c.num_qo_heads = len > 4096 ? 1 : 4;
+      c.num_kv_heads = 1;
+      c.head_dim = 128;
+      c.causal = causal;
+      c.lengths = LengthPolicy::uniform;
+      cases.push_back(c);
+    }
+  // more (work item, kv head) units than multiprocessors: each block of the persistent
+  // grid walks several, the K/V ring and the barriers' phases running on across them
+  for (bool causal : {true, false}) {
+    CaseSpec c;
+    c.mode = Mode::prefill;
+    c.batch_size = 4;
+    c.qo_len = 256;
+    c.kv_len = 512;
+    c.causal = causal;
+    c.lengths = LengthPolicy::ragged_with_empty;
+    cases.push_back(c);
+  }
   return cases;
 }
 

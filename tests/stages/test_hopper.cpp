@@ -16,7 +16,7 @@ TEST_CASE("07_hopper: tails of the 128-row, 128-key tiles, groups 1..32, head_di
   CHECK(ran.count("07_hopper_ragged"));
 }
 
-TEST_CASE("07_hopper: one long request (4096 and 16384 tokens)") {
+TEST_CASE("07_hopper: one long request (4096 and 16384 tokens), and more units than multiprocessors") {
   const auto ran = test::check_grid(grids::hopper_long_grid());
   CHECK(ran.count("07_hopper_ragged"));
 }
