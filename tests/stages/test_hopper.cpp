@@ -5,7 +5,9 @@
 #include "07_hopper/hopper.hpp"
 #include "cases.hpp"
 #include "grid_runner.hpp"
+#include "harness/validate.hpp"
 #include "registry.hpp"
+#include "support/random.hpp"
 
 using namespace flashstep;
 using namespace flashstep::stages;
@@ -45,4 +47,36 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   s.window_left = 3;
   CHECK(stage.unsupported_reason(s).find("window_left") != std::string::npos);
 }
+}
+
+TEST_CASE("07_hopper: sanitizer subset") {
+  // a few small cases on stage 07 alone, for compute-sanitizer (memcheck, racecheck,
+  // synccheck): both head_dims and dtypes, causal and not, a tail, an empty request, GQA
+  // groups 1 and 4, and one batch of more units than the grid has blocks
+  const StageInfo& stage = find_stage("07_hopper_ragged");
+  std::vector<harness::CaseSpec> cases;
+  for (int n = 0; n < 4; ++n) {
+    harness::CaseSpec c;
+    c.mode = Mode::prefill;
+    c.batch_size = 3;
+    c.qo_len = n % 2 ? 65 : 130;
+    c.kv_len = c.qo_len + 70;
+    c.num_qo_heads = n < 2 ? 8 : 32;
+    c.num_kv_heads = 8;
+    c.head_dim = n % 2 ? 64 : 128;
+    c.dtype = n % 2 ? DType::f16 : DType::bf16;
+    c.causal = n < 2;
+    c.lengths = harness::LengthPolicy::ragged_with_empty;
+    cases.push_back(c);
+  }
+  harness::CaseSpec many = cases[0];
+  many.batch_size = 2;
+  many.qo_len = 600;
+  many.kv_len = 600;
+  many.num_qo_heads = 32;  // 2 x 19 tiles x 8 kv heads = 304 units
+  cases.push_back(many);
+  for (const harness::CaseSpec& c : cases) {
+    const harness::ValidationReport r = harness::validate(stage, c, harness::case_seed(test::run_seed(), c.describe()));
+    CHECK_MESSAGE(r.passed, r.message());
+  }
 }
