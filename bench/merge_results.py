@@ -60,6 +60,22 @@ PREFILL_TARGETS = [
      "04_tensor_core/mqa_b128_kv8192", "peer_torch_sdpa_cudnn/mqa_b128_kv8192", 1.00, ">="),
     ("04_tensor_core vs cuDNN SDPA, MQA decode 32/1 heads, batch 1 x kv 16384 (GB/s ratio)",
      "04_tensor_core/mqa_b1_kv16384", "peer_torch_sdpa_cudnn/mqa_b1_kv16384", 1.00, ">="),
+] + [
+    # Stage 07 (Hopper, ragged K/V) against cuDNN and FlashInfer's fa3 on the same shapes.
+    (f"07_hopper vs {peer_text} prefill, {text} (TFLOP/s ratio)",
+     f"07_hopper_ragged/{shape}", f"{peer}/{shape}", 1.00, ">=")
+    for shape, text in (("b4_q4096_causal", "batch 4 x 4096 causal"), ("b4_q4096", "batch 4 x 4096 non-causal"),
+                        ("b1_q16384_causal", "batch 1 x 16384 causal"), ("b1_q16384", "batch 1 x 16384 non-causal"))
+    for peer, peer_text in (("peer_torch_sdpa_cudnn", "cuDNN SDPA"), ("peer_flashinfer_fa3", "FlashInfer fa3"))
+] + [
+    ("07_hopper vs the cuBLAS bf16 GEMM ceiling, batch 4 x 4096 non-causal (TFLOP/s ratio)",
+     "07_hopper_ragged/b4_q4096", "ceiling/gemm_bf16", 0.80, ">="),
+] + [
+    (f"07_hopper vs FlashInfer fa3 prefill, {text} (TFLOP/s ratio)",
+     f"07_hopper_ragged/{shape}", f"peer_flashinfer_fa3/{shape}", 1.00, ">=")
+    for shape, text in (("b4_q4096_d64_causal", "head_dim 64, batch 4 x 4096 causal"),
+                        ("append_b4_q512_kv8192_causal", "append 512 on 8192, batch 4"),
+                        ("ragged8_q8192_causal", "ragged 8 requests up to 8192"))
 ]
 
 # Stage 05 on bench/shapes_cascade.csv: speedups, the other row's time over stage 05's

@@ -16,7 +16,8 @@ namespace flashstep::stages {
 /// Every stage, in teaching order (01_naive first).
 const std::vector<StageInfo>& registry();
 
-/// The stage called `name` (e.g. "02_paged"; the number alone, "02", also works).
+/// The stage called `name` (e.g. "02_paged"; the number alone, "02", or a stage folder's
+/// name, "07_hopper" for its first entry "07_hopper_ragged", also works).
 /// Throws ref::InvalidArgument listing the known names otherwise.
 const StageInfo& find_stage(const std::string& name);
 
