@@ -81,7 +81,7 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
 }
 
 template <typename T, int HEAD_DIM>
-void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, int sms, const DeviceBatch& batch,
+void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const DeviceBatch& batch,
             cudaStream_t stream) {
   using Tr = HopperTraits<T, HEAD_DIM>;
   const int group = s.group_size();
@@ -93,7 +93,6 @@ void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, int s
   p.kv_indptr = batch.kv_indptr;
   p.request_indices = reinterpret_cast<const int32_t*>(ws);
   p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + align_up(sched.num_items() * sizeof(int32_t)));
-  p.num_items = static_cast<int>(sched.num_items());
   p.o = batch.o;
   p.lse = batch.lse;
   p.num_qo_heads = s.num_qo_heads;
@@ -104,11 +103,8 @@ void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, int s
   const size_t smem = Tr::smem_bytes();
   FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  // persistent: one block per multiprocessor (its shared memory allows no second), each
-  // walking the units b, b + grid, ... of the longest-first list
-  const int64_t units = sched.num_items() * s.num_kv_heads;
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(units, sms));
-  hopper_attention_kernel<T, HEAD_DIM><<<grid, Tr::kThreads, smem, stream>>>(p);
+  hopper_attention_kernel<T, HEAD_DIM>
+      <<<static_cast<unsigned>(sched.num_items() * s.num_kv_heads), Tr::kThreads, smem, stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
 }
 
@@ -192,9 +188,6 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   schedule_ = std::move(sched);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  int device = 0;
-  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   if (half == 0) return;
   // The schedule, staged in one host buffer and copied once.
   std::vector<uint8_t> staged(2 * half, 0);
@@ -211,8 +204,8 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const BatchShape& s = shape_;
   FLASHSTEP_DISPATCH_DTYPE(s.dtype, T, {
     if constexpr (!std::is_same_v<T, float>) {
-      if (s.head_dim == 64) return launch<T, 64>(s, schedule_, workspace_, sms_, batch, stream);
-      if (s.head_dim == 128) return launch<T, 128>(s, schedule_, workspace_, sms_, batch, stream);
+      if (s.head_dim == 64) return launch<T, 64>(s, schedule_, workspace_, batch, stream);
+      if (s.head_dim == 128) return launch<T, 128>(s, schedule_, workspace_, batch, stream);
     }
   });
   ref::require(false, "HopperRunner::run", "no kernel for " + s.describe());

@@ -2,8 +2,7 @@
 /// \brief Stage 07 — prefill on Hopper (sm_90a): TMA loads completing on mbarriers, wgmma
 /// from shared memory, a producer warp group and two consumer warp groups. plan() lists
 /// the (request, query tile) work items longest first, as stage 04 does; run() encodes
-/// the tensor maps of q, k and v and launches a persistent grid, one block per
-/// multiprocessor, walking the (work item, kv head) units.
+/// the tensor maps of q, k and v and launches one block per (work item, kv head).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,7 +39,6 @@ class HopperRunner : public StageRunner {
   BatchShape shape_;
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
-  int sms_ = 0;  // multiprocessors: the persistent grid's size
   CapturedLaunch captured_;
 };
 

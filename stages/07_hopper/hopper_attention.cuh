@@ -19,16 +19,10 @@
 //   consumer (WG 1)       wait K0: S = Q K0^T, softmax, wait V0: O += P V0, free 0 | K1 ...
 //   consumer (WG 2)       (the same on query rows 64..127)
 //
-// - Ping-pong: the two consumer warp groups take turns issuing their GEMMs (named
-//   barriers), so one group's softmax runs while the other's GEMMs hold the tensor cores;
-//   each turn issues S_j = Q K_j^T together with P_{j-1} V_{j-1}.
-// - Persistent grid: one block per multiprocessor walks plan()'s (work item, kv head)
-//   units, longest first; the producer loads the next unit's Q and K/V while the
-//   consumers finish the last P V and write the output of the current one.
-//
-// What it still does badly: inside a warp group the softmax of tile j does not overlap
-// its own GEMMs (only the other group's); the output is written from registers (4-byte
-// stores), not through shared memory and a TMA store; ragged K/V only (no page table).
+// What it still does badly: the softmax of tile j waits for S_j and the GEMM P_j V_j waits
+// for the softmax (no overlap inside a warp group, no ping-pong between the two); the
+// grid is one block per (request, query tile, kv head), not persistent; the output is
+// written from registers, not through shared memory and a TMA store.
 #pragma once
 
 #include <cuda/ptx>
@@ -58,7 +52,7 @@ struct HopperTraits {
   static constexpr uint32_t kKVBytes = Bc * HEAD_DIM * sizeof(T);  ///< one K (or V) tile
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (2 + 4 * kStages); }
+  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
   static_assert(HEAD_DIM % kBlockCols == 0, "head_dim must be a multiple of 64");
 };
 
@@ -72,7 +66,6 @@ struct HopperParams {
   const int32_t* kv_indptr = nullptr;        ///< (batch_size + 1) token offsets
   const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i, -1 for padding
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
-  int num_items = 0;                         ///< work items; the grid walks num_items x num_kv_heads units
   void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
   int num_qo_heads = 0;
@@ -231,23 +224,24 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   auto k_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + 2 * s * Tr::kKVBytes); };
   auto v_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes); };
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
-  uint64_t* q_empty = q_full + 1;         // both consumers done with Q (its last S)
-  uint64_t* k_full = q_empty + 1;         // [kStages]: K tile landed
+  uint64_t* k_full = q_full + 1;          // [kStages]: K tile landed
   uint64_t* v_full = k_full + kStages;    // [kStages]: V tile landed
   uint64_t* k_empty = v_full + kStages;   // [kStages]: both consumers done with the K tile
   uint64_t* v_empty = k_empty + kStages;  // [kStages]: both consumers done with the V tile
+
+  const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  // A plan for CUDA graphs pads the grid: the padding items name no request.
+  if (p.request_indices[item] < 0) return;
+  const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
   const int warp_group = threadIdx.x / 128;
-  // Persistent: block b works on units b, b + gridDim.x, ... of plan()'s list (longest
-  // first); unit u is work item u / num_kv_heads for kv head u % num_kv_heads.
-  const int num_units = p.num_items * p.num_kv_heads;
+  const int n_tiles = t.num_kv_tiles;
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
-    ptx::mbarrier_init(q_empty, Tr::kConsumers * 4);  // one arrival per consumer warp
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&k_full[s], 1);
       ptx::mbarrier_init(&v_full[s], 1);
-      ptx::mbarrier_init(&k_empty[s], Tr::kConsumers * 4);
+      ptx::mbarrier_init(&k_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
       ptx::mbarrier_init(&v_empty[s], Tr::kConsumers * 4);
     }
     // make the initialised barriers visible to the copy engine (the async proxy)
@@ -259,170 +253,142 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
     // ---- producer: hand its registers to the consumers, then one thread issues every copy.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");  // no C++ API for setmaxnreg
     if (threadIdx.x != 0) return;
-    int tile_count = 0;  // K/V tiles this block has loaded: tile g goes to stage g % kStages
-    int unit_count = 0;
-    for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
-      const int item = u / p.num_kv_heads, kv_head = u % p.num_kv_heads;
-      if (p.request_indices[item] < 0) continue;  // padding of a CUDA-graph plan
-      const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
-      // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head,
-      // once the consumers are done with the previous unit's
-      if (unit_count > 0) detail::wait_barrier(q_empty, (unit_count - 1) & 1);
-      ++unit_count;
-      const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
+    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
+    const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
+    for (int c = 0; c < Tr::kColBlocks; ++c) {
+      const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
+                                q_full);
+    }
+    // K_j and V_j into stage j % kStages, each once the consumers freed it (K_j - kStages
+    // after its S, V_j - kStages after its P V, one turn later).
+    for (int j = 0; j < n_tiles; ++j) {
+      const int s = j % kStages;
+      const uint32_t parity = ((j / kStages) - 1) & 1;
+      const int32_t key0 = t.kv_begin + j * Bc;
+      if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
-        const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
-                                  q_full);
+        const int32_t coords[3] = {c * kCols, kv_head, key0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
+                                  coords, &k_full[s]);
       }
-      // K_j and V_j into the next stage of the ring, each once the consumers freed it
-      // (a K tile after its S, a V tile after its P V, one turn later).
-      for (int j = 0; j < t.num_kv_tiles; ++j, ++tile_count) {
-        const int s = tile_count % kStages, fill = tile_count / kStages;
-        const int32_t key0 = t.kv_begin + j * Bc;
-        if (fill > 0) detail::wait_barrier(&k_empty[s], (fill - 1) & 1);
-        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
-        for (int c = 0; c < Tr::kColBlocks; ++c) {
-          const int32_t coords[3] = {c * kCols, kv_head, key0};
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
-                                    coords, &k_full[s]);
-        }
-        if (fill > 0) detail::wait_barrier(&v_empty[s], (fill - 1) & 1);
-        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
-        for (int c = 0; c < Tr::kColBlocks; ++c) {
-          const int32_t coords[3] = {c * kCols, kv_head, key0};
-          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map,
-                                    coords, &v_full[s]);
-        }
+      if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
+      for (int c = 0; c < Tr::kColBlocks; ++c) {
+        const int32_t coords[3] = {c * kCols, kv_head, key0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map,
+                                  coords, &v_full[s]);
       }
     }
     return;
   }
 
-  // ---- consumers: warp group 1 owns rows 0..63 of each tile, warp group 2 rows 64..127.
+  // ---- consumers: warp group 1 owns rows 0..63 of the tile, warp group 2 rows 64..127.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
+  // positions among the keys (for the causal mask)
+  int row[2], q_pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
+    q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+  }
+  // the smallest position in the block: a tile of keys wholly at or below it needs no causal mask
+  const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
+
+  float o[HEAD_DIM / 2];
+#pragma unroll
+  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
+  float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
+  float sc[Bc / 2];                     // S_j, then P_j
+  uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
+
+  detail::wait_barrier(q_full, 0);
   const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
   if (consumer == 1) detail::pass_turn(consumer);    // consumer 0 issues first
-  int tile_count = 0, unit_count = 0;
 
-  for (int u = blockIdx.x; u < num_units; u += gridDim.x) {
-    const int item = u / p.num_kv_heads, kv_head = u % p.num_kv_heads;
-    if (p.request_indices[item] < 0) continue;
-    const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
-    const int n_tiles = t.num_kv_tiles;
-    // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
-    // positions among the keys (for the causal mask)
-    int row[2], q_pos[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
-      q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+  // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} together, let the
+  // other group issue, wait, then the softmax of S_j (under the other group's GEMMs).
+  // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
+  // each turn's wgmma are one straight run of instructions.
+  auto softmax_of = [&](int j) {
+    const int key0 = j * Bc;
+    if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
+      detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
+    detail::online_softmax<Bc, HEAD_DIM>(sc, m, l, o, p.score_scale);
+    detail::pack_p<T, Bc>(sc, a);
+  };
+  if (n_tiles > 0) {
+    detail::wait_barrier(&k_full[0], 0);
+    detail::wait_turn(consumer);
+    wgmma_fence();
+    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(0));
+    wgmma_commit();
+    detail::pass_turn(consumer);
+    wgmma_wait<0>();
+    wgmma_fence_operands(sc);
+    if (lane == 0) ptx::mbarrier_arrive(&k_empty[0]);  // this warp is done reading K_0
+    softmax_of(0);
+  }
+  for (int j = 1; j < n_tiles; ++j) {
+    const int s = j % kStages, prev = (j - 1) % kStages;
+    detail::wait_barrier(&k_full[s], (j / kStages) & 1);
+    detail::wait_barrier(&v_full[prev], ((j - 1) / kStages) & 1);
+    detail::wait_turn(consumer);
+    wgmma_fence();
+    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
+    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
+    wgmma_commit();
+    detail::pass_turn(consumer);
+    wgmma_wait<0>();
+    wgmma_fence_operands(sc);
+    wgmma_fence_operands(o);
+    if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
+      ptx::mbarrier_arrive(&k_empty[s]);
+      ptx::mbarrier_arrive(&v_empty[prev]);
     }
-    // the smallest position in the tile: a tile of keys wholly at or below it needs no causal mask
-    const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
-
-    float o[HEAD_DIM / 2];
-#pragma unroll
-    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
-    float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
-    float sc[Bc / 2];                     // S_j, then P_j
-    uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
-
-    detail::wait_barrier(q_full, unit_count & 1);
-    ++unit_count;
-
-    // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} together, let the
-    // other group issue, wait, then the softmax of S_j (under the other group's GEMMs).
-    // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
-    // each turn's wgmma are one straight run of instructions. Q is free after the last S.
-    auto softmax_of = [&](int j) {
-      const int key0 = j * Bc;
-      if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
-        detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
-      detail::online_softmax<Bc, HEAD_DIM>(sc, m, l, o, p.score_scale);
-      detail::pack_p<T, Bc>(sc, a);
-    };
-    if (n_tiles > 0) {
-      const int s = tile_count % kStages;
-      detail::wait_barrier(&k_full[s], (tile_count / kStages) & 1);
-      detail::wait_turn(consumer);
-      wgmma_fence();
-      detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
-      wgmma_commit();
-      detail::pass_turn(consumer);
-      wgmma_wait<0>();
-      wgmma_fence_operands(sc);
-      if (lane == 0) {  // this warp is done reading K_0 (and Q, if it was the only tile)
-        ptx::mbarrier_arrive(&k_empty[s]);
-        if (n_tiles == 1) ptx::mbarrier_arrive(q_empty);
-      }
-      softmax_of(0);
-    } else if (lane == 0) {
-      ptx::mbarrier_arrive(q_empty);  // no keys to see: Q is not read
-    }
-    for (int j = 1; j < n_tiles; ++j) {
-      const int g = tile_count + j, s = g % kStages, prev = (g - 1) % kStages;
-      detail::wait_barrier(&k_full[s], (g / kStages) & 1);
-      detail::wait_barrier(&v_full[prev], ((g - 1) / kStages) & 1);
-      detail::wait_turn(consumer);
-      wgmma_fence();
-      detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
-      detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
-      wgmma_commit();
-      detail::pass_turn(consumer);
-      wgmma_wait<0>();
-      wgmma_fence_operands(sc);
-      wgmma_fence_operands(o);
-      if (lane == 0) {  // this warp is done reading K_j and V_{j-1} (and Q after the last S)
-        ptx::mbarrier_arrive(&k_empty[s]);
-        ptx::mbarrier_arrive(&v_empty[prev]);
-        if (j == n_tiles - 1) ptx::mbarrier_arrive(q_empty);
-      }
-      softmax_of(j);
-    }
-    if (n_tiles > 0) {
-      const int g = tile_count + n_tiles - 1, last = g % kStages;
-      detail::wait_barrier(&v_full[last], (g / kStages) & 1);
-      detail::wait_turn(consumer);
-      wgmma_fence();
-      detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));
-      wgmma_commit();
-      detail::pass_turn(consumer);
-      wgmma_wait<0>();
-      wgmma_fence_operands(o);
-      if (lane == 0) ptx::mbarrier_arrive(&v_empty[last]);
-    }
-    tile_count += n_tiles;
-
-    // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns
-    T* out = static_cast<T*>(p.o);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int packed = t.row_begin + row[h];
-      if (packed >= t.qo_len * p.group_size) continue;
-      const int token = t.qo_begin + packed / p.group_size;
-      const int head = kv_head * p.group_size + packed % p.group_size;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
-#pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n) {
-        const int col = 8 * n + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-      }
-      if (lane % 4 == 0)
-        p.lse[int64_t(token) * p.num_qo_heads + head] =
-            sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-    }
+    softmax_of(j);
+  }
+  if (n_tiles > 0) {
+    const int last = (n_tiles - 1) % kStages;
+    detail::wait_barrier(&v_full[last], ((n_tiles - 1) / kStages) & 1);
+    detail::wait_turn(consumer);
+    wgmma_fence();
+    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));
+    wgmma_commit();
+    detail::pass_turn(consumer);
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
   }
   // consumer 1's first pass_turn has no turn of consumer 0 to match: take it
   if (consumer == 0) detail::wait_turn(consumer);
+
+  // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns
+  T* out = static_cast<T*>(p.o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int packed = t.row_begin + row[h];
+    if (packed >= t.qo_len * p.group_size) continue;
+    const int token = t.qo_begin + packed / p.group_size;
+    const int head = kv_head * p.group_size + packed % p.group_size;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      const int col = 8 * n + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+    }
+    if (lane % 4 == 0)
+      p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+  }
 #endif
 }
 
