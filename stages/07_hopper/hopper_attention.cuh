@@ -19,10 +19,14 @@
 //   consumer (WG 1)       wait K0: S = Q K0^T, softmax, wait V0: O += P V0, free 0 | K1 ...
 //   consumer (WG 2)       (the same on query rows 64..127)
 //
-// What it still does badly: the softmax of tile j waits for S_j and the GEMM P_j V_j waits
-// for the softmax (no overlap inside a warp group, no ping-pong between the two); the
-// grid is one block per (request, query tile, kv head), not persistent; the output is
-// written from registers, not through shared memory and a TMA store.
+// - Ping-pong: the two consumer warp groups take turns issuing their GEMMs (named
+//   barriers), so one group's softmax runs while the other's GEMMs hold the tensor cores;
+//   each turn issues S_j = Q K_j^T together with P_{j-1} V_{j-1}.
+//
+// What it still does badly: inside a warp group the softmax of tile j does not overlap
+// its own GEMMs (only the other group's); every block starts from an empty pipeline (one
+// block per (work item, kv head), not a persistent grid); the output is written from
+// registers (4-byte stores), not through shared memory and a TMA store; ragged K/V only.
 #pragma once
 
 #include <cuda/ptx>

@@ -578,8 +578,7 @@ inline std::vector<CaseSpec> hopper_long_grid() {
       c.lengths = LengthPolicy::uniform;
       cases.push_back(c);
     }
-  // more (work item, kv head) units than multiprocessors: each block of the persistent
-  // grid walks several, the K/V ring and the barriers' phases running on across them
+  // more (work item, kv head) units than multiprocessors: more than one wave of blocks
   for (bool causal : {true, false}) {
     CaseSpec c;
     c.mode = Mode::prefill;
