@@ -13,7 +13,7 @@ the speed goals merge_results.py recorded, met or missed. Between `<!-- hopper
 steps:begin -->` and `<!-- hopper steps:end -->`: the "how it got there" table, one row per
 --step file (a Google Benchmark JSON of an earlier commit's flashstep_bench on
 bench/shapes_hopper.csv, run in the same GPU run; its commit is in the file's
-"flashstep_step" entry) and a last row from --results. Every number comes from the JSON
+"flashstep_step" entry), the last one this commit's. Every number comes from the JSON
 files; a row a run did not measure shows "–". --check only reports whether the sections
 are up to date (exit 1 if not).
 """
@@ -72,7 +72,7 @@ def section(path, data, rows, shapes, repo):
     return "\n".join(out)
 
 
-def steps_section(step_files, results, repo):
+def steps_section(step_files, repo):
     out = ["| step | commit | " + " | ".join(f"`{s}`" for s in STEP_SHAPES) + " |",
            "|:--|:--|" + "--:|" * len(STEP_SHAPES)]
     entries = []
@@ -80,9 +80,6 @@ def steps_section(step_files, results, repo):
         data, rows = load_medians(path)
         step = data.get("flashstep_step", {})
         entries.append((step.get("label", os.path.basename(path)), step.get("commit", "?"), rows, path))
-    data, rows = load_medians(results)
-    entries.append((data.get("flashstep", {}).get("note") or "this commit", data["context"].get("commit", "?"),
-                    rows, results))
     for label, commit, rows, _ in entries:
         out.append(f"| {label} | `{commit}` | " +
                    " | ".join(fmt(value(rows, f"{STAGE}/{s}")) for s in STEP_SHAPES) + " |")
@@ -110,7 +107,7 @@ def main():
     rc = write_section(chapter, BEGIN, END, "hopper_report.py", a.repo,
                        lambda: section(a.results, data, rows, shapes, a.repo), a.check)
     rc = rc or write_section(chapter, STEPS_BEGIN, STEPS_END, "hopper_report.py", a.repo,
-                             lambda: steps_section(a.step, a.results, a.repo), a.check)
+                             lambda: steps_section(a.step, a.repo), a.check)
     if rc == 0 and not a.check:
         print(f"wrote {os.path.relpath(chapter, a.repo)}")
     return rc
