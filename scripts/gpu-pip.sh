@@ -8,20 +8,22 @@
 #
 # and build-python/dist/ is carried to the GPU machine. There, from the repository root:
 #
-#   scripts/gpu-pip.sh [WHEEL_DIR]        (default build-python/dist)
+#   scripts/gpu-pip.sh [--out DIR] [WHEEL_DIR]        (default build-python/dist)
 #
 # The wheel's package folder is unpacked into a scratch folder and put first on
 # PYTHONPATH (its compiled CPU module may be for another Python: flashstep.cuda does not
 # need it), then tests/python/test_cuda_arguments.py and test_cuda_gpu.py run with the
-# machine's python3 and PyTorch. Logs go to $OUT (or the scratch folder). Ends with a
-# PASS/FAIL table; exit 0 only if every step passed.
+# machine's python3 (or $PYTHON) and PyTorch. The log goes to --out DIR (default: the
+# scratch folder). Ends with a PASS/FAIL table; exit 0 only if every step passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+LOGS=
+if [ "${1:-}" = --out ]; then LOGS=$2; shift 2; fi
 WHEELS=${1:-build-python/dist}
 wheel=$(ls -t "$WHEELS"/flashstep-*.whl 2>/dev/null | head -n 1)
 [ -n "$wheel" ] || { echo "gpu-pip.sh: no flashstep-*.whl in $WHEELS (build one with: python3 -m pip wheel --no-deps -w $WHEELS .)" >&2; exit 2; }
 SCRATCH=$(mktemp -d /tmp/flashstep-gpu-pip-XXXXXX)
-LOGS=${OUT:-$SCRATCH}
+LOGS=${LOGS:-$SCRATCH}
 mkdir -p "$LOGS"
 "${PYTHON:-python3}" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$wheel" "$SCRATCH/site"
 chmod +x "$SCRATCH"/site/flashstep/*.so* 2>/dev/null || true
