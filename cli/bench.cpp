@@ -41,6 +41,25 @@ std::string quoted(const std::string& s) {
   return out + "'";
 }
 
+// Why `bench_exe` is absent, and what builds it (a command line ends the message). scripts/tour.sh builds only the command
+// and the stages, so the target is named; where it cannot exist, the reason is given.
+std::string missing_bench_program(const std::string& bench_exe) {
+#if defined(FLASHSTEP_CLI_HAVE_STAGES)
+  const std::string bin = own_dir();
+  const std::string build = quoted(bin.substr(0, bin.find_last_of('/')));
+#if defined(FLASHSTEP_CLI_BENCH_CONFIGURED)
+  return "the benchmark program is not built yet (" + bench_exe + "); build it with\n  cmake --build " + build +
+         " --target flashstep_bench";
+#else
+  return "this build was configured with -DFLASHSTEP_BUILD_BENCH=OFF, so it has no benchmark program; "
+         "configure " + build + " with -DFLASHSTEP_BUILD_BENCH=ON, then build the target flashstep_bench.";
+#endif
+#else
+  return "this build has no CUDA stages to benchmark (" + bench_exe + " needs nvcc when CMake configures the "
+         "build, and a GPU to run).";
+#endif
+}
+
 int shell(const std::string& cmd, std::ostream& os) {
   os << "$ " << cmd << "\n" << std::flush;
   const int status = std::system(cmd.c_str());
@@ -55,8 +74,7 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   const std::string shapes = opt.shapes.rfind('/', 0) == 0 ? opt.shapes : source + "/" + opt.shapes;
   if (!exists(shapes)) throw ref::InvalidArgument("--shapes: no shapes file " + shapes);
   if (!exists(bench_exe)) {
-    os << "flashstep bench: nothing to benchmark: this build has no benchmark program ("
-       << bench_exe << "; it is built with CUDA and -DFLASHSTEP_BUILD_BENCH=ON).\n";
+    os << "flashstep bench: nothing to benchmark: " << missing_bench_program(bench_exe) << "\n";
     return kExitSkipped;
   }
 #ifdef FLASHSTEP_CLI_HAVE_STAGES

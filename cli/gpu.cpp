@@ -200,23 +200,68 @@ int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os, std::string* why_
   return validate_stages(all, case_grid(quick), seed, os, progress);
 }
 
+namespace {
+
+// Stages outside the attention registry, which `validate` cannot run, and where each
+// one is validated instead.
+struct OtherStage {
+  const char* name;
+  const char* where;
+};
+const OtherStage kOtherStages[] = {
+    {"06_sampling",
+     "its operators are not attention: flashstep_sampling_tests (in the build's bin/ folder, "
+     "and under `ctest -L gpu`) checks them token for token against the reference"},
+    {"08_context_parallel",
+     "it runs one batch on several GPUs at once: flashstep_cp_tests checks it against the "
+     "reference, on a machine with two or more GPUs (scripts/gpu-cp.sh)"},
+};
+
+const OtherStage* other_stage(const std::string& name) {
+  for (const OtherStage& s : kOtherStages) {
+    const std::string full = s.name;
+    if (name == full || name == full.substr(0, full.find('_'))) return &s;
+  }
+  return nullptr;
+}
+
+// `validate --list`, for a terminal of 80 columns: one block per stage, lines wrapped.
+constexpr size_t kListWidth = 80;
+
+void list_stages(std::ostream& os) {
+  os << "Attention stages (validate --stage NAME, or its number, runs one):\n";
+  for (const StageInfo& s : stages::registry()) {
+    os << "\n  " << s.name << "\n" << wrap_words(s.summary, kListWidth, "    ", "    ")
+       << wrap_words("supports: " + s.capabilities(), kListWidth, "    ", "      ");
+  }
+  os << "\nValidated elsewhere:\n";
+  for (const OtherStage& s : kOtherStages) {
+    os << "\n  " << s.name << "\n" << wrap_words(s.where, kListWidth, "    ", "    ");
+#ifdef FLASHSTEP_CLI_HAVE_SAMPLING
+    if (std::string(s.name) == "06_sampling")
+      for (const auto& op : stages::sampling::operators())
+        os << wrap_words(op.name + " (" + op.input + " -> " + op.output + "): " + op.summary, kListWidth, "    - ",
+                         "      ");
+#endif
+  }
+}
+
+}  // namespace
+
 int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& progress) {
   if (opt.list) {
-    TextTable table({"stage", "what it teaches", "supports"});
-    for (const StageInfo& s : stages::registry()) table.add({s.name, s.summary, s.capabilities()});
-    table.print(os);
-#ifdef FLASHSTEP_CLI_HAVE_SAMPLING
-    // Stage 06 is not an attention stage: its own operators, validated token for token
-    // against the reference by flashstep_sampling_tests.
-    os << "\n06_sampling (own interface; flashstep_sampling_tests checks it token for token):\n";
-    TextTable ops({"operator", "input -> output", "how the GPU computes it"});
-    for (const auto& op : stages::sampling::operators()) ops.add({op.name, op.input + " -> " + op.output, op.summary});
-    ops.print(os);
-#endif
+    list_stages(os);
     return 0;
   }
   std::vector<const StageInfo*> chosen;
+  bool asked_for_other = false;
   for (const std::string& name : opt.stages) {
+    if (const OtherStage* other = other_stage(name)) {
+      os << "flashstep validate: " << other->name << " is not validated by this command: " << other->where
+         << ".\n";
+      asked_for_other = true;
+      continue;
+    }
     try {
       chosen.push_back(&stages::find_stage(name));
     } catch (const ref::InvalidArgument& e) {  // "find_stage: no stage named ..." -> the flag
@@ -224,6 +269,7 @@ int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& pro
       throw ref::InvalidArgument("--stage: " + what.substr(what.find(": ") + 2));
     }
   }
+  if (chosen.empty() && asked_for_other) return kExitSkipped;  // nothing left to run here
   if (chosen.empty())
     for (const StageInfo& s : stages::registry()) chosen.push_back(&s);
   if (!gpu_ready(os, "flashstep validate: nothing to validate: ")) return kExitSkipped;

@@ -96,7 +96,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(cli::tour_sections()))
       ->allow_extra_args(false);
   tour_cmd->add_flag("--no-gpu", tour.no_gpu, "Skip the GPU part even where a GPU is present");
-  auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values, 0 to 2^64-1 (default: fresh)");
+  // Integers are parsed by parse_integer (as text, so that "-1" is not wrapped around);
+  // --help shows them as INT all the same.
+  auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values, 0 to 2^64-1 (default: fresh)")
+                            ->type_name("INT");
 
   cli::ExplainOptions explain;
   std::string explain_seed;
@@ -111,14 +114,17 @@ int main(int argc, char** argv) {
       ->allow_extra_args(false);
   std::string page_size_text, br_text;  // checked by parse_integer, 1 to 4096
   auto* page_size_opt = explain_cmd->add_option("--page-size", page_size_text,
-                                                "Tokens per KV page, i.e. Bc, 1 to 4096 (default 1)");
+                                                "Tokens per KV page, i.e. Bc, 1 to 4096 (default 1)")
+                           ->type_name("INT");
   auto* br_opt = explain_cmd->add_option("--br", br_text,
-                                         "The larger query tile Br shown next to Br = 1, 1 to 4096 (default 4)");
+                                         "The larger query tile Br shown next to Br = 1, 1 to 4096 (default 4)")
+                    ->type_name("INT");
   explain_cmd->add_option("--section", explain.sections,
                           "Only this section (repeatable): " + joined(cli::explain_sections()))
       ->check(CLI::IsMember(cli::explain_sections()))
       ->allow_extra_args(false);
-  auto* explain_seed_opt = explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V, 0 to 2^64-1 (default: fresh)");
+  auto* explain_seed_opt = explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V, 0 to 2^64-1 (default: fresh)")
+                               ->type_name("INT");
 
   cli::ValidateOptions validate;
   std::string validate_seed;
@@ -131,7 +137,8 @@ int main(int argc, char** argv) {
   validate_cmd->add_flag("--quick", validate.quick, "The quick case grid");
   validate_cmd->add_flag("--list", validate.list, "List the registered stages and exit");
   auto* validate_seed_opt =
-      validate_cmd->add_option("--seed", validate_seed, "Seed of the random cases, 0 to 2^64-1 (default: fresh)");
+      validate_cmd->add_option("--seed", validate_seed, "Seed of the random cases, 0 to 2^64-1 (default: fresh)")
+          ->type_name("INT");
 
   cli::BenchOptions bench;
   bench.out = "flashstep-bench.json";

@@ -149,6 +149,26 @@ class TextTable {
   std::vector<std::vector<std::string>> rows_;
 };
 
+/// `text` broken at spaces into lines of at most `width` terminal columns, the first
+/// line starting with `first` and the others with `rest` (a word wider than the room
+/// left stays whole on its own line). Ends with a newline.
+inline std::string wrap_words(const std::string& text, size_t width, const std::string& first,
+                              const std::string& rest) {
+  std::istringstream in(text);
+  std::string out, line = first;
+  bool empty_line = true;
+  for (std::string word; in >> word;) {
+    if (!empty_line && display_width(line) + 1 + display_width(word) > width) {
+      out += line + "\n";
+      line = rest;
+      empty_line = true;
+    }
+    line += (empty_line ? "" : " ") + word;
+    empty_line = false;
+  }
+  return out + line + "\n";
+}
+
 /// `text` with `pad` put in front of every line.
 inline std::string indent_lines(const std::string& text, const std::string& pad) {
   std::istringstream in(text);

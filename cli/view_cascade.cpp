@@ -71,7 +71,10 @@ void show_cascade(const Scenario& s, std::ostream& os, Ledger& ledger) {
   os << "The shared prefix was prefilled once, when it was first cached; the batch now appends\n"
         "each request's own tokens. Their queries:\n";
   for (size_t r = 0; r < s.tokens.size(); ++r) {
-    os << "  " << s.names[r] << ": positions " << first_query[r] << ".." << s.tokens[r].size() - 1
+    const int64_t last = static_cast<int64_t>(s.tokens[r].size()) - 1;
+    os << "  " << s.names[r] << ": "
+       << (first_query[r] == last ? "position " + std::to_string(last)
+                                  : "positions " + std::to_string(first_query[r]) + ".." + std::to_string(last))
        << " (";
     for (size_t j = static_cast<size_t>(first_query[r]); j < s.tokens[r].size(); ++j)
       os << (j > static_cast<size_t>(first_query[r]) ? " " : "") << s.vocab[static_cast<size_t>(s.tokens[r][j])];

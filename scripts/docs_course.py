@@ -9,7 +9,10 @@ concept chapters, the stages page and each stage, the notebooks page and each no
 the results, the command, the API reference. Each page (a hand-written chapter or a
 generated stage, notebook or results page) is written to COURSE_DIR with
 - its title made safe for Doxygen's Markdown: "# 5. Paging" would become an ordered list
-  starting at 5 (on the page and in every link to it), so the dot is escaped ("5\\.");
+  starting at 5 (on the page and in every link to it), so the space after the dot is a
+  no-break space ("5.&nbsp;Paging"), which no list starts with and which reads as a space
+  on the page, in links and in the browser tab (an escaped dot, "5\\.", kept its
+  backslash in the tab's <title>);
 - a previous / up / next bar at its end (class "flashstep-pagenav").
 The layout file gets the "Course" menu (top tabs and sidebar): the same tree, in order.
 """
@@ -21,7 +24,7 @@ from xml.sax.saxutils import escape
 
 TITLE = re.compile(r"^#\s+(.*?)\s*\{#([A-Za-z0-9_]+)\}\s*$")
 SUBPAGE = re.compile(r"\\subpage\s+([A-Za-z0-9_]+)")
-NUMBERED = re.compile(r"^(\d+)\.(\s)")
+NUMBERED = re.compile(r"^(\d+)\.\s+")
 LAYOUT_MARKER = "<!-- flashstep: the course menu (scripts/docs_course.py) -->"
 
 
@@ -72,8 +75,8 @@ def reading_order(root, pages):
 
 
 def safe_title(title):
-    """'5. Paging' -> '5\\. Paging' (see module doc)."""
-    return NUMBERED.sub(r"\1\\.\2", title)
+    """'5. Paging' -> '5.&nbsp;Paging' (see module doc)."""
+    return NUMBERED.sub(r"\1.&nbsp;", title)
 
 
 def nav_bar(i, order, pages):

@@ -8,10 +8,13 @@ whose message names the function and the argument, e.g.
 ``sampling_from_probs: seed must be an integer in [0, 18446744073709551615], got -1``.
 ``sm_scale=None`` (the default) means 1/sqrt(head_dim).
 
-Import from a build tree with ``PYTHONPATH=build/python /usr/bin/python3 -c "import flashstep"``.
+Install it with ``python3 -m pip install .`` from the source folder (into a venv, conda or
+pyenv Python), or import it from a CMake build tree with
+``PYTHONPATH=build/python /usr/bin/python3 -c "import flashstep"``.
 
 The CUDA stages, on PyTorch or CuPy tensors under FlashInfer's wrapper classes, are the
-submodule ``flashstep.cuda`` (pure Python over the C library libflashstep_capi.so). It
+submodule ``flashstep.cuda`` (pure Python over the C library libflashstep_capi.so, which
+``pip install .`` puts in this package where nvcc is found). It
 imports without the compiled CPU module, so ``PYTHONPATH=python`` from a source checkout
 is enough on a GPU machine whose Python the CPU module was not built for.
 """

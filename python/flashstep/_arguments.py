@@ -10,7 +10,9 @@ e.g. ``sampling_from_probs: seed must be an integer in [0, 18446744073709551615]
 A few rules are checked before the call, because the C++ side would accept the value:
 - ``q`` must have a head_dim (last axis) of at least 1;
 - token ids (``tokens``, ``token_ids``) must be >= 0.
-The argument types come from the signature pybind11 writes at the top of each docstring.
+The argument types come from the signature pybind11 writes at the top of each docstring
+(in pybind11 2's words or 3's); an integer's range from its C++ type in that function
+(INTEGER_RANGES, by function: the same name may be uint64 in one and int64 in another).
 """
 import functools
 import numbers
@@ -19,19 +21,38 @@ import re
 import numpy as np
 
 UINT64_MAX = 2**64 - 1
-# Integer arguments by C++ type; every other `int` argument is int64_t.
-_UINT64 = {"seed", "offset", "subsequence", "weight_seed"}
-_INT32 = {"window_left", "seq", "id"}
+_UINT64 = (0, UINT64_MAX)
+_INT32 = (-2**31, 2**31 - 1)
+_INT64 = (-2**63, 2**63 - 1)
 _TOKENS = {"tokens", "token_ids"}
 
+# The integer arguments whose C++ type is not int64_t, by function or method (the lambdas
+# and member functions bound in python/src/bind_*.cpp); every other `int` is int64_t.
+_SAMPLERS = ("sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs",
+             "top_p_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",
+             "top_k_top_p_sampling_from_logits", "chain_speculative_sampling")
+_WINDOWED = ("single_decode_with_kv_cache", "single_prefill_with_kv_cache", "batch_decode_with_paged_kv_cache",
+             "batch_prefill_with_paged_kv_cache", "batch_prefill_with_ragged_kv_cache", "build_block_sparse",
+             "block_sparse_attention", "split_kv_decode")
+INTEGER_RANGES = {
+    **{f: {"seed": _UINT64, "offset": _UINT64} for f in _SAMPLERS},
+    **{f: {"window_left": _INT32} for f in _WINDOWED},
+    "philox_uniform": {"seed": _UINT64, "subsequence": _UINT64},
+    "TinyDecoder": {"weight_seed": _UINT64},
+    "TinyDecoder.generate": {"seed": _UINT64},
+    **{f"PageAllocator.{m}": {"page": _INT32} for m in ("incref", "decref", "refcount")},
+    **{f"PagedSequences.{m}": {"seq": _INT32}
+       for m in ("fork", "append_tokens", "free_sequence", "has_sequence", "pages", "seq_len", "last_page_len")},
+    "RadixCache.lock": {"node": _INT32},
+    "RadixCache.unlock": {"node": _INT32},
+    "RadixCache.node": {"id": _INT32},
+}
 
-def integer_range(name):
-    """(lowest, highest) an integer argument called `name` accepts."""
-    if name in _UINT64:
-        return 0, UINT64_MAX
-    if name in _INT32:
-        return -2**31, 2**31 - 1
-    return -2**63, 2**63 - 1
+
+def integer_range(function, name):
+    """(lowest, highest) the integer argument `name` of `function` (a module function's
+    name, "Class" for a constructor, "Class.method") accepts."""
+    return INTEGER_RANGES.get(function, {}).get(name, _INT64)
 
 
 def _short(value):
@@ -66,6 +87,24 @@ def _split_top_level(text):
 _SIGNATURE = re.compile(r"^(\w+)\((.*)\)( -> .*)?$")
 
 
+# pybind11 3 writes some types in typing's newer words; the checks read pybind11 2's.
+_NEWER_TYPE_WORDS = (
+    ("typing.SupportsInt | typing.SupportsIndex", "int"), ("typing.SupportsInt", "int"),
+    ("typing.SupportsFloat | typing.SupportsIndex", "float"), ("typing.SupportsFloat", "float"),
+    ("collections.abc.Sequence[", "List["), ("list[", "List["),
+)
+
+
+def _type_text(kind):
+    """A parameter's type text in pybind11 2's words: 'typing.SupportsInt | typing.SupportsIndex'
+    -> 'int', 'X | None' -> 'Optional[X]', 'collections.abc.Sequence[X]' -> 'List[X]'."""
+    for newer, older in _NEWER_TYPE_WORDS:
+        kind = kind.replace(newer, older)
+    if kind.endswith(" | None"):
+        kind = f"Optional[{kind[:-len(' | None')]}]"
+    return kind
+
+
 def signature_of(function):
     """[(name, type text, has default)] from a pybind11 docstring's first line, or None."""
     doc = getattr(function, "__doc__", None) or ""
@@ -76,7 +115,7 @@ def signature_of(function):
     for part in _split_top_level(m.group(2)):
         name, _, rest = part.partition(":")
         kind, _, default = rest.partition("=")
-        params.append((name.strip(), kind.strip(), bool(default.strip())))
+        params.append((name.strip(), _type_text(kind.strip()), bool(default.strip())))
     return params
 
 
@@ -84,8 +123,9 @@ def _is_integer(value):
     return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def type_problem(name, kind, value):
-    """(exception class, 'must be ..., got ...') if `value` cannot be a `kind`, else None."""
+def type_problem(function, name, kind, value):
+    """(exception class, 'must be ..., got ...') if `value` cannot be a `kind` (the type
+    text of argument `name` in `function`'s signature), else None."""
     optional = kind.startswith("Optional[")
     if optional:
         if value is None:
@@ -95,7 +135,7 @@ def type_problem(name, kind, value):
     if kind == "int":
         if not _is_integer(value):
             return TypeError, f"must be an integer{none}, got {_short(value)}"
-        low, high = integer_range(name)
+        low, high = integer_range(function, name)
         if not low <= int(value) <= high:
             return ValueError, f"must be an integer in [{low}, {high}], got {int(value)}"
     elif kind == "float":
@@ -112,7 +152,7 @@ def type_problem(name, kind, value):
             return TypeError, f"must be a list ({kind}){none}, got {_short(value)}"
         inner = kind[len("List["):-1]
         for i, item in enumerate(value):
-            problem = type_problem(name, inner, item)
+            problem = type_problem(function, name, inner, item)
             if problem:
                 return problem[0], f"[{i}] {problem[1]}"
     elif kind.startswith("flashstep."):
@@ -159,7 +199,7 @@ def _explain(fn, params, bound):
             if not has_default:
                 return TypeError(f"{fn}: missing argument {name!r}")
             continue
-        problem = type_problem(name, kind, bound[name])
+        problem = type_problem(fn, name, kind, bound[name])
         if problem:
             return problem[0](f"{fn}: {name} {problem[1]}")
     return None

@@ -3,9 +3,11 @@
 The library is looked for, in order, at:
 1. ``$FLASHSTEP_CAPI`` (the path of the .so, or a folder holding it); when it is set,
    nowhere else;
-2. ``<build>/bin/`` of the build tree this package was copied into
+2. the package's own folder, where ``pip install .`` puts it (a package that pip built
+   without it, where no nvcc was found, says so);
+3. ``<build>/bin/`` of the build tree this package was copied into
    (``<build>/python/flashstep/`` -> ``<build>/bin/libflashstep_capi.so``);
-3. ``build-gpu/bin/`` and ``build/bin/`` beside the source folder ``python/``.
+4. ``build-gpu/bin/`` and ``build/bin/`` beside the source folder ``python/``.
 
 Nothing is loaded until a GPU function is first called, so ``import flashstep.cuda``
 works on any machine; a missing library is reported then, naming every place tried.
@@ -100,15 +102,32 @@ _lib = None
 
 
 def candidates():
-    """Where the library is looked for, in order (see the module docstring). When
-    $FLASHSTEP_CAPI is set, it is the only place: a path asked for is not second-guessed."""
+    """Where the library is looked for, in order: $FLASHSTEP_CAPI when it is set (then
+    nowhere else: a path asked for is not second-guessed); else the package's own folder,
+    where `pip install .` puts it; else the build folders (see the module docstring).
+    A package that pip built without the library says why (LibraryNotFound)."""
+    import sys  # here, so that this function alone holds the search
+
     env = os.environ.get(ENV_VAR)
     if env:
         return [os.path.join(env, LIB_NAME) if os.path.isdir(env) else env]
-    found = []
     here = os.path.dirname(os.path.abspath(__file__))
-    found.append(os.path.normpath(os.path.join(here, "..", "..", "bin", LIB_NAME)))
+    # The package's folders: this file's, and, in an editable install (pip install -e .),
+    # the one in site-packages that holds the compiled files.
+    folders = [here]
+    for folder in getattr(sys.modules.get(__package__), "__path__", []):
+        if os.path.abspath(folder) not in folders:
+            folders.append(os.path.abspath(folder))
+    found = [os.path.join(folder, LIB_NAME) for folder in folders]
+    if os.path.exists(os.path.join(here, "_build_info.py")) and not any(map(os.path.exists, found)):
+        # Installed by pip (not editable): no build folder to look in.
+        from . import _build_info
+        raise LibraryNotFound(
+            f"flashstep.cuda: this flashstep package has no {LIB_NAME}: {_build_info.WHY_NO_CAPI}. "
+            "Install it again where nvcc is on PATH (python3 -m pip install . in the source folder), "
+            f"or set {ENV_VAR} to a {LIB_NAME} built elsewhere (scripts/gpu-build.sh builds one).")
     source_root = os.path.normpath(os.path.join(here, "..", ".."))
+    found.append(os.path.join(source_root, "bin", LIB_NAME))
     for build in ("build-gpu", "build"):
         found.append(os.path.join(source_root, build, "bin", LIB_NAME))
     return found

@@ -64,7 +64,7 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
 void bind_attention(py::module_& m) {
   m.def(
       "single_decode_with_kv_cache",
-      [](const py::handle& q, const py::handle& k, const py::handle& v, const std::string& kv_layout,
+      [](const FloatArray& q, const FloatArray& k, const FloatArray& v, const std::string& kv_layout,
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap,
          bool return_lse) {
         const char* fn = "single_decode_with_kv_cache";
@@ -87,7 +87,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "single_prefill_with_kv_cache",
-      [](const py::handle& q, const py::handle& k, const py::handle& v, bool causal,
+      [](const FloatArray& q, const FloatArray& k, const FloatArray& v, bool causal,
          const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
          std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_prefill_with_kv_cache";
@@ -110,8 +110,8 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "batch_decode_with_paged_kv_cache",
-      [](const py::handle& q, const py::handle& paged_kv_cache, const py::handle& kv_indptr,
-         const py::handle& kv_indices, const py::handle& kv_last_page_len,
+      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr,
+         const IntArray& kv_indices, const IntArray& kv_last_page_len,
          const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
          std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_decode_with_paged_kv_cache";
@@ -137,9 +137,9 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "batch_prefill_with_paged_kv_cache",
-      [](const py::handle& q, const py::handle& qo_indptr, const py::handle& paged_kv_cache,
-         const py::handle& kv_indptr, const py::handle& kv_indices,
-         const py::handle& kv_last_page_len, bool causal, const std::string& kv_layout,
+      [](const FloatArray& q, const IntArray& qo_indptr, const KVCacheArg& paged_kv_cache,
+         const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, bool causal, const std::string& kv_layout,
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap,
          bool return_lse) {
         const char* fn = "batch_prefill_with_paged_kv_cache";
@@ -165,8 +165,8 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "batch_prefill_with_ragged_kv_cache",
-      [](const py::handle& q, const py::handle& qo_indptr, const py::handle& k,
-         const py::handle& v, const py::handle& kv_indptr, bool causal,
+      [](const FloatArray& q, const IntArray& qo_indptr, const FloatArray& k,
+         const FloatArray& v, const IntArray& kv_indptr, bool causal,
          const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
          std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_prefill_with_ragged_kv_cache";

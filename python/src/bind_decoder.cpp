@@ -106,7 +106,7 @@ Byte tokens, token embedding plus sinusoidal positions, num_layers attention lay
           py::arg("layer"), "Dict of w_q (d_model, Hq*D), w_k, w_v (d_model, Hkv*D), w_o (Hq*D, d_model) or None.")
       .def(
           "next_token_logits",
-          [](const ref::TinyDecoder& d, const py::handle& tokens) {
+          [](const ref::TinyDecoder& d, const IntArray& tokens) {
             return to_numpy(d.next_token_logits(to_int32_vector(tokens, "next_token_logits", "tokens")));
           },
           py::arg("tokens"), "Logits (vocab_size,) of the next token, recomputing every layer (no cache).")

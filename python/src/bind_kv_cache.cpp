@@ -10,7 +10,7 @@ namespace flashstep::python {
 void bind_kv_cache(py::module_& m) {
   m.def(
       "get_batch_indices_positions",
-      [](const py::handle& append_indptr, const py::handle& seq_lens, int64_t nnz) {
+      [](const IntArray& append_indptr, const IntArray& seq_lens, int64_t nnz) {
         const char* fn = "get_batch_indices_positions";
         auto [b, p] = ref::get_batch_indices_positions(
             to_int32_vector(append_indptr, fn, "append_indptr"),
@@ -25,10 +25,10 @@ Returns (batch_indices, positions), int32 arrays of length nnz.)doc");
 
   m.def(
       "append_paged_kv_cache",
-      [](const py::handle& append_key, const py::handle& append_value,
-         const py::handle& batch_indices, const py::handle& positions, py::array paged_kv_cache,
-         const py::handle& kv_indices, const py::handle& kv_indptr,
-         const py::handle& kv_last_page_len, const std::string& kv_layout) {
+      [](const FloatArray& append_key, const FloatArray& append_value,
+         const IntArray& batch_indices, const IntArray& positions, py::array paged_kv_cache,
+         const IntArray& kv_indices, const IntArray& kv_indptr,
+         const IntArray& kv_last_page_len, const std::string& kv_layout) {
         const char* fn = "append_paged_kv_cache";
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                     kv_layout, fn);
@@ -58,8 +58,8 @@ the page table must already describe the lengths after the append.)doc");
 
   m.def(
       "gather_paged_kv",
-      [](const py::handle& paged_kv_cache, const py::handle& kv_indptr, const py::handle& kv_indices,
-         const py::handle& kv_last_page_len, int64_t request, const std::string& kv_layout) {
+      [](const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, int64_t request, const std::string& kv_layout) {
         const char* fn = "gather_paged_kv";
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
                                     kv_layout, fn);

@@ -7,7 +7,7 @@ namespace flashstep::python {
 void bind_merge(py::module_& m) {
   m.def(
       "merge_state",
-      [](const py::handle& v_a, const py::handle& s_a, const py::handle& v_b, const py::handle& s_b) {
+      [](const FloatArray& v_a, const FloatArray& s_a, const FloatArray& v_b, const FloatArray& s_b) {
         const char* fn = "merge_state";
         auto r = ref::merge_state(to_tensor(v_a, fn, "v_a"), to_tensor(s_a, fn, "s_a"),
                                   to_tensor(v_b, fn, "v_b"), to_tensor(s_b, fn, "s_b"));
@@ -20,7 +20,7 @@ v_a, v_b: (seq_len, num_heads, head_dim); s_a, s_b: (seq_len, num_heads), natura
 LSE (-inf = empty set). Returns (v, s) of the union; exact, commutative, associative.)doc");
   m.def(
       "merge_states",
-      [](const py::handle& v, const py::handle& s) {
+      [](const FloatArray& v, const FloatArray& s) {
         const char* fn = "merge_states";
         auto r = ref::merge_states(to_tensor(v, fn, "v"), to_tensor(s, fn, "s"));
         return py::make_tuple(to_numpy(r.v), to_numpy(r.s));

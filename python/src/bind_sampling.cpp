@@ -86,7 +86,7 @@ std::string doc(const char* head) { return std::string(head) + "\n" + kCommonArg
 void bind_sampling(py::module_& m) {
   m.def(
       "softmax",
-      [](const py::handle& logits, const py::handle& temperature) {
+      [](const FloatArray& logits, const OptionalFloatOrArray& temperature) {
         const char* fn = "softmax";
         return to_numpy(ref::softmax(to_tensor(logits, fn, "logits"),
                                      temperature.is_none() ? ref::RowParam<double>(1.0)
@@ -100,7 +100,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "sampling_from_probs",
-      [](const py::handle& probs, const py::handle& indices, uint64_t seed, uint64_t offset, bool return_rounds,
+      [](const FloatArray& probs, const OptionalIntArray& indices, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "sampling_from_probs";
         return result(ref::sampling_from_probs(to_tensor(probs, fn, "probs"), options(indices, seed, offset, evaluation, fn)),
@@ -112,7 +112,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "sampling_from_logits",
-      [](const py::handle& logits, const py::handle& indices, uint64_t seed, uint64_t offset, bool return_rounds,
+      [](const FloatArray& logits, const OptionalIntArray& indices, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "sampling_from_logits";
         return result(ref::sampling_from_logits(to_tensor(logits, fn, "logits"), options(indices, seed, offset, evaluation, fn)),
@@ -126,7 +126,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_k_sampling_from_probs",
-      [](const py::handle& probs, const py::handle& top_k, const py::handle& indices, uint64_t seed, uint64_t offset,
+      [](const FloatArray& probs, const IntOrArray& top_k, const OptionalIntArray& indices, uint64_t seed, uint64_t offset,
          bool return_rounds, const std::string& evaluation) {
         const char* fn = "top_k_sampling_from_probs";
         return result(ref::top_k_sampling_from_probs(to_tensor(probs, fn, "probs"), int_param(top_k, fn, "top_k"),
@@ -141,7 +141,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_p_sampling_from_probs",
-      [](const py::handle& probs, const py::handle& top_p, const py::handle& indices, uint64_t seed, uint64_t offset,
+      [](const FloatArray& probs, const FloatOrArray& top_p, const OptionalIntArray& indices, uint64_t seed, uint64_t offset,
          bool return_rounds, const std::string& evaluation) {
         const char* fn = "top_p_sampling_from_probs";
         return result(ref::top_p_sampling_from_probs(to_tensor(probs, fn, "probs"), float_param(top_p, fn, "top_p"),
@@ -156,7 +156,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "min_p_sampling_from_probs",
-      [](const py::handle& probs, const py::handle& min_p, const py::handle& indices, uint64_t seed, uint64_t offset,
+      [](const FloatArray& probs, const FloatOrArray& min_p, const OptionalIntArray& indices, uint64_t seed, uint64_t offset,
          bool return_rounds, const std::string& evaluation) {
         const char* fn = "min_p_sampling_from_probs";
         return result(ref::min_p_sampling_from_probs(to_tensor(probs, fn, "probs"), float_param(min_p, fn, "min_p"),
@@ -169,7 +169,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_k_top_p_sampling_from_probs",
-      [](const py::handle& probs, const py::handle& top_k, const py::handle& top_p, const py::handle& indices,
+      [](const FloatArray& probs, const IntOrArray& top_k, const FloatOrArray& top_p, const OptionalIntArray& indices,
          const std::string& filter_apply_order, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "top_k_top_p_sampling_from_probs";
@@ -187,7 +187,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_k_top_p_sampling_from_logits",
-      [](const py::handle& logits, const py::handle& top_k, const py::handle& top_p, const py::handle& indices,
+      [](const FloatArray& logits, const IntOrArray& top_k, const FloatOrArray& top_p, const OptionalIntArray& indices,
          const std::string& filter_apply_order, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "top_k_top_p_sampling_from_logits";
@@ -205,7 +205,7 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_k_renorm_probs",
-      [](const py::handle& probs, const py::handle& top_k) {
+      [](const FloatArray& probs, const IntOrArray& top_k) {
         const char* fn = "top_k_renorm_probs";
         return to_numpy(ref::top_k_renorm_probs(to_tensor(probs, fn, "probs"), int_param(top_k, fn, "top_k")));
       },
@@ -216,7 +216,7 @@ probs: (batch, vocab); top_k: int or (batch,). Returns float64 (batch, vocab).)d
 
   m.def(
       "top_p_renorm_probs",
-      [](const py::handle& probs, const py::handle& top_p) {
+      [](const FloatArray& probs, const FloatOrArray& top_p) {
         const char* fn = "top_p_renorm_probs";
         return to_numpy(ref::top_p_renorm_probs(to_tensor(probs, fn, "probs"), float_param(top_p, fn, "top_p")));
       },
@@ -227,7 +227,7 @@ probs: (batch, vocab); top_p: float or (batch,) in (0, 1]. Returns float64 (batc
 
   m.def(
       "top_k_mask_logits",
-      [](const py::handle& logits, const py::handle& top_k) {
+      [](const FloatArray& logits, const IntOrArray& top_k) {
         const char* fn = "top_k_mask_logits";
         return to_numpy(ref::top_k_mask_logits(to_tensor(logits, fn, "logits"), int_param(top_k, fn, "top_k")));
       },
@@ -238,8 +238,8 @@ logits: (batch, vocab); top_k: int or (batch,). Returns float64 (batch, vocab).)
 
   m.def(
       "sampling_target_probs",
-      [](const py::handle& probs, const std::string& kind, int64_t top_k, double top_p, double min_p,
-         const py::handle& indices) {
+      [](const FloatArray& probs, const std::string& kind, int64_t top_k, double top_p, double min_p,
+         const OptionalIntArray& indices) {
         const char* fn = "sampling_target_probs";
         ref::SamplingFilter f;
         f.kind = parse_filter_kind(kind);
@@ -260,7 +260,7 @@ exact). Returns float64 (batch, vocab).)doc");
 
   m.def(
       "chain_speculative_sampling",
-      [](const py::handle& draft_probs, const py::handle& draft_token_ids, const py::handle& target_probs, uint64_t seed,
+      [](const FloatArray& draft_probs, const IntArray& draft_token_ids, const FloatArray& target_probs, uint64_t seed,
          uint64_t offset) {
         const char* fn = "chain_speculative_sampling";
         py::array ids = py::array::ensure(draft_token_ids);
@@ -286,7 +286,7 @@ word offset + n.)doc");
 
   m.def(
       "philox_uniform",
-      [](uint64_t seed, uint64_t subsequence, const py::handle& n) {
+      [](uint64_t seed, uint64_t subsequence, const IntArray& n) {
         const auto positions = to_int32_vector(n, "philox_uniform", "n");
         py::array_t<double> out(static_cast<py::ssize_t>(positions.size()));
         for (size_t i = 0; i < positions.size(); ++i) {

@@ -127,7 +127,7 @@ when the pool cannot hold an append.)doc")
       .def(py::init<ref::PageAllocator&>(), py::arg("allocator"), py::keep_alive<1, 2>())
       .def(
           "add_sequence",
-          [](ref::PagedSequences& s, const py::handle& prefix_pages, int64_t prefix_len) {
+          [](ref::PagedSequences& s, const IntArray& prefix_pages, int64_t prefix_len) {
             return s.add_sequence(to_int32_vector(prefix_pages, "PagedSequences.add_sequence", "prefix_pages"),
                                   prefix_len);
           },
@@ -169,7 +169,7 @@ and slots_wasted 12 (only the last page's tail). Returns a dict.)doc");
 
   m.def(
       "copy_pages",
-      [](py::array paged_kv_cache, const py::handle& copies) {
+      [](py::array paged_kv_cache, const IntArray& copies) {
         const char* fn = "copy_pages";
         if (!paged_kv_cache.writeable() || !(paged_kv_cache.flags() & py::array::c_style))
           throw ref::InvalidArgument(std::string(fn) + ": paged_kv_cache must be a writeable, C-contiguous array");
@@ -230,13 +230,13 @@ first, deepest pages first, page-exact.)doc")
       .def_property_readonly("page_size", &ref::RadixCache::page_size)
       .def(
           "match_prefix",
-          [](ref::RadixCache& c, const py::handle& tokens) {
+          [](ref::RadixCache& c, const IntArray& tokens) {
             return c.match_prefix(to_int32_vector(tokens, "RadixCache.match_prefix", "tokens"));
           },
           py::arg("tokens"), "Longest cached prefix (RadixMatch); splits an edge where the match ends inside it.")
       .def(
           "insert",
-          [](ref::RadixCache& c, const py::handle& tokens, const py::handle& pages) {
+          [](ref::RadixCache& c, const IntArray& tokens, const IntArray& pages) {
             const char* fn = "RadixCache.insert";
             return c.insert(to_int32_vector(tokens, fn, "tokens"), to_int32_vector(pages, fn, "pages"));
           },
@@ -295,8 +295,8 @@ page_size). Block b's non-zero pages are indices[indptr[b]:indptr[b+1]], in KV o
 
   m.def(
       "build_block_sparse",
-      [](const py::handle& qo_indptr, const py::handle& kv_indptr, const py::handle& kv_indices,
-         const py::handle& kv_last_page_len, int64_t page_size, int64_t num_pages, int64_t Br, bool causal,
+      [](const IntArray& qo_indptr, const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, int64_t page_size, int64_t num_pages, int64_t Br, bool causal,
          int window_left) {
         const char* fn = "build_block_sparse";
         return ref::build_block_sparse(to_int32_vector(qo_indptr, fn, "qo_indptr"),
@@ -315,7 +315,7 @@ the page under the mask (causal, window_left). Returns BlockSparseView.)doc");
 
   m.def(
       "block_sparse_attention",
-      [](const py::handle& q, const py::handle& paged_kv_cache, const V& view, const std::string& kv_layout,
+      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const V& view, const std::string& kv_layout,
          bool causal, std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap,
          bool return_lse) {
         const char* fn = "block_sparse_attention";
@@ -379,8 +379,8 @@ kv_last_page_len (levels[0] most shared, levels[-1] each request's own pages).)d
 
   m.def(
       "build_cascade_levels",
-      [](const py::handle& qo_indptr, const py::handle& kv_indptr, const py::handle& kv_indices,
-         const py::handle& kv_last_page_len, int64_t page_size, const std::vector<std::vector<int32_t>>& level_page_ends,
+      [](const IntArray& qo_indptr, const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, int64_t page_size, const std::vector<std::vector<int32_t>>& level_page_ends,
          bool causal) {
         const char* fn = "build_cascade_levels";
         return ref::build_cascade_levels(
@@ -397,8 +397,8 @@ pages only). Adjacent requests with identical pages at a level form one group. W
 causal, every request needs qo_len <= its last-level kv_len.)doc");
   m.def(
       "derive_cascade_level_ends",
-      [](const py::handle& qo_indptr, const py::handle& kv_indptr, const py::handle& kv_indices,
-         const py::handle& kv_last_page_len, int64_t page_size, int64_t num_levels, bool causal) {
+      [](const IntArray& qo_indptr, const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, int64_t page_size, int64_t num_levels, bool causal) {
         const char* fn = "derive_cascade_level_ends";
         return ref::derive_cascade_level_ends(
             to_int32_vector(qo_indptr, fn, "qo_indptr"), to_int32_vector(kv_indptr, fn, "kv_indptr"),
@@ -410,7 +410,7 @@ causal, every request needs qo_len <= its last-level kv_len.)doc");
       "level_page_ends found from shared page ids (e.g. page tables built from RadixCache matches).");
   m.def(
       "cascade_attention",
-      [](const py::handle& q, const ref::CascadeLevels& levels, const py::handle& paged_kv_cache,
+      [](const FloatArray& q, const ref::CascadeLevels& levels, const KVCacheArg& paged_kv_cache,
          const std::string& kv_layout, bool causal, std::optional<double> sm_scale,
          std::optional<double> logits_soft_cap, bool return_levels) {
         const char* fn = "cascade_attention";
@@ -464,7 +464,7 @@ row o_indptr[r] + t. block_valid_mask marks the real items of the padded grid.)d
 
   m.def(
       "plan_split_kv",
-      [](const py::handle& kv_page_counts, int64_t page_size, int64_t num_kv_heads, int64_t num_sm,
+      [](const IntArray& kv_page_counts, int64_t page_size, int64_t num_kv_heads, int64_t num_sm,
          int64_t ctas_per_sm, bool enable_cuda_graph, int64_t min_kv_chunk_tokens) {
         ref::SplitKVConfig c;
         c.page_size = page_size;
@@ -483,8 +483,8 @@ split if batch_size * num_kv_heads already fills the device. Returns SplitKVPlan
 
   m.def(
       "split_kv_decode",
-      [](const py::handle& q, const py::handle& paged_kv_cache, const py::handle& kv_indptr,
-         const py::handle& kv_indices, const py::handle& kv_last_page_len, const P& plan,
+      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr,
+         const IntArray& kv_indices, const IntArray& kv_last_page_len, const P& plan,
          const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
          std::optional<double> logits_soft_cap, bool return_partials) {
         const char* fn = "split_kv_decode";

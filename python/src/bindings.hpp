@@ -17,8 +17,32 @@ namespace flashstep::python {
 
 namespace py = pybind11;
 
-/// A float32 or float64 numpy array (any rank) as a double tensor. Anything else
-/// (ints, complex, objects) raises ValueError naming `fn` and `name`.
+// Arguments that a binding converts itself (checking dtype and shape, and naming the
+// argument in the error): any Python object reaches the binding, and the signature
+// (help(), __doc__) shows the type the argument must have instead of "handle".
+//   FloatArray          numpy.ndarray of float32 or float64 (to_tensor)
+//   IntArray            1-D integers: a numpy array or a sequence (to_int32_vector)
+//   OptionalIntArray    the same, or None
+//   KVCacheArg          one 5-D pool, or a (k_cache, v_cache) tuple (to_paged_cache)
+//   IntOrArray          an int, or one per row (FlashInfer's Union[Tensor, int])
+//   FloatOrArray        a float, or one per row; OptionalFloatOrArray: or None
+inline int any_object(PyObject*) { return 1; }
+#define FLASHSTEP_PY_ARGUMENT(Name) \
+  class Name : public py::object {  \
+   public:                          \
+    PYBIND11_OBJECT_DEFAULT(Name, py::object, any_object) \
+  };
+FLASHSTEP_PY_ARGUMENT(FloatArray)
+FLASHSTEP_PY_ARGUMENT(IntArray)
+FLASHSTEP_PY_ARGUMENT(OptionalIntArray)
+FLASHSTEP_PY_ARGUMENT(KVCacheArg)
+FLASHSTEP_PY_ARGUMENT(IntOrArray)
+FLASHSTEP_PY_ARGUMENT(FloatOrArray)
+FLASHSTEP_PY_ARGUMENT(OptionalFloatOrArray)
+#undef FLASHSTEP_PY_ARGUMENT
+
+/// A float32 or float64 numpy array (any rank) as a double tensor. Not an array (a list,
+/// None) raises TypeError, an array of another dtype ValueError, naming `fn` and `name`.
 ref::Tensor to_tensor(const py::handle& array, const char* fn, const char* name);
 /// A double tensor as a new float64 numpy array of the same shape.
 py::array_t<double> to_numpy(const ref::Tensor& t);
@@ -42,3 +66,19 @@ void bind_sampling(py::module_& m);
 void bind_decoder(py::module_& m);
 
 }  // namespace flashstep::python
+
+namespace pybind11::detail {
+#define FLASHSTEP_PY_ARGUMENT_NAME(Name, shown)                 \
+  template <>                                                     \
+  struct handle_type_name<flashstep::python::Name> {             \
+    static constexpr auto name = const_name(shown);               \
+  };
+FLASHSTEP_PY_ARGUMENT_NAME(FloatArray, "numpy.ndarray")
+FLASHSTEP_PY_ARGUMENT_NAME(IntArray, "numpy.typing.ArrayLike")
+FLASHSTEP_PY_ARGUMENT_NAME(OptionalIntArray, "Optional[numpy.typing.ArrayLike]")
+FLASHSTEP_PY_ARGUMENT_NAME(KVCacheArg, "Union[numpy.ndarray, Tuple[numpy.ndarray, numpy.ndarray]]")
+FLASHSTEP_PY_ARGUMENT_NAME(IntOrArray, "Union[int, numpy.ndarray]")
+FLASHSTEP_PY_ARGUMENT_NAME(FloatOrArray, "Union[float, numpy.ndarray]")
+FLASHSTEP_PY_ARGUMENT_NAME(OptionalFloatOrArray, "Optional[Union[float, numpy.ndarray]]")
+#undef FLASHSTEP_PY_ARGUMENT_NAME
+}  // namespace pybind11::detail

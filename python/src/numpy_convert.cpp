@@ -7,9 +7,11 @@
 namespace flashstep::python {
 
 ref::Tensor to_tensor(const py::handle& obj, const char* fn, const char* name) {
+  // Not an array at all (a list, None, a number): a TypeError, as numpy users expect;
+  // an array of the wrong dtype is a ValueError below.
   if (!py::isinstance<py::array>(obj))
-    throw ref::InvalidArgument(std::string(fn) + ": " + name +
-                               " must be a numpy array of float32 or float64");
+    throw py::type_error(std::string(fn) + ": " + name + " must be a numpy array of float32 or float64, got " +
+                         std::string(Py_TYPE(obj.ptr())->tp_name));
   auto arr = py::reinterpret_borrow<py::array>(obj);
   const auto dt = arr.dtype();
   if (dt.kind() != 'f' || (dt.itemsize() != 4 && dt.itemsize() != 8))
@@ -31,7 +33,7 @@ py::array_t<double> to_numpy(const ref::Tensor& t) {
 
 std::vector<int32_t> to_int32_vector(const py::handle& obj, const char* fn, const char* name) {
   py::array arr = py::array::ensure(obj);
-  if (!arr) throw ref::InvalidArgument(std::string(fn) + ": " + name + " must be a 1-D integer array");
+  if (!arr) throw py::type_error(std::string(fn) + ": " + name + " must be a 1-D integer array or sequence");
   if (arr.size() > 0 && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u')
     throw ref::InvalidArgument(std::string(fn) + ": " + name + " must hold integers, got dtype " +
                                py::str(py::object(arr.dtype())).cast<std::string>());

@@ -24,7 +24,8 @@ PageAllocator::PageAllocator(int64_t num_pages, int64_t page_size) : page_size_(
   const char* fn = "PageAllocator";
   require(num_pages >= 1 && num_pages <= std::numeric_limits<int32_t>::max(), fn,
           "num_pages must be in 1..2^31-1 (page ids are int32), got " + std::to_string(num_pages));
-  require(page_size >= 1, fn, "page_size must be >= 1, got " + std::to_string(page_size));
+  require(page_size >= 1 && page_size <= std::numeric_limits<int32_t>::max(), fn,
+          "page_size must be in 1..2^31-1 (kv_last_page_len is int32), got " + std::to_string(page_size));
   refcount_.assign(static_cast<size_t>(num_pages), 0);
   for (int64_t p = 0; p < num_pages; ++p) free_.push_back(static_cast<int32_t>(p));
 }

@@ -2,7 +2,6 @@
 #include "harness/device.hpp"
 
 #include <cuda_runtime.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <sstream>
@@ -12,27 +11,6 @@
 #include "harness/dtype_convert.hpp"
 
 namespace flashstep::stages::harness {
-
-bool gpu_available(std::string* why) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    // A machine with no NVIDIA GPU has no driver either, and the runtime then reports
-    // cudaErrorInsufficientDriver ("CUDA driver version is insufficient"), which reads as
-    // "upgrade the driver". With no NVIDIA device node at all, say what is true.
-    const bool no_device_node = access("/dev/nvidiactl", F_OK) != 0 && access("/dev/nvidia0", F_OK) != 0;
-    const bool no_gpu = err == cudaSuccess || err == cudaErrorNoDevice ||
-                        (err == cudaErrorInsufficientDriver && no_device_node);
-    if (why) {
-      *why = no_gpu ? std::string("no CUDA GPU found")
-                    : std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + " (" +
-                          cudaGetErrorString(err) + ")";
-    }
-    cudaGetLastError();  // clear the sticky-free error so later calls start clean
-    return false;
-  }
-  return true;
-}
 
 std::string device_description() {
   int dev = 0;

@@ -11,14 +11,10 @@
 #include <vector>
 
 #include "harness/case.hpp"
+#include "harness/gpu_present.hpp"  // gpu_available()
 #include "stage.hpp"
 
 namespace flashstep::stages::harness {
-
-/// True when a CUDA device can be used; otherwise false and `why` says what the runtime
-/// reported; "no CUDA GPU found" on a machine without an NVIDIA device (where the runtime
-/// itself says cudaErrorInsufficientDriver).
-bool gpu_available(std::string* why = nullptr);
 
 /// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs)" for the current device.
 std::string device_description();

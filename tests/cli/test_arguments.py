@@ -21,6 +21,16 @@ def test_every_command_has_help(flashstep, cmd):
     assert "--help" in r.out, r
 
 
+@pytest.mark.parametrize("cmd,options", [("tour", ["--seed"]), ("explain", ["--page-size", "--br", "--seed"]),
+                                         ("validate", ["--seed"])])
+def test_help_shows_integer_options_as_int(flashstep, cmd, options):
+    r = flashstep(cmd, "--help")
+    assert r.rc == 0, r
+    for option in options:
+        line = next(l for l in r.out.splitlines() if l.strip().startswith(option))
+        assert f"{option} INT" in line, line
+
+
 def test_version(flashstep):
     r = flashstep("--version")
     assert r.rc == 0, r

@@ -182,6 +182,17 @@ def test_counts_of_one_are_singular(flashstep):
     assert "1 page = 1 slot" in r.out, r
 
 
+def test_one_query_is_one_position_not_a_range(flashstep):
+    r = flashstep("explain", "--seed", "1", "--prompt", "A", "--prompt", "B", "--section", "cascade")
+    assert r.rc == 0, r
+    assert "  A: position 0 (A)" in r.out and "  B: position 0 (B)" in r.out, r
+    assert "0..0" not in r.out, r
+    r = flashstep("explain", "--seed", "1", "--prompt", "x y z", "--prompt", "x w", "--section", "cascade")
+    assert r.rc == 0, r
+    # "x" is shared: request A's own queries are at positions 1..2, B's at position 1 alone.
+    assert "  A: positions 1..2 (y z)" in r.out and "  B: position 1 (w)" in r.out, r
+
+
 def test_shared_tokens_are_said_to_be_stored_once(flashstep):
     """"The cat sat" / "The cat ran fast", page size 1: 7 tokens of the requests on 5 pages;
     the 2 shared ones are stored once."""

@@ -3,6 +3,7 @@ machine or build without a GPU they say so and exit 77 (skipped), never 0."""
 import json
 import os
 import re
+import shutil
 import subprocess
 
 
@@ -33,6 +34,30 @@ def test_validate_rejects_an_unknown_stage(flashstep):
     assert "no_such_stage" in r.err, r
 
 
+def test_validate_list_fits_a_terminal_and_names_every_stage_folder(flashstep):
+    r = flashstep("validate", "--list")
+    if r.rc == 77:
+        assert "no CUDA stages" in r.out, r
+        return
+    assert r.rc == 0, r
+    widest = max(r.out.splitlines(), key=len)
+    assert len(widest) <= 80, widest
+    stages_dir = os.path.join(os.path.dirname(__file__), "..", "..", "stages")
+    for folder in sorted(os.listdir(stages_dir)):
+        if re.fullmatch(r"\d\d_\w+", folder):
+            assert f"\n  {folder}\n" in r.out, (folder, r)
+
+
+def test_validate_of_a_stage_outside_the_registry_says_where_it_is_validated(flashstep):
+    for name, program in (("06_sampling", "flashstep_sampling_tests"), ("08", "flashstep_cp_tests")):
+        r = flashstep("validate", "--stage", name)
+        if r.rc == 77 and "no CUDA stages" in r.out:
+            return
+        assert r.rc == 77, r
+        assert "is not validated by this command" in r.out and program in r.out, r
+        assert "no stage named" not in r.out + r.err, r
+
+
 def test_bench_writes_results_or_says_why_it_cannot_run(flashstep, tmp_path):
     out = tmp_path / "bench.json"
     r = flashstep("bench", "--quick", "--out", str(out), timeout=900)
@@ -43,3 +68,19 @@ def test_bench_writes_results_or_says_why_it_cannot_run(flashstep, tmp_path):
     assert r.rc == 0, r
     data = json.loads(out.read_text())
     assert data, r
+
+
+def test_bench_without_its_program_names_the_target_to_build(flashstep, tmp_path):
+    # The command alone in a folder of its own, as after scripts/tour.sh, which builds the
+    # command and the stages but not flashstep_bench.
+    alone = tmp_path / "build" / "bin"
+    alone.mkdir(parents=True)
+    exe = shutil.copy(os.environ["FLASHSTEP_CLI"], alone / "flashstep")
+    run = subprocess.run([exe, "bench", "--quick", "--out", str(tmp_path / "b.json")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 77, run
+    if "no CUDA stages" in flashstep("validate", "--list").out:
+        assert "this build has no CUDA stages to benchmark" in run.stdout, run
+    else:
+        assert f"cmake --build '{tmp_path / 'build'}' --target flashstep_bench" in run.stdout, run
+        assert "FLASHSTEP_BUILD_BENCH=ON" not in run.stdout, run

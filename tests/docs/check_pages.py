@@ -11,6 +11,9 @@ the notebooks page.
 Checks:
 - every course page exists and its title reads as written: no ordered list in it, and a
   leading "N." only where N is the page's own number (chapter 5 is "5. Paging...");
+- every page's browser tab title (<title>) reads as written too: no Markdown escape left
+  in it ("5\\. Paging"), the project's name once ("flashstep: flashstep: ..." is not), and
+  on a course page exactly "flashstep: " and the page's title;
 - no link anywhere in the site holds a list (<ol>/<ul>/<li> inside <a>): a link inside a
   sentence must stay inside the sentence;
 - the main page does not number the chapters again (their titles carry the number);
@@ -75,6 +78,7 @@ class Reader(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.title_text, self.title_tags, self.in_title = "", [], 0
+        self.tab_title, self.in_tab_title = "", False
         self.link_depth, self.lists_in_links = 0, []
         self.in_nav, self.nav_links, self.current_link = 0, [], None
         self.depth_stack = []
@@ -82,6 +86,8 @@ class Reader(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag == "title":
+            self.in_tab_title = True
         classes = (a.get("class") or "").split()
         if tag == "div":
             kind = "title" if "title" in classes and not self.in_title else (
@@ -105,6 +111,8 @@ class Reader(HTMLParser):
             self.lists_in_links.append(tag)
 
     def handle_endtag(self, tag):
+        if tag == "title":
+            self.in_tab_title = False
         if tag == "ol":
             self.ol_depth = max(0, self.ol_depth - 1)
         if tag == "div" and self.depth_stack:
@@ -120,6 +128,8 @@ class Reader(HTMLParser):
                 self.current_link = None
 
     def handle_data(self, data):
+        if self.in_tab_title:
+            self.tab_title += data
         if self.in_title:
             self.title_text += data
         if self.in_nav:
@@ -182,6 +192,9 @@ def main():
                                      f"{number}: {title!r}")
         if label.startswith("concept_") and not (lead and int(lead.group(1)) == number):
             problem(label + ".html", f"chapter {number}'s title should start with '{number}.': {title!r}")
+        tab = " ".join(page.tab_title.split())
+        if tab != f"flashstep: {title}":
+            problem(label + ".html", f"the browser tab reads {tab!r}, not 'flashstep: ' and the title {title!r}")
         links = [(href.split("#")[0], text) for href, text in page.nav_links if href]
         prev = files[i - 1] if i > 0 else "index.html"
         nxt = files[i + 1] if i + 1 < len(files) else None
@@ -198,9 +211,12 @@ def main():
         if "Previous" not in words or (nxt and "Next" not in words):
             problem(label + ".html", f"the bar does not say Previous/Next: {words!r}")
 
-    # No list inside a link on any page of the site.
+    # No list inside a link on any page of the site; every tab title as written.
     for path in sorted(glob.glob(os.path.join(html_dir, "*.html"))):
         page = read(path)
+        tab = " ".join(page.tab_title.split())
+        if "\\" in tab or tab.startswith("flashstep: flashstep: ") or not tab:
+            problem(os.path.basename(path), f"the browser tab reads {tab!r}")
         if page.lists_in_links:
             problem(os.path.basename(path), f"a link holds a list ({', '.join(page.lists_in_links)}): "
                                             "the link breaks its sentence")

@@ -43,7 +43,7 @@ def test_order_titles_and_bars(tmp_path):
     r = run(tmp_path, PAGES, INDEX)
     assert r.returncode == 0, r.stderr
     a = (tmp_path / "course" / "ch_a.md").read_text()
-    assert a.startswith("# 1\\. First & foremost {#ch_a}"), a
+    assert a.startswith("# 1.&nbsp;First & foremost {#ch_a}"), a
     assert "Previous: \\ref index" in a and "Next: \\ref ch_b" in a and "Up:" not in a, a
     x = (tmp_path / "course" / "leaf_x.md").read_text()
     assert "Previous: \\ref part" in x and "Up: \\ref part" in x and "Next: \\ref leaf_y" in x, x

@@ -77,9 +77,31 @@ def test_window_left_past_int32(decode_inputs):
            naming="window_left")
 
 
-@pytest.mark.parametrize("page_size", [0, -1])
-def test_page_size_below_one(page_size):
-    raises(ValueError, flashstep.PageAllocator, 4, page_size, naming="page_size")
+@pytest.mark.parametrize("page_size", [0, -1, 2**31, 2**40])
+def test_page_size_out_of_range(page_size):
+    text = raises(ValueError, flashstep.PageAllocator, 4, page_size, naming="page_size")
+    assert "1..2^31-1" in text, text
+
+
+# ---- integer ranges come from each function's C++ signature, not from a name ----
+
+def test_an_int32_argument_past_its_range_says_so():
+    allocator = flashstep.PageAllocator(4, 1)
+    text = raises(ValueError, allocator.incref, 2**31, naming="page")
+    assert "[-2147483648, 2147483647]" in text, text
+    sequences = flashstep.PagedSequences(allocator)
+    text = raises(ValueError, sequences.seq_len, 2**40, naming="seq")
+    assert "[-2147483648, 2147483647]" in text, text
+
+
+def test_the_same_name_can_have_another_range_elsewhere(probs):
+    # `seed` is uint64 in the samplers and in TinyDecoder.generate; `offset` too, while
+    # the int64 arguments of other functions take negative values to their own check.
+    raises(ValueError, flashstep.philox_uniform, -1, 0, [0], naming="seed")
+    text = raises(ValueError, flashstep.philox_uniform, 0, 2**64, [0], naming="subsequence")
+    assert "[0, 18446744073709551615]" in text, text
+    text = raises(ValueError, flashstep.PageAllocator, 4, 2**63, naming="page_size")
+    assert "[-9223372036854775808, 9223372036854775807]" in text, text
 
 
 # ---- seeds: the same rule as the command's --seed ----
@@ -112,9 +134,16 @@ def test_top_p_must_be_a_number(probs):
     raises(ValueError, flashstep.top_p_sampling_from_probs, probs, top_p="a", naming="top_p")
 
 
-def test_a_list_where_an_array_is_expected(decode_inputs):
+def test_a_list_where_an_array_is_expected_is_a_type_error(decode_inputs):
     q, k, v = decode_inputs
-    raises(ValueError, flashstep.single_decode_with_kv_cache, q.tolist(), k, v, naming="q")
+    text = raises(TypeError, flashstep.single_decode_with_kv_cache, q.tolist(), k, v, naming="q")
+    assert "must be a numpy array of float32 or float64, got list" in text, text
+    raises(TypeError, flashstep.merge_state, q, None, q, q, naming="s_a")
+
+
+def test_an_array_of_the_wrong_dtype_is_a_value_error(decode_inputs):
+    q, k, v = decode_inputs
+    raises(ValueError, flashstep.single_decode_with_kv_cache, q.astype(np.int32), k, v, naming="q")
 
 
 def test_an_unknown_keyword_is_named(decode_inputs):
@@ -137,21 +166,27 @@ def test_token_ids_of_zero_and_up_are_accepted():
 
 # ---- every scalar argument of every function: a wrong type is named, briefly ----
 
-SIGNATURE = re.compile(r"^(\w+)\((.*)\)")
-DUMMY = {"handle": None, "int": 0, "bool": False, "float": 1.0, "str": "NHD",
+# Arrays are converted by the function itself, after every scalar: None stands for one.
+ARRAYS = ("numpy.ndarray", "numpy.typing.ArrayLike", "Optional[numpy.typing.ArrayLike]",
+          "Union[numpy.ndarray, Tuple[numpy.ndarray, numpy.ndarray]]", "Union[int, numpy.ndarray]",
+          "Union[float, numpy.ndarray]", "Optional[Union[float, numpy.ndarray]]")
+DUMMY = {**{kind: None for kind in ARRAYS}, "int": 0, "bool": False, "float": 1.0, "str": "NHD",
          "Optional[float]": None, "Optional[List[str]]": None, "List[int]": [], "List[str]": []}
 SCALARS = ("int", "bool", "float", "str", "Optional[float]")
 
 
 def parameters(function):
     """[(name, type, has default)] from the signature line pybind11 puts in the docstring."""
-    m = SIGNATURE.match((function.__doc__ or "").splitlines()[0])
-    out = []
-    for part in re.split(r",\s*(?![^\[]*\])", m.group(2)) if m and m.group(2) else []:
-        name, kind = part.split(":", 1)
-        kind, _, default = kind.partition("=")
-        out.append((name.strip(), kind.strip(), bool(default.strip())))
-    return out
+    return flashstep._arguments.signature_of(function) or []
+
+
+def test_array_arguments_show_their_type_not_handle():
+    for fname in (n for n in dir(flashstep) if not n.startswith("_")):
+        function = getattr(flashstep, fname)
+        line = ((function.__init__ if isinstance(function, type) else function).__doc__ or "").split("\n")[0]
+        assert "handle" not in line, line
+    assert parameters(flashstep.merge_state)[0] == ("v_a", "numpy.ndarray", False)
+    assert ("kv_indptr", "numpy.typing.ArrayLike", False) in parameters(flashstep.build_cascade_levels)
 
 
 def cases():

@@ -66,6 +66,16 @@ TEST_CASE("page_allocator: reference counts, double free and bad ids are Invalid
   alloc.check_invariants();
 }
 
+TEST_CASE("page_allocator: sizes past int32 are refused by name, the largest one is taken") {
+  // A last_page_len and a page id are int32 in the page table: 2^31 - 1 is the limit.
+  CHECK_THROWS_WITH_AS(PageAllocator(4, int64_t{1} << 40), doctest::Contains("PageAllocator: page_size must be in"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(PageAllocator(4, int64_t{1} << 31), doctest::Contains("got 2147483648"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(PageAllocator(int64_t{1} << 31, 1), doctest::Contains("PageAllocator: num_pages must be in"),
+                       InvalidArgument);
+  CHECK(PageAllocator(2, (int64_t{1} << 31) - 1).page_size() == 2147483647);
+}
+
 TEST_CASE("page_allocator: the course's \"The cat sat\" / \"The cat ran\" share P0, P1 by fork") {
   PageAllocator alloc(8, 1);  // page size 1 token, as in the course
   PagedSequences seqs(alloc);

@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "harness/gpu_present.hpp"
 #include "sampling_support.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,6 @@ int main(int argc, char** argv) {
   if (flashstep::test::listing_only(argc, argv)) return context.run();
   flashstep::test::print_seed("flashstep sampling tests");
   std::string why;
-  const bool gpu = flashstep::test::cuda_device_present(&why);
+  const bool gpu = flashstep::stages::harness::gpu_available(&why);
   return flashstep::test::run_gpu_suite(context, gpu, why);
 }

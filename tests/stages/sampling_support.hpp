@@ -104,17 +104,4 @@ inline float bf16_value(uint16_t b) {
   return x;
 }
 
-/// True when a CUDA device is usable; `why` says otherwise.
-inline bool cuda_device_present(std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    // without an NVIDIA device the runtime says "driver version is insufficient": say what is meant
-    const bool no_device = n == 0 || e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver;
-    if (why) *why = no_device ? "no CUDA GPU found" : cudaGetErrorString(e);
-    return false;
-  }
-  return true;
-}
-
 }  // namespace flashstep::test

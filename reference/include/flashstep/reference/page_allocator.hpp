@@ -47,7 +47,8 @@ class OutOfPages : public std::runtime_error {
 class PageAllocator {
  public:
   /// \param num_pages pool size, 1 .. 2^31 - 1
-  /// \param page_size token slots per page (FlashInfer's page_size, the course's Bc), >= 1
+  /// \param page_size token slots per page (FlashInfer's page_size, the course's Bc),
+  ///        1 .. 2^31 - 1 (a last_page_len is int32)
   PageAllocator(int64_t num_pages, int64_t page_size);
 
   /// Pages in the pool.
