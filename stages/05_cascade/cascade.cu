@@ -153,19 +153,23 @@ void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeL
     ref::require(lv.qo_indptr.front() == 0 && lv.qo_indptr.back() == s.nnz_qo() && lv.kv_indptr.front() == 0 &&
                      lv.kv_indptr.back() == static_cast<int64_t>(lv.kv_indices.size()),
                  fn, at + "qo_indptr must run 0..nnz_qo and kv_indptr 0..len(kv_indices)");
+    // (each message is built only for the element that fails: plan() runs every step, and
+    // a string per page id cost more than the rest of the plan)
     for (size_t g = 0; g < groups; ++g) {
       const int64_t pages = lv.kv_indptr[g + 1] - lv.kv_indptr[g];
-      ref::require(lv.qo_indptr[g + 1] >= lv.qo_indptr[g] && pages >= 0, fn, at + "indptr must not decrease");
+      if (lv.qo_indptr[g + 1] < lv.qo_indptr[g] || pages < 0) ref::require(false, fn, at + "indptr must not decrease");
       const int32_t lpl = lv.kv_last_page_len[g];
-      ref::require(pages > 0 ? lpl >= 1 && lpl <= s.page_size : lpl == 0, fn,
-                   at + "kv_last_page_len[" + std::to_string(g) + "] = " + std::to_string(lpl) +
-                       " does not fit its " + std::to_string(pages) + " pages");
+      if (!(pages > 0 ? lpl >= 1 && lpl <= s.page_size : lpl == 0))
+        ref::require(false, fn,
+                     at + "kv_last_page_len[" + std::to_string(g) + "] = " + std::to_string(lpl) +
+                         " does not fit its " + std::to_string(pages) + " pages");
     }
     // num_pages 0: the pool's size is not known at plan time (FlashInfer's plan does not
     // take it); the caller then checks the page ids against the pool it runs on.
     for (int32_t page : lv.kv_indices)
-      ref::require(page >= 0 && (s.num_pages == 0 || page < s.num_pages), fn,
-                   at + "page id " + std::to_string(page) + " outside the pool of " + std::to_string(s.num_pages));
+      if (page < 0 || (s.num_pages != 0 && page >= s.num_pages))
+        ref::require(false, fn,
+                     at + "page id " + std::to_string(page) + " outside the pool of " + std::to_string(s.num_pages));
     ref::require(lv.causal == (l + 1 == c.levels.size() && s.mode == Mode::prefill && s.causal), fn,
                  at + "causal must be set on the last level exactly when the batch is causal prefill");
   }
