@@ -89,6 +89,11 @@ KernelEntry kernel_entry() {
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t smem) {
+    // The occupancy calculator counts no block whose dynamic shared memory is above the
+    // kernel's limit: raise it first, or a query made before the first plan() in a
+    // process answers 0 and workspace_bytes() under-counts the split it plans.
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks, prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>, Tr::kThreads, smem));

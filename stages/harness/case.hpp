@@ -40,13 +40,6 @@ const char* to_string(PageOrder order);
 struct CaseSpec {
   Mode mode = Mode::decode;            ///< decode (one query per request) or prefill
   DType dtype = DType::bf16;           ///< element type the stage reads and writes
-  /// Element type of the K/V when it differs from dtype: e4m3 or e5m2 for an FP8 cache.
-  std::optional<DType> kv_dtype;
-  /// The cache's scales (FlashInfer's run() arguments): keys and values are drawn as
-  /// before, stored as round(k / k_scale) and round(v / v_scale) in the K/V dtype, and
-  /// read back as stored * scale, so scores and outputs keep their usual size.
-  double k_scale = 1.0;
-  double v_scale = 1.0;  ///< as k_scale, for the values
   KVLayout kv_layout = KVLayout::NHD;  ///< page layout; ragged storage requires NHD
   int batch_size = 1;                  ///< requests in the batch
   int kv_len = 1;   ///< request 0 has exactly this many keys; others follow `lengths`
@@ -70,6 +63,16 @@ struct CaseSpec {
   /// within the group. Each request's kv_len own keys follow.
   int group_prefix = 0;
   int prefix_groups = 1;  ///< groups of group_prefix (1: the whole batch)
+
+  // (the FP8 fields come last, so the positional initialisers of the fields above
+  // still read as they did before them)
+  /// Element type of the K/V when it differs from dtype: e4m3 or e5m2 for an FP8 cache.
+  std::optional<DType> kv_dtype;
+  /// The cache's scales (FlashInfer's run() arguments): keys and values are drawn as
+  /// before, stored as round(k / k_scale) and round(v / v_scale) in the K/V dtype, and
+  /// read back as stored * scale, so scores and outputs keep their usual size.
+  double k_scale = 1.0;
+  double v_scale = 1.0;  ///< as k_scale, for the values
 
   /// One line with every field, e.g. for a failure message or a test name.
   std::string describe() const;
