@@ -71,3 +71,23 @@ def test_report_sections_match_the_json_they_cite(tmp_path):
                 stale.append((os.path.relpath(chapter, SOURCE), cited))
     assert not stale, ("the tables (or commit, date) of results sections differ from what "
                        f"`python3 bench/report.py --results FILE` generates from the file they cite: {stale}")
+
+
+def test_hopper_sections_match_the_json_they_cite():
+    """Stage 07's two generated sections, written again by bench/hopper_report.py --check
+    from the results and step files they cite."""
+    chapter = os.path.join(SOURCE, "stages", "07_hopper", "README.md")
+    if not os.path.exists(chapter):
+        pytest.skip("no stage 07 chapter")
+    text = read(chapter)
+    results = re.search(r"<!-- hopper results:begin -->.*?<!-- hopper results:end -->", text, re.S)
+    steps = re.search(r"<!-- hopper steps:begin -->.*?<!-- hopper steps:end -->", text, re.S)
+    assert results and steps, "stages/07_hopper/README.md lacks its generated sections"
+    cited = sorted(set(CITED.findall(results.group(0))))
+    assert len(cited) == 1, f"the results section must cite one results file, not {cited}"
+    args = [sys.executable, os.path.join(SOURCE, "bench", "hopper_report.py"), "--repo", SOURCE, "--check",
+            "--results", os.path.join(SOURCE, cited[0])]
+    for step in CITED.findall(steps.group(0)):
+        args += ["--step", os.path.join(SOURCE, step)]
+    run = subprocess.run(args, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
