@@ -165,10 +165,9 @@ void CapturedLaunch::check_plan(const char* fn, const std::string& launch) const
                    "it (the launch then depends on batch_size and nnz_qo only), or use one runner per captured graph.");
 }
 
-void CapturedLaunch::on_run(cudaStream_t stream, const std::string& launch) {
+bool CapturedLaunch::capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusActive)
-    captured_ = launch;
+  return cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
 }
 
 }  // namespace flashstep::stages

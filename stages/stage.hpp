@@ -159,10 +159,15 @@ class CapturedLaunch {
   /// From plan(), before anything is written: throws ref::InvalidArgument (from `fn`)
   /// when a graph captured a launch other than `launch`.
   void check_plan(const char* fn, const std::string& launch) const;
-  /// From run(): remembers `launch` when `stream` is being captured.
-  void on_run(cudaStream_t stream, const std::string& launch);
+  /// From run(): remembers the launch `describe()` returns when `stream` is being
+  /// captured. run() is the per-layer call, so the description is built only then.
+  template <typename Describe>
+  void on_run(cudaStream_t stream, const Describe& describe) {
+    if (capturing(stream)) captured_ = describe();
+  }
 
  private:
+  static bool capturing(cudaStream_t stream);
   std::string captured_;  // empty: nothing captured yet
 };
 

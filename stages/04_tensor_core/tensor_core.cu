@@ -333,7 +333,7 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
 
 void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
-  captured_.on_run(stream, launch_of(schedule_, w, shape_.num_kv_heads));
+  captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
   kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, smem_bytes_, stream);
 }

@@ -409,7 +409,7 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
 
 void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   ref::require(prepared_ != nullptr, "CascadeRunner::run", "plan() must come first");
-  captured_.on_run(stream, launch_of(plan_, prepared_->bytes));
+  captured_.on_run(stream, [&] { return launch_of(plan_, prepared_->bytes); });
   if (plan_.path == Path::flat) {
     flat_->run(batch, stream);
     return;
