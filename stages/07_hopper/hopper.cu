@@ -66,12 +66,6 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t tokens, int heads, i
   return map;
 }
 
-/// Work items of a CUDA-graph plan: enough for any lengths of batch_size requests and
-/// nnz_qo queries (as stage 04 counts them).
-int64_t graph_capacity(const BatchShape& s) {
-  return (s.nnz_qo() * s.group_size() + kBr - 1) / kBr + std::max(0, s.batch_size - 1);
-}
-
 /// What a captured graph freezes of run(): the grid, and the tensor maps, whose sizes are
 /// the batch's nnz_qo and nnz_kv (a map describes the whole of q, k or v).
 std::string launch_of(const Schedule& s, const BatchShape& shape) {
@@ -100,12 +94,18 @@ void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
   p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
-  const size_t smem = Tr::smem_bytes();
-  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   hopper_attention_kernel<T, HEAD_DIM>
-      <<<static_cast<unsigned>(sched.num_items() * s.num_kv_heads), Tr::kThreads, smem, stream>>>(p);
+      <<<static_cast<unsigned>(sched.num_items() * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
+}
+
+/// The kernel's dynamic shared-memory limit raised to what it uses (a host call: plan()
+/// makes it, run() does not).
+template <typename T, int HEAD_DIM>
+void set_smem_limit() {
+  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(HopperTraits<T, HEAD_DIM>::smem_bytes())));
 }
 
 }  // namespace
@@ -160,15 +160,12 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) {
   }
   // Longest first: the last wave is made of short blocks, so the chip empties evenly.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
-  const int64_t count = s.cuda_graph ? graph_capacity(s) : static_cast<int64_t>(items.size());
-  ref::require(count * s.num_kv_heads < (int64_t{1} << 31), fn, "too many work items for one grid");
+  ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 31), fn,
+               "too many work items for one grid");
   for (const Item& it : items) {
     sched.request_indices.push_back(it.request);
     sched.qo_tile_indices.push_back(it.tile);
   }
-  // A CUDA-graph plan pads the grid to a size fixed by batch_size and nnz_qo.
-  sched.request_indices.resize(static_cast<size_t>(count), -1);
-  sched.qo_tile_indices.resize(static_cast<size_t>(count), 0);
   return sched;
 }
 
@@ -188,6 +185,11 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   schedule_ = std::move(sched);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
+  if (shape.dtype == DType::bf16) {
+    shape.head_dim == 64 ? set_smem_limit<__nv_bfloat16, 64>() : set_smem_limit<__nv_bfloat16, 128>();
+  } else {
+    shape.head_dim == 64 ? set_smem_limit<__half, 64>() : set_smem_limit<__half, 128>();
+  }
   if (half == 0) return;
   // The schedule, staged in one host buffer and copied once.
   std::vector<uint8_t> staged(2 * half, 0);
@@ -199,7 +201,7 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
 }
 
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
-  captured_.on_run(stream, launch_of(schedule_, shape_));
+  captured_.on_run(stream, [&] { return launch_of(schedule_, shape_); });
   if (schedule_.num_items() == 0) return;
   const BatchShape& s = shape_;
   FLASHSTEP_DISPATCH_DTYPE(s.dtype, T, {

@@ -18,7 +18,7 @@ namespace flashstep::stages::hopper {
 /// The host-side schedule plan() computes.
 struct Schedule {
   int Br = 0;                            ///< packed query rows per tile
-  std::vector<int32_t> request_indices;  ///< work item -> request (-1: padding of a CUDA-graph plan)
+  std::vector<int32_t> request_indices;  ///< work item -> request
   std::vector<int32_t> qo_tile_indices;  ///< work item -> query tile of the request
   /// Work items of the plan (the grid is num_items() x num_kv_heads blocks).
   int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }

@@ -68,7 +68,7 @@ struct HopperParams {
   CUtensorMap v_map;  ///< box (64, 1, Bc)
   const int32_t* qo_indptr = nullptr;        ///< (batch_size + 1)
   const int32_t* kv_indptr = nullptr;        ///< (batch_size + 1) token offsets
-  const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i, -1 for padding
+  const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
   void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
@@ -234,8 +234,6 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   uint64_t* v_empty = k_empty + kStages;  // [kStages]: both consumers done with the V tile
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
-  // A plan for CUDA graphs pads the grid: the padding items name no request.
-  if (p.request_indices[item] < 0) return;
   const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
   const int warp_group = threadIdx.x / 128;
   const int n_tiles = t.num_kv_tiles;
