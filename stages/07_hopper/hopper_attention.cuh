@@ -23,10 +23,13 @@
 //   barriers), so one group's softmax runs while the other's GEMMs hold the tensor cores;
 //   each turn issues S_j = Q K_j^T together with P_{j-1} V_{j-1}.
 //
-// What it still does badly: inside a warp group the softmax of tile j does not overlap
-// its own GEMMs (only the other group's); every block starts from an empty pipeline (one
-// block per (work item, kv head), not a persistent grid); the output is written from
-// registers (4-byte stores), not through shared memory and a TMA store; ragged K/V only.
+// - Overlap inside a warp group: S_j and P_{j-1} V_{j-1} are two commit groups; the
+//   softmax of S_j waits only for the first (wgmma.wait_group 1) and runs while the
+//   second still accumulates into O. O's rescale and P_j's packing wait for the second.
+//
+// What it still does badly: every block starts from an empty pipeline (one block per
+// (work item, kv head), not a persistent grid); the output is written from registers
+// (4-byte stores), not through shared memory and a TMA store; ragged K/V only.
 #pragma once
 
 #include <cuda/ptx>
@@ -164,14 +167,16 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int k
       }
 }
 
-/// The online softmax on one tile of scores, in base 2:
+/// The online softmax on one tile of scores, in base 2, without touching O (which the
+/// previous tile's P V may still be accumulating into):
 ///   m_new = max(m, rowmax(S) * scale);  P = exp2(S * scale - m_new);
-///   l = l * exp2(m - m_new) + rowsum(P);  O *= exp2(m - m_new).
+///   alpha = exp2(m - m_new);  l = l * alpha + rowsum(P).
 /// A row's max is shared by the four threads of a quad (shuffles); l stays per thread
-/// until the end. sc holds P afterwards.
-template <int Bc, int HEAD_DIM>
-__device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2], float (&l)[2],
-                                               float (&o)[HEAD_DIM / 2], float scale) {
+/// until the end. sc holds P afterwards; rescale_output applies alpha to O once the
+/// previous P V has landed.
+template <int Bc>
+__device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                               float scale) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mx = -INFINITY;
@@ -182,7 +187,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
     const float m_new = fmaxf(m[h], mx * scale);
     // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    const float alpha = tensor_core::exp2_approx(m[h] - m_use);
+    alpha[h] = tensor_core::exp2_approx(m[h] - m_use);
     m[h] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -193,13 +198,20 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
         x = tensor_core::exp2_approx(fmaf(x, scale, -m_use));
         sum += x;
       }
-    l[h] = l[h] * alpha + sum;
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-      o[4 * n + 2 * h] *= alpha;
-      o[4 * n + 2 * h + 1] *= alpha;
-    }
+    l[h] = l[h] * alpha[h] + sum;
   }
+}
+
+/// O *= alpha, row by row: O moves to the new running max before P_j V_j is added.
+template <int HEAD_DIM>
+__device__ __forceinline__ void rescale_output(float (&o)[HEAD_DIM / 2], const float (&alpha)[2]) {
+#pragma unroll
+  for (int n = 0; n < HEAD_DIM / 8; ++n)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o[4 * n + 2 * h] *= alpha[h];
+      o[4 * n + 2 * h + 1] *= alpha[h];
+    }
 }
 
 /// P (fp32 accumulator layout) as wgmma A fragments: k-step k covers keys 16k..16k+15,
@@ -314,16 +326,19 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
   if (consumer == 1) detail::pass_turn(consumer);    // consumer 0 issues first
 
-  // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} together, let the
-  // other group issue, wait, then the softmax of S_j (under the other group's GEMMs).
+  // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} as two commit
+  // groups, let the other group issue, then overlap within the warp group: the softmax of
+  // S_j starts as soon as S_j lands (wgmma.wait_group 1), while P_{j-1} V_{j-1} still runs
+  // (and the other group's GEMMs after it); O is rescaled and P_j packed only once that
+  // P V has landed (wait_group 0), since both read or write registers it still uses.
   // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
   // each turn's wgmma are one straight run of instructions.
+  float alpha[2];
   auto softmax_of = [&](int j) {
     const int key0 = j * Bc;
     if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
       detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
-    detail::online_softmax<Bc, HEAD_DIM>(sc, m, l, o, p.score_scale);
-    detail::pack_p<T, Bc>(sc, a);
+    detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
   };
   if (n_tiles > 0) {
     detail::wait_barrier(&k_full[0], 0);
@@ -335,7 +350,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(&k_empty[0]);  // this warp is done reading K_0
-    softmax_of(0);
+    softmax_of(0);                                     // O is still zero: nothing to rescale
+    detail::pack_p<T, Bc>(sc, a);
   }
   for (int j = 1; j < n_tiles; ++j) {
     const int s = j % kStages, prev = (j - 1) % kStages;
@@ -344,17 +360,19 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
     detail::wait_turn(consumer);
     wgmma_fence();
     detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
+    wgmma_commit();
     detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
     wgmma_commit();
     detail::pass_turn(consumer);
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
     wgmma_fence_operands(sc);
-    wgmma_fence_operands(o);
-    if (lane == 0) {  // this warp is done reading K_j and V_{j-1}
-      ptx::mbarrier_arrive(&k_empty[s]);
-      ptx::mbarrier_arrive(&v_empty[prev]);
-    }
+    if (lane == 0) ptx::mbarrier_arrive(&k_empty[s]);  // this warp is done reading K_j
     softmax_of(j);
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
+    wgmma_fence_operands(o);
+    if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev]);  // ... and done reading V_{j-1}
+    detail::rescale_output<HEAD_DIM>(o, alpha);
+    detail::pack_p<T, Bc>(sc, a);
   }
   if (n_tiles > 0) {
     const int last = (n_tiles - 1) % kStages;
