@@ -19,7 +19,8 @@ const std::vector<StageInfo>& registry() {
       tensor_core::stage_info(),         // 04: prefill and large-group decode on tensor cores, paged K/V
       tensor_core::ragged_stage_info(),  // 04: the same kernel over ragged K/V
       cascade::stage_info(),             // 05: shared prefix pages read once per group, levels merged
-      hopper::ragged_stage_info(),       // 07: prefill on Hopper: TMA, wgmma, warp specialisation
+      hopper::stage_info(),              // 07: prefill on Hopper: TMA, wgmma, warp specialisation, paged K/V
+      hopper::ragged_stage_info(),       // 07: the same over ragged K/V, every tile one TMA copy
   };
   return stages;
 }

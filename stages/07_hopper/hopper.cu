@@ -16,7 +16,9 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
+#include "04_tensor_core/tensor_core.hpp"  // kMaxPageSize
 #include "07_hopper/hopper.hpp"
 #include "07_hopper/hopper_attention.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
@@ -74,17 +76,23 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
          std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, bool PAGED>
 void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const DeviceBatch& batch,
             cudaStream_t stream) {
-  using Tr = HopperTraits<T, HEAD_DIM>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
   const int group = s.group_size();
   HopperParams p;
   p.q_map = make_map(batch.q, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM, group, Tr::Br / group);
-  p.k_map = make_map(batch.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
-  p.v_map = make_map(batch.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
+  if constexpr (PAGED) {
+    p.kv = kernels::make_paged_kv(static_cast<const uint16_t*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
+                                  batch.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+                                  s.kv_layout == KVLayout::HND);
+  } else {
+    p.k_map = make_map(batch.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
+    p.v_map = make_map(batch.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
+    p.kv_indptr = batch.kv_indptr;
+  }
   p.qo_indptr = batch.qo_indptr;
-  p.kv_indptr = batch.kv_indptr;
   p.request_indices = reinterpret_cast<const int32_t*>(ws);
   p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + align_up(sched.num_items() * sizeof(int32_t)));
   p.o = batch.o;
@@ -94,18 +102,36 @@ void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
   p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
-  hopper_attention_kernel<T, HEAD_DIM>
+  hopper_attention_kernel<T, HEAD_DIM, PAGED>
       <<<static_cast<unsigned>(sched.num_items() * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
 }
 
 /// The kernel's dynamic shared-memory limit raised to what it uses (a host call: plan()
 /// makes it, run() does not).
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, bool PAGED>
 void set_smem_limit() {
-  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM>,
+  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(HopperTraits<T, HEAD_DIM>::smem_bytes())));
+                                            static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED>::smem_bytes())));
+}
+
+/// Calls f(T{}, head_dim, paged) for the batch's element type, head_dim and storage, the
+/// last two as std::integral_constant (the kernel's template arguments).
+template <typename F>
+void dispatch(const BatchShape& s, F&& f) {
+  auto by_storage = [&](auto t, auto d) {
+    if (s.storage == KVStorage::paged) return f(t, d, std::true_type{});
+    return f(t, d, std::false_type{});
+  };
+  auto by_dim = [&](auto t) {
+    if (s.head_dim == 64) return by_storage(t, std::integral_constant<int, 64>{});
+    if (s.head_dim == 128) return by_storage(t, std::integral_constant<int, 128>{});
+    ref::require(false, "HopperRunner", "no kernel for " + s.describe());
+  };
+  if (s.dtype == DType::bf16) return by_dim(__nv_bfloat16{});
+  if (s.dtype == DType::f16) return by_dim(__half{});
+  ref::require(false, "HopperRunner", "no kernel for " + s.describe());
 }
 
 }  // namespace
@@ -133,7 +159,8 @@ std::string hopper_unavailable_reason() {
 
 Schedule HopperRunner::make_schedule(const BatchShape& s) {
   const char* fn = "HopperRunner::plan";
-  const std::string reason = ragged_stage_info().unsupported_reason(s);
+  const std::string reason =
+      (s.storage == KVStorage::paged ? stage_info() : ragged_stage_info()).unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
   ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1 &&
                    static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1,
@@ -185,11 +212,7 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   schedule_ = std::move(sched);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  if (shape.dtype == DType::bf16) {
-    shape.head_dim == 64 ? set_smem_limit<__nv_bfloat16, 64>() : set_smem_limit<__nv_bfloat16, 128>();
-  } else {
-    shape.head_dim == 64 ? set_smem_limit<__half, 64>() : set_smem_limit<__half, 128>();
-  }
+  dispatch(shape, [](auto t, auto d, auto paged) { set_smem_limit<decltype(t), d(), paged()>(); });
   if (half == 0) return;
   // The schedule, staged in one host buffer and copied once.
   std::vector<uint8_t> staged(2 * half, 0);
@@ -203,35 +226,49 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   captured_.on_run(stream, [&] { return launch_of(schedule_, shape_); });
   if (schedule_.num_items() == 0) return;
-  const BatchShape& s = shape_;
-  FLASHSTEP_DISPATCH_DTYPE(s.dtype, T, {
-    if constexpr (!std::is_same_v<T, float>) {
-      if (s.head_dim == 64) return launch<T, 64>(s, schedule_, workspace_, batch, stream);
-      if (s.head_dim == 128) return launch<T, 128>(s, schedule_, workspace_, batch, stream);
-    }
+  dispatch(shape_, [&](auto t, auto d, auto paged) {
+    launch<decltype(t), d(), paged()>(shape_, schedule_, workspace_, batch, stream);
   });
-  ref::require(false, "HopperRunner::run", "no kernel for " + s.describe());
+}
+
+namespace {
+/// What both registry entries share.
+StageInfo common_info(const std::string& name) {
+  StageInfo s;
+  s.name = name;
+  s.modes = {Mode::prefill};
+  s.dtypes = {DType::f16, DType::bf16};
+  s.head_dims = {64, 128};
+  s.max_group_size = 32;
+  s.causal = true;
+  // Not CUDA-graph safe: the grid follows the lengths (one block per work item), and the
+  // tensor maps a graph captures hold the batch's nnz_qo (and, ragged, nnz_kv).
+  s.cuda_graph = false;
+  s.rules = [name](const BatchShape& shape) -> std::string {
+    // the query box is (64, group, 128 / group): a token's group rows never straddle a tile
+    if (kBr % shape.group_size() != 0) return name + " needs a GQA group that divides 128";
+    return hopper_unavailable_reason();
+  };
+  return s;
+}
+}  // namespace
+
+StageInfo stage_info() {
+  StageInfo s = common_info("07_hopper");
+  s.summary = "prefill on Hopper over paged K/V: the producer warp group gathers pages with cp.async, "
+              "wgmma, two consumer warp groups";
+  s.storage = KVStorage::paged;
+  s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
+  s.max_page_size = tensor_core::kMaxPageSize;
+  s.make_runner = [] { return std::make_unique<HopperRunner>(); };
+  return s;
 }
 
 StageInfo ragged_stage_info() {
-  StageInfo s;
-  s.name = "07_hopper_ragged";
+  StageInfo s = common_info("07_hopper_ragged");
   s.summary = "prefill on Hopper: TMA into 128-byte swizzled tiles, wgmma, a producer and two consumer warp groups";
-  s.modes = {Mode::prefill};
   s.storage = KVStorage::ragged;
-  s.dtypes = {DType::f16, DType::bf16};
-  s.head_dims = {64, 128};
   s.kv_layouts = {KVLayout::NHD};
-  s.max_group_size = 32;
-  s.causal = true;
-  // Not CUDA-graph safe over ragged K/V: the tensor maps a graph captures hold the batch's
-  // nnz_kv, which the lengths change (a paged pool's size would not).
-  s.cuda_graph = false;
-  s.rules = [](const BatchShape& shape) -> std::string {
-    // the query box is (64, group, 128 / group): a token's group rows never straddle a tile
-    if (kBr % shape.group_size() != 0) return "07_hopper_ragged needs a GQA group that divides 128";
-    return hopper_unavailable_reason();
-  };
   s.make_runner = [] { return std::make_unique<HopperRunner>(); };
   return s;
 }

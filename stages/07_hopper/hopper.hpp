@@ -24,7 +24,8 @@ struct Schedule {
   int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }
 };
 
-/// plan/run for stage 07 over ragged (contiguous) K/V.
+/// plan/run for stage 07 over paged or ragged (contiguous) K/V; the batch's storage picks
+/// the kernel.
 class HopperRunner : public StageRunner {
  public:
   size_t workspace_bytes(const BatchShape& shape) const override;
@@ -45,7 +46,8 @@ class HopperRunner : public StageRunner {
 /// Whether this build holds sm_90a code and the current GPU can run it; otherwise why not.
 std::string hopper_unavailable_reason();
 
-/// Stage 07's registry entry (ragged K/V).
+/// Stage 07's registry entries: paged K/V (NHD and HND), and ragged K/V.
+StageInfo stage_info();
 StageInfo ragged_stage_info();
 
 }  // namespace flashstep::stages::hopper

@@ -27,9 +27,15 @@
 //   softmax of S_j waits only for the first (wgmma.wait_group 1) and runs while the
 //   second still accumulates into O. O's rescale and P_j's packing wait for the second.
 //
+// - Paged K/V (PAGED = true): a tile of 128 keys may come from 128 different pages, which
+//   no tensor map describes. The producer's four warps gather it instead: each thread
+//   looks up the page of its rows and issues 16-byte cp.async copies straight into the
+//   128-byte swizzled layout (chunk c of row r at chunk c ^ (r % 8)), and
+//   cp.async.mbarrier.arrive makes the tile's "full" barrier complete when they land.
+//
 // What it still does badly: every block starts from an empty pipeline (one block per
 // (work item, kv head), not a persistent grid); the output is written from registers
-// (4-byte stores), not through shared memory and a TMA store; ragged K/V only.
+// (4-byte stores), not through shared memory and a TMA store.
 #pragma once
 
 #include <cuda/ptx>
@@ -41,18 +47,25 @@
 
 #include "04_tensor_core/prefill_attention.cuh"  // exp2_approx
 #include "07_hopper/wgmma.cuh"
+#include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
+#include "flashstep/kernels/paged_kv.cuh"
 
 namespace flashstep::stages::hopper {
 
 /// Tile sizes and the shared-memory plan of one instantiation.
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, bool PAGED = false>
 struct HopperTraits {
   static constexpr int Br = 128;          ///< packed query rows per block: 64 per consumer warp group
   static constexpr int Bc = 128;          ///< keys per K/V tile
   static constexpr int kStages = 2;       ///< K/V buffers in the ring
   static constexpr int kConsumers = 2;    ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
+  // setmaxnreg: what the producer keeps and each consumer gets (128 x 24 + 256 x 240 and
+  // 128 x 40 + 256 x 232 both fit the 64 K registers); a gathering producer needs more
+  static constexpr int kProducerRegisters = PAGED ? 40 : 24;
+  static constexpr int kConsumerRegisters = PAGED ? 232 : 240;
+  static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;   ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
@@ -63,14 +76,16 @@ struct HopperTraits {
   static_assert(HEAD_DIM % kBlockCols == 0, "head_dim must be a multiple of 64");
 };
 
-/// What the kernel reads. The three tensor maps describe q (nnz_qo, Hq, D), k and v
-/// (nnz_kv, Hkv, D) as 3-D tensors (D, heads, tokens) with boxes of 64 x heads x tokens.
+/// What the kernel reads. The tensor maps describe q (nnz_qo, Hq, D) and, over ragged
+/// K/V, k and v (nnz_kv, Hkv, D) as 3-D tensors (D, heads, tokens) with boxes of
+/// 64 x heads x tokens. Over paged K/V, `kv` is the pool and its page table.
 struct HopperParams {
   CUtensorMap q_map;  ///< box (64, group, Br / group): one 64-column block of a packed query tile
-  CUtensorMap k_map;  ///< box (64, 1, Bc)
-  CUtensorMap v_map;  ///< box (64, 1, Bc)
+  CUtensorMap k_map;  ///< ragged: box (64, 1, Bc)
+  CUtensorMap v_map;  ///< ragged: box (64, 1, Bc)
+  kernels::PagedKV<uint16_t> kv{};           ///< paged: pool (16-bit elements), CSR page table, strides
   const int32_t* qo_indptr = nullptr;        ///< (batch_size + 1)
-  const int32_t* kv_indptr = nullptr;        ///< (batch_size + 1) token offsets
+  const int32_t* kv_indptr = nullptr;        ///< ragged: (batch_size + 1) token offsets
   const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
   void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
@@ -93,19 +108,25 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
 
 /// The work of one block: a request's query tile against its keys, for one kv head.
 struct Tile {
-  int request, qo_begin, qo_len, kv_begin, kv_len;
+  int request, qo_begin, qo_len, kv_len;
+  int kv_begin;  ///< ragged: first token of the request in k/v; paged: its first kv_indices entry
   int row_begin;  ///< first packed row of the tile: token row_begin / group, head row_begin % group
   int num_kv_tiles;
 };
 
-template <int Br, int Bc>
+template <int Br, int Bc, bool PAGED>
 __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   Tile t;
   t.request = p.request_indices[item];
   t.qo_begin = p.qo_indptr[t.request];
   t.qo_len = p.qo_indptr[t.request + 1] - t.qo_begin;
-  t.kv_begin = p.kv_indptr[t.request];
-  t.kv_len = p.kv_indptr[t.request + 1] - t.kv_begin;
+  if constexpr (PAGED) {
+    t.kv_begin = p.kv.kv_indptr[t.request];  // the request's first entry of kv_indices
+    t.kv_len = p.kv.kv_len(t.request);
+  } else {
+    t.kv_begin = p.kv_indptr[t.request];  // the request's first token in k and v
+    t.kv_len = p.kv_indptr[t.request + 1] - t.kv_begin;
+  }
   t.row_begin = p.qo_tile_indices[item] * Br;
   int kv_end = t.kv_len;
   if (p.causal) {
@@ -224,14 +245,40 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
     for (int r = 0; r < 4; ++r) a[k][r] = kernels::pack2<T>(sc[8 * k + 2 * r], sc[8 * k + 2 * r + 1]);
 }
 
+/// Paged K/V: the producer warp group's 128 threads copy one K (or V) tile of Bc keys into
+/// shared memory in the layout the TMA would have written. Thread `tid` copies 16-byte
+/// chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column block; the row's page
+/// comes from the page table, keys past kv_len are written as zeros (the pool holds
+/// anything there, NaN in the tests, and 0 * NaN would reach O through P V).
+template <int HEAD_DIM, int Bc>
+__device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::PagedKV<uint16_t>& kv,
+                                            const Tile& t, int key0, int kv_head, bool is_v, int tid) {
+  const int c = tid % 8;
+  const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);  // (tid / 8 + 16 i) % 8 == (tid / 8) % 8
+#pragma unroll
+  for (int i = 0; i < Bc / 16; ++i) {
+    const int r = tid / 8 + 16 * i, key = key0 + r;
+    const bool valid = key < t.kv_len;
+    const uint16_t* src = kv.pool;
+    if (valid) {
+      uint32_t page_iter, slot;
+      kv.page_size.divmod(static_cast<uint32_t>(key), page_iter, slot);
+      src += kv.offset(kv.kv_indices[t.kv_begin + page_iter], slot, kv_head) + (is_v ? kv.stride_kv : 0) + 8 * c;
+    }
+#pragma unroll
+    for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
+      kernels::cp_async_16(tile + cb * Bc * 128 + r * 128 + swizzled, src + 64 * cb, valid);
+  }
+}
+
 }  // namespace detail
 
-template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
+template <typename T, int HEAD_DIM, bool PAGED>
+__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ HopperParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace ptx = cuda::ptx;
-  using Tr = HopperTraits<T, HEAD_DIM>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kCols = Tr::kBlockCols;
   extern __shared__ unsigned char smem_raw[];
   // the 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary
@@ -246,15 +293,15 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   uint64_t* v_empty = k_empty + kStages;  // [kStages]: both consumers done with the V tile
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
-  const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
+  const detail::Tile t = detail::make_tile<Br, Bc, PAGED>(p, item);
   const int warp_group = threadIdx.x / 128;
   const int n_tiles = t.num_kv_tiles;
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_full[s], 1);
-      ptx::mbarrier_init(&v_full[s], 1);
+      ptx::mbarrier_init(&k_full[s], uint32_t{Tr::kKVFullArrivals});
+      ptx::mbarrier_init(&v_full[s], uint32_t{Tr::kKVFullArrivals});
       ptx::mbarrier_init(&k_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
       ptx::mbarrier_init(&v_empty[s], Tr::kConsumers * 4);
     }
@@ -264,22 +311,37 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   __syncthreads();
 
   if (warp_group == 0) {
-    // ---- producer: hand its registers to the consumers, then one thread issues every copy.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");  // no C++ API for setmaxnreg
-    if (threadIdx.x != 0) return;
-    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
-    const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
-    for (int c = 0; c < Tr::kColBlocks; ++c) {
-      const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
-      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
-                                q_full);
+    // ---- producer: hand its registers to the consumers; one thread issues the TMA copies
+    // (over paged K/V all 128 gather K and V).
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));  // no C++ API for setmaxnreg
+    if (!PAGED && threadIdx.x != 0) return;
+    if (threadIdx.x == 0) {
+      // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
+      const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
+      for (int c = 0; c < Tr::kColBlocks; ++c) {
+        const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
+                                  q_full);
+      }
     }
     // K_j and V_j into stage j % kStages, each once the consumers freed it (K_j - kStages
     // after its S, V_j - kStages after its P V, one turn later).
     for (int j = 0; j < n_tiles; ++j) {
       const int s = j % kStages;
       const uint32_t parity = ((j / kStages) - 1) & 1;
+      if constexpr (PAGED) {
+        // every thread's copies of the tile count one arrival when they have landed
+        if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, j * Bc, kv_head, false,
+                                          threadIdx.x);
+        ptx::cp_async_mbarrier_arrive_noinc(&k_full[s]);
+        if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, j * Bc, kv_head, true,
+                                          threadIdx.x);
+        ptx::cp_async_mbarrier_arrive_noinc(&v_full[s]);
+        continue;
+      }
       const int32_t key0 = t.kv_begin + j * Bc;
       if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
@@ -300,7 +362,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   }
 
   // ---- consumers: warp group 1 owns rows 0..63 of the tile, warp group 2 rows 64..127.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");  // no C++ API for setmaxnreg
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegisters));  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
   // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
@@ -334,6 +396,12 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
   // each turn's wgmma are one straight run of instructions.
   float alpha[2];
+  // A K or V tile has landed. Gathered tiles were written by cp.async, through the generic
+  // proxy, and wgmma reads shared memory through the async proxy: a proxy fence orders them.
+  auto wait_kv = [&](uint64_t* full, uint32_t parity) {
+    detail::wait_barrier(full, parity);
+    if constexpr (PAGED) ptx::fence_proxy_async(ptx::space_shared);
+  };
   auto softmax_of = [&](int j) {
     const int key0 = j * Bc;
     if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
@@ -341,7 +409,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
     detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
   };
   if (n_tiles > 0) {
-    detail::wait_barrier(&k_full[0], 0);
+    wait_kv(&k_full[0], 0);
     detail::wait_turn(consumer);
     wgmma_fence();
     detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(0));
@@ -355,8 +423,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   }
   for (int j = 1; j < n_tiles; ++j) {
     const int s = j % kStages, prev = (j - 1) % kStages;
-    detail::wait_barrier(&k_full[s], (j / kStages) & 1);
-    detail::wait_barrier(&v_full[prev], ((j - 1) / kStages) & 1);
+    wait_kv(&k_full[s], (j / kStages) & 1);
+    wait_kv(&v_full[prev], ((j - 1) / kStages) & 1);
     detail::wait_turn(consumer);
     wgmma_fence();
     detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
@@ -376,7 +444,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
   }
   if (n_tiles > 0) {
     const int last = (n_tiles - 1) % kStages;
-    detail::wait_barrier(&v_full[last], ((n_tiles - 1) / kStages) & 1);
+    wait_kv(&v_full[last], ((n_tiles - 1) / kStages) & 1);
     detail::wait_turn(consumer);
     wgmma_fence();
     detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));

@@ -351,9 +351,11 @@ def test_the_default_stage_of_each_wrapper():
             expected = want
             if want.startswith("07") or (want == "04_tensor_core_ragged" and not graph):
                 # the latest stage that runs it: stage 07 where the registry says this GPU
-                # runs it (sm_90a), never under a graph (its tensor maps hold nnz_kv)
+                # runs it (sm_90a), never under a graph (its grid follows the lengths)
                 hopper = _stage_runs("07_hopper_ragged", shape)
                 expected = "07_hopper_ragged" if hopper and not graph else "04_tensor_core_ragged"
+            if cls is fsc.BatchPrefillWithPagedKVCacheWrapper:
+                expected = "07_hopper" if _stage_runs("07_hopper", shape) and not graph else "04_tensor_core"
             assert chosen == expected, (cls.__name__, dtype, hq, hkv, graph, chosen)
 
 

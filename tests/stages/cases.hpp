@@ -533,11 +533,13 @@ inline std::vector<CaseSpec> decode_fp8_sanitizer_grid() {
 /// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys): qo_len and kv_len
 /// one below, at and above each multiple, ragged batches with an empty request, GQA
 /// groups that divide the tile (1, 4, 8, 32), both head_dims, both 16-bit dtypes, causal
-/// and not. Ragged (contiguous) K/V: the TMA reads tiles across request boundaries.
+/// and not. Over ragged (contiguous) K/V the TMA reads tiles across request boundaries;
+/// over pages the producer gathers them, pages of 1, 3, 16 and 64 tokens, NHD and HND.
 inline std::vector<CaseSpec> hopper_tail_grid() {
   std::vector<CaseSpec> cases;
   int n = 0;
   const Heads heads[] = {{32, 8}, {8, 8}, {32, 4}, {32, 1}};
+  const int pages[] = {16, 1, 3, 64};
   for (int qo_len : {1, 63, 65, 127, 129, 300})
     for (int kv_extra : {0, 1, 64, 190})
       for (bool causal : {false, true}) {
@@ -552,6 +554,10 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
         c.dtype = (n / 3) % 2 ? DType::f16 : DType::bf16;
         c.causal = causal;
         c.lengths = n % 5 == 0 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+        // the paged entry's gather: pages of 1, 3, 16 and 64 tokens, shuffled; a third of
+        // the cases HND (those run on the paged stages only: ragged K/V is NHD)
+        c.page_size = pages[n % 4];
+        c.kv_layout = n % 3 == 2 ? KVLayout::HND : KVLayout::NHD;
         ++n;
         cases.push_back(c);
       }

@@ -14,8 +14,10 @@ using namespace flashstep::stages;
 namespace grids = flashstep::test::grids;
 
 TEST_CASE("07_hopper: tails of the 128-row, 128-key tiles, groups 1..32, head_dim 64 and 128, causal and not") {
+  // over ragged K/V and over shuffled pages of 1, 3, 16 and 64 tokens, NHD and HND
   const auto ran = test::check_grid(grids::hopper_tail_grid());
   CHECK(ran.count("07_hopper_ragged"));
+  CHECK(ran.count("07_hopper"));
 }
 
 TEST_CASE("07_hopper: one long request (4096 and 16384 tokens), and more units than multiprocessors") {
@@ -56,8 +58,7 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
 TEST_CASE("07_hopper: sanitizer subset") {
   // a few small cases on stage 07 alone, for compute-sanitizer (memcheck, racecheck,
   // synccheck): both head_dims and dtypes, causal and not, a tail, an empty request, GQA
-  // groups 1 and 4, and one batch of more units than the grid has blocks
-  const StageInfo& stage = find_stage("07_hopper_ragged");
+  // groups 1 and 4, and one batch of more units than multiprocessors
   std::vector<harness::CaseSpec> cases;
   for (int n = 0; n < 4; ++n) {
     harness::CaseSpec c;
@@ -79,8 +80,18 @@ TEST_CASE("07_hopper: sanitizer subset") {
   many.kv_len = 600;
   many.num_qo_heads = 32;  // 2 x 19 tiles x 8 kv heads = 304 units
   cases.push_back(many);
-  for (const harness::CaseSpec& c : cases) {
-    const harness::ValidationReport r = harness::validate(stage, c, harness::case_seed(test::run_seed(), c.describe()));
-    CHECK_MESSAGE(r.passed, r.message());
+  // both entries: the TMA tiles over ragged K/V, the producer's gather over pages of 3 (HND)
+  for (const char* name : {"07_hopper_ragged", "07_hopper"}) {
+    const StageInfo& stage = find_stage(name);
+    for (harness::CaseSpec c : cases) {
+      if (stage.storage == KVStorage::paged) {
+        c.page_size = 3;
+        c.kv_layout = KVLayout::HND;
+      }
+      const harness::ValidationReport r =
+          harness::validate(stage, c, harness::case_seed(test::run_seed(), c.describe()));
+      INFO(name);
+      CHECK_MESSAGE(r.passed, r.message());
+    }
   }
 }
