@@ -65,8 +65,7 @@ struct HopperTraits {
   // 128 x 40 + 256 x 232 both fit the 64 K registers); a gathering producer needs more
   static constexpr int kProducerRegisters = PAGED ? 40 : 24;
   static constexpr int kConsumerRegisters = PAGED ? 232 : 240;
-  static constexpr int kGatherThreads = 64;                     ///< paged: two producer warps per K, two per V
-  static constexpr uint32_t kKVFullArrivals = PAGED ? kGatherThreads : 1;  ///< gather: one per thread
+  static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;   ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
@@ -251,15 +250,14 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
 /// chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column block; the row's page
 /// comes from the page table, keys past kv_len are written as zeros (the pool holds
 /// anything there, NaN in the tests, and 0 * NaN would reach O through P V).
-template <int HEAD_DIM, int Bc, int THREADS>
+template <int HEAD_DIM, int Bc>
 __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::PagedKV<uint16_t>& kv,
                                             const Tile& t, int key0, int kv_head, bool is_v, int tid) {
-  constexpr int kRowsPerPass = THREADS / 8;
   const int c = tid % 8;
-  const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);
+  const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);  // (tid / 8 + 16 i) % 8 == (tid / 8) % 8
 #pragma unroll
-  for (int i = 0; i < Bc / kRowsPerPass; ++i) {
-    const int r = tid / 8 + kRowsPerPass * i, key = key0 + r;
+  for (int i = 0; i < Bc / 16; ++i) {
+    const int r = tid / 8 + 16 * i, key = key0 + r;
     const bool valid = key < t.kv_len;
     const uint16_t* src = kv.pool;
     if (valid) {
@@ -334,13 +332,14 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
       const uint32_t parity = ((j / kStages) - 1) & 1;
       if constexpr (PAGED) {
         // every thread's copies of the tile count one arrival when they have landed
-        const bool is_v = threadIdx.x >= Tr::kGatherThreads;
-        uint64_t* empty = is_v ? &v_empty[s] : &k_empty[s];
-        if (j >= kStages) detail::wait_barrier(empty, parity);
-        detail::gather_tile<HEAD_DIM, Bc, Tr::kGatherThreads>(
-            reinterpret_cast<unsigned char*>(is_v ? v_smem(s) : k_smem(s)), p.kv, t, j * Bc, kv_head, is_v,
-            threadIdx.x % Tr::kGatherThreads);
-        ptx::cp_async_mbarrier_arrive_noinc(is_v ? &v_full[s] : &k_full[s]);
+        if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, j * Bc, kv_head, false,
+                                          threadIdx.x);
+        ptx::cp_async_mbarrier_arrive_noinc(&k_full[s]);
+        if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, j * Bc, kv_head, true,
+                                          threadIdx.x);
+        ptx::cp_async_mbarrier_arrive_noinc(&v_full[s]);
         continue;
       }
       const int32_t key0 = t.kv_begin + j * Bc;
