@@ -74,8 +74,19 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
          std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
+/// The workspace: the schedule's two arrays, then the counter the persistent grid takes
+/// its units from.
+struct WorkspaceLayout {
+  size_t half = 0;  ///< bytes of one schedule array, aligned
+  size_t counter() const { return 2 * half; }
+  size_t total() const { return half == 0 ? 0 : 2 * half + kAlign; }  ///< nothing for an empty plan
+};
+WorkspaceLayout workspace_layout(const Schedule& sched) {
+  return {align_up(static_cast<size_t>(sched.num_items()) * sizeof(int32_t))};
+}
+
 template <typename T, int HEAD_DIM>
-void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const DeviceBatch& batch,
+void launch(const BatchShape& s, const Schedule& sched, uint8_t* ws, int sms, const DeviceBatch& batch,
             cudaStream_t stream) {
   using Tr = HopperTraits<T, HEAD_DIM>;
   const int group = s.group_size();
@@ -86,7 +97,11 @@ void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const
   p.qo_indptr = batch.qo_indptr;
   p.kv_indptr = batch.kv_indptr;
   p.request_indices = reinterpret_cast<const int32_t*>(ws);
-  p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + align_up(sched.num_items() * sizeof(int32_t)));
+  const WorkspaceLayout layout = workspace_layout(sched);
+  p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + layout.half);
+  p.unit_counter = reinterpret_cast<int*>(ws + layout.counter());
+  const int64_t units = sched.num_items() * s.num_kv_heads;
+  p.num_units = static_cast<int>(units);
   p.o = batch.o;
   p.lse = batch.lse;
   p.num_qo_heads = s.num_qo_heads;
@@ -94,8 +109,11 @@ void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
   p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
-  hopper_attention_kernel<T, HEAD_DIM>
-      <<<static_cast<unsigned>(sched.num_items() * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
+  // persistent: one block per multiprocessor (its shared memory leaves no room for a
+  // second), each taking units from the counter after its first
+  FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(p.unit_counter, 0, sizeof(int), stream));
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(units, sms));
+  hopper_attention_kernel<T, HEAD_DIM><<<grid, Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
 }
 
@@ -170,21 +188,24 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) {
 }
 
 size_t HopperRunner::workspace_bytes(const BatchShape& shape) const {
-  const int64_t items = make_schedule(shape).num_items();
-  return 2 * align_up(static_cast<size_t>(items) * sizeof(int32_t));
+  return workspace_layout(make_schedule(shape)).total();
 }
 
 void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
   const char* fn = "HopperRunner::plan";
   Schedule sched = make_schedule(shape);
   captured_.check_plan(fn, launch_of(sched, shape));
-  const size_t half = align_up(static_cast<size_t>(sched.num_items()) * sizeof(int32_t));
-  ref::require(workspace_size >= 2 * half && (workspace != nullptr || half == 0), fn,
+  const WorkspaceLayout layout = workspace_layout(sched);
+  const size_t half = layout.half;
+  ref::require(workspace_size >= layout.total() && (workspace != nullptr || half == 0), fn,
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
-                   std::to_string(2 * half));
+                   std::to_string(layout.total()));
   schedule_ = std::move(sched);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
+  int device = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device));
   if (shape.dtype == DType::bf16) {
     shape.head_dim == 64 ? set_smem_limit<__nv_bfloat16, 64>() : set_smem_limit<__nv_bfloat16, 128>();
   } else {
@@ -206,8 +227,8 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const BatchShape& s = shape_;
   FLASHSTEP_DISPATCH_DTYPE(s.dtype, T, {
     if constexpr (!std::is_same_v<T, float>) {
-      if (s.head_dim == 64) return launch<T, 64>(s, schedule_, workspace_, batch, stream);
-      if (s.head_dim == 128) return launch<T, 128>(s, schedule_, workspace_, batch, stream);
+      if (s.head_dim == 64) return launch<T, 64>(s, schedule_, workspace_, sms_, batch, stream);
+      if (s.head_dim == 128) return launch<T, 128>(s, schedule_, workspace_, sms_, batch, stream);
     }
   });
   ref::require(false, "HopperRunner::run", "no kernel for " + s.describe());

@@ -2,7 +2,8 @@
 /// \brief Stage 07 — prefill on Hopper (sm_90a): TMA loads completing on mbarriers, wgmma
 /// from shared memory, a producer warp group and two consumer warp groups. plan() lists
 /// the (request, query tile) work items longest first, as stage 04 does; run() encodes
-/// the tensor maps of q, k and v and launches one block per (work item, kv head).
+/// the tensor maps of q, k and v and launches a persistent grid (one block per
+/// multiprocessor) that takes the (work item, kv head) units in that order.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,7 +21,7 @@ struct Schedule {
   int Br = 0;                            ///< packed query rows per tile
   std::vector<int32_t> request_indices;  ///< work item -> request
   std::vector<int32_t> qo_tile_indices;  ///< work item -> query tile of the request
-  /// Work items of the plan (the grid is num_items() x num_kv_heads blocks).
+  /// Work items of the plan (num_items() x num_kv_heads units of work).
   int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }
 };
 
@@ -39,6 +40,7 @@ class HopperRunner : public StageRunner {
   BatchShape shape_;
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
+  int sms_ = 0;  ///< multiprocessors: the persistent grid's size
   CapturedLaunch captured_;
 };
 

@@ -48,18 +48,22 @@ namespace flashstep::stages::hopper {
 /// Tile sizes and the shared-memory plan of one instantiation.
 template <typename T, int HEAD_DIM>
 struct HopperTraits {
-  static constexpr int Br = 128;          ///< packed query rows per block: 64 per consumer warp group
+  static constexpr int Br = 128;          ///< packed query rows per unit: 64 per consumer warp group
   static constexpr int Bc = 128;          ///< keys per K/V tile
   static constexpr int kStages = 2;       ///< K/V buffers in the ring
+  static constexpr int kQBuffers = 2;     ///< Q buffers: the next unit's Q lands while this one runs
   static constexpr int kConsumers = 2;    ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kBlockCols = 64;   ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
   static constexpr uint32_t kKVBytes = Bc * HEAD_DIM * sizeof(T);  ///< one K (or V) tile
-  // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
-  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
+  // [Q0][Q1][K0][V0][K1][V1][barriers][unit slots], each tile 1024-byte aligned (the swizzle atom)
+  static constexpr uint32_t kKVOffset = kQBuffers * kQBytes;
+  static constexpr uint32_t kBarrierOffset = kKVOffset + 2 * kStages * kKVBytes;
+  static constexpr int kBarriers = 4 * kQBuffers + 4 * kStages;  // q/unit full+empty, k/v full+empty
+  static constexpr uint32_t kUnitOffset = kBarrierOffset + 8 * kBarriers;
+  static constexpr size_t smem_bytes() { return 1024 + kUnitOffset + 4 * kQBuffers; }
   static_assert(HEAD_DIM % kBlockCols == 0, "head_dim must be a multiple of 64");
 };
 
@@ -73,6 +77,8 @@ struct HopperParams {
   const int32_t* kv_indptr = nullptr;        ///< (batch_size + 1) token offsets
   const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
+  int* unit_counter = nullptr;               ///< zero before the launch: units taken past the first wave
+  int num_units = 0;                         ///< num_items x num_kv_heads
   void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
   int num_qo_heads = 0;
@@ -232,183 +238,233 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   namespace ptx = cuda::ptx;
   using Tr = HopperTraits<T, HEAD_DIM>;
-  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kCols = Tr::kBlockCols;
+  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kQBuffers = Tr::kQBuffers, kCols = Tr::kBlockCols;
   extern __shared__ unsigned char smem_raw[];
   // the 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  T* q_smem = reinterpret_cast<T*>(smem);
-  auto k_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + 2 * s * Tr::kKVBytes); };
-  auto v_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes); };
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
-  uint64_t* k_full = q_full + 1;          // [kStages]: K tile landed
-  uint64_t* v_full = k_full + kStages;    // [kStages]: V tile landed
-  uint64_t* k_empty = v_full + kStages;   // [kStages]: both consumers done with the K tile
-  uint64_t* v_empty = k_empty + kStages;  // [kStages]: both consumers done with the V tile
+  auto q_smem = [&](int b) { return reinterpret_cast<T*>(smem + b * Tr::kQBytes); };
+  auto k_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kKVOffset + 2 * s * Tr::kKVBytes); };
+  auto v_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kKVOffset + (2 * s + 1) * Tr::kKVBytes); };
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);  // [kQBuffers]: Q landed
+  uint64_t* q_empty = q_full + kQBuffers;       // [kQBuffers]: both consumers done with Q (its last S)
+  uint64_t* unit_full = q_empty + kQBuffers;    // [kQBuffers]: the unit's number is in its slot
+  uint64_t* unit_empty = unit_full + kQBuffers; // [kQBuffers]: both consumers have read it
+  uint64_t* k_full = unit_empty + kQBuffers;    // [kStages]: K tile landed
+  uint64_t* v_full = k_full + kStages;          // [kStages]: V tile landed
+  uint64_t* k_empty = v_full + kStages;         // [kStages]: both consumers done with the K tile
+  uint64_t* v_empty = k_empty + kStages;        // [kStages]: both consumers done with the V tile
+  int* unit_slot = reinterpret_cast<int*>(smem + Tr::kUnitOffset);  // [kQBuffers]: unit number, -1 = done
+  constexpr uint32_t kConsumerWarps = Tr::kConsumers * 4;            // one arrival per consumer warp
 
-  const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
-  const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
   const int warp_group = threadIdx.x / 128;
-  const int n_tiles = t.num_kv_tiles;
-
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(q_full, 1);
+    for (int b = 0; b < kQBuffers; ++b) {
+      ptx::mbarrier_init(&q_full[b], 1);
+      ptx::mbarrier_init(&q_empty[b], kConsumerWarps);
+      ptx::mbarrier_init(&unit_full[b], 1);
+      ptx::mbarrier_init(&unit_empty[b], kConsumerWarps);
+    }
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&k_full[s], 1);
       ptx::mbarrier_init(&v_full[s], 1);
-      ptx::mbarrier_init(&k_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
-      ptx::mbarrier_init(&v_empty[s], Tr::kConsumers * 4);
+      ptx::mbarrier_init(&k_empty[s], kConsumerWarps);
+      ptx::mbarrier_init(&v_empty[s], kConsumerWarps);
     }
     // make the initialised barriers visible to the copy engine (the async proxy)
     ptx::fence_proxy_async(ptx::space_shared);
   }
   __syncthreads();
 
+  // Persistent: one block per multiprocessor. Its first unit is blockIdx.x; each next one
+  // is taken from a counter when the producer has issued the last copy of the current
+  // one, so units (longest first in plan()'s list) go to whichever block frees up first.
+  // Unit u is work item u / num_kv_heads for kv head u % num_kv_heads. The n-th unit of a
+  // block uses Q buffer and unit slot n % 2; the K/V ring and every barrier's phase run
+  // on across units.
   if (warp_group == 0) {
     // ---- producer: hand its registers to the consumers, then one thread issues every copy.
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");  // no C++ API for setmaxnreg
     if (threadIdx.x != 0) return;
-    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
-    const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
-    for (int c = 0; c < Tr::kColBlocks; ++c) {
-      const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
-      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
-                                q_full);
-    }
-    // K_j and V_j into stage j % kStages, each once the consumers freed it (K_j - kStages
-    // after its S, V_j - kStages after its P V, one turn later).
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % kStages;
-      const uint32_t parity = ((j / kStages) - 1) & 1;
-      const int32_t key0 = t.kv_begin + j * Bc;
-      if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
+    int tile_count = 0;  // K/V tiles loaded so far: tile g goes to stage g % kStages
+    for (int n = 0, u = blockIdx.x;; ++n) {
+      const int b = n % kQBuffers;
+      const uint32_t reuse_parity = ((n / kQBuffers) - 1) & 1;  // the phase of the slot's previous use
+      if (n >= kQBuffers) detail::wait_barrier(&unit_empty[b], reuse_parity);
+      unit_slot[b] = u < p.num_units ? u : -1;
+      ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &unit_full[b]);
+      if (u >= p.num_units) break;
+      const int item = u / p.num_kv_heads, kv_head = u % p.num_kv_heads;
+      const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
+      // Q: the unit's Br packed rows = Br / group tokens x group heads of this kv head
+      if (n >= kQBuffers) detail::wait_barrier(&q_empty[b], reuse_parity);
+      const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &q_full[b], uint32_t{Tr::kQBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
-        const int32_t coords[3] = {c * kCols, kv_head, key0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
-                                  coords, &k_full[s]);
+        const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem(b) + c * Br * kCols, &p.q_map, coords,
+                                  &q_full[b]);
       }
-      if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
-      for (int c = 0; c < Tr::kColBlocks; ++c) {
-        const int32_t coords[3] = {c * kCols, kv_head, key0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map,
-                                  coords, &v_full[s]);
+      // K_j and V_j into the next stage of the ring, each once the consumers freed it
+      // (a K tile after its S, a V tile after its P V, one turn later).
+      for (int j = 0; j < t.num_kv_tiles; ++j, ++tile_count) {
+        const int s = tile_count % kStages, fill = tile_count / kStages;
+        const int32_t key0 = t.kv_begin + j * Bc;
+        if (fill > 0) detail::wait_barrier(&k_empty[s], (fill - 1) & 1);
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
+        for (int c = 0; c < Tr::kColBlocks; ++c) {
+          const int32_t coords[3] = {c * kCols, kv_head, key0};
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
+                                    coords, &k_full[s]);
+        }
+        if (fill > 0) detail::wait_barrier(&v_empty[s], (fill - 1) & 1);
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
+        for (int c = 0; c < Tr::kColBlocks; ++c) {
+          const int32_t coords[3] = {c * kCols, kv_head, key0};
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map,
+                                    coords, &v_full[s]);
+        }
       }
+      u = gridDim.x + atomicAdd(p.unit_counter, 1);
     }
     return;
   }
 
-  // ---- consumers: warp group 1 owns rows 0..63 of the tile, warp group 2 rows 64..127.
+  // ---- consumers: warp group 1 owns rows 0..63 of each unit, warp group 2 rows 64..127.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
-  // positions among the keys (for the causal mask)
-  int row[2], q_pos[2];
+  if (consumer == 1) detail::pass_turn(consumer);  // consumer 0 issues first
+  int tile_count = 0;                              // as the producer's: K/V tile g is in stage g % kStages
+
+  for (int n = 0;; ++n) {
+    const int b = n % kQBuffers;
+    const uint32_t parity = (n / kQBuffers) & 1;
+    detail::wait_barrier(&unit_full[b], parity);
+    const int u = unit_slot[b];
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&unit_empty[b]);
+    if (u < 0) break;
+    const int item = u / p.num_kv_heads, kv_head = u % p.num_kv_heads;
+    const detail::Tile t = detail::make_tile<Br, Bc>(p, item);
+    const int n_tiles = t.num_kv_tiles;
+    // this thread's two accumulator rows (h = 0, 1) within the unit, and their tokens'
+    // positions among the keys (for the causal mask)
+    int row[2], q_pos[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
-    q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
-  }
-  // the smallest position in the block: a tile of keys wholly at or below it needs no causal mask
-  const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
+    for (int h = 0; h < 2; ++h) {
+      row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
+      q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+    }
+    // the smallest position in the unit: a tile of keys wholly at or below it needs no causal mask
+    const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
 
-  float o[HEAD_DIM / 2];
+    float o[HEAD_DIM / 2];
 #pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
-  float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
-  float sc[Bc / 2];                     // S_j, then P_j
-  uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
+    float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
+    float alpha[2];                       // exp2(m_old - m_new) of the last softmax
+    float sc[Bc / 2];                     // S_j, then P_j
+    uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
 
-  detail::wait_barrier(q_full, 0);
-  const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
-  if (consumer == 1) detail::pass_turn(consumer);    // consumer 0 issues first
+    detail::wait_barrier(&q_full[b], parity);
+    const T* q_rows = q_smem(b) + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
 
-  // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} as two commit
-  // groups, let the other group issue, then overlap within the warp group: the softmax of
-  // S_j starts as soon as S_j lands (wgmma.wait_group 1), while P_{j-1} V_{j-1} still runs
-  // (and the other group's GEMMs after it); O is rescaled and P_j packed only once that
-  // P V has landed (wait_group 0), since both read or write registers it still uses.
-  // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
-  // each turn's wgmma are one straight run of instructions.
-  float alpha[2];
-  auto softmax_of = [&](int j) {
-    const int key0 = j * Bc;
-    if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
-      detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
-    detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
-  };
-  if (n_tiles > 0) {
-    detail::wait_barrier(&k_full[0], 0);
-    detail::wait_turn(consumer);
-    wgmma_fence();
-    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(0));
-    wgmma_commit();
-    detail::pass_turn(consumer);
-    wgmma_wait<0>();
-    wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(&k_empty[0]);  // this warp is done reading K_0
-    softmax_of(0);                                     // O is still zero: nothing to rescale
-    detail::pack_p<T, Bc>(sc, a);
-  }
-  for (int j = 1; j < n_tiles; ++j) {
-    const int s = j % kStages, prev = (j - 1) % kStages;
-    detail::wait_barrier(&k_full[s], (j / kStages) & 1);
-    detail::wait_barrier(&v_full[prev], ((j - 1) / kStages) & 1);
-    detail::wait_turn(consumer);
-    wgmma_fence();
-    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
-    wgmma_commit();
-    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
-    wgmma_commit();
-    detail::pass_turn(consumer);
-    wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-    wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(&k_empty[s]);  // this warp is done reading K_j
-    softmax_of(j);
-    wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
-    wgmma_fence_operands(o);
-    if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev]);  // ... and done reading V_{j-1}
-    detail::rescale_output<HEAD_DIM>(o, alpha);
-    detail::pack_p<T, Bc>(sc, a);
-  }
-  if (n_tiles > 0) {
-    const int last = (n_tiles - 1) % kStages;
-    detail::wait_barrier(&v_full[last], ((n_tiles - 1) / kStages) & 1);
-    detail::wait_turn(consumer);
-    wgmma_fence();
-    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));
-    wgmma_commit();
-    detail::pass_turn(consumer);
-    wgmma_wait<0>();
-    wgmma_fence_operands(o);
+    // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} as two commit
+    // groups, let the other group issue, then overlap within the warp group: the softmax
+    // of S_j starts as soon as S_j lands (wgmma.wait_group 1), while P_{j-1} V_{j-1} still
+    // runs (and the other group's GEMMs after it); O is rescaled and P_j packed only once
+    // that P V has landed (wait_group 0), since both read or write registers it still
+    // uses. Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled,
+    // so each turn's wgmma are one straight run of instructions. Q is free after the last S.
+    auto softmax_of = [&](int j) {
+      const int key0 = j * Bc;
+      if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
+        detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
+      detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
+    };
+    if (n_tiles > 0) {
+      const int s = tile_count % kStages;
+      detail::wait_barrier(&k_full[s], (tile_count / kStages) & 1);
+      detail::wait_turn(consumer);
+      wgmma_fence();
+      detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
+      wgmma_commit();
+      detail::pass_turn(consumer);
+      wgmma_wait<0>();
+      wgmma_fence_operands(sc);
+      if (lane == 0) {  // this warp is done reading K_0 (and Q, if it was the only tile)
+        ptx::mbarrier_arrive(&k_empty[s]);
+        if (n_tiles == 1) ptx::mbarrier_arrive(&q_empty[b]);
+      }
+      softmax_of(0);  // O is still zero: nothing to rescale
+      detail::pack_p<T, Bc>(sc, a);
+    } else if (lane == 0) {
+      ptx::mbarrier_arrive(&q_empty[b]);  // no keys to see: Q is not read
+    }
+    for (int j = 1; j < n_tiles; ++j) {
+      const int g = tile_count + j, s = g % kStages, prev = (g - 1) % kStages;
+      detail::wait_barrier(&k_full[s], (g / kStages) & 1);
+      detail::wait_barrier(&v_full[prev], ((g - 1) / kStages) & 1);
+      detail::wait_turn(consumer);
+      wgmma_fence();
+      detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
+      wgmma_commit();
+      detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
+      wgmma_commit();
+      detail::pass_turn(consumer);
+      wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+      wgmma_fence_operands(sc);
+      if (lane == 0) {  // this warp is done reading K_j (and Q after the last S)
+        ptx::mbarrier_arrive(&k_empty[s]);
+        if (j == n_tiles - 1) ptx::mbarrier_arrive(&q_empty[b]);
+      }
+      softmax_of(j);
+      wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
+      wgmma_fence_operands(o);
+      if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev]);  // ... and done reading V_{j-1}
+      detail::rescale_output<HEAD_DIM>(o, alpha);
+      detail::pack_p<T, Bc>(sc, a);
+    }
+    if (n_tiles > 0) {
+      const int g = tile_count + n_tiles - 1, last = g % kStages;
+      detail::wait_barrier(&v_full[last], (g / kStages) & 1);
+      detail::wait_turn(consumer);
+      wgmma_fence();
+      detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));
+      wgmma_commit();
+      detail::pass_turn(consumer);
+      wgmma_wait<0>();
+      wgmma_fence_operands(o);
+      if (lane == 0) ptx::mbarrier_arrive(&v_empty[last]);
+    }
+    tile_count += n_tiles;
+
+    // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the unit owns (the
+    // producer is already loading the next unit's Q and K/V meanwhile)
+    T* out = static_cast<T*>(p.o);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int packed = t.row_begin + row[h];
+      if (packed >= t.qo_len * p.group_size) continue;
+      const int token = t.qo_begin + packed / p.group_size;
+      const int head = kv_head * p.group_size + packed % p.group_size;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
+#pragma unroll
+      for (int i = 0; i < HEAD_DIM / 8; ++i) {
+        const int col = 8 * i + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0)
+        p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    }
   }
   // consumer 1's first pass_turn has no turn of consumer 0 to match: take it
   if (consumer == 0) detail::wait_turn(consumer);
-
-  // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns
-  T* out = static_cast<T*>(p.o);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int packed = t.row_begin + row[h];
-    if (packed >= t.qo_len * p.group_size) continue;
-    const int token = t.qo_begin + packed / p.group_size;
-    const int head = kv_head * p.group_size + packed % p.group_size;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
-#pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-      const int col = 8 * n + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-    }
-    if (lane % 4 == 0)
-      p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-  }
 #endif
 }
 
