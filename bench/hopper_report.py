@@ -7,8 +7,9 @@ and the step runs of the same GPU run.
 
 Between `<!-- hopper results:begin -->` and `<!-- hopper results:end -->` of
 stages/07_hopper/README.md: provenance (file, device, commit, date, ceilings), one table of
-the prefill shapes stage 07 runs (TFLOP/s, % of the run's cuBLAS bf16 GEMM, stage 04 on
-the same ragged K/V, FlashInfer's fa2 and fa3, cuDNN and flash SDPA, and the ratios), then
+the prefill shapes stage 07 runs (TFLOP/s over ragged K/V, % of the run's cuBLAS bf16 GEMM,
+stage 07 over the same K/V in pages of the shape's page size, stage 04 on the ragged K/V,
+FlashInfer's fa2 and fa3 (its paged wrapper), cuDNN and flash SDPA, and the ratios), then
 the speed goals merge_results.py recorded, met or missed. Between `<!-- hopper
 steps:begin -->` and `<!-- hopper steps:end -->`: the "how it got there" table, one row per
 --step file (a Google Benchmark JSON of an earlier commit's flashstep_bench on
@@ -26,7 +27,7 @@ from report import fmt, load_shapes, ratio, write_section  # shared by the chapt
 
 BEGIN, END = "<!-- hopper results:begin -->", "<!-- hopper results:end -->"
 STEPS_BEGIN, STEPS_END = "<!-- hopper steps:begin -->", "<!-- hopper steps:end -->"
-STAGE, STAGE_04 = "07_hopper_ragged", "04_tensor_core_ragged"
+STAGE, STAGE_PAGED, STAGE_04 = "07_hopper_ragged", "07_hopper", "04_tensor_core_ragged"
 STEP_SHAPES = ("b4_q4096_causal", "b4_q4096", "b1_q16384_causal", "b1_q16384")
 
 
@@ -47,21 +48,21 @@ def section(path, data, rows, shapes, repo):
            f"{fmt(float(ctx['gemm_bf16_ceiling_TFLOP/s']))} TFLOP/s. Each number is the median of 5 repetitions "
            f"of CUDA-event-timed calls, L2 flushed before each call; TFLOP/s counts 4 x head_dim flops per "
            f"(query, key) pair the mask lets through, per query head.", "",
-           "| shape | causal | 07 TFLOP/s | % of GEMM | 04 (ragged) | FlashInfer fa2 | FlashInfer fa3 | "
-           "cuDNN SDPA | flash SDPA | 07 / 04 | 07 / fa3 | 07 / cuDNN |",
-           "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+           "| shape | causal | 07 TFLOP/s | % of GEMM | 07 paged | 04 (ragged) | FlashInfer fa2 | FlashInfer fa3 | "
+           "cuDNN SDPA | flash SDPA | 07 / 04 | 07 / fa3 | 07 / cuDNN | paged / fa3 |",
+           "|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for s in shapes:
         n = s["name"]
         if s["mode"] != "prefill":
             continue
-        t = value(rows, f"{STAGE}/{n}")
+        t, paged = value(rows, f"{STAGE}/{n}"), value(rows, f"{STAGE_PAGED}/{n}")
         t04, fa3, cudnn = value(rows, f"{STAGE_04}/{n}"), value(rows, f"peer_flashinfer_fa3/{n}"), \
             value(rows, f"peer_torch_sdpa_cudnn/{n}")
         out.append(f"| `{n}` | {'yes' if s['causal'] == '1' else 'no'} | {fmt(t)} | "
-                   f"{fmt(value(rows, f'{STAGE}/{n}', 'pct_of_ceiling'))} | {fmt(t04)} | "
+                   f"{fmt(value(rows, f'{STAGE}/{n}', 'pct_of_ceiling'))} | {fmt(paged)} | {fmt(t04)} | "
                    f"{fmt(value(rows, f'peer_flashinfer_fa2/{n}'))} | {fmt(fa3)} | {fmt(cudnn)} | "
                    f"{fmt(value(rows, f'peer_torch_sdpa_flash/{n}'))} | {x(ratio(t, t04))} | {x(ratio(t, fa3))} | "
-                   f"{x(ratio(t, cudnn))} |")
+                   f"{x(ratio(t, cudnn))} | {x(ratio(paged, fa3))} |")
     targets = [t for t in data.get("flashstep", {}).get("targets", []) if t["target"].startswith("07_")]
     if targets:
         out += ["", "Speed goals of this run (computed by `bench/merge_results.py`):", ""]
