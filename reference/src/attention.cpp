@@ -1,10 +1,11 @@
 // Reference attention. Every public entry point validates, then reduces to one routine:
 // attend_request(), which computes softmax attention of one request's queries over one
-// request's contiguous K/V, row by row, in double. Paged inputs are first gathered to
-// contiguous K/V, so paged and ragged share every line of the arithmetic.
+// request's contiguous K/V, in double, a block of query rows at a time. Paged inputs are
+// first gathered to contiguous K/V, so paged and ragged share every line of the arithmetic.
 #include "flashstep/reference/attention.hpp"
 
 #include <Eigen/Dense>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -67,9 +68,16 @@ int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, co
 
 /// Attention of one request. Reads q rows [q_row0, q_row0 + qo_len) of q (nnz, Hq, D)
 /// and K/V rows [kv_row0, kv_row0 + kv_len) of k/v; writes the same rows of o and lse.
+///
+/// The queries of a head are taken kBlockRows at a time, so the scores of a block are one
+/// matrix product S = Q_block K^T (and the output one product P V): the same arithmetic
+/// as one query at a time, in double, at the speed of a matrix product, which is what
+/// lets the tests check long sequences. Under the causal mask a block reads only the keys
+/// its last query can see.
 void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tensor& k,
                     const Tensor& v, KVLayout layout, int64_t kv_row0, int64_t kv_len,
                     const AttentionOptions& opt, Tensor& o, Tensor& lse) {
+  constexpr int64_t kBlockRows = 64;
   const int64_t num_qo_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
   const int64_t group_size = num_qo_heads / num_kv_heads;
@@ -81,29 +89,41 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
     const Matrix K = kv_head_rows(k, layout, kv_head, kv_row0, kv_len);
     const Matrix V = kv_head_rows(v, layout, kv_head, kv_row0, kv_len);
     for (int64_t h = kv_head * group_size; h < (kv_head + 1) * group_size; ++h) {
-      for (int64_t i = 0; i < qo_len; ++i) {
-        const int64_t row = q_row0 + i;
-        Eigen::VectorXd qi(head_dim);
-        for (int64_t d = 0; d < head_dim; ++d) qi(d) = q({row, h, d});
-        // s_j = sm_scale * q.k_j, soft-capped, -inf where the mask hides key j.
-        Eigen::VectorXd s = (K * qi) * sm_scale;
-        double m = kNegInf;
-        for (int64_t j = 0; j < kv_len; ++j) {
-          if (cap > 0) s(j) = cap * std::tanh(s(j) / cap);
-          if (!key_visible(i, j, qo_len, kv_len, opt.causal, opt.window_left)) s(j) = kNegInf;
-          m = std::max(m, s(j));
+      for (int64_t i0 = 0; i0 < qo_len; i0 += kBlockRows) {
+        const int64_t rows = std::min(kBlockRows, qo_len - i0);
+        // keys past the block's last query's diagonal are masked for every row of it
+        const int64_t keys = opt.causal ? std::clamp<int64_t>(i0 + rows + (kv_len - qo_len), 0, kv_len) : kv_len;
+        Matrix Q(rows, head_dim);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t d = 0; d < head_dim; ++d) Q(i, d) = q({q_row0 + i0 + i, h, d});
+        // s_ij = sm_scale * q_i.k_j, soft-capped, -inf where the mask hides key j.
+        Matrix S = (Q * K.topRows(keys).transpose()) * sm_scale;
+        Eigen::VectorXd denom(rows);
+        for (int64_t i = 0; i < rows; ++i) {
+          double m = kNegInf;
+          for (int64_t j = 0; j < keys; ++j) {
+            double& s_ij = S(i, j);
+            if (cap > 0) s_ij = cap * std::tanh(s_ij / cap);
+            if (!key_visible(i0 + i, j, qo_len, kv_len, opt.causal, opt.window_left)) s_ij = kNegInf;
+            m = std::max(m, s_ij);
+          }
+          const int64_t row = q_row0 + i0 + i;
+          if (m == kNegInf) {  // no visible key: the empty state (o = 0, lse = -inf)
+            S.row(i).setZero();
+            denom(i) = 0.0;
+            lse({row, h}) = kNegInf;
+            continue;
+          }
+          // Softmax with the max subtracted; lse = m + log(sum exp(s - m)).
+          S.row(i) = (S.row(i).array() - m).exp();
+          denom(i) = S.row(i).sum();
+          lse({row, h}) = m + std::log(denom(i));
         }
-        if (m == kNegInf) {  // no visible key: the empty state (o = 0, lse = -inf)
-          for (int64_t d = 0; d < head_dim; ++d) o({row, h, d}) = 0.0;
-          lse({row, h}) = kNegInf;
-          continue;
-        }
-        // Softmax with the max subtracted; lse = m + log(sum exp(s - m)).
-        const Eigen::VectorXd p = (s.array() - m).exp().matrix();
-        const double denom = p.sum();
-        const Eigen::RowVectorXd out = (p.transpose() * V) / denom;
-        for (int64_t d = 0; d < head_dim; ++d) o({row, h, d}) = out(d);
-        lse({row, h}) = m + std::log(denom);
+        // o_i = sum_j p_ij v_j / sum_j p_ij  (a row with no visible key stays 0)
+        const Matrix out = S * V.topRows(keys);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t d = 0; d < head_dim; ++d)
+            o({q_row0 + i0 + i, h, d}) = denom(i) > 0.0 ? out(i, d) / denom(i) : 0.0;
       }
     }
   }
