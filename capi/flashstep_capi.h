@@ -115,7 +115,9 @@ FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
 /// holds one group per request. `shape` is the batch as its last level sees it (paged;
 /// its qo_indptr, kv_indptr and kv_last_page_len are the last level's; causal masks the
 /// last level only). With workspace null, only sets *bytes_needed (the workspace plan()
-/// needs); otherwise plans, copying every level's arrays into the workspace. run() with
+/// needs); otherwise plans, copying every level's arrays into the workspace, and sets
+/// *bytes_needed when it is not null, also when the workspace is too small and the plan
+/// is refused (so one call both sizes and plans). run() with
 /// fs_runner_run reads q, kv_pool, o and lse of the batch (its index pointers may be null).
 FS_API int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const int32_t* num_groups,
                            const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,

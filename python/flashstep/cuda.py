@@ -975,14 +975,18 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
                     runner = ctypes.c_void_p()
                     _capi.call("fs_runner_create", b"05_cascade", ctypes.byref(runner))
                     self._runner, self._runner_stage = runner, "05_cascade"
+                # One call sizes and plans: the stage prepares the plan once, and sets `need`
+                # also when it refuses a workspace that is too small.
                 need = ctypes.c_size_t()
-                args = (self._runner, ctypes.byref(shape), self._num_levels, num_groups, *levels)
-                _capi.call("fs_cascade_plan", *args, None, 0, ctypes.byref(need), None)
-                if need.value > ws.nbytes:
-                    raise ValueError(f"workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}: pass a "
-                                     "workspace of at least that")
-                _capi.call("fs_cascade_plan", *args, ctypes.c_void_p(ws.ptr), ws.nbytes, None,
-                           ctypes.c_void_p(current_stream(ws)))
+                try:
+                    _capi.call("fs_cascade_plan", self._runner, ctypes.byref(shape), self._num_levels, num_groups,
+                               *levels, ctypes.c_void_p(ws.ptr), ws.nbytes, ctypes.byref(need),
+                               ctypes.c_void_p(current_stream(ws)))
+                except ValueError:
+                    if need.value > ws.nbytes:
+                        raise ValueError(f"workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}: "
+                                         "pass a workspace of at least that") from None
+                    raise
             except ValueError as e:
                 raise ValueError(_renamed(fn, str(e))) from None
         self.stage = "05_cascade"
