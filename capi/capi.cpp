@@ -80,6 +80,15 @@ st::DType to_dtype(int dtype, const char* function) {
                         std::to_string(dtype));
 }
 
+/// K/V's element type from fs_shape.kv_dtype (0 or `dtype`: the same as q's).
+st::DType to_kv_dtype(int kv_dtype, int dtype, const char* function) {
+  if (kv_dtype == 0 || kv_dtype == dtype) return to_dtype(dtype, function);
+  if (kv_dtype == FS_E4M3) return st::DType::e4m3;
+  if (kv_dtype == FS_E5M2) return st::DType::e5m2;
+  throw InvalidArgument(std::string(function) + ": kv_dtype must be 0 (dtype), the dtype itself, 3 (e4m3) or " +
+                        "4 (e5m2), got " + std::to_string(kv_dtype));
+}
+
 /// The BatchShape that `s` describes, after checking what plan() would trust blindly.
 st::BatchShape to_shape(const fs_shape* s, const char* function) {
   const std::string fn = function;
@@ -107,6 +116,8 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
   b.logits_soft_cap = static_cast<float>(s->logits_soft_cap);
   if (s->has_sm_scale) b.sm_scale = static_cast<float>(s->sm_scale);
   b.cuda_graph = s->cuda_graph != 0;
+  const st::DType kv = to_kv_dtype(s->kv_dtype, s->dtype, function);
+  if (kv != b.dtype) b.kv_dtype = kv;
   const int n = s->batch_size;
   b.qo_indptr.assign(s->qo_indptr, s->qo_indptr + n + 1);
   b.kv_indptr.assign(s->kv_indptr, s->kv_indptr + n + 1);
@@ -141,6 +152,12 @@ struct Runner {
   const st::StageInfo* info = nullptr;
   std::unique_ptr<st::StageRunner> runner;
   bool planned = false;
+  // fs_runner_plan's batch and workspace, for a run() whose k_scale/v_scale differ from
+  // the plan's (the stages take the scales at plan time): it plans again with them.
+  bool replannable = false;
+  st::BatchShape shape;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 Runner* as_runner(void* p, const char* function) {
@@ -210,10 +227,11 @@ int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const c
   });
 }
 
-int fs_tolerance(int dtype, int which, double* atol, double* rtol, double* norm) {
+int fs_tolerance(int dtype, int kv_dtype, int which, double* atol, double* rtol, double* norm) {
   return guarded("fs_tolerance", [&] {
     require(which == 0 || which == 1, "fs_tolerance: which must be 0 (o) or 1 (lse)");
-    const auto& row = st::harness::tolerance_for(to_dtype(dtype, "fs_tolerance"));
+    const auto& row = st::harness::tolerance_for(to_dtype(dtype, "fs_tolerance"),
+                                                 to_kv_dtype(kv_dtype, dtype, "fs_tolerance"));
     const auto& t = which == 0 ? row.o : row.lse;
     if (atol) *atol = t.atol;
     if (rtol) *rtol = t.rtol;
@@ -247,12 +265,20 @@ int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t 
   return guarded("fs_runner_plan", [&] {
     Runner* r = as_runner(runner, "fs_runner_plan");
     r->planned = false;
-    const st::BatchShape b = to_shape(shape, "fs_runner_plan");
+    st::BatchShape b = to_shape(shape, "fs_runner_plan");
+    if (r->replannable) {  // the last run's scales: a caller whose scales do not change plans once
+      b.k_scale = r->shape.k_scale;
+      b.v_scale = r->shape.v_scale;
+    }
+    r->replannable = false;
     const std::string reason = r->info->unsupported_reason(b);
     require(reason.empty(), "plan: stage " + r->info->name + " cannot run " + b.describe() + ": " + reason);
     r->runner->plan(b, workspace, workspace_bytes, as_stream(stream));
     check_cuda(cudaGetLastError(), "plan");
-    r->planned = true;
+    r->shape = std::move(b);
+    r->workspace = workspace;
+    r->workspace_bytes = workspace_bytes;
+    r->planned = r->replannable = true;
   });
 }
 
@@ -261,6 +287,33 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
     Runner* r = as_runner(runner, "fs_runner_run");
     require(batch != nullptr, "fs_runner_run: batch is null");
     require(r->planned, "run: call plan() first (the last plan failed or none was made)");
+    const double ks = batch->k_scale == 0 ? 1.0 : batch->k_scale, vs = batch->v_scale == 0 ? 1.0 : batch->v_scale;
+    require(std::isfinite(ks) && ks > 0 && std::isfinite(vs) && vs > 0,
+            "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
+                " and " + std::to_string(batch->v_scale));
+    const float k_scale = static_cast<float>(ks), v_scale = static_cast<float>(vs);
+    const bool planned_scales = r->replannable ? (r->shape.k_scale == k_scale && r->shape.v_scale == v_scale)
+                                               : (k_scale == 1.f && v_scale == 1.f);
+    if (!planned_scales) {
+      require(!r->info->kv_dtypes.empty(), "run: stage " + r->info->name +
+                                               " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)");
+      require(r->replannable, "run: k_scale and v_scale need a plan made by fs_runner_plan");
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      check_cuda(cudaStreamIsCapturing(as_stream(stream), &capture), "run");
+      require(capture == cudaStreamCaptureStatusNone,
+              "run: k_scale and v_scale differ from the plan's while the stream is being captured into a CUDA "
+              "graph; the stages fold the scales into the launch at plan time, so run() once with these scales "
+              "before the capture (the graph then replays them)");
+      st::BatchShape s = r->shape;
+      s.k_scale = k_scale;
+      s.v_scale = v_scale;
+      r->planned = false;
+      r->runner->plan(s, r->workspace, r->workspace_bytes, as_stream(stream));
+      check_cuda(cudaGetLastError(), "plan");
+      r->shape.k_scale = k_scale;
+      r->shape.v_scale = v_scale;
+      r->planned = true;
+    }
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
@@ -292,7 +345,7 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     require(num_groups && qo_indptr && kv_indptr && kv_indices && kv_last_page_len,
             std::string(fn) + ": num_groups and the four level arrays are required");
     require(workspace != nullptr || bytes_needed != nullptr, std::string(fn) + ": give a workspace or bytes_needed");
-    r->planned = false;
+    r->planned = r->replannable = false;
     st::BatchShape batch = to_shape(shape, fn);  // the last level: one group per request
     require(batch.storage == st::KVStorage::paged, std::string(fn) + ": the cascade reads a paged pool");
     const int n = batch.batch_size;
