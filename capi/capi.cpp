@@ -56,6 +56,13 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw InvalidArgument(message);
 }
 
+/// The form for checks inside per-request and per-page loops: `make_message()` (returning
+/// a std::string) runs only when the check fails, so a passing check costs a comparison.
+template <typename MakeMessage>
+void require_lazy(bool ok, MakeMessage&& make_message) {
+  if (!ok) throw InvalidArgument(make_message());
+}
+
 void check_cuda(cudaError_t err, const char* function) {
   if (err != cudaSuccess) {
     cudaGetLastError();  // a launch error would otherwise stick to the next call
@@ -71,6 +78,15 @@ st::DType to_dtype(int dtype, const char* function) {
   }
   throw InvalidArgument(std::string(function) + ": dtype must be 0 (f32), 1 (f16) or 2 (bf16), got " +
                         std::to_string(dtype));
+}
+
+/// K/V's element type from fs_shape.kv_dtype (0 or `dtype`: the same as q's).
+st::DType to_kv_dtype(int kv_dtype, int dtype, const char* function) {
+  if (kv_dtype == 0 || kv_dtype == dtype) return to_dtype(dtype, function);
+  if (kv_dtype == FS_E4M3) return st::DType::e4m3;
+  if (kv_dtype == FS_E5M2) return st::DType::e5m2;
+  throw InvalidArgument(std::string(function) + ": kv_dtype must be 0 (dtype), the dtype itself, 3 (e4m3) or " +
+                        "4 (e5m2), got " + std::to_string(kv_dtype));
 }
 
 /// The BatchShape that `s` describes, after checking what plan() would trust blindly.
@@ -100,19 +116,21 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
   b.logits_soft_cap = static_cast<float>(s->logits_soft_cap);
   if (s->has_sm_scale) b.sm_scale = static_cast<float>(s->sm_scale);
   b.cuda_graph = s->cuda_graph != 0;
+  const st::DType kv = to_kv_dtype(s->kv_dtype, s->dtype, function);
+  if (kv != b.dtype) b.kv_dtype = kv;
   const int n = s->batch_size;
   b.qo_indptr.assign(s->qo_indptr, s->qo_indptr + n + 1);
   b.kv_indptr.assign(s->kv_indptr, s->kv_indptr + n + 1);
   for (const auto* indptr : {&b.qo_indptr, &b.kv_indptr}) {
     const char* name = indptr == &b.qo_indptr ? "qo_indptr" : "kv_indptr";
-    require((*indptr)[0] == 0, fn + ": " + name + "[0] must be 0");
+    require_lazy((*indptr)[0] == 0, [&] { return fn + ": " + name + "[0] must be 0"; });
     for (int i = 0; i < n; ++i)
-      require((*indptr)[i + 1] >= (*indptr)[i],
-              fn + ": " + name + " must be non-decreasing (at " + std::to_string(i + 1) + ")");
+      require_lazy((*indptr)[i + 1] >= (*indptr)[i],
+                   [&] { return fn + ": " + name + " must be non-decreasing (at " + std::to_string(i + 1) + ")"; });
   }
   if (b.mode == st::Mode::decode)
     for (int i = 0; i <= n; ++i)
-      require(b.qo_indptr[i] == i, fn + ": decode needs qo_indptr = 0, 1, ..., batch_size");
+      require_lazy(b.qo_indptr[i] == i, [&] { return fn + ": decode needs qo_indptr = 0, 1, ..., batch_size"; });
   if (b.storage == st::KVStorage::paged) {
     require(s->kv_last_page_len != nullptr, fn + ": kv_last_page_len is required for paged KV");
     require(s->page_size >= 1, fn + ": page_size must be >= 1, got " + std::to_string(s->page_size));
@@ -120,9 +138,10 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
     for (int i = 0; i < n; ++i) {
       const bool has_pages = b.kv_indptr[i + 1] > b.kv_indptr[i];
       const int32_t last = b.kv_last_page_len[i];
-      require(has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size),
-              fn + ": kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) +
-                  " must be in 1..page_size");
+      require_lazy(has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size), [&] {
+        return fn + ": kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) +
+               " must be in 1..page_size";
+      });
     }
   }
   return b;
@@ -133,6 +152,12 @@ struct Runner {
   const st::StageInfo* info = nullptr;
   std::unique_ptr<st::StageRunner> runner;
   bool planned = false;
+  // fs_runner_plan's batch and workspace, for a run() whose k_scale/v_scale differ from
+  // the plan's (the stages take the scales at plan time): it plans again with them.
+  bool replannable = false;
+  st::BatchShape shape;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 Runner* as_runner(void* p, const char* function) {
@@ -202,10 +227,11 @@ int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const c
   });
 }
 
-int fs_tolerance(int dtype, int which, double* atol, double* rtol, double* norm) {
+int fs_tolerance(int dtype, int kv_dtype, int which, double* atol, double* rtol, double* norm) {
   return guarded("fs_tolerance", [&] {
     require(which == 0 || which == 1, "fs_tolerance: which must be 0 (o) or 1 (lse)");
-    const auto& row = st::harness::tolerance_for(to_dtype(dtype, "fs_tolerance"));
+    const auto& row = st::harness::tolerance_for(to_dtype(dtype, "fs_tolerance"),
+                                                 to_kv_dtype(kv_dtype, dtype, "fs_tolerance"));
     const auto& t = which == 0 ? row.o : row.lse;
     if (atol) *atol = t.atol;
     if (rtol) *rtol = t.rtol;
@@ -239,12 +265,20 @@ int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t 
   return guarded("fs_runner_plan", [&] {
     Runner* r = as_runner(runner, "fs_runner_plan");
     r->planned = false;
-    const st::BatchShape b = to_shape(shape, "fs_runner_plan");
+    st::BatchShape b = to_shape(shape, "fs_runner_plan");
+    if (r->replannable) {  // the last run's scales: a caller whose scales do not change plans once
+      b.k_scale = r->shape.k_scale;
+      b.v_scale = r->shape.v_scale;
+    }
+    r->replannable = false;
     const std::string reason = r->info->unsupported_reason(b);
     require(reason.empty(), "plan: stage " + r->info->name + " cannot run " + b.describe() + ": " + reason);
     r->runner->plan(b, workspace, workspace_bytes, as_stream(stream));
     check_cuda(cudaGetLastError(), "plan");
-    r->planned = true;
+    r->shape = std::move(b);
+    r->workspace = workspace;
+    r->workspace_bytes = workspace_bytes;
+    r->planned = r->replannable = true;
   });
 }
 
@@ -253,6 +287,33 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
     Runner* r = as_runner(runner, "fs_runner_run");
     require(batch != nullptr, "fs_runner_run: batch is null");
     require(r->planned, "run: call plan() first (the last plan failed or none was made)");
+    const double ks = batch->k_scale == 0 ? 1.0 : batch->k_scale, vs = batch->v_scale == 0 ? 1.0 : batch->v_scale;
+    require(std::isfinite(ks) && ks > 0 && std::isfinite(vs) && vs > 0,
+            "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
+                " and " + std::to_string(batch->v_scale));
+    const float k_scale = static_cast<float>(ks), v_scale = static_cast<float>(vs);
+    const bool planned_scales = r->replannable ? (r->shape.k_scale == k_scale && r->shape.v_scale == v_scale)
+                                               : (k_scale == 1.f && v_scale == 1.f);
+    if (!planned_scales) {
+      require(!r->info->kv_dtypes.empty(), "run: stage " + r->info->name +
+                                               " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)");
+      require(r->replannable, "run: k_scale and v_scale need a plan made by fs_runner_plan");
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      check_cuda(cudaStreamIsCapturing(as_stream(stream), &capture), "run");
+      require(capture == cudaStreamCaptureStatusNone,
+              "run: k_scale and v_scale differ from the plan's while the stream is being captured into a CUDA "
+              "graph; the stages fold the scales into the launch at plan time, so run() once with these scales "
+              "before the capture (the graph then replays them)");
+      st::BatchShape s = r->shape;
+      s.k_scale = k_scale;
+      s.v_scale = v_scale;
+      r->planned = false;
+      r->runner->plan(s, r->workspace, r->workspace_bytes, as_stream(stream));
+      check_cuda(cudaGetLastError(), "plan");
+      r->shape.k_scale = k_scale;
+      r->shape.v_scale = v_scale;
+      r->planned = true;
+    }
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
@@ -284,7 +345,7 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     require(num_groups && qo_indptr && kv_indptr && kv_indices && kv_last_page_len,
             std::string(fn) + ": num_groups and the four level arrays are required");
     require(workspace != nullptr || bytes_needed != nullptr, std::string(fn) + ": give a workspace or bytes_needed");
-    r->planned = false;
+    r->planned = r->replannable = false;
     st::BatchShape batch = to_shape(shape, fn);  // the last level: one group per request
     require(batch.storage == st::KVStorage::paged, std::string(fn) + ": the cascade reads a paged pool");
     const int n = batch.batch_size;
@@ -293,51 +354,62 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     flashstep::ref::CascadeLevels levels;
     levels.page_size = batch.page_size;
     levels.qo_indptr = batch.qo_indptr;
+    // The flat batch the planner prices the cascade against: each request's page count and
+    // last page length over the levels (its pages are never gathered: run() reads the
+    // levels' own arrays), in O(levels x (groups + batch)).
+    st::BatchShape flat = batch;
+    std::vector<int32_t> flat_pages(static_cast<size_t>(n), 0);
+    flat.kv_last_page_len.assign(static_cast<size_t>(n), 0);
     for (int l = 0; l < num_levels; ++l) {
-      const std::string at = std::string(fn) + ": level " + std::to_string(l) + ": ";
       const int g = num_groups[l];
-      require(g >= 1 && qo_indptr[l] && kv_indptr[l] && kv_last_page_len[l], at + "needs num_groups >= 1 and its arrays");
+      auto at = [&] { return std::string(fn) + ": level " + std::to_string(l) + ": "; };
+      require_lazy(g >= 1 && qo_indptr[l] && kv_indptr[l] && kv_last_page_len[l],
+                   [&] { return at() + "needs num_groups >= 1 and its arrays"; });
       flashstep::ref::CascadeLevel lv;
       lv.qo_indptr.assign(qo_indptr[l], qo_indptr[l] + g + 1);
       lv.kv_indptr.assign(kv_indptr[l], kv_indptr[l] + g + 1);
-      require(lv.kv_indptr[0] == 0, at + "kv_indptr[0] must be 0");
-      for (int i = 0; i < g; ++i) require(lv.kv_indptr[i + 1] >= lv.kv_indptr[i], at + "kv_indptr must not decrease");
-      require(lv.kv_indptr[g] == 0 || kv_indices[l] != nullptr, at + "kv_indices is required");
+      require_lazy(lv.kv_indptr[0] == 0, [&] { return at() + "kv_indptr[0] must be 0"; });
+      for (int i = 0; i < g; ++i)
+        require_lazy(lv.kv_indptr[i + 1] >= lv.kv_indptr[i], [&] { return at() + "kv_indptr must not decrease"; });
+      require_lazy(lv.kv_indptr[g] == 0 || kv_indices[l] != nullptr, [&] { return at() + "kv_indices is required"; });
       if (lv.kv_indptr[g] > 0) lv.kv_indices.assign(kv_indices[l], kv_indices[l] + lv.kv_indptr[g]);
       lv.kv_last_page_len.assign(kv_last_page_len[l], kv_last_page_len[l] + g);
       lv.causal = l + 1 == num_levels && batch.mode == st::Mode::prefill && batch.causal;
-      // The requests of each group: the group's queries must start where a request's do.
+      // The requests of each group: the group's queries must start where a request's do
+      // (both arrays ascend, so one walk finds them all).
+      lv.request_indptr.reserve(static_cast<size_t>(g) + 1);
+      for (int i = 0; i < g; ++i)
+        require_lazy(lv.qo_indptr[i + 1] >= lv.qo_indptr[i], [&] { return at() + "qo_indptr must not decrease"; });
+      int q = 0;
       for (int i = 0; i <= g; ++i) {
-        const auto it = std::lower_bound(batch.qo_indptr.begin(), batch.qo_indptr.end(), lv.qo_indptr[i]);
-        require(it != batch.qo_indptr.end() && *it == lv.qo_indptr[i],
-                at + "qo_indptr[" + std::to_string(i) + "] = " + std::to_string(lv.qo_indptr[i]) +
-                    " does not fall on a request's first query");
-        lv.request_indptr.push_back(static_cast<int32_t>(i == g ? n : it - batch.qo_indptr.begin()));
+        // (a value repeated for requests with no query falls on the first of them)
+        while (q <= n && batch.qo_indptr[q] < lv.qo_indptr[i]) ++q;
+        require_lazy(q <= n && batch.qo_indptr[q] == lv.qo_indptr[i], [&] {
+                       return at() + "qo_indptr[" + std::to_string(i) + "] = " + std::to_string(lv.qo_indptr[i]) +
+                              " does not fall on a request's first query";
+                     });
+        lv.request_indptr.push_back(static_cast<int32_t>(i == g ? n : q));
+      }
+      for (int i = 0; i < g; ++i) {
+        const int32_t pages = lv.kv_indptr[i + 1] - lv.kv_indptr[i];
+        if (pages == 0) continue;
+        for (int req = lv.request_indptr[i]; req < lv.request_indptr[i + 1]; ++req) {
+          flat_pages[static_cast<size_t>(req)] += pages;
+          flat.kv_last_page_len[static_cast<size_t>(req)] = lv.kv_last_page_len[i];
+        }
       }
       levels.levels.push_back(std::move(lv));
     }
-    // The flat page table of every request (its group's pages at each level), which the
-    // planner prices the cascade against.
-    st::BatchShape flat = batch;
-    flat.kv_indptr = {0};
-    flat.kv_last_page_len.clear();
-    for (int q = 0; q < n; ++q) {
-      int32_t last = 0;
-      for (const auto& lv : levels.levels) {
-        const auto g = std::upper_bound(lv.request_indptr.begin(), lv.request_indptr.end(), q) - lv.request_indptr.begin() - 1;
-        if (g < 0 || g >= static_cast<std::ptrdiff_t>(lv.kv_last_page_len.size())) continue;
-        const int32_t b = lv.kv_indptr[g], e = lv.kv_indptr[g + 1];
-        flat.kv_indices.insert(flat.kv_indices.end(), lv.kv_indices.begin() + b, lv.kv_indices.begin() + e);
-        if (e > b) last = lv.kv_last_page_len[g];
-      }
-      flat.kv_indptr.push_back(static_cast<int32_t>(flat.kv_indices.size()));
-      flat.kv_last_page_len.push_back(last);
-    }
+    flat.kv_indptr.assign(1, 0);
+    for (int req = 0; req < n; ++req)
+      flat.kv_indptr.push_back(flat.kv_indptr.back() + flat_pages[static_cast<size_t>(req)]);
+    flat.kv_indices.clear();
     if (workspace == nullptr) {
-      *bytes_needed = cascade->workspace_bytes_levels(flat, levels);
+      *bytes_needed = cascade->workspace_bytes_levels(flat, std::move(levels));
       return;
     }
-    cascade->plan_levels(flat, levels, workspace, workspace_bytes, as_stream(stream));
+    // One prepare for both: bytes_needed is set also when the workspace is too small.
+    cascade->plan_levels(flat, std::move(levels), workspace, workspace_bytes, as_stream(stream), bytes_needed);
     check_cuda(cudaGetLastError(), "plan");
     r->planned = true;
   });

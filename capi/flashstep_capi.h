@@ -26,12 +26,14 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 3
+#define FLASHSTEP_CAPI_VERSION 4
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
-/// Element types: FS_F32, FS_F16, FS_BF16 (q, k, v, o and merge/append inputs).
-enum { FS_F32 = 0, FS_F16 = 1, FS_BF16 = 2 };
+/// Element types: FS_F32, FS_F16, FS_BF16 (q, k, v, o and merge/append inputs);
+/// FS_E4M3 and FS_E5M2 (FP8, PyTorch's float8_e4m3fn and float8_e5m2) for K/V only
+/// (fs_shape.kv_dtype).
+enum { FS_F32 = 0, FS_F16 = 1, FS_BF16 = 2, FS_E4M3 = 3, FS_E5M2 = 4 };
 /// Attention modes.
 enum { FS_DECODE = 0, FS_PREFILL = 1 };
 /// KV storage.
@@ -62,6 +64,10 @@ typedef struct fs_shape {
   /// 1: plan for a captured CUDA graph (the launch depends on batch_size and nnz_qo only;
   /// stages that cannot are refused, see fs_stage_unsupported_reason)
   int32_t cuda_graph;
+  /// Element type of the K/V pool when it differs from dtype: FS_E4M3 or FS_E5M2 (an FP8
+  /// cache, read by the stages that list it in their capabilities; q and o stay in
+  /// dtype). 0 or dtype: K/V in dtype.
+  int32_t kv_dtype;
 } fs_shape;
 
 /// Device pointers of one run (flashstep::stages::DeviceBatch).
@@ -76,6 +82,13 @@ typedef struct fs_batch {
   const void* v;                     ///< ragged: (nnz_kv, Hkv, D)
   void* o;                           ///< (nnz_qo, num_qo_heads, head_dim)
   float* lse;                        ///< (nnz_qo, num_qo_heads), natural log
+  /// Attention reads k * k_scale and v * v_scale (FlashInfer's run() arguments for an FP8
+  /// cache); 0 means 1. Scales other than the last plan's are planned again before the
+  /// launch (the stages fold them into the kernel's arguments at plan time), which is
+  /// refused while the stream is being captured into a CUDA graph; a stage that reads no
+  /// FP8 refuses scales other than 1.
+  double k_scale;
+  double v_scale;
 } fs_batch;
 
 /// The message of the last failing call on this thread ("" when none).
@@ -93,8 +106,9 @@ FS_API int fs_stage_info(int index, const char** name, const char** summary, con
 /// Why stage `name` cannot run `shape` ("" when it can); the string is valid until the
 /// next call on this thread. Fails for an unknown name or an inconsistent shape.
 FS_API int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const char** reason);
-/// The harness's tolerances for `dtype`: which = 0 for o, 1 for lse.
-FS_API int fs_tolerance(int dtype, int which, double* atol, double* rtol, double* norm);
+/// The harness's tolerances for q/o in `dtype` and K/V in `kv_dtype` (0 or dtype: the
+/// same; FS_E4M3 or FS_E5M2 for an FP8 cache): which = 0 for o, 1 for lse.
+FS_API int fs_tolerance(int dtype, int kv_dtype, int which, double* atol, double* rtol, double* norm);
 
 // ---- plan / run -------------------------------------------------------------------
 
@@ -104,7 +118,9 @@ FS_API int fs_runner_create(const char* name, void** runner);
 FS_API int fs_runner_destroy(void* runner);
 /// Device workspace bytes that plan() and run() need for `shape`.
 FS_API int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t* bytes);
-/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it.
+/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it, with
+/// the k_scale and v_scale of the runner's last fs_runner_run (1 before any), so that a
+/// caller whose scales do not change is planned with them once.
 FS_API int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
 /// Launches the planned attention on `stream`; fails when no plan was made.
 FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
@@ -115,7 +131,9 @@ FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
 /// holds one group per request. `shape` is the batch as its last level sees it (paged;
 /// its qo_indptr, kv_indptr and kv_last_page_len are the last level's; causal masks the
 /// last level only). With workspace null, only sets *bytes_needed (the workspace plan()
-/// needs); otherwise plans, copying every level's arrays into the workspace. run() with
+/// needs); otherwise plans, copying every level's arrays into the workspace, and sets
+/// *bytes_needed when it is not null, also when the workspace is too small and the plan
+/// is refused (so one call both sizes and plans). run() with
 /// fs_runner_run reads q, kv_pool, o and lse of the batch (its index pointers may be null).
 FS_API int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const int32_t* num_groups,
                            const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,

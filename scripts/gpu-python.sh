@@ -101,6 +101,8 @@ step_sanitizer() {
     "${PYTEST[@]}" -p no:faulthandler tests/python/test_cuda_gpu.py tests/python/test_cuda_graph.py -k \
     "test_decode_matches_the_float64_oracle and 03_split_kv-bfloat16-HND-16-4 or \
      test_decode_matches_the_float64_oracle and 02_paged-float32-NHD-1-8 or \
+     test_fp8_decode_matches_the_float64_oracle and 03_split_kv-float8_e4m3fn-HND-16-4 or \
+     test_fp8_decode_matches_the_float64_oracle and 02_paged-float8_e5m2-NHD-1-1 or \
      test_paged_prefill_matches_the_float64_oracle and 4-True-NHD-16-bfloat16 or \
      test_ragged_prefill_matches_the_float64_oracle and True-01_naive or \
      test_merge_state_and_merge_states and 100-float16 or \

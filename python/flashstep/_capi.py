@@ -36,14 +36,15 @@ class _Shape(ctypes.Structure):
         ("logits_soft_cap", ctypes.c_double),
         ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
         ("kv_last_page_len", ctypes.c_void_p),
-        ("cuda_graph", ctypes.c_int32),
+        ("cuda_graph", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
     ]
 
 
 class _Batch(ctypes.Structure):
     """fs_batch of flashstep_capi.h."""
     _fields_ = [(name, ctypes.c_void_p) for name in (
-        "q", "qo_indptr", "kv_indptr", "kv_pool", "kv_indices", "kv_last_page_len", "k", "v", "o", "lse")]
+        "q", "qo_indptr", "kv_indptr", "kv_pool", "kv_indices", "kv_last_page_len", "k", "v", "o", "lse")] + [
+        ("k_scale", ctypes.c_double), ("v_scale", ctypes.c_double)]
 
 
 class _SamplingParams(ctypes.Structure):
@@ -74,7 +75,7 @@ _SIGNATURES = {
     "fs_stage_count": [],
     "fs_stage_info": [_I, _PP, _PP, _PP],
     "fs_stage_unsupported_reason": [_S, ctypes.POINTER(_Shape), _PP],
-    "fs_tolerance": [_I, _I, ctypes.POINTER(_D), ctypes.POINTER(_D), ctypes.POINTER(_D)],
+    "fs_tolerance": [_I, _I, _I, ctypes.POINTER(_D), ctypes.POINTER(_D), ctypes.POINTER(_D)],
     "fs_runner_create": [_S, ctypes.POINTER(_P)],
     "fs_runner_destroy": [_P],
     "fs_runner_workspace_bytes": [_P, ctypes.POINTER(_Shape), ctypes.POINTER(_SIZE)],
@@ -96,7 +97,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 3
+EXPECTED_VERSION = 4
 
 _lib = None
 

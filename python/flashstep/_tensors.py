@@ -16,13 +16,15 @@ import ctypes
 
 # Element types by name, with their sizes.
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8,
-            "uint8": 1, "int8": 1, "bool": 1}
+            "uint8": 1, "int8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
 # CUDA Array Interface typestrs (little-endian; '|' for one byte).
 _TYPESTR = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<i4": "int32", "<i8": "int64",
             "|u1": "uint8", "|i1": "int8", "|b1": "bool"}
-# DLPack (type code, bits) -> name; codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool.
+# DLPack (type code, bits) -> name; codes: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool,
+# 10 float8_e4m3fn, 12 float8_e5m2 (DLPack 1.1).
 _DLPACK = {(2, 32): "float32", (2, 16): "float16", (4, 16): "bfloat16", (2, 64): "float64",
-           (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8", (0, 8): "int8", (6, 8): "bool"}
+           (0, 32): "int32", (0, 64): "int64", (1, 8): "uint8", (0, 8): "int8", (6, 8): "bool",
+           (10, 8): "float8_e4m3fn", (12, 8): "float8_e5m2"}
 _KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
 
 

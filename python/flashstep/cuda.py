@@ -53,7 +53,8 @@ import re
 
 from . import _capi
 from ._capi import LibraryNotFound  # noqa: F401  (part of the module's interface)
-from ._tensors import IndexArray, check, current_stream, device_array, empty, host_copy, index_array, same_device
+from ._tensors import (ITEMSIZE, IndexArray, check, current_stream, device_array, empty, host_copy, index_array,
+                       same_device)
 
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
@@ -69,6 +70,10 @@ __all__ = [
 
 _DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 _ATTENTION_DTYPES = tuple(_DTYPES)
+# FP8 K/V (fs_shape.kv_dtype): PyTorch's names; q and o stay fp16/bf16.
+_KV_DTYPES = {"float8_e4m3fn": 3, "float8_e5m2": 4}
+_KV_DTYPE_ALIASES = {"float8_e4m3fn": "float8_e4m3fn", "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
+                     "float8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2"}
 _DTYPE_ALIASES = {"float32": "float32", "f32": "float32", "float": "float32", "fp32": "float32",
                   "float16": "float16", "f16": "float16", "half": "float16", "fp16": "float16",
                   "bfloat16": "bfloat16", "bf16": "bfloat16"}
@@ -95,12 +100,18 @@ def stages():
     return list(_registry())
 
 
-def tolerance(dtype, which="o"):
-    """The validation harness's tolerances (atol, rtol, norm) for `dtype` ("float16", ...)
-    and `which` ("o" or "lse"): stages/harness/compare.cpp's table."""
+def tolerance(dtype, which="o", kv_dtype=None):
+    """The validation harness's tolerances (atol, rtol, norm) for q/o in `dtype`
+    ("float16", ...), K/V in `kv_dtype` (None: `dtype`; torch.float8_e4m3fn or
+    float8_e5m2 for an FP8 cache) and `which` ("o" or "lse"): stages/harness/compare.cpp's
+    table."""
+    if which not in ("o", "lse"):
+        raise ValueError(f"tolerance: which must be 'o' or 'lse'; got {which!r}")
+    q = _dtype_name(dtype, "tolerance", "dtype")
+    kv = 0 if kv_dtype is None else _KV_DTYPES.get(_kv_dtype_name(kv_dtype, q, "tolerance", "kv_dtype"), 0)
     atol, rtol, norm = ctypes.c_double(), ctypes.c_double(), ctypes.c_double()
-    _capi.call("fs_tolerance", _DTYPES[_dtype_name(dtype, "tolerance", "dtype")], 0 if which == "o" else 1,
-               ctypes.byref(atol), ctypes.byref(rtol), ctypes.byref(norm))
+    _capi.call("fs_tolerance", _DTYPES[q], kv, 0 if which == "o" else 1, ctypes.byref(atol), ctypes.byref(rtol),
+               ctypes.byref(norm))
     return atol.value, rtol.value, norm.value
 
 
@@ -112,6 +123,16 @@ def _dtype_name(dtype, fn, name):
     if text in _DTYPE_ALIASES:
         return _DTYPE_ALIASES[text]
     raise ValueError(f"{fn}: {name} must be float32, float16 or bfloat16; got {dtype!r}")
+
+
+def _kv_dtype_name(dtype, q, fn, name):
+    """K/V's element type: q's dtype name, or 'float8_e4m3fn' / 'float8_e5m2'."""
+    text = str(dtype).replace("torch.", "")
+    if text in _KV_DTYPE_ALIASES:
+        return _KV_DTYPE_ALIASES[text]
+    if text in _DTYPE_ALIASES:
+        return _DTYPE_ALIASES[text]
+    raise ValueError(f"{fn}: {name} must be float32, float16, bfloat16, float8_e4m3fn or float8_e5m2; got {dtype!r}")
 
 
 def _layout(kv_layout, fn):
@@ -254,7 +275,7 @@ class _Plan:
     """What run() needs of the last plan: sizes, the checks' bounds, the C batch struct
     whose index pointers plan() filled, and the library function to call."""
 
-    __slots__ = ("dtype", "batch_size", "nnz_qo", "nnz_kv", "num_qo_heads", "num_kv_heads", "head_dim",
+    __slots__ = ("dtype", "kv_dtype", "batch_size", "nnz_qo", "nnz_kv", "num_qo_heads", "num_kv_heads", "head_dim",
                  "page_size", "max_page", "q_shape", "lse_shape", "batch", "causal", "window_left",
                  "logits_soft_cap", "sm_scale")
 
@@ -308,7 +329,7 @@ class _PlanRun:
         return self._use_cuda_graph
 
     def _shape(self, dtype, num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
-               logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len):
+               logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len, kv_dtype=None):
         """The C shape of the batch (one struct per wrapper, refilled); the index arrays are
         host IndexArrays, pointed at in place."""
         fn = self._fn
@@ -338,6 +359,7 @@ class _PlanRun:
         s.qo_indptr, s.kv_indptr = qo_indptr.ptr, kv_indptr.ptr
         s.kv_last_page_len = last_page_len.ptr if last_page_len is not None else None
         s.cuda_graph = int(self._use_cuda_graph)
+        s.kv_dtype = _KV_DTYPES.get(kv_dtype, 0)
         return s
 
     def _choose_stage(self, shape, stage):
@@ -345,7 +367,7 @@ class _PlanRun:
         kind (the registry's rules read the sizes and options, not the lengths)."""
         key = (stage, shape.mode, shape.storage, shape.dtype, shape.kv_layout, shape.num_qo_heads,
                shape.num_kv_heads, shape.head_dim, shape.page_size, shape.causal, shape.window_left >= 0,
-               shape.logits_soft_cap > 0, shape.has_sm_scale, shape.cuda_graph)
+               shape.logits_soft_cap > 0, shape.has_sm_scale, shape.cuda_graph, shape.kv_dtype)
         chosen = _STAGE_CHOICES.get(key)
         if chosen is not None:
             return chosen
@@ -385,7 +407,7 @@ class _PlanRun:
         _STAGE_CHOICES[key] = chosen
         return chosen
 
-    def _plan(self, dtype, qo_indptr, kv_indptr, kv_indices, last_page_len, stage, **shape_args):
+    def _plan(self, dtype, qo_indptr, kv_indptr, kv_indices, last_page_len, stage, kv_dtype=None, **shape_args):
         """plan() of every wrapper but the cascade: the index arguments are IndexArrays
         (host or device; qo_indptr None for decode)."""
         fn = self._fn
@@ -421,7 +443,8 @@ class _PlanRun:
                              f"{now}. A captured graph replays the launch it was captured with: make one wrapper "
                              "(and workspace) per graph size, and pad the query rows to it as FlashInfer's graph "
                              "mode does")
-        shape = self._shape(dtype, qo_indptr=qo_host, kv_indptr=kv_host, last_page_len=lpl_host, **shape_args)
+        shape = self._shape(dtype, qo_indptr=qo_host, kv_indptr=kv_host, last_page_len=lpl_host, kv_dtype=kv_dtype,
+                            **shape_args)
         try:
             chosen = self._choose_stage(shape, stage if stage is not None else self._stage_request)
         except ValueError as e:
@@ -439,6 +462,7 @@ class _PlanRun:
             self._graph_size = (batch, nnz_qo)
         p = _Plan()
         p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = dtype, batch, nnz_qo, nnz_kv
+        p.kv_dtype = kv_dtype or dtype
         p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size = (shape.num_qo_heads, shape.num_kv_heads,
                                                                    shape.head_dim, shape.page_size)
         p.max_page = max_page
@@ -536,17 +560,17 @@ class _PlanRun:
             if len(paged_kv_cache) != 2:
                 raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
             k = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
-                      dtypes=(p.dtype,), shape=(None,) + page, contiguous=False)
+                      dtypes=(p.kv_dtype,), shape=(None,) + page, contiguous=False)
             v = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
-                      dtypes=(p.dtype,), shape=k.shape, contiguous=False)
+                      dtypes=(p.kv_dtype,), shape=k.shape, contiguous=False)
             inner = ps * hk * d
             want = (2 * inner, page[1] * page[2], page[2], 1)
-            if k.strides != want or v.strides != want or v.ptr - k.ptr != inner * (2 if p.dtype != "float32" else 4):
+            if k.strides != want or v.strides != want or v.ptr - k.ptr != inner * ITEMSIZE[p.kv_dtype]:
                 raise ValueError(f"{fn}: the stages read one pool (num_pages, 2, ...): a (k_cache, v_cache) pair "
                                  "is accepted only as pool[:, 0] and pool[:, 1] of one contiguous tensor")
             return k, k.shape[0]
         pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache",
-                     dtypes=(p.dtype,), shape=(None, 2) + page)
+                     dtypes=(p.kv_dtype,), shape=(None, 2) + page)
         return pool, pool.shape[0]
 
     def run_return_lse(self, *args, **kwargs):
@@ -589,20 +613,31 @@ def _index(x, fn, name):
     return index_array(x, fn, name)
 
 
-def _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type=None):
-    """The one dtype of q, K/V and o, from FlashInfer's plan() arguments: q_data_type (None:
-    data_type), kv_data_type (None: data_type, then q's), o_data_type (None: q's)."""
-    q = _dtype_name(q_data_type if q_data_type is not None else data_type if data_type is not None else "float16",
-                    fn, "q_data_type")
+def _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type=None, fp8_kv=False):
+    """(q's dtype, K/V's dtype) from FlashInfer's plan() arguments: q_data_type (None:
+    data_type, then float16), kv_data_type (None: data_type, then q's), o_data_type (None:
+    q's; it must equal q's). K/V is q's dtype, or with fp8_kv (a paged cache) an FP8 format,
+    float8_e4m3fn or float8_e5m2, which the stage must read (others refuse it by name)."""
+    q_given = q_data_type if q_data_type is not None else data_type if data_type is not None else "float16"
+    if fp8_kv and q_data_type is None and data_type is not None and \
+            _kv_dtype_name(data_type, None, fn, "data_type") in _KV_DTYPES:
+        q_given = "float16"  # data_type is FlashInfer's K/V dtype; q then defaults to float16
+    q = _dtype_name(q_given, fn, "q_data_type")
     kv_given = kv_data_type if kv_data_type is not None else data_type
-    if kv_given is not None and _dtype_name(kv_given, fn, "kv_data_type") != q:
-        which = "kv_data_type" if kv_data_type is not None else "data_type (FlashInfer's K/V dtype)"
-        raise ValueError(f"{fn}: {which} must equal q_data_type (the stages read one dtype); got "
-                         f"{_dtype_name(kv_given, fn, 'kv_data_type')} and {q}")
+    which = "kv_data_type" if kv_data_type is not None else "data_type (FlashInfer's K/V dtype)"
+    kv = q if kv_given is None else _kv_dtype_name(kv_given, q, fn, which.split(" ")[0])
+    if kv in _KV_DTYPES:
+        if not fp8_kv:
+            raise ValueError(f"{fn}: {which} {kv} is an FP8 format, which only a paged cache takes here")
+        if q not in ("float16", "bfloat16"):
+            raise ValueError(f"{fn}: an FP8 cache ({which} {kv}) needs q_data_type float16 or bfloat16; got {q}")
+    elif kv != q:
+        raise ValueError(f"{fn}: {which} must equal q_data_type or be an FP8 format (float8_e4m3fn, "
+                         f"float8_e5m2); got {kv} and {q}")
     if o_data_type is not None and _dtype_name(o_data_type, fn, "o_data_type") != q:
         raise ValueError(f"{fn}: o_data_type must equal q_data_type (the stages write the output in q's dtype); "
                          f"got {_dtype_name(o_data_type, fn, 'o_data_type')} and {q}")
-    return q
+    return q, kv
 
 
 def _planned_options(p, shape):
@@ -669,9 +704,9 @@ class BatchDecodeWithPagedKVCacheWrapper(_PlanRun):
         must equal it."""
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
-        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type)
+        dtype, kv_dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type, fp8_kv=True)
         self._plan(dtype, None, _index(indptr, fn, "indptr"), _index(indices, fn, "indices"),
-                   _index(last_page_len, fn, "last_page_len"), stage,
+                   _index(last_page_len, fn, "last_page_len"), stage, kv_dtype=kv_dtype,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
                    causal=False, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
 
@@ -716,9 +751,23 @@ def _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta):
         raise ValueError(f"{fn}: rope_scale and rope_theta are not supported (no RoPE inside attention)")
 
 
+def _scale(fn, name, value):
+    """k_scale / v_scale of run(): None means 1; a positive finite float (FlashInfer takes a
+    Python float; a one-element tensor is read on the host)."""
+    if value is None:
+        return 1.0
+    try:
+        scale = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{fn}: {name} must be a positive finite float or None; got {value!r}") from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"{fn}: {name} must be a positive finite float or None; got {value!r}")
+    return scale
+
+
 def _unsupported_run_args(fn, args, kwargs):
     if args:
-        raise ValueError(f"{fn}: takes no extra positional arguments (FlashInfer's k_scale/v_scale are not supported)")
+        raise ValueError(f"{fn}: takes no extra positional arguments (pass k_scale= and v_scale= by name)")
     for key, value in kwargs.items():
         if key in ("enable_pdl",) or value is None or (key in ("q_scale", "k_scale", "v_scale") and value == 1.0):
             continue
@@ -726,6 +775,8 @@ def _unsupported_run_args(fn, args, kwargs):
 
 
 def _paged_run(self, fn, q, paged_kv_cache, args, out, lse, return_lse, kwargs):
+    k_scale = _scale(fn, "k_scale", kwargs.pop("k_scale", None)) if kwargs else 1.0
+    v_scale = _scale(fn, "v_scale", kwargs.pop("v_scale", None)) if kwargs else 1.0
     if args or kwargs:
         _unsupported_run_args(fn, args, kwargs)
     p = self._planned
@@ -743,6 +794,7 @@ def _paged_run(self, fn, q, paged_kv_cache, args, out, lse, return_lse, kwargs):
             _check_on_device(a, fn, name)
     b = p.batch
     b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
+    b.k_scale, b.v_scale = k_scale, v_scale
     self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
     return (o, lse_t) if return_lse else o
 
@@ -781,10 +833,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_PlanRun):
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
         _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
-        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
+        dtype, kv_dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, fp8_kv=True)
         self._plan(dtype, _index(qo_indptr, fn, "qo_indptr"), _index(paged_kv_indptr, fn, "paged_kv_indptr"),
                    _index(paged_kv_indices, fn, "paged_kv_indices"),
-                   _index(paged_kv_last_page_len, fn, "paged_kv_last_page_len"), stage,
+                   _index(paged_kv_last_page_len, fn, "paged_kv_last_page_len"), stage, kv_dtype=kv_dtype,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=page_size,
                    causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
 
@@ -850,7 +902,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PlanRun):
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
         _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
-        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
+        dtype, _ = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
         self._plan(dtype, _index(qo_indptr, fn, "qo_indptr"), _index(kv_indptr, fn, "kv_indptr"), None, None, stage,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=1,
                    causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
@@ -933,7 +985,7 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
         if window_left != -1:
             raise ValueError(f"{fn}: window_left must be -1 (a sliding window needs key positions, which the "
                              "shared levels do not carry)")
-        dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
+        dtype, kv_dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, fp8_kv=True)
         arrays = {}
         for name, value in (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
                             ("paged_kv_indices_arr", paged_kv_indices_arr),
@@ -965,7 +1017,8 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
                              f"{nnz_qo}: make one wrapper (and workspace) per graph size")
         shape = self._shape(dtype, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                             page_size=page_size, causal=causal, window_left=-1, logits_soft_cap=logits_soft_cap,
-                            sm_scale=sm_scale, qo_indptr=qo[last], kv_indptr=kv[last], last_page_len=lpl[last])
+                            sm_scale=sm_scale, qo_indptr=qo[last], kv_indptr=kv[last], last_page_len=lpl[last],
+                            kv_dtype=kv_dtype)
         levels = [(ctypes.c_void_p * self._num_levels)(*[a.ptr for a in level]) for level in (qo, kv, idx, lpl)]
         num_groups = (ctypes.c_int32 * self._num_levels)(*groups)
         ws = self._ws
@@ -975,14 +1028,18 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
                     runner = ctypes.c_void_p()
                     _capi.call("fs_runner_create", b"05_cascade", ctypes.byref(runner))
                     self._runner, self._runner_stage = runner, "05_cascade"
+                # One call sizes and plans: the stage prepares the plan once, and sets `need`
+                # also when it refuses a workspace that is too small.
                 need = ctypes.c_size_t()
-                args = (self._runner, ctypes.byref(shape), self._num_levels, num_groups, *levels)
-                _capi.call("fs_cascade_plan", *args, None, 0, ctypes.byref(need), None)
-                if need.value > ws.nbytes:
-                    raise ValueError(f"workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}: pass a "
-                                     "workspace of at least that")
-                _capi.call("fs_cascade_plan", *args, ctypes.c_void_p(ws.ptr), ws.nbytes, None,
-                           ctypes.c_void_p(current_stream(ws)))
+                try:
+                    _capi.call("fs_cascade_plan", self._runner, ctypes.byref(shape), self._num_levels, num_groups,
+                               *levels, ctypes.c_void_p(ws.ptr), ws.nbytes, ctypes.byref(need),
+                               ctypes.c_void_p(current_stream(ws)))
+                except ValueError:
+                    if need.value > ws.nbytes:
+                        raise ValueError(f"workspace_buffer has {ws.nbytes} bytes; this plan needs {need.value}: "
+                                         "pass a workspace of at least that") from None
+                    raise
             except ValueError as e:
                 raise ValueError(_renamed(fn, str(e))) from None
         self.stage = "05_cascade"
@@ -990,6 +1047,7 @@ class MultiLevelCascadeAttentionWrapper(_PlanRun):
             self._graph_size = (batch, nnz_qo)
         p = _Plan()
         p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = dtype, batch, nnz_qo, kv[last][batch]
+        p.kv_dtype = kv_dtype
         p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size = (shape.num_qo_heads, shape.num_kv_heads,
                                                                    shape.head_dim, shape.page_size)
         p.max_page = max_page

@@ -166,10 +166,21 @@ void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeL
     }
     // num_pages 0: the pool's size is not known at plan time (FlashInfer's plan does not
     // take it); the caller then checks the page ids against the pool it runs on.
-    for (int32_t page : lv.kv_indices)
-      if (page < 0 || (s.num_pages != 0 && page >= s.num_pages))
-        ref::require(false, fn,
-                     at + "page id " + std::to_string(page) + " outside the pool of " + std::to_string(s.num_pages));
+    // (the smallest and largest id first, a loop the compiler vectorises; the message names
+    // the first id that fails)
+    int32_t low = 0, high = 0;
+    if (!lv.kv_indices.empty()) {
+      low = high = lv.kv_indices.front();
+      for (int32_t page : lv.kv_indices) {
+        low = std::min(low, page);
+        high = std::max(high, page);
+      }
+    }
+    if (low < 0 || (s.num_pages != 0 && high >= s.num_pages))
+      for (int32_t page : lv.kv_indices)
+        if (page < 0 || (s.num_pages != 0 && page >= s.num_pages))
+          ref::require(false, fn,
+                       at + "page id " + std::to_string(page) + " outside the pool of " + std::to_string(s.num_pages));
     ref::require(lv.causal == (l + 1 == c.levels.size() && s.mode == Mode::prefill && s.causal), fn,
                  at + "causal must be set on the last level exactly when the batch is causal prefill");
   }
@@ -201,15 +212,22 @@ struct CascadeRunner::Prepared {
     size_t qo_indptr, kv_indptr, kv_indices, last_page_len, request, tile, chunk, rows;  // byte offsets
   };
   std::vector<Level> levels;
+  size_t staged_bytes = 0;                // [0, staged_bytes) of the workspace: the levels' arrays
   size_t partial_o = 0, partial_lse = 0, bytes = 0;
-  std::vector<uint8_t> staged;            // [0, staged.size()) of the workspace
 };
 
 CascadeRunner::CascadeRunner(CascadeOptions options) : options_(options) {}
-CascadeRunner::~CascadeRunner() = default;
+CascadeRunner::~CascadeRunner() {
+  // (no check: a destructor must not throw, and a failing free leaves nothing to do)
+  if (staged_copy_done_) {
+    cudaEventSynchronize(staged_copy_done_);
+    cudaEventDestroy(staged_copy_done_);
+  }
+  if (staging_) cudaFreeHost(staging_);
+}
 
 std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape& s,
-                                                               const ref::CascadeLevels* given) const {
+                                                               ref::CascadeLevels* given) const {
   const char* fn = given ? "CascadeRunner::plan_levels" : "CascadeRunner::plan";
   StageInfo info = stage_info();
   if (given) info.needs_host_page_table = false;  // the levels carry the page ids
@@ -231,12 +249,12 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   CascadePlan& plan = out->plan;
   plan.flat_seconds = flat_seconds(s, cost);
 
-  // Candidate level sets: the given ones, or every subset of the derived shared levels
-  // (a shared level that does not pay is folded into the next one).
+  // Candidate level sets: the given ones (priced in place, never copied: they hold every
+  // page id), or every subset of the derived shared levels (a shared level that does not
+  // pay is folded into the next one).
   std::vector<ref::CascadeLevels> candidates;
   if (given) {
     check_given_levels(fn, s, *given);
-    candidates.push_back(*given);
   } else if (options_.path != Path::flat && s.nnz_qo() <= kMaxMergeTokens) {
     const auto ends = nonempty_ends(
         s, ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size,
@@ -250,21 +268,29 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
                                                      s.page_size, kept, s.causal));
     }
   }
-  double best = std::numeric_limits<double>::infinity();
-  for (const ref::CascadeLevels& c : candidates) {
-    // the levels, then the merge kernel: a launch, and at least one fp32 state per level
-    // and query row written by the levels and read back (chunks add a few more)
+  // the levels, then the merge kernel: a launch, and at least one fp32 state per level and
+  // query row written by the levels and read back (chunks add a few more)
+  auto seconds_of = [&](const ref::CascadeLevels& c) {
     double t = cost.seconds_per_launch;
     for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), cost);
-    t += double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 * 2 /
-         cost.bytes_per_second;
+    return t + double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 *
+                   2 / cost.bytes_per_second;
+  };
+  double best = std::numeric_limits<double>::infinity();
+  ref::CascadeLevels* chosen = nullptr;
+  if (given) {
+    best = seconds_of(*given);
+    chosen = given;
+  }
+  for (ref::CascadeLevels& c : candidates) {
+    const double t = seconds_of(c);
     if (t < best) {
       best = t;
-      plan.levels = c;
+      chosen = &c;
     }
   }
-  plan.cascade_seconds = candidates.empty() ? 0 : best;
-  const bool cascade = !candidates.empty() && (given ? options_.path != Path::flat
+  plan.cascade_seconds = chosen == nullptr ? 0 : best;
+  const bool cascade = chosen != nullptr && (given ? options_.path != Path::flat
                                                : options_.path == Path::cascade ||
                                                      (options_.path == Path::automatic &&
                                                       best < cost.margin * plan.flat_seconds));
@@ -285,6 +311,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
 
   // ---- the cascade: per level, stage 04's schedule with this stage's chunk choice.
   plan.path = Path::cascade;
+  plan.levels = std::move(*chosen);
   plan.flat_stage = flat_is_split_kv(s) ? "03_split_kv" : "04_tensor_core";
   int64_t target = options_.target_blocks;
   if (target == 0) target = int64_t{device_sm_count()} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
@@ -326,22 +353,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   ref::require(rows * s.num_qo_heads * s.head_dim < (int64_t{1} << 40) && rows < (int64_t{1} << 31), fn,
                "too many partial states for one workspace");
   plan.partial_rows = rows;
-  out->staged.assign(offset, 0);
-  auto put = [&](size_t at, const std::vector<int32_t>& v) {
-    if (!v.empty()) std::memcpy(out->staged.data() + at, v.data(), v.size() * sizeof(int32_t));
-  };
-  for (size_t l = 0; l < out->levels.size(); ++l) {
-    const Prepared::Level& L = out->levels[l];
-    const ref::CascadeLevel& lv = plan.levels.levels[l];
-    put(L.qo_indptr, lv.qo_indptr);
-    put(L.kv_indptr, lv.kv_indptr);
-    put(L.kv_indices, lv.kv_indices);
-    put(L.last_page_len, lv.kv_last_page_len);
-    put(L.request, L.schedule.request_indices);
-    put(L.tile, L.schedule.qo_tile_indices);
-    put(L.chunk, L.schedule.kv_chunk_indices);
-    put(L.rows, L.partial_indptr);
-  }
+  out->staged_bytes = offset;  // commit() stages the arrays
   const size_t states = static_cast<size_t>(rows) * static_cast<size_t>(s.num_qo_heads);
   out->partial_o = offset;
   out->partial_lse = out->partial_o + align_up(states * static_cast<size_t>(s.head_dim) * sizeof(float));
@@ -351,7 +363,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
 
 size_t CascadeRunner::workspace_bytes(const BatchShape& shape) const { return prepare(shape, nullptr)->bytes; }
 
-size_t CascadeRunner::workspace_bytes_levels(const BatchShape& shape, const ref::CascadeLevels& levels) const {
+size_t CascadeRunner::workspace_bytes_levels(const BatchShape& shape, ref::CascadeLevels levels) const {
   return prepare(shape, &levels)->bytes;
 }
 
@@ -359,9 +371,11 @@ void CascadeRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   commit(shape, prepare(shape, nullptr), workspace, workspace_size, stream);
 }
 
-void CascadeRunner::plan_levels(const BatchShape& shape, const ref::CascadeLevels& levels, void* workspace,
-                                size_t workspace_size, cudaStream_t stream) {
-  commit(shape, prepare(shape, &levels), workspace, workspace_size, stream);
+void CascadeRunner::plan_levels(const BatchShape& shape, ref::CascadeLevels levels, void* workspace,
+                                size_t workspace_size, cudaStream_t stream, size_t* bytes_needed) {
+  std::unique_ptr<Prepared> p = prepare(shape, &levels);
+  if (bytes_needed) *bytes_needed = p->bytes;
+  commit(shape, std::move(p), workspace, workspace_size, stream);
 }
 
 namespace {
@@ -397,12 +411,45 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
     // stage 04's kernel needs more dynamic shared memory than a launch gets by default
     prefill_blocks_per_sm(shape.dtype, shape.head_dim);
   }
-  if (p->plan.path == Path::cascade && !p->staged.empty()) {
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, p->staged.data(), p->staged.size(), cudaMemcpyHostToDevice, stream));
-    // Pageable source: wait, so that the staged buffer may change with the next plan().
-    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (p->plan.path == Path::cascade && p->staged_bytes > 0) {
+    // Every level's arrays and schedule, written once into pinned memory in the
+    // workspace's layout and copied in one transfer. The copy is queued behind whatever
+    // the stream runs (a run() still in flight keeps its arrays until it is done); the
+    // next plan() waits for this copy, not for the stream, before it writes the buffer.
+    if (staging_bytes_ < p->staged_bytes) {
+      if (staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
+      if (staging_) FLASHSTEP_CUDA_CHECK(cudaFreeHost(staging_));
+      staging_ = nullptr;
+      staging_bytes_ = 0;
+      const size_t grown = std::max(p->staged_bytes, staging_bytes_ + staging_bytes_ / 2);
+      FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), grown));
+      staging_bytes_ = grown;
+    }
+    if (!staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copy_done_, cudaEventDisableTiming));
+    FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
+    size_t written = 0;  // every byte of [0, staged_bytes) is written: the gaps are zeroed
+    auto put = [&](size_t at, const std::vector<int32_t>& v) {
+      std::memset(staging_ + written, 0, at - written);
+      if (!v.empty()) std::memcpy(staging_ + at, v.data(), v.size() * sizeof(int32_t));
+      written = at + v.size() * sizeof(int32_t);
+    };
+    for (size_t l = 0; l < p->levels.size(); ++l) {
+      const Prepared::Level& L = p->levels[l];
+      const ref::CascadeLevel& lv = p->plan.levels.levels[l];
+      put(L.qo_indptr, lv.qo_indptr);
+      put(L.kv_indptr, lv.kv_indptr);
+      put(L.kv_indices, lv.kv_indices);
+      put(L.last_page_len, lv.kv_last_page_len);
+      put(L.request, L.schedule.request_indices);
+      put(L.tile, L.schedule.qo_tile_indices);
+      put(L.chunk, L.schedule.kv_chunk_indices);
+      put(L.rows, L.partial_indptr);
+    }
+    std::memset(staging_ + written, 0, p->staged_bytes - written);
+    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, staging_, p->staged_bytes, cudaMemcpyHostToDevice, stream));
+    FLASHSTEP_CUDA_CHECK(cudaEventRecord(staged_copy_done_, stream));
   }
-  plan_ = p->plan;
+  plan_ = std::move(p->plan);
   flat_ = std::move(p->flat);
   prepared_ = std::move(p);
 }

@@ -103,10 +103,14 @@ class CascadeRunner : public StageRunner {
   /// flat path, when the model prefers it (or options.path asks), runs the flat batch.
   /// \param levels from ref::build_cascade_levels over shape's page table (or built the
   ///        same way by hand); levels.page_size must equal shape.page_size
-  void plan_levels(const BatchShape& shape, const ref::CascadeLevels& levels, void* workspace,
-                   size_t workspace_size, cudaStream_t stream);
+  /// \param bytes_needed when not null, receives the workspace the plan needs, also when
+  ///        workspace_size is too small and the plan is refused (one call sizes and plans)
+  /// The levels are taken by value: a caller that hands them over with std::move pays no
+  /// copy of its page ids (plan() runs every step; its host time is O(batch + pages)).
+  void plan_levels(const BatchShape& shape, ref::CascadeLevels levels, void* workspace, size_t workspace_size,
+                   cudaStream_t stream, size_t* bytes_needed = nullptr);
   /// Workspace for plan_levels(shape, levels, ...).
-  size_t workspace_bytes_levels(const BatchShape& shape, const ref::CascadeLevels& levels) const;
+  size_t workspace_bytes_levels(const BatchShape& shape, ref::CascadeLevels levels) const;
   /// The planned launches. The page ids the levels read are the ones plan() copied: a
   /// changed page table needs a new plan(). Under a CUDA graph the launches depend on the
   /// levels (their count, sizes and schedules): after a capture, a plan() whose launches
@@ -123,7 +127,8 @@ class CascadeRunner : public StageRunner {
 
  private:
   struct Prepared;  // the plan, the staged schedule and the workspace layout
-  std::unique_ptr<Prepared> prepare(const BatchShape& shape, const ref::CascadeLevels* given) const;
+  // `given` (the caller's levels, or null to derive them) is moved from when planned.
+  std::unique_ptr<Prepared> prepare(const BatchShape& shape, ref::CascadeLevels* given) const;
   void commit(const BatchShape& shape, std::unique_ptr<Prepared> p, void* workspace, size_t workspace_size,
               cudaStream_t stream);
 
@@ -134,6 +139,11 @@ class CascadeRunner : public StageRunner {
   std::unique_ptr<StageRunner> flat_;
   uint8_t* workspace_ = nullptr;
   CapturedLaunch captured_;  // the levels' launches (the flat runner guards its own)
+  // The levels' arrays and schedules, staged in pinned memory and copied to the workspace
+  // in one copy; the next plan() waits for the event before it writes the buffer again.
+  uint8_t* staging_ = nullptr;
+  size_t staging_bytes_ = 0;
+  cudaEvent_t staged_copy_done_ = nullptr;
 };
 
 /// Stage 05's registry entry.

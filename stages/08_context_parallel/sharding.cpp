@@ -23,11 +23,13 @@ void check_table(const PageTable& t, int page_size, const char* fn, const std::s
   ref::require(t.kv_indptr[0] == 0, fn, name + ".kv_indptr[0] must be 0");
   for (size_t r = 0; r < b; ++r) {
     const int32_t pages = t.kv_indptr[r + 1] - t.kv_indptr[r];
-    ref::require(pages >= 0, fn, name + ".kv_indptr must not decrease (request " + str(int64_t(r)) + ")");
+    ref::require_lazy(pages >= 0, fn,
+                      [&] { return name + ".kv_indptr must not decrease (request " + str(int64_t(r)) + ")"; });
     const int32_t last = t.kv_last_page_len[r];
-    ref::require(pages == 0 ? (last >= 0 && last <= page_size) : (last >= 1 && last <= page_size), fn,
-                 name + ".kv_last_page_len[" + str(int64_t(r)) + "] is " + str(last) + "; it must be 1.." +
-                     str(page_size) + " for a request with pages (0 allowed for one without)");
+    ref::require_lazy(pages == 0 ? (last >= 0 && last <= page_size) : (last >= 1 && last <= page_size), fn, [&] {
+      return name + ".kv_last_page_len[" + str(int64_t(r)) + "] is " + str(last) + "; it must be 1.." +
+             str(page_size) + " for a request with pages (0 allowed for one without)";
+    });
   }
   ref::require(t.kv_indices.size() == size_t(t.kv_indptr[b]), fn,
                name + ".kv_indices must have kv_indptr[batch_size] = " + str(t.kv_indptr[b]) + " entries, got " +
@@ -78,18 +80,21 @@ std::vector<PageTable> shard_page_table(const PageTable& table, int page_size,
   ref::require(world_size >= 1, fn, "page_splits[0] must have world_size + 1 >= 2 entries");
   for (int r = 0; r < batch; ++r) {
     const std::vector<int32_t>& s = page_splits[size_t(r)];
-    const std::string name = "page_splits[" + str(r) + "]";
+    auto name = [&] { return "page_splits[" + str(r) + "]"; };  // built only for a message
     const int32_t pages = table.kv_indptr[r + 1] - table.kv_indptr[r];
-    ref::require(s.size() == size_t(world_size) + 1, fn,
-                 name + " has " + str(int64_t(s.size())) + " entries; every request needs world_size + 1 = " +
-                     str(world_size + 1));
-    ref::require(s.front() == 0 && s.back() == pages, fn,
-                 name + " must start at page 0 and end at the request's page count " + str(pages) +
-                     " (the shards must cover the request), got " + str(s.front()) + " .. " + str(s.back()));
+    ref::require_lazy(s.size() == size_t(world_size) + 1, fn, [&] {
+      return name() + " has " + str(int64_t(s.size())) + " entries; every request needs world_size + 1 = " +
+             str(world_size + 1);
+    });
+    ref::require_lazy(s.front() == 0 && s.back() == pages, fn, [&] {
+      return name() + " must start at page 0 and end at the request's page count " + str(pages) +
+             " (the shards must cover the request), got " + str(s.front()) + " .. " + str(s.back());
+    });
     for (int k = 0; k < world_size; ++k)
-      ref::require(s[size_t(k)] <= s[size_t(k) + 1], fn,
-                   name + " must not decrease (rank " + str(k) + ": " + str(s[size_t(k)]) + " > " +
-                       str(s[size_t(k) + 1]) + ")");
+      ref::require_lazy(s[size_t(k)] <= s[size_t(k) + 1], fn, [&] {
+        return name() + " must not decrease (rank " + str(k) + ": " + str(s[size_t(k)]) + " > " +
+               str(s[size_t(k) + 1]) + ")";
+      });
   }
   std::vector<PageTable> shards(static_cast<size_t>(world_size));
   for (int k = 0; k < world_size; ++k) {

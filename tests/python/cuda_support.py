@@ -79,6 +79,29 @@ def paged_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim, dtype, lay
     return pool, kv_indptr, kv_indices, last, keys, values
 
 
+def paged_fp8_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim, kv_dtype, layout, k_scale, v_scale,
+                    spare_pages=3, fill=float("nan")):
+    """paged_batch with an FP8 pool (kv_dtype "float8_e4m3fn" or "float8_e5m2") holding
+    K/V as FlashInfer's scale convention stores them: k / k_scale and v / v_scale rounded to
+    the format. The keys and values returned are the stored values dequantized in float64
+    (times k_scale and v_scale): what an exact attention over the cache reads. Slots no
+    request owns hold `fill` (NaN by default)."""
+    pool32, indptr, indices, last, keys, values = paged_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim,
+                                                              "float32", layout, spare_pages)
+    fp8 = getattr(torch, kv_dtype)
+    stored = pool32.double()
+    stored[:, 0] /= k_scale
+    stored[:, 1] /= v_scale
+    stored = stored.to(fp8).float()  # NaN stays NaN in both formats
+    if fill == fill:
+        stored = stored.nan_to_num(fill)
+    pool = stored.to(fp8)
+    # the same rounding, request by request, for the oracle: k_scale * fp8(k / k_scale)
+    keys = [(k / k_scale).to(fp8).double() * k_scale for k in keys]
+    values = [(v / v_scale).to(fp8).double() * v_scale for v in values]
+    return pool, indptr, indices, last, keys, values
+
+
 def random_rows(torch, g, rows, heads, head_dim, dtype, scale=1.0):
     """(rows, heads, head_dim) uniform in [-scale, scale), rounded to dtype."""
     x = (torch.rand((rows, heads, head_dim), generator=g, device="cuda") * 2 - 1) * scale

@@ -221,6 +221,40 @@ def test_the_library_checks_what_only_it_knows():
            stage="01_naive")
 
 
+def test_fp8_cache_arguments():
+    """kv_data_type float8_e4m3fn / float8_e5m2 (FlashInfer's FP8 cache): taken by the
+    paged wrappers, refused by name where a stage or wrapper cannot read it."""
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    ok = ([0, 1, 3], [0, 1, 2], [5, 16], 8, 2, 128, 16)
+    raises(r"plan: an FP8 cache \(kv_data_type float8_e4m3fn\) needs q_data_type float16 or bfloat16; got float32",
+           w.plan, *ok, q_data_type="float32", kv_data_type="float8_e4m3fn")
+    raises(r"plan: kv_data_type must be float32, float16, bfloat16, float8_e4m3fn or float8_e5m2; got 'float8_e4m3'",
+           w.plan, *ok, kv_data_type="float8_e4m3")
+    r = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"plan: kv_data_type float8_e5m2 is an FP8 format, which only a paged cache takes here", r.plan, [0, 4],
+           [0, 9], 8, 8, 128, q_data_type="bfloat16", kv_data_type="float8_e5m2")
+    library_or_skip()
+    # the stages that read K/V in q's dtype only refuse an FP8 cache with their reason
+    raises(r"stage 04_tensor_core cannot run this batch: 04_tensor_core reads K/V in q's dtype only, not e4m3",
+           w.plan, *ok, q_data_type="bfloat16", kv_data_type="float8_e4m3fn", stage="04_tensor_core")
+    p = fsc.BatchPrefillWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"(?s)no stage supports this batch:.*02_paged: 02_paged does not do prefill.*04_tensor_core reads K/V in "
+           r"q's dtype only, not e5m2", p.plan, [0, 2, 5], *ok[:3], 8, 2, 128, 16, q_data_type="float16",
+           kv_data_type="float8_e5m2")
+    c = fsc.MultiLevelCascadeAttentionWrapper(2, FakeCuda((1 << 20,), "|u1"))
+    levels = ([[0, 2], [0, 1, 2]], [[0, 1], [0, 1, 2]], [[7], [1, 2]], [[16], [5, 9]])
+    raises(r"05_cascade reads K/V in q's dtype only, not e4m3", c.plan, *levels, 8, 2, 128, 16,
+           q_data_type="bfloat16", kv_data_type="float8_e4m3fn")
+    # the harness's FP8 rows: K/V in FP8 is its own row, not bf16's; f32 queries have none
+    bf16 = fsc.tolerance("bfloat16", "o")
+    e4m3 = fsc.tolerance("bfloat16", "o", kv_dtype="float8_e4m3fn")
+    assert fsc.tolerance("bfloat16", "o", kv_dtype="bfloat16") == bf16
+    assert len(e4m3) == 3 and all(x > 0 for x in e4m3)
+    raises(r"no tolerance row for dtype f32 with K/V in e5m2", fsc.tolerance, "float32", "o", kv_dtype="e5m2")
+    raises(r"tolerance: kv_dtype must be float32, float16, bfloat16, float8_e4m3fn or float8_e5m2", fsc.tolerance,
+           "bfloat16", "o", kv_dtype="int8")
+
+
 def test_stages_are_the_registry_in_teaching_order():
     library_or_skip()
     names = [name for name, _, _ in fsc.stages()]

@@ -95,6 +95,40 @@ def test_batch_decode(torch, fsc, flashinfer, rng, layout, page_size, group):
         compare(torch, fsc, ours.run(q, pool, return_lse=True), fi, dtype, f"decode {stage} vs FlashInfer")
 
 
+FP8_CASES = [(kv, layout, page, group) for kv in ("float8_e4m3fn", "float8_e5m2") for layout in ("NHD", "HND")
+             for page in (1, 16) for group in (1, 4)]
+
+
+@pytest.mark.parametrize("kv_dtype,layout,page_size,group", FP8_CASES)
+def test_fp8_decode(torch, fsc, flashinfer, rng, kv_dtype, layout, page_size, group):
+    """An FP8 cache with k_scale and v_scale given to run(), FlashInfer's own FP8 decode
+    beside stages 02 and 03; tolerances: the harness's FP8 rows, doubled as elsewhere."""
+    g = cs.generator(torch, rng, f"fp8 decode {kv_dtype} {layout} page {page_size} group {group}")
+    hkv, d, dtype = 2, 128, "bfloat16"
+    hq = hkv * group
+    k_scale, v_scale = 0.5, 2.0
+    kv_lens = [1, 15, 16, 17, 257, int(rng.integers(1, 1000))]
+    # zeros, not NaN, in the slots no request owns: FlashInfer may read a whole last page
+    pool, indptr, indices, last, _, _ = cs.paged_fp8_batch(torch, g, kv_lens, page_size, hkv, d, kv_dtype, layout,
+                                                           k_scale, v_scale, fill=0.0)
+    q = cs.random_rows(torch, g, len(kv_lens), hq, d, dtype)
+    fp8 = getattr(torch, kv_dtype)
+
+    def flashinfer_decode():
+        theirs = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
+        theirs.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16, kv_data_type=fp8)
+        return theirs.run(q, pool, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+    fi = peer(flashinfer_decode, f"this {kv_dtype} decode batch")
+    tol = {which: fsc.tolerance(dtype, which, kv_dtype=fp8) for which in ("o", "lse")}
+    for stage in ("02_paged", "03_split_kv"):
+        ours = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, stage=stage)
+        ours.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16, kv_data_type=fp8)
+        o, lse = ours.run(q, pool, k_scale=k_scale, v_scale=v_scale, return_lse=True)
+        what = f"{kv_dtype} decode {stage} vs FlashInfer"
+        cs.assert_close(torch, o, fi[0], tol["o"], what + " o", FACTOR)
+        cs.assert_close(torch, lse, fi[1].float() * LN2, tol["lse"], what + " lse (FlashInfer's x ln 2)", FACTOR)
+
+
 def prefill_lengths(rng):
     return [(1, 1), (7, 30), (16, 16), (33, 100), (64, 200), (int(rng.integers(1, 300)), 300)]
 

@@ -84,6 +84,111 @@ def test_decode_default_stage_other_head_dims_and_options(torch, fsc, rng, head_
     cs.assert_close(torch, o2, o2_ref, fsc.tolerance("bfloat16"), "decode after a second plan")
 
 
+# ---- FP8 cache (FlashInfer's kv_data_type, k_scale and v_scale) ---------------------------
+
+FP8_CASES = [(stage, kv, layout, page, group) for stage in ("02_paged", "03_split_kv", None)
+             for kv in ("float8_e4m3fn", "float8_e5m2") for layout in ("NHD", "HND") for page in (1, 16)
+             for group in (1, 4)]
+
+
+@pytest.mark.parametrize("stage,kv_dtype,layout,page_size,group", FP8_CASES)
+def test_fp8_decode_matches_the_float64_oracle(torch, fsc, rng, stage, kv_dtype, layout, page_size, group):
+    """An FP8 pool through the wrapper, against float64 attention over the dequantized
+    pool (k_scale * stored k, v_scale * stored v), under the harness's FP8 rows. Then
+    run() with other scales (planned again) and without (1), on the same plan."""
+    g = cs.generator(torch, rng, f"fp8 decode {stage} {kv_dtype} {layout} page {page_size} group {group}")
+    hkv, d = 2, 128
+    hq = hkv * group
+    q_dtype = "bfloat16" if kv_dtype == "float8_e4m3fn" else "float16"
+    k_scale, v_scale = 0.5, 2.0
+    kv_lens = [1, 15, 16, 17, 300, int(rng.integers(1, 700))]
+    pool, indptr, indices, last, keys, values = cs.paged_fp8_batch(torch, g, kv_lens, page_size, hkv, d, kv_dtype,
+                                                                   layout, k_scale, v_scale)
+    q = cs.random_rows(torch, g, len(kv_lens), hq, d, q_dtype)
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, stage=stage)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=getattr(torch, q_dtype),
+           kv_data_type=getattr(torch, kv_dtype))
+    assert w.stage == (stage or "03_split_kv")  # the default decode stage reads FP8 too
+    tol_o = fsc.tolerance(q_dtype, "o", kv_dtype=getattr(torch, kv_dtype))
+    tol_lse = fsc.tolerance(q_dtype, "lse", kv_dtype=getattr(torch, kv_dtype))
+    n = len(kv_lens)
+    for ks, vs in ((k_scale, v_scale), (2 * k_scale, 0.25 * v_scale), (None, None)):
+        o, lse = w.run(q, pool, k_scale=ks, v_scale=vs, return_lse=True)
+        # this run reads stored * scale (1 when None); keys and values are stored * k_scale, v_scale
+        fk, fv = (1.0 if ks is None else ks) / k_scale, (1.0 if vs is None else vs) / v_scale
+        refs = [cs.attention_reference(torch, q[i:i + 1], keys[i] * fk, values[i] * fv) for i in range(n)]
+        what = f"fp8 decode {w.stage} k_scale={ks} v_scale={vs}"
+        cs.assert_close(torch, o, torch.cat([r[0] for r in refs]), tol_o, what + " o")
+        cs.assert_close(torch, lse, torch.cat([r[1] for r in refs]), tol_lse, what + " lse")
+
+
+def test_fp8_pool_through_dlpack_and_its_refusals(torch, fsc, rng):
+    g = cs.generator(torch, rng, "fp8 dlpack")
+    pool, indptr, indices, last, keys, values = cs.paged_fp8_batch(torch, g, [9, 40], 16, 2, 128, "float8_e4m3fn",
+                                                                   "NHD", 1.0, 1.0)
+    q = cs.random_rows(torch, g, 2, 8, 128, "bfloat16")
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD")
+    w.plan(indptr, indices, last, 8, 2, 128, 16, q_data_type="bfloat16", kv_data_type=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"run: paged_kv_cache must have dtype float8_e4m3fn; it has bfloat16"):
+        w.run(q, pool.bfloat16())
+    with pytest.raises(ValueError, match=r"run: k_scale must be a positive finite float or None; got -1"):
+        w.run(q, pool, k_scale=-1.0)
+    try:
+        pool.__dlpack__()
+    except Exception as e:  # noqa: BLE001  (this PyTorch exports no FP8 through DLPack)
+        pytest.skip(f"torch {torch.__version__} does not export float8 through DLPack: {type(e).__name__}: {e}")
+    out = torch.empty(2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(2, 8, dtype=torch.float32, device="cuda")
+    w.run(DLPackOnly(q), DLPackOnly(pool), out=out, lse=lse)
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(2)]
+    cs.assert_close(torch, out, torch.cat([r[0] for r in refs]),
+                    fsc.tolerance("bfloat16", "o", kv_dtype="float8_e4m3fn"), "fp8 decode through DLPack o")
+    # a stage that reads K/V in q's dtype only refuses scales at run()
+    b = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", stage="04_tensor_core")
+    pool16, indptr16, indices16, last16, _, _ = cs.paged_batch(torch, g, [9, 40], 16, 2, 128, "bfloat16", "NHD")
+    b.plan(indptr16, indices16, last16, 8, 2, 128, 16, q_data_type="bfloat16")
+    with pytest.raises(ValueError, match=r"stage 04_tensor_core reads no FP8 cache and applies no k_scale"):
+        b.run(q, pool16, k_scale=0.5)
+
+
+def test_fp8_scales_under_a_cuda_graph(torch, fsc, rng):
+    """The scales are folded into the launch at plan time: a run() whose scales differ from
+    the plan's is planned again, which a capture refuses; run once with them first, then
+    the captured graph replays them."""
+    g = cs.generator(torch, rng, "fp8 graph")
+    kv_lens = [20, 70, 33, 1]
+    pool, indptr, indices, last, keys, values = cs.paged_fp8_batch(torch, g, kv_lens, 16, 2, 128, "float8_e5m2",
+                                                                   "HND", 0.25, 4.0)
+    bufs = [torch.empty(64, dtype=torch.int32, device="cuda") for _ in range(3)]
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "HND", use_cuda_graph=True,
+                                               paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
+                                               paged_kv_last_page_len_buffer=bufs[2])
+    w.plan(indptr, indices, last, 8, 2, 128, 16, q_data_type="float16", kv_data_type="float8_e5m2")
+    q = cs.random_rows(torch, g, 4, 8, 128, "float16")
+    out = torch.empty(4, 8, 128, dtype=torch.float16, device="cuda")
+    lse = torch.empty(4, 8, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match=r"k_scale and v_scale differ from the plan's while the stream is being "
+                                         r"captured"):
+        with torch.cuda.graph(graph):
+            w.run(q, pool, out=out, lse=lse, k_scale=0.25, v_scale=4.0)
+    w.run(q, pool, out=out, lse=lse, k_scale=0.25, v_scale=4.0)  # plans with the scales, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, pool, out=out, lse=lse, k_scale=0.25, v_scale=4.0)
+    q.copy_(cs.random_rows(torch, g, 4, 8, 128, "float16"))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(4)]
+    cs.assert_close(torch, out, torch.cat([r[0] for r in refs]),
+                    fsc.tolerance("float16", "o", kv_dtype="float8_e5m2"), "fp8 graph replay o")
+    cs.assert_close(torch, lse, torch.cat([r[1] for r in refs]),
+                    fsc.tolerance("float16", "lse", kv_dtype="float8_e5m2"), "fp8 graph replay lse")
+
+
 # ---- batch prefill -------------------------------------------------------------------------
 
 PREFILL_LENGTHS = [(1, 1), (7, 30), (16, 16), (33, 100), (64, 200), (130, 131)]
