@@ -429,6 +429,7 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
     FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
     size_t written = 0;  // every byte of [0, staged_bytes) is written: the gaps are zeroed
     auto put = [&](size_t at, const std::vector<int32_t>& v) {
+      ref::require(at >= written, "CascadeRunner::plan", "the staged arrays' offsets must increase");  // prepare()'s layout
       std::memset(staging_ + written, 0, at - written);
       if (!v.empty()) std::memcpy(staging_ + at, v.data(), v.size() * sizeof(int32_t));
       written = at + v.size() * sizeof(int32_t);
