@@ -11,7 +11,6 @@
 ///     inverse_cdf         first candidate whose cumulative mass > t   (pass 1, scan)
 ///     count_mass_above    count and mass of p > pivot_0 and > pivot_1 (pass 2)
 ///     sum_mass_where      mass of the entries a predicate keeps
-///     count_mass_key_above  count and mass above an order key (bisection of the renorm ops)
 ///     softmax_scale       max and sum of a logit row (the fused softmax's two passes)
 #pragma once
 
@@ -196,8 +195,9 @@ __device__ __forceinline__ T broadcast(T value, T& slot) {
   return result;
 }
 
-/// Adds one entry to a thread's summary: bad entries only raise a flag.
-__device__ __forceinline__ void add_entry(RowSummary& s, float x) {
+/// Adds one entry to a thread's summary (its mass to `acc`, which the caller widens into
+/// s.total once per tile): bad entries only raise a flag.
+__device__ __forceinline__ void add_entry(RowSummary& s, MassAcc& acc, float x) {
   if (!isfinite(x)) {
     s.flags |= kFlagNotFinite;
   } else if (x < 0.f) {
@@ -205,7 +205,7 @@ __device__ __forceinline__ void add_entry(RowSummary& s, float x) {
   } else if (x > 1.f) {
     s.flags |= kFlagAboveOne;
   } else {
-    s.total += mass_of(x);
+    acc.add(x);
     s.max_p = fmaxf(s.max_p, x);
   }
 }
@@ -217,8 +217,10 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
     float v[VEC];
     row.template load<VEC>(i, v);
+    MassAcc acc;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) add_entry(s, v[j]);
+    for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
+    s.total += acc.value();
   }
   const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
     return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
@@ -282,9 +284,10 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh) {
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
     float v[VEC];
     row.template load<VEC>(i, v);
+    MassAcc acc;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (keep(v[j])) m += mass_of(v[j]);
+    for (int j = 0; j < VEC; ++j) acc.add(keep(v[j]) ? v[j] : 0.f);
+    m += acc.value();
   }
   const Mass r = cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(m);
   return broadcast(r, sh.mass);
@@ -303,10 +306,10 @@ __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass thre
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);
-    Mass mine = 0;
+    MassAcc acc;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (is_candidate(v[j])) mine += mass_of(v[j]);
+    for (int j = 0; j < VEC; ++j) acc.add(is_candidate(v[j]) ? v[j] : 0.f);
+    const Mass mine = acc.value();
     Mass prefix, tile_mass;
     __syncthreads();  // the previous tile's scan storage and sh.token reads are done
     cub::BlockScan<Mass, kBlock>(sh.temp.scan).ExclusiveSum(mine, prefix, tile_mass);
@@ -338,12 +341,16 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
     float v[VEC];
     row.template load<VEC>(i, v);
+    MassAcc acc_0, acc_1;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const Mass m = mass_of(v[j]);
-      if (v[j] > pivot_0) s.count_0 += 1, s.mass_0 += m;
-      if (v[j] > pivot_1) s.count_1 += 1, s.mass_1 += m;
+      if (v[j] > pivot_0) s.count_0 += 1;
+      if (v[j] > pivot_1) s.count_1 += 1;
+      acc_0.add(v[j] > pivot_0 ? v[j] : 0.f);
+      acc_1.add(v[j] > pivot_1 ? v[j] : 0.f);
     }
+    s.mass_0 += acc_0.value();
+    s.mass_1 += acc_1.value();
   }
   const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, [](const PivotStats& a, const PivotStats& b) {
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
@@ -352,28 +359,11 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
 }
 
 /// Order key of a float: unsigned comparison of keys is float comparison (-0 and +0
-/// share +0's key; NaN never reaches here).
+/// share +0's key; NaN never reaches here). The renorm and mask operators' radix select
+/// (transforms.cu) runs on these keys.
 __device__ __forceinline__ uint32_t order_key(float x) {
   const uint32_t bits = __float_as_uint(x == 0.f ? 0.f : x);
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-/// Count (in mass_0's count_0) and mass of the entries whose order key is above `key`
-/// and that `keep(x)` accepts: one step of the renorm operators' bisection.
-template <int VEC, typename Row, typename Keep>
-__device__ PivotStats count_mass_key_above(const Row& row, uint32_t key, Keep keep, SharedState& sh) {
-  PivotStats s{0, 0, 0, 0};
-  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
-    float v[VEC];
-    row.template load<VEC>(i, v);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j)
-      if (i + j < row.vocab && keep(v[j]) && order_key(v[j]) > key) s.count_0 += 1, s.mass_0 += mass_of(v[j]);
-  }
-  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, [](const PivotStats& a, const PivotStats& b) {
-    return PivotStats{a.mass_0 + b.mass_0, 0, a.count_0 + b.count_0, 0};
-  });
-  return broadcast(r, sh.pivots);
 }
 
 }  // namespace flashstep::stages::sampling::device

@@ -12,8 +12,8 @@
 // then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
-// at batch 1; masses are 128-bit integers, so the passes do more integer work than float
-// sums would; the renorm operators (transforms.cu) bisect on the value with ~30 passes.
+// at batch 1; masses are 128-bit integers (summed per thread in two 64-bit halves,
+// MassAcc, and widened once per tile), so the passes still do more work than float sums.
 // How to run it: build flashstep_sampling_tests and run it (tests/stages/), or
 //     flashstep_exercise_06_sampling
 // for the exercise; the chapter is README.md in this folder.
@@ -494,9 +494,9 @@ const std::vector<OperatorInfo>& operators() {
       {"top_k_top_p_sampling_from_logits", "logits", "tokens",
        "joint: the joint loop, softmax fused; top_k_first: top_k_mask_logits, then top-p, softmax fused"},
       {"softmax", "logits", "probs", "max, sum, divide: three passes, float (the samplers' fused softmax)"},
-      {"top_k_renorm_probs", "probs", "probs", "the k-th largest by bisection on the value, exact masses"},
-      {"top_p_renorm_probs", "probs", "probs", "the top-p cut by bisection on the value, exact masses"},
-      {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by bisection on the value"},
+      {"top_k_renorm_probs", "probs", "probs", "the k-th largest by a 3-pass radix select on the value, exact masses"},
+      {"top_p_renorm_probs", "probs", "probs", "the top-p cut by a 3-pass radix select on the value, exact masses"},
+      {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by a 3-pass radix select on the value"},
       {"chain_speculative_sampling", "draft/target probs", "tokens",
        "one block per request: acceptance tests, then one inverse CDF over relu(p - q)"},
   };
