@@ -95,35 +95,16 @@ __device__ __forceinline__ Mass bin_mass(unsigned long long units, int e) {
   return e >= 54 ? static_cast<Mass>(units) << (e - 54) : static_cast<Mass>(units);
 }
 
-/// No bin: an entry the level does not count.
-constexpr uint32_t kNoBin = 0xFFFFFFFFu;
-
-/// Adds one entry per lane to its bin d (kNoBin: none), warp-aggregated: the lanes of a
-/// warp that share a bin (after a softmax most entries fall into a few bins, and lanes
-/// hitting one shared address serialize) find each other with match.any, and one lane per
-/// bin adds the group's count, or its mass units summed by a warp reduction (units are
-/// below 2^24, a group's sum below 2^29). Every lane of the warp must call it.
+/// One radix level's histogram step, for the entry x with order key `key`: the bin of
+/// digit (key >> shift) if the key's already settled bits (above shift + width) equal
+/// the prefix's. The first level (prefix_shift 32) takes every key.
 template <RadixStat STAT>
-__device__ __forceinline__ void radix_add_warp(RadixShared& rs, uint32_t d, float x) {
-  if (!__any_sync(0xFFFFFFFFu, d != kNoBin)) return;  // the later levels: most warps have no hit
-  const uint32_t group = __match_any_sync(0xFFFFFFFFu, d);
-  if (d == kNoBin) return;
-  const bool leader = (threadIdx.x & 31u) == static_cast<uint32_t>(__ffs(group) - 1);
-  if constexpr (STAT == RadixStat::count) {
-    if (leader) atomicAdd(&rs.bins[d], static_cast<unsigned long long>(__popc(group)));
-  } else {
-    const uint32_t units = __reduce_add_sync(group, static_cast<uint32_t>(bucket_units(x)));
-    if (leader) atomicAdd(&rs.bins[d], static_cast<unsigned long long>(units));
-  }
-}
-
-/// The bin of an entry at one radix level: digit (key >> shift) if the key's settled
-/// bits (at and above prefix_shift) equal the prefix's; the first level (prefix_shift 32)
-/// takes every key.
-__device__ __forceinline__ uint32_t radix_bin(uint32_t key, uint32_t prefix, int shift, int prefix_shift,
-                                              uint32_t digit_mask) {
-  if (prefix_shift < 32 && (key >> prefix_shift) != (prefix >> prefix_shift)) return kNoBin;
-  return (key >> shift) & digit_mask;
+__device__ __forceinline__ void radix_add(RadixShared& rs, float x, uint32_t key, uint32_t prefix, int shift,
+                                          int prefix_shift, uint32_t digit_mask) {
+  if (prefix_shift < 32 && (key >> prefix_shift) != (prefix >> prefix_shift)) return;
+  const uint32_t d = (key >> shift) & digit_mask;
+  if constexpr (STAT == RadixStat::count) atomicAdd(&rs.bins[d], 1ull);
+  else atomicAdd(&rs.bins[d], bucket_units(x));
 }
 
 /// After a level's histogram: the digit d* whose bucket holds the cut, i.e. the one d
@@ -191,16 +172,13 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
       for (int d = threadIdx.x; d < kRadixDigits; d += kBlock) rs.bins[d] = 0;
     __syncthreads();
     if (level > 0 || !first_level_done) {
-      for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add_warp
-        const int64_t i = tile + int64_t{threadIdx.x} * VEC;
+      for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
         float v[VEC];
         row.template load<VEC>(i, v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const bool counted = i + j < row.vocab && keep(v[j]);
-          const uint32_t d = counted ? radix_bin(order_key(v[j]), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1)) : kNoBin;
-          radix_add_warp<STAT>(rs, d, v[j]);
-        }
+        for (int j = 0; j < VEC; ++j)
+          if (i + j < row.vocab && keep(v[j]))
+            radix_add<STAT>(rs, v[j], order_key(v[j]), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1));
       }
       __syncthreads();
     }
@@ -241,23 +219,24 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
   __syncthreads();
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
-  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add_warp
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
     float v[VEC];
     row.template load<VEC>(i, v);
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const bool real = i + j < row.vocab;
-      if (real) {
-        if constexpr (LOGITS) {
-          if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-          else s.max_p = fmaxf(s.max_p, v[j]);
-        } else {
-          add_entry(s, acc, v[j]);
-        }
+      if (!(i + j < row.vocab)) continue;
+      if constexpr (LOGITS) {
+        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+        else s.max_p = fmaxf(s.max_p, v[j]);
+      } else {
+        add_entry(s, acc, v[j]);
       }
-      radix_add_warp<STAT>(rs, real && keep(v[j]) ? order_key(v[j]) >> kShift : kNoBin, v[j]);
+      if (keep(v[j])) {
+        const uint32_t d = order_key(v[j]) >> kShift;
+        if constexpr (STAT == RadixStat::count) atomicAdd(&rs.bins[d], 1ull);
+        else atomicAdd(&rs.bins[d], bucket_units(v[j]));
+      }
     }
     s.total += acc.value();
   }
