@@ -5,7 +5,8 @@ JSON into one results file, and regenerate the chapter's results section from it
     python3 bench/sampling_report.py merge --bench sampling_bench.json --peers peers_sampling.json \\
         --source-state build-gpu/source-state.txt --command "bench/sampling_run.sh ..." \\
         --out docs/results/sampling/h100_sampling_DATE.json
-    python3 bench/sampling_report.py chapter --results docs/results/sampling/h100_sampling_DATE.json
+    python3 bench/sampling_report.py chapter --results docs/results/sampling/h100_sampling_DATE.json \
+        [--history OLDER.json ... NEWER.json]
 
 The chapter section lies between `<!-- sampling-results:begin -->` and
 `<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
@@ -25,6 +26,14 @@ from merge_results import source_state  # bench/, beside this script
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CHAPTER = os.path.join(ROOT, "stages", "06_sampling", "README.md")
 SECTION = re.compile(r"(<!-- sampling-results:begin -->\n).*?(<!-- sampling-results:end -->)", re.S)
+HISTORY = re.compile(r"(<!-- sampling-history:begin -->\n).*?(<!-- sampling-history:end -->)", re.S)
+# the columns of the "how it got there" table: (shape, heading)
+HISTORY_COLUMNS = [
+    ("b128_v128256_top_p", "top_p b128"), ("b128_v128256_top_k_top_p_joint", "joint b128"),
+    ("b128_v128256_logits", "from_logits b128"), ("b128_v128256_top_k_renorm", "top_k_renorm b128"),
+    ("b128_v128256_top_p_renorm", "top_p_renorm b128"), ("b128_v128256_top_k_mask", "top_k_mask b128"),
+    ("b1_v128256_top_p", "top_p b1"), ("b1_v128256_top_k_top_p_joint", "joint b1"),
+]
 
 # (flashstep shape, peer, least ratio peer/flashstep, what it stands for)
 TARGETS = [
@@ -114,6 +123,28 @@ def section(res, path):
     return "\n".join(lines) + "\n"
 
 
+def history(paths):
+    """The "how it got there" table: one row per results file (oldest first), flashstep's
+    median us per shape, the FlashInfer time of the newest file's run below."""
+    heads = " | ".join(h for _, h in HISTORY_COLUMNS)
+    lines = ["Each row is one committed results file (the step's commit and its recorded note); "
+             "flashstep's median time in us per shape. The last row is FlashInfer in the newest run.", "",
+             f"| results | commit | step | {heads} |", "|---|---|---|" + "---|" * len(HISTORY_COLUMNS)]
+    newest = None
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            res = json.load(f)
+        newest = res
+        ours = {r["name"]: r["median_us"] for r in res["flashstep"]}
+        cells = " | ".join(fmt(ours.get(shape)) for shape, _ in HISTORY_COLUMNS)
+        lines.append(f"| `{os.path.basename(path)}` | `{res['commit']}` | {res.get('note') or '—'} | {cells} |")
+    if newest is not None:
+        fi = {r["name"]: r["median_us"] for r in newest["peers"] if r["impl"] == "flashinfer"}
+        cells = " | ".join(fmt(fi.get(shape)) for shape, _ in HISTORY_COLUMNS)
+        lines.append(f"| FlashInfer {newest.get('flashinfer')} | same run as `{newest['commit']}` | — | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
 def chapter(args):
     with open(args.results, encoding="utf-8") as f:
         res = json.load(f)
@@ -122,6 +153,10 @@ def chapter(args):
     if not SECTION.search(text):
         sys.exit(f"{CHAPTER}: no sampling-results section")
     text = SECTION.sub(lambda m: m.group(1) + section(res, os.path.abspath(args.results)) + m.group(2), text)
+    if args.history:
+        if not HISTORY.search(text):
+            sys.exit(f"{CHAPTER}: no sampling-history section")
+        text = HISTORY.sub(lambda m: m.group(1) + history(args.history) + m.group(2), text)
     with open(CHAPTER, "w", encoding="utf-8") as f:
         f.write(text)
     print(f"regenerated the results section of {os.path.relpath(CHAPTER, ROOT)}")
@@ -141,6 +176,8 @@ def main():
     m.add_argument("--out", required=True)
     c = sub.add_parser("chapter")
     c.add_argument("--results", required=True)
+    c.add_argument("--history", nargs="*", default=[],
+                   help="results files, oldest first, for the chapter's \"how it got there\" table")
     args = parser.parse_args()
     return merge(args) if args.action == "merge" else chapter(args)
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #include "flashstep/kernels/philox.cuh"  // FLASHSTEP_HOST_DEVICE
@@ -45,6 +46,38 @@ FLASHSTEP_HOST_DEVICE Mass mass_of(float p) {
   if (shift <= -24) return 0;
   return significand >> (-shift);
 }
+
+/// A thread's running sum of exact masses, cheap per entry. floor(p * 2^96) splits at
+/// 2^48 into whole = floor(p * 2^48) and floor(frac * 2^48) with frac = p * 2^48 - whole;
+/// both come out of float arithmetic that is exact (a power-of-two scaling, a truncation,
+/// the subtraction of a float's own integer part) and one float-to-uint64 conversion each,
+/// and each half sums in a 64-bit register without carries: an entry adds < 2^49 to `hi`
+/// and < 2^48 to `lo`, so up to 2^14 entries fit (the passes widen once per tile of 16).
+/// value() equals the sum of mass_of over the same entries, in any order; the host suite
+/// checks it against the reference's mass_of.
+struct MassAcc {
+  uint64_t hi = 0;  ///< sum of floor(p * 2^48)
+  uint64_t lo = 0;  ///< sum of floor(p * 2^96) mod 2^48
+  /// Adds mass_of(p): zero for p <= 0, NaN and p >= 2, as mass_of (denormals give 0 here too).
+  FLASHSTEP_HOST_DEVICE void add(float p) {
+    constexpr float k2to48 = 281474976710656.0f;
+#if defined(__CUDA_ARCH__)
+    const float x = p < 2.0f ? fmaxf(p, 0.0f) : 0.0f;  // fmaxf(NaN, 0) = 0
+    const float t = __fmul_rn(x, k2to48);
+    const float whole = truncf(t);
+    hi += __float2ull_rz(whole);
+    lo += __float2ull_rz(__fmul_rn(__fsub_rn(t, whole), k2to48));
+#else
+    const float x = p < 2.0f && p > 0.0f ? p : 0.0f;
+    const float t = x * k2to48;
+    const float whole = std::trunc(t);
+    hi += static_cast<uint64_t>(whole);
+    lo += static_cast<uint64_t>((t - whole) * k2to48);
+#endif
+  }
+  /// The exact sum, as a Mass.
+  FLASHSTEP_HOST_DEVICE Mass value() const { return (static_cast<Mass>(hi) << 48) + lo; }
+};
 
 /// floor(u24 * q / 2^24): the inverse-CDF threshold of the uniform u24 / 2^24 over the
 /// mass q (ref::scaled_threshold). \param u24 a 24-bit uniform \param q a mass < 2^127

@@ -12,8 +12,8 @@
 // then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
-// at batch 1; masses are 128-bit integers, so the passes do more integer work than float
-// sums would; the renorm operators (transforms.cu) bisect on the value with ~30 passes.
+// at batch 1; masses are 128-bit integers (summed per thread in two 64-bit halves,
+// MassAcc, and widened once per tile), so the passes still do more work than float sums.
 // How to run it: build flashstep_sampling_tests and run it (tests/stages/), or
 //     flashstep_exercise_06_sampling
 // for the exercise; the chapter is README.md in this folder.
@@ -121,9 +121,10 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
   const Mass top_p_bound = uses_top_p(KIND) ? mass_fraction_ceil(s.total, f.top_p) : 0;
   float low = 0.f, high = 1.f;
   Mass q = s.total;  // mass of the candidates p > low
+  int tile_set = 0;  // where the last pass kept the candidates' per-tile masses
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
-    const int32_t token = inverse_cdf<VEC>(row, [low](float x) { return x > low; }, threshold, sh);
+    const int32_t token = inverse_cdf<VEC>(row, [low](float x) { return x > low; }, threshold, sh, tile_set);
     if (token < 0) return {kInvalidToken, round, Status::internal_error};
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
     const float pivot_0 = row.at(token);
@@ -134,9 +135,11 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
       low = pivot_0;  // the keep threshold lies in (pivot_0, pivot_1]
       high = pivot_1;
       q = above.mass_0;
+      tile_set = 0;
     } else {
       low = pivot_1;  // the keep threshold lies above pivot_1
       q = above.mass_1;
+      tile_set = 1;
     }
     // low rises every round and `high` always passes, so this ends; never loop on a surprise
     if (!(low < high)) return {kInvalidToken, round, Status::internal_error};
@@ -152,10 +155,10 @@ __device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, c
   if (KIND == FilterKind::min_p) {
     const float pivot = __fmul_rn(s.max_p, f.min_p);
     auto kept = [pivot](float x) { return x >= pivot && x > 0.f; };
-    const Mass q = sum_mass_where<VEC>(row, kept, sh);
-    token = inverse_cdf<VEC>(row, kept, scaled_threshold(u24, q), sh);
+    const Mass q = sum_mass_where<VEC, true>(row, kept, sh);
+    token = inverse_cdf<VEC>(row, kept, scaled_threshold(u24, q), sh, 0);
   } else {
-    token = inverse_cdf<VEC>(row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh);
+    token = inverse_cdf<VEC>(row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh, 0);
   }
   return token < 0 ? Draw{kInvalidToken, 1, Status::internal_error} : Draw{token, 1, Status::ok};
 }
@@ -163,7 +166,7 @@ __device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, c
 /// Pass 0 and the draw, on a row of probabilities in memory or computed on the fly.
 template <FilterKind KIND, int VEC, typename Row>
 __device__ Draw sample_row(const SamplerParams& p, int64_t out, const Row& row, const Filter& f, SharedState& sh) {
-  const RowSummary s = summarize_row<VEC>(row, sh);
+  const RowSummary s = summarize_row<VEC, true>(row, sh);  // with set 0: the candidates p > 0
   const Status status = row_status(s);
   if (status != Status::ok) return {kInvalidToken, 0, status};
   return (KIND == FilterKind::none || KIND == FilterKind::min_p) ? draw_once<KIND, VEC>(p, out, row, s, f, sh)
@@ -494,9 +497,9 @@ const std::vector<OperatorInfo>& operators() {
       {"top_k_top_p_sampling_from_logits", "logits", "tokens",
        "joint: the joint loop, softmax fused; top_k_first: top_k_mask_logits, then top-p, softmax fused"},
       {"softmax", "logits", "probs", "max, sum, divide: three passes, float (the samplers' fused softmax)"},
-      {"top_k_renorm_probs", "probs", "probs", "the k-th largest by bisection on the value, exact masses"},
-      {"top_p_renorm_probs", "probs", "probs", "the top-p cut by bisection on the value, exact masses"},
-      {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by bisection on the value"},
+      {"top_k_renorm_probs", "probs", "probs", "the k-th largest by a 3-pass radix select on the value, exact masses"},
+      {"top_p_renorm_probs", "probs", "probs", "the top-p cut by a 3-pass radix select on the value, exact masses"},
+      {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by a 3-pass radix select on the value"},
       {"chain_speculative_sampling", "draft/target probs", "tokens",
        "one block per request: acceptance tests, then one inverse CDF over relu(p - q)"},
   };

@@ -2,11 +2,12 @@
 // top_k_mask_logits. One block per output row, built from the passes of row_passes.cuh.
 //
 // The renorm and mask operators need the value where a row is cut (the k-th largest,
-// or the smallest head reaching top_p). Without a sort, the block bisects on the value:
-// order keys (row_passes.cuh) turn floats into unsigned integers with the same order, and
-// ~30 halvings of the key range, each one counting pass (count or exact mass above the
-// key), find the cut exactly, ties included. Slow next to a radix select (4 passes of
-// 8-bit histograms), but short and obviously exact; the chapter's exercise list has it.
+// or the smallest head reaching top_p). Without a sort, the block runs a radix select on
+// the value: order keys (row_passes.cuh) turn floats into unsigned integers with the same
+// order, and three levels of 11, 11 and 10 key bits, each one histogram pass (count or
+// exact mass per digit, shared-memory atomics) and one block scan over the digits, find
+// the cut exactly, ties included: the same key a bisection over the key range would find
+// (the first level rides along with pass 0). Then the kept mass and the write.
 #include <cmath>
 #include <limits>
 #include <cstdint>
@@ -57,35 +58,139 @@ __device__ Status read_row(const TransformParams& p, int64_t o, int64_t& row, in
   return Status::ok;
 }
 
-/// Pass 0 of a logit row: largest logit, and kFlagNotFinite for NaN or +inf.
-template <typename Row>
-__device__ RowSummary summarize_logits(const Row& row, SharedState& sh) {
-  RowSummary s{0, -INFINITY, 0u};
-  for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
-    const float x = row.at(i);
-    if (isnan(x) || x == INFINITY) s.flags |= kFlagNotFinite;
-    else s.max_p = fmaxf(s.max_p, x);
-  }
-  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
-    return RowSummary{0, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
-  });
-  return broadcast(r, sh.summary);
+/// Histogram of one radix-select level: 2^11 digits, a count or an exact mass each.
+constexpr int kRadixBits = 11;
+constexpr int kRadixDigits = 1 << kRadixBits;
+/// Digits a thread owns in the suffix scan (2048 / 512).
+constexpr int kDigitsPerThread = kRadixDigits / kBlock;
+static_assert(kRadixDigits % kBlock == 0, "every thread owns the same number of digits");
+
+/// What a radix level counts per digit: entries (top-k, mask) or exact masses (top-p).
+enum class RadixStat { count, mass };
+
+/// Shared memory of the radix select: one histogram (reused by the three levels) and
+/// the digit a level settles on, with the count or mass above it.
+struct RadixShared {
+  unsigned long long bins[kRadixDigits];  ///< count, or mass units (bucket_units)
+  uint32_t digit;                         ///< the digit the level settled on
+  Mass above;                             ///< count or mass of the keys above that digit's bucket
+  Mass at;                                ///< count or mass in that digit's bucket
+};
+
+/// An entry's contribution to its histogram bin in mass mode. Every key in one bin of a
+/// level shares the float exponent e (a positive float's key is 1, 8 exponent bits, then
+/// the significand, and every level resolves at least the top 11 bits), so a bin holds
+/// the sum of significands where mass_of is an exact left shift (e >= 54) and the sum
+/// of masses where it floors (e < 54); bin_mass turns either into the exact mass, so
+/// one 64-bit shared atomic per entry adds a 128-bit mass. Sums stay below 2^54.
+__device__ __forceinline__ unsigned long long bucket_units(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  const int e = static_cast<int>((bits >> 23) & 0xFFu);
+  const unsigned long long significand = (bits & 0x7FFFFFu) | 0x800000u;
+  if (e == 0) return 0;  // denormals have no mass (mass_of)
+  return e >= 54 ? significand : significand >> (54 - e);
+}
+/// The exact mass of a bin of exponent e holding `units` (bucket_units).
+__device__ __forceinline__ Mass bin_mass(unsigned long long units, int e) {
+  return e >= 54 ? static_cast<Mass>(units) << (e - 54) : static_cast<Mass>(units);
 }
 
-/// The smallest order key K in [lo, hi] with `passes(count, mass above K)`, by bisection;
-/// `passes` must hold at hi and be monotone. Entries are kept iff key >= K.
-template <typename Row, typename Keep, typename Passes>
-__device__ uint32_t bisect_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, SharedState& sh) {
-  while (lo < hi) {
-    const uint32_t mid = lo + (hi - lo) / 2;
-    const PivotStats above = count_mass_key_above<8>(row, mid, keep, sh);
-    if (passes(above.count_0, above.mass_0)) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
+/// One radix level's histogram step, for the entry x with order key `key`: the bin of
+/// digit (key >> shift) if the key's already settled bits (above shift + width) equal
+/// the prefix's. The first level (prefix_shift 32) takes every key.
+template <RadixStat STAT>
+__device__ __forceinline__ void radix_add(RadixShared& rs, float x, uint32_t key, uint32_t prefix, int shift,
+                                          int prefix_shift, uint32_t digit_mask) {
+  if (prefix_shift < 32 && (key >> prefix_shift) != (prefix >> prefix_shift)) return;
+  const uint32_t d = (key >> shift) & digit_mask;
+  if constexpr (STAT == RadixStat::count) atomicAdd(&rs.bins[d], 1ull);
+  else atomicAdd(&rs.bins[d], bucket_units(x));
+}
+
+/// After a level's histogram: the digit d* whose bucket holds the cut, i.e. the one d
+/// with passes(above + bins above d) and (d == 0 or not passes(above + bins from d up)),
+/// found by a block scan over the digits (thread t owns digits t * 4 .. t * 4 + 3).
+/// Returns with rs.digit, rs.above (the stat above d*'s bucket) and rs.at set.
+template <RadixStat STAT, typename Passes>
+__device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int digits, Mass above, Passes passes,
+                             SharedState& sh) {
+  const int per = digits / kBlock;  // 4, or 2 on the last level
+  const int first = static_cast<int>(threadIdx.x) * per;
+  Mass bin[kDigitsPerThread];
+  Mass mine = 0;
+#pragma unroll
+  for (int j = 0; j < kDigitsPerThread; ++j) {
+    bin[j] = 0;
+    if (j < per) {
+      const unsigned long long v = rs.bins[first + j];
+      if constexpr (STAT == RadixStat::count) {
+        bin[j] = v;
+      } else {
+        const uint32_t key = prefix | (static_cast<uint32_t>(first + j) << shift);
+        bin[j] = bin_mass(v, static_cast<int>((key >> 23) & 0xFFu));
+      }
+      mine += bin[j];
     }
   }
-  return lo;
+  Mass inclusive, total;
+  cub::BlockScan<Mass, kBlock>(sh.temp.scan).InclusiveSum(mine, inclusive, total);
+  Mass s = above + (total - inclusive);  // the stat of the digits above my last one
+#pragma unroll
+  for (int j = kDigitsPerThread - 1; j >= 0; --j) {
+    if (j >= per) continue;
+    const int d = first + j;
+    if (passes(s) && (d == 0 || !passes(s + bin[j]))) {  // exactly one digit of the block
+      rs.digit = static_cast<uint32_t>(d);
+      rs.above = s;
+      rs.at = bin[j];
+    }
+    s += bin[j];
+  }
+  __syncthreads();
+}
+
+/// The smallest order key K with passes(stat of the kept entries whose key is above K),
+/// clamped to [lo, hi]: exactly what a bisection on K over [lo, hi] finds (`passes`
+/// monotone, true at hi), in three passes over the row instead of ~30. Each level fixes
+/// the next 11 (then 10) key bits: a histogram of the keys that share the bits fixed so
+/// far, then the digit where `passes` turns true counting from the top. The first
+/// level's histogram may be filled by the caller's pass 0 (first_level_done).
+/// `above_cut` and `at_cut` get the stat of the keys above and equal to the unclamped K.
+template <RadixStat STAT, int VEC, typename Row, typename Keep, typename Passes>
+__device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, bool first_level_done,
+                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut,
+                              bool& clamped) {
+  uint32_t prefix = 0;
+  Mass above = 0;
+  constexpr int kShift[3] = {32 - kRadixBits, 32 - 2 * kRadixBits, 0};
+  for (int level = 0; level < 3; ++level) {
+    const int shift = kShift[level];
+    const int prefix_shift = level == 0 ? 32 : kShift[level - 1];
+    const int digits = 1 << (prefix_shift - shift);
+    if (threadIdx.x == 0) rs.digit = static_cast<uint32_t>(digits - 1), rs.above = above, rs.at = 0;  // never kept: one digit always qualifies
+    if (level > 0 || !first_level_done)
+      for (int d = threadIdx.x; d < kRadixDigits; d += kBlock) rs.bins[d] = 0;
+    __syncthreads();
+    if (level > 0 || !first_level_done) {
+      for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+        float v[VEC];
+        row.template load<VEC>(i, v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (i + j < row.vocab && keep(v[j]))
+            radix_add<STAT>(rs, v[j], order_key(v[j]), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1));
+      }
+      __syncthreads();
+    }
+    radix_settle<STAT>(rs, prefix, shift, digits, above, passes, sh);
+    prefix |= rs.digit << shift;
+    above = rs.above;
+    at_cut = rs.at;
+    __syncthreads();  // rs is read by every thread before the next level clears it
+  }
+  above_cut = above;
+  clamped = prefix < lo || prefix > hi;  // radix_cut's last barrier: in-place writes may follow
+  return prefix < lo ? lo : (prefix > hi ? hi : prefix);
 }
 
 __device__ void fill_row(float* out, int64_t vocab, float value) {
@@ -105,42 +210,91 @@ __device__ Status softmax_row(const Row& row, float temperature, float* out, Sha
   return Status::ok;
 }
 
-/// top_k_renorm_probs / top_p_renorm_probs of one row.
-template <Transform T>
-__device__ Status renorm_row(const ProbRow& row, int64_t top_k, float top_p, float* out, SharedState& sh) {
-  const RowSummary s = summarize_row<8>(row, sh);
+/// Pass 0 of a renorm or mask row, fused with the first radix level's histogram of the
+/// entries `keep` accepts: the summary (probabilities: total, max, flags; logits: max,
+/// flags) and the bins of the top 11 key bits. A bad row's bins are never read.
+template <RadixStat STAT, bool LOGITS, int VEC, typename Row, typename Keep>
+__device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh) {
+  for (int d = threadIdx.x; d < kRadixDigits; d += kBlock) rs.bins[d] = 0;
+  __syncthreads();
+  constexpr int kShift = 32 - kRadixBits;
+  RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
+  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    float v[VEC];
+    row.template load<VEC>(i, v);
+    MassAcc acc;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (!(i + j < row.vocab)) continue;
+      if constexpr (LOGITS) {
+        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+        else s.max_p = fmaxf(s.max_p, v[j]);
+      } else {
+        add_entry(s, acc, v[j]);
+      }
+      if (keep(v[j])) {
+        const uint32_t d = order_key(v[j]) >> kShift;
+        if constexpr (STAT == RadixStat::count) atomicAdd(&rs.bins[d], 1ull);
+        else atomicAdd(&rs.bins[d], bucket_units(v[j]));
+      }
+    }
+    s.total += acc.value();
+  }
+  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
+    return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
+  });
+  return broadcast(r, sh.summary);  // its barriers also end the histogram
+}
+
+/// top_k_renorm_probs / top_p_renorm_probs of one row: pass 0 with the first radix
+/// level, two more radix levels (the cut), for top-k the kept mass (top-p has it from
+/// the last level), then the write.
+template <Transform T, int VEC, typename Row>
+__device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh) {
+  constexpr RadixStat kStat = T == Transform::top_k_renorm ? RadixStat::count : RadixStat::mass;
+  auto positive = [](float x) { return x > 0.f; };
+  const RowSummary s = summarize_with_histogram<kStat, false, VEC>(row, positive, rs, sh);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.flags & kFlagNegative) return Status::negative;
   if (s.flags & kFlagAboveOne) return Status::above_one;
   if (s.total == 0) return Status::zero_row;
-  auto positive = [](float x) { return x > 0.f; };
   const Mass top_p_bound = mass_fraction_ceil(s.total, top_p);  // unused by top-k
   // keep p iff fewer than k entries are larger (top-k), or their mass is below the bound (top-p)
-  const uint32_t cut = bisect_cut(
-      row, order_key(0.f), order_key(s.max_p), positive,
-      [&](int32_t count, Mass mass) {
-        if constexpr (T == Transform::top_k_renorm) return count < top_k;
-        else return mass < top_p_bound;
+  Mass above_cut = 0, at_cut = 0;
+  bool clamped = false;
+  const uint32_t lo = order_key(0.f);
+  const uint32_t cut = radix_cut<kStat, VEC>(
+      row, lo, order_key(s.max_p), positive,
+      [&](Mass stat) {
+        if constexpr (T == Transform::top_k_renorm) return stat < static_cast<Mass>(top_k);
+        else return stat < top_p_bound;
       },
-      sh);
+      true, rs, sh, above_cut, at_cut, clamped);
   auto kept = [cut](float x) { return x > 0.f && order_key(x) >= cut; };
-  const double kept_units = mass_units(sum_mass_where<8>(row, kept, sh));
+  // top-p: the kept entries are those above the cut plus those at it, both summed by
+  // the last level, unless the cut was clamped to [lo, hi] (which top-p never needs)
+  const Mass kept_mass =
+      kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC>(row, kept, sh);
+  const double kept_units = mass_units(kept_mass);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
-    const float x = row.p[i];
+    const float x = row.at(i);
     out[i] = kept(x) ? static_cast<float>(mass_units(mass_of(x)) / kept_units) : 0.f;
   }
   return Status::ok;
 }
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
-template <typename Row>
-__device__ Status mask_row(const Row& row, int64_t top_k, float* out, SharedState& sh) {
-  const RowSummary s = summarize_logits(row, sh);
+template <int VEC, typename Row>
+__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh) {
+  auto all = [](float) { return true; };
+  const RowSummary s = summarize_with_histogram<RadixStat::count, true, VEC>(row, all, rs, sh);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.max_p == -INFINITY) return Status::zero_row;
-  const uint32_t cut = bisect_cut(
-      row, order_key(-INFINITY), order_key(s.max_p), [](float) { return true; },
-      [&](int32_t count, Mass) { return count < top_k; }, sh);
+  Mass above_cut = 0, at_cut = 0;
+  bool clamped = false;
+  const uint32_t cut = radix_cut<RadixStat::count, VEC>(
+      row, order_key(-INFINITY), order_key(s.max_p), all,
+      [&](Mass count) { return count < static_cast<Mass>(top_k); }, true, rs, sh, above_cut, at_cut, clamped);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
     out[i] = order_key(x) >= cut ? x : -INFINITY;
@@ -149,10 +303,11 @@ __device__ Status mask_row(const Row& row, int64_t top_k, float* out, SharedStat
 }
 
 /// One block per output row: read the row and parameters, transform, or write NaN + status.
-/// In: float or Bf16Bits (softmax and mask only); VECTOR_LOADS: softmax's 16-byte loads.
+/// In: float or Bf16Bits (softmax and mask only); VECTOR_LOADS: 16-byte loads (aligned rows).
 template <Transform T, typename In, bool VECTOR_LOADS>
 __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   __shared__ SharedState sh;
+  constexpr int VEC = VECTOR_LOADS ? 16 : 8;  // renorm and mask: entries a thread per tile
   const int64_t o = blockIdx.x;
   int64_t row = 0, top_k = 0;
   float top_p = 0.f, temperature = 0.f;
@@ -161,9 +316,14 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
     if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, temperature, out, sh);
-    if constexpr (T == Transform::top_k_mask) status = mask_row(LogitRowT<In, false>{in, p.vocab}, top_k, out, sh);
-    if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm)
-      status = renorm_row<T>(ProbRow{in, p.vocab}, top_k, top_p, out, sh);
+    if constexpr (T == Transform::top_k_mask) {
+      __shared__ RadixShared rs;
+      status = mask_row<VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, top_k, out, rs, sh);
+    }
+    if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm) {
+      __shared__ RadixShared rs;
+      status = renorm_row<T, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab}, top_k, top_p, out, rs, sh);
+    }
   }
   if (status != Status::ok) {
     __syncthreads();  // an in-place row is fully read before NaN overwrites it
@@ -185,14 +345,14 @@ void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStr
   kernels::check_launch("transform_kernel");
 }
 
-// 16-byte loads for softmax when every row start is aligned (as the fused samplers decide)
-template <typename In>
-void launch_softmax_as(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
+// 16-byte loads when every row start is aligned (as the fused samplers decide)
+template <device::Transform T, typename In>
+void launch_transform_vec(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
   const bool vec = p.vocab * static_cast<int64_t>(sizeof(In)) % 16 == 0 && reinterpret_cast<uintptr_t>(p.in) % 16 == 0;
   if (vec) {
-    launch_transform<device::Transform::softmax, In, true>(p, outputs, stream);
+    launch_transform<T, In, true>(p, outputs, stream);
   } else {
-    launch_transform<device::Transform::softmax, In, false>(p, outputs, stream);
+    launch_transform<T, In, false>(p, outputs, stream);
   }
 }
 
@@ -219,9 +379,9 @@ void launch_softmax(DeviceRows logits, RowParam<double, float> temperature, floa
   p.temperature = static_cast<float>(temperature.scalar);
   p.temperature_per_output = temperature.per_output;
   if (logits.dtype == ElementType::bf16) {
-    launch_softmax_as<device::Bf16Bits>(p, gather.outputs, stream);
+    launch_transform_vec<device::Transform::softmax, device::Bf16Bits>(p, gather.outputs, stream);
   } else {
-    launch_softmax_as<float>(p, gather.outputs, stream);
+    launch_transform_vec<device::Transform::softmax, float>(p, gather.outputs, stream);
   }
 }
 
@@ -233,9 +393,9 @@ void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p
   p.top_p = static_cast<float>(top_p.scalar);
   p.top_p_per_output = top_p.per_output;
   if (kind == FilterKind::top_k) {
-    launch_transform<device::Transform::top_k_renorm, float>(p, gather.outputs, stream);
+    launch_transform_vec<device::Transform::top_k_renorm, float>(p, gather.outputs, stream);
   } else {
-    launch_transform<device::Transform::top_p_renorm, float>(p, gather.outputs, stream);
+    launch_transform_vec<device::Transform::top_p_renorm, float>(p, gather.outputs, stream);
   }
 }
 
@@ -244,9 +404,9 @@ void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather
   p.top_k = top_k.scalar;
   p.top_k_per_output = top_k.per_output;
   if (logits.dtype == ElementType::bf16) {
-    launch_transform<device::Transform::top_k_mask, device::Bf16Bits>(p, gather.outputs, stream);
+    launch_transform_vec<device::Transform::top_k_mask, device::Bf16Bits>(p, gather.outputs, stream);
   } else {
-    launch_transform<device::Transform::top_k_mask, float>(p, gather.outputs, stream);
+    launch_transform_vec<device::Transform::top_k_mask, float>(p, gather.outputs, stream);
   }
 }
 

@@ -766,6 +766,36 @@ TEST_SUITE("host") {
     CHECK(bad == 0);
   }
 
+  TEST_CASE("stage 06 MassAcc sums exactly the reference's masses") {
+    // the passes' cheap per-thread sum (mass.cuh) against the reference's mass_of, 16
+    // entries at a time as a tile; outside [0, 2) it must give mass_of's zero
+    auto rng = flashstep::test::case_rng("stage 06 MassAcc");
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    std::vector<float> values = {0.f, -0.f, 1.f, 1e-30f, 1e-28f, 1e-22f, 1.2e-38f, 1e-45f, 0.5f, 0.99999994f, 0.1f,
+                                 1.5f, 1.9999999f, 0x1p-48f, 0x1.fffffep-49f, 0x1p-73f, 0x1.8p-74f, 0x1p-96f, 0x1p-97f};
+    for (int i = 0; i < 20000; ++i) values.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
+    size_t bad = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      gpu::MassAcc one;
+      one.add(values[i]);
+      bad += one.value() != ref::mass_of(values[i]);
+      gpu::MassAcc tile;
+      ref::Mass want = 0;
+      for (int j = 0; j < 16; ++j) {
+        const float p = values[static_cast<size_t>(rng() % values.size())];
+        tile.add(p);
+        want += ref::mass_of(p);
+      }
+      bad += tile.value() != want;
+    }
+    for (float p : {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      gpu::MassAcc acc;
+      acc.add(p);
+      bad += acc.value() != 0 || gpu::mass_of(p) != 0;
+    }
+    CHECK(bad == 0);
+  }
+
   TEST_CASE("the stage 06 registry lists every reference operator once") {
     std::vector<std::string> names;
     for (const auto& op : gpu::operators()) names.push_back(op.name);
