@@ -31,9 +31,6 @@ const StageInfo& find_stage(const std::string& name) {
     if (s.name == name || s.name.substr(0, s.name.find('_')) == name) return s;
     known += (known.empty() ? "" : ", ") + s.name;
   }
-  // a stage folder's name ("07_hopper") names its first entry ("07_hopper_ragged")
-  for (const StageInfo& s : registry())
-    if (s.name.rfind(name + "_", 0) == 0) return s;
   throw ref::InvalidArgument("find_stage: no stage named \"" + name + "\" (known: " + known + ")");
 }
 

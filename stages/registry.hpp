@@ -16,8 +16,8 @@ namespace flashstep::stages {
 /// Every stage, in teaching order (01_naive first).
 const std::vector<StageInfo>& registry();
 
-/// The stage called `name` (e.g. "02_paged"; the number alone, "02", or a stage folder's
-/// name, "07_hopper" for its first entry "07_hopper_ragged", also works).
+/// The stage called `name` (e.g. "02_paged"; the number alone, "02", names the stage's
+/// first entry: "04" is "04_tensor_core", not "04_tensor_core_ragged").
 /// Throws ref::InvalidArgument listing the known names otherwise.
 const StageInfo& find_stage(const std::string& name);
 
