@@ -44,26 +44,26 @@
 namespace flashstep::stages::tensor_core {
 
 /// Shapes of one instantiation. A block is 8 warps; warp w owns rows
-/// [w * 16 * NUM_MMA_Q, (w + 1) * 16 * NUM_MMA_Q) of the query tile:
+/// [16 w, 16 (w + 1)) of the query tile, one m16 tile:
 ///
 ///                  Bc = 64 keys (8 n-tiles of S)
 ///               +--------------------------------+
-///     warp 0    | 16 x NUM_MMA_Q rows            |   each warp: S = Q_w K^T,
+///     warp 0    | 16 rows                        |   each warp: S = Q_w K^T,
 ///     warp 1    |                                |   its own rows' m and l,
 ///      ...      |                                |   O_w += P_w V
 ///     warp 7    |                                |   (no exchange between warps)
 ///               +--------------------------------+
-///                  Br = 128 * NUM_MMA_Q rows
+///                  Br = 128 rows
 ///
 /// Eight warps of one m16 tile each (rather than four of two) keep a thread's registers
 /// at 128 for head_dim <= 128, so two blocks, sixteen warps, share a multiprocessor and
 /// hide each other's latencies.
-template <typename T, int HEAD_DIM, int NUM_MMA_Q>
+template <typename T, int HEAD_DIM>
 struct PrefillTraits {
   static constexpr int kWarps = 8;                    ///< warps per block
   static constexpr int kThreads = 32 * kWarps;        ///< threads per block
   static constexpr int kMinBlocksPerSM = HEAD_DIM <= 128 ? 2 : 1;  ///< caps registers at 128 per thread
-  static constexpr int Br = 16 * NUM_MMA_Q * kWarps;  ///< packed query rows per block
+  static constexpr int Br = 16 * kWarps;              ///< packed query rows per block
   static constexpr int Bc = 64;                       ///< keys per tile
   static constexpr int kStages = 2;                   ///< K/V tiles in shared memory (the loop is written for 2)
   static constexpr int kChunks = HEAD_DIM / 8;        ///< 16-byte chunks per row
@@ -230,38 +230,30 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams<T>& p, const Bl
   }
 }
 
-/// S = Q_w K^T for this warp's rows: s[mq][n] is the C fragment of rows 16 mq.. of the
-/// warp and keys 8 n.. of the tile. A from the Q tile, B from the K tile, both by ldmatrix.
-template <typename T, int HEAD_DIM, int NUM_MMA_Q, int kTilesS>
+/// S = Q_w K^T for this warp's 16 rows: s[n] is the C fragment of keys 8 n.. of the
+/// tile. A from the Q tile, B from the K tile, both by ldmatrix.
+template <typename T, int HEAD_DIM, int kTilesS>
 __device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int warp_row0,
-                                           float (&s)[NUM_MMA_Q][kTilesS][4]) {
+                                           float (&s)[kTilesS][4]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+  for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
-    for (int n = 0; n < kTilesS; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.f;
+    for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
 #pragma unroll
   for (int kd = 0; kd < HEAD_DIM / 16; ++kd) {
     // A: lanes 0-15 address rows 0-15 at dims 16 kd.., lanes 16-31 the same rows at +8.
-    uint32_t a[NUM_MMA_Q][4];
-#pragma unroll
-    for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
-      const int row = warp_row0 + mq * 16 + lane % 16;
-      kernels::ldmatrix_x4(a[mq], kernels::smem_u32(q_smem + kernels::swizzled_offset(row, kd * 2 + lane / 16, HEAD_DIM)));
-    }
+    uint32_t a[4];
+    const int row = warp_row0 + lane % 16;
+    kernels::ldmatrix_x4(a, kernels::smem_u32(q_smem + kernels::swizzled_offset(row, kd * 2 + lane / 16, HEAD_DIM)));
     // B: two n-tiles at once; matrices (keys 0-7, dims lo), (0-7, hi), (8-15, lo), (8-15, hi).
 #pragma unroll
     for (int n2 = 0; n2 < kTilesS / 2; ++n2) {
       const int key = n2 * 16 + (lane / 16) * 8 + lane % 8;
       uint32_t b[4];
       kernels::ldmatrix_x4(b, kernels::smem_u32(k_smem + kernels::swizzled_offset(key, kd * 2 + (lane / 8) % 2, HEAD_DIM)));
-#pragma unroll
-      for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
-        kernels::mma_m16n8k16<T>(s[mq][2 * n2], a[mq], b[0], b[1]);
-        kernels::mma_m16n8k16<T>(s[mq][2 * n2 + 1], a[mq], b[2], b[3]);
-      }
+      kernels::mma_m16n8k16<T>(s[2 * n2], a, b[0], b[1]);
+      kernels::mma_m16n8k16<T>(s[2 * n2 + 1], a, b[2], b[3]);
     }
   }
 }
@@ -270,33 +262,29 @@ __device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int
 /// where the mask hides the key. `mask` is false on tiles where every key is visible to
 /// every row of the block (the causal interior): then no comparisons at all. Without a
 /// cap the scale is left to update_softmax, which folds it into one FFMA per score.
-template <typename T, int NUM_MMA_Q, int kTilesS>
-__device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float (&s)[NUM_MMA_Q][kTilesS][4],
+template <typename T, int kTilesS>
+__device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float (&s)[kTilesS][4],
                                                 bool mask, int kv0, int kv_end,
-                                                const int (&q_pos)[NUM_MMA_Q][2]) {
+                                                const int (&q_pos)[2]) {
   // Two uniform branches around whole loops (not one per score): the common tile, no cap
   // and no mask, runs no code here at all.
   if (p.soft_cap) {
 #pragma unroll
-    for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+    for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mq][n][e] = tanhf(s[mq][n][e] * p.cap_pre) * p.cap_post;
+      for (int e = 0; e < 4; ++e) s[n][e] = tanhf(s[n][e] * p.cap_pre) * p.cap_post;
   }
   if (!mask) return;
   const int t4 = threadIdx.x % 4;
 #pragma unroll
-  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+  for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
-    for (int n = 0; n < kTilesS; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        // c0, c1: row g; c2, c3: row g + 8 (the fragment layout of mma.cuh).
-        const int j = kv0 + n * 8 + 2 * t4 + (e & 1), i = q_pos[mq][e >> 1];
-        const bool visible = j < kv_end && (!p.causal || j <= i) && (p.window_left < 0 || j >= i - p.window_left);
-        if (!visible) s[mq][n][e] = -INFINITY;
-      }
+    for (int e = 0; e < 4; ++e) {
+      // c0, c1: row g; c2, c3: row g + 8 (the fragment layout of mma.cuh).
+      const int j = kv0 + n * 8 + 2 * t4 + (e & 1), i = q_pos[e >> 1];
+      const bool visible = j < kv_end && (!p.causal || j <= i) && (p.window_left < 0 || j >= i - p.window_left);
+      if (!visible) s[n][e] = -INFINITY;
+    }
 }
 
 /// 2^x by the special-function unit alone (ex2.approx.ftz: no range fix-up for
@@ -313,69 +301,61 @@ __device__ __forceinline__ float exp2_approx(float x) {
 /// P = 2^(c s - c m) is one FFMA and one ex2 per score (c = score_scale) and overwrites
 /// s; o and the thread's partial l are rescaled by 2^(c (m_old - m_new)). l stays per
 /// thread until the end (sums commute).
-template <int NUM_MMA_Q, int kTilesS, int kTilesO>
-__device__ __forceinline__ void update_softmax(float (&s)[NUM_MMA_Q][kTilesS][4], float c,
-                                               float (&m)[NUM_MMA_Q][2], float (&l)[NUM_MMA_Q][2],
-                                               float (&o)[NUM_MMA_Q][kTilesO][4]) {
+template <int kTilesS, int kTilesO>
+__device__ __forceinline__ void update_softmax(float (&s)[kTilesS][4], float c,
+                                               float (&m)[2], float (&l)[2],
+                                               float (&o)[kTilesO][4]) {
 #pragma unroll
-  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+  for (int h = 0; h < 2; ++h) {
+    float row_max = m[h];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float row_max = m[mq][h];
+    for (int n = 0; n < kTilesS; ++n) row_max = fmaxf(row_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+    // A row that has seen only masked keys keeps m = -inf; subtract 0 then, never -inf.
+    const float m_safe = row_max == -INFINITY ? 0.f : row_max;
+    const float scale = exp2_approx((m[h] - m_safe) * c);
+    const float cm = c * m_safe;
+    m[h] = row_max;
+    float sum = 0.f;
 #pragma unroll
-      for (int n = 0; n < kTilesS; ++n) row_max = fmaxf(row_max, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-      // A row that has seen only masked keys keeps m = -inf; subtract 0 then, never -inf.
-      const float m_safe = row_max == -INFINITY ? 0.f : row_max;
-      const float scale = exp2_approx((m[mq][h] - m_safe) * c);
-      const float cm = c * m_safe;
-      m[mq][h] = row_max;
-      float sum = 0.f;
+    for (int n = 0; n < kTilesS; ++n)
 #pragma unroll
-      for (int n = 0; n < kTilesS; ++n)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[mq][n][e] = exp2_approx(fmaf(s[mq][n][e], c, -cm));
-          sum += s[mq][n][e];
-        }
-      l[mq][h] = l[mq][h] * scale + sum;
-#pragma unroll
-      for (int n = 0; n < kTilesO; ++n) {
-        o[mq][n][2 * h] *= scale;
-        o[mq][n][2 * h + 1] *= scale;
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[n][e] = exp2_approx(fmaf(s[n][e], c, -cm));
+        sum += s[n][e];
       }
+    l[h] = l[h] * scale + sum;
+#pragma unroll
+    for (int n = 0; n < kTilesO; ++n) {
+      o[n][2 * h] *= scale;
+      o[n][2 * h + 1] *= scale;
     }
+  }
 }
 
 /// O += P V: the C fragments of S n-tiles 2k and 2k + 1 are, packed to 16 bits, the A
 /// fragment of keys 16k..16k+15 (see mma.cuh), so P goes from registers to the tensor
 /// cores directly. V (row-major [key][dim]) is read transposed by ldmatrix.trans.
-template <typename T, int HEAD_DIM, int NUM_MMA_Q, int kTilesS, int kTilesO>
-__device__ __forceinline__ void compute_pv(const float (&s)[NUM_MMA_Q][kTilesS][4], const T* v_smem,
-                                           float (&o)[NUM_MMA_Q][kTilesO][4]) {
+template <typename T, int HEAD_DIM, int kTilesS, int kTilesO>
+__device__ __forceinline__ void compute_pv(const float (&s)[kTilesS][4], const T* v_smem,
+                                           float (&o)[kTilesO][4]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < kTilesS / 2; ++kk) {
-    uint32_t a[NUM_MMA_Q][4];
-#pragma unroll
-    for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
-      a[mq][0] = kernels::pack2<T>(s[mq][2 * kk][0], s[mq][2 * kk][1]);
-      a[mq][1] = kernels::pack2<T>(s[mq][2 * kk][2], s[mq][2 * kk][3]);
-      a[mq][2] = kernels::pack2<T>(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1]);
-      a[mq][3] = kernels::pack2<T>(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3]);
-    }
+    uint32_t a[4];
+    a[0] = kernels::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = kernels::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = kernels::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = kernels::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     // B: matrices (keys 0-7, dims lo), (keys 8-15, dims lo), (0-7, hi), (8-15, hi).
     const int key = kk * 16 + (lane / 8) % 2 * 8 + lane % 8;
 #pragma unroll
     for (int d2 = 0; d2 < kTilesO / 2; ++d2) {
       uint32_t b[4];
       kernels::ldmatrix_x4_trans(b, kernels::smem_u32(v_smem + kernels::swizzled_offset(key, d2 * 2 + lane / 16, HEAD_DIM)));
-#pragma unroll
-      for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
-        kernels::mma_m16n8k16<T>(o[mq][2 * d2], a[mq], b[0], b[1]);
-        kernels::mma_m16n8k16<T>(o[mq][2 * d2 + 1], a[mq], b[2], b[3]);
-      }
+      kernels::mma_m16n8k16<T>(o[2 * d2], a, b[0], b[1]);
+      kernels::mma_m16n8k16<T>(o[2 * d2 + 1], a, b[2], b[3]);
     }
   }
 }
@@ -389,41 +369,39 @@ __device__ __forceinline__ void store2(T* dst, float a, float b) {
 /// Finishes the rows: l summed over the row's 4 lanes, o / l, lse = (m + log2 l) ln 2
 /// (a row that saw no key: o = 0, lse = -inf), written to o and lse, or, when the KV was
 /// split, to this chunk's partial row in fp32 for the merge kernel.
-template <typename T, int HEAD_DIM, int NUM_MMA_Q, int kTilesO>
+template <typename T, int HEAD_DIM, int kTilesO>
 __device__ __forceinline__ void store_output(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
-                                             int warp_row0, const float (&m)[NUM_MMA_Q][2],
-                                             float (&l)[NUM_MMA_Q][2], const float (&o)[NUM_MMA_Q][kTilesO][4]) {
+                                             int warp_row0, const float (&m)[2],
+                                             float (&l)[2], const float (&o)[kTilesO][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
 #pragma unroll
-  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = warp_row0 + g + 8 * h;
+    if (r >= t.rows) continue;
+    const int packed = t.row_begin + r;
+    const int token = t.qo_begin + packed / p.group_size;
+    const int head = kv_head * p.group_size + packed % p.group_size;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float lse = sum > 0.f ? (m[h] * p.score_scale + log2f(sum)) * kernels::kLn2 : -INFINITY;
+    if (p.kv_chunk_size == 0) {
+      T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float sum = l[mq][h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int r = warp_row0 + mq * 16 + g + 8 * h;
-      if (r >= t.rows) continue;
-      const int packed = t.row_begin + r;
-      const int token = t.qo_begin + packed / p.group_size;
-      const int head = kv_head * p.group_size + packed % p.group_size;
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const float lse = sum > 0.f ? (m[mq][h] * p.score_scale + log2f(sum)) * kernels::kLn2 : -INFINITY;
-      if (p.kv_chunk_size == 0) {
-        T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
+      for (int n = 0; n < kTilesO; ++n)
+        store2<T>(dst + n * 8 + 2 * t4, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      if (t4 == 0) p.lse[int64_t{token} * p.num_qo_heads + head] = lse;
+    } else {
+      const int64_t row = int64_t{p.partial_indptr[token] + t.chunk} * p.num_qo_heads + head;
+      float* dst = p.partial_o + row * HEAD_DIM;
 #pragma unroll
-        for (int n = 0; n < kTilesO; ++n)
-          store2<T>(dst + n * 8 + 2 * t4, o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
-        if (t4 == 0) p.lse[int64_t{token} * p.num_qo_heads + head] = lse;
-      } else {
-        const int64_t row = int64_t{p.partial_indptr[token] + t.chunk} * p.num_qo_heads + head;
-        float* dst = p.partial_o + row * HEAD_DIM;
-#pragma unroll
-        for (int n = 0; n < kTilesO; ++n)
-          *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) =
-              make_float2(o[mq][n][2 * h] * inv, o[mq][n][2 * h + 1] * inv);
-        if (t4 == 0) p.partial_lse[row] = lse;
-      }
+      for (int n = 0; n < kTilesO; ++n)
+        *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) =
+            make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      if (t4 == 0) p.partial_lse[row] = lse;
     }
+  }
 }
 
 /// One block = one work item (request, query tile, kv chunk) for one kv head.
@@ -435,12 +413,11 @@ __device__ __forceinline__ void store_output(const PrefillParams<T>& p, const Bl
 ///
 /// \tparam T __half or __nv_bfloat16
 /// \tparam HEAD_DIM 64, 128 or 256
-/// \tparam NUM_MMA_Q m16 tiles per warp (Br = 128 * NUM_MMA_Q)
-template <typename T, int HEAD_DIM, int NUM_MMA_Q>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kMinBlocksPerSM)
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM>::kMinBlocksPerSM)
     prefill_attention_kernel(const PrefillParams<T> p) {
-  using Tr = PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>;
+  using Tr = PrefillTraits<T, HEAD_DIM>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
@@ -452,29 +429,24 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
   if (p.request_indices[item] < 0) return;
   const BlockTask t = make_task<Br, Bc>(p, item);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row0 = warp * 16 * NUM_MMA_Q;
+  const int warp_row0 = warp * 16;
 
   // Position (i + kv_len - qo_len) of each of this thread's rows, for the mask.
-  int q_pos[NUM_MMA_Q][2];
+  int q_pos[2];
 #pragma unroll
-  for (int mq = 0; mq < NUM_MMA_Q; ++mq)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      q_pos[mq][h] = (t.row_begin + warp_row0 + mq * 16 + lane / 4 + 8 * h) / p.group_size + t.kv_len - t.qo_len;
+  for (int h = 0; h < 2; ++h)
+    q_pos[h] = (t.row_begin + warp_row0 + lane / 4 + 8 * h) / p.group_size + t.kv_len - t.qo_len;
   const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
   const int last_pos = (t.row_begin + t.rows - 1) / p.group_size + t.kv_len - t.qo_len;
 
-  float o[NUM_MMA_Q][Tr::kTilesO][4];
-  float m[NUM_MMA_Q][2], l[NUM_MMA_Q][2];
+  float o[Tr::kTilesO][4];
+  float m[2], l[2];
 #pragma unroll
-  for (int mq = 0; mq < NUM_MMA_Q; ++mq) {
+  for (int n = 0; n < Tr::kTilesO; ++n)
 #pragma unroll
-    for (int n = 0; n < Tr::kTilesO; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.f;
-    m[mq][0] = m[mq][1] = -INFINITY;
-    l[mq][0] = l[mq][1] = 0.f;
-  }
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.f;
 
   // ---- prologue: Q and K/V tile 0 in flight; the pages of tile 1 read ahead.
   int32_t pages[Tr::kKVPasses] = {};
@@ -509,15 +481,15 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>::kThread
     // A warp whose rows are all past the tile's end (decode: group 32 fills 32 of the
     // 128 rows) only helps load.
     if (warp_row0 >= t.rows) continue;
-    float s[NUM_MMA_Q][Tr::kTilesS][4];
-    compute_qk<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS>(q_smem, k_smem, warp_row0, s);
-    logits_and_mask<T, NUM_MMA_Q, Tr::kTilesS>(p, s, mask, kv0, t.kv_end, q_pos);
-    update_softmax<NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, p.score_scale, m, l, o);
-    compute_pv<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesS, Tr::kTilesO>(s, v_smem, o);
+    float s[Tr::kTilesS][4];
+    compute_qk<T, HEAD_DIM, Tr::kTilesS>(q_smem, k_smem, warp_row0, s);
+    logits_and_mask<T, Tr::kTilesS>(p, s, mask, kv0, t.kv_end, q_pos);
+    update_softmax<Tr::kTilesS, Tr::kTilesO>(s, p.score_scale, m, l, o);
+    compute_pv<T, HEAD_DIM, Tr::kTilesS, Tr::kTilesO>(s, v_smem, o);
   }
   kernels::cp_async_wait_group<0>();  // no copy may outlive the block (a block with no tiles)
 
-  store_output<T, HEAD_DIM, NUM_MMA_Q, Tr::kTilesO>(p, t, kv_head, warp_row0, m, l, o);
+  store_output<T, HEAD_DIM, Tr::kTilesO>(p, t, kv_head, warp_row0, m, l, o);
 }
 
 /// For a later stage that builds its own PrefillParams (stage 05 runs this kernel once per

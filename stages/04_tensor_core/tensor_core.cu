@@ -32,9 +32,6 @@ constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-/// m16 tiles per warp (see the file comment).
-int num_mma_q(int) { return 1; }
-
 /// Where each array of the schedule and the split's scratch lives in the workspace.
 struct WorkspaceLayout {
   size_t request_indices = 0, qo_tile_indices = 0, kv_chunk_indices = 0, partial_indptr = 0;
@@ -78,25 +75,25 @@ struct KernelEntry {
                  const DeviceBatch&, size_t smem, cudaStream_t);
 };
 
-template <typename T, int HEAD_DIM, int NUM_MMA_Q>
+template <typename T, int HEAD_DIM>
 KernelEntry kernel_entry() {
-  using Tr = PrefillTraits<T, HEAD_DIM, NUM_MMA_Q>;
+  using Tr = PrefillTraits<T, HEAD_DIM>;
   KernelEntry e;
   e.smem_bytes = Tr::smem_bytes();
   e.br = Tr::Br;
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t smem) {
     // The occupancy calculator counts no block whose dynamic shared memory is above the
     // kernel's limit: raise it first, or a query made before the first plan() in a
     // process answers 0 and workspace_bytes() under-counts the split it plans.
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>, Tr::kThreads, smem));
+        &blocks, prefill_attention_kernel<T, HEAD_DIM>, Tr::kThreads, smem));
     return blocks;
   };
   e.launch = [](const BatchShape& s, const Schedule& sched, const WorkspaceLayout& w, uint8_t* ws,
@@ -134,7 +131,7 @@ KernelEntry kernel_entry() {
     p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
     p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
     const int64_t blocks = sched.num_items() * s.num_kv_heads;
-    prefill_attention_kernel<T, HEAD_DIM, NUM_MMA_Q>
+    prefill_attention_kernel<T, HEAD_DIM>
         <<<static_cast<unsigned>(blocks), Tr::kThreads, smem, stream>>>(p);
     kernels::check_launch("prefill_attention_kernel");
     if (sched.kv_chunk_size == 0) return;
@@ -155,7 +152,7 @@ KernelEntry kernel_entry() {
 KernelEntry kernel_entry_for(DType dtype, int head_dim) {
   auto for_dtype = [&](auto type_tag) -> KernelEntry {
     using T = decltype(type_tag);
-    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM, 1>(); });
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM>(); });
     return {};
   };
   if (dtype == DType::f16) return for_dtype(__half{});
@@ -188,7 +185,7 @@ int device_sm_count() {
 template <typename T>
 int prepare_prefill_attention(int head_dim) {
   FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-    const KernelEntry e = kernel_entry<T, HEAD_DIM, 1>();
+    const KernelEntry e = kernel_entry<T, HEAD_DIM>();
     e.set_smem_limit(e.smem_bytes);
     return e.blocks_per_sm(e.smem_bytes);
   });
@@ -199,8 +196,8 @@ template <typename T>
 void launch_prefill_attention(const PrefillParams<T>& p, int head_dim, int64_t num_items, cudaStream_t stream) {
   if (num_items == 0) return;
   FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-    using Tr = PrefillTraits<T, HEAD_DIM, 1>;
-    prefill_attention_kernel<T, HEAD_DIM, 1>
+    using Tr = PrefillTraits<T, HEAD_DIM>;
+    prefill_attention_kernel<T, HEAD_DIM>
         <<<static_cast<unsigned>(num_items * p.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
     kernels::check_launch("prefill_attention_kernel");
   });
@@ -226,7 +223,7 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   ref::require(static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1, fn, "kv_indptr must have batch_size + 1 entries");
 
   Schedule sched;
-  sched.Br = 128 * num_mma_q(s.head_dim);
+  sched.Br = 128;  // PrefillTraits::Br: 8 warps of one m16 tile
   const int64_t group = s.group_size();
   std::vector<int64_t> tiles(static_cast<size_t>(s.batch_size));
   int64_t base_items = 0, max_kv = 0;

@@ -92,19 +92,6 @@ auto dispatch_kv_dtype(Enum dtype, Enum kv_dtype, Body&& body) {
     default: ::flashstep::kernels::dispatch_failed("head_dim", (head_dim), "64, 128, 256");        \
   }
 
-/// GQA group size (query heads per kv head) 1, 2, 3, 4 or 8, for kernels whose tiling
-/// depends on it: the body sees `constexpr int GROUP_SIZE`. (The decode kernels of stages
-/// 02-03 take any group at run time and do not use it.)
-#define FLASHSTEP_DISPATCH_GROUP_SIZE(group_size, GROUP_SIZE, ...)                                  \
-  switch (group_size) {                                                                            \
-    case 1: { constexpr int GROUP_SIZE = 1; __VA_ARGS__ break; }                                   \
-    case 2: { constexpr int GROUP_SIZE = 2; __VA_ARGS__ break; }                                   \
-    case 3: { constexpr int GROUP_SIZE = 3; __VA_ARGS__ break; }                                   \
-    case 4: { constexpr int GROUP_SIZE = 4; __VA_ARGS__ break; }                                   \
-    case 8: { constexpr int GROUP_SIZE = 8; __VA_ARGS__ break; }                                   \
-    default: ::flashstep::kernels::dispatch_failed("group_size", (group_size), "1, 2, 3, 4, 8");   \
-  }
-
 /// A yes/no choice made at compile time (causal or not, two halves or one): the body sees
 /// `constexpr bool NAME`.
 #define FLASHSTEP_DISPATCH_BOOL(condition, NAME, ...) \
