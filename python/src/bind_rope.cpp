@@ -36,8 +36,8 @@ const char* const kRopeDoc = R"doc(
 q: (nnz, num_q_heads, head_dim); k: (nnz, num_k_heads, head_dim). The first rotary_dim
 (None: head_dim; even) elements of each head are rotated in pairs, pair i of a row at
 position p by p * theta_i with theta_i = rope_theta^(-2i/rotary_dim) / rope_scale; the rest
-are copied. interleave=False pairs (x[i], x[i + rotary_dim/2]) (Llama, GPT-NeoX);
-interleave=True pairs (x[2i], x[2i+1]). Returns (q_rope, k_rope), float64.)doc";
+are copied. interleave=False pairs (x[i], x[i + rotary_dim/2]) (GPT-NeoX, Hugging Face
+Llama); interleave=True pairs (x[2i], x[2i+1]) (GPT-J, Meta's Llama). Returns (q_rope, k_rope), float64.)doc";
 
 const char* const kLlama31Doc = R"doc(
 

@@ -15,8 +15,8 @@
 /// so rope_scale > 1 divides every frequency, which is linear position interpolation
 /// (position p is read as p / rope_scale). Which elements form pair i is the layout:
 ///
-///     rotate-half (interleave = false, Llama, GPT-NeoX):  (x[i], x[i + rotary_dim/2])
-///     interleaved (interleave = true, GPT-J, RoFormer):   (x[2i], x[2i + 1])
+///     rotate-half (interleave = false; GPT-NeoX, Hugging Face Llama):  (x[i], x[i + rotary_dim/2])
+///     interleaved (interleave = true; GPT-J, RoFormer, Meta's Llama):  (x[2i], x[2i + 1])
 ///
 /// Llama 3.1 (`apply_llama31_rope`) rescales the frequencies instead of all of them alike.
 /// With wavelength w_i = 2 pi / theta_i (theta_i here without rope_scale) and
