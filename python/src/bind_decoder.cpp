@@ -67,10 +67,13 @@ void bind_decoder(py::module_& m) {
   py::class_<ref::TinyDecoder>(m, "TinyDecoder", R"doc(The course's decoder with random weights from a fixed seed.
 
 Byte tokens, token embedding plus sinusoidal positions, num_layers attention layers
-(W_Q, W_K, W_V, optional W_O, residual), then W_vocab. Weight entry i of matrix m is
+(W_Q, W_K, W_V, optional W_O, residual), then W_vocab. position_encoding="rope" adds no
+sinusoid and rotates Q and K of each layer by RoPE instead (rope_theta; rope_interleave
+pairs (x[2i], x[2i+1]) rather than (x[i], x[i + head_dim/2])). Weight entry i of matrix m is
 (2 u - 1) * sqrt(3 / fan_in) with u = philox_uniform(weight_seed, m, i).)doc")
       .def(py::init([](int64_t vocab_size, int64_t d_model, int64_t num_layers, int64_t num_qo_heads,
-                       int64_t num_kv_heads, bool output_projection, uint64_t weight_seed) {
+                       int64_t num_kv_heads, bool output_projection, uint64_t weight_seed,
+                       const std::string& position_encoding, double rope_theta, bool rope_interleave) {
              ref::TinyDecoderConfig c;
              c.vocab_size = vocab_size;
              c.d_model = d_model;
@@ -79,11 +82,15 @@ Byte tokens, token embedding plus sinusoidal positions, num_layers attention lay
              c.num_kv_heads = num_kv_heads;
              c.output_projection = output_projection;
              c.weight_seed = weight_seed;
+             c.position_encoding = ref::parse_position_encoding(position_encoding);
+             c.rope_theta = rope_theta;
+             c.rope_interleave = rope_interleave;
              return ref::TinyDecoder(c);
            }),
            py::arg("vocab_size") = 256, py::arg("d_model") = 32, py::arg("num_layers") = 2, py::arg("num_qo_heads") = 4,
            py::arg("num_kv_heads") = 2, py::arg("output_projection") = true,
-           py::arg("weight_seed") = ref::TinyDecoderConfig{}.weight_seed)
+           py::arg("weight_seed") = ref::TinyDecoderConfig{}.weight_seed, py::arg("position_encoding") = "sinusoidal",
+           py::arg("rope_theta") = 1e4, py::arg("rope_interleave") = false)
       .def_property_readonly("head_dim", &ref::TinyDecoder::head_dim)
       .def_property_readonly("embedding", [](const ref::TinyDecoder& d) { return to_numpy(d.embedding()); },
                              "(vocab_size, d_model)")

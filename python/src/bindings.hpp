@@ -64,6 +64,7 @@ void bind_kv_cache(py::module_& m);
 void bind_structures(py::module_& m);
 void bind_sampling(py::module_& m);
 void bind_decoder(py::module_& m);
+void bind_rope(py::module_& m);
 
 }  // namespace flashstep::python
 

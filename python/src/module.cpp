@@ -15,5 +15,6 @@ PYBIND11_MODULE(_flashstep, m) {
   fp::bind_structures(m);
   fp::bind_sampling(m);
   fp::bind_decoder(m);
+  fp::bind_rope(m);
   // Later topics add one line each here.
 }

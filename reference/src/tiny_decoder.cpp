@@ -13,6 +13,7 @@
 #include "flashstep/reference/kv_cache.hpp"
 #include "flashstep/reference/page_allocator.hpp"
 #include "flashstep/reference/radix_cache.hpp"
+#include "flashstep/reference/rope.hpp"
 #include "flashstep/reference/sampling.hpp"
 
 namespace flashstep::ref {
@@ -36,6 +37,17 @@ AttentionOptions causal() {
 
 }  // namespace
 
+const char* to_string(PositionEncoding encoding) {
+  return encoding == PositionEncoding::rope ? "rope" : "sinusoidal";
+}
+
+PositionEncoding parse_position_encoding(const std::string& name) {
+  if (name == "sinusoidal") return PositionEncoding::sinusoidal;
+  if (name == "rope") return PositionEncoding::rope;
+  throw InvalidArgument("parse_position_encoding: position_encoding must be \"sinusoidal\" or \"rope\", got \"" +
+                        name + "\"");
+}
+
 TinyDecoder::TinyDecoder(const TinyDecoderConfig& config) : config_(config) {
   const char* fn = "TinyDecoder";
   const auto& c = config_;
@@ -49,6 +61,13 @@ TinyDecoder::TinyDecoder(const TinyDecoderConfig& config) : config_(config) {
           "d_model (" + std::to_string(c.d_model) + ") must be a multiple of num_qo_heads (" +
               std::to_string(c.num_qo_heads) + ")");
   const int64_t hd = head_dim();
+  if (c.position_encoding == PositionEncoding::rope) {
+    require(hd % 2 == 0, fn,
+            "position_encoding rope needs an even head_dim (it rotates pairs), got d_model / num_qo_heads = " +
+                std::to_string(hd));
+    require(std::isfinite(c.rope_theta) && c.rope_theta > 0, fn,
+            "rope_theta must be positive and finite, got " + std::to_string(c.rope_theta));
+  }
   uint64_t m = 0;
   embedding_ = philox_matrix(c.weight_seed, m++, c.vocab_size, c.d_model, 1.0);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -72,6 +91,10 @@ Tensor TinyDecoder::embed(const std::vector<int32_t>& tokens, int64_t first_posi
             "tokens[" + std::to_string(t) + "] = " + std::to_string(tokens[t]) + " is not in [0, vocab_size = " +
                 std::to_string(config_.vocab_size) + ")");
     const double pos = static_cast<double>(first_position + static_cast<int64_t>(t));
+    if (config_.position_encoding == PositionEncoding::rope) {  // positions enter Q and K instead
+      std::copy_n(embedding_.data.begin() + tokens[t] * d, d, x.data.begin() + static_cast<int64_t>(t) * d);
+      continue;
+    }
     for (int64_t j = 0; j < d; ++j) {
       // Sinusoidal encoding (Vaswani et al.): sin on even, cos on odd dimensions.
       const double angle = pos / std::pow(10000.0, static_cast<double>(j - j % 2) / static_cast<double>(d));
@@ -92,6 +115,18 @@ Tensor TinyDecoder::project_heads(const Tensor& x, const Tensor& w, int64_t head
       y.data[static_cast<size_t>(r * out + c)] = s;
     }
   return y;
+}
+
+Tensor TinyDecoder::rope(const Tensor& heads, int64_t first_position) const {
+  std::vector<int32_t> positions(static_cast<size_t>(heads.dim(0)));
+  for (size_t r = 0; r < positions.size(); ++r) positions[r] = static_cast<int32_t>(first_position + static_cast<int64_t>(r));
+  return rope(heads, positions);
+}
+
+Tensor TinyDecoder::rope(const Tensor& heads, const std::vector<int32_t>& positions) const {
+  if (config_.position_encoding != PositionEncoding::rope) return heads;
+  return apply_rotary_embedding(heads, std::vector<int64_t>(positions.begin(), positions.end()),
+                                rope_frequencies(head_dim(), 1.0, config_.rope_theta), config_.rope_interleave);
 }
 
 Tensor TinyDecoder::residual(const Tensor& x, const Tensor& z, int64_t layer) const {
@@ -124,8 +159,8 @@ std::vector<double> TinyDecoder::next_token_logits(const std::vector<int32_t>& t
   Tensor x = embed(tokens, 0);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
     const auto& w = layers_[static_cast<size_t>(l)];
-    const Tensor q = project_heads(x, w.w_q, config_.num_qo_heads);
-    const Tensor k = project_heads(x, w.w_k, config_.num_kv_heads);
+    const Tensor q = rope(project_heads(x, w.w_q, config_.num_qo_heads), 0);
+    const Tensor k = rope(project_heads(x, w.w_k, config_.num_kv_heads), 0);
     const Tensor v = project_heads(x, w.w_v, config_.num_kv_heads);
     x = residual(x, single_prefill_with_kv_cache(q, k, v, causal()).o, l);
   }
@@ -202,9 +237,9 @@ void generate_contiguous(const TinyDecoder& model, const GenerationOptions& o, G
     Tensor x = model.embed(req.prompt_tokens, 0);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const auto& w = model.layers()[static_cast<size_t>(l)];
-      const Tensor q = model.project_heads(x, w.w_q, c.num_qo_heads);
+      const Tensor q = model.rope(model.project_heads(x, w.w_q, c.num_qo_heads), 0);
       auto& cache = caches[static_cast<size_t>(l)];
-      cache.append(model.project_heads(x, w.w_k, c.num_kv_heads), model.project_heads(x, w.w_v, c.num_kv_heads));
+      cache.append(model.rope(model.project_heads(x, w.w_k, c.num_kv_heads), 0), model.project_heads(x, w.w_v, c.num_kv_heads));
       x = model.residual(x, single_prefill_with_kv_cache(q, cache.k(), cache.v(), causal()).o, l);
     }
     result.memory.query_rows_computed += x.dim(0) * c.num_layers;
@@ -217,9 +252,9 @@ void generate_contiguous(const TinyDecoder& model, const GenerationOptions& o, G
       Tensor xt = model.embed({token}, pos);
       for (int64_t l = 0; l < c.num_layers; ++l) {
         const auto& w = model.layers()[static_cast<size_t>(l)];
-        const Tensor q = model.project_heads(xt, w.w_q, c.num_qo_heads);
+        const Tensor q = model.rope(model.project_heads(xt, w.w_q, c.num_qo_heads), pos);
         auto& cache = caches[static_cast<size_t>(l)];
-        cache.append(model.project_heads(xt, w.w_k, c.num_kv_heads), model.project_heads(xt, w.w_v, c.num_kv_heads));
+        cache.append(model.rope(model.project_heads(xt, w.w_k, c.num_kv_heads), pos), model.project_heads(xt, w.w_v, c.num_kv_heads));
         const Tensor o1 = single_decode_with_kv_cache(drop_first_axis(q), cache.k(), cache.v()).o;
         xt = model.residual(xt, Tensor({1, c.num_qo_heads, model.head_dim()}, o1.data), l);
       }
@@ -287,9 +322,9 @@ void generate_paged(const TinyDecoder& model, const GenerationOptions& o, Genera
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const auto& w = model.layers()[static_cast<size_t>(l)];
       auto& pool = pools[static_cast<size_t>(l)];
-      append_paged_kv_cache(model.project_heads(x, w.w_k, c.num_kv_heads), model.project_heads(x, w.w_v, c.num_kv_heads),
-                            batch_indices, positions, pool);
-      const Tensor q = model.project_heads(x, w.w_q, c.num_qo_heads);
+      append_paged_kv_cache(model.rope(model.project_heads(x, w.w_k, c.num_kv_heads), positions),
+                            model.project_heads(x, w.w_v, c.num_kv_heads), batch_indices, positions, pool);
+      const Tensor q = model.rope(model.project_heads(x, w.w_q, c.num_qo_heads), positions);
       x = model.residual(x, batch_prefill_with_paged_kv_cache(q, {0, static_cast<int32_t>(suffix.size())}, pool, causal()).o, l);
     }
     result.memory.query_rows_computed += x.dim(0) * c.num_layers;
@@ -317,9 +352,9 @@ void generate_paged(const TinyDecoder& model, const GenerationOptions& o, Genera
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const auto& w = model.layers()[static_cast<size_t>(l)];
       auto& pool = pools[static_cast<size_t>(l)];
-      append_paged_kv_cache(model.project_heads(x, w.w_k, c.num_kv_heads), model.project_heads(x, w.w_v, c.num_kv_heads),
-                            batch_indices, positions, pool);
-      const Tensor q = model.project_heads(x, w.w_q, c.num_qo_heads);
+      append_paged_kv_cache(model.rope(model.project_heads(x, w.w_k, c.num_kv_heads), positions),
+                            model.project_heads(x, w.w_v, c.num_kv_heads), batch_indices, positions, pool);
+      const Tensor q = model.rope(model.project_heads(x, w.w_q, c.num_qo_heads), positions);
       const Tensor o_b = batch_decode_with_paged_kv_cache(Tensor({B, c.num_qo_heads, hd}, q.data), pool).o;
       x = model.residual(x, o_b, l);
     }

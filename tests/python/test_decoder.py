@@ -8,22 +8,41 @@ import flashstep
 MODES = ["recompute", "contiguous_kv_cache", "paged_kv_cache"]
 
 
-def np_next_token_logits(model, tokens, num_layers, num_qo_heads, num_kv_heads):
+def np_rotate(x, rope_theta, interleave):
+    """RoPE on (n, heads, hd) rows at positions 0..n-1, pairs as complex numbers."""
+    n, _, hd = x.shape
+    angle = np.arange(n)[:, None] * rope_theta ** (-np.arange(0, hd, 2) / hd)[None, :]
+    turn = np.exp(1j * angle)[:, None, :]
+    out = x.copy()
+    if interleave:
+        z = (x[..., 0::2] + 1j * x[..., 1::2]) * turn
+        out[..., 0::2], out[..., 1::2] = z.real, z.imag
+    else:
+        z = (x[..., : hd // 2] + 1j * x[..., hd // 2:]) * turn
+        out[..., : hd // 2], out[..., hd // 2:] = z.real, z.imag
+    return out
+
+
+def np_next_token_logits(model, tokens, num_layers, num_qo_heads, num_kv_heads, rope=None):
     """X = E[tokens] + sinusoidal positions; per layer causal multi-head attention
-    (GQA), W_O, residual; logits = X[-1] W_vocab."""
+    (GQA), W_O, residual; logits = X[-1] W_vocab. rope=(theta, interleave): X = E[tokens],
+    and Q and K rotated per layer instead."""
     emb = model.embedding
     n, d = len(tokens), emb.shape[1]
     pos = np.arange(n)[:, None]
     j = np.arange(d)[None, :]
     angle = pos / 10000.0 ** ((j - j % 2) / d)
-    x = emb[np.array(tokens)] + np.where(j % 2 == 0, np.sin(angle), np.cos(angle))
+    x = emb[np.array(tokens)] + (0 if rope else np.where(j % 2 == 0, np.sin(angle), np.cos(angle)))
     hd = d // num_qo_heads
     group = num_qo_heads // num_kv_heads
     mask = np.tril(np.ones((n, n), bool))
     for layer in range(num_layers):
         w = model.layer_weights(layer)
         q = (x @ w["w_q"]).reshape(n, num_qo_heads, hd)
-        k = np.repeat((x @ w["w_k"]).reshape(n, num_kv_heads, hd), group, axis=1)
+        k = (x @ w["w_k"]).reshape(n, num_kv_heads, hd)
+        if rope:
+            q, k = np_rotate(q, *rope), np_rotate(k, *rope)
+        k = np.repeat(k, group, axis=1)
         v = np.repeat((x @ w["w_v"]).reshape(n, num_kv_heads, hd), group, axis=1)
         s = np.einsum("ihd,jhd->hij", q, k) / np.sqrt(hd)
         s = np.where(mask[None], s, -np.inf)
@@ -42,6 +61,25 @@ def test_forward_is_the_courses_equations(rng, layers, qo, kv, proj):
     tokens = rng.integers(0, 256, int(rng.integers(1, 15)))
     np.testing.assert_allclose(model.next_token_logits(tokens),
                                np_next_token_logits(model, tokens, layers, qo, kv), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("theta,interleave", [(1e4, False), (5e5, True)])
+def test_rope_forward_and_modes(rng, theta, interleave):
+    seed = int(rng.integers(2**63))
+    model = flashstep.TinyDecoder(num_layers=2, num_qo_heads=4, num_kv_heads=2, weight_seed=seed,
+                                  position_encoding="rope", rope_theta=theta, rope_interleave=interleave)
+    tokens = rng.integers(0, 256, 11)
+    np.testing.assert_allclose(model.next_token_logits(tokens),
+                               np_next_token_logits(model, tokens, 2, 4, 2, rope=(theta, interleave)),
+                               rtol=1e-10, atol=1e-10)
+    prompts = ["The cat sat", "The cat ran fast"]
+    runs = [model.generate(prompts, mode=m, max_new_tokens=5, record_logits=True) for m in MODES]
+    for r in range(len(prompts)):
+        for run in runs[1:]:
+            np.testing.assert_array_equal(run.requests[r].generated_tokens, runs[0].requests[r].generated_tokens)
+            np.testing.assert_allclose(run.requests[r].step_logits, runs[0].requests[r].step_logits, atol=1e-10)
+    with pytest.raises(ValueError, match="position_encoding"):
+        flashstep.TinyDecoder(position_encoding="alibi")
 
 
 def test_three_modes_generate_the_same_tokens(rng):

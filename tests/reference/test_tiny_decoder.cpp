@@ -32,7 +32,9 @@ const GenerationMode kModes[] = {GenerationMode::recompute, GenerationMode::cont
 
 // The course's equations, transcribed with plain loops: X = embedding + positions; per
 // layer Q, K, V, masked softmax(Q K^T / sqrt(d)) V per head (GQA: head h reads kv head
-// h / group), optional W_O, residual; logits = X[-1] W_vocab.
+// h / group), optional W_O, residual; logits = X[-1] W_vocab. In the rope mode X is the
+// embedding alone and each head of Q and K at position t has its pairs turned by
+// t * rope_theta^(-2i / head_dim), written out here from the formula.
 std::vector<double> naive_next_token_logits(const TinyDecoder& m, const std::vector<int32_t>& tokens) {
   const auto& c = m.config();
   const int64_t n = static_cast<int64_t>(tokens.size()), d = c.d_model, hd = m.head_dim();
@@ -42,8 +44,22 @@ std::vector<double> naive_next_token_logits(const TinyDecoder& m, const std::vec
     for (int64_t j = 0; j < d; ++j) {
       const double freq = std::pow(10000.0, -static_cast<double>(2 * (j / 2)) / static_cast<double>(d));
       const double pe = j % 2 == 0 ? std::sin(t * freq) : std::cos(t * freq);
-      x[t][j] = m.embedding().data[static_cast<size_t>(tokens[t] * d + j)] + pe;
+      const bool rope = c.position_encoding == ref::PositionEncoding::rope;
+      x[t][j] = m.embedding().data[static_cast<size_t>(tokens[t] * d + j)] + (rope ? 0.0 : pe);
     }
+  // Turns every head of row (one token's Q or K, heads * hd values) to position t.
+  auto rotate = [&](std::vector<double>& row, int64_t t) {
+    if (c.position_encoding != ref::PositionEncoding::rope) return;
+    for (size_t h0 = 0; h0 < row.size(); h0 += static_cast<size_t>(hd))
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double angle = static_cast<double>(t) * std::pow(c.rope_theta, -2.0 * i / static_cast<double>(hd));
+        double& a = row[h0 + static_cast<size_t>(c.rope_interleave ? 2 * i : i)];
+        double& b = row[h0 + static_cast<size_t>(c.rope_interleave ? 2 * i + 1 : i + hd / 2)];
+        const double a0 = a, b0 = b;
+        a = a0 * std::cos(angle) - b0 * std::sin(angle);
+        b = b0 * std::cos(angle) + a0 * std::sin(angle);
+      }
+  };
   auto matmul = [&](const std::vector<double>& row, const ref::Tensor& w) {
     std::vector<double> out(static_cast<size_t>(w.dim(1)), 0.0);
     for (int64_t k = 0; k < w.dim(0); ++k)
@@ -56,6 +72,8 @@ std::vector<double> naive_next_token_logits(const TinyDecoder& m, const std::vec
       q.push_back(matmul(row, layer.w_q));
       k.push_back(matmul(row, layer.w_k));
       v.push_back(matmul(row, layer.w_v));
+      rotate(q.back(), static_cast<int64_t>(q.size()) - 1);
+      rotate(k.back(), static_cast<int64_t>(k.size()) - 1);
     }
     auto next = x;
     for (int64_t i = 0; i < n; ++i) {
@@ -109,8 +127,14 @@ TEST_CASE("tiny_decoder: weights follow the documented Philox formula and are de
 
 TEST_CASE("tiny_decoder: the forward pass is the course's equations (naive transcription)") {
   auto rng = test::case_rng("tiny decoder forward");
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     TinyDecoderConfig c;
+    // Variants 4..7: RoPE instead of sinusoidal positions, both layouts, two thetas.
+    if (variant >= 4) {
+      c.position_encoding = ref::PositionEncoding::rope;
+      c.rope_interleave = variant % 2 == 1;
+      c.rope_theta = variant < 6 ? 1e4 : 5e5;
+    }
     c.num_layers = 1 + variant % 3;
     c.num_qo_heads = variant < 2 ? 4 : 2;
     c.num_kv_heads = variant % 2 == 0 ? c.num_qo_heads : 1;
@@ -139,8 +163,11 @@ TEST_CASE("tiny_decoder: recompute, contiguous KV cache and paged KV cache gener
   };
   const Variant variants[] = {{2, 4, 2, 4, true, true}, {1, 4, 4, 1, false, true}, {3, 2, 1, 3, true, true},
                               {2, 4, 2, 16, true, false}, {2, 8, 2, 2, true, true}};
-  for (const auto& v : variants) {
+  for (const auto& v : variants)
+  for (ref::PositionEncoding encoding : {ref::PositionEncoding::sinusoidal, ref::PositionEncoding::rope}) {
     TinyDecoderConfig c;
+    c.position_encoding = encoding;
+    c.rope_interleave = v.layers == 3;
     c.num_layers = v.layers;
     c.num_qo_heads = v.qo_heads;
     c.num_kv_heads = v.kv_heads;
@@ -158,6 +185,7 @@ TEST_CASE("tiny_decoder: recompute, contiguous KV cache and paged KV cache gener
     o.record_logits = true;
     CAPTURE(c.weight_seed);
     CAPTURE(v.page_size);
+    CAPTURE(ref::to_string(encoding));
     std::vector<ref::GenerationResult> runs;
     for (GenerationMode mode : kModes) runs.push_back(ref::generate(m, prompts, mode, o));
     for (size_t r = 0; r < prompts.size(); ++r) {
@@ -313,4 +341,34 @@ TEST_CASE("tiny_decoder: bad input names the argument") {
   expect_error([&] { ref::generate(TinyDecoder(c), {"~~~"}, GenerationMode::recompute, {}); },
                {"prompts[0] has byte 126", "vocab_size 100"});
   expect_error([] { ref::parse_generation_mode("paged"); }, {"mode must be", "\"paged\""});
+  c = {};
+  c.position_encoding = ref::PositionEncoding::rope;
+  c.rope_theta = 0;
+  expect_error([&] { TinyDecoder{c}; }, {"TinyDecoder", "rope_theta must be positive"});
+  c.rope_theta = 1e4;
+  c.d_model = 12;
+  c.num_qo_heads = 4;
+  c.num_kv_heads = 4;
+  expect_error([&] { TinyDecoder{c}; }, {"TinyDecoder", "rope", "even head_dim", "3"});
+  expect_error([] { ref::parse_position_encoding("alibi"); }, {"position_encoding", "\"alibi\""});
+}
+
+TEST_CASE("tiny_decoder: the rope mode is a different model whose positions enter Q and K only") {
+  TinyDecoderConfig c;
+  const TinyDecoder sinusoidal(c);
+  c.position_encoding = ref::PositionEncoding::rope;
+  const TinyDecoder rope(c);
+  CHECK(ref::to_string(ref::parse_position_encoding("rope")) == std::string("rope"));
+  // Same weights; embed() drops the sinusoid, so row t of X is the token's embedding.
+  CHECK(rope.embedding().data == sinusoidal.embedding().data);
+  const ref::Tensor x = rope.embed({65, 66}, 5);
+  for (int64_t j = 0; j < c.d_model; ++j) CHECK(x({1, j}) == rope.embedding()({66, j}));
+  // rope() moves Q at position 3 and leaves it at position 0; the sinusoidal model's rope()
+  // is the identity.
+  const ref::Tensor q = rope.project_heads(x, rope.layers()[0].w_q, c.num_qo_heads);
+  CHECK(ref::max_abs_diff(rope.rope(q, 0), q) > 0);  // row 1 sits at position 1
+  CHECK(ref::max_abs_diff(rope.rope(q, std::vector<int32_t>{0, 0}), q) == 0);
+  CHECK(ref::max_abs_diff(sinusoidal.rope(q, 3), q) == 0);
+  const std::vector<int32_t> tokens{84, 104, 101, 32, 99, 97, 116};
+  CHECK(rope.next_token_logits(tokens) != sinusoidal.next_token_logits(tokens));
 }

@@ -17,3 +17,4 @@
 #include "flashstep/reference/speculative.hpp"     // IWYU pragma: export
 #include "flashstep/reference/tiny_decoder.hpp"    // IWYU pragma: export
 #include "flashstep/reference/fp8.hpp"             // IWYU pragma: export
+#include "flashstep/reference/rope.hpp"            // IWYU pragma: export

@@ -1,7 +1,7 @@
 /// \file tiny_decoder.hpp
 /// \brief The course's decoder, end to end, small enough to run in milliseconds: byte
-/// tokens, embedding plus sinusoidal positions, L layers of attention with a residual,
-/// W_vocab, and sampling; generated three ways that must give the same tokens.
+/// tokens, embedding plus positions (sinusoidal, or RoPE on Q and K), L layers of attention
+/// with a residual, W_vocab, and sampling; generated three ways that must give the same tokens.
 ///
 /// The model is exactly the course's (no layer norm, no MLP): for each layer
 ///
@@ -14,6 +14,12 @@
 /// are drawn from a fixed seed through Philox (kernels/philox.cuh), so every platform
 /// builds the same model: entry i of matrix m is `(2 u - 1) * sqrt(3 / fan_in)` with
 /// u = philox_uniform(weight_seed, m, i) (the embedding uses fan_in 1).
+///
+/// **Positions.** By default (PositionEncoding::sinusoidal) X starts as the token embedding
+/// plus the sinusoidal encoding of Vaswani et al. With PositionEncoding::rope, X is the
+/// embedding alone and every layer rotates Q and K of the token at position p by RoPE
+/// (rope.hpp: rotate-half or interleaved pairs, theta_i = rope_theta^(-2i/head_dim)) before
+/// the scores, as Llama does; K enters the cache already rotated.
 ///
 /// ## Three ways to generate (GenerationMode)
 ///
@@ -44,6 +50,16 @@
 
 namespace flashstep::ref {
 
+/// Where the model puts a token's position.
+enum class PositionEncoding {
+  sinusoidal,  ///< added to the embedding once (Vaswani et al.)
+  rope,        ///< Q and K rotated in every layer (Su et al.; Llama)
+};
+/// "sinusoidal" or "rope".
+const char* to_string(PositionEncoding encoding);
+/// Parses the names above (InvalidArgument naming `position_encoding` otherwise).
+PositionEncoding parse_position_encoding(const std::string& name);
+
 /// Shape and seed of the tiny decoder.
 struct TinyDecoderConfig {
   int64_t vocab_size = 256;    ///< byte tokens: token = byte value
@@ -53,6 +69,9 @@ struct TinyDecoderConfig {
   int64_t num_kv_heads = 2;    ///< K/V heads (GQA when fewer than num_qo_heads)
   bool output_projection = true;  ///< apply W_O after attention
   uint64_t weight_seed = 20240601;  ///< Philox key of every weight
+  PositionEncoding position_encoding = PositionEncoding::sinusoidal;  ///< sinusoidal (the course's) or rope
+  double rope_theta = 1e4;     ///< rope: base of the frequencies; positive, finite
+  bool rope_interleave = false;  ///< rope: pairs (x[2i], x[2i+1]) instead of (x[i], x[i + head_dim/2])
 };
 
 /// One layer's weights, row-major (in_features, out_features).
@@ -78,7 +97,8 @@ class TinyDecoder {
   const std::vector<TinyDecoderLayer>& layers() const { return layers_; }
   const Tensor& w_vocab() const { return w_vocab_; }        ///< (d_model, vocab_size)
 
-  /// Token embedding plus sinusoidal position encoding of each token.
+  /// Token embedding of each token, plus its sinusoidal position encoding in the
+  /// sinusoidal mode (rope mode: the embedding alone; positions enter through rope()).
   /// \param tokens (n) ids in [0, vocab_size)
   /// \param first_position position of tokens[0] in its sequence
   /// \return X, (n, d_model)
@@ -87,6 +107,14 @@ class TinyDecoder {
   /// \param heads num_qo_heads for Q, num_kv_heads for K and V
   /// \return (n, heads, head_dim)
   Tensor project_heads(const Tensor& x, const Tensor& w, int64_t heads) const;
+  /// Q or K rotated by RoPE at each row's position in the rope mode; unchanged otherwise.
+  /// \param heads (n, heads, head_dim), the output of project_heads
+  /// \param first_position position of row 0; row r is at first_position + r
+  /// \return (n, heads, head_dim)
+  Tensor rope(const Tensor& heads, int64_t first_position) const;
+  /// The same with each row's position given. \param heads (n, heads, head_dim)
+  /// \param positions (n) \return (n, heads, head_dim)
+  Tensor rope(const Tensor& heads, const std::vector<int32_t>& positions) const;
   /// X + (Z W_O or Z): the residual update. \param x (n, d_model) \param z (n, num_qo_heads, head_dim)
   /// \param layer whose W_O applies
   /// \return the next X, (n, d_model)
