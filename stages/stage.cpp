@@ -6,6 +6,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages {
@@ -28,6 +29,13 @@ DType parse_dtype(const std::string& name) {
   if (name == "e4m3" || name == "float8_e4m3fn") return DType::e4m3;
   if (name == "e5m2" || name == "float8_e5m2") return DType::e5m2;
   throw ref::InvalidArgument("parse_dtype: dtype must be f32, f16, bf16, e4m3 or e5m2 (got \"" + name + "\")");
+}
+
+int device_sm_count() {
+  int device = 0, sms = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
 }
 
 size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : is_fp8(dtype) ? 1 : 2; }

@@ -127,6 +127,15 @@ struct DeviceBatch {
   float* lse = nullptr;                       ///< (nnz_qo, num_qo_heads), natural log
 };
 
+/// Every stage's workspace sections start at a multiple of this many bytes.
+constexpr size_t kWorkspaceAlignment = 256;
+/// `bytes` rounded up to a multiple of kWorkspaceAlignment: where the next section starts.
+constexpr size_t align_up(size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+/// Multiprocessors of the current CUDA device (a host query; plan() sizes grids by it).
+int device_sm_count();
+
 /// One stage's implementation of a batch attention call, FlashInfer's plan/run wrapper.
 /// Make one per batch composition (or reuse it: plan() may be called again).
 class StageRunner {

@@ -39,7 +39,6 @@ namespace flashstep::stages::split_kv {
 
 namespace {
 
-size_t align_up(size_t x) { return (x + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment; }
 
 std::string str(int64_t v) { return std::to_string(v); }
 

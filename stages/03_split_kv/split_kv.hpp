@@ -24,9 +24,6 @@ namespace flashstep::stages::split_kv {
 constexpr int kMaxGroupSize = 8;
 /// Largest page_size it is tested for (any positive page_size works), as stage 02.
 constexpr int kMaxPageSize = 64;
-/// Every section of the workspace starts at a multiple of this many bytes.
-constexpr size_t kWorkspaceAlignment = 256;
-
 /// What run() computes with; plan() chooses.
 enum class DecodePath : int32_t {
   unsplit = 0,      ///< stage 02's runner: one block per (request, kv head), its two halves on small grids

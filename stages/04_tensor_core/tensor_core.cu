@@ -28,9 +28,6 @@ namespace flashstep::stages::tensor_core {
 namespace {
 
 constexpr int kBc = 64;
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 /// Where each array of the schedule and the split's scratch lives in the workspace.
 struct WorkspaceLayout {
@@ -171,13 +168,6 @@ std::string launch_of(const Schedule& s, const WorkspaceLayout& w, int num_kv_he
   return "stage 04: " + std::to_string(s.num_items()) + " work items x " + std::to_string(num_kv_heads) +
          " kv heads, kv_chunk_size " + std::to_string(s.kv_chunk_size) + ", workspace " + std::to_string(w.bytes) +
          " bytes";
-}
-
-int device_sm_count() {
-  int device = 0, sms = 0;
-  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
 }
 
 }  // namespace

@@ -38,10 +38,8 @@ namespace {
 constexpr int kBc = 64;          // stage 04's key tile
 constexpr int kBr = 128;         // stage 04's packed query rows per tile
 constexpr int kMinChunkKeys = 128;
-constexpr size_t kAlign = 256;
 constexpr int64_t kMaxMergeTokens = 65535;  // the merge grid's y dimension
 
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /// The batch stage 04 sees for one level: its groups are the "requests".
@@ -119,13 +117,6 @@ int level_chunk(const BatchShape& ls, int64_t target_blocks) {
   const int64_t splits = std::max<int64_t>(1, target_blocks / blocks);
   const int64_t chunk = std::max<int64_t>(kMinChunkKeys, ceil_div(ceil_div(max_kv, splits), kBc) * kBc);
   return static_cast<int>(std::min(chunk, whole));
-}
-
-int device_sm_count() {
-  int device = 0, sms = 0;
-  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
 }
 
 int prefill_blocks_per_sm(DType dtype, int head_dim) {

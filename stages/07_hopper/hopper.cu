@@ -29,8 +29,6 @@ namespace flashstep::stages::hopper {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 constexpr int kBr = 128;  // HopperTraits::Br
 
 /// The driver's tensor-map encoder, through the runtime (no link against libcuda).

@@ -25,8 +25,6 @@ namespace flashstep::stages::context_parallel {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 std::string str(int64_t v) { return std::to_string(v); }
 
 /// Stage 03's options on a rank: the caller's knobs, the graph flag, and fp32 states on

@@ -354,7 +354,7 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   const std::vector<size_t> starts = {w.header,           w.request_indices, w.kv_tile_indices, w.o_indptr,
                                       w.kv_page_begin,    w.kv_chunk_len,    w.block_valid_mask, w.partial_o,
                                       w.partial_lse,      w.bytes};
-  for (size_t i = 0; i < starts.size(); ++i) CHECK(starts[i] % split_kv::kWorkspaceAlignment == 0);
+  for (size_t i = 0; i < starts.size(); ++i) CHECK(starts[i] % kWorkspaceAlignment == 0);
   CHECK(w.request_indices >= w.header + sizeof(split_kv::SplitKVHeader));
   CHECK(w.kv_tile_indices >= w.request_indices + 4 * 33);
   CHECK(w.o_indptr >= w.kv_tile_indices + 4 * 33);
@@ -362,12 +362,12 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(w.kv_chunk_len >= w.kv_page_begin + 4 * 33);
   CHECK(w.block_valid_mask >= w.kv_chunk_len + 4 * 33);
   CHECK(w.merge_counters >= w.block_valid_mask + 33);
-  CHECK(w.merge_counters % split_kv::kWorkspaceAlignment == 0);
+  CHECK(w.merge_counters % kWorkspaceAlignment == 0);
   CHECK(w.schedule_bytes >= w.merge_counters + 4 * 3 * 8);  // zeroed by every plan's copy
   CHECK(w.partial_o == w.schedule_bytes);
   CHECK(w.partial_lse >= w.partial_o + sizeof(float) * 33 * 32 * 128);
   CHECK(w.bytes >= w.partial_lse + sizeof(float) * 33 * 32);
-  CHECK(w.bytes < w.partial_lse + sizeof(float) * 33 * 32 + split_kv::kWorkspaceAlignment);
+  CHECK(w.bytes < w.partial_lse + sizeof(float) * 33 * 32 + kWorkspaceAlignment);
   // A batch that fills the device alone never splits: no partial rows, capacity = batch.
   const WorkspaceLayout big = split_kv::make_workspace_layout(40, 32, 8, 128, 264);
   CHECK(big.capacity == 40);
