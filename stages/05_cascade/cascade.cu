@@ -119,9 +119,17 @@ int level_chunk(const BatchShape& ls, int64_t target_blocks) {
   return static_cast<int>(std::min(chunk, whole));
 }
 
+/// Calls f(T{}) for the stage's element types, fp16 and bf16 (stage 04's kernel has no
+/// other instantiation); any other dtype is refused by name.
+template <typename F>
+auto dispatch_16bit(DType dtype, F&& f) {
+  if (dtype == DType::f16) return f(__half{});
+  ref::require(dtype == DType::bf16, "CascadeRunner", std::string("no kernel for dtype ") + to_string(dtype));
+  return f(__nv_bfloat16{});
+}
+
 int prefill_blocks_per_sm(DType dtype, int head_dim) {
-  return dtype == DType::f16 ? tensor_core::prepare_prefill_attention<__half>(head_dim)
-                             : tensor_core::prepare_prefill_attention<__nv_bfloat16>(head_dim);
+  return dispatch_16bit(dtype, [&](auto t) { return tensor_core::prepare_prefill_attention<decltype(t)>(head_dim); });
 }
 
 /// A hand-built CascadeLevels' consistency with the batch it is planned for.
@@ -501,8 +509,7 @@ void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
       kernels::check_launch("merge_levels_kernel");
     });
   };
-  if (s.dtype == DType::f16) launch(__half{});
-  else launch(__nv_bfloat16{});
+  dispatch_16bit(s.dtype, launch);
 }
 
 void CascadeRunner::level_state(int level, float* o, float* lse, cudaStream_t stream) const {
