@@ -113,6 +113,14 @@ struct PrefillParams {
   float cap_pre = 0.f;                 ///< soft cap only: sm_scale / cap, applied before tanh
   float cap_post = 0.f;                ///< soft cap only: cap * log2(e), applied after tanh
   bool soft_cap = false;               ///< s -> cap * tanh(s / cap) before the softmax
+
+  /// The four fields above from the batch's sm_scale and logits_soft_cap (0: no cap).
+  void set_score_transform(float sm_scale, float logits_soft_cap) {
+    soft_cap = logits_soft_cap > 0.f;
+    score_scale = soft_cap ? 1.f : sm_scale * kernels::kLog2e;
+    cap_pre = soft_cap ? sm_scale / logits_soft_cap : 0.f;
+    cap_post = soft_cap ? logits_soft_cap * kernels::kLog2e : 0.f;
+  }
 };
 
 /// What one block works on, decoded from its work item.

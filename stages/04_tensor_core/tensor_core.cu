@@ -122,11 +122,7 @@ KernelEntry kernel_entry() {
     p.group_size = s.group_size();
     p.causal = s.mode == Mode::prefill && s.causal;
     p.window_left = s.window_left;
-    const float sm_scale = s.resolved_sm_scale();
-    p.soft_cap = s.logits_soft_cap > 0.f;
-    p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
-    p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
-    p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
+    p.set_score_transform(s.resolved_sm_scale(), s.logits_soft_cap);
     const int64_t blocks = sched.num_items() * s.num_kv_heads;
     prefill_attention_kernel<T, HEAD_DIM>
         <<<static_cast<unsigned>(blocks), Tr::kThreads, smem, stream>>>(p);

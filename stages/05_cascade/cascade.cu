@@ -487,10 +487,7 @@ void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
       p.group_size = s.group_size();
       p.causal = L.shape.causal;
       p.window_left = -1;
-      p.soft_cap = s.logits_soft_cap > 0.f;
-      p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
-      p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
-      p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
+      p.set_score_transform(sm_scale, s.logits_soft_cap);
       tensor_core::launch_prefill_attention<T>(p, s.head_dim, L.schedule.num_items(), stream);
     }
     MergeLevelsParams<T> m;
