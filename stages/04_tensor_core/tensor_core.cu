@@ -69,7 +69,7 @@ struct KernelEntry {
   void (*set_smem_limit)(size_t bytes);
   int (*blocks_per_sm)(size_t smem);
   void (*launch)(const BatchShape&, const Schedule&, const WorkspaceLayout&, uint8_t* workspace,
-                 const DeviceBatch&, size_t smem, cudaStream_t);
+                 const DeviceBatch&, cudaStream_t);
 };
 
 template <typename T, int HEAD_DIM>
@@ -94,7 +94,7 @@ KernelEntry kernel_entry() {
     return blocks;
   };
   e.launch = [](const BatchShape& s, const Schedule& sched, const WorkspaceLayout& w, uint8_t* ws,
-                const DeviceBatch& batch, size_t smem, cudaStream_t stream) {
+                const DeviceBatch& batch, cudaStream_t stream) {
     PrefillParams<T> p;
     p.q = static_cast<const T*>(batch.q);
     p.qo_indptr = batch.qo_indptr;
@@ -123,10 +123,7 @@ KernelEntry kernel_entry() {
     p.causal = s.mode == Mode::prefill && s.causal;
     p.window_left = s.window_left;
     p.set_score_transform(s.resolved_sm_scale(), s.logits_soft_cap);
-    const int64_t blocks = sched.num_items() * s.num_kv_heads;
-    prefill_attention_kernel<T, HEAD_DIM>
-        <<<static_cast<unsigned>(blocks), Tr::kThreads, smem, stream>>>(p);
-    kernels::check_launch("prefill_attention_kernel");
+    launch_prefill_attention<T>(p, HEAD_DIM, sched.num_items(), stream);
     if (sched.kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -296,8 +293,7 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   const KernelEntry e = kernel_entry_for(shape.dtype, shape.head_dim);
-  smem_bytes_ = e.smem_bytes;
-  e.set_smem_limit(smem_bytes_);
+  e.set_smem_limit(e.smem_bytes);  // run() launches with that much dynamic shared memory
   // The schedule, staged in one host buffer and copied once.
   std::vector<uint8_t> staged(w.schedule_bytes, 0);
   auto put = [&](size_t offset, const std::vector<int32_t>& v) {
@@ -318,7 +314,7 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, smem_bytes_, stream);
+  kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, stream);
 }
 
 namespace {

@@ -70,7 +70,6 @@ class TensorCoreRunner : public StageRunner {
   BatchShape shape_;
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
-  size_t smem_bytes_ = 0;
   CapturedLaunch captured_;
 };
 
