@@ -87,6 +87,7 @@ TEST_CASE("07_hopper: sanitizer subset") {
       if (stage.storage == KVStorage::paged) {
         c.page_size = 3;
         c.kv_layout = KVLayout::HND;
+        c.head_dim = 128;  // the paged entry's one head_dim
       }
       const harness::ValidationReport r =
           harness::validate(stage, c, harness::case_seed(test::run_seed(), c.describe()));
