@@ -6,7 +6,7 @@
 
 #include "flashstep/reference/errors.hpp"
 
-namespace flashstep::engine {
+namespace flashstep::stages::engine {
 
 using ref::require;
 
@@ -138,4 +138,4 @@ std::string ArrivalSchedule::describe() const {
   return os.str();
 }
 
-}  // namespace flashstep::engine
+}  // namespace flashstep::stages::engine

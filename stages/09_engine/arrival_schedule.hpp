@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-namespace flashstep::engine {
+namespace flashstep::stages::engine {
 
 /// One request of a workload.
 struct Request {
@@ -90,4 +90,4 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-}  // namespace flashstep::engine
+}  // namespace flashstep::stages::engine

@@ -22,7 +22,7 @@
 namespace {
 
 using namespace flashstep;
-using namespace flashstep::engine;
+using namespace flashstep::stages::engine;
 
 struct Csr {
   std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len;

@@ -8,7 +8,7 @@
 
 #include "flashstep/reference/errors.hpp"
 
-namespace flashstep::engine {
+namespace flashstep::stages::engine {
 
 using ref::require;
 
@@ -342,4 +342,4 @@ std::string StepBatch::describe() const {
   return os.str();
 }
 
-}  // namespace flashstep::engine
+}  // namespace flashstep::stages::engine

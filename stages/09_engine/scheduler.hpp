@@ -51,7 +51,7 @@
 #include "flashstep/reference/page_allocator.hpp"
 #include "flashstep/reference/radix_cache.hpp"
 
-namespace flashstep::engine {
+namespace flashstep::stages::engine {
 
 /// The limits a Scheduler works within.
 struct SchedulerConfig {
@@ -188,4 +188,4 @@ class Scheduler {
   int64_t pages_allocated_ = 0;
 };
 
-}  // namespace flashstep::engine
+}  // namespace flashstep::stages::engine

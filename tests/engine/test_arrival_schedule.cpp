@@ -8,7 +8,7 @@
 #include "09_engine/arrival_schedule.hpp"
 #include "support/expect_error.hpp"
 
-using namespace flashstep::engine;
+using namespace flashstep::stages::engine;
 using flashstep::test::expect_error;
 
 TEST_CASE("SplitMix64 gives the published splitmix64 stream") {

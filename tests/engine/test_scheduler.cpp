@@ -11,7 +11,7 @@
 #include "09_engine/scheduler.hpp"
 #include "support/expect_error.hpp"
 
-using namespace flashstep::engine;
+using namespace flashstep::stages::engine;
 using flashstep::test::expect_error;
 
 namespace {
