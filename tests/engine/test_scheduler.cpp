@@ -139,6 +139,17 @@ void check_step(const Scheduler& s, const StepBatch& b, std::map<int32_t, Track>
     }
   }
   CHECK(b.page_copies.empty());  // only whole pages are shared, so no copy-on-write
+  // Admission reserved every running request's remaining pages: the pool still holds them.
+  int64_t reserved = 0;
+  for (int32_t r = 0; r < static_cast<int32_t>(s.requests().size()); ++r) {
+    const RequestState& st = s.state(r);
+    CHECK(st.reserved_pages >= 0);
+    if (st.sequence >= 0)  // pages held (cached prefix included) + still reserved == lifetime
+      CHECK(static_cast<int64_t>(s.sequences().pages(st.sequence).size()) + st.reserved_pages ==
+            s.lifetime_pages(r));
+    reserved += st.reserved_pages;
+  }
+  CHECK(s.allocator().num_free_pages() >= reserved);
   s.allocator().check_invariants();
   s.cache().check_invariants();
   CHECK(s.allocator().num_free_pages() + s.allocator().num_used_pages() == s.allocator().num_pages());
