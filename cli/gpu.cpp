@@ -215,6 +215,10 @@ const OtherStage kOtherStages[] = {
     {"08_context_parallel",
      "it runs one batch on several GPUs at once: flashstep_cp_tests checks it against the "
      "reference, on a machine with two or more GPUs (scripts/gpu-cp.sh)"},
+    {"09_engine",
+     "only its host side exists so far (the continuous-batching scheduler and each step's "
+     "metadata, on the CPU): flashstep_engine_tests (`ctest -L engine`) checks it; the GPU "
+     "engine is still to come"},
 };
 
 const OtherStage* other_stage(const std::string& name) {

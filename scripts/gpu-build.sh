@@ -18,7 +18,7 @@ available=$(cmake --build "$BUILD" --target help | grep -oE '\bflashstep_[A-Za-z
 # Every test program of the `gpu` CTest label (the stage suite and any other GPU suite a
 # stage adds: flashstep_*_tests and *_gpu targets), less the CPU-only suites.
 mapfile -t targets < <(grep -E '^flashstep_[A-Za-z0-9_]+_tests$|_gpu$' <<< "$available" |
-                       grep -vxE 'flashstep_(reference|statistics)_tests' || true)
+                       grep -vxE 'flashstep_(reference|statistics|engine)_tests' || true)
 # Every benchmark program (flashstep_bench, and any a stage adds, such as stage 06's).
 mapfile -t benches < <(grep -E '^flashstep_[A-Za-z0-9_]*bench$' <<< "$available" || true)
 targets+=("${benches[@]}")
