@@ -352,14 +352,12 @@ struct DecodeLoop {
   /// thread block (it holds a __syncthreads), whose threads together hold num_z token
   /// groups of the same bdy. Returns true on the threads that hold the merged states
   /// (z == 0 and computing): they write the result.
-  /// \param z_base token group of this thread's tz = 0: its token group is z_base + tz
-  ///        (0 with one loop per block)
-  /// \param num_z token groups of the block
+  /// \param num_z token groups of the block (this thread's is tz)
   /// \param buf DecodeTraits::merge_bytes(num_z, bdy) bytes of shared memory, not read or
   ///        written by any copy still in flight
-  __device__ __forceinline__ bool merge_states(int z_base, int num_z, float* buf) {
+  __device__ __forceinline__ bool merge_states(int num_z, float* buf) {
     const int num_states = num_z * bdy * HPT;
-    const int z = z_base + tz;
+    const int z = tz;
     float* part_o = buf;                             // [state][HEAD_DIM]
     float* part_m = part_o + num_states * HEAD_DIM;  // [state]
     float* part_d = part_m + num_states;             // [state]

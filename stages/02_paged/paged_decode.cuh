@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeP
   // ---- merge the bdz partial states of each head (exact) in the pipeline's memory, then
   // write o and lse. Two blocks share an SM, so one block's merge hides behind the
   // other's loads.
-  if (!loop.merge_states(0, p.bdz, reinterpret_cast<float*>(smem_raw))) return;
+  if (!loop.merge_states(p.bdz, reinterpret_cast<float*>(smem_raw))) return;
 #pragma unroll
   for (int j = 0; j < Tr::kHeadsPerThread; ++j) {
     if (!loop.holds_head(j, p.group_size)) continue;

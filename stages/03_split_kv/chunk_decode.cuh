@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   loop.load_q(p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size, p.sm_scale_log2);
   loop.template attend<1, true>(p.kv, kv_head, page_base, chunk_len, 0, (chunk_len + Tr::kTile - 1) / Tr::kTile,
                                 reinterpret_cast<KV*>(smem_raw), p.num_stages, [] { __syncthreads(); });
-  const bool holds = loop.merge_states(0, p.bdz, reinterpret_cast<float*>(smem_raw));
+  const bool holds = loop.merge_states(p.bdz, reinterpret_cast<float*>(smem_raw));
   // Without the fused merge a thread that holds no state is done (no barrier follows).
   if constexpr (!FUSED_MERGE) {
     if (!holds) return;
