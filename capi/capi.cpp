@@ -25,6 +25,7 @@
 namespace {
 
 using flashstep::ref::InvalidArgument;
+namespace ref = flashstep::ref;
 namespace st = flashstep::stages;
 namespace smp = flashstep::stages::sampling;
 
@@ -54,13 +55,6 @@ int guarded(const char* function, F&& body) {
 
 void require(bool ok, const std::string& message) {
   if (!ok) throw InvalidArgument(message);
-}
-
-/// The form for checks inside per-request and per-page loops: `make_message()` (returning
-/// a std::string) runs only when the check fails, so a passing check costs a comparison.
-template <typename MakeMessage>
-void require_lazy(bool ok, MakeMessage&& make_message) {
-  if (!ok) throw InvalidArgument(make_message());
 }
 
 void check_cuda(cudaError_t err, const char* function) {
@@ -123,14 +117,16 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
   b.kv_indptr.assign(s->kv_indptr, s->kv_indptr + n + 1);
   for (const auto* indptr : {&b.qo_indptr, &b.kv_indptr}) {
     const char* name = indptr == &b.qo_indptr ? "qo_indptr" : "kv_indptr";
-    require_lazy((*indptr)[0] == 0, [&] { return fn + ": " + name + "[0] must be 0"; });
+    ref::require_lazy((*indptr)[0] == 0, fn.c_str(), [&] { return std::string(name) + "[0] must be 0"; });
     for (int i = 0; i < n; ++i)
-      require_lazy((*indptr)[i + 1] >= (*indptr)[i],
-                   [&] { return fn + ": " + name + " must be non-decreasing (at " + std::to_string(i + 1) + ")"; });
+      ref::require_lazy((*indptr)[i + 1] >= (*indptr)[i], fn.c_str(), [&] {
+        return std::string(name) + " must be non-decreasing (at " + std::to_string(i + 1) + ")";
+      });
   }
   if (b.mode == st::Mode::decode)
     for (int i = 0; i <= n; ++i)
-      require_lazy(b.qo_indptr[i] == i, [&] { return fn + ": decode needs qo_indptr = 0, 1, ..., batch_size"; });
+      ref::require_lazy(b.qo_indptr[i] == i, fn.c_str(),
+                        [] { return "decode needs qo_indptr = 0, 1, ..., batch_size"; });
   if (b.storage == st::KVStorage::paged) {
     require(s->kv_last_page_len != nullptr, fn + ": kv_last_page_len is required for paged KV");
     require(s->page_size >= 1, fn + ": page_size must be >= 1, got " + std::to_string(s->page_size));
@@ -138,10 +134,11 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
     for (int i = 0; i < n; ++i) {
       const bool has_pages = b.kv_indptr[i + 1] > b.kv_indptr[i];
       const int32_t last = b.kv_last_page_len[i];
-      require_lazy(has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size), [&] {
-        return fn + ": kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) +
-               " must be in 1..page_size";
-      });
+      ref::require_lazy(has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size),
+                        fn.c_str(), [&] {
+                          return "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) +
+                                 " must be in 1..page_size";
+                        });
     }
   }
   return b;
@@ -296,7 +293,8 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
                                                : (k_scale == 1.f && v_scale == 1.f);
     if (!planned_scales) {
       require(!r->info->kv_dtypes.empty(), "run: stage " + r->info->name +
-                                               " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)");
+                                               " reads no FP8 cache and applies no k_scale or v_scale " +
+                                               "(both must be 1)");
       require(r->replannable, "run: k_scale and v_scale need a plan made by fs_runner_plan");
       cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
       check_cuda(cudaStreamIsCapturing(as_stream(stream), &capture), "run");
@@ -362,16 +360,18 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     flat.kv_last_page_len.assign(static_cast<size_t>(n), 0);
     for (int l = 0; l < num_levels; ++l) {
       const int g = num_groups[l];
-      auto at = [&] { return std::string(fn) + ": level " + std::to_string(l) + ": "; };
-      require_lazy(g >= 1 && qo_indptr[l] && kv_indptr[l] && kv_last_page_len[l],
-                   [&] { return at() + "needs num_groups >= 1 and its arrays"; });
+      auto at = [&] { return "level " + std::to_string(l) + ": "; };
+      ref::require_lazy(g >= 1 && qo_indptr[l] && kv_indptr[l] && kv_last_page_len[l], fn,
+                        [&] { return at() + "needs num_groups >= 1 and its arrays"; });
       flashstep::ref::CascadeLevel lv;
       lv.qo_indptr.assign(qo_indptr[l], qo_indptr[l] + g + 1);
       lv.kv_indptr.assign(kv_indptr[l], kv_indptr[l] + g + 1);
-      require_lazy(lv.kv_indptr[0] == 0, [&] { return at() + "kv_indptr[0] must be 0"; });
+      ref::require_lazy(lv.kv_indptr[0] == 0, fn, [&] { return at() + "kv_indptr[0] must be 0"; });
       for (int i = 0; i < g; ++i)
-        require_lazy(lv.kv_indptr[i + 1] >= lv.kv_indptr[i], [&] { return at() + "kv_indptr must not decrease"; });
-      require_lazy(lv.kv_indptr[g] == 0 || kv_indices[l] != nullptr, [&] { return at() + "kv_indices is required"; });
+        ref::require_lazy(lv.kv_indptr[i + 1] >= lv.kv_indptr[i], fn,
+                          [&] { return at() + "kv_indptr must not decrease"; });
+      ref::require_lazy(lv.kv_indptr[g] == 0 || kv_indices[l] != nullptr, fn,
+                        [&] { return at() + "kv_indices is required"; });
       if (lv.kv_indptr[g] > 0) lv.kv_indices.assign(kv_indices[l], kv_indices[l] + lv.kv_indptr[g]);
       lv.kv_last_page_len.assign(kv_last_page_len[l], kv_last_page_len[l] + g);
       lv.causal = l + 1 == num_levels && batch.mode == st::Mode::prefill && batch.causal;
@@ -379,15 +379,16 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
       // (both arrays ascend, so one walk finds them all).
       lv.request_indptr.reserve(static_cast<size_t>(g) + 1);
       for (int i = 0; i < g; ++i)
-        require_lazy(lv.qo_indptr[i + 1] >= lv.qo_indptr[i], [&] { return at() + "qo_indptr must not decrease"; });
+        ref::require_lazy(lv.qo_indptr[i + 1] >= lv.qo_indptr[i], fn,
+                          [&] { return at() + "qo_indptr must not decrease"; });
       int q = 0;
       for (int i = 0; i <= g; ++i) {
         // (a value repeated for requests with no query falls on the first of them)
         while (q <= n && batch.qo_indptr[q] < lv.qo_indptr[i]) ++q;
-        require_lazy(q <= n && batch.qo_indptr[q] == lv.qo_indptr[i], [&] {
-                       return at() + "qo_indptr[" + std::to_string(i) + "] = " + std::to_string(lv.qo_indptr[i]) +
-                              " does not fall on a request's first query";
-                     });
+        ref::require_lazy(q <= n && batch.qo_indptr[q] == lv.qo_indptr[i], fn, [&] {
+          return at() + "qo_indptr[" + std::to_string(i) + "] = " + std::to_string(lv.qo_indptr[i]) +
+                 " does not fall on a request's first query";
+        });
         lv.request_indptr.push_back(static_cast<int32_t>(i == g ? n : q));
       }
       for (int i = 0; i < g; ++i) {
