@@ -108,7 +108,7 @@ def tolerance(dtype, which="o", kv_dtype=None):
     if which not in ("o", "lse"):
         raise ValueError(f"tolerance: which must be 'o' or 'lse'; got {which!r}")
     q = _dtype_name(dtype, "tolerance", "dtype")
-    kv = 0 if kv_dtype is None else _KV_DTYPES.get(_kv_dtype_name(kv_dtype, q, "tolerance", "kv_dtype"), 0)
+    kv = 0 if kv_dtype is None else _KV_DTYPES.get(_kv_dtype_name(kv_dtype, "tolerance", "kv_dtype"), 0)
     atol, rtol, norm = ctypes.c_double(), ctypes.c_double(), ctypes.c_double()
     _capi.call("fs_tolerance", _DTYPES[q], kv, 0 if which == "o" else 1, ctypes.byref(atol), ctypes.byref(rtol),
                ctypes.byref(norm))
@@ -125,7 +125,7 @@ def _dtype_name(dtype, fn, name):
     raise ValueError(f"{fn}: {name} must be float32, float16 or bfloat16; got {dtype!r}")
 
 
-def _kv_dtype_name(dtype, q, fn, name):
+def _kv_dtype_name(dtype, fn, name):
     """K/V's element type: q's dtype name, or 'float8_e4m3fn' / 'float8_e5m2'."""
     text = str(dtype).replace("torch.", "")
     if text in _KV_DTYPE_ALIASES:
@@ -620,12 +620,12 @@ def _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, data_type=None, fp8
     float8_e4m3fn or float8_e5m2, which the stage must read (others refuse it by name)."""
     q_given = q_data_type if q_data_type is not None else data_type if data_type is not None else "float16"
     if fp8_kv and q_data_type is None and data_type is not None and \
-            _kv_dtype_name(data_type, None, fn, "data_type") in _KV_DTYPES:
+            _kv_dtype_name(data_type, fn, "data_type") in _KV_DTYPES:
         q_given = "float16"  # data_type is FlashInfer's K/V dtype; q then defaults to float16
     q = _dtype_name(q_given, fn, "q_data_type")
     kv_given = kv_data_type if kv_data_type is not None else data_type
     which = "kv_data_type" if kv_data_type is not None else "data_type (FlashInfer's K/V dtype)"
-    kv = q if kv_given is None else _kv_dtype_name(kv_given, q, fn, which.split(" ")[0])
+    kv = q if kv_given is None else _kv_dtype_name(kv_given, fn, which.split(" ")[0])
     if kv in _KV_DTYPES:
         if not fp8_kv:
             raise ValueError(f"{fn}: {which} {kv} is an FP8 format, which only a paged cache takes here")
