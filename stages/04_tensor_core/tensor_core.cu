@@ -51,17 +51,6 @@ WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
   return w;
 }
 
-/// Keys of chunk [chunk_begin, chunk_end) that rows [row_begin, row_begin + rows) of a
-/// request can see: the block's work, as make_task in the kernel cuts it.
-int64_t visible_keys(const BatchShape& s, int64_t qo_len, int64_t kv_len, int64_t row_begin, int64_t rows,
-                     int64_t chunk_begin, int64_t chunk_end) {
-  const int64_t group = s.group_size(), delta = kv_len - qo_len;
-  int64_t lo = chunk_begin, hi = chunk_end;
-  if (s.causal) hi = std::min(hi, (row_begin + rows - 1) / group + delta + 1);
-  if (s.window_left >= 0) lo = std::max(lo, row_begin / group + delta - s.window_left);
-  return std::max<int64_t>(hi - lo, 0);
-}
-
 /// What plan() needs of one instantiation, and how run() launches it.
 struct KernelEntry {
   size_t smem_bytes;

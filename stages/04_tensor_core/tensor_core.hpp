@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -24,6 +25,17 @@ constexpr int kMaxPageSize = 64;
 /// Shortest KV chunk plan() makes when it splits, in keys: below it the partial states
 /// cost more to write and merge than the extra blocks gain.
 constexpr int kMinChunkKeys = 128;
+
+/// Keys of chunk [chunk_begin, chunk_end) that packed rows [row_begin, row_begin + rows)
+/// of a request can see: a block's work, as the kernel cuts it (stage 07 cuts the same).
+inline int64_t visible_keys(const BatchShape& s, int64_t qo_len, int64_t kv_len, int64_t row_begin, int64_t rows,
+                            int64_t chunk_begin, int64_t chunk_end) {
+  const int64_t group = s.group_size(), delta = kv_len - qo_len;
+  int64_t lo = chunk_begin, hi = chunk_end;
+  if (s.causal) hi = std::min(hi, (row_begin + rows - 1) / group + delta + 1);
+  if (s.window_left >= 0) lo = std::max(lo, row_begin / group + delta - s.window_left);
+  return std::max<int64_t>(hi - lo, 0);
+}
 
 /// How the runner plans. The defaults are what the registry entries use; tests change
 /// them to force splits.

@@ -1,5 +1,6 @@
 // Stage 05 — cascade: the planner (levels, cost model, chunks), the workspace, the
-// per-level launches of stage 04's kernel, and the registry entry.
+// per-level launches of stage 04's kernel (or, on sm_90a, stage 07's where the model
+// prices it cheaper: a shared level is a tall prefill tile), and the registry entry.
 //
 // How to run it: `ctest -L gpu` validates it (tests/stages/test_cascade.cpp);
 // `flashstep_bench --shapes=bench/shapes_cascade.csv` times it against the flat stages.
@@ -18,6 +19,7 @@
 #include "04_tensor_core/tensor_core.hpp"
 #include "05_cascade/cascade.hpp"
 #include "05_cascade/merge_levels.cuh"
+#include "07_hopper/hopper.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -64,12 +66,13 @@ BatchShape level_shape(const BatchShape& s, const ref::CascadeLevel& lv) {
   return b;
 }
 
-/// Seconds stage 04's kernel needs for batch `b` (a flat batch, or one level with its
-/// groups as requests): every query tile of a request reads all its (visible) keys, K and
-/// V, and each of its warps with rows computes 16 rows x keys x Hkv x 4 D flops (a warp's
-/// padded rows cost as much as real ones; a warp with none skips the arithmetic); the
-/// launch costs whichever of the two is larger.
-double tensor_core_seconds(const BatchShape& b, const CostModel& c) {
+/// Seconds stage 04's kernel (hopper = false) or stage 07's needs for batch `b` (a flat
+/// batch, or one level with its groups as requests): every query tile of a request reads
+/// all its (visible) keys, K and V; stage 04's warps with rows compute 16 rows x keys x
+/// Hkv x 4 D flops (a warp's padded rows cost as much as real ones; a warp with none
+/// skips the arithmetic), stage 07's two consumer warp groups always compute all 128
+/// rows of a tile, at its own rate; the launch costs whichever of the two is larger.
+double tensor_core_seconds(const BatchShape& b, const CostModel& c, bool hopper = false) {
   const double elt = static_cast<double>(dtype_bytes(b.dtype)), D = b.head_dim, Hkv = b.num_kv_heads;
   double flops = 0, bytes = 0;
   for (int g = 0; g < b.batch_size; ++g) {
@@ -77,11 +80,12 @@ double tensor_core_seconds(const BatchShape& b, const CostModel& c) {
     const int64_t tiles = ceil_div(qo_len * b.group_size(), kBr);
     // causal: a tile sees on average the keys before its middle row
     const double keys = b.causal ? std::max(0.0, kv_len - qo_len / 2.0) : static_cast<double>(kv_len);
-    const int64_t padded_rows = ceil_div(qo_len * b.group_size(), 16) * 16;
+    const int64_t padded_rows = hopper ? tiles * kBr : ceil_div(qo_len * b.group_size(), 16) * 16;
     flops += double(padded_rows) * keys * Hkv * 4.0 * D;
     bytes += tiles * keys * Hkv * D * 2.0 * elt + qo_len * double(b.num_qo_heads) * D * 2.0 * elt;
   }
-  return std::max(flops / c.flops_per_second, bytes / c.tensor_core_bytes_per_second);
+  return std::max(flops / (hopper ? c.hopper_flops_per_second : c.flops_per_second),
+                  bytes / c.tensor_core_bytes_per_second);
 }
 
 /// The flat path: stage 03 for the decode it can run (CUDA cores, memory-bound: groups up
@@ -98,24 +102,40 @@ double flat_seconds(const BatchShape& s, const CostModel& c) {
   return tensor_core_seconds(s, c) + 2 * c.seconds_per_launch;
 }
 
-/// One level's launch: stage 04's kernel over the level's batch (level_shape).
-double level_seconds(const BatchShape& level, const CostModel& c) {
-  return tensor_core_seconds(level, c) + c.seconds_per_launch;
+/// Whether stage 07's kernel can run this level (an sm_90a build and GPU, head_dim 128, a
+/// group dividing its 128-row tile) and the options allow it.
+bool hopper_takes(const BatchShape& level, const CascadeOptions& o) {
+  return o.hopper && hopper::stage_info().unsupported_reason(level).empty();
+}
+
+/// One level's launch over the level's batch (level_shape): stage 04's kernel, or stage
+/// 07's where it takes the level and the model prices it lower (uses_hopper says which).
+double level_seconds(const BatchShape& level, const CascadeOptions& o, bool* uses_hopper = nullptr) {
+  double t = tensor_core_seconds(level, o.cost);
+  bool hopper = false;
+  if (hopper_takes(level, o)) {
+    const double h = tensor_core_seconds(level, o.cost, true);
+    hopper = h < t;
+    t = std::min(t, h);
+  }
+  if (uses_hopper) *uses_hopper = hopper;
+  return t + o.cost.seconds_per_launch;
 }
 
 /// Keys per chunk of one level's launch: none when the level already fills the chip,
 /// else as many chunks as it takes to fill one wave (never more: a second, part-empty
-/// wave costs as much as the first).
-int level_chunk(const BatchShape& ls, int64_t target_blocks) {
+/// wave costs as much as the first). Chunks are whole key tiles of the kernel (64 keys
+/// for stage 04, 128 for stage 07).
+int level_chunk(const BatchShape& ls, int64_t target_blocks, int key_tile = kBc) {
   int64_t blocks = 0, max_kv = 0;
   for (int g = 0; g < ls.batch_size; ++g) {
     blocks += ceil_div(int64_t{ls.qo_indptr[g + 1] - ls.qo_indptr[g]} * ls.group_size(), kBr) * ls.num_kv_heads;
     max_kv = std::max(max_kv, ls.kv_len(g));
   }
-  const int64_t whole = std::max<int64_t>(kBc, ceil_div(max_kv, kBc) * kBc);  // one chunk
+  const int64_t whole = std::max<int64_t>(key_tile, ceil_div(max_kv, key_tile) * key_tile);  // one chunk
   if (blocks == 0 || blocks >= target_blocks) return static_cast<int>(whole);
   const int64_t splits = std::max<int64_t>(1, target_blocks / blocks);
-  const int64_t chunk = std::max<int64_t>(kMinChunkKeys, ceil_div(ceil_div(max_kv, splits), kBc) * kBc);
+  const int64_t chunk = std::max<int64_t>(kMinChunkKeys, ceil_div(ceil_div(max_kv, splits), key_tile) * key_tile);
   return static_cast<int>(std::min(chunk, whole));
 }
 
@@ -205,8 +225,9 @@ struct CascadeRunner::Prepared {
   std::unique_ptr<StageRunner> flat;      // flat path: stage 03 or 04's runner
   size_t flat_bytes = 0;                  // its workspace
   struct Level {
-    BatchShape shape;                     // stage 04's view of the level
-    tensor_core::Schedule schedule;
+    BatchShape shape;                     // the kernel's view of the level
+    bool hopper = false;                  // stage 07's kernel, else stage 04's
+    tensor_core::Schedule schedule;       // (stage 07 plans the same arrays)
     std::vector<int32_t> partial_indptr;  // (nnz_qo + 1) absolute rows in the partial buffer
     size_t qo_indptr, kv_indptr, kv_indices, last_page_len, request, tile, chunk, rows;  // byte offsets
   };
@@ -271,7 +292,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   // query row written by the levels and read back (chunks add a few more)
   auto seconds_of = [&](const ref::CascadeLevels& c) {
     double t = cost.seconds_per_launch;
-    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), cost);
+    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), options_);
     return t + double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 *
                    2 / cost.bytes_per_second;
   };
@@ -314,6 +335,8 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   plan.flat_stage = flat_is_split_kv(s) ? "03_split_kv" : "04_tensor_core";
   int64_t target = options_.target_blocks;
   if (target == 0) target = int64_t{device_sm_count()} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
+  // stage 07's kernel fills a multiprocessor with one block
+  const int64_t hopper_target = options_.target_blocks ? options_.target_blocks : int64_t{device_sm_count()};
   size_t offset = 0;
   auto take = [&](size_t n_int32) {
     const size_t at = offset;
@@ -324,19 +347,26 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   for (const ref::CascadeLevel& lv : plan.levels.levels) {
     Prepared::Level L;
     L.shape = level_shape(s, lv);
-    tensor_core::TensorCoreOptions topt;
-    topt.kv_chunk_size = level_chunk(L.shape, target);
-    L.schedule = tensor_core::TensorCoreRunner(KVStorage::paged, topt).make_schedule(L.shape);
+    LevelPlan lp;
+    lp.seconds = level_seconds(L.shape, options_, &L.hopper);
+    if (L.hopper) {
+      hopper::HopperOptions hopt;
+      hopt.kv_chunk_size = level_chunk(L.shape, hopper_target, hopper::kKeyTile);
+      L.schedule = hopper::HopperRunner(hopt).make_schedule(L.shape);
+    } else {
+      tensor_core::TensorCoreOptions topt;
+      topt.kv_chunk_size = level_chunk(L.shape, target);
+      L.schedule = tensor_core::TensorCoreRunner(KVStorage::paged, topt).make_schedule(L.shape);
+    }
+    lp.stage = L.hopper ? "07_hopper" : "04_tensor_core";
     L.partial_indptr = L.schedule.partial_indptr;
     for (int32_t& r : L.partial_indptr) r += static_cast<int32_t>(rows);
-    LevelPlan lp;
     lp.num_groups = L.shape.batch_size;
     lp.num_pages = static_cast<int64_t>(lv.kv_indices.size());
     for (int g = 0; g < L.shape.batch_size; ++g) lp.max_kv_len = std::max(lp.max_kv_len, L.shape.kv_len(g));
     lp.kv_chunk_size = L.schedule.kv_chunk_size;
     lp.num_items = L.schedule.num_items();
     lp.partial_rows = L.schedule.partial_rows();
-    lp.seconds = level_seconds(L.shape, cost);
     plan.level_plans.push_back(lp);
     rows += L.schedule.partial_rows();
     L.qo_indptr = take(lv.qo_indptr.size());
@@ -385,7 +415,7 @@ std::string launch_of(const CascadePlan& plan, size_t bytes) {
   if (plan.path == Path::flat) return "stage 05: flat on " + plan.flat_stage;
   std::string d = "stage 05: " + std::to_string(plan.level_plans.size()) + " levels (";
   for (const LevelPlan& lp : plan.level_plans)
-    d += std::to_string(lp.num_items) + " items, chunk " + std::to_string(lp.kv_chunk_size) + ", " +
+    d += lp.stage + " " + std::to_string(lp.num_items) + " items, chunk " + std::to_string(lp.kv_chunk_size) + ", " +
          std::to_string(lp.num_groups) + " groups, " + std::to_string(lp.num_pages) + " pages; ";
   return d + std::to_string(plan.partial_rows) + " partial rows, workspace " + std::to_string(bytes) + " bytes)";
 }
@@ -407,8 +437,10 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
   if (p->plan.path == Path::flat) {
     p->flat->plan(shape, workspace, workspace_size, stream);
   } else {
-    // stage 04's kernel needs more dynamic shared memory than a launch gets by default
+    // the levels' kernels need more dynamic shared memory than a launch gets by default
     prefill_blocks_per_sm(shape.dtype, shape.head_dim);
+    for (const Prepared::Level& L : p->levels)
+      if (L.hopper) hopper::prepare_hopper_attention(L.shape);
   }
   if (p->plan.path == Path::cascade && p->staged_bytes > 0) {
     // Every level's arrays and schedule, written once into pinned memory in the
@@ -466,6 +498,26 @@ void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
     using T = decltype(type_tag);
     const float sm_scale = s.resolved_sm_scale();
     for (const Prepared::Level& L : prepared_->levels) {
+      if (L.hopper) {
+        // stage 07's kernel over the same view: the level's CSR table, schedule and rows
+        hopper::HopperLaunch h;
+        h.q = batch.q;
+        h.kv_pool = batch.kv_pool;
+        h.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.qo_indptr);
+        h.kv_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.kv_indptr);
+        h.kv_indices = reinterpret_cast<const int32_t*>(workspace_ + L.kv_indices);
+        h.kv_last_page_len = reinterpret_cast<const int32_t*>(workspace_ + L.last_page_len);
+        h.num_items = L.schedule.num_items();
+        h.request_indices = reinterpret_cast<const int32_t*>(workspace_ + L.request);
+        h.qo_tile_indices = reinterpret_cast<const int32_t*>(workspace_ + L.tile);
+        h.kv_chunk_indices = reinterpret_cast<const int32_t*>(workspace_ + L.chunk);
+        h.kv_chunk_size = L.schedule.kv_chunk_size;  // > 0 here too: partial rows
+        h.partial_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.rows);
+        h.partial_o = reinterpret_cast<float*>(workspace_ + prepared_->partial_o);
+        h.partial_lse = reinterpret_cast<float*>(workspace_ + prepared_->partial_lse);
+        hopper::launch_hopper_attention(L.shape, h, stream);
+        continue;
+      }
       tensor_core::PrefillParams<T> p;
       p.q = static_cast<const T*>(batch.q);
       p.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.qo_indptr);

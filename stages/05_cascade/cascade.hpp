@@ -44,12 +44,14 @@ const char* to_string(Path path);
 /// What the planner assumes of the GPU. The defaults are an H100's, measured with
 /// flashstep's own bench (docs/results): the copy ceiling, which stage 03's decode
 /// reaches; the bandwidth stage 04's kernel reaches when memory-bound (its group-32
-/// decode); its tensor-core rate on long prefill; the cost of one more kernel in a
-/// CUDA-graph replay.
+/// decode); its tensor-core rate on long prefill, and stage 07's (sm_90a); the cost of
+/// one more kernel in a CUDA-graph replay.
 struct CostModel {
   double bytes_per_second = 2.9e12;              ///< stage 03 (CUDA-core decode) streaming K/V
   double tensor_core_bytes_per_second = 2.0e12;  ///< stage 04's kernel streaming K/V
   double flops_per_second = 2.5e14;              ///< what stage 04's kernel sustains on full tiles
+  double hopper_flops_per_second = 4.5e14;       ///< stage 07's paged kernel on full tiles (340-385 TFLOP/s
+                                                 ///< over pages of 16 causal, more on long ones)
   double seconds_per_launch = 3e-6;              ///< fixed cost of each kernel of a run
   double margin = 0.9;               ///< the cascade must cost under margin x flat to be chosen
 };
@@ -61,11 +63,15 @@ struct CascadeOptions {
   /// Blocks a level's launch should reach before its KV is not split further; 0: every
   /// multiprocessor times the blocks of stage 04's kernel that fit on one.
   int target_blocks = 0;
+  /// Run a level on stage 07's kernel where it takes the level (sm_90a, head_dim 128, a
+  /// group dividing 128) and the model prices it below stage 04's; false: stage 04 only.
+  bool hopper = true;
   CostModel cost;               ///< the planner's prices
 };
 
-/// One level as planned: its CSR view and how stage 04's kernel is cut over it.
+/// One level as planned: its CSR view and how stage 04's (or 07's) kernel is cut over it.
 struct LevelPlan {
+  std::string stage;        ///< the level's kernel: "04_tensor_core" or "07_hopper"
   int64_t num_groups = 0;   ///< groups (one "request" each for the kernel)
   int64_t num_pages = 0;    ///< pages the level reads
   int64_t max_kv_len = 0;   ///< longest group's keys

@@ -1,7 +1,9 @@
-// Stage 07 — Hopper prefill: the planner, the tensor maps, the launcher and the registry entry.
+// Stage 07 — Hopper prefill, append and large-group decode: the planner, the tensor maps,
+// the launcher and the registry entries.
 //
 // The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64 and
-// 128; causal is a run-time flag. The tensor maps are encoded in run(), where the device
+// 128 (ragged) and 128 (paged); causal, window, soft cap and the KV split are run-time
+// flags. The tensor maps are encoded in run(), where the device
 // pointers are known (a few microseconds of host work, captured by value in a CUDA graph).
 //
 // How to run it: `ctest -L gpu` validates it on the prefill grids of the registry;
@@ -19,6 +21,7 @@
 #include <type_traits>
 
 #include "04_tensor_core/tensor_core.hpp"  // kMaxPageSize
+#include "03_split_kv/merge_states.cuh"
 #include "07_hopper/hopper.hpp"
 #include "07_hopper/hopper_attention.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
@@ -30,6 +33,13 @@ namespace flashstep::stages::hopper {
 namespace {
 
 constexpr int kBr = 128;  // HopperTraits::Br
+
+/// The query box is (64, group, 128 / group): a token's group rows never straddle a tile.
+std::string tile_rule(const std::string& name, const BatchShape& shape) {
+  if (kBr % shape.group_size() != 0) return name + " needs a GQA group that divides 128";
+  return std::string();
+}
+
 
 /// The driver's tensor-map encoder, through the runtime (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -66,42 +76,75 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t tokens, int heads, i
   return map;
 }
 
-/// What a captured graph freezes of run(): the grid, and the tensor maps, whose sizes are
-/// the batch's nnz_qo and nnz_kv (a map describes the whole of q, k or v).
+/// Where each array of the schedule and the split's scratch lives in the workspace (as
+/// stage 04 lays out its own).
+struct WorkspaceLayout {
+  size_t request_indices = 0, qo_tile_indices = 0, kv_chunk_indices = 0, partial_indptr = 0;
+  size_t schedule_bytes = 0;  ///< [0, schedule_bytes): what plan() copies
+  size_t partial_o = 0, partial_lse = 0, bytes = 0;
+};
+
+WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
+  WorkspaceLayout w;
+  const size_t items = static_cast<size_t>(s.num_items()) * sizeof(int32_t);
+  w.qo_tile_indices = align_up(items);
+  w.kv_chunk_indices = w.qo_tile_indices + align_up(items);
+  w.partial_indptr = w.kv_chunk_indices + align_up(items);
+  w.schedule_bytes = w.partial_indptr + s.partial_indptr.size() * sizeof(int32_t);
+  const size_t rows = static_cast<size_t>(s.partial_rows()) * static_cast<size_t>(num_qo_heads);
+  w.partial_o = align_up(w.schedule_bytes);
+  w.partial_lse = w.partial_o + align_up(rows * static_cast<size_t>(head_dim) * sizeof(float));
+  w.bytes = w.partial_lse + align_up(rows * sizeof(float));
+  return w;
+}
+
+/// What a captured graph freezes of run(): the grid, the split, and the tensor maps, whose
+/// sizes are the batch's nnz_qo and nnz_kv (a map describes the whole of q, k or v).
 std::string launch_of(const Schedule& s, const BatchShape& shape) {
   return "stage 07: " + std::to_string(s.num_items()) + " work items x " + std::to_string(shape.num_kv_heads) +
-         " kv heads, nnz_qo " + std::to_string(shape.nnz_qo()) + ", nnz_kv " +
+         " kv heads, kv_chunk_size " + std::to_string(s.kv_chunk_size) + ", nnz_qo " +
+         std::to_string(shape.nnz_qo()) + ", nnz_kv " +
          std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
 template <typename T, int HEAD_DIM, bool PAGED>
-void launch(const BatchShape& s, const Schedule& sched, const uint8_t* ws, const DeviceBatch& batch,
-            cudaStream_t stream) {
+void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
   const int group = s.group_size();
   HopperParams p;
-  p.q_map = make_map(batch.q, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM, group, Tr::Br / group);
+  p.q_map = make_map(l.q, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM, group, Tr::Br / group);
   if constexpr (PAGED) {
-    p.kv = kernels::make_paged_kv(static_cast<const uint16_t*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
-                                  batch.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+    p.kv = kernels::make_paged_kv(static_cast<const uint16_t*>(l.kv_pool), l.kv_indptr, l.kv_indices,
+                                  l.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
                                   s.kv_layout == KVLayout::HND);
   } else {
-    p.k_map = make_map(batch.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
-    p.v_map = make_map(batch.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
-    p.kv_indptr = batch.kv_indptr;
+    p.k_map = make_map(l.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
+    p.v_map = make_map(l.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
+    p.kv_indptr = l.kv_indptr;
   }
-  p.qo_indptr = batch.qo_indptr;
-  p.request_indices = reinterpret_cast<const int32_t*>(ws);
-  p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + align_up(sched.num_items() * sizeof(int32_t)));
-  p.o = batch.o;
-  p.lse = batch.lse;
+  p.qo_indptr = l.qo_indptr;
+  p.request_indices = l.request_indices;
+  p.qo_tile_indices = l.qo_tile_indices;
+  p.kv_chunk_indices = l.kv_chunk_indices;
+  p.kv_chunk_size = l.kv_chunk_size;
+  p.partial_indptr = l.partial_indptr;
+  p.partial_o = l.partial_o;
+  p.partial_lse = l.partial_lse;
+  p.o = l.o;
+  p.lse = l.lse;
   p.num_qo_heads = s.num_qo_heads;
   p.num_kv_heads = s.num_kv_heads;
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
-  p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
+  p.window_left = s.window_left;
+  // the score transform as stage 04 sets it (PrefillParams::set_score_transform)
+  const float sm_scale = s.resolved_sm_scale();
+  p.soft_cap = s.logits_soft_cap > 0.f;
+  p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
+  p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
+  p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
   hopper_attention_kernel<T, HEAD_DIM, PAGED>
-      <<<static_cast<unsigned>(sched.num_items() * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
+      <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
 }
 
@@ -155,33 +198,75 @@ std::string hopper_unavailable_reason() {
 #endif
 }
 
-Schedule HopperRunner::make_schedule(const BatchShape& s) {
+void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cudaStream_t stream) {
+  if (l.num_items == 0) return;
+  dispatch(shape, [&](auto t, auto d, auto paged) { launch<decltype(t), d(), paged()>(shape, l, stream); });
+}
+
+void prepare_hopper_attention(const BatchShape& shape) {
+  dispatch(shape, [](auto t, auto d, auto paged) { set_smem_limit<decltype(t), d(), paged()>(); });
+}
+
+HopperRunner::HopperRunner(HopperOptions options) : options_(options) {}
+
+Schedule HopperRunner::make_schedule(const BatchShape& s) const {
   const char* fn = "HopperRunner::plan";
-  const std::string reason =
-      (s.storage == KVStorage::paged ? stage_info() : ragged_stage_info()).unsupported_reason(s);
+  // the entry's rules less the GPU's (a schedule is host work; plan() checks the GPU)
+  StageInfo info = s.storage == KVStorage::paged ? stage_info() : ragged_stage_info();
+  info.rules = [name = info.name](const BatchShape& shape) { return tile_rule(name, shape); };
+  const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
+  ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kKeyTile == 0, fn,
+               "kv_chunk_size must be 0 (auto) or a positive multiple of 128 (got " +
+                   std::to_string(options_.kv_chunk_size) + ")");
   ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1 &&
                    static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1,
                fn, "qo_indptr and kv_indptr must have batch_size + 1 entries");
   Schedule sched;
   sched.Br = kBr;
   const int64_t group = s.group_size();
+  std::vector<int64_t> tiles(static_cast<size_t>(s.batch_size));
+  int64_t base_items = 0, max_kv = 0;
+  for (int b = 0; b < s.batch_size; ++b) {
+    const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b];
+    tiles[b] = (qo_len * group + kBr - 1) / kBr;
+    base_items += tiles[b];
+    max_kv = std::max(max_kv, s.kv_len(b));
+  }
+  // Too few blocks to fill the chip (decode batches, a few long requests, a cascade's
+  // shared level): cut every request's KV into chunks of whole key tiles, as many as it
+  // takes for the longest request to bring the grid to one block per multiprocessor.
+  int64_t chunk = options_.kv_chunk_size;
+  if (chunk == 0 && base_items > 0) {
+    const int64_t target = options_.target_blocks > 0 ? options_.target_blocks : int64_t{device_sm_count()};
+    const int64_t blocks = base_items * s.num_kv_heads;
+    if (blocks < target && s.nnz_qo() <= 65535) {  // 65535: the merge grid's y dimension
+      const int64_t splits = (target + blocks - 1) / blocks;
+      chunk = ((max_kv + splits - 1) / splits + kKeyTile - 1) / kKeyTile * kKeyTile;
+      if (chunk >= max_kv) chunk = 0;
+    }
+  }
+  sched.kv_chunk_size = static_cast<int>(chunk);
   struct Item {
-    int32_t request, tile;
+    int32_t request, tile, chunk;
     int64_t keys;
   };
   std::vector<Item> items;
+  if (chunk > 0) sched.partial_indptr.assign(1, 0);
   for (int b = 0; b < s.batch_size; ++b) {
     const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b], kv_len = s.kv_len(b);
-    const int64_t tiles = (qo_len * group + kBr - 1) / kBr;
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      int64_t keys = kv_len;
-      if (s.causal) {
-        const int64_t last_token = std::min((tile + 1) * kBr, qo_len * group) / group - 1;
-        keys = std::clamp<int64_t>(last_token + kv_len - qo_len + 1, 0, kv_len);
+    const int64_t chunks = chunk > 0 ? std::max<int64_t>(1, (kv_len + chunk - 1) / chunk) : 1;
+    for (int64_t tile = 0; tile < tiles[b]; ++tile) {
+      const int64_t row_begin = tile * kBr, rows = std::min<int64_t>(kBr, qo_len * group - row_begin);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t lo = chunk > 0 ? c * chunk : 0, hi = chunk > 0 ? std::min(kv_len, lo + chunk) : kv_len;
+        items.push_back({b, static_cast<int32_t>(tile), static_cast<int32_t>(c),
+                         tensor_core::visible_keys(s, qo_len, kv_len, row_begin, rows, lo, hi)});
       }
-      items.push_back({b, static_cast<int32_t>(tile), keys});
     }
+    if (chunk > 0)
+      for (int64_t i = 0; i < qo_len; ++i)
+        sched.partial_indptr.push_back(sched.partial_indptr.back() + static_cast<int32_t>(chunks));
   }
   // Longest first: the last wave is made of short blocks, so the chip empties evenly.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
@@ -190,32 +275,39 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) {
   for (const Item& it : items) {
     sched.request_indices.push_back(it.request);
     sched.qo_tile_indices.push_back(it.tile);
+    sched.kv_chunk_indices.push_back(it.chunk);
   }
   return sched;
 }
 
 size_t HopperRunner::workspace_bytes(const BatchShape& shape) const {
-  const int64_t items = make_schedule(shape).num_items();
-  return 2 * align_up(static_cast<size_t>(items) * sizeof(int32_t));
+  return layout_of(make_schedule(shape), shape.num_qo_heads, shape.head_dim).bytes;
 }
 
 void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
   const char* fn = "HopperRunner::plan";
+  const std::string gpu = hopper_unavailable_reason();
+  ref::require(gpu.empty(), fn, gpu);
   Schedule sched = make_schedule(shape);
+  const WorkspaceLayout w = layout_of(sched, shape.num_qo_heads, shape.head_dim);
   captured_.check_plan(fn, launch_of(sched, shape));
-  const size_t half = align_up(static_cast<size_t>(sched.num_items()) * sizeof(int32_t));
-  ref::require(workspace_size >= 2 * half && (workspace != nullptr || half == 0), fn,
+  ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
-                   std::to_string(2 * half));
+                   std::to_string(w.bytes));
   schedule_ = std::move(sched);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  dispatch(shape, [](auto t, auto d, auto paged) { set_smem_limit<decltype(t), d(), paged()>(); });
-  if (half == 0) return;
+  prepare_hopper_attention(shape);
+  if (w.schedule_bytes == 0) return;
   // The schedule, staged in one host buffer and copied once.
-  std::vector<uint8_t> staged(2 * half, 0);
-  std::memcpy(staged.data(), schedule_.request_indices.data(), schedule_.request_indices.size() * sizeof(int32_t));
-  std::memcpy(staged.data() + half, schedule_.qo_tile_indices.data(), schedule_.qo_tile_indices.size() * sizeof(int32_t));
+  std::vector<uint8_t> staged(w.schedule_bytes, 0);
+  auto put = [&](size_t offset, const std::vector<int32_t>& v) {
+    if (!v.empty()) std::memcpy(staged.data() + offset, v.data(), v.size() * sizeof(int32_t));
+  };
+  put(w.request_indices, schedule_.request_indices);
+  put(w.qo_tile_indices, schedule_.qo_tile_indices);
+  put(w.kv_chunk_indices, schedule_.kv_chunk_indices);
+  put(w.partial_indptr, schedule_.partial_indptr);
   FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream));
   // Pageable source: wait so that `staged` may go when this returns.
   FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -224,8 +316,41 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   captured_.on_run(stream, [&] { return launch_of(schedule_, shape_); });
   if (schedule_.num_items() == 0) return;
-  dispatch(shape_, [&](auto t, auto d, auto paged) {
-    launch<decltype(t), d(), paged()>(shape_, schedule_, workspace_, batch, stream);
+  const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
+  HopperLaunch l;
+  l.q = batch.q;
+  l.k = batch.k;
+  l.v = batch.v;
+  l.kv_pool = batch.kv_pool;
+  l.qo_indptr = batch.qo_indptr;
+  l.kv_indptr = batch.kv_indptr;
+  l.kv_indices = batch.kv_indices;
+  l.kv_last_page_len = batch.kv_last_page_len;
+  l.o = batch.o;
+  l.lse = batch.lse;
+  l.num_items = schedule_.num_items();
+  l.request_indices = reinterpret_cast<const int32_t*>(workspace_ + w.request_indices);
+  l.qo_tile_indices = reinterpret_cast<const int32_t*>(workspace_ + w.qo_tile_indices);
+  l.kv_chunk_indices = reinterpret_cast<const int32_t*>(workspace_ + w.kv_chunk_indices);
+  l.kv_chunk_size = schedule_.kv_chunk_size;
+  l.partial_indptr = reinterpret_cast<const int32_t*>(workspace_ + w.partial_indptr);
+  l.partial_o = reinterpret_cast<float*>(workspace_ + w.partial_o);
+  l.partial_lse = reinterpret_cast<float*>(workspace_ + w.partial_lse);
+  launch_hopper_attention(shape_, l, stream);
+  if (schedule_.kv_chunk_size == 0 || shape_.nnz_qo() == 0) return;
+  // stage 03's merge: each query row's chunks folded by their lse
+  dispatch(shape_, [&](auto t, auto d, auto) {
+    using T = decltype(t);
+    split_kv::MergeStatesParams<T> mp;
+    mp.partial_o = l.partial_o;
+    mp.partial_lse = l.partial_lse;
+    mp.o_indptr = l.partial_indptr;
+    mp.o = static_cast<T*>(batch.o);
+    mp.lse = batch.lse;
+    mp.num_qo_heads = shape_.num_qo_heads;
+    const dim3 grid(shape_.num_qo_heads, static_cast<unsigned>(shape_.nnz_qo()));
+    split_kv::merge_states_kernel<T, d()><<<grid, split_kv::kMergeThreads, 0, stream>>>(mp);
+    kernels::check_launch("merge_states_kernel");
   });
 }
 
@@ -234,18 +359,19 @@ namespace {
 StageInfo common_info(const std::string& name) {
   StageInfo s;
   s.name = name;
-  s.modes = {Mode::prefill};
+  s.modes = {Mode::prefill, Mode::decode};  // decode: large GQA groups, the group's rows in one tile
   s.dtypes = {DType::f16, DType::bf16};
   s.head_dims = {64, 128};
   s.max_group_size = 32;
   s.causal = true;
+  s.window_left = true;
+  s.logits_soft_cap = true;
   // Not CUDA-graph safe: the grid follows the lengths (one block per work item), and the
   // tensor maps a graph captures hold the batch's nnz_qo (and, ragged, nnz_kv).
   s.cuda_graph = false;
   s.rules = [name](const BatchShape& shape) -> std::string {
-    // the query box is (64, group, 128 / group): a token's group rows never straddle a tile
-    if (kBr % shape.group_size() != 0) return name + " needs a GQA group that divides 128";
-    return hopper_unavailable_reason();
+    const std::string tile = tile_rule(name, shape);
+    return tile.empty() ? hopper_unavailable_reason() : tile;
   };
   return s;
 }

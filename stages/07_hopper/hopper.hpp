@@ -1,8 +1,9 @@
 /// \file hopper.hpp
 /// \brief Stage 07 — prefill on Hopper (sm_90a): TMA loads completing on mbarriers, wgmma
 /// from shared memory, a producer warp group and two consumer warp groups. plan() lists
-/// the (request, query tile) work items longest first, as stage 04 does; run() encodes
-/// the tensor maps of q, k and v and launches one block per (work item, kv head).
+/// the (request, query tile, kv chunk) work items longest first and splits the KV when the
+/// grid is short, as stage 04 does; run() encodes the tensor maps of q, k and v, launches
+/// one block per (work item, kv head) and, after a split, stage 03's merge kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,37 +12,81 @@
 #include <cstdint>
 #include <vector>
 
+#include "04_tensor_core/tensor_core.hpp"  // Schedule
 #include "stage.hpp"
 
 namespace flashstep::stages::hopper {
 
-/// The host-side schedule plan() computes.
-struct Schedule {
-  int Br = 0;                            ///< packed query rows per tile
-  std::vector<int32_t> request_indices;  ///< work item -> request
-  std::vector<int32_t> qo_tile_indices;  ///< work item -> query tile of the request
-  /// Work items of the plan (the grid is num_items() x num_kv_heads blocks).
-  int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }
+/// The host-side schedule plan() computes: stage 04's (work items (request, query tile,
+/// kv chunk), longest first; partial rows per query token after a split).
+using Schedule = tensor_core::Schedule;
+
+/// How the runner plans. The defaults are what the registry entries use; tests change
+/// them to force splits, stage 05 to cut each cascade level its own way.
+struct HopperOptions {
+  /// Blocks the planner wants in the grid before it stops splitting the KV; 0: one per
+  /// multiprocessor (one block fills one).
+  int target_blocks = 0;
+  /// Keys per KV chunk, forcing a split (a positive multiple of 128); 0: plan() decides.
+  int kv_chunk_size = 0;
 };
 
 /// plan/run for stage 07 over paged or ragged (contiguous) K/V; the batch's storage picks
-/// the kernel.
+/// the kernel. After a split, stage 03's merge kernel folds the chunks.
 class HopperRunner : public StageRunner {
  public:
+  explicit HopperRunner(HopperOptions options = {});
   size_t workspace_bytes(const BatchShape& shape) const override;
   void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) override;
   void run(const DeviceBatch& batch, cudaStream_t stream) override;
   /// The last plan's schedule.
   const Schedule& schedule() const { return schedule_; }
-  /// The schedule plan() makes for `shape` (host only).
-  static Schedule make_schedule(const BatchShape& shape);
+  /// The schedule plan() would make for `shape` (host only when options.target_blocks or
+  /// options.kv_chunk_size is set; otherwise it asks the device for its size).
+  Schedule make_schedule(const BatchShape& shape) const;
 
  private:
+  HopperOptions options_;
   BatchShape shape_;
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
   CapturedLaunch captured_;
 };
+
+/// One launch of the kernel, for a later stage that builds its own view of the batch and
+/// schedule (stage 05 runs one per cascade level, into its own partial rows). Pointers are
+/// device pointers; the batch's are DeviceBatch's (paged: kv_pool and the CSR table;
+/// ragged: k, v and kv_indptr as token offsets).
+struct HopperLaunch {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* kv_pool = nullptr;
+  const int32_t* qo_indptr = nullptr;
+  const int32_t* kv_indptr = nullptr;
+  const int32_t* kv_indices = nullptr;
+  const int32_t* kv_last_page_len = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;
+  // the schedule (make_schedule's arrays, in device memory)
+  int64_t num_items = 0;
+  const int32_t* request_indices = nullptr;
+  const int32_t* qo_tile_indices = nullptr;
+  const int32_t* kv_chunk_indices = nullptr;  ///< split only
+  int kv_chunk_size = 0;                      ///< 0: o and lse; else partial rows
+  const int32_t* partial_indptr = nullptr;
+  float* partial_o = nullptr;
+  float* partial_lse = nullptr;
+};
+/// Launches the kernel for `shape` (its dtype, head_dim, storage, heads, mask, scale, and
+/// qo_indptr.back() as the size of q) with `l` on `stream`: launches only (the tensor maps
+/// are encoded here, a few microseconds of host work). No merge.
+void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cudaStream_t stream);
+/// Allows the kernel for `shape` its dynamic shared memory (a host call, not a stream
+/// operation: in plan(), before launches).
+void prepare_hopper_attention(const BatchShape& shape);
+/// The key tile of the kernel: stage 07's chunks are multiples of it.
+constexpr int kKeyTile = 128;
 
 /// Whether this build holds sm_90a code and the current GPU can run it; otherwise why not.
 std::string hopper_unavailable_reason();

@@ -94,7 +94,20 @@ struct HopperParams {
   int num_kv_heads = 0;
   int group_size = 1;       ///< Hq / Hkv, divides Br: the packed rows of a token
   bool causal = false;      ///< bottom-right aligned
-  float score_scale = 0.f;  ///< sm_scale * log2(e): q.k to base-2 logits
+  int window_left = -1;     ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
+  // the score transform, as stage 04's: without a cap score_scale = sm_scale * log2(e)
+  // turns q.k into base-2 logits; with one, s -> cap_post * tanh(s * cap_pre) does
+  float score_scale = 0.f;  ///< sm_scale * log2(e); 1 with a soft cap
+  float cap_pre = 0.f;      ///< soft cap only: sm_scale / cap
+  float cap_post = 0.f;     ///< soft cap only: cap * log2(e)
+  bool soft_cap = false;
+  // the KV split (kv_chunk_size > 0): work item i reads chunk kv_chunk_indices[i] and
+  // writes fp32 partial states, which stage 03's merge kernel (or stage 05's) folds
+  const int32_t* kv_chunk_indices = nullptr;  ///< (num_items)
+  int kv_chunk_size = 0;                      ///< keys per chunk; 0: no split
+  const int32_t* partial_indptr = nullptr;    ///< (nnz_qo + 1): query token t's partial rows
+  float* partial_o = nullptr;                 ///< (partial rows, Hq, D)
+  float* partial_lse = nullptr;               ///< (partial rows, Hq), natural log
 };
 
 namespace detail {
@@ -106,11 +119,16 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
   }
 }
 
-/// The work of one block: a request's query tile against its keys, for one kv head.
+/// The work of one block: a request's query tile against a range of its keys (all of
+/// them, or one chunk of a split), for one kv head.
 struct Tile {
   int request, qo_begin, qo_len, kv_len;
   int kv_begin;  ///< ragged: first token of the request in k/v; paged: its first kv_indices entry
   int row_begin;  ///< first packed row of the tile: token row_begin / group, head row_begin % group
+  int chunk;      ///< kv chunk of a split, else 0
+  int chunk_end;  ///< keys from here on belong to another chunk (or do not exist)
+  int key_begin;  ///< first key the block reads: its chunk's, or the window's if later
+  int first_pos, last_pos;  ///< positions among the keys of the tile's first and last query token
   int num_kv_tiles;
 };
 
@@ -128,13 +146,20 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
     t.kv_len = p.kv_indptr[t.request + 1] - t.kv_begin;
   }
   t.row_begin = p.qo_tile_indices[item] * Br;
-  int kv_end = t.kv_len;
-  if (p.causal) {
-    // the tile's last query token sees keys up to token + (kv_len - qo_len)
-    const int last_token = min(t.row_begin + Br, t.qo_len * p.group_size) / p.group_size - 1;
-    kv_end = min(kv_end, last_token + t.kv_len - t.qo_len + 1);
-  }
-  t.num_kv_tiles = kv_end > 0 ? (kv_end + Bc - 1) / Bc : 0;
+  t.chunk = p.kv_chunk_size ? p.kv_chunk_indices[item] : 0;
+  const int chunk_begin = t.chunk * p.kv_chunk_size;
+  t.chunk_end = p.kv_chunk_size ? min(t.kv_len, chunk_begin + p.kv_chunk_size) : t.kv_len;
+  // query token i sits at key position i + (kv_len - qo_len): it sees keys up to there
+  // (causal) and from there - window_left on (window)
+  const int delta = t.kv_len - t.qo_len;
+  const int row_end = min(t.row_begin + Br, t.qo_len * p.group_size);
+  t.first_pos = t.row_begin / p.group_size + delta;
+  t.last_pos = (row_end - 1) / p.group_size + delta;
+  int lo = chunk_begin, hi = t.chunk_end;
+  if (p.causal) hi = min(hi, t.last_pos + 1);
+  if (p.window_left >= 0) lo = max(lo, t.first_pos - p.window_left);
+  t.key_begin = lo;
+  t.num_kv_tiles = hi > lo ? (hi - lo + Bc - 1) / Bc : 0;
   return t;
 }
 
@@ -173,10 +198,11 @@ __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_
     wgmma_rs<T, HEAD_DIM>(o, a[k], smem_descriptor(v_tile + k * 16 * kCols, Bc * kCols * sizeof(T)), 1);
 }
 
-/// -inf for keys past kv_len and (causal) keys after the row's position q_pos[h].
+/// -inf for keys past the chunk's end, (causal) keys after the row's position q_pos[h],
+/// and (window) keys more than window_left before it.
 template <int Bc>
-__device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int kv_len, bool causal,
-                                            const int (&q_pos)[2], int lane) {
+__device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int chunk_end, bool causal,
+                                            int window_left, const int (&q_pos)[2], int lane) {
 #pragma unroll
   for (int n = 0; n < Bc / 8; ++n)
 #pragma unroll
@@ -184,8 +210,16 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int k
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = key0 + 8 * n + 2 * (lane % 4) + e;
-        if (key >= kv_len || (causal && key > q_pos[h])) sc[4 * n + 2 * h + e] = -INFINITY;
+        if (key >= chunk_end || (causal && key > q_pos[h]) || (window_left >= 0 && key < q_pos[h] - window_left))
+          sc[4 * n + 2 * h + e] = -INFINITY;
       }
+}
+
+/// The soft cap, s -> cap_post * tanh(s * cap_pre): base-2 logits bounded by the cap.
+template <int Bc>
+__device__ __forceinline__ void soft_cap_scores(float (&sc)[Bc / 2], float cap_pre, float cap_post) {
+#pragma unroll
+  for (int i = 0; i < Bc / 2; ++i) sc[i] = tanhf(sc[i] * cap_pre) * cap_post;
 }
 
 /// The online softmax on one tile of scores, in base 2, without touching O (which the
@@ -248,8 +282,8 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
 /// Paged K/V: the producer warp group's 128 threads copy one K (or V) tile of Bc keys into
 /// shared memory in the layout the TMA would have written. Thread `tid` copies 16-byte
 /// chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column block; the row's page
-/// comes from the page table, keys past kv_len are written as zeros (the pool holds
-/// anything there, NaN in the tests, and 0 * NaN would reach O through P V).
+/// comes from the page table, keys past the chunk's end are written as zeros (past kv_len
+/// the pool holds anything, NaN in the tests, and 0 * NaN would reach O through P V).
 template <int HEAD_DIM, int Bc>
 __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::PagedKV<uint16_t>& kv,
                                             const Tile& t, int key0, int kv_head, bool is_v, int tid) {
@@ -258,7 +292,7 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
 #pragma unroll
   for (int i = 0; i < Bc / 16; ++i) {
     const int r = tid / 8 + 16 * i, key = key0 + r;
-    const bool valid = key < t.kv_len;
+    const bool valid = key < t.chunk_end;
     const uint16_t* src = kv.pool;
     if (valid) {
       uint32_t page_iter, slot;
@@ -333,16 +367,16 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
       if constexpr (PAGED) {
         // every thread's copies of the tile count one arrival when they have landed
         if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
-        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, j * Bc, kv_head, false,
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, t.key_begin + j * Bc, kv_head, false,
                                           threadIdx.x);
         ptx::cp_async_mbarrier_arrive_noinc(&k_full[s]);
         if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
-        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, j * Bc, kv_head, true,
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, t.key_begin + j * Bc, kv_head, true,
                                           threadIdx.x);
         ptx::cp_async_mbarrier_arrive_noinc(&v_full[s]);
         continue;
       }
-      const int32_t key0 = t.kv_begin + j * Bc;
+      const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;
       if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
       ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
@@ -373,8 +407,6 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
     q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
   }
-  // the smallest position in the block: a tile of keys wholly at or below it needs no causal mask
-  const int first_pos = t.row_begin / p.group_size + t.kv_len - t.qo_len;
 
   float o[HEAD_DIM / 2];
 #pragma unroll
@@ -403,9 +435,14 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     if constexpr (PAGED) ptx::fence_proxy_async(ptx::space_shared);
   };
   auto softmax_of = [&](int j) {
-    const int key0 = j * Bc;
-    if (key0 + Bc > t.kv_len || (p.causal && key0 + Bc - 1 > first_pos))
-      detail::mask_scores<Bc>(sc, key0, t.kv_len, p.causal, q_pos, lane);
+    const int key0 = t.key_begin + j * Bc;
+    if (p.soft_cap) detail::soft_cap_scores<Bc>(sc, p.cap_pre, p.cap_post);
+    // masks only where some (row, key) of the tile is hidden: past the chunk, across the
+    // causal diagonal (keys after the first row's position), or below the window (keys
+    // before the last row's position - window_left)
+    if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
+        (p.window_left >= 0 && key0 < t.last_pos - p.window_left))
+      detail::mask_scores<Bc>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
     detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
   };
   if (n_tiles > 0) {
@@ -456,7 +493,9 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   // consumer 1's first pass_turn has no turn of consumer 0 to match: take it
   if (consumer == 0) detail::wait_turn(consumer);
 
-  // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns
+  // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
+  // lse, or after a split to this chunk's fp32 partial row (a row that saw no key: O = 0,
+  // lse = -inf, which the merge weighs as nothing)
   T* out = static_cast<T*>(p.o);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -468,14 +507,24 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     const int token = t.qo_begin + packed / p.group_size;
     const int head = kv_head * p.group_size + packed % p.group_size;
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
+    const float lse = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    if (p.kv_chunk_size == 0) {
+      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
 #pragma unroll
-    for (int n = 0; n < HEAD_DIM / 8; ++n) {
-      const int col = 8 * n + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        const int col = 8 * n + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) p.lse[int64_t(token) * p.num_qo_heads + head] = lse;
+    } else {
+      const int64_t prow = int64_t(p.partial_indptr[token] + t.chunk) * p.num_qo_heads + head;
+      float* o_row = p.partial_o + prow * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n)
+        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) =
+            make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      if (lane % 4 == 0) p.partial_lse[prow] = lse;
     }
-    if (lane % 4 == 0)
-      p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
   }
 #endif
 }

@@ -3,11 +3,15 @@
 #include <doctest/doctest.h>
 
 #include "07_hopper/hopper.hpp"
+#include "flashstep/reference/errors.hpp"
 #include "cases.hpp"
 #include "grid_runner.hpp"
 #include "harness/validate.hpp"
 #include "registry.hpp"
 #include "support/random.hpp"
+
+#include <set>
+#include <tuple>
 
 using namespace flashstep;
 using namespace flashstep::stages;
@@ -27,6 +31,41 @@ TEST_CASE("07_hopper: one long request (4096 and 16384 tokens), and more units t
     const harness::ValidationReport r = harness::validate(stage, c, harness::case_seed(test::run_seed(), c.describe()));
     CHECK_MESSAGE(r.passed, r.message());
   }
+}
+
+/// Stage 07's entry with its planner's options (forced splits).
+StageInfo with_options(StageInfo info, hopper::HopperOptions options) {
+  info.make_runner = [options] { return std::make_unique<hopper::HopperRunner>(options); };
+  return info;
+}
+
+TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by stage 03's kernel") {
+  // stage 04's sanitizer and decode grids (windows, soft caps, groups 16 and 32) and the
+  // tail grid, on both entries, every case split
+  using namespace stages::harness;
+  std::vector<CaseSpec> cases = grids::tensor_core_sanitizer_grid();
+  for (const CaseSpec& c : grids::tensor_core_decode_grid())
+    if (c.batch_size < 150) cases.push_back(c);
+  const std::vector<CaseSpec> tails = grids::hopper_tail_grid();
+  for (size_t i = 0; i < tails.size(); i += 4) cases.push_back(tails[i]);
+  int n = 0, ran = 0, failures = 0;
+  for (const char* name : {"07_hopper_ragged", "07_hopper"})
+    for (const CaseSpec& spec : cases) {
+      hopper::HopperOptions opt;
+      opt.kv_chunk_size = n++ % 2 ? 128 : 256;
+      const StageInfo stage = with_options(find_stage(name), opt);
+      std::mt19937_64 layout_rng(1);
+      if (std::find(stage.kv_layouts.begin(), stage.kv_layouts.end(), spec.kv_layout) == stage.kv_layouts.end() ||
+          !stage.supports(make_layout(spec, stage.storage, layout_rng).shape))
+        continue;
+      const uint64_t seed = case_seed(test::run_seed(), "split " + spec.describe());
+      const ValidationReport r = validate(stage, spec, seed);
+      ++ran;
+      CHECK_MESSAGE(r.passed, name << ", chunk " << opt.kv_chunk_size << ": " << r.message());
+      if (!r.passed && ++failures >= 5) break;
+    }
+  MESSAGE(ran << " split cases ran");
+  CHECK(ran > 20);
 }
 
 TEST_SUITE("host") {
@@ -50,8 +89,43 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   s.dtype = DType::f32;
   CHECK(stage.unsupported_reason(s).find("dtype") != std::string::npos);
   s.dtype = DType::bf16;
-  s.window_left = 3;
-  CHECK(stage.unsupported_reason(s).find("window_left") != std::string::npos);
+  s.kv_dtype = DType::e4m3;
+  CHECK(!stage.unsupported_reason(s).empty());
+}
+
+TEST_CASE("07_hopper schedule: a split when the grid is short, every (request, tile, chunk) once, partial rows per query") {
+  // MQA decode, 3 requests of 1000, 0 and 300 keys, 32 query heads on 1 kv head: 3 work
+  // items against a target of 24 blocks: 8 splits of the longest, chunks of 128 keys
+  BatchShape s;
+  s.mode = Mode::decode;
+  s.storage = KVStorage::ragged;
+  s.dtype = DType::bf16;
+  s.batch_size = 3;
+  s.num_qo_heads = 32;
+  s.num_kv_heads = 1;
+  s.head_dim = 128;
+  s.qo_indptr = {0, 1, 2, 3};
+  s.kv_indptr = {0, 1000, 1000, 1300};
+  hopper::HopperOptions opt;
+  opt.target_blocks = 24;
+  const hopper::Schedule sched = hopper::HopperRunner(opt).make_schedule(s);
+  CHECK(sched.kv_chunk_size == 128);  // ceil(1000 / 8) = 125, rounded up to the key tile
+  // chunks per request: 8, 1 (an empty request still gets one item: its row is -inf), 3
+  CHECK(sched.partial_indptr == std::vector<int32_t>{0, 8, 9, 12});
+  CHECK(sched.num_items() == 12);
+  std::set<std::tuple<int, int, int>> seen;
+  for (int64_t i = 0; i < sched.num_items(); ++i)
+    seen.insert({sched.request_indices[i], sched.qo_tile_indices[i], sched.kv_chunk_indices[i]});
+  CHECK(seen.size() == 12);
+  // longest first: full chunks of request 0 and 2, then the two short ones (1000 - 896 =
+  // 104 keys, 300 - 256 = 44), then the empty request
+  CHECK(sched.request_indices.back() == 1);
+  // a full grid is not split
+  opt.target_blocks = 3;
+  CHECK(hopper::HopperRunner(opt).make_schedule(s).kv_chunk_size == 0);
+  // a forced chunk must be a multiple of the key tile
+  opt.kv_chunk_size = 64;
+  CHECK_THROWS_AS(hopper::HopperRunner(opt).make_schedule(s), ref::InvalidArgument);
 }
 }
 
