@@ -63,6 +63,19 @@ def section(path, data, rows, shapes, repo):
                    f"{fmt(value(rows, f'peer_flashinfer_fa2/{n}'))} | {fmt(fa3)} | {fmt(cudnn)} | "
                    f"{fmt(value(rows, f'peer_torch_sdpa_flash/{n}'))} | {x(ratio(t, t04))} | {x(ratio(t, fa3))} | "
                    f"{x(ratio(t, cudnn))} | {x(ratio(paged, fa3))} |")
+    decode = [s for s in shapes if s["mode"] == "decode"]
+    if decode:
+        out += ["", "Large-group decode (GB/s: q, K, V, o and lse bytes over the time; the paged rows read the "
+                "shape's page table, the ragged row the same keys contiguous):", "",
+                "| shape | 07 paged | 07 ragged | 04 (paged) | FlashInfer tensor-core decode | cuDNN SDPA | flash SDPA | "
+                "07 paged / cuDNN |", "|:--|--:|--:|--:|--:|--:|--:|--:|"]
+        for s in decode:
+            n = s["name"]
+            paged, cudnn = value(rows, f"{STAGE_PAGED}/{n}", "GB/s"), value(rows, f"peer_torch_sdpa_cudnn/{n}", "GB/s")
+            out.append(f"| `{n}` | {fmt(paged)} | {fmt(value(rows, f'{STAGE}/{n}', 'GB/s'))} | "
+                       f"{fmt(value(rows, f'04_tensor_core/{n}', 'GB/s'))} | "
+                       f"{fmt(value(rows, f'peer_flashinfer_tc_decode/{n}', 'GB/s'))} | {fmt(cudnn)} | "
+                       f"{fmt(value(rows, f'peer_torch_sdpa_flash/{n}', 'GB/s'))} | {x(ratio(paged, cudnn))} |")
     targets = [t for t in data.get("flashstep", {}).get("targets", []) if t["target"].startswith("07_")]
     if targets:
         out += ["", "Speed goals of this run (computed by `bench/merge_results.py`):", ""]

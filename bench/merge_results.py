@@ -77,6 +77,11 @@ PREFILL_TARGETS = [
         ("07_hopper_ragged", "b4_q4096_d64_causal", "head_dim 64, batch 4 x 4096 causal"),
         ("07_hopper", "append_b4_q512_kv8192_causal", "append 512 on 8192, batch 4, pages of 16"),
         ("07_hopper_ragged", "ragged8_q8192_causal", "ragged 8 requests up to 8192"))
+] + [
+    # Stage 07's large-group decode over pages (the shape's page table), against cuDNN.
+    (f"07_hopper vs cuDNN SDPA, MQA decode 32/1 heads, {text} (GB/s ratio)",
+     f"07_hopper/{shape}", f"peer_torch_sdpa_cudnn/{shape}", 1.00, ">=")
+    for shape, text in (("mqa_b128_kv8192", "batch 128 x kv 8192"), ("mqa_b1_kv16384", "batch 1 x kv 16384"))
 ]
 
 # Stage 05 on bench/shapes_cascade.csv: speedups, the other row's time over stage 05's

@@ -199,8 +199,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_
 }
 
 /// -inf for keys past the chunk's end, (causal) keys after the row's position q_pos[h],
-/// and (window) keys more than window_left before it.
-template <int Bc>
+/// and (WINDOW) keys more than window_left before it.
+template <int Bc, bool WINDOW>
 __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int chunk_end, bool causal,
                                             int window_left, const int (&q_pos)[2], int lane) {
 #pragma unroll
@@ -210,7 +210,7 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int c
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = key0 + 8 * n + 2 * (lane % 4) + e;
-        if (key >= chunk_end || (causal && key > q_pos[h]) || (window_left >= 0 && key < q_pos[h] - window_left))
+        if (key >= chunk_end || (causal && key > q_pos[h]) || (WINDOW && window_left >= 0 && key < q_pos[h] - window_left))
           sc[4 * n + 2 * h + e] = -INFINITY;
       }
 }
@@ -307,7 +307,10 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
 
 }  // namespace detail
 
-template <typename T, int HEAD_DIM, bool PAGED>
+/// MODS: the batch has a window or a soft cap. A separate instantiation, so that the
+/// common kernel carries no code for them: run-time branches around them cost the causal
+/// kernel 1-7% on an H100 (the compiler duplicated the loop for the soft cap).
+template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
 __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ HopperParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -416,6 +419,25 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   float sc[Bc / 2];                     // S_j, then P_j
   uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
 
+  // Idle: every row of the tile falls in consumer 0's half (decode: a token's group of 32
+  // rows or fewer; the last tile of a request), so consumer 1 computes nothing. It still
+  // walks the turns and hands each K/V stage back once it has landed, as a computing
+  // consumer 1 would, so the barriers' counts and phases, and consumer 0's loop, are
+  // unchanged.
+  if (consumer == 1 && t.row_begin + 64 >= t.qo_len * p.group_size) {
+    detail::pass_turn(consumer);
+    for (int j = 0; j <= n_tiles && n_tiles > 0; ++j) {
+      const int s = j % kStages, prev = (j - 1) % kStages;
+      if (j < n_tiles) detail::wait_barrier(&k_full[s], (j / kStages) & 1);
+      if (j > 0) detail::wait_barrier(&v_full[prev], ((j - 1) / kStages) & 1);
+      detail::wait_turn(consumer);
+      detail::pass_turn(consumer);
+      if (lane == 0 && j < n_tiles) ptx::mbarrier_arrive(&k_empty[s]);
+      if (lane == 0 && j > 0 && j < n_tiles) ptx::mbarrier_arrive(&v_empty[prev]);  // (not the last, as below)
+    }
+    return;
+  }
+
   detail::wait_barrier(q_full, 0);
   const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
   if (consumer == 1) detail::pass_turn(consumer);    // consumer 0 issues first
@@ -436,13 +458,16 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   };
   auto softmax_of = [&](int j) {
     const int key0 = t.key_begin + j * Bc;
-    if (p.soft_cap) detail::soft_cap_scores<Bc>(sc, p.cap_pre, p.cap_post);
+    if constexpr (MODS) {
+      if (p.soft_cap) detail::soft_cap_scores<Bc>(sc, p.cap_pre, p.cap_post);
+    }
     // masks only where some (row, key) of the tile is hidden: past the chunk, across the
     // causal diagonal (keys after the first row's position), or below the window (keys
     // before the last row's position - window_left)
+    const bool window = MODS && p.window_left >= 0;
     if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
-        (p.window_left >= 0 && key0 < t.last_pos - p.window_left))
-      detail::mask_scores<Bc>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
+        (window && key0 < t.last_pos - p.window_left))
+      detail::mask_scores<Bc, MODS>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
     detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
   };
   if (n_tiles > 0) {
