@@ -1,0 +1,50 @@
+/// \file rope_gpu.hpp
+/// \brief Stage 09 on the GPU, first part: rotary position encoding on q and k (the
+/// kernel FlashInfer calls `apply_rope`), run before K is appended to the paged cache.
+///
+/// The math is the reference's (flashstep/reference/rope.hpp): pair i of every head of
+/// row t is rotated by positions[t] * theta_i. The host computes the frequencies theta_i in
+/// double, exactly as the reference does (plain or Llama 3.1); the kernel computes each
+/// row's angles in double too, once per (row, pair), and shares the cos/sin pair across
+/// every q and k head of the row, so the rotation itself is two fp32 multiply-adds per
+/// pair. Angles in double keep long positions exact: at position 131072 an fp32 angle
+/// would already be off by about 0.01 rad.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "stage.hpp"  // DType
+
+namespace flashstep::stages::engine {
+
+/// Largest rotary_dim / 2 the kernel takes (head_dim up to 512).
+constexpr int kMaxRopePairs = 256;
+
+/// One RoPE launch: device pointers, contiguous (nnz, heads, head_dim) q and k.
+struct RopeLaunch {
+  DType dtype = DType::bf16;        ///< f32, f16 or bf16, the same for q, k and the outputs
+  const void* q = nullptr;          ///< (nnz, num_q_heads, head_dim)
+  const void* k = nullptr;          ///< (nnz, num_k_heads, head_dim)
+  void* q_out = nullptr;            ///< may equal q (in place)
+  void* k_out = nullptr;            ///< may equal k (in place)
+  int64_t nnz = 0;
+  int num_q_heads = 0, num_k_heads = 0, head_dim = 0;
+  int rotary_dim = 0;               ///< even, <= head_dim: the rest of a head is copied
+  bool interleave = false;          ///< pairs (x[2i], x[2i+1]); else (x[i], x[i + rotary_dim / 2])
+  /// Row positions: pos_ids (nnz), or, when it is null, offsets[b] + (t - indptr[b]) for
+  /// row t of request b (indptr (batch_size + 1), offsets (batch_size)).
+  const int32_t* pos_ids = nullptr;
+  const int32_t* indptr = nullptr;
+  const int32_t* offsets = nullptr;
+  int batch_size = 0;
+};
+
+/// Checks `l` (every argument by name; InvalidArgument) and launches the kernel on
+/// `stream` with `frequencies` (rotary_dim / 2 of them, in radians per position, as
+/// ref::rope_frequencies or ref::llama31_rope_frequencies return). Launches only.
+void launch_rope(const RopeLaunch& l, const std::vector<double>& frequencies, cudaStream_t stream);
+
+}  // namespace flashstep::stages::engine

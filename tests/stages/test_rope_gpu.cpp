@@ -1,0 +1,197 @@
+// Stage 09's RoPE kernel against the reference (flashstep/reference/rope.hpp): both
+// layouts, partial rotary_dim, plain and Llama 3.1 frequencies, positions given per row or
+// from a ragged batch's offsets (empty requests included), positions past 100000, in
+// place and not, fp32/fp16/bf16. The inputs are rounded to the dtype before the reference
+// sees them; the bound on each element is derived below, not tuned.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "09_engine/rope_gpu.hpp"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/rope.hpp"
+#include "harness/device.hpp"
+#include "harness/dtype_convert.hpp"
+#include "support/random.hpp"
+
+using namespace flashstep;
+using stages::DType;
+using stages::engine::RopeLaunch;
+namespace harness = stages::harness;
+
+namespace {
+
+/// Significand bits (with the implicit one) and half the smallest subnormal of a dtype.
+int precision_bits(DType d) { return d == DType::f32 ? 24 : d == DType::f16 ? 11 : 8; }
+double subnormal_floor(DType d) { return d == DType::f32 ? 0x1p-150 : d == DType::f16 ? 0x1p-25 : 0x1p-134; }
+
+struct RopeCase {
+  DType dtype;
+  int nnz, num_q_heads, num_k_heads, head_dim, rotary_dim;
+  bool interleave, llama31, by_offsets, in_place;
+  std::string describe() const {
+    return std::string(stages::to_string(dtype)) + " nnz " + std::to_string(nnz) + " heads " +
+           std::to_string(num_q_heads) + "/" + std::to_string(num_k_heads) + " d " + std::to_string(head_dim) +
+           " rotary " + std::to_string(rotary_dim) + (interleave ? " interleave" : " half") +
+           (llama31 ? " llama31" : "") + (by_offsets ? " offsets" : " pos_ids") + (in_place ? " in-place" : "");
+  }
+};
+
+/// Runs one case; returns the number of elements outside the bound (0 expected).
+int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
+  // a ragged batch: requests of 0..2 x mean rows, one empty, offsets up to 120000
+  std::vector<int32_t> indptr{0}, offsets, pos_ids;
+  if (c.by_offsets) {
+    while (indptr.back() < c.nnz) {
+      const int len = indptr.size() == 2 ? 0 : static_cast<int>(test::random_int(rng, 1, std::max(1, c.nnz / 3)));
+      indptr.push_back(std::min(c.nnz, indptr.back() + len));
+      offsets.push_back(static_cast<int32_t>(test::random_int(rng, 0, 120000)));
+    }
+  } else {
+    for (int t = 0; t < c.nnz; ++t) pos_ids.push_back(static_cast<int32_t>(test::random_int(rng, 0, 131071)));
+  }
+  ref::Tensor q = test::random_tensor(rng, {c.nnz, c.num_q_heads, c.head_dim}, -2.0, 2.0);
+  ref::Tensor k = test::random_tensor(rng, {c.nnz, c.num_k_heads, c.head_dim}, -2.0, 2.0);
+  harness::round_all(c.dtype, q.data);
+  harness::round_all(c.dtype, k.data);
+
+  std::vector<double> freqs;
+  ref::RopeResult want;
+  if (c.llama31) {
+    ref::Llama31RopeOptions o;
+    o.rotary_dim = c.rotary_dim;
+    o.interleave = c.interleave;
+    freqs = ref::llama31_rope_frequencies(c.rotary_dim, o);
+    want = c.by_offsets ? ref::apply_llama31_rope(q, k, indptr, offsets, o) : ref::apply_llama31_rope_pos_ids(q, k, pos_ids, o);
+  } else {
+    ref::RopeOptions o;
+    o.rotary_dim = c.rotary_dim;
+    o.interleave = c.interleave;
+    freqs = ref::rope_frequencies(c.rotary_dim, o.rope_scale, o.rope_theta);
+    want = c.by_offsets ? ref::apply_rope(q, k, indptr, offsets, o) : ref::apply_rope_pos_ids(q, k, pos_ids, o);
+  }
+
+  const auto qb = harness::encode(c.dtype, q.data), kb = harness::encode(c.dtype, k.data);
+  harness::DeviceBuffer dq(qb.data(), qb.size()), dk(kb.data(), kb.size());
+  // outputs poisoned with NaN, so an element the kernel skips cannot pass
+  const auto poison_q = harness::encode(c.dtype, std::vector<double>(q.data.size(), NAN));
+  const auto poison_k = harness::encode(c.dtype, std::vector<double>(k.data.size(), NAN));
+  harness::DeviceBuffer oq(poison_q.data(), poison_q.size()), ok(poison_k.data(), poison_k.size());
+  harness::DeviceBuffer dpos = harness::upload(pos_ids), dind = harness::upload(indptr), doff = harness::upload(offsets);
+  RopeLaunch l;
+  l.dtype = c.dtype;
+  l.q = dq.get();
+  l.k = dk.get();
+  l.q_out = c.in_place ? dq.get() : oq.get();
+  l.k_out = c.in_place ? dk.get() : ok.get();
+  l.nnz = c.nnz;
+  l.num_q_heads = c.num_q_heads;
+  l.num_k_heads = c.num_k_heads;
+  l.head_dim = c.head_dim;
+  l.rotary_dim = c.rotary_dim;
+  l.interleave = c.interleave;
+  if (c.by_offsets) {
+    l.indptr = dind.as<int32_t>();
+    l.offsets = doff.as<int32_t>();
+    l.batch_size = static_cast<int>(offsets.size());
+  } else {
+    l.pos_ids = dpos.as<int32_t>();
+  }
+  stages::engine::launch_rope(l, freqs, nullptr);
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<uint8_t> gq(qb.size()), gk(kb.size());
+  FLASHSTEP_CUDA_CHECK(cudaMemcpy(gq.data(), l.q_out, gq.size(), cudaMemcpyDeviceToHost));
+  FLASHSTEP_CUDA_CHECK(cudaMemcpy(gk.data(), l.k_out, gk.size(), cudaMemcpyDeviceToHost));
+
+  // The bound, per element: the kernel rounds cos and sin to fp32 (2^-24 relative each),
+  // and its two fp32 operations (a product, then a fused multiply-add) add at most
+  // 2^-24 (|a| + |b|) each: 4 * 2^-24 * (|a| + |b|) in all; then it rounds the result to
+  // the dtype (half an ulp, at most 2^-p |result| with p significand bits, or half the
+  // smallest subnormal). The angles are double on both sides.
+  const int half = c.rotary_dim / 2;
+  int64_t bad = 0;
+  auto compare = [&](const ref::Tensor& in, const ref::Tensor& ref_out, const std::vector<uint8_t>& got_bytes,
+                     const char* which) {
+    const std::vector<double> got = harness::decode(c.dtype, got_bytes, in.data.size());
+    const int64_t heads = in.dim(1);
+    for (int64_t t = 0; t < c.nnz; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int d = 0; d < c.head_dim; ++d) {
+          double partner = 0;  // |a| + |b| of the pair this element belongs to
+          if (d < c.rotary_dim) {
+            const int i = c.interleave ? d / 2 : d % half;
+            const int ia = c.interleave ? 2 * i : i, ib = c.interleave ? 2 * i + 1 : i + half;
+            partner = std::abs(in({t, h, ia})) + std::abs(in({t, h, ib}));
+          }
+          const double r = ref_out({t, h, d}), g = got[static_cast<size_t>((t * heads + h) * c.head_dim + d)];
+          const double bound = std::ldexp(std::abs(r), -precision_bits(c.dtype)) + 4 * 0x1p-24 * partner +
+                               subnormal_floor(c.dtype);
+          if (!(std::abs(g - r) <= bound)) {
+            if (bad < 5)
+              MESSAGE(which << " row " << t << " head " << h << " dim " << d << ": got " << g << ", reference " << r
+                            << ", bound " << bound);
+            ++bad;
+          }
+        }
+  };
+  compare(q, want.q_rope, gq, "q");
+  compare(k, want.k_rope, gk, "k");
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("09_engine: the RoPE kernel equals the reference, both layouts, partial rotary_dim, Llama 3.1, offsets and pos_ids, in place") {
+  std::mt19937_64 rng = test::case_rng("rope");
+  const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
+  const int dims[] = {64, 128, 256};
+  const int heads[][2] = {{32, 8}, {8, 8}, {4, 1}};
+  int n = 0, ran = 0;
+  for (int flags = 0; flags < 16; ++flags)
+    for (int d = 0; d < 3; ++d) {
+      RopeCase c;
+      c.dtype = dtypes[n % 3];
+      c.head_dim = dims[d];
+      c.rotary_dim = (n / 3) % 3 == 2 ? c.head_dim / 2 : c.head_dim;  // a third partial
+      c.num_q_heads = heads[n % 3][0];
+      c.num_k_heads = heads[n % 3][1];
+      c.nnz = n % 4 == 0 ? 1 : static_cast<int>(test::random_int(rng, 2, 97));
+      c.interleave = flags & 1;
+      c.llama31 = flags & 2;
+      c.by_offsets = flags & 4;
+      c.in_place = flags & 8;
+      ++n;
+      CAPTURE(c.describe());
+      const int64_t bad = check_case(c, rng);
+      CHECK_MESSAGE(bad == 0, c.describe() << ": " << bad << " elements outside the bound");
+      ++ran;
+    }
+  CHECK(ran == 48);
+}
+
+TEST_SUITE("host") {
+TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
+  RopeLaunch l;
+  l.nnz = 4;
+  l.num_q_heads = 2;
+  l.num_k_heads = 1;
+  l.head_dim = 64;
+  l.rotary_dim = 63;
+  std::vector<double> f(31, 0.1);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"), ref::InvalidArgument);
+  l.rotary_dim = 128;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"), ref::InvalidArgument);
+  l.rotary_dim = 64;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("frequencies"), ref::InvalidArgument);
+  f.resize(32);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("positions"), ref::InvalidArgument);
+  l.head_dim = 1024;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("head_dim"), ref::InvalidArgument);
+  l.head_dim = 64;
+  l.nnz = -1;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("nnz"), ref::InvalidArgument);
+}
+}
