@@ -10,9 +10,10 @@
 // candidates, and a handful of rounds is typical (the chapter has the counts). From
 // logits (f32 or bf16) the same kernel fuses the softmax: the row's max and sum first,
 // then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
+// When outputs are few, each probability row is split over the blocks of a cluster
+// (rejection_sampling_cluster_kernel), so batch 1 uses 16 SMs instead of one.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
-// sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
-// at batch 1; masses are 128-bit integers (summed per thread in two 64-bit halves,
+// sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per thread in two 64-bit halves,
 // MassAcc, and widened once per tile), so the passes still do more work than float sums.
 // How to run it: build flashstep_sampling_tests and run it (tests/stages/), or
 //     flashstep_exercise_06_sampling
