@@ -45,6 +45,14 @@ constexpr int kBlock = 512;
 /// Bad-entry flags of a probability row (RowSummary::flags).
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 
+/// Asks the L2 for `bytes` bytes at p (16-byte aligned, a multiple of 16) in one bulk
+/// prefetch (Hopper's cp.async.bulk.prefetch): no registers, no wait, no effect on values.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 /// One probability row in device memory. load() reads VEC consecutive entries starting
 /// at i and gives 0 past the end: 0 is never a candidate, has no mass and never beats a
 /// maximum. With VECTOR_LOADS (needs vocab % 4 == 0 and a 16-byte aligned row) the entries
@@ -52,8 +60,15 @@ enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 /// passes are bound by memory latency, and several loads in flight per thread hide it.
 template <bool VECTOR_LOADS>
 struct ProbRowT {
-  const float* p;  ///< (vocab) the row
-  int64_t vocab;   ///< entries
+  const float* p;        ///< (vocab) the row
+  int64_t vocab;         ///< entries
+  bool prefetch = false; ///< prefetch_tile asks the L2 for the next tile (16-byte loads only)
+  /// Entries i .. i + n - 1 (clamped to the row) into the L2, when `prefetch` is set.
+  __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
+    if constexpr (VECTOR_LOADS) {  // vocab % 4 == 0 and i % 4 == 0: 16-byte multiples
+      if (prefetch && i < vocab) prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * 4));
+    }
+  }
   /// Entries i .. i + VEC - 1 into v.
   template <int VEC>
   __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
@@ -88,8 +103,16 @@ __device__ __forceinline__ float to_float(Bf16Bits b) { return __uint_as_float(s
 /// entries a thread reads, and so every sum, are the same either way.
 template <typename T, bool VECTOR_LOADS>
 struct LogitRowT {
-  const T* p;     ///< (vocab) the row
-  int64_t vocab;  ///< entries
+  const T* p;            ///< (vocab) the row
+  int64_t vocab;         ///< entries
+  bool prefetch = false; ///< as ProbRowT
+  /// As ProbRowT (vocab a multiple of 16 / sizeof(T), i too: 16-byte multiples).
+  __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
+    if constexpr (VECTOR_LOADS) {
+      if (prefetch && i < vocab)
+        prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * static_cast<int64_t>(sizeof(T))));
+    }
+  }
   /// Entries i .. i + VEC - 1 into v.
   template <int VEC>
   __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
@@ -165,7 +188,16 @@ struct SoftmaxRowT {
   }
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return prob(logits.at(i)); }
+  __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const { logits.prefetch_entries(i, n); }
 };
+
+/// At the top of a tile loop: thread 0 asks the L2 for the tile this thread block reads
+/// next (`next`, VEC entries a thread), so its loads wait on the L2, not on DRAM, while
+/// this tile is computed (Row::prefetch off, or rows without 16-byte loads: nothing).
+template <int VEC, typename Row>
+__device__ __forceinline__ void prefetch_tile(const Row& row, int64_t next) {
+  if (threadIdx.x == 0) row.prefetch_entries(next, int64_t{kBlock} * VEC);
+}
 
 /// What pass 0 learns about a row.
 struct RowSummary {
@@ -345,6 +377,7 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
   for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);  // past the end: zeros, valid and massless
@@ -377,6 +410,7 @@ template <int VEC, typename Row>
 __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh) {
   RowSummary s{0, -INFINITY, 0u};
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
     float v[VEC];
     row.template load<VEC>(i, v);
 #pragma unroll
@@ -395,6 +429,7 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   out.m = __fmul_rn(all.max_p, out.inv_t);  // the largest numerator is 2^0 = 1: no overflow
   float sum = 0.f;
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
     float v[VEC];
     row.template load<VEC>(i, v);
 #pragma unroll
@@ -426,6 +461,7 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh, RowSp
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   Mass m = 0;
   for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);
@@ -512,6 +548,7 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
   for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);

@@ -63,6 +63,7 @@ struct SamplerParams {
   int32_t* rounds;             ///< (batch) or null
   int32_t* status;             ///< (batch) or null
   float* probs_out;            ///< (batch, vocab) or null: the fused softmax rows (logits only)
+  bool prefetch;               ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
 };
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     if (d.status == Status::ok) {
       // 16 entries a thread per tile as four 16-byte loads (aligned rows); else 8 loads of 4 bytes
       constexpr int VEC = VECTOR_LOADS ? 16 : 8;
-      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab};
+      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
       d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
     }
   } else {
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     // order-dependent) is the same whatever the loads; softmax() uses the same passes
     using T = std::conditional_t<SOURCE == Source::f32_logits, float, Bf16Bits>;
     constexpr int VEC = 16;
-    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab};
+    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
     SoftmaxScale scale{};
     uint32_t flags = 0;
     bool have_softmax = false;
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(Samp
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};  // the same in every block
   cluster.barrier_wait(std::move(started));
   if (d.status == Status::ok) {
-    const ProbRowT<true> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab};
+    const ProbRowT<true> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
     d = sample_row<KIND, 16, true>(p, out, row, f, sh, sp);
   }
   // no remote access follows the last cluster barrier of sample_row, so blocks may leave
@@ -403,6 +404,14 @@ void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, E
 }
 }  // namespace
 
+bool prefetch_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHSTEP_SAMPLING_PREFETCH");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
 void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed) {
   if (rows.dtype != ElementType::f32 && !(bf16_allowed && rows.dtype == ElementType::bf16))
     fail(fn, std::string(name) + " must be " + (bf16_allowed ? "f32 or bf16" : "f32") + ", got element type " +
@@ -460,6 +469,7 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.rounds = out.rounds;
   p.status = out.status;
   p.probs_out = logits ? out.probs : nullptr;
+  p.prefetch = prefetch_enabled();
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);

@@ -40,6 +40,7 @@ struct TransformParams {
   const float* temperature_per_output;  ///< (outputs) or null
   float* out;                      ///< (outputs, vocab); may alias `in` when indices is null
   int32_t* status;                 ///< (outputs) or null
+  bool prefetch;                   ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -229,6 +230,7 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
     __syncthreads();
     if (level > 0 || !first_level_done) {
       for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
+        prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
         const int64_t i = tile + int64_t{threadIdx.x} * VEC;
         float v[VEC];
         row.template load<VEC>(i, v);
@@ -280,6 +282,7 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
   for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
+    prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);
@@ -374,14 +377,14 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   float* out = p.out + o * p.vocab;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
-    if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, temperature, out, sh);
+    if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh);
     if constexpr (T == Transform::top_k_mask) {
       __shared__ RadixShared rs;
-      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, top_k, out, rs, sh);
+      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh);
     }
     if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm) {
       __shared__ RadixShared rs;
-      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab}, top_k, top_p, out, rs, sh);
+      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh);
     }
   }
   if (status != Status::ok) {
@@ -446,6 +449,7 @@ device::TransformParams transform_params(DeviceRows in, float* out, const Gather
   p.temperature = 1.f;
   p.out = out;
   p.status = g.status;
+  p.prefetch = prefetch_enabled();
   return p;
 }
 
