@@ -554,11 +554,13 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
     row.template load<VEC>(i, v);
     MassAcc acc_0, acc_1;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (v[j] > pivot_0) s.count_0 += 1;
-      if (v[j] > pivot_1) s.count_1 += 1;
-      acc_0.add(v[j] > pivot_0 ? v[j] : 0.f);
-      acc_1.add(v[j] > pivot_1 ? v[j] : 0.f);
+    for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
+      const MassAcc::Parts m = MassAcc::parts(v[j]);
+      const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
+      s.count_0 += above_0 ? 1 : 0;
+      s.count_1 += above_1 ? 1 : 0;
+      acc_0.add_if(above_0, m);
+      acc_1.add_if(above_1, m);
     }
     s.mass_0 += acc_0.value();
     s.mass_1 += acc_1.value();

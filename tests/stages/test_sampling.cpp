@@ -791,6 +791,16 @@ TEST_SUITE("host") {
         want += ref::mass_of(p);
       }
       bad += tile.value() != want;
+      // the counting pass's form: each entry converted once, added where it is kept
+      gpu::MassAcc kept;
+      ref::Mass kept_want = 0;
+      for (int j = 0; j < 16; ++j) {
+        const float p = values[static_cast<size_t>(rng() % values.size())];
+        const bool keep = rng() % 2 == 0;
+        kept.add_if(keep, gpu::MassAcc::parts(p));
+        kept_want += keep ? ref::mass_of(p) : 0;
+      }
+      bad += kept.value() != kept_want;
     }
     for (float p : {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
       gpu::MassAcc acc;
