@@ -74,9 +74,12 @@ enum class RadixStat { count, mass };
 /// can time both; the launcher picks one, see histogram_add()):
 ///   atomic: one shared atomic per entry. After a softmax most entries of a row fall into
 ///           a few bins, so the lanes of a warp that hit one address wait on each other.
+///           Adding a constant 1 (counts) compiles to ATOMS.POPC.INC, which adds the lanes
+///           that share an address at once: counts are aggregated by the hardware.
 ///   warp:   the lanes of a warp that share a bin find each other (match.any) and one
 ///           lane per bin adds the group's count or summed units: one atomic per distinct
-///           bin and warp.
+///           bin and warp (the sum over a group is a reduction with that group's mask,
+///           which the compiler runs once per distinct mask).
 enum class HistogramAdd { atomic, warp };
 
 /// Shared memory of the radix select: one histogram (reused by the three levels) and
@@ -400,15 +403,21 @@ namespace detail {
 
 namespace {
 
-/// The histogram variant of the radix select: HistogramAdd::warp unless the environment
-/// variable FLASHSTEP_SAMPLING_HISTOGRAM is "atomic" (read once; for timing the two
-/// against each other in one binary).
-device::HistogramAdd histogram_add() {
-  static const device::HistogramAdd add = [] {
+/// The histogram variant of the radix select: by default HistogramAdd::atomic for counts
+/// (top-k renorm, mask) and HistogramAdd::warp for masses (top-p renorm); the environment
+/// variable FLASHSTEP_SAMPLING_HISTOGRAM = "atomic" or "warp" forces one for all (read
+/// once; for timing the variants against each other in one binary).
+device::HistogramAdd histogram_add(device::Transform t) {
+  // 0: the default, counts atomic (the hardware aggregates them), masses warp-aggregated
+  static const int choice = [] {
     const char* v = std::getenv("FLASHSTEP_SAMPLING_HISTOGRAM");
-    return v && std::string(v) == "atomic" ? device::HistogramAdd::atomic : device::HistogramAdd::warp;
+    if (v && std::string(v) == "atomic") return 1;
+    if (v && std::string(v) == "warp") return 2;
+    return 0;
   }();
-  return add;
+  if (choice == 1) return device::HistogramAdd::atomic;
+  if (choice == 2) return device::HistogramAdd::warp;
+  return t == device::Transform::top_p_renorm ? device::HistogramAdd::warp : device::HistogramAdd::atomic;
 }
 
 template <device::Transform T, typename In, bool VECTOR_LOADS = false>
@@ -418,7 +427,7 @@ void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStr
   using device::HistogramAdd;
   if constexpr (T == device::Transform::softmax) {  // no histogram: one kernel
     device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
-  } else if (histogram_add() == HistogramAdd::warp) {
+  } else if (histogram_add(T) == HistogramAdd::warp) {
     device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
   } else {
     device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::atomic><<<grid, device::kBlock, 0, stream>>>(p);
