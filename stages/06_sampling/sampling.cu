@@ -13,8 +13,9 @@
 // When outputs are few, each probability row is split over the blocks of a cluster
 // (rejection_sampling_cluster_kernel), so batch 1 uses 16 SMs instead of one.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
-// sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per thread in two 64-bit halves,
-// MassAcc, and widened once per tile), so the passes still do more work than float sums.
+// sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per
+// thread in two 64-bit halves, MassAcc, and widened once per tile), so the passes still
+// do more work than float sums.
 // How to run it: build flashstep_sampling_tests and run it (tests/stages/), or
 //     flashstep_exercise_06_sampling
 // for the exercise; the chapter is README.md in this folder.
@@ -177,8 +178,8 @@ __device__ Draw sample_row(const SamplerParams& p, int64_t out, const Row& row, 
   const RowSummary s = summarize_row<VEC, true, CLUSTER>(row, sh, sp);  // with set 0: the candidates p > 0
   const Status status = row_status(s);
   if (status != Status::ok) return {kInvalidToken, 0, status};
-  return (KIND == FilterKind::none || KIND == FilterKind::min_p) ? draw_once<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp)
-                                                                 : draw_by_rejection<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
+  if (KIND == FilterKind::none || KIND == FilterKind::min_p) return draw_once<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
+  return draw_by_rejection<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
 }
 
 /// One block per output: read its row and filter, (for logits: the softmax's max and
