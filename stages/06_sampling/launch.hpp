@@ -36,6 +36,11 @@ void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p
 /// top_k_mask_logits of the gathered rows into logits_out (outputs, vocab).
 void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather gather, cudaStream_t stream);
 
+/// Whether the passes ask the L2 for each next tile ahead of its loads (row_passes.cuh:
+/// prefetch_tile): off unless the environment variable FLASHSTEP_SAMPLING_PREFETCH is "1"
+/// (read once), so one binary times both; a prefetch never changes a value.
+bool prefetch_enabled();
+
 /// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments
 /// (bf16 rows only where `bf16_allowed`: the operators that take logits).
 void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed = false);

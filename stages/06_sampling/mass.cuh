@@ -58,22 +58,32 @@ FLASHSTEP_HOST_DEVICE Mass mass_of(float p) {
 struct MassAcc {
   uint64_t hi = 0;  ///< sum of floor(p * 2^48)
   uint64_t lo = 0;  ///< sum of floor(p * 2^96) mod 2^48
-  /// Adds mass_of(p): zero for p <= 0, NaN and p >= 2, as mass_of (denormals give 0 here too).
-  FLASHSTEP_HOST_DEVICE void add(float p) {
+  /// The two halves add(p) adds: floor(p * 2^48) and floor(p * 2^96) mod 2^48 (both zero
+  /// for p <= 0, NaN and p >= 2, as mass_of; denormals give 0 here too).
+  struct Parts {
+    uint64_t hi, lo;
+  };
+  FLASHSTEP_HOST_DEVICE static Parts parts(float p) {
     constexpr float k2to48 = 281474976710656.0f;
 #if defined(__CUDA_ARCH__)
     const float x = p < 2.0f ? fmaxf(p, 0.0f) : 0.0f;  // fmaxf(NaN, 0) = 0
     const float t = __fmul_rn(x, k2to48);
     const float whole = truncf(t);
-    hi += __float2ull_rz(whole);
-    lo += __float2ull_rz(__fmul_rn(__fsub_rn(t, whole), k2to48));
+    return {__float2ull_rz(whole), __float2ull_rz(__fmul_rn(__fsub_rn(t, whole), k2to48))};
 #else
     const float x = p < 2.0f && p > 0.0f ? p : 0.0f;
     const float t = x * k2to48;
     const float whole = std::trunc(t);
-    hi += static_cast<uint64_t>(whole);
-    lo += static_cast<uint64_t>((t - whole) * k2to48);
+    return {static_cast<uint64_t>(whole), static_cast<uint64_t>((t - whole) * k2to48)};
 #endif
+  }
+  /// Adds mass_of(p).
+  FLASHSTEP_HOST_DEVICE void add(float p) { add_if(true, parts(p)); }
+  /// Adds an entry's parts(p) if `keep`: one pass that sums one entry into several sets
+  /// (the counting pass's p > pivot_0 and p > pivot_1) converts it once.
+  FLASHSTEP_HOST_DEVICE void add_if(bool keep, const Parts& m) {
+    hi += keep ? m.hi : 0;
+    lo += keep ? m.lo : 0;
   }
   /// The exact sum, as a Mass.
   FLASHSTEP_HOST_DEVICE Mass value() const { return (static_cast<Mass>(hi) << 48) + lo; }

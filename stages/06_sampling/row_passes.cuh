@@ -16,8 +16,18 @@
 /// falls in and scans that tile alone (1/16 of a 128k row instead of half on average).
 ///     sum_mass_where      mass of the entries a predicate keeps
 ///     softmax_scale       max and sum of a logit row (the fused softmax's two passes)
+///
+/// A row split over a cluster (RowSplit, CLUSTER): when outputs are fewer than the SMs,
+/// the C blocks of a thread-block cluster share one row, block r taking tiles r, r + C,
+/// r + 2C, ... of every counting pass. Each block reduces its tiles as before, then
+/// writes its result and its tiles' masses into every block of the cluster (distributed
+/// shared memory), and after one cluster barrier each block combines the C results
+/// itself. Masses are integers and the max, flags and counts do not depend on order, so
+/// every block holds exactly what the single block would; the inverse CDF, one tile, is
+/// scanned by every block (no second barrier), so every block finds the same token.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -35,6 +45,14 @@ constexpr int kBlock = 512;
 /// Bad-entry flags of a probability row (RowSummary::flags).
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 
+/// Asks the L2 for `bytes` bytes at p (16-byte aligned, a multiple of 16) in one bulk
+/// prefetch (Hopper's cp.async.bulk.prefetch): no registers, no wait, no effect on values.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 /// One probability row in device memory. load() reads VEC consecutive entries starting
 /// at i and gives 0 past the end: 0 is never a candidate, has no mass and never beats a
 /// maximum. With VECTOR_LOADS (needs vocab % 4 == 0 and a 16-byte aligned row) the entries
@@ -42,8 +60,15 @@ enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 /// passes are bound by memory latency, and several loads in flight per thread hide it.
 template <bool VECTOR_LOADS>
 struct ProbRowT {
-  const float* p;  ///< (vocab) the row
-  int64_t vocab;   ///< entries
+  const float* p;        ///< (vocab) the row
+  int64_t vocab;         ///< entries
+  bool prefetch = false; ///< prefetch_tile asks the L2 for the next tile (16-byte loads only)
+  /// Entries i .. i + n - 1 (clamped to the row) into the L2, when `prefetch` is set.
+  __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
+    if constexpr (VECTOR_LOADS) {  // vocab % 4 == 0 and i % 4 == 0: 16-byte multiples
+      if (prefetch && i < vocab) prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * 4));
+    }
+  }
   /// Entries i .. i + VEC - 1 into v.
   template <int VEC>
   __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
@@ -78,8 +103,16 @@ __device__ __forceinline__ float to_float(Bf16Bits b) { return __uint_as_float(s
 /// entries a thread reads, and so every sum, are the same either way.
 template <typename T, bool VECTOR_LOADS>
 struct LogitRowT {
-  const T* p;     ///< (vocab) the row
-  int64_t vocab;  ///< entries
+  const T* p;            ///< (vocab) the row
+  int64_t vocab;         ///< entries
+  bool prefetch = false; ///< as ProbRowT
+  /// As ProbRowT (vocab a multiple of 16 / sizeof(T), i too: 16-byte multiples).
+  __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
+    if constexpr (VECTOR_LOADS) {
+      if (prefetch && i < vocab)
+        prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * static_cast<int64_t>(sizeof(T))));
+    }
+  }
   /// Entries i .. i + VEC - 1 into v.
   template <int VEC>
   __device__ __forceinline__ void load(int64_t i, float (&v)[VEC]) const {
@@ -155,7 +188,16 @@ struct SoftmaxRowT {
   }
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return prob(logits.at(i)); }
+  __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const { logits.prefetch_entries(i, n); }
 };
+
+/// At the top of a tile loop: thread 0 asks the L2 for the tile this thread block reads
+/// next (`next`, VEC entries a thread), so its loads wait on the L2, not on DRAM, while
+/// this tile is computed (Row::prefetch off, or rows without 16-byte loads: nothing).
+template <int VEC, typename Row>
+__device__ __forceinline__ void prefetch_tile(const Row& row, int64_t next) {
+  if (threadIdx.x == 0) row.prefetch_entries(next, int64_t{kBlock} * VEC);
+}
 
 /// What pass 0 learns about a row.
 struct RowSummary {
@@ -176,6 +218,17 @@ struct PivotStats {
 /// of 8192 entries cover 524288 tokens; longer rows fall back to the full scan.
 constexpr int kMaxTiles = 64;
 
+/// Most blocks that share one row (a cluster of 16 is H100's non-portable maximum).
+constexpr int kMaxCluster = 16;
+
+/// Which tiles of the row this block reads in the counting passes, and the parity of the
+/// exchange buffers the last pass wrote (CLUSTER only; see cluster_combine).
+struct RowSplit {
+  int rank = 0;   ///< this block's place in the cluster
+  int size = 1;   ///< blocks sharing the row (1: the block reads the whole row)
+  int phase = 0;  ///< exchange buffers of the latest counting pass (0 or 1)
+};
+
 /// Shared memory of one block: CUB's scratch (one pass at a time) and broadcast slots.
 struct SharedState {
   /// CUB's scratch of the pass in progress (passes are separated by barriers).
@@ -193,23 +246,36 @@ struct SharedState {
   int32_t token;       ///< the token inverse_cdf found (written by the crossing thread)
   /// Per-tile masses a pass keeps for the next inverse CDF (two candidate sets: the
   /// counting pass's p > pivot_0 and p > pivot_1): the sums of the threads' MassAcc
-  /// halves, below 2^62 for a tile of 512 threads x 16 entries.
-  unsigned long long tile_hi[2][kMaxTiles];
-  unsigned long long tile_lo[2][kMaxTiles];
+  /// halves, below 2^62 for a tile of 512 threads x 16 entries. [parity][set][tile]:
+  /// a row split over a cluster alternates two copies (RowSplit::phase); one block
+  /// uses parity 0 only.
+  unsigned long long tile_hi[2][2][kMaxTiles];
+  unsigned long long tile_lo[2][2][kMaxTiles];
+  /// A cluster's per-block results of the counting passes, [parity][rank].
+  RowSummary summary_parts[2][kMaxCluster];
+  PivotStats pivot_parts[2][kMaxCluster];
+  Mass mass_parts[2][kMaxCluster];
 };
 
-/// Clears the per-tile masses of `sets` sets (after a barrier: the previous pass may
-/// still read them), then a barrier before any pass adds to them.
-__device__ __forceinline__ void clear_tile_masses(SharedState& sh, int sets) {
+/// Starts a counting pass: on a cluster, the next parity (sp.phase); then clears this
+/// block's own tiles of `sets` sets there (after a barrier: the previous pass may still
+/// read them), then a barrier before any pass adds to them. The other blocks' tiles are
+/// left alone: they arrive by cluster_combine, possibly before this block clears.
+template <bool CLUSTER>
+__device__ __forceinline__ void begin_pass(SharedState& sh, int sets, RowSplit& sp) {
+  if constexpr (CLUSTER) sp.phase ^= 1;
   __syncthreads();
-  for (int k = threadIdx.x; k < sets * kMaxTiles; k += kBlock) sh.tile_hi[k / kMaxTiles][k % kMaxTiles] = 0, sh.tile_lo[k / kMaxTiles][k % kMaxTiles] = 0;
+  for (int k = threadIdx.x; k < sets * kMaxTiles; k += kBlock) {
+    const int set = k / kMaxTiles, t = k % kMaxTiles;
+    if (t % sp.size == sp.rank) sh.tile_hi[sp.phase][set][t] = 0, sh.tile_lo[sp.phase][set][t] = 0;
+  }
   __syncthreads();
 }
 
 /// Adds the whole block's MassAcc of one tile to (set, tile): a warp reduction of the two
 /// 64-bit halves, then one shared atomic per half and warp (integer sums: any order).
 /// Every thread of the block calls it for every tile (the shuffles need whole warps).
-__device__ __forceinline__ void add_tile_mass(SharedState& sh, int set, int64_t tile, const MassAcc& acc) {
+__device__ __forceinline__ void add_tile_mass(SharedState& sh, int set, int64_t tile, const MassAcc& acc, int phase) {
   unsigned long long hi = acc.hi, lo = acc.lo;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -217,14 +283,14 @@ __device__ __forceinline__ void add_tile_mass(SharedState& sh, int set, int64_t 
     lo += __shfl_down_sync(0xFFFFFFFFu, lo, o);
   }
   if ((threadIdx.x & 31u) == 0) {
-    atomicAdd(&sh.tile_hi[set][tile], hi);
-    atomicAdd(&sh.tile_lo[set][tile], lo);
+    atomicAdd(&sh.tile_hi[phase][set][tile], hi);
+    atomicAdd(&sh.tile_lo[phase][set][tile], lo);
   }
 }
 
 /// The exact mass of (set, tile), once the pass that kept it has ended (barrier).
-__device__ __forceinline__ Mass tile_mass(const SharedState& sh, int set, int64_t tile) {
-  return (static_cast<Mass>(sh.tile_hi[set][tile]) << 48) + sh.tile_lo[set][tile];
+__device__ __forceinline__ Mass tile_mass(const SharedState& sh, int set, int64_t tile, int phase) {
+  return (static_cast<Mass>(sh.tile_hi[phase][set][tile]) << 48) + sh.tile_lo[phase][set][tile];
 }
 
 /// Whether a row's tiles of VEC entries a thread fit the per-tile masses.
@@ -241,6 +307,50 @@ __device__ __forceinline__ T broadcast(T value, T& slot) {
   const T result = slot;
   __syncthreads();
   return result;
+}
+
+/// The end of a counting pass on a row split over a cluster. `mine` is this block's
+/// result (valid in thread 0, as CUB leaves it); its tiles' masses of `sets` sets are in
+/// shared memory at parity sp.phase. Both are written into every other block of the
+/// cluster (its parts[phase][rank] and its copy of those tiles); one cluster barrier
+/// (release / acquire) makes them visible; then each block folds the C results with
+/// `op` in rank order and every thread gets the row's result.
+/// Why the buffers are never overwritten while read: what pass k writes is read before
+/// the reader arrives at pass k + 1's barrier, and pass k + 2, the next to write the same
+/// parity, writes only after leaving that barrier.
+template <typename T, typename Op>
+__device__ T cluster_combine(const T& mine, T (&parts)[2][kMaxCluster], int sets, int64_t tiles, Op op, T& slot,
+                             SharedState& sh, const RowSplit& sp) {
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ph = sp.phase;
+  if (threadIdx.x == 0) parts[ph][sp.rank] = mine;
+  __syncthreads();  // this block's tile atomics and its part are in shared memory
+  const int per_rank = sets * static_cast<int>(tiles);
+  for (int k = threadIdx.x; k < sp.size * per_rank; k += kBlock) {
+    const int r = k / per_rank, set = (k % per_rank) / static_cast<int>(tiles), t = k % static_cast<int>(tiles);
+    if (r == sp.rank || t % sp.size != sp.rank) continue;  // another block's copy of one of my tiles
+    *cluster.map_shared_rank(&sh.tile_hi[ph][set][t], r) = sh.tile_hi[ph][set][t];
+    *cluster.map_shared_rank(&sh.tile_lo[ph][set][t], r) = sh.tile_lo[ph][set][t];
+  }
+  if (static_cast<int>(threadIdx.x) < sp.size && static_cast<int>(threadIdx.x) != sp.rank)
+    *cluster.map_shared_rank(&parts[ph][sp.rank], static_cast<int>(threadIdx.x)) = parts[ph][sp.rank];
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    T all = parts[ph][0];
+    for (int r = 1; r < sp.size; ++r) all = op(all, parts[ph][r]);
+    slot = all;
+  }
+  __syncthreads();
+  const T result = slot;
+  __syncthreads();
+  return result;
+}
+
+/// The tiles of a row of `vocab` entries, VEC a thread.
+template <int VEC>
+__device__ __forceinline__ int64_t tile_count(int64_t vocab) {
+  return (vocab + int64_t{kBlock} * VEC - 1) / (int64_t{kBlock} * VEC);
 }
 
 /// Adds one entry to a thread's summary (its mass to `acc`, which the caller widens into
@@ -261,12 +371,13 @@ __device__ __forceinline__ void add_entry(RowSummary& s, MassAcc& acc, float x) 
 /// Pass 0: exact total, max and bad-entry flags of the row (every thread gets them).
 /// TILES: also keeps each tile's mass of the valid entries (set 0), which is the mass
 /// of the candidates p > 0 of the first inverse CDF.
-template <int VEC, bool TILES = false, typename Row>
-__device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
-  const bool tiles = TILES && keeps_tiles<VEC>(row.vocab);
-  if (tiles) clear_tile_masses(sh, 1);
+template <int VEC, bool TILES = false, bool CLUSTER = false, typename Row>
+__device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& sp) {
+  const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
+  if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
-  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {
+  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);  // past the end: zeros, valid and massless
@@ -274,12 +385,21 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
     s.total += acc.value();
-    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc);
+    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc, sp.phase);
   }
-  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
+  auto fold = [](const RowSummary& a, const RowSummary& b) {
     return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
-  });
+  };
+  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, fold);
+  if constexpr (CLUSTER) return cluster_combine(r, sh.summary_parts, 1, tile_count<VEC>(row.vocab), fold, sh.summary, sh, sp);
   return broadcast(r, sh.summary);
+}
+
+/// One block reading the whole row (the callers that never split a row).
+template <int VEC, bool TILES = false, typename Row>
+__device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
+  RowSplit whole;
+  return summarize_row<VEC, TILES, false>(row, sh, whole);
 }
 
 /// The two passes of a softmax over a logit row (VEC entries a thread per tile): the
@@ -290,6 +410,7 @@ template <int VEC, typename Row>
 __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh) {
   RowSummary s{0, -INFINITY, 0u};
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
     float v[VEC];
     row.template load<VEC>(i, v);
 #pragma unroll
@@ -308,6 +429,7 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   out.m = __fmul_rn(all.max_p, out.inv_t);  // the largest numerator is 2^0 = 1: no overflow
   float sum = 0.f;
   for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
     float v[VEC];
     row.template load<VEC>(i, v);
 #pragma unroll
@@ -333,12 +455,13 @@ __device__ void write_row(const Row& row, float* out) {
 
 /// Exact mass of the entries `keep(p)` accepts (every thread gets it). TILES: also
 /// keeps each tile's (set 0) for the inverse CDF over the same entries.
-template <int VEC, bool TILES = false, typename Row, typename Keep>
-__device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh) {
-  const bool tiles = TILES && keeps_tiles<VEC>(row.vocab);
-  if (tiles) clear_tile_masses(sh, 1);
+template <int VEC, bool TILES = false, bool CLUSTER = false, typename Row, typename Keep>
+__device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh, RowSplit& sp) {
+  const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
+  if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   Mass m = 0;
-  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {
+  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);
@@ -346,10 +469,19 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc.add(keep(v[j]) ? v[j] : 0.f);
     m += acc.value();
-    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc);
+    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc, sp.phase);
   }
   const Mass r = cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(m);
+  if constexpr (CLUSTER)
+    return cluster_combine(r, sh.mass_parts, 1, tile_count<VEC>(row.vocab), [](Mass a, Mass b) { return a + b; }, sh.mass, sh, sp);
   return broadcast(r, sh.mass);
+}
+
+/// One block reading the whole row.
+template <int VEC, bool TILES = false, typename Row, typename Keep>
+__device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh) {
+  RowSplit whole;
+  return sum_mass_where<VEC, TILES, false>(row, keep, sh, whole);
 }
 
 /// Pass 1, the inverse CDF: the first entry, in vocabulary order, among the candidates
@@ -362,7 +494,7 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh) {
 /// scan reads that tile alone.
 template <int VEC, typename Row, typename Candidate>
 __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass threshold, SharedState& sh,
-                               int tile_set = -1) {
+                               int tile_set = -1, int phase = 0) {
   if (threadIdx.x == 0) sh.token = -1;
   Mass before = 0;  // candidate mass of the earlier tiles, the same in every thread
   int64_t start = 0;
@@ -370,7 +502,7 @@ __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass thre
     const int64_t tiles = (row.vocab + int64_t{kBlock} * VEC - 1) / (int64_t{kBlock} * VEC);
     int64_t t = 0;
     for (; t < tiles; ++t) {
-      const Mass m = tile_mass(sh, tile_set, t);
+      const Mass m = tile_mass(sh, tile_set, t, phase);
       if (before + m > threshold) break;
       before += m;
     }
@@ -410,33 +542,38 @@ __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass thre
 
 /// Pass 2: count and exact mass of the entries strictly above pivot_0 and pivot_1, and
 /// each tile's two masses (sets 0 and 1): the next round's candidates are one of the two.
-template <int VEC, typename Row>
-__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh) {
+template <int VEC, bool CLUSTER = false, typename Row>
+__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp) {
   const bool tiles = keeps_tiles<VEC>(row.vocab);
-  if (tiles) clear_tile_masses(sh, 2);
+  if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
-  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {
+  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
     const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);
     MassAcc acc_0, acc_1;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (v[j] > pivot_0) s.count_0 += 1;
-      if (v[j] > pivot_1) s.count_1 += 1;
-      acc_0.add(v[j] > pivot_0 ? v[j] : 0.f);
-      acc_1.add(v[j] > pivot_1 ? v[j] : 0.f);
+    for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
+      const MassAcc::Parts m = MassAcc::parts(v[j]);
+      const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
+      s.count_0 += above_0 ? 1 : 0;
+      s.count_1 += above_1 ? 1 : 0;
+      acc_0.add_if(above_0, m);
+      acc_1.add_if(above_1, m);
     }
     s.mass_0 += acc_0.value();
     s.mass_1 += acc_1.value();
     if (tiles) {
-      add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc_0);
-      add_tile_mass(sh, 1, tile / (int64_t{kBlock} * VEC), acc_1);
+      add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc_0, sp.phase);
+      add_tile_mass(sh, 1, tile / (int64_t{kBlock} * VEC), acc_1, sp.phase);
     }
   }
-  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, [](const PivotStats& a, const PivotStats& b) {
+  auto fold = [](const PivotStats& a, const PivotStats& b) {
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
-  });
+  };
+  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
+  if constexpr (CLUSTER) return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
   return broadcast(r, sh.pivots);
 }
 

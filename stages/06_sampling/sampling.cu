@@ -10,19 +10,24 @@
 // candidates, and a handful of rounds is typical (the chapter has the counts). From
 // logits (f32 or bf16) the same kernel fuses the softmax: the row's max and sum first,
 // then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
+// When outputs are few, each probability row is split over the blocks of a cluster
+// (rejection_sampling_cluster_kernel), so batch 1 uses 16 SMs instead of one.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
-// sampler trusting rows to sum to 1 would skip; one block per output leaves most SMs idle
-// at batch 1; masses are 128-bit integers (summed per thread in two 64-bit halves,
-// MassAcc, and widened once per tile), so the passes still do more work than float sums.
+// sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per
+// thread in two 64-bit halves, MassAcc, and widened once per tile), so the passes still
+// do more work than float sums.
 // How to run it: build flashstep_sampling_tests and run it (tests/stages/), or
 //     flashstep_exercise_06_sampling
 // for the exercise; the chapter is README.md in this folder.
 #include <cub/block/block_reduce.cuh>
 
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "06_sampling/launch.hpp"
 #include "06_sampling/row_passes.cuh"
@@ -59,6 +64,7 @@ struct SamplerParams {
   int32_t* rounds;             ///< (batch) or null
   int32_t* status;             ///< (batch) or null
   float* probs_out;            ///< (batch, vocab) or null: the fused softmax rows (logits only)
+  bool prefetch;               ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
 };
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
@@ -115,21 +121,21 @@ struct Draw {
 
 /// Step 3 for top_k / top_p / top_k_top_p: draw among p > low, test the two pivots,
 /// raise low (ref::rejection_sample_row, line for line).
-template <FilterKind KIND, int VEC, typename Row>
+template <FilterKind KIND, int VEC, bool CLUSTER, typename Row>
 __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row& row, const RowSummary& s,
-                                  const Filter& f, SharedState& sh) {
+                                  const Filter& f, SharedState& sh, RowSplit& sp) {
   const Mass top_p_bound = uses_top_p(KIND) ? mass_fraction_ceil(s.total, f.top_p) : 0;
   float low = 0.f, high = 1.f;
   Mass q = s.total;  // mass of the candidates p > low
   int tile_set = 0;  // where the last pass kept the candidates' per-tile masses
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
-    const int32_t token = inverse_cdf<VEC>(row, [low](float x) { return x > low; }, threshold, sh, tile_set);
+    const int32_t token = inverse_cdf<VEC>(row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
     if (token < 0) return {kInvalidToken, round, Status::internal_error};
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
     const float pivot_0 = row.at(token);
     const float pivot_1 = __fmul_rn(__fadd_rn(pivot_0, high), 0.5f);
-    const PivotStats above = count_mass_above<VEC>(row, pivot_0, pivot_1, sh);
+    const PivotStats above = count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp);
     if (pivot_passes<KIND>(f, above.count_0, above.mass_0, top_p_bound)) return {token, round, Status::ok};
     if (pivot_passes<KIND>(f, above.count_1, above.mass_1, top_p_bound)) {
       low = pivot_0;  // the keep threshold lies in (pivot_0, pivot_1]
@@ -147,30 +153,33 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
 }
 
 /// Step 3 for none and min_p: one draw, no rejection (the pivot is known upfront).
-template <FilterKind KIND, int VEC, typename Row>
+template <FilterKind KIND, int VEC, bool CLUSTER, typename Row>
 __device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, const RowSummary& s,
-                          const Filter& f, SharedState& sh) {
+                          const Filter& f, SharedState& sh, RowSplit& sp) {
   const uint32_t u24 = uniform_bits(p, out, 0);
   int32_t token;
   if (KIND == FilterKind::min_p) {
     const float pivot = __fmul_rn(s.max_p, f.min_p);
     auto kept = [pivot](float x) { return x >= pivot && x > 0.f; };
-    const Mass q = sum_mass_where<VEC, true>(row, kept, sh);
-    token = inverse_cdf<VEC>(row, kept, scaled_threshold(u24, q), sh, 0);
+    const Mass q = sum_mass_where<VEC, true, CLUSTER>(row, kept, sh, sp);
+    token = inverse_cdf<VEC>(row, kept, scaled_threshold(u24, q), sh, 0, sp.phase);
   } else {
-    token = inverse_cdf<VEC>(row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh, 0);
+    token = inverse_cdf<VEC>(row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh, 0, sp.phase);
   }
   return token < 0 ? Draw{kInvalidToken, 1, Status::internal_error} : Draw{token, 1, Status::ok};
 }
 
 /// Pass 0 and the draw, on a row of probabilities in memory or computed on the fly.
-template <FilterKind KIND, int VEC, typename Row>
-__device__ Draw sample_row(const SamplerParams& p, int64_t out, const Row& row, const Filter& f, SharedState& sh) {
-  const RowSummary s = summarize_row<VEC, true>(row, sh);  // with set 0: the candidates p > 0
+/// CLUSTER: the blocks of a cluster share the row (sp); every decision below is taken on
+/// cluster-wide results, so all of them take the same path and meet at every barrier.
+template <FilterKind KIND, int VEC, bool CLUSTER = false, typename Row>
+__device__ Draw sample_row(const SamplerParams& p, int64_t out, const Row& row, const Filter& f, SharedState& sh,
+                           RowSplit& sp) {
+  const RowSummary s = summarize_row<VEC, true, CLUSTER>(row, sh, sp);  // with set 0: the candidates p > 0
   const Status status = row_status(s);
   if (status != Status::ok) return {kInvalidToken, 0, status};
-  return (KIND == FilterKind::none || KIND == FilterKind::min_p) ? draw_once<KIND, VEC>(p, out, row, s, f, sh)
-                                                                 : draw_by_rejection<KIND, VEC>(p, out, row, s, f, sh);
+  if (KIND == FilterKind::none || KIND == FilterKind::min_p) return draw_once<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
+  return draw_by_rejection<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
 }
 
 /// One block per output: read its row and filter, (for logits: the softmax's max and
@@ -179,6 +188,7 @@ template <FilterKind KIND, Source SOURCE, bool VECTOR_LOADS>
 __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParams p) {
   __shared__ SharedState sh;
   const int64_t out = blockIdx.x;
+  RowSplit whole;
   int64_t row_index = 0;
   Filter f{};
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
@@ -186,15 +196,15 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     if (d.status == Status::ok) {
       // 16 entries a thread per tile as four 16-byte loads (aligned rows); else 8 loads of 4 bytes
       constexpr int VEC = VECTOR_LOADS ? 16 : 8;
-      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab};
-      d = sample_row<KIND, VEC>(p, out, row, f, sh);
+      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
+      d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
     }
   } else {
     // the fused softmax: always 16 entries a thread per tile, so the sum (a float sum,
     // order-dependent) is the same whatever the loads; softmax() uses the same passes
     using T = std::conditional_t<SOURCE == Source::f32_logits, float, Bf16Bits>;
     constexpr int VEC = 16;
-    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab};
+    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
     SoftmaxScale scale{};
     uint32_t flags = 0;
     bool have_softmax = false;
@@ -206,12 +216,44 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     if (have_softmax) {
       const SoftmaxRowT<LogitRowT<T, VECTOR_LOADS>> row{logits, scale, p.vocab};
       if (probs_row) write_row<VEC>(row, probs_row);
-      d = sample_row<KIND, VEC>(p, out, row, f, sh);
+      d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
     } else if (probs_row) {
       for (int64_t i = threadIdx.x; i < p.vocab; i += kBlock) probs_row[i] = NAN;
     }
   }
   if (threadIdx.x == 0) {
+    const bool ok = d.status == Status::ok;
+    p.samples[out] = ok ? d.token : kInvalidToken;
+    if (p.rounds) p.rounds[out] = ok ? d.rounds : 0;
+    if (p.status) p.status[out] = static_cast<int32_t>(d.status);
+  }
+}
+
+/// The same sampler with one output's row split over the C blocks of a cluster (grid =
+/// outputs x C, launched with a cluster dimension of C): probability rows with 16-byte
+/// loads and per-tile masses (at most kMaxTiles tiles, at least C). Block r reads tiles
+/// r, r + C, ... in the counting passes (row_passes.cuh: cluster_combine); every block
+/// computes the same token, rank 0 writes it.
+template <FilterKind KIND>
+__global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(SamplerParams p) {
+  __shared__ SharedState sh;
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  RowSplit sp;
+  sp.rank = static_cast<int>(cluster.block_rank());
+  sp.size = static_cast<int>(cluster.num_blocks());
+  const int64_t out = blockIdx.x / sp.size;
+  // no block writes into another's shared memory before every block of the cluster runs
+  auto started = cluster.barrier_arrive();
+  int64_t row_index = 0;
+  Filter f{};
+  Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};  // the same in every block
+  cluster.barrier_wait(std::move(started));
+  if (d.status == Status::ok) {
+    const ProbRowT<true> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
+    d = sample_row<KIND, 16, true>(p, out, row, f, sh, sp);
+  }
+  // no remote access follows the last cluster barrier of sample_row, so blocks may leave
+  if (sp.rank == 0 && threadIdx.x == 0) {
     const bool ok = d.status == Status::ok;
     p.samples[out] = ok ? d.token : kInvalidToken;
     if (p.rounds) p.rounds[out] = ok ? d.rounds : 0;
@@ -254,8 +296,92 @@ void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t str
   kernels::check_launch("rejection_sampling_kernel");
 }
 
+/// The largest cluster the environment allows: FLASHSTEP_SAMPLING_CLUSTER=1 turns the
+/// split off, 2, 4 or 8 caps it (read once; for timing against one block per row).
+int cluster_cap() {
+  static const int cap = [] {
+    const char* v = std::getenv("FLASHSTEP_SAMPLING_CLUSTER");
+    const int c = v ? std::atoi(v) : device::kMaxCluster;
+    return c >= 1 && c <= device::kMaxCluster ? c : device::kMaxCluster;
+  }();
+  return cap;
+}
+
+/// How many clusters of c blocks of the cluster kernel fit on the GPU at once (c = 2, 4,
+/// 8, 16; 0 where the GPU or the build cannot launch them), asked once per kernel from
+/// the current device (16 needs the non-portable cluster size).
+template <FilterKind KIND>
+int clusters_that_fit(int c) {
+  static const std::array<int, 5> fit = [] {
+    std::array<int, 5> n{};
+    const auto kernel = device::rejection_sampling_cluster_kernel<KIND>;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      cudaGetLastError();
+      return n;
+    }
+    for (int k = 1; k < 5; ++k) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(1u << k);
+      cfg.blockDim = dim3(device::kBlock);
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = 1u << k;
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+        cudaGetLastError();
+        clusters = 0;
+      }
+      n[static_cast<size_t>(k)] = clusters;
+    }
+    return n;
+  }();
+  int k = 0;
+  while ((1 << k) < c) ++k;
+  return fit[static_cast<size_t>(k)];
+}
+
+/// Blocks per output: the largest cluster (16, 8, 4 or 2) such that every output's
+/// cluster is resident at once and each block has at least one tile of the row; 1 (one
+/// block per row) when rows are many, short, longer than kMaxTiles tiles, or unaligned.
+/// Depends on batch and vocab only, so a CUDA graph captures a fixed grid.
+template <FilterKind KIND>
+int cluster_size(const device::SamplerParams& p, int64_t batch) {
+  const bool aligned = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.input) % 16 == 0;
+  const int64_t tile = int64_t{device::kBlock} * 16;
+  const int64_t tiles = (p.vocab + tile - 1) / tile;
+  if (!aligned || tiles > device::kMaxTiles) return 1;
+  for (int c = device::kMaxCluster; c >= 2; c /= 2)
+    if (c <= cluster_cap() && c <= tiles && batch <= clusters_that_fit<KIND>(c)) return c;
+  return 1;
+}
+
+template <FilterKind KIND>
+void launch_cluster(const device::SamplerParams& p, int64_t batch, int c, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(batch * c));
+  cfg.blockDim = dim3(device::kBlock);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(c);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, device::rejection_sampling_cluster_kernel<KIND>, p));
+  kernels::check_launch("rejection_sampling_cluster_kernel");
+}
+
 template <FilterKind KIND, device::Source SOURCE>
 void launch_vec(const device::SamplerParams& p, int64_t batch, int64_t bytes_per_entry, cudaStream_t stream) {
+  if constexpr (SOURCE == device::Source::probs) {  // few rows: split each over a cluster
+    const int c = cluster_size<KIND>(p, batch);
+    if (c > 1) return launch_cluster<KIND>(p, batch, c, stream);
+  }
   // 16-byte loads need every row start aligned: vocab * entry size % 16 == 0 and an aligned base
   const bool vec = p.vocab * bytes_per_entry % 16 == 0 && reinterpret_cast<uintptr_t>(p.input) % 16 == 0;
   if (vec) {
@@ -278,6 +404,14 @@ void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, E
   }
 }
 }  // namespace
+
+bool prefetch_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHSTEP_SAMPLING_PREFETCH");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
 
 void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed) {
   if (rows.dtype != ElementType::f32 && !(bf16_allowed && rows.dtype == ElementType::bf16))
@@ -336,6 +470,7 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.rounds = out.rounds;
   p.status = out.status;
   p.probs_out = logits ? out.probs : nullptr;
+  p.prefetch = prefetch_enabled();
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);

@@ -31,6 +31,8 @@ struct ResidualRow {
   }
   /// Entry i.
   __device__ __forceinline__ float at(int64_t i) const { return q ? fmaxf(__fsub_rn(p[i], q[i]), 0.f) : p[i]; }
+  /// No L2 prefetch (row_passes.cuh: prefetch_tile).
+  __device__ __forceinline__ void prefetch_entries(int64_t, int64_t) const {}
 };
 
 struct SpeculativeParams {

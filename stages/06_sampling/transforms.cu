@@ -9,6 +9,7 @@
 // the cut exactly, ties included: the same key a bisection over the key range would find
 // (the first level rides along with pass 0). Then the kept mass and the write.
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <cstdint>
 #include <string>
@@ -39,6 +40,7 @@ struct TransformParams {
   const float* temperature_per_output;  ///< (outputs) or null
   float* out;                      ///< (outputs, vocab); may alias `in` when indices is null
   int32_t* status;                 ///< (outputs) or null
+  bool prefetch;                   ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -68,13 +70,48 @@ static_assert(kRadixDigits % kBlock == 0, "every thread owns the same number of 
 /// What a radix level counts per digit: entries (top-k, mask) or exact masses (top-p).
 enum class RadixStat { count, mass };
 
+/// How a radix level adds an entry to its bin (a compile-time variant, so one binary
+/// can time both; the launcher picks one, see histogram_add()):
+///   atomic: one shared atomic per entry. After a softmax most entries of a row fall into
+///           a few bins, so the lanes of a warp that hit one address wait on each other.
+///           Adding a constant 1 (counts) compiles to ATOMS.POPC.INC, which adds the lanes
+///           that share an address at once: counts are aggregated by the hardware.
+///   warp:   the lanes of a warp that share a bin find each other (match.any) and one
+///           lane per bin adds the group's count or summed units: one atomic per distinct
+///           bin and warp (the sum over a group is a reduction with that group's mask,
+///           which the compiler runs once per distinct mask).
+enum class HistogramAdd { atomic, warp };
+
 /// Shared memory of the radix select: one histogram (reused by the three levels) and
-/// the digit a level settles on, with the count or mass above it.
+/// the digit a level settles on, with the count or mass above it. A bin is 64 bits kept
+/// as two 32-bit words, because the GPU adds 32-bit words to shared memory in one
+/// instruction, where a 64-bit add is a compare-and-swap loop that conflicting lanes
+/// retry: `lo` holds the sum mod 2^32, `hi` counts the times an add carried out of `lo`.
 struct RadixShared {
-  unsigned long long bins[kRadixDigits];  ///< count, or mass units (bucket_units)
-  uint32_t digit;                         ///< the digit the level settled on
-  Mass above;                             ///< count or mass of the keys above that digit's bucket
-  Mass at;                                ///< count or mass in that digit's bucket
+  uint32_t lo[kRadixDigits];  ///< count, or mass units (bucket_units) mod 2^32
+  uint32_t hi[kRadixDigits];  ///< carries out of lo (mass units only; counts stay below 2^31)
+  uint32_t digit;             ///< the digit the level settled on
+  Mass above;                 ///< count or mass of the keys above that digit's bucket
+  Mass at;                    ///< count or mass in that digit's bucket
+  /// Bin d as one 64-bit number, once the level's adds are done (barrier).
+  __device__ __forceinline__ unsigned long long bin(int d) const {
+    return (static_cast<unsigned long long>(hi[d]) << 32) | lo[d];
+  }
+  /// Clears every bin (the caller's barrier follows).
+  __device__ __forceinline__ void clear() {
+    for (int d = threadIdx.x; d < kRadixDigits; d += kBlock) lo[d] = 0, hi[d] = 0;
+  }
+  /// Adds v to bin d: a 32-bit atomic, and one more for the carry when the sum wraps
+  /// (old + v < old exactly when this add crossed a multiple of 2^32).
+  template <RadixStat STAT>
+  __device__ __forceinline__ void add(uint32_t d, uint32_t v) {
+    if constexpr (STAT == RadixStat::count) {
+      atomicAdd(&lo[d], v);
+    } else {
+      const uint32_t old = atomicAdd(&lo[d], v);
+      if (old + v < old) atomicAdd(&hi[d], 1u);
+    }
+  }
 };
 
 /// An entry's contribution to its histogram bin in mass mode. Every key in one bin of a
@@ -95,16 +132,40 @@ __device__ __forceinline__ Mass bin_mass(unsigned long long units, int e) {
   return e >= 54 ? static_cast<Mass>(units) << (e - 54) : static_cast<Mass>(units);
 }
 
-/// One radix level's histogram step, for the entry x with order key `key`: the bin of
-/// digit (key >> shift) if the key's already settled bits (above shift + width) equal
-/// the prefix's. The first level (prefix_shift 32) takes every key.
-template <RadixStat STAT>
-__device__ __forceinline__ void radix_add(RadixShared& rs, float x, uint32_t key, uint32_t prefix, int shift,
-                                          int prefix_shift, uint32_t digit_mask) {
-  if (prefix_shift < 32 && (key >> prefix_shift) != (prefix >> prefix_shift)) return;
-  const uint32_t d = (key >> shift) & digit_mask;
-  if constexpr (STAT == RadixStat::count) atomicAdd(&rs.bins[d], 1ull);
-  else atomicAdd(&rs.bins[d], bucket_units(x));
+/// No bin: an entry the level does not count.
+constexpr uint32_t kNoBin = 0xFFFFFFFFu;
+
+/// The bin of an entry at one radix level: digit (key >> shift) if the key's settled
+/// bits (at and above prefix_shift) equal the prefix's; the first level (prefix_shift 32)
+/// takes every key.
+__device__ __forceinline__ uint32_t radix_bin(uint32_t key, uint32_t prefix, int shift, int prefix_shift,
+                                              uint32_t digit_mask) {
+  if (prefix_shift < 32 && (key >> prefix_shift) != (prefix >> prefix_shift)) return kNoBin;
+  return (key >> shift) & digit_mask;
+}
+
+/// Adds one entry per lane to its bin d (kNoBin: none). Every lane of the warp calls it
+/// (the warp variant's match.any and reduction need whole warps). HistogramAdd::warp:
+/// the lanes with the same bin find each other with match.any and the lowest of them
+/// adds the group's count (popc) or its units summed by a warp reduction over the group
+/// (units are below 2^24, a group's sum below 2^29). Integer sums: the bins, and so the
+/// cut, are the same in both variants.
+template <RadixStat STAT, HistogramAdd ADD>
+__device__ __forceinline__ void radix_add(RadixShared& rs, uint32_t d, float x) {
+  if constexpr (ADD == HistogramAdd::atomic) {
+    if (d != kNoBin) rs.add<STAT>(d, STAT == RadixStat::count ? 1u : static_cast<uint32_t>(bucket_units(x)));
+  } else {
+    if (!__any_sync(0xFFFFFFFFu, d != kNoBin)) return;  // the later levels: most warps have no hit
+    const uint32_t group = __match_any_sync(0xFFFFFFFFu, d);
+    if (d == kNoBin) return;
+    const bool leader = (threadIdx.x & 31u) == static_cast<uint32_t>(__ffs(group) - 1);
+    if constexpr (STAT == RadixStat::count) {
+      if (leader) rs.add<STAT>(d, static_cast<uint32_t>(__popc(group)));
+    } else {
+      const uint32_t units = __reduce_add_sync(group, static_cast<uint32_t>(bucket_units(x)));
+      if (leader) rs.add<STAT>(d, units);
+    }
+  }
 }
 
 /// After a level's histogram: the digit d* whose bucket holds the cut, i.e. the one d
@@ -122,7 +183,7 @@ __device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int di
   for (int j = 0; j < kDigitsPerThread; ++j) {
     bin[j] = 0;
     if (j < per) {
-      const unsigned long long v = rs.bins[first + j];
+      const unsigned long long v = rs.bin(first + j);
       if constexpr (STAT == RadixStat::count) {
         bin[j] = v;
       } else {
@@ -156,7 +217,7 @@ __device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int di
 /// far, then the digit where `passes` turns true counting from the top. The first
 /// level's histogram may be filled by the caller's pass 0 (first_level_done).
 /// `above_cut` and `at_cut` get the stat of the keys above and equal to the unclamped K.
-template <RadixStat STAT, int VEC, typename Row, typename Keep, typename Passes>
+template <RadixStat STAT, HistogramAdd ADD, int VEC, typename Row, typename Keep, typename Passes>
 __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, bool first_level_done,
                               RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut,
                               bool& clamped) {
@@ -168,17 +229,21 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
     const int prefix_shift = level == 0 ? 32 : kShift[level - 1];
     const int digits = 1 << (prefix_shift - shift);
     if (threadIdx.x == 0) rs.digit = static_cast<uint32_t>(digits - 1), rs.above = above, rs.at = 0;  // never kept: one digit always qualifies
-    if (level > 0 || !first_level_done)
-      for (int d = threadIdx.x; d < kRadixDigits; d += kBlock) rs.bins[d] = 0;
+    if (level > 0 || !first_level_done) rs.clear();
     __syncthreads();
     if (level > 0 || !first_level_done) {
-      for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+      for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
+        prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
+        const int64_t i = tile + int64_t{threadIdx.x} * VEC;
         float v[VEC];
         row.template load<VEC>(i, v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          if (i + j < row.vocab && keep(v[j]))
-            radix_add<STAT>(rs, v[j], order_key(v[j]), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1));
+        for (int j = 0; j < VEC; ++j) {
+          const bool counted = i + j < row.vocab && keep(v[j]);
+          const uint32_t d =
+              counted ? radix_bin(order_key(v[j]), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1)) : kNoBin;
+          radix_add<STAT, ADD>(rs, d, v[j]);
+        }
       }
       __syncthreads();
     }
@@ -213,30 +278,30 @@ __device__ Status softmax_row(const Row& row, float temperature, float* out, Sha
 /// Pass 0 of a renorm or mask row, fused with the first radix level's histogram of the
 /// entries `keep` accepts: the summary (probabilities: total, max, flags; logits: max,
 /// flags) and the bins of the top 11 key bits. A bad row's bins are never read.
-template <RadixStat STAT, bool LOGITS, int VEC, typename Row, typename Keep>
+template <RadixStat STAT, HistogramAdd ADD, bool LOGITS, int VEC, typename Row, typename Keep>
 __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh) {
-  for (int d = threadIdx.x; d < kRadixDigits; d += kBlock) rs.bins[d] = 0;
+  rs.clear();
   __syncthreads();
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
-  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
+  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
+    prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
+    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
     float v[VEC];
     row.template load<VEC>(i, v);
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (!(i + j < row.vocab)) continue;
-      if constexpr (LOGITS) {
-        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-        else s.max_p = fmaxf(s.max_p, v[j]);
-      } else {
-        add_entry(s, acc, v[j]);
+      const bool real = i + j < row.vocab;
+      if (real) {
+        if constexpr (LOGITS) {
+          if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+          else s.max_p = fmaxf(s.max_p, v[j]);
+        } else {
+          add_entry(s, acc, v[j]);
+        }
       }
-      if (keep(v[j])) {
-        const uint32_t d = order_key(v[j]) >> kShift;
-        if constexpr (STAT == RadixStat::count) atomicAdd(&rs.bins[d], 1ull);
-        else atomicAdd(&rs.bins[d], bucket_units(v[j]));
-      }
+      radix_add<STAT, ADD>(rs, real && keep(v[j]) ? order_key(v[j]) >> kShift : kNoBin, v[j]);
     }
     s.total += acc.value();
   }
@@ -249,11 +314,11 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
 /// top_k_renorm_probs / top_p_renorm_probs of one row: pass 0 with the first radix
 /// level, two more radix levels (the cut), for top-k the kept mass (top-p has it from
 /// the last level), then the write.
-template <Transform T, int VEC, typename Row>
+template <Transform T, HistogramAdd ADD, int VEC, typename Row>
 __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh) {
   constexpr RadixStat kStat = T == Transform::top_k_renorm ? RadixStat::count : RadixStat::mass;
   auto positive = [](float x) { return x > 0.f; };
-  const RowSummary s = summarize_with_histogram<kStat, false, VEC>(row, positive, rs, sh);
+  const RowSummary s = summarize_with_histogram<kStat, ADD, false, VEC>(row, positive, rs, sh);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.flags & kFlagNegative) return Status::negative;
   if (s.flags & kFlagAboveOne) return Status::above_one;
@@ -263,7 +328,7 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false;
   const uint32_t lo = order_key(0.f);
-  const uint32_t cut = radix_cut<kStat, VEC>(
+  const uint32_t cut = radix_cut<kStat, ADD, VEC>(
       row, lo, order_key(s.max_p), positive,
       [&](Mass stat) {
         if constexpr (T == Transform::top_k_renorm) return stat < static_cast<Mass>(top_k);
@@ -284,15 +349,15 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
 }
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
-template <int VEC, typename Row>
+template <HistogramAdd ADD, int VEC, typename Row>
 __device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh) {
   auto all = [](float) { return true; };
-  const RowSummary s = summarize_with_histogram<RadixStat::count, true, VEC>(row, all, rs, sh);
+  const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.max_p == -INFINITY) return Status::zero_row;
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false;
-  const uint32_t cut = radix_cut<RadixStat::count, VEC>(
+  const uint32_t cut = radix_cut<RadixStat::count, ADD, VEC>(
       row, order_key(-INFINITY), order_key(s.max_p), all,
       [&](Mass count) { return count < static_cast<Mass>(top_k); }, true, rs, sh, above_cut, at_cut, clamped);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
@@ -304,7 +369,7 @@ __device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShare
 
 /// One block per output row: read the row and parameters, transform, or write NaN + status.
 /// In: float or Bf16Bits (softmax and mask only); VECTOR_LOADS: 16-byte loads (aligned rows).
-template <Transform T, typename In, bool VECTOR_LOADS>
+template <Transform T, typename In, bool VECTOR_LOADS, HistogramAdd ADD>
 __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   __shared__ SharedState sh;
   constexpr int VEC = VECTOR_LOADS ? 16 : 8;  // renorm and mask: entries a thread per tile
@@ -315,14 +380,14 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   float* out = p.out + o * p.vocab;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
-    if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, temperature, out, sh);
+    if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh);
     if constexpr (T == Transform::top_k_mask) {
       __shared__ RadixShared rs;
-      status = mask_row<VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, top_k, out, rs, sh);
+      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh);
     }
     if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm) {
       __shared__ RadixShared rs;
-      status = renorm_row<T, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab}, top_k, top_p, out, rs, sh);
+      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh);
     }
   }
   if (status != Status::ok) {
@@ -338,10 +403,35 @@ namespace detail {
 
 namespace {
 
+/// The histogram variant of the radix select: by default HistogramAdd::atomic for counts
+/// (top-k renorm, mask) and HistogramAdd::warp for masses (top-p renorm); the environment
+/// variable FLASHSTEP_SAMPLING_HISTOGRAM = "atomic" or "warp" forces one for all (read
+/// once; for timing the variants against each other in one binary).
+device::HistogramAdd histogram_add(device::Transform t) {
+  // 0: the default, counts atomic (the hardware aggregates them), masses warp-aggregated
+  static const int choice = [] {
+    const char* v = std::getenv("FLASHSTEP_SAMPLING_HISTOGRAM");
+    if (v && std::string(v) == "atomic") return 1;
+    if (v && std::string(v) == "warp") return 2;
+    return 0;
+  }();
+  if (choice == 1) return device::HistogramAdd::atomic;
+  if (choice == 2) return device::HistogramAdd::warp;
+  return t == device::Transform::top_p_renorm ? device::HistogramAdd::warp : device::HistogramAdd::atomic;
+}
+
 template <device::Transform T, typename In, bool VECTOR_LOADS = false>
 void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
   if (outputs == 0) return;
-  device::transform_kernel<T, In, VECTOR_LOADS><<<static_cast<unsigned>(outputs), device::kBlock, 0, stream>>>(p);
+  const unsigned grid = static_cast<unsigned>(outputs);
+  using device::HistogramAdd;
+  if constexpr (T == device::Transform::softmax) {  // no histogram: one kernel
+    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
+  } else if (histogram_add(T) == HistogramAdd::warp) {
+    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
+  } else {
+    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::atomic><<<grid, device::kBlock, 0, stream>>>(p);
+  }
   kernels::check_launch("transform_kernel");
 }
 
@@ -368,6 +458,7 @@ device::TransformParams transform_params(DeviceRows in, float* out, const Gather
   p.temperature = 1.f;
   p.out = out;
   p.status = g.status;
+  p.prefetch = prefetch_enabled();
   return p;
 }
 

@@ -520,7 +520,11 @@ TEST_CASE("chain_speculative_sampling: every output equals the reference's") {
 
 TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, and good rows are untouched") {
   auto rng = flashstep::test::case_rng("stage 06 bad rows");
-  const int64_t vocab = 1000;
+  int64_t vocab = 1000;
+  // 40000 entries are 5 tiles: at this batch each probability row is split over a cluster
+  SUBCASE("vocab 1000, one block per row") { vocab = 1000; }
+  SUBCASE("vocab 40000, rows split over a cluster") { vocab = 40000; }
+  CAPTURE(vocab);
   const int64_t good_rows = 4;
   // rows 0..3 good; then one defect per row
   std::vector<float> rows = random_prob_rows(rng, good_rows, vocab);
@@ -533,8 +537,8 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
   const std::vector<Defect> defects = {
       {"NaN entry", [&](float* r) { r[17] = nan; }, gpu::Status::not_finite},
       {"+inf entry", [&](float* r) { r[0] = inf; }, gpu::Status::not_finite},
-      {"-inf entry", [&](float* r) { r[999] = -inf; }, gpu::Status::not_finite},
-      {"negative entry", [&](float* r) { r[5] = -1e-3f; }, gpu::Status::negative},
+      {"-inf entry", [&](float* r) { r[vocab - 1] = -inf; }, gpu::Status::not_finite},
+      {"negative entry", [&](float* r) { r[vocab / 2 + 5] = -1e-3f; }, gpu::Status::negative},
       {"entry > 1", [&](float* r) { r[5] = 1.5f; }, gpu::Status::above_one},
       {"all zeros", [&](float* r) { std::fill(r, r + vocab, 0.f); }, gpu::Status::zero_row},
       {"all below one mass unit", [&](float* r) { std::fill(r, r + vocab, 1e-30f); }, gpu::Status::zero_row},
@@ -787,6 +791,16 @@ TEST_SUITE("host") {
         want += ref::mass_of(p);
       }
       bad += tile.value() != want;
+      // the counting pass's form: each entry converted once, added where it is kept
+      gpu::MassAcc kept;
+      ref::Mass kept_want = 0;
+      for (int j = 0; j < 16; ++j) {
+        const float p = values[static_cast<size_t>(rng() % values.size())];
+        const bool keep = rng() % 2 == 0;
+        kept.add_if(keep, gpu::MassAcc::parts(p));
+        kept_want += keep ? ref::mass_of(p) : 0;
+      }
+      bad += kept.value() != kept_want;
     }
     for (float p : {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
       gpu::MassAcc acc;
