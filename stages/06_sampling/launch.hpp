@@ -37,8 +37,9 @@ void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p
 void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather gather, cudaStream_t stream);
 
 /// Whether the passes ask the L2 for each next tile ahead of its loads (row_passes.cuh:
-/// prefetch_tile): off unless the environment variable FLASHSTEP_SAMPLING_PREFETCH is "1"
-/// (read once), so one binary times both; a prefetch never changes a value.
+/// prefetch_tile): on unless the environment variable FLASHSTEP_SAMPLING_PREFETCH is "0"
+/// (read once), so one binary times both; a prefetch never changes a value. (Measured on an
+/// H100 at batch 128 x 128256: top_p 146 -> 136 us, joint 574 -> 549, top_k_first 417 -> 394.)
 bool prefetch_enabled();
 
 /// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments

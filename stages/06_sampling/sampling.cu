@@ -408,7 +408,7 @@ void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, E
 bool prefetch_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("FLASHSTEP_SAMPLING_PREFETCH");
-    return v != nullptr && std::string(v) == "1";
+    return v == nullptr || std::string(v) != "0";
   }();
   return on;
 }
