@@ -24,6 +24,7 @@
 
 #include "06_sampling/sampling.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
+#include "harness/gpu_present.hpp"
 
 namespace gpu = flashstep::stages::sampling;
 
@@ -217,9 +218,9 @@ int main(int argc, char** argv) {
   }
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no CUDA GPU; flashstep_sampling_bench needs one\n");
+  std::string why;
+  if (!flashstep::stages::harness::gpu_available(&why)) {
+    std::printf("SKIPPED: no usable CUDA GPU (%s); flashstep_sampling_bench needs one\n", why.c_str());
     return 77;
   }
   cudaDeviceProp prop{};

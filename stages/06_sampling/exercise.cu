@@ -18,12 +18,14 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "06_sampling/mass.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/philox.cuh"
 #include "flashstep/reference/sampling.hpp"
+#include "harness/gpu_present.hpp"
 
 namespace {
 
@@ -135,9 +137,9 @@ __global__ void top_p_kernel(const float* probs, int vocab, float top_p, uint64_
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIPPED: no usable CUDA GPU; the exercise needs one\n");
+  std::string why;
+  if (!flashstep::stages::harness::gpu_available(&why)) {
+    std::printf("SKIPPED: no usable CUDA GPU (%s); the exercise needs one\n", why.c_str());
     return 77;
   }
   const uint64_t seed = 20240606;

@@ -83,6 +83,13 @@ def test_page_size_out_of_range(page_size):
     assert "1..2^31-1" in text, text
 
 
+@pytest.mark.parametrize("num_pages", [0, -1, 2**31, 2**40])
+def test_num_pages_out_of_range(num_pages):
+    # Checked before the pool is allocated: 2^40 pages must be refused, not attempted.
+    text = raises(ValueError, flashstep.PageAllocator, num_pages, 16, naming="num_pages")
+    assert "1..2^31-1" in text, text
+
+
 # ---- integer ranges come from each function's C++ signature, not from a name ----
 
 def test_an_int32_argument_past_its_range_says_so():
