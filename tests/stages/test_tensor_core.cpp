@@ -177,3 +177,31 @@ TEST_CASE("04_tensor_core: forced KV splits (chunks of 64 and 256 keys) merged b
     if (!r.passed && ++failures >= 5) break;
   }
 }
+
+// ---- FP8 caches: tiles copied as FP8 and widened to q's dtype in shared memory, k_scale
+// in the score scale, v_scale in the output's normalisation.
+
+TEST_CASE("04_tensor_core fp8: prefill/append and large-group decode over e4m3/e5m2 caches, with and without scales") {
+  const auto grid = grids::tensor_core_fp8_grid();
+  const auto ran = check_grid(grid);
+  REQUIRE(ran.count("04_tensor_core") == 1);
+  CHECK(ran.at("04_tensor_core") == static_cast<int>(grid.size()));
+  CHECK(ran.count("04_tensor_core_ragged") == 0);  // ragged K/V stays in q's dtype
+}
+
+TEST_CASE("04_tensor_core fp8: sanitizer subset") {
+  CHECK(check_grid(grids::tensor_core_fp8_sanitizer_grid()).count("04_tensor_core") == 1);
+}
+
+TEST_CASE("04_tensor_core fp8: forced KV splits, partial rows carrying v_scale") {
+  using namespace stages::harness;
+  int n = 0, failures = 0;
+  for (const CaseSpec& spec : grids::tensor_core_fp8_sanitizer_grid()) {
+    const int chunk = n++ % 2 ? 64 : 256;
+    const StageInfo stage = with_options(tensor_core::stage_info(), {0, chunk});
+    const uint64_t seed = case_seed(test::run_seed(), "split fp8 " + spec.describe());
+    const ValidationReport r = validate(stage, spec, seed);
+    CHECK_MESSAGE(r.passed, "chunk " << chunk << ": " << r.message());
+    if (!r.passed && ++failures >= 5) break;
+  }
+}

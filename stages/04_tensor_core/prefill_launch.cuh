@@ -1,0 +1,46 @@
+/// \file prefill_launch.cuh
+/// \brief The definitions of prepare_prefill_attention and launch_prefill_attention
+/// (declared in prefill_attention.cuh), for the files that instantiate them:
+/// tensor_core.cu (K/V in q's dtype) and tensor_core_fp8.cu (FP8 K/V), two translation
+/// units so that the build compiles the two sets of kernels side by side.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "04_tensor_core/prefill_attention.cuh"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/dispatch.cuh"
+
+namespace flashstep::stages::tensor_core {
+
+template <typename T, typename KV>
+int prepare_prefill_attention(int head_dim) {
+  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    using Tr = PrefillTraits<T, HEAD_DIM, KV>;
+    const auto kernel = prefill_attention_kernel<T, HEAD_DIM, KV>;
+    // The occupancy calculator counts no block whose dynamic shared memory is above the
+    // kernel's limit: raise it first, or a query made before the first plan() in a
+    // process answers 0 and workspace_bytes() under-counts the split it plans.
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(Tr::smem_bytes())));
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tr::kThreads, Tr::smem_bytes()));
+    return blocks;
+  });
+  return 0;
+}
+
+template <typename T, typename KV>
+void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream) {
+  if (num_items == 0) return;
+  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    using Tr = PrefillTraits<T, HEAD_DIM, KV>;
+    prefill_attention_kernel<T, HEAD_DIM, KV>
+        <<<static_cast<unsigned>(num_items * p.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
+    kernels::check_launch("prefill_attention_kernel");
+  });
+}
+
+}  // namespace flashstep::stages::tensor_core
