@@ -67,7 +67,7 @@ namespace flashstep::stages::tensor_core {
 /// Eight warps of one m16 tile each (rather than four of two) keep a thread's registers
 /// at 128 for head_dim <= 128, so two blocks, sixteen warps, share a multiprocessor and
 /// hide each other's latencies.
-template <typename T, int HEAD_DIM, typename KV = T>
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
 struct PrefillTraits {
   static constexpr int kWarps = 8;                    ///< warps per block
   static constexpr int kThreads = 32 * kWarps;        ///< threads per block
@@ -76,8 +76,10 @@ struct PrefillTraits {
   static constexpr int Bc = 64;                       ///< keys per tile
   static constexpr bool kConvert = !std::is_same_v<KV, T>;  ///< FP8 K/V: staged, then widened
   /// K/V tiles in flight + 1: 2 of a 16-bit cache; 3 of an FP8 cache, whose stages are half
-  /// the bytes (the same shared memory then keeps two tiles in flight, not one)
-  static constexpr int kStages = kConvert ? 3 : 2;
+  /// the bytes (the same shared memory then keeps two tiles in flight, not one). STAGES
+  /// overrides it (TensorCoreOptions::fp8_stages).
+  static constexpr int kStages = STAGES ? STAGES : kConvert ? 3 : 2;
+  static_assert(kStages == 2 || kStages == 3, "the K/V ring has 2 or 3 stages");
   static constexpr int kChunks = HEAD_DIM / 8;        ///< 16-byte chunks per row
   static constexpr int kTilesS = Bc / 8;              ///< n-tiles of S (8 keys each)
   static constexpr int kTilesO = HEAD_DIM / 8;        ///< n-tiles of O (8 dims each)
@@ -490,11 +492,12 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
 /// \tparam T __half or __nv_bfloat16
 /// \tparam HEAD_DIM 64, 128 or 256
 /// \tparam KV element type of K/V: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2
-template <typename T, int HEAD_DIM, typename KV = T>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM, KV>::kMinBlocksPerSM)
+/// \tparam STAGES K/V ring stages, 0: PrefillTraits' default
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
     prefill_attention_kernel(const PrefillParams<T, KV> p) {
-  using Tr = PrefillTraits<T, HEAD_DIM, KV>;
+  using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
@@ -592,13 +595,13 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV>::kThreads,
 /// dynamic shared memory. Call once before launches (in plan(): not a stream operation).
 /// Returns how many of its blocks fit on one multiprocessor (the occupancy calculator's
 /// answer). Defined (prefill_launch.cuh) in tensor_core.cu for __half and __nv_bfloat16 K/V,
-/// and in tensor_core_fp8.cu for FP8 K/V with either q type.
-template <typename T, typename KV = T>
+/// and in tensor_core_fp8.cu for FP8 K/V with either q type (STAGES 0 and 2).
+template <typename T, typename KV = T, int STAGES = 0>
 int prepare_prefill_attention(int head_dim);
 /// Launches prefill_attention_kernel<T, head_dim, KV> with `p` on `stream`: num_items x
 /// p.num_kv_heads blocks, PrefillTraits::smem_bytes() of shared memory. Launches only
 /// (CUDA-graph safe); p's schedule arrays must hold num_items entries.
-template <typename T, typename KV = T>
+template <typename T, typename KV = T, int STAGES = 0>
 void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream);
 
 }  // namespace flashstep::stages::tensor_core

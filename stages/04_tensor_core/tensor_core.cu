@@ -16,6 +16,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <type_traits>
 
 #include "03_split_kv/merge_states.cuh"
 #include "04_tensor_core/prefill_attention.cuh"
@@ -28,18 +29,7 @@
 namespace flashstep::stages::tensor_core {
 
 // The FP8 instantiations are tensor_core_fp8.cu's, compiled beside this file.
-extern template int prepare_prefill_attention<__half, __nv_fp8_e4m3>(int);
-extern template int prepare_prefill_attention<__half, __nv_fp8_e5m2>(int);
-extern template int prepare_prefill_attention<__nv_bfloat16, __nv_fp8_e4m3>(int);
-extern template int prepare_prefill_attention<__nv_bfloat16, __nv_fp8_e5m2>(int);
-extern template void launch_prefill_attention<__half, __nv_fp8_e4m3>(const PrefillParams<__half, __nv_fp8_e4m3>&,
-                                                                     int, int64_t, cudaStream_t);
-extern template void launch_prefill_attention<__half, __nv_fp8_e5m2>(const PrefillParams<__half, __nv_fp8_e5m2>&,
-                                                                     int, int64_t, cudaStream_t);
-extern template void launch_prefill_attention<__nv_bfloat16, __nv_fp8_e4m3>(
-    const PrefillParams<__nv_bfloat16, __nv_fp8_e4m3>&, int, int64_t, cudaStream_t);
-extern template void launch_prefill_attention<__nv_bfloat16, __nv_fp8_e5m2>(
-    const PrefillParams<__nv_bfloat16, __nv_fp8_e5m2>&, int, int64_t, cudaStream_t);
+FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(extern template)
 
 namespace {
 
@@ -87,13 +77,13 @@ struct KernelEntry {
                  const DeviceBatch&, cudaStream_t);
 };
 
-template <typename T, int HEAD_DIM, typename KV>
+template <typename T, int HEAD_DIM, typename KV, int STAGES>
 KernelEntry kernel_entry() {
-  using Tr = PrefillTraits<T, HEAD_DIM, KV>;
+  using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
   KernelEntry e;
   e.smem_bytes = Tr::smem_bytes();
   e.br = Tr::Br;
-  e.prepare = prepare_prefill_attention<T, KV>;
+  e.prepare = prepare_prefill_attention<T, KV, STAGES>;
   e.launch = [](const BatchShape& s, const Schedule& sched, const WorkspaceLayout& w, uint8_t* ws,
                 const DeviceBatch& batch, cudaStream_t stream) {
     PrefillParams<T, KV> p;
@@ -127,7 +117,7 @@ KernelEntry kernel_entry() {
     // output's 1 / l (so a split's partial rows carry it, and the linear merge keeps it).
     p.set_score_transform(s.resolved_sm_scale() * s.k_scale, s.logits_soft_cap);
     p.v_scale = s.v_scale;
-    launch_prefill_attention<T, KV>(p, HEAD_DIM, sched.num_items(), stream);
+    launch_prefill_attention<T, KV, STAGES>(p, HEAD_DIM, sched.num_items(), stream);
     if (sched.kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -143,13 +133,19 @@ KernelEntry kernel_entry() {
   return e;
 }
 
-KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
+/// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the default ring)
+KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
   if (dtype != DType::f16 && dtype != DType::bf16)
     throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " + std::string(to_string(dtype)) + ")");
   auto for_dtype = [&](auto type_tag) -> KernelEntry {
     using T = decltype(type_tag);
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, { return kernel_entry<T, HEAD_DIM, KV>(); });
+      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
+        if constexpr (!std::is_same_v<KV, T>) {
+          if (fp8_stages == 2) return kernel_entry<T, HEAD_DIM, KV, 2>();
+        }
+        return kernel_entry<T, HEAD_DIM, KV, 0>();
+      });
     });
     return {};
   };
@@ -184,6 +180,8 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   const StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
+  ref::require(options_.fp8_stages == 0 || options_.fp8_stages == 2 || options_.fp8_stages == 3, fn,
+               "fp8_stages must be 0 (auto), 2 or 3 (got " + std::to_string(options_.fp8_stages) + ")");
   ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kBc == 0, fn,
                "kv_chunk_size must be 0 (auto) or a positive multiple of 64 (got " +
                    std::to_string(options_.kv_chunk_size) + ")");
@@ -209,7 +207,7 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
-      const KernelEntry e = kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim);
+      const KernelEntry e = kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, options_.fp8_stages);
       target = int64_t{device_sm_count()} * std::max(1, e.prepare(s.head_dim));
     }
     const int64_t blocks = base_items * s.num_kv_heads;
@@ -277,7 +275,7 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  const KernelEntry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  const KernelEntry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, options_.fp8_stages);
   e.prepare(shape.head_dim);  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
   // The schedule, staged in one host buffer and copied once.
   std::vector<uint8_t> staged(w.schedule_bytes, 0);
@@ -299,7 +297,7 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, stream);
+  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, options_.fp8_stages).launch(shape_, schedule_, w, workspace_, batch, stream);
 }
 
 namespace {

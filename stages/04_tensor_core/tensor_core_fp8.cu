@@ -9,17 +9,7 @@
 
 namespace flashstep::stages::tensor_core {
 
-template int prepare_prefill_attention<__half, __nv_fp8_e4m3>(int);
-template int prepare_prefill_attention<__half, __nv_fp8_e5m2>(int);
-template int prepare_prefill_attention<__nv_bfloat16, __nv_fp8_e4m3>(int);
-template int prepare_prefill_attention<__nv_bfloat16, __nv_fp8_e5m2>(int);
-template void launch_prefill_attention<__half, __nv_fp8_e4m3>(const PrefillParams<__half, __nv_fp8_e4m3>&, int,
-                                                              int64_t, cudaStream_t);
-template void launch_prefill_attention<__half, __nv_fp8_e5m2>(const PrefillParams<__half, __nv_fp8_e5m2>&, int,
-                                                              int64_t, cudaStream_t);
-template void launch_prefill_attention<__nv_bfloat16, __nv_fp8_e4m3>(
-    const PrefillParams<__nv_bfloat16, __nv_fp8_e4m3>&, int, int64_t, cudaStream_t);
-template void launch_prefill_attention<__nv_bfloat16, __nv_fp8_e5m2>(
-    const PrefillParams<__nv_bfloat16, __nv_fp8_e5m2>&, int, int64_t, cudaStream_t);
+// STAGES 0: the default ring (3 stages); 2: TensorCoreOptions::fp8_stages = 2.
+FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(template)
 
 }  // namespace flashstep::stages::tensor_core
