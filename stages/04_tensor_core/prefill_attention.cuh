@@ -43,12 +43,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/state.cuh"
+#include "flashstep/kernels/vec.cuh"
 
 namespace flashstep::stages::tensor_core {
 
@@ -265,8 +267,9 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, cons
 }
 
 /// Eight FP8 elements (bytes of `raw`, element e in byte e) widened to eight T, exactly:
-/// each pair by the toolkit's fp8x2 -> f16x2 conversion (every e4m3 and e5m2 value is an
-/// fp16 value); for bf16, f16 -> f32 -> bf16, exact too (every FP8 value is a bf16 value).
+/// each pair to an fp16 pair (kernels::detail::fp8x2_to_half2_bits: the toolkit's conversion
+/// for e4m3, a byte permute for e5m2; every FP8 value is an fp16 value); for bf16, then
+/// f16 -> f32 -> bf16, exact too (every FP8 value is a bf16 value).
 template <typename T, typename KV>
 __device__ __forceinline__ uint4 widen_fp8x8(uint2 raw) {
   constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
@@ -274,13 +277,15 @@ __device__ __forceinline__ uint4 widen_fp8x8(uint2 raw) {
   uint32_t out[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), kFormat);
+    const uint32_t bits = kernels::detail::fp8x2_to_half2_bits<kFormat>(w[i / 2], i % 2 == 1);
     if constexpr (std::is_same_v<T, __half>) {
-      out[i] = uint32_t{h.x} | (uint32_t{h.y} << 16);
+      out[i] = bits;
     } else {
-      const float2 f = __half22float2(__half2(h));
+      __half2 h;
+      memcpy(&h, &bits, sizeof(h));
+      const float2 f = __half22float2(h);
       const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-      out[i] = *reinterpret_cast<const uint32_t*>(&b);
+      memcpy(&out[i], &b, sizeof(b));
     }
   }
   return make_uint4(out[0], out[1], out[2], out[3]);
