@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "02_paged/paged.hpp"
+#include "04_tensor_core/tensor_core.hpp"
 #include "05_cascade/cascade.hpp"
 #include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
@@ -450,6 +451,21 @@ int main(int argc, char** argv) {
     for (const stages::StageInfo& stage : cascade_forced)
       for (const BenchShape& shape : shapes)
         if (sets.count(shape.set) && shape.spec.shared_prefix > 0) register_stage(stage, shape, stage.name + "/" + shape.name);
+    // Stage 04 on an FP8 cache with a 2-stage K/V ring (one tile in flight, as a 16-bit
+    // cache) beside its default 3-stage ring: what the second tile in flight buys.
+    static const stages::StageInfo tensor_core_fp8_s2 = [] {
+      stages::StageInfo info = stages::tensor_core::stage_info();
+      info.name = "04_tensor_core[fp8_s2]";
+      info.make_runner = [] {
+        stages::tensor_core::TensorCoreOptions options;
+        options.fp8_stages = 2;
+        return std::make_unique<stages::tensor_core::TensorCoreRunner>(stages::KVStorage::paged, options);
+      };
+      return info;
+    }();
+    for (const BenchShape& shape : shapes)
+      if (sets.count(shape.set) && shape.spec.kv_dtype && stages::is_fp8(*shape.spec.kv_dtype))
+        register_stage(tensor_core_fp8_s2, shape, tensor_core_fp8_s2.name + "/" + shape.name);
     if (tune) {
       const stages::StageInfo& paged = stages::find_stage("02_paged");
       for (const BenchShape& shape : shapes)

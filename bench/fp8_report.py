@@ -16,6 +16,8 @@ its ratio, judged on stage 03 (the decode stage that chooses between its split a
   time <= 1.10 x the FP8 read floor               b128 x kv 8192 and b1 x kv 131072
   >= 1.0 x FlashInfer's faster FP8 wrapper        b1 x kv 16384, b16 x kv 1024 (launch-bound)
   with scales no slower than without             every shape and format
+Stage 04 (tensor cores: the FP8 tiles widened in shared memory) has its own two columns,
+its time on the FP8 pool and on the bf16 pool, and the same goals judged on it, marked 04.
 A number the run did not measure is "-" and its goal "n/a", never filled in from elsewhere.
 Nothing here is typed by hand: every number comes from the two files."""
 import argparse
@@ -88,7 +90,8 @@ def main():
 
     print(f"device: {bench.get('context', {}).get('device', '?')}, read ceiling {read_gbps:.0f} GB/s, "
           f"commit {bench.get('context', {}).get('commit', '?')}")
-    head = (f"{'shape':30s} {'02 us':>8s} {'03 us':>8s} {'03 bf16':>8s} {'FI cc':>8s} {'FI tc':>8s} "
+    head = (f"{'shape':30s} {'02 us':>8s} {'03 us':>8s} {'03 bf16':>8s} {'04 us':>8s} {'04 bf16':>8s} "
+            f"{'FI cc':>8s} {'FI tc':>8s} "
             f"{'floor':>8s} {'x bf16':>7s} {'vs FI':>6s} {'% read':>7s}")
     print(head)
     goals = []
@@ -101,13 +104,15 @@ def main():
         bf16_name = sizes + "_bf16"
         t02, t03 = times.get("02_paged/" + name), times.get("03_split_kv/" + name)
         t03_bf16 = times.get("03_split_kv/" + bf16_name) if bf16_name in by_name else None
+        t04 = times.get("04_tensor_core/" + name)
+        t04_bf16 = times.get("04_tensor_core/" + bf16_name) if bf16_name in by_name else None
         cc, tc = peers.get(("flashinfer_cuda_core_decode", name)), peers.get(("flashinfer_tc_decode", name))
         fi_best = min([t for t in (cc, tc) if t is not None], default=None)
         floor = decode_bytes(s) / (read_gbps * 1e9) * 1e6 if read_gbps == read_gbps else None
         x_bf16 = t03 / t03_bf16 if t03 and t03_bf16 else None
         vs_fi = fi_best / t03 if t03 and fi_best else None
         pct = 100 * floor / t03 if t03 and floor else None
-        print(f"{name:30s} {fmt(t02)} {fmt(t03)} {fmt(t03_bf16)} {fmt(cc)} {fmt(tc)} {fmt(floor)} "
+        print(f"{name:30s} {fmt(t02)} {fmt(t03)} {fmt(t03_bf16)} {fmt(t04)} {fmt(t04_bf16)} {fmt(cc)} {fmt(tc)} {fmt(floor)} "
               f"{fmt(x_bf16, '7.3f')} {fmt(vs_fi, '6.2f')} {fmt(pct, '7.1f')}")
         g_bf16, g_fi, g_floor = RATIO_GOALS.get(sizes, (None, None, None))
         if g_bf16 is not None:
@@ -121,6 +126,16 @@ def main():
             plain = times.get("03_split_kv/" + name[: -len("_scaled")])
             r = t03 / plain if t03 and plain else None
             goals.append((f"{name}: time with scales / without <= 1.0", r, r is not None and r <= 1.0))
+        if t04 is not None:  # the same goals on stage 04's tensor-core FP8 decode
+            r = t04 / t04_bf16 if t04_bf16 else None
+            if g_bf16 is not None:
+                goals.append((f"{name}: 04 time / 04 bf16 time <= {g_bf16}", r, r is not None and r <= g_bf16))
+            r = fi_best / t04 if fi_best else None
+            if g_fi is not None:
+                goals.append((f"{name}: FlashInfer best / 04 time >= {g_fi}", r, r is not None and r >= g_fi))
+            r = t04 / floor if floor else None
+            if g_floor is not None:
+                goals.append((f"{name}: 04 time / FP8 read floor <= {g_floor}", r, r is not None and r <= g_floor))
     print()
     for text, ratio, met in goals:
         verdict = "n/a " if ratio is None else ("MET " if met else "MISS")

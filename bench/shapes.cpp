@@ -22,9 +22,10 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
       prefill_format = line.rfind("name,set,mode,", 0) == 0;
       // bench/shapes_cascade.csv: the prefill columns and a last one, shared_prefix
       shared_prefix = prefill_format && line.size() >= 14 && line.compare(line.size() - 14, 14, ",shared_prefix") == 0;
-      // bench/shapes_fp8.csv: the decode columns and three last ones, the K/V dtype and scales
+      // bench/shapes_fp8.csv (decode columns) and bench/shapes_fp8_prefill.csv (prefill
+      // columns): three last ones, the K/V dtype and scales
       const std::string kv_tail = ",kv_dtype,k_scale,v_scale";
-      kv_columns = !prefill_format && line.size() >= kv_tail.size() &&
+      kv_columns = !shared_prefix && line.size() >= kv_tail.size() &&
                    line.compare(line.size() - kv_tail.size(), kv_tail.size(), kv_tail) == 0;
       continue;
     }
@@ -32,7 +33,7 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
     const std::string where = path + ":" + std::to_string(line_no);
-    const size_t fields = shared_prefix ? 16 : prefill_format ? 15 : kv_columns ? 14 : 11;
+    const size_t fields = shared_prefix ? 16 : (prefill_format ? 15 : 11) + (kv_columns ? 3 : 0);
     ref::require(f.size() == fields, fn,
                  where + ": expected " + std::to_string(fields) + " fields, got " + std::to_string(f.size()));
     auto number = [&](size_t i, const char* what) {
@@ -72,18 +73,19 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
     s.spec.page_order = f[10 + o] == "sequential" ? stages::harness::PageOrder::sequential
                                                   : stages::harness::PageOrder::shuffled;
     if (kv_columns) {
-      const stages::DType kv = stages::parse_dtype(f[11]);
+      const size_t k = prefill_format ? 15 : 11;  // the K/V dtype's column
+      const stages::DType kv = stages::parse_dtype(f[k]);
       if (kv != s.spec.dtype) s.spec.kv_dtype = kv;
-      for (size_t i : {size_t{12}, size_t{13}}) {
+      for (size_t i : {k + 1, k + 2}) {
         double scale = 0;
         try {
           scale = std::stod(f[i]);
         } catch (const std::exception&) {
         }
         ref::require(std::isfinite(scale) && scale > 0, fn,
-                     where + ": " + (i == 12 ? "k_scale" : "v_scale") + " must be a positive number (got \"" + f[i] +
-                         "\")");
-        (i == 12 ? s.spec.k_scale : s.spec.v_scale) = scale;
+                     where + ": " + (i == k + 1 ? "k_scale" : "v_scale") + " must be a positive number (got \"" +
+                         f[i] + "\")");
+        (i == k + 1 ? s.spec.k_scale : s.spec.v_scale) = scale;
       }
     }
     if (shared_prefix) {

@@ -12,12 +12,12 @@
 #   --out    where logs and JSON go (default <build>/gpu-fp8)
 #   STEP     any of: tests sanitizer regression bench peers report (default: all six)
 #
-#   tests       flashstep_stage_tests -tc='fp8 conversions*,decode fp8*,split_kv fp8*' and the
-#               host cases about FP8 (suite host): bit-for-bit conversions, the FP8 grids of
-#               stages 02 and 03, forced splits with partial states, a graph replay
+#   tests       flashstep_stage_tests -tc='fp8 conversions*,decode fp8*,split_kv fp8*,04_tensor_core fp8*'
+#               and the host cases about FP8 (suite host): bit-for-bit conversions, the FP8
+#               grids of stages 02, 03 and 04, forced splits with partial states, a graph replay
 #   sanitizer   memcheck and racecheck on 'decode fp8: sanitizer subset' and the conversions
 #   regression  the decode tests of stages 02 and 03 that existed before FP8 (bf16/f16/f32)
-#   bench       flashstep_bench on bench/shapes_fp8.csv (stages 02 and 03, ceilings), JSON
+#   bench       flashstep_bench on bench/shapes_fp8.csv (stages 02, 03 and 04, ceilings), JSON
 #   peers       bench/peers.py --peers flashinfer on the same shapes (sources
 #               $FLASHINFER_BUNDLE/install.sh first when FLASHINFER_BUNDLE is set)
 #   report      bench/fp8_report.py: the table and the speed goals, from the two JSON files
@@ -48,7 +48,7 @@ export LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
 TESTS=$B/tests/stages/flashstep_stage_tests
 SHAPES=bench/shapes_fp8.csv
-FP8_CASES='fp8 conversions*,decode fp8*,split_kv fp8*,*FP8*,tolerance table*'
+FP8_CASES='fp8 conversions*,decode fp8*,split_kv fp8*,04_tensor_core fp8*,*FP8*,tolerance table*'
 declare -A verdict
 
 # step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output to NAME.log
@@ -77,7 +77,7 @@ step_sanitizer() {
   [ -x "$TESTS" ] || { verdict[sanitizer]="FAIL (no $TESTS)"; return; }
   for tool in memcheck racecheck; do
     step sanitizer 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$TESTS" \
-      -tc='decode fp8: sanitizer subset,fp8 conversions: the reference against the device*'
+      -tc='decode fp8: sanitizer subset,04_tensor_core fp8: sanitizer subset,fp8 conversions: the reference against the device*'
   done
 }
 
@@ -89,7 +89,7 @@ step_regression() {
 step_bench() {
   local bench=$B/bin/flashstep_bench
   [ -x "$bench" ] || { verdict[bench]="FAIL (no $bench)"; return; }
-  step bench 300 "$bench" --shapes="$SHAPES" --benchmark_filter='^(ceiling/(copy_d2d|read_only|launch_floor_1)|02_paged/|03_split_kv/)' \
+  step bench 300 "$bench" --shapes="$SHAPES" --benchmark_filter='^(ceiling/(copy_d2d|read_only|launch_floor_1)|02_paged/|03_split_kv/|04_tensor_core/)' \
     --benchmark_out="$RESULTS/bench_fp8.json" --benchmark_out_format=json
 }
 

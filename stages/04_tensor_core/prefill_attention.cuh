@@ -25,21 +25,32 @@
 /// warpgroup MMA (wgmma) with TMA loads and warp specialisation is much faster (stage 07).
 /// Outputs are stored straight from fragments (4-byte stores).
 ///
+/// **FP8 K/V** (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, q and o fp16/bf16): the tiles arrive
+/// by cp.async as FP8, half the bytes, into a plain row-major staging pipeline; once a
+/// tile has landed the block widens it, exactly, into one 16-bit K/V tile in the swizzled
+/// layout (convert_kv_tile), and the MMAs read that as they read a 16-bit cache. k_scale
+/// is folded into the score scale and v_scale into the output's normalisation, as stages
+/// 02 and 03 fold them.
+///
 /// How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
 /// `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/state.cuh"
+#include "flashstep/kernels/vec.cuh"
 
 namespace flashstep::stages::tensor_core {
 
@@ -58,38 +69,51 @@ namespace flashstep::stages::tensor_core {
 /// Eight warps of one m16 tile each (rather than four of two) keep a thread's registers
 /// at 128 for head_dim <= 128, so two blocks, sixteen warps, share a multiprocessor and
 /// hide each other's latencies.
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
 struct PrefillTraits {
   static constexpr int kWarps = 8;                    ///< warps per block
   static constexpr int kThreads = 32 * kWarps;        ///< threads per block
   static constexpr int kMinBlocksPerSM = HEAD_DIM <= 128 ? 2 : 1;  ///< caps registers at 128 per thread
   static constexpr int Br = 16 * kWarps;              ///< packed query rows per block
   static constexpr int Bc = 64;                       ///< keys per tile
-  static constexpr int kStages = 2;                   ///< K/V tiles in shared memory (the loop is written for 2)
+  static constexpr bool kConvert = !std::is_same_v<KV, T>;  ///< FP8 K/V: staged, then widened
+  /// K/V tiles in flight + 1: 2 of a 16-bit cache; 3 of an FP8 cache, whose stages are half
+  /// the bytes (the same shared memory then keeps two tiles in flight, not one). STAGES
+  /// overrides it (TensorCoreOptions::fp8_stages).
+  static constexpr int kStages = STAGES ? STAGES : kConvert ? 3 : 2;
+  static_assert(kStages == 2 || kStages == 3, "the K/V ring has 2 or 3 stages");
   static constexpr int kChunks = HEAD_DIM / 8;        ///< 16-byte chunks per row
   static constexpr int kTilesS = Bc / 8;              ///< n-tiles of S (8 keys each)
   static constexpr int kTilesO = HEAD_DIM / 8;        ///< n-tiles of O (8 dims each)
   static constexpr int kRowsPerPass = kThreads / kChunks;  ///< tile rows one cp.async pass covers
-  static constexpr int kKVPasses = Bc / kRowsPerPass;      ///< passes per K/V tile
+  static constexpr int kKVVec = 16 / static_cast<int>(sizeof(KV));  ///< K/V elements per 16-byte copy
+  static constexpr int kKVChunks = HEAD_DIM / kKVVec;      ///< 16-byte copies per K/V row
+  static constexpr int kKVRowsPerPass = kThreads / kKVChunks;  ///< K/V rows one cp.async pass covers
+  static constexpr int kKVPasses = Bc / kKVRowsPerPass;    ///< passes per K/V tile
   static_assert(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
   static_assert(kRowsPerPass % 8 == 0, "every pass must start on the same swizzle phase");
-  /// Q tile + kStages x (K tile + V tile), all 16-bit.
+  static_assert(Bc % kKVRowsPerPass == 0, "a K/V tile must be whole passes");
+  static_assert(sizeof(KV) == sizeof(T) || (sizeof(KV) == 1 && sizeof(T) == 2), "K/V in q's dtype, or FP8");
+  /// Q tile + kStages x (K tile + V tile) of the pool's type, plus, for an FP8 cache, the
+  /// 16-bit K and V tiles the staged FP8 tile is widened into.
   static constexpr size_t smem_bytes() {
-    return (size_t{Br} + 2 * size_t{kStages} * Bc) * HEAD_DIM * sizeof(T);
+    return size_t{Br} * HEAD_DIM * sizeof(T) + 2 * size_t{kStages} * Bc * HEAD_DIM * sizeof(KV) +
+           (kConvert ? 2 * size_t{Bc} * HEAD_DIM * sizeof(T) : 0);
   }
 };
 
 /// Arguments of prefill_attention_kernel; raw pointers and sizes only.
-template <typename T>
+/// \tparam T element type of q and o \tparam KV element type of K/V (T, or FP8)
+template <typename T, typename KV = T>
 struct PrefillParams {
   const T* q = nullptr;                ///< (nnz_qo, num_qo_heads, head_dim)
   const int32_t* qo_indptr = nullptr;  ///< (batch_size + 1)
   // ragged K/V (paged == false)
-  const T* k = nullptr;                ///< (nnz_kv, num_kv_heads, head_dim)
-  const T* v = nullptr;                ///< (nnz_kv, num_kv_heads, head_dim)
+  const KV* k = nullptr;               ///< (nnz_kv, num_kv_heads, head_dim)
+  const KV* v = nullptr;               ///< (nnz_kv, num_kv_heads, head_dim)
   const int32_t* kv_indptr = nullptr;  ///< (batch_size + 1) token offsets
   // paged K/V (paged == true)
-  kernels::PagedKV<T> paged{};         ///< pool + CSR page table
+  kernels::PagedKV<KV> paged{};        ///< pool + CSR page table
   bool paged_kv = false;               ///< which of the two the block reads
   // outputs
   T* o = nullptr;                      ///< (nnz_qo, num_qo_heads, head_dim)
@@ -113,8 +137,10 @@ struct PrefillParams {
   float cap_pre = 0.f;                 ///< soft cap only: sm_scale / cap, applied before tanh
   float cap_post = 0.f;                ///< soft cap only: cap * log2(e), applied after tanh
   bool soft_cap = false;               ///< s -> cap * tanh(s / cap) before the softmax
+  float v_scale = 1.f;                 ///< FP8 cache: multiplies the output (folded into 1 / l)
 
-  /// The four fields above from the batch's sm_scale and logits_soft_cap (0: no cap).
+  /// The four fields above from the batch's sm_scale and logits_soft_cap (0: no cap). For
+  /// an FP8 cache pass sm_scale * k_scale: q . (k * k_scale) = k_scale (q . k).
   void set_score_transform(float sm_scale, float logits_soft_cap) {
     soft_cap = logits_soft_cap > 0.f;
     score_scale = soft_cap ? 1.f : sm_scale * kernels::kLog2e;
@@ -141,8 +167,8 @@ struct BlockTask {
 
 /// The request, query tile and key range of this block; tiles that the causal mask or the
 /// window hide from every row of the tile are cut off here and never loaded.
-template <int Br, int Bc, typename T>
-__device__ __forceinline__ BlockTask make_task(const PrefillParams<T>& p, int item) {
+template <int Br, int Bc, typename T, typename KV>
+__device__ __forceinline__ BlockTask make_task(const PrefillParams<T, KV>& p, int item) {
   BlockTask t;
   t.request = p.request_indices[item];
   t.chunk = p.kv_chunk_indices[item];
@@ -169,8 +195,8 @@ __device__ __forceinline__ BlockTask make_task(const PrefillParams<T>& p, int it
 
 /// Copies this block's query rows into the swizzled Q tile; rows past the request are
 /// zero-filled (they compute garbage that is never stored).
-template <typename T, int HEAD_DIM, int Br, int kThreads>
-__device__ __forceinline__ void load_q_tile(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
+template <typename T, int HEAD_DIM, int Br, int kThreads, typename KV>
+__device__ __forceinline__ void load_q_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
                                             T* q_smem) {
   constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
   const int chunk = threadIdx.x % kChunks;
@@ -188,11 +214,11 @@ __device__ __forceinline__ void load_q_tile(const PrefillParams<T>& p, const Blo
 /// Reads, for the rows this thread copies of the K/V tile starting at key kv0, their
 /// pages from the page table. Called one tile ahead of load_kv_tile, so that these
 /// dependent global reads are in flight while the block computes, not in its way.
-template <int HEAD_DIM, int Bc, int kThreads, typename T>
-__device__ __forceinline__ void fetch_pages(const PrefillParams<T>& p, const BlockTask& t, int kv0,
-                                            int32_t (&pages)[Bc / (kThreads / (HEAD_DIM / 8))]) {
-  constexpr int kRowsPerPass = kThreads / (HEAD_DIM / 8);
-  const int r0 = threadIdx.x / (HEAD_DIM / 8);
+template <int HEAD_DIM, int Bc, int kThreads, typename T, typename KV>
+__device__ __forceinline__ void fetch_pages(const PrefillParams<T, KV>& p, const BlockTask& t, int kv0,
+                                            int32_t (&pages)[Bc / (kThreads / (HEAD_DIM * sizeof(KV) / 16))]) {
+  constexpr int kChunks = HEAD_DIM * sizeof(KV) / 16, kRowsPerPass = kThreads / kChunks;
+  const int r0 = threadIdx.x / kChunks;
 #pragma unroll
   for (int pass = 0; pass < Bc / kRowsPerPass; ++pass) {
     const int j = kv0 + r0 + pass * kRowsPerPass;
@@ -203,20 +229,22 @@ __device__ __forceinline__ void fetch_pages(const PrefillParams<T>& p, const Blo
 }
 
 /// Starts the copies of keys [kv0, kv0 + Bc) of this block into one K tile and one V tile
-/// (swizzled); keys at or past kv_end are zero-filled, so no NaN of an unowned slot can
-/// reach P V. Ragged: one pointer per thread, advanced by a fixed stride per pass.
-/// Paged: each row's page was read ahead by fetch_pages.
-template <typename T, int HEAD_DIM, int Bc, int kThreads>
-__device__ __forceinline__ void load_kv_tile(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
-                                             int kv0, const int32_t (&pages)[Bc / (kThreads / (HEAD_DIM / 8))],
-                                             T* k_smem, T* v_smem) {
-  constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
+/// (swizzled; an FP8 tile row-major, for convert_kv_tile); keys at or past kv_end are
+/// zero-filled, so no NaN of an unowned slot can reach P V. Ragged: one pointer per
+/// thread, advanced by a fixed stride per pass. Paged: each row's page was read ahead by
+/// fetch_pages.
+template <typename T, int HEAD_DIM, int Bc, int kThreads, typename KV>
+__device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
+                                             int kv0, const int32_t (&pages)[Bc / (kThreads / (HEAD_DIM * sizeof(KV) / 16))],
+                                             KV* k_smem, KV* v_smem) {
+  constexpr int kVec = 16 / sizeof(KV), kChunks = HEAD_DIM / kVec, kRowsPerPass = kThreads / kChunks;
   const int r0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
   // kRowsPerPass is a multiple of 8, so every pass has the same swizzle phase.
-  const uint32_t dst0 = kernels::swizzled_offset(r0, chunk, HEAD_DIM);
+  const uint32_t dst0 = sizeof(KV) == sizeof(T) ? kernels::swizzled_offset(r0, chunk, HEAD_DIM)
+                                                : r0 * HEAD_DIM + chunk * kVec;
   if (!p.paged_kv) {
     const int64_t stride = int64_t{kRowsPerPass} * p.num_kv_heads * HEAD_DIM;
-    const int64_t off0 = (int64_t{t.kv_first + kv0 + r0} * p.num_kv_heads + kv_head) * HEAD_DIM + chunk * 8;
+    const int64_t off0 = (int64_t{t.kv_first + kv0 + r0} * p.num_kv_heads + kv_head) * HEAD_DIM + chunk * kVec;
 #pragma unroll
     for (int pass = 0; pass < Bc / kRowsPerPass; ++pass) {
       const bool valid = kv0 + r0 + pass * kRowsPerPass < t.kv_end;
@@ -231,10 +259,56 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams<T>& p, const Bl
       const bool valid = j < t.kv_end;
       uint32_t page_iter, slot;
       p.paged.page_size.divmod(static_cast<uint32_t>(j), page_iter, slot);
-      const int64_t off = valid ? p.paged.offset(pages[pass], slot, kv_head) + chunk * 8 : 0;
+      const int64_t off = valid ? p.paged.offset(pages[pass], slot, kv_head) + chunk * kVec : 0;
       kernels::cp_async_16(k_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off, valid);
       kernels::cp_async_16(v_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off + p.paged.stride_kv, valid);
     }
+  }
+}
+
+/// Eight FP8 elements (bytes of `raw`, element e in byte e) widened to eight T, exactly:
+/// each pair to an fp16 pair (kernels::detail::fp8x2_to_half2_bits: the toolkit's conversion
+/// for e4m3, a byte permute for e5m2; every FP8 value is an fp16 value); for bf16, then
+/// f16 -> f32 -> bf16, exact too (every FP8 value is a bf16 value).
+template <typename T, typename KV>
+__device__ __forceinline__ uint4 widen_fp8x8(uint2 raw) {
+  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
+  const uint32_t w[2] = {raw.x, raw.y};
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t bits = kernels::detail::fp8x2_to_half2_bits<kFormat>(w[i / 2], i % 2 == 1);
+    if constexpr (std::is_same_v<T, __half>) {
+      out[i] = bits;
+    } else {
+      __half2 h;
+      memcpy(&h, &bits, sizeof(h));
+      const float2 f = __half22float2(h);
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+      memcpy(&out[i], &b, sizeof(b));
+    }
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+/// FP8 cache: widens a landed K/V stage (row-major FP8, K rows then V rows) into the 16-bit
+/// K and V tiles the MMAs read (swizzled as a 16-bit cache's tiles). Thread i takes 8
+/// elements at a time (an 8-byte read, a 16-byte write of one swizzled chunk), the same
+/// (row, chunk) walk as the 16-bit copies, so neither side conflicts in the banks.
+/// Collective over the block; the caller puts a barrier after it.
+template <typename T, typename KV, int HEAD_DIM, int Bc, int kThreads>
+__device__ __forceinline__ void convert_kv_tile(const KV* staged, T* tiles) {
+  constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a 16-bit row
+  constexpr int kPasses = 2 * Bc * kChunks / kThreads;
+  static_assert(2 * Bc * kChunks % kThreads == 0, "the K and V tiles must be whole passes");
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int idx = pass * kThreads + threadIdx.x;
+    const int row = idx / kChunks, chunk = idx % kChunks;  // rows 0..Bc-1: K, Bc..2Bc-1: V
+    const uint2 raw = *reinterpret_cast<const uint2*>(staged + row * HEAD_DIM + chunk * 8);
+    const int tile = row / Bc, r = row % Bc;
+    *reinterpret_cast<uint4*>(tiles + tile * Bc * HEAD_DIM + kernels::swizzled_offset(r, chunk, HEAD_DIM)) =
+        widen_fp8x8<T, KV>(raw);
   }
 }
 
@@ -270,8 +344,8 @@ __device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int
 /// where the mask hides the key. `mask` is false on tiles where every key is visible to
 /// every row of the block (the causal interior): then no comparisons at all. Without a
 /// cap the scale is left to update_softmax, which folds it into one FFMA per score.
-template <typename T, int kTilesS>
-__device__ __forceinline__ void logits_and_mask(const PrefillParams<T>& p, float (&s)[kTilesS][4],
+template <typename T, int kTilesS, typename KV>
+__device__ __forceinline__ void logits_and_mask(const PrefillParams<T, KV>& p, float (&s)[kTilesS][4],
                                                 bool mask, int kv0, int kv_end,
                                                 const int (&q_pos)[2]) {
   // Two uniform branches around whole loops (not one per score): the common tile, no cap
@@ -377,8 +451,8 @@ __device__ __forceinline__ void store2(T* dst, float a, float b) {
 /// Finishes the rows: l summed over the row's 4 lanes, o / l, lse = (m + log2 l) ln 2
 /// (a row that saw no key: o = 0, lse = -inf), written to o and lse, or, when the KV was
 /// split, to this chunk's partial row in fp32 for the merge kernel.
-template <typename T, int HEAD_DIM, int kTilesO>
-__device__ __forceinline__ void store_output(const PrefillParams<T>& p, const BlockTask& t, int kv_head,
+template <typename T, int HEAD_DIM, int kTilesO, typename KV>
+__device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
                                              int warp_row0, const float (&m)[2],
                                              float (&l)[2], const float (&o)[kTilesO][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -392,7 +466,7 @@ __device__ __forceinline__ void store_output(const PrefillParams<T>& p, const Bl
     const int packed = t.row_begin + r;
     const int token = t.qo_begin + packed / p.group_size;
     const int head = kv_head * p.group_size + packed % p.group_size;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // v_scale 1 gives exactly 1 / sum
     const float lse = sum > 0.f ? (m[h] * p.score_scale + log2f(sum)) * kernels::kLn2 : -INFINITY;
     if (p.kv_chunk_size == 0) {
       T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
@@ -418,18 +492,22 @@ __device__ __forceinline__ void store_output(const PrefillParams<T>& p, const Bl
 /// dynamic shared memory:
 ///
 ///     smem  [ Q tile: Br x D ][ K_0 | V_0 ][ K_1 | V_1 ]      each tile row-major, swizzled
+///     FP8:  [ Q tile ][ K_0 | V_0 ][ K_1 | V_1 ][ K_2 | V_2 ] (FP8, row-major) [ K | V ] (16-bit, swizzled)
 ///
 /// \tparam T __half or __nv_bfloat16
 /// \tparam HEAD_DIM 64, 128 or 256
-template <typename T, int HEAD_DIM>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM>::kMinBlocksPerSM)
-    prefill_attention_kernel(const PrefillParams<T> p) {
-  using Tr = PrefillTraits<T, HEAD_DIM>;
+/// \tparam KV element type of K/V: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2
+/// \tparam STAGES K/V ring stages, 0: PrefillTraits' default
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
+    prefill_attention_kernel(const PrefillParams<T, KV> p) {
+  using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
-  T* kv_smem = q_smem + Br * HEAD_DIM;  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
+  KV* kv_smem = reinterpret_cast<KV*>(q_smem + Br * HEAD_DIM);  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
+  T* wide_smem = reinterpret_cast<T*>(kv_smem + 2 * kStages * Bc * HEAD_DIM);  // FP8: the widened K and V tiles
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
   // A plan for CUDA graphs pads the grid to a size fixed by batch_size and nnz_qo: the
@@ -456,29 +534,46 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM>::kThreads,
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.f;
 
-  // ---- prologue: Q and K/V tile 0 in flight; the pages of tile 1 read ahead.
+  // ---- prologue: Q and K/V tiles 0 .. kStages - 2 in flight; the pages of the next tile
+  // read ahead.
   int32_t pages[Tr::kKVPasses] = {};
   load_q_tile<T, HEAD_DIM, Br, Tr::kThreads>(p, t, kv_head, q_smem);
   if (p.paged_kv) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin, pages);
-  if (t.num_tiles > 0) load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin, pages, kv_smem, kv_smem + Bc * HEAD_DIM);
-  kernels::cp_async_commit_group();
-  if (p.paged_kv) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + Bc, pages);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < t.num_tiles) {
+      KV* k_dst = kv_smem + 2 * s * Bc * HEAD_DIM;
+      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, pages, k_dst, k_dst + Bc * HEAD_DIM);
+    }
+    kernels::cp_async_commit_group();  // one group per tile, empty or not: the counts stay aligned
+    if (p.paged_kv) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (s + 1) * Bc, pages);
+  }
 
-  // ---- main loop: wait for tile it, start tile it + 1 (and the page reads of it + 2),
-  // compute tile it.
+  // ---- main loop: wait for tile it, start tile it + kStages - 1 (and the page reads of
+  // the one after), compute tile it.
   for (int it = 0; it < t.num_tiles; ++it) {
-    kernels::cp_async_wait_group<0>();
+    kernels::cp_async_wait_group<kStages - 2>();
     __syncthreads();  // tile it visible to all; every warp is done with tile it - 1's buffer
-    if (it + 1 < t.num_tiles) {
-      T* k_next = kv_smem + 2 * ((it + 1) % kStages) * Bc * HEAD_DIM;
-      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + (it + 1) * Bc, pages, k_next,
+    const int next = it + kStages - 1;
+    if (next < t.num_tiles) {
+      KV* k_next = kv_smem + 2 * (next % kStages) * Bc * HEAD_DIM;
+      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + next * Bc, pages, k_next,
                                                   k_next + Bc * HEAD_DIM);
     }
     kernels::cp_async_commit_group();
-    if (p.paged_kv && it + 2 < t.num_tiles) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (it + 2) * Bc, pages);
+    if (p.paged_kv && next + 1 < t.num_tiles) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (next + 1) * Bc, pages);
 
     const int stage = it % kStages;
-    const T* k_smem = kv_smem + 2 * stage * Bc * HEAD_DIM;
+    const T* k_smem;
+    if constexpr (Tr::kConvert) {
+      // FP8: widen the landed stage into the 16-bit tiles (everyone finished reading them
+      // for tile it - 1 before the barrier above), then wait for the whole of it.
+      convert_kv_tile<T, KV, HEAD_DIM, Bc, Tr::kThreads>(kv_smem + 2 * stage * Bc * HEAD_DIM, wide_smem);
+      __syncthreads();
+      k_smem = wide_smem;
+    } else {
+      k_smem = kv_smem + 2 * stage * Bc * HEAD_DIM;
+    }
     const T* v_smem = k_smem + Bc * HEAD_DIM;
     const int kv0 = t.kv_begin + it * Bc;
     // Masks only where some (row, key) of the tile is hidden: the tile runs past the
@@ -504,13 +599,14 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM>::kThreads,
 /// cascade level, into its own partial rows): allows the instantiation for `head_dim` its
 /// dynamic shared memory. Call once before launches (in plan(): not a stream operation).
 /// Returns how many of its blocks fit on one multiprocessor (the occupancy calculator's
-/// answer). Defined in tensor_core.cu for __half and __nv_bfloat16.
-template <typename T>
+/// answer). Defined (prefill_launch.cuh) in tensor_core.cu for __half and __nv_bfloat16 K/V,
+/// and in tensor_core_fp8.cu for FP8 K/V with either q type (STAGES 0 and 2).
+template <typename T, typename KV = T, int STAGES = 0>
 int prepare_prefill_attention(int head_dim);
-/// Launches prefill_attention_kernel<T, head_dim, 1> with `p` on `stream`: num_items x
+/// Launches prefill_attention_kernel<T, head_dim, KV> with `p` on `stream`: num_items x
 /// p.num_kv_heads blocks, PrefillTraits::smem_bytes() of shared memory. Launches only
 /// (CUDA-graph safe); p's schedule arrays must hold num_items entries.
-template <typename T>
-void launch_prefill_attention(const PrefillParams<T>& p, int head_dim, int64_t num_items, cudaStream_t stream);
+template <typename T, typename KV = T, int STAGES = 0>
+void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream);
 
 }  // namespace flashstep::stages::tensor_core

@@ -1,7 +1,8 @@
 // Stage 04 — tensor-core prefill: the planner, the launcher and the two registry entries.
 //
 // The kernel (prefill_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
-// and 256, each with 8 warps of one m16 tile (Br = 128). Causal, window, soft cap, storage
+// and 256, each with 8 warps of one m16 tile (Br = 128), here; its instantiations over an
+// FP8 cache (e4m3, e5m2 K/V) are in tensor_core_fp8.cu. Causal, window, soft cap, storage
 // and layout are run-time flags: uniform branches, no extra instantiations.
 //
 // How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
@@ -15,15 +16,20 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <type_traits>
 
 #include "03_split_kv/merge_states.cuh"
 #include "04_tensor_core/prefill_attention.cuh"
+#include "04_tensor_core/prefill_launch.cuh"
 #include "04_tensor_core/tensor_core.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
 
 namespace flashstep::stages::tensor_core {
+
+// The FP8 instantiations are tensor_core_fp8.cu's, compiled beside this file.
+FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(extern template)
 
 namespace {
 
@@ -55,46 +61,31 @@ WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
 struct KernelEntry {
   size_t smem_bytes;
   int br;
-  void (*set_smem_limit)(size_t bytes);
-  int (*blocks_per_sm)(size_t smem);
+  int (*prepare)(int head_dim);  ///< raises the shared-memory limit; returns blocks per SM
   void (*launch)(const BatchShape&, const Schedule&, const WorkspaceLayout&, uint8_t* workspace,
                  const DeviceBatch&, cudaStream_t);
 };
 
-template <typename T, int HEAD_DIM>
+template <typename T, int HEAD_DIM, typename KV, int STAGES>
 KernelEntry kernel_entry() {
-  using Tr = PrefillTraits<T, HEAD_DIM>;
+  using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
   KernelEntry e;
   e.smem_bytes = Tr::smem_bytes();
   e.br = Tr::Br;
-  e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  };
-  e.blocks_per_sm = [](size_t smem) {
-    // The occupancy calculator counts no block whose dynamic shared memory is above the
-    // kernel's limit: raise it first, or a query made before the first plan() in a
-    // process answers 0 and workspace_bytes() under-counts the split it plans.
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(prefill_attention_kernel<T, HEAD_DIM>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    int blocks = 0;
-    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, prefill_attention_kernel<T, HEAD_DIM>, Tr::kThreads, smem));
-    return blocks;
-  };
+  e.prepare = prepare_prefill_attention<T, KV, STAGES>;
   e.launch = [](const BatchShape& s, const Schedule& sched, const WorkspaceLayout& w, uint8_t* ws,
                 const DeviceBatch& batch, cudaStream_t stream) {
-    PrefillParams<T> p;
+    PrefillParams<T, KV> p;
     p.q = static_cast<const T*>(batch.q);
     p.qo_indptr = batch.qo_indptr;
     p.paged_kv = s.storage == KVStorage::paged;
     if (p.paged_kv) {
-      p.paged = kernels::make_paged_kv(static_cast<const T*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
+      p.paged = kernels::make_paged_kv(static_cast<const KV*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
                                        batch.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
                                        s.kv_layout == KVLayout::HND);
     } else {
-      p.k = static_cast<const T*>(batch.k);
-      p.v = static_cast<const T*>(batch.v);
+      p.k = static_cast<const KV*>(batch.k);
+      p.v = static_cast<const KV*>(batch.v);
       p.kv_indptr = batch.kv_indptr;
     }
     p.o = static_cast<T*>(batch.o);
@@ -111,8 +102,11 @@ KernelEntry kernel_entry() {
     p.group_size = s.group_size();
     p.causal = s.mode == Mode::prefill && s.causal;
     p.window_left = s.window_left;
-    p.set_score_transform(s.resolved_sm_scale(), s.logits_soft_cap);
-    launch_prefill_attention<T>(p, HEAD_DIM, sched.num_items(), stream);
+    // An FP8 cache's k_scale joins sm_scale (one factor of the scores), its v_scale the
+    // output's 1 / l (so a split's partial rows carry it, and the linear merge keeps it).
+    p.set_score_transform(s.resolved_sm_scale() * s.k_scale, s.logits_soft_cap);
+    p.v_scale = s.v_scale;
+    launch_prefill_attention<T, KV, STAGES>(p, HEAD_DIM, sched.num_items(), stream);
     if (sched.kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -128,15 +122,23 @@ KernelEntry kernel_entry() {
   return e;
 }
 
-KernelEntry kernel_entry_for(DType dtype, int head_dim) {
+/// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the default ring)
+KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
+  if (dtype != DType::f16 && dtype != DType::bf16)
+    throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " + std::string(to_string(dtype)) + ")");
   auto for_dtype = [&](auto type_tag) -> KernelEntry {
     using T = decltype(type_tag);
-    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, { return kernel_entry<T, HEAD_DIM>(); });
+    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
+        if constexpr (!std::is_same_v<KV, T>) {
+          if (fp8_stages == 2) return kernel_entry<T, HEAD_DIM, KV, 2>();
+        }
+        return kernel_entry<T, HEAD_DIM, KV, 0>();
+      });
+    });
     return {};
   };
-  if (dtype == DType::f16) return for_dtype(__half{});
-  if (dtype == DType::bf16) return for_dtype(__nv_bfloat16{});
-  throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " + std::string(to_string(dtype)) + ")");
+  return dtype == DType::f16 ? for_dtype(__half{}) : for_dtype(__nv_bfloat16{});
 }
 
 /// Work items of a CUDA-graph plan: enough for any lengths of batch_size requests and
@@ -154,27 +156,6 @@ std::string launch_of(const Schedule& s, const WorkspaceLayout& w, int num_kv_he
 
 }  // namespace
 
-template <typename T>
-int prepare_prefill_attention(int head_dim) {
-  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-    const KernelEntry e = kernel_entry<T, HEAD_DIM>();
-    e.set_smem_limit(e.smem_bytes);
-    return e.blocks_per_sm(e.smem_bytes);
-  });
-  return 0;
-}
-
-template <typename T>
-void launch_prefill_attention(const PrefillParams<T>& p, int head_dim, int64_t num_items, cudaStream_t stream) {
-  if (num_items == 0) return;
-  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-    using Tr = PrefillTraits<T, HEAD_DIM>;
-    prefill_attention_kernel<T, HEAD_DIM>
-        <<<static_cast<unsigned>(num_items * p.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
-    kernels::check_launch("prefill_attention_kernel");
-  });
-}
-
 template int prepare_prefill_attention<__half>(int);
 template int prepare_prefill_attention<__nv_bfloat16>(int);
 template void launch_prefill_attention<__half>(const PrefillParams<__half>&, int, int64_t, cudaStream_t);
@@ -188,6 +169,8 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   const StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
+  ref::require(options_.fp8_stages == 0 || options_.fp8_stages == 2 || options_.fp8_stages == 3, fn,
+               "fp8_stages must be 0 (auto), 2 or 3 (got " + std::to_string(options_.fp8_stages) + ")");
   ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kBc == 0, fn,
                "kv_chunk_size must be 0 (auto) or a positive multiple of 64 (got " +
                    std::to_string(options_.kv_chunk_size) + ")");
@@ -213,8 +196,8 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
-      const KernelEntry e = kernel_entry_for(s.dtype, s.head_dim);
-      target = int64_t{device_sm_count()} * std::max(1, e.blocks_per_sm(e.smem_bytes));
+      const KernelEntry e = kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, options_.fp8_stages);
+      target = int64_t{device_sm_count()} * std::max(1, e.prepare(s.head_dim));
     }
     const int64_t blocks = base_items * s.num_kv_heads;
     if (blocks < target && s.nnz_qo() <= 65535) {
@@ -281,8 +264,8 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  const KernelEntry e = kernel_entry_for(shape.dtype, shape.head_dim);
-  e.set_smem_limit(e.smem_bytes);  // run() launches with that much dynamic shared memory
+  const KernelEntry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, options_.fp8_stages);
+  e.prepare(shape.head_dim);  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
   // The schedule, staged in one host buffer and copied once.
   std::vector<uint8_t> staged(w.schedule_bytes, 0);
   auto put = [&](size_t offset, const std::vector<int32_t>& v) {
@@ -303,7 +286,7 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.head_dim).launch(shape_, schedule_, w, workspace_, batch, stream);
+  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, options_.fp8_stages).launch(shape_, schedule_, w, workspace_, batch, stream);
 }
 
 namespace {
@@ -330,6 +313,7 @@ StageInfo stage_info() {
   s.storage = KVStorage::paged;
   s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
   s.max_page_size = kMaxPageSize;
+  s.kv_dtypes = {DType::e4m3, DType::e5m2};  // FP8 pools: tiles widened to q's dtype in shared memory
   s.make_runner = [] { return std::make_unique<TensorCoreRunner>(KVStorage::paged); };
   return s;
 }

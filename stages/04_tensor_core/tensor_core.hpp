@@ -45,6 +45,9 @@ struct TensorCoreOptions {
   int target_blocks = 0;
   /// Keys per KV chunk, forcing a split (a multiple of 64); 0: plan() decides.
   int kv_chunk_size = 0;
+  /// FP8 cache only: stages of the FP8 K/V ring, 2 (one tile in flight, as a 16-bit cache)
+  /// or 3 (two in flight, in the same shared memory); 0: 3. An A/B knob for the bench.
+  int fp8_stages = 0;
 };
 
 /// The host-side schedule plan() computes (kept for inspection and tests).

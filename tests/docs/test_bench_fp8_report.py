@@ -35,7 +35,9 @@ def run(tmp_path):
                             median("03_split_kv/b128_kv8192_e4m3", 750.0),
                             median("02_paged/b128_kv8192_e4m3", 760.0),
                             median("03_split_kv/b128_kv8192_e4m3_scaled", 760.0),
-                            median("03_split_kv/b16_kv1024_e5m2", 40.0)]}
+                            median("03_split_kv/b16_kv1024_e5m2", 40.0),
+                            median("04_tensor_core/b128_kv8192_e4m3", 725.0),
+                            median("04_tensor_core/b128_kv8192_bf16", 1450.0)]}
     peers = {"results": [
         {"impl": "flashinfer_cuda_core_decode", "shape": "b128_kv8192_e4m3", "median_us": 1775.0},
         {"impl": "flashinfer_tc_decode", "shape": "b128_kv8192_e4m3", "median_us": 895.0},
@@ -69,6 +71,12 @@ def test_goals_are_the_ratios_worked_out_by_hand(tmp_path):
     assert goal("b128_kv8192_e4m3_scaled: FlashInfer best / 03 time >= 1.15", out)[0] == "n/a"
     # b16 x kv 1024 is launch-bound: 36 / 40 = 0.9 < 1.0.
     assert goal("b16_kv1024_e5m2: FlashInfer best / 03 time >= 1.0", out) == ("MISS", "0.900")
+    # Stage 04 judged on its own rows: 725 / 1450 = 0.5; 895 / 725 = 1.234; 725 / 716.532 = 1.012.
+    assert goal("b128_kv8192_e4m3: 04 time / 04 bf16 time <= 0.55", out) == ("MET", "0.500")
+    assert goal("b128_kv8192_e4m3: FlashInfer best / 04 time >= 1.15", out) == ("MET", "1.234")
+    assert goal("b128_kv8192_e4m3: 04 time / FP8 read floor <= 1.1", out) == ("MET", "1.012")
+    # No stage 04 row for b16 x kv 1024: no goal line for 04 there.
+    assert not any(l.endswith("b16_kv1024_e5m2: FlashInfer best / 04 time >= 1.0") for l in out.splitlines())
 
 
 def test_the_table_shows_what_the_run_measured_and_dashes_for_the_rest(tmp_path):
@@ -76,8 +84,9 @@ def test_the_table_shows_what_the_run_measured_and_dashes_for_the_rest(tmp_path)
     row = next(l for l in out.splitlines() if l.startswith("b128_kv8192_e4m3 "))
     cells = row.split()
     assert cells[1:4] == ["760.0", "750.0", "1400.0"]  # stage 02, stage 03, stage 03 on bf16
-    assert cells[4:6] == ["1775.0", "895.0"]            # FlashInfer CUDA cores, tensor cores
-    assert cells[6] == "716.5"                          # the floor
+    assert cells[4:6] == ["725.0", "1450.0"]            # stage 04, stage 04 on bf16
+    assert cells[6:8] == ["1775.0", "895.0"]            # FlashInfer CUDA cores, tensor cores
+    assert cells[8] == "716.5"                          # the floor
     e5m2 = next(l for l in out.splitlines() if l.startswith("b16_kv1024_e5m2 ")).split()
     assert e5m2[1] == "-" and e5m2[3] == "-"  # no stage 02 row, no bf16 shape of these sizes
     assert not any(l.startswith("b128_kv8192_bf16") for l in out.splitlines())  # a bf16 row is no FP8 row

@@ -144,10 +144,10 @@ def test_fp8_pool_through_dlpack_and_its_refusals(torch, fsc, rng):
     cs.assert_close(torch, out, torch.cat([r[0] for r in refs]),
                     fsc.tolerance("bfloat16", "o", kv_dtype="float8_e4m3fn"), "fp8 decode through DLPack o")
     # a stage that reads K/V in q's dtype only refuses scales at run()
-    b = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", stage="04_tensor_core")
+    b = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), "NHD", stage="05_cascade")
     pool16, indptr16, indices16, last16, _, _ = cs.paged_batch(torch, g, [9, 40], 16, 2, 128, "bfloat16", "NHD")
     b.plan(indptr16, indices16, last16, 8, 2, 128, 16, q_data_type="bfloat16")
-    with pytest.raises(ValueError, match=r"stage 04_tensor_core reads no FP8 cache and applies no k_scale"):
+    with pytest.raises(ValueError, match=r"stage 05_cascade reads no FP8 cache and applies no k_scale"):
         b.run(q, pool16, k_scale=0.5)
 
 

@@ -530,6 +530,48 @@ inline std::vector<CaseSpec> decode_fp8_sanitizer_grid() {
   return cases;
 }
 
+/// Stage 04 over an FP8 cache: every third case of its prefill grid (append up to 4096
+/// keys of prefix, causal and not, groups, head_dims, layouts, pages, window, soft cap)
+/// and every other case of its decode grid (groups 16 and 32), on e4m3 and e5m2 pools by
+/// turns, without scales and with kFP8Scales (also no power of two). The 16-bit-cache
+/// grids of stages 02 and 03 (decode_fp8_*) reach it too, for the groups it takes.
+inline std::vector<CaseSpec> tensor_core_fp8_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  auto add = [&](CaseSpec c) {
+    const DType kv = n % 2 ? DType::e5m2 : DType::e4m3;
+    c.kv_dtype = kv;
+    if (n % 4 >= 2) {
+      const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 4) % 2];
+      c.k_scale = sc.k;
+      c.v_scale = sc.v;
+    }
+    ++n;
+    cases.push_back(c);
+  };
+  const auto prefill = tensor_core_prefill_grid();
+  for (size_t i = 0; i < prefill.size(); i += 3) add(prefill[i]);
+  const auto decode = tensor_core_decode_grid();
+  for (size_t i = 1; i < decode.size(); i += 2) add(decode[i]);
+  return cases;
+}
+
+/// Stage 04 over an FP8 cache under compute-sanitizer: its sanitizer grid with e4m3 and
+/// e5m2 pools by turns, scales on half.
+inline std::vector<CaseSpec> tensor_core_fp8_sanitizer_grid() {
+  std::vector<CaseSpec> cases = tensor_core_sanitizer_grid();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const DType kv = i % 2 ? DType::e5m2 : DType::e4m3;
+    cases[i].kv_dtype = kv;
+    if (i % 4 >= 2) {
+      const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 1 : 3)];
+      cases[i].k_scale = sc.k;
+      cases[i].v_scale = sc.v;
+    }
+  }
+  return cases;
+}
+
 /// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys): qo_len and kv_len
 /// one below, at and above each multiple, ragged batches with an empty request, GQA
 /// groups that divide the tile (1, 4, 8, 32), both head_dims, both 16-bit dtypes, causal

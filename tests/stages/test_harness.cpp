@@ -303,8 +303,9 @@ TEST_CASE("registry: FP8 caches are read by the stages that declare them, the ot
   CHECK(paged_stage.unsupported_reason(shape).find("positive finite") != std::string::npos);
   shape.v_scale = 1.f;
   CHECK(paged_stage.unsupported_reason(shape).empty());  // k_scale 0.5 on a bf16 cache: applied too
-  const StageInfo& tensor_core = find_stage("04_tensor_core");
-  CHECK(tensor_core.unsupported_reason(shape).find("does not apply k_scale or v_scale") != std::string::npos);
+  CHECK(find_stage("04_tensor_core").kv_dtypes == paged_stage.kv_dtypes);
+  const StageInfo& cascade = find_stage("05_cascade");  // no kv_dtypes: no scales either
+  CHECK(cascade.unsupported_reason(shape).find("does not apply k_scale or v_scale") != std::string::npos);
   CHECK(parse_dtype("float8_e4m3fn") == DType::e4m3);
   CHECK(parse_dtype("e5m2") == DType::e5m2);
   CHECK(dtype_bytes(DType::e5m2) == 1);

@@ -85,6 +85,15 @@ TEST_CASE("04_tensor_core: plan() rejects a bad option with InvalidArgument nami
   } catch (const ref::InvalidArgument& e) {
     CHECK(std::string(e.what()).find("kv_chunk_size") != std::string::npos);
   }
+  tensor_core::TensorCoreOptions stages4;
+  stages4.fp8_stages = 4;
+  tensor_core::TensorCoreRunner ring(KVStorage::ragged, stages4);
+  try {
+    ring.workspace_bytes(s);
+    FAIL("no exception");
+  } catch (const ref::InvalidArgument& e) {
+    CHECK(std::string(e.what()).find("fp8_stages") != std::string::npos);
+  }
 }
 
 TEST_CASE("04_tensor_core schedule: every (request, tile, chunk) once, longest first, partial rows per query") {
@@ -174,6 +183,52 @@ TEST_CASE("04_tensor_core: forced KV splits (chunks of 64 and 256 keys) merged b
     const uint64_t seed = case_seed(test::run_seed(), "split " + spec.describe());
     const ValidationReport r = validate(stage, spec, seed);
     CHECK_MESSAGE(r.passed, "chunk " << chunk << ": " << r.message());
+    if (!r.passed && ++failures >= 5) break;
+  }
+}
+
+// ---- FP8 caches: tiles copied as FP8 and widened to q's dtype in shared memory, k_scale
+// in the score scale, v_scale in the output's normalisation.
+
+TEST_CASE("04_tensor_core fp8: prefill/append and large-group decode over e4m3/e5m2 caches, with and without scales") {
+  const auto grid = grids::tensor_core_fp8_grid();
+  const auto ran = check_grid(grid);
+  REQUIRE(ran.count("04_tensor_core") == 1);
+  CHECK(ran.at("04_tensor_core") == static_cast<int>(grid.size()));
+  CHECK(ran.count("04_tensor_core_ragged") == 0);  // ragged K/V stays in q's dtype
+}
+
+TEST_CASE("04_tensor_core fp8: sanitizer subset") {
+  CHECK(check_grid(grids::tensor_core_fp8_sanitizer_grid()).count("04_tensor_core") == 1);
+}
+
+TEST_CASE("04_tensor_core fp8: forced KV splits, partial rows carrying v_scale") {
+  using namespace stages::harness;
+  int n = 0, failures = 0;
+  for (const CaseSpec& spec : grids::tensor_core_fp8_sanitizer_grid()) {
+    const int chunk = n++ % 2 ? 64 : 256;
+    const StageInfo stage = with_options(tensor_core::stage_info(), {0, chunk});
+    const uint64_t seed = case_seed(test::run_seed(), "split fp8 " + spec.describe());
+    const ValidationReport r = validate(stage, spec, seed);
+    CHECK_MESSAGE(r.passed, "chunk " << chunk << ": " << r.message());
+    if (!r.passed && ++failures >= 5) break;
+  }
+}
+
+TEST_CASE("04_tensor_core fp8: forced 2-stage K/V ring (the bench's fp8_s2 rows), splits and none") {
+  using namespace stages::harness;
+  int n = 0, failures = 0;
+  std::vector<CaseSpec> cases = grids::tensor_core_fp8_sanitizer_grid();
+  const auto grid = grids::tensor_core_fp8_grid();
+  for (size_t i = 0; i < grid.size(); i += 4) cases.push_back(grid[i]);
+  for (const CaseSpec& spec : cases) {
+    tensor_core::TensorCoreOptions options;
+    options.fp8_stages = 2;
+    options.kv_chunk_size = n++ % 3 == 2 ? 64 : 0;
+    const StageInfo stage = with_options(tensor_core::stage_info(), options);
+    const uint64_t seed = case_seed(test::run_seed(), "fp8 s2 " + spec.describe());
+    const ValidationReport r = validate(stage, spec, seed);
+    CHECK_MESSAGE(r.passed, "kv_chunk_size " << options.kv_chunk_size << ": " << r.message());
     if (!r.passed && ++failures >= 5) break;
   }
 }

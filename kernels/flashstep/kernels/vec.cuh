@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace flashstep::kernels {
 
@@ -94,9 +95,28 @@ __device__ __forceinline__ void Vec16<__nv_bfloat16>::from_float(const float* in
 
 namespace detail {
 
-/// 16 FP8 elements widened exactly: each pair through the toolkit's fp8x2 -> f16x2
-/// conversion (one cvt.rn.f16x2.e4m3x2 / .e5m2x2 instruction on sm_89 and later; every
-/// FP8 value is an fp16 value), then f16 -> f32. Element e is byte e (little-endian).
+/// Two FP8 elements (the low or the high 16 bits of `w`, by `high`) as an fp16 pair (the
+/// 32 bits of a __half2, element 0 low), exactly: every FP8 value is an fp16 value. e4m3:
+/// the toolkit's fp8x2 -> f16x2 conversion (one cvt.rn.f16x2.e4m3x2 on sm_89 and later,
+/// after a shift for the high pair). e5m2 is the top byte of an fp16 (the same sign,
+/// 5-bit exponent and bias 15, its subnormals, infinities and NaNs included), so one byte
+/// permute places both bytes.
+template <__nv_fp8_interpretation_t FORMAT>
+__device__ __forceinline__ uint32_t fp8x2_to_half2_bits(uint32_t w, bool high) {
+  if constexpr (FORMAT == __NV_E5M2) {
+    // result bytes, low to high: 0, element 0, 0, element 1 (selector nibble 4: a byte of 0u)
+    return __byte_perm(w, 0u, high ? 0x3424u : 0x1404u);
+  } else {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(high ? w >> 16 : w & 0xffffu),
+                                                     FORMAT);
+    uint32_t bits;
+    memcpy(&bits, &h, sizeof(bits));
+    return bits;
+  }
+}
+
+/// 16 FP8 elements widened exactly: each pair to fp16 (fp8x2_to_half2_bits), then f16 ->
+/// f32. Element e is byte e (little-endian).
 template <__nv_fp8_interpretation_t FORMAT>
 __device__ __forceinline__ void fp8x16_to_float(const uint4& raw, float* out) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -104,8 +124,10 @@ __device__ __forceinline__ void fp8x16_to_float(const uint4& raw, float* out) {
   for (int i = 0; i < 4; ++i)
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i] >> (16 * p)), FORMAT);
-      const float2 f = __half22float2(__half2(h));
+      const uint32_t bits = fp8x2_to_half2_bits<FORMAT>(w[i], p == 1);
+      __half2 h;
+      memcpy(&h, &bits, sizeof(h));
+      const float2 f = __half22float2(h);
       out[4 * i + 2 * p] = f.x;
       out[4 * i + 2 * p + 1] = f.y;
     }

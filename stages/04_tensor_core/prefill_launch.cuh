@@ -1,0 +1,66 @@
+/// \file prefill_launch.cuh
+/// \brief The definitions of prepare_prefill_attention and launch_prefill_attention
+/// (declared in prefill_attention.cuh), for the files that instantiate them:
+/// tensor_core.cu (K/V in q's dtype) and tensor_core_fp8.cu (FP8 K/V), two translation
+/// units so that the build compiles the two sets of kernels side by side.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "04_tensor_core/prefill_attention.cuh"
+#include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/dispatch.cuh"
+
+namespace flashstep::stages::tensor_core {
+
+template <typename T, typename KV, int STAGES>
+int prepare_prefill_attention(int head_dim) {
+  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
+    const auto kernel = prefill_attention_kernel<T, HEAD_DIM, KV, STAGES>;
+    // The occupancy calculator counts no block whose dynamic shared memory is above the
+    // kernel's limit: raise it first, or a query made before the first plan() in a
+    // process answers 0 and workspace_bytes() under-counts the split it plans.
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(Tr::smem_bytes())));
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tr::kThreads, Tr::smem_bytes()));
+    return blocks;
+  });
+  return 0;
+}
+
+template <typename T, typename KV, int STAGES>
+void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream) {
+  if (num_items == 0) return;
+  FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
+    using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
+    prefill_attention_kernel<T, HEAD_DIM, KV, STAGES>
+        <<<static_cast<unsigned>(num_items * p.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
+    kernels::check_launch("prefill_attention_kernel");
+  });
+}
+
+}  // namespace flashstep::stages::tensor_core
+
+/// The FP8 instantiations (q fp16/bf16 x e4m3/e5m2 x ring of 3 (STAGES 0) or 2 stages),
+/// declared `extern template` by tensor_core.cu and defined `template` by
+/// tensor_core_fp8.cu. Use inside namespace flashstep::stages::tensor_core.
+#define FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, T, KV, STAGES)                     \
+  PREFIX int prepare_prefill_attention<T, KV, STAGES>(int);                              \
+  PREFIX void launch_prefill_attention<T, KV, STAGES>(const PrefillParams<T, KV>&, int, \
+                                                      int64_t, cudaStream_t);
+#define FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(PREFIX)                                   \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e4m3, 0)                \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e4m3, 2)                \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e5m2, 0)                \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e5m2, 2)                \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e4m3, 0)         \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e4m3, 2)         \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e5m2, 0)         \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e5m2, 2)

@@ -1,0 +1,15 @@
+// Stage 04 over an FP8 cache: the kernel's instantiations for fp16/bf16 q and o with e4m3
+// or e5m2 K/V (prefill_attention.cuh, "FP8 K/V"), in their own translation unit so that
+// they compile beside tensor_core.cu's. tensor_core.cu's runner launches them.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "04_tensor_core/prefill_launch.cuh"
+
+namespace flashstep::stages::tensor_core {
+
+// STAGES 0: the default ring (3 stages); 2: TensorCoreOptions::fp8_stages = 2.
+FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(template)
+
+}  // namespace flashstep::stages::tensor_core
