@@ -88,24 +88,33 @@ double tensor_core_seconds(const BatchShape& b, const CostModel& c, bool hopper 
                   bytes / c.tensor_core_bytes_per_second);
 }
 
-/// The flat path: stage 03 for the decode it can run (CUDA cores, memory-bound: groups up
-/// to 8, no soft cap), stage 04 otherwise.
-bool flat_is_split_kv(const BatchShape& s) {
-  return s.mode == Mode::decode && split_kv::stage_info().unsupported_reason(s).empty();
-}
-
-double flat_seconds(const BatchShape& s, const CostModel& c) {
-  if (flat_is_split_kv(s)) {
-    const double kv_bytes = double(s.total_kv_len()) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
-    return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
-  }
-  return tensor_core_seconds(s, c) + 2 * c.seconds_per_launch;
-}
-
 /// Whether stage 07's kernel can run this level (an sm_90a build and GPU, head_dim 128, a
 /// group dividing its 128-row tile) and the options allow it.
 bool hopper_takes(const BatchShape& level, const CascadeOptions& o) {
   return o.hopper && hopper::stage_info().unsupported_reason(level).empty();
+}
+
+/// The flat path: stage 03 for the decode it can run (CUDA cores, memory-bound: groups up
+/// to 8, no soft cap); otherwise stage 07 where it takes the batch and the model prices it
+/// lower (never under a CUDA graph: its grid follows the lengths), else stage 04.
+bool flat_is_split_kv(const BatchShape& s) {
+  return s.mode == Mode::decode && split_kv::stage_info().unsupported_reason(s).empty();
+}
+bool flat_on_hopper(const BatchShape& s, const CascadeOptions& o) {
+  return !flat_is_split_kv(s) && !s.cuda_graph && hopper_takes(s, o) &&
+         tensor_core_seconds(s, o.cost, true) < tensor_core_seconds(s, o.cost);
+}
+const char* flat_stage_of(const BatchShape& s, const CascadeOptions& o) {
+  return flat_is_split_kv(s) ? "03_split_kv" : flat_on_hopper(s, o) ? "07_hopper" : "04_tensor_core";
+}
+
+double flat_seconds(const BatchShape& s, const CascadeOptions& o) {
+  const CostModel& c = o.cost;
+  if (flat_is_split_kv(s)) {
+    const double kv_bytes = double(s.total_kv_len()) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
+    return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
+  }
+  return tensor_core_seconds(s, c, flat_on_hopper(s, o)) + 2 * c.seconds_per_launch;
 }
 
 /// One level's launch over the level's batch (level_shape): stage 04's kernel, or stage
@@ -267,7 +276,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
 
   auto out = std::make_unique<Prepared>();
   CascadePlan& plan = out->plan;
-  plan.flat_seconds = flat_seconds(s, cost);
+  plan.flat_seconds = flat_seconds(s, options_);
 
   // Candidate level sets: the given ones (priced in place, never copied: they hold every
   // page id), or every subset of the derived shared levels (a shared level that does not
@@ -317,11 +326,12 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   if (!cascade) {
     plan.path = Path::flat;
     plan.levels = {};
+    plan.flat_stage = flat_stage_of(s, options_);
     if (flat_is_split_kv(s)) {
-      plan.flat_stage = "03_split_kv";
       out->flat = split_kv::stage_info().make_runner();  // planned for CUDA graphs, as this stage is
+    } else if (plan.flat_stage == "07_hopper") {
+      out->flat = std::make_unique<hopper::HopperRunner>();
     } else {
-      plan.flat_stage = "04_tensor_core";
       out->flat = std::make_unique<tensor_core::TensorCoreRunner>(KVStorage::paged);
     }
     out->flat_bytes = out->flat->workspace_bytes(s);
@@ -332,7 +342,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   // ---- the cascade: per level, stage 04's schedule with this stage's chunk choice.
   plan.path = Path::cascade;
   plan.levels = std::move(*chosen);
-  plan.flat_stage = flat_is_split_kv(s) ? "03_split_kv" : "04_tensor_core";
+  plan.flat_stage = flat_stage_of(s, options_);
   int64_t target = options_.target_blocks;
   if (target == 0) target = int64_t{device_sm_count()} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
   // stage 07's kernel fills a multiprocessor with one block

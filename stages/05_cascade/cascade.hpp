@@ -84,7 +84,7 @@ struct LevelPlan {
 /// The last plan, for tests, the bench and the chapter.
 struct CascadePlan {
   Path path = Path::flat;            ///< cascade or flat (never automatic after plan())
-  std::string flat_stage;            ///< the flat path's stage: "03_split_kv" or "04_tensor_core"
+  std::string flat_stage;            ///< the flat path's stage: "03_split_kv", "07_hopper" or "04_tensor_core"
   ref::CascadeLevels levels;         ///< the levels run() launches (cascade only)
   std::vector<LevelPlan> level_plans;  ///< one per level (cascade only)
   double flat_seconds = 0;           ///< the model's flat estimate
