@@ -16,8 +16,10 @@
 
 #include "05_cascade/cascade.hpp"
 #include "06_sampling/sampling.hpp"
+#include "09_engine/rope_gpu.hpp"
 #include "capi_kernels.hpp"
 #include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/rope.hpp"
 #include "harness/compare.hpp"
 #include "registry.hpp"
 #include "stage.hpp"
@@ -472,6 +474,49 @@ int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* appe
     p.status = status;
     flashstep::capi::launch_append_paged_kv_cache(to_dtype(dtype, fn.c_str()), p, as_stream(stream));
     check_cuda(cudaGetLastError(), fn.c_str());
+  });
+}
+
+int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_out, int64_t nnz, int num_q_heads,
+                  int num_k_heads, int head_dim, int rotary_dim, int interleave, const int32_t* pos_ids,
+                  const int32_t* indptr, const int32_t* offsets, int batch_size, double rope_scale, double rope_theta,
+                  int llama31, double low_freq_factor, double high_freq_factor, double old_context_len, void* stream) {
+  return guarded("fs_apply_rope", [&] {
+    const char* fn = "apply_rope";
+    require(rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
+            std::string(fn) + ": rotary_dim must be even, >= 2 and <= head_dim " + std::to_string(head_dim) +
+                " (got " + std::to_string(rotary_dim) + ")");
+    // the frequencies exactly as the reference computes them (it checks the scale and theta)
+    std::vector<double> freqs;
+    if (llama31) {
+      flashstep::ref::Llama31RopeOptions o;
+      o.rope_scale = rope_scale;
+      o.rope_theta = rope_theta;
+      o.low_freq_factor = low_freq_factor;
+      o.high_freq_factor = high_freq_factor;
+      o.old_context_len = old_context_len;
+      freqs = flashstep::ref::llama31_rope_frequencies(rotary_dim, o);
+    } else {
+      freqs = flashstep::ref::rope_frequencies(rotary_dim, rope_scale, rope_theta);
+    }
+    st::engine::RopeLaunch l;
+    l.dtype = to_dtype(dtype, fn);
+    l.q = q;
+    l.k = k;
+    l.q_out = q_out;
+    l.k_out = k_out;
+    l.nnz = nnz;
+    l.num_q_heads = num_q_heads;
+    l.num_k_heads = num_k_heads;
+    l.head_dim = head_dim;
+    l.rotary_dim = rotary_dim;
+    l.interleave = interleave != 0;
+    l.pos_ids = pos_ids;
+    l.indptr = indptr;
+    l.offsets = offsets;
+    l.batch_size = batch_size;
+    st::engine::launch_rope(l, freqs, as_stream(stream));
+    check_cuda(cudaGetLastError(), fn);
   });
 }
 

@@ -170,6 +170,20 @@ FS_API int fs_append_paged_kv_cache(int dtype, const void* append_key, const voi
                              int head_dim, int page_size, int64_t num_pages, const int32_t* kv_indices,
                              const int32_t* kv_indptr, int batch_size, int32_t* status, void* stream);
 
+// ---- stage 09: rotary position encoding (FlashInfer's apply_rope family) ---------------
+
+/// RoPE on q (nnz, num_q_heads, head_dim) and k (nnz, num_k_heads, head_dim), contiguous,
+/// of `dtype` (FS_F32, FS_F16 or FS_BF16), into q_out and k_out (which may be q and k).
+/// Row positions: pos_ids (nnz) when not null, else offsets[b] + (t - indptr[b]) for row t
+/// of request b (indptr (batch_size + 1), offsets (batch_size)); all device pointers.
+/// Frequencies as FlashInfer's: rope_theta^(-2i / rotary_dim) / rope_scale, or, with
+/// llama31 != 0, Llama 3.1's (low_freq_factor, high_freq_factor, old_context_len).
+FS_API int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_out, int64_t nnz,
+                         int num_q_heads, int num_k_heads, int head_dim, int rotary_dim, int interleave,
+                         const int32_t* pos_ids, const int32_t* indptr, const int32_t* offsets, int batch_size,
+                         double rope_scale, double rope_theta, int llama31, double low_freq_factor,
+                         double high_freq_factor, double old_context_len, void* stream);
+
 // ---- stage 06: sampling ---------------------------------------------------------------
 
 /// Filter orders of the top_k_top_p samplers.

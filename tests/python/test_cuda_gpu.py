@@ -648,3 +648,69 @@ def test_a_bad_row_in_the_cache_pool_is_not_a_crash(torch, fsc):
     probs = torch.full((3, 7), 1 / 7, device="cuda")
     tokens = fsc.top_p_sampling_from_probs(probs, torch.tensor([0.5, math.nan, 1.0], device="cuda"), seed=2)
     assert tokens[1].item() == -1 and tokens[0].item() >= 0 and tokens[2].item() >= 0
+
+
+# ---- stage 09's RoPE kernel, FlashInfer's flashinfer.rope names ---------------------------
+
+def _rope_bound(torch, dtype, ref, x):
+    """Per element: half an ulp of the dtype on the result plus 4 fp32 roundings of the
+    pair's |a| + |b| (the kernel's cos/sin and two fp32 operations; tests/stages/test_rope_gpu.cpp
+    derives it)."""
+    import numpy as np
+    bits = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}[dtype]
+    return np.abs(ref) * 2.0 ** -bits + 4 * 2.0 ** -24 * 2 * np.abs(x).max() + 2.0 ** -25
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("form", ["offsets", "pos_ids", "llama31", "inplace"])
+def test_rope_matches_numpy(torch, fsc, dtype, form):
+    import numpy as np
+    from rope_numpy import np_frequencies, np_llama31_frequencies, np_rope
+    dt = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(20261127)
+    nnz, hq, hk, dim = 37, 8, 2, 128
+    rotary_dim, interleave = (64, True) if form in ("pos_ids", "inplace") else (128, False)
+    q = (torch.rand(nnz, hq, dim, generator=gen) * 4 - 2).to(dt)
+    k = (torch.rand(nnz, hk, dim, generator=gen) * 4 - 2).to(dt)
+    indptr = [0, 10, 10, 30, nnz]  # an empty request
+    offsets = [5, 0, 100000, 131000]
+    positions = np.concatenate([np.arange(indptr[b + 1] - indptr[b]) + offsets[b] for b in range(4)])
+    if form == "llama31":
+        freqs = np_llama31_frequencies(rotary_dim, 8.0, 5e5, 1.0, 4.0, 8192.0)
+    else:
+        freqs = np_frequencies(rotary_dim, 1.0, 1e4)
+    qd, kd = q.cuda(), k.cuda()
+    ind = torch.tensor(indptr, dtype=torch.int32, device="cuda")
+    off = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+    pos = torch.tensor(positions, dtype=torch.int32, device="cuda")
+    if form == "offsets":
+        qo, ko = fsc.apply_rope(qd, kd, ind, off, rotary_dim=rotary_dim, interleave=interleave)
+    elif form == "pos_ids":
+        qo, ko = fsc.apply_rope_pos_ids(qd, kd, pos, rotary_dim=rotary_dim, interleave=interleave)
+    elif form == "llama31":
+        qo, ko = fsc.apply_llama31_rope(qd, kd, ind, off, rotary_dim=rotary_dim, interleave=interleave)
+    else:
+        assert fsc.apply_rope_pos_ids_inplace(qd, kd, pos, rotary_dim=rotary_dim, interleave=interleave) is None
+        qo, ko = qd, kd
+    torch.cuda.synchronize()
+    for got, x in ((qo, q), (ko, k)):
+        xn = x.float().numpy()
+        ref = np_rope(xn, positions, freqs, interleave)
+        err = np.abs(got.float().cpu().numpy() - ref)
+        assert got.dtype == dt and got.shape == x.shape
+        assert (err <= _rope_bound(torch, dt, ref, xn)).all(), float(err.max())
+
+
+def test_rope_refuses_bad_arguments_by_name(torch, fsc):
+    q = torch.zeros(4, 2, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(4, 1, 64, dtype=torch.bfloat16, device="cuda")
+    pos = torch.zeros(4, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="rotary_dim"):
+        fsc.apply_rope_pos_ids(q, k, pos, rotary_dim=63)
+    with pytest.raises(ValueError, match="rope_theta"):
+        fsc.apply_rope_pos_ids(q, k, pos, rope_theta=0)
+    with pytest.raises(ValueError, match="pos_ids"):
+        fsc.apply_rope_pos_ids(q, k, pos[:3])
+    with pytest.raises(ValueError, match="offsets"):
+        fsc.apply_rope(q, k, torch.tensor([0, 4], dtype=torch.int32, device="cuda"),
+                       torch.zeros(2, dtype=torch.int32, device="cuda"))
