@@ -60,12 +60,12 @@ using namespace flashstep;
 using namespace flashstep::bench;
 using stages::harness::DeviceBuffer;
 
-#define FLASHSTEP_CUBLAS_CHECK(call)                                                   \
-  do {                                                                                 \
-    const cublasStatus_t status_ = (call);                                             \
-    if (status_ != CUBLAS_STATUS_SUCCESS)                                              \
-      throw std::runtime_error(std::string(#call " failed: cuBLAS status ") +          \
-                               std::to_string(static_cast<int>(status_)));             \
+#define FLASHSTEP_CUBLAS_CHECK(call)                                          \
+  do {                                                                        \
+    const cublasStatus_t status_ = (call);                                    \
+    if (status_ != CUBLAS_STATUS_SUCCESS)                                     \
+      throw std::runtime_error(std::string(#call " failed: cuBLAS status ") + \
+                               std::to_string(static_cast<int>(status_)));    \
   } while (0)
 
 struct Ceilings {
@@ -130,9 +130,9 @@ struct GemmCeiling {
   void run(cudaStream_t stream) const {
     const float alpha = 1.f, beta = 0.f;
     FLASHSTEP_CUBLAS_CHECK(cublasSetStream(handle, stream));
-    FLASHSTEP_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kGemmN, kGemmN, kGemmN, &alpha,
-                                        a.get(), CUDA_R_16BF, kGemmN, b.get(), CUDA_R_16BF, kGemmN, &beta,
-                                        c.get(), CUDA_R_16BF, kGemmN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    FLASHSTEP_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, kGemmN, kGemmN, kGemmN, &alpha, a.get(),
+                                        CUDA_R_16BF, kGemmN, b.get(), CUDA_R_16BF, kGemmN, &beta, c.get(), CUDA_R_16BF,
+                                        kGemmN, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   static double flops() { return 2.0 * kGemmN * kGemmN * double(kGemmN); }
 };
@@ -197,8 +197,8 @@ void capture(StageInputs& in) {
 }
 std::unique_ptr<StageInputs> g_inputs;  // one at a time: the previous shape's memory is freed first
 
-StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
-                        const stages::harness::CaseSpec& spec, stages::paged::PagedConfig tune) {
+StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage, const stages::harness::CaseSpec& spec,
+                        stages::paged::PagedConfig tune) {
   if (g_inputs && g_inputs->key == key) return *g_inputs;
   g_inputs.reset();
   auto in = std::make_unique<StageInputs>();
@@ -228,10 +228,18 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage,
   }
   in->o = DeviceBuffer(q_elems * elem);
   in->lse = DeviceBuffer(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float));
-  in->batch = {in->q.get(), in->qo_indptr.as<int32_t>(), in->kv_indptr.as<int32_t>(), in->pool.get(),
-               in->kv_indices.as<int32_t>(), in->kv_last_page_len.as<int32_t>(), in->k.get(), in->v.get(),
-               in->o.get(), in->lse.as<float>()};
-  in->runner = tune.num_stages || tune.threads ? std::make_unique<stages::paged::PagedRunner>(tune) : stage.make_runner();
+  in->batch = {in->q.get(),
+               in->qo_indptr.as<int32_t>(),
+               in->kv_indptr.as<int32_t>(),
+               in->pool.get(),
+               in->kv_indices.as<int32_t>(),
+               in->kv_last_page_len.as<int32_t>(),
+               in->k.get(),
+               in->v.get(),
+               in->o.get(),
+               in->lse.as<float>()};
+  in->runner = tune.num_stages || tune.threads ? std::make_unique<stages::paged::PagedRunner>(tune)
+                                               : stage.make_runner();
   in->workspace = DeviceBuffer(in->runner->workspace_bytes(s));
   in->runner->plan(s, in->workspace.get(), in->workspace.bytes(), nullptr);
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -265,7 +273,8 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     // A prefill shape is compute-bound: timing it in another dtype would say nothing of
     // this one (and 01_naive's fp32 score matrix of a 16k prefill does not fit).
     if (spec.mode == stages::Mode::prefill) return;
-    note = std::string(stages::to_string(stage.dtypes.front())) + " (stage has no " + stages::to_string(spec.dtype) + ")";
+    note = std::string(stages::to_string(stage.dtypes.front())) + " (stage has no " + stages::to_string(spec.dtype) +
+           ")";
     spec.dtype = stage.dtypes.front();
   }
   if (stage.storage == stages::KVStorage::ragged) {
@@ -279,14 +288,17 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     static GpuTimer timer;
     // Prefill is compute-bound: TFLOP/s against the GEMM ceiling; decode: GB/s against the copy.
     if (in.flops > 0)
-      run_timed(state, timer, [&] { in.call(nullptr); }, 0, in.flops, g_ceilings.gemm_tflops);
+      run_timed(
+          state, timer, [&] { in.call(nullptr); }, 0, in.flops, g_ceilings.gemm_tflops);
     else
-      run_timed(state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps, g_ceilings.read_gbps);
+      run_timed(
+          state, timer, [&] { in.call(nullptr); }, in.bytes, 0, g_ceilings.copy_gbps, g_ceilings.read_gbps);
     if (!lse_is_finite(in)) state.SkipWithError("non-finite lse: the stage is broken on this shape");
     std::ostringstream label;
     label << stages::to_string(in.shape.dtype) << ' ' << stages::to_string(in.shape.storage) << ", "
           << (in.graph ? "cuda_graph" : "eager");
-    if (in.shape.resolved_kv_dtype() != in.shape.dtype) label << "; kv " << stages::to_string(in.shape.resolved_kv_dtype());
+    if (in.shape.resolved_kv_dtype() != in.shape.dtype)
+      label << "; kv " << stages::to_string(in.shape.resolved_kv_dtype());
     if (in.shape.k_scale != 1.f || in.shape.v_scale != 1.f)
       label << ", k_scale " << in.shape.k_scale << ", v_scale " << in.shape.v_scale;
     if (!note.empty()) label << "; runs " << note;
@@ -357,12 +369,20 @@ int main(int argc, char** argv) {
       GpuTimer timer;
       {
         const CopyCeiling copy;
-        g_ceilings.copy_gbps = CopyCeiling::bytes() / (median_ms(timer, [&] { copy.run(nullptr); }, 20) * 1e-3) * 1e-9;
+        g_ceilings.copy_gbps = CopyCeiling::bytes() /
+                               (median_ms(
+                                    timer, [&] { copy.run(nullptr); }, 20) *
+                                1e-3) *
+                               1e-9;
       }
       std::ostringstream sweep;
       for (const ReadConfig& config : kReadConfigs) {
         const ReadCeiling read(config);
-        const double gbps = ReadCeiling::bytes() / (median_ms(timer, [&] { read.run(nullptr); }, 20) * 1e-3) * 1e-9;
+        const double gbps = ReadCeiling::bytes() /
+                            (median_ms(
+                                 timer, [&] { read.run(nullptr); }, 20) *
+                             1e-3) *
+                            1e-9;
         sweep << (sweep.tellp() > 0 ? "; " : "") << read.describe() << ": " << std::to_string(gbps) << " GB/s";
         if (gbps > g_ceilings.read_gbps) {
           g_ceilings.read_gbps = gbps;
@@ -374,10 +394,16 @@ int main(int argc, char** argv) {
       for (int kernels : {1, 2}) {
         const LaunchFloor floor(kernels);
         benchmark::AddCustomContext("launch_floor_" + std::to_string(kernels) + "_us",
-                                    std::to_string(median_ms(timer, [&] { floor.run(timer.stream()); }, 50) * 1e3));
+                                    std::to_string(median_ms(
+                                                       timer, [&] { floor.run(timer.stream()); }, 50) *
+                                                   1e3));
       }
       const GemmCeiling gemm;
-      g_ceilings.gemm_tflops = GemmCeiling::flops() / (median_ms(timer, [&] { gemm.run(nullptr); }, 10) * 1e-3) * 1e-12;
+      g_ceilings.gemm_tflops = GemmCeiling::flops() /
+                               (median_ms(
+                                    timer, [&] { gemm.run(nullptr); }, 10) *
+                                1e-3) *
+                               1e-12;
     }
     const char* commit = std::getenv("FLASHSTEP_COMMIT");
     benchmark::AddCustomContext("device", stages::harness::device_description());
@@ -391,13 +417,15 @@ int main(int argc, char** argv) {
     configure(benchmark::RegisterBenchmark("ceiling/copy_d2d", [](benchmark::State& state) {
       static GpuTimer timer;
       static const CopyCeiling copy;
-      run_timed(state, timer, [&] { copy.run(nullptr); }, CopyCeiling::bytes(), 0, g_ceilings.copy_gbps);
+      run_timed(
+          state, timer, [&] { copy.run(nullptr); }, CopyCeiling::bytes(), 0, g_ceilings.copy_gbps);
     }));
     configure(benchmark::RegisterBenchmark("ceiling/read_only", [](benchmark::State& state) {
       static GpuTimer timer;
       const ReadCeiling read(g_ceilings.read_config);  // per repetition: 4 GiB not held while the stages run
-      run_timed(state, timer, [&] { read.run(nullptr); }, ReadCeiling::bytes(), 0, g_ceilings.copy_gbps,
-                g_ceilings.read_gbps);
+      run_timed(
+          state, timer, [&] { read.run(nullptr); }, ReadCeiling::bytes(), 0, g_ceilings.copy_gbps,
+          g_ceilings.read_gbps);
       state.SetLabel(read.describe());
     }));
     // The launch floor: a graph of one or two empty kernels, timed like a stage (no bytes:
@@ -407,7 +435,8 @@ int main(int argc, char** argv) {
       configure(benchmark::RegisterBenchmark(name.c_str(), [kernels](benchmark::State& state) {
         static GpuTimer timer;
         const LaunchFloor floor(kernels);
-        run_timed(state, timer, [&] { floor.run(timer.stream()); }, 0, 0, 0);
+        run_timed(
+            state, timer, [&] { floor.run(timer.stream()); }, 0, 0, 0);
         state.SetLabel(std::to_string(kernels) + " empty kernel" + (kernels == 1 ? "" : "s") +
                        " in a CUDA graph, one 256-thread block per SM");
       }));
@@ -415,7 +444,8 @@ int main(int argc, char** argv) {
     configure(benchmark::RegisterBenchmark("ceiling/gemm_bf16", [](benchmark::State& state) {
       static GpuTimer timer;
       static const GemmCeiling gemm;
-      run_timed(state, timer, [&] { gemm.run(nullptr); }, 0, GemmCeiling::flops(), g_ceilings.gemm_tflops);
+      run_timed(
+          state, timer, [&] { gemm.run(nullptr); }, 0, GemmCeiling::flops(), g_ceilings.gemm_tflops);
     }));
 
     for (const stages::StageInfo& stage : stages::registry()) {
@@ -447,10 +477,11 @@ int main(int argc, char** argv) {
       return info;
     };
     static const stages::StageInfo cascade_forced[] = {forced(stages::cascade::Path::cascade, "05_cascade[cascade]"),
-                                                        forced(stages::cascade::Path::flat, "05_cascade[flat]")};
+                                                       forced(stages::cascade::Path::flat, "05_cascade[flat]")};
     for (const stages::StageInfo& stage : cascade_forced)
       for (const BenchShape& shape : shapes)
-        if (sets.count(shape.set) && shape.spec.shared_prefix > 0) register_stage(stage, shape, stage.name + "/" + shape.name);
+        if (sets.count(shape.set) && shape.spec.shared_prefix > 0)
+          register_stage(stage, shape, stage.name + "/" + shape.name);
     // Stage 04 on an FP8 cache with a 2-stage K/V ring (one tile in flight, as a 16-bit
     // cache) beside its default 3-stage ring: what the second tile in flight buys.
     static const stages::StageInfo tensor_core_fp8_s2 = [] {

@@ -107,8 +107,16 @@ struct RankInputs {
     FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
     FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
     flush = DeviceBuffer(2 * size_t(l2));
-    batch = {q.get(), nullptr, kv_indptr.as<int32_t>(), pool.get(), kv_indices.as<int32_t>(),
-             kv_last_page_len.as<int32_t>(), nullptr, nullptr, o.get(), lse.as<float>()};
+    batch = {q.get(),
+             nullptr,
+             kv_indptr.as<int32_t>(),
+             pool.get(),
+             kv_indices.as<int32_t>(),
+             kv_last_page_len.as<int32_t>(),
+             nullptr,
+             nullptr,
+             o.get(),
+             lse.as<float>()};
   }
 };
 
@@ -200,9 +208,11 @@ std::vector<Row> time_cp(const Shape& sh, int world, Exchange exchange, int warm
   const std::vector<PageTable> shards = shard_page_table(page_table_of(s), s.page_size, world);
   std::vector<Row> rows;
   const std::string suffix = world == 1 ? "" : std::string("_") + to_string(exchange);
-  rows.push_back(Row{sh.name(), "cp_w" + std::to_string(world) + suffix, to_string(exchange), sh.batch, sh.kv_len, world});
+  rows.push_back(
+      Row{sh.name(), "cp_w" + std::to_string(world) + suffix, to_string(exchange), sh.batch, sh.kv_len, world});
   if (world > 1)
-    rows.push_back(Row{sh.name(), "exchange_w" + std::to_string(world) + suffix, to_string(exchange), sh.batch, sh.kv_len, world});
+    rows.push_back(
+        Row{sh.name(), "exchange_w" + std::to_string(world) + suffix, to_string(exchange), sh.batch, sh.kv_len, world});
   const ncclUniqueId id = Communicator::make_id();
   Barrier barrier(world);
   std::vector<double> slot(static_cast<size_t>(world));
@@ -282,7 +292,8 @@ int main(int argc, char** argv) {
     else if (a == "--source-state") state_path = value("--source-state");
     else if (a == "--quick") quick = true;
     else {
-      std::fprintf(stderr, "usage: flashstep_cp_bench [--out FILE] [--reps N] [--warmup N] [--source-state FILE] [--quick]\n");
+      std::fprintf(stderr,
+                   "usage: flashstep_cp_bench [--out FILE] [--reps N] [--warmup N] [--source-state FILE] [--quick]\n");
       return 2;
     }
   }
@@ -312,8 +323,8 @@ int main(int argc, char** argv) {
   // The model beside each measurement, and the bytes each row's slowest GPU reads.
   for (Row& r : rows) {
     const BatchShape s = make_shape({r.batch, r.kv_len});
-    const ShardPlan plan = plan_shards(s, r.world_size, r.exchange == "all_to_all" ? Exchange::all_to_all
-                                                                                 : Exchange::all_gather, cost);
+    const ShardPlan plan = plan_shards(s, r.world_size,
+                                       r.exchange == "all_to_all" ? Exchange::all_to_all : Exchange::all_gather, cost);
     const StepEstimate& e = plan.estimates.back();
     r.kv_bytes = double(r.batch) * r.kv_len * 2.0 * s.num_kv_heads * s.head_dim * 2 / r.world_size;
     r.model_us = 1e6 * (r.variant.rfind("exchange", 0) == 0 ? e.exchange_seconds : e.total_seconds);
@@ -331,8 +342,8 @@ int main(int argc, char** argv) {
     << "\", \"date\": \"" << date << "\", \"command\": \"" << command << "\", \"repetitions\": " << reps
     << ", \"warmup\": " << warmup << ", \"l2_flushed\": true, \"dtype\": \"bf16\", \"num_qo_heads\": 32, "
     << "\"num_kv_heads\": 8, \"head_dim\": 128, \"page_size\": 16},\n";
-  j << "  \"cost_model\": {\"bytes_per_second\": " << cost.bytes_per_second << ", \"stage03_seconds\": "
-    << cost.stage03_seconds << ", \"collective_seconds\": " << cost.collective_seconds
+  j << "  \"cost_model\": {\"bytes_per_second\": " << cost.bytes_per_second
+    << ", \"stage03_seconds\": " << cost.stage03_seconds << ", \"collective_seconds\": " << cost.collective_seconds
     << ", \"link_bytes_per_second\": " << cost.link_bytes_per_second << ", \"merge_seconds\": " << cost.merge_seconds
     << "},\n  \"results\": [\n";
   for (size_t i = 0; i < rows.size(); ++i) {

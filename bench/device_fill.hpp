@@ -13,8 +13,7 @@ namespace flashstep::bench {
 
 /// Fills `count` elements of `dtype` at `ptr` with a uniform draw from [lo, hi), a pure
 /// function of (seed, index) so a run is reproducible.
-void fill_uniform(stages::DType dtype, void* ptr, size_t count, uint64_t seed, float lo, float hi,
-                  cudaStream_t stream);
+void fill_uniform(stages::DType dtype, void* ptr, size_t count, uint64_t seed, float lo, float hi, cudaStream_t stream);
 
 /// Writes `value` to every byte of `bytes` (a multiple of 16) at `ptr` with a compute
 /// kernel: the L2 flush before each timed call, done the way PyTorch's fill_ does it

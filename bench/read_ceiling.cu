@@ -13,8 +13,8 @@ namespace {
 
 constexpr int kLoads = kReadLoadsInFlight;
 
-__global__ void __launch_bounds__(1024) read_only_kernel(const uint4* __restrict__ in, size_t count,
-                                                         uint32_t* __restrict__ sink) {
+__global__ void __launch_bounds__(1024)
+    read_only_kernel(const uint4* __restrict__ in, size_t count, uint32_t* __restrict__ sink) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x;
   uint32_t acc = 0;

@@ -53,7 +53,8 @@ std::vector<Shape> load_shapes(const std::string& path, const std::string& sets)
     std::string cell;
     while (std::getline(ss, cell, ',')) f.push_back(cell);
     f.resize(9);
-    Shape s{f[0], f[1], f[2], f[8], std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]), std::stod(f[6]), std::stod(f[7])};
+    Shape s{f[0],           f[1], f[2], f[8], std::stoll(f[3]), std::stoll(f[4]), std::stoll(f[5]), std::stod(f[6]),
+            std::stod(f[7])};
     if (("," + sets + ",").find("," + s.set + ",") != std::string::npos) shapes.push_back(s);
   }
   return shapes;
@@ -73,11 +74,13 @@ class Case {
       const float m = *std::max_element(x, x + s.vocab);
       double sum = 0;
       for (int64_t i = 0; i < s.vocab; ++i) sum += std::exp(double(x[i] - m));
-      for (int64_t i = 0; i < s.vocab; ++i) probs[static_cast<size_t>(r * s.vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
+      for (int64_t i = 0; i < s.vocab; ++i)
+        probs[static_cast<size_t>(r * s.vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
     }
     const bool logit_input = s.op.find("logits") != std::string::npos;
     input_ = alloc<float>(n);
-    FLASHSTEP_CUDA_CHECK(cudaMemcpy(input_, (logit_input ? logits : probs).data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    FLASHSTEP_CUDA_CHECK(
+        cudaMemcpy(input_, (logit_input ? logits : probs).data(), n * sizeof(float), cudaMemcpyHostToDevice));
     out_rows_ = alloc<float>(n);
     samples_ = alloc<int32_t>(static_cast<size_t>(s.batch));
     rounds_ = alloc<int32_t>(static_cast<size_t>(s.batch));

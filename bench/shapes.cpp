@@ -40,7 +40,8 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
       try {
         return std::stoi(f[i]);
       } catch (const std::exception&) {
-        throw ref::InvalidArgument(std::string(fn) + ": " + where + ": " + what + " is not a number (\"" + f[i] + "\")");
+        throw ref::InvalidArgument(std::string(fn) + ": " + where + ": " + what + " is not a number (\"" + f[i] +
+                                   "\")");
       }
     };
     // The prefill format has mode and qo_len after set, causal and lengths at the end.
@@ -83,8 +84,8 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
         } catch (const std::exception&) {
         }
         ref::require(std::isfinite(scale) && scale > 0, fn,
-                     where + ": " + (i == k + 1 ? "k_scale" : "v_scale") + " must be a positive number (got \"" +
-                         f[i] + "\")");
+                     where + ": " + (i == k + 1 ? "k_scale" : "v_scale") + " must be a positive number (got \"" + f[i] +
+                         "\")");
         (i == k + 1 ? s.spec.k_scale : s.spec.v_scale) = scale;
       }
     }

@@ -13,8 +13,8 @@ namespace flashstep::bench {
 
 /// One row of shapes.csv.
 struct BenchShape {
-  std::string name;  ///< e.g. "b128_kv8192_p16"
-  std::string set;   ///< "target", "sweep" or "extra"
+  std::string name;                ///< e.g. "b128_kv8192_p16"
+  std::string set;                 ///< "target", "sweep" or "extra"
   stages::harness::CaseSpec spec;  ///< the batch: mode, lengths, shared prefix, ...
 };
 

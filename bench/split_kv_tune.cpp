@@ -81,8 +81,15 @@ ShapeInputs& inputs_for(const BenchShape& bs) {
   fill_uniform(s.dtype, in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
   in->o = DeviceBuffer(q_elems * elem);
   in->lse = DeviceBuffer(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float));
-  in->batch = {in->q.get(), in->qo_indptr.as<int32_t>(), in->kv_indptr.as<int32_t>(), in->pool.get(),
-               in->kv_indices.as<int32_t>(), in->kv_last_page_len.as<int32_t>(), nullptr, nullptr, in->o.get(),
+  in->batch = {in->q.get(),
+               in->qo_indptr.as<int32_t>(),
+               in->kv_indptr.as<int32_t>(),
+               in->pool.get(),
+               in->kv_indices.as<int32_t>(),
+               in->kv_last_page_len.as<int32_t>(),
+               nullptr,
+               nullptr,
+               in->o.get(),
                in->lse.as<float>()};
   in->bytes = double(elem) * (2.0 * q_elems + 2.0 * kv_elems) + 4.0 * s.nnz_qo() * s.num_qo_heads;
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
@@ -147,37 +154,47 @@ std::vector<Variant> variants() {
 
 void register_variant(const BenchShape& shape, const Variant& variant) {
   const std::string name = "tune03/" + variant.name + "/" + shape.name;
-  benchmark::RegisterBenchmark(name.c_str(), [shape, variant](benchmark::State& state) {
-    ShapeInputs& in = inputs_for(shape);
-    SplitKVRunner runner(variant.options);
-    DeviceBuffer workspace(runner.workspace_bytes(in.shape));
-    runner.plan(in.shape, workspace.get(), workspace.bytes(), g_stream);
-    cudaGraphExec_t exec = nullptr;
-    cudaGraph_t graph = nullptr;
-    if (variant.graph) {
-      FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-      runner.run(in.batch, g_stream);
-      FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
-      FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    }
-    static GpuTimer timer(g_stream);
-    run_timed(state, timer, [&] {
-      if (exec) FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
-      else runner.run(in.batch, g_stream);
-    }, in.bytes, 0, g_copy_gbps);
-    const ref::SplitKVPlan& p = runner.split_plan();
-    state.counters["work_items"] = p.num_work_items;
-    state.counters["chunk_pages"] = p.kv_chunk_size_in_pages;
-    state.counters["num_stages"] = runner.num_stages();
-    state.counters["ctas_per_sm"] = double(runner.planner_config().ctas_per_sm);
-    state.counters["path"] = double(static_cast<int>(runner.path()));  // DecodePath
-    state.counters["est_unsplit_us"] = runner.estimate().unsplit_seconds * 1e6;
-    state.counters["est_split_us"] = runner.estimate().split_seconds * 1e6;
-    if (exec) {
-      FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
-    }
-  })->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05)->Repetitions(5)->ReportAggregatesOnly(true);
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [shape, variant](benchmark::State& state) {
+                                 ShapeInputs& in = inputs_for(shape);
+                                 SplitKVRunner runner(variant.options);
+                                 DeviceBuffer workspace(runner.workspace_bytes(in.shape));
+                                 runner.plan(in.shape, workspace.get(), workspace.bytes(), g_stream);
+                                 cudaGraphExec_t exec = nullptr;
+                                 cudaGraph_t graph = nullptr;
+                                 if (variant.graph) {
+                                   FLASHSTEP_CUDA_CHECK(
+                                       cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+                                   runner.run(in.batch, g_stream);
+                                   FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+                                   FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+                                 }
+                                 static GpuTimer timer(g_stream);
+                                 run_timed(
+                                     state, timer,
+                                     [&] {
+                                       if (exec) FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, g_stream));
+                                       else runner.run(in.batch, g_stream);
+                                     },
+                                     in.bytes, 0, g_copy_gbps);
+                                 const ref::SplitKVPlan& p = runner.split_plan();
+                                 state.counters["work_items"] = p.num_work_items;
+                                 state.counters["chunk_pages"] = p.kv_chunk_size_in_pages;
+                                 state.counters["num_stages"] = runner.num_stages();
+                                 state.counters["ctas_per_sm"] = double(runner.planner_config().ctas_per_sm);
+                                 state.counters["path"] = double(static_cast<int>(runner.path()));  // DecodePath
+                                 state.counters["est_unsplit_us"] = runner.estimate().unsplit_seconds * 1e6;
+                                 state.counters["est_split_us"] = runner.estimate().split_seconds * 1e6;
+                                 if (exec) {
+                                   FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+                                   FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+                                 }
+                               })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->MinTime(0.05)
+      ->Repetitions(5)
+      ->ReportAggregatesOnly(true);
 }
 
 /// Events around one call after a read-only L2 flush (split_kv_flush.cu).
@@ -215,38 +232,45 @@ class CleanTimer {
 /// The registry's runner (graph plan, replayed), timed after a read-only flush.
 void register_clean(const BenchShape& shape) {
   const std::string name = "tune03/auto_clean_l2/" + shape.name;
-  benchmark::RegisterBenchmark(name.c_str(), [shape](benchmark::State& state) {
-    ShapeInputs& in = inputs_for(shape);
-    SplitKVOptions options;
-    options.enable_cuda_graph = true;
-    SplitKVRunner runner(options);
-    DeviceBuffer workspace(runner.workspace_bytes(in.shape));
-    runner.plan(in.shape, workspace.get(), workspace.bytes(), g_stream);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    runner.run(in.batch, g_stream);
-    FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
-    FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    static CleanTimer timer;
-    auto body = [&] { FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); };
-    for (int i = 0; i < 3; ++i) body();
-    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(g_stream));
-    double total_s = 0;
-    int64_t n = 0;
-    for (auto _ : state) {
-      const double t = timer.time_once(body) * 1e-3;
-      state.SetIterationTime(t);
-      total_s += t;
-      ++n;
-    }
-    if (n && total_s > 0) {
-      state.counters["GB/s"] = in.bytes / (total_s / n) * 1e-9;
-      state.counters["pct_of_ceiling"] = 100.0 * in.bytes / (total_s / n) * 1e-9 / g_copy_gbps;
-    }
-    FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
-    FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
-  })->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.05)->Repetitions(5)->ReportAggregatesOnly(true);
+  benchmark::RegisterBenchmark(
+      name.c_str(),
+      [shape](benchmark::State& state) {
+        ShapeInputs& in = inputs_for(shape);
+        SplitKVOptions options;
+        options.enable_cuda_graph = true;
+        SplitKVRunner runner(options);
+        DeviceBuffer workspace(runner.workspace_bytes(in.shape));
+        runner.plan(in.shape, workspace.get(), workspace.bytes(), g_stream);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+        runner.run(in.batch, g_stream);
+        FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(g_stream, &graph));
+        FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        static CleanTimer timer;
+        auto body = [&] { FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, g_stream)); };
+        for (int i = 0; i < 3; ++i) body();
+        FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(g_stream));
+        double total_s = 0;
+        int64_t n = 0;
+        for (auto _ : state) {
+          const double t = timer.time_once(body) * 1e-3;
+          state.SetIterationTime(t);
+          total_s += t;
+          ++n;
+        }
+        if (n && total_s > 0) {
+          state.counters["GB/s"] = in.bytes / (total_s / n) * 1e-9;
+          state.counters["pct_of_ceiling"] = 100.0 * in.bytes / (total_s / n) * 1e-9 / g_copy_gbps;
+        }
+        FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
+        FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->MinTime(0.05)
+      ->Repetitions(5)
+      ->ReportAggregatesOnly(true);
 }
 
 }  // namespace

@@ -42,8 +42,8 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<void()>& body,
-               double bytes, double flops, double ceiling, double read_ceiling, int warmup) {
+void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<void()>& body, double bytes, double flops,
+               double ceiling, double read_ceiling, int warmup) {
   for (int i = 0; i < warmup; ++i) body();
   FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
   double total_s = 0;

@@ -41,7 +41,7 @@ double median(std::vector<double> values);
 /// "pct_of_ceiling" against `ceiling` (same unit); 0 for bytes or flops skips that counter.
 /// A row that counts bytes also gets "pct_of_read_ceiling" against `read_ceiling` (GB/s of
 /// a kernel that only reads; 0 skips it).
-void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<void()>& body,
-               double bytes, double flops, double ceiling, double read_ceiling = 0, int warmup = 3);
+void run_timed(benchmark::State& state, GpuTimer& timer, const std::function<void()>& body, double bytes, double flops,
+               double ceiling, double read_ceiling = 0, int warmup = 3);
 
 }  // namespace flashstep::bench

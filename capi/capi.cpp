@@ -136,11 +136,10 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
     for (int i = 0; i < n; ++i) {
       const bool has_pages = b.kv_indptr[i + 1] > b.kv_indptr[i];
       const int32_t last = b.kv_last_page_len[i];
-      ref::require_lazy(has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size),
-                        fn.c_str(), [&] {
-                          return "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) +
-                                 " must be in 1..page_size";
-                        });
+      ref::require_lazy(
+          has_pages ? (last >= 1 && last <= s->page_size) : (last >= 0 && last <= s->page_size), fn.c_str(), [&] {
+            return "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(last) + " must be in 1..page_size";
+          });
     }
   }
   return b;
@@ -331,17 +330,17 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
 }
 
 int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const int32_t* num_groups,
-                    const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,
-                    const int32_t* const* kv_indices, const int32_t* const* kv_last_page_len, void* workspace,
-                    size_t workspace_bytes, size_t* bytes_needed, void* stream) {
+                    const int32_t* const* qo_indptr, const int32_t* const* kv_indptr, const int32_t* const* kv_indices,
+                    const int32_t* const* kv_last_page_len, void* workspace, size_t workspace_bytes,
+                    size_t* bytes_needed, void* stream) {
   return guarded("fs_cascade_plan", [&] {
     const char* fn = "fs_cascade_plan";
     Runner* r = as_runner(runner, fn);
     auto* cascade = dynamic_cast<st::cascade::CascadeRunner*>(r->runner.get());
     require(cascade != nullptr, std::string(fn) + ": the runner must be of stage 05_cascade, not " + r->info->name);
-    require(num_levels >= 1 && num_levels <= st::cascade::kMaxLevels,
-            std::string(fn) + ": num_levels must be in 1.." + std::to_string(st::cascade::kMaxLevels) + ", got " +
-                std::to_string(num_levels));
+    require(num_levels >= 1 && num_levels <= st::cascade::kMaxLevels, std::string(fn) + ": num_levels must be in 1.." +
+                                                                          std::to_string(st::cascade::kMaxLevels) +
+                                                                          ", got " + std::to_string(num_levels));
     require(num_groups && qo_indptr && kv_indptr && kv_indices && kv_last_page_len,
             std::string(fn) + ": num_groups and the four level arrays are required");
     require(workspace != nullptr || bytes_needed != nullptr, std::string(fn) + ": give a workspace or bytes_needed");
@@ -418,9 +417,8 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
   });
 }
 
-int fs_merge_state(int dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,
-                   int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out, float* s_out,
-                   void* stream) {
+int fs_merge_state(int dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b, int64_t seq_len,
+                   int64_t num_heads, int64_t head_dim, void* v_out, float* s_out, void* stream) {
   return guarded("fs_merge_state", [&] {
     require(seq_len >= 0 && num_heads >= 1 && head_dim >= 1,
             "merge_state: seq_len must be >= 0, num_heads and head_dim >= 1");
@@ -430,8 +428,8 @@ int fs_merge_state(int dtype, const void* v_a, const float* s_a, const void* v_b
   });
 }
 
-int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, int64_t num_states,
-                    int64_t num_heads, int64_t head_dim, void* v_out, float* s_out, void* stream) {
+int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, int64_t num_states, int64_t num_heads,
+                    int64_t head_dim, void* v_out, float* s_out, void* stream) {
   return guarded("fs_merge_states", [&] {
     require(seq_len >= 0 && num_states >= 0 && num_heads >= 1 && head_dim >= 1,
             "merge_states: seq_len and num_states must be >= 0, num_heads and head_dim >= 1");
@@ -441,12 +439,12 @@ int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, i
   });
 }
 
-int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value,
-                             int64_t key_row_stride, int64_t value_row_stride, int64_t nnz,
-                             const int32_t* batch_indices, const int32_t* positions, void* k_cache,
-                             void* v_cache, int64_t page_stride, int kv_layout, int num_kv_heads,
-                             int head_dim, int page_size, int64_t num_pages, const int32_t* kv_indices,
-                             const int32_t* kv_indptr, int batch_size, int32_t* status, void* stream) {
+int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value, int64_t key_row_stride,
+                             int64_t value_row_stride, int64_t nnz, const int32_t* batch_indices,
+                             const int32_t* positions, void* k_cache, void* v_cache, int64_t page_stride, int kv_layout,
+                             int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
+                             const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size, int32_t* status,
+                             void* stream) {
   return guarded("fs_append_paged_kv_cache", [&] {
     const std::string fn = "append_paged_kv_cache";
     require(nnz >= 0 && num_kv_heads >= 1 && head_dim >= 1 && page_size >= 1 && batch_size >= 0 && num_pages >= 0,
@@ -484,8 +482,8 @@ int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_
   return guarded("fs_apply_rope", [&] {
     const char* fn = "apply_rope";
     require(rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
-            std::string(fn) + ": rotary_dim must be even, >= 2 and <= head_dim " + std::to_string(head_dim) +
-                " (got " + std::to_string(rotary_dim) + ")");
+            std::string(fn) + ": rotary_dim must be even, >= 2 and <= head_dim " + std::to_string(head_dim) + " (got " +
+                std::to_string(rotary_dim) + ")");
     // the frequencies exactly as the reference computes them (it checks the scale and theta)
     std::vector<double> freqs;
     if (llama31) {
@@ -520,8 +518,8 @@ int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_
   });
 }
 
-int fs_sampling_workspace_bytes(const char* name, int64_t rows, int64_t batch, int64_t vocab,
-                                int filter_apply_order, size_t* bytes) {
+int fs_sampling_workspace_bytes(const char* name, int64_t rows, int64_t batch, int64_t vocab, int filter_apply_order,
+                                size_t* bytes) {
   return guarded("fs_sampling_workspace_bytes", [&] {
     require(name != nullptr && bytes != nullptr, "fs_sampling_workspace_bytes: name and bytes are required");
     *bytes = smp::workspace_bytes(name, rows, batch, vocab, order_of(filter_apply_order, name));
@@ -542,10 +540,9 @@ smp::DeviceRows rows_of(const void* data, int64_t rows, int64_t vocab, const fs_
 
 }  // namespace
 
-int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab,
-              const fs_sampling_params* params, const int32_t* indices, int64_t batch, uint64_t seed,
-              uint64_t offset, int32_t* samples, int32_t* rounds, int32_t* status, void* workspace,
-              size_t workspace_bytes, void* stream) {
+int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab, const fs_sampling_params* params,
+              const int32_t* indices, int64_t batch, uint64_t seed, uint64_t offset, int32_t* samples, int32_t* rounds,
+              int32_t* status, void* workspace, size_t workspace_bytes, void* stream) {
   return guarded("fs_sample", [&] {
     require(name != nullptr && params != nullptr, "fs_sample: name and params are required");
     const std::string op = name;
@@ -581,8 +578,8 @@ int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab,
   });
 }
 
-int fs_row_transform(const char* name, const void* data, int64_t rows, int64_t vocab,
-                     const fs_sampling_params* params, float* out, int32_t* status, void* stream) {
+int fs_row_transform(const char* name, const void* data, int64_t rows, int64_t vocab, const fs_sampling_params* params,
+                     float* out, int32_t* status, void* stream) {
   return guarded("fs_row_transform", [&] {
     require(name != nullptr && params != nullptr, "fs_row_transform: name and params are required");
     const std::string op = name;
@@ -606,10 +603,9 @@ int fs_row_transform(const char* name, const void* data, int64_t rows, int64_t v
   });
 }
 
-int fs_chain_speculative_sampling(const float* draft_probs, const int32_t* draft_token_ids,
-                                  const float* target_probs, int64_t batch, int64_t n, int64_t vocab,
-                                  int32_t* output_token_ids, int32_t* accepted, int32_t* emitted,
-                                  int32_t* status, uint64_t seed, uint64_t offset, void* stream) {
+int fs_chain_speculative_sampling(const float* draft_probs, const int32_t* draft_token_ids, const float* target_probs,
+                                  int64_t batch, int64_t n, int64_t vocab, int32_t* output_token_ids, int32_t* accepted,
+                                  int32_t* emitted, int32_t* status, uint64_t seed, uint64_t offset, void* stream) {
   return guarded("fs_chain_speculative_sampling", [&] {
     smp::SpeculativeOutputs out;
     out.output_token_ids = output_token_ids;
@@ -656,9 +652,8 @@ int fs_set_device(int device, int* previous) {
 }
 
 int fs_stream_synchronize(void* stream) {
-  return guarded("fs_stream_synchronize", [&] {
-    check_cuda(cudaStreamSynchronize(as_stream(stream)), "fs_stream_synchronize");
-  });
+  return guarded("fs_stream_synchronize",
+                 [&] { check_cuda(cudaStreamSynchronize(as_stream(stream)), "fs_stream_synchronize"); });
 }
 
 }  // extern "C"

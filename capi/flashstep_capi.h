@@ -43,21 +43,21 @@ enum { FS_NHD = 0, FS_HND = 1 };
 
 /// The host-side description of a batch (flashstep::stages::BatchShape as plain data).
 typedef struct fs_shape {
-  int32_t mode;          ///< FS_DECODE or FS_PREFILL
-  int32_t storage;       ///< FS_RAGGED or FS_PAGED
-  int32_t dtype;         ///< FS_F32, FS_F16 or FS_BF16
-  int32_t kv_layout;     ///< FS_NHD or FS_HND (ragged: FS_NHD)
-  int32_t batch_size;    ///< requests
-  int32_t num_qo_heads;  ///< query heads
-  int32_t num_kv_heads;  ///< key/value heads
-  int32_t head_dim;      ///< elements per head
-  int32_t page_size;     ///< paged: tokens per page
-  int32_t causal;        ///< prefill: 1 for the bottom-right aligned causal mask
-  int64_t num_pages;     ///< paged: pages in the pool
-  int32_t window_left;   ///< -1: off
-  int32_t has_sm_scale;  ///< 0: sm_scale = 1/sqrt(head_dim)
-  double sm_scale;       ///< used when has_sm_scale
-  double logits_soft_cap;  ///< 0: off
+  int32_t mode;                     ///< FS_DECODE or FS_PREFILL
+  int32_t storage;                  ///< FS_RAGGED or FS_PAGED
+  int32_t dtype;                    ///< FS_F32, FS_F16 or FS_BF16
+  int32_t kv_layout;                ///< FS_NHD or FS_HND (ragged: FS_NHD)
+  int32_t batch_size;               ///< requests
+  int32_t num_qo_heads;             ///< query heads
+  int32_t num_kv_heads;             ///< key/value heads
+  int32_t head_dim;                 ///< elements per head
+  int32_t page_size;                ///< paged: tokens per page
+  int32_t causal;                   ///< prefill: 1 for the bottom-right aligned causal mask
+  int64_t num_pages;                ///< paged: pages in the pool
+  int32_t window_left;              ///< -1: off
+  int32_t has_sm_scale;             ///< 0: sm_scale = 1/sqrt(head_dim)
+  double sm_scale;                  ///< used when has_sm_scale
+  double logits_soft_cap;           ///< 0: off
   const int32_t* qo_indptr;         ///< host, (batch_size + 1)
   const int32_t* kv_indptr;         ///< host, (batch_size + 1); paged: pages, ragged: tokens
   const int32_t* kv_last_page_len;  ///< host, (batch_size); paged only (else null)
@@ -72,16 +72,16 @@ typedef struct fs_shape {
 
 /// Device pointers of one run (flashstep::stages::DeviceBatch).
 typedef struct fs_batch {
-  const void* q;                     ///< (nnz_qo, num_qo_heads, head_dim)
-  const int32_t* qo_indptr;          ///< (batch_size + 1)
-  const int32_t* kv_indptr;          ///< (batch_size + 1)
-  const void* kv_pool;               ///< paged: (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND
-  const int32_t* kv_indices;         ///< paged: (kv_indptr[batch_size])
-  const int32_t* kv_last_page_len;   ///< paged: (batch_size)
-  const void* k;                     ///< ragged: (nnz_kv, Hkv, D)
-  const void* v;                     ///< ragged: (nnz_kv, Hkv, D)
-  void* o;                           ///< (nnz_qo, num_qo_heads, head_dim)
-  float* lse;                        ///< (nnz_qo, num_qo_heads), natural log
+  const void* q;              ///< (nnz_qo, num_qo_heads, head_dim)
+  const int32_t* qo_indptr;   ///< (batch_size + 1)
+  const int32_t* kv_indptr;   ///< (batch_size + 1)
+  const void* kv_pool;        ///< paged: (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND
+  const int32_t* kv_indices;  ///< paged: (kv_indptr[batch_size])
+  const int32_t* kv_last_page_len;  ///< paged: (batch_size)
+  const void* k;                    ///< ragged: (nnz_kv, Hkv, D)
+  const void* v;                    ///< ragged: (nnz_kv, Hkv, D)
+  void* o;                          ///< (nnz_qo, num_qo_heads, head_dim)
+  float* lse;                       ///< (nnz_qo, num_qo_heads), natural log
   /// Attention reads k * k_scale and v * v_scale (FlashInfer's run() arguments for an FP8
   /// cache); 0 means 1. Scales other than the last plan's are planned again before the
   /// launch (the stages fold them into the kernel's arguments at plan time), which is
@@ -137,21 +137,21 @@ FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
 /// fs_runner_run reads q, kv_pool, o and lse of the batch (its index pointers may be null).
 FS_API int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const int32_t* num_groups,
                            const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,
-                           const int32_t* const* kv_indices, const int32_t* const* kv_last_page_len,
-                           void* workspace, size_t workspace_bytes, size_t* bytes_needed, void* stream);
+                           const int32_t* const* kv_indices, const int32_t* const* kv_last_page_len, void* workspace,
+                           size_t workspace_bytes, size_t* bytes_needed, void* stream);
 
 // ---- the merge of attention states (natural-log lse) --------------------------------
 
 /// (v, s) of two index sets merged into (v_out, s_out). v_a, v_b, v_out: (seq_len,
 /// num_heads, head_dim) of `dtype`, contiguous; s_a, s_b, s_out: (seq_len, num_heads) fp32.
 FS_API int fs_merge_state(int dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,
-                   int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out, float* s_out,
-                   void* stream);
+                          int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out, float* s_out,
+                          void* stream);
 /// num_states states per row merged: v (seq_len, num_states, num_heads, head_dim), s
 /// (seq_len, num_states, num_heads) -> v_out (seq_len, num_heads, head_dim), s_out
 /// (seq_len, num_heads). num_states 0 gives o = 0 and lse = -inf.
 FS_API int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, int64_t num_states,
-                    int64_t num_heads, int64_t head_dim, void* v_out, float* s_out, void* stream);
+                           int64_t num_heads, int64_t head_dim, void* v_out, float* s_out, void* stream);
 
 // ---- appending to the paged KV cache ------------------------------------------------
 
@@ -163,12 +163,12 @@ FS_API int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq
 /// Hkv * D for one 5-D pool, page_size * Hkv * D for separate k and v caches). A row
 /// whose request, position or page is out of range is not written and, when `status` is
 /// given, gets status 1 there (0 for written rows).
-FS_API int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value,
-                             int64_t key_row_stride, int64_t value_row_stride, int64_t nnz,
-                             const int32_t* batch_indices, const int32_t* positions, void* k_cache,
-                             void* v_cache, int64_t page_stride, int kv_layout, int num_kv_heads,
-                             int head_dim, int page_size, int64_t num_pages, const int32_t* kv_indices,
-                             const int32_t* kv_indptr, int batch_size, int32_t* status, void* stream);
+FS_API int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value, int64_t key_row_stride,
+                                    int64_t value_row_stride, int64_t nnz, const int32_t* batch_indices,
+                                    const int32_t* positions, void* k_cache, void* v_cache, int64_t page_stride,
+                                    int kv_layout, int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
+                                    const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size,
+                                    int32_t* status, void* stream);
 
 // ---- stage 09: rotary position encoding (FlashInfer's apply_rope family) ---------------
 
@@ -192,41 +192,40 @@ enum { FS_TOP_K_FIRST = 0, FS_JOINT = 1 };
 /// The per-output parameters of a sampler: a scalar for every output, or one device
 /// value per output (when the pointer is not null).
 typedef struct fs_sampling_params {
-  int64_t top_k;              ///< top_k scalar
-  const int32_t* top_k_arr;   ///< (batch) device, or null
-  double top_p;               ///< top_p scalar
-  const float* top_p_arr;     ///< (batch) device, or null
-  double min_p;               ///< min_p scalar
-  const float* min_p_arr;     ///< (batch) device, or null
-  double temperature;         ///< softmax: temperature scalar
+  int64_t top_k;                 ///< top_k scalar
+  const int32_t* top_k_arr;      ///< (batch) device, or null
+  double top_p;                  ///< top_p scalar
+  const float* top_p_arr;        ///< (batch) device, or null
+  double min_p;                  ///< min_p scalar
+  const float* min_p_arr;        ///< (batch) device, or null
+  double temperature;            ///< softmax: temperature scalar
   const float* temperature_arr;  ///< softmax: (rows) device, or null
-  int32_t filter_apply_order; ///< FS_TOP_K_FIRST or FS_JOINT
-  int32_t input_dtype;        ///< element type of `data`: FS_F32, or FS_BF16 for the operators that take logits
+  int32_t filter_apply_order;    ///< FS_TOP_K_FIRST or FS_JOINT
+  int32_t input_dtype;           ///< element type of `data`: FS_F32, or FS_BF16 for the operators that take logits
 } fs_sampling_params;
 
 /// Workspace bytes of sampling operator `name` (stage 06's workspace_bytes).
 FS_API int fs_sampling_workspace_bytes(const char* name, int64_t rows, int64_t batch, int64_t vocab,
-                                int filter_apply_order, size_t* bytes);
+                                       int filter_apply_order, size_t* bytes);
 /// Sampler `name` ("sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs",
 /// "top_p_sampling_from_probs", "min_p_sampling_from_probs",
 /// "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits") on fp32 rows
 /// (rows, vocab). indices: (batch) device or null (then batch == rows). samples, rounds,
 /// status: (batch) device; rounds and status may be null.
-FS_API int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab,
-              const fs_sampling_params* params, const int32_t* indices, int64_t batch, uint64_t seed,
-              uint64_t offset, int32_t* samples, int32_t* rounds, int32_t* status, void* workspace,
-              size_t workspace_bytes, void* stream);
+FS_API int fs_sample(const char* name, const void* data, int64_t rows, int64_t vocab, const fs_sampling_params* params,
+                     const int32_t* indices, int64_t batch, uint64_t seed, uint64_t offset, int32_t* samples,
+                     int32_t* rounds, int32_t* status, void* workspace, size_t workspace_bytes, void* stream);
 /// Row transform `name` ("softmax", "top_k_renorm_probs", "top_p_renorm_probs",
 /// "top_k_mask_logits") from (rows, vocab) fp32 `data` into `out` (rows, vocab); status
 /// (rows) may be null.
 FS_API int fs_row_transform(const char* name, const void* data, int64_t rows, int64_t vocab,
-                     const fs_sampling_params* params, float* out, int32_t* status, void* stream);
+                            const fs_sampling_params* params, float* out, int32_t* status, void* stream);
 /// Chain speculative sampling (stage 06). draft_probs (batch, n, vocab), draft_token_ids
 /// (batch, n), target_probs (batch, n + 1, vocab); outputs (batch, n + 1), (batch), (batch).
 FS_API int fs_chain_speculative_sampling(const float* draft_probs, const int32_t* draft_token_ids,
-                                  const float* target_probs, int64_t batch, int64_t n, int64_t vocab,
-                                  int32_t* output_token_ids, int32_t* accepted, int32_t* emitted,
-                                  int32_t* status, uint64_t seed, uint64_t offset, void* stream);
+                                         const float* target_probs, int64_t batch, int64_t n, int64_t vocab,
+                                         int32_t* output_token_ids, int32_t* accepted, int32_t* emitted,
+                                         int32_t* status, uint64_t seed, uint64_t offset, void* stream);
 
 /// The name of a stage 06 Status code ("ok", "bad_index", ...).
 FS_API int fs_sampling_status_name(int status, const char** name);

@@ -14,18 +14,30 @@ namespace flashstep::capi {
 namespace {
 
 template <typename T>
-__device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_float(T x) {
+  return static_cast<float>(x);
+}
 template <>
-__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float<__half>(__half x) {
+  return __half2float(x);
+}
 template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 template <typename T>
-__device__ __forceinline__ T from_float(float x) { return x; }
+__device__ __forceinline__ T from_float(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 constexpr int kThreads = 128;
 
@@ -103,14 +115,13 @@ __global__ void __launch_bounds__(kThreads) append_paged_kv_cache_kernel(const A
 
 void launch_append_paged_kv_cache(stages::DType dtype, const AppendParams& p, cudaStream_t stream) {
   if (p.nnz == 0) return;
-  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
-    append_paged_kv_cache_kernel<T><<<static_cast<unsigned>(p.nnz), kThreads, 0, stream>>>(p);
-  })
+  FLASHSTEP_DISPATCH_DTYPE(
+      dtype, T, { append_paged_kv_cache_kernel<T><<<static_cast<unsigned>(p.nnz), kThreads, 0, stream>>>(p); })
 }
 
-void launch_merge_state(stages::DType dtype, const void* v_a, const float* s_a, const void* v_b,
-                        const float* s_b, int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out,
-                        float* s_out, cudaStream_t stream) {
+void launch_merge_state(stages::DType dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,
+                        int64_t seq_len, int64_t num_heads, int64_t head_dim, void* v_out, float* s_out,
+                        cudaStream_t stream) {
   if (seq_len == 0) return;
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
     // Two states: state 0 is row `row` of (v_a, s_a), state 1 is read from (v_b, s_b).

@@ -52,10 +52,12 @@ std::string missing_bench_program(const std::string& bench_exe) {
          " --target flashstep_bench";
 #else
   return "this build was configured with -DFLASHSTEP_BUILD_BENCH=OFF, so it has no benchmark program; "
-         "configure " + build + " with -DFLASHSTEP_BUILD_BENCH=ON, then build the target flashstep_bench.";
+         "configure " +
+         build + " with -DFLASHSTEP_BUILD_BENCH=ON, then build the target flashstep_bench.";
 #endif
 #else
-  return "this build has no CUDA stages to benchmark (" + bench_exe + " needs nvcc when CMake configures the "
+  return "this build has no CUDA stages to benchmark (" + bench_exe +
+         " needs nvcc when CMake configures the "
          "build, and a GPU to run).";
 #endif
 }
@@ -100,9 +102,8 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   const std::string commit = commit_env ? commit_env : "unknown";
 
   // 1. Ceilings and stages, medians of CUDA-event-timed repetitions.
-  std::string cmd = "FLASHSTEP_COMMIT=" + quoted(commit) + " " + quoted(bench_exe) +
-                    " --shapes=" + quoted(shapes) + (opt.quick ? " --sets=target" : "") +
-                    " --benchmark_out=" + quoted(tmp + "/bench.json") +
+  std::string cmd = "FLASHSTEP_COMMIT=" + quoted(commit) + " " + quoted(bench_exe) + " --shapes=" + quoted(shapes) +
+                    (opt.quick ? " --sets=target" : "") + " --benchmark_out=" + quoted(tmp + "/bench.json") +
                     " --benchmark_out_format=json";
   if (!opt.filter.empty()) cmd += " --benchmark_filter=" + quoted(opt.filter);
   if (shell(cmd, os) != 0) {
@@ -112,8 +113,8 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   // 2. Peers in the same call, where PyTorch is installed.
   const std::string peers = tmp + "/peers.json";
   if (shell("python3 -c 'import torch' 2>/dev/null", os) == 0) {
-    if (shell("python3 " + quoted(source + "/bench/peers.py") + " --shapes " + quoted(shapes) +
-                  " --out " + quoted(peers),
+    if (shell("python3 " + quoted(source + "/bench/peers.py") + " --shapes " + quoted(shapes) + " --out " +
+                  quoted(peers),
               os) != 0) {
       os << "FAIL: bench/peers.py failed (its output is above).\n";
       return 1;
@@ -127,8 +128,8 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   // merge_results.py reads the commit and the tree's state from the build folder's
   // source-state.txt (scripts/gpu-build.sh writes it), else from git here.
   std::string merge = "python3 " + quoted(source + "/bench/merge_results.py") + " --bench " +
-                      quoted(tmp + "/bench.json") + " --peers " + quoted(peers) + " --shapes " +
-                      quoted(shapes) + " --out " + quoted(opt.out);
+                      quoted(tmp + "/bench.json") + " --peers " + quoted(peers) + " --shapes " + quoted(shapes) +
+                      " --out " + quoted(opt.out);
   const std::string source_state = own_dir() + "/../source-state.txt";
   if (exists(source_state)) merge += " --source-state " + quoted(source_state);
   if (shell(merge, os) != 0) {

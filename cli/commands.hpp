@@ -41,19 +41,19 @@ int run_explain(const ExplainOptions& opt, std::ostream& os);
 
 /// Options of `flashstep validate`.
 struct ValidateOptions {
-  std::vector<std::string> stages;    ///< empty = every registered stage
-  bool quick = false;                 ///< the quick case grid
-  bool list = false;                  ///< only list the registered stages
-  uint64_t seed = 0;                  ///< seed of the random cases
+  std::vector<std::string> stages;  ///< empty = every registered stage
+  bool quick = false;               ///< the quick case grid
+  bool list = false;                ///< only list the registered stages
+  uint64_t seed = 0;                ///< seed of the random cases
 };
 /// Validates stages against the reference; progress goes to `progress`, the table to `os`.
 int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& progress);
 
 /// Options of `flashstep bench`.
 struct BenchOptions {
-  std::string out;                    ///< results JSON path
-  bool quick = false;                 ///< fewer shapes and repeats
-  std::string filter;                 ///< only benchmarks whose name matches (regex)
+  std::string out;                          ///< results JSON path
+  bool quick = false;                       ///< fewer shapes and repeats
+  std::string filter;                       ///< only benchmarks whose name matches (regex)
   std::string shapes = "bench/shapes.csv";  ///< shapes file, relative to the source tree or absolute
 };
 /// Runs the benchmark and writes the results JSON.

@@ -45,10 +45,10 @@ std::vector<CaseSpec> case_grid(bool quick) {
     parts = {g::decode_sanitizer_grid(), g::prefill_sanitizer_grid(), g::tensor_core_sanitizer_grid(),
              g::cascade_sanitizer_grid()};
   } else {
-    parts = {g::decode_edge_grid(),   g::decode_long_grid(),       g::decode_batch128_grid(),
-             g::decode_group_grid(),  g::decode_ragged_grid(),     g::prefill_grid(),
-             g::decode_contiguous_grid(), g::tensor_core_prefill_grid(), g::tensor_core_decode_grid(),
-             g::cascade_grid()};
+    parts = {
+        g::decode_edge_grid(),        g::decode_long_grid(), g::decode_batch128_grid(),   g::decode_group_grid(),
+        g::decode_ragged_grid(),      g::prefill_grid(),     g::decode_contiguous_grid(), g::tensor_core_prefill_grid(),
+        g::tensor_core_decode_grid(), g::cascade_grid()};
   }
   std::vector<CaseSpec> all;
   for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
@@ -83,12 +83,11 @@ struct StageTally {
 
 // Validates `chosen` stages on `grid`; prints failures as they happen, progress to
 // `progress`, and the table to `os`. Returns 0 if every case passed, 1 otherwise.
-int validate_stages(const std::vector<const StageInfo*>& chosen, const std::vector<CaseSpec>& grid,
-                    uint64_t seed, std::ostream& os, std::ostream& progress) {
+int validate_stages(const std::vector<const StageInfo*>& chosen, const std::vector<CaseSpec>& grid, uint64_t seed,
+                    std::ostream& os, std::ostream& progress) {
   using namespace stages::harness;
   os << "Device: " << device_description() << "\n";
-  os << "Run seed " << seed << " (reproduce with --seed " << seed << "); " << grid.size()
-     << " cases in the grid.\n";
+  os << "Run seed " << seed << " (reproduce with --seed " << seed << "); " << grid.size() << " cases in the grid.\n";
   std::map<std::string, StageTally> tally;
   int shown_failures = 0;
   size_t done = 0;
@@ -153,8 +152,7 @@ int validate_stages(const std::vector<const StageInfo*>& chosen, const std::vect
     all_pass &= t.failed == 0;
     std::ostringstream secs;
     secs << std::fixed << std::setprecision(2) << t.seconds << " s";
-    table.add({stage->name, std::to_string(t.cases),
-               "o " + sci(t.max_err_o) + ", lse " + sci(t.max_err_lse),
+    table.add({stage->name, std::to_string(t.cases), "o " + sci(t.max_err_o) + ", lse " + sci(t.max_err_lse),
                t.failed == 0 ? "PASS" : "FAIL (" + std::to_string(t.failed) + ")", secs.str()});
   }
   os << "\n";
@@ -194,8 +192,7 @@ int tour_gpu_part(bool quick, uint64_t seed, std::ostream& os, std::string* why_
   }
   std::vector<const StageInfo*> all;
   for (const StageInfo& s : stages::registry()) all.push_back(&s);
-  os << "Every registered stage against the CPU reference, on the "
-     << (quick ? "quick" : "full") << " case grid:\n";
+  os << "Every registered stage against the CPU reference, on the " << (quick ? "quick" : "full") << " case grid:\n";
   std::ostringstream progress;  // the tour prints no progress line
   return validate_stages(all, case_grid(quick), seed, os, progress);
 }
@@ -235,7 +232,8 @@ constexpr size_t kListWidth = 80;
 void list_stages(std::ostream& os) {
   os << "Attention stages (validate --stage NAME, or its number, runs one):\n";
   for (const StageInfo& s : stages::registry()) {
-    os << "\n  " << s.name << "\n" << wrap_words(s.summary, kListWidth, "    ", "    ")
+    os << "\n  " << s.name << "\n"
+       << wrap_words(s.summary, kListWidth, "    ", "    ")
        << wrap_words("supports: " + s.capabilities(), kListWidth, "    ", "      ");
   }
   os << "\nValidated elsewhere:\n";
@@ -261,8 +259,7 @@ int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& pro
   bool asked_for_other = false;
   for (const std::string& name : opt.stages) {
     if (const OtherStage* other = other_stage(name)) {
-      os << "flashstep validate: " << other->name << " is not validated by this command: " << other->where
-         << ".\n";
+      os << "flashstep validate: " << other->name << " is not validated by this command: " << other->where << ".\n";
       asked_for_other = true;
       continue;
     }
@@ -278,8 +275,8 @@ int run_validate(const ValidateOptions& opt, std::ostream& os, std::ostream& pro
     for (const StageInfo& s : stages::registry()) chosen.push_back(&s);
   if (!gpu_ready(os, "flashstep validate: nothing to validate: ")) return kExitSkipped;
   const int rc = validate_stages(chosen, case_grid(opt.quick), opt.seed, os, progress);
-  os << (rc == 0 ? "PASS" : "FAIL") << ": " << chosen.size() << " stage"
-     << (chosen.size() == 1 ? "" : "s") << " against the reference\n";
+  os << (rc == 0 ? "PASS" : "FAIL") << ": " << chosen.size() << " stage" << (chosen.size() == 1 ? "" : "s")
+     << " against the reference\n";
   return rc;
 }
 

@@ -32,9 +32,15 @@ uint64_t parse_integer(const std::string& text, const std::string& flag, uint64_
   bool ok = !text.empty() && text.size() <= 20;
   uint64_t value = 0;
   for (char c : text) {
-    if (c < '0' || c > '9') { ok = false; break; }
+    if (c < '0' || c > '9') {
+      ok = false;
+      break;
+    }
     const uint64_t digit = static_cast<uint64_t>(c - '0');
-    if (value > (UINT64_MAX - digit) / 10) { ok = false; break; }
+    if (value > (UINT64_MAX - digit) / 10) {
+      ok = false;
+      break;
+    }
     value = value * 10 + digit;
   }
   if (!ok || value < lo || value > hi)
@@ -91,40 +97,40 @@ int main(int argc, char** argv) {
       "radix tree, page tables, the block-sparse matrix (Br=1 and Br=3), cascade levels,\n"
       "the numbers of row \"A, pos 2\", the tiny decoder; then, where a GPU is present,\n"
       "validate every stage. Ends with PASS or FAIL.");
-  tour_cmd->add_option("--section", tour.sections,
-                       "Only this section (repeatable): " + joined(cli::tour_sections()))
+  tour_cmd->add_option("--section", tour.sections, "Only this section (repeatable): " + joined(cli::tour_sections()))
       ->check(CLI::IsMember(cli::tour_sections()))
       ->allow_extra_args(false);
   tour_cmd->add_flag("--no-gpu", tour.no_gpu, "Skip the GPU part even where a GPU is present");
   // Integers are parsed by parse_integer (as text, so that "-1" is not wrapped around);
   // --help shows them as INT all the same.
-  auto* tour_seed_opt = tour_cmd->add_option("--seed", tour_seed, "Seed of the random values, 0 to 2^64-1 (default: fresh)")
+  auto* tour_seed_opt = tour_cmd
+                            ->add_option("--seed", tour_seed, "Seed of the random values, 0 to 2^64-1 (default: fresh)")
                             ->type_name("INT");
 
   cli::ExplainOptions explain;
   std::string explain_seed;
-  auto* explain_cmd = app.add_subcommand(
-      "explain",
-      "The tour's views for your own prompts: tokens, radix tree, page tables,\n"
-      "block-sparse matrix, cascade levels, tiny decoder. Ends with PASS or FAIL.");
+  auto* explain_cmd = app.add_subcommand("explain",
+                                         "The tour's views for your own prompts: tokens, radix tree, page tables,\n"
+                                         "block-sparse matrix, cascade levels, tiny decoder. Ends with PASS or FAIL.");
   explain_cmd
       ->add_option("--prompt", explain.prompts,
                    "A prompt, one request (repeat for a batch: --prompt \"...\" --prompt \"...\")")
       ->required()
       ->allow_extra_args(false);
   std::string page_size_text, br_text;  // checked by parse_integer, 1 to 4096
-  auto* page_size_opt = explain_cmd->add_option("--page-size", page_size_text,
-                                                "Tokens per KV page, i.e. Bc, 1 to 4096 (default 1)")
-                           ->type_name("INT");
-  auto* br_opt = explain_cmd->add_option("--br", br_text,
-                                         "The larger query tile Br shown next to Br = 1, 1 to 4096 (default 4)")
-                    ->type_name("INT");
-  explain_cmd->add_option("--section", explain.sections,
-                          "Only this section (repeatable): " + joined(cli::explain_sections()))
+  auto* page_size_opt =
+      explain_cmd->add_option("--page-size", page_size_text, "Tokens per KV page, i.e. Bc, 1 to 4096 (default 1)")
+          ->type_name("INT");
+  auto* br_opt =
+      explain_cmd->add_option("--br", br_text, "The larger query tile Br shown next to Br = 1, 1 to 4096 (default 4)")
+          ->type_name("INT");
+  explain_cmd
+      ->add_option("--section", explain.sections, "Only this section (repeatable): " + joined(cli::explain_sections()))
       ->check(CLI::IsMember(cli::explain_sections()))
       ->allow_extra_args(false);
-  auto* explain_seed_opt = explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V, 0 to 2^64-1 (default: fresh)")
-                               ->type_name("INT");
+  auto* explain_seed_opt =
+      explain_cmd->add_option("--seed", explain_seed, "Seed of the random K/V, 0 to 2^64-1 (default: fresh)")
+          ->type_name("INT");
 
   cli::ValidateOptions validate;
   std::string validate_seed;
@@ -155,8 +161,8 @@ int main(int argc, char** argv) {
 
   // CLI11 reports an unknown command as "A subcommand is required"; name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
-  if (!first.empty() && first[0] != '-' && first != "tour" && first != "explain" &&
-      first != "validate" && first != "bench") {
+  if (!first.empty() && first[0] != '-' && first != "tour" && first != "explain" && first != "validate" &&
+      first != "bench") {
     std::cerr << "flashstep: error: unknown command '" << argv[1]
               << "' (commands: tour, explain, validate, bench)\n"
                  "Run with --help for more information.\n";

@@ -24,7 +24,6 @@ void Ledger::expect(bool ok, const std::string& what) {
 
 void Ledger::skipped(const std::string& what) { skips_.push_back(what); }
 
-
 int64_t Scenario::total_tokens() const {
   int64_t n = 0;
   for (const auto& t : tokens) n += static_cast<int64_t>(t.size());
@@ -47,13 +46,11 @@ std::vector<std::string> split_words(const std::string& text) {
 
 }  // namespace
 
-Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, int br,
-                       uint64_t seed) {
+Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, int br, uint64_t seed) {
   const char* fn = "flashstep";
   ref::require(!prompts.empty(), fn, "--prompt: give at least one prompt");
   ref::require(prompts.size() <= 26, fn,
-               "--prompt: at most 26 prompts (requests are named A..Z), got " +
-                   std::to_string(prompts.size()));
+               "--prompt: at most 26 prompts (requests are named A..Z), got " + std::to_string(prompts.size()));
   ref::require(page_size >= 1, fn, "--page-size must be >= 1, got " + std::to_string(page_size));
   ref::require(br >= 1, fn, "--br must be >= 1, got " + std::to_string(br));
   Scenario s;
@@ -63,8 +60,7 @@ Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, i
   std::map<std::string, int32_t> ids;
   for (size_t r = 0; r < prompts.size(); ++r) {
     const auto words = split_words(prompts[r]);
-    ref::require(!words.empty(), fn,
-                 "--prompt #" + std::to_string(r + 1) + " is empty (a request needs a token)");
+    ref::require(!words.empty(), fn, "--prompt #" + std::to_string(r + 1) + " is empty (a request needs a token)");
     std::vector<int32_t> toks;
     for (const auto& w : words) {
       auto it = ids.find(w);
@@ -78,16 +74,14 @@ Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, i
     s.names.push_back(std::string(1, static_cast<char>('A' + r)));
     s.tokens.push_back(std::move(toks));
   }
-  ref::require(s.total_tokens() <= kMaxDrawnTokens, fn,
-               "--prompt: the prompts have " + std::to_string(s.total_tokens()) +
-                   " tokens together; the views draw one row per token, so keep it <= " +
-                   std::to_string(kMaxDrawnTokens));
+  ref::require(
+      s.total_tokens() <= kMaxDrawnTokens, fn,
+      "--prompt: the prompts have " + std::to_string(s.total_tokens()) +
+          " tokens together; the views draw one row per token, so keep it <= " + std::to_string(kMaxDrawnTokens));
   return s;
 }
 
-Scenario example_scenario(uint64_t seed) {
-  return make_scenario({"The cat sat", "The cat ran fast"}, 1, 3, seed);
-}
+Scenario example_scenario(uint64_t seed) { return make_scenario({"The cat sat", "The cat ran fast"}, 1, 3, seed); }
 
 void heading(std::ostream& os, int number, const std::string& title) {
   // Each section starts from the stream's default number format, so that a value reads
@@ -107,8 +101,7 @@ void show_tokens(const Scenario& s, std::ostream& os, Ledger& ledger) {
       words += (j ? ", " : "") + s.vocab[static_cast<size_t>(s.tokens[r][j])];
       ids += (j ? ", " : "") + std::to_string(s.tokens[r][j]);
     }
-    t.add({s.names[r], "\"" + display_text(s.prompts[r], kMaxPromptColumns) + "\"", words + "]",
-           ids + "]"});
+    t.add({s.names[r], "\"" + display_text(s.prompts[r], kMaxPromptColumns) + "\"", words + "]", ids + "]"});
   }
   t.print(os, "  ");
 
@@ -124,11 +117,9 @@ void show_tokens(const Scenario& s, std::ostream& os, Ledger& ledger) {
         "tensor); qo_indptr says where each request starts and ends:\n";
   os << "  qo_indptr = " << format_list(qo_indptr) << "\n";
   for (size_t r = 0; r < s.tokens.size(); ++r)
-    os << "  request " << s.names[r] << " = rows " << qo_indptr[r] << ".." << qo_indptr[r + 1] - 1
-       << "\n";
-  os << "  packed rows: " << qo_indptr.back() << "; padded to the longest request: "
-     << s.tokens.size() << " x " << longest << " = " << count_of(padded, "row") << " ("
-     << padded - qo_indptr.back() << " wasted)\n";
+    os << "  request " << s.names[r] << " = rows " << qo_indptr[r] << ".." << qo_indptr[r + 1] - 1 << "\n";
+  os << "  packed rows: " << qo_indptr.back() << "; padded to the longest request: " << s.tokens.size() << " x "
+     << longest << " = " << count_of(padded, "row") << " (" << padded - qo_indptr.back() << " wasted)\n";
   ledger.expect(qo_indptr.back() == s.total_tokens(), "qo_indptr ends at the token count");
 }
 

@@ -35,24 +35,24 @@ class Ledger {
 
 /// The batch the views describe: prompts, their tokens, and the block sizes.
 struct Scenario {
-  std::vector<std::string> prompts;              ///< as given, one per request
-  std::vector<std::string> names;                ///< request names: "A", "B", ...
-  std::vector<std::vector<int32_t>> tokens;      ///< token ids of each request
-  std::vector<std::string> vocab;                ///< token id -> its text, as shown (display_text)
-  int page_size = 1;                             ///< tokens per KV page (= Bc)
-  int br = 3;                                    ///< the larger query tile to show (Br)
-  uint64_t seed = 0;                             ///< seed of any random values shown
-  int64_t total_tokens() const;                  ///< sum of the requests' token counts
+  std::vector<std::string> prompts;          ///< as given, one per request
+  std::vector<std::string> names;            ///< request names: "A", "B", ...
+  std::vector<std::vector<int32_t>> tokens;  ///< token ids of each request
+  std::vector<std::string> vocab;            ///< token id -> its text, as shown (display_text)
+  int page_size = 1;                         ///< tokens per KV page (= Bc)
+  int br = 3;                                ///< the larger query tile to show (Br)
+  uint64_t seed = 0;                         ///< seed of any random values shown
+  int64_t total_tokens() const;              ///< sum of the requests' token counts
 };
 
 /// The scenario's batch on a paged KV cache, as an engine would hold it after admitting
 /// the requests in order through the radix cache (shared prefixes on shared pages).
 struct PagedBatch {
-  ref::PagedKVCache cache;                ///< pool (num_pages, 2, page_size, 1, 2) NHD + CSR table
-  ref::Tensor q;                          ///< (nnz_qo, 1, 2): one query per token (prefill)
-  std::vector<int32_t> qo_indptr;         ///< (batch + 1)
-  std::vector<std::string> page_labels;   ///< (num_pages) the tokens each page holds
-  ref::AttentionOptions opt;              ///< causal, sm_scale 1 (the course's convention)
+  ref::PagedKVCache cache;               ///< pool (num_pages, 2, page_size, 1, 2) NHD + CSR table
+  ref::Tensor q;                         ///< (nnz_qo, 1, 2): one query per token (prefill)
+  std::vector<int32_t> qo_indptr;        ///< (batch + 1)
+  std::vector<std::string> page_labels;  ///< (num_pages) the tokens each page holds
+  ref::AttentionOptions opt;             ///< causal, sm_scale 1 (the course's convention)
 };
 
 /// The course's K and V (d_model 2) of one of its words ("The", "cat", "sat", "ran",
@@ -69,8 +69,7 @@ PagedBatch make_paged_batch(const Scenario& s, int page_size);
 /// implementation-specific and words read best) and numbers the distinct words in order
 /// of first appearance. Throws ref::InvalidArgument naming the option for an empty
 /// prompt, more than 26 prompts, a page size or Br below 1, or too many tokens to draw.
-Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, int br,
-                       uint64_t seed);
+Scenario make_scenario(const std::vector<std::string>& prompts, int page_size, int br, uint64_t seed);
 
 /// The worked example: "The cat sat" and "The cat ran fast", page size 1, Br = 3.
 Scenario example_scenario(uint64_t seed);

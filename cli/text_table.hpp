@@ -39,17 +39,14 @@ inline int32_t next_code_point(const std::string& s, size_t& i) {
 /// 2 for East Asian wide and full-width characters and emoji, 1 otherwise (the common
 /// ranges of Unicode's East Asian Width property; enough for prompts in a table).
 inline int code_point_width(int32_t cp) {
-  if ((cp >= 0x0300 && cp <= 0x036F) || (cp >= 0x200B && cp <= 0x200F) ||
-      (cp >= 0x20D0 && cp <= 0x20FF) || (cp >= 0xFE00 && cp <= 0xFE0F) || cp == 0xFEFF)
+  if ((cp >= 0x0300 && cp <= 0x036F) || (cp >= 0x200B && cp <= 0x200F) || (cp >= 0x20D0 && cp <= 0x20FF) ||
+      (cp >= 0xFE00 && cp <= 0xFE0F) || cp == 0xFEFF)
     return 0;
-  if ((cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0x303E) ||
-      (cp >= 0x3041 && cp <= 0x33FF) || (cp >= 0x3400 && cp <= 0x4DBF) ||
-      (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xA000 && cp <= 0xA4CF) ||
-      (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xF900 && cp <= 0xFAFF) ||
-      (cp >= 0xFE30 && cp <= 0xFE4F) || (cp >= 0xFF00 && cp <= 0xFF60) ||
-      (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x1F300 && cp <= 0x1F64F) ||
-      (cp >= 0x1F900 && cp <= 0x1F9FF) || (cp >= 0x1F680 && cp <= 0x1F6FF) ||
-      (cp >= 0x20000 && cp <= 0x3FFFD))
+  if ((cp >= 0x1100 && cp <= 0x115F) || (cp >= 0x2E80 && cp <= 0x303E) || (cp >= 0x3041 && cp <= 0x33FF) ||
+      (cp >= 0x3400 && cp <= 0x4DBF) || (cp >= 0x4E00 && cp <= 0x9FFF) || (cp >= 0xA000 && cp <= 0xA4CF) ||
+      (cp >= 0xAC00 && cp <= 0xD7A3) || (cp >= 0xF900 && cp <= 0xFAFF) || (cp >= 0xFE30 && cp <= 0xFE4F) ||
+      (cp >= 0xFF00 && cp <= 0xFF60) || (cp >= 0xFFE0 && cp <= 0xFFE6) || (cp >= 0x1F300 && cp <= 0x1F64F) ||
+      (cp >= 0x1F900 && cp <= 0x1F9FF) || (cp >= 0x1F680 && cp <= 0x1F6FF) || (cp >= 0x20000 && cp <= 0x3FFFD))
     return 2;
   return 1;
 }
@@ -123,8 +120,7 @@ class TextTable {
   void print(std::ostream& os, const std::string& indent = "") const {
     std::vector<size_t> width(rows_[0].size(), 0);
     for (const auto& r : rows_)
-      for (size_t c = 0; c < r.size() && c < width.size(); ++c)
-        width[c] = std::max(width[c], display_width(r[c]));
+      for (size_t c = 0; c < r.size() && c < width.size(); ++c) width[c] = std::max(width[c], display_width(r[c]));
     auto line = [&](const std::vector<std::string>& r) {
       std::string out = indent;
       for (size_t c = 0; c < width.size(); ++c) {

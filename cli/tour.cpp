@@ -25,14 +25,11 @@ const std::vector<Section>& all_sections() {
       {"tokens", "Tokens and the ragged batch", show_tokens},
       {"radix", "The radix tree: finding shared prefixes (RadixAttention)", show_radix},
       {"pages", "Page tables: KV memory in fixed-size pages (PagedAttention)", show_pages},
-      {"block-sparse", "The block-sparse view: one lookup table for both (FlashInfer)",
-       show_block_sparse},
-      {"cascade", "Cascade levels: the shared prefix read once, then an exact merge",
-       show_cascade},
+      {"block-sparse", "The block-sparse view: one lookup table for both (FlashInfer)", show_block_sparse},
+      {"cascade", "Cascade levels: the shared prefix read once, then an exact merge", show_cascade},
       {"attention", "Attention for row \"A, pos 2\", number by number",
        [](const Scenario&, std::ostream& os, Ledger& l) { show_worked_attention(os, l); }},
-      {"decoder", "The tiny decoder: generating text with a KV cache and shared prefixes",
-       show_decoder},
+      {"decoder", "The tiny decoder: generating text with a KV cache and shared prefixes", show_decoder},
   };
   return sections;
 }
@@ -51,8 +48,8 @@ int finish(const Ledger& ledger, std::ostream& os, const std::string& what) {
     return kExitSkipped;
   }
   const bool pass = ledger.failures() == 0;
-  os << (pass ? "PASS" : "FAIL") << ": " << what << " (" << ledger.checks() - ledger.failures()
-     << " of " << ledger.checks() << " checks passed)\n";
+  os << (pass ? "PASS" : "FAIL") << ": " << what << " (" << ledger.checks() - ledger.failures() << " of "
+     << ledger.checks() << " checks passed)\n";
   return pass ? 0 : 1;
 }
 
@@ -113,8 +110,8 @@ int run_tour(const TourOptions& opt, std::ostream& os) {
 int run_explain(const ExplainOptions& opt, std::ostream& os) {
   const Scenario s = make_scenario(opt.prompts, opt.page_size, opt.br, opt.seed);
   Ledger ledger(os);
-  os << "flashstep explain: " << s.prompts.size() << " prompt" << (s.prompts.size() > 1 ? "s" : "")
-     << ", page size " << s.page_size << ", Br " << s.br << " (seed " << opt.seed << ").\n";
+  os << "flashstep explain: " << s.prompts.size() << " prompt" << (s.prompts.size() > 1 ? "s" : "") << ", page size "
+     << s.page_size << ", Br " << s.br << " (seed " << opt.seed << ").\n";
   int number = 0;
   for (const auto& sec : all_sections()) {
     if (sec.name == "attention") continue;

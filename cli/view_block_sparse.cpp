@@ -29,15 +29,15 @@ int64_t expected_blocks(const Scenario& s, int64_t Br, int64_t page_size) {
 }
 
 // Draws the view for (Br, page_size) and checks it; returns the number of blocks.
-int64_t show_view(const Scenario& s, const PagedBatch& b, int64_t Br, std::ostream& os,
-                  Ledger& ledger, bool lookup) {
+int64_t show_view(const Scenario& s, const PagedBatch& b, int64_t Br, std::ostream& os, Ledger& ledger, bool lookup) {
   const int64_t page_size = b.cache.page_size();
   const ref::BlockSparseView view = ref::build_block_sparse(b.qo_indptr, b.cache, Br, true);
   ref::BlockSparseDrawOptions draw;
   draw.request_names = s.names;
   draw.page_labels = b.page_labels;
   os << indent_lines(ref::draw_block_sparse(view, draw), "  ");
-  if (lookup) os << "\nStored as a lookup table, row by row:\n" << indent_lines(ref::draw_block_sparse_lookup(view, draw), "  ");
+  if (lookup)
+    os << "\nStored as a lookup table, row by row:\n" << indent_lines(ref::draw_block_sparse_lookup(view, draw), "  ");
 
   const std::string what = "Br=" + std::to_string(Br) + ", Bc=" + std::to_string(page_size);
   ledger.expect(view.nnz_blocks() == expected_blocks(s, Br, page_size),
@@ -48,8 +48,8 @@ int64_t show_view(const Scenario& s, const PagedBatch& b, int64_t Br, std::ostre
   const double diff = std::max(max_abs_diff(walked.o, batch.o), max_abs_diff(walked.lse, batch.lse));
   // Both are exact double-precision computations of the same sums in different orders.
   constexpr double kTolerance = 1e-12;
-  os << "  " << count_of(view.nnz_blocks(), "block") << "; attention by walking them vs batch attention: max |diff| = "
-     << diff << "\n";
+  os << "  " << count_of(view.nnz_blocks(), "block")
+     << "; attention by walking them vs batch attention: max |diff| = " << diff << "\n";
   ledger.expect(diff <= kTolerance, what + ": walking the blocks gives batch attention");
   return view.nnz_blocks();
 }
@@ -58,12 +58,14 @@ int64_t show_view(const Scenario& s, const PagedBatch& b, int64_t Br, std::ostre
 
 void show_block_sparse(const Scenario& s, std::ostream& os, Ledger& ledger) {
   os << "Rows are the packed query positions, columns the pages; a cell names the page a\n"
-        "row block loads. Bc is the page size (" << s.page_size << " here).\n";
+        "row block loads. Bc is the page size ("
+     << s.page_size << " here).\n";
   const PagedBatch b = make_paged_batch(s, s.page_size);
   os << "\nBr = 1 (decode-like: one query per row; the table itself encodes the causal mask):\n";
   const int64_t blocks1 = show_view(s, b, 1, os, ledger, true);
   if (s.br > 1) {
-    os << "\nBr = " << s.br << " (a request's queries share a row block: each page is loaded once\n"
+    os << "\nBr = " << s.br
+       << " (a request's queries share a row block: each page is loaded once\n"
           "for the whole block, and the causal mask must now be applied inside it):\n";
     const int64_t blocks_br = show_view(s, b, s.br, os, ledger, false);
     os << "  " << count_of(blocks1, "block") << " with Br = 1, " << blocks_br << " with Br = " << s.br << ".\n";

@@ -83,14 +83,15 @@ void show_cascade(const Scenario& s, std::ostream& os, Ledger& ledger) {
 
   const int64_t num_levels = s.tokens.size() >= 3 ? 3 : 2;
   const auto& c = b.cache;
-  const auto ends = ref::derive_cascade_level_ends(qo_indptr, c.kv_indptr, c.kv_indices,
-                                                   c.kv_last_page_len, s.page_size, num_levels, true);
-  const ref::CascadeLevels levels = ref::build_cascade_levels(
-      qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_len, s.page_size, ends, true);
+  const auto ends = ref::derive_cascade_level_ends(qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_len,
+                                                   s.page_size, num_levels, true);
+  const ref::CascadeLevels levels = ref::build_cascade_levels(qo_indptr, c.kv_indptr, c.kv_indices, c.kv_last_page_len,
+                                                              s.page_size, ends, true);
   ref::BlockSparseDrawOptions draw;
   draw.request_names = s.names;
   draw.page_labels = b.page_labels;
-  os << "\n" << levels.levels.size() << " levels, each a block-sparse matrix over the same pages:\n"
+  os << "\n"
+     << levels.levels.size() << " levels, each a block-sparse matrix over the same pages:\n"
      << indent_lines(ref::draw_cascade(levels, draw), "  ");
 
   // Attention level by level, merged, against attention over all keys at once.
@@ -104,8 +105,8 @@ void show_cascade(const Scenario& s, std::ostream& os, Ledger& ledger) {
       std::string states;
       for (const auto& lv : casc.level)
         states += (states.empty() ? "" : "  ") + vec2(lv.o, i) + " " + num(lv.lse({i, 0}));
-      t.add({s.names[r] + ", pos " + std::to_string(first_query[r] + (i - qo_indptr[r])), states,
-             vec2(casc.o, i), vec2(flat.o, i)});
+      t.add({s.names[r] + ", pos " + std::to_string(first_query[r] + (i - qo_indptr[r])), states, vec2(casc.o, i),
+             vec2(flat.o, i)});
     }
   t.print(os, "  ");
   os << "  max |cascade - flat| over o and lse: " << diff << "\n";

@@ -43,21 +43,20 @@ void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger) {
   for (size_t r = 0; r < s.prompts.size(); ++r) {
     if (s.prompts[r].size() > kMaxPromptBytes) {
       os << "Skipped: prompt " << s.names[r] << " is " << s.prompts[r].size()
-         << " bytes; the tiny decoder reads bytes and this view runs it on prompts of up to "
-         << kMaxPromptBytes << ".\n";
-      ledger.skipped("decoder (prompt " + s.names[r] + " longer than " +
-                     std::to_string(kMaxPromptBytes) + " bytes)");
+         << " bytes; the tiny decoder reads bytes and this view runs it on prompts of up to " << kMaxPromptBytes
+         << ".\n";
+      ledger.skipped("decoder (prompt " + s.names[r] + " longer than " + std::to_string(kMaxPromptBytes) + " bytes)");
       return;
     }
   }
   const ref::TinyDecoderDemo demo = ref::tiny_decoder_demo(s.prompts, kNewTokens, kDecoderPageSize);
   const auto& cfg = demo.config;
   os << "A decoder built as the course describes, with random weights (seed " << cfg.weight_seed
-     << "):\nbyte tokens (vocabulary " << cfg.vocab_size << "), d_model " << cfg.d_model << ", "
-     << cfg.num_layers << " layers of attention (" << cfg.num_qo_heads << " query / "
-     << cfg.num_kv_heads << " KV heads) with a residual,\nthen W_vocab. Its weights are random, so "
-     << "the text is noise; what matters is that it is the same\nnoise every way. It generates "
-     << kNewTokens << " tokens after each prompt, greedily (T -> 0), three ways:\n\n";
+     << "):\nbyte tokens (vocabulary " << cfg.vocab_size << "), d_model " << cfg.d_model << ", " << cfg.num_layers
+     << " layers of attention (" << cfg.num_qo_heads << " query / " << cfg.num_kv_heads
+     << " KV heads) with a residual,\nthen W_vocab. Its weights are random, so "
+     << "the text is noise; what matters is that it is the same\nnoise every way. It generates " << kNewTokens
+     << " tokens after each prompt, greedily (T -> 0), three ways:\n\n";
 
   TextTable t({"mode", "request", "generated (after the prompt)", "rows computed", "K/V kept"});
   const auto& reference_run = demo.runs.front();
@@ -80,13 +79,13 @@ void show_decoder(const Scenario& s, std::ostream& os, Ledger& ledger) {
   const ref::GenerationMemory& mem = demo.runs.back().memory;
   os << "\nThe paged run, in pages of " << mem.page_size << " bytes:\n"
      << "  pages used " << mem.pages_used << " (" << mem.shared_pages << " shared by several requests)\n"
-     << "  contiguous preallocation of prompt + " << kNewTokens << " new tokens per request: "
-     << mem.contiguous_pages_equivalent << " pages' worth, " << mem.contiguous_preallocated_bytes << " B\n"
-     << "  prompt tokens whose K/V came from the radix cache instead of being computed: "
-     << mem.prefix_tokens_reused << "\n"
-     << "  K/V per token: " << mem.kv_bytes_per_token << " B (K and V, " << cfg.num_kv_heads
-     << " heads x " << cfg.d_model / cfg.num_qo_heads << " dims x " << cfg.num_layers
-     << " layers, fp16)\n";
+     << "  contiguous preallocation of prompt + " << kNewTokens
+     << " new tokens per request: " << mem.contiguous_pages_equivalent << " pages' worth, "
+     << mem.contiguous_preallocated_bytes << " B\n"
+     << "  prompt tokens whose K/V came from the radix cache instead of being computed: " << mem.prefix_tokens_reused
+     << "\n"
+     << "  K/V per token: " << mem.kv_bytes_per_token << " B (K and V, " << cfg.num_kv_heads << " heads x "
+     << cfg.d_model / cfg.num_qo_heads << " dims x " << cfg.num_layers << " layers, fp16)\n";
 
   // With a temperature the decoder samples, reproducibly for a given seed.
   ref::GenerationOptions sampled;

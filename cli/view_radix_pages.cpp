@@ -54,8 +54,7 @@ struct Admission {
   ref::PagedSequences seqs;
   std::vector<int32_t> ids;
   std::vector<int64_t> reused;
-  explicit Admission(const Scenario& s)
-      : allocator(pool_pages(s), s.page_size), cache(allocator), seqs(allocator) {}
+  explicit Admission(const Scenario& s) : allocator(pool_pages(s), s.page_size), cache(allocator), seqs(allocator) {}
 };
 
 template <typename OnRequest>
@@ -97,8 +96,8 @@ PagedBatch make_paged_batch(const Scenario& s, int page_size) {
   std::mt19937_64 rng(s.seed);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
   std::map<std::pair<int32_t, size_t>, std::array<double, 4>> drawn;
-  std::vector<std::vector<std::string>> slot_text(
-      static_cast<size_t>(adm.allocator.num_pages()), std::vector<std::string>(static_cast<size_t>(page_size)));
+  std::vector<std::vector<std::string>> slot_text(static_cast<size_t>(adm.allocator.num_pages()),
+                                                  std::vector<std::string>(static_cast<size_t>(page_size)));
   int64_t row = 0;
   for (size_t r = 0; r < s.tokens.size(); ++r) {
     const auto& pages = adm.seqs.pages(adm.ids[r]);
@@ -141,21 +140,18 @@ void show_radix(const Scenario& s, std::ostream& os, Ledger& ledger) {
     const int64_t len = static_cast<int64_t>(s.tokens[r].size());
     const int64_t whole = len / s.page_size * s.page_size;
     const int64_t added = std::max<int64_t>(0, whole - m.length);
-    os << "\nAfter request " << s.names[r] << " (\"" << display_text(s.prompts[r], kMaxPromptColumns)
-       << "\"): matched " << count_of(m.length, "token");
+    os << "\nAfter request " << s.names[r] << " (\"" << display_text(s.prompts[r], kMaxPromptColumns) << "\"): matched "
+       << count_of(m.length, "token");
     if (m.length > 0) os << " on " << (m.pages.size() == 1 ? "page " : "pages ") << page_list(m.pages);
-    if (added > 0)
-      os << ", cached the next " << count_of(added, "token");
-    else if (m.length == len)
-      os << ", nothing left to cache";
+    if (added > 0) os << ", cached the next " << count_of(added, "token");
+    else if (m.length == len) os << ", nothing left to cache";
     else
-      os << ", cached nothing" << (m.length > 0 ? " more" : "") << " (the rest, "
-         << count_of(len - m.length, "token") << ", fills no whole page of " << s.page_size << ")";
+      os << ", cached nothing" << (m.length > 0 ? " more" : "") << " (the rest, " << count_of(len - m.length, "token")
+         << ", fills no whole page of " << s.page_size << ")";
     os << ".\n";
     os << indent_lines(ref::draw_radix_tree(adm.cache, s.vocab), "  ");
-    ledger.expect(m.length == expected_match(s, r),
-                  "request " + s.names[r] + " matches the longest cached prefix (" +
-                      std::to_string(expected_match(s, r)) + " tokens)");
+    ledger.expect(m.length == expected_match(s, r), "request " + s.names[r] + " matches the longest cached prefix (" +
+                                                        std::to_string(expected_match(s, r)) + " tokens)");
   });
   os << "\nThe tree holds " << count_of(adm.cache.cached_pages(), "page") << " in "
      << count_of(adm.cache.num_nodes(), "node") << " (root included).\n";
@@ -216,8 +212,8 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
     }
     // Every holder owns one reference: each request whose table lists the page, and the
     // radix cache for every whole page it cached.
-    os << "  P" << p << " \"" << text << "\": refcount " << refs << " = "
-       << count_of(requests, "request") << " (" << holders << ")";
+    os << "  P" << p << " \"" << text << "\": refcount " << refs << " = " << count_of(requests, "request") << " ("
+       << holders << ")";
     if (refs > requests) os << " + " << refs - requests << " radix cache";
     os << "\n";
   }
@@ -230,8 +226,7 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
   bool lengths_ok = true;
   for (size_t r = 0; r < s.tokens.size(); ++r) {
     const int64_t pages = csr.kv_indptr[r + 1] - csr.kv_indptr[r];
-    lengths_ok &= (pages - 1) * s.page_size + csr.kv_last_page_len[r] ==
-                  static_cast<int64_t>(s.tokens[r].size());
+    lengths_ok &= (pages - 1) * s.page_size + csr.kv_last_page_len[r] == static_cast<int64_t>(s.tokens[r].size());
   }
   ledger.expect(lengths_ok, "kv_len = (pages - 1) * page_size + last_page_len for every request");
 
@@ -240,15 +235,14 @@ void show_pages(const Scenario& s, std::ostream& os, Ledger& ledger) {
   const int64_t reserve = static_cast<int64_t>(std::max<size_t>(longest, 2048));
   const ref::MemoryReport mem = adm.seqs.memory_report(reserve);
   os << "\nMemory, in token slots of one layer's K (V is the same):\n"
-     << "  paged:      " << count_of(mem.pages_in_use, "page") << " = "
-     << count_of(mem.slots_allocated, "slot") << "; the requests' " << count_of(mem.tokens, "token")
-     << " fill " << mem.slots_filled << " of them";
+     << "  paged:      " << count_of(mem.pages_in_use, "page") << " = " << count_of(mem.slots_allocated, "slot")
+     << "; the requests' " << count_of(mem.tokens, "token") << " fill " << mem.slots_filled << " of them";
   if (mem.slots_filled < mem.tokens)
     os << " (a token on a\n              shared page counts for every request that reads it, but is stored once)";
   os << ";\n              " << count_of(mem.shared_pages, "page") << " shared by several requests, "
      << count_of(mem.slots_wasted, "slot") << " unfilled in last pages\n"
-     << "  contiguous: " << mem.num_sequences << " x " << reserve << " reserved = "
-     << count_of(mem.contiguous_slots, "slot") << " (" << mem.contiguous_slots_wasted
+     << "  contiguous: " << mem.num_sequences << " x " << reserve
+     << " reserved = " << count_of(mem.contiguous_slots, "slot") << " (" << mem.contiguous_slots_wasted
      << " never filled), no sharing possible\n";
   ledger.expect(mem.pages_in_use == used, "every page in use belongs to some request");
   if (s.prompts.size() != 2 || s.prompts[0] != "The cat sat") return;

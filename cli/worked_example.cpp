@@ -24,7 +24,7 @@ struct Token {
   double v[2];
 };
 const Token kTokens[] = {
-    {"The", {1, 0}, {1, 1}},  {"cat", {0, 1}, {2, 0}},  {"sat", {1, 1}, {0, 1}},
+    {"The", {1, 0}, {1, 1}},  {"cat", {0, 1}, {2, 0}},   {"sat", {1, 1}, {0, 1}},
     {"ran", {1, -1}, {1, 0}}, {"fast", {0, -1}, {0, 1}},
 };
 
@@ -87,8 +87,7 @@ void show_worked_attention(std::ostream& os, Ledger& ledger) {
     for (int d = 0; d < 2; ++d) rounded[d] += std::round(p[j] * 100) / 100 * kTokens[j].v[d];
   os << "  with the weights rounded to 2 decimals, as the course does: " << vec(rounded, 2)
      << "   (worked example: [0.63, 0.79];\n  exactly, o = [3, 1 + e] / (2 + e) = " << vec(out, 2, 4) << ")\n";
-  os << "  lse     = log sum_j exp(s_j)   = " << std::fixed << std::setprecision(4) << a.lse({2, 0})
-     << "\n";
+  os << "  lse     = log sum_j exp(s_j)   = " << std::fixed << std::setprecision(4) << a.lse({2, 0}) << "\n";
   expect(std::abs(p[0] - 0.21) < 0.005 && std::abs(p[2] - 0.58) < 0.005, "softmax [0.21, 0.21, 0.58]");
   expect(std::abs(rounded[0] - 0.63) < 1e-9 && std::abs(rounded[1] - 0.79) < 1e-9,
          "output [0.63, 0.79] from the rounded weights");
@@ -121,8 +120,7 @@ void show_worked_attention(std::ostream& os, Ledger& ledger) {
   const double out2[2] = {paged.o({2, 0, 0}), paged.o({2, 0, 1})};
   os << "  page table: kv_indptr [0, 2, 4], kv_indices [P0, P1, P0, P2], last_page_len [1, 2]\n";
   os << "  \"A, pos 2\" through the Bc=2 pages = " << vec(out2, 2, 4) << "   (same as Bc = 1)\n";
-  expect(std::abs(out2[0] - out[0]) < 1e-12 && std::abs(out2[1] - out[1]) < 1e-12,
-         "Bc=2 gives the same output");
+  expect(std::abs(out2[0] - out[0]) < 1e-12 && std::abs(out2[1] - out[1]) < 1e-12, "Bc=2 gives the same output");
 }
 
 }  // namespace flashstep::cli

@@ -13,9 +13,9 @@ namespace flashstep::stages {
 
 const std::vector<StageInfo>& registry() {
   static const std::vector<StageInfo> stages = {
-      naive::stage_info(),  // 01: scores materialized, three passes, fp32
-      paged::stage_info(),  // 02: paged decode, online softmax, one pass
-      split_kv::stage_info(),  // 03: plan/run, KV split into chunks that fill the chip, merge
+      naive::stage_info(),               // 01: scores materialized, three passes, fp32
+      paged::stage_info(),               // 02: paged decode, online softmax, one pass
+      split_kv::stage_info(),            // 03: plan/run, KV split into chunks that fill the chip, merge
       tensor_core::stage_info(),         // 04: prefill and large-group decode on tensor cores, paged K/V
       tensor_core::ragged_stage_info(),  // 04: the same kernel over ragged K/V
       cascade::stage_info(),             // 05: shared prefix pages read once per group, levels merged

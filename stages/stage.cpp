@@ -44,9 +44,7 @@ bool is_fp8(DType dtype) { return dtype == DType::e4m3 || dtype == DType::e5m2; 
 
 const char* to_string(Mode mode) { return mode == Mode::decode ? "decode" : "prefill"; }
 
-const char* to_string(KVStorage storage) {
-  return storage == KVStorage::paged ? "paged" : "ragged";
-}
+const char* to_string(KVStorage storage) { return storage == KVStorage::paged ? "paged" : "ragged"; }
 
 int64_t BatchShape::kv_len(int i) const {
   if (storage == KVStorage::ragged) return kv_indptr[i + 1] - kv_indptr[i];
@@ -69,8 +67,8 @@ std::string BatchShape::describe() const {
   s << to_string(mode) << ' ' << to_string(storage) << ' ' << to_string(dtype);
   if (resolved_kv_dtype() != dtype) s << " kv=" << to_string(resolved_kv_dtype());
   if (k_scale != 1.f || v_scale != 1.f) s << " k_scale=" << k_scale << " v_scale=" << v_scale;
-  s << ' ' << ref::to_string(kv_layout) << " batch=" << batch_size << " heads=" << num_qo_heads << '/'
-    << num_kv_heads << " head_dim=" << head_dim;
+  s << ' ' << ref::to_string(kv_layout) << " batch=" << batch_size << " heads=" << num_qo_heads << '/' << num_kv_heads
+    << " head_dim=" << head_dim;
   if (storage == KVStorage::paged) s << " page=" << page_size;
   if (mode == Mode::prefill) s << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
@@ -80,13 +78,9 @@ std::string BatchShape::describe() const {
 
 size_t StageRunner::workspace_bytes(const BatchShape&) const { return 0; }
 
-bool StageInfo::supports(Mode mode) const {
-  return std::find(modes.begin(), modes.end(), mode) != modes.end();
-}
+bool StageInfo::supports(Mode mode) const { return std::find(modes.begin(), modes.end(), mode) != modes.end(); }
 
-bool StageInfo::supports(DType dtype) const {
-  return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
-}
+bool StageInfo::supports(DType dtype) const { return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end(); }
 
 std::string StageInfo::kv_dtype_reason(const BatchShape& shape) const {
   if (!(std::isfinite(shape.k_scale) && shape.k_scale > 0) || !(std::isfinite(shape.v_scale) && shape.v_scale > 0))
@@ -106,14 +100,11 @@ std::string StageInfo::kv_dtype_reason(const BatchShape& shape) const {
 }
 
 std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
-  auto contains = [](const auto& list, const auto& x) {
-    return std::find(list.begin(), list.end(), x) != list.end();
-  };
+  auto contains = [](const auto& list, const auto& x) { return std::find(list.begin(), list.end(), x) != list.end(); };
   if (!supports(shape.mode)) return name + " does not do " + to_string(shape.mode);
   if (shape.sm_scale && !(std::isfinite(*shape.sm_scale) && *shape.sm_scale > 0))
     return "sm_scale must be a positive finite number when given";
-  if (shape.storage != storage)
-    return name + " reads " + to_string(storage) + " KV, not " + to_string(shape.storage);
+  if (shape.storage != storage) return name + " reads " + to_string(storage) + " KV, not " + to_string(shape.storage);
   if (!supports(shape.dtype)) return name + " is not built for dtype " + to_string(shape.dtype);
   if (const std::string kv = kv_dtype_reason(shape); !kv.empty()) return kv;
   if (!contains(head_dims, shape.head_dim))
@@ -122,17 +113,16 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
     return name + " does not read the " + ref::to_string(shape.kv_layout) + " layout";
   if (shape.num_kv_heads <= 0 || shape.num_qo_heads % shape.num_kv_heads != 0)
     return "num_qo_heads must be a positive multiple of num_kv_heads";
-  if (shape.group_size() > max_group_size)
-    return name + " supports GQA groups up to " + std::to_string(max_group_size);
+  if (shape.group_size() > max_group_size) return name + " supports GQA groups up to " + std::to_string(max_group_size);
   if (shape.storage == KVStorage::paged && (shape.page_size < 1 || shape.page_size > max_page_size))
     return name + " supports page_size 1.." + std::to_string(max_page_size);
-  if (shape.mode == Mode::prefill && shape.causal && !causal)
-    return name + " does not implement the causal mask";
+  if (shape.mode == Mode::prefill && shape.causal && !causal) return name + " does not implement the causal mask";
   if (shape.window_left >= 0 && !window_left) return name + " does not implement window_left";
   if (shape.logits_soft_cap > 0.f && !logits_soft_cap) return name + " does not implement logits_soft_cap";
   if (shape.cuda_graph && !cuda_graph)
-    return name + " plans its launch from the request lengths, so a CUDA graph captured after one plan() "
-                  "would replay a stale schedule after the next: it does not plan for CUDA graphs";
+    return name +
+           " plans its launch from the request lengths, so a CUDA graph captured after one plan() "
+           "would replay a stale schedule after the next: it does not plan for CUDA graphs";
   if (needs_host_page_table && shape.storage == KVStorage::paged &&
       (shape.kv_indptr.empty() || static_cast<int64_t>(shape.kv_indices.size()) != shape.kv_indptr.back()))
     return name + " plans from the page ids: BatchShape::kv_indices must hold kv_indptr[batch_size] entries";
@@ -167,8 +157,7 @@ std::string StageInfo::capabilities() const {
 
 void CapturedLaunch::check_plan(const char* fn, const std::string& launch) const {
   ref::require(captured_.empty() || captured_ == launch, fn,
-               "run() was captured into a CUDA graph with the launch [" + captured_ +
-                   "]; this plan needs [" + launch +
+               "run() was captured into a CUDA graph with the launch [" + captured_ + "]; this plan needs [" + launch +
                    "], which that graph cannot replay. Plan with BatchShape::cuda_graph on a stage that supports "
                    "it (the launch then depends on batch_size and nnz_qo only), or use one runner per captured graph.");
 }

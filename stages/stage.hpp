@@ -50,7 +50,7 @@ const char* to_string(Mode mode);
 /// Where the keys and values of a batch live.
 enum class KVStorage {
   ragged,  ///< contiguous per request: k, v (nnz_kv, num_kv_heads, head_dim); request i owns rows kv_indptr[i]..kv_indptr[i+1]
-  paged,   ///< a page pool and its CSR page table (kv_indptr counts pages)
+  paged,  ///< a page pool and its CSR page table (kv_indptr counts pages)
 };
 /// "ragged" or "paged".
 const char* to_string(KVStorage storage);
@@ -59,24 +59,24 @@ const char* to_string(KVStorage storage);
 /// arrays. This is all plan() may look at (FlashInfer's plan() also takes indptr on the
 /// host), so a plan never waits for the device.
 struct BatchShape {
-  Mode mode = Mode::decode;             ///< decode (qo_len 1 per request) or prefill
+  Mode mode = Mode::decode;              ///< decode (qo_len 1 per request) or prefill
   KVStorage storage = KVStorage::paged;  ///< paged pool + page table, or ragged k/v
-  DType dtype = DType::bf16;            ///< element type of q, k, v and o
+  DType dtype = DType::bf16;             ///< element type of q, k, v and o
   /// Element type of K and V when it differs from q's: e4m3 or e5m2 for an FP8 cache.
   /// Not given (the default): dtype. Stages read it through resolved_kv_dtype().
   std::optional<DType> kv_dtype;
-  float k_scale = 1.f;  ///< attention reads k * k_scale (FlashInfer's run() argument); positive, finite
-  float v_scale = 1.f;  ///< attention reads v * v_scale; positive, finite
-  KVLayout kv_layout = KVLayout::NHD;   ///< page layout: NHD or HND (ragged k/v are NHD)
-  int batch_size = 0;    ///< requests in the batch
-  int num_qo_heads = 0;  ///< query (and output) heads, Hq
-  int num_kv_heads = 0;  ///< key/value heads, Hkv; divides num_qo_heads (GQA)
-  int head_dim = 0;      ///< elements per head, D
-  int page_size = 0;       ///< paged only: tokens per page
-  int64_t num_pages = 0;   ///< paged only: pages in the pool
-  bool causal = false;     ///< prefill only; bottom-right aligned
-  int window_left = -1;    ///< keep the last window_left + 1 keys of each query's causal range; -1 = off
-  float logits_soft_cap = 0.f;  ///< c > 0: scores s -> c * tanh(s / c) before the softmax; 0 = off
+  float k_scale = 1.f;                 ///< attention reads k * k_scale (FlashInfer's run() argument); positive, finite
+  float v_scale = 1.f;                 ///< attention reads v * v_scale; positive, finite
+  KVLayout kv_layout = KVLayout::NHD;  ///< page layout: NHD or HND (ragged k/v are NHD)
+  int batch_size = 0;                  ///< requests in the batch
+  int num_qo_heads = 0;                ///< query (and output) heads, Hq
+  int num_kv_heads = 0;                ///< key/value heads, Hkv; divides num_qo_heads (GQA)
+  int head_dim = 0;                    ///< elements per head, D
+  int page_size = 0;                   ///< paged only: tokens per page
+  int64_t num_pages = 0;               ///< paged only: pages in the pool
+  bool causal = false;                 ///< prefill only; bottom-right aligned
+  int window_left = -1;                ///< keep the last window_left + 1 keys of each query's causal range; -1 = off
+  float logits_soft_cap = 0.f;         ///< c > 0: scores s -> c * tanh(s / c) before the softmax; 0 = off
   /// Softmax scale applied to q.k. Not given (the default): 1/sqrt(head_dim). Stages
   /// read it through resolved_sm_scale(); a given value must be positive and finite.
   std::optional<float> sm_scale;
@@ -112,19 +112,20 @@ struct BatchShape {
 
 /// Device pointers of a batch. Shapes follow BatchShape; every pointer is device memory.
 struct DeviceBatch {
-  const void* q = nullptr;                    ///< (nnz_qo, num_qo_heads, head_dim), dtype
-  const int32_t* qo_indptr = nullptr;         ///< (batch_size + 1)
-  const int32_t* kv_indptr = nullptr;         ///< (batch_size + 1), as in BatchShape
+  const void* q = nullptr;             ///< (nnz_qo, num_qo_heads, head_dim), dtype
+  const int32_t* qo_indptr = nullptr;  ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;  ///< (batch_size + 1), as in BatchShape
   // paged storage
-  const void* kv_pool = nullptr;              ///< (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND, kv dtype
+  const void* kv_pool =
+      nullptr;  ///< (num_pages, 2, page_size, Hkv, D) NHD or (num_pages, 2, Hkv, page_size, D) HND, kv dtype
   const int32_t* kv_indices = nullptr;        ///< (kv_indptr[batch_size]) page ids
   const int32_t* kv_last_page_len = nullptr;  ///< (batch_size)
   // ragged storage
-  const void* k = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
-  const void* v = nullptr;                    ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
+  const void* k = nullptr;  ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
+  const void* v = nullptr;  ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
   // outputs
-  void* o = nullptr;                          ///< (nnz_qo, num_qo_heads, head_dim), dtype
-  float* lse = nullptr;                       ///< (nnz_qo, num_qo_heads), natural log
+  void* o = nullptr;     ///< (nnz_qo, num_qo_heads, head_dim), dtype
+  float* lse = nullptr;  ///< (nnz_qo, num_qo_heads), natural log
 };
 
 /// Every stage's workspace sections start at a multiple of this many bytes.
@@ -150,8 +151,7 @@ class StageRunner {
   /// \param workspace_size bytes of `workspace`; a stage that needs a workspace throws
   ///        ref::InvalidArgument when this is below workspace_bytes(shape)
   /// \param stream where any copy into the workspace is ordered
-  virtual void plan(const BatchShape& shape, void* workspace, size_t workspace_size,
-                    cudaStream_t stream) = 0;
+  virtual void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) = 0;
   /// The per-layer device work: only kernel launches on `stream`, no host decisions.
   /// \param batch pointers matching the planned shape
   /// \param stream where the kernels are launched (and may be captured in a CUDA graph)
@@ -182,22 +182,22 @@ class CapturedLaunch {
 
 /// What a stage declares about itself: one registry entry.
 struct StageInfo {
-  std::string name;                   ///< folder name, e.g. "02_paged"
-  std::string summary;                ///< one line: what the stage teaches
-  std::vector<Mode> modes;            ///< decode and/or prefill
+  std::string name;                      ///< folder name, e.g. "02_paged"
+  std::string summary;                   ///< one line: what the stage teaches
+  std::vector<Mode> modes;               ///< decode and/or prefill
   KVStorage storage = KVStorage::paged;  ///< where it expects K/V
-  std::vector<DType> dtypes;          ///< element types of q/k/v/o it accepts
+  std::vector<DType> dtypes;             ///< element types of q/k/v/o it accepts
   /// FP8 K/V types it reads with fp16/bf16 q and o (e4m3, e5m2), applying k_scale and
   /// v_scale; empty: K/V in q's dtype only, and both scales must be 1.
   std::vector<DType> kv_dtypes;
-  std::vector<int> head_dims;         ///< head_dim values it is built for
-  std::vector<KVLayout> kv_layouts;   ///< page (or ragged) layouts it reads
-  int max_page_size = 0;              ///< paged only: largest page_size it accepts
-  int max_group_size = 0;             ///< largest num_qo_heads / num_kv_heads
-  bool causal = false;                ///< whether it implements the causal mask (prefill)
-  bool window_left = false;           ///< whether it implements window_left >= 0
-  bool logits_soft_cap = false;       ///< whether it implements logits_soft_cap > 0
-  bool needs_host_page_table = false; ///< whether plan() reads BatchShape::kv_indices
+  std::vector<int> head_dims;          ///< head_dim values it is built for
+  std::vector<KVLayout> kv_layouts;    ///< page (or ragged) layouts it reads
+  int max_page_size = 0;               ///< paged only: largest page_size it accepts
+  int max_group_size = 0;              ///< largest num_qo_heads / num_kv_heads
+  bool causal = false;                 ///< whether it implements the causal mask (prefill)
+  bool window_left = false;            ///< whether it implements window_left >= 0
+  bool logits_soft_cap = false;        ///< whether it implements logits_soft_cap > 0
+  bool needs_host_page_table = false;  ///< whether plan() reads BatchShape::kv_indices
   /// Whether plan() honours BatchShape::cuda_graph: a launch that depends only on
   /// batch_size and nnz_qo. Every stage also refuses, through CapturedLaunch, a plan()
   /// whose launch differs from the one a CUDA graph captured.

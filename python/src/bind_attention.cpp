@@ -11,9 +11,8 @@ namespace flashstep::python {
 
 namespace {
 
-ref::AttentionOptions make_options(bool causal, const std::string& kv_layout,
-                                   std::optional<double> sm_scale, int window_left,
-                                   std::optional<double> logits_soft_cap) {
+ref::AttentionOptions make_options(bool causal, const std::string& kv_layout, std::optional<double> sm_scale,
+                                   int window_left, std::optional<double> logits_soft_cap) {
   ref::AttentionOptions opt;
   opt.causal = causal;
   opt.kv_layout = ref::parse_kv_layout(kv_layout);
@@ -42,9 +41,9 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
     ref::Tensor k = to_tensor(seq[0], fn, "paged_kv_cache[0] (k_cache)");
     ref::Tensor v = to_tensor(seq[1], fn, "paged_kv_cache[1] (v_cache)");
     ref::check_rank(fn, "k_cache", k, 4);
-    ref::require(k.shape == v.shape, fn, "k_cache and v_cache must have the same shape, got " +
-                                             ref::shape_string(k.shape) + " and " +
-                                             ref::shape_string(v.shape));
+    ref::require(k.shape == v.shape, fn,
+                 "k_cache and v_cache must have the same shape, got " + ref::shape_string(k.shape) + " and " +
+                     ref::shape_string(v.shape));
     const int64_t per_page = k.numel() / std::max<int64_t>(k.dim(0), 1);
     c.pages = ref::Tensor({k.dim(0), 2, k.dim(1), k.dim(2), k.dim(3)});
     for (int64_t p = 0; p < k.dim(0); ++p)
@@ -65,17 +64,15 @@ void bind_attention(py::module_& m) {
   m.def(
       "single_decode_with_kv_cache",
       [](const FloatArray& q, const FloatArray& k, const FloatArray& v, const std::string& kv_layout,
-         std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap,
-         bool return_lse) {
+         std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_decode_with_kv_cache";
         auto opt = make_options(false, kv_layout, sm_scale, window_left, logits_soft_cap);
-        return finish(ref::single_decode_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"),
-                                                       to_tensor(v, fn, "v"), opt),
-                      return_lse);
+        return finish(
+            ref::single_decode_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_tensor(v, fn, "v"), opt),
+            return_lse);
       },
-      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_layout") = "NHD",
-      py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
-      py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(),
+      py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
       R"doc(Decode attention for one request.
 
 q: (num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) for NHD or
@@ -87,18 +84,17 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "single_prefill_with_kv_cache",
-      [](const FloatArray& q, const FloatArray& k, const FloatArray& v, bool causal,
-         const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
-         std::optional<double> logits_soft_cap, bool return_lse) {
+      [](const FloatArray& q, const FloatArray& k, const FloatArray& v, bool causal, const std::string& kv_layout,
+         std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_prefill_with_kv_cache";
         auto opt = make_options(causal, kv_layout, sm_scale, window_left, logits_soft_cap);
-        return finish(ref::single_prefill_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"),
-                                                        to_tensor(v, fn, "v"), opt),
-                      return_lse);
+        return finish(
+            ref::single_prefill_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_tensor(v, fn, "v"), opt),
+            return_lse);
       },
-      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false,
-      py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
-      py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("kv_layout") = "NHD",
+      py::arg("sm_scale") = py::none(), py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(),
+      py::arg("return_lse") = false,
       R"doc(Prefill/append attention for one request.
 
 q: (qo_len, num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) (NHD) or
@@ -110,21 +106,17 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "batch_decode_with_paged_kv_cache",
-      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr,
-         const IntArray& kv_indices, const IntArray& kv_last_page_len,
-         const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
-         std::optional<double> logits_soft_cap, bool return_lse) {
+      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, const std::string& kv_layout, std::optional<double> sm_scale,
+         int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_decode_with_paged_kv_cache";
         auto opt = make_options(false, kv_layout, sm_scale, window_left, logits_soft_cap);
-        auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
-                                    kv_layout, fn);
-        return finish(ref::batch_decode_with_paged_kv_cache(to_tensor(q, fn, "q"), cache, opt),
-                      return_lse);
+        auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
+        return finish(ref::batch_decode_with_paged_kv_cache(to_tensor(q, fn, "q"), cache, opt), return_lse);
       },
-      py::arg("q"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"),
-      py::arg("kv_last_page_len"), py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(),
-      py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(),
-      py::arg("return_lse") = false,
+      py::arg("q"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_last_page_len"),
+      py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
+      py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
       R"doc(Batch decode through a paged KV cache (one query token per request).
 
 q: (batch_size, num_qo_heads, head_dim). paged_kv_cache: (num_pages, 2, page_size,
@@ -137,24 +129,20 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "batch_prefill_with_paged_kv_cache",
-      [](const FloatArray& q, const IntArray& qo_indptr, const KVCacheArg& paged_kv_cache,
-         const IntArray& kv_indptr, const IntArray& kv_indices,
-         const IntArray& kv_last_page_len, bool causal, const std::string& kv_layout,
-         std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap,
-         bool return_lse) {
+      [](const FloatArray& q, const IntArray& qo_indptr, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr,
+         const IntArray& kv_indices, const IntArray& kv_last_page_len, bool causal, const std::string& kv_layout,
+         std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_prefill_with_paged_kv_cache";
         auto opt = make_options(causal, kv_layout, sm_scale, window_left, logits_soft_cap);
-        auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len,
-                                    kv_layout, fn);
-        return finish(ref::batch_prefill_with_paged_kv_cache(
-                          to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"),
-                          cache, opt),
+        auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
+        return finish(ref::batch_prefill_with_paged_kv_cache(to_tensor(q, fn, "q"),
+                                                             to_int32_vector(qo_indptr, fn, "qo_indptr"), cache, opt),
                       return_lse);
       },
-      py::arg("q"), py::arg("qo_indptr"), py::arg("paged_kv_cache"), py::arg("kv_indptr"),
-      py::arg("kv_indices"), py::arg("kv_last_page_len"), py::arg("causal") = false,
-      py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
-      py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
+      py::arg("q"), py::arg("qo_indptr"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"),
+      py::arg("kv_last_page_len"), py::arg("causal") = false, py::arg("kv_layout") = "NHD",
+      py::arg("sm_scale") = py::none(), py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(),
+      py::arg("return_lse") = false,
       R"doc(Batch prefill/append over ragged queries and a paged KV cache.
 
 q: (qo_indptr[-1], num_qo_heads, head_dim); qo_indptr (batch_size + 1); the cache as in
@@ -165,22 +153,19 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
   m.def(
       "batch_prefill_with_ragged_kv_cache",
-      [](const FloatArray& q, const IntArray& qo_indptr, const FloatArray& k,
-         const FloatArray& v, const IntArray& kv_indptr, bool causal,
-         const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
-         std::optional<double> logits_soft_cap, bool return_lse) {
+      [](const FloatArray& q, const IntArray& qo_indptr, const FloatArray& k, const FloatArray& v,
+         const IntArray& kv_indptr, bool causal, const std::string& kv_layout, std::optional<double> sm_scale,
+         int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_prefill_with_ragged_kv_cache";
         auto opt = make_options(causal, kv_layout, sm_scale, window_left, logits_soft_cap);
         return finish(ref::batch_prefill_with_ragged_kv_cache(
-                          to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"),
-                          to_tensor(k, fn, "k"), to_tensor(v, fn, "v"),
-                          to_int32_vector(kv_indptr, fn, "kv_indptr"), opt),
+                          to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"), to_tensor(k, fn, "k"),
+                          to_tensor(v, fn, "v"), to_int32_vector(kv_indptr, fn, "kv_indptr"), opt),
                       return_lse);
       },
-      py::arg("q"), py::arg("qo_indptr"), py::arg("k"), py::arg("v"), py::arg("kv_indptr"),
-      py::arg("causal") = false, py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(),
-      py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(),
-      py::arg("return_lse") = false,
+      py::arg("q"), py::arg("qo_indptr"), py::arg("k"), py::arg("v"), py::arg("kv_indptr"), py::arg("causal") = false,
+      py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
+      py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
       R"doc(Batch prefill over ragged queries and ragged contiguous KV.
 
 q: (qo_indptr[-1], num_qo_heads, head_dim); k, v: (kv_indptr[-1], num_kv_heads, head_dim)

@@ -44,7 +44,8 @@ void bind_decoder(py::module_& m) {
       .def_readonly("query_rows_computed", &ref::GenerationMemory::query_rows_computed,
                     "(token, layer) rows pushed through attention")
       .def("__repr__", [](const ref::GenerationMemory& g) {
-        return "GenerationMemory(tokens=" + std::to_string(g.tokens) + ", kv_bytes_kept=" + std::to_string(g.kv_bytes_kept) +
+        return "GenerationMemory(tokens=" + std::to_string(g.tokens) +
+               ", kv_bytes_kept=" + std::to_string(g.kv_bytes_kept) +
                ", contiguous_preallocated_bytes=" + std::to_string(g.contiguous_preallocated_bytes) +
                ", pages_used=" + std::to_string(g.pages_used) + ", shared_pages=" + std::to_string(g.shared_pages) +
                ", prefix_tokens_reused=" + std::to_string(g.prefix_tokens_reused) + ")";
@@ -53,9 +54,11 @@ void bind_decoder(py::module_& m) {
   py::class_<ref::GeneratedRequest>(m, "GeneratedRequest", "One request's prompt and generated tokens.")
       .def_readonly("prompt", &ref::GeneratedRequest::prompt)
       .def_property_readonly("prompt_tokens", [](const ref::GeneratedRequest& r) { return to_numpy(r.prompt_tokens); })
-      .def_property_readonly("generated_tokens", [](const ref::GeneratedRequest& r) { return to_numpy(r.generated_tokens); })
-      .def_property_readonly("generated_bytes", [](const ref::GeneratedRequest& r) { return py::bytes(r.generated_text); },
-                             "the generated tokens as bytes (byte tokens)")
+      .def_property_readonly("generated_tokens",
+                             [](const ref::GeneratedRequest& r) { return to_numpy(r.generated_tokens); })
+      .def_property_readonly(
+          "generated_bytes", [](const ref::GeneratedRequest& r) { return py::bytes(r.generated_text); },
+          "the generated tokens as bytes (byte tokens)")
       .def_readonly("prefix_tokens_reused", &ref::GeneratedRequest::prefix_tokens_reused)
       .def_property_readonly("step_logits", &step_logits, "(steps, vocab) if record_logits, else (0, 0)");
 
@@ -92,16 +95,16 @@ pairs (x[2i], x[2i+1]) rather than (x[i], x[i + head_dim/2])). Weight entry i of
            py::arg("weight_seed") = ref::TinyDecoderConfig{}.weight_seed, py::arg("position_encoding") = "sinusoidal",
            py::arg("rope_theta") = 1e4, py::arg("rope_interleave") = false)
       .def_property_readonly("head_dim", &ref::TinyDecoder::head_dim)
-      .def_property_readonly("embedding", [](const ref::TinyDecoder& d) { return to_numpy(d.embedding()); },
-                             "(vocab_size, d_model)")
-      .def_property_readonly("w_vocab", [](const ref::TinyDecoder& d) { return to_numpy(d.w_vocab()); },
-                             "(d_model, vocab_size)")
+      .def_property_readonly(
+          "embedding", [](const ref::TinyDecoder& d) { return to_numpy(d.embedding()); }, "(vocab_size, d_model)")
+      .def_property_readonly(
+          "w_vocab", [](const ref::TinyDecoder& d) { return to_numpy(d.w_vocab()); }, "(d_model, vocab_size)")
       .def(
           "layer_weights",
           [](const ref::TinyDecoder& d, int64_t layer) {
             if (layer < 0 || layer >= static_cast<int64_t>(d.layers().size()))
-              throw ref::InvalidArgument("TinyDecoder.layer_weights: layer " + std::to_string(layer) + " is not in [0, " +
-                                         std::to_string(d.layers().size()) + ")");
+              throw ref::InvalidArgument("TinyDecoder.layer_weights: layer " + std::to_string(layer) +
+                                         " is not in [0, " + std::to_string(d.layers().size()) + ")");
             const auto& l = d.layers()[static_cast<size_t>(layer)];
             py::dict out;
             out["w_q"] = to_numpy(l.w_q);

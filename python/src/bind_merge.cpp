@@ -9,8 +9,8 @@ void bind_merge(py::module_& m) {
       "merge_state",
       [](const FloatArray& v_a, const FloatArray& s_a, const FloatArray& v_b, const FloatArray& s_b) {
         const char* fn = "merge_state";
-        auto r = ref::merge_state(to_tensor(v_a, fn, "v_a"), to_tensor(s_a, fn, "s_a"),
-                                  to_tensor(v_b, fn, "v_b"), to_tensor(s_b, fn, "s_b"));
+        auto r = ref::merge_state(to_tensor(v_a, fn, "v_a"), to_tensor(s_a, fn, "s_a"), to_tensor(v_b, fn, "v_b"),
+                                  to_tensor(s_b, fn, "s_b"));
         return py::make_tuple(to_numpy(r.v), to_numpy(r.s));
       },
       py::arg("v_a"), py::arg("s_a"), py::arg("v_b"), py::arg("s_b"),

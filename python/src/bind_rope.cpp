@@ -8,7 +8,8 @@ namespace {
 
 py::tuple to_tuple(const ref::RopeResult& r) { return py::make_tuple(to_numpy(r.q_rope), to_numpy(r.k_rope)); }
 
-ref::RopeOptions rope_options(std::optional<int64_t> rotary_dim, bool interleave, double rope_scale, double rope_theta) {
+ref::RopeOptions rope_options(std::optional<int64_t> rotary_dim, bool interleave, double rope_scale,
+                              double rope_theta) {
   ref::RopeOptions o;
   o.rotary_dim = rotary_dim;
   o.interleave = interleave;
@@ -54,14 +55,16 @@ void bind_rope(py::module_& m) {
       [](const FloatArray& q, const FloatArray& k, const IntArray& indptr, const IntArray& offsets,
          std::optional<int64_t> rotary_dim, bool interleave, double rope_scale, double rope_theta) {
         const char* fn = "apply_rope";
-        return to_tuple(ref::apply_rope(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_int32_vector(indptr, fn, "indptr"),
-                                        to_int32_vector(offsets, fn, "offsets"),
+        return to_tuple(ref::apply_rope(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"),
+                                        to_int32_vector(indptr, fn, "indptr"), to_int32_vector(offsets, fn, "offsets"),
                                         rope_options(rotary_dim, interleave, rope_scale, rope_theta)));
       },
       py::arg("q"), py::arg("k"), py::arg("indptr"), py::arg("offsets"), py::arg("rotary_dim") = py::none(),
       py::arg("interleave") = false, py::arg("rope_scale") = 1.0, py::arg("rope_theta") = 1e4,
       (std::string("RoPE on a ragged batch: row t of request b (indptr[b] <= t < indptr[b+1]) is at\n"
-                   "position offsets[b] + (t - indptr[b]).") + kRopeDoc).c_str());
+                   "position offsets[b] + (t - indptr[b]).") +
+       kRopeDoc)
+          .c_str());
 
   m.def(
       "apply_rope_pos_ids",
@@ -82,11 +85,11 @@ void bind_rope(py::module_& m) {
          std::optional<int64_t> rotary_dim, bool interleave, double rope_scale, double rope_theta,
          double low_freq_factor, double high_freq_factor, double old_context_len) {
         const char* fn = "apply_llama31_rope";
-        return to_tuple(ref::apply_llama31_rope(
-            to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_int32_vector(indptr, fn, "indptr"),
-            to_int32_vector(offsets, fn, "offsets"),
-            llama31_options(rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor, high_freq_factor,
-                            old_context_len)));
+        return to_tuple(ref::apply_llama31_rope(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"),
+                                                to_int32_vector(indptr, fn, "indptr"),
+                                                to_int32_vector(offsets, fn, "offsets"),
+                                                llama31_options(rotary_dim, interleave, rope_scale, rope_theta,
+                                                                low_freq_factor, high_freq_factor, old_context_len)));
       },
       py::arg("q"), py::arg("k"), py::arg("indptr"), py::arg("offsets"), py::arg("rotary_dim") = py::none(),
       py::arg("interleave") = false, py::arg("rope_scale") = 8.0, py::arg("rope_theta") = 5e5,

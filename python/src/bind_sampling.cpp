@@ -51,7 +51,8 @@ ref::SamplingOptions options(const py::handle& indices, uint64_t seed, uint64_t 
   } else if (evaluation == "batched") {
     o.evaluation = ref::SamplerEvaluation::batched;
   } else {
-    throw ref::InvalidArgument(std::string(fn) + ": evaluation must be \"automatic\", \"per_output\" or \"batched\", got \"" +
+    throw ref::InvalidArgument(std::string(fn) +
+                               ": evaluation must be \"automatic\", \"per_output\" or \"batched\", got \"" +
                                evaluation + "\"");
   }
   return o;
@@ -66,8 +67,8 @@ ref::FilterKind parse_filter_kind(const std::string& kind) {
   for (auto k : {ref::FilterKind::none, ref::FilterKind::top_k, ref::FilterKind::top_p, ref::FilterKind::min_p,
                  ref::FilterKind::top_k_top_p})
     if (kind == ref::to_string(k)) return k;
-  throw ref::InvalidArgument("sampling_target_probs: kind must be one of none, top_k, top_p, min_p, top_k_top_p, got \"" +
-                             kind + "\"");
+  throw ref::InvalidArgument(
+      "sampling_target_probs: kind must be one of none, top_k, top_p, min_p, top_k_top_p, got \"" + kind + "\"");
 }
 
 const char* kCommonArgs = R"doc(
@@ -103,8 +104,9 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
       [](const FloatArray& probs, const OptionalIntArray& indices, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "sampling_from_probs";
-        return result(ref::sampling_from_probs(to_tensor(probs, fn, "probs"), options(indices, seed, offset, evaluation, fn)),
-                      return_rounds);
+        return result(
+            ref::sampling_from_probs(to_tensor(probs, fn, "probs"), options(indices, seed, offset, evaluation, fn)),
+            return_rounds);
       },
       py::arg("probs"), py::arg("indices") = py::none(), py::arg("seed") = 0, py::arg("offset") = 0,
       py::arg("return_rounds") = false, py::arg("evaluation") = "automatic",
@@ -115,8 +117,9 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
       [](const FloatArray& logits, const OptionalIntArray& indices, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "sampling_from_logits";
-        return result(ref::sampling_from_logits(to_tensor(logits, fn, "logits"), options(indices, seed, offset, evaluation, fn)),
-                      return_rounds);
+        return result(
+            ref::sampling_from_logits(to_tensor(logits, fn, "logits"), options(indices, seed, offset, evaluation, fn)),
+            return_rounds);
       },
       py::arg("logits"), py::arg("indices") = py::none(), py::arg("seed") = 0, py::arg("offset") = 0,
       py::arg("return_rounds") = false, py::arg("evaluation") = "automatic",
@@ -126,8 +129,8 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_k_sampling_from_probs",
-      [](const FloatArray& probs, const IntOrArray& top_k, const OptionalIntArray& indices, uint64_t seed, uint64_t offset,
-         bool return_rounds, const std::string& evaluation) {
+      [](const FloatArray& probs, const IntOrArray& top_k, const OptionalIntArray& indices, uint64_t seed,
+         uint64_t offset, bool return_rounds, const std::string& evaluation) {
         const char* fn = "top_k_sampling_from_probs";
         return result(ref::top_k_sampling_from_probs(to_tensor(probs, fn, "probs"), int_param(top_k, fn, "top_k"),
                                                      options(indices, seed, offset, evaluation, fn)),
@@ -141,8 +144,8 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "top_p_sampling_from_probs",
-      [](const FloatArray& probs, const FloatOrArray& top_p, const OptionalIntArray& indices, uint64_t seed, uint64_t offset,
-         bool return_rounds, const std::string& evaluation) {
+      [](const FloatArray& probs, const FloatOrArray& top_p, const OptionalIntArray& indices, uint64_t seed,
+         uint64_t offset, bool return_rounds, const std::string& evaluation) {
         const char* fn = "top_p_sampling_from_probs";
         return result(ref::top_p_sampling_from_probs(to_tensor(probs, fn, "probs"), float_param(top_p, fn, "top_p"),
                                                      options(indices, seed, offset, evaluation, fn)),
@@ -156,8 +159,8 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
 
   m.def(
       "min_p_sampling_from_probs",
-      [](const FloatArray& probs, const FloatOrArray& min_p, const OptionalIntArray& indices, uint64_t seed, uint64_t offset,
-         bool return_rounds, const std::string& evaluation) {
+      [](const FloatArray& probs, const FloatOrArray& min_p, const OptionalIntArray& indices, uint64_t seed,
+         uint64_t offset, bool return_rounds, const std::string& evaluation) {
         const char* fn = "min_p_sampling_from_probs";
         return result(ref::min_p_sampling_from_probs(to_tensor(probs, fn, "probs"), float_param(min_p, fn, "min_p"),
                                                      options(indices, seed, offset, evaluation, fn)),
@@ -173,9 +176,10 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
          const std::string& filter_apply_order, uint64_t seed, uint64_t offset, bool return_rounds,
          const std::string& evaluation) {
         const char* fn = "top_k_top_p_sampling_from_probs";
-        return result(ref::top_k_top_p_sampling_from_probs(
-                          to_tensor(probs, fn, "probs"), int_param(top_k, fn, "top_k"), float_param(top_p, fn, "top_p"),
-                          ref::parse_filter_apply_order(filter_apply_order), options(indices, seed, offset, evaluation, fn)),
+        return result(ref::top_k_top_p_sampling_from_probs(to_tensor(probs, fn, "probs"), int_param(top_k, fn, "top_k"),
+                                                           float_param(top_p, fn, "top_p"),
+                                                           ref::parse_filter_apply_order(filter_apply_order),
+                                                           options(indices, seed, offset, evaluation, fn)),
                       return_rounds);
       },
       py::arg("probs"), py::arg("top_k"), py::arg("top_p"), py::arg("indices") = py::none(),
@@ -192,8 +196,9 @@ logits: (batch, vocab), finite or -inf. temperature: float or (batch,), each > 0
          const std::string& evaluation) {
         const char* fn = "top_k_top_p_sampling_from_logits";
         return result(ref::top_k_top_p_sampling_from_logits(
-                          to_tensor(logits, fn, "logits"), int_param(top_k, fn, "top_k"), float_param(top_p, fn, "top_p"),
-                          ref::parse_filter_apply_order(filter_apply_order), options(indices, seed, offset, evaluation, fn)),
+                          to_tensor(logits, fn, "logits"), int_param(top_k, fn, "top_k"),
+                          float_param(top_p, fn, "top_p"), ref::parse_filter_apply_order(filter_apply_order),
+                          options(indices, seed, offset, evaluation, fn)),
                       return_rounds);
       },
       py::arg("logits"), py::arg("top_k"), py::arg("top_p"), py::arg("indices") = py::none(),
@@ -265,11 +270,12 @@ exact). Returns float64 (batch, vocab).)doc");
         const char* fn = "chain_speculative_sampling";
         py::array ids = py::array::ensure(draft_token_ids);
         if (!ids || (ids.ndim() != 2 && !(ids.ndim() == 1 && ids.size() == 0)))
-          throw ref::InvalidArgument(std::string(fn) + ": draft_token_ids must be a 2-D (batch_size, num_speculate_tokens) integer array");
+          throw ref::InvalidArgument(
+              std::string(fn) + ": draft_token_ids must be a 2-D (batch_size, num_speculate_tokens) integer array");
         auto flat = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(ids);
-        const auto r = ref::chain_speculative_sampling(
-            to_tensor(draft_probs, fn, "draft_probs"), to_int32_vector(flat.attr("reshape")(-1), fn, "draft_token_ids"),
-            to_tensor(target_probs, fn, "target_probs"), seed, offset);
+        const auto r = ref::chain_speculative_sampling(to_tensor(draft_probs, fn, "draft_probs"),
+                                                       to_int32_vector(flat.attr("reshape")(-1), fn, "draft_token_ids"),
+                                                       to_tensor(target_probs, fn, "target_probs"), seed, offset);
         py::array_t<int32_t> out = to_numpy(r.output_token_ids);
         return py::make_tuple(out.attr("reshape")(r.batch_size, r.num_speculate_tokens + 1),
                               to_numpy(r.output_accepted_token_num), to_numpy(r.output_emitted_draft_token_num));

@@ -19,11 +19,10 @@ namespace {
 using namespace pybind11::literals;
 
 py::dict memory_report_dict(const ref::MemoryReport& r) {
-  return py::dict("num_sequences"_a = r.num_sequences, "page_size"_a = r.page_size,
-                  "max_seq_len"_a = r.max_seq_len, "tokens"_a = r.tokens, "pages_in_use"_a = r.pages_in_use,
-                  "shared_pages"_a = r.shared_pages, "slots_allocated"_a = r.slots_allocated,
-                  "slots_filled"_a = r.slots_filled, "slots_wasted"_a = r.slots_wasted,
-                  "contiguous_slots"_a = r.contiguous_slots,
+  return py::dict("num_sequences"_a = r.num_sequences, "page_size"_a = r.page_size, "max_seq_len"_a = r.max_seq_len,
+                  "tokens"_a = r.tokens, "pages_in_use"_a = r.pages_in_use, "shared_pages"_a = r.shared_pages,
+                  "slots_allocated"_a = r.slots_allocated, "slots_filled"_a = r.slots_filled,
+                  "slots_wasted"_a = r.slots_wasted, "contiguous_slots"_a = r.contiguous_slots,
                   "contiguous_slots_wasted"_a = r.contiguous_slots_wasted);
 }
 
@@ -48,8 +47,8 @@ std::vector<std::string> optional_strings(const std::optional<std::vector<std::s
 }
 
 ref::BlockSparseDrawOptions draw_options(const std::optional<std::vector<std::string>>& request_names,
-                                         const std::optional<std::vector<std::string>>& page_labels,
-                                         bool show_sharing, bool one_line_per_query, bool skip_empty_rows,
+                                         const std::optional<std::vector<std::string>>& page_labels, bool show_sharing,
+                                         bool one_line_per_query, bool skip_empty_rows,
                                          const std::optional<std::vector<std::string>>& row_names) {
   ref::BlockSparseDrawOptions o;
   o.request_names = optional_strings(request_names);
@@ -100,25 +99,30 @@ page is free again when its last reference is dropped.)doc")
       .def_property_readonly("num_used_pages", &ref::PageAllocator::num_used_pages)
       .def("try_allocate", &ref::PageAllocator::try_allocate,
            "One page with reference count 1, or NO_PAGE (-1) when the pool is exhausted.")
-      .def("allocate", [](ref::PageAllocator& a, int64_t n) { return to_numpy(a.allocate(n)); }, py::arg("n"),
-           "n pages (int32 array), all or nothing: raises OutOfPages and takes nothing if fewer are free.")
+      .def(
+          "allocate", [](ref::PageAllocator& a, int64_t n) { return to_numpy(a.allocate(n)); }, py::arg("n"),
+          "n pages (int32 array), all or nothing: raises OutOfPages and takes nothing if fewer are free.")
       .def("incref", &ref::PageAllocator::incref, py::arg("page"), "Add a holder to a page in use.")
       .def("decref", &ref::PageAllocator::decref, py::arg("page"),
            "Drop one reference; returns True if the page became free.")
       .def("refcount", &ref::PageAllocator::refcount, py::arg("page"), "Reference count of a page (0 = free).")
-      .def("free_pages", [](const ref::PageAllocator& a) { return to_numpy(a.free_pages()); },
-           "The free list in hand-out order (int32 array).")
+      .def(
+          "free_pages", [](const ref::PageAllocator& a) { return to_numpy(a.free_pages()); },
+          "The free list in hand-out order (int32 array).")
       .def("check_invariants", &ref::PageAllocator::check_invariants,
            "Raise RuntimeError if the free list and the counts disagree.");
 
   py::class_<ref::AppendResult>(m, "AppendResult", "What PagedSequences.append_tokens did.")
-      .def_property_readonly("new_pages", [](const ref::AppendResult& r) { return to_numpy(r.new_pages); },
-                             "Pages allocated by the append (a copy-on-write destination included).")
-      .def_property_readonly("copies", [](const ref::AppendResult& r) { return copies_array(r.copies); },
-                             "(n, 2) int32 array of (src, dst) page copies to run before writing "
-                             "(copy_pages), as vLLM's copy_blocks.");
+      .def_property_readonly(
+          "new_pages", [](const ref::AppendResult& r) { return to_numpy(r.new_pages); },
+          "Pages allocated by the append (a copy-on-write destination included).")
+      .def_property_readonly(
+          "copies", [](const ref::AppendResult& r) { return copies_array(r.copies); },
+          "(n, 2) int32 array of (src, dst) page copies to run before writing "
+          "(copy_pages), as vLLM's copy_blocks.");
 
-  py::class_<ref::PagedSequences>(m, "PagedSequences", R"doc(Per-sequence page tables (vLLM's block tables) over a PageAllocator.
+  py::class_<ref::PagedSequences>(m, "PagedSequences",
+                                  R"doc(Per-sequence page tables (vLLM's block tables) over a PageAllocator.
 
 PagedSequences(allocator). fork() shares every page of a sequence; appending to a
 sequence whose last page is partly filled and shared first copies that page
@@ -140,8 +144,9 @@ when the pool cannot hold an append.)doc")
       .def("free_sequence", &ref::PagedSequences::free_sequence, py::arg("seq"))
       .def("has_sequence", &ref::PagedSequences::has_sequence, py::arg("seq"))
       .def("sequence_ids", &ref::PagedSequences::sequence_ids)
-      .def("pages", [](const ref::PagedSequences& s, int32_t seq) { return to_numpy(s.pages(seq)); }, py::arg("seq"),
-           "The sequence's page table (int32 array).")
+      .def(
+          "pages", [](const ref::PagedSequences& s, int32_t seq) { return to_numpy(s.pages(seq)); }, py::arg("seq"),
+          "The sequence's page table (int32 array).")
       .def("seq_len", &ref::PagedSequences::seq_len, py::arg("seq"))
       .def("last_page_len", &ref::PagedSequences::last_page_len, py::arg("seq"))
       .def(
@@ -152,7 +157,10 @@ when the pool cannot hold an append.)doc")
           },
           py::arg("seqs"), "(kv_indptr, kv_indices, kv_last_page_len) of the given sequences, in order.")
       .def(
-          "memory_report", [](const ref::PagedSequences& s, int64_t max_seq_len) { return memory_report_dict(s.memory_report(max_seq_len)); },
+          "memory_report",
+          [](const ref::PagedSequences& s, int64_t max_seq_len) {
+            return memory_report_dict(s.memory_report(max_seq_len));
+          },
           py::arg("max_seq_len"),
           "Dict of slot counts, paged (shared pages once) versus contiguous max_seq_len preallocation.");
 
@@ -199,8 +207,9 @@ paged_kv_cache: (num_pages, 2, ...) float32/float64, modified in place; copies: 
 void bind_radix(py::module_& m) {
   py::class_<ref::RadixMatch>(m, "RadixMatch", "Result of RadixCache.match_prefix.")
       .def_readonly("length", &ref::RadixMatch::length, "Matched tokens, a multiple of page_size.")
-      .def_property_readonly("pages", [](const ref::RadixMatch& r) { return to_numpy(r.pages); },
-                             "Pages holding the matched tokens (int32 array).")
+      .def_property_readonly(
+          "pages", [](const ref::RadixMatch& r) { return to_numpy(r.pages); },
+          "Pages holding the matched tokens (int32 array).")
       .def_readonly("last_node", &ref::RadixMatch::last_node, "Node where the match ends (0 = root).")
       .def("__repr__", [](const ref::RadixMatch& r) {
         return "RadixMatch(length=" + std::to_string(r.length) + ", pages=" + std::to_string(r.pages.size()) +
@@ -220,7 +229,8 @@ vocabulary: token id -> text (ids are printed when None); one_line_per_page: one
 per page instead of per edge (the course's per-token picture); show_locks: append each
 node's lock_ref and last use.)doc";
 
-  py::class_<ref::RadixCache>(m, "RadixCache", R"doc(RadixAttention's prefix cache: a page-granular radix tree over a PageAllocator.
+  py::class_<ref::RadixCache>(m, "RadixCache",
+                              R"doc(RadixAttention's prefix cache: a page-granular radix tree over a PageAllocator.
 
 RadixCache(allocator). Only whole pages are cached or matched (a partly filled tail page
 stays its owner's). The cache holds one reference on each page it stores. match_prefix
@@ -245,8 +255,9 @@ first, deepest pages first, page-exact.)doc")
           "tokens that were already cached (their pages are not adopted).")
       .def("lock", &ref::RadixCache::lock, py::arg("node"), "Pin the path from node to the root against eviction.")
       .def("unlock", &ref::RadixCache::unlock, py::arg("node"), "Release one lock() on exactly node.")
-      .def("evict", [](ref::RadixCache& c, int64_t n) { return to_numpy(c.evict(n)); }, py::arg("num_pages"),
-           "Evict up to num_pages pages (LRU unlocked leaves); returns them in eviction order.")
+      .def(
+          "evict", [](ref::RadixCache& c, int64_t n) { return to_numpy(c.evict(n)); }, py::arg("num_pages"),
+          "Evict up to num_pages pages (LRU unlocked leaves); returns them in eviction order.")
       .def_property_readonly("cached_pages", &ref::RadixCache::cached_pages)
       .def_property_readonly("locked_pages", &ref::RadixCache::locked_pages)
       .def_property_readonly("evictable_pages", &ref::RadixCache::evictable_pages)
@@ -261,7 +272,8 @@ first, deepest pages first, page-exact.)doc")
           },
           "Every node as a dict (id, parent, key, pages, lock_ref, own_locks, last_access, depth_tokens, "
           "children), root first, pre-order.")
-      .def("node", [](const ref::RadixCache& c, int32_t id) { return node_dict(c.node(id)); }, py::arg("id"))
+      .def(
+          "node", [](const ref::RadixCache& c, int32_t id) { return node_dict(c.node(id)); }, py::arg("id"))
       .def("check_invariants", &ref::RadixCache::check_invariants,
            "Raise RuntimeError if the tree or its agreement with the allocator is broken.")
       .def("draw", draw, py::arg("vocabulary") = py::none(), py::arg("one_line_per_page") = false,
@@ -283,8 +295,9 @@ page_size). Block b's non-zero pages are indices[indptr[b]:indptr[b+1]], in KV o
       .def_readonly("window_left", &V::window_left)
       .def_property_readonly("qo_indptr", [](const V& v) { return to_numpy(v.qo_indptr); })
       .def_property_readonly("kv_len", [](const V& v) { return to_numpy(v.kv_len); })
-      .def_property_readonly("row_indptr", [](const V& v) { return to_numpy(v.row_indptr); },
-                             "(num_row_blocks + 1) packed query rows of each row block")
+      .def_property_readonly(
+          "row_indptr", [](const V& v) { return to_numpy(v.row_indptr); },
+          "(num_row_blocks + 1) packed query rows of each row block")
       .def_property_readonly("row_request", [](const V& v) { return to_numpy(v.row_request); })
       .def_property_readonly("indptr", [](const V& v) { return to_numpy(v.indptr); })
       .def_property_readonly("indices", [](const V& v) { return to_numpy(v.indices); })
@@ -299,15 +312,13 @@ page_size). Block b's non-zero pages are indices[indptr[b]:indptr[b+1]], in KV o
          const IntArray& kv_last_page_len, int64_t page_size, int64_t num_pages, int64_t Br, bool causal,
          int window_left) {
         const char* fn = "build_block_sparse";
-        return ref::build_block_sparse(to_int32_vector(qo_indptr, fn, "qo_indptr"),
-                                       to_int32_vector(kv_indptr, fn, "kv_indptr"),
-                                       to_int32_vector(kv_indices, fn, "kv_indices"),
-                                       to_int32_vector(kv_last_page_len, fn, "kv_last_page_len"), page_size,
-                                       num_pages, Br, causal, window_left);
+        return ref::build_block_sparse(
+            to_int32_vector(qo_indptr, fn, "qo_indptr"), to_int32_vector(kv_indptr, fn, "kv_indptr"),
+            to_int32_vector(kv_indices, fn, "kv_indices"), to_int32_vector(kv_last_page_len, fn, "kv_last_page_len"),
+            page_size, num_pages, Br, causal, window_left);
       },
       py::arg("qo_indptr"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_last_page_len"),
-      py::arg("page_size"), py::arg("num_pages"), py::arg("Br"), py::arg("causal") = false,
-      py::arg("window_left") = -1,
+      py::arg("page_size"), py::arg("num_pages"), py::arg("Br"), py::arg("causal") = false, py::arg("window_left") = -1,
       R"doc(The block-sparse view of a paged batch for (Br, Bc = page_size).
 
 A block (row block, page) is present iff some query of the row block may see some key of
@@ -324,9 +335,9 @@ the page under the mask (causal, window_left). Returns BlockSparseView.)doc");
         if (return_lse) return py::object(py::make_tuple(to_numpy(r.o), to_numpy(r.lse)));
         return py::object(to_numpy(r.o));
       },
-      py::arg("q"), py::arg("paged_kv_cache"), py::arg("view"), py::arg("kv_layout") = "NHD",
-      py::arg("causal") = false, py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
-      py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
+      py::arg("q"), py::arg("paged_kv_cache"), py::arg("view"), py::arg("kv_layout") = "NHD", py::arg("causal") = false,
+      py::arg("sm_scale") = py::none(), py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(),
+      py::arg("return_lse") = false,
       R"doc(Attention by walking the view block by block (online softmax, mask inside blocks).
 
 q: (nnz_qo, num_qo_heads, head_dim); paged_kv_cache: the pool the view indexes; causal
@@ -342,8 +353,8 @@ skip_empty_rows, row_names (one per query row; default "A, pos 0").)doc";
       [](const V& view, const std::optional<std::vector<std::string>>& request_names,
          const std::optional<std::vector<std::string>>& page_labels, bool show_sharing, bool one_line_per_query,
          bool skip_empty_rows, const std::optional<std::vector<std::string>>& row_names) {
-        return ref::draw_block_sparse(view, draw_options(request_names, page_labels, show_sharing,
-                                                         one_line_per_query, skip_empty_rows, row_names));
+        return ref::draw_block_sparse(view, draw_options(request_names, page_labels, show_sharing, one_line_per_query,
+                                                         skip_empty_rows, row_names));
       },
       py::arg("view"), py::arg("request_names") = py::none(), py::arg("page_labels") = py::none(),
       py::arg("show_sharing") = true, py::arg("one_line_per_query") = false, py::arg("skip_empty_rows") = false,
@@ -352,8 +363,8 @@ skip_empty_rows, row_names (one per query row; default "A, pos 0").)doc";
       "draw_block_sparse_lookup",
       [](const V& view, const std::optional<std::vector<std::string>>& request_names, bool skip_empty_rows,
          const std::optional<std::vector<std::string>>& row_names) {
-        return ref::draw_block_sparse_lookup(view, draw_options(request_names, std::nullopt, true, false,
-                                                                skip_empty_rows, row_names));
+        return ref::draw_block_sparse_lookup(
+            view, draw_options(request_names, std::nullopt, true, false, skip_empty_rows, row_names));
       },
       py::arg("view"), py::arg("request_names") = py::none(), py::arg("skip_empty_rows") = false,
       py::arg("row_names") = py::none(),
@@ -455,17 +466,19 @@ row o_indptr[r] + t. block_valid_mask marks the real items of the padded grid.)d
       .def_property_readonly("request_indices", [](const P& p) { return to_numpy(p.request_indices); })
       .def_property_readonly("kv_tile_indices", [](const P& p) { return to_numpy(p.kv_tile_indices); })
       .def_property_readonly("o_indptr", [](const P& p) { return to_numpy(p.o_indptr); })
-      .def_property_readonly("block_valid_mask", [](const P& p) {
-        py::array_t<bool> out(static_cast<py::ssize_t>(p.block_valid_mask.size()));
-        for (size_t i = 0; i < p.block_valid_mask.size(); ++i) out.mutable_data()[i] = p.block_valid_mask[i] != 0;
-        return out;
-      })
+      .def_property_readonly("block_valid_mask",
+                             [](const P& p) {
+                               py::array_t<bool> out(static_cast<py::ssize_t>(p.block_valid_mask.size()));
+                               for (size_t i = 0; i < p.block_valid_mask.size(); ++i)
+                                 out.mutable_data()[i] = p.block_valid_mask[i] != 0;
+                               return out;
+                             })
       .def("__repr__", &plan_repr);
 
   m.def(
       "plan_split_kv",
-      [](const IntArray& kv_page_counts, int64_t page_size, int64_t num_kv_heads, int64_t num_sm,
-         int64_t ctas_per_sm, bool enable_cuda_graph, int64_t min_kv_chunk_tokens) {
+      [](const IntArray& kv_page_counts, int64_t page_size, int64_t num_kv_heads, int64_t num_sm, int64_t ctas_per_sm,
+         bool enable_cuda_graph, int64_t min_kv_chunk_tokens) {
         ref::SplitKVConfig c;
         c.page_size = page_size;
         c.num_kv_heads = num_kv_heads;
@@ -483,10 +496,9 @@ split if batch_size * num_kv_heads already fills the device. Returns SplitKVPlan
 
   m.def(
       "split_kv_decode",
-      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr,
-         const IntArray& kv_indices, const IntArray& kv_last_page_len, const P& plan,
-         const std::string& kv_layout, std::optional<double> sm_scale, int window_left,
-         std::optional<double> logits_soft_cap, bool return_partials) {
+      [](const FloatArray& q, const KVCacheArg& paged_kv_cache, const IntArray& kv_indptr, const IntArray& kv_indices,
+         const IntArray& kv_last_page_len, const P& plan, const std::string& kv_layout, std::optional<double> sm_scale,
+         int window_left, std::optional<double> logits_soft_cap, bool return_partials) {
         const char* fn = "split_kv_decode";
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
         auto opt = attention_options(false, sm_scale, window_left, logits_soft_cap);
@@ -496,9 +508,9 @@ split if batch_size * num_kv_heads already fills the device. Returns SplitKVPlan
           return py::object(py::make_tuple(to_numpy(r.o), to_numpy(r.lse), to_numpy(partials.v), to_numpy(partials.s)));
         return py::object(py::make_tuple(to_numpy(r.o), to_numpy(r.lse)));
       },
-      py::arg("q"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"),
-      py::arg("kv_last_page_len"), py::arg("plan"), py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(),
-      py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(), py::arg("return_partials") = false,
+      py::arg("q"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_last_page_len"),
+      py::arg("plan"), py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
+      py::arg("logits_soft_cap") = py::none(), py::arg("return_partials") = false,
       R"doc(Reference split-attend-merge decode following a plan: (o, lse) [, tmp_v, tmp_s].
 
 q: (batch_size, num_qo_heads, head_dim). tmp_v (num_work_items, num_qo_heads, head_dim)

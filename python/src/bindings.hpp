@@ -27,9 +27,9 @@ namespace py = pybind11;
 //   IntOrArray          an int, or one per row (FlashInfer's Union[Tensor, int])
 //   FloatOrArray        a float, or one per row; OptionalFloatOrArray: or None
 inline int any_object(PyObject*) { return 1; }
-#define FLASHSTEP_PY_ARGUMENT(Name) \
-  class Name : public py::object {  \
-   public:                          \
+#define FLASHSTEP_PY_ARGUMENT(Name)                       \
+  class Name : public py::object {                        \
+   public:                                                \
     PYBIND11_OBJECT_DEFAULT(Name, py::object, any_object) \
   };
 FLASHSTEP_PY_ARGUMENT(FloatArray)
@@ -69,10 +69,10 @@ void bind_rope(py::module_& m);
 }  // namespace flashstep::python
 
 namespace pybind11::detail {
-#define FLASHSTEP_PY_ARGUMENT_NAME(Name, shown)                 \
-  template <>                                                     \
-  struct handle_type_name<flashstep::python::Name> {             \
-    static constexpr auto name = const_name(shown);               \
+#define FLASHSTEP_PY_ARGUMENT_NAME(Name, shown)      \
+  template <>                                        \
+  struct handle_type_name<flashstep::python::Name> { \
+    static constexpr auto name = const_name(shown);  \
   };
 FLASHSTEP_PY_ARGUMENT_NAME(FloatArray, "numpy.ndarray")
 FLASHSTEP_PY_ARGUMENT_NAME(IntArray, "numpy.typing.ArrayLike")

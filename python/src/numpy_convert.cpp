@@ -15,8 +15,7 @@ ref::Tensor to_tensor(const py::handle& obj, const char* fn, const char* name) {
   auto arr = py::reinterpret_borrow<py::array>(obj);
   const auto dt = arr.dtype();
   if (dt.kind() != 'f' || (dt.itemsize() != 4 && dt.itemsize() != 8))
-    throw ref::InvalidArgument(std::string(fn) + ": " + name +
-                               " must be float32 or float64, got dtype " +
+    throw ref::InvalidArgument(std::string(fn) + ": " + name + " must be float32 or float64, got dtype " +
                                py::str(py::object(dt)).cast<std::string>());
   auto dbl = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(arr);
   std::vector<int64_t> shape(dbl.shape(), dbl.shape() + dbl.ndim());
@@ -38,15 +37,14 @@ std::vector<int32_t> to_int32_vector(const py::handle& obj, const char* fn, cons
     throw ref::InvalidArgument(std::string(fn) + ": " + name + " must hold integers, got dtype " +
                                py::str(py::object(arr.dtype())).cast<std::string>());
   if (arr.ndim() != 1)
-    throw ref::InvalidArgument(std::string(fn) + ": " + name + " must be 1-D, got rank " +
-                               std::to_string(arr.ndim()));
+    throw ref::InvalidArgument(std::string(fn) + ": " + name + " must be 1-D, got rank " + std::to_string(arr.ndim()));
   auto i64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(arr);
   std::vector<int32_t> v(static_cast<size_t>(i64.size()));
   for (py::ssize_t i = 0; i < i64.size(); ++i) {
     const int64_t x = i64.data()[i];
     if (x < INT32_MIN || x > INT32_MAX)
-      throw ref::InvalidArgument(std::string(fn) + ": " + name + "[" + std::to_string(i) +
-                                 "] = " + std::to_string(x) + " does not fit in int32");
+      throw ref::InvalidArgument(std::string(fn) + ": " + name + "[" + std::to_string(i) + "] = " + std::to_string(x) +
+                                 " does not fit in int32");
     v[static_cast<size_t>(i)] = static_cast<int32_t>(x);
   }
   return v;

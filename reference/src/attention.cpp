@@ -43,20 +43,18 @@ void check_attention_options(const char* fn, const AttentionOptions& opt) {
   require(opt.window_left >= -1, fn,
           "window_left must be -1 (off) or >= 0 (got " + std::to_string(opt.window_left) + ")");
   require(std::isfinite(opt.logits_soft_cap) && opt.logits_soft_cap >= 0, fn,
-          "logits_soft_cap must be 0 (off) or a positive finite number (got " +
-              std::to_string(opt.logits_soft_cap) + ")");
+          "logits_soft_cap must be 0 (off) or a positive finite number (got " + std::to_string(opt.logits_soft_cap) +
+              ")");
 }
 
 namespace {
 
 /// Checks k/v of a single or ragged call against q; returns num_kv_heads.
-int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v,
-                            KVLayout layout) {
+int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, KVLayout layout) {
   check_rank(fn, "k", k, 3);
   check_rank(fn, "v", v, 3);
   require(k.shape == v.shape, fn,
-          "k and v must have the same shape, got k " + shape_string(k.shape) + " and v " +
-              shape_string(v.shape));
+          "k and v must have the same shape, got k " + shape_string(k.shape) + " and v " + shape_string(v.shape));
   check_dim(fn, "k", k, 2, q.dim(-1), "head_dim, must match q");
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
   check_head_dim(fn, q.dim(-1));
@@ -74,9 +72,8 @@ int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, co
 /// as one query at a time, in double, at the speed of a matrix product, which is what
 /// lets the tests check long sequences. Under the causal mask a block reads only the keys
 /// its last query can see.
-void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tensor& k,
-                    const Tensor& v, KVLayout layout, int64_t kv_row0, int64_t kv_len,
-                    const AttentionOptions& opt, Tensor& o, Tensor& lse) {
+void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tensor& k, const Tensor& v, KVLayout layout,
+                    int64_t kv_row0, int64_t kv_len, const AttentionOptions& opt, Tensor& o, Tensor& lse) {
   constexpr int64_t kBlockRows = 64;
   const int64_t num_qo_heads = q.dim(1), head_dim = q.dim(2);
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
@@ -143,8 +140,7 @@ AttentionResult paged_prefill(const char* fn, const Tensor& q, const std::vector
   AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
   for (int64_t i = 0; i < cache.batch_size(); ++i) {
     const auto [k, v] = gather_paged_kv(cache, i);
-    attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, KVLayout::NHD, 0,
-                   k.dim(0), opt, r.o, r.lse);
+    attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, KVLayout::NHD, 0, k.dim(0), opt, r.o, r.lse);
   }
   return r;
 }
@@ -159,8 +155,7 @@ KVLayout parse_kv_layout(const std::string& name) {
 
 const char* to_string(KVLayout layout) { return layout == KVLayout::NHD ? "NHD" : "HND"; }
 
-bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool causal,
-                 int window_left) {
+bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool causal, int window_left) {
   const int64_t diagonal = i + (kv_len - qo_len);  // the last key query i may see if causal
   if (causal && j > diagonal) return false;
   if (window_left >= 0 && j < diagonal - window_left) return false;
@@ -173,13 +168,11 @@ int64_t PagedKVCache::kv_len(int64_t i) const {
 }
 
 double PagedKVCache::at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) const {
-  return layout == KVLayout::NHD ? pages({page, k_or_v, token, head, d})
-                                 : pages({page, k_or_v, head, token, d});
+  return layout == KVLayout::NHD ? pages({page, k_or_v, token, head, d}) : pages({page, k_or_v, head, token, d});
 }
 
 double& PagedKVCache::at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) {
-  return layout == KVLayout::NHD ? pages({page, k_or_v, token, head, d})
-                                 : pages({page, k_or_v, head, token, d});
+  return layout == KVLayout::NHD ? pages({page, k_or_v, token, head, d}) : pages({page, k_or_v, head, token, d});
 }
 
 void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
@@ -187,8 +180,7 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
   require(c.pages.dim(1) == 2, fn,
           "paged_kv_cache dimension 1 must be 2 (K and V), got shape " + shape_string(c.pages.shape));
   require(c.page_size() >= 1, fn,
-          "page_size must be >= 1, got shape " + shape_string(c.pages.shape) + " (" +
-              to_string(c.layout) + ")");
+          "page_size must be >= 1, got shape " + shape_string(c.pages.shape) + " (" + to_string(c.layout) + ")");
   check_indptr(fn, "kv_indptr", c.kv_indptr, -1, static_cast<int64_t>(c.kv_indices.size()));
   const int64_t batch = c.batch_size();
   require(static_cast<int64_t>(c.kv_last_page_len.size()) == batch, fn,
@@ -208,8 +200,8 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
                   std::to_string(lpl) + ")");
     } else {
       require(lpl >= 1 && lpl <= c.page_size(), fn,
-              "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(lpl) +
-                  " must be in 1..page_size (" + std::to_string(c.page_size()) + ")");
+              "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(lpl) + " must be in 1..page_size (" +
+                  std::to_string(c.page_size()) + ")");
     }
   }
   // Only the slots a request can read must be finite: unused pool memory may hold anything.
@@ -220,10 +212,9 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
         for (int64_t h = 0; h < c.num_kv_heads(); ++h)
           for (int64_t d = 0; d < c.head_dim(); ++d)
             require_lazy(std::isfinite(c.at(page, kv, t % c.page_size(), h, d)), fn, [&] {
-              return std::string("paged_kv_cache must be finite, but the ") + (kv ? "V" : "K") +
-                     " of request " + std::to_string(i) + ", token " + std::to_string(t) +
-                     ", head " + std::to_string(h) + ", dim " + std::to_string(d) + " (page " +
-                     std::to_string(page) + ") is " +
+              return std::string("paged_kv_cache must be finite, but the ") + (kv ? "V" : "K") + " of request " +
+                     std::to_string(i) + ", token " + std::to_string(t) + ", head " + std::to_string(h) + ", dim " +
+                     std::to_string(d) + " (page " + std::to_string(page) + ") is " +
                      std::to_string(c.at(page, kv, t % c.page_size(), h, d));
             });
     }
@@ -256,11 +247,9 @@ AttentionResult single_decode_with_kv_cache(const Tensor& q, const Tensor& k, co
   return {Tensor({q.dim(0), q.dim(1)}, std::move(o.data)), Tensor({q.dim(0)}, std::move(lse.data))};
 }
 
-AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q,
-                                                   const std::vector<int32_t>& qo_indptr,
+AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
                                                    const Tensor& k, const Tensor& v,
-                                                   const std::vector<int32_t>& kv_indptr,
-                                                   const AttentionOptions& opt) {
+                                                   const std::vector<int32_t>& kv_indptr, const AttentionOptions& opt) {
   const char* fn = "batch_prefill_with_ragged_kv_cache";
   check_attention_options(fn, opt);
   check_rank(fn, "q", q, 3);
@@ -271,15 +260,13 @@ AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q,
   check_indptr(fn, "kv_indptr", kv_indptr, static_cast<int64_t>(qo_indptr.size()), nnz_kv);
   AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i)
-    attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, opt.kv_layout,
-                   kv_indptr[i], kv_indptr[i + 1] - kv_indptr[i], opt, r.o, r.lse);
+    attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, opt.kv_layout, kv_indptr[i],
+                   kv_indptr[i + 1] - kv_indptr[i], opt, r.o, r.lse);
   return r;
 }
 
-AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
-                                                  const std::vector<int32_t>& qo_indptr,
-                                                  const PagedKVCache& cache,
-                                                  const AttentionOptions& opt) {
+AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
+                                                  const PagedKVCache& cache, const AttentionOptions& opt) {
   return paged_prefill("batch_prefill_with_paged_kv_cache", q, qo_indptr, cache, opt);
 }
 
@@ -288,8 +275,8 @@ AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVC
   const char* fn = "batch_decode_with_paged_kv_cache";
   check_rank(fn, "q", q, 3);
   require(q.dim(0) == cache.batch_size(), fn,
-          "q dimension 0 (batch_size) must equal len(kv_indptr) - 1 = " +
-              std::to_string(cache.batch_size()) + ", got " + std::to_string(q.dim(0)));
+          "q dimension 0 (batch_size) must equal len(kv_indptr) - 1 = " + std::to_string(cache.batch_size()) +
+              ", got " + std::to_string(q.dim(0)));
   // Decode is prefill with one query per request; causal is meaningless for it.
   AttentionOptions decode_opt = opt;
   decode_opt.causal = false;
@@ -298,8 +285,7 @@ AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVC
   return paged_prefill(fn, q, qo_indptr, cache, decode_opt);
 }
 
-Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
-                        const AttentionOptions& opt) {
+Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head, const AttentionOptions& opt) {
   const char* fn = "attention_scores";
   check_attention_options(fn, opt);
   check_rank(fn, "q", q, 3);

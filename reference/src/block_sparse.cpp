@@ -18,10 +18,9 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void check_page_table(const char* fn, const std::vector<int32_t>& qo_indptr,
-                      const std::vector<int32_t>& kv_indptr, const std::vector<int32_t>& kv_indices,
-                      const std::vector<int32_t>& kv_last_page_len, int64_t page_size,
-                      int64_t num_pages) {
+void check_page_table(const char* fn, const std::vector<int32_t>& qo_indptr, const std::vector<int32_t>& kv_indptr,
+                      const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_last_page_len,
+                      int64_t page_size, int64_t num_pages) {
   require(page_size >= 1, fn, "page_size (Bc) must be >= 1, got " + str(page_size));
   require(num_pages >= 1, fn, "num_pages must be >= 1, got " + str(num_pages));
   check_indptr(fn, "qo_indptr", qo_indptr, -1, -1);
@@ -63,8 +62,8 @@ void check_view(const char* fn, const BlockSparseView& v) {
             fn, "view.row_request[" + str(b) + "] does not own the rows of row block " + str(b));
   }
   for (int64_t n = 0; n < v.nnz_blocks(); ++n)
-    require(v.indices[n] >= 0 && v.indices[n] < v.num_pages && v.block_kv_len[n] >= 1 &&
-                v.block_kv_len[n] <= v.Bc && v.block_kv_start[n] >= 0,
+    require(v.indices[n] >= 0 && v.indices[n] < v.num_pages && v.block_kv_len[n] >= 1 && v.block_kv_len[n] <= v.Bc &&
+                v.block_kv_start[n] >= 0,
             fn, "view block " + str(n) + " has a page id, start or length out of range");
 }
 
@@ -123,8 +122,7 @@ Labels make_labels(const char* fn, const BlockSparseView& v, const BlockSparseDr
 }
 
 // "A, pos 0-2" for a row block (or the custom names of its first and last rows).
-std::string row_block_label(const BlockSparseView& v, const Labels& l, const BlockSparseDrawOptions& o,
-                            int64_t b) {
+std::string row_block_label(const BlockSparseView& v, const Labels& l, const BlockSparseDrawOptions& o, int64_t b) {
   const int32_t first = v.row_indptr[b], last = v.row_indptr[b + 1] - 1;
   if (first == last) return l.row[static_cast<size_t>(first)];
   if (!o.row_names.empty()) return l.row[static_cast<size_t>(first)] + " .. " + l.row[static_cast<size_t>(last)];
@@ -135,11 +133,9 @@ std::string row_block_label(const BlockSparseView& v, const Labels& l, const Blo
 
 }  // namespace
 
-BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr,
-                                   const std::vector<int32_t>& kv_indptr,
-                                   const std::vector<int32_t>& kv_indices,
-                                   const std::vector<int32_t>& kv_last_page_len, int64_t page_size,
-                                   int64_t num_pages, int64_t Br, bool causal, int window_left) {
+BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const std::vector<int32_t>& kv_indptr,
+                                   const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_last_page_len,
+                                   int64_t page_size, int64_t num_pages, int64_t Br, bool causal, int window_left) {
   const char* fn = "build_block_sparse";
   check_page_table(fn, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size, num_pages);
   require(Br >= 1, fn, "Br must be >= 1, got " + str(Br));
@@ -169,8 +165,7 @@ BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr,
         // Non-zero iff some (query, key) pair of the block survives the mask.
         bool any = false;
         for (int64_t i = i0; i < i1 && !any; ++i)
-          for (int64_t j = j0; j < j1 && !any; ++j)
-            any = key_visible(i, j, qo_len, kv_len, causal, window_left);
+          for (int64_t j = j0; j < j1 && !any; ++j) any = key_visible(i, j, qo_len, kv_len, causal, window_left);
         if (!any) continue;
         v.indices.push_back(kv_indices[static_cast<size_t>(kv_indptr[r] + k)]);
         v.block_kv_start.push_back(static_cast<int32_t>(j0));
@@ -182,16 +177,16 @@ BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr,
   return v;
 }
 
-BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const PagedKVCache& cache,
-                                   int64_t Br, bool causal, int window_left) {
+BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const PagedKVCache& cache, int64_t Br,
+                                   bool causal, int window_left) {
   require(cache.pages.rank() == 5, "build_block_sparse",
           "paged_kv_cache must have rank 5, got shape " + shape_string(cache.pages.shape));
-  return build_block_sparse(qo_indptr, cache.kv_indptr, cache.kv_indices, cache.kv_last_page_len,
-                            cache.page_size(), cache.num_pages(), Br, causal, window_left);
+  return build_block_sparse(qo_indptr, cache.kv_indptr, cache.kv_indices, cache.kv_last_page_len, cache.page_size(),
+                            cache.num_pages(), Br, causal, window_left);
 }
 
-AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cache,
-                                       const BlockSparseView& v, const AttentionOptions& opt) {
+AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cache, const BlockSparseView& v,
+                                       const AttentionOptions& opt) {
   const char* fn = "block_sparse_attention";
   check_rank(fn, "q", q, 3);
   check_finite(fn, "q", q);
@@ -204,8 +199,8 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
           "the view (Bc " + str(v.Bc) + ", " + str(v.num_pages) + " pages) was not built for this pool (page_size " +
               str(cache.page_size()) + ", " + str(cache.num_pages()) + " pages)");
   require(opt.causal == v.causal && opt.window_left == v.window_left, fn,
-          "opt.causal and opt.window_left must be the ones the view was built with (causal " +
-              str(v.causal) + ", window_left " + str(v.window_left) + ")");
+          "opt.causal and opt.window_left must be the ones the view was built with (causal " + str(v.causal) +
+              ", window_left " + str(v.window_left) + ")");
   check_attention_options(fn, opt);
   check_view(fn, v);
   require(v.qo_indptr.back() == q.dim(0), fn,
@@ -240,7 +235,8 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
             double s = 0;
             for (int64_t d = 0; d < head_dim; ++d) {
               const double kd = cache.at(page, 0, slot, kv_head, d);
-              require_lazy(std::isfinite(kd), fn, [&] { return "K of page " + str(page) + ", slot " + str(slot) + " is not finite"; });
+              require_lazy(std::isfinite(kd), fn,
+                           [&] { return "K of page " + str(page) + ", slot " + str(slot) + " is not finite"; });
               s += q({row, h, d}) * kd;
             }
             s *= sm_scale;
@@ -252,7 +248,8 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
             l[st] = l[st] * rescale + p;
             for (int64_t d = 0; d < head_dim; ++d) {
               const double vd = cache.at(page, 1, slot, kv_head, d);
-              require_lazy(std::isfinite(vd), fn, [&] { return "V of page " + str(page) + ", slot " + str(slot) + " is not finite"; });
+              require_lazy(std::isfinite(vd), fn,
+                           [&] { return "V of page " + str(page) + ", slot " + str(slot) + " is not finite"; });
               double& a = acc[st * static_cast<size_t>(head_dim) + static_cast<size_t>(d)];
               a = a * rescale + p * vd;
             }
@@ -276,8 +273,8 @@ AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cach
 
 std::string draw_block_sparse(const BlockSparseView& v, const BlockSparseDrawOptions& o) {
   const Labels labels = make_labels("draw_block_sparse", v, o);
-  require(o.page_labels.empty() || static_cast<int64_t>(o.page_labels.size()) == v.num_pages,
-          "draw_block_sparse", "page_labels must be empty or hold one label per pool page (" + str(v.num_pages) + ")");
+  require(o.page_labels.empty() || static_cast<int64_t>(o.page_labels.size()) == v.num_pages, "draw_block_sparse",
+          "page_labels must be empty or hold one label per pool page (" + str(v.num_pages) + ")");
   // Columns: the pages some block uses, ascending; who uses each.
   std::map<int32_t, std::set<int32_t>> users;
   for (int64_t b = 0; b < v.num_row_blocks(); ++b)

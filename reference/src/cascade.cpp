@@ -19,8 +19,7 @@ struct RequestShape {
 };
 
 std::vector<RequestShape> check_batch(const char* fn, const std::vector<int32_t>& qo_indptr,
-                                      const std::vector<int32_t>& kv_indptr,
-                                      const std::vector<int32_t>& kv_indices,
+                                      const std::vector<int32_t>& kv_indptr, const std::vector<int32_t>& kv_indices,
                                       const std::vector<int32_t>& kv_last_page_len, int64_t page_size) {
   require(page_size >= 1, fn, "page_size must be >= 1, got " + str(page_size));
   check_indptr(fn, "qo_indptr", qo_indptr, -1, -1);
@@ -78,11 +77,9 @@ void check_levels(const char* fn, const CascadeLevels& c) {
 
 }  // namespace
 
-CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr,
-                                   const std::vector<int32_t>& kv_indptr,
-                                   const std::vector<int32_t>& kv_indices,
-                                   const std::vector<int32_t>& kv_last_page_len, int64_t page_size,
-                                   const std::vector<std::vector<int32_t>>& level_page_ends,
+CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr, const std::vector<int32_t>& kv_indptr,
+                                   const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_last_page_len,
+                                   int64_t page_size, const std::vector<std::vector<int32_t>>& level_page_ends,
                                    bool causal) {
   const char* fn = "build_cascade_levels";
   const auto shapes = check_batch(fn, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size);
@@ -103,8 +100,8 @@ CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr,
                 "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) +
                     " must not be below the previous level's end " + str(s));
         require(e <= shapes[r].full_pages, fn,
-                "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) + " exceeds request " + str(r) +
-                    "'s " + str(shapes[r].full_pages) + " full pages (a partly filled page cannot be shared)");
+                "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) + " exceeds request " + str(r) + "'s " +
+                    str(shapes[r].full_pages) + " full pages (a partly filled page cannot be shared)");
       }
       start[l].push_back(s);
       end[l].push_back(e);
@@ -164,8 +161,7 @@ std::vector<std::vector<int32_t>> derive_cascade_level_ends(const std::vector<in
                                                             const std::vector<int32_t>& kv_indptr,
                                                             const std::vector<int32_t>& kv_indices,
                                                             const std::vector<int32_t>& kv_last_page_len,
-                                                            int64_t page_size, int64_t num_levels,
-                                                            bool causal) {
+                                                            int64_t page_size, int64_t num_levels, bool causal) {
   const char* fn = "derive_cascade_level_ends";
   const auto shapes = check_batch(fn, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, page_size);
   require(num_levels >= 1, fn, "num_levels must be >= 1, got " + str(num_levels));
@@ -210,9 +206,8 @@ std::vector<std::vector<int32_t>> derive_cascade_level_ends(const std::vector<in
   return ends;
 }
 
-CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels,
-                                const Tensor& paged_kv_cache, KVLayout layout,
-                                const AttentionOptions& opt) {
+CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels, const Tensor& paged_kv_cache,
+                                KVLayout layout, const AttentionOptions& opt) {
   const char* fn = "cascade_attention";
   check_levels(fn, levels);
   require(opt.causal == levels.levels.back().causal, fn,
@@ -263,7 +258,8 @@ std::string draw_cascade(const CascadeLevels& levels, const BlockSparseDrawOptio
     for (size_t g = 0; g + 1 < level.request_indptr.size(); ++g) {
       const int64_t pages = level.kv_indptr[g + 1] - level.kv_indptr[g];
       const int64_t len = pages == 0 ? 0 : (pages - 1) * levels.page_size + level.kv_last_page_len[g];
-      for (int32_t r = level.request_indptr[g]; r < level.request_indptr[g + 1]; ++r) kv_len[static_cast<size_t>(r)] += len;
+      for (int32_t r = level.request_indptr[g]; r < level.request_indptr[g + 1]; ++r)
+        kv_len[static_cast<size_t>(r)] += len;
     }
     for (int32_t p : level.kv_indices) max_page = std::max(max_page, p);
   }
@@ -273,7 +269,8 @@ std::string draw_cascade(const CascadeLevels& levels, const BlockSparseDrawOptio
                                  ? (r < 26 ? std::string(1, static_cast<char>('A' + r)) : "R" + str(r))
                                  : options.request_names[static_cast<size_t>(r)];
     const int64_t qo_len = levels.qo_indptr[r + 1] - levels.qo_indptr[r];
-    for (int64_t i = 0; i < qo_len; ++i) rows.push_back(name + ", pos " + str(kv_len[static_cast<size_t>(r)] - qo_len + i));
+    for (int64_t i = 0; i < qo_len; ++i)
+      rows.push_back(name + ", pos " + str(kv_len[static_cast<size_t>(r)] - qo_len + i));
   }
   std::ostringstream os;
   for (size_t l = 0; l < levels.levels.size(); ++l) {

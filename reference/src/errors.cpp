@@ -23,9 +23,8 @@ void check_storage(const char* fn, const char* name, const Tensor& t) {
   for (int64_t e : t.shape)
     require(e >= 0, fn, std::string(name) + " has a negative extent in shape " + shape_string(t.shape));
   require(static_cast<int64_t>(t.data.size()) == t.numel(), fn,
-          std::string(name) + " holds " + std::to_string(t.data.size()) +
-              " elements but its shape " + shape_string(t.shape) + " needs " +
-              std::to_string(t.numel()));
+          std::string(name) + " holds " + std::to_string(t.data.size()) + " elements but its shape " +
+              shape_string(t.shape) + " needs " + std::to_string(t.numel()));
 }
 
 void check_rank(const char* fn, const char* name, const Tensor& t, int expected_rank) {
@@ -35,12 +34,10 @@ void check_rank(const char* fn, const char* name, const Tensor& t, int expected_
   check_storage(fn, name, t);
 }
 
-void check_dim(const char* fn, const char* name, const Tensor& t, int axis, int64_t expected,
-               const char* what) {
+void check_dim(const char* fn, const char* name, const Tensor& t, int axis, int64_t expected, const char* what) {
   require(t.dim(axis) == expected, fn,
           std::string(name) + " dimension " + std::to_string(axis) + " (" + what + ") must be " +
-              std::to_string(expected) + ", got " + std::to_string(t.dim(axis)) + " in shape " +
-              shape_string(t.shape));
+              std::to_string(expected) + ", got " + std::to_string(t.dim(axis)) + " in shape " + shape_string(t.shape));
 }
 
 void check_finite(const char* fn, const char* name, const Tensor& t) {
@@ -53,8 +50,8 @@ void check_finite(const char* fn, const char* name, const Tensor& t) {
   }
 }
 
-void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& indptr,
-                  int64_t expected_len, int64_t expected_end) {
+void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& indptr, int64_t expected_len,
+                  int64_t expected_end) {
   const std::string n(name);
   require(!indptr.empty(), fn, n + " must have at least one element (indptr[0] == 0)");
   if (expected_len >= 0)
@@ -64,23 +61,22 @@ void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& 
   require(indptr[0] == 0, fn, n + "[0] must be 0 (got " + std::to_string(indptr[0]) + ")");
   for (size_t i = 1; i < indptr.size(); ++i)
     require_lazy(indptr[i] >= indptr[i - 1], fn, [&] {
-      return n + " must be non-decreasing, but " + n + "[" + std::to_string(i) + "] = " +
-             std::to_string(indptr[i]) + " < " + n + "[" + std::to_string(i - 1) + "] = " +
-             std::to_string(indptr[i - 1]);
+      return n + " must be non-decreasing, but " + n + "[" + std::to_string(i) + "] = " + std::to_string(indptr[i]) +
+             " < " + n + "[" + std::to_string(i - 1) + "] = " + std::to_string(indptr[i - 1]);
     });
   if (expected_end >= 0)
     require(indptr.back() == expected_end, fn,
-            n + " must end at the data length " + std::to_string(expected_end) + ", but " + n +
-                "[" + std::to_string(indptr.size() - 1) + "] = " + std::to_string(indptr.back()));
+            n + " must end at the data length " + std::to_string(expected_end) + ", but " + n + "[" +
+                std::to_string(indptr.size() - 1) + "] = " + std::to_string(indptr.back()));
 }
 
 void check_heads(const char* fn, int64_t num_qo_heads, int64_t num_kv_heads) {
   require(num_qo_heads > 0 && num_kv_heads > 0, fn,
-          "num_qo_heads and num_kv_heads must be positive (got " + std::to_string(num_qo_heads) +
-              " and " + std::to_string(num_kv_heads) + ")");
+          "num_qo_heads and num_kv_heads must be positive (got " + std::to_string(num_qo_heads) + " and " +
+              std::to_string(num_kv_heads) + ")");
   require(num_qo_heads % num_kv_heads == 0, fn,
-          "num_qo_heads (" + std::to_string(num_qo_heads) +
-              ") must be a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")");
+          "num_qo_heads (" + std::to_string(num_qo_heads) + ") must be a multiple of num_kv_heads (" +
+              std::to_string(num_kv_heads) + ")");
 }
 
 void check_head_dim(const char* fn, int64_t head_dim) {

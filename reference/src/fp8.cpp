@@ -44,8 +44,8 @@ const char* to_string(FP8Format format) { return format == FP8Format::e4m3 ? "e4
 FP8Format parse_fp8_format(const std::string& name) {
   if (name == "e4m3" || name == "e4m3fn" || name == "float8_e4m3fn") return FP8Format::e4m3;
   if (name == "e5m2" || name == "float8_e5m2") return FP8Format::e5m2;
-  throw InvalidArgument("parse_fp8_format: format must be e4m3 (float8_e4m3fn) or e5m2 (float8_e5m2), got \"" +
-                        name + "\"");
+  throw InvalidArgument("parse_fp8_format: format must be e4m3 (float8_e4m3fn) or e5m2 (float8_e5m2), got \"" + name +
+                        "\"");
 }
 
 const FP8Spec& fp8_spec(FP8Format format) { return format == FP8Format::e4m3 ? kE4M3 : kE5M2; }
@@ -63,8 +63,8 @@ double fp8_to_double(uint8_t bits, FP8Format format) {
   if (exponent_field == 0)  // subnormal (or zero): 0.m * 2^(1 - bias)
     return sign * std::ldexp(static_cast<double>(fraction), 1 - f.bias - f.fraction_bits);
   // normal: 1.m * 2^(e - bias)
-  return sign * std::ldexp(static_cast<double>((1 << f.fraction_bits) | fraction),
-                           exponent_field - f.bias - f.fraction_bits);
+  return sign *
+         std::ldexp(static_cast<double>((1 << f.fraction_bits) | fraction), exponent_field - f.bias - f.fraction_bits);
 }
 
 uint8_t fp8_from_double(double x, FP8Format format, FP8Overflow overflow) {
@@ -73,8 +73,8 @@ uint8_t fp8_from_double(double x, FP8Format format, FP8Overflow overflow) {
   if (std::isnan(x)) return format == FP8Format::e4m3 ? (sign | 0x7f) : (sign | 0x7e | second_fraction_bit(x));
   const uint8_t max_finite = format == FP8Format::e4m3 ? 0x7e : 0x7b;  // s 1111 110, s 11110 11
   const uint8_t overflowed = overflow == FP8Overflow::saturate ? (sign | max_finite)
-                             : format == FP8Format::e4m3        ? (sign | 0x7f)   // NaN: e4m3 has no infinity
-                                                                : (sign | 0x7c);  // inf: s 11111 00
+                             : format == FP8Format::e4m3       ? (sign | 0x7f)  // NaN: e4m3 has no infinity
+                                                               : (sign | 0x7c);       // inf: s 11111 00
   const double a = std::fabs(x);
   if (std::isinf(a)) return overflowed;
   if (a == 0) return sign;
@@ -167,8 +167,8 @@ PagedKVCache dequantize(const FP8PagedKVCache& cache, const KVScales& scales) {
   return out;
 }
 
-AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const FP8PagedKVCache& cache,
-                                                 const KVScales& scales, const AttentionOptions& opt) {
+AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const FP8PagedKVCache& cache, const KVScales& scales,
+                                                 const AttentionOptions& opt) {
   return batch_decode_with_paged_kv_cache(q, dequantize(cache, scales), opt);
 }
 

@@ -9,8 +9,7 @@ namespace flashstep::ref {
 
 ContiguousKVCache::ContiguousKVCache(int64_t num_kv_heads, int64_t head_dim)
     : k_({0, num_kv_heads, head_dim}), v_({0, num_kv_heads, head_dim}) {
-  require(num_kv_heads > 0 && head_dim > 0, "ContiguousKVCache",
-          "num_kv_heads and head_dim must be positive");
+  require(num_kv_heads > 0 && head_dim > 0, "ContiguousKVCache", "num_kv_heads and head_dim must be positive");
 }
 
 void ContiguousKVCache::append(const Tensor& k_new, const Tensor& v_new) {
@@ -37,8 +36,8 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> get_batch_indices_position
   for (size_t i = 0; i < seq_lens.size(); ++i) {
     const int32_t append_len = append_indptr[i + 1] - append_indptr[i];
     require(seq_lens[i] >= append_len, fn,
-            "seq_lens[" + std::to_string(i) + "] = " + std::to_string(seq_lens[i]) +
-                " is shorter than the " + std::to_string(append_len) + " tokens appended to it");
+            "seq_lens[" + std::to_string(i) + "] = " + std::to_string(seq_lens[i]) + " is shorter than the " +
+                std::to_string(append_len) + " tokens appended to it");
     for (int32_t t = 0; t < append_len; ++t) {
       batch_indices.push_back(static_cast<int32_t>(i));
       positions.push_back(seq_lens[i] - append_len + t);
@@ -48,14 +47,14 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> get_batch_indices_position
 }
 
 void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
-                           const std::vector<int32_t>& batch_indices,
-                           const std::vector<int32_t>& positions, PagedKVCache& cache) {
+                           const std::vector<int32_t>& batch_indices, const std::vector<int32_t>& positions,
+                           PagedKVCache& cache) {
   const char* fn = "append_paged_kv_cache";
   check_rank(fn, "append_key", append_key, 3);
   check_rank(fn, "append_value", append_value, 3);
   require(append_key.shape == append_value.shape, fn,
-          "append_key and append_value must have the same shape, got " +
-              shape_string(append_key.shape) + " and " + shape_string(append_value.shape));
+          "append_key and append_value must have the same shape, got " + shape_string(append_key.shape) + " and " +
+              shape_string(append_value.shape));
   check_rank(fn, "paged_kv_cache", cache.pages, 5);
   check_dim(fn, "append_key", append_key, 1, cache.num_kv_heads(), "num_kv_heads of the cache");
   check_dim(fn, "append_key", append_key, 2, cache.head_dim(), "head_dim of the cache");
@@ -66,8 +65,7 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
           "batch_indices must have length nnz = " + std::to_string(nnz) + ", got " +
               std::to_string(batch_indices.size()));
   require(static_cast<int64_t>(positions.size()) == nnz, fn,
-          "positions must have length nnz = " + std::to_string(nnz) + ", got " +
-              std::to_string(positions.size()));
+          "positions must have length nnz = " + std::to_string(nnz) + ", got " + std::to_string(positions.size()));
   // The page table is validated without the finiteness scan: the slots being appended
   // are allowed to hold garbage until we write them.
   check_indptr(fn, "kv_indptr", cache.kv_indptr, -1, static_cast<int64_t>(cache.kv_indices.size()));
@@ -82,14 +80,14 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
     const bool has_pages = cache.kv_indptr[i + 1] > cache.kv_indptr[i];
     const int32_t lpl = cache.kv_last_page_len[i];
     require(has_pages ? (lpl >= 1 && lpl <= cache.page_size()) : lpl == 0, fn,
-            "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(lpl) +
-                " must be in 1..page_size (" + std::to_string(cache.page_size()) + ")");
+            "kv_last_page_len[" + std::to_string(i) + "] = " + std::to_string(lpl) + " must be in 1..page_size (" +
+                std::to_string(cache.page_size()) + ")");
   }
   for (int64_t t = 0; t < nnz; ++t) {
     const int32_t b = batch_indices[t], pos = positions[t];
     require_lazy(b >= 0 && b < cache.batch_size(), fn, [&] {
-      return "batch_indices[" + std::to_string(t) + "] = " + std::to_string(b) +
-             " is out of range for batch_size " + std::to_string(cache.batch_size());
+      return "batch_indices[" + std::to_string(t) + "] = " + std::to_string(b) + " is out of range for batch_size " +
+             std::to_string(cache.batch_size());
     });
     require_lazy(pos >= 0 && pos < cache.kv_len(b), fn, [&] {
       return "positions[" + std::to_string(t) + "] = " + std::to_string(pos) + " is outside request " +
@@ -110,8 +108,7 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
 std::pair<Tensor, Tensor> gather_paged_kv(const PagedKVCache& cache, int64_t request) {
   const char* fn = "gather_paged_kv";
   require(request >= 0 && request < cache.batch_size(), fn,
-          "request must be in [0, " + std::to_string(cache.batch_size()) + "), got " +
-              std::to_string(request));
+          "request must be in [0, " + std::to_string(cache.batch_size()) + "), got " + std::to_string(request));
   const int64_t kv_len = cache.kv_len(request), heads = cache.num_kv_heads(), dim = cache.head_dim();
   Tensor k({kv_len, heads, dim}), v({kv_len, heads, dim});
   for (int64_t t = 0; t < kv_len; ++t) {
@@ -125,9 +122,8 @@ std::pair<Tensor, Tensor> gather_paged_kv(const PagedKVCache& cache, int64_t req
   return {std::move(k), std::move(v)};
 }
 
-PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector<Tensor>& v,
-                                 int64_t page_size, KVLayout layout,
-                                 const std::vector<int32_t>& page_order, int64_t num_pages) {
+PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector<Tensor>& v, int64_t page_size,
+                                 KVLayout layout, const std::vector<int32_t>& page_order, int64_t num_pages) {
   const char* fn = "make_paged_kv_cache";
   require(page_size >= 1, fn, "page_size must be >= 1, got " + std::to_string(page_size));
   require(!k.empty() && k.size() == v.size(), fn, "k and v must be equally long, non-empty lists");
@@ -142,8 +138,7 @@ PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector
   for (size_t i = 0; i < k.size(); ++i) {
     check_rank(fn, "k[i]", k[i], 3);
     require(k[i].shape == v[i].shape && k[i].dim(1) == heads && k[i].dim(2) == dim, fn,
-            "every k[i], v[i] must have shape (kv_len_i, " + std::to_string(heads) + ", " +
-                std::to_string(dim) + ")");
+            "every k[i], v[i] must have shape (kv_len_i, " + std::to_string(heads) + ", " + std::to_string(dim) + ")");
     const int64_t kv_len = k[i].dim(0);
     const int64_t pages = (kv_len + page_size - 1) / page_size;
     for (int64_t p = 0; p < pages; ++p) {
@@ -154,8 +149,7 @@ PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector
       c.kv_indices.push_back(page);
     }
     c.kv_indptr.push_back(static_cast<int32_t>(c.kv_indices.size()));
-    c.kv_last_page_len.push_back(
-        static_cast<int32_t>(pages == 0 ? 0 : kv_len - (pages - 1) * page_size));
+    c.kv_last_page_len.push_back(static_cast<int32_t>(pages == 0 ? 0 : kv_len - (pages - 1) * page_size));
     for (int64_t t = 0; t < kv_len; ++t) {
       const int32_t page = c.kv_indices[c.kv_indptr[i] + t / page_size];
       for (int64_t h = 0; h < heads; ++h)

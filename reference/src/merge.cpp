@@ -16,23 +16,21 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 void check_lse(const char* fn, const char* name, const Tensor& s) {
   for (size_t i = 0; i < s.data.size(); ++i)
     require_lazy(std::isfinite(s.data[i]) || s.data[i] == kNegInf, fn, [&] {
-      return std::string(name) + " must be finite or -inf (empty set), but element " +
-             std::to_string(i) + " (flat index) is " + std::to_string(s.data[i]);
+      return std::string(name) + " must be finite or -inf (empty set), but element " + std::to_string(i) +
+             " (flat index) is " + std::to_string(s.data[i]);
     });
 }
 
 }  // namespace
 
-MergedState merge_state(const Tensor& v_a, const Tensor& s_a, const Tensor& v_b,
-                        const Tensor& s_b) {
+MergedState merge_state(const Tensor& v_a, const Tensor& s_a, const Tensor& v_b, const Tensor& s_b) {
   const char* fn = "merge_state";
   check_rank(fn, "v_a", v_a, 3);
   check_rank(fn, "v_b", v_b, 3);
   check_rank(fn, "s_a", s_a, 2);
   check_rank(fn, "s_b", s_b, 2);
   require(v_a.shape == v_b.shape, fn,
-          "v_a and v_b must have the same shape, got " + shape_string(v_a.shape) + " and " +
-              shape_string(v_b.shape));
+          "v_a and v_b must have the same shape, got " + shape_string(v_a.shape) + " and " + shape_string(v_b.shape));
   const std::vector<int64_t> lse_shape{v_a.dim(0), v_a.dim(1)};
   require(s_a.shape == lse_shape, fn,
           "s_a must have shape " + shape_string(lse_shape) + ", got " + shape_string(s_a.shape));

@@ -48,8 +48,7 @@ std::vector<int32_t> PageAllocator::allocate(int64_t n) {
   require(n >= 0, fn, "n must be >= 0, got " + std::to_string(n));
   if (n > num_free_pages())
     throw OutOfPages(std::string(fn) + ": need " + std::to_string(n) + " pages but only " +
-                     std::to_string(num_free_pages()) + " of " + std::to_string(num_pages()) +
-                     " are free");
+                     std::to_string(num_free_pages()) + " of " + std::to_string(num_pages()) + " are free");
   std::vector<int32_t> pages;
   pages.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) pages.push_back(try_allocate());
@@ -90,16 +89,15 @@ void PageAllocator::check_invariants() const {
     const bool free = refcount_[p] == 0;
     if (refcount_[p] < 0) throw std::logic_error("PageAllocator: negative reference count");
     if (free != (on_free_list[p] == 1))
-      throw std::logic_error("PageAllocator: " + page_name(static_cast<int32_t>(p)) +
-                             (free ? " has count 0 but is not on the free list"
-                                   : " is in use but is on the free list"));
+      throw std::logic_error(
+          "PageAllocator: " + page_name(static_cast<int32_t>(p)) +
+          (free ? " has count 0 but is not on the free list" : " is in use but is on the free list"));
   }
 }
 
 // ---- account_memory ------------------------------------------------------------------
 
-MemoryReport account_memory(const std::vector<int64_t>& seq_lens, int64_t page_size,
-                            int64_t max_seq_len) {
+MemoryReport account_memory(const std::vector<int64_t>& seq_lens, int64_t page_size, int64_t max_seq_len) {
   const char* fn = "account_memory";
   require(page_size >= 1, fn, "page_size must be >= 1, got " + std::to_string(page_size));
   require(max_seq_len >= 0, fn, "max_seq_len must be >= 0, got " + std::to_string(max_seq_len));
@@ -143,9 +141,8 @@ int32_t PagedSequences::add_sequence(const std::vector<int32_t>& prefix_pages, i
   const int64_t ps = allocator_.page_size();
   require(prefix_len >= 0, fn, "prefix_len must be >= 0, got " + std::to_string(prefix_len));
   require(static_cast<int64_t>(prefix_pages.size()) == ceil_div(prefix_len, ps), fn,
-          "prefix_pages must hold ceil(prefix_len / page_size) = " +
-              std::to_string(ceil_div(prefix_len, ps)) + " pages, got " +
-              std::to_string(prefix_pages.size()));
+          "prefix_pages must hold ceil(prefix_len / page_size) = " + std::to_string(ceil_div(prefix_len, ps)) +
+              " pages, got " + std::to_string(prefix_pages.size()));
   std::set<int32_t> seen;
   for (size_t i = 0; i < prefix_pages.size(); ++i) {
     const int32_t p = prefix_pages[i];
@@ -185,10 +182,9 @@ AppendResult PagedSequences::append_tokens(int32_t seq, int64_t n) {
   const int64_t grow = ceil_div(s.len + n, ps) - static_cast<int64_t>(s.pages.size());
   const int64_t needed = grow + (needs_copy ? 1 : 0);
   if (needed > allocator_.num_free_pages())
-    throw OutOfPages(std::string(fn) + ": sequence " + std::to_string(seq) + " needs " +
-                     std::to_string(needed) + " new pages (" + std::to_string(grow) +
-                     " to grow" + (needs_copy ? ", 1 for copy-on-write" : "") + ") but only " +
-                     std::to_string(allocator_.num_free_pages()) + " are free");
+    throw OutOfPages(std::string(fn) + ": sequence " + std::to_string(seq) + " needs " + std::to_string(needed) +
+                     " new pages (" + std::to_string(grow) + " to grow" + (needs_copy ? ", 1 for copy-on-write" : "") +
+                     ") but only " + std::to_string(allocator_.num_free_pages()) + " are free");
 
   if (needs_copy) {
     const int32_t src = s.pages.back();
@@ -219,9 +215,7 @@ std::vector<int32_t> PagedSequences::sequence_ids() const {
   return ids;
 }
 
-const std::vector<int32_t>& PagedSequences::pages(int32_t seq) const {
-  return get("PagedSequences::pages", seq).pages;
-}
+const std::vector<int32_t>& PagedSequences::pages(int32_t seq) const { return get("PagedSequences::pages", seq).pages; }
 
 int64_t PagedSequences::seq_len(int32_t seq) const { return get("PagedSequences::seq_len", seq).len; }
 
@@ -284,16 +278,13 @@ void copy_pages(Tensor& paged_kv_cache, const std::vector<PageCopy>& copies) {
   const char* fn = "copy_pages";
   check_rank(fn, "paged_kv_cache", paged_kv_cache, 5);
   require(paged_kv_cache.dim(1) == 2, fn,
-          "paged_kv_cache dimension 1 must be 2 (K and V), got shape " +
-              shape_string(paged_kv_cache.shape));
+          "paged_kv_cache dimension 1 must be 2 (K and V), got shape " + shape_string(paged_kv_cache.shape));
   const int64_t num_pages = paged_kv_cache.dim(0);
   for (size_t i = 0; i < copies.size(); ++i)
-    require(copies[i].src >= 0 && copies[i].src < num_pages && copies[i].dst >= 0 &&
-                copies[i].dst < num_pages,
-            fn,
+    require(copies[i].src >= 0 && copies[i].src < num_pages && copies[i].dst >= 0 && copies[i].dst < num_pages, fn,
             "copies[" + std::to_string(i) + "] = (" + std::to_string(copies[i].src) + " -> " +
-                std::to_string(copies[i].dst) + ") is out of range for a pool of " +
-                std::to_string(num_pages) + " pages");
+                std::to_string(copies[i].dst) + ") is out of range for a pool of " + std::to_string(num_pages) +
+                " pages");
   const int64_t per_page = num_pages == 0 ? 0 : paged_kv_cache.numel() / num_pages;
   for (const PageCopy& c : copies) {
     if (c.src == c.dst) continue;  // a self-copy is a no-op (and std::copy_n must not overlap)

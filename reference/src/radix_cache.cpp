@@ -11,8 +11,7 @@
 
 namespace flashstep::ref {
 
-RadixCache::RadixCache(PageAllocator& allocator)
-    : allocator_(allocator), page_size_(allocator.page_size()) {
+RadixCache::RadixCache(PageAllocator& allocator) : allocator_(allocator), page_size_(allocator.page_size()) {
   nodes_[0] = Node{};  // the root: empty key, no pages, never evicted
 }
 
@@ -22,8 +21,7 @@ RadixCache::~RadixCache() {
 
 const RadixCache::Node& RadixCache::get(const char* fn, int32_t id) const {
   auto it = nodes_.find(id);
-  require(it != nodes_.end(), fn,
-          "no node with id " + std::to_string(id) + " (never created, or evicted)");
+  require(it != nodes_.end(), fn, "no node with id " + std::to_string(id) + " (never created, or evicted)");
   return it->second;
 }
 
@@ -32,14 +30,12 @@ std::vector<int32_t> RadixCache::first_page(const std::vector<int32_t>& tokens, 
 }
 
 // Whole pages of `child`'s edge that equal tokens[offset:], never past the last whole page.
-int64_t RadixCache::matched_pages(const Node& child, const std::vector<int32_t>& tokens,
-                                  int64_t offset) const {
+int64_t RadixCache::matched_pages(const Node& child, const std::vector<int32_t>& tokens, int64_t offset) const {
   const int64_t avail = (static_cast<int64_t>(tokens.size()) - offset) / page_size_;
   const int64_t limit = std::min<int64_t>(avail, static_cast<int64_t>(child.pages.size()));
   int64_t k = 0;
-  while (k < limit &&
-         std::equal(child.key.begin() + k * page_size_, child.key.begin() + (k + 1) * page_size_,
-                    tokens.begin() + offset + k * page_size_))
+  while (k < limit && std::equal(child.key.begin() + k * page_size_, child.key.begin() + (k + 1) * page_size_,
+                                 tokens.begin() + offset + k * page_size_))
     ++k;
   return k;
 }
@@ -96,12 +92,10 @@ int64_t RadixCache::insert(const std::vector<int32_t>& tokens, const std::vector
   const int64_t len = static_cast<int64_t>(tokens.size());
   const int64_t full_pages = len / page_size_;
   const int64_t all_pages = (len + page_size_ - 1) / page_size_;
-  require(static_cast<int64_t>(pages.size()) == full_pages ||
-              static_cast<int64_t>(pages.size()) == all_pages,
-          fn,
+  require(static_cast<int64_t>(pages.size()) == full_pages || static_cast<int64_t>(pages.size()) == all_pages, fn,
           "pages must hold floor(len / page_size) = " + std::to_string(full_pages) +
-              " or ceil(len / page_size) = " + std::to_string(all_pages) + " page ids for " +
-              std::to_string(len) + " tokens, got " + std::to_string(pages.size()));
+              " or ceil(len / page_size) = " + std::to_string(all_pages) + " page ids for " + std::to_string(len) +
+              " tokens, got " + std::to_string(pages.size()));
 
   // Dry run: how much is cached already? Only the pages after that are adopted, and they
   // are validated before anything changes, so a bad call leaves the tree untouched.
@@ -125,8 +119,7 @@ int64_t RadixCache::insert(const std::vector<int32_t>& tokens, const std::vector
     const std::string where = "pages[" + std::to_string(i) + "] = " + std::to_string(p);
     require(p >= 0 && p < allocator_.num_pages(), fn,
             where + " is out of range for a pool of " + std::to_string(allocator_.num_pages()) + " pages");
-    require(allocator_.refcount(p) >= 1, fn,
-            where + " is free; the caller must hold the pages it inserts");
+    require(allocator_.refcount(p) >= 1, fn, where + " is free; the caller must hold the pages it inserts");
     require(cached_.count(p) == 0, fn,
             where + " is already cached under another prefix (one page holds one prefix's K/V)");
     require(adopted.insert(p).second, fn, where + " appears twice");
@@ -185,8 +178,7 @@ int64_t RadixCache::locked_pages() const {
 }
 
 std::vector<int32_t> RadixCache::evict(int64_t num_pages) {
-  require(num_pages >= 0, "RadixCache::evict",
-          "num_pages must be >= 0, got " + std::to_string(num_pages));
+  require(num_pages >= 0, "RadixCache::evict", "num_pages must be >= 0, got " + std::to_string(num_pages));
   // Min-heap of unlocked leaves by last use. Times of two leaves never tie (one call
   // touches one root path, which holds one leaf), the id only makes that explicit.
   using Entry = std::pair<int64_t, int32_t>;
@@ -256,8 +248,7 @@ std::vector<RadixNodeInfo> RadixCache::nodes() const {
 void RadixCache::check_invariants() const {
   auto fail = [](const std::string& what) { throw std::logic_error("RadixCache: " + what); };
   auto root = nodes_.find(0);
-  if (root == nodes_.end() || root->second.parent != -1 || !root->second.key.empty() ||
-      !root->second.pages.empty())
+  if (root == nodes_.end() || root->second.parent != -1 || !root->second.key.empty() || !root->second.pages.empty())
     fail("the root (id 0) must exist with no parent, key or pages");
   std::unordered_map<int32_t, int> page_count;
   size_t reached = 0;
@@ -271,8 +262,8 @@ void RadixCache::check_invariants() const {
     if (id != 0) {
       if (n.key.empty()) fail(name + " has an empty edge");
       if (n.key.size() != n.pages.size() * static_cast<size_t>(page_size_))
-        fail(name + " holds " + std::to_string(n.key.size()) + " tokens but " +
-             std::to_string(n.pages.size()) + " pages of " + std::to_string(page_size_));
+        fail(name + " holds " + std::to_string(n.key.size()) + " tokens but " + std::to_string(n.pages.size()) +
+             " pages of " + std::to_string(page_size_));
     }
     int32_t lock_sum = n.own_locks;
     if (n.own_locks < 0) fail(name + " has negative own_locks");
@@ -341,8 +332,7 @@ std::string page_list(const std::vector<int32_t>& pages) {
 
 }  // namespace
 
-std::string draw_radix_tree(const RadixCache& cache, const TokenText& token_text,
-                            const RadixDrawOptions& options) {
+std::string draw_radix_tree(const RadixCache& cache, const TokenText& token_text, const RadixDrawOptions& options) {
   const int64_t ps = cache.page_size();
   auto text = [&](int32_t t) { return token_text ? token_text(t) : std::to_string(t); };
   std::unordered_map<int32_t, RadixNodeInfo> by_id;
@@ -352,12 +342,13 @@ std::string draw_radix_tree(const RadixCache& cache, const TokenText& token_text
   std::function<void(int32_t, DrawNode&)> build = [&](int32_t id, DrawNode& out) {
     for (int32_t child_id : by_id.at(id).children) {
       const RadixNodeInfo& c = by_id.at(child_id);
-      const std::string locks = options.show_locks ? "  (lock_ref " + std::to_string(c.lock_ref) +
-                                                         ", last used " + std::to_string(c.last_access) + ")"
+      const std::string locks = options.show_locks ? "  (lock_ref " + std::to_string(c.lock_ref) + ", last used " +
+                                                         std::to_string(c.last_access) + ")"
                                                    : "";
       auto page_text = [&](size_t k) {
         std::string s;
-        for (int64_t j = 0; j < ps; ++j) s += (j ? " " : "") + text(c.key[k * static_cast<size_t>(ps) + static_cast<size_t>(j)]);
+        for (int64_t j = 0; j < ps; ++j)
+          s += (j ? " " : "") + text(c.key[k * static_cast<size_t>(ps) + static_cast<size_t>(j)]);
         return s;
       };
       DrawNode* attach = &out;
@@ -389,7 +380,7 @@ std::string draw_radix_tree(const RadixCache& cache, const std::vector<std::stri
       cache,
       [&](int32_t t) {
         return t >= 0 && static_cast<size_t>(t) < vocabulary.size() ? vocabulary[static_cast<size_t>(t)]
-                                                                     : std::to_string(t);
+                                                                    : std::to_string(t);
       },
       options);
 }

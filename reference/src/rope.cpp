@@ -97,9 +97,9 @@ std::vector<double> llama31_frequencies(const char* fn, int64_t rotary_dim, cons
   for (double& f : theta) {
     // smooth = 1 keeps a short wavelength, 0 divides a long one by rope_scale.
     const double wavelength = 2.0 * pi / f;
-    const double smooth = std::clamp(
-        (opt.old_context_len / wavelength - opt.low_freq_factor) / (opt.high_freq_factor - opt.low_freq_factor), 0.0,
-        1.0);
+    const double smooth = std::clamp((opt.old_context_len / wavelength - opt.low_freq_factor) /
+                                         (opt.high_freq_factor - opt.low_freq_factor),
+                                     0.0, 1.0);
     f = (1.0 - smooth) * f / opt.rope_scale + smooth * f;
   }
   return theta;

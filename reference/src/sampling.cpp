@@ -45,9 +45,7 @@ namespace {
 // Vocabularies above 2^30 would let a row's mass overflow the 128-bit Mass.
 constexpr int64_t kMaxVocab = int64_t{1} << 30;
 
-std::string at(int64_t r, int64_t i) {
-  return "[" + std::to_string(r) + ", " + std::to_string(i) + "]";
-}
+std::string at(int64_t r, int64_t i) { return "[" + std::to_string(r) + ", " + std::to_string(i) + "]"; }
 
 [[noreturn]] void fail(const char* fn, const std::string& message) {
   throw InvalidArgument(std::string(fn) + ": " + message);
@@ -64,7 +62,8 @@ std::string number(double x) {
 std::vector<std::vector<float>> checked_prob_rows(const char* fn, const char* name, const Tensor& probs) {
   check_rank(fn, name, probs, 2);
   const int64_t rows = probs.dim(0), vocab = probs.dim(1);
-  require(vocab >= 1, fn, std::string(name) + " must have vocab_size >= 1 (got shape " + shape_string(probs.shape) + ")");
+  require(vocab >= 1, fn,
+          std::string(name) + " must have vocab_size >= 1 (got shape " + shape_string(probs.shape) + ")");
   require(vocab <= kMaxVocab, fn, std::string(name) + " vocab_size must be <= 2^30, got " + std::to_string(vocab));
   std::vector<std::vector<float>> out(static_cast<size_t>(rows), std::vector<float>(static_cast<size_t>(vocab)));
   for (int64_t r = 0; r < rows; ++r) {
@@ -74,13 +73,15 @@ std::vector<std::vector<float>> checked_prob_rows(const char* fn, const char* na
       // Checked before any message is built: this loop runs over every entry.
       if (std::isnan(p)) fail(fn, std::string(name) + at(r, i) + " is NaN");
       if (p < 0.0) fail(fn, std::string(name) + " must be non-negative, but " + name + at(r, i) + " = " + number(p));
-      if (p > 1.0) fail(fn, std::string(name) + " must be <= 1 (probabilities), but " + name + at(r, i) + " = " + number(p));
+      if (p > 1.0)
+        fail(fn, std::string(name) + " must be <= 1 (probabilities), but " + name + at(r, i) + " = " + number(p));
       const float pf = static_cast<float>(p);
       out[static_cast<size_t>(r)][static_cast<size_t>(i)] = pf;
       total += mass_of(pf);
     }
-    require(total > 0, fn, "row " + std::to_string(r) + " of " + name +
-                               " sums to zero (no token can be drawn; entries below 1.3e-29 count as zero)");
+    require(total > 0, fn,
+            "row " + std::to_string(r) + " of " + name +
+                " sums to zero (no token can be drawn; entries below 1.3e-29 count as zero)");
   }
   return out;
 }
@@ -88,7 +89,8 @@ std::vector<std::vector<float>> checked_prob_rows(const char* fn, const char* na
 void check_logits(const char* fn, const char* name, const Tensor& logits) {
   check_rank(fn, name, logits, 2);
   const int64_t rows = logits.dim(0), vocab = logits.dim(1);
-  require(vocab >= 1, fn, std::string(name) + " must have vocab_size >= 1 (got shape " + shape_string(logits.shape) + ")");
+  require(vocab >= 1, fn,
+          std::string(name) + " must have vocab_size >= 1 (got shape " + shape_string(logits.shape) + ")");
   require(vocab <= kMaxVocab, fn, std::string(name) + " vocab_size must be <= 2^30, got " + std::to_string(vocab));
   for (int64_t r = 0; r < rows; ++r) {
     bool any_finite = false;
@@ -112,16 +114,16 @@ std::vector<int32_t> output_rows(const char* fn, const std::vector<int32_t>& ind
   }
   for (size_t i = 0; i < indices.size(); ++i)
     if (indices[i] < 0 || indices[i] >= rows)
-      fail(fn, "indices[" + std::to_string(i) + "] = " + std::to_string(indices[i]) + " is not a row of probs (rows: " +
-                std::to_string(rows) + ")");
+      fail(fn, "indices[" + std::to_string(i) + "] = " + std::to_string(indices[i]) +
+                   " is not a row of probs (rows: " + std::to_string(rows) + ")");
   return indices;
 }
 
 template <typename T>
 void check_param_size(const char* fn, const char* name, const RowParam<T>& param, int64_t batch) {
   require(param.values.size() == 1 || static_cast<int64_t>(param.values.size()) == batch, fn,
-          std::string(name) + " must be a scalar or have one value per output (" + std::to_string(batch) +
-              "), got " + std::to_string(param.values.size()) + " values");
+          std::string(name) + " must be a scalar or have one value per output (" + std::to_string(batch) + "), got " +
+              std::to_string(param.values.size()) + " values");
 }
 
 void check_top_k(const char* fn, const RowParam<int64_t>& top_k, int64_t batch) {
@@ -186,8 +188,8 @@ SamplingResult run_sampler(const std::vector<std::vector<float>>& rows, const st
       }
     } else {
       for (uint32_t o : outputs) {
-        const auto draw = rejection_sample_row(p.data(), vocab, filters.size() == 1 ? filters[0] : filters[o],
-                                               opt.seed, o, opt.offset);
+        const auto draw = rejection_sample_row(p.data(), vocab, filters.size() == 1 ? filters[0] : filters[o], opt.seed,
+                                               o, opt.offset);
         result.samples[o] = draw.token;
         result.rounds[o] = draw.rounds;
       }
@@ -223,7 +225,8 @@ std::vector<double> sampling_target_distribution(const std::vector<float>& probs
     const float p = probs[static_cast<size_t>(order[start])];
     int64_t end = start;
     Mass group_mass = 0;
-    while (end < vocab && probs[static_cast<size_t>(order[end])] == p) group_mass += mass[static_cast<size_t>(order[end++])];
+    while (end < vocab && probs[static_cast<size_t>(order[end])] == p)
+      group_mass += mass[static_cast<size_t>(order[end++])];
     bool kept = p > 0.0f;
     switch (filter.kind) {
       case FilterKind::none: break;
@@ -299,7 +302,8 @@ SamplingResult sampling_from_probs(const Tensor& probs, const SamplingOptions& o
 SamplingResult sampling_from_logits(const Tensor& logits, const SamplingOptions& opt) {
   check_logits("sampling_from_logits", "logits", logits);
   const auto rows = checked_prob_rows("sampling_from_logits", "softmax(logits)", softmax(logits));
-  return run_sampler(rows, output_rows("sampling_from_logits", opt.indices, logits.dim(0)), {SamplingFilter::none()}, opt);
+  return run_sampler(rows, output_rows("sampling_from_logits", opt.indices, logits.dim(0)), {SamplingFilter::none()},
+                     opt);
 }
 
 SamplingResult top_k_sampling_from_probs(const Tensor& probs, const RowParam<int64_t>& top_k,
@@ -339,9 +343,8 @@ namespace {
 
 // top_k_first: output i samples top_p from top_k_renorm(row, k_i). Outputs sharing
 // (row, k) share one renormalized row; the Philox subsequence stays the output index.
-SamplingResult top_k_first(const std::vector<std::vector<float>>& rows,
-                           const std::vector<int32_t>& out_rows, const RowParam<int64_t>& top_k,
-                           const RowParam<double>& top_p, const SamplingOptions& opt) {
+SamplingResult top_k_first(const std::vector<std::vector<float>>& rows, const std::vector<int32_t>& out_rows,
+                           const RowParam<int64_t>& top_k, const RowParam<double>& top_p, const SamplingOptions& opt) {
   const size_t batch = out_rows.size();
   std::map<std::pair<int32_t, int64_t>, int32_t> renormed_index;
   std::vector<std::vector<float>> renormed;
@@ -415,8 +418,10 @@ SamplingResult top_k_top_p_sampling_from_logits(const Tensor& logits, const RowP
     auto it = masked_index.find(key);
     if (it == masked_index.end()) {
       Tensor row({1, vocab});
-      std::copy(logits.data.begin() + key.first * vocab, logits.data.begin() + (key.first + 1) * vocab, row.data.begin());
-      const auto probs = checked_prob_rows(fn, "softmax(top_k_mask_logits(logits))", softmax(top_k_mask_logits(row, key.second)));
+      std::copy(logits.data.begin() + key.first * vocab, logits.data.begin() + (key.first + 1) * vocab,
+                row.data.begin());
+      const auto probs = checked_prob_rows(fn, "softmax(top_k_mask_logits(logits))",
+                                           softmax(top_k_mask_logits(row, key.second)));
       it = masked_index.emplace(key, static_cast<int32_t>(masked_probs.size())).first;
       masked_probs.push_back(probs[0]);
     }
@@ -466,8 +471,8 @@ Tensor top_k_mask_logits(const Tensor& logits, const RowParam<int64_t>& top_k) {
     for (int64_t i = 0; i < vocab; ++i) {
       // Kept iff fewer than k logits are strictly larger (as float32, like the samplers).
       const float xi = static_cast<float>(x[i]);
-      const int64_t greater =
-          std::partition_point(sorted.begin(), sorted.end(), [xi](float v) { return v > xi; }) - sorted.begin();
+      const int64_t greater = std::partition_point(sorted.begin(), sorted.end(), [xi](float v) { return v > xi; }) -
+                              sorted.begin();
       out.data[static_cast<size_t>(r * vocab + i)] = greater < k ? x[i] : -std::numeric_limits<double>::infinity();
     }
   }

@@ -94,8 +94,8 @@ float min_p_pivot(float max_p, float min_p) { return max_p * min_p; }
 
 // ---- One output, as the GPU kernel runs it ------------------------------------------------
 
-RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const SamplingFilter& filter,
-                                   uint64_t seed, uint64_t subsequence, uint64_t offset) {
+RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const SamplingFilter& filter, uint64_t seed,
+                                   uint64_t subsequence, uint64_t offset) {
   const char* fn = "rejection_sample_row";
   // Pass 0: the row's exact total (FlashInfer assumes the row sums to 1 and skips this).
   Mass total = 0;
@@ -245,14 +245,12 @@ struct ActiveDraw {
   uint64_t subsequence;  // Philox subsequence (carried here: a gather by id would miss cache)
   uint32_t id;           // index into the batch
   float high;
-  int32_t token;         // this round's sampled token
+  int32_t token;  // this round's sampled token
 };
 
 float low_of(const ActiveDraw& a) { return bits_float(~static_cast<uint32_t>(a.key >> 24)); }
 uint32_t u24_of(const ActiveDraw& a) { return static_cast<uint32_t>(a.key & 0xFFFFFFu); }
-uint64_t make_key(float low, uint32_t u24) {
-  return (static_cast<uint64_t>(~float_bits(low)) << 24) | u24;
-}
+uint64_t make_key(float low, uint32_t u24) { return (static_cast<uint64_t>(~float_bits(low)) << 24) | u24; }
 
 // LSD radix sort of the 56-bit keys, four 14-bit digits.
 void sort_by_key(std::vector<ActiveDraw>& a, std::vector<ActiveDraw>& scratch) {
@@ -277,8 +275,8 @@ void sort_by_key(std::vector<ActiveDraw>& a, std::vector<ActiveDraw>& scratch) {
 
 std::vector<RejectionDraw> rejection_sample_row_batched(const float* probs, int64_t vocab,
                                                         const std::vector<SamplingFilter>& filters,
-                                                        const std::vector<uint64_t>& subsequences,
-                                                        uint64_t seed, uint64_t offset) {
+                                                        const std::vector<uint64_t>& subsequences, uint64_t seed,
+                                                        uint64_t offset) {
   const char* fn = "rejection_sample_row_batched";
   const size_t n = subsequences.size();
   require(filters.size() == 1 || filters.size() == n, fn,
@@ -307,12 +305,11 @@ std::vector<RejectionDraw> rejection_sample_row_batched(const float* probs, int6
     sorted_p[j] = probs[order[j]];
     prefix[j + 1] = prefix[j] + mass[static_cast<size_t>(order[j])];
     const bool tied_with_previous = j > 0 && sorted_p[j] == sorted_p[j - 1];
-    count_above[static_cast<size_t>(order[j])] =
-        tied_with_previous ? count_above[static_cast<size_t>(order[j - 1])] : static_cast<int32_t>(j);
+    count_above[static_cast<size_t>(order[j])] = tied_with_previous ? count_above[static_cast<size_t>(order[j - 1])]
+                                                                    : static_cast<int32_t>(j);
   }
   auto count_gt = [&](float t) -> int64_t {
-    return std::partition_point(sorted_p.begin(), sorted_p.end(), [t](float x) { return x > t; }) -
-           sorted_p.begin();
+    return std::partition_point(sorted_p.begin(), sorted_p.end(), [t](float x) { return x > t; }) - sorted_p.begin();
   };
   const float max_p = m > 0 ? sorted_p[0] : 0.0f;
 

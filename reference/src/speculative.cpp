@@ -39,7 +39,8 @@ void check_probs3(const char* fn, const char* name, const Tensor& t, bool positi
       for (int64_t i = 0; i < V; ++i) {
         const double p = t.data[static_cast<size_t>((b * J + j) * V + i)];
         if (std::isnan(p)) fail(fn, std::string(name) + where(b, j, i) + " is NaN");
-        if (p < 0.0) fail(fn, std::string(name) + " must be non-negative, but " + name + where(b, j, i) + " = " + number(p));
+        if (p < 0.0)
+          fail(fn, std::string(name) + " must be non-negative, but " + name + where(b, j, i) + " = " + number(p));
         if (p > 1.0) fail(fn, std::string(name) + " must be <= 1, but " + name + where(b, j, i) + " = " + number(p));
         total += mass_of(static_cast<float>(p));
       }
@@ -76,8 +77,8 @@ ChainSpeculativeResult chain_speculative_sampling(const Tensor& draft_probs,
   check_dim(fn, "target_probs", target_probs, 1, n + 1, "num_speculate_tokens + 1");
   check_dim(fn, "target_probs", target_probs, 2, V, "vocab_size");
   require(static_cast<int64_t>(draft_token_ids.size()) == B * n, fn,
-          "draft_token_ids must hold batch_size * num_speculate_tokens = " + std::to_string(B * n) +
-              " ids, got " + std::to_string(draft_token_ids.size()));
+          "draft_token_ids must hold batch_size * num_speculate_tokens = " + std::to_string(B * n) + " ids, got " +
+              std::to_string(draft_token_ids.size()));
   for (size_t k = 0; k < draft_token_ids.size(); ++k)
     if (draft_token_ids[k] < 0 || draft_token_ids[k] >= V)
       fail(fn, "draft_token_ids[" + std::to_string(static_cast<int64_t>(k) / std::max<int64_t>(n, 1)) + ", " +
@@ -106,9 +107,11 @@ ChainSpeculativeResult chain_speculative_sampling(const Tensor& draft_probs,
     int32_t accepted = 0;
     for (int64_t j = 0; j < n; ++j) {
       const int32_t d = draft_token_ids[static_cast<size_t>(b * n + j)];
-      const uint32_t u24 = kernels::philox_uniform_bits24(seed, static_cast<uint64_t>(b), offset + static_cast<uint64_t>(j));
+      const uint32_t u24 = kernels::philox_uniform_bits24(seed, static_cast<uint64_t>(b),
+                                                          offset + static_cast<uint64_t>(j));
       // u * q < p with u = u24 / 2^24, compared exactly: both sides are exact doubles.
-      const bool pass = static_cast<double>(u24) * draft(b, j, d) < std::ldexp(static_cast<double>(target(b, j, d)), 24);
+      const bool pass = static_cast<double>(u24) * draft(b, j, d) <
+                        std::ldexp(static_cast<double>(target(b, j, d)), 24);
       if (pass) ++accepted;
       if (pos == n) {
         if (pass) {
@@ -134,7 +137,8 @@ ChainSpeculativeResult chain_speculative_sampling(const Tensor& draft_probs,
         total += mass_of(residual[static_cast<size_t>(i)]);
       }
     }
-    const uint32_t u24 = kernels::philox_uniform_bits24(seed, static_cast<uint64_t>(b), offset + static_cast<uint64_t>(n));
+    const uint32_t u24 = kernels::philox_uniform_bits24(seed, static_cast<uint64_t>(b),
+                                                        offset + static_cast<uint64_t>(n));
     const int32_t token = inverse_cdf(residual, u24, total);
     if (token < 0) require(false, fn, "internal error: inverse CDF ran off the row");
     r.output_token_ids[static_cast<size_t>(b * (n + 1) + pos)] = token;

@@ -39,8 +39,7 @@ SplitKVPlan plan_split_kv(const std::vector<int32_t>& kv_page_counts, const Spli
   require(G <= std::numeric_limits<int32_t>::max(), fn, "num_sm * ctas_per_sm must fit in int32");
   int64_t max_pages = 1;
   for (int64_t i = 0; i < batch; ++i) {
-    require(kv_page_counts[i] >= 0, fn,
-            "kv_page_counts[" + str(i) + "] = " + str(kv_page_counts[i]) + " must be >= 0");
+    require(kv_page_counts[i] >= 0, fn, "kv_page_counts[" + str(i) + "] = " + str(kv_page_counts[i]) + " must be >= 0");
     max_pages = std::max<int64_t>(max_pages, kv_page_counts[i]);
   }
 
@@ -57,7 +56,8 @@ SplitKVPlan plan_split_kv(const std::vector<int32_t>& kv_page_counts, const Spli
     int64_t lo = c_min, hi = std::max(c_min, max_pages);
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      if (work_items(kv_page_counts, mid) * H <= G) hi = mid; else lo = mid + 1;
+      if (work_items(kv_page_counts, mid) * H <= G) hi = mid;
+      else lo = mid + 1;
     }
     chunk = lo;
     // A split that splits nothing is the plain kernel, except under CUDA graphs, where

@@ -8,8 +8,7 @@
 namespace flashstep::ref {
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {
-  if (a.shape != b.shape || a.data.size() != b.data.size())
-    return std::numeric_limits<double>::infinity();
+  if (a.shape != b.shape || a.data.size() != b.data.size()) return std::numeric_limits<double>::infinity();
   double m = 0;
   for (size_t i = 0; i < a.data.size(); ++i) {
     if (a.data[i] == b.data[i]) continue;  // also equal infinities

@@ -24,8 +24,7 @@ namespace {
 Tensor philox_matrix(uint64_t seed, uint64_t m, int64_t rows, int64_t cols, double fan_in) {
   Tensor t({rows, cols});
   const double scale = std::sqrt(3.0 / fan_in);
-  for (size_t i = 0; i < t.data.size(); ++i)
-    t.data[i] = (2.0 * kernels::philox_uniform(seed, m, i) - 1.0) * scale;
+  for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = (2.0 * kernels::philox_uniform(seed, m, i) - 1.0) * scale;
   return t;
 }
 
@@ -37,15 +36,13 @@ AttentionOptions causal() {
 
 }  // namespace
 
-const char* to_string(PositionEncoding encoding) {
-  return encoding == PositionEncoding::rope ? "rope" : "sinusoidal";
-}
+const char* to_string(PositionEncoding encoding) { return encoding == PositionEncoding::rope ? "rope" : "sinusoidal"; }
 
 PositionEncoding parse_position_encoding(const std::string& name) {
   if (name == "sinusoidal") return PositionEncoding::sinusoidal;
   if (name == "rope") return PositionEncoding::rope;
-  throw InvalidArgument("parse_position_encoding: position_encoding must be \"sinusoidal\" or \"rope\", got \"" +
-                        name + "\"");
+  throw InvalidArgument("parse_position_encoding: position_encoding must be \"sinusoidal\" or \"rope\", got \"" + name +
+                        "\"");
 }
 
 TinyDecoder::TinyDecoder(const TinyDecoderConfig& config) : config_(config) {
@@ -88,8 +85,8 @@ Tensor TinyDecoder::embed(const std::vector<int32_t>& tokens, int64_t first_posi
   Tensor x({static_cast<int64_t>(tokens.size()), d});
   for (size_t t = 0; t < tokens.size(); ++t) {
     require(tokens[t] >= 0 && tokens[t] < config_.vocab_size, "TinyDecoder::embed",
-            "tokens[" + std::to_string(t) + "] = " + std::to_string(tokens[t]) + " is not in [0, vocab_size = " +
-                std::to_string(config_.vocab_size) + ")");
+            "tokens[" + std::to_string(t) + "] = " + std::to_string(tokens[t]) +
+                " is not in [0, vocab_size = " + std::to_string(config_.vocab_size) + ")");
     const double pos = static_cast<double>(first_position + static_cast<int64_t>(t));
     if (config_.position_encoding == PositionEncoding::rope) {  // positions enter Q and K instead
       std::copy_n(embedding_.data.begin() + tokens[t] * d, d, x.data.begin() + static_cast<int64_t>(t) * d);
@@ -111,7 +108,8 @@ Tensor TinyDecoder::project_heads(const Tensor& x, const Tensor& w, int64_t head
   for (int64_t r = 0; r < n; ++r)
     for (int64_t c = 0; c < out; ++c) {
       double s = 0.0;
-      for (int64_t k = 0; k < d; ++k) s += x.data[static_cast<size_t>(r * d + k)] * w.data[static_cast<size_t>(k * out + c)];
+      for (int64_t k = 0; k < d; ++k)
+        s += x.data[static_cast<size_t>(r * d + k)] * w.data[static_cast<size_t>(k * out + c)];
       y.data[static_cast<size_t>(r * out + c)] = s;
     }
   return y;
@@ -119,7 +117,8 @@ Tensor TinyDecoder::project_heads(const Tensor& x, const Tensor& w, int64_t head
 
 Tensor TinyDecoder::rope(const Tensor& heads, int64_t first_position) const {
   std::vector<int32_t> positions(static_cast<size_t>(heads.dim(0)));
-  for (size_t r = 0; r < positions.size(); ++r) positions[r] = static_cast<int32_t>(first_position + static_cast<int64_t>(r));
+  for (size_t r = 0; r < positions.size(); ++r)
+    positions[r] = static_cast<int32_t>(first_position + static_cast<int64_t>(r));
   return rope(heads, positions);
 }
 
@@ -137,7 +136,8 @@ Tensor TinyDecoder::residual(const Tensor& x, const Tensor& z, int64_t layer) co
     for (int64_t c = 0; c < d; ++c) {
       double s = 0.0;
       if (config_.output_projection) {
-        for (int64_t k = 0; k < width; ++k) s += z.data[static_cast<size_t>(r * width + k)] * w_o.data[static_cast<size_t>(k * d + c)];
+        for (int64_t k = 0; k < width; ++k)
+          s += z.data[static_cast<size_t>(r * width + k)] * w_o.data[static_cast<size_t>(k * d + c)];
       } else {
         s = z.data[static_cast<size_t>(r * width + c)];  // width == d_model
       }
@@ -180,8 +180,10 @@ GenerationMode parse_generation_mode(const std::string& name) {
   if (name == "recompute") return GenerationMode::recompute;
   if (name == "contiguous_kv_cache") return GenerationMode::contiguous_kv_cache;
   if (name == "paged_kv_cache") return GenerationMode::paged_kv_cache;
-  throw InvalidArgument("parse_generation_mode: mode must be \"recompute\", \"contiguous_kv_cache\" or "
-                        "\"paged_kv_cache\", got \"" + name + "\"");
+  throw InvalidArgument(
+      "parse_generation_mode: mode must be \"recompute\", \"contiguous_kv_cache\" or "
+      "\"paged_kv_cache\", got \"" +
+      name + "\"");
 }
 
 namespace {
@@ -232,14 +234,16 @@ void generate_contiguous(const TinyDecoder& model, const GenerationOptions& o, G
   for (size_t r = 0; r < result.requests.size(); ++r) {
     auto& req = result.requests[r];
     if (o.max_new_tokens == 0) continue;
-    std::vector<ContiguousKVCache> caches(static_cast<size_t>(c.num_layers), ContiguousKVCache(c.num_kv_heads, model.head_dim()));
+    std::vector<ContiguousKVCache> caches(static_cast<size_t>(c.num_layers),
+                                          ContiguousKVCache(c.num_kv_heads, model.head_dim()));
     // Prefill: every prompt position once, K and V kept.
     Tensor x = model.embed(req.prompt_tokens, 0);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const auto& w = model.layers()[static_cast<size_t>(l)];
       const Tensor q = model.rope(model.project_heads(x, w.w_q, c.num_qo_heads), 0);
       auto& cache = caches[static_cast<size_t>(l)];
-      cache.append(model.rope(model.project_heads(x, w.w_k, c.num_kv_heads), 0), model.project_heads(x, w.w_v, c.num_kv_heads));
+      cache.append(model.rope(model.project_heads(x, w.w_k, c.num_kv_heads), 0),
+                   model.project_heads(x, w.w_v, c.num_kv_heads));
       x = model.residual(x, single_prefill_with_kv_cache(q, cache.k(), cache.v(), causal()).o, l);
     }
     result.memory.query_rows_computed += x.dim(0) * c.num_layers;
@@ -254,7 +258,8 @@ void generate_contiguous(const TinyDecoder& model, const GenerationOptions& o, G
         const auto& w = model.layers()[static_cast<size_t>(l)];
         const Tensor q = model.rope(model.project_heads(xt, w.w_q, c.num_qo_heads), pos);
         auto& cache = caches[static_cast<size_t>(l)];
-        cache.append(model.rope(model.project_heads(xt, w.w_k, c.num_kv_heads), pos), model.project_heads(xt, w.w_v, c.num_kv_heads));
+        cache.append(model.rope(model.project_heads(xt, w.w_k, c.num_kv_heads), pos),
+                     model.project_heads(xt, w.w_v, c.num_kv_heads));
         const Tensor o1 = single_decode_with_kv_cache(drop_first_axis(q), cache.k(), cache.v()).o;
         xt = model.residual(xt, Tensor({1, c.num_qo_heads, model.head_dim()}, o1.data), l);
       }
@@ -325,7 +330,8 @@ void generate_paged(const TinyDecoder& model, const GenerationOptions& o, Genera
       append_paged_kv_cache(model.rope(model.project_heads(x, w.w_k, c.num_kv_heads), positions),
                             model.project_heads(x, w.w_v, c.num_kv_heads), batch_indices, positions, pool);
       const Tensor q = model.rope(model.project_heads(x, w.w_q, c.num_qo_heads), positions);
-      x = model.residual(x, batch_prefill_with_paged_kv_cache(q, {0, static_cast<int32_t>(suffix.size())}, pool, causal()).o, l);
+      x = model.residual(
+          x, batch_prefill_with_paged_kv_cache(q, {0, static_cast<int32_t>(suffix.size())}, pool, causal()).o, l);
     }
     result.memory.query_rows_computed += x.dim(0) * c.num_layers;
     const auto logits = model.logits(x.data.data() + (x.dim(0) - 1) * c.d_model);
@@ -394,13 +400,16 @@ GenerationResult generate(const TinyDecoder& model, const std::vector<std::strin
   const char* fn = "generate";
   const auto& c = model.config();
   require(!prompts.empty(), fn, "prompts must hold at least one prompt");
-  require(options.max_new_tokens >= 0, fn, "max_new_tokens must be >= 0, got " + std::to_string(options.max_new_tokens));
+  require(options.max_new_tokens >= 0, fn,
+          "max_new_tokens must be >= 0, got " + std::to_string(options.max_new_tokens));
   require(std::isfinite(options.temperature) && options.temperature >= 0.0, fn,
           "temperature must be finite and >= 0 (0 is greedy), got " + std::to_string(options.temperature));
   require(options.top_k >= 0, fn, "top_k must be >= 0 (0 turns it off), got " + std::to_string(options.top_k));
-  require(options.top_p > 0.0 && options.top_p <= 1.0, fn, "top_p must be in (0, 1], got " + std::to_string(options.top_p));
+  require(options.top_p > 0.0 && options.top_p <= 1.0, fn,
+          "top_p must be in (0, 1], got " + std::to_string(options.top_p));
   require(options.page_size >= 1, fn, "page_size must be >= 1, got " + std::to_string(options.page_size));
-  require(options.num_pages >= 0, fn, "num_pages must be >= 0 (0 sizes the pool), got " + std::to_string(options.num_pages));
+  require(options.num_pages >= 0, fn,
+          "num_pages must be >= 0 (0 sizes the pool), got " + std::to_string(options.num_pages));
   GenerationResult result;
   result.mode = mode;
   int64_t preallocated_slots = 0;  // contiguous preallocation: prompt + max_new_tokens per request
@@ -409,8 +418,9 @@ GenerationResult generate(const TinyDecoder& model, const std::vector<std::strin
     GeneratedRequest req;
     req.prompt = prompts[i];
     for (unsigned char b : prompts[i]) {
-      require(b < c.vocab_size, fn, "prompts[" + std::to_string(i) + "] has byte " + std::to_string(b) +
-                                        ", not a token of vocab_size " + std::to_string(c.vocab_size));
+      require(b < c.vocab_size, fn,
+              "prompts[" + std::to_string(i) + "] has byte " + std::to_string(b) + ", not a token of vocab_size " +
+                  std::to_string(c.vocab_size));
       req.prompt_tokens.push_back(b);
     }
     preallocated_slots += static_cast<int64_t>(req.prompt_tokens.size()) + options.max_new_tokens;
@@ -422,9 +432,7 @@ GenerationResult generate(const TinyDecoder& model, const std::vector<std::strin
   switch (mode) {
     case GenerationMode::recompute: generate_recompute(model, options, result); break;
     case GenerationMode::contiguous_kv_cache: generate_contiguous(model, options, result); break;
-    case GenerationMode::paged_kv_cache:
-      try {
-        generate_paged(model, options, result);
+    case GenerationMode::paged_kv_cache: try { generate_paged(model, options, result);
       } catch (const OutOfPages& e) {
         throw InvalidArgument(std::string(fn) + ": num_pages = " + std::to_string(options.num_pages) +
                               " is too small for these prompts and max_new_tokens (" + e.what() + ")");
@@ -439,12 +447,14 @@ TinyDecoderDemo tiny_decoder_demo(const std::vector<std::string>& prompts, int64
   demo.options.max_new_tokens = max_new_tokens;
   demo.options.page_size = page_size;
   const TinyDecoder model(demo.config);
-  for (GenerationMode mode : {GenerationMode::recompute, GenerationMode::contiguous_kv_cache, GenerationMode::paged_kv_cache})
+  for (GenerationMode mode :
+       {GenerationMode::recompute, GenerationMode::contiguous_kv_cache, GenerationMode::paged_kv_cache})
     demo.runs.push_back(generate(model, prompts, mode, demo.options));
   demo.tokens_agree = true;
   for (const auto& run : demo.runs)
     for (size_t r = 0; r < run.requests.size(); ++r)
-      demo.tokens_agree = demo.tokens_agree && run.requests[r].generated_tokens == demo.runs[0].requests[r].generated_tokens;
+      demo.tokens_agree = demo.tokens_agree &&
+                          run.requests[r].generated_tokens == demo.runs[0].requests[r].generated_tokens;
   return demo;
 }
 

@@ -30,13 +30,13 @@ using namespace flashstep::stages;
 
 /// What your kernels get. Decode: request b has one query row (row b).
 struct ExerciseParams {
-  const float* q;          ///< (batch_size, num_qo_heads, head_dim)
-  const float* k;          ///< (nnz_kv, num_kv_heads, head_dim)
-  const float* v;          ///< (nnz_kv, num_kv_heads, head_dim)
+  const float* q;            ///< (batch_size, num_qo_heads, head_dim)
+  const float* k;            ///< (nnz_kv, num_kv_heads, head_dim)
+  const float* v;            ///< (nnz_kv, num_kv_heads, head_dim)
   const int32_t* kv_indptr;  ///< (batch_size + 1): request b owns K/V rows kv_indptr[b]..kv_indptr[b+1]
-  float* scores;           ///< (batch_size, num_qo_heads, max_kv_len) scratch, yours to use
-  float* o;                ///< (batch_size, num_qo_heads, head_dim)
-  float* lse;              ///< (batch_size, num_qo_heads), natural log
+  float* scores;             ///< (batch_size, num_qo_heads, max_kv_len) scratch, yours to use
+  float* o;                  ///< (batch_size, num_qo_heads, head_dim)
+  float* lse;                ///< (batch_size, num_qo_heads), natural log
   int num_qo_heads, num_kv_heads, head_dim, max_kv_len;
   float sm_scale;
 };
@@ -75,10 +75,18 @@ class ExerciseRunner : public StageRunner {
     scores_ = static_cast<float*>(workspace);
   }
   void run(const DeviceBatch& batch, cudaStream_t stream) override {
-    ExerciseParams p{static_cast<const float*>(batch.q), static_cast<const float*>(batch.k),
-                     static_cast<const float*>(batch.v), batch.kv_indptr, scores_,
-                     static_cast<float*>(batch.o), batch.lse, shape_.num_qo_heads,
-                     shape_.num_kv_heads, shape_.head_dim, max_kv_len(shape_), shape_.resolved_sm_scale()};
+    ExerciseParams p{static_cast<const float*>(batch.q),
+                     static_cast<const float*>(batch.k),
+                     static_cast<const float*>(batch.v),
+                     batch.kv_indptr,
+                     scores_,
+                     static_cast<float*>(batch.o),
+                     batch.lse,
+                     shape_.num_qo_heads,
+                     shape_.num_kv_heads,
+                     shape_.head_dim,
+                     max_kv_len(shape_),
+                     shape_.resolved_sm_scale()};
     const dim3 grid(shape_.num_qo_heads, shape_.batch_size);
     exercise_scores<<<grid, 128, 0, stream>>>(p);
     kernels::check_launch("exercise_scores");

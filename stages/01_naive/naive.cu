@@ -96,8 +96,7 @@ __global__ void output_kernel(NaiveParams p) {
     const int i = idx / p.head_dim, d = idx % p.head_dim;
     const float* P = p.scores + p.score_indptr[b] + (int64_t{h} * qo_len + i) * kv_len;
     float acc = 0.f;
-    for (int j = 0; j < kv_len; ++j)
-      acc += P[j] * p.v[(int64_t{k0 + j} * p.num_kv_heads + kv_head) * p.head_dim + d];
+    for (int j = 0; j < kv_len; ++j) acc += P[j] * p.v[(int64_t{k0 + j} * p.num_kv_heads + kv_head) * p.head_dim + d];
     p.o[(int64_t{q0 + i} * p.num_qo_heads + h) * p.head_dim + d] = acc;
   }
 }
@@ -134,24 +133,21 @@ std::vector<int64_t> make_score_indptr(const BatchShape& s) {
 }  // namespace
 
 size_t NaiveRunner::workspace_bytes(const BatchShape& shape) const {
-  return table_bytes(shape.batch_size) +
-         static_cast<size_t>(make_score_indptr(shape).back()) * sizeof(float);
+  return table_bytes(shape.batch_size) + static_cast<size_t>(make_score_indptr(shape).back()) * sizeof(float);
 }
 
-void NaiveRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size,
-                       cudaStream_t stream) {
+void NaiveRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
   const char* fn = "NaiveRunner::plan";
   ref::require(shape.storage == KVStorage::ragged && shape.dtype == DType::f32, fn,
                "stage 01 takes ragged fp32 KV (got " + shape.describe() + ")");
   ref::require(workspace_size >= workspace_bytes(shape), fn,
-               "workspace_size must be >= workspace_bytes(shape) = " +
-                   std::to_string(workspace_bytes(shape)) + " (got " + std::to_string(workspace_size) + ")");
+               "workspace_size must be >= workspace_bytes(shape) = " + std::to_string(workspace_bytes(shape)) +
+                   " (got " + std::to_string(workspace_size) + ")");
   shape_ = shape;
   score_indptr_ = make_score_indptr(shape);
   score_indptr_dev_ = static_cast<int64_t*>(workspace);
   scores_ = reinterpret_cast<float*>(static_cast<char*>(workspace) + table_bytes(shape.batch_size));
-  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(score_indptr_dev_, score_indptr_.data(),
-                                       score_indptr_.size() * sizeof(int64_t),
+  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(score_indptr_dev_, score_indptr_.data(), score_indptr_.size() * sizeof(int64_t),
                                        cudaMemcpyHostToDevice, stream));
 }
 

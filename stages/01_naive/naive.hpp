@@ -13,21 +13,21 @@ namespace flashstep::stages::naive {
 
 /// Everything the three kernels read and write; raw pointers only.
 struct NaiveParams {
-  const float* q = nullptr;             ///< (nnz_qo, num_qo_heads, head_dim)
-  const float* k = nullptr;             ///< (nnz_kv, num_kv_heads, head_dim)
-  const float* v = nullptr;             ///< (nnz_kv, num_kv_heads, head_dim)
-  const int32_t* qo_indptr = nullptr;   ///< (batch_size + 1)
-  const int32_t* kv_indptr = nullptr;   ///< (batch_size + 1)
+  const float* q = nullptr;               ///< (nnz_qo, num_qo_heads, head_dim)
+  const float* k = nullptr;               ///< (nnz_kv, num_kv_heads, head_dim)
+  const float* v = nullptr;               ///< (nnz_kv, num_kv_heads, head_dim)
+  const int32_t* qo_indptr = nullptr;     ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;     ///< (batch_size + 1)
   const int64_t* score_indptr = nullptr;  ///< (batch_size + 1): request i's scores start at score_indptr[i]
-  float* scores = nullptr;              ///< per request (num_qo_heads, qo_len, kv_len): scores, then probabilities
-  float* o = nullptr;                   ///< (nnz_qo, num_qo_heads, head_dim)
-  float* lse = nullptr;                 ///< (nnz_qo, num_qo_heads), natural log
-  int batch_size = 0;     ///< requests in the batch
-  int num_qo_heads = 0;   ///< query heads, Hq
-  int num_kv_heads = 0;   ///< kv heads, Hkv; query head h reads kv head h / (Hq / Hkv)
-  int head_dim = 0;       ///< elements per head, D
-  float sm_scale = 0.f;   ///< scale applied to q . k before the softmax (natural-log scores)
-  bool causal = false;    ///< bottom-right aligned causal mask (prefill)
+  float* scores = nullptr;                ///< per request (num_qo_heads, qo_len, kv_len): scores, then probabilities
+  float* o = nullptr;                     ///< (nnz_qo, num_qo_heads, head_dim)
+  float* lse = nullptr;                   ///< (nnz_qo, num_qo_heads), natural log
+  int batch_size = 0;                     ///< requests in the batch
+  int num_qo_heads = 0;                   ///< query heads, Hq
+  int num_kv_heads = 0;                   ///< kv heads, Hkv; query head h reads kv head h / (Hq / Hkv)
+  int head_dim = 0;                       ///< elements per head, D
+  float sm_scale = 0.f;                   ///< scale applied to q . k before the softmax (natural-log scores)
+  bool causal = false;                    ///< bottom-right aligned causal mask (prefill)
 };
 
 /// Launches the three passes (scores, softmax, output) on `stream`.
@@ -38,8 +38,7 @@ void launch_naive(const NaiveParams& params, cudaStream_t stream);
 class NaiveRunner : public StageRunner {
  public:
   size_t workspace_bytes(const BatchShape& shape) const override;
-  void plan(const BatchShape& shape, void* workspace, size_t workspace_size,
-            cudaStream_t stream) override;
+  void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) override;
   void run(const DeviceBatch& batch, cudaStream_t stream) override;
 
   /// After run(): the probabilities (softmax of the scores), the intermediate this stage

@@ -57,18 +57,18 @@ struct DecodeBlockShape {
 /// and head_dim HEAD_DIM, and the sizes that follow from it.
 template <typename T, int HEAD_DIM>
 struct DecodeTraits {
-  static constexpr int kThreads = 256;                         ///< threads of one loop
-  static constexpr int kVec = Vec16<T>::kSize;                 ///< elements per 16-byte vector
-  static constexpr int kElemsPerThread = 16;                   ///< head_dim elements per thread
+  static constexpr int kThreads = 256;                           ///< threads of one loop
+  static constexpr int kVec = Vec16<T>::kSize;                   ///< elements per 16-byte vector
+  static constexpr int kElemsPerThread = 16;                     ///< head_dim elements per thread
   static constexpr int kVecsPerThread = kElemsPerThread / kVec;  ///< 1 (fp8), 2 (16-bit) or 4 (fp32)
-  static constexpr int kBDX = HEAD_DIM / kElemsPerThread;      ///< threads across head_dim: 4, 8, 16
-  static constexpr int kHeadsPerThread = 2;                    ///< query heads per thread
-  static constexpr int kChunksPerRow = HEAD_DIM / kVec;        ///< 16-byte chunks per K row
+  static constexpr int kBDX = HEAD_DIM / kElemsPerThread;        ///< threads across head_dim: 4, 8, 16
+  static constexpr int kHeadsPerThread = 2;                      ///< query heads per thread
+  static constexpr int kChunksPerRow = HEAD_DIM / kVec;          ///< 16-byte chunks per K row
   static constexpr int kRowsPerPass = kThreads / kChunksPerRow;  ///< rows one copy pass covers
-  static constexpr int kCopyPasses = 4;                        ///< rows (tokens) each thread copies per tile
-  static constexpr int kTile = kCopyPasses * kRowsPerPass;     ///< tokens per pipeline stage
-  static constexpr int kTokensPerStep = 4;                     ///< tokens per online-softmax update
-  static constexpr int kStageElems = 2 * kTile * HEAD_DIM;     ///< K tile + V tile
+  static constexpr int kCopyPasses = 4;                          ///< rows (tokens) each thread copies per tile
+  static constexpr int kTile = kCopyPasses * kRowsPerPass;       ///< tokens per pipeline stage
+  static constexpr int kTokensPerStep = 4;                       ///< tokens per online-softmax update
+  static constexpr int kStageElems = 2 * kTile * HEAD_DIM;       ///< K tile + V tile
   static_assert(HEAD_DIM % kElemsPerThread == 0 && kBDX <= 32 && (kBDX & (kBDX - 1)) == 0,
                 "head_dim must be 16 x a power of two up to 512");
   static_assert(kThreads % kChunksPerRow == 0, "a copy pass must cover whole rows");
@@ -99,27 +99,27 @@ struct DecodeTraits {
 ///         16-bit T
 template <typename T, int HEAD_DIM, typename KV = T>
 struct DecodeLoop {
-  using Tr = DecodeTraits<KV, HEAD_DIM>;  ///< the loop's compile-time shape (of the K/V elements)
-  static constexpr int BDX = Tr::kBDX;              ///< threads across head_dim
-  static constexpr int HPT = Tr::kHeadsPerThread;   ///< query heads per thread
-  static constexpr int EPT = Tr::kElemsPerThread;   ///< head_dim elements per thread
-  static constexpr int VEC = Tr::kVec;              ///< K/V elements per 16-byte vector
-  static constexpr int NV = Tr::kVecsPerThread;     ///< 16-byte K/V vectors per thread and row
-  static constexpr int TILE = Tr::kTile;            ///< tokens per pipeline stage
-  static constexpr int QVEC = Vec16<T>::kSize;      ///< q/o elements per 16-byte vector
-  static constexpr int QPV = VEC / QVEC;            ///< q/o vectors per K/V vector: 1, or 2 for fp8 K/V
+  using Tr = DecodeTraits<KV, HEAD_DIM>;           ///< the loop's compile-time shape (of the K/V elements)
+  static constexpr int BDX = Tr::kBDX;             ///< threads across head_dim
+  static constexpr int HPT = Tr::kHeadsPerThread;  ///< query heads per thread
+  static constexpr int EPT = Tr::kElemsPerThread;  ///< head_dim elements per thread
+  static constexpr int VEC = Tr::kVec;             ///< K/V elements per 16-byte vector
+  static constexpr int NV = Tr::kVecsPerThread;    ///< 16-byte K/V vectors per thread and row
+  static constexpr int TILE = Tr::kTile;           ///< tokens per pipeline stage
+  static constexpr int QVEC = Vec16<T>::kSize;     ///< q/o elements per 16-byte vector
+  static constexpr int QPV = VEC / QVEC;           ///< q/o vectors per K/V vector: 1, or 2 for fp8 K/V
   static_assert(VEC % QVEC == 0, "a K/V vector must span whole q/o vectors (K/V no wider than q)");
 
-  int tid;           ///< this thread's index among the loop's 256, 0..255
-  int tx;            ///< which 16 of the head_dim elements: dims (v * BDX + tx) * VEC + e (VEC of K/V)
-  int ty;            ///< which pair of query heads: heads ty * HPT + j of the group
-  int tz;            ///< which tokens of each tile: tz, tz + bdz, ...
-  int bdy;           ///< ceil(group_size / HPT)
-  int bdz;           ///< token groups
-  bool computes;     ///< tz < bdz: false for the threads that only copy
-  unsigned segment;  ///< shuffle mask of the BDX lanes that share one (ty, tz)
-  float q[HPT][EPT];                 ///< this thread's dims of its heads' q, times sm_scale * log2(e)
-  SoftmaxState<EPT> state[HPT];      ///< running state of each of its heads (base 2)
+  int tid;                       ///< this thread's index among the loop's 256, 0..255
+  int tx;                        ///< which 16 of the head_dim elements: dims (v * BDX + tx) * VEC + e (VEC of K/V)
+  int ty;                        ///< which pair of query heads: heads ty * HPT + j of the group
+  int tz;                        ///< which tokens of each tile: tz, tz + bdz, ...
+  int bdy;                       ///< ceil(group_size / HPT)
+  int bdz;                       ///< token groups
+  bool computes;                 ///< tz < bdz: false for the threads that only copy
+  unsigned segment;              ///< shuffle mask of the BDX lanes that share one (ty, tz)
+  float q[HPT][EPT];             ///< this thread's dims of its heads' q, times sm_scale * log2(e)
+  SoftmaxState<EPT> state[HPT];  ///< running state of each of its heads (base 2)
 
   /// Places the thread. \param tid index among the loop's 256 threads
   /// \param bdy block shape (DecodeTraits::block_shape) \param bdz block shape
@@ -261,7 +261,7 @@ struct DecodeLoop {
     // ---- main loop: wait for tile i, refill the stage tile i-1 used, compute tile i.
     for (int i = 0; i < my_tiles; ++i) {
       cp_async_wait_group_dynamic(S - 2);  // this thread's copies of tile i landed
-      barrier();  // everyone's copies of tile i landed, and everyone is done with tile i-1
+      barrier();                           // everyone's copies of tile i landed, and everyone is done with tile i-1
       const int next = i + S - 1;
       if (next < my_tiles) issue_copies(next % S);
       cp_async_commit_group();
@@ -314,7 +314,7 @@ struct DecodeLoop {
         for (int u = 0; u < STEP; ++u)
 #pragma unroll
           for (int j = 0; j < HPT; ++j) s[u][j] += __shfl_xor_sync(segment, s[u][j], offset);
-      // Mask tokens past the tile or past the range, then rescale only if the max grew.
+            // Mask tokens past the tile or past the range, then rescale only if the max grew.
 #pragma unroll
       for (int u = 0; u < STEP; ++u) {
         const int local = base + u * bdz;

@@ -32,10 +32,10 @@ constexpr int kHeadDim = 128;
 constexpr int kPerLane = kHeadDim / 32;  // each lane of the warp owns 4 consecutive dims
 
 struct ExerciseParams {
-  const bf16* q;                 ///< (batch_size, num_qo_heads, 128)
-  kernels::PagedKV<bf16> kv;     ///< pool + CSR page table (see kernels/paged_kv.cuh)
-  bf16* o;                       ///< (batch_size, num_qo_heads, 128)
-  float* lse;                    ///< (batch_size, num_qo_heads)
+  const bf16* q;              ///< (batch_size, num_qo_heads, 128)
+  kernels::PagedKV<bf16> kv;  ///< pool + CSR page table (see kernels/paged_kv.cuh)
+  bf16* o;                    ///< (batch_size, num_qo_heads, 128)
+  float* lse;                 ///< (batch_size, num_qo_heads)
   int num_qo_heads, group_size;
   float sm_scale;
 };
@@ -50,8 +50,8 @@ __device__ int64_t token_offset(const kernels::PagedKV<bf16>& kv, int b, int t, 
 
 /// Online softmax state of one query row (this lane's 4 dims of o).
 struct RowState {
-  float m = -INFINITY;  ///< max score so far
-  float d = 0.f;        ///< sum of exp(score - m)
+  float m = -INFINITY;     ///< max score so far
+  float d = 0.f;           ///< sum of exp(score - m)
   float o[kPerLane] = {};  ///< sum of exp(score - m) * v
 };
 
@@ -94,9 +94,9 @@ class ExerciseRunner : public StageRunner {
   void run(const DeviceBatch& batch, cudaStream_t stream) override {
     ExerciseParams p;
     p.q = static_cast<const bf16*>(batch.q);
-    p.kv = kernels::make_paged_kv(static_cast<const bf16*>(batch.kv_pool), batch.kv_indptr,
-                                  batch.kv_indices, batch.kv_last_page_len, shape_.page_size,
-                                  shape_.num_kv_heads, kHeadDim, shape_.kv_layout == KVLayout::HND);
+    p.kv = kernels::make_paged_kv(static_cast<const bf16*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
+                                  batch.kv_last_page_len, shape_.page_size, shape_.num_kv_heads, kHeadDim,
+                                  shape_.kv_layout == KVLayout::HND);
     p.o = static_cast<bf16*>(batch.o);
     p.lse = batch.lse;
     p.num_qo_heads = shape_.num_qo_heads;
@@ -130,7 +130,8 @@ int main() {
   std::vector<CaseSpec> cases(4);
   cases[0].batch_size = 3, cases[0].kv_len = 17, cases[0].page_size = 16;
   cases[1].batch_size = 12, cases[1].kv_len = 97, cases[1].page_size = 1, cases[1].kv_layout = KVLayout::HND;
-  cases[2].batch_size = 5, cases[2].kv_len = 54, cases[2].page_size = 8, cases[2].num_qo_heads = 28, cases[2].num_kv_heads = 4;
+  cases[2].batch_size = 5, cases[2].kv_len = 54, cases[2].page_size = 8, cases[2].num_qo_heads = 28,
+  cases[2].num_kv_heads = 4;
   cases[3].batch_size = 4, cases[3].kv_len = 33, cases[3].lengths = LengthPolicy::ragged_with_empty;
   const uint64_t seed = 20240602;
   return stages::harness::run_exercise(stage, cases, seed);

@@ -48,16 +48,14 @@ KernelEntry kernel_entry() {
   };
   e.set_smem_limit = [](size_t bytes) {
     FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, HEAD_DIM, TWO_HALVES, KV>(),
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(bytes)));
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
-  e.launch = [](const BatchShape& s, const DeviceBatch& batch, int num_stages, size_t smem,
-                cudaStream_t stream) {
+  e.launch = [](const BatchShape& s, const DeviceBatch& batch, int num_stages, size_t smem, cudaStream_t stream) {
     PagedDecodeParams<T, KV> p;
     p.q = static_cast<const T*>(batch.q);
-    p.kv = kernels::make_paged_kv(static_cast<const KV*>(batch.kv_pool), batch.kv_indptr,
-                                  batch.kv_indices, batch.kv_last_page_len, s.page_size,
-                                  s.num_kv_heads, HEAD_DIM, s.kv_layout == KVLayout::HND);
+    p.kv = kernels::make_paged_kv(static_cast<const KV*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
+                                  batch.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+                                  s.kv_layout == KVLayout::HND);
     p.o = static_cast<T*>(batch.o);
     p.lse = batch.lse;
     p.num_qo_heads = s.num_qo_heads;

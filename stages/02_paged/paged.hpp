@@ -32,8 +32,7 @@ class PagedRunner : public StageRunner {
  public:
   /// A runner with the given knobs; plan() checks them (0 leaves each choice to plan()).
   explicit PagedRunner(PagedConfig config = {}) : config_(config) {}
-  void plan(const BatchShape& shape, void* workspace, size_t workspace_size,
-            cudaStream_t stream) override;
+  void plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) override;
   void run(const DeviceBatch& batch, cudaStream_t stream) override;
   /// The pipeline depth plan() chose.
   int num_stages() const { return num_stages_; }

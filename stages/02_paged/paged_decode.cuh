@@ -27,15 +27,15 @@ template <typename T, typename KV = T>
 struct PagedDecodeParams {
   const T* q = nullptr;       ///< (batch_size, num_qo_heads, head_dim)
   kernels::PagedKV<KV> kv{};  ///< the page pool and its CSR page table
-  T* o = nullptr;            ///< (batch_size, num_qo_heads, head_dim)
-  float* lse = nullptr;      ///< (batch_size, num_qo_heads), natural log
-  int num_qo_heads = 0;      ///< query heads, Hq (the row stride of q, o and lse)
-  int group_size = 0;        ///< num_qo_heads / num_kv_heads
-  int bdy = 0;               ///< ceil(group_size / kHeadsPerThread)
-  int bdz = 0;               ///< kThreads / (kBDX * bdy): token groups of a 256-thread loop
-  int num_stages = 0;        ///< pipeline depth, 2..8
-  float sm_scale_log2 = 0.f; ///< sm_scale * k_scale * log2(e): folded into q once
-  float v_scale = 1.f;       ///< folded into the output's normalisation
+  T* o = nullptr;             ///< (batch_size, num_qo_heads, head_dim)
+  float* lse = nullptr;       ///< (batch_size, num_qo_heads), natural log
+  int num_qo_heads = 0;       ///< query heads, Hq (the row stride of q, o and lse)
+  int group_size = 0;         ///< num_qo_heads / num_kv_heads
+  int bdy = 0;                ///< ceil(group_size / kHeadsPerThread)
+  int bdz = 0;                ///< kThreads / (kBDX * bdy): token groups of a 256-thread loop
+  int num_stages = 0;         ///< pipeline depth, 2..8
+  float sm_scale_log2 = 0.f;  ///< sm_scale * k_scale * log2(e): folded into q once
+  float v_scale = 1.f;        ///< folded into the output's normalisation
 };
 
 /// Shared memory (bytes) of paged_decode_kernel: the pipeline, whose memory the merge

@@ -88,9 +88,9 @@ __device__ __forceinline__ void merge_and_store(const DecodeLoop<T, HEAD_DIM, KV
       for (int v = 0; v < NV; ++v)
 #pragma unroll
         for (int e = 0; e < VEC; e += 4)
-          *reinterpret_cast<float4*>(part_o + id * HEAD_DIM + (v * BDX + loop.tx) * VEC + e) =
-              make_float4(loop.state[j].o[v * VEC + e], loop.state[j].o[v * VEC + e + 1],
-                          loop.state[j].o[v * VEC + e + 2], loop.state[j].o[v * VEC + e + 3]);
+          *reinterpret_cast<float4*>(part_o + id * HEAD_DIM + (v * BDX + loop.tx) * VEC + e) = make_float4(
+              loop.state[j].o[v * VEC + e], loop.state[j].o[v * VEC + e + 1], loop.state[j].o[v * VEC + e + 2],
+              loop.state[j].o[v * VEC + e + 3]);
       if (loop.tx == 0) {
         part_m[id] = loop.state[j].m;
         part_d[id] = loop.state[j].d;
@@ -109,8 +109,8 @@ __device__ __forceinline__ void merge_and_store(const DecodeLoop<T, HEAD_DIM, KV
 #pragma unroll 1
   for (int item = threadIdx.x; item < group_size * CHUNKS; item += L::Tr::kThreads) {
     const int h = item / CHUNKS, c = item % CHUNKS;
-    const int first_id = h;           // (0 * bdy + ty) * HPT + j for head h = ty * HPT + j
-    const int z_stride = bdy * HPT;   // ids between two token groups of one head
+    const int first_id = h;          // (0 * bdy + ty) * HPT + j for head h = ty * HPT + j
+    const int z_stride = bdy * HPT;  // ids between two token groups of one head
     float m_max = -INFINITY;
 #pragma unroll 4
     for (int z = 0; z < num_z; ++z) m_max = fmaxf(m_max, part_m[first_id + z * z_stride]);
@@ -118,7 +118,7 @@ __device__ __forceinline__ void merge_and_store(const DecodeLoop<T, HEAD_DIM, KV
 #pragma unroll
     for (int e = 0; e < QVEC; ++e) acc[e] = 0.f;
     if (m_max != -INFINITY) {  // else no key at all: o = 0, lse = -inf, as SoftmaxState says
-#pragma unroll 4  // four states' loads in flight: the sum has no dependent chain to wait on
+#pragma unroll 4               // four states' loads in flight: the sum has no dependent chain to wait on
       for (int z = 0; z < num_z; ++z) {
         const int id = first_id + z * z_stride;
         const float m_z = part_m[id];

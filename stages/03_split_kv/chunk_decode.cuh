@@ -37,10 +37,11 @@ struct ChunkDecodeParams {
   kernels::PagedKV<KV> kv{};  ///< the page pool and its CSR page table
   // The schedule, in the workspace (written by plan()'s one copy).
   const int32_t* request_indices = nullptr;  ///< (padded_batch_size) request r of work item k
-  const int32_t* kv_page_begin = nullptr;    ///< (padded_batch_size) kv_indptr[r] + t * c: item k's first page in kv_indices
-  const int32_t* kv_chunk_len = nullptr;     ///< (padded_batch_size) tokens of item k's chunk, 0..c * page_size
-  const uint8_t* block_valid_mask = nullptr; ///< (padded_batch_size) 0: padding, exit
-  const int32_t* o_indptr = nullptr;         ///< (batch_size + 1) request r's items; read by the fused merge
+  const int32_t* kv_page_begin =
+      nullptr;  ///< (padded_batch_size) kv_indptr[r] + t * c: item k's first page in kv_indices
+  const int32_t* kv_chunk_len = nullptr;      ///< (padded_batch_size) tokens of item k's chunk, 0..c * page_size
+  const uint8_t* block_valid_mask = nullptr;  ///< (padded_batch_size) 0: padding, exit
+  const int32_t* o_indptr = nullptr;          ///< (batch_size + 1) request r's items; read by the fused merge
   /// Fused merge (the FUSED_MERGE kernel): (batch_size, num_kv_heads) counters, 0 between runs.
   int32_t* merge_counters = nullptr;
   // Where the result goes: partial rows (split) or the outputs (no split).
@@ -49,12 +50,12 @@ struct ChunkDecodeParams {
   float* partial_lse = nullptr;  ///< split: (padded_batch_size, num_qo_heads) natural log
   T* o = nullptr;                ///< no split: (batch_size, num_qo_heads, head_dim)
   float* lse = nullptr;          ///< no split: (batch_size, num_qo_heads) natural log
-  int num_qo_heads = 0;       ///< query heads, Hq (the row stride of q, o and the partials)
-  int group_size = 0;         ///< num_qo_heads / num_kv_heads
-  int bdy = 0;                ///< ceil(group_size / kHeadsPerThread)
-  int bdz = 0;                ///< kThreads / (kBDX * bdy)
-  int num_stages = 0;         ///< pipeline depth, 2..8
-  float sm_scale_log2 = 0.f;  ///< sm_scale * k_scale * log2(e), folded into q once
+  int num_qo_heads = 0;          ///< query heads, Hq (the row stride of q, o and the partials)
+  int group_size = 0;            ///< num_qo_heads / num_kv_heads
+  int bdy = 0;                   ///< ceil(group_size / kHeadsPerThread)
+  int bdz = 0;                   ///< kThreads / (kBDX * bdy)
+  int num_stages = 0;            ///< pipeline depth, 2..8
+  float sm_scale_log2 = 0.f;     ///< sm_scale * k_scale * log2(e), folded into q once
   /// Folded into each chunk's normalisation, so the partial rows (and the merge, linear in
   /// them) already carry it.
   float v_scale = 1.f;
@@ -87,9 +88,9 @@ __device__ __forceinline__ void merge_request_chunks(const ChunkDecodeParams<T, 
   const int lanes = columns >= threads ? 1 : threads / columns;
   const int per_pass = threads / lanes;  // columns merged at once
   const int lane = threadIdx.x / per_pass;
-  float* lane_o = buf;                      // [lanes][per_pass][4]
-  float* lane_m = lane_o + 4 * threads;     // [lanes][per_pass]
-  float* lane_d = lane_m + threads;         // [lanes][per_pass]
+  float* lane_o = buf;                                    // [lanes][per_pass][4]
+  float* lane_m = lane_o + 4 * threads;                   // [lanes][per_pass]
+  float* lane_d = lane_m + threads;                       // [lanes][per_pass]
   for (int base = 0; base < columns; base += per_pass) {  // the same trip count in every thread
     const int col = base + threadIdx.x % per_pass;
     const bool active = lane < lanes && col < columns;
@@ -197,8 +198,8 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
         for (int v = 0; v < NV; ++v)
 #pragma unroll
           for (int w = 0; w < VEC; w += 4)
-            *reinterpret_cast<float4*>(dst + (v * BDX + tx) * VEC + w) =
-                make_float4(out[v * VEC + w], out[v * VEC + w + 1], out[v * VEC + w + 2], out[v * VEC + w + 3]);
+            *reinterpret_cast<float4*>(dst + (v * BDX + tx) * VEC + w) = make_float4(
+                out[v * VEC + w], out[v * VEC + w + 1], out[v * VEC + w + 2], out[v * VEC + w + 3]);
         if (tx == 0) p.partial_lse[row] = loop.state[j].lse();
       } else {
         loop.store_output(j, out, p.o, p.lse, int64_t{b} * p.num_qo_heads + qo_head);

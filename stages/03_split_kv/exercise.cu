@@ -35,13 +35,13 @@ constexpr int kHeadDim = 128;
 constexpr int kPerLane = kHeadDim / 32;  // each lane of the warp owns 4 consecutive dims
 
 struct ChunkParams {
-  const bf16* q;                    ///< (batch_size, num_qo_heads, 128)
-  kernels::PagedKV<bf16> kv;        ///< pool + CSR page table (kernels/paged_kv.cuh)
-  const int32_t* request_indices;   ///< (num_work_items)
-  const int32_t* kv_tile_indices;   ///< (num_work_items)
-  int chunk_tokens;                 ///< kv_chunk_size_in_pages * page_size
-  float* partial_o;                 ///< (num_work_items, num_qo_heads, 128)
-  float* partial_lse;               ///< (num_work_items, num_qo_heads), natural log
+  const bf16* q;                   ///< (batch_size, num_qo_heads, 128)
+  kernels::PagedKV<bf16> kv;       ///< pool + CSR page table (kernels/paged_kv.cuh)
+  const int32_t* request_indices;  ///< (num_work_items)
+  const int32_t* kv_tile_indices;  ///< (num_work_items)
+  int chunk_tokens;                ///< kv_chunk_size_in_pages * page_size
+  float* partial_o;                ///< (num_work_items, num_qo_heads, 128)
+  float* partial_lse;              ///< (num_work_items, num_qo_heads), natural log
   int num_qo_heads, group_size;
   float sm_scale;
 };
@@ -144,8 +144,8 @@ class ExerciseRunner : public StageRunner {
     request_indices_ = ints;
     kv_tile_indices_ = ints + items;
     o_indptr_ = ints + 2 * items;
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(ints, schedule.data(), schedule.size() * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, stream));
+    FLASHSTEP_CUDA_CHECK(
+        cudaMemcpyAsync(ints, schedule.data(), schedule.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));  // `schedule` is pageable and dies here
   }
   void run(const DeviceBatch& batch, cudaStream_t stream) override {
@@ -164,8 +164,8 @@ class ExerciseRunner : public StageRunner {
     p.sm_scale = shape_.resolved_sm_scale();
     chunk_kernel<<<dim3(shape_.num_qo_heads, plan_.num_work_items), 32, 0, stream>>>(p);
     kernels::check_launch("chunk_kernel");
-    const MergeParams m{partial_o_, partial_lse_, o_indptr_, static_cast<bf16*>(batch.o), batch.lse,
-                        shape_.num_qo_heads};
+    const MergeParams m{partial_o_, partial_lse_,       o_indptr_, static_cast<bf16*>(batch.o),
+                        batch.lse,  shape_.num_qo_heads};
     merge_kernel<<<dim3(shape_.num_qo_heads, shape_.batch_size), 32, 0, stream>>>(m);
     kernels::check_launch("merge_kernel");
   }
@@ -200,7 +200,8 @@ int main() {
   std::vector<CaseSpec> cases(4);
   cases[0].batch_size = 2, cases[0].kv_len = 300, cases[0].page_size = 16;
   cases[1].batch_size = 3, cases[1].kv_len = 97, cases[1].page_size = 1, cases[1].kv_layout = KVLayout::HND;
-  cases[2].batch_size = 4, cases[2].kv_len = 200, cases[2].page_size = 8, cases[2].num_qo_heads = 28, cases[2].num_kv_heads = 4;
+  cases[2].batch_size = 4, cases[2].kv_len = 200, cases[2].page_size = 8, cases[2].num_qo_heads = 28,
+  cases[2].num_kv_heads = 4;
   cases[3].batch_size = 4, cases[3].kv_len = 129, cases[3].lengths = LengthPolicy::ragged_with_empty;
   const uint64_t seed = 20240603;
   return stages::harness::run_exercise(stage, cases, seed);

@@ -41,9 +41,9 @@ struct MergeStatesParams {
   /// With o_indptr null: every request has this many states, state j of request r at row
   /// j * batch_size + r (the layout of an all-gather of per-GPU (batch_size, ...) arrays).
   int states_per_request = 0;
-  T* o = nullptr;                      ///< (batch_size, num_qo_heads, head_dim)
-  float* lse = nullptr;                ///< (batch_size, num_qo_heads) natural log
-  int num_qo_heads = 0;                ///< query heads, Hq (the row stride of every array)
+  T* o = nullptr;        ///< (batch_size, num_qo_heads, head_dim)
+  float* lse = nullptr;  ///< (batch_size, num_qo_heads) natural log
+  int num_qo_heads = 0;  ///< query heads, Hq (the row stride of every array)
 };
 
 /// Stores 4 fp32 values as 4 elements of T, in one 8-byte (16-bit T) or 16-byte store.
@@ -80,8 +80,7 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const 
 template <int HEAD_DIM, int IN_FLIGHT, bool VIA_L2 = false>
 __device__ __forceinline__ void fold_states(kernels::SoftmaxState<4>& st, const float* partial_o,
                                             const float* partial_lse, int num_qo_heads, int qo_head, int col,
-                                            int k_begin, int k_end, int lanes, int64_t first = 0,
-                                            int64_t step = 1) {
+                                            int k_begin, int k_end, int lanes, int64_t first = 0, int64_t step = 1) {
   for (int k0 = k_begin; k0 < k_end; k0 += lanes * IN_FLIGHT) {
     float4 v[IN_FLIGHT];
     float s[IN_FLIGHT];

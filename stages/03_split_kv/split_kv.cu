@@ -39,7 +39,6 @@ namespace flashstep::stages::split_kv {
 
 namespace {
 
-
 std::string str(int64_t v) { return std::to_string(v); }
 
 /// What a launch of the two kernels needs besides the batch's pointers.
@@ -66,8 +65,7 @@ struct KernelEntry {
 
 template <typename OutT, int HEAD_DIM>
 void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, int states_per_request,
-                  OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch,
-                  cudaStream_t stream);
+                  OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
 
 template <typename T, int HEAD_DIM, typename KV>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
@@ -75,16 +73,16 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const WorkspaceLayout& w = *a.layout;
   ChunkDecodeParams<T, KV> p;
   p.q = static_cast<const T*>(a.batch->q);
-  p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr,
-                                a.batch->kv_indices, a.batch->kv_last_page_len, s.page_size,
-                                s.num_kv_heads, HEAD_DIM, s.kv_layout == KVLayout::HND);
+  p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr, a.batch->kv_indices,
+                                a.batch->kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+                                s.kv_layout == KVLayout::HND);
   p.request_indices = reinterpret_cast<const int32_t*>(a.workspace + w.request_indices);
   p.kv_page_begin = reinterpret_cast<const int32_t*>(a.workspace + w.kv_page_begin);
   p.kv_chunk_len = reinterpret_cast<const int32_t*>(a.workspace + w.kv_chunk_len);
   p.block_valid_mask = a.workspace + w.block_valid_mask;
   p.o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
-  p.merge_counters =
-      a.path == DecodePath::split_fused ? reinterpret_cast<int32_t*>(a.workspace + w.merge_counters) : nullptr;
+  p.merge_counters = a.path == DecodePath::split_fused ? reinterpret_cast<int32_t*>(a.workspace + w.merge_counters)
+                                                       : nullptr;
   p.partition_kv = a.plan->split_kv;
   p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(a.workspace + w.partial_lse);
@@ -103,18 +101,17 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
   if (a.path == DecodePath::split_fused && a.plan->split_kv)
     chunk_decode_kernel<T, HEAD_DIM, true, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
-  else
-    chunk_decode_kernel<T, HEAD_DIM, false, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+  else chunk_decode_kernel<T, HEAD_DIM, false, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv || a.path == DecodePath::split_fused) return;
 
   if (a.fp32_states) {
-    launch_merge<float, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr),
-                                  0, static_cast<float*>(a.batch->o), p.lse, s.num_qo_heads, s.batch_size,
-                                  a.programmatic_launch, stream);
+    launch_merge<float, HEAD_DIM>(
+        p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), 0,
+        static_cast<float*>(a.batch->o), p.lse, s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
   } else {
-    launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr),
-                              0, p.o, p.lse, s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
+    launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), 0,
+                              p.o, p.lse, s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
   }
 }
 
@@ -156,8 +153,8 @@ KernelEntry kernel_entry() {
   };
   e.set_smem_limit = [](size_t bytes) {
     for (auto kernel : {chunk_decode_kernel<T, HEAD_DIM, false, KV>, chunk_decode_kernel<T, HEAD_DIM, true, KV>})
-      FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                static_cast<int>(bytes)));
+      FLASHSTEP_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t bytes) {  // the smaller of the two kernels' answers
     int plain = 0, fused = 0;
@@ -293,8 +290,8 @@ PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::Spli
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                       int max_grid_size, bool fp32_states) {
   const char* fn = "make_workspace_layout";
-  ref::require(batch_size >= 1 && num_qo_heads >= 1 && num_kv_heads >= 1 && head_dim >= 1 && max_grid_size >= 1,
-               fn, "batch_size, num_qo_heads, num_kv_heads, head_dim and max_grid_size must be >= 1");
+  ref::require(batch_size >= 1 && num_qo_heads >= 1 && num_kv_heads >= 1 && head_dim >= 1 && max_grid_size >= 1, fn,
+               "batch_size, num_qo_heads, num_kv_heads, head_dim and max_grid_size must be >= 1");
   WorkspaceLayout w;
   w.batch_size = batch_size;
   const int32_t per_head = max_grid_size / num_kv_heads;  // G / H: the split grid, padded
@@ -387,7 +384,8 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   ref::require(workspace_size >= layout.bytes, fn,
                "workspace_size is " + str(int64_t(workspace_size)) + " bytes; this shape needs " +
                    str(int64_t(layout.bytes)) + " (workspace_bytes(shape))");
-  ref::require(plan.padded_batch_size <= layout.capacity && (!plan.split_kv || plan.padded_batch_size <= layout.partial_rows),
+  ref::require(plan.padded_batch_size <= layout.capacity &&
+                   (!plan.split_kv || plan.padded_batch_size <= layout.partial_rows),
                fn, "internal: the plan does not fit the workspace layout");  // the planner's rule guarantees it
 
   // ---- the path: stage 02's kernel, or the chunks and their merge (DecodeCostModel).
@@ -406,7 +404,8 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
       // A graph cannot change path with the lengths: price graph_kv_len keys per request,
       // so that the choice depends on the batch size alone.
       const int64_t len = std::max(1, options_.cost.graph_kv_len);
-      const std::vector<int32_t> pages(size_t(shape.batch_size), int32_t((len + shape.page_size - 1) / shape.page_size));
+      const std::vector<int32_t> pages(size_t(shape.batch_size),
+                                       int32_t((len + shape.page_size - 1) / shape.page_size));
       const ref::SplitKVPlan uniform = ref::plan_split_kv(pages, config);
       estimate = estimate_paths(std::vector<int64_t>(size_t(shape.batch_size), len), uniform, shape.page_size,
                                 shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, elem, r.num_sm, fused,
@@ -423,15 +422,16 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
 
   // ---- a captured graph froze the launch shape: a new plan must keep it.
   if (captured_) {
-    ref::require(shape.batch_size == captured_batch_size_ && path == captured_path_ &&
-                     (path == DecodePath::unsplit || (plan.padded_batch_size == captured_padded_batch_size_ &&
-                                                      plan.split_kv == captured_split_kv_)),
-                 fn,
-                 "run() was captured into a CUDA graph for batch_size " + str(captured_batch_size_) + " (path " +
-                     to_string(captured_path_) + ", grid of " + str(captured_padded_batch_size_) +
-                     " work items); this plan needs batch_size " + str(shape.batch_size) + " (path " + to_string(path) +
-                     ", " + str(plan.padded_batch_size) +
-                     " work items), which that graph cannot replay. Use one runner (and workspace) per captured batch size.");
+    ref::require(
+        shape.batch_size == captured_batch_size_ && path == captured_path_ &&
+            (path == DecodePath::unsplit ||
+             (plan.padded_batch_size == captured_padded_batch_size_ && plan.split_kv == captured_split_kv_)),
+        fn,
+        "run() was captured into a CUDA graph for batch_size " + str(captured_batch_size_) + " (path " +
+            to_string(captured_path_) + ", grid of " + str(captured_padded_batch_size_) +
+            " work items); this plan needs batch_size " + str(shape.batch_size) + " (path " + to_string(path) + ", " +
+            str(plan.padded_batch_size) +
+            " work items), which that graph cannot replay. Use one runner (and workspace) per captured batch size.");
   }
 
   // ---- stage the schedule in pinned memory, in the workspace's layout, and copy it once.
@@ -449,8 +449,10 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   const SplitKVHeader header{plan.kv_chunk_size_in_pages, plan.num_work_items, plan.split_kv ? 1 : 0,
                              plan.padded_batch_size, static_cast<int32_t>(path)};
   std::memcpy(staging_ + layout.header, &header, sizeof header);
-  std::memcpy(staging_ + layout.request_indices, plan.request_indices.data(), sizeof(int32_t) * plan.request_indices.size());
-  std::memcpy(staging_ + layout.kv_tile_indices, plan.kv_tile_indices.data(), sizeof(int32_t) * plan.kv_tile_indices.size());
+  std::memcpy(staging_ + layout.request_indices, plan.request_indices.data(),
+              sizeof(int32_t) * plan.request_indices.size());
+  std::memcpy(staging_ + layout.kv_tile_indices, plan.kv_tile_indices.data(),
+              sizeof(int32_t) * plan.kv_tile_indices.size());
   std::memcpy(staging_ + layout.o_indptr, plan.o_indptr.data(), sizeof(int32_t) * plan.o_indptr.size());
   std::memcpy(staging_ + layout.block_valid_mask, plan.block_valid_mask.data(), plan.block_valid_mask.size());
   // Each real work item's first page (an index into kv_indices) and its length in tokens,
@@ -497,7 +499,8 @@ void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
     // plan() for other lengths would silently skip or misread chunks.
     ref::require(options_.enable_cuda_graph, fn,
                  "the stream is being captured into a CUDA graph, but this runner plans without "
-                 "SplitKVOptions::enable_cuda_graph: its grid (" + str(plan_.padded_batch_size) +
+                 "SplitKVOptions::enable_cuda_graph: its grid (" +
+                     str(plan_.padded_batch_size) +
                      " work items) follows the current lengths, so a replay after the next plan() "
                      "would compute on a stale schedule. Make the runner with enable_cuda_graph = true.");
     captured_ = true;
@@ -520,7 +523,8 @@ void launch_merge_states(const float* states_o, const float* states_lse, int sta
   ref::require(num_qo_heads >= 1, fn, "num_qo_heads must be >= 1, got " + str(num_qo_heads));
   ref::require(head_dim == 64 || head_dim == 128 || head_dim == 256, fn,
                "head_dim must be 64, 128 or 256, got " + str(head_dim));
-  ref::require(states_o != nullptr && states_lse != nullptr && o != nullptr, fn, "states_o, states_lse and o must not be null");
+  ref::require(states_o != nullptr && states_lse != nullptr && o != nullptr, fn,
+               "states_o, states_lse and o must not be null");
   ref::require(reinterpret_cast<uintptr_t>(states_o) % 16 == 0, fn, "states_o must be 16-byte aligned");
   FLASHSTEP_DISPATCH_DTYPE(dtype, OutT, {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
@@ -541,7 +545,8 @@ const float* SplitKVRunner::partial_lse() const {
 StageInfo stage_info() {
   StageInfo s;
   s.name = "03_split_kv";
-  s.summary = "split-KV decode: plan() prices chunks that fill every SM (then a merge) against stage 02's kernel and runs the cheaper; CUDA-graph safe";
+  s.summary =
+      "split-KV decode: plan() prices chunks that fill every SM (then a merge) against stage 02's kernel and runs the cheaper; CUDA-graph safe";
   s.modes = {Mode::decode};
   s.storage = KVStorage::paged;
   s.dtypes = {DType::f32, DType::f16, DType::bf16};

@@ -143,21 +143,21 @@ PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::Spli
 /// size can ask for); partial_rows = G / Hkv when batch_size * Hkv < G (the only case in
 /// which the planner may split), else 0; with fp32 states, capacity (every item a row).
 struct WorkspaceLayout {
-  int32_t batch_size = 0;    ///< requests the layout was made for (o_indptr has batch_size + 1)
-  int32_t capacity = 0;      ///< entries of request_indices, kv_tile_indices, block_valid_mask
-  int32_t partial_rows = 0;  ///< rows of partial_o / partial_lse (work items that may split)
-  size_t header = 0;             ///< SplitKVHeader
-  size_t request_indices = 0;    ///< int32 [capacity]
-  size_t kv_tile_indices = 0;    ///< int32 [capacity]
-  size_t o_indptr = 0;           ///< int32 [batch_size + 1]
-  size_t kv_page_begin = 0;      ///< int32 [capacity]: work item k's first page, an index into kv_indices
-  size_t kv_chunk_len = 0;       ///< int32 [capacity]: work item k's tokens
-  size_t block_valid_mask = 0;   ///< uint8 [capacity]
-  size_t merge_counters = 0;     ///< int32 [batch_size][num_kv_heads]: the fused merge's counts
-  size_t schedule_bytes = 0;     ///< bytes [0, schedule_bytes): what plan() copies
-  size_t partial_o = 0;          ///< fp32 [partial_rows][num_qo_heads][head_dim]
-  size_t partial_lse = 0;        ///< fp32 [partial_rows][num_qo_heads]
-  size_t bytes = 0;              ///< total workspace the runner needs
+  int32_t batch_size = 0;       ///< requests the layout was made for (o_indptr has batch_size + 1)
+  int32_t capacity = 0;         ///< entries of request_indices, kv_tile_indices, block_valid_mask
+  int32_t partial_rows = 0;     ///< rows of partial_o / partial_lse (work items that may split)
+  size_t header = 0;            ///< SplitKVHeader
+  size_t request_indices = 0;   ///< int32 [capacity]
+  size_t kv_tile_indices = 0;   ///< int32 [capacity]
+  size_t o_indptr = 0;          ///< int32 [batch_size + 1]
+  size_t kv_page_begin = 0;     ///< int32 [capacity]: work item k's first page, an index into kv_indices
+  size_t kv_chunk_len = 0;      ///< int32 [capacity]: work item k's tokens
+  size_t block_valid_mask = 0;  ///< uint8 [capacity]
+  size_t merge_counters = 0;    ///< int32 [batch_size][num_kv_heads]: the fused merge's counts
+  size_t schedule_bytes = 0;    ///< bytes [0, schedule_bytes): what plan() copies
+  size_t partial_o = 0;         ///< fp32 [partial_rows][num_qo_heads][head_dim]
+  size_t partial_lse = 0;       ///< fp32 [partial_rows][num_qo_heads]
+  size_t bytes = 0;             ///< total workspace the runner needs
 };
 
 /// The schedule's scalars, at offset 0 of the workspace (for inspection and tests: the

@@ -35,10 +35,10 @@ constexpr int kHeadDim = 64;
 constexpr int kRows = 16;  // query rows of the warp = keys per tile
 
 struct ExerciseParams {
-  const bf16 *q, *k, *v;     ///< q (nnz_qo, Hq, 64); k, v (nnz_kv, Hkv, 64)
+  const bf16 *q, *k, *v;  ///< q (nnz_qo, Hq, 64); k, v (nnz_kv, Hkv, 64)
   const int32_t *qo_indptr, *kv_indptr;
-  bf16* o;                   ///< (nnz_qo, Hq, 64)
-  float* lse;                ///< (nnz_qo, Hq)
+  bf16* o;     ///< (nnz_qo, Hq, 64)
+  float* lse;  ///< (nnz_qo, Hq)
   int num_qo_heads, num_kv_heads, group_size;
   float sm_scale_log2;
 };
@@ -125,7 +125,8 @@ __global__ void exercise_prefill(ExerciseParams p) {
                            kernels::pack2<bf16>(s[1][0], s[1][1]), kernels::pack2<bf16>(s[1][2], s[1][3])};
     for (int d2 = 0; d2 < kHeadDim / 16; ++d2) {
       uint32_t b[4];
-      kernels::ldmatrix_x4_trans(b, kernels::smem_u32(v_s + swizzle((lane / 8) % 2 * 8 + lane % 8, d2 * 2 + lane / 16)));
+      kernels::ldmatrix_x4_trans(b,
+                                 kernels::smem_u32(v_s + swizzle((lane / 8) % 2 * 8 + lane % 8, d2 * 2 + lane / 16)));
       kernels::mma_m16n8k16<bf16>(o[2 * d2], a, b[0], b[1]);
       kernels::mma_m16n8k16<bf16>(o[2 * d2 + 1], a, b[2], b[3]);
     }
@@ -142,8 +143,9 @@ __global__ void exercise_prefill(ExerciseParams p) {
       const int64_t out = (qo_begin + token) * q_stride + head * kHeadDim + n * 8 + fragment_col(lane, e);
       p.o[out] = __float2bfloat16(l[slot] > 0.f ? o[n][e] / l[slot] : 0.f);
       if (n == 0 && fragment_col(lane, e) == 0)
-        p.lse[(qo_begin + token) * int64_t{p.num_qo_heads} + head] =
-            l[slot] > 0.f ? (m[slot] + log2f(l[slot])) * kernels::kLn2 : -INFINITY;
+        p.lse[(qo_begin + token) * int64_t{p.num_qo_heads} + head] = l[slot] > 0.f
+                                                                         ? (m[slot] + log2f(l[slot])) * kernels::kLn2
+                                                                         : -INFINITY;
     }
 }
 
@@ -152,12 +154,20 @@ class ExerciseRunner : public StageRunner {
   void plan(const BatchShape& shape, void*, size_t, cudaStream_t) override { shape_ = shape; }
   void run(const DeviceBatch& batch, cudaStream_t stream) override {
     int max_qo = 0;
-    for (int b = 0; b < shape_.batch_size; ++b) max_qo = std::max(max_qo, shape_.qo_indptr[b + 1] - shape_.qo_indptr[b]);
+    for (int b = 0; b < shape_.batch_size; ++b)
+      max_qo = std::max(max_qo, shape_.qo_indptr[b + 1] - shape_.qo_indptr[b]);
     if (max_qo == 0) return;
-    ExerciseParams p{static_cast<const bf16*>(batch.q), static_cast<const bf16*>(batch.k),
-                     static_cast<const bf16*>(batch.v), batch.qo_indptr, batch.kv_indptr,
-                     static_cast<bf16*>(batch.o), batch.lse, shape_.num_qo_heads, shape_.num_kv_heads,
-                     shape_.group_size(), shape_.resolved_sm_scale() * kernels::kLog2e};
+    ExerciseParams p{static_cast<const bf16*>(batch.q),
+                     static_cast<const bf16*>(batch.k),
+                     static_cast<const bf16*>(batch.v),
+                     batch.qo_indptr,
+                     batch.kv_indptr,
+                     static_cast<bf16*>(batch.o),
+                     batch.lse,
+                     shape_.num_qo_heads,
+                     shape_.num_kv_heads,
+                     shape_.group_size(),
+                     shape_.resolved_sm_scale() * kernels::kLog2e};
     const dim3 grid((max_qo + kRows - 1) / kRows, shape_.num_qo_heads, shape_.batch_size);
     exercise_prefill<<<grid, 32, 0, stream>>>(p);
     kernels::check_launch("exercise_prefill");

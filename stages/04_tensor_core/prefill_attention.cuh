@@ -71,25 +71,25 @@ namespace flashstep::stages::tensor_core {
 /// hide each other's latencies.
 template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
 struct PrefillTraits {
-  static constexpr int kWarps = 8;                    ///< warps per block
-  static constexpr int kThreads = 32 * kWarps;        ///< threads per block
+  static constexpr int kWarps = 8;                                 ///< warps per block
+  static constexpr int kThreads = 32 * kWarps;                     ///< threads per block
   static constexpr int kMinBlocksPerSM = HEAD_DIM <= 128 ? 2 : 1;  ///< caps registers at 128 per thread
-  static constexpr int Br = 16 * kWarps;              ///< packed query rows per block
-  static constexpr int Bc = 64;                       ///< keys per tile
-  static constexpr bool kConvert = !std::is_same_v<KV, T>;  ///< FP8 K/V: staged, then widened
+  static constexpr int Br = 16 * kWarps;                           ///< packed query rows per block
+  static constexpr int Bc = 64;                                    ///< keys per tile
+  static constexpr bool kConvert = !std::is_same_v<KV, T>;         ///< FP8 K/V: staged, then widened
   /// K/V tiles in flight + 1: 2 of a 16-bit cache; 3 of an FP8 cache, whose stages are half
   /// the bytes (the same shared memory then keeps two tiles in flight, not one). STAGES
   /// overrides it (TensorCoreOptions::fp8_stages).
   static constexpr int kStages = STAGES ? STAGES : kConvert ? 3 : 2;
   static_assert(kStages == 2 || kStages == 3, "the K/V ring has 2 or 3 stages");
-  static constexpr int kChunks = HEAD_DIM / 8;        ///< 16-byte chunks per row
-  static constexpr int kTilesS = Bc / 8;              ///< n-tiles of S (8 keys each)
-  static constexpr int kTilesO = HEAD_DIM / 8;        ///< n-tiles of O (8 dims each)
-  static constexpr int kRowsPerPass = kThreads / kChunks;  ///< tile rows one cp.async pass covers
+  static constexpr int kChunks = HEAD_DIM / 8;                      ///< 16-byte chunks per row
+  static constexpr int kTilesS = Bc / 8;                            ///< n-tiles of S (8 keys each)
+  static constexpr int kTilesO = HEAD_DIM / 8;                      ///< n-tiles of O (8 dims each)
+  static constexpr int kRowsPerPass = kThreads / kChunks;           ///< tile rows one cp.async pass covers
   static constexpr int kKVVec = 16 / static_cast<int>(sizeof(KV));  ///< K/V elements per 16-byte copy
-  static constexpr int kKVChunks = HEAD_DIM / kKVVec;      ///< 16-byte copies per K/V row
-  static constexpr int kKVRowsPerPass = kThreads / kKVChunks;  ///< K/V rows one cp.async pass covers
-  static constexpr int kKVPasses = Bc / kKVRowsPerPass;    ///< passes per K/V tile
+  static constexpr int kKVChunks = HEAD_DIM / kKVVec;               ///< 16-byte copies per K/V row
+  static constexpr int kKVRowsPerPass = kThreads / kKVChunks;       ///< K/V rows one cp.async pass covers
+  static constexpr int kKVPasses = Bc / kKVRowsPerPass;             ///< passes per K/V tile
   static_assert(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
   static_assert(kRowsPerPass % 8 == 0, "every pass must start on the same swizzle phase");
   static_assert(Bc % kKVRowsPerPass == 0, "a K/V tile must be whole passes");
@@ -113,31 +113,31 @@ struct PrefillParams {
   const KV* v = nullptr;               ///< (nnz_kv, num_kv_heads, head_dim)
   const int32_t* kv_indptr = nullptr;  ///< (batch_size + 1) token offsets
   // paged K/V (paged == true)
-  kernels::PagedKV<KV> paged{};        ///< pool + CSR page table
-  bool paged_kv = false;               ///< which of the two the block reads
+  kernels::PagedKV<KV> paged{};  ///< pool + CSR page table
+  bool paged_kv = false;         ///< which of the two the block reads
   // outputs
-  T* o = nullptr;                      ///< (nnz_qo, num_qo_heads, head_dim)
-  float* lse = nullptr;                ///< (nnz_qo, num_qo_heads), natural log
+  T* o = nullptr;        ///< (nnz_qo, num_qo_heads, head_dim)
+  float* lse = nullptr;  ///< (nnz_qo, num_qo_heads), natural log
   // the schedule plan() wrote: work item i is (request, query tile, kv chunk)
-  const int32_t* request_indices = nullptr;  ///< (num_items)
-  const int32_t* qo_tile_indices = nullptr;  ///< (num_items)
-  const int32_t* kv_chunk_indices = nullptr; ///< (num_items)
-  int kv_chunk_size = 0;               ///< keys per chunk (a multiple of Bc); 0: no split
+  const int32_t* request_indices = nullptr;   ///< (num_items)
+  const int32_t* qo_tile_indices = nullptr;   ///< (num_items)
+  const int32_t* kv_chunk_indices = nullptr;  ///< (num_items)
+  int kv_chunk_size = 0;                      ///< keys per chunk (a multiple of Bc); 0: no split
   // split-KV partial states (kv_chunk_size > 0)
   const int32_t* partial_indptr = nullptr;  ///< (nnz_qo + 1): query row t's partial rows
-  float* partial_o = nullptr;          ///< (partial rows, num_qo_heads, head_dim)
-  float* partial_lse = nullptr;        ///< (partial rows, num_qo_heads), natural log
+  float* partial_o = nullptr;               ///< (partial rows, num_qo_heads, head_dim)
+  float* partial_lse = nullptr;             ///< (partial rows, num_qo_heads), natural log
   // sizes and options
-  int num_qo_heads = 0;                ///< Hq
-  int num_kv_heads = 0;                ///< Hkv
-  int group_size = 1;                  ///< Hq / Hkv: packed rows per query token
-  bool causal = false;                 ///< bottom-right aligned causal mask
-  int window_left = -1;                ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
-  float score_scale = 0.f;             ///< multiplies q.k into base-2 logits: sm_scale * log2(e); 1 with a soft cap
-  float cap_pre = 0.f;                 ///< soft cap only: sm_scale / cap, applied before tanh
-  float cap_post = 0.f;                ///< soft cap only: cap * log2(e), applied after tanh
-  bool soft_cap = false;               ///< s -> cap * tanh(s / cap) before the softmax
-  float v_scale = 1.f;                 ///< FP8 cache: multiplies the output (folded into 1 / l)
+  int num_qo_heads = 0;     ///< Hq
+  int num_kv_heads = 0;     ///< Hkv
+  int group_size = 1;       ///< Hq / Hkv: packed rows per query token
+  bool causal = false;      ///< bottom-right aligned causal mask
+  int window_left = -1;     ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
+  float score_scale = 0.f;  ///< multiplies q.k into base-2 logits: sm_scale * log2(e); 1 with a soft cap
+  float cap_pre = 0.f;      ///< soft cap only: sm_scale / cap, applied before tanh
+  float cap_post = 0.f;     ///< soft cap only: cap * log2(e), applied after tanh
+  bool soft_cap = false;    ///< s -> cap * tanh(s / cap) before the softmax
+  float v_scale = 1.f;      ///< FP8 cache: multiplies the output (folded into 1 / l)
 
   /// The four fields above from the batch's sm_scale and logits_soft_cap (0: no cap). For
   /// an FP8 cache pass sm_scale * k_scale: q . (k * k_scale) = k_scale (q . k).
@@ -151,18 +151,18 @@ struct PrefillParams {
 
 /// What one block works on, decoded from its work item.
 struct BlockTask {
-  int request;           ///< the request of this block's work item
-  int qo_begin;           ///< the request's first query row in q
-  int qo_len;             ///< the request's query rows
-  int kv_len;             ///< the request's keys
-  int row_begin;          ///< first packed row of the tile within the request
-  int rows;               ///< packed rows of the tile: [row_begin, row_begin + rows)
-  int kv_begin;           ///< first key this block visits (after skipping masked tiles)
-  int kv_end;             ///< one past the last key this block visits
-  int chunk_end;          ///< keys past this belong to another chunk (or do not exist)
-  int num_tiles;          ///< Bc-tiles in [kv_begin, kv_end)
-  int chunk;              ///< kv chunk index (split-KV), 0 without a split
-  int kv_first;           ///< ragged: the request's first row of k/v; paged: its first entry of kv_indices
+  int request;    ///< the request of this block's work item
+  int qo_begin;   ///< the request's first query row in q
+  int qo_len;     ///< the request's query rows
+  int kv_len;     ///< the request's keys
+  int row_begin;  ///< first packed row of the tile within the request
+  int rows;       ///< packed rows of the tile: [row_begin, row_begin + rows)
+  int kv_begin;   ///< first key this block visits (after skipping masked tiles)
+  int kv_end;     ///< one past the last key this block visits
+  int chunk_end;  ///< keys past this belong to another chunk (or do not exist)
+  int num_tiles;  ///< Bc-tiles in [kv_begin, kv_end)
+  int chunk;      ///< kv chunk index (split-KV), 0 without a split
+  int kv_first;   ///< ragged: the request's first row of k/v; paged: its first entry of kv_indices
 };
 
 /// The request, query tile and key range of this block; tiles that the causal mask or the
@@ -196,8 +196,7 @@ __device__ __forceinline__ BlockTask make_task(const PrefillParams<T, KV>& p, in
 /// Copies this block's query rows into the swizzled Q tile; rows past the request are
 /// zero-filled (they compute garbage that is never stored).
 template <typename T, int HEAD_DIM, int Br, int kThreads, typename KV>
-__device__ __forceinline__ void load_q_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
-                                            T* q_smem) {
+__device__ __forceinline__ void load_q_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head, T* q_smem) {
   constexpr int kChunks = HEAD_DIM / 8, kRowsPerPass = kThreads / kChunks;
   const int chunk = threadIdx.x % kChunks;
 #pragma unroll
@@ -234,8 +233,8 @@ __device__ __forceinline__ void fetch_pages(const PrefillParams<T, KV>& p, const
 /// thread, advanced by a fixed stride per pass. Paged: each row's page was read ahead by
 /// fetch_pages.
 template <typename T, int HEAD_DIM, int Bc, int kThreads, typename KV>
-__device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
-                                             int kv0, const int32_t (&pages)[Bc / (kThreads / (HEAD_DIM * sizeof(KV) / 16))],
+__device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head, int kv0,
+                                             const int32_t (&pages)[Bc / (kThreads / (HEAD_DIM * sizeof(KV) / 16))],
                                              KV* k_smem, KV* v_smem) {
   constexpr int kVec = 16 / sizeof(KV), kChunks = HEAD_DIM / kVec, kRowsPerPass = kThreads / kChunks;
   const int r0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
@@ -261,7 +260,8 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, cons
       p.paged.page_size.divmod(static_cast<uint32_t>(j), page_iter, slot);
       const int64_t off = valid ? p.paged.offset(pages[pass], slot, kv_head) + chunk * kVec : 0;
       kernels::cp_async_16(k_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off, valid);
-      kernels::cp_async_16(v_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off + p.paged.stride_kv, valid);
+      kernels::cp_async_16(v_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off + p.paged.stride_kv,
+                           valid);
     }
   }
 }
@@ -307,16 +307,15 @@ __device__ __forceinline__ void convert_kv_tile(const KV* staged, T* tiles) {
     const int row = idx / kChunks, chunk = idx % kChunks;  // rows 0..Bc-1: K, Bc..2Bc-1: V
     const uint2 raw = *reinterpret_cast<const uint2*>(staged + row * HEAD_DIM + chunk * 8);
     const int tile = row / Bc, r = row % Bc;
-    *reinterpret_cast<uint4*>(tiles + tile * Bc * HEAD_DIM + kernels::swizzled_offset(r, chunk, HEAD_DIM)) =
-        widen_fp8x8<T, KV>(raw);
+    *reinterpret_cast<uint4*>(tiles + tile * Bc * HEAD_DIM +
+                              kernels::swizzled_offset(r, chunk, HEAD_DIM)) = widen_fp8x8<T, KV>(raw);
   }
 }
 
 /// S = Q_w K^T for this warp's 16 rows: s[n] is the C fragment of keys 8 n.. of the
 /// tile. A from the Q tile, B from the K tile, both by ldmatrix.
 template <typename T, int HEAD_DIM, int kTilesS>
-__device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int warp_row0,
-                                           float (&s)[kTilesS][4]) {
+__device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int warp_row0, float (&s)[kTilesS][4]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int n = 0; n < kTilesS; ++n)
@@ -333,7 +332,8 @@ __device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int
     for (int n2 = 0; n2 < kTilesS / 2; ++n2) {
       const int key = n2 * 16 + (lane / 16) * 8 + lane % 8;
       uint32_t b[4];
-      kernels::ldmatrix_x4(b, kernels::smem_u32(k_smem + kernels::swizzled_offset(key, kd * 2 + (lane / 8) % 2, HEAD_DIM)));
+      kernels::ldmatrix_x4(
+          b, kernels::smem_u32(k_smem + kernels::swizzled_offset(key, kd * 2 + (lane / 8) % 2, HEAD_DIM)));
       kernels::mma_m16n8k16<T>(s[2 * n2], a, b[0], b[1]);
       kernels::mma_m16n8k16<T>(s[2 * n2 + 1], a, b[2], b[3]);
     }
@@ -345,9 +345,8 @@ __device__ __forceinline__ void compute_qk(const T* q_smem, const T* k_smem, int
 /// every row of the block (the causal interior): then no comparisons at all. Without a
 /// cap the scale is left to update_softmax, which folds it into one FFMA per score.
 template <typename T, int kTilesS, typename KV>
-__device__ __forceinline__ void logits_and_mask(const PrefillParams<T, KV>& p, float (&s)[kTilesS][4],
-                                                bool mask, int kv0, int kv_end,
-                                                const int (&q_pos)[2]) {
+__device__ __forceinline__ void logits_and_mask(const PrefillParams<T, KV>& p, float (&s)[kTilesS][4], bool mask,
+                                                int kv0, int kv_end, const int (&q_pos)[2]) {
   // Two uniform branches around whole loops (not one per score): the common tile, no cap
   // and no mask, runs no code here at all.
   if (p.soft_cap) {
@@ -384,8 +383,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 /// s; o and the thread's partial l are rescaled by 2^(c (m_old - m_new)). l stays per
 /// thread until the end (sums commute).
 template <int kTilesS, int kTilesO>
-__device__ __forceinline__ void update_softmax(float (&s)[kTilesS][4], float c,
-                                               float (&m)[2], float (&l)[2],
+__device__ __forceinline__ void update_softmax(float (&s)[kTilesS][4], float c, float (&m)[2], float (&l)[2],
                                                float (&o)[kTilesO][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -420,8 +418,7 @@ __device__ __forceinline__ void update_softmax(float (&s)[kTilesS][4], float c,
 /// fragment of keys 16k..16k+15 (see mma.cuh), so P goes from registers to the tensor
 /// cores directly. V (row-major [key][dim]) is read transposed by ldmatrix.trans.
 template <typename T, int HEAD_DIM, int kTilesS, int kTilesO>
-__device__ __forceinline__ void compute_pv(const float (&s)[kTilesS][4], const T* v_smem,
-                                           float (&o)[kTilesO][4]) {
+__device__ __forceinline__ void compute_pv(const float (&s)[kTilesS][4], const T* v_smem, float (&o)[kTilesO][4]) {
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int kk = 0; kk < kTilesS / 2; ++kk) {
@@ -435,7 +432,8 @@ __device__ __forceinline__ void compute_pv(const float (&s)[kTilesS][4], const T
 #pragma unroll
     for (int d2 = 0; d2 < kTilesO / 2; ++d2) {
       uint32_t b[4];
-      kernels::ldmatrix_x4_trans(b, kernels::smem_u32(v_smem + kernels::swizzled_offset(key, d2 * 2 + lane / 16, HEAD_DIM)));
+      kernels::ldmatrix_x4_trans(
+          b, kernels::smem_u32(v_smem + kernels::swizzled_offset(key, d2 * 2 + lane / 16, HEAD_DIM)));
       kernels::mma_m16n8k16<T>(o[2 * d2], a, b[0], b[1]);
       kernels::mma_m16n8k16<T>(o[2 * d2 + 1], a, b[2], b[3]);
     }
@@ -453,8 +451,8 @@ __device__ __forceinline__ void store2(T* dst, float a, float b) {
 /// split, to this chunk's partial row in fp32 for the merge kernel.
 template <typename T, int HEAD_DIM, int kTilesO, typename KV>
 __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
-                                             int warp_row0, const float (&m)[2],
-                                             float (&l)[2], const float (&o)[kTilesO][4]) {
+                                             int warp_row0, const float (&m)[2], float (&l)[2],
+                                             const float (&o)[kTilesO][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -471,16 +469,14 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
     if (p.kv_chunk_size == 0) {
       T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
 #pragma unroll
-      for (int n = 0; n < kTilesO; ++n)
-        store2<T>(dst + n * 8 + 2 * t4, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+      for (int n = 0; n < kTilesO; ++n) store2<T>(dst + n * 8 + 2 * t4, o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
       if (t4 == 0) p.lse[int64_t{token} * p.num_qo_heads + head] = lse;
     } else {
       const int64_t row = int64_t{p.partial_indptr[token] + t.chunk} * p.num_qo_heads + head;
       float* dst = p.partial_o + row * HEAD_DIM;
 #pragma unroll
       for (int n = 0; n < kTilesO; ++n)
-        *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) =
-            make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+        *reinterpret_cast<float2*>(dst + n * 8 + 2 * t4) = make_float2(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
       if (t4 == 0) p.partial_lse[row] = lse;
     }
   }
@@ -543,7 +539,8 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThrea
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < t.num_tiles) {
       KV* k_dst = kv_smem + 2 * s * Bc * HEAD_DIM;
-      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, pages, k_dst, k_dst + Bc * HEAD_DIM);
+      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, pages, k_dst,
+                                                  k_dst + Bc * HEAD_DIM);
     }
     kernels::cp_async_commit_group();  // one group per tile, empty or not: the counts stay aligned
     if (p.paged_kv) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (s + 1) * Bc, pages);
@@ -561,7 +558,8 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThrea
                                                   k_next + Bc * HEAD_DIM);
     }
     kernels::cp_async_commit_group();
-    if (p.paged_kv && next + 1 < t.num_tiles) fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (next + 1) * Bc, pages);
+    if (p.paged_kv && next + 1 < t.num_tiles)
+      fetch_pages<HEAD_DIM, Bc, Tr::kThreads>(p, t, t.kv_begin + (next + 1) * Bc, pages);
 
     const int stage = it % kStages;
     const T* k_smem;

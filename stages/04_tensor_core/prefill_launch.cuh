@@ -26,10 +26,11 @@ int prepare_prefill_attention(int head_dim) {
     // The occupancy calculator counts no block whose dynamic shared memory is above the
     // kernel's limit: raise it first, or a query made before the first plan() in a
     // process answers 0 and workspace_bytes() under-counts the split it plans.
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(Tr::smem_bytes())));
+    FLASHSTEP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Tr::smem_bytes())));
     int blocks = 0;
-    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tr::kThreads, Tr::smem_bytes()));
+    FLASHSTEP_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, Tr::kThreads, Tr::smem_bytes()));
     return blocks;
   });
   return 0;
@@ -51,16 +52,15 @@ void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64
 /// The FP8 instantiations (q fp16/bf16 x e4m3/e5m2 x ring of 3 (STAGES 0) or 2 stages),
 /// declared `extern template` by tensor_core.cu and defined `template` by
 /// tensor_core_fp8.cu. Use inside namespace flashstep::stages::tensor_core.
-#define FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, T, KV, STAGES)                     \
-  PREFIX int prepare_prefill_attention<T, KV, STAGES>(int);                              \
-  PREFIX void launch_prefill_attention<T, KV, STAGES>(const PrefillParams<T, KV>&, int, \
-                                                      int64_t, cudaStream_t);
-#define FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(PREFIX)                                   \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e4m3, 0)                \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e4m3, 2)                \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e5m2, 0)                \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e5m2, 2)                \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e4m3, 0)         \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e4m3, 2)         \
-  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e5m2, 0)         \
+#define FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, T, KV, STAGES) \
+  PREFIX int prepare_prefill_attention<T, KV, STAGES>(int);        \
+  PREFIX void launch_prefill_attention<T, KV, STAGES>(const PrefillParams<T, KV>&, int, int64_t, cudaStream_t);
+#define FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(PREFIX)                           \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e4m3, 0)        \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e4m3, 2)        \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e5m2, 0)        \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __half, __nv_fp8_e5m2, 2)        \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e4m3, 0) \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e4m3, 2) \
+  FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e5m2, 0) \
   FLASHSTEP_PREFILL_FP8_INSTANTIATION(PREFIX, __nv_bfloat16, __nv_fp8_e5m2, 2)

@@ -62,8 +62,8 @@ struct KernelEntry {
   size_t smem_bytes;
   int br;
   int (*prepare)(int head_dim);  ///< raises the shared-memory limit; returns blocks per SM
-  void (*launch)(const BatchShape&, const Schedule&, const WorkspaceLayout&, uint8_t* workspace,
-                 const DeviceBatch&, cudaStream_t);
+  void (*launch)(const BatchShape&, const Schedule&, const WorkspaceLayout&, uint8_t* workspace, const DeviceBatch&,
+                 cudaStream_t);
 };
 
 template <typename T, int HEAD_DIM, typename KV, int STAGES>
@@ -125,7 +125,8 @@ KernelEntry kernel_entry() {
 /// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the default ring)
 KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
   if (dtype != DType::f16 && dtype != DType::bf16)
-    throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " + std::string(to_string(dtype)) + ")");
+    throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " +
+                               std::string(to_string(dtype)) + ")");
   auto for_dtype = [&](auto type_tag) -> KernelEntry {
     using T = decltype(type_tag);
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
@@ -174,8 +175,10 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kBc == 0, fn,
                "kv_chunk_size must be 0 (auto) or a positive multiple of 64 (got " +
                    std::to_string(options_.kv_chunk_size) + ")");
-  ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1, fn, "qo_indptr must have batch_size + 1 entries");
-  ref::require(static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1, fn, "kv_indptr must have batch_size + 1 entries");
+  ref::require(static_cast<int>(s.qo_indptr.size()) == s.batch_size + 1, fn,
+               "qo_indptr must have batch_size + 1 entries");
+  ref::require(static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1, fn,
+               "kv_indptr must have batch_size + 1 entries");
 
   Schedule sched;
   sched.Br = 128;  // PrefillTraits::Br: 8 warps of one m16 tile
@@ -226,7 +229,8 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
       }
     }
     if (chunk > 0)
-      for (int64_t i = 0; i < qo_len; ++i) sched.partial_indptr.push_back(sched.partial_indptr.back() + static_cast<int32_t>(chunks));
+      for (int64_t i = 0; i < qo_len; ++i)
+        sched.partial_indptr.push_back(sched.partial_indptr.back() + static_cast<int32_t>(chunks));
   }
   // Longest first: the last wave of blocks is made of short ones, so the chip empties evenly.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
@@ -260,7 +264,8 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   const WorkspaceLayout w = layout_of(schedule, shape.num_qo_heads, shape.head_dim);
   captured_.check_plan(fn, launch_of(schedule, w, shape.num_kv_heads));
   ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
-               "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " + std::to_string(w.bytes));
+               "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
+                   std::to_string(w.bytes));
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
@@ -286,7 +291,8 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, options_.fp8_stages).launch(shape_, schedule_, w, workspace_, batch, stream);
+  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, options_.fp8_stages)
+      .launch(shape_, schedule_, w, workspace_, batch, stream);
 }
 
 namespace {

@@ -37,8 +37,8 @@ const char* to_string(Path path) {
 
 namespace {
 
-constexpr int kBc = 64;          // stage 04's key tile
-constexpr int kBr = 128;         // stage 04's packed query rows per tile
+constexpr int kBc = 64;   // stage 04's key tile
+constexpr int kBr = 128;  // stage 04's packed query rows per tile
 constexpr int kMinChunkKeys = 128;
 constexpr int64_t kMaxMergeTokens = 65535;  // the merge grid's y dimension
 
@@ -164,8 +164,8 @@ int prefill_blocks_per_sm(DType dtype, int head_dim) {
 /// A hand-built CascadeLevels' consistency with the batch it is planned for.
 void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeLevels& c) {
   ref::require(!c.levels.empty() && static_cast<int>(c.levels.size()) <= kMaxLevels, fn,
-               "levels must hold 1.." + std::to_string(kMaxLevels) + " levels (got " +
-                   std::to_string(c.levels.size()) + ")");
+               "levels must hold 1.." + std::to_string(kMaxLevels) + " levels (got " + std::to_string(c.levels.size()) +
+                   ")");
   ref::require(c.page_size == s.page_size, fn,
                "levels.page_size (" + std::to_string(c.page_size) + ") must equal the pool's page_size (" +
                    std::to_string(s.page_size) + ")");
@@ -231,8 +231,8 @@ std::vector<std::vector<int32_t>> nonempty_ends(const BatchShape& s, std::vector
 /// stage 04 schedules, the workspace layout and the staged index arrays.
 struct CascadeRunner::Prepared {
   CascadePlan plan;
-  std::unique_ptr<StageRunner> flat;      // flat path: stage 03 or 04's runner
-  size_t flat_bytes = 0;                  // its workspace
+  std::unique_ptr<StageRunner> flat;  // flat path: stage 03 or 04's runner
+  size_t flat_bytes = 0;              // its workspace
   struct Level {
     BatchShape shape;                     // the kernel's view of the level
     bool hopper = false;                  // stage 07's kernel, else stage 04's
@@ -241,7 +241,7 @@ struct CascadeRunner::Prepared {
     size_t qo_indptr, kv_indptr, kv_indices, last_page_len, request, tile, chunk, rows;  // byte offsets
   };
   std::vector<Level> levels;
-  size_t staged_bytes = 0;                // [0, staged_bytes) of the workspace: the levels' arrays
+  size_t staged_bytes = 0;  // [0, staged_bytes) of the workspace: the levels' arrays
   size_t partial_o = 0, partial_lse = 0, bytes = 0;
 };
 
@@ -255,8 +255,7 @@ CascadeRunner::~CascadeRunner() {
   if (staging_) cudaFreeHost(staging_);
 }
 
-std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape& s,
-                                                               ref::CascadeLevels* given) const {
+std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape& s, ref::CascadeLevels* given) const {
   const char* fn = given ? "CascadeRunner::plan_levels" : "CascadeRunner::plan";
   StageInfo info = stage_info();
   if (given) info.needs_host_page_table = false;  // the levels carry the page ids
@@ -285,9 +284,9 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   if (given) {
     check_given_levels(fn, s, *given);
   } else if (options_.path != Path::flat && s.nnz_qo() <= kMaxMergeTokens) {
-    const auto ends = nonempty_ends(
-        s, ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size,
-                                          options_.max_levels, s.causal));
+    const auto ends = nonempty_ends(s, ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices,
+                                                                      s.kv_last_page_len, s.page_size,
+                                                                      options_.max_levels, s.causal));
     const int shared = static_cast<int>(ends.size());
     for (int mask = (options_.path == Path::cascade ? 0 : 1); mask < (1 << shared); ++mask) {
       std::vector<std::vector<int32_t>> kept;
@@ -302,8 +301,8 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   auto seconds_of = [&](const ref::CascadeLevels& c) {
     double t = cost.seconds_per_launch;
     for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), options_);
-    return t + double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 *
-                   2 / cost.bytes_per_second;
+    return t + double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 * 2 /
+                   cost.bytes_per_second;
   };
   double best = std::numeric_limits<double>::infinity();
   ref::CascadeLevels* chosen = nullptr;
@@ -319,10 +318,10 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     }
   }
   plan.cascade_seconds = chosen == nullptr ? 0 : best;
-  const bool cascade = chosen != nullptr && (given ? options_.path != Path::flat
-                                               : options_.path == Path::cascade ||
-                                                     (options_.path == Path::automatic &&
-                                                      best < cost.margin * plan.flat_seconds));
+  const bool cascade = chosen != nullptr &&
+                       (given ? options_.path != Path::flat
+                              : options_.path == Path::cascade ||
+                                    (options_.path == Path::automatic && best < cost.margin * plan.flat_seconds));
   if (!cascade) {
     plan.path = Path::flat;
     plan.levels = {};
@@ -432,8 +431,8 @@ std::string launch_of(const CascadePlan& plan, size_t bytes) {
 
 }  // namespace
 
-void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p, void* workspace,
-                           size_t workspace_size, cudaStream_t stream) {
+void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p, void* workspace, size_t workspace_size,
+                           cudaStream_t stream) {
   captured_.check_plan("CascadeRunner::plan", launch_of(p->plan, p->bytes));
   // The same flat stage as the last plan: keep its runner, whose own CapturedLaunch
   // knows what a graph captured of it.
@@ -441,7 +440,8 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
       plan_.flat_stage == p->plan.flat_stage)
     p->flat = std::move(flat_);
   ref::require(workspace_size >= p->bytes && (workspace != nullptr || p->bytes == 0), "CascadeRunner::plan",
-               "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " + std::to_string(p->bytes));
+               "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
+                   std::to_string(p->bytes));
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   if (p->plan.path == Path::flat) {
@@ -470,7 +470,8 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
     FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
     size_t written = 0;  // every byte of [0, staged_bytes) is written: the gaps are zeroed
     auto put = [&](size_t at, const std::vector<int32_t>& v) {
-      ref::require(at >= written, "CascadeRunner::plan", "the staged arrays' offsets must increase");  // prepare()'s layout
+      ref::require(at >= written, "CascadeRunner::plan",
+                   "the staged arrays' offsets must increase");  // prepare()'s layout
       std::memset(staging_ + written, 0, at - written);
       if (!v.empty()) std::memcpy(staging_ + at, v.data(), v.size() * sizeof(int32_t));
       written = at + v.size() * sizeof(int32_t);

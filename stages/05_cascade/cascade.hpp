@@ -53,7 +53,7 @@ struct CostModel {
   double hopper_flops_per_second = 4.5e14;       ///< stage 07's paged kernel on full tiles (340-385 TFLOP/s
                                                  ///< over pages of 16 causal, more on long ones)
   double seconds_per_launch = 3e-6;              ///< fixed cost of each kernel of a run
-  double margin = 0.9;               ///< the cascade must cost under margin x flat to be chosen
+  double margin = 0.9;                           ///< the cascade must cost under margin x flat to be chosen
 };
 
 /// How the runner plans.
@@ -66,30 +66,30 @@ struct CascadeOptions {
   /// Run a level on stage 07's kernel where it takes the level (sm_90a, head_dim 128, a
   /// group dividing 128) and the model prices it below stage 04's; false: stage 04 only.
   bool hopper = true;
-  CostModel cost;               ///< the planner's prices
+  CostModel cost;  ///< the planner's prices
 };
 
 /// One level as planned: its CSR view and how stage 04's (or 07's) kernel is cut over it.
 struct LevelPlan {
-  std::string stage;        ///< the level's kernel: "04_tensor_core" or "07_hopper"
-  int64_t num_groups = 0;   ///< groups (one "request" each for the kernel)
-  int64_t num_pages = 0;    ///< pages the level reads
-  int64_t max_kv_len = 0;   ///< longest group's keys
-  int kv_chunk_size = 0;    ///< keys per chunk of the level's launch (one chunk: >= max_kv_len)
-  int64_t num_items = 0;    ///< work items (group, query tile, chunk) of the launch
-  int64_t partial_rows = 0; ///< partial states the level writes (per query head)
-  double seconds = 0;       ///< the cost model's estimate
+  std::string stage;         ///< the level's kernel: "04_tensor_core" or "07_hopper"
+  int64_t num_groups = 0;    ///< groups (one "request" each for the kernel)
+  int64_t num_pages = 0;     ///< pages the level reads
+  int64_t max_kv_len = 0;    ///< longest group's keys
+  int kv_chunk_size = 0;     ///< keys per chunk of the level's launch (one chunk: >= max_kv_len)
+  int64_t num_items = 0;     ///< work items (group, query tile, chunk) of the launch
+  int64_t partial_rows = 0;  ///< partial states the level writes (per query head)
+  double seconds = 0;        ///< the cost model's estimate
 };
 
 /// The last plan, for tests, the bench and the chapter.
 struct CascadePlan {
-  Path path = Path::flat;            ///< cascade or flat (never automatic after plan())
-  std::string flat_stage;            ///< the flat path's stage: "03_split_kv", "07_hopper" or "04_tensor_core"
-  ref::CascadeLevels levels;         ///< the levels run() launches (cascade only)
+  Path path = Path::flat;              ///< cascade or flat (never automatic after plan())
+  std::string flat_stage;              ///< the flat path's stage: "03_split_kv", "07_hopper" or "04_tensor_core"
+  ref::CascadeLevels levels;           ///< the levels run() launches (cascade only)
   std::vector<LevelPlan> level_plans;  ///< one per level (cascade only)
-  double flat_seconds = 0;           ///< the model's flat estimate
-  double cascade_seconds = 0;        ///< the model's estimate for the levels chosen
-  int64_t partial_rows = 0;          ///< partial states of all levels (per query head)
+  double flat_seconds = 0;             ///< the model's flat estimate
+  double cascade_seconds = 0;          ///< the model's estimate for the levels chosen
+  int64_t partial_rows = 0;            ///< partial states of all levels (per query head)
 };
 
 /// plan/run for stage 05 over a paged pool.

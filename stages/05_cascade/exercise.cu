@@ -52,8 +52,8 @@ struct ExerciseParams {
   const bf16* q;     ///< (batch, Hq, 64)
   const bf16* pool;  ///< (pages, 2, 16, Hkv, 64) NHD
   Level level[2];
-  bf16* o;           ///< (batch, Hq, 64)
-  float* lse;        ///< (batch, Hq), natural log
+  bf16* o;     ///< (batch, Hq, 64)
+  float* lse;  ///< (batch, Hq), natural log
   int num_qo_heads, num_kv_heads;
   float sm_scale;
 };
@@ -146,8 +146,13 @@ class ExerciseRunner : public StageRunner {
     }
   }
   void run(const DeviceBatch& batch, cudaStream_t stream) override {
-    ExerciseParams p{static_cast<const bf16*>(batch.q), static_cast<const bf16*>(batch.kv_pool), {level_[0], level_[1]},
-                     static_cast<bf16*>(batch.o), batch.lse, shape_.num_qo_heads, shape_.num_kv_heads,
+    ExerciseParams p{static_cast<const bf16*>(batch.q),
+                     static_cast<const bf16*>(batch.kv_pool),
+                     {level_[0], level_[1]},
+                     static_cast<bf16*>(batch.o),
+                     batch.lse,
+                     shape_.num_qo_heads,
+                     shape_.num_kv_heads,
                      shape_.resolved_sm_scale()};
     exercise_cascade<<<dim3(shape_.num_qo_heads, shape_.batch_size), 32, 0, stream>>>(p);
     kernels::check_launch("exercise_cascade");

@@ -48,10 +48,10 @@ struct MergeLevelsParams {
   const float* partial_lse = nullptr;  ///< (partial rows, num_qo_heads) natural log
   /// level_indptr[l] (nnz_qo + 1): token t's rows of level l in the partial buffer.
   const int32_t* level_indptr[kMaxLevels] = {};
-  int num_levels = 0;                  ///< levels to fold, 1..kMaxLevels
-  T* o = nullptr;                      ///< (nnz_qo, num_qo_heads, head_dim)
-  float* lse = nullptr;                ///< (nnz_qo, num_qo_heads) natural log
-  int num_qo_heads = 0;                ///< Hq (the row stride of every array)
+  int num_levels = 0;    ///< levels to fold, 1..kMaxLevels
+  T* o = nullptr;        ///< (nnz_qo, num_qo_heads, head_dim)
+  float* lse = nullptr;  ///< (nnz_qo, num_qo_heads) natural log
+  int num_qo_heads = 0;  ///< Hq (the row stride of every array)
 };
 
 /// Folds the partial states of every level for one (query head, token): grid =

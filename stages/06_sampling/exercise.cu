@@ -145,7 +145,10 @@ int main() {
   const uint64_t seed = 20240606;
   std::mt19937_64 rng(seed);
   bool all = true;
-  struct Case { int batch, vocab; double p; };
+  struct Case {
+    int batch, vocab;
+    double p;
+  };
   for (const Case c : {Case{4, 111, 0.5}, Case{8, 1000, 0.9}, Case{3, 32000, 0.9}, Case{2, 32000, 0.1}}) {
     std::normal_distribution<double> normal(0.0, 2.0);
     std::vector<float> probs(size_t(c.batch) * c.vocab);
@@ -175,9 +178,10 @@ int main() {
     cudaFree(d_probs), cudaFree(d_samples), cudaFree(d_rounds);
     int wrong = 0;
     for (int i = 0; i < c.batch; ++i) wrong += samples[i] != expected.samples[i] || rounds[i] != expected.rounds[i];
-    std::printf("%s batch=%d vocab=%d top_p=%.1f seed=%llu: %d of %d outputs differ (first: GPU %d in %d rounds, reference %d in %d)\n",
-                wrong ? "FAIL" : "PASS", c.batch, c.vocab, c.p, static_cast<unsigned long long>(opt.seed), wrong, c.batch,
-                samples[0], rounds[0], expected.samples[0], expected.rounds[0]);
+    std::printf(
+        "%s batch=%d vocab=%d top_p=%.1f seed=%llu: %d of %d outputs differ (first: GPU %d in %d rounds, reference %d in %d)\n",
+        wrong ? "FAIL" : "PASS", c.batch, c.vocab, c.p, static_cast<unsigned long long>(opt.seed), wrong, c.batch,
+        samples[0], rounds[0], expected.samples[0], expected.rounds[0]);
     all = all && wrong == 0;
   }
   std::printf("%s\n", all ? "PASS" : "FAIL");

@@ -20,9 +20,8 @@ struct Gather {
 /// The rejection sampler for one filter kind (the Status contract of sampling.hpp).
 /// logits: `probs` holds logits (f32 or bf16) and the kernel fuses their softmax (kinds
 /// none, top_p and top_k_top_p), writing it to out.probs when that is set.
-void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p,
-                    SamplingOutputs out, const SamplingOptions& opt, const int32_t* prior_status,
-                    cudaStream_t stream, bool logits = false);
+void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p, SamplingOutputs out,
+                    const SamplingOptions& opt, const int32_t* prior_status, cudaStream_t stream, bool logits = false);
 
 /// softmax(logits / temperature) of the gathered rows into probs_out (outputs, vocab).
 void launch_softmax(DeviceRows logits, RowParam<double, float> temperature, float* probs_out, Gather gather,

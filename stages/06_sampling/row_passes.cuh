@@ -60,9 +60,9 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 /// passes are bound by memory latency, and several loads in flight per thread hide it.
 template <bool VECTOR_LOADS>
 struct ProbRowT {
-  const float* p;        ///< (vocab) the row
-  int64_t vocab;         ///< entries
-  bool prefetch = false; ///< prefetch_tile asks the L2 for the next tile (16-byte loads only)
+  const float* p;         ///< (vocab) the row
+  int64_t vocab;          ///< entries
+  bool prefetch = false;  ///< prefetch_tile asks the L2 for the next tile (16-byte loads only)
   /// Entries i .. i + n - 1 (clamped to the row) into the L2, when `prefetch` is set.
   __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
     if constexpr (VECTOR_LOADS) {  // vocab % 4 == 0 and i % 4 == 0: 16-byte multiples
@@ -103,9 +103,9 @@ __device__ __forceinline__ float to_float(Bf16Bits b) { return __uint_as_float(s
 /// entries a thread reads, and so every sum, are the same either way.
 template <typename T, bool VECTOR_LOADS>
 struct LogitRowT {
-  const T* p;            ///< (vocab) the row
-  int64_t vocab;         ///< entries
-  bool prefetch = false; ///< as ProbRowT
+  const T* p;             ///< (vocab) the row
+  int64_t vocab;          ///< entries
+  bool prefetch = false;  ///< as ProbRowT
   /// As ProbRowT (vocab a multiple of 16 / sizeof(T), i too: 16-byte multiples).
   __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
     if constexpr (VECTOR_LOADS) {
@@ -391,7 +391,8 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
     return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
   };
   const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, fold);
-  if constexpr (CLUSTER) return cluster_combine(r, sh.summary_parts, 1, tile_count<VEC>(row.vocab), fold, sh.summary, sh, sp);
+  if constexpr (CLUSTER)
+    return cluster_combine(r, sh.summary_parts, 1, tile_count<VEC>(row.vocab), fold, sh.summary, sh, sp);
   return broadcast(r, sh.summary);
 }
 
@@ -419,9 +420,10 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
       else s.max_p = fmaxf(s.max_p, v[j]);
     }
   }
-  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
-    return RowSummary{0, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
-  });
+  const RowSummary r =
+      cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
+        return RowSummary{0, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
+      });
   const RowSummary all = broadcast(r, sh.summary);
   flags = all.flags;
   if (all.flags != 0 || all.max_p == -INFINITY) return false;
@@ -473,7 +475,8 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh, RowSp
   }
   const Mass r = cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(m);
   if constexpr (CLUSTER)
-    return cluster_combine(r, sh.mass_parts, 1, tile_count<VEC>(row.vocab), [](Mass a, Mass b) { return a + b; }, sh.mass, sh, sp);
+    return cluster_combine(
+        r, sh.mass_parts, 1, tile_count<VEC>(row.vocab), [](Mass a, Mass b) { return a + b; }, sh.mass, sh, sp);
   return broadcast(r, sh.mass);
 }
 
@@ -573,7 +576,8 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
   };
   const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
-  if constexpr (CLUSTER) return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
+  if constexpr (CLUSTER)
+    return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
   return broadcast(r, sh.pivots);
 }
 

@@ -49,29 +49,33 @@ struct Filter {
 
 /// Everything one launch of the sampler reads and writes (raw pointers, FlashInfer style).
 struct SamplerParams {
-  const void* input;           ///< (rows, vocab) probabilities (f32), or logits (Source)
-  int64_t rows, vocab;         ///< shape of probs
-  const int32_t* indices;      ///< (batch) or null: output i reads row indices[i] (or i)
-  const int32_t* prior_status; ///< (rows) or null: a bad status of the input row is passed on
-  int64_t top_k;               ///< scalar, when top_k_per_output is null
+  const void* input;                ///< (rows, vocab) probabilities (f32), or logits (Source)
+  int64_t rows, vocab;              ///< shape of probs
+  const int32_t* indices;           ///< (batch) or null: output i reads row indices[i] (or i)
+  const int32_t* prior_status;      ///< (rows) or null: a bad status of the input row is passed on
+  int64_t top_k;                    ///< scalar, when top_k_per_output is null
   const int32_t* top_k_per_output;  ///< (batch) or null
-  float top_p;                 ///< scalar, when top_p_per_output is null
+  float top_p;                      ///< scalar, when top_p_per_output is null
   const float* top_p_per_output;    ///< (batch) or null
-  float min_p;                 ///< scalar, when min_p_per_output is null
+  float min_p;                      ///< scalar, when min_p_per_output is null
   const float* min_p_per_output;    ///< (batch) or null
-  uint64_t seed, offset;       ///< Philox key and the stream word of round 0
-  int32_t* samples;            ///< (batch) tokens
-  int32_t* rounds;             ///< (batch) or null
-  int32_t* status;             ///< (batch) or null
-  float* probs_out;            ///< (batch, vocab) or null: the fused softmax rows (logits only)
-  bool prefetch;               ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
+  uint64_t seed, offset;            ///< Philox key and the stream word of round 0
+  int32_t* samples;                 ///< (batch) tokens
+  int32_t* rounds;                  ///< (batch) or null
+  int32_t* status;                  ///< (batch) or null
+  float* probs_out;                 ///< (batch, vocab) or null: the fused softmax rows (logits only)
+  bool prefetch;                    ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
 };
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
 enum class Source { probs, f32_logits, bf16_logits };
 
-__host__ __device__ constexpr bool uses_top_k(FilterKind k) { return k == FilterKind::top_k || k == FilterKind::top_k_top_p; }
-__host__ __device__ constexpr bool uses_top_p(FilterKind k) { return k == FilterKind::top_p || k == FilterKind::top_k_top_p; }
+__host__ __device__ constexpr bool uses_top_k(FilterKind k) {
+  return k == FilterKind::top_k || k == FilterKind::top_k_top_p;
+}
+__host__ __device__ constexpr bool uses_top_p(FilterKind k) {
+  return k == FilterKind::top_p || k == FilterKind::top_k_top_p;
+}
 
 /// Step 1: the row and filter of output `out`, or the Status that forbids drawing.
 template <FilterKind KIND>
@@ -130,7 +134,8 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
   int tile_set = 0;  // where the last pass kept the candidates' per-tile masses
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
-    const int32_t token = inverse_cdf<VEC>(row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
+    const int32_t token = inverse_cdf<VEC>(
+        row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
     if (token < 0) return {kInvalidToken, round, Status::internal_error};
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
     const float pivot_0 = row.at(token);
@@ -154,8 +159,8 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
 
 /// Step 3 for none and min_p: one draw, no rejection (the pivot is known upfront).
 template <FilterKind KIND, int VEC, bool CLUSTER, typename Row>
-__device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, const RowSummary& s,
-                          const Filter& f, SharedState& sh, RowSplit& sp) {
+__device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, const RowSummary& s, const Filter& f,
+                          SharedState& sh, RowSplit& sp) {
   const uint32_t u24 = uniform_bits(p, out, 0);
   int32_t token;
   if (KIND == FilterKind::min_p) {
@@ -164,7 +169,8 @@ __device__ Draw draw_once(const SamplerParams& p, int64_t out, const Row& row, c
     const Mass q = sum_mass_where<VEC, true, CLUSTER>(row, kept, sh, sp);
     token = inverse_cdf<VEC>(row, kept, scaled_threshold(u24, q), sh, 0, sp.phase);
   } else {
-    token = inverse_cdf<VEC>(row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh, 0, sp.phase);
+    token = inverse_cdf<VEC>(
+        row, [](float x) { return x > 0.f; }, scaled_threshold(u24, s.total), sh, 0, sp.phase);
   }
   return token < 0 ? Draw{kInvalidToken, 1, Status::internal_error} : Draw{token, 1, Status::ok};
 }
@@ -178,7 +184,8 @@ __device__ Draw sample_row(const SamplerParams& p, int64_t out, const Row& row, 
   const RowSummary s = summarize_row<VEC, true, CLUSTER>(row, sh, sp);  // with set 0: the candidates p > 0
   const Status status = row_status(s);
   if (status != Status::ok) return {kInvalidToken, 0, status};
-  if (KIND == FilterKind::none || KIND == FilterKind::min_p) return draw_once<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
+  if (KIND == FilterKind::none || KIND == FilterKind::min_p)
+    return draw_once<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
   return draw_by_rejection<KIND, VEC, CLUSTER>(p, out, row, s, f, sh, sp);
 }
 
@@ -292,7 +299,8 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
 
 template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
 void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
-  device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS><<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
+  device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
+      <<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
   kernels::check_launch("rejection_sampling_kernel");
 }
 
@@ -424,7 +432,8 @@ void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_all
 }
 
 void check_top_k(const char* fn, TopK top_k) {
-  if (!top_k.per_output && top_k.scalar < 1) fail(fn, "top_k must be >= 1, but top_k = " + std::to_string(top_k.scalar));
+  if (!top_k.per_output && top_k.scalar < 1)
+    fail(fn, "top_k must be >= 1, but top_k = " + std::to_string(top_k.scalar));
 }
 
 void check_top_p(const char* fn, Fraction top_p) {
@@ -435,7 +444,8 @@ void check_top_p(const char* fn, Fraction top_p) {
 
 void check_min_p(const char* fn, Fraction min_p) {
   const double m = min_p.scalar;
-  if (!min_p.per_output && !(m >= 0.0 && m <= 1.0)) fail(fn, "min_p must be in [0, 1], but min_p = " + std::to_string(m));
+  if (!min_p.per_output && !(m >= 0.0 && m <= 1.0))
+    fail(fn, "min_p must be in [0, 1], but min_p = " + std::to_string(m));
 }
 
 int64_t output_count(const char* fn, DeviceRows rows, const SamplingOptions& opt) {
@@ -443,13 +453,13 @@ int64_t output_count(const char* fn, DeviceRows rows, const SamplingOptions& opt
     if (opt.indices) fail(fn, "batch must be given when indices is set");
     return rows.rows;
   }
-  if (opt.batch > std::numeric_limits<int32_t>::max()) fail(fn, "batch must be < 2^31, got " + std::to_string(opt.batch));
+  if (opt.batch > std::numeric_limits<int32_t>::max())
+    fail(fn, "batch must be < 2^31, got " + std::to_string(opt.batch));
   return opt.batch;
 }
 
-void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p,
-                    SamplingOutputs out, const SamplingOptions& opt, const int32_t* prior_status,
-                    cudaStream_t stream, bool logits) {
+void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p, Fraction min_p, SamplingOutputs out,
+                    const SamplingOptions& opt, const int32_t* prior_status, cudaStream_t stream, bool logits) {
   const int64_t batch = output_count("sampler", probs, opt);
   if (batch == 0) return;
   device::SamplerParams p{};
@@ -492,7 +502,8 @@ using detail::check_rows;
 void check_outputs(const char* fn, const SamplingOutputs& out, int64_t batch, bool from_logits = false) {
   if (batch > 0 && out.samples == nullptr) throw ref::InvalidArgument(std::string(fn) + ": samples is null");
   if (!from_logits && out.probs != nullptr)
-    throw ref::InvalidArgument(std::string(fn) + ": probs (the fused softmax output) is written only by the "
+    throw ref::InvalidArgument(std::string(fn) +
+                               ": probs (the fused softmax output) is written only by the "
                                "from-logits samplers; leave it null");
 }
 
@@ -579,8 +590,8 @@ void top_k_top_p_sampling_from_probs(DeviceRows probs, TopK top_k, Fraction top_
   SamplingOptions renormed = opt;
   renormed.indices = nullptr;
   renormed.batch = batch;
-  detail::launch_sampler(FilterKind::top_p, DeviceRows{ws.rows, batch, probs.vocab}, kNoTopK, top_p, Fraction(0.0),
-                         out, renormed, ws.status, stream);
+  detail::launch_sampler(FilterKind::top_p, DeviceRows{ws.rows, batch, probs.vocab}, kNoTopK, top_p, Fraction(0.0), out,
+                         renormed, ws.status, stream);
 }
 
 void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace, const SamplingOptions& opt,
@@ -589,7 +600,8 @@ void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace, con
   check_rows(fn, "logits", logits, true);
   check_outputs(fn, out, detail::output_count(fn, logits, opt), true);
   // one kernel: each block's softmax is fused into its passes (no workspace)
-  detail::launch_sampler(FilterKind::none, logits, kNoTopK, kNoFraction, Fraction(0.0), out, opt, nullptr, stream, true);
+  detail::launch_sampler(FilterKind::none, logits, kNoTopK, kNoFraction, Fraction(0.0), out, opt, nullptr, stream,
+                         true);
 }
 
 void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction top_p, FilterApplyOrder order,
@@ -602,7 +614,8 @@ void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction to
   const int64_t batch = detail::output_count(fn, logits, opt);
   check_outputs(fn, out, batch, true);
   if (order == FilterApplyOrder::joint) {  // one kernel, softmax fused
-    detail::launch_sampler(FilterKind::top_k_top_p, logits, top_k, top_p, Fraction(0.0), out, opt, nullptr, stream, true);
+    detail::launch_sampler(FilterKind::top_k_top_p, logits, top_k, top_p, Fraction(0.0), out, opt, nullptr, stream,
+                           true);
     return;
   }
   // top_k_first: mask output i's logits to its top-k (f32, into the workspace), then top-p
@@ -614,8 +627,8 @@ void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction to
   SamplingOptions masked = opt;
   masked.indices = nullptr;
   masked.batch = batch;
-  detail::launch_sampler(FilterKind::top_p, DeviceRows{ws.rows, batch, logits.vocab}, kNoTopK, top_p, Fraction(0.0), out,
-                         masked, ws.status, stream, true);
+  detail::launch_sampler(FilterKind::top_p, DeviceRows{ws.rows, batch, logits.vocab}, kNoTopK, top_p, Fraction(0.0),
+                         out, masked, ws.status, stream, true);
 }
 
 // ---- Registry ----------------------------------------------------------------------------------
@@ -623,7 +636,8 @@ void top_k_top_p_sampling_from_logits(DeviceRows logits, TopK top_k, Fraction to
 const std::vector<OperatorInfo>& operators() {
   static const std::vector<OperatorInfo> list = {
       {"sampling_from_probs", "probs", "tokens", "one inverse-CDF pass (block scan), no rejection"},
-      {"sampling_from_logits", "logits", "tokens", "one kernel: the row's max and sum, then the sampler on p computed on the fly"},
+      {"sampling_from_logits", "logits", "tokens",
+       "one kernel: the row's max and sum, then the sampler on p computed on the fly"},
       {"top_k_sampling_from_probs", "probs", "tokens", "rejection: draw among p > low, count above two pivots"},
       {"top_p_sampling_from_probs", "probs", "tokens", "rejection: draw among p > low, exact mass above two pivots"},
       {"min_p_sampling_from_probs", "probs", "tokens", "pivot max_p * min_p known after pass 0: one draw"},

@@ -45,17 +45,17 @@ constexpr int32_t kInvalidToken = -1;
 /// orders) the first kernel's status is passed on unchanged.
 enum class Status : int32_t {
   ok = 0,
-  bad_index = 1,       ///< indices[i] is not a row of the input
-  bad_top_k = 2,       ///< a per-output top_k < 1
-  bad_top_p = 3,       ///< a per-output top_p outside (0, 1] (NaN included)
-  bad_min_p = 4,       ///< a per-output min_p outside [0, 1] (NaN included)
-  bad_temperature = 5, ///< a per-row temperature that is not finite and > 0
-  not_finite = 6,      ///< probs: NaN or +-inf; logits: NaN or +inf
-  negative = 7,        ///< probs: an entry < 0
-  above_one = 8,       ///< probs: an entry > 1
-  zero_row = 9,        ///< no mass to draw from (all zeros, all -inf logits, masses < 2^-96)
-  bad_draft_token = 10, ///< speculative: a draft token id outside [0, vocab)
-  internal_error = 11, ///< the sampler's loop ended without a token (a bug: please report)
+  bad_index = 1,         ///< indices[i] is not a row of the input
+  bad_top_k = 2,         ///< a per-output top_k < 1
+  bad_top_p = 3,         ///< a per-output top_p outside (0, 1] (NaN included)
+  bad_min_p = 4,         ///< a per-output min_p outside [0, 1] (NaN included)
+  bad_temperature = 5,   ///< a per-row temperature that is not finite and > 0
+  not_finite = 6,        ///< probs: NaN or +-inf; logits: NaN or +inf
+  negative = 7,          ///< probs: an entry < 0
+  above_one = 8,         ///< probs: an entry > 1
+  zero_row = 9,          ///< no mass to draw from (all zeros, all -inf logits, masses < 2^-96)
+  bad_draft_token = 10,  ///< speculative: a draft token id outside [0, vocab)
+  internal_error = 11,   ///< the sampler's loop ended without a token (a bug: please report)
 };
 /// "ok", "bad_index", ... (the enumerator's name).
 const char* to_string(Status status);
@@ -69,17 +69,17 @@ enum class ElementType : int32_t {
 
 /// Probability (or logit) rows in device memory, row-major (rows, vocab).
 struct DeviceRows {
-  const void* data = nullptr;           ///< (rows, vocab) entries of type `dtype`
-  int64_t rows = 0;                     ///< number of rows
-  int64_t vocab = 0;                    ///< entries per row, 1 .. 2^30
-  ElementType dtype = ElementType::f32; ///< bf16 only where an operator takes logits
+  const void* data = nullptr;            ///< (rows, vocab) entries of type `dtype`
+  int64_t rows = 0;                      ///< number of rows
+  int64_t vocab = 0;                     ///< entries per row, 1 .. 2^30
+  ElementType dtype = ElementType::f32;  ///< bf16 only where an operator takes logits
 };
 
 /// A per-output parameter: one host scalar for every output, or a device array of one
 /// value per output (FlashInfer's `Union[torch.Tensor, float]`).
 template <typename Scalar, typename PerOutput = Scalar>
 struct RowParam {
-  Scalar scalar{};                     ///< used when per_output is null
+  Scalar scalar{};                        ///< used when per_output is null
   const PerOutput* per_output = nullptr;  ///< (batch) device values, or null
   /// One value for every output. \param s the value
   RowParam(Scalar s) : scalar(s) {}  // NOLINT(google-explicit-constructor)
@@ -140,29 +140,29 @@ void sampling_from_probs(DeviceRows probs, SamplingOutputs out, const SamplingOp
 /// \param out (batch) samples, rounds, status, optional probs
 /// \param workspace unused (workspace_bytes is 0); kept so every sampler has one signature
 /// \param opt indices, batch, seed, offset \param stream where the kernels are launched
-void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace workspace,
-                          const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
+void sampling_from_logits(DeviceRows logits, SamplingOutputs out, Workspace workspace, const SamplingOptions& opt = {},
+                          cudaStream_t stream = nullptr);
 
 /// Top-k by rejection.
 /// \param probs (rows, vocab) \param top_k each >= 1 (k >= vocab keeps all)
 /// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
 /// \param stream where the kernel is launched
-void top_k_sampling_from_probs(DeviceRows probs, TopK top_k, SamplingOutputs out,
-                               const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
+void top_k_sampling_from_probs(DeviceRows probs, TopK top_k, SamplingOutputs out, const SamplingOptions& opt = {},
+                               cudaStream_t stream = nullptr);
 
 /// Top-p by rejection.
 /// \param probs (rows, vocab) \param top_p each in (0, 1]
 /// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
 /// \param stream where the kernel is launched
-void top_p_sampling_from_probs(DeviceRows probs, Fraction top_p, SamplingOutputs out,
-                               const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
+void top_p_sampling_from_probs(DeviceRows probs, Fraction top_p, SamplingOutputs out, const SamplingOptions& opt = {},
+                               cudaStream_t stream = nullptr);
 
 /// Min-p: one draw among p >= max_p * min_p.
 /// \param probs (rows, vocab) \param min_p each in [0, 1]
 /// \param out (batch) samples, rounds, status \param opt indices, batch, seed, offset
 /// \param stream where the kernels are launched
-void min_p_sampling_from_probs(DeviceRows probs, Fraction min_p, SamplingOutputs out,
-                               const SamplingOptions& opt = {}, cudaStream_t stream = nullptr);
+void min_p_sampling_from_probs(DeviceRows probs, Fraction min_p, SamplingOutputs out, const SamplingOptions& opt = {},
+                               cudaStream_t stream = nullptr);
 
 /// Top-k and top-p. joint: one rejection loop testing both rules on the original row
 /// (no workspace); top_k_first: top_k_renorm_probs of each output's row into the

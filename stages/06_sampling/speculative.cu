@@ -85,7 +85,8 @@ __global__ void __launch_bounds__(kBlock) chain_speculative_kernel(SpeculativePa
   int32_t accepted = 0;
   for (int64_t j = 0; j < n; ++j) {
     const int32_t d = p.draft_token_ids[b * n + j];
-    const uint32_t u24 = kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(b), p.offset + static_cast<uint64_t>(j));
+    const uint32_t u24 = kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(b),
+                                                        p.offset + static_cast<uint64_t>(j));
     const double q = p.draft_probs[(b * n + j) * p.vocab + d];
     const double t = p.target_probs[(b * (n + 1) + j) * p.vocab + d];
     const bool pass = static_cast<double>(u24) * q < t * 16777216.0;  // t * 2^24, exact
@@ -101,7 +102,8 @@ __global__ void __launch_bounds__(kBlock) chain_speculative_kernel(SpeculativePa
     row.q = nullptr;
     total = sum_mass_where<8>(row, any, sh);
   }
-  const uint32_t u24 = kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(b), p.offset + static_cast<uint64_t>(n));
+  const uint32_t u24 = kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(b),
+                                                      p.offset + static_cast<uint64_t>(n));
   const int32_t token = inverse_cdf<8>(row, any, scaled_threshold(u24, total), sh);
   if (threadIdx.x == 0) {
     for (int64_t j = 0; j <= n; ++j)
@@ -122,7 +124,8 @@ void chain_speculative_sampling(const float* draft_probs, const int32_t* draft_t
   if (batch < 0 || n < 0) fail("batch_size and num_speculate_tokens must be >= 0");
   if (vocab < 1 || vocab > (int64_t{1} << 30)) fail("vocab_size must be in [1, 2^30], got " + std::to_string(vocab));
   if (batch == 0) return;
-  if (!target_probs || (n > 0 && (!draft_probs || !draft_token_ids))) fail("draft_probs, draft_token_ids and target_probs must not be null");
+  if (!target_probs || (n > 0 && (!draft_probs || !draft_token_ids)))
+    fail("draft_probs, draft_token_ids and target_probs must not be null");
   if (!out.output_token_ids || !out.output_accepted_token_num || !out.output_emitted_draft_token_num)
     fail("output_token_ids, output_accepted_token_num and output_emitted_draft_token_num must not be null");
   const device::SpeculativeParams p{draft_probs, draft_token_ids, target_probs, n, vocab, seed, offset, out};

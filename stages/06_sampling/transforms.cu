@@ -28,19 +28,19 @@ enum class Transform { softmax, top_k_renorm, top_p_renorm, top_k_mask };
 
 /// One launch of a row transform.
 struct TransformParams {
-  const void* in;                  ///< (rows, vocab): float, or bf16 logits (softmax, mask)
-  int64_t rows, vocab;             ///< shape of `in`
-  const int32_t* indices;          ///< (outputs) or null: output o reads row indices[o] (or o)
-  const int32_t* prior_status;     ///< (rows) or null
-  int64_t top_k;                   ///< scalar top_k
-  const int32_t* top_k_per_output; ///< (outputs) or null
-  float top_p;                     ///< scalar top_p
-  const float* top_p_per_output;   ///< (outputs) or null
-  float temperature;               ///< scalar temperature
+  const void* in;                       ///< (rows, vocab): float, or bf16 logits (softmax, mask)
+  int64_t rows, vocab;                  ///< shape of `in`
+  const int32_t* indices;               ///< (outputs) or null: output o reads row indices[o] (or o)
+  const int32_t* prior_status;          ///< (rows) or null
+  int64_t top_k;                        ///< scalar top_k
+  const int32_t* top_k_per_output;      ///< (outputs) or null
+  float top_p;                          ///< scalar top_p
+  const float* top_p_per_output;        ///< (outputs) or null
+  float temperature;                    ///< scalar temperature
   const float* temperature_per_output;  ///< (outputs) or null
-  float* out;                      ///< (outputs, vocab); may alias `in` when indices is null
-  int32_t* status;                 ///< (outputs) or null
-  bool prefetch;                   ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
+  float* out;                           ///< (outputs, vocab); may alias `in` when indices is null
+  int32_t* status;                      ///< (outputs) or null
+  bool prefetch;                        ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -219,8 +219,7 @@ __device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int di
 /// `above_cut` and `at_cut` get the stat of the keys above and equal to the unclamped K.
 template <RadixStat STAT, HistogramAdd ADD, int VEC, typename Row, typename Keep, typename Passes>
 __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, bool first_level_done,
-                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut,
-                              bool& clamped) {
+                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut, bool& clamped) {
   uint32_t prefix = 0;
   Mass above = 0;
   constexpr int kShift[3] = {32 - kRadixBits, 32 - 2 * kRadixBits, 0};
@@ -228,7 +227,9 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
     const int shift = kShift[level];
     const int prefix_shift = level == 0 ? 32 : kShift[level - 1];
     const int digits = 1 << (prefix_shift - shift);
-    if (threadIdx.x == 0) rs.digit = static_cast<uint32_t>(digits - 1), rs.above = above, rs.at = 0;  // never kept: one digit always qualifies
+    if (threadIdx.x == 0)
+      rs.digit = static_cast<uint32_t>(digits - 1), rs.above = above,
+      rs.at = 0;  // never kept: one digit always qualifies
     if (level > 0 || !first_level_done) rs.clear();
     __syncthreads();
     if (level > 0 || !first_level_done) {
@@ -240,8 +241,9 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const bool counted = i + j < row.vocab && keep(v[j]);
-          const uint32_t d =
-              counted ? radix_bin(order_key(v[j]), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1)) : kNoBin;
+          const uint32_t d = counted ? radix_bin(order_key(v[j]), prefix, shift, prefix_shift,
+                                                 static_cast<uint32_t>(digits - 1))
+                                     : kNoBin;
           radix_add<STAT, ADD>(rs, d, v[j]);
         }
       }
@@ -305,9 +307,10 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
     }
     s.total += acc.value();
   }
-  const RowSummary r = cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
-    return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
-  });
+  const RowSummary r =
+      cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
+        return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
+      });
   return broadcast(r, sh.summary);  // its barriers also end the histogram
 }
 
@@ -338,8 +341,7 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   auto kept = [cut](float x) { return x > 0.f && order_key(x) >= cut; };
   // top-p: the kept entries are those above the cut plus those at it, both summed by
   // the last level, unless the cut was clamped to [lo, hi] (which top-p never needs)
-  const Mass kept_mass =
-      kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC>(row, kept, sh);
+  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC>(row, kept, sh);
   const double kept_units = mass_units(kept_mass);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
@@ -358,8 +360,8 @@ __device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShare
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false;
   const uint32_t cut = radix_cut<RadixStat::count, ADD, VEC>(
-      row, order_key(-INFINITY), order_key(s.max_p), all,
-      [&](Mass count) { return count < static_cast<Mass>(top_k); }, true, rs, sh, above_cut, at_cut, clamped);
+      row, order_key(-INFINITY), order_key(s.max_p), all, [&](Mass count) { return count < static_cast<Mass>(top_k); },
+      true, rs, sh, above_cut, at_cut, clamped);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
     out[i] = order_key(x) >= cut ? x : -INFINITY;
@@ -380,7 +382,8 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   float* out = p.out + o * p.vocab;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
-    if constexpr (T == Transform::softmax) status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh);
+    if constexpr (T == Transform::softmax)
+      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh);
     if constexpr (T == Transform::top_k_mask) {
       __shared__ RadixShared rs;
       status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh);

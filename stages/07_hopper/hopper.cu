@@ -40,7 +40,6 @@ std::string tile_rule(const std::string& name, const BatchShape& shape) {
   return std::string();
 }
 
-
 /// The driver's tensor-map encoder, through the runtime (no link against libcuda).
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
@@ -48,7 +47,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   std::call_once(once, [] {
     cudaDriverEntryPointQueryResult found{};
     void* fn = nullptr;
-    FLASHSTEP_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    FLASHSTEP_CUDA_CHECK(
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
     if (found == cudaDriverEntryPointSuccess) encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   });
   ref::require(encode != nullptr, "HopperRunner::run", "the driver has no cuTensorMapEncodeTiled");
@@ -102,9 +102,8 @@ WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
 /// sizes are the batch's nnz_qo and nnz_kv (a map describes the whole of q, k or v).
 std::string launch_of(const Schedule& s, const BatchShape& shape) {
   return "stage 07: " + std::to_string(s.num_items()) + " work items x " + std::to_string(shape.num_kv_heads) +
-         " kv heads, kv_chunk_size " + std::to_string(s.kv_chunk_size) + ", nnz_qo " +
-         std::to_string(shape.nnz_qo()) + ", nnz_kv " +
-         std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
+         " kv heads, kv_chunk_size " + std::to_string(s.kv_chunk_size) + ", nnz_qo " + std::to_string(shape.nnz_qo()) +
+         ", nnz_kv " + std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
 template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
@@ -205,9 +204,8 @@ std::string hopper_unavailable_reason() {
 
 void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cudaStream_t stream) {
   if (l.num_items == 0) return;
-  dispatch(shape, [&](auto t, auto d, auto paged, auto mods) {
-    launch<decltype(t), d(), paged(), mods()>(shape, l, stream);
-  });
+  dispatch(shape,
+           [&](auto t, auto d, auto paged, auto mods) { launch<decltype(t), d(), paged(), mods()>(shape, l, stream); });
 }
 
 void prepare_hopper_attention(const BatchShape& shape) {
@@ -391,8 +389,9 @@ StageInfo common_info(const std::string& name) {
 
 StageInfo stage_info() {
   StageInfo s = common_info("07_hopper");
-  s.summary = "prefill on Hopper over paged K/V: the producer warp group gathers pages with cp.async, "
-              "wgmma, two consumer warp groups";
+  s.summary =
+      "prefill on Hopper over paged K/V: the producer warp group gathers pages with cp.async, "
+      "wgmma, two consumer warp groups";
   s.storage = KVStorage::paged;
   s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
   s.max_page_size = tensor_core::kMaxPageSize;

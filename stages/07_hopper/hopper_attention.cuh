@@ -56,17 +56,17 @@ namespace flashstep::stages::hopper {
 /// Tile sizes and the shared-memory plan of one instantiation.
 template <typename T, int HEAD_DIM, bool PAGED = false>
 struct HopperTraits {
-  static constexpr int Br = 128;          ///< packed query rows per block: 64 per consumer warp group
-  static constexpr int Bc = 128;          ///< keys per K/V tile
-  static constexpr int kStages = 2;       ///< K/V buffers in the ring
-  static constexpr int kConsumers = 2;    ///< consumer warp groups
+  static constexpr int Br = 128;        ///< packed query rows per block: 64 per consumer warp group
+  static constexpr int Bc = 128;        ///< keys per K/V tile
+  static constexpr int kStages = 2;     ///< K/V buffers in the ring
+  static constexpr int kConsumers = 2;  ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: what the producer keeps and each consumer gets (128 x 24 + 256 x 240 and
   // 128 x 40 + 256 x 232 both fit the 64 K registers); a gathering producer needs more
   static constexpr int kProducerRegisters = PAGED ? 40 : 24;
   static constexpr int kConsumerRegisters = PAGED ? 232 : 240;
   static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
-  static constexpr int kBlockCols = 64;   ///< elements per 128-byte swizzled row
+  static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
   static constexpr uint32_t kKVBytes = Bc * HEAD_DIM * sizeof(T);  ///< one K (or V) tile
@@ -80,21 +80,21 @@ struct HopperTraits {
 /// K/V, k and v (nnz_kv, Hkv, D) as 3-D tensors (D, heads, tokens) with boxes of
 /// 64 x heads x tokens. Over paged K/V, `kv` is the pool and its page table.
 struct HopperParams {
-  CUtensorMap q_map;  ///< box (64, group, Br / group): one 64-column block of a packed query tile
-  CUtensorMap k_map;  ///< ragged: box (64, 1, Bc)
-  CUtensorMap v_map;  ///< ragged: box (64, 1, Bc)
-  kernels::PagedKV<uint16_t> kv{};           ///< paged: pool (16-bit elements), CSR page table, strides
-  const int32_t* qo_indptr = nullptr;        ///< (batch_size + 1)
-  const int32_t* kv_indptr = nullptr;        ///< ragged: (batch_size + 1) token offsets
+  CUtensorMap q_map;                   ///< box (64, group, Br / group): one 64-column block of a packed query tile
+  CUtensorMap k_map;                   ///< ragged: box (64, 1, Bc)
+  CUtensorMap v_map;                   ///< ragged: box (64, 1, Bc)
+  kernels::PagedKV<uint16_t> kv{};     ///< paged: pool (16-bit elements), CSR page table, strides
+  const int32_t* qo_indptr = nullptr;  ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;  ///< ragged: (batch_size + 1) token offsets
   const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
   void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
   int num_qo_heads = 0;
   int num_kv_heads = 0;
-  int group_size = 1;       ///< Hq / Hkv, divides Br: the packed rows of a token
-  bool causal = false;      ///< bottom-right aligned
-  int window_left = -1;     ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
+  int group_size = 1;    ///< Hq / Hkv, divides Br: the packed rows of a token
+  bool causal = false;   ///< bottom-right aligned
+  int window_left = -1;  ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
   // the score transform, as stage 04's: without a cap score_scale = sm_scale * log2(e)
   // turns q.k into base-2 logits; with one, s -> cap_post * tanh(s * cap_pre) does
   float score_scale = 0.f;  ///< sm_scale * log2(e); 1 with a soft cap
@@ -123,11 +123,11 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
 /// them, or one chunk of a split), for one kv head.
 struct Tile {
   int request, qo_begin, qo_len, kv_len;
-  int kv_begin;  ///< ragged: first token of the request in k/v; paged: its first kv_indices entry
-  int row_begin;  ///< first packed row of the tile: token row_begin / group, head row_begin % group
-  int chunk;      ///< kv chunk of a split, else 0
-  int chunk_end;  ///< keys from here on belong to another chunk (or do not exist)
-  int key_begin;  ///< first key the block reads: its chunk's, or the window's if later
+  int kv_begin;             ///< ragged: first token of the request in k/v; paged: its first kv_indices entry
+  int row_begin;            ///< first packed row of the tile: token row_begin / group, head row_begin % group
+  int chunk;                ///< kv chunk of a split, else 0
+  int chunk_end;            ///< keys from here on belong to another chunk (or do not exist)
+  int key_begin;            ///< first key the block reads: its chunk's, or the window's if later
   int first_pos, last_pos;  ///< positions among the keys of the tile's first and last query token
   int num_kv_tiles;
 };
@@ -162,7 +162,6 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   t.num_kv_tiles = hi > lo ? (hi - lo + Bc - 1) / Bc : 0;
   return t;
 }
-
 
 /// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
 /// named barrier 1 + c until the other has issued its own, and after issuing lets the
@@ -201,8 +200,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_
 /// -inf for keys past the chunk's end, (causal) keys after the row's position q_pos[h],
 /// and (WINDOW) keys more than window_left before it.
 template <int Bc, bool WINDOW>
-__device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int chunk_end, bool causal,
-                                            int window_left, const int (&q_pos)[2], int lane) {
+__device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int chunk_end, bool causal, int window_left,
+                                            const int (&q_pos)[2], int lane) {
 #pragma unroll
   for (int n = 0; n < Bc / 8; ++n)
 #pragma unroll
@@ -210,7 +209,8 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int c
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int key = key0 + 8 * n + 2 * (lane % 4) + e;
-        if (key >= chunk_end || (causal && key > q_pos[h]) || (WINDOW && window_left >= 0 && key < q_pos[h] - window_left))
+        if (key >= chunk_end || (causal && key > q_pos[h]) ||
+            (WINDOW && window_left >= 0 && key < q_pos[h] - window_left))
           sc[4 * n + 2 * h + e] = -INFINITY;
       }
 }
@@ -285,8 +285,8 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
 /// comes from the page table, keys past the chunk's end are written as zeros (past kv_len
 /// the pool holds anything, NaN in the tests, and 0 * NaN would reach O through P V).
 template <int HEAD_DIM, int Bc>
-__device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::PagedKV<uint16_t>& kv,
-                                            const Tile& t, int key0, int kv_head, bool is_v, int tid) {
+__device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::PagedKV<uint16_t>& kv, const Tile& t,
+                                            int key0, int kv_head, bool is_v, int tid) {
   const int c = tid % 8;
   const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);  // (tid / 8 + 16 i) % 8 == (tid / 8) % 8
 #pragma unroll
@@ -319,7 +319,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kCols = Tr::kBlockCols;
   extern __shared__ unsigned char smem_raw[];
   // the 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                         ~uintptr_t(1023));
   T* q_smem = reinterpret_cast<T*>(smem);
   auto k_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + 2 * s * Tr::kKVBytes); };
   auto v_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes); };
@@ -355,7 +356,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     if (threadIdx.x == 0) {
       // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
       const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full, uint32_t{Tr::kQBytes});
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full,
+                                     uint32_t{Tr::kQBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
         const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
         ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
@@ -370,29 +372,31 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
       if constexpr (PAGED) {
         // every thread's copies of the tile count one arrival when they have landed
         if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
-        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, t.key_begin + j * Bc, kv_head, false,
-                                          threadIdx.x);
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, t.key_begin + j * Bc,
+                                          kv_head, false, threadIdx.x);
         ptx::cp_async_mbarrier_arrive_noinc(&k_full[s]);
         if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
-        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, t.key_begin + j * Bc, kv_head, true,
-                                          threadIdx.x);
+        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, t.key_begin + j * Bc,
+                                          kv_head, true, threadIdx.x);
         ptx::cp_async_mbarrier_arrive_noinc(&v_full[s]);
         continue;
       }
       const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;
       if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s], uint32_t{Tr::kKVBytes});
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s],
+                                     uint32_t{Tr::kKVBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
         const int32_t coords[3] = {c * kCols, kv_head, key0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map,
-                                  coords, &k_full[s]);
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map, coords,
+                                  &k_full[s]);
       }
       if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s], uint32_t{Tr::kKVBytes});
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s],
+                                     uint32_t{Tr::kKVBytes});
       for (int c = 0; c < Tr::kColBlocks; ++c) {
         const int32_t coords[3] = {c * kCols, kv_head, key0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map,
-                                  coords, &v_full[s]);
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map, coords,
+                                  &v_full[s]);
       }
     }
     return;
@@ -543,7 +547,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n) {
         const int col = 8 * n + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv,
+                                                                      o[4 * n + 2 * h + 1] * inv);
       }
       if (lane % 4 == 0) p.lse[int64_t(token) * p.num_qo_heads + head] = lse;
     } else {
@@ -551,8 +556,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
       float* o_row = p.partial_o + prow * HEAD_DIM;
 #pragma unroll
       for (int n = 0; n < HEAD_DIM / 8; ++n)
-        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) =
-            make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) = make_float2(o[4 * n + 2 * h] * inv,
+                                                                                 o[4 * n + 2 * h + 1] * inv);
       if (lane % 4 == 0) p.partial_lse[prow] = lse;
     }
   }

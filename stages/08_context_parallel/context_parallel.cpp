@@ -171,7 +171,8 @@ void ContextParallelRank::plan(const BatchShape& global, const std::vector<PageT
   }
   workspace_ = static_cast<uint8_t*>(workspace);
   layout_ = layout;
-  stage03_->plan(shard_shape(global, shards[size_t(rank)]), workspace_ + layout_.stage03, layout_.stage03_bytes, stream);
+  stage03_->plan(shard_shape(global, shards[size_t(rank)]), workspace_ + layout_.stage03, layout_.stage03_bytes,
+                 stream);
   global_ = global;
   path_ = path;
   holder_ = holder;
@@ -214,8 +215,9 @@ void ContextParallelRank::run(const DeviceBatch& batch, cudaStream_t stream) {
     if (comm_.world_size() > 1) {
       const NcclLibrary& n = nccl();
       nccl_check(n.GroupStart(), "ncclGroupStart");
-      nccl_check(n.Broadcast(batch.o, batch.o, rows * D * dtype_bytes(g.dtype), ncclUint8, holder_, comm_.get(), stream),
-                 "ncclBroadcast(o)");
+      nccl_check(
+          n.Broadcast(batch.o, batch.o, rows * D * dtype_bytes(g.dtype), ncclUint8, holder_, comm_.get(), stream),
+          "ncclBroadcast(o)");
       nccl_check(n.Broadcast(batch.lse, batch.lse, rows, ncclFloat32, holder_, comm_.get(), stream),
                  "ncclBroadcast(lse)");
       nccl_check(n.GroupEnd(), "ncclGroupEnd");
@@ -234,8 +236,8 @@ void ContextParallelRank::run(const DeviceBatch& batch, cudaStream_t stream) {
     // 2. Every rank's state on every rank (rows j B .. j B + B - 1 from rank j) ...
     exchange_states(stream);
     // 3. ... merged there, all heads: W states per request.
-    split_kv::launch_merge_states(at_f32(layout_.states_o), at_f32(layout_.states_lse), W, g.batch_size,
-                                  g.num_qo_heads, g.head_dim, g.dtype, batch.o, batch.lse, stream);
+    split_kv::launch_merge_states(at_f32(layout_.states_o), at_f32(layout_.states_lse), W, g.batch_size, g.num_qo_heads,
+                                  g.head_dim, g.dtype, batch.o, batch.lse, stream);
     return;
   }
   // all_to_all: 2. head group k of every rank's state to rank k ...
@@ -258,9 +260,9 @@ void ContextParallelRank::run(const DeviceBatch& batch, cudaStream_t stream) {
     FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<uint8_t*>(batch.o) + k * h * D * elt, g.num_qo_heads * D * elt,
                                            merged_o + k * slot_o, h * D * elt, h * D * elt, g.batch_size,
                                            cudaMemcpyDeviceToDevice, stream));
-    FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(batch.lse + k * h, g.num_qo_heads * sizeof(float),
-                                           merged_lse + k * slot_lse, h * sizeof(float), h * sizeof(float),
-                                           g.batch_size, cudaMemcpyDeviceToDevice, stream));
+    FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(batch.lse + k * h, g.num_qo_heads * sizeof(float), merged_lse + k * slot_lse,
+                                           h * sizeof(float), h * sizeof(float), g.batch_size, cudaMemcpyDeviceToDevice,
+                                           stream));
   }
 }
 
@@ -315,7 +317,8 @@ void ContextParallelRank::exchange_outputs(void* o, float* lse, cudaStream_t str
   const BatchShape& g = global_;
   const int W = comm_.world_size(), rank = comm_.rank();
   const int h = g.num_qo_heads / W;
-  const size_t count_o = size_t(g.batch_size) * h * g.head_dim * dtype_bytes(g.dtype), count_lse = size_t(g.batch_size) * h;
+  const size_t count_o = size_t(g.batch_size) * h * g.head_dim * dtype_bytes(g.dtype),
+               count_lse = size_t(g.batch_size) * h;
   const NcclLibrary& n = nccl();
   nccl_check(n.GroupStart(), "ncclGroupStart");
   nccl_check(n.AllGather(static_cast<uint8_t*>(o) + rank * count_o, o, count_o, ncclUint8, comm_.get(), stream),

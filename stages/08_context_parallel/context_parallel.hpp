@@ -58,10 +58,10 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  ncclComm_t get() const { return comm_; }       ///< the NCCL communicator
-  int rank() const { return rank_; }             ///< this rank, 0..world_size-1
-  int world_size() const { return world_size_; } ///< ranks in the group
-  int device() const { return device_; }         ///< the CUDA device it was made on
+  ncclComm_t get() const { return comm_; }        ///< the NCCL communicator
+  int rank() const { return rank_; }              ///< this rank, 0..world_size-1
+  int world_size() const { return world_size_; }  ///< ranks in the group
+  int device() const { return device_; }          ///< the CUDA device it was made on
 
  private:
   ncclComm_t comm_ = nullptr;
@@ -137,9 +137,9 @@ class ContextParallelRank {
   /// hold): what the benchmark times as the exchange's share of the step.
   void exchange_only(cudaStream_t stream);
 
-  Path path() const { return path_; }                          ///< the planned path
-  int holder() const { return holder_; }                       ///< single_gpu: the rank with the keys
-  const WorkspaceLayout& layout() const { return layout_; }    ///< the planned workspace layout
+  Path path() const { return path_; }                                   ///< the planned path
+  int holder() const { return holder_; }                                ///< single_gpu: the rank with the keys
+  const WorkspaceLayout& layout() const { return layout_; }             ///< the planned workspace layout
   const split_kv::SplitKVRunner& stage03() const { return *stage03_; }  ///< this rank's stage 03
   /// context_parallel, after run(): this rank's own fp32 state (B, Hq, D) and lse (B, Hq)
   /// on the device (the intermediates the tests compare).

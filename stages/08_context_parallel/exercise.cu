@@ -121,8 +121,8 @@ class ExerciseRunner : public StageRunner {
       b.lse = states_lse + k * rows;
       runners_[k]->run(b, stream);
     }
-    const MergeParams m{states_, states_lse, static_cast<bf16*>(batch.o), batch.lse, shape_.batch_size,
-                        shape_.num_qo_heads};
+    const MergeParams m{states_,   states_lse,        static_cast<bf16*>(batch.o),
+                        batch.lse, shape_.batch_size, shape_.num_qo_heads};
     merge_kernel<<<dim3(shape_.num_qo_heads, shape_.batch_size), 32, 0, stream>>>(m);
     kernels::check_launch("merge_kernel");
   }
@@ -163,7 +163,8 @@ int main() {
   std::vector<CaseSpec> cases(4);
   cases[0].batch_size = 2, cases[0].kv_len = 1000, cases[0].page_size = 16;
   cases[1].batch_size = 3, cases[1].kv_len = 97, cases[1].page_size = 1, cases[1].kv_layout = KVLayout::HND;
-  cases[2].batch_size = 4, cases[2].kv_len = 40, cases[2].page_size = 16, cases[2].num_qo_heads = 28, cases[2].num_kv_heads = 4;
+  cases[2].batch_size = 4, cases[2].kv_len = 40, cases[2].page_size = 16, cases[2].num_qo_heads = 28,
+  cases[2].num_kv_heads = 4;
   cases[3].batch_size = 4, cases[3].kv_len = 300, cases[3].lengths = LengthPolicy::ragged_with_empty;
   const uint64_t seed = 20240608;
   return stages::harness::run_exercise(stage, cases, seed);

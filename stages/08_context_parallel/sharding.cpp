@@ -27,8 +27,8 @@ void check_table(const PageTable& t, int page_size, const char* fn, const std::s
                       [&] { return name + ".kv_indptr must not decrease (request " + str(int64_t(r)) + ")"; });
     const int32_t last = t.kv_last_page_len[r];
     ref::require_lazy(pages == 0 ? (last >= 0 && last <= page_size) : (last >= 1 && last <= page_size), fn, [&] {
-      return name + ".kv_last_page_len[" + str(int64_t(r)) + "] is " + str(last) + "; it must be 1.." +
-             str(page_size) + " for a request with pages (0 allowed for one without)";
+      return name + ".kv_last_page_len[" + str(int64_t(r)) + "] is " + str(last) + "; it must be 1.." + str(page_size) +
+             " for a request with pages (0 allowed for one without)";
     });
   }
   ref::require(t.kv_indices.size() == size_t(t.kv_indptr[b]), fn,
@@ -83,8 +83,8 @@ std::vector<PageTable> shard_page_table(const PageTable& table, int page_size,
     auto name = [&] { return "page_splits[" + str(r) + "]"; };  // built only for a message
     const int32_t pages = table.kv_indptr[r + 1] - table.kv_indptr[r];
     ref::require_lazy(s.size() == size_t(world_size) + 1, fn, [&] {
-      return name() + " has " + str(int64_t(s.size())) + " entries; every request needs world_size + 1 = " +
-             str(world_size + 1);
+      return name() + " has " + str(int64_t(s.size())) +
+             " entries; every request needs world_size + 1 = " + str(world_size + 1);
     });
     ref::require_lazy(s.front() == 0 && s.back() == pages, fn, [&] {
       return name() + " must start at page 0 and end at the request's page count " + str(pages) +
@@ -125,8 +125,8 @@ void check_shards(const PageTable& table, int page_size, const std::vector<PageT
   for (size_t k = 0; k < shards.size(); ++k) {
     check_table(shards[k], page_size, fn, "shards[" + str(int64_t(k)) + "]");
     ref::require(shards[k].batch_size() == batch, fn,
-                 "shards[" + str(int64_t(k)) + "] has " + str(shards[k].batch_size()) +
-                     " requests; the batch has " + str(batch));
+                 "shards[" + str(int64_t(k)) + "] has " + str(shards[k].batch_size()) + " requests; the batch has " +
+                     str(batch));
   }
   for (int r = 0; r < batch; ++r) {
     // The shards' pages of request r, in rank order, must be the request's pages.
@@ -156,9 +156,7 @@ void check_shards(const PageTable& table, int page_size, const std::vector<PageT
   }
 }
 
-const char* to_string(Exchange exchange) {
-  return exchange == Exchange::all_gather ? "all_gather" : "all_to_all";
-}
+const char* to_string(Exchange exchange) { return exchange == Exchange::all_gather ? "all_gather" : "all_to_all"; }
 
 Exchange parse_exchange(const std::string& name) {
   if (name == "all_gather") return Exchange::all_gather;
@@ -192,8 +190,7 @@ StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable
       e.exchange_seconds = latency + (W - 1) * state_bytes / cost.link_bytes_per_second;
     } else {  // an all-to-all of the states, then an all-gather of the merged outputs
       const double out_bytes = rows * (global.head_dim * elt + 4.0);
-      e.exchange_seconds = 2 * latency +
-                           (W - 1) / W * (state_bytes + out_bytes) / cost.link_bytes_per_second;
+      e.exchange_seconds = 2 * latency + (W - 1) / W * (state_bytes + out_bytes) / cost.link_bytes_per_second;
     }
     e.merge_seconds = cost.merge_seconds;
   }

@@ -86,20 +86,20 @@ Exchange parse_exchange(const std::string& name);
 /// streaming rate, a small NCCL collective's latency under a CUDA graph, one merge launch);
 /// flashstep_cp_bench measures all of them, and the chapter refits the model from its JSON.
 struct CostModel {
-  double bytes_per_second = 4.0e12;        ///< stage 03 streaming K/V from HBM
-  double stage03_seconds = 8e-6;           ///< stage 03's launches and its own merge, per step
-  double collective_seconds = 15e-6;       ///< fixed latency of one NCCL collective (a grouped call)
-  double link_bytes_per_second = 100e9;    ///< what a small collective moves per second per GPU
-  double merge_seconds = 4e-6;             ///< the merge of the gathered states, one launch
+  double bytes_per_second = 4.0e12;      ///< stage 03 streaming K/V from HBM
+  double stage03_seconds = 8e-6;         ///< stage 03's launches and its own merge, per step
+  double collective_seconds = 15e-6;     ///< fixed latency of one NCCL collective (a grouped call)
+  double link_bytes_per_second = 100e9;  ///< what a small collective moves per second per GPU
+  double merge_seconds = 4e-6;           ///< the merge of the gathered states, one launch
 };
 
 /// The model's estimate of one step.
 struct StepEstimate {
-  int world_size = 1;            ///< GPUs that hold keys
-  double read_seconds = 0;       ///< the slowest shard's K/V read
-  double exchange_seconds = 0;   ///< collectives: latency + bytes
-  double merge_seconds = 0;      ///< the merge after the exchange
-  double total_seconds = 0;      ///< the sum, with stage 03's fixed cost
+  int world_size = 1;           ///< GPUs that hold keys
+  double read_seconds = 0;      ///< the slowest shard's K/V read
+  double exchange_seconds = 0;  ///< collectives: latency + bytes
+  double merge_seconds = 0;     ///< the merge after the exchange
+  double total_seconds = 0;     ///< the sum, with stage 03's fixed cost
 };
 
 /// The model for `shards` (world_size entries; a world of 1 is stage 03 alone).
@@ -109,8 +109,8 @@ StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable
 
 /// The placement decision: how many of `world_size` GPUs to spread the batch over.
 struct ShardPlan {
-  int ranks_used = 1;                ///< 1 when no spread is modelled faster than one GPU
-  std::vector<PageTable> shards;     ///< world_size tables; ranks >= ranks_used are empty
+  int ranks_used = 1;                   ///< 1 when no spread is modelled faster than one GPU
+  std::vector<PageTable> shards;        ///< world_size tables; ranks >= ranks_used are empty
   std::vector<StepEstimate> estimates;  ///< the model for every W in 1..world_size (even splits)
 };
 

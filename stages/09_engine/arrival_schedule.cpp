@@ -65,21 +65,17 @@ void check_params(const ArrivalParams& p) {
   require(p.min_prompt_len >= 1, fn,
           "min_prompt_len must be >= 1, a prompt cannot be empty (got " + s(p.min_prompt_len) + ")");
   require(p.max_prompt_len >= p.min_prompt_len, fn,
-          "max_prompt_len must be >= min_prompt_len (got " + s(p.max_prompt_len) + " < " +
-              s(p.min_prompt_len) + ")");
+          "max_prompt_len must be >= min_prompt_len (got " + s(p.max_prompt_len) + " < " + s(p.min_prompt_len) + ")");
   require(p.min_new_tokens >= 1, fn, "min_new_tokens must be >= 1 (got " + s(p.min_new_tokens) + ")");
   require(p.max_new_tokens >= p.min_new_tokens, fn,
-          "max_new_tokens must be >= min_new_tokens (got " + s(p.max_new_tokens) + " < " +
-              s(p.min_new_tokens) + ")");
+          "max_new_tokens must be >= min_new_tokens (got " + s(p.max_new_tokens) + " < " + s(p.min_new_tokens) + ")");
   require(p.vocab_size >= 2, fn, "vocab_size must be >= 2 (got " + s(p.vocab_size) + ")");
-  require(p.num_shared_prefixes >= 0, fn,
-          "num_shared_prefixes must be >= 0 (got " + s(p.num_shared_prefixes) + ")");
+  require(p.num_shared_prefixes >= 0, fn, "num_shared_prefixes must be >= 0 (got " + s(p.num_shared_prefixes) + ")");
   require(p.shared_fraction >= 0 && p.shared_fraction <= 1, fn,
           "shared_fraction must be in [0, 1] (got " + s(p.shared_fraction) + ")");
   if (p.num_shared_prefixes > 0) {
     require(p.shared_prefix_len >= 1, fn,
-            "shared_prefix_len must be >= 1 when num_shared_prefixes > 0 (got " +
-                s(p.shared_prefix_len) + ")");
+            "shared_prefix_len must be >= 1 when num_shared_prefixes > 0 (got " + s(p.shared_prefix_len) + ")");
   } else {
     require(p.shared_fraction == 0, fn,
             "shared_fraction must be 0 when num_shared_prefixes is 0 (got " + s(p.shared_fraction) + ")");
@@ -126,14 +122,14 @@ int64_t ArrivalSchedule::last_arrival_step() const { return requests_.back().arr
 
 std::string ArrivalSchedule::describe() const {
   std::ostringstream os;
-  os << std::left << std::setw(9) << "request" << std::setw(16) << "arrival step" << std::setw(15)
-     << "prompt tokens" << std::setw(15) << "shared prefix" << "max_new_tokens\n";
+  os << std::left << std::setw(9) << "request" << std::setw(16) << "arrival step" << std::setw(15) << "prompt tokens"
+     << std::setw(15) << "shared prefix"
+     << "max_new_tokens\n";
   for (size_t i = 0; i < requests_.size(); ++i) {
     const Request& r = requests_[i];
     os << std::setw(9) << ("r" + std::to_string(i)) << std::setw(16) << r.arrival_step << std::setw(15)
-       << r.prompt.size() << std::setw(15)
-       << (r.shared_prefix < 0 ? std::string("-") : std::to_string(r.shared_prefix)) << r.max_new_tokens
-       << "\n";
+       << r.prompt.size() << std::setw(15) << (r.shared_prefix < 0 ? std::string("-") : std::to_string(r.shared_prefix))
+       << r.max_new_tokens << "\n";
   }
   return os.str();
 }

@@ -39,10 +39,12 @@ void launch_typed(const RopeLaunch& l, const std::vector<double>& frequencies, c
 
 void launch_rope(const RopeLaunch& l, const std::vector<double>& frequencies, cudaStream_t stream) {
   const char* fn = "apply_rope";
-  ref::require(l.nnz >= 0 && l.nnz < (int64_t{1} << 31), fn, "nnz must be in 0 .. 2^31 - 1 (got " + std::to_string(l.nnz) + ")");
+  ref::require(l.nnz >= 0 && l.nnz < (int64_t{1} << 31), fn,
+               "nnz must be in 0 .. 2^31 - 1 (got " + std::to_string(l.nnz) + ")");
   ref::require(l.num_q_heads >= 1 && l.num_k_heads >= 1, fn, "num_q_heads and num_k_heads must be >= 1");
   ref::require(l.head_dim >= 2 && l.head_dim <= 2 * kMaxRopePairs, fn,
-               "head_dim must be in 2.." + std::to_string(2 * kMaxRopePairs) + " (got " + std::to_string(l.head_dim) + ")");
+               "head_dim must be in 2.." + std::to_string(2 * kMaxRopePairs) + " (got " + std::to_string(l.head_dim) +
+                   ")");
   ref::require(l.rotary_dim >= 2 && l.rotary_dim % 2 == 0 && l.rotary_dim <= l.head_dim, fn,
                "rotary_dim must be even, >= 2 and <= head_dim " + std::to_string(l.head_dim) + " (got " +
                    std::to_string(l.rotary_dim) + ")");

@@ -25,15 +25,15 @@ constexpr int kMaxRopePairs = 256;
 
 /// One RoPE launch: device pointers, contiguous (nnz, heads, head_dim) q and k.
 struct RopeLaunch {
-  DType dtype = DType::bf16;        ///< f32, f16 or bf16, the same for q, k and the outputs
-  const void* q = nullptr;          ///< (nnz, num_q_heads, head_dim)
-  const void* k = nullptr;          ///< (nnz, num_k_heads, head_dim)
-  void* q_out = nullptr;            ///< may equal q (in place)
-  void* k_out = nullptr;            ///< may equal k (in place)
+  DType dtype = DType::bf16;  ///< f32, f16 or bf16, the same for q, k and the outputs
+  const void* q = nullptr;    ///< (nnz, num_q_heads, head_dim)
+  const void* k = nullptr;    ///< (nnz, num_k_heads, head_dim)
+  void* q_out = nullptr;      ///< may equal q (in place)
+  void* k_out = nullptr;      ///< may equal k (in place)
   int64_t nnz = 0;
   int num_q_heads = 0, num_k_heads = 0, head_dim = 0;
-  int rotary_dim = 0;               ///< even, <= head_dim: the rest of a head is copied
-  bool interleave = false;          ///< pairs (x[2i], x[2i+1]); else (x[i], x[i + rotary_dim / 2])
+  int rotary_dim = 0;       ///< even, <= head_dim: the rest of a head is copied
+  bool interleave = false;  ///< pairs (x[2i], x[2i+1]); else (x[i], x[i + rotary_dim / 2])
   /// Row positions: pos_ids (nnz), or, when it is null, offsets[b] + (t - indptr[b]) for
   /// row t of request b (indptr (batch_size + 1), offsets (batch_size)).
   const int32_t* pos_ids = nullptr;

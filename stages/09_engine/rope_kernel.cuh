@@ -84,7 +84,8 @@ __global__ void rope_kernel(const __grid_constant__ RopeParams<T> p) {
   for (int w = threadIdx.x; w < heads * p.pairs; w += blockDim.x) {
     const int h = w / p.pairs, i = w % p.pairs;
     const bool is_q = h < p.num_q_heads;
-    const int64_t row = is_q ? (t * p.num_q_heads + h) * p.head_dim : (t * p.num_k_heads + h - p.num_q_heads) * p.head_dim;
+    const int64_t row = is_q ? (t * p.num_q_heads + h) * p.head_dim
+                             : (t * p.num_k_heads + h - p.num_q_heads) * p.head_dim;
     const T* in = (is_q ? p.q : p.k) + row;
     T* out = (is_q ? p.q_out : p.k_out) + row;
     const int ia = p.interleave ? 2 * i : i, ib = p.interleave ? 2 * i + 1 : i + p.pairs;
@@ -98,7 +99,8 @@ __global__ void rope_kernel(const __grid_constant__ RopeParams<T> p) {
   for (int w = threadIdx.x; w < heads * rest; w += blockDim.x) {
     const int h = w / rest, d = rotary_dim + w % rest;
     const bool is_q = h < p.num_q_heads;
-    const int64_t row = is_q ? (t * p.num_q_heads + h) * p.head_dim : (t * p.num_k_heads + h - p.num_q_heads) * p.head_dim;
+    const int64_t row = is_q ? (t * p.num_q_heads + h) * p.head_dim
+                             : (t * p.num_k_heads + h - p.num_q_heads) * p.head_dim;
     const T* in = (is_q ? p.q : p.k) + row;
     T* out = (is_q ? p.q_out : p.k_out) + row;
     if (in != out) out[d] = in[d];

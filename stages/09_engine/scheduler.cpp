@@ -47,14 +47,14 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::vector<Request> request
   require(c.num_pages >= 1, fn, "num_pages must be >= 1 (got " + str(c.num_pages) + ")");
   require(c.page_size >= 1, fn, "page_size must be >= 1 (got " + str(c.page_size) + ")");
   require(c.num_pages <= INT32_MAX / c.page_size, fn,
-          "num_pages * page_size must fit int32, the type of a KV length (got " + str(c.num_pages) +
-              " * " + str(c.page_size) + ")");
+          "num_pages * page_size must fit int32, the type of a KV length (got " + str(c.num_pages) + " * " +
+              str(c.page_size) + ")");
   require(c.max_running >= 1, fn, "max_running must be >= 1 (got " + str(c.max_running) + ")");
-  require(c.max_tokens_per_step >= 1, fn,
-          "max_tokens_per_step must be >= 1 (got " + str(c.max_tokens_per_step) + ")");
+  require(c.max_tokens_per_step >= 1, fn, "max_tokens_per_step must be >= 1 (got " + str(c.max_tokens_per_step) + ")");
   require(c.max_tokens_per_step >= c.max_running, fn,
           "max_tokens_per_step must be >= max_running, so that every running request's decode "
-          "token fits a step (got " + str(c.max_tokens_per_step) + " < " + str(c.max_running) + ")");
+          "token fits a step (got " +
+              str(c.max_tokens_per_step) + " < " + str(c.max_running) + ")");
   require(c.end_token >= -1, fn, "end_token must be a token id or -1 for none (got " + str(c.end_token) + ")");
   require(!requests_.empty(), fn, "requests must not be empty");
   const int64_t slots = c.num_pages * c.page_size;
@@ -65,8 +65,7 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::vector<Request> request
     require(!r.prompt.empty(), fn, name + "prompt is empty (a request needs at least one token)");
     for (size_t t = 0; t < r.prompt.size(); ++t)
       ref::require_lazy(r.prompt[t] >= 0, fn, [&] {
-        return name + "prompt[" + str(static_cast<int64_t>(t)) + "] is a negative token id (" +
-               str(r.prompt[t]) + ")";
+        return name + "prompt[" + str(static_cast<int64_t>(t)) + "] is a negative token id (" + str(r.prompt[t]) + ")";
       });
     require(r.max_new_tokens >= 1, fn, name + "max_new_tokens must be >= 1 (got " + str(r.max_new_tokens) + ")");
     require(r.arrival_step >= 0, fn, name + "arrival_step must be >= 0 (got " + str(r.arrival_step) + ")");
@@ -80,8 +79,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::vector<Request> request
     smallest = std::min(smallest, lifetime_pages(static_cast<int32_t>(i)));
   }
   require(smallest <= c.num_pages, fn,
-          "num_pages " + str(c.num_pages) + " is too small to admit any request: the smallest needs " +
-              str(smallest) + " pages (prompt + max_new_tokens - 1 tokens)");
+          "num_pages " + str(c.num_pages) + " is too small to admit any request: the smallest needs " + str(smallest) +
+              " pages (prompt + max_new_tokens - 1 tokens)");
   for (size_t i = 0; i < requests_.size(); ++i) {
     const int64_t need = lifetime_pages(static_cast<int32_t>(i));
     require(need <= c.num_pages, fn,
@@ -113,8 +112,7 @@ const RequestState& Scheduler::state(int32_t request) const {
 }
 
 bool Scheduler::done() const {
-  return std::all_of(states_.begin(), states_.end(),
-                     [](const RequestState& s) { return s.phase == Phase::finished; });
+  return std::all_of(states_.begin(), states_.end(), [](const RequestState& s) { return s.phase == Phase::finished; });
 }
 
 int64_t Scheduler::reserved_total() const {
@@ -155,7 +153,8 @@ bool Scheduler::try_admit(int32_t r) {
 }
 
 StepBatch Scheduler::next_step() {
-  if (in_step_) throw std::logic_error("Scheduler::next_step: the previous step was not completed (call complete_step)");
+  if (in_step_)
+    throw std::logic_error("Scheduler::next_step: the previous step was not completed (call complete_step)");
   if (done()) throw std::logic_error("Scheduler::next_step: every request has finished");
   StepBatch b;
   b.step = step_;
@@ -179,7 +178,8 @@ StepBatch Scheduler::next_step() {
   }
   auto chunk = [&](int32_t r) {
     const RequestState& s = states_[static_cast<size_t>(r)];
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(requests_[static_cast<size_t>(r)].prompt.size()) - s.prefilled, budget);
+    const int64_t n = std::min<int64_t>(
+        static_cast<int64_t>(requests_[static_cast<size_t>(r)].prompt.size()) - s.prefilled, budget);
     prefills.push_back({r, n});
     budget -= n;
   };
@@ -248,10 +248,12 @@ void Scheduler::complete_step(const std::vector<int32_t>& sampled) {
   if (!in_step_) throw std::logic_error("Scheduler::complete_step: no step in progress (call next_step first)");
   const char* fn = "Scheduler::complete_step";
   require(sampled.size() == last_.sample_rows.size(), fn,
-          "sampled must hold one token per sample row of the step (" + str(static_cast<int64_t>(last_.sample_rows.size())) +
-              "), got " + str(static_cast<int64_t>(sampled.size())));
+          "sampled must hold one token per sample row of the step (" +
+              str(static_cast<int64_t>(last_.sample_rows.size())) + "), got " +
+              str(static_cast<int64_t>(sampled.size())));
   for (size_t k = 0; k < sampled.size(); ++k)
-    require(sampled[k] >= 0, fn, "sampled[" + str(static_cast<int64_t>(k)) + "] is a negative token id (" + str(sampled[k]) + ")");
+    require(sampled[k] >= 0, fn,
+            "sampled[" + str(static_cast<int64_t>(k)) + "] is a negative token id (" + str(sampled[k]) + ")");
   const int64_t ps = config_.page_size;
   for (size_t k = 0; k < sampled.size(); ++k) {
     const int32_t r = last_.request_ids[static_cast<size_t>(last_.sample_rows[k])];
@@ -295,9 +297,8 @@ void Scheduler::release_cache() {
 
 std::string StepBatch::describe() const {
   std::ostringstream os;
-  os << "step " << step << ": " << num_decodes << " decode" << (num_decodes == 1 ? "" : "s") << " + "
-     << num_prefills << " prefill chunk" << (num_prefills == 1 ? "" : "s") << ", " << nnz() << " new token"
-     << (nnz() == 1 ? "" : "s");
+  os << "step " << step << ": " << num_decodes << " decode" << (num_decodes == 1 ? "" : "s") << " + " << num_prefills
+     << " prefill chunk" << (num_prefills == 1 ? "" : "s") << ", " << nnz() << " new token" << (nnz() == 1 ? "" : "s");
   if (!admitted.empty()) {
     os << "; admitted";
     for (int32_t r : admitted) os << " r" << r;
@@ -308,19 +309,20 @@ std::string StepBatch::describe() const {
   }
   os << "\n";
   if (batch_size() > 0) {
-    os << std::left << std::setw(5) << "row" << std::setw(9) << "request" << std::setw(9) << "kind"
-       << std::setw(12) << "positions" << std::setw(8) << "kv_len" << std::setw(8) << "cached"
-       << std::setw(20) << "pages" << std::setw(15) << "last_page_len" << "samples\n";
+    os << std::left << std::setw(5) << "row" << std::setw(9) << "request" << std::setw(9) << "kind" << std::setw(12)
+       << "positions" << std::setw(8) << "kv_len" << std::setw(8) << "cached" << std::setw(20) << "pages"
+       << std::setw(15) << "last_page_len"
+       << "samples\n";
     for (int32_t i = 0; i < batch_size(); ++i) {
       const int32_t q0 = qo_indptr[i], q1 = qo_indptr[i + 1];
       const std::string span = q1 - q0 == 1 ? std::to_string(positions[q0])
                                             : std::to_string(positions[q0]) + ".." + std::to_string(positions[q1 - 1]);
       const std::vector<int32_t> pages(kv_indices.begin() + kv_indptr[i], kv_indices.begin() + kv_indptr[i + 1]);
       const bool samples = std::find(sample_rows.begin(), sample_rows.end(), i) != sample_rows.end();
-      os << std::setw(5) << i << std::setw(9) << ("r" + std::to_string(request_ids[i]))
-         << std::setw(9) << (i < num_decodes ? "decode" : "prefill") << std::setw(12) << span
-         << std::setw(8) << kv_lens[i] << std::setw(8) << cached_tokens[i] << std::setw(20) << join(pages)
-         << std::setw(15) << kv_last_page_len[i] << (samples ? "yes" : "no") << "\n";
+      os << std::setw(5) << i << std::setw(9) << ("r" + std::to_string(request_ids[i])) << std::setw(9)
+         << (i < num_decodes ? "decode" : "prefill") << std::setw(12) << span << std::setw(8) << kv_lens[i]
+         << std::setw(8) << cached_tokens[i] << std::setw(20) << join(pages) << std::setw(15) << kv_last_page_len[i]
+         << (samples ? "yes" : "no") << "\n";
     }
   }
   std::string append = "[";
@@ -328,8 +330,7 @@ std::string StepBatch::describe() const {
     append += (t ? " " : "") + std::to_string(append_pages[t]) + ":" + std::to_string(append_slots[t]);
   append += "]";
   std::string copies = page_copies.empty() ? "none" : "";
-  for (const ref::PageCopy& c : page_copies)
-    copies += std::to_string(c.src) + "->" + std::to_string(c.dst) + " ";
+  for (const ref::PageCopy& c : page_copies) copies += std::to_string(c.src) + "->" + std::to_string(c.dst) + " ";
   os << "qo_indptr          " << join(qo_indptr) << "\n"
      << "kv_indptr          " << join(kv_indptr) << "\n"
      << "kv_indices         " << join(kv_indices) << "\n"

@@ -24,22 +24,19 @@ const char* to_string(LengthPolicy policy) {
   return "?";
 }
 
-const char* to_string(PageOrder order) {
-  return order == PageOrder::sequential ? "sequential" : "shuffled";
-}
+const char* to_string(PageOrder order) { return order == PageOrder::sequential ? "sequential" : "shuffled"; }
 
 std::string CaseSpec::describe() const {
   std::ostringstream s;
   s << to_string(mode) << ' ' << to_string(dtype);
   if (kv_dtype && *kv_dtype != dtype) s << " kv=" << to_string(*kv_dtype);
   if (k_scale != 1.0 || v_scale != 1.0) s << " k_scale=" << k_scale << " v_scale=" << v_scale;
-  s << ' ' << ref::to_string(kv_layout)
-    << " batch=" << batch_size << " kv_len=" << kv_len;
+  s << ' ' << ref::to_string(kv_layout) << " batch=" << batch_size << " kv_len=" << kv_len;
   if (mode == Mode::prefill) s << " qo_len=" << qo_len << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
   if (logits_soft_cap > 0) s << " soft_cap=" << logits_soft_cap;
-  s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim
-    << " page=" << page_size << ' ' << to_string(lengths) << ' ' << to_string(page_order);
+  s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim << " page=" << page_size << ' '
+    << to_string(lengths) << ' ' << to_string(page_order);
   if (shared_prefix > 0) s << " shared_prefix=" << shared_prefix;
   if (group_prefix > 0) s << " group_prefix=" << group_prefix << 'x' << prefix_groups;
   return s.str();
@@ -98,8 +95,8 @@ std::vector<int32_t> exclusive_scan(const std::vector<int32_t>& len) {
   return indptr;
 }
 
-ref::Tensor random_rounded(std::mt19937_64& rng, std::vector<int64_t> shape, double lo, double hi,
-                           DType dtype, double scale = 1.0) {
+ref::Tensor random_rounded(std::mt19937_64& rng, std::vector<int64_t> shape, double lo, double hi, DType dtype,
+                           double scale = 1.0) {
   ref::Tensor t(std::move(shape));
   std::uniform_real_distribution<double> dist(lo, hi);
   for (double& x : t.data) x = round_to(dtype, dist(rng) / scale);
@@ -142,9 +139,9 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   const std::vector<int32_t> kv_lens = draw_lengths(spec.batch_size, spec.kv_len, spec.lengths, rng);
   std::vector<int32_t> qo_lens(static_cast<size_t>(spec.batch_size), 1);
   if (spec.mode == Mode::prefill) {
-    const LengthPolicy qo_policy =
-        spec.lengths == LengthPolicy::uniform || spec.lengths == LengthPolicy::spread ? spec.lengths
-                                                                                       : LengthPolicy::ragged;
+    const LengthPolicy qo_policy = spec.lengths == LengthPolicy::uniform || spec.lengths == LengthPolicy::spread
+                                       ? spec.lengths
+                                       : LengthPolicy::ragged;
     qo_lens = draw_lengths(spec.batch_size, spec.qo_len, qo_policy, rng);
   }
   s.qo_indptr = exclusive_scan(qo_lens);
@@ -179,7 +176,8 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   next += static_cast<size_t>(all_pages);
   std::vector<std::vector<int32_t>> group_ids(static_cast<size_t>(spec.prefix_groups));
   for (auto& ids : group_ids) {
-    ids.assign(order.begin() + static_cast<std::ptrdiff_t>(next), order.begin() + static_cast<std::ptrdiff_t>(next) + group_pages);
+    ids.assign(order.begin() + static_cast<std::ptrdiff_t>(next),
+               order.begin() + static_cast<std::ptrdiff_t>(next) + group_pages);
     next += static_cast<size_t>(group_pages);
   }
   for (int b = 0; b < spec.batch_size; ++b) {
@@ -242,7 +240,8 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
         }
         const int64_t n = std::min<int64_t>(P, s.kv_len(b) - t) * H * D;
         for (ref::Tensor* x : {&k, &v})
-          std::copy(x->data.begin() + owner * H * D, x->data.begin() + owner * H * D + n, x->data.begin() + row * H * D);
+          std::copy(x->data.begin() + owner * H * D, x->data.begin() + owner * H * D + n,
+                    x->data.begin() + row * H * D);
       }
   }
   // An FP8 cache is answered by the reference's FP8 entry point (it decodes, scales, then
@@ -250,8 +249,7 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   if (is_fp8(kv_dtype))
     c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, as_fp8(k, kv_dtype), as_fp8(v, kv_dtype),
                                                          token_indptr, scales, opt);
-  else if (unscaled)
-    c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
+  else if (unscaled) c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
   else
     c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, scaled(k, scales.k_scale),
                                                          scaled(v, scales.v_scale), token_indptr, opt);
@@ -268,7 +266,7 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   p.layout = s.kv_layout;
   const int64_t P = s.page_size;
   p.pages = s.kv_layout == KVLayout::NHD ? ref::Tensor({s.num_pages, 2, P, H, D})
-                                          : ref::Tensor({s.num_pages, 2, H, P, D});
+                                         : ref::Tensor({s.num_pages, 2, H, P, D});
   std::fill(p.pages.data.begin(), p.pages.data.end(), std::numeric_limits<double>::quiet_NaN());
   p.kv_indptr = s.kv_indptr;
   p.kv_indices = c.layout.kv_indices;
@@ -312,8 +310,8 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
                                       : ref::batch_prefill_with_paged_kv_cache(c.q, s.qo_indptr, pool, opt));
     for (size_t i = 0; i < paged_ref.o.data.size(); ++i)
       ref::require(paged_ref.o.data[i] == c.expected.o.data[i], "build_case",
-                   "internal: the pool does not hold what the page table says (o differs at " +
-                       std::to_string(i) + ")");
+                   "internal: the pool does not hold what the page table says (o differs at " + std::to_string(i) +
+                       ")");
   }
   return c;
 }

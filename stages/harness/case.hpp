@@ -42,17 +42,17 @@ struct CaseSpec {
   DType dtype = DType::bf16;           ///< element type the stage reads and writes
   KVLayout kv_layout = KVLayout::NHD;  ///< page layout; ragged storage requires NHD
   int batch_size = 1;                  ///< requests in the batch
-  int kv_len = 1;   ///< request 0 has exactly this many keys; others follow `lengths`
-  int qo_len = 1;   ///< prefill: request 0's queries, others drawn from 1..qo_len; decode: 1
+  int kv_len = 1;                      ///< request 0 has exactly this many keys; others follow `lengths`
+  int qo_len = 1;                      ///< prefill: request 0's queries, others drawn from 1..qo_len; decode: 1
   LengthPolicy lengths = LengthPolicy::ragged;  ///< how the other requests' lengths are drawn
-  int num_qo_heads = 32;  ///< query heads, Hq
-  int num_kv_heads = 8;   ///< kv heads, Hkv; Hq / Hkv is the GQA group size
-  int head_dim = 128;     ///< elements per head, D
-  int page_size = 16;  ///< paged storage only
-  bool causal = false;  ///< prefill only
-  int window_left = -1;  ///< keep the last window_left + 1 keys of each query's range; -1 = off
-  double logits_soft_cap = 0.0;  ///< c > 0: scores s -> c * tanh(s / c); 0 = off
-  PageOrder page_order = PageOrder::shuffled;  ///< which pool pages each request gets
+  int num_qo_heads = 32;                        ///< query heads, Hq
+  int num_kv_heads = 8;                         ///< kv heads, Hkv; Hq / Hkv is the GQA group size
+  int head_dim = 128;                           ///< elements per head, D
+  int page_size = 16;                           ///< paged storage only
+  bool causal = false;                          ///< prefill only
+  int window_left = -1;                         ///< keep the last window_left + 1 keys of each query's range; -1 = off
+  double logits_soft_cap = 0.0;                 ///< c > 0: scores s -> c * tanh(s / c); 0 = off
+  PageOrder page_order = PageOrder::shuffled;   ///< which pool pages each request gets
   /// Paged only: tokens that every request holds before its own kv_len (a system prompt).
   /// Its whole pages are the same page ids in every request's table (shared, as a radix
   /// cache hands them out); a partly filled last page is each request's own copy.
@@ -80,8 +80,9 @@ struct CaseSpec {
 
 /// A batch's layout drawn from a spec: the host shape plus the page ids (paged storage).
 struct CaseLayout {
-  BatchShape shape;                 ///< sizes and host index arrays: qo_indptr, kv_indptr, kv_last_page_len
-  std::vector<int32_t> kv_indices;  ///< paged: (kv_indptr[batch_size]) page ids; distinct unless the spec shares a prefix
+  BatchShape shape;  ///< sizes and host index arrays: qo_indptr, kv_indptr, kv_last_page_len
+  std::vector<int32_t>
+      kv_indices;  ///< paged: (kv_indptr[batch_size]) page ids; distinct unless the spec shares a prefix
 };
 
 /// Draws lengths and the page table of `spec` for `storage` (shape.kv_indices holds the
@@ -90,16 +91,16 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
 
 /// The host side of a validation case.
 struct HostCase {
-  CaseSpec spec;           ///< the grid entry this case was built from
-  uint64_t seed = 0;       ///< everything random in the case derives from it
-  CaseLayout layout;       ///< shape and page table
-  ref::Tensor q;           ///< (nnz_qo, num_qo_heads, head_dim), values representable in dtype
+  CaseSpec spec;      ///< the grid entry this case was built from
+  uint64_t seed = 0;  ///< everything random in the case derives from it
+  CaseLayout layout;  ///< shape and page table
+  ref::Tensor q;      ///< (nnz_qo, num_qo_heads, head_dim), values representable in dtype
   /// paged storage: the pool, holding the stored K/V values (representable in the K/V
   /// dtype, before the scales); every slot no request owns is NaN
   ref::PagedKVCache paged;
   /// \var k
   /// ragged storage: the keys, (nnz_kv, num_kv_heads, head_dim), NHD, stored values as in `paged`
-  ref::Tensor k, v;        ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim), NHD
+  ref::Tensor k, v;               ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim), NHD
   ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
 };
 

@@ -25,11 +25,20 @@ const std::vector<DTypeTolerance>& tolerance_table() {
   // error budget is that of the q/o dtype's row: fp32 accumulation and output rounding.
   static const std::vector<DTypeTolerance> table = [] {
     std::vector<DTypeTolerance> rows = {
-        {DType::f32, DType::f32, {2e-5, 2e-4, 2e-5}, {2e-4, 2e-5, 2e-5},
+        {DType::f32,
+         DType::f32,
+         {2e-5, 2e-4, 2e-5},
+         {2e-4, 2e-5, 2e-5},
          "fp32 accumulation only: output rounding is 2^-24"},
-        {DType::f16, DType::f16, {2e-4, 2e-3, 1.5e-3}, {2e-4, 2e-5, 2e-5},
+        {DType::f16,
+         DType::f16,
+         {2e-4, 2e-3, 1.5e-3},
+         {2e-4, 2e-5, 2e-5},
          "fp16 output rounding, at most 2^-11 relative"},
-        {DType::bf16, DType::bf16, {2e-3, 1.6e-2, 8e-3}, {2e-4, 2e-5, 2e-5},
+        {DType::bf16,
+         DType::bf16,
+         {2e-3, 1.6e-2, 8e-3},
+         {2e-4, 2e-5, 2e-5},
          "bf16 output rounding, at most 2^-8 relative"},
     };
     for (DType q : {DType::f16, DType::bf16})
@@ -57,9 +66,9 @@ const DTypeTolerance& tolerance_for(DType dtype, DType kv_dtype) {
 std::string Comparison::summary() const {
   std::ostringstream s;
   s << std::setprecision(3);
-  s << what << ": " << (passed ? "PASS" : "FAIL") << " (" << mismatches << " of " << count
-    << " elements outside atol " << tol.atol << " + rtol " << tol.rtol << " * |ref|; max |diff| "
-    << max_abs_err << "; ||diff||/||ref|| " << norm_ratio << " vs " << tol.norm << ")";
+  s << what << ": " << (passed ? "PASS" : "FAIL") << " (" << mismatches << " of " << count << " elements outside atol "
+    << tol.atol << " + rtol " << tol.rtol << " * |ref|; max |diff| " << max_abs_err << "; ||diff||/||ref|| "
+    << norm_ratio << " vs " << tol.norm << ")";
   if (!first_mismatches.empty()) {
     s << "\n  first mismatches:";
     for (const std::string& m : first_mismatches) s << "\n    " << m;
@@ -67,11 +76,10 @@ std::string Comparison::summary() const {
   return s.str();
 }
 
-Comparison compare(const std::string& what, const std::vector<double>& out,
-                   const std::vector<double>& ref, const Tolerance& tol, const ElementLabel& label) {
+Comparison compare(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref,
+                   const Tolerance& tol, const ElementLabel& label) {
   ref::require(out.size() == ref.size(), "compare",
-               what + ": out has " + std::to_string(out.size()) + " elements, ref has " +
-                   std::to_string(ref.size()));
+               what + ": out has " + std::to_string(out.size()) + " elements, ref has " + std::to_string(ref.size()));
   const double inf = std::numeric_limits<double>::infinity();
   Comparison c;
   c.what = what;
@@ -98,9 +106,8 @@ Comparison compare(const std::string& what, const std::vector<double>& out,
       ++c.mismatches;
       if (c.first_mismatches.size() < 5) {
         std::ostringstream m;
-        m << std::setprecision(6) << label(static_cast<int64_t>(i)) << ": got " << o
-          << ", expected " << r << " (|diff| " << std::abs(o - r) << ", allowed "
-          << tol.atol + tol.rtol * std::abs(r) << ")";
+        m << std::setprecision(6) << label(static_cast<int64_t>(i)) << ": got " << o << ", expected " << r
+          << " (|diff| " << std::abs(o - r) << ", allowed " << tol.atol + tol.rtol * std::abs(r) << ")";
         c.first_mismatches.push_back(m.str());
       }
     }

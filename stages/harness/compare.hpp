@@ -29,10 +29,10 @@ struct Tolerance {
 /// One row of the tolerance table: how close a stage of this dtype must come to the
 /// double-precision reference computed on the same (already rounded) inputs.
 struct DTypeTolerance {
-  DType dtype;    ///< element type of the stage's q and o (and of k and v unless kv_dtype says otherwise)
-  DType kv_dtype; ///< element type of its K/V: dtype, or an FP8 format
-  Tolerance o;    ///< output, stored in `dtype`
-  Tolerance lse;  ///< lse, always stored in fp32
+  DType dtype;      ///< element type of the stage's q and o (and of k and v unless kv_dtype says otherwise)
+  DType kv_dtype;   ///< element type of its K/V: dtype, or an FP8 format
+  Tolerance o;      ///< output, stored in `dtype`
+  Tolerance lse;    ///< lse, always stored in fp32
   const char* why;  ///< where the error budget comes from
 };
 
@@ -48,13 +48,13 @@ using ElementLabel = std::function<std::string(int64_t flat)>;
 
 /// Result of comparing one tensor.
 struct Comparison {
-  std::string what;         ///< which tensor ("o", "lse", "probabilities", ...)
-  Tolerance tol{};          ///< the tolerances applied
-  int64_t count = 0;        ///< elements compared
-  int64_t mismatches = 0;   ///< elements outside the element-wise bound (NaN included)
-  double max_abs_err = 0;   ///< largest |out - ref| over finite pairs (inf if any NaN/inf mismatch)
-  double norm_ratio = 0;    ///< ||out - ref|| / ||ref|| (inf if any NaN)
-  bool passed = false;      ///< mismatches == 0 and norm_ratio <= tol.norm
+  std::string what;                           ///< which tensor ("o", "lse", "probabilities", ...)
+  Tolerance tol{};                            ///< the tolerances applied
+  int64_t count = 0;                          ///< elements compared
+  int64_t mismatches = 0;                     ///< elements outside the element-wise bound (NaN included)
+  double max_abs_err = 0;                     ///< largest |out - ref| over finite pairs (inf if any NaN/inf mismatch)
+  double norm_ratio = 0;                      ///< ||out - ref|| / ||ref|| (inf if any NaN)
+  bool passed = false;                        ///< mismatches == 0 and norm_ratio <= tol.norm
   std::vector<std::string> first_mismatches;  ///< up to 5, each naming its position
 
   /// Multi-line text: verdict, errors against tolerances, the first mismatches.
@@ -62,8 +62,8 @@ struct Comparison {
 };
 
 /// Compares `out` to `ref` (equal sizes) under `tol`; `label` names positions.
-Comparison compare(const std::string& what, const std::vector<double>& out,
-                   const std::vector<double>& ref, const Tolerance& tol, const ElementLabel& label);
+Comparison compare(const std::string& what, const std::vector<double>& out, const std::vector<double>& ref,
+                   const Tolerance& tol, const ElementLabel& label);
 
 /// Labels for a (nnz_qo, num_heads, head_dim) output, rows grouped into requests by qo_indptr.
 ElementLabel output_label(const std::vector<int32_t>& qo_indptr, int num_heads, int head_dim);

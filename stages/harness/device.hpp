@@ -41,7 +41,9 @@ class DeviceBuffer {
   size_t bytes() const { return bytes_; }
   /// The device pointer as `T*`, e.g. `as<int32_t>()` for an uploaded index array.
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   /// Copies the whole buffer back to the host.
   std::vector<uint8_t> download() const;
 

@@ -49,8 +49,7 @@ ValidationReport compare_outputs(const std::string& stage, const HostCase& host,
   return r;
 }
 
-ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
-                          cudaStream_t stream) {
+ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed, cudaStream_t stream) {
   return run_and_compare(stage, build_case(spec, stage.storage, seed), stream);
 }
 

@@ -35,8 +35,7 @@ struct ValidationReport {
 /// Runs `stage` on an already built case: fresh runner, workspace, plan, NaN-poisoned
 /// outputs, run, synchronize, compare o and lse under the dtype's tolerances.
 /// Throws ref::InvalidArgument if the stage does not support the case's shape.
-ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host,
-                                 cudaStream_t stream = nullptr);
+ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, cudaStream_t stream = nullptr);
 
 /// Compares a stage's output `o` (nnz_qo, Hq, D) and `lse` (nnz_qo, Hq), as doubles, with
 /// the reference answer of `host` under the dtype's tolerances: the check of
@@ -45,8 +44,7 @@ ValidationReport compare_outputs(const std::string& stage, const HostCase& host,
                                  const std::vector<double>& lse);
 
 /// build_case for the stage's storage, then run_and_compare.
-ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed,
-                          cudaStream_t stream = nullptr);
+ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed, cudaStream_t stream = nullptr);
 
 /// The body of every stage exercise's main(): without a GPU it prints why and returns 77
 /// (CTest's skip code); otherwise it validates `stage` on each case (seed derived from

@@ -152,5 +152,6 @@ TEST_CASE("ArrivalSchedule: bad parameters are refused by name") {
                  p.shared_fraction = 1.5;
                }),
                {"shared_fraction", "[0, 1]"});
-  expect_error(with([](ArrivalParams& p) { p.shared_fraction = 0.5; }), {"shared_fraction", "num_shared_prefixes is 0"});
+  expect_error(with([](ArrivalParams& p) { p.shared_fraction = 0.5; }),
+               {"shared_fraction", "num_shared_prefixes is 0"});
 }

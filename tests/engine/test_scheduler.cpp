@@ -103,7 +103,8 @@ void check_step(const Scheduler& s, const StepBatch& b, std::map<int32_t, Track>
     const bool samples = i < b.num_decodes || b.kv_lens[i] == static_cast<int32_t>(rq.prompt.size());
     const auto it = std::find(b.sample_rows.begin(), b.sample_rows.end(), i);
     CHECK((it != b.sample_rows.end()) == samples);
-    if (it != b.sample_rows.end()) CHECK(b.sample_token_rows[static_cast<size_t>(it - b.sample_rows.begin())] == q1 - 1);
+    if (it != b.sample_rows.end())
+      CHECK(b.sample_token_rows[static_cast<size_t>(it - b.sample_rows.begin())] == q1 - 1);
   }
   CHECK(std::is_sorted(b.sample_rows.begin(), b.sample_rows.end()));
   REQUIRE(b.sample_token_rows.size() == b.sample_rows.size());
@@ -145,8 +146,7 @@ void check_step(const Scheduler& s, const StepBatch& b, std::map<int32_t, Track>
     const RequestState& st = s.state(r);
     CHECK(st.reserved_pages >= 0);
     if (st.sequence >= 0)  // pages held (cached prefix included) + still reserved == lifetime
-      CHECK(static_cast<int64_t>(s.sequences().pages(st.sequence).size()) + st.reserved_pages ==
-            s.lifetime_pages(r));
+      CHECK(static_cast<int64_t>(s.sequences().pages(st.sequence).size()) + st.reserved_pages == s.lifetime_pages(r));
     reserved += st.reserved_pages;
   }
   CHECK(s.allocator().num_free_pages() >= reserved);
@@ -445,10 +445,8 @@ TEST_CASE("Prefix sharing saves the pages computed by hand from the schedule") {
     unshared_pages += (kv + 3) / 4;
     if (r.shared_prefix < 0) continue;
     auto it = first_arrival.find(r.shared_prefix);
-    if (it == first_arrival.end())
-      first_arrival[r.shared_prefix] = r.arrival_step;
-    else if (it->second < r.arrival_step)
-      ++sharers;
+    if (it == first_arrival.end()) first_arrival[r.shared_prefix] = r.arrival_step;
+    else if (it->second < r.arrival_step) ++sharers;
   }
   REQUIRE(sharers >= 5);  // the workload does share
   const int64_t shared_pages = unshared_pages - sharers * (16 / 4);
@@ -523,7 +521,8 @@ TEST_CASE("Bad input is refused by name") {
   expect_error(with(same, {req(0, iota(0, 17), 1)}), {"request 0", "longer than the whole pool", "16 slots"});
   expect_error(with(same, {req(0, iota(0, 10), 10), req(0, iota(0, 12), 8)}),
                {"num_pages 4 is too small to admit any request", "smallest needs 5 pages"});
-  expect_error(with(same, {req(0, {1}, 1), req(0, iota(0, 10), 10)}), {"request 1", "needs 5 pages", "never be admitted"});
+  expect_error(with(same, {req(0, {1}, 1), req(0, iota(0, 10), 10)}),
+               {"request 1", "needs 5 pages", "never be admitted"});
   expect_error(with([](SchedulerConfig& c) { c.num_pages = 0; }, one), {"num_pages must be >= 1"});
   expect_error(with([](SchedulerConfig& c) { c.page_size = 0; }, one), {"page_size must be >= 1"});
   expect_error(with([](SchedulerConfig& c) { c.max_tokens_per_step = 0; }, one), {"max_tokens_per_step must be >= 1"});
@@ -541,7 +540,8 @@ TEST_CASE("Bad input is refused by name") {
   CHECK_THROWS_AS(s.complete_step({}), std::logic_error);  // no step begun
   const StepBatch b = s.next_step();
   CHECK_THROWS_AS(s.next_step(), std::logic_error);  // the step was not completed
-  expect_error([&] { s.complete_step({}); }, {"Scheduler::complete_step", "one token per sample row of the step (1), got 0"});
+  expect_error([&] { s.complete_step({}); },
+               {"Scheduler::complete_step", "one token per sample row of the step (1), got 0"});
   expect_error([&] { s.complete_step({-3}); }, {"sampled[0]", "negative token id"});
   expect_error([&] { s.state(5); }, {"Scheduler::state", "request must be in [0, 1)"});
   s.complete_step({4});

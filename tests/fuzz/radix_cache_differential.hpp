@@ -88,9 +88,8 @@ class NaivePrefixCache {
       int best = -1;
       for (size_t i = 0; i < entries_.size(); ++i) {
         if (entries_[i].locks > 0 || extended(entries_[i].prefix)) continue;
-        const bool better = best < 0 || (evict_most_recent_
-                                             ? entries_[i].last_access > entries_[best].last_access
-                                             : entries_[i].last_access < entries_[best].last_access);
+        const bool better = best < 0 || (evict_most_recent_ ? entries_[i].last_access > entries_[best].last_access
+                                                            : entries_[i].last_access < entries_[best].last_access);
         if (better) best = static_cast<int>(i);
       }
       if (best < 0) break;
@@ -192,8 +191,8 @@ class RadixDifferential {
     check_all("finish");
     if (cache_.cached_pages() != 0 || allocator_.num_free_pages() != config_.num_pages)
       throw Mismatch("after unlocking and evicting everything, " + std::to_string(cache_.cached_pages()) +
-                     " pages are still cached and " + std::to_string(allocator_.num_free_pages()) +
-                     " of " + std::to_string(config_.num_pages) + " are free");
+                     " pages are still cached and " + std::to_string(allocator_.num_free_pages()) + " of " +
+                     std::to_string(config_.num_pages) + " are free");
   }
 
  private:
@@ -215,7 +214,8 @@ class RadixDifferential {
     const int64_t extra = src.pick(static_cast<uint32_t>(config_.max_tokens + 1));
     for (int64_t i = 0; i < extra && static_cast<int64_t>(t.size()) < config_.max_tokens; ++i)
       t.push_back(static_cast<int32_t>(src.pick(static_cast<uint32_t>(config_.alphabet))));
-    if (history_.size() < 64) history_.push_back(t); else history_[src.pick(64)] = t;
+    if (history_.size() < 64) history_.push_back(t);
+    else history_[src.pick(64)] = t;
     return t;
   }
 
@@ -283,7 +283,10 @@ class RadixDifferential {
         what << "bad: unlock a node with no lock";
         int32_t id = 0;
         for (const auto& n : cache_.nodes())
-          if (n.own_locks == 0) { id = n.id; break; }
+          if (n.own_locks == 0) {
+            id = n.id;
+            break;
+          }
         if (cache_.node(id).own_locks != 0) return;  // every node locked: nothing to try
         cache_.unlock(id);
       } else if (kind == 1) {
@@ -318,8 +321,8 @@ class RadixDifferential {
 
   void compare_match(const ref::RadixMatch& a, const NaivePrefixCache::Match& b, const std::string& what) {
     if (a.length != b.length || a.pages != b.pages)
-      throw Mismatch(what + ": tree matched " + std::to_string(a.length) + " tokens " + show(a.pages) +
-                     ", model " + std::to_string(b.length) + " tokens " + show(b.pages));
+      throw Mismatch(what + ": tree matched " + std::to_string(a.length) + " tokens " + show(a.pages) + ", model " +
+                     std::to_string(b.length) + " tokens " + show(b.pages));
     const auto n = cache_.node(a.last_node);
     if (n.depth_tokens != a.length)
       throw Mismatch(what + ": last_node ends at " + std::to_string(n.depth_tokens) + " tokens, not " +

@@ -21,8 +21,8 @@ constexpr double kTol = 1e-12;  // double vs double: only summation order differ
 
 /// Attention written as plainly as possible, straight from the formulas, sharing no code
 /// with the reference: scores, mask, cap, max-subtracted softmax, weighted sum.
-void direct_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                      int window_left, double sm_scale, double cap, Tensor& o, Tensor& lse) {
+void direct_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, int window_left, double sm_scale,
+                      double cap, Tensor& o, Tensor& lse) {
   const int64_t qo_len = q.dim(0), hq = q.dim(1), d = q.dim(2), kv_len = k.dim(0), hk = k.dim(1);
   o = Tensor({qo_len, hq, d});
   lse = Tensor({qo_len, hq});
@@ -113,8 +113,7 @@ TEST_CASE("single prefill equals the direct formula (causal, window, soft cap, G
     CAPTURE(qo_len);
     const auto r = ref::single_prefill_with_kv_cache(q, k, v, opt);
     Tensor o, lse;
-    direct_attention(q, k, v, opt.causal, opt.window_left,
-                     opt.sm_scale.value_or(1 / std::sqrt(double(d))),
+    direct_attention(q, k, v, opt.causal, opt.window_left, opt.sm_scale.value_or(1 / std::sqrt(double(d))),
                      opt.logits_soft_cap, o, lse);
     CHECK(test::max_abs_diff(r.o, o) < kTol);
     CHECK(test::max_abs_diff(r.lse, lse) < kTol);
@@ -166,8 +165,7 @@ TEST_CASE("paged == ragged contiguous on random batches (page sizes 1..32, shuff
       pages_needed += (kv_len + page_size - 1) / page_size;
     }
     const int64_t num_pages = pages_needed + 3;  // a few pages nobody uses
-    const auto cache = ref::make_paged_kv_cache(ks, vs, page_size, layout,
-                                                shuffled_pages(rng, num_pages), num_pages);
+    const auto cache = ref::make_paged_kv_cache(ks, vs, page_size, layout, shuffled_pages(rng, num_pages), num_pages);
     const Tensor q = concat_rows(qs);
     AttentionOptions opt;
     opt.causal = trial % 3 != 0;
@@ -175,8 +173,8 @@ TEST_CASE("paged == ragged contiguous on random batches (page sizes 1..32, shuff
     CAPTURE(trial);
     CAPTURE(page_size);
     const auto paged = ref::batch_prefill_with_paged_kv_cache(q, qo_indptr, cache, opt);
-    const auto ragged = ref::batch_prefill_with_ragged_kv_cache(q, qo_indptr, concat_rows(ks),
-                                                                concat_rows(vs), kv_indptr, opt);
+    const auto ragged = ref::batch_prefill_with_ragged_kv_cache(q, qo_indptr, concat_rows(ks), concat_rows(vs),
+                                                                kv_indptr, opt);
     CHECK(test::max_abs_diff(paged.o, ragged.o) < kTol);
     CHECK(test::max_abs_diff(paged.lse, ragged.lse) < kTol);
     // Every request alone through single prefill agrees too.

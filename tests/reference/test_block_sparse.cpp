@@ -268,8 +268,8 @@ TEST_CASE("block_sparse: walking the view equals batch attention on random batch
             for (int kv = 0; kv < 2; ++kv)
               for (int64_t h = 0; h < num_kv_heads; ++h)
                 for (int64_t d = 0; d < head_dim; ++d)
-                  c.at(kv_indices[static_cast<size_t>(kv_indptr[r] + t / page_size)], kv, t % page_size, h, d) =
-                      std::uniform_real_distribution<double>(-2, 2)(rng);
+                  c.at(kv_indices[static_cast<size_t>(kv_indptr[r] + t / page_size)], kv, t % page_size, h,
+                       d) = std::uniform_real_distribution<double>(-2, 2)(rng);
         const Tensor q = flashstep::test::random_tensor(rng, {qo_indptr.back(), num_kv_heads * group, head_dim}, -2, 2);
         for (int variant = 0; variant < 4; ++variant) {
           CAPTURE(variant);
@@ -321,8 +321,8 @@ TEST_CASE("block_sparse: bad arguments are InvalidArgument") {
                        doctest::Contains("was not built for this pool"), InvalidArgument);
   auto broken = view;
   broken.indices[3] = 99;
-  CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, c, broken, example_options()),
-                       doctest::Contains("out of range"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(block_sparse_attention(kQ, c, broken, example_options()), doctest::Contains("out of range"),
+                       InvalidArgument);
   CHECK_THROWS_WITH_AS(block_sparse_attention(Tensor({6, 1, 2}), c, view, example_options()),
                        doctest::Contains("q has 6 rows"), InvalidArgument);
   // A hand-edited view is refused by the printers too, before they index anything.

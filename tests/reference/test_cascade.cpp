@@ -122,8 +122,7 @@ TEST_CASE("cascade: the course's prefill version is rejected with causal (querie
   // Prefill of all 7 tokens: "A, pos 0" would see "cat" through an unmasked shared level.
   const std::vector<int32_t> qo_indptr = {0, 3, 7}, kv_indptr = {0, 3, 7}, kv_indices = {0, 1, 2, 0, 1, 3, 4};
   CHECK_THROWS_WITH_AS(build_cascade_levels(qo_indptr, kv_indptr, kv_indices, {1, 1}, 1, {{2, 2}}, true),
-                       doctest::Contains("request 0 has 3 queries but only 1 keys in its last level"),
-                       InvalidArgument);
+                       doctest::Contains("request 0 has 3 queries but only 1 keys in its last level"), InvalidArgument);
   // Derived with causal, nothing may be shared: the cascade degenerates to flat attention.
   CHECK(derive_cascade_level_ends(qo_indptr, kv_indptr, kv_indices, {1, 1}, 1, 2, true) ==
         std::vector<std::vector<int32_t>>{{0, 0}});
@@ -214,8 +213,8 @@ TEST_CASE("cascade: random trees of 1..3 levels, merged level by level == flat a
         for (int kv = 0; kv < 2; ++kv)
           for (int64_t h = 0; h < num_kv_heads; ++h)
             for (int64_t d = 0; d < head_dim; ++d)
-              flat.at(kv_indices[static_cast<size_t>(kv_indptr[r] + t / page_size)], kv, t % page_size, h, d) =
-                  std::uniform_real_distribution<double>(-2, 2)(rng);
+              flat.at(kv_indices[static_cast<size_t>(kv_indptr[r] + t / page_size)], kv, t % page_size, h,
+                      d) = std::uniform_real_distribution<double>(-2, 2)(rng);
     const Tensor q = flashstep::test::random_tensor(rng, {qo_indptr.back(), num_kv_heads * group, head_dim}, -2, 2);
     for (bool causal : {true, false}) {
       CAPTURE(causal);
@@ -223,8 +222,8 @@ TEST_CASE("cascade: random trees of 1..3 levels, merged level by level == flat a
       opt.causal = causal;
       opt.logits_soft_cap = trial % 4 == 0 ? 2.0 : 0.0;
       const auto want = flashstep::ref::batch_prefill_with_paged_kv_cache(q, qo_indptr, flat, opt);
-      const auto derived = derive_cascade_level_ends(qo_indptr, kv_indptr, kv_indices, last, page_size,
-                                                     num_levels, causal);
+      const auto derived = derive_cascade_level_ends(qo_indptr, kv_indptr, kv_indices, last, page_size, num_levels,
+                                                     causal);
       for (const auto& level_ends : {ends, derived}) {  // given explicitly, and found from page ids
         const auto c = build_cascade_levels(qo_indptr, kv_indptr, kv_indices, last, page_size, level_ends, causal);
         REQUIRE(static_cast<int64_t>(c.levels.size()) == num_levels);
@@ -314,8 +313,8 @@ TEST_CASE("cascade: bad arguments are InvalidArgument") {
   opt.causal = true;
   CHECK_THROWS_WITH_AS(cascade_attention(q, c, Tensor({3, 2, 4, 1, 1}), KVLayout::NHD, opt),
                        doctest::Contains("page_size 2"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(cascade_attention(Tensor({3, 1, 1}), c, pool, KVLayout::NHD, opt),
-                       doctest::Contains("level 0"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(cascade_attention(Tensor({3, 1, 1}), c, pool, KVLayout::NHD, opt), doctest::Contains("level 0"),
+                       InvalidArgument);
   CHECK_NOTHROW(cascade_attention(q, c, pool, KVLayout::NHD, opt));
   auto broken = c;
   broken.levels[0].request_indptr = {0, 1};  // the only group must cover both requests

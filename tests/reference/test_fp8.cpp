@@ -82,14 +82,14 @@ TEST_CASE("fp8: known values of each format, from the bit layout") {
   };
   // e4m3: s eeee mmm, bias 7. 0 0111 000 = 1; 0 0000 001 = 2^-9 (smallest subnormal);
   // 0 0001 000 = 2^-6 (smallest normal); 0 1111 110 = 1.75 * 2^8 = 448 (largest).
-  const Known e4m3[] = {{0x00, 0.0},      {0x01, 0x1p-9},  {0x07, 7 * 0x1p-9}, {0x08, 0x1p-6},  {0x38, 1.0},
-                        {0x39, 1.125},    {0x3c, 1.5},     {0x40, 2.0},         {0x77, 240.0},   {0x7e, 448.0},
-                        {0xb8, -1.0},     {0xfe, -448.0},  {0x81, -0x1p-9},     {0x30, 0.5},     {0x4e, 7.0}};
+  const Known e4m3[] = {{0x00, 0.0},   {0x01, 0x1p-9}, {0x07, 7 * 0x1p-9}, {0x08, 0x1p-6}, {0x38, 1.0},
+                        {0x39, 1.125}, {0x3c, 1.5},    {0x40, 2.0},        {0x77, 240.0},  {0x7e, 448.0},
+                        {0xb8, -1.0},  {0xfe, -448.0}, {0x81, -0x1p-9},    {0x30, 0.5},    {0x4e, 7.0}};
   // e5m2: s eeeee mm, bias 15. 0 01111 00 = 1; 0 00000 01 = 2^-16; 0 00001 00 = 2^-14;
   // 0 11110 11 = 1.75 * 2^15 = 57344 (largest).
-  const Known e5m2[] = {{0x00, 0.0},  {0x01, 0x1p-16}, {0x03, 3 * 0x1p-16}, {0x04, 0x1p-14}, {0x3c, 1.0},
-                        {0x3d, 1.25}, {0x3e, 1.5},     {0x40, 2.0},         {0x7b, 57344.0}, {0xbc, -1.0},
-                        {0xfb, -57344.0}, {0x7c, kInf}, {0xfc, -kInf}};
+  const Known e5m2[] = {{0x00, 0.0},      {0x01, 0x1p-16}, {0x03, 3 * 0x1p-16}, {0x04, 0x1p-14}, {0x3c, 1.0},
+                        {0x3d, 1.25},     {0x3e, 1.5},     {0x40, 2.0},         {0x7b, 57344.0}, {0xbc, -1.0},
+                        {0xfb, -57344.0}, {0x7c, kInf},    {0xfc, -kInf}};
   for (const Known& k : e4m3) {
     CAPTURE(int(k.bits));
     CHECK(ref::fp8_to_double(k.bits, FP8Format::e4m3) == k.value);
@@ -212,10 +212,10 @@ TEST_CASE("fp8: encoding is the nearest pattern, ties to even, over a sweep of d
 TEST_CASE("fp8: ties, subnormals and overflow, case by case") {
   const FP8Format e4m3 = FP8Format::e4m3, e5m2 = FP8Format::e5m2;
   // Ties between normals go to the even fraction.
-  CHECK(ref::fp8_from_double(1.0625, e4m3) == 0x38);  // between 1 (000) and 1.125 (001): 1
-  CHECK(ref::fp8_from_double(1.1875, e4m3) == 0x3a);  // between 1.125 (001) and 1.25 (010): 1.25
-  CHECK(ref::fp8_from_double(1.125, e5m2) == 0x3c);   // between 1 (00) and 1.25 (01): 1
-  CHECK(ref::fp8_from_double(1.375, e5m2) == 0x3e);   // between 1.25 (01) and 1.5 (10): 1.5
+  CHECK(ref::fp8_from_double(1.0625, e4m3) == 0x38);                       // between 1 (000) and 1.125 (001): 1
+  CHECK(ref::fp8_from_double(1.1875, e4m3) == 0x3a);                       // between 1.125 (001) and 1.25 (010): 1.25
+  CHECK(ref::fp8_from_double(1.125, e5m2) == 0x3c);                        // between 1 (00) and 1.25 (01): 1
+  CHECK(ref::fp8_from_double(1.375, e5m2) == 0x3e);                        // between 1.25 (01) and 1.5 (10): 1.5
   CHECK(ref::fp8_from_double(std::nextafter(1.0625, 2.0), e4m3) == 0x39);  // just past the tie: up
   // A tie that carries into the next binade: 1.9375 is halfway between 1.875 (111) and 2.
   CHECK(ref::fp8_from_double(1.9375, e4m3) == 0x40);
@@ -254,10 +254,10 @@ TEST_CASE("fp8: ties, subnormals and overflow, case by case") {
 
 TEST_CASE("fp8: NaN, from double (sign kept) and from float (canonical +NaN)") {
   const FP8Format e4m3 = FP8Format::e4m3, e5m2 = FP8Format::e5m2;
-  const double qnan = with_payload(0x7ff8000000000000ull);       // quiet, second fraction bit 0
-  const double qnan_11 = with_payload(0x7ffc000000000000ull);    // quiet, second fraction bit 1
-  const double snan_01 = with_payload(0x7ff4000000000000ull);    // signalling, second bit 1
-  const double snan_low = with_payload(0x7ff0000000000001ull);   // signalling, only the last bit
+  const double qnan = with_payload(0x7ff8000000000000ull);      // quiet, second fraction bit 0
+  const double qnan_11 = with_payload(0x7ffc000000000000ull);   // quiet, second fraction bit 1
+  const double snan_01 = with_payload(0x7ff4000000000000ull);   // signalling, second bit 1
+  const double snan_low = with_payload(0x7ff0000000000001ull);  // signalling, only the last bit
   const double neg_qnan = with_payload(0xfff8000000000000ull);
   for (FP8Overflow o : {FP8Overflow::saturate, FP8Overflow::no_saturate}) {
     CHECK(ref::fp8_from_double(qnan, e4m3, o) == 0x7f);
@@ -292,7 +292,8 @@ TEST_CASE("fp8: quantize divides by the scale and rounds once, dequantize multip
         CHECK(back.data[i] == ref::fp8_to_double(q.data[i], f) * scale);
         // Within half a spacing of the format, relative (above its subnormals).
         if (std::fabs(x.data[i] / scale) >= ref::fp8_spec(f).min_normal)
-          CHECK(std::fabs(back.data[i] - x.data[i]) <= std::ldexp(std::fabs(x.data[i]), -ref::fp8_spec(f).fraction_bits - 1));
+          CHECK(std::fabs(back.data[i] - x.data[i]) <=
+                std::ldexp(std::fabs(x.data[i]), -ref::fp8_spec(f).fraction_bits - 1));
       }
     }
   // Saturation: 1000 / 1 in e4m3 is 448.
@@ -391,10 +392,16 @@ TEST_CASE("fp8: bad arguments name the argument") {
   auto rng = test::case_rng("fp8-errors");
   const ref::FP8PagedKVCache cache = random_fp8_cache(rng, FP8Format::e4m3, ref::KVLayout::NHD);
   const Tensor q = test::random_tensor(rng, {3, 2, 8});
-  test::expect_error([&] { ref::batch_decode_with_paged_kv_cache(q, cache, ref::KVScales{1.0, 0.0}); },
-                     {"v_scale", "positive"});
-  test::expect_error([&] { ref::batch_decode_with_paged_kv_cache(q, cache, ref::KVScales{kInf, 1.0}); },
-                     {"k_scale", "positive"});
+  test::expect_error(
+      [&] {
+        ref::batch_decode_with_paged_kv_cache(q, cache, ref::KVScales{1.0, 0.0});
+      },
+      {"v_scale", "positive"});
+  test::expect_error(
+      [&] {
+        ref::batch_decode_with_paged_kv_cache(q, cache, ref::KVScales{kInf, 1.0});
+      },
+      {"k_scale", "positive"});
   // A NaN pattern in a slot a request reads is caught by the cache check.
   ref::FP8PagedKVCache poisoned = cache;
   poisoned.pages.data[static_cast<size_t>(4 * 2 * 4 * 2 * 8)] = 0x7f;  // page 4, K, slot 0, head 0, dim 0
@@ -402,6 +409,9 @@ TEST_CASE("fp8: bad arguments name the argument") {
                      {"finite", "request 0", "token 0"});
   const ref::FP8Tensor k8 = ref::quantize(Tensor({2, 2, 8}), FP8Format::e4m3);
   const ref::FP8Tensor v8 = ref::quantize(Tensor({2, 2, 8}), FP8Format::e5m2);
-  test::expect_error([&] { ref::batch_prefill_with_ragged_kv_cache(q, {0, 1, 2, 3}, k8, v8, {0, 1, 1, 2}, ref::KVScales{}); },
-                     {"same FP8 format", "e4m3", "e5m2"});
+  test::expect_error(
+      [&] {
+        ref::batch_prefill_with_ragged_kv_cache(q, {0, 1, 2, 3}, k8, v8, {0, 1, 1, 2}, ref::KVScales{});
+      },
+      {"same FP8 format", "e4m3", "e5m2"});
 }

@@ -61,8 +61,10 @@ TEST_CASE("appending token by token into pages, then gathering, returns the cont
       ref::append_paged_kv_cache(k_new, v_new, bi, pos, cache);
       for (int64_t b = 0; b < batch; ++b) {
         const int64_t n0 = append_indptr[b], n1 = append_indptr[b + 1], row = heads * dim;
-        expected[b].append(Tensor({n1 - n0, heads, dim}, std::vector<double>(k_new.data.begin() + n0 * row, k_new.data.begin() + n1 * row)),
-                           Tensor({n1 - n0, heads, dim}, std::vector<double>(v_new.data.begin() + n0 * row, v_new.data.begin() + n1 * row)));
+        expected[b].append(Tensor({n1 - n0, heads, dim},
+                                  std::vector<double>(k_new.data.begin() + n0 * row, k_new.data.begin() + n1 * row)),
+                           Tensor({n1 - n0, heads, dim},
+                                  std::vector<double>(v_new.data.begin() + n0 * row, v_new.data.begin() + n1 * row)));
       }
     }
     ref::check_paged_kv_cache("test", cache);  // every readable slot was written (no NaN left)

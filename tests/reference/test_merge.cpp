@@ -50,7 +50,8 @@ TEST_CASE("split the keys anywhere, attend each chunk, merge: the unsplit result
     std::sort(cuts.begin(), cuts.end());
     std::vector<ref::AttentionResult> parts;
     for (size_t c = 0; c + 1 < cuts.size(); ++c)
-      parts.push_back(ref::single_prefill_with_kv_cache(q, rows(k, cuts[c], cuts[c + 1]), rows(v, cuts[c], cuts[c + 1])));
+      parts.push_back(
+          ref::single_prefill_with_kv_cache(q, rows(k, cuts[c], cuts[c + 1]), rows(v, cuts[c], cuts[c + 1])));
     Tensor vs, ss;
     stack(parts, vs, ss);
     const auto merged = ref::merge_states(vs, ss);

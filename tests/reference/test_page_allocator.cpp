@@ -84,7 +84,7 @@ TEST_CASE("page_allocator: the course's \"The cat sat\" / \"The cat ran\" share 
   const int32_t b = seqs.fork(a);
   const auto ra = seqs.append_tokens(a, 1);  // "sat"
   const auto rb = seqs.append_tokens(b, 1);  // "ran"
-  CHECK(ra.copies.empty());  // P1 is full: nothing to copy, the new token gets a new page
+  CHECK(ra.copies.empty());                  // P1 is full: nothing to copy, the new token gets a new page
   CHECK(rb.copies.empty());
   CHECK(seqs.pages(a) == std::vector<int32_t>{0, 1, 2});
   CHECK(seqs.pages(b) == std::vector<int32_t>{0, 1, 3});
@@ -162,33 +162,28 @@ TEST_CASE("page_allocator: bad sequence arguments are InvalidArgument") {
   CHECK_THROWS_AS(seqs.append_tokens(0, 1), InvalidArgument);
   const int32_t a = seqs.add_sequence();
   CHECK_THROWS_WITH_AS(seqs.append_tokens(a, -1), doctest::Contains("n must be >= 0"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(seqs.add_sequence({0}, 3), doctest::Contains("ceil(prefix_len / page_size)"),
-                       InvalidArgument);
-  CHECK_THROWS_WITH_AS(seqs.add_sequence({0}, 2), doctest::Contains("must be a page in use"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(seqs.add_sequence({0}, 3), doctest::Contains("ceil(prefix_len / page_size)"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(seqs.add_sequence({0}, 2), doctest::Contains("must be a page in use"), InvalidArgument);
   const auto held = alloc.allocate(2);
-  CHECK_THROWS_WITH_AS(seqs.add_sequence({held[0], held[0]}, 4), doctest::Contains("appears twice"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(seqs.add_sequence({held[0], held[0]}, 4), doctest::Contains("appears twice"), InvalidArgument);
   const int32_t c = seqs.add_sequence(held, 3);  // shares pages someone else holds
   CHECK(alloc.refcount(held[0]) == 2);
   CHECK(seqs.last_page_len(c) == 1);
   seqs.free_sequence(c);
   CHECK_THROWS_AS(seqs.free_sequence(c), InvalidArgument);
   seqs.append_tokens(a, 3);
-  CHECK_THROWS_WITH_AS(seqs.memory_report(2), doctest::Contains("more than max_seq_len"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(seqs.memory_report(2), doctest::Contains("more than max_seq_len"), InvalidArgument);
 }
 
 TEST_CASE("page_allocator: the course's 2048 / 500 example: 1548 slots wasted contiguously") {
   const auto r = account_memory({500}, 16, 2048);
   CHECK(r.contiguous_slots == 2048);
   CHECK(r.contiguous_slots_wasted == 1548);  // the course's number
-  CHECK(r.pages_in_use == 32);                // ceil(500 / 16)
-  CHECK(r.slots_wasted == 12);                // 32 * 16 - 500: only the last page's tail
+  CHECK(r.pages_in_use == 32);               // ceil(500 / 16)
+  CHECK(r.slots_wasted == 12);               // 32 * 16 - 500: only the last page's tail
   const auto r1 = account_memory({500}, 1, 2048);
   CHECK(r1.slots_wasted == 0);
-  CHECK_THROWS_WITH_AS(account_memory({3000}, 16, 2048), doctest::Contains("seq_lens[0] = 3000"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(account_memory({3000}, 16, 2048), doctest::Contains("seq_lens[0] = 3000"), InvalidArgument);
   CHECK_THROWS_AS(account_memory({1}, 0, 2048), InvalidArgument);
 }
 
@@ -208,12 +203,12 @@ TEST_CASE("page_allocator: memory accounting of a random workload, paged vs cont
   CHECK(r.slots_wasted == pages * page_size - tokens);
   CHECK(r.slots_wasted < n * page_size);  // at most one partly filled page per sequence
   CHECK(r.contiguous_slots_wasted == n * max_seq_len - tokens);
-  MESSAGE("random workload of " << n << " sequences (lengths 1.." << max_seq_len << ", page_size "
-          << page_size << "): " << tokens << " tokens; paged wastes " << r.slots_wasted
-          << " slots (" << 100.0 * r.slots_wasted / r.slots_allocated
-          << "% of allocated), contiguous max-length preallocation wastes "
-          << r.contiguous_slots_wasted << " slots ("
-          << 100.0 * r.contiguous_slots_wasted / r.contiguous_slots << "% of reserved)");
+  MESSAGE("random workload of " << n << " sequences (lengths 1.." << max_seq_len << ", page_size " << page_size
+                                << "): " << tokens << " tokens; paged wastes " << r.slots_wasted << " slots ("
+                                << 100.0 * r.slots_wasted / r.slots_allocated
+                                << "% of allocated), contiguous max-length preallocation wastes "
+                                << r.contiguous_slots_wasted << " slots ("
+                                << 100.0 * r.contiguous_slots_wasted / r.contiguous_slots << "% of reserved)");
 
   // The same workload through PagedSequences, then forked: shared pages count once.
   PageAllocator alloc(pages * 2 + n, page_size);
@@ -241,8 +236,8 @@ namespace {
 
 // Writes `rows` random K/V tokens into `seq` through the page table, recording them in
 // `history` (the sequence's contiguous truth).
-void append_random_tokens(std::mt19937_64& rng, PagedSequences& seqs, Tensor& pool, int32_t seq,
-                          int64_t rows, std::vector<std::vector<double>>& history) {
+void append_random_tokens(std::mt19937_64& rng, PagedSequences& seqs, Tensor& pool, int32_t seq, int64_t rows,
+                          std::vector<std::vector<double>>& history) {
   const int64_t heads = pool.dim(3), dim = pool.dim(4);
   const auto r = seqs.append_tokens(seq, rows);
   flashstep::ref::copy_pages(pool, r.copies);  // before writing, as vLLM orders it
@@ -297,8 +292,7 @@ TEST_CASE("page_allocator: random forks/appends/frees keep every sequence's K/V 
           history.erase(s);
         } else {
           const int64_t rows = random_int(rng, 1, 2 * page_size);
-          const bool shared_partial = seqs.seq_len(s) % page_size != 0 &&
-                                      alloc.refcount(seqs.pages(s).back()) > 1;
+          const bool shared_partial = seqs.seq_len(s) % page_size != 0 && alloc.refcount(seqs.pages(s).back()) > 1;
           try {
             const auto before = seqs.pages(s);
             append_random_tokens(rng, seqs, pool, s, rows, history[s]);
@@ -309,7 +303,8 @@ TEST_CASE("page_allocator: random forks/appends/frees keep every sequence's K/V 
           } catch (const OutOfPages&) {
             // Pool full: drop the longest sequence so that the walk goes on.
             int32_t longest = ids[0];
-            for (int32_t id : ids) if (seqs.seq_len(id) > seqs.seq_len(longest)) longest = id;
+            for (int32_t id : ids)
+              if (seqs.seq_len(id) > seqs.seq_len(longest)) longest = id;
             seqs.free_sequence(longest);
             history.erase(longest);
           }
@@ -348,8 +343,8 @@ TEST_CASE("page_allocator: copy_pages copies whole pages and checks ids") {
   Tensor pool({3, 2, 2, 1, 1}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
   flashstep::ref::copy_pages(pool, {PageCopy{0, 2}});
   CHECK(pool.data == std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4});
-  CHECK_THROWS_WITH_AS(flashstep::ref::copy_pages(pool, {PageCopy{0, 3}}),
-                       doctest::Contains("out of range"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(flashstep::ref::copy_pages(pool, {PageCopy{0, 3}}), doctest::Contains("out of range"),
+                       InvalidArgument);
   Tensor bad({3, 1, 2, 1, 1});
   CHECK_THROWS_AS(flashstep::ref::copy_pages(bad, {}), InvalidArgument);
 }

@@ -29,19 +29,25 @@ struct KnownAnswer {
 // 916db91ae4c6fd8324ef054a518851321ab41f91), which states they were cut and pasted from
 // that file.
 const KnownAnswer kPhilox4x32_10[] = {
-    {{0x00000000, 0x00000000, 0x00000000, 0x00000000}, {0x00000000, 0x00000000},
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000000},
+     {0x00000000, 0x00000000},
      {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
      {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
      {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
 };
 const KnownAnswer kPhilox4x32_7[] = {
-    {{0x00000000, 0x00000000, 0x00000000, 0x00000000}, {0x00000000, 0x00000000},
+    {{0x00000000, 0x00000000, 0x00000000, 0x00000000},
+     {0x00000000, 0x00000000},
      {0x5f6fb709, 0x0d893f64, 0x4f121f81, 0x4f730a48}},
-    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+    {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+     {0xffffffff, 0xffffffff},
      {0x5207ddc2, 0x45165e59, 0x4d8ee751, 0x8c52f662}},
-    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+    {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+     {0xa4093822, 0x299f31d0},
      {0x4dfccaba, 0x190a87f0, 0xc47362ba, 0xb6b5242a}},
 };
 
@@ -129,8 +135,10 @@ TEST_CASE("philox: a (seed, subsequence, offset) stream is stateless and distinc
   CHECK(words.size() >= 4090);
   CHECK(flashstep::kernels::philox_word(seed, 0, 0) != flashstep::kernels::philox_word(seed + 1, 0, 0));
   // The high halves of seed and subsequence matter (they are key[1] and counter[3]).
-  CHECK(flashstep::kernels::philox_word(seed, 0, 0) != flashstep::kernels::philox_word(seed ^ (uint64_t{1} << 40), 0, 0));
-  CHECK(flashstep::kernels::philox_word(seed, 1, 0) != flashstep::kernels::philox_word(seed, 1 | (uint64_t{1} << 40), 0));
+  CHECK(flashstep::kernels::philox_word(seed, 0, 0) !=
+        flashstep::kernels::philox_word(seed ^ (uint64_t{1} << 40), 0, 0));
+  CHECK(flashstep::kernels::philox_word(seed, 1, 0) !=
+        flashstep::kernels::philox_word(seed, 1 | (uint64_t{1} << 40), 0));
 }
 
 TEST_CASE("philox: 2^20 uniforms pass a 256-bin chi-square test and have mean 1/2") {
@@ -142,7 +150,8 @@ TEST_CASE("philox: 2^20 uniforms pass a 256-bin chi-square test and have mean 1/
   std::vector<int64_t> count(bins, 0);
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const float u = flashstep::kernels::philox_uniform(seed, static_cast<uint64_t>(i) >> 6, static_cast<uint64_t>(i) & 63);
+    const float u = flashstep::kernels::philox_uniform(seed, static_cast<uint64_t>(i) >> 6,
+                                                       static_cast<uint64_t>(i) & 63);
     ++count[static_cast<int>(u * bins)];
     sum += u;
   }

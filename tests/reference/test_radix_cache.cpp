@@ -191,15 +191,13 @@ TEST_CASE("radix_cache: bad calls are InvalidArgument and leave the tree unchang
   RadixCache cache(alloc);
   const auto held = alloc.allocate(2);
   CHECK_THROWS_WITH_AS(cache.insert({A, B, C}, {held[0], held[1], 5}),
-                       doctest::Contains("floor(len / page_size) = 1 or ceil(len / page_size) = 2"),
-                       InvalidArgument);
+                       doctest::Contains("floor(len / page_size) = 1 or ceil(len / page_size) = 2"), InvalidArgument);
   CHECK_THROWS_WITH_AS(cache.insert({A, B}, {7}), doctest::Contains("is free"), InvalidArgument);
   CHECK_THROWS_WITH_AS(cache.insert({A, B}, {9}), doctest::Contains("out of range"), InvalidArgument);
   CHECK_THROWS_WITH_AS(cache.insert({A, B, C, D}, {held[0], held[0]}), doctest::Contains("appears twice"),
                        InvalidArgument);
   cache.insert({A, B}, {held[0]});
-  CHECK_THROWS_WITH_AS(cache.insert({C, D}, {held[0]}), doctest::Contains("already cached"),
-                       InvalidArgument);
+  CHECK_THROWS_WITH_AS(cache.insert({C, D}, {held[0]}), doctest::Contains("already cached"), InvalidArgument);
   CHECK_THROWS_WITH_AS(cache.lock(42), doctest::Contains("no node with id 42"), InvalidArgument);
   CHECK_THROWS_AS(cache.evict(-1), InvalidArgument);
   CHECK(cache.cached_pages() == 1);
@@ -232,10 +230,9 @@ TEST_CASE("radix_cache: randomized differential test against the naive model") {
       total_evicted += diff.evictions();
     }
   }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  MESSAGE(total_steps << " random operations in 6 configurations agreed with the naive model ("
-                      << total_evicted << " pages evicted) in " << ms << " ms");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE(total_steps << " random operations in 6 configurations agreed with the naive model (" << total_evicted
+                      << " pages evicted) in " << ms << " ms");
 }
 
 TEST_CASE("radix_cache: the differential harness catches a planted bug (MRU instead of LRU)") {

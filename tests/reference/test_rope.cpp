@@ -309,8 +309,11 @@ TEST_CASE("rope: bad arguments are named") {
   expect_error([&] { ref::apply_rope(q, Tensor({2, 1, 8}), indptr, offsets); }, {"apply_rope", "k", "nnz"});
   expect_error([&] { ref::apply_rope(q, Tensor({3, 1, 6}), indptr, offsets); }, {"apply_rope", "k", "head_dim"});
   expect_error([&] { ref::apply_rope(Tensor({3, 8}), k, indptr, offsets); }, {"apply_rope", "q", "rank 3"});
-  expect_error([&] { ref::apply_rope(Tensor({3, 2, 3}), Tensor({3, 1, 3}), indptr, offsets); },
-               {"apply_rope", "rotary_dim", "even"});
+  expect_error(
+      [&] {
+        ref::apply_rope(Tensor({3, 2, 3}), Tensor({3, 1, 3}), indptr, offsets);
+      },
+      {"apply_rope", "rotary_dim", "even"});
   Tensor bad = q;
   bad.data[5] = std::nan("");
   expect_error([&] { ref::apply_rope(bad, k, indptr, offsets); }, {"apply_rope", "q", "finite"});
@@ -338,9 +341,19 @@ TEST_CASE("rope: bad arguments are named") {
   expect_error([&] { ref::llama31_rope_frequencies(8, l); }, {"llama31_rope_frequencies", "low_freq_factor"});
 
   expect_error([&] { ref::rope_frequencies(7, 1, 1e4); }, {"rope_frequencies", "rotary_dim"});
-  expect_error([&] { ref::apply_rotary_embedding(q, {0, 1}, {1.0}, false); },
-               {"apply_rotary_embedding", "positions", "nnz = 3"});
-  expect_error([&] { ref::apply_rotary_embedding(q, {0, 1, 2}, std::vector<double>(5, 1.0), false); },
-               {"apply_rotary_embedding", "frequencies"});
-  expect_error([&] { ref::apply_rotary_embedding(q, {0, 1, 2}, {}, false); }, {"apply_rotary_embedding", "frequencies"});
+  expect_error(
+      [&] {
+        ref::apply_rotary_embedding(q, {0, 1}, {1.0}, false);
+      },
+      {"apply_rotary_embedding", "positions", "nnz = 3"});
+  expect_error(
+      [&] {
+        ref::apply_rotary_embedding(q, {0, 1, 2}, std::vector<double>(5, 1.0), false);
+      },
+      {"apply_rotary_embedding", "frequencies"});
+  expect_error(
+      [&] {
+        ref::apply_rotary_embedding(q, {0, 1, 2}, {}, false);
+      },
+      {"apply_rotary_embedding", "frequencies"});
 }

@@ -80,9 +80,9 @@ TEST_CASE("sampling: exact masses are floor(p * 2^96) and the thresholds are exa
   CHECK(ref::mass_of(0.375f) == 3 * pow2(93));
   CHECK(ref::mass_of(0.0f) == 0);
   CHECK(ref::mass_of(std::ldexp(1.0f, -96)) == 1);
-  CHECK(ref::mass_of(std::ldexp(1.0f, -97)) == 0);               // below one unit
-  CHECK(ref::mass_of(std::ldexp(3.0f, -97)) == 1);               // 1.5 units, truncated
-  CHECK(ref::mass_of(std::ldexp(1.0f, -140)) == 0);              // denormal
+  CHECK(ref::mass_of(std::ldexp(1.0f, -97)) == 0);                // below one unit
+  CHECK(ref::mass_of(std::ldexp(3.0f, -97)) == 1);                // 1.5 units, truncated
+  CHECK(ref::mass_of(std::ldexp(1.0f, -140)) == 0);               // denormal
   CHECK(ref::mass_of(std::ldexp(16777215.0f, -96)) == 16777215);  // 24-bit significand, exact
   // floor(u * q / 2^24)
   CHECK(ref::scaled_threshold(1u << 23, pow2(96)) == pow2(95));
@@ -120,13 +120,17 @@ TEST_CASE("sampling: the oracle keeps the sorted head, ties included, and renorm
   check_target(ref::sampling_target_distribution(row, SamplingFilter::make_min_p(1.0)), {1, 0, 0, 0});
   check_target(ref::sampling_target_distribution(row, SamplingFilter::make_min_p(0.0)), {0.5, 0.25, 0.125, 0.125});
   // joint: both rules on the original row.
-  check_target(ref::sampling_target_distribution(row, SamplingFilter::make_top_k_top_p(3, 0.6)), {2.0 / 3, 1.0 / 3, 0, 0});
+  check_target(ref::sampling_target_distribution(row, SamplingFilter::make_top_k_top_p(3, 0.6)),
+               {2.0 / 3, 1.0 / 3, 0, 0});
   check_target(ref::sampling_target_distribution(row, SamplingFilter::make_top_k_top_p(1, 0.9)), {1, 0, 0, 0});
   // Zeros are never kept, and an unnormalized row is renormalized by its exact total.
   check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.25f}, SamplingFilter::none()), {0, 0.5, 0, 0.5});
-  check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.25f}, SamplingFilter::make_top_p(0.5)), {0, 0.5, 0, 0.5});
-  check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.25f}, SamplingFilter::make_top_p(0.49)), {0, 0.5, 0, 0.5});
-  check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.125f}, SamplingFilter::make_top_p(0.6)), {0, 1, 0, 0});
+  check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.25f}, SamplingFilter::make_top_p(0.5)),
+               {0, 0.5, 0, 0.5});
+  check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.25f}, SamplingFilter::make_top_p(0.49)),
+               {0, 0.5, 0, 0.5});
+  check_target(ref::sampling_target_distribution({0.0f, 0.25f, 0.0f, 0.125f}, SamplingFilter::make_top_p(0.6)),
+               {0, 1, 0, 0});
 }
 
 TEST_CASE("sampling: renorm and mask operators follow the keep rules") {
@@ -237,7 +241,8 @@ TEST_CASE("sampling: one output at a time and all outputs batched give the same 
         if (i < (vocab > 10000 ? 4u : 64u)) REQUIRE(target_check(i, one.token));
       }
       // A shared filter takes the same path as per-output filters.
-      const auto shared = ref::rejection_sample_row_batched(row.data(), vocab, {filters[0]}, subsequences, seed, offset);
+      const auto shared = ref::rejection_sample_row_batched(row.data(), vocab, {filters[0]}, subsequences, seed,
+                                                            offset);
       for (size_t i = 0; i < std::min<size_t>(outputs, 200); ++i) {
         const auto one = ref::rejection_sample_row(row.data(), vocab, filters[0], seed, subsequences[i], offset);
         REQUIRE(one.token == shared[i].token);
@@ -263,10 +268,12 @@ TEST_CASE("sampling: operators agree across evaluations, reproduce per seed, and
       {"top_k", [&](const SamplingOptions& o) { return ref::top_k_sampling_from_probs(probs, 5, o); }},
       {"top_p", [&](const SamplingOptions& o) { return ref::top_p_sampling_from_probs(probs, 0.3, o); }},
       {"min_p", [&](const SamplingOptions& o) { return ref::min_p_sampling_from_probs(probs, 0.2, o); }},
-      {"joint", [&](const SamplingOptions& o) {
+      {"joint",
+       [&](const SamplingOptions& o) {
          return ref::top_k_top_p_sampling_from_probs(probs, 20, 0.5, FilterApplyOrder::joint, o);
        }},
-      {"top_k_first", [&](const SamplingOptions& o) {
+      {"top_k_first",
+       [&](const SamplingOptions& o) {
          return ref::top_k_top_p_sampling_from_probs(probs, 20, 0.5, FilterApplyOrder::top_k_first, o);
        }},
   };
@@ -279,7 +286,8 @@ TEST_CASE("sampling: operators agree across evaluations, reproduce per seed, and
     REQUIRE(ra.samples == rb.samples);
     REQUIRE(ra.rounds == rb.rounds);
     REQUIRE(ra.samples == rc.samples);
-    for (size_t i = 0; i < ra.samples.size(); ++i) REQUIRE(rows[static_cast<size_t>(opt.indices[i])][static_cast<size_t>(ra.samples[i])] > 0.0f);
+    for (size_t i = 0; i < ra.samples.size(); ++i)
+      REQUIRE(rows[static_cast<size_t>(opt.indices[i])][static_cast<size_t>(ra.samples[i])] > 0.0f);
     // Another seed or offset gives other draws (600 draws agreeing by chance is impossible here).
     SamplingOptions other = opt;
     other.seed = seed + 1;
@@ -298,8 +306,9 @@ TEST_CASE("sampling: round counts (one for plain and min-p, one when k keeps eve
   SamplingOptions opt;
   opt.seed = seed;
   opt.indices.assign(2000, 0);
-  for (const auto& r : {ref::sampling_from_probs(probs, opt), ref::min_p_sampling_from_probs(probs, 0.3, opt),
-                        ref::top_k_sampling_from_probs(probs, 1000, opt), ref::top_p_sampling_from_probs(probs, 1.0, opt)}) {
+  for (const auto& r :
+       {ref::sampling_from_probs(probs, opt), ref::min_p_sampling_from_probs(probs, 0.3, opt),
+        ref::top_k_sampling_from_probs(probs, 1000, opt), ref::top_p_sampling_from_probs(probs, 1.0, opt)}) {
     CHECK(r.max_rounds() == 1);
     CHECK(r.mean_rounds() == 1.0);
   }
@@ -319,22 +328,33 @@ TEST_CASE("sampling: bad input names the argument and the rule") {
   expect_error([&] { ref::top_k_sampling_from_probs(with(2, -0.1), 2); },
                {"top_k_sampling_from_probs", "non-negative", "probs[0, 2] = -0.1"});
   expect_error([&] { ref::sampling_from_probs(with(0, 1.5)); }, {"probs", "<= 1"});
-  expect_error([&] { ref::sampling_from_probs(Tensor({2, 3}, {0.2, 0.3, 0.5, 0, 0, 0})); },
-               {"sampling_from_probs", "row 1", "sums to zero"});
+  expect_error(
+      [&] {
+        ref::sampling_from_probs(Tensor({2, 3}, {0.2, 0.3, 0.5, 0, 0, 0}));
+      },
+      {"sampling_from_probs", "row 1", "sums to zero"});
   expect_error([&] { ref::sampling_from_probs(Tensor({2, 0})); }, {"sampling_from_probs", "vocab_size >= 1"});
   expect_error([&] { ref::sampling_from_probs(Tensor({4}, 0.25)); }, {"probs", "rank 2"});
-  expect_error([&] { ref::top_k_sampling_from_probs(good, 0); }, {"top_k_sampling_from_probs", "top_k must be >= 1", "= 0"});
+  expect_error([&] { ref::top_k_sampling_from_probs(good, 0); },
+               {"top_k_sampling_from_probs", "top_k must be >= 1", "= 0"});
   expect_error([&] { ref::top_k_sampling_from_probs(good, std::vector<int64_t>{3, -2}); }, {"top_k[1] = -2"});
-  expect_error([&] { ref::top_k_sampling_from_probs(good, std::vector<int64_t>{3, 2, 1}); },
-               {"top_k", "scalar or have one value per output (2)"});
-  expect_error([&] { ref::top_p_sampling_from_probs(good, 0.0); }, {"top_p_sampling_from_probs", "top_p must be in (0, 1]", "= 0"});
+  expect_error(
+      [&] {
+        ref::top_k_sampling_from_probs(good, std::vector<int64_t>{3, 2, 1});
+      },
+      {"top_k", "scalar or have one value per output (2)"});
+  expect_error([&] { ref::top_p_sampling_from_probs(good, 0.0); },
+               {"top_p_sampling_from_probs", "top_p must be in (0, 1]", "= 0"});
   expect_error([&] { ref::top_p_sampling_from_probs(good, 1.5); }, {"top_p", "(0, 1]", "1.5"});
   expect_error([&] { ref::top_p_sampling_from_probs(good, nan); }, {"top_p", "(0, 1]"});
   expect_error([&] { ref::top_p_renorm_probs(good, -0.5); }, {"top_p_renorm_probs", "top_p"});
-  expect_error([&] { ref::min_p_sampling_from_probs(good, -0.1); }, {"min_p_sampling_from_probs", "min_p must be in [0, 1]"});
+  expect_error([&] { ref::min_p_sampling_from_probs(good, -0.1); },
+               {"min_p_sampling_from_probs", "min_p must be in [0, 1]"});
   expect_error([&] { ref::min_p_sampling_from_probs(good, 1.01); }, {"min_p", "[0, 1]", "1.01"});
-  expect_error([&] { ref::top_k_top_p_sampling_from_probs(good, 0, 0.5); }, {"top_k_top_p_sampling_from_probs", "top_k"});
-  expect_error([&] { ref::top_k_top_p_sampling_from_probs(good, 2, 2.0); }, {"top_k_top_p_sampling_from_probs", "top_p"});
+  expect_error([&] { ref::top_k_top_p_sampling_from_probs(good, 0, 0.5); },
+               {"top_k_top_p_sampling_from_probs", "top_k"});
+  expect_error([&] { ref::top_k_top_p_sampling_from_probs(good, 2, 2.0); },
+               {"top_k_top_p_sampling_from_probs", "top_p"});
   expect_error([&] { ref::top_k_renorm_probs(good, 0); }, {"top_k_renorm_probs", "top_k"});
   expect_error([&] { ref::parse_filter_apply_order("both"); }, {"filter_apply_order", "\"both\""});
   SamplingOptions bad_index;
@@ -347,6 +367,10 @@ TEST_CASE("sampling: bad input names the argument and the rule") {
   expect_error([&] { ref::softmax(logits, kInf); }, {"temperature", "inf"});
   expect_error([&] { ref::softmax(Tensor({1, 3}, {0.1, nan, 0.3})); }, {"softmax", "logits[0, 1]", "NaN"});
   expect_error([&] { ref::softmax(Tensor({1, 3}, {0.1, kInf, 0.3})); }, {"logits[0, 1]", "+inf"});
-  expect_error([&] { ref::sampling_from_logits(Tensor({1, 2}, {-kInf, -kInf})); }, {"sampling_from_logits", "entirely -inf"});
+  expect_error(
+      [&] {
+        ref::sampling_from_logits(Tensor({1, 2}, {-kInf, -kInf}));
+      },
+      {"sampling_from_logits", "entirely -inf"});
   expect_error([&] { ref::top_k_mask_logits(Tensor({1, 0}), 1); }, {"top_k_mask_logits", "vocab_size >= 1"});
 }

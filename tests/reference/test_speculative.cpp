@@ -59,7 +59,8 @@ TEST_CASE("speculative: one-hot targets give exact outputs, counters and padding
         if (j < n) {
           // Draft agrees with the target 60% of the time.
           const bool agree = test::random_int(rng, 0, 9) < 6;
-          drafts[static_cast<size_t>(b * n + j)] = agree ? t : static_cast<int32_t>((t + 1 + test::random_int(rng, 0, V - 2)) % V);
+          drafts[static_cast<size_t>(b * n + j)] =
+              agree ? t : static_cast<int32_t>((t + 1 + test::random_int(rng, 0, V - 2)) % V);
         }
       }
     }
@@ -150,7 +151,8 @@ TEST_CASE("speculative: counters, padding and tokens follow the documented Philo
     }
     CHECK(r.output_emitted_draft_token_num[static_cast<size_t>(b)] == pos);
     CHECK(r.output_accepted_token_num[static_cast<size_t>(b)] == passes);
-    for (int64_t j = 0; j < pos; ++j) CHECK(r.output_token_ids[static_cast<size_t>(b * (n + 1) + j)] == drafts[static_cast<size_t>(b * n + j)]);
+    for (int64_t j = 0; j < pos; ++j)
+      CHECK(r.output_token_ids[static_cast<size_t>(b * (n + 1) + j)] == drafts[static_cast<size_t>(b * n + j)]);
     for (int64_t j = pos + 1; j <= n; ++j) CHECK(r.output_token_ids[static_cast<size_t>(b * (n + 1) + j)] == -1);
     // The final token lies where relu(p - q) (or p for the bonus) has mass.
     const int32_t last = r.output_token_ids[static_cast<size_t>(b * (n + 1) + pos)];
@@ -165,20 +167,31 @@ TEST_CASE("speculative: counters, padding and tokens follow the documented Philo
 TEST_CASE("speculative: bad input names the argument") {
   const Tensor draft({1, 2, 3}, 1.0 / 3), target({1, 3, 3}, 1.0 / 3);
   const std::vector<int32_t> ids = {0, 2};
-  expect_error([&] { ref::chain_speculative_sampling(draft, {0, 3}, target); },
-               {"chain_speculative_sampling", "draft_token_ids[0, 1] = 3", "vocab_size = 3"});
+  expect_error(
+      [&] {
+        ref::chain_speculative_sampling(draft, {0, 3}, target);
+      },
+      {"chain_speculative_sampling", "draft_token_ids[0, 1] = 3", "vocab_size = 3"});
   expect_error([&] { ref::chain_speculative_sampling(draft, {0}, target); }, {"draft_token_ids must hold", "2"});
-  expect_error([&] { ref::chain_speculative_sampling(draft, ids, Tensor({1, 2, 3}, 0.3)); },
-               {"target_probs", "num_speculate_tokens + 1"});
+  expect_error(
+      [&] {
+        ref::chain_speculative_sampling(draft, ids, Tensor({1, 2, 3}, 0.3));
+      },
+      {"target_probs", "num_speculate_tokens + 1"});
   expect_error([&] { ref::chain_speculative_sampling(Tensor({2, 3}, 0.5), ids, target); }, {"draft_probs", "rank 3"});
   Tensor nan_draft = draft;
   nan_draft.data[4] = std::nan("");
   expect_error([&] { ref::chain_speculative_sampling(nan_draft, ids, target); }, {"draft_probs[0, 1, 1]", "NaN"});
   Tensor negative = target;
   negative.data[2] = -0.5;
-  expect_error([&] { ref::chain_speculative_sampling(draft, ids, negative); }, {"target_probs", "non-negative", "-0.5"});
+  expect_error([&] { ref::chain_speculative_sampling(draft, ids, negative); },
+               {"target_probs", "non-negative", "-0.5"});
   Tensor zero_row = target;
   for (int i = 3; i < 6; ++i) zero_row.data[static_cast<size_t>(i)] = 0.0;
   expect_error([&] { ref::chain_speculative_sampling(draft, ids, zero_row); }, {"target_probs[0, 1]", "sums to zero"});
-  expect_error([&] { ref::chain_speculative_sampling(Tensor({1, 2, 0}), ids, Tensor({1, 3, 0})); }, {"vocab_size >= 1"});
+  expect_error(
+      [&] {
+        ref::chain_speculative_sampling(Tensor({1, 2, 0}), ids, Tensor({1, 3, 0}));
+      },
+      {"vocab_size >= 1"});
 }

@@ -147,7 +147,8 @@ TEST_CASE("split_plan: the rule's properties on random batches") {
     const int64_t batch = random_int(rng, 1, 40);
     std::vector<int32_t> pages;
     for (int64_t i = 0; i < batch; ++i)
-      pages.push_back(static_cast<int32_t>(random_int(rng, 0, 3) == 0 ? random_int(rng, 0, 2000) : random_int(rng, 0, 40)));
+      pages.push_back(
+          static_cast<int32_t>(random_int(rng, 0, 3) == 0 ? random_int(rng, 0, 2000) : random_int(rng, 0, 40)));
     const auto cfg = config(random_int(rng, 1, 140), random_int(rng, 1, 4), random_int(rng, 1, 8),
                             random_int(rng, 1, 32), random_int(rng, 0, 1) == 1, random_int(rng, 0, 256));
     const auto p = plan_split_kv(pages, cfg);
@@ -224,8 +225,8 @@ TEST_CASE("split_plan: split, attend each chunk, merge == unsplit decode, partia
         for (int kv = 0; kv < 2; ++kv)
           for (int64_t h = 0; h < num_kv_heads; ++h)
             for (int64_t d = 0; d < head_dim; ++d)
-              c.at(c.kv_indices[static_cast<size_t>(kv_indptr[r] + t / page_size)], kv, t % page_size, h, d) =
-                  std::uniform_real_distribution<double>(-2, 2)(rng);
+              c.at(c.kv_indices[static_cast<size_t>(kv_indptr[r] + t / page_size)], kv, t % page_size, h,
+                   d) = std::uniform_real_distribution<double>(-2, 2)(rng);
     const Tensor q = flashstep::test::random_tensor(rng, {batch, num_kv_heads * group, head_dim}, -2, 2);
     // A small device so that splits happen; min chunk 0 so chunks can be a single page.
     const auto plan = plan_split_kv(flashstep::ref::kv_page_counts_from_indptr(kv_indptr),

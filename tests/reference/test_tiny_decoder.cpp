@@ -144,7 +144,8 @@ TEST_CASE("tiny_decoder: the forward pass is the course's equations (naive trans
     CAPTURE(c.weight_seed);
     const TinyDecoder m(c);
     std::vector<int32_t> tokens;
-    for (int64_t t = 0; t < test::random_int(rng, 1, 12); ++t) tokens.push_back(static_cast<int32_t>(test::random_int(rng, 0, 255)));
+    for (int64_t t = 0; t < test::random_int(rng, 1, 12); ++t)
+      tokens.push_back(static_cast<int32_t>(test::random_int(rng, 0, 255)));
     const auto got = m.next_token_logits(tokens), want = naive_next_token_logits(m, tokens);
     REQUIRE(got.size() == 256);
     const double kTol = 1e-11;  // double rounding of a few hundred products
@@ -161,52 +162,55 @@ TEST_CASE("tiny_decoder: recompute, contiguous KV cache and paged KV cache gener
     int64_t layers, qo_heads, kv_heads, page_size;
     bool output_projection, share;
   };
-  const Variant variants[] = {{2, 4, 2, 4, true, true}, {1, 4, 4, 1, false, true}, {3, 2, 1, 3, true, true},
-                              {2, 4, 2, 16, true, false}, {2, 8, 2, 2, true, true}};
+  const Variant variants[] = {{2, 4, 2, 4, true, true},
+                              {1, 4, 4, 1, false, true},
+                              {3, 2, 1, 3, true, true},
+                              {2, 4, 2, 16, true, false},
+                              {2, 8, 2, 2, true, true}};
   for (const auto& v : variants)
-  for (ref::PositionEncoding encoding : {ref::PositionEncoding::sinusoidal, ref::PositionEncoding::rope}) {
-    TinyDecoderConfig c;
-    c.position_encoding = encoding;
-    c.rope_interleave = v.layers == 3;
-    c.num_layers = v.layers;
-    c.num_qo_heads = v.qo_heads;
-    c.num_kv_heads = v.kv_heads;
-    c.output_projection = v.output_projection;
-    c.weight_seed = rng();
-    const TinyDecoder m(c);
-    // Prompts that share prefixes of various lengths, and one that does not.
-    const std::string base = random_prompt(rng, 9);
-    const std::vector<std::string> prompts = {base + random_prompt(rng, 3), base + random_prompt(rng, 5),
-                                              base.substr(0, 4), random_prompt(rng, 7), base + random_prompt(rng, 3)};
-    GenerationOptions o;
-    o.max_new_tokens = 6;
-    o.page_size = v.page_size;
-    o.share_prefixes = v.share;
-    o.record_logits = true;
-    CAPTURE(c.weight_seed);
-    CAPTURE(v.page_size);
-    CAPTURE(ref::to_string(encoding));
-    std::vector<ref::GenerationResult> runs;
-    for (GenerationMode mode : kModes) runs.push_back(ref::generate(m, prompts, mode, o));
-    for (size_t r = 0; r < prompts.size(); ++r) {
-      CAPTURE(r);
-      for (size_t k = 1; k < runs.size(); ++k) {
-        CAPTURE(ref::to_string(runs[k].mode));
-        REQUIRE(runs[k].requests[r].generated_tokens == runs[0].requests[r].generated_tokens);
-        for (size_t t = 0; t < runs[0].requests[r].step_logits.size(); ++t)
-          for (size_t i = 0; i < 256; ++i)
-            REQUIRE(std::abs(runs[k].requests[r].step_logits[t][i] - runs[0].requests[r].step_logits[t][i]) <= 1e-10);
+    for (ref::PositionEncoding encoding : {ref::PositionEncoding::sinusoidal, ref::PositionEncoding::rope}) {
+      TinyDecoderConfig c;
+      c.position_encoding = encoding;
+      c.rope_interleave = v.layers == 3;
+      c.num_layers = v.layers;
+      c.num_qo_heads = v.qo_heads;
+      c.num_kv_heads = v.kv_heads;
+      c.output_projection = v.output_projection;
+      c.weight_seed = rng();
+      const TinyDecoder m(c);
+      // Prompts that share prefixes of various lengths, and one that does not.
+      const std::string base = random_prompt(rng, 9);
+      const std::vector<std::string> prompts = {base + random_prompt(rng, 3), base + random_prompt(rng, 5),
+                                                base.substr(0, 4), random_prompt(rng, 7), base + random_prompt(rng, 3)};
+      GenerationOptions o;
+      o.max_new_tokens = 6;
+      o.page_size = v.page_size;
+      o.share_prefixes = v.share;
+      o.record_logits = true;
+      CAPTURE(c.weight_seed);
+      CAPTURE(v.page_size);
+      CAPTURE(ref::to_string(encoding));
+      std::vector<ref::GenerationResult> runs;
+      for (GenerationMode mode : kModes) runs.push_back(ref::generate(m, prompts, mode, o));
+      for (size_t r = 0; r < prompts.size(); ++r) {
+        CAPTURE(r);
+        for (size_t k = 1; k < runs.size(); ++k) {
+          CAPTURE(ref::to_string(runs[k].mode));
+          REQUIRE(runs[k].requests[r].generated_tokens == runs[0].requests[r].generated_tokens);
+          for (size_t t = 0; t < runs[0].requests[r].step_logits.size(); ++t)
+            for (size_t i = 0; i < 256; ++i)
+              REQUIRE(std::abs(runs[k].requests[r].step_logits[t][i] - runs[0].requests[r].step_logits[t][i]) <= 1e-10);
+        }
+        // Greedy: each token is the argmax of its step's logits, and the first step's
+        // logits are next_token_logits(prompt).
+        const auto& req = runs[0].requests[r];
+        REQUIRE(req.generated_tokens.size() == 6);
+        for (size_t t = 0; t < 6; ++t)
+          CHECK(req.generated_tokens[t] ==
+                std::max_element(req.step_logits[t].begin(), req.step_logits[t].end()) - req.step_logits[t].begin());
+        CHECK(req.step_logits[0] == m.next_token_logits(req.prompt_tokens));
       }
-      // Greedy: each token is the argmax of its step's logits, and the first step's
-      // logits are next_token_logits(prompt).
-      const auto& req = runs[0].requests[r];
-      REQUIRE(req.generated_tokens.size() == 6);
-      for (size_t t = 0; t < 6; ++t)
-        CHECK(req.generated_tokens[t] ==
-              std::max_element(req.step_logits[t].begin(), req.step_logits[t].end()) - req.step_logits[t].begin());
-      CHECK(req.step_logits[0] == m.next_token_logits(req.prompt_tokens));
     }
-  }
 }
 
 TEST_CASE("tiny_decoder: the course's two prompts share \"The cat \" through the radix cache") {
@@ -287,7 +291,8 @@ TEST_CASE("tiny_decoder: sampling at temperature > 0 is seeded, reproducible and
   other.seed = o.seed + 1000;
   const auto moved = ref::generate(m, prompts, GenerationMode::contiguous_kv_cache, other);
   bool differs = false;
-  for (size_t r = 0; r < prompts.size(); ++r) differs = differs || moved.requests[r].generated_tokens != runs[0].requests[r].generated_tokens;
+  for (size_t r = 0; r < prompts.size(); ++r)
+    differs = differs || moved.requests[r].generated_tokens != runs[0].requests[r].generated_tokens;
   CHECK(differs);
   // top_k = 1 keeps only the argmax: the same tokens as greedy decoding.
   GenerationOptions top1 = o, greedy = o;
@@ -334,8 +339,11 @@ TEST_CASE("tiny_decoder: bad input names the argument") {
   expect_error([&] { ref::generate(m, {"a"}, GenerationMode::paged_kv_cache, o); }, {"page_size must be >= 1"});
   o = {};
   o.num_pages = 2;
-  expect_error([&] { ref::generate(m, {"The cat sat", "The cat ran fast"}, GenerationMode::paged_kv_cache, o); },
-               {"num_pages = 2 is too small"});
+  expect_error(
+      [&] {
+        ref::generate(m, {"The cat sat", "The cat ran fast"}, GenerationMode::paged_kv_cache, o);
+      },
+      {"num_pages = 2 is too small"});
   c = {};
   c.vocab_size = 100;
   expect_error([&] { ref::generate(TinyDecoder(c), {"~~~"}, GenerationMode::recompute, {}); },

@@ -37,8 +37,8 @@ AttentionOptions example_options() {
 }  // namespace
 
 TEST_CASE("worked example: row \"A, pos 2\" gives softmax [0.21, 0.21, 0.58] and output [0.63, 0.79]") {
-  const auto r = flashstep::ref::single_decode_with_kv_cache(
-      Tensor({1, 2}, {1, 1}), rows(kK, {0, 1, 2}), rows(kV, {0, 1, 2}), example_options());
+  const auto r = flashstep::ref::single_decode_with_kv_cache(Tensor({1, 2}, {1, 1}), rows(kK, {0, 1, 2}),
+                                                             rows(kV, {0, 1, 2}), example_options());
   // The course rounds the weights to two decimals before multiplying:
   // 0.21*[1,1] + 0.21*[2,0] + 0.58*[0,1] = [0.63, 0.79]. Exactly, o = [0.6358, 0.7884].
   const double s0 = std::exp(1.0), z0 = 2 * s0 + s0 * s0;
@@ -111,7 +111,8 @@ TEST_CASE("worked example: Bc=2 repacking gives the same outputs as Bc=1, for ev
   const auto r1 = flashstep::ref::batch_prefill_with_paged_kv_cache(q, {0, 3, 7}, bc1, example_options());
   const auto r2 = flashstep::ref::batch_prefill_with_paged_kv_cache(q, {0, 3, 7}, bc2, example_options());
   for (size_t i = 0; i < r1.o.data.size(); ++i) CHECK(r2.o.data[i] == doctest::Approx(r1.o.data[i]).epsilon(1e-14));
-  for (size_t i = 0; i < r1.lse.data.size(); ++i) CHECK(r2.lse.data[i] == doctest::Approx(r1.lse.data[i]).epsilon(1e-14));
+  for (size_t i = 0; i < r1.lse.data.size(); ++i)
+    CHECK(r2.lse.data[i] == doctest::Approx(r1.lse.data[i]).epsilon(1e-14));
   // And row "A, pos 2" is the course's [0.63, 0.79] through both layouts.
   CHECK(r2.o({2, 0, 0}) == doctest::Approx(0.63).epsilon(0.01));
   CHECK(r2.o({2, 0, 1}) == doctest::Approx(0.79).epsilon(0.01));

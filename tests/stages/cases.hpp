@@ -357,22 +357,22 @@ inline std::vector<CaseSpec> cascade_grid() {
   };
   const Row rows[] = {
       // mode           batch prefix group x  suffix qo  hq hkv  D  page causal
-      {Mode::decode,    1,    0,     0,   1,  300,   1,  8,  2, 128, 16, false},
-      {Mode::decode,    5,    1,     0,   1,  64,    1,  4,  4, 128, 16, false},
-      {Mode::decode,    33,   15,    0,   1,  200,   1,  7,  1, 64,  16, false},
-      {Mode::decode,    128,  16,    0,   1,  40,    1,  32, 1, 128, 16, false},
-      {Mode::decode,    6,    17,    0,   1,  1,     1,  16, 1, 256, 1,  false},
-      {Mode::decode,    33,   1000,  0,   1,  300,   1,  8,  1, 128, 16, false},
-      {Mode::decode,    128,  1000,  0,   1,  17,    1,  8,  2, 64,  16, false},
-      {Mode::decode,    3,    32768, 0,   1,  100,   1,  4,  1, 128, 16, false},
-      {Mode::decode,    8,    100,   60,  2,  50,    1,  32, 4, 128, 16, false},
-      {Mode::decode,    9,    16,    300, 3,  20,    1,  4,  1, 64,  1,  false},
-      {Mode::prefill,   4,    1000,  0,   1,  300,   17, 8,  2, 128, 16, true},
-      {Mode::prefill,   3,    17,    0,   1,  64,    64, 32, 4, 128, 16, false},
-      {Mode::prefill,   5,    16,    33,  2,  100,   40, 7,  1, 64,  1,  true},
-      {Mode::prefill,   2,    32768, 0,   1,  256,   256, 4, 1, 64,  16, true},
-      {Mode::prefill,   6,    0,     0,   1,  90,    15, 16, 2, 256, 16, false},
-      {Mode::prefill,   4,    600,   0,   1,  10,    30, 8,  8, 128, 16, true},  // qo_len > some suffixes
+      {Mode::decode, 1, 0, 0, 1, 300, 1, 8, 2, 128, 16, false},
+      {Mode::decode, 5, 1, 0, 1, 64, 1, 4, 4, 128, 16, false},
+      {Mode::decode, 33, 15, 0, 1, 200, 1, 7, 1, 64, 16, false},
+      {Mode::decode, 128, 16, 0, 1, 40, 1, 32, 1, 128, 16, false},
+      {Mode::decode, 6, 17, 0, 1, 1, 1, 16, 1, 256, 1, false},
+      {Mode::decode, 33, 1000, 0, 1, 300, 1, 8, 1, 128, 16, false},
+      {Mode::decode, 128, 1000, 0, 1, 17, 1, 8, 2, 64, 16, false},
+      {Mode::decode, 3, 32768, 0, 1, 100, 1, 4, 1, 128, 16, false},
+      {Mode::decode, 8, 100, 60, 2, 50, 1, 32, 4, 128, 16, false},
+      {Mode::decode, 9, 16, 300, 3, 20, 1, 4, 1, 64, 1, false},
+      {Mode::prefill, 4, 1000, 0, 1, 300, 17, 8, 2, 128, 16, true},
+      {Mode::prefill, 3, 17, 0, 1, 64, 64, 32, 4, 128, 16, false},
+      {Mode::prefill, 5, 16, 33, 2, 100, 40, 7, 1, 64, 1, true},
+      {Mode::prefill, 2, 32768, 0, 1, 256, 256, 4, 1, 64, 16, true},
+      {Mode::prefill, 6, 0, 0, 1, 90, 15, 16, 2, 256, 16, false},
+      {Mode::prefill, 4, 600, 0, 1, 10, 30, 8, 8, 128, 16, true},  // qo_len > some suffixes
   };
   std::vector<CaseSpec> cases;
   int n = 0;
@@ -641,4 +641,3 @@ inline std::vector<CaseSpec> hopper_long_grid() {
 }
 
 }  // namespace flashstep::test::grids
-

@@ -44,8 +44,16 @@ struct FixedBatch {
     }
     o = DeviceBuffer(rows * s.head_dim * elem);
     lse = DeviceBuffer(rows * sizeof(float));
-    batch = {q.get(), qo_indptr.as<int32_t>(), kv_indptr.as<int32_t>(), pool.get(), kv_indices.as<int32_t>(),
-             kv_last_page_len.as<int32_t>(), k.get(), v.get(), o.get(), lse.as<float>()};
+    batch = {q.get(),
+             qo_indptr.as<int32_t>(),
+             kv_indptr.as<int32_t>(),
+             pool.get(),
+             kv_indices.as<int32_t>(),
+             kv_last_page_len.as<int32_t>(),
+             k.get(),
+             v.get(),
+             o.get(),
+             lse.as<float>()};
   }
 
   /// Copies `host`'s inputs into the fixed buffers and poisons the outputs (on `stream`).

@@ -46,7 +46,9 @@ class DeviceArray {
   T* get() const { return ptr_; }
   size_t size() const { return n_; }
   /// Fills every byte with 0x5A, so an entry the kernel never writes cannot pass as a token.
-  void poison() { if (n_) cuda_ok(cudaMemset(ptr_, 0x5A, n_ * sizeof(T)), "poison"); }
+  void poison() {
+    if (n_) cuda_ok(cudaMemset(ptr_, 0x5A, n_ * sizeof(T)), "poison");
+  }
   std::vector<T> download() const {
     std::vector<T> host(n_);
     cuda_ok(cudaDeviceSynchronize(), "kernel");
@@ -77,7 +79,8 @@ inline std::vector<float> random_prob_rows(std::mt19937_64& rng, int64_t rows, i
     double sum = 0.0;
     for (auto& x : w) sum += (x = unit(rng) < zero_fraction ? 0.0 : std::exp(x - m));
     if (sum == 0.0) w[0] = sum = 1.0;
-    for (int64_t i = 0; i < vocab; ++i) out[static_cast<size_t>(r * vocab + i)] = static_cast<float>(w[static_cast<size_t>(i)] / sum);
+    for (int64_t i = 0; i < vocab; ++i)
+      out[static_cast<size_t>(r * vocab + i)] = static_cast<float>(w[static_cast<size_t>(i)] / sum);
   }
   return out;
 }

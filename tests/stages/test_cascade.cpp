@@ -59,14 +59,15 @@ std::string run_and_check_levels(cascade::CascadeRunner& runner, const HostCase&
   const DTypeTolerance& tol = tolerance_for(s.dtype);
   const Comparison o = compare("o", dev.output(), host.expected.o.data, tol.o,
                                output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
-  const Comparison lse = compare("lse", dev.lse(), host.expected.lse.data, tol.lse, lse_label(s.qo_indptr, s.num_qo_heads));
+  const Comparison lse = compare("lse", dev.lse(), host.expected.lse.data, tol.lse,
+                                 lse_label(s.qo_indptr, s.num_qo_heads));
   if (!o.passed) report += o.summary() + "\n";
   if (!lse.passed) report += lse.summary() + "\n";
   const cascade::CascadePlan& plan = runner.cascade_plan();
   if (plan.path != cascade::Path::cascade) return report;
   // Every level's own state (its chunks merged, fp32) against the reference's.
-  const ref::CascadeResult expected =
-      ref::cascade_attention(host.q, plan.levels, host.paged.pages, s.kv_layout, reference_options(s));
+  const ref::CascadeResult expected = ref::cascade_attention(host.q, plan.levels, host.paged.pages, s.kv_layout,
+                                                             reference_options(s));
   const size_t rows = static_cast<size_t>(s.nnz_qo()) * static_cast<size_t>(s.num_qo_heads);
   DeviceBuffer level_o(rows * static_cast<size_t>(s.head_dim) * sizeof(float)), level_lse(rows * sizeof(float));
   for (size_t l = 0; l < plan.levels.levels.size(); ++l) {
@@ -74,7 +75,8 @@ std::string run_and_check_levels(cascade::CascadeRunner& runner, const HostCase&
     FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> got_o(rows * static_cast<size_t>(s.head_dim)), got_lse(rows);
     FLASHSTEP_CUDA_CHECK(cudaMemcpy(got_o.data(), level_o.get(), got_o.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    FLASHSTEP_CUDA_CHECK(cudaMemcpy(got_lse.data(), level_lse.get(), got_lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    FLASHSTEP_CUDA_CHECK(
+        cudaMemcpy(got_lse.data(), level_lse.get(), got_lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
     const std::string at = "level " + std::to_string(l) + " ";
     const Comparison lo = compare(at + "o", std::vector<double>(got_o.begin(), got_o.end()), expected.level[l].o.data,
                                   tol.o, output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
@@ -129,8 +131,8 @@ TEST_CASE("harness: a shared prefix is the same page ids in every request, its r
   for (int b = 1; b < 4; ++b) {
     CHECK(idx[indptr[b]] == idx[0]);
     CHECK(idx[indptr[b] + 1] == idx[1]);
-    CHECK((idx[indptr[b] + 2] == idx[2]) == (b == 1));       // the group's page
-    CHECK(idx[indptr[b] + 3] != idx[indptr[b - 1] + 3]);     // own pages
+    CHECK((idx[indptr[b] + 2] == idx[2]) == (b == 1));    // the group's page
+    CHECK(idx[indptr[b] + 3] != idx[indptr[b - 1] + 3]);  // own pages
   }
   CHECK(idx[indptr[2] + 2] == idx[indptr[3] + 2]);
   CHECK(layout.shape.kv_indices == idx);
@@ -172,7 +174,8 @@ TEST_CASE("05_cascade: forced flat path equals the reference") {
   int n = 0;
   for (const CaseSpec& spec : grids::cascade_grid()) {
     if (n++ % 3) continue;
-    const ValidationReport r = validate(with_options(opt), spec, case_seed(test::run_seed(), "flat " + spec.describe()));
+    const ValidationReport r = validate(with_options(opt), spec,
+                                        case_seed(test::run_seed(), "flat " + spec.describe()));
     CHECK_MESSAGE(r.passed, r.message());
   }
 }

@@ -79,11 +79,11 @@ struct CpCase {
   CaseSpec spec;
   uint64_t seed = 0;
   Split split = Split::even;
-  BatchShape shape;                      ///< with the host page table (kv_indices)
-  std::vector<PageTable> shards;         ///< one per rank
-  ref::Tensor q;                         ///< (B, Hq, D), rounded to dtype
-  std::vector<uint8_t> pool;             ///< (num_pages, 2, ...) in dtype; 0xff (NaN) where no request owns
-  ref::AttentionResult expected;         ///< (B, Hq, D), (B, Hq)
+  BatchShape shape;                                  ///< with the host page table (kv_indices)
+  std::vector<PageTable> shards;                     ///< one per rank
+  ref::Tensor q;                                     ///< (B, Hq, D), rounded to dtype
+  std::vector<uint8_t> pool;                         ///< (num_pages, 2, ...) in dtype; 0xff (NaN) where no request owns
+  ref::AttentionResult expected;                     ///< (B, Hq, D), (B, Hq)
   std::vector<ref::AttentionResult> expected_shard;  ///< per rank: the state over its keys
 
   std::string describe() const {
@@ -101,7 +101,7 @@ std::vector<std::vector<int32_t>> make_splits(const PageTable& t, int world_size
     if (split == Split::one) {
       std::fill(b.begin() + 1, b.end(), pages);
     } else if (split == Split::uneven) {
-      if (r == 0) std::fill(b.begin(), b.end() - 1, 0);        // every page on the last rank
+      if (r == 0) std::fill(b.begin(), b.end() - 1, 0);           // every page on the last rank
       else if (r == 1) std::fill(b.begin() + 1, b.end(), pages);  // every page on rank 0
       else {
         std::uniform_int_distribution<int32_t> cut(0, pages);
@@ -163,7 +163,8 @@ CpCase build_cp_case(const CaseSpec& spec, int world_size, Split split, uint64_t
   };
   std::vector<Block> blocks;
   for (int r = 0; r < B; ++r)
-    for (int64_t t = 0; t < s.kv_len(r); t += block_tokens) blocks.push_back({r, t, std::min(s.kv_len(r), t + block_tokens)});
+    for (int64_t t = 0; t < s.kv_len(r); t += block_tokens)
+      blocks.push_back({r, t, std::min(s.kv_len(r), t + block_tokens)});
   // Each rank's key range [first, last) of request r.
   auto rank_range = [&](int k, int r) {
     const PageTable& t = c.shards[size_t(k)];
@@ -192,11 +193,12 @@ CpCase build_cp_case(const CaseSpec& spec, int world_size, Split split, uint64_t
       put_token(c.pool, s, page, token % P, 0, k_bytes.data() + t * row_bytes);
       put_token(c.pool, s, page, token % P, 1, v_bytes.data() + t * row_bytes);
     }
-    const ref::Tensor q1({1, Hq, D}, std::vector<double>(c.q.data.begin() + blk.r * Hq * D,
-                                                          c.q.data.begin() + (blk.r + 1) * Hq * D));
+    const ref::Tensor q1(
+        {1, Hq, D}, std::vector<double>(c.q.data.begin() + blk.r * Hq * D, c.q.data.begin() + (blk.r + 1) * Hq * D));
     auto attend = [&](int64_t a, int64_t b) {  // keys [a, b) of the block
       if (a == 0 && b == n) {
-        ref::AttentionResult res = ref::batch_prefill_with_ragged_kv_cache(q1, {0, 1}, k, v, {0, static_cast<int32_t>(n)}, opt);
+        ref::AttentionResult res = ref::batch_prefill_with_ragged_kv_cache(q1, {0, 1}, k, v,
+                                                                           {0, static_cast<int32_t>(n)}, opt);
         return State{std::move(res.o), std::move(res.lse)};
       }
       ref::Tensor ks({b - a, H, D}, std::vector<double>(k.data.begin() + a * H * D, k.data.begin() + b * H * D));
@@ -270,14 +272,23 @@ struct RankBuffers {
       }
       int64_t e = p;
       while (e < s.num_pages && !mine[size_t(e)]) ++e;
-      FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(pool.as<uint8_t>() + p * page_bytes, 0xff, size_t(e - p) * page_bytes, stream));
+      FLASHSTEP_CUDA_CHECK(
+          cudaMemsetAsync(pool.as<uint8_t>() + p * page_bytes, 0xff, size_t(e - p) * page_bytes, stream));
       p = e;
     }
     const size_t rows = size_t(s.batch_size) * s.num_qo_heads;
     o = DeviceBuffer(rows * s.head_dim * dtype_bytes(s.dtype));
     lse = DeviceBuffer(rows * sizeof(float));
-    batch = {q.get(), nullptr, kv_indptr.as<int32_t>(), pool.get(), kv_indices.as<int32_t>(),
-             kv_last_page_len.as<int32_t>(), nullptr, nullptr, o.get(), lse.as<float>()};
+    batch = {q.get(),
+             nullptr,
+             kv_indptr.as<int32_t>(),
+             pool.get(),
+             kv_indices.as<int32_t>(),
+             kv_last_page_len.as<int32_t>(),
+             nullptr,
+             nullptr,
+             o.get(),
+             lse.as<float>()};
   }
   void poison(cudaStream_t stream) const {
     FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(o.get(), 0xff, o.bytes(), stream));
@@ -546,7 +557,8 @@ TEST_CASE("context_parallel cost model: short batches stay on one GPU, a 1M-toke
   CHECK(a2a.estimates[1].exchange_seconds > big.estimates[1].exchange_seconds);
 }
 
-TEST_CASE("context_parallel test cases: the pool, the blocks and the shards' references agree with the paged reference") {
+TEST_CASE(
+    "context_parallel test cases: the pool, the blocks and the shards' references agree with the paged reference") {
   // The case builder itself, on the CPU: the reference's own paged decode over the decoded
   // pool (whole page table, and each shard's) must give the block-wise answers, here with
   // blocks of 64 keys so that the fold of block states is exercised too.
@@ -585,7 +597,8 @@ TEST_CASE("context_parallel test cases: the pool, the blocks and the shards' ref
       for (int r = 0; r < s.batch_size; ++r)
         if (t.kv_indptr[r + 1] == t.kv_indptr[r]) {
           std::fill_n(got_o.begin() + int64_t(r) * s.num_qo_heads * s.head_dim, s.num_qo_heads * s.head_dim, 0.0);
-          std::fill_n(got_lse.begin() + int64_t(r) * s.num_qo_heads, s.num_qo_heads, -std::numeric_limits<double>::infinity());
+          std::fill_n(got_lse.begin() + int64_t(r) * s.num_qo_heads, s.num_qo_heads,
+                      -std::numeric_limits<double>::infinity());
         }
       check_close(got_o, want.o.data);
       check_close(got_lse, want.lse.data);
@@ -611,7 +624,8 @@ TEST_CASE("context_parallel: bad world_size and shards are refused, naming the a
   const CpCase c = build_cp_case(spec, 1, Split::even, case_seed(test::run_seed(), "context_parallel refusals"));
   const ncclUniqueId id = Communicator::make_id();
   run_on_ranks(1, [&](int rank) {
-    CHECK_THROWS_WITH_AS(Communicator(id, 1, 1), doctest::Contains("rank must be 0..world_size-1"), ref::InvalidArgument);
+    CHECK_THROWS_WITH_AS(Communicator(id, 1, 1), doctest::Contains("rank must be 0..world_size-1"),
+                         ref::InvalidArgument);
     Communicator comm(id, rank, 1);
     ContextParallelRank cp(comm);
     DeviceBuffer workspace(cp.workspace_bytes(c.shape));
@@ -646,7 +660,8 @@ TEST_CASE("context_parallel 2 GPUs: batch 16 x 64k keys, even split, CUDA graph"
 
 TEST_CASE("context_parallel 2 GPUs: uneven and empty shards, GQA 1/4/8, fp16/bf16, NHD/HND") {
   check_spec(spec_of(8, 65536, LengthPolicy::ragged_with_empty, DType::f16, 32, 8), 2, Split::uneven);
-  check_spec(spec_of(4, 20000, LengthPolicy::ragged_with_empty, DType::bf16, 8, 8, 16, KVLayout::HND), 2, Split::uneven);
+  check_spec(spec_of(4, 20000, LengthPolicy::ragged_with_empty, DType::bf16, 8, 8, 16, KVLayout::HND), 2,
+             Split::uneven);
   check_spec(spec_of(6, 3000, LengthPolicy::ragged, DType::f16, 32, 4, 1), 2, Split::uneven);
   check_spec(spec_of(3, 33, LengthPolicy::ragged_with_empty, DType::bf16, 32, 8), 2, Split::uneven);
   check_spec(spec_of(1, 1, LengthPolicy::uniform, DType::f16, 32, 8), 2, Split::even);  // one key: rank 0 empty

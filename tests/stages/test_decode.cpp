@@ -9,7 +9,8 @@
 using flashstep::test::check_grid;
 namespace grids = flashstep::test::grids;
 
-TEST_CASE("decode: edge grid, batch {1,12,17} x kv_len {1,15,16,17,54,97} x page {1,8,16} x 4 head configs x head_dim {64,128,256}") {
+TEST_CASE(
+    "decode: edge grid, batch {1,12,17} x kv_len {1,15,16,17,54,97} x page {1,8,16} x 4 head configs x head_dim {64,128,256}") {
   const auto ran = check_grid(grids::decode_edge_grid());
   CHECK(ran.count("02_paged") == 1);
 }
@@ -34,9 +35,7 @@ TEST_CASE("decode: contiguous KV grid (fp32)") {
   CHECK(check_grid(grids::decode_contiguous_grid()).count("01_naive") == 1);
 }
 
-TEST_CASE("decode: sanitizer subset") {
-  CHECK(check_grid(grids::decode_sanitizer_grid()).count("02_paged") == 1);
-}
+TEST_CASE("decode: sanitizer subset") { CHECK(check_grid(grids::decode_sanitizer_grid()).count("02_paged") == 1); }
 
 TEST_CASE("decode: 02_paged at every block size and pipeline depth (also the sanitizer's)") {
   using namespace flashstep::stages;
@@ -57,7 +56,8 @@ TEST_CASE("decode: 02_paged at every block size and pipeline depth (also the san
       for (const CaseSpec& spec : specs) {
         CAPTURE(threads);
         CAPTURE(depth);
-        const auto report = harness::validate(stage, spec, harness::case_seed(flashstep::test::run_seed(), spec.describe()));
+        const auto report = harness::validate(stage, spec,
+                                              harness::case_seed(flashstep::test::run_seed(), spec.describe()));
         CHECK_MESSAGE(report.passed, report.message());
       }
     }
@@ -105,7 +105,8 @@ TEST_CASE("decode fp8: 02_paged at every block size and pipeline depth") {
       for (const CaseSpec& spec : specs) {
         CAPTURE(threads);
         CAPTURE(depth);
-        const auto report = harness::validate(stage, spec, harness::case_seed(flashstep::test::run_seed(), spec.describe()));
+        const auto report = harness::validate(stage, spec,
+                                              harness::case_seed(flashstep::test::run_seed(), spec.describe()));
         CHECK_MESSAGE(report.passed, report.message());
       }
     }

@@ -77,8 +77,8 @@ std::vector<double> double_sweep(FP8Format format, std::mt19937_64& rng) {
     for (double x : {mid, std::nextafter(mid, 0.0), std::nextafter(mid, 1e300)}) xs.push_back(x);
   }
   const double inf = std::numeric_limits<double>::infinity();
-  for (double x : {inf, 1e300, std::numeric_limits<double>::max(), std::numeric_limits<double>::denorm_min(),
-                   1e-300, 2 * s.max_finite, s.min_subnormal / 4})
+  for (double x : {inf, 1e300, std::numeric_limits<double>::max(), std::numeric_limits<double>::denorm_min(), 1e-300,
+                   2 * s.max_finite, s.min_subnormal / 4})
     xs.push_back(x);
   std::uniform_real_distribution<double> log2_mag(std::log2(s.min_subnormal) - 4, std::log2(s.max_finite) + 2);
   for (int i = 0; i < 20000; ++i) xs.push_back(std::exp2(log2_mag(rng)));
@@ -209,8 +209,8 @@ void check_device(FP8Format format) {
     const int n = static_cast<int>(xs.size());
     const DeviceBuffer in = upload(xs);
     DeviceBuffer sat(xs.size()), unsat(xs.size()), vec(xs.size());
-    encode_float_kernel<FP8, FORMAT><<<(n + 255) / 256, 256>>>(in.as<float>(), n, sat.as<uint8_t>(),
-                                                               unsat.as<uint8_t>(), vec.as<uint8_t>());
+    encode_float_kernel<FP8, FORMAT>
+        <<<(n + 255) / 256, 256>>>(in.as<float>(), n, sat.as<uint8_t>(), unsat.as<uint8_t>(), vec.as<uint8_t>());
     FLASHSTEP_CUDA_CHECK(cudaGetLastError());
     const std::vector<uint8_t> got_sat = download<uint8_t>(sat), got_unsat = download<uint8_t>(unsat),
                                got_vec = download<uint8_t>(vec);
@@ -219,7 +219,8 @@ void check_device(FP8Format format) {
       const uint8_t expected_sat = ref::fp8_from_float(xs[i], format, FP8Overflow::saturate);
       const uint8_t expected_unsat = ref::fp8_from_float(xs[i], format, FP8Overflow::no_saturate);
       if (got_sat[i] != expected_sat)
-        m.add("float " + hex(xs[i]) + " saturated: " + byte_text(got_sat[i]) + ", reference " + byte_text(expected_sat));
+        m.add("float " + hex(xs[i]) + " saturated: " + byte_text(got_sat[i]) + ", reference " +
+              byte_text(expected_sat));
       if (got_unsat[i] != expected_unsat)
         m.add("float " + hex(xs[i]) + " unsaturated: " + byte_text(got_unsat[i]) + ", reference " +
               byte_text(expected_unsat));
@@ -236,8 +237,8 @@ void check_device(FP8Format format) {
     const int n = static_cast<int>(xs.size());
     const DeviceBuffer in = upload(xs);
     DeviceBuffer sat(xs.size()), unsat(xs.size());
-    encode_double_kernel<FP8, FORMAT><<<(n + 255) / 256, 256>>>(in.as<double>(), n, sat.as<uint8_t>(),
-                                                                unsat.as<uint8_t>());
+    encode_double_kernel<FP8, FORMAT>
+        <<<(n + 255) / 256, 256>>>(in.as<double>(), n, sat.as<uint8_t>(), unsat.as<uint8_t>());
     FLASHSTEP_CUDA_CHECK(cudaGetLastError());
     const std::vector<uint8_t> got_sat = download<uint8_t>(sat), got_unsat = download<uint8_t>(unsat);
     Mismatches m;
@@ -245,7 +246,8 @@ void check_device(FP8Format format) {
       const uint8_t expected_sat = ref::fp8_from_double(xs[i], format, FP8Overflow::saturate);
       const uint8_t expected_unsat = ref::fp8_from_double(xs[i], format, FP8Overflow::no_saturate);
       if (got_sat[i] != expected_sat)
-        m.add("double " + hex(xs[i]) + " saturated: " + byte_text(got_sat[i]) + ", reference " + byte_text(expected_sat));
+        m.add("double " + hex(xs[i]) + " saturated: " + byte_text(got_sat[i]) + ", reference " +
+              byte_text(expected_sat));
       if (got_unsat[i] != expected_unsat)
         m.add("double " + hex(xs[i]) + " unsaturated: " + byte_text(got_unsat[i]) + ", reference " +
               byte_text(expected_unsat));
@@ -269,7 +271,8 @@ TEST_CASE("fp8 conversions: the reference against cuda_fp8.hpp's host code, bit 
       const double expected = ref::fp8_to_double(static_cast<uint8_t>(b), format);
       const float got = __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), tk)));
       ++checked;
-      if (!same_value(got, expected)) m.add("decode " + byte_text(b) + ": " + hex(got) + ", reference " + hex(expected));
+      if (!same_value(got, expected))
+        m.add("decode " + byte_text(b) + ": " + hex(got) + ", reference " + hex(expected));
     }
     for (FP8Overflow o : {FP8Overflow::saturate, FP8Overflow::no_saturate}) {
       const __nv_saturation_t sat = o == FP8Overflow::saturate ? __NV_SATFINITE : __NV_NOSAT;
@@ -287,7 +290,7 @@ TEST_CASE("fp8 conversions: the reference against cuda_fp8.hpp's host code, bit 
     CHECK_MESSAGE(m.count == 0, m.count << " mismatches of " << checked << ":" << m.first);
   }
 }
-}
+}  // TEST_SUITE("host")
 
 TEST_CASE("fp8 conversions: the reference against the device's e4m3 conversions, bit for bit") {
   check_device<__nv_fp8_e4m3, __NV_E4M3>(FP8Format::e4m3);

@@ -128,11 +128,14 @@ std::vector<CaseSpec> graph_specs(Mode mode, DType dtype) {
   using L = LengthPolicy;
   using P = PageOrder;
   if (mode == Mode::decode)
-    return {graph_spec(mode, dtype, 300, L::ragged, P::shuffled), graph_spec(mode, dtype, 2000, L::ragged_with_empty, P::shuffled),
-            graph_spec(mode, dtype, 17, L::ragged, P::sequential), graph_spec(mode, dtype, 1200, L::uniform, P::shuffled),
+    return {graph_spec(mode, dtype, 300, L::ragged, P::shuffled),
+            graph_spec(mode, dtype, 2000, L::ragged_with_empty, P::shuffled),
+            graph_spec(mode, dtype, 17, L::ragged, P::sequential),
+            graph_spec(mode, dtype, 1200, L::uniform, P::shuffled),
             graph_spec(mode, dtype, 5000, L::ragged, P::shuffled)};
   return {graph_spec(mode, dtype, 100, L::uniform, P::shuffled), graph_spec(mode, dtype, 700, L::uniform, P::shuffled),
-          graph_spec(mode, dtype, 40, L::uniform, P::sequential), graph_spec(mode, dtype, 3000, L::uniform, P::shuffled)};
+          graph_spec(mode, dtype, 40, L::uniform, P::sequential),
+          graph_spec(mode, dtype, 3000, L::uniform, P::shuffled)};
 }
 
 }  // namespace
@@ -161,14 +164,15 @@ TEST_CASE("the replay check catches a graph replaying a stale schedule") {
   // a wrapper that made a new runner would), and the graph captured from the first
   // replays its old grid over the new schedule: the comparison must fail.
   const StageInfo stage = find_stage("04_tensor_core");
-  Sequence seq = build_sequence({graph_spec(Mode::decode, DType::bf16, 64, LengthPolicy::uniform, PageOrder::shuffled),
-                                 graph_spec(Mode::decode, DType::bf16, 4000, LengthPolicy::ragged, PageOrder::shuffled)},
-                                stage.storage, "stale schedule");
+  Sequence seq = build_sequence(
+      {graph_spec(Mode::decode, DType::bf16, 64, LengthPolicy::uniform, PageOrder::shuffled),
+       graph_spec(Mode::decode, DType::bf16, 4000, LengthPolicy::ragged, PageOrder::shuffled)},
+      stage.storage, "stale schedule");
   for (HostCase& host : seq.cases) host.layout.shape.cuda_graph = false;
   FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages, 0, seq.max_indices);
   auto first = stage.make_runner(), second = stage.make_runner();
-  DeviceBuffer workspace(std::max(first->workspace_bytes(seq.cases[0].layout.shape),
-                                  second->workspace_bytes(seq.cases[1].layout.shape)));
+  DeviceBuffer workspace(
+      std::max(first->workspace_bytes(seq.cases[0].layout.shape), second->workspace_bytes(seq.cases[1].layout.shape)));
   Graph graph;
   first->plan(seq.cases[0].layout.shape, workspace.get(), workspace.bytes(), graph.stream);
   graph.capture(*first, fixed.batch);
@@ -181,14 +185,15 @@ TEST_CASE("the replay check catches a graph replaying a stale schedule") {
 
 TEST_CASE("a runner not planned for CUDA graphs refuses a re-plan that a captured graph cannot replay") {
   const StageInfo stage = find_stage("04_tensor_core");
-  Sequence seq = build_sequence({graph_spec(Mode::decode, DType::bf16, 64, LengthPolicy::uniform, PageOrder::shuffled),
-                                 graph_spec(Mode::decode, DType::bf16, 4000, LengthPolicy::ragged, PageOrder::shuffled)},
-                                stage.storage, "refused re-plan");
+  Sequence seq = build_sequence(
+      {graph_spec(Mode::decode, DType::bf16, 64, LengthPolicy::uniform, PageOrder::shuffled),
+       graph_spec(Mode::decode, DType::bf16, 4000, LengthPolicy::ragged, PageOrder::shuffled)},
+      stage.storage, "refused re-plan");
   for (HostCase& host : seq.cases) host.layout.shape.cuda_graph = false;
   FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages, 0, seq.max_indices);
   auto runner = stage.make_runner();
-  DeviceBuffer workspace(std::max(runner->workspace_bytes(seq.cases[0].layout.shape),
-                                  runner->workspace_bytes(seq.cases[1].layout.shape)));
+  DeviceBuffer workspace(
+      std::max(runner->workspace_bytes(seq.cases[0].layout.shape), runner->workspace_bytes(seq.cases[1].layout.shape)));
   Graph graph;
   runner->plan(seq.cases[0].layout.shape, workspace.get(), workspace.bytes(), graph.stream);
   // Before a capture, any re-plan is fine.
@@ -217,8 +222,8 @@ TEST_CASE("05_cascade refuses a re-plan whose levels a captured graph cannot rep
   options.path = cascade::Path::cascade;
   cascade::CascadeRunner runner(options);
   FixedBatch fixed(seq.cases[0].layout.shape, seq.max_pages, 0, seq.max_indices);
-  DeviceBuffer workspace(std::max(runner.workspace_bytes(seq.cases[0].layout.shape),
-                                  runner.workspace_bytes(seq.cases[1].layout.shape)));
+  DeviceBuffer workspace(
+      std::max(runner.workspace_bytes(seq.cases[0].layout.shape), runner.workspace_bytes(seq.cases[1].layout.shape)));
   Graph graph;
   fixed.load(seq.cases[0], graph.stream);
   runner.plan(seq.cases[0].layout.shape, workspace.get(), workspace.bytes(), graph.stream);

@@ -214,8 +214,8 @@ TEST_CASE("build_case: bad specs are refused by name") {
   CHECK_THROWS_AS(build_case(spec, KVStorage::paged, 1), ref::InvalidArgument);
   CaseSpec hnd;
   hnd.kv_layout = KVLayout::HND;
-  CHECK_THROWS_WITH_AS(build_case(hnd, KVStorage::ragged, 1),
-                       doctest::Contains("build_case: ragged KV is stored NHD"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(build_case(hnd, KVStorage::ragged, 1), doctest::Contains("build_case: ragged KV is stored NHD"),
+                       ref::InvalidArgument);
 }
 
 TEST_CASE("registry: stages in teaching order, found by name or number") {
@@ -225,8 +225,7 @@ TEST_CASE("registry: stages in teaching order, found by name or number") {
   for (size_t i = 1; i < registry().size(); ++i) CHECK(registry()[i - 1].name < registry()[i].name);
   CHECK(find_stage("02").name == "02_paged");
   CHECK(find_stage("01_naive").name == "01_naive");
-  CHECK_THROWS_WITH_AS(find_stage("99_missing"), doctest::Contains("known: 01_naive, 02_paged"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(find_stage("99_missing"), doctest::Contains("known: 01_naive, 02_paged"), ref::InvalidArgument);
   for (const StageInfo& s : registry()) {
     CAPTURE(s.name);
     CHECK(static_cast<bool>(s.make_runner));
@@ -279,7 +278,8 @@ TEST_CASE("registry: FP8 caches are read by the stages that declare them, the ot
   shape.v_scale = 2.f;
   for (const StageInfo& stage : registry()) {
     CAPTURE(stage.name);
-    const bool declares = std::find(stage.kv_dtypes.begin(), stage.kv_dtypes.end(), DType::e4m3) != stage.kv_dtypes.end();
+    const bool declares = std::find(stage.kv_dtypes.begin(), stage.kv_dtypes.end(), DType::e4m3) !=
+                          stage.kv_dtypes.end();
     BatchShape s = shape;
     s.storage = stage.storage;
     s.kv_layout = stage.kv_layouts.front();

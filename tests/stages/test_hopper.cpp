@@ -93,7 +93,8 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   CHECK(!stage.unsupported_reason(s).empty());
 }
 
-TEST_CASE("07_hopper schedule: a split when the grid is short, every (request, tile, chunk) once, partial rows per query") {
+TEST_CASE(
+    "07_hopper schedule: a split when the grid is short, every (request, tile, chunk) once, partial rows per query") {
   // MQA decode, 3 requests of 1000, 0 and 300 keys, 32 query heads on 1 kv head: 3 work
   // items against a target of 24 blocks: 8 splits of the longest, chunks of 128 keys
   BatchShape s;
@@ -127,7 +128,7 @@ TEST_CASE("07_hopper schedule: a split when the grid is short, every (request, t
   opt.kv_chunk_size = 64;
   CHECK_THROWS_AS(hopper::HopperRunner(opt).make_schedule(s), ref::InvalidArgument);
 }
-}
+}  // TEST_SUITE("host")
 
 TEST_CASE("07_hopper: sanitizer subset") {
   // a few small cases on stage 07 alone, for compute-sanitizer (memcheck, racecheck,
@@ -163,8 +164,8 @@ TEST_CASE("07_hopper: sanitizer subset") {
         c.kv_layout = KVLayout::HND;
         c.head_dim = 128;  // the paged entry's one head_dim
       }
-      const harness::ValidationReport r =
-          harness::validate(stage, c, harness::case_seed(test::run_seed(), c.describe()));
+      const harness::ValidationReport r = harness::validate(stage, c,
+                                                            harness::case_seed(test::run_seed(), c.describe()));
       INFO(name);
       CHECK_MESSAGE(r.passed, r.message());
     }

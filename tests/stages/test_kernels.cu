@@ -68,8 +68,7 @@ __global__ void cp_async_kernel(const uint4* src, uint4* dst) {
 
 /// One thread per row: keys [0, n) in chunks of `chunk`, each chunk folded into its own
 /// state and the chunk states merged in reverse order; writes o (4 dims) and lse.
-__global__ void softmax_state_kernel(const float* s, const float* v, int rows, int n, int chunk,
-                                     float* o, float* lse) {
+__global__ void softmax_state_kernel(const float* s, const float* v, int rows, int n, int chunk, float* o, float* lse) {
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
   if (row >= rows) return;
   kernels::SoftmaxState<4> total;
@@ -109,8 +108,7 @@ TEST_CASE("kernels: FastDivmod on the device equals / and % for page sizes 1..64
   for (uint32_t d : {1u, 2u, 3u, 7u, 8u, 15u, 16u, 17u, 31u, 32u, 63u, 64u, 100u, 1000u, 65537u}) {
     CAPTURE(d);
     divmod_kernel<<<(n.size() + 255) / 256, 256>>>(n_dev.as<uint32_t>(), static_cast<int>(n.size()),
-                                                    kernels::FastDivmod(d), q_dev.as<uint32_t>(),
-                                                    r_dev.as<uint32_t>());
+                                                   kernels::FastDivmod(d), q_dev.as<uint32_t>(), r_dev.as<uint32_t>());
     kernels::check_launch("divmod_kernel");
     const auto q = download<uint32_t>(q_dev), r = download<uint32_t>(r_dev);
     int wrong = 0;
@@ -127,7 +125,8 @@ TEST_CASE_TEMPLATE("kernels: Vec16 widens exactly and narrows like the host", T,
   const DeviceBuffer in_dev = upload(in);
   DeviceBuffer widened(in.size() * sizeof(float)), narrowed(in.size() * sizeof(T));
   const int vectors = static_cast<int>(in.size()) / kernels::Vec16<T>::kSize;
-  vec_roundtrip_kernel<T><<<(vectors + 127) / 128, 128>>>(in_dev.as<T>(), widened.as<float>(), narrowed.as<T>(), vectors);
+  vec_roundtrip_kernel<T>
+      <<<(vectors + 127) / 128, 128>>>(in_dev.as<T>(), widened.as<float>(), narrowed.as<T>(), vectors);
   kernels::check_launch("vec_roundtrip_kernel");
   const auto w = download<float>(widened);
   const auto n = download<T>(narrowed);
@@ -166,8 +165,8 @@ TEST_CASE("kernels: SoftmaxState, chunked and merged in any order, equals softma
   for (int chunk : {1, 7, 64, 300}) {
     CAPTURE(chunk);
     DeviceBuffer o_dev(rows * 4 * sizeof(float)), lse_dev(rows * sizeof(float));
-    softmax_state_kernel<<<1, rows>>>(s_dev.as<float>(), v_dev.as<float>(), rows, n, chunk,
-                                      o_dev.as<float>(), lse_dev.as<float>());
+    softmax_state_kernel<<<1, rows>>>(s_dev.as<float>(), v_dev.as<float>(), rows, n, chunk, o_dev.as<float>(),
+                                      lse_dev.as<float>());
     kernels::check_launch("softmax_state_kernel");
     const auto o = download<float>(o_dev), lse = download<float>(lse_dev);
     std::vector<double> o_ref, lse_ref, o_got(o.begin(), o.end()), lse_got(lse.begin(), lse.end());
@@ -196,7 +195,8 @@ TEST_CASE("kernels: merge_weights handles empty states (lse = -inf) exactly") {
   const std::vector<float> b{0.f, 2.f, -INFINITY, -INFINITY, 99.f};
   const DeviceBuffer a_dev = upload(a), b_dev = upload(b);
   DeviceBuffer out_dev(a.size() * 3 * sizeof(float));
-  merge_weights_kernel<<<1, 32>>>(a_dev.as<float>(), b_dev.as<float>(), static_cast<int>(a.size()), out_dev.as<float>());
+  merge_weights_kernel<<<1, 32>>>(a_dev.as<float>(), b_dev.as<float>(), static_cast<int>(a.size()),
+                                  out_dev.as<float>());
   kernels::check_launch("merge_weights_kernel");
   const auto w = download<float>(out_dev);
   CHECK(w[0] == doctest::Approx(0.5));

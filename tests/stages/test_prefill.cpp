@@ -15,13 +15,12 @@ using namespace flashstep;
 using flashstep::test::check_grid;
 namespace grids = flashstep::test::grids;
 
-TEST_CASE("prefill: grid, batch {1,5} x qo_len {1,7,17} x kv_len {1,17,97} x causal x 3 head configs x head_dim {64,128,256}") {
+TEST_CASE(
+    "prefill: grid, batch {1,5} x qo_len {1,7,17} x kv_len {1,17,97} x causal x 3 head configs x head_dim {64,128,256}") {
   CHECK(check_grid(grids::prefill_grid()).count("01_naive") == 1);
 }
 
-TEST_CASE("prefill: sanitizer subset") {
-  CHECK(check_grid(grids::prefill_sanitizer_grid()).count("01_naive") == 1);
-}
+TEST_CASE("prefill: sanitizer subset") { CHECK(check_grid(grids::prefill_sanitizer_grid()).count("01_naive") == 1); }
 
 TEST_CASE("01_naive: its probabilities are the softmax of the reference's scores") {
   using namespace stages;
@@ -53,8 +52,8 @@ TEST_CASE("01_naive: its probabilities are the softmax of the reference's scores
 
   const int64_t total = runner.score_indptr().back();
   std::vector<float> probs(static_cast<size_t>(total));
-  FLASHSTEP_CUDA_CHECK(cudaMemcpy(probs.data(), runner.probabilities(), probs.size() * sizeof(float),
-                                  cudaMemcpyDeviceToHost));
+  FLASHSTEP_CUDA_CHECK(
+      cudaMemcpy(probs.data(), runner.probabilities(), probs.size() * sizeof(float), cudaMemcpyDeviceToHost));
   // Expected: softmax, in double, of the reference's masked score matrix per (request, head).
   std::vector<double> got, expected;
   ref::AttentionOptions opt;

@@ -65,7 +65,8 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
     o.rotary_dim = c.rotary_dim;
     o.interleave = c.interleave;
     freqs = ref::llama31_rope_frequencies(c.rotary_dim, o);
-    want = c.by_offsets ? ref::apply_llama31_rope(q, k, indptr, offsets, o) : ref::apply_llama31_rope_pos_ids(q, k, pos_ids, o);
+    want = c.by_offsets ? ref::apply_llama31_rope(q, k, indptr, offsets, o)
+                        : ref::apply_llama31_rope_pos_ids(q, k, pos_ids, o);
   } else {
     ref::RopeOptions o;
     o.rotary_dim = c.rotary_dim;
@@ -80,7 +81,8 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
   const auto poison_q = harness::encode(c.dtype, std::vector<double>(q.data.size(), NAN));
   const auto poison_k = harness::encode(c.dtype, std::vector<double>(k.data.size(), NAN));
   harness::DeviceBuffer oq(poison_q.data(), poison_q.size()), ok(poison_k.data(), poison_k.size());
-  harness::DeviceBuffer dpos = harness::upload(pos_ids), dind = harness::upload(indptr), doff = harness::upload(offsets);
+  harness::DeviceBuffer dpos = harness::upload(pos_ids), dind = harness::upload(indptr),
+                        doff = harness::upload(offsets);
   RopeLaunch l;
   l.dtype = c.dtype;
   l.q = dq.get();
@@ -144,7 +146,8 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("09_engine: the RoPE kernel equals the reference, both layouts, partial rotary_dim, Llama 3.1, offsets and pos_ids, in place") {
+TEST_CASE(
+    "09_engine: the RoPE kernel equals the reference, both layouts, partial rotary_dim, Llama 3.1, offsets and pos_ids, in place") {
   std::mt19937_64 rng = test::case_rng("rope");
   const DType dtypes[] = {DType::bf16, DType::f16, DType::f32};
   const int dims[] = {64, 128, 256};
@@ -181,17 +184,21 @@ TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
   l.head_dim = 64;
   l.rotary_dim = 63;
   std::vector<double> f(31, 0.1);
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"),
+                       ref::InvalidArgument);
   l.rotary_dim = 128;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"),
+                       ref::InvalidArgument);
   l.rotary_dim = 64;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("frequencies"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("frequencies"),
+                       ref::InvalidArgument);
   f.resize(32);
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("positions"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("positions"),
+                       ref::InvalidArgument);
   l.head_dim = 1024;
   CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("head_dim"), ref::InvalidArgument);
   l.head_dim = 64;
   l.nnz = -1;
   CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("nnz"), ref::InvalidArgument);
 }
-}
+}  // TEST_SUITE("host")

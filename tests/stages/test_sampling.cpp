@@ -66,11 +66,11 @@ struct Cell {
   std::vector<int32_t> indices;
   std::string describe() const {
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%s vocab=%lld batch=%lld rows=%lld %s %s seed=%llu offset=%llu k=%lld p=%.3g min_p=%.3g",
-                  op_name(op), static_cast<long long>(vocab), static_cast<long long>(batch), static_cast<long long>(rows),
-                  per_output ? "per-output" : "scalar", shuffled ? "indices" : "identity",
-                  static_cast<unsigned long long>(seed), static_cast<unsigned long long>(offset),
-                  static_cast<long long>(top_k[0]), top_p[0], min_p[0]);
+    std::snprintf(
+        buf, sizeof buf, "%s vocab=%lld batch=%lld rows=%lld %s %s seed=%llu offset=%llu k=%lld p=%.3g min_p=%.3g",
+        op_name(op), static_cast<long long>(vocab), static_cast<long long>(batch), static_cast<long long>(rows),
+        per_output ? "per-output" : "scalar", shuffled ? "indices" : "identity", static_cast<unsigned long long>(seed),
+        static_cast<unsigned long long>(offset), static_cast<long long>(top_k[0]), top_p[0], min_p[0]);
     return buf;
   }
 };
@@ -110,7 +110,8 @@ std::vector<Cell> make_grid(Op op, std::mt19937_64& rng) {
         c.min_p.push_back(pick_min_p(n + i * 2));
       }
       if (c.shuffled) {
-        for (int64_t i = 0; i < batch; ++i) c.indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, c.rows - 1)));
+        for (int64_t i = 0; i < batch; ++i)
+          c.indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, c.rows - 1)));
       }
       cells.push_back(std::move(c));
       ++n;
@@ -120,9 +121,9 @@ std::vector<Cell> make_grid(Op op, std::mt19937_64& rng) {
 }
 
 // First few mismatching outputs, with everything needed to reproduce them.
-void check_tokens(const std::string& what, const std::vector<int32_t>& gpu_tokens, const std::vector<int32_t>& gpu_rounds,
-                  const std::vector<int32_t>& gpu_status, const ref::SamplingResult& expected,
-                  const std::vector<int32_t>& indices) {
+void check_tokens(const std::string& what, const std::vector<int32_t>& gpu_tokens,
+                  const std::vector<int32_t>& gpu_rounds, const std::vector<int32_t>& gpu_status,
+                  const ref::SamplingResult& expected, const std::vector<int32_t>& indices) {
   size_t mismatches = 0;
   std::string first;
   for (size_t i = 0; i < gpu_tokens.size(); ++i) {
@@ -130,9 +131,9 @@ void check_tokens(const std::string& what, const std::vector<int32_t>& gpu_token
     if (same) continue;
     if (++mismatches <= 5)
       first += "  output " + std::to_string(i) + " (row " + std::to_string(indices.empty() ? int32_t(i) : indices[i]) +
-               "): GPU token " + std::to_string(gpu_tokens[i]) + " rounds " + std::to_string(gpu_rounds[i]) + " status " +
-               std::to_string(gpu_status[i]) + ", reference token " + std::to_string(expected.samples[i]) + " rounds " +
-               std::to_string(expected.rounds[i]) + "\n";
+               "): GPU token " + std::to_string(gpu_tokens[i]) + " rounds " + std::to_string(gpu_rounds[i]) +
+               " status " + std::to_string(gpu_status[i]) + ", reference token " + std::to_string(expected.samples[i]) +
+               " rounds " + std::to_string(expected.rounds[i]) + "\n";
   }
   INFO(what);
   INFO(first);
@@ -151,8 +152,9 @@ void check_close(const std::string& what, const std::vector<float>& got, const r
     const bool ok = (std::isinf(e) && g == e) || std::abs(g - e) <= atol + rtol * std::abs(e);
     if (ok) continue;
     if (++bad <= 5)
-      first += "  [" + std::to_string(static_cast<int64_t>(i) / vocab) + ", " + std::to_string(static_cast<int64_t>(i) % vocab) +
-               "]: GPU " + std::to_string(g) + " reference " + std::to_string(e) + "\n";
+      first += "  [" + std::to_string(static_cast<int64_t>(i) / vocab) + ", " +
+               std::to_string(static_cast<int64_t>(i) % vocab) + "]: GPU " + std::to_string(g) + " reference " +
+               std::to_string(e) + "\n";
   }
   INFO(what);
   INFO(first);
@@ -200,7 +202,9 @@ struct CellParams {
   }
 };
 
-ref::RowParam<int64_t> ref_k(const Cell& c) { return c.per_output ? ref::RowParam<int64_t>(c.top_k) : ref::RowParam<int64_t>(c.top_k[0]); }
+ref::RowParam<int64_t> ref_k(const Cell& c) {
+  return c.per_output ? ref::RowParam<int64_t>(c.top_k) : ref::RowParam<int64_t>(c.top_k[0]);
+}
 ref::RowParam<double> ref_fraction(const Cell& c, const std::vector<double>& v) {
   // per-output values go to the device as float: the reference gets the same float values
   if (!c.per_output) return ref::RowParam<double>(v[0]);
@@ -302,8 +306,9 @@ std::vector<double> random_logits(std::mt19937_64& rng, int64_t n, double neg_in
   std::normal_distribution<double> normal(0.0, 2.0);
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   std::vector<double> v(static_cast<size_t>(n));
-  for (auto& x : v) x = unit(rng) < neg_inf_fraction ? -std::numeric_limits<double>::infinity()
-                                                      : static_cast<float>(std::round(8.0 * normal(rng)) / 8.0);
+  for (auto& x : v)
+    x = unit(rng) < neg_inf_fraction ? -std::numeric_limits<double>::infinity()
+                                     : static_cast<float>(std::round(8.0 * normal(rng)) / 8.0);
   return v;
 }
 
@@ -352,7 +357,8 @@ TEST_CASE("from logits (f32 and bf16): fused softmax within float tolerance, tok
           const ref::Tensor& logits = dl.values;
           std::vector<int32_t> indices;
           if (shuffled)
-            for (int64_t i = 0; i < batch; ++i) indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, rows - 1)));
+            for (int64_t i = 0; i < batch; ++i)
+              indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, rows - 1)));
           const int64_t k = pick_k(n, vocab);
           const double p = pick_p(n);
           const uint64_t seed = rng(), offset = kOffsets[n % 4];
@@ -363,8 +369,8 @@ TEST_CASE("from logits (f32 and bf16): fused softmax within float tolerance, tok
           CAPTURE(seed);
           CAPTURE(k);
           CAPTURE(p);
-          DeviceArray<int32_t> d_indices(indices), samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
-              status(static_cast<size_t>(batch));
+          DeviceArray<int32_t> d_indices(indices), samples(static_cast<size_t>(batch)),
+              rounds(static_cast<size_t>(batch)), status(static_cast<size_t>(batch));
           DeviceArray<float> probs(static_cast<size_t>(batch * vocab));
           samples.poison(), rounds.poison(), status.poison(), probs.poison();
           gpu::SamplingOptions opt;
@@ -382,7 +388,8 @@ TEST_CASE("from logits (f32 and bf16): fused softmax within float tolerance, tok
           if (variant == 0) {
             gpu::sampling_from_logits(dl.rows, out, {}, opt);
           } else {
-            gpu::top_k_top_p_sampling_from_logits(dl.rows, gpu::TopK(k), gpu::Fraction(p), order, out, {ws.get(), bytes}, opt);
+            gpu::top_k_top_p_sampling_from_logits(dl.rows, gpu::TopK(k), gpu::Fraction(p), order, out,
+                                                  {ws.get(), bytes}, opt);
           }
           // the probabilities each output drew from: the fused softmax, written on request
           const std::vector<float> used = probs.download();
@@ -503,8 +510,9 @@ TEST_CASE("chain_speculative_sampling: every output equals the reference's") {
         std::copy(draft.begin(), draft.end(), dd.data.begin());
         const auto expected = ref::chain_speculative_sampling(dd, ids, td, seed, offset);
         DeviceArray<float> d_target(target), d_draft(draft);
-        DeviceArray<int32_t> d_ids(ids), tokens(static_cast<size_t>(batch * (n + 1))), accepted(static_cast<size_t>(batch)),
-            emitted(static_cast<size_t>(batch)), status(static_cast<size_t>(batch));
+        DeviceArray<int32_t> d_ids(ids), tokens(static_cast<size_t>(batch * (n + 1))),
+            accepted(static_cast<size_t>(batch)), emitted(static_cast<size_t>(batch)),
+            status(static_cast<size_t>(batch));
         tokens.poison(), accepted.poison(), emitted.poison(), status.poison();
         gpu::chain_speculative_sampling(d_draft.get(), d_ids.get(), d_target.get(), batch, n, vocab,
                                         {tokens.get(), accepted.get(), emitted.get(), status.get()}, seed, offset);
@@ -546,7 +554,8 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
   };
   const int64_t n_rows = good_rows + static_cast<int64_t>(defects.size());
   rows.resize(static_cast<size_t>(n_rows * vocab), 1.0f / vocab);
-  for (size_t d = 0; d < defects.size(); ++d) defects[d].apply(rows.data() + (good_rows + static_cast<int64_t>(d)) * vocab);
+  for (size_t d = 0; d < defects.size(); ++d)
+    defects[d].apply(rows.data() + (good_rows + static_cast<int64_t>(d)) * vocab);
   DeviceArray<float> d_rows(rows);
   // outputs: every row once, then bad indices; per-output parameters with bad values on the good rows
   std::vector<int32_t> indices;
@@ -563,8 +572,8 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
   min_p[1] = -0.1f;
   min_p[2] = 2.f;
   min_p[3] = nan;
-  DeviceArray<int32_t> d_indices(indices), d_k(top_k), samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
-      status(static_cast<size_t>(batch));
+  DeviceArray<int32_t> d_indices(indices), d_k(top_k), samples(static_cast<size_t>(batch)),
+      rounds(static_cast<size_t>(batch)), status(static_cast<size_t>(batch));
   DeviceArray<float> d_p(top_p), d_m(min_p);
   gpu::SamplingOptions opt;
   opt.indices = d_indices.get();
@@ -599,40 +608,51 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
     for (int64_t i = 0; i < good_rows; ++i) ropt.indices[static_cast<size_t>(i)] = static_cast<int32_t>(i);
     const auto expected = reference(ropt);
     for (int64_t i = 0; i < good_rows; ++i)
-      if (good_status[static_cast<size_t>(i)] == gpu::Status::ok) CHECK(s[static_cast<size_t>(i)] == expected.samples[static_cast<size_t>(i)]);
+      if (good_status[static_cast<size_t>(i)] == gpu::Status::ok)
+        CHECK(s[static_cast<size_t>(i)] == expected.samples[static_cast<size_t>(i)]);
   };
   using S = gpu::Status;
-  check("sampling_from_probs", [&] { gpu::sampling_from_probs(in, out, opt); }, {S::ok, S::ok, S::ok, S::ok},
-        [&](const ref::SamplingOptions& o) { return ref::sampling_from_probs(good, o); });
-  check("top_k_sampling_from_probs", [&] { gpu::top_k_sampling_from_probs(in, gpu::TopK::per_row(d_k.get()), out, opt); },
-        {S::ok, S::bad_top_k, S::ok, S::ok}, [&](const ref::SamplingOptions& o) { return ref::top_k_sampling_from_probs(good, 10, o); });
-  check("top_p_sampling_from_probs", [&] { gpu::top_p_sampling_from_probs(in, gpu::Fraction::per_row(d_p.get()), out, opt); },
-        {S::ok, S::bad_top_p, S::bad_top_p, S::bad_top_p},
-        [&](const ref::SamplingOptions& o) { return ref::top_p_sampling_from_probs(good, static_cast<float>(0.9), o); });
-  check("min_p_sampling_from_probs", [&] { gpu::min_p_sampling_from_probs(in, gpu::Fraction::per_row(d_m.get()), out, opt); },
-        {S::ok, S::bad_min_p, S::bad_min_p, S::bad_min_p},
-        [&](const ref::SamplingOptions& o) { return ref::min_p_sampling_from_probs(good, static_cast<float>(0.1), o); });
-  check("top_k_top_p joint",
-        [&] {
-          gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK::per_row(d_k.get()), gpu::Fraction::per_row(d_p.get()),
-                                               ref::FilterApplyOrder::joint, out, {}, opt);
-        },
-        {S::ok, S::bad_top_k, S::bad_top_p, S::bad_top_p},
-        [&](const ref::SamplingOptions& o) {
-          return ref::top_k_top_p_sampling_from_probs(good, 10, static_cast<float>(0.9), ref::FilterApplyOrder::joint, o);
-        });
+  check(
+      "sampling_from_probs", [&] { gpu::sampling_from_probs(in, out, opt); }, {S::ok, S::ok, S::ok, S::ok},
+      [&](const ref::SamplingOptions& o) { return ref::sampling_from_probs(good, o); });
+  check(
+      "top_k_sampling_from_probs", [&] { gpu::top_k_sampling_from_probs(in, gpu::TopK::per_row(d_k.get()), out, opt); },
+      {S::ok, S::bad_top_k, S::ok, S::ok},
+      [&](const ref::SamplingOptions& o) { return ref::top_k_sampling_from_probs(good, 10, o); });
+  check(
+      "top_p_sampling_from_probs",
+      [&] { gpu::top_p_sampling_from_probs(in, gpu::Fraction::per_row(d_p.get()), out, opt); },
+      {S::ok, S::bad_top_p, S::bad_top_p, S::bad_top_p},
+      [&](const ref::SamplingOptions& o) { return ref::top_p_sampling_from_probs(good, static_cast<float>(0.9), o); });
+  check(
+      "min_p_sampling_from_probs",
+      [&] { gpu::min_p_sampling_from_probs(in, gpu::Fraction::per_row(d_m.get()), out, opt); },
+      {S::ok, S::bad_min_p, S::bad_min_p, S::bad_min_p},
+      [&](const ref::SamplingOptions& o) { return ref::min_p_sampling_from_probs(good, static_cast<float>(0.1), o); });
+  check(
+      "top_k_top_p joint",
+      [&] {
+        gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK::per_row(d_k.get()), gpu::Fraction::per_row(d_p.get()),
+                                             ref::FilterApplyOrder::joint, out, {}, opt);
+      },
+      {S::ok, S::bad_top_k, S::bad_top_p, S::bad_top_p},
+      [&](const ref::SamplingOptions& o) {
+        return ref::top_k_top_p_sampling_from_probs(good, 10, static_cast<float>(0.9), ref::FilterApplyOrder::joint, o);
+      });
   {
     const size_t bytes = gpu::workspace_bytes("top_k_top_p_sampling_from_probs", n_rows, batch, vocab);
     DeviceArray<uint8_t> ws(bytes);
-    check("top_k_top_p top_k_first",
-          [&] {
-            gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK::per_row(d_k.get()), gpu::Fraction::per_row(d_p.get()),
-                                                 ref::FilterApplyOrder::top_k_first, out, {ws.get(), bytes}, opt);
-          },
-          {S::ok, S::bad_top_k, S::bad_top_p, S::bad_top_p},
-          [&](const ref::SamplingOptions& o) {
-            return ref::top_k_top_p_sampling_from_probs(good, 10, static_cast<float>(0.9), ref::FilterApplyOrder::top_k_first, o);
-          });
+    check(
+        "top_k_top_p top_k_first",
+        [&] {
+          gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK::per_row(d_k.get()), gpu::Fraction::per_row(d_p.get()),
+                                               ref::FilterApplyOrder::top_k_first, out, {ws.get(), bytes}, opt);
+        },
+        {S::ok, S::bad_top_k, S::bad_top_p, S::bad_top_p},
+        [&](const ref::SamplingOptions& o) {
+          return ref::top_k_top_p_sampling_from_probs(good, 10, static_cast<float>(0.9),
+                                                      ref::FilterApplyOrder::top_k_first, o);
+        });
   }
   // renorm: a bad row becomes NaN with its status, the good rows are renormalized
   DeviceArray<float> renormed(rows.size());
@@ -654,18 +674,21 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
   DeviceArray<float> d_logits(logits), probs_out(logits.size());
   DeviceArray<int32_t> logit_status(3);
   gpu::softmax({d_logits.get(), 3, vocab}, 1.0, probs_out.get(), logit_status.get());
-  CHECK(logit_status.download() ==
-        std::vector<int32_t>{int32_t(gpu::Status::not_finite), int32_t(gpu::Status::not_finite), int32_t(gpu::Status::zero_row)});
+  CHECK(logit_status.download() == std::vector<int32_t>{int32_t(gpu::Status::not_finite),
+                                                        int32_t(gpu::Status::not_finite),
+                                                        int32_t(gpu::Status::zero_row)});
   gpu::top_k_mask_logits({d_logits.get(), 3, vocab}, 5, probs_out.get(), logit_status.get());
-  CHECK(logit_status.download() ==
-        std::vector<int32_t>{int32_t(gpu::Status::not_finite), int32_t(gpu::Status::not_finite), int32_t(gpu::Status::zero_row)});
+  CHECK(logit_status.download() == std::vector<int32_t>{int32_t(gpu::Status::not_finite),
+                                                        int32_t(gpu::Status::not_finite),
+                                                        int32_t(gpu::Status::zero_row)});
   // the fused from-logits samplers, f32 and bf16: the same statuses, -1 tokens, NaN probs
   // rows; a good fourth row still samples the reference's token
   for (bool as_bf16 : {false, true}) {
     CAPTURE(as_bf16);
     ref::Tensor four({4, vocab});
     std::copy(logits.begin(), logits.end(), four.data.begin());
-    for (int64_t i = 0; i < vocab; ++i) four.data[static_cast<size_t>(3 * vocab + i)] = 0.001 * static_cast<double>(i % 97);
+    for (int64_t i = 0; i < vocab; ++i)
+      four.data[static_cast<size_t>(3 * vocab + i)] = 0.001 * static_cast<double>(i % 97);
     const DeviceLogits dl(four, as_bf16);
     DeviceArray<int32_t> tok(4), st(4), rd(4);
     DeviceArray<float> used(static_cast<size_t>(4 * vocab));
@@ -690,13 +713,16 @@ TEST_CASE("bad rows and bad per-output parameters get a status and a sentinel, a
   // speculative: a draft id out of range and a NaN target
   {
     const int64_t b = 2, n = 2;
-    std::vector<float> target(static_cast<size_t>(b * (n + 1) * vocab), 1.0f / vocab), draft(static_cast<size_t>(b * n * vocab), 1.0f / vocab);
+    std::vector<float> target(static_cast<size_t>(b * (n + 1) * vocab), 1.0f / vocab),
+        draft(static_cast<size_t>(b * n * vocab), 1.0f / vocab);
     target[5] = nan;
     std::vector<int32_t> ids = {1, 2, 3, static_cast<int32_t>(vocab)};
     DeviceArray<float> dt(target), dd(draft);
     DeviceArray<int32_t> di(ids), tok(static_cast<size_t>(b * (n + 1))), acc(2), emi(2), st(2);
-    gpu::chain_speculative_sampling(dd.get(), di.get(), dt.get(), b, n, vocab, {tok.get(), acc.get(), emi.get(), st.get()}, 1, 0);
-    CHECK(st.download() == std::vector<int32_t>{int32_t(gpu::Status::not_finite), int32_t(gpu::Status::bad_draft_token)});
+    gpu::chain_speculative_sampling(dd.get(), di.get(), dt.get(), b, n, vocab,
+                                    {tok.get(), acc.get(), emi.get(), st.get()}, 1, 0);
+    CHECK(st.download() ==
+          std::vector<int32_t>{int32_t(gpu::Status::not_finite), int32_t(gpu::Status::bad_draft_token)});
     CHECK(tok.download() == std::vector<int32_t>(6, gpu::kInvalidToken));
   }
 }
@@ -710,7 +736,8 @@ TEST_CASE("host-side arguments are checked before any launch, naming the argumen
   expect_error([&] { gpu::top_k_sampling_from_probs(in, 0, out); }, {"top_k_sampling_from_probs", "top_k", ">= 1"});
   expect_error([&] { gpu::top_p_sampling_from_probs(in, 0.0, out); }, {"top_p_sampling_from_probs", "top_p", "(0, 1]"});
   expect_error([&] { gpu::top_p_sampling_from_probs(in, 1.5, out); }, {"top_p", "(0, 1]"});
-  expect_error([&] { gpu::min_p_sampling_from_probs(in, -0.1, out); }, {"min_p_sampling_from_probs", "min_p", "[0, 1]"});
+  expect_error([&] { gpu::min_p_sampling_from_probs(in, -0.1, out); },
+               {"min_p_sampling_from_probs", "min_p", "[0, 1]"});
   expect_error([&] { gpu::min_p_sampling_from_probs(in, 1.5, out); }, {"min_p", "[0, 1]"});
   expect_error([&] { gpu::sampling_from_probs({probs.get(), 1, 0}, out); }, {"sampling_from_probs", "vocab_size"});
   expect_error([&] { gpu::top_k_top_p_sampling_from_logits(in, 2, 0.5, ref::FilterApplyOrder::top_k_first, out, {}); },
@@ -720,14 +747,19 @@ TEST_CASE("host-side arguments are checked before any launch, naming the argumen
   expect_error([&] { gpu::top_k_renorm_probs(as_bf16, 2, probs.get()); }, {"top_k_renorm_probs", "probs", "f32"});
   const gpu::DeviceRows bad_type{probs.get(), 1, 8, static_cast<gpu::ElementType>(7)};
   expect_error([&] { gpu::softmax(bad_type, 1.0, probs.get()); }, {"softmax", "logits", "f32 or bf16"});
-  expect_error([&] { gpu::sampling_from_probs(in, {samples.get(), nullptr, nullptr, probs.get()}); },
-               {"sampling_from_probs", "probs", "from-logits"});
+  expect_error(
+      [&] {
+        gpu::sampling_from_probs(in, {samples.get(), nullptr, nullptr, probs.get()});
+      },
+      {"sampling_from_probs", "probs", "from-logits"});
   expect_error([&] { gpu::softmax(in, 0.0, probs.get()); }, {"softmax", "temperature", "greedy"});
-  expect_error([&] {
-    gpu::SamplingOptions o;
-    o.indices = samples.get();
-    gpu::sampling_from_probs(in, out, o);
-  }, {"batch", "indices"});
+  expect_error(
+      [&] {
+        gpu::SamplingOptions o;
+        o.indices = samples.get();
+        gpu::sampling_from_probs(in, out, o);
+      },
+      {"batch", "indices"});
 }
 
 TEST_CASE("the GPU Philox stream is cuRAND's and the CPU's") {
@@ -745,86 +777,91 @@ TEST_CASE("the GPU Philox stream is cuRAND's and the CPU's") {
     bool host_same = true;
     for (int s = 0; s < 257; ++s)
       for (int j = 0; j < 9; ++j)
-        host_same = host_same && mine[static_cast<size_t>(s * 9 + j)] == flashstep::kernels::philox_word(seed, static_cast<uint64_t>(s), offset + static_cast<uint64_t>(j));
+        host_same = host_same && mine[static_cast<size_t>(s * 9 + j)] ==
+                                     flashstep::kernels::philox_word(seed, static_cast<uint64_t>(s),
+                                                                     offset + static_cast<uint64_t>(j));
     CHECK(host_same);
   }
 }
 
 TEST_SUITE("host") {
-  TEST_CASE("stage 06 mass arithmetic equals the reference's") {
-    auto rng = flashstep::test::case_rng("stage 06 mass");
-    std::uniform_real_distribution<double> unit(0.0, 1.0);
-    std::vector<float> specials = {0.f, -0.f, 1.f, 1e-30f, 1e-28f, 1e-22f, 1.2e-38f, 1e-45f, 0.5f, 0.99999994f, 0.1f};
-    for (int i = 0; i < 20000; ++i) specials.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
-    size_t bad = 0;
-    for (float p : specials) {
-      bad += gpu::mass_of(p) != ref::mass_of(p);
-      const uint32_t u24 = static_cast<uint32_t>(rng() >> 40);
-      ref::Mass q = 0;
-      for (int j = 0; j < 50; ++j) q += ref::mass_of(specials[static_cast<size_t>(rng() % specials.size())]);
-      bad += gpu::scaled_threshold(u24, q) != ref::scaled_threshold(u24, q);
-      const float f = static_cast<float>(unit(rng));
-      bad += gpu::mass_fraction_ceil(q, f) != ref::mass_fraction_ceil(q, f);
-      bad += gpu::mass_fraction_ceil(q, 1.0f) != ref::mass_fraction_ceil(q, 1.0f);
-    }
-    CHECK(bad == 0);
+TEST_CASE("stage 06 mass arithmetic equals the reference's") {
+  auto rng = flashstep::test::case_rng("stage 06 mass");
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<float> specials = {0.f, -0.f, 1.f, 1e-30f, 1e-28f, 1e-22f, 1.2e-38f, 1e-45f, 0.5f, 0.99999994f, 0.1f};
+  for (int i = 0; i < 20000; ++i) specials.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
+  size_t bad = 0;
+  for (float p : specials) {
+    bad += gpu::mass_of(p) != ref::mass_of(p);
+    const uint32_t u24 = static_cast<uint32_t>(rng() >> 40);
+    ref::Mass q = 0;
+    for (int j = 0; j < 50; ++j) q += ref::mass_of(specials[static_cast<size_t>(rng() % specials.size())]);
+    bad += gpu::scaled_threshold(u24, q) != ref::scaled_threshold(u24, q);
+    const float f = static_cast<float>(unit(rng));
+    bad += gpu::mass_fraction_ceil(q, f) != ref::mass_fraction_ceil(q, f);
+    bad += gpu::mass_fraction_ceil(q, 1.0f) != ref::mass_fraction_ceil(q, 1.0f);
   }
-
-  TEST_CASE("stage 06 MassAcc sums exactly the reference's masses") {
-    // the passes' cheap per-thread sum (mass.cuh) against the reference's mass_of, 16
-    // entries at a time as a tile; outside [0, 2) it must give mass_of's zero
-    auto rng = flashstep::test::case_rng("stage 06 MassAcc");
-    std::uniform_real_distribution<double> unit(0.0, 1.0);
-    std::vector<float> values = {0.f, -0.f, 1.f, 1e-30f, 1e-28f, 1e-22f, 1.2e-38f, 1e-45f, 0.5f, 0.99999994f, 0.1f,
-                                 1.5f, 1.9999999f, 0x1p-48f, 0x1.fffffep-49f, 0x1p-73f, 0x1.8p-74f, 0x1p-96f, 0x1p-97f};
-    for (int i = 0; i < 20000; ++i) values.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
-    size_t bad = 0;
-    for (size_t i = 0; i < values.size(); ++i) {
-      gpu::MassAcc one;
-      one.add(values[i]);
-      bad += one.value() != ref::mass_of(values[i]);
-      gpu::MassAcc tile;
-      ref::Mass want = 0;
-      for (int j = 0; j < 16; ++j) {
-        const float p = values[static_cast<size_t>(rng() % values.size())];
-        tile.add(p);
-        want += ref::mass_of(p);
-      }
-      bad += tile.value() != want;
-      // the counting pass's form: each entry converted once, added where it is kept
-      gpu::MassAcc kept;
-      ref::Mass kept_want = 0;
-      for (int j = 0; j < 16; ++j) {
-        const float p = values[static_cast<size_t>(rng() % values.size())];
-        const bool keep = rng() % 2 == 0;
-        kept.add_if(keep, gpu::MassAcc::parts(p));
-        kept_want += keep ? ref::mass_of(p) : 0;
-      }
-      bad += kept.value() != kept_want;
-    }
-    for (float p : {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-      gpu::MassAcc acc;
-      acc.add(p);
-      bad += acc.value() != 0 || gpu::mass_of(p) != 0;
-    }
-    CHECK(bad == 0);
-  }
-
-  TEST_CASE("the stage 06 registry lists every reference operator once") {
-    std::vector<std::string> names;
-    for (const auto& op : gpu::operators()) names.push_back(op.name);
-    for (const char* want : {"sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs",
-                             "top_p_sampling_from_probs", "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",
-                             "top_k_top_p_sampling_from_logits", "top_k_renorm_probs", "top_p_renorm_probs",
-                             "top_k_mask_logits", "softmax", "chain_speculative_sampling"}) {
-      CAPTURE(want);
-      CHECK(std::count(names.begin(), names.end(), want) == 1);
-    }
-    flashstep::test::expect_error([] { gpu::workspace_bytes("sort_and_sample", 1, 1, 1); }, {"workspace_bytes", "sort_and_sample"});
-    CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_probs", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
-    CHECK(gpu::workspace_bytes("sampling_from_logits", 3, 5, 100) == 0);  // softmax fused
-    CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
-    CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::top_k_first) >=
-          5 * 100 * sizeof(float) + 5 * sizeof(int32_t));
-  }
+  CHECK(bad == 0);
 }
+
+TEST_CASE("stage 06 MassAcc sums exactly the reference's masses") {
+  // the passes' cheap per-thread sum (mass.cuh) against the reference's mass_of, 16
+  // entries at a time as a tile; outside [0, 2) it must give mass_of's zero
+  auto rng = flashstep::test::case_rng("stage 06 MassAcc");
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<float> values = {
+      0.f,  -0.f, 1.f,        1e-30f,   1e-28f,          1e-22f,   1.2e-38f,   1e-45f,   0.5f,    0.99999994f,
+      0.1f, 1.5f, 1.9999999f, 0x1p-48f, 0x1.fffffep-49f, 0x1p-73f, 0x1.8p-74f, 0x1p-96f, 0x1p-97f};
+  for (int i = 0; i < 20000; ++i) values.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
+  size_t bad = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    gpu::MassAcc one;
+    one.add(values[i]);
+    bad += one.value() != ref::mass_of(values[i]);
+    gpu::MassAcc tile;
+    ref::Mass want = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float p = values[static_cast<size_t>(rng() % values.size())];
+      tile.add(p);
+      want += ref::mass_of(p);
+    }
+    bad += tile.value() != want;
+    // the counting pass's form: each entry converted once, added where it is kept
+    gpu::MassAcc kept;
+    ref::Mass kept_want = 0;
+    for (int j = 0; j < 16; ++j) {
+      const float p = values[static_cast<size_t>(rng() % values.size())];
+      const bool keep = rng() % 2 == 0;
+      kept.add_if(keep, gpu::MassAcc::parts(p));
+      kept_want += keep ? ref::mass_of(p) : 0;
+    }
+    bad += kept.value() != kept_want;
+  }
+  for (float p :
+       {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    gpu::MassAcc acc;
+    acc.add(p);
+    bad += acc.value() != 0 || gpu::mass_of(p) != 0;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("the stage 06 registry lists every reference operator once") {
+  std::vector<std::string> names;
+  for (const auto& op : gpu::operators()) names.push_back(op.name);
+  for (const char* want :
+       {"sampling_from_probs", "sampling_from_logits", "top_k_sampling_from_probs", "top_p_sampling_from_probs",
+        "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits",
+        "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits", "softmax", "chain_speculative_sampling"}) {
+    CAPTURE(want);
+    CHECK(std::count(names.begin(), names.end(), want) == 1);
+  }
+  flashstep::test::expect_error([] { gpu::workspace_bytes("sort_and_sample", 1, 1, 1); },
+                                {"workspace_bytes", "sort_and_sample"});
+  CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_probs", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
+  CHECK(gpu::workspace_bytes("sampling_from_logits", 3, 5, 100) == 0);  // softmax fused
+  CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
+  CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::top_k_first) >=
+        5 * 100 * sizeof(float) + 5 * sizeof(int32_t));
+}
+}  // TEST_SUITE("host")

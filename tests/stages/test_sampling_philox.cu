@@ -17,7 +17,8 @@ __global__ void curand_kernel(uint64_t seed, uint64_t offset, int words, uint32_
 }
 
 __global__ void philox_kernel(uint64_t seed, uint64_t offset, int words, uint32_t* out) {
-  for (int j = 0; j < words; ++j) out[blockIdx.x * words + j] = flashstep::kernels::philox_word(seed, blockIdx.x, offset + j);
+  for (int j = 0; j < words; ++j)
+    out[blockIdx.x * words + j] = flashstep::kernels::philox_word(seed, blockIdx.x, offset + j);
 }
 
 std::vector<uint32_t> run(bool curand, uint64_t seed, uint64_t offset, int subsequences, int words) {

@@ -68,8 +68,7 @@ struct SplitReport {
   bool passed = false;
   std::string message() const {
     std::string m = std::string(passed ? "PASS" : "FAIL") + " 03_split_kv (" + split_kv::to_string(path) + ") on " +
-                    text + "\n  " + o.summary() +
-                    "\n  " + lse.summary();
+                    text + "\n  " + o.summary() + "\n  " + lse.summary();
     if (checked_partials) m += "\n  " + partial_o.summary() + "\n  " + partial_lse.summary();
     return m + "\n";
   }
@@ -124,7 +123,8 @@ ref::SplitKVPartials reference_partials(const HostCase& host, const ref::SplitKV
   opt.sm_scale = s.sm_scale;
   opt.kv_layout = KVLayout::NHD;
   ref::AttentionResult chunks = ref::batch_prefill_with_ragged_kv_cache(
-      q, qo_indptr, ref::Tensor({nnz_kv, H, D}, std::move(k)), ref::Tensor({nnz_kv, H, D}, std::move(v)), kv_indptr, opt);
+      q, qo_indptr, ref::Tensor({nnz_kv, H, D}, std::move(k)), ref::Tensor({nnz_kv, H, D}, std::move(v)), kv_indptr,
+      opt);
   ref::SplitKVPartials out{std::move(chunks.o), std::move(chunks.lse)};
   return out;
 }
@@ -163,7 +163,8 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
         std::copy_n(partials.s.data.begin() + row0, s.num_qo_heads, got_lse.begin() + row0);
       }
     const DTypeTolerance& f32 = tolerance_for(DType::f32);
-    r.partial_o = compare("partial_o", got_o, partials.v.data, f32.o, partial_label(r.plan, s.num_qo_heads, s.head_dim));
+    r.partial_o = compare("partial_o", got_o, partials.v.data, f32.o,
+                          partial_label(r.plan, s.num_qo_heads, s.head_dim));
     r.partial_lse = compare("partial_lse", got_lse, partials.s.data, f32.lse, partial_label(r.plan, s.num_qo_heads, 1));
   }
   r.o = compare("o", o, expected->o.data, tol.o, output_label(s.qo_indptr, s.num_qo_heads, s.head_dim));
@@ -174,8 +175,8 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
 /// Fills the workspace's partial rows with NaN, so a row the chunk kernel skips fails.
 void poison_partials(const SplitKVRunner& runner, void* workspace, cudaStream_t stream) {
   const WorkspaceLayout& w = runner.layout();
-  FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(workspace) + w.partial_o, 0xff,
-                                       w.bytes - w.partial_o, stream));
+  FLASHSTEP_CUDA_CHECK(
+      cudaMemsetAsync(static_cast<uint8_t*>(workspace) + w.partial_o, 0xff, w.bytes - w.partial_o, stream));
 }
 
 /// plan, poison, run, compare: one case through a runner made with `options`.
@@ -351,9 +352,9 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   const WorkspaceLayout w = split_kv::make_workspace_layout(3, 32, 8, 128, 264);
   CHECK(w.capacity == 33);      // G / H = 264 / 8 work items at most
   CHECK(w.partial_rows == 33);  // 3 * 8 < 264: this batch may split
-  const std::vector<size_t> starts = {w.header,           w.request_indices, w.kv_tile_indices, w.o_indptr,
-                                      w.kv_page_begin,    w.kv_chunk_len,    w.block_valid_mask, w.partial_o,
-                                      w.partial_lse,      w.bytes};
+  const std::vector<size_t> starts = {
+      w.header,       w.request_indices,  w.kv_tile_indices, w.o_indptr,    w.kv_page_begin,
+      w.kv_chunk_len, w.block_valid_mask, w.partial_o,       w.partial_lse, w.bytes};
   for (size_t i = 0; i < starts.size(); ++i) CHECK(starts[i] % kWorkspaceAlignment == 0);
   CHECK(w.request_indices >= w.header + sizeof(split_kv::SplitKVHeader));
   CHECK(w.kv_tile_indices >= w.request_indices + 4 * 33);
@@ -429,8 +430,9 @@ TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
   e = split_kv::estimate_paths(lens, plan, 16, 8, 32, 128, 2, 132, true, split_kv::DecodeCostModel{});
   CHECK(e.unsplit_seconds == doctest::Approx(65536.0 * 512 / rate));
   CHECK(e.path == DecodePath::split_fused);
-  CHECK_THROWS_WITH_AS(split_kv::estimate_paths({1, 2}, plan, 16, 8, 32, 128, 2, 132, true, split_kv::DecodeCostModel{}),
-                       doctest::Contains("kv_lens has 2 requests, the plan 16"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      split_kv::estimate_paths({1, 2}, plan, 16, 8, 32, 128, 2, 132, true, split_kv::DecodeCostModel{}),
+      doctest::Contains("kv_lens has 2 requests, the plan 16"), ref::InvalidArgument);
 }
 
 TEST_CASE("split_kv reference partials: the ragged shortcut equals ref::split_kv_partials") {
@@ -450,7 +452,8 @@ TEST_CASE("split_kv reference partials: the ragged shortcut equals ref::split_kv
     config.num_kv_heads = c.num_kv_heads;
     config.num_sm = 40 + n++;  // G > batch: the planner splits
     config.min_kv_chunk_tokens = 0;
-    const ref::SplitKVPlan plan = ref::plan_split_kv(ref::kv_page_counts_from_indptr(host.layout.shape.kv_indptr), config);
+    const ref::SplitKVPlan plan = ref::plan_split_kv(ref::kv_page_counts_from_indptr(host.layout.shape.kv_indptr),
+                                                     config);
     ref::AttentionOptions opt;
     opt.sm_scale = host.layout.shape.sm_scale;
     const ref::SplitKVPartials direct = ref::split_kv_partials(host.q, host.paged, plan, opt);
@@ -606,8 +609,9 @@ TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launc
   // by launch_merge_states and checked against the reference over the whole request.
   auto rng = test::case_rng("split_kv fp32 states");
   int cases = 0;
-  for (const CaseSpec& base : {graph_spec(5, 700, LengthPolicy::ragged_with_empty), graph_spec(3, 2048, LengthPolicy::ragged),
-                               graph_spec(1, 40, LengthPolicy::uniform), graph_spec(130, 64, LengthPolicy::ragged)}) {
+  for (const CaseSpec& base :
+       {graph_spec(5, 700, LengthPolicy::ragged_with_empty), graph_spec(3, 2048, LengthPolicy::ragged),
+        graph_spec(1, 40, LengthPolicy::uniform), graph_spec(130, 64, LengthPolicy::ragged)}) {
     for (DType dtype : {DType::bf16, DType::f16, DType::f32}) {
       CaseSpec spec = base;
       spec.dtype = dtype;
@@ -671,8 +675,8 @@ TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launc
                                       output_label(full.qo_indptr, Hq, D));
         const Comparison cl = compare("shard lse", std::vector<double>(gl.begin(), gl.end()), want.lse.data, f32.lse,
                                       lse_label(full.qo_indptr, Hq));
-        CHECK_MESSAGE((co.passed && cl.passed), "shard " << part << " of " << text << "\n  " << co.summary() << "\n  "
-                                                        << cl.summary());
+        CHECK_MESSAGE((co.passed && cl.passed),
+                      "shard " << part << " of " << text << "\n  " << co.summary() << "\n  " << cl.summary());
       }
       // Both shards' states, rows j * B + r, merged into the dtype's output.
       dev.poison_outputs(nullptr);
@@ -680,7 +684,8 @@ TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launc
                                     dev.batch().o, dev.batch().lse, nullptr);
       FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
       const DTypeTolerance& tol = tolerance_for(spec.dtype);
-      const Comparison co = compare("o", dev.output(), host.expected.o.data, tol.o, output_label(full.qo_indptr, Hq, D));
+      const Comparison co = compare("o", dev.output(), host.expected.o.data, tol.o,
+                                    output_label(full.qo_indptr, Hq, D));
       const Comparison cl = compare("lse", dev.lse(), host.expected.lse.data, tol.lse, lse_label(full.qo_indptr, Hq));
       CHECK_MESSAGE((co.passed && cl.passed), "merged " << text << "\n  " << co.summary() << "\n  " << cl.summary());
       ++cases;
@@ -793,9 +798,10 @@ TEST_CASE("split_kv: bad calls are InvalidArgument naming the rule") {
                        ref::InvalidArgument);
   const size_t need = runner.workspace_bytes(s);
   DeviceBuffer small(need - 1);
-  CHECK_THROWS_WITH_AS(runner.plan(s, small.get(), small.bytes(), nullptr),
-                       doctest::Contains(("SplitKVRunner::plan: workspace_size is " + std::to_string(need - 1)).c_str()),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      runner.plan(s, small.get(), small.bytes(), nullptr),
+      doctest::Contains(("SplitKVRunner::plan: workspace_size is " + std::to_string(need - 1)).c_str()),
+      ref::InvalidArgument);
   CHECK_THROWS_WITH_AS(runner.plan(s, nullptr, need, nullptr), doctest::Contains("workspace is null"),
                        ref::InvalidArgument);
   s.head_dim = 96;
@@ -806,15 +812,17 @@ TEST_CASE("split_kv: bad calls are InvalidArgument naming the rule") {
   DeviceBuffer ok(need);
   CHECK_THROWS_WITH_AS(runner.plan(s, ok.get(), ok.bytes(), nullptr),
                        doctest::Contains("kv_last_page_len must have batch_size = 2 entries"), ref::InvalidArgument);
-  CHECK_THROWS_WITH_AS(split_kv::launch_merge_states(nullptr, nullptr, 0, 1, 32, 128, DType::bf16, nullptr, nullptr, nullptr),
-                       doctest::Contains("states_per_request must be >= 1"), ref::InvalidArgument);
-  CHECK_THROWS_WITH_AS(split_kv::launch_merge_states(nullptr, nullptr, 2, 1, 32, 96, DType::bf16, nullptr, nullptr, nullptr),
-                       doctest::Contains("head_dim must be 64, 128 or 256"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      split_kv::launch_merge_states(nullptr, nullptr, 0, 1, 32, 128, DType::bf16, nullptr, nullptr, nullptr),
+      doctest::Contains("states_per_request must be >= 1"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(
+      split_kv::launch_merge_states(nullptr, nullptr, 2, 1, 32, 96, DType::bf16, nullptr, nullptr, nullptr),
+      doctest::Contains("head_dim must be 64, 128 or 256"), ref::InvalidArgument);
   SplitKVOptions bad;
   bad.num_stages = 1;
   SplitKVRunner bad_runner(bad);
-  CHECK_THROWS_WITH_AS(bad_runner.workspace_bytes(small_shape(2)), doctest::Contains("num_stages must be 0 (auto) or 2..8"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(bad_runner.workspace_bytes(small_shape(2)),
+                       doctest::Contains("num_stages must be 0 (auto) or 2..8"), ref::InvalidArgument);
 }
 
 TEST_CASE("split_kv: sanitizer subset, forced splits and a graph replay over every dtype and head_dim") {

@@ -152,7 +152,8 @@ TEST_CASE("04_tensor_core schedule: no split when the grid is full, a split when
 
 }  // TEST_SUITE("host")
 
-TEST_CASE("04_tensor_core: prefill grid, qo_len 1..1000 x kv_len qo_len..qo_len+4096 x causal, rotating groups 1..32, head_dim, dtype, layout, page, window, soft cap") {
+TEST_CASE(
+    "04_tensor_core: prefill grid, qo_len 1..1000 x kv_len qo_len..qo_len+4096 x causal, rotating groups 1..32, head_dim, dtype, layout, page, window, soft cap") {
   const auto grid = grids::tensor_core_prefill_grid();
   const auto ran = check_grid(grid);
   CHECK(ran.count("04_tensor_core") == 1);

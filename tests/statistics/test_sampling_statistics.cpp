@@ -84,8 +84,8 @@ void run_case(const Case& c, uint64_t seed) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const Verdict v = compare(histogram(r.samples, c.vocab), c.target, kDraws);
   std::printf("%-44s V=%-6lld %lld draws in %.2f s, rounds mean %.3f max %d | %s\n", c.name.c_str(),
-              static_cast<long long>(c.vocab), static_cast<long long>(kDraws), seconds, r.mean_rounds(),
-              r.max_rounds(), v.text().c_str());
+              static_cast<long long>(c.vocab), static_cast<long long>(kDraws), seconds, r.mean_rounds(), r.max_rounds(),
+              v.text().c_str());
   CAPTURE(c.name);
   CAPTURE(c.vocab);
   CAPTURE(seed);
@@ -97,7 +97,8 @@ void run_case(const Case& c, uint64_t seed) {
 }
 
 // Runs `make_cases(vocab, logits, probs)` for each vocabulary.
-void run_grid(const char* salt, const std::function<std::vector<Case>(int64_t, const Tensor&, const Tensor&)>& make_cases) {
+void run_grid(const char* salt,
+              const std::function<std::vector<Case>(int64_t, const Tensor&, const Tensor&)>& make_cases) {
   auto rng = test::case_rng(salt);
   const uint64_t seed = rng();
   CAPTURE(seed);
@@ -121,8 +122,10 @@ TEST_CASE("sampling_from_probs and sampling_from_logits match the softmax row") 
   run_grid("statistics plain", [](int64_t vocab, const Tensor& logits, const Tensor& probs) {
     const auto target = target_of(probs, SamplingFilter::none());
     return std::vector<Case>{
-        {"sampling_from_probs", vocab, [probs](const SamplingOptions& o) { return ref::sampling_from_probs(probs, o); }, target},
-        {"sampling_from_logits", vocab, [logits](const SamplingOptions& o) { return ref::sampling_from_logits(logits, o); }, target},
+        {"sampling_from_probs", vocab, [probs](const SamplingOptions& o) { return ref::sampling_from_probs(probs, o); },
+         target},
+        {"sampling_from_logits", vocab,
+         [logits](const SamplingOptions& o) { return ref::sampling_from_logits(logits, o); }, target},
     };
   });
 }
@@ -184,12 +187,13 @@ TEST_CASE("top_k_top_p_sampling_from_probs, joint, matches the oracle") {
   run_grid("statistics top_k_top_p joint", [](int64_t vocab, const Tensor&, const Tensor& probs) {
     std::vector<Case> cases;
     for (const auto& [k, p] : kTopKTopP)
-      cases.push_back({"top_k_top_p_sampling_from_probs joint k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3),
-                       vocab,
-                       [probs, k = k, p = p](const SamplingOptions& o) {
-                         return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::joint, o);
-                       },
-                       target_of(probs, SamplingFilter::make_top_k_top_p(k, p))});
+      cases.push_back(
+          {"top_k_top_p_sampling_from_probs joint k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3),
+           vocab,
+           [probs, k = k, p = p](const SamplingOptions& o) {
+             return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::joint, o);
+           },
+           target_of(probs, SamplingFilter::make_top_k_top_p(k, p))});
     return cases;
   });
 }
@@ -198,7 +202,8 @@ TEST_CASE("top_k_top_p_sampling_from_probs, top_k_first, matches top-p on the re
   run_grid("statistics top_k_top_p top_k_first", [](int64_t vocab, const Tensor&, const Tensor& probs) {
     std::vector<Case> cases;
     for (const auto& [k, p] : kTopKTopP)
-      cases.push_back({"top_k_top_p_sampling_from_probs top_k_first k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3),
+      cases.push_back({"top_k_top_p_sampling_from_probs top_k_first k=" + std::to_string(k) +
+                           " p=" + std::to_string(p).substr(0, 3),
                        vocab,
                        [probs, k = k, p = p](const SamplingOptions& o) {
                          return ref::top_k_top_p_sampling_from_probs(probs, k, p, FilterApplyOrder::top_k_first, o);
@@ -261,7 +266,9 @@ TEST_CASE("the same verdict rejects broken samplers and accepts the oracle's own
     };
 
     const test::BrokenSamplers b = test::broken_samplers(row, kDraws);
-    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
+    auto support = [](const std::vector<double>& d) {
+      return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; });
+    };
     // the nucleus: the four most likely tokens (and any tied with the fourth); the short head three
     REQUIRE(support(b.top_p) >= 4);
     REQUIRE(support(b.short_head) == 3);

@@ -88,7 +88,6 @@ inline Verdict compare(const std::vector<int64_t>& counts, const std::vector<dou
   return v;
 }
 
-
 /// Logits of the samplers' test row: N(0, 2.5^2), 3% of the tokens masked (-inf); the
 /// 111-token row is quantized to quarters and given ties at ranks (1, 2) and (10, 11),
 /// where top_k = 1 and top_k = 10 cut. float32_values: each normal draw is rounded to

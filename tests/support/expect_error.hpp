@@ -13,8 +13,7 @@
 namespace flashstep::test {
 
 /// Runs `call`; requires an InvalidArgument whose message contains every fragment.
-inline void expect_error(const std::function<void()>& call,
-                         std::initializer_list<const char*> fragments) {
+inline void expect_error(const std::function<void()>& call, std::initializer_list<const char*> fragments) {
   std::string message;
   try {
     call();

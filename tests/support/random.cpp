@@ -28,5 +28,4 @@ int64_t random_int(std::mt19937_64& rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
 }
 
-
 }  // namespace flashstep::test

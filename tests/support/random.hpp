@@ -20,8 +20,7 @@ uint64_t run_seed();
 std::mt19937_64 case_rng(const std::string& salt);
 
 /// Uniform values in [lo, hi) — never all zeros, so unwritten outputs cannot hide.
-ref::Tensor random_tensor(std::mt19937_64& rng, std::vector<int64_t> shape, double lo = -1.0,
-                          double hi = 1.0);
+ref::Tensor random_tensor(std::mt19937_64& rng, std::vector<int64_t> shape, double lo = -1.0, double hi = 1.0);
 /// Uniform integer in [lo, hi].
 int64_t random_int(std::mt19937_64& rng, int64_t lo, int64_t hi);
 

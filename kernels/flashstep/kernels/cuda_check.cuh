@@ -22,8 +22,7 @@ class CudaError : public std::runtime_error {
   /// \param code the runtime's error code, kept for code()
   /// \param message the full text what() returns: the call, its file and line, the
   ///        runtime's error name and string
-  CudaError(cudaError_t code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  CudaError(cudaError_t code, const std::string& message) : std::runtime_error(message), code_(code) {}
   /// The runtime's error code.
   cudaError_t code() const { return code_; }
 
@@ -38,8 +37,7 @@ class CudaError : public std::runtime_error {
 inline void cuda_check(cudaError_t code, const char* what, const char* file, int line) {
   if (code == cudaSuccess) return;
   throw CudaError(code, std::string(file) + ":" + std::to_string(line) + ": " + what +
-                            " failed: " + cudaGetErrorName(code) + " (" +
-                            cudaGetErrorString(code) + ")");
+                            " failed: " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")");
 }
 
 /// Checks the launch that just happened (bad grid, too much shared memory, ...).
@@ -48,13 +46,12 @@ inline void cuda_check(cudaError_t code, const char* what, const char* file, int
 inline void check_launch(const char* kernel_name) {
   const cudaError_t code = cudaGetLastError();
   if (code == cudaSuccess) return;
-  throw CudaError(code, std::string("launch of ") + kernel_name + " failed: " +
-                            cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")");
+  throw CudaError(code, std::string("launch of ") + kernel_name + " failed: " + cudaGetErrorName(code) + " (" +
+                            cudaGetErrorString(code) + ")");
 }
 
 }  // namespace flashstep::kernels
 
 /// Checks a CUDA runtime call; throws flashstep::kernels::CudaError naming the call,
 /// file and line. A macro only because it must capture the call's text and location.
-#define FLASHSTEP_CUDA_CHECK(call) \
-  ::flashstep::kernels::cuda_check((call), #call, __FILE__, __LINE__)
+#define FLASHSTEP_CUDA_CHECK(call) ::flashstep::kernels::cuda_check((call), #call, __FILE__, __LINE__)

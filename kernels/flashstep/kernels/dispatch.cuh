@@ -41,8 +41,8 @@ class DispatchError : public std::invalid_argument {
 /// Throws DispatchError. \param name the parameter \param value its run-time value
 /// \param supported the values the macro instantiates, as text
 [[noreturn]] inline void dispatch_failed(const char* name, long long value, const char* supported) {
-  throw DispatchError(std::string("no kernel for ") + name + " = " + std::to_string(value) + " (instantiated: " +
-                      supported + ")");
+  throw DispatchError(std::string("no kernel for ") + name + " = " + std::to_string(value) +
+                      " (instantiated: " + supported + ")");
 }
 
 /// The K/V element type of a kernel that may read an FP8 cache: calls `body` with a value
@@ -65,11 +65,20 @@ auto dispatch_kv_dtype(Enum dtype, Enum kv_dtype, Body&& body) {
 
 /// Element type: `dtype` is any enum with members f32, f16 and bf16 (stages' DType);
 /// the body sees `using T = float | __half | __nv_bfloat16`.
-#define FLASHSTEP_DISPATCH_DTYPE(dtype, T, ...)                                                     \
-  switch (dtype) {                                                                                 \
-    case std::decay_t<decltype(dtype)>::f32: { using T = float; __VA_ARGS__ break; }               \
-    case std::decay_t<decltype(dtype)>::f16: { using T = __half; __VA_ARGS__ break; }              \
-    case std::decay_t<decltype(dtype)>::bf16: { using T = __nv_bfloat16; __VA_ARGS__ break; }      \
+#define FLASHSTEP_DISPATCH_DTYPE(dtype, T, ...)                                                               \
+  switch (dtype) {                                                                                            \
+    case std::decay_t<decltype(dtype)>::f32: {                                                                \
+      using T = float;                                                                                        \
+      __VA_ARGS__ break;                                                                                      \
+    }                                                                                                         \
+    case std::decay_t<decltype(dtype)>::f16: {                                                                \
+      using T = __half;                                                                                       \
+      __VA_ARGS__ break;                                                                                      \
+    }                                                                                                         \
+    case std::decay_t<decltype(dtype)>::bf16: {                                                               \
+      using T = __nv_bfloat16;                                                                                \
+      __VA_ARGS__ break;                                                                                      \
+    }                                                                                                         \
     default: ::flashstep::kernels::dispatch_failed("dtype", static_cast<long long>(dtype), "f32, f16, bf16"); \
   }
 
@@ -77,19 +86,28 @@ auto dispatch_kv_dtype(Enum dtype, Enum kv_dtype, Body&& body) {
 /// `using KV = T | __nv_fp8_e4m3 | __nv_fp8_e5m2` (kernels::dispatch_kv_dtype says which
 /// are instantiated). Unlike the macros above, the body must return a value, and the
 /// macro returns it from the enclosing function.
-#define FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, ...)                                    \
-  return ::flashstep::kernels::dispatch_kv_dtype<T>((dtype), (kv_dtype), [&](auto kv_tag_) {       \
-    using KV = decltype(kv_tag_);                                                                  \
-    __VA_ARGS__                                                                                    \
+#define FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, ...)                             \
+  return ::flashstep::kernels::dispatch_kv_dtype<T>((dtype), (kv_dtype), [&](auto kv_tag_) { \
+    using KV = decltype(kv_tag_);                                                            \
+    __VA_ARGS__                                                                              \
   });
 
 /// head_dim 64, 128 or 256: the body sees `constexpr int HEAD_DIM`.
-#define FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, ...)                                        \
-  switch (head_dim) {                                                                              \
-    case 64: { constexpr int HEAD_DIM = 64; __VA_ARGS__ break; }                                   \
-    case 128: { constexpr int HEAD_DIM = 128; __VA_ARGS__ break; }                                 \
-    case 256: { constexpr int HEAD_DIM = 256; __VA_ARGS__ break; }                                 \
-    default: ::flashstep::kernels::dispatch_failed("head_dim", (head_dim), "64, 128, 256");        \
+#define FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, ...)                                \
+  switch (head_dim) {                                                                       \
+    case 64: {                                                                              \
+      constexpr int HEAD_DIM = 64;                                                          \
+      __VA_ARGS__ break;                                                                    \
+    }                                                                                       \
+    case 128: {                                                                             \
+      constexpr int HEAD_DIM = 128;                                                         \
+      __VA_ARGS__ break;                                                                    \
+    }                                                                                       \
+    case 256: {                                                                             \
+      constexpr int HEAD_DIM = 256;                                                         \
+      __VA_ARGS__ break;                                                                    \
+    }                                                                                       \
+    default: ::flashstep::kernels::dispatch_failed("head_dim", (head_dim), "64, 128, 256"); \
   }
 
 /// A yes/no choice made at compile time (causal or not, two halves or one): the body sees

@@ -73,8 +73,7 @@ struct PagedKV {
   /// Number of keys of request b: (pages - 1) * page_size + last_page_len, 0 if no pages.
   __device__ __forceinline__ int kv_len(int b) const {
     const int pages = kv_indptr[b + 1] - kv_indptr[b];
-    return pages == 0 ? 0
-                      : (pages - 1) * static_cast<int>(page_size.divisor) + kv_last_page_len[b];
+    return pages == 0 ? 0 : (pages - 1) * static_cast<int>(page_size.divisor) + kv_last_page_len[b];
   }
 
   /// Element offset of K[slot, head, 0] within physical page `page` (add stride_kv for V).
@@ -105,8 +104,8 @@ struct PagedKV {
 /// \param hnd true for the HND page layout, false for NHD
 template <typename T>
 inline PagedKV<T> make_paged_kv(const T* pool, const int32_t* kv_indptr, const int32_t* kv_indices,
-                                const int32_t* kv_last_page_len, int page_size, int num_kv_heads,
-                                int head_dim, bool hnd) {
+                                const int32_t* kv_last_page_len, int page_size, int num_kv_heads, int head_dim,
+                                bool hnd) {
   PagedKV<T> v;
   v.pool = pool;
   v.kv_indptr = kv_indptr;

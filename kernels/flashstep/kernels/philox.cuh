@@ -94,9 +94,7 @@ FLASHSTEP_HOST_DEVICE Philox4x32 philox4x32(Philox4x32 ctr, PhiloxKey key) {
 }
 
 /// Philox4x32-10 (the generator cuRAND calls CURAND_RNG_PSEUDO_PHILOX4_32_10).
-FLASHSTEP_HOST_DEVICE Philox4x32 philox4x32_10(Philox4x32 ctr, PhiloxKey key) {
-  return philox4x32<10>(ctr, key);
-}
+FLASHSTEP_HOST_DEVICE Philox4x32 philox4x32_10(Philox4x32 ctr, PhiloxKey key) { return philox4x32<10>(ctr, key); }
 
 /// Word `n` of the stream (seed, subsequence): the mapping documented at the top.
 /// \param seed 64-bit seed (the Philox key)
@@ -117,8 +115,7 @@ FLASHSTEP_HOST_DEVICE uint32_t philox_word(uint64_t seed, uint64_t subsequence, 
 
 /// The 24-bit integer U behind a uniform: the top 24 bits of the word, so the uniform
 /// is exactly U / 2^24. Samplers that compare exactly use U itself.
-FLASHSTEP_HOST_DEVICE uint32_t philox_uniform_bits24(uint64_t seed, uint64_t subsequence,
-                                                     uint64_t n) {
+FLASHSTEP_HOST_DEVICE uint32_t philox_uniform_bits24(uint64_t seed, uint64_t subsequence, uint64_t n) {
   return philox_word(seed, subsequence, n) >> 8;
 }
 

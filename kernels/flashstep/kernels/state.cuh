@@ -86,9 +86,7 @@ struct SoftmaxState {
   }
 
   /// Natural-log lse of the keys seen: (m + log2 d) ln 2; -inf when empty.
-  __device__ __forceinline__ float lse() const {
-    return d > 0.f ? (m + log2f(d)) * kLn2 : -INFINITY;
-  }
+  __device__ __forceinline__ float lse() const { return d > 0.f ? (m + log2f(d)) * kLn2 : -INFINITY; }
 
   /// The normalized output o / d (0 when empty), times `scale`: a scaled FP8 cache's
   /// v_scale, folded into the one division (scale 1 gives exactly o * (1 / d)).

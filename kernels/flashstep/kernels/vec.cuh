@@ -28,9 +28,7 @@ struct alignas(16) Vec16 {
   uint4 raw;  ///< the 16 bytes, as the hardware moves them
 
   /// One 16-byte load. \param ptr kSize elements, 16-byte aligned
-  __device__ __forceinline__ void load(const T* ptr) {
-    raw = *reinterpret_cast<const uint4*>(ptr);
-  }
+  __device__ __forceinline__ void load(const T* ptr) { raw = *reinterpret_cast<const uint4*>(ptr); }
   /// One 16-byte store. \param ptr kSize elements, 16-byte aligned
   __device__ __forceinline__ void store(T* ptr) const { *reinterpret_cast<uint4*>(ptr) = raw; }
 
@@ -51,8 +49,7 @@ __device__ __forceinline__ void Vec16<float>::to_float(float* out) const {
 /// fp32: the four floats stored bit for bit, no rounding.
 template <>
 __device__ __forceinline__ void Vec16<float>::from_float(const float* in) {
-  raw = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]),
-                   __float_as_uint(in[3]));
+  raw = make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]), __float_as_uint(in[2]), __float_as_uint(in[3]));
 }
 
 /// fp16: four __half2 pairs widened, exactly (every fp16 value is an fp32 value).

@@ -116,55 +116,71 @@ void run_operators(int64_t vocab, int64_t draws, bool full) {
   CAPTURE(seed);
   const Row row(rng, vocab);
   const auto probs = row.rows();
-  expect_law("sampling_from_probs", [&](auto out, auto opt) { gpu::sampling_from_probs(probs, out, opt); },
-             row.target(SamplingFilter::none()), draws, seed);
+  expect_law(
+      "sampling_from_probs", [&](auto out, auto opt) { gpu::sampling_from_probs(probs, out, opt); },
+      row.target(SamplingFilter::none()), draws, seed);
   for (int64_t k : full ? std::vector<int64_t>{1, 10, 500} : std::vector<int64_t>{50})
-    expect_law("top_k_sampling_from_probs k=" + std::to_string(k),
-               [&](auto out, auto opt) { gpu::top_k_sampling_from_probs(probs, k, out, opt); },
-               row.target(SamplingFilter::make_top_k(k)), draws, seed);
+    expect_law(
+        "top_k_sampling_from_probs k=" + std::to_string(k),
+        [&](auto out, auto opt) { gpu::top_k_sampling_from_probs(probs, k, out, opt); },
+        row.target(SamplingFilter::make_top_k(k)), draws, seed);
   for (double p : full ? std::vector<double>{0.1, 0.5, 0.9} : std::vector<double>{0.9})
-    expect_law("top_p_sampling_from_probs p=" + std::to_string(p).substr(0, 3),
-               [&](auto out, auto opt) { gpu::top_p_sampling_from_probs(probs, p, out, opt); },
-               row.target(SamplingFilter::make_top_p(p)), draws, seed);
+    expect_law(
+        "top_p_sampling_from_probs p=" + std::to_string(p).substr(0, 3),
+        [&](auto out, auto opt) { gpu::top_p_sampling_from_probs(probs, p, out, opt); },
+        row.target(SamplingFilter::make_top_p(p)), draws, seed);
   for (double m : full ? std::vector<double>{0.05, 0.5} : std::vector<double>{0.05})
-    expect_law("min_p_sampling_from_probs min_p=" + std::to_string(m).substr(0, 4),
-               [&](auto out, auto opt) { gpu::min_p_sampling_from_probs(probs, m, out, opt); },
-               row.target(SamplingFilter::make_min_p(m)), draws, seed);
-  const std::vector<std::pair<int64_t, double>> kp = full ? std::vector<std::pair<int64_t, double>>{{10, 0.9}, {500, 0.5}}
+    expect_law(
+        "min_p_sampling_from_probs min_p=" + std::to_string(m).substr(0, 4),
+        [&](auto out, auto opt) { gpu::min_p_sampling_from_probs(probs, m, out, opt); },
+        row.target(SamplingFilter::make_min_p(m)), draws, seed);
+  const std::vector<std::pair<int64_t, double>> kp = full ? std::vector<std::pair<int64_t, double>>{{10, 0.9},
+                                                                                                    {500, 0.5}}
                                                           : std::vector<std::pair<int64_t, double>>{{50, 0.9}};
   for (const auto& [k, p] : kp) {
     const std::string suffix = " k=" + std::to_string(k) + " p=" + std::to_string(p).substr(0, 3);
-    expect_law("top_k_top_p_sampling_from_probs joint" + suffix,
-               [&, k = k, p = p](auto out, auto opt) {
-                 gpu::top_k_top_p_sampling_from_probs(probs, k, p, ref::FilterApplyOrder::joint, out, {}, opt);
-               },
-               row.target(SamplingFilter::make_top_k_top_p(k, p)), draws, seed);
+    expect_law(
+        "top_k_top_p_sampling_from_probs joint" + suffix,
+        [&, k = k, p = p](auto out, auto opt) {
+          gpu::top_k_top_p_sampling_from_probs(probs, k, p, ref::FilterApplyOrder::joint, out, {}, opt);
+        },
+        row.target(SamplingFilter::make_top_k_top_p(k, p)), draws, seed);
     // top_k_first: top-p on the renormalized top-k row (one row: the workspace holds one
     // renormalized row per output, so the draw goes through renorm + sampling instead)
     DeviceArray<float> renormed(static_cast<size_t>(vocab));
     gpu::top_k_renorm_probs(probs, k, renormed.get());
     const ref::Tensor renormed_ref = ref::top_k_renorm_probs(row.probs, k);
-    expect_law("top_k_renorm_probs + top_p_sampling (top_k_first)" + suffix,
-               [&, p = p](auto out, auto opt) { gpu::top_p_sampling_from_probs({renormed.get(), 1, vocab}, p, out, opt); },
-               ref::sampling_target_distribution(as_float(renormed_ref), SamplingFilter::make_top_p(p)), draws, seed);
+    expect_law(
+        "top_k_renorm_probs + top_p_sampling (top_k_first)" + suffix,
+        [&, p = p](auto out, auto opt) {
+          gpu::top_p_sampling_from_probs({renormed.get(), 1, vocab}, p, out, opt);
+        },
+        ref::sampling_target_distribution(as_float(renormed_ref), SamplingFilter::make_top_p(p)), draws, seed);
   }
   if (!full) return;
   DeviceArray<float> transformed(static_cast<size_t>(vocab));
   gpu::top_p_renorm_probs(probs, 0.5, transformed.get());
-  expect_law("sampling_from_probs(top_p_renorm_probs p=0.5)",
-             [&](auto out, auto opt) { gpu::sampling_from_probs({transformed.get(), 1, vocab}, out, opt); },
-             row.target(SamplingFilter::make_top_p(0.5)), draws, seed);
+  expect_law(
+      "sampling_from_probs(top_p_renorm_probs p=0.5)",
+      [&](auto out, auto opt) {
+        gpu::sampling_from_probs({transformed.get(), 1, vocab}, out, opt);
+      },
+      row.target(SamplingFilter::make_top_p(0.5)), draws, seed);
   const size_t bytes = gpu::workspace_bytes("sampling_from_logits", 1, draws, vocab);
   DeviceArray<uint8_t> ws(bytes);
-  expect_law("sampling_from_logits",
-             [&](auto out, auto opt) { gpu::sampling_from_logits(row.logit_rows(), out, {ws.get(), bytes}, opt); },
-             row.target(SamplingFilter::none()), draws, seed);
-  expect_law("top_k_top_p_sampling_from_logits joint k=10 p=0.5",
-             [&](auto out, auto opt) {
-               gpu::top_k_top_p_sampling_from_logits(row.logit_rows(), 10, 0.5, ref::FilterApplyOrder::joint, out,
-                                                     {ws.get(), bytes}, opt);
-             },
-             row.target(SamplingFilter::make_top_k_top_p(10, 0.5)), draws, seed);
+  expect_law(
+      "sampling_from_logits",
+      [&](auto out, auto opt) {
+        gpu::sampling_from_logits(row.logit_rows(), out, {ws.get(), bytes}, opt);
+      },
+      row.target(SamplingFilter::none()), draws, seed);
+  expect_law(
+      "top_k_top_p_sampling_from_logits joint k=10 p=0.5",
+      [&](auto out, auto opt) {
+        gpu::top_k_top_p_sampling_from_logits(row.logit_rows(), 10, 0.5, ref::FilterApplyOrder::joint, out,
+                                              {ws.get(), bytes}, opt);
+      },
+      row.target(SamplingFilter::make_top_k_top_p(10, 0.5)), draws, seed);
   // bf16 logits: the law is the softmax of the bf16-rounded logits (not of the f32 ones)
   std::vector<uint16_t> bits;
   ref::Tensor rounded({1, vocab});
@@ -175,14 +191,15 @@ void run_operators(int64_t vocab, int64_t draws, bool full) {
   DeviceArray<uint16_t> d_bits(bits);
   const gpu::DeviceRows bf16_rows{d_bits.get(), 1, vocab, gpu::ElementType::bf16};
   const std::vector<float> p_bf16 = as_float(ref::softmax(rounded));
-  expect_law("sampling_from_logits bf16",
-             [&](auto out, auto opt) { gpu::sampling_from_logits(bf16_rows, out, {}, opt); },
-             ref::sampling_target_distribution(p_bf16, SamplingFilter::none()), draws, seed);
-  expect_law("top_k_top_p_sampling_from_logits bf16 joint k=10 p=0.5",
-             [&](auto out, auto opt) {
-               gpu::top_k_top_p_sampling_from_logits(bf16_rows, 10, 0.5, ref::FilterApplyOrder::joint, out, {}, opt);
-             },
-             ref::sampling_target_distribution(p_bf16, SamplingFilter::make_top_k_top_p(10, 0.5)), draws, seed);
+  expect_law(
+      "sampling_from_logits bf16", [&](auto out, auto opt) { gpu::sampling_from_logits(bf16_rows, out, {}, opt); },
+      ref::sampling_target_distribution(p_bf16, SamplingFilter::none()), draws, seed);
+  expect_law(
+      "top_k_top_p_sampling_from_logits bf16 joint k=10 p=0.5",
+      [&](auto out, auto opt) {
+        gpu::top_k_top_p_sampling_from_logits(bf16_rows, 10, 0.5, ref::FilterApplyOrder::joint, out, {}, opt);
+      },
+      ref::sampling_target_distribution(p_bf16, SamplingFilter::make_top_k_top_p(10, 0.5)), draws, seed);
 }
 
 }  // namespace
@@ -209,15 +226,20 @@ TEST_CASE("the verdict rejects the four broken samplers, drawn on the GPU") {
     auto verdict_of = [&](const std::vector<double>& broken, const std::vector<double>& target) {
       std::vector<float> f(broken.begin(), broken.end());
       DeviceArray<float> d(f);
-      const Run run = draw([&](auto out, auto opt) { gpu::sampling_from_probs({d.get(), 1, vocab}, out, opt); }, vocab,
-                           draws, seed);
+      const Run run = draw(
+          [&](auto out, auto opt) {
+            gpu::sampling_from_probs({d.get(), 1, vocab}, out, opt);
+          },
+          vocab, draws, seed);
       return compare(run.counts, target, draws);
     };
     auto report = [&](const char* what, const Verdict& v) {
       std::printf("GPU %-46s V=%-6lld %s\n", what, static_cast<long long>(vocab), v.text().c_str());
     };
     const flashstep::test::BrokenSamplers b = flashstep::test::broken_samplers(row.p, draws);
-    auto support = [](const std::vector<double>& d) { return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; }); };
+    auto support = [](const std::vector<double>& d) {
+      return std::count_if(d.begin(), d.end(), [](double x) { return x > 0.0; });
+    };
     // the nucleus: the four most likely tokens (and any tied with the fourth); the short head three
     REQUIRE(support(b.top_p) >= 4);
     REQUIRE(support(b.short_head) == 3);

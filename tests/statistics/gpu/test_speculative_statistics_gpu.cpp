@@ -63,13 +63,15 @@ Outcome run(const Setup& s, const std::vector<std::vector<double>>& kernel_q, in
       std::copy(kernel_q[static_cast<size_t>(j)].begin(), kernel_q[static_cast<size_t>(j)].end(),
                 draft.begin() + (b * n + j) * V);
     for (int64_t j = 0; j <= n; ++j)
-      std::copy(s.p[static_cast<size_t>(j)].begin(), s.p[static_cast<size_t>(j)].end(), target.begin() + (b * (n + 1) + j) * V);
+      std::copy(s.p[static_cast<size_t>(j)].begin(), s.p[static_cast<size_t>(j)].end(),
+                target.begin() + (b * (n + 1) + j) * V);
   }
   DeviceArray<float> d_draft(draft), d_target(target);
   std::vector<std::vector<double>> cdf(static_cast<size_t>(n));
   for (int64_t j = 0; j < n; ++j) {
     cdf[static_cast<size_t>(j)].resize(static_cast<size_t>(V));
-    std::partial_sum(s.q[static_cast<size_t>(j)].begin(), s.q[static_cast<size_t>(j)].end(), cdf[static_cast<size_t>(j)].begin());
+    std::partial_sum(s.q[static_cast<size_t>(j)].begin(), s.q[static_cast<size_t>(j)].end(),
+                     cdf[static_cast<size_t>(j)].begin());
   }
   std::vector<std::vector<int64_t>> counts(static_cast<size_t>(n + 1), std::vector<int64_t>(static_cast<size_t>(V), 0));
   std::vector<int64_t> reached(static_cast<size_t>(n + 1), 0);
@@ -81,16 +83,20 @@ Outcome run(const Setup& s, const std::vector<std::vector<double>>& kernel_q, in
     for (int64_t b = 0; b < chunk; ++b) {
       for (int64_t j = 0; j < n; ++j) {
         const auto& c = cdf[static_cast<size_t>(j)];
-        const double u = flashstep::kernels::philox_uniform(~seed, static_cast<uint64_t>(done + b), static_cast<uint64_t>(j)) * c.back();
-        ids[static_cast<size_t>(b * n + j)] =
-            static_cast<int32_t>(std::min<int64_t>(std::upper_bound(c.begin(), c.end(), u) - c.begin(), V - 1));
+        const double u = flashstep::kernels::philox_uniform(~seed, static_cast<uint64_t>(done + b),
+                                                            static_cast<uint64_t>(j)) *
+                         c.back();
+        ids[static_cast<size_t>(b * n + j)] = static_cast<int32_t>(
+            std::min<int64_t>(std::upper_bound(c.begin(), c.end(), u) - c.begin(), V - 1));
       }
     }
-    flashstep::test::cuda_ok(cudaMemcpy(d_ids.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "upload");
+    flashstep::test::cuda_ok(cudaMemcpy(d_ids.get(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+                             "upload");
     tokens.poison(), accepted.poison(), emitted.poison(), status.poison();
     // a fresh Philox stream per chunk: request b of the chunk reads subsequence b
     gpu::chain_speculative_sampling(d_draft.get(), d_ids.get(), d_target.get(), chunk, n, V,
-                                    {tokens.get(), accepted.get(), emitted.get(), status.get()}, seed + static_cast<uint64_t>(done), 0);
+                                    {tokens.get(), accepted.get(), emitted.get(), status.get()},
+                                    seed + static_cast<uint64_t>(done), 0);
     const auto t = tokens.download(), e = emitted.download(), st = status.download();
     for (int64_t b = 0; b < chunk; ++b) {
       const int32_t m = e[static_cast<size_t>(b)];
@@ -113,9 +119,11 @@ Outcome run(const Setup& s, const std::vector<std::vector<double>>& kernel_q, in
   Outcome o;
   o.bad = bad;
   for (int64_t j = 0; j <= n; ++j)
-    o.positions.push_back(compare(counts[static_cast<size_t>(j)], normalized(s.p[static_cast<size_t>(j)]), reached[static_cast<size_t>(j)]));
+    o.positions.push_back(compare(counts[static_cast<size_t>(j)], normalized(s.p[static_cast<size_t>(j)]),
+                                  reached[static_cast<size_t>(j)]));
   const auto p0 = normalized(s.p[0]), q0 = normalized(s.q[0]);
-  for (int64_t i = 0; i < V; ++i) o.expected_acceptance += std::min(p0[static_cast<size_t>(i)], q0[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < V; ++i)
+    o.expected_acceptance += std::min(p0[static_cast<size_t>(i)], q0[static_cast<size_t>(i)]);
   o.acceptance = static_cast<double>(first_accepted) / static_cast<double>(requests);
   const double a = o.expected_acceptance;
   o.z = (o.acceptance - a) / std::sqrt(a * (1.0 - a) / static_cast<double>(requests));
@@ -123,10 +131,11 @@ Outcome run(const Setup& s, const std::vector<std::vector<double>>& kernel_q, in
 }
 
 void report(const char* what, const Setup& s, const Outcome& o) {
-  std::printf("GPU speculative %-44s V=%-4lld n=%lld: first draft accepted %.5f, expected %.5f (z %.2f), bad %lld\n", what,
-              static_cast<long long>(s.vocab), static_cast<long long>(s.n), o.acceptance, o.expected_acceptance, o.z,
-              static_cast<long long>(o.bad));
-  for (size_t j = 0; j < o.positions.size(); ++j) std::printf("    position %zu: %s\n", j, o.positions[j].text().c_str());
+  std::printf("GPU speculative %-44s V=%-4lld n=%lld: first draft accepted %.5f, expected %.5f (z %.2f), bad %lld\n",
+              what, static_cast<long long>(s.vocab), static_cast<long long>(s.n), o.acceptance, o.expected_acceptance,
+              o.z, static_cast<long long>(o.bad));
+  for (size_t j = 0; j < o.positions.size(); ++j)
+    std::printf("    position %zu: %s\n", j, o.positions[j].text().c_str());
 }
 
 // The exact law of the first emitted token when drafts come from q but the kernel is
@@ -145,7 +154,8 @@ std::vector<double> first_token_law(const std::vector<double>& p_row, const std:
     accepted += law[i];
     residual_sum += (residual[i] = std::max(p[i] - t, 0.0));
   }
-  for (size_t i = 0; i < p.size(); ++i) law[i] += (1.0 - accepted) * (residual_sum > 0.0 ? residual[i] / residual_sum : p[i]);
+  for (size_t i = 0; i < p.size(); ++i)
+    law[i] += (1.0 - accepted) * (residual_sum > 0.0 ? residual[i] / residual_sum : p[i]);
   return law;
 }
 

@@ -42,12 +42,12 @@ const char* to_string(KVLayout layout);
 
 /// Options shared by every attention entry point (FlashInfer's keyword arguments).
 struct AttentionOptions {
-  bool causal = false;            ///< bottom-right aligned causal mask
+  bool causal = false;  ///< bottom-right aligned causal mask
   /// Scale applied to q.k. Not given (the default): 1/sqrt(head_dim). When given it must
   /// be positive and finite (NaN is rejected, never read as "not given").
   std::optional<double> sm_scale;
-  int window_left = -1;           ///< keep the last window_left + 1 keys; -1 = off
-  double logits_soft_cap = 0.0;   ///< c > 0: s -> c * tanh(s / c); 0 = off
+  int window_left = -1;                ///< keep the last window_left + 1 keys; -1 = off
+  double logits_soft_cap = 0.0;        ///< c > 0: s -> c * tanh(s / c); 0 = off
   KVLayout kv_layout = KVLayout::NHD;  ///< layout of k/v (single, ragged) or of each page
 };
 
@@ -73,10 +73,10 @@ struct PagedKVCache {
   /// Pool of shape (num_pages, 2, page_size, num_kv_heads, head_dim) for NHD or
   /// (num_pages, 2, num_kv_heads, page_size, head_dim) for HND; [:,0] is K, [:,1] is V.
   Tensor pages;
-  KVLayout layout = KVLayout::NHD;       ///< layout of each page
-  std::vector<int32_t> kv_indptr;        ///< (batch + 1): request i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]]
-  std::vector<int32_t> kv_indices;       ///< (kv_indptr[batch]): page ids in [0, num_pages)
-  std::vector<int32_t> kv_last_page_len; ///< (batch): tokens in each request's last page, 1..page_size
+  KVLayout layout = KVLayout::NHD;        ///< layout of each page
+  std::vector<int32_t> kv_indptr;         ///< (batch + 1): request i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]]
+  std::vector<int32_t> kv_indices;        ///< (kv_indptr[batch]): page ids in [0, num_pages)
+  std::vector<int32_t> kv_last_page_len;  ///< (batch): tokens in each request's last page, 1..page_size
 
   /// Requests described by the page table (kv_indptr.size() - 1).
   int64_t batch_size() const { return static_cast<int64_t>(kv_indptr.size()) - 1; }
@@ -137,10 +137,8 @@ AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVC
 /// \param cache paged cache with the same batch size
 /// \param opt mask, scale, window and soft cap; opt.kv_layout is ignored (cache.layout rules)
 /// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
-AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
-                                                  const std::vector<int32_t>& qo_indptr,
-                                                  const PagedKVCache& cache,
-                                                  const AttentionOptions& opt = {});
+AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
+                                                  const PagedKVCache& cache, const AttentionOptions& opt = {});
 
 /// Batch prefill/append over ragged queries and ragged contiguous KV.
 /// \param q (nnz_qo, num_qo_heads, head_dim)
@@ -150,16 +148,14 @@ AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q,
 /// \param kv_indptr (batch_size + 1), kv_indptr[batch_size] == nnz_kv
 /// \param opt mask, scale, window, soft cap and the layout of k and v
 /// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
-AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q,
-                                                   const std::vector<int32_t>& qo_indptr,
+AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
                                                    const Tensor& k, const Tensor& v,
                                                    const std::vector<int32_t>& kv_indptr,
                                                    const AttentionOptions& opt = {});
 
 /// The visibility rule of the mask, exposed so that tests, stages and the block-sparse
 /// view share one definition: may query `i` (0-based within its request) see key `j`?
-bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool causal,
-                 int window_left);
+bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool causal, int window_left);
 
 /// The scaled, soft-capped, masked score matrix of one request and one query head,
 /// shape (qo_len, kv_len); masked entries are -inf. Used to teach (the course's Br=3
@@ -168,7 +164,6 @@ bool key_visible(int64_t i, int64_t j, int64_t qo_len, int64_t kv_len, bool caus
 /// \param k (kv_len, num_kv_heads, head_dim) (NHD) or HND per opt.kv_layout
 /// \param qo_head the query head whose scores are returned (its kv head follows GQA)
 /// \param opt mask, scale, window, soft cap and the layout of k
-Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head,
-                        const AttentionOptions& opt = {});
+Tensor attention_scores(const Tensor& q, const Tensor& k, int64_t qo_head, const AttentionOptions& opt = {});
 
 }  // namespace flashstep::ref

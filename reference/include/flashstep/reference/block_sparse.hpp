@@ -33,11 +33,11 @@ namespace flashstep::ref {
 
 /// A paged batch as a block-sparse row (BSR) matrix of (Br x Bc) blocks.
 struct BlockSparseView {
-  int64_t Br = 1;         ///< query rows per row block (the query tile)
-  int64_t Bc = 1;         ///< key slots per column block, == page_size
-  int64_t num_pages = 0;  ///< column blocks: pages of the pool
-  bool causal = false;    ///< mask the view was built for
-  int window_left = -1;   ///< mask the view was built for (-1 = off)
+  int64_t Br = 1;                    ///< query rows per row block (the query tile)
+  int64_t Bc = 1;                    ///< key slots per column block, == page_size
+  int64_t num_pages = 0;             ///< column blocks: pages of the pool
+  bool causal = false;               ///< mask the view was built for
+  int window_left = -1;              ///< mask the view was built for (-1 = off)
   std::vector<int32_t> qo_indptr;    ///< (batch + 1) the batch's packed query layout
   std::vector<int32_t> kv_len;       ///< (batch) keys of each request
   std::vector<int32_t> row_indptr;   ///< (num_row_blocks + 1) packed query rows of each row block
@@ -65,16 +65,14 @@ struct BlockSparseView {
 /// \param Br query rows per row block; >= 1
 /// \param causal bottom-right aligned causal mask
 /// \param window_left -1, or keep the last window_left + 1 keys
-BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr,
-                                   const std::vector<int32_t>& kv_indptr,
-                                   const std::vector<int32_t>& kv_indices,
-                                   const std::vector<int32_t>& kv_last_page_len, int64_t page_size,
-                                   int64_t num_pages, int64_t Br, bool causal = false,
+BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const std::vector<int32_t>& kv_indptr,
+                                   const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_last_page_len,
+                                   int64_t page_size, int64_t num_pages, int64_t Br, bool causal = false,
                                    int window_left = -1);
 
 /// The same for a PagedKVCache (page table, page_size and pool size taken from it).
-BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const PagedKVCache& cache,
-                                   int64_t Br, bool causal = false, int window_left = -1);
+BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const PagedKVCache& cache, int64_t Br,
+                                   bool causal = false, int window_left = -1);
 
 /// Attention computed the way a block-sparse kernel does it: for each row block, walk its
 /// non-zero blocks in order, load the page's K/V once for all Br queries, apply the mask
@@ -89,8 +87,8 @@ BlockSparseView build_block_sparse(const std::vector<int32_t>& qo_indptr, const 
 /// \param opt sm_scale (not given: 1/sqrt(head_dim)) and logits_soft_cap as for
 ///        batch_prefill_with_paged_kv_cache; causal and window_left as the view was built
 /// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
-AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cache,
-                                       const BlockSparseView& view, const AttentionOptions& opt = {});
+AttentionResult block_sparse_attention(const Tensor& q, const PagedKVCache& cache, const BlockSparseView& view,
+                                       const AttentionOptions& opt = {});
 
 /// Options of the block-sparse printers.
 struct BlockSparseDrawOptions {
@@ -115,7 +113,6 @@ std::string draw_block_sparse(const BlockSparseView& view, const BlockSparseDraw
 
 /// The view as the course's lookup table, one line per row block:
 /// "A, pos 2 → pages [P0, P1, P2]".
-std::string draw_block_sparse_lookup(const BlockSparseView& view,
-                                     const BlockSparseDrawOptions& options = {});
+std::string draw_block_sparse_lookup(const BlockSparseView& view, const BlockSparseDrawOptions& options = {});
 
 }  // namespace flashstep::ref

@@ -51,7 +51,7 @@ struct CascadeLevel {
 
 /// The multi-level description of a batch (FlashInfer's plan() arguments, per level).
 struct CascadeLevels {
-  int64_t page_size = 1;            ///< tokens per page of the shared pool
+  int64_t page_size = 1;             ///< tokens per page of the shared pool
   std::vector<int32_t> qo_indptr;    ///< (batch + 1) the batch's own query layout
   std::vector<CascadeLevel> levels;  ///< levels[0] most shared ... levels.back() per request
 };
@@ -72,11 +72,9 @@ struct CascadeLevels {
 ///        contributes the empty state, the identity of the merge).
 /// \param causal mask the last level; then every request needs qo_len <= its last-level
 ///        kv_len (its queries after all its shared pages)
-CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr,
-                                   const std::vector<int32_t>& kv_indptr,
-                                   const std::vector<int32_t>& kv_indices,
-                                   const std::vector<int32_t>& kv_last_page_len, int64_t page_size,
-                                   const std::vector<std::vector<int32_t>>& level_page_ends,
+CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr, const std::vector<int32_t>& kv_indptr,
+                                   const std::vector<int32_t>& kv_indices, const std::vector<int32_t>& kv_last_page_len,
+                                   int64_t page_size, const std::vector<std::vector<int32_t>>& level_page_ends,
                                    bool causal);
 
 /// Derives level_page_ends from shared page ids, e.g. page tables assembled from
@@ -101,8 +99,7 @@ std::vector<std::vector<int32_t>> derive_cascade_level_ends(const std::vector<in
                                                             const std::vector<int32_t>& kv_indptr,
                                                             const std::vector<int32_t>& kv_indices,
                                                             const std::vector<int32_t>& kv_last_page_len,
-                                                            int64_t page_size, int64_t num_levels,
-                                                            bool causal);
+                                                            int64_t page_size, int64_t num_levels, bool causal);
 
 /// Output of cascade_attention, with every level's state (for teaching and for checking
 /// a cascade kernel's intermediates).
@@ -121,9 +118,8 @@ struct CascadeResult {
 /// \param layout NHD or HND, the layout of paged_kv_cache
 /// \param opt opt.causal must equal the last level's causal; window_left must be -1 (a
 ///        window needs key positions, which shared levels do not carry)
-CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels,
-                                const Tensor& paged_kv_cache, KVLayout layout,
-                                const AttentionOptions& opt = {});
+CascadeResult cascade_attention(const Tensor& q, const CascadeLevels& levels, const Tensor& paged_kv_cache,
+                                KVLayout layout, const AttentionOptions& opt = {});
 
 /// Draws each level as a block-sparse table (draw_block_sparse): a shared level as one
 /// row block per group drawn one line per query, the last level with Br = 1. Rows are

@@ -36,8 +36,7 @@ void require_lazy(bool ok, const char* fn, MakeMessage&& make_message) {
 /// `t` must have `expected_rank` dimensions.
 void check_rank(const char* fn, const char* name, const Tensor& t, int expected_rank);
 /// `t.dim(axis)` must equal `expected` (`what` says what the extent means, e.g. "head_dim").
-void check_dim(const char* fn, const char* name, const Tensor& t, int axis, int64_t expected,
-               const char* what);
+void check_dim(const char* fn, const char* name, const Tensor& t, int axis, int64_t expected, const char* what);
 /// Every element of `t` must be finite (no NaN or Inf).
 void check_finite(const char* fn, const char* name, const Tensor& t);
 /// `data.size()` must equal `t.numel()` (guards hand-built tensors).
@@ -45,8 +44,8 @@ void check_storage(const char* fn, const char* name, const Tensor& t);
 
 /// A CSR offsets array: length `expected_len` (if >= 0), starts at 0, never decreases,
 /// and ends at `expected_end` (if >= 0).
-void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& indptr,
-                  int64_t expected_len, int64_t expected_end);
+void check_indptr(const char* fn, const char* name, const std::vector<int32_t>& indptr, int64_t expected_len,
+                  int64_t expected_end);
 
 /// Query/KV heads must divide (GQA) and be positive.
 void check_heads(const char* fn, int64_t num_qo_heads, int64_t num_kv_heads);

@@ -132,10 +132,10 @@ struct FP8PagedKVCache {
   /// Pool of shape (num_pages, 2, page_size, num_kv_heads, head_dim) for NHD or
   /// (num_pages, 2, num_kv_heads, page_size, head_dim) for HND; [:,0] is K, [:,1] is V.
   FP8Tensor pages;
-  KVLayout layout = KVLayout::NHD;       ///< layout of each page
-  std::vector<int32_t> kv_indptr;        ///< (batch + 1): request i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]]
-  std::vector<int32_t> kv_indices;       ///< (kv_indptr[batch]): page ids in [0, num_pages)
-  std::vector<int32_t> kv_last_page_len; ///< (batch): tokens in each request's last page, 1..page_size
+  KVLayout layout = KVLayout::NHD;        ///< layout of each page
+  std::vector<int32_t> kv_indptr;         ///< (batch + 1): request i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]]
+  std::vector<int32_t> kv_indices;        ///< (kv_indptr[batch]): page ids in [0, num_pages)
+  std::vector<int32_t> kv_last_page_len;  ///< (batch): tokens in each request's last page, 1..page_size
 };
 
 /// The cache attention reads: every K element decoded and times k_scale, every V element
@@ -152,8 +152,8 @@ PagedKVCache dequantize(const FP8PagedKVCache& cache, const KVScales& scales);
 /// \param cache FP8 pool with `batch_size` requests; every slot a request reads must be finite
 /// \param scales k_scale and v_scale
 /// \param opt as for the unquantized call
-AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const FP8PagedKVCache& cache,
-                                                 const KVScales& scales, const AttentionOptions& opt = {});
+AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const FP8PagedKVCache& cache, const KVScales& scales,
+                                                 const AttentionOptions& opt = {});
 
 /// batch_prefill_with_paged_kv_cache on an FP8 pool (same semantics as the decode above).
 /// \param q (nnz_qo, num_qo_heads, head_dim) \param qo_indptr (batch_size + 1)

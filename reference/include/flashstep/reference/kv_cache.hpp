@@ -53,8 +53,8 @@ std::pair<std::vector<int32_t>, std::vector<int32_t>> get_batch_indices_position
 /// \param positions (nnz) position of each token in its request's KV, < kv_len of that request
 /// \param cache pool and page table; the pool is written in place
 void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
-                           const std::vector<int32_t>& batch_indices,
-                           const std::vector<int32_t>& positions, PagedKVCache& cache);
+                           const std::vector<int32_t>& batch_indices, const std::vector<int32_t>& positions,
+                           PagedKVCache& cache);
 
 /// Gather request `request`'s K and V back to contiguous tensors.
 /// \return (k, v), each (kv_len, num_kv_heads, head_dim) in NHD whatever the pool layout
@@ -70,8 +70,7 @@ std::pair<Tensor, Tensor> gather_paged_kv(const PagedKVCache& cache, int64_t req
 /// \param page_order physical page ids handed out in order, first to request 0's first page
 /// \param num_pages pages in the pool (> every id used)
 /// \return the pool (num_pages, 2, ...) and its CSR page table
-PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector<Tensor>& v,
-                                 int64_t page_size, KVLayout layout,
-                                 const std::vector<int32_t>& page_order, int64_t num_pages);
+PagedKVCache make_paged_kv_cache(const std::vector<Tensor>& k, const std::vector<Tensor>& v, int64_t page_size,
+                                 KVLayout layout, const std::vector<int32_t>& page_order, int64_t num_pages);
 
 }  // namespace flashstep::ref

@@ -28,8 +28,7 @@ struct MergedState {
 /// \param s_a natural-log LSE of A, shape (seq_len, num_heads); -inf means "A is empty"
 /// \param v_b partial output of index set B, shape (seq_len, num_heads, head_dim)
 /// \param s_b natural-log LSE of B, shape (seq_len, num_heads)
-MergedState merge_state(const Tensor& v_a, const Tensor& s_a, const Tensor& v_b,
-                        const Tensor& s_b);
+MergedState merge_state(const Tensor& v_a, const Tensor& s_a, const Tensor& v_b, const Tensor& s_b);
 
 /// Merge n attention states per position (FlashInfer's merge_states).
 /// \param v partial outputs, shape (seq_len, num_states, num_heads, head_dim)

@@ -114,15 +114,15 @@ struct PageTable {
 /// Memory use of a workload, paged versus contiguous max-length preallocation (docs/concepts/05_paging.md;
 /// the PagedAttention paper, arXiv 2309.06180). Counts are in token slots of one layer's K (or V).
 struct MemoryReport {
-  int64_t num_sequences = 0;   ///< sequences in the workload
-  int64_t page_size = 0;       ///< tokens per page
-  int64_t max_seq_len = 0;      ///< what contiguous preallocation reserves per sequence
-  int64_t tokens = 0;           ///< sum of sequence lengths (logical tokens)
-  int64_t pages_in_use = 0;     ///< distinct pages referenced by the sequences
-  int64_t shared_pages = 0;     ///< of those, pages referenced by more than one sequence
-  int64_t slots_allocated = 0;  ///< pages_in_use * page_size
-  int64_t slots_filled = 0;     ///< distinct physical slots holding a token (shared ones once)
-  int64_t slots_wasted = 0;     ///< slots_allocated - slots_filled: unfilled tails of last pages
+  int64_t num_sequences = 0;            ///< sequences in the workload
+  int64_t page_size = 0;                ///< tokens per page
+  int64_t max_seq_len = 0;              ///< what contiguous preallocation reserves per sequence
+  int64_t tokens = 0;                   ///< sum of sequence lengths (logical tokens)
+  int64_t pages_in_use = 0;             ///< distinct pages referenced by the sequences
+  int64_t shared_pages = 0;             ///< of those, pages referenced by more than one sequence
+  int64_t slots_allocated = 0;          ///< pages_in_use * page_size
+  int64_t slots_filled = 0;             ///< distinct physical slots holding a token (shared ones once)
+  int64_t slots_wasted = 0;             ///< slots_allocated - slots_filled: unfilled tails of last pages
   int64_t contiguous_slots = 0;         ///< num_sequences * max_seq_len
   int64_t contiguous_slots_wasted = 0;  ///< contiguous_slots - tokens (internal fragmentation)
 };
@@ -133,8 +133,7 @@ struct MemoryReport {
 /// \param seq_lens (num_sequences) lengths, each in [0, max_seq_len]
 /// \param page_size >= 1
 /// \param max_seq_len >= 0, the length contiguous preallocation must reserve
-MemoryReport account_memory(const std::vector<int64_t>& seq_lens, int64_t page_size,
-                            int64_t max_seq_len);
+MemoryReport account_memory(const std::vector<int64_t>& seq_lens, int64_t page_size, int64_t max_seq_len);
 
 /// Per-sequence page tables over a PageAllocator (vLLM's block manager).
 ///

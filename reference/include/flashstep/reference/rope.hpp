@@ -59,8 +59,8 @@ struct Llama31RopeOptions {
   double rope_scale = 8.0;            ///< divides the low frequencies; positive, finite
   double rope_theta = 5e5;            ///< base of the frequencies; positive, finite
   double low_freq_factor = 1.0;       ///< wavelengths above old_context_len / low_freq_factor are scaled; > 0
-  double high_freq_factor = 4.0;      ///< wavelengths below old_context_len / high_freq_factor are kept; > low_freq_factor
-  double old_context_len = 8192.0;    ///< context length the model was trained at; positive, finite
+  double high_freq_factor = 4.0;  ///< wavelengths below old_context_len / high_freq_factor are kept; > low_freq_factor
+  double old_context_len = 8192.0;  ///< context length the model was trained at; positive, finite
 };
 
 /// q and k after RoPE, same shapes as given.

@@ -117,22 +117,18 @@ const char* to_string(FilterKind kind);
 /// A filter and its parameters, in the float32 form the samplers use.
 struct SamplingFilter {
   FilterKind kind = FilterKind::none;  ///< which keep rule applies
-  int64_t top_k = 0;     ///< top_k, top_k_top_p: >= 1
-  float top_p = 1.0f;    ///< top_p, top_k_top_p: in (0, 1]
-  float min_p = 0.0f;    ///< min_p: in [0, 1]
+  int64_t top_k = 0;                   ///< top_k, top_k_top_p: >= 1
+  float top_p = 1.0f;                  ///< top_p, top_k_top_p: in (0, 1]
+  float min_p = 0.0f;                  ///< min_p: in [0, 1]
 
   /// No truncation.
   static SamplingFilter none() { return {}; }
   /// Top-k. \param k >= 1
   static SamplingFilter make_top_k(int64_t k) { return {FilterKind::top_k, k, 1.0f, 0.0f}; }
   /// Top-p. \param p in (0, 1], rounded to float32
-  static SamplingFilter make_top_p(double p) {
-    return {FilterKind::top_p, 0, static_cast<float>(p), 0.0f};
-  }
+  static SamplingFilter make_top_p(double p) { return {FilterKind::top_p, 0, static_cast<float>(p), 0.0f}; }
   /// Min-p. \param m in [0, 1], rounded to float32
-  static SamplingFilter make_min_p(double m) {
-    return {FilterKind::min_p, 0, 1.0f, static_cast<float>(m)};
-  }
+  static SamplingFilter make_min_p(double m) { return {FilterKind::min_p, 0, 1.0f, static_cast<float>(m)}; }
   /// Top-k and top-p, joint. \param k >= 1 \param p in (0, 1], rounded to float32
   static SamplingFilter make_top_k_top_p(int64_t k, double p) {
     return {FilterKind::top_k_top_p, k, static_cast<float>(p), 0.0f};
@@ -181,8 +177,7 @@ struct SamplingResult {
 /// \param probs (vocab) the row as float32, entries in [0, 1], positive total mass
 /// \param filter the keep rule and its parameters
 /// \return (vocab) probability of each token under the filtered, renormalized row
-std::vector<double> sampling_target_distribution(const std::vector<float>& probs,
-                                                 const SamplingFilter& filter);
+std::vector<double> sampling_target_distribution(const std::vector<float>& probs, const SamplingFilter& filter);
 
 /// The oracle for a batch: row `indices[i]` (or i) of `probs` under `filters.at(i)`.
 /// \param probs (rows, vocab)
@@ -226,8 +221,8 @@ struct RejectionDraw {
 /// \param seed Philox key
 /// \param subsequence the output index i (Philox subsequence)
 /// \param offset stream word of round 0 (round j reads word offset + j)
-RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const SamplingFilter& filter,
-                                   uint64_t seed, uint64_t subsequence, uint64_t offset);
+RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const SamplingFilter& filter, uint64_t seed,
+                                   uint64_t subsequence, uint64_t offset);
 
 /// The same sampler for many outputs of one row at once, returning exactly what
 /// rejection_sample_row returns for each. Each round sorts the active outputs by `low`,
@@ -243,8 +238,8 @@ RejectionDraw rejection_sample_row(const float* probs, int64_t vocab, const Samp
 /// \return (n) draws, in the order of `subsequences`
 std::vector<RejectionDraw> rejection_sample_row_batched(const float* probs, int64_t vocab,
                                                         const std::vector<SamplingFilter>& filters,
-                                                        const std::vector<uint64_t>& subsequences,
-                                                        uint64_t seed, uint64_t offset);
+                                                        const std::vector<uint64_t>& subsequences, uint64_t seed,
+                                                        uint64_t offset);
 
 // ---- FlashInfer's operators --------------------------------------------------------------
 

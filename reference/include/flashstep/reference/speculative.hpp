@@ -47,8 +47,8 @@ namespace flashstep::ref {
 
 /// Result of chain_speculative_sampling (row-major, FlashInfer's names).
 struct ChainSpeculativeResult {
-  int64_t batch_size = 0;            ///< requests
-  int64_t num_speculate_tokens = 0;  ///< draft tokens per request (n)
+  int64_t batch_size = 0;                               ///< requests
+  int64_t num_speculate_tokens = 0;                     ///< draft tokens per request (n)
   std::vector<int32_t> output_token_ids;                ///< (batch_size, num_speculate_tokens + 1), -1 padded
   std::vector<int32_t> output_accepted_token_num;       ///< (batch_size)
   std::vector<int32_t> output_emitted_draft_token_num;  ///< (batch_size)
@@ -63,7 +63,6 @@ struct ChainSpeculativeResult {
 /// \param seed Philox key; \param offset first stream word of every request
 ChainSpeculativeResult chain_speculative_sampling(const Tensor& draft_probs,
                                                   const std::vector<int32_t>& draft_token_ids,
-                                                  const Tensor& target_probs, uint64_t seed = 0,
-                                                  uint64_t offset = 0);
+                                                  const Tensor& target_probs, uint64_t seed = 0, uint64_t offset = 0);
 
 }  // namespace flashstep::ref

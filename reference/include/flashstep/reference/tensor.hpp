@@ -24,8 +24,7 @@ struct BasicTensor {
   explicit BasicTensor(std::vector<int64_t> shape_, T fill = T(0))
       : shape(std::move(shape_)), data(static_cast<size_t>(count(shape)), fill) {}
   /// A tensor of the given shape holding `values` (row-major; sizes must agree).
-  BasicTensor(std::vector<int64_t> shape_, std::vector<T> values)
-      : shape(std::move(shape_)), data(std::move(values)) {}
+  BasicTensor(std::vector<int64_t> shape_, std::vector<T> values) : shape(std::move(shape_)), data(std::move(values)) {}
 
   /// Number of dimensions.
   int rank() const { return static_cast<int>(shape.size()); }
@@ -46,9 +45,7 @@ struct BasicTensor {
   T& operator()(std::initializer_list<int64_t> idx) { return data[static_cast<size_t>(offset(idx))]; }
   /// Read-only element at a multi-index (no bounds checks, as offset()).
   /// \param idx one index per dimension, outermost first
-  const T& operator()(std::initializer_list<int64_t> idx) const {
-    return data[static_cast<size_t>(offset(idx))];
-  }
+  const T& operator()(std::initializer_list<int64_t> idx) const { return data[static_cast<size_t>(offset(idx))]; }
 
   /// Number of elements of a tensor of shape `s` (1 for rank 0).
   /// \param s extent of each dimension
