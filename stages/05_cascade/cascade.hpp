@@ -9,7 +9,7 @@
 /// levels the caller built (plan_levels, FlashInfer's MultiLevelCascadeAttentionWrapper
 /// form). It then prices the flat batch against every choice of shared levels with a
 /// bytes-and-flops model and keeps the cheapest: when sharing does not pay, run() is
-/// stage 03's (decode) or stage 04's (prefill, large groups) flat path, unchanged.
+/// stage 03's (decode) or stage 04's or 07's (prefill, large groups) flat path, unchanged.
 ///
 /// run() of a cascade: one launch of stage 04's tensor-core kernel per level, each over
 /// its own CSR view of the same pool, writing fp32 partial states; then merge_levels
