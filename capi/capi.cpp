@@ -481,10 +481,8 @@ int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_
                   int llama31, double low_freq_factor, double high_freq_factor, double old_context_len, void* stream) {
   return guarded("fs_apply_rope", [&] {
     const char* fn = "apply_rope";
-    require(rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim,
-            std::string(fn) + ": rotary_dim must be even, >= 2 and <= head_dim " + std::to_string(head_dim) + " (got " +
-                std::to_string(rotary_dim) + ")");
-    // the frequencies exactly as the reference computes them (it checks the scale and theta)
+    // the frequencies exactly as the reference computes them (it checks rotary_dim's
+    // parity, the scale and theta; launch_rope checks rotary_dim against head_dim)
     std::vector<double> freqs;
     if (llama31) {
       flashstep::ref::Llama31RopeOptions o;

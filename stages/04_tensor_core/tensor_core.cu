@@ -35,28 +35,6 @@ namespace {
 
 constexpr int kBc = 64;
 
-/// Where each array of the schedule and the split's scratch lives in the workspace.
-struct WorkspaceLayout {
-  size_t request_indices = 0, qo_tile_indices = 0, kv_chunk_indices = 0, partial_indptr = 0;
-  size_t schedule_bytes = 0;  ///< [0, schedule_bytes): what plan() copies
-  size_t partial_o = 0, partial_lse = 0, bytes = 0;
-};
-
-WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
-  WorkspaceLayout w;
-  const size_t items = static_cast<size_t>(s.num_items()) * sizeof(int32_t);
-  w.request_indices = 0;
-  w.qo_tile_indices = align_up(items);
-  w.kv_chunk_indices = w.qo_tile_indices + align_up(items);
-  w.partial_indptr = w.kv_chunk_indices + align_up(items);
-  w.schedule_bytes = w.partial_indptr + s.partial_indptr.size() * sizeof(int32_t);
-  const size_t rows = static_cast<size_t>(s.partial_rows()) * static_cast<size_t>(num_qo_heads);
-  w.partial_o = align_up(w.schedule_bytes);
-  w.partial_lse = w.partial_o + align_up(rows * static_cast<size_t>(head_dim) * sizeof(float));
-  w.bytes = w.partial_lse + align_up(rows * sizeof(float));
-  return w;
-}
-
 /// What plan() needs of one instantiation, and how run() launches it.
 struct KernelEntry {
   size_t smem_bytes;
@@ -161,6 +139,37 @@ template int prepare_prefill_attention<__half>(int);
 template int prepare_prefill_attention<__nv_bfloat16>(int);
 template void launch_prefill_attention<__half>(const PrefillParams<__half>&, int, int64_t, cudaStream_t);
 template void launch_prefill_attention<__nv_bfloat16>(const PrefillParams<__nv_bfloat16>&, int, int64_t, cudaStream_t);
+
+WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
+  WorkspaceLayout w;
+  const size_t items = static_cast<size_t>(s.num_items()) * sizeof(int32_t);
+  w.request_indices = 0;
+  w.qo_tile_indices = align_up(items);
+  w.kv_chunk_indices = w.qo_tile_indices + align_up(items);
+  w.partial_indptr = w.kv_chunk_indices + align_up(items);
+  w.schedule_bytes = w.partial_indptr + s.partial_indptr.size() * sizeof(int32_t);
+  const size_t rows = static_cast<size_t>(s.partial_rows()) * static_cast<size_t>(num_qo_heads);
+  w.partial_o = align_up(w.schedule_bytes);
+  w.partial_lse = w.partial_o + align_up(rows * static_cast<size_t>(head_dim) * sizeof(float));
+  w.bytes = w.partial_lse + align_up(rows * sizeof(float));
+  return w;
+}
+
+void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspace, cudaStream_t stream) {
+  if (w.schedule_bytes == 0) return;
+  // The schedule, staged in one host buffer and copied once.
+  std::vector<uint8_t> staged(w.schedule_bytes, 0);
+  auto put = [&](size_t offset, const std::vector<int32_t>& v) {
+    if (!v.empty()) std::memcpy(staged.data() + offset, v.data(), v.size() * sizeof(int32_t));
+  };
+  put(w.request_indices, s.request_indices);
+  put(w.qo_tile_indices, s.qo_tile_indices);
+  put(w.kv_chunk_indices, s.kv_chunk_indices);
+  put(w.partial_indptr, s.partial_indptr);
+  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream));
+  // Pageable source: wait so that `staged` may go when this returns.
+  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
     : storage_(storage), options_(options) {}
@@ -271,20 +280,7 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   workspace_ = static_cast<uint8_t*>(workspace);
   const KernelEntry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, options_.fp8_stages);
   e.prepare(shape.head_dim);  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
-  // The schedule, staged in one host buffer and copied once.
-  std::vector<uint8_t> staged(w.schedule_bytes, 0);
-  auto put = [&](size_t offset, const std::vector<int32_t>& v) {
-    if (!v.empty()) std::memcpy(staged.data() + offset, v.data(), v.size() * sizeof(int32_t));
-  };
-  put(w.request_indices, schedule_.request_indices);
-  put(w.qo_tile_indices, schedule_.qo_tile_indices);
-  put(w.kv_chunk_indices, schedule_.kv_chunk_indices);
-  put(w.partial_indptr, schedule_.partial_indptr);
-  if (!staged.empty()) {
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream));
-    // Pageable source: wait so that `staged` may go when this returns.
-    FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
+  upload_schedule(schedule_, w, workspace_, stream);
 }
 
 void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {

@@ -64,6 +64,22 @@ struct Schedule {
   int64_t num_items() const { return static_cast<int64_t>(request_indices.size()); }
 };
 
+/// Where each array of a schedule and the split's scratch lives in the workspace: the four
+/// int32 arrays of the schedule ([0, schedule_bytes), what plan() copies), then the
+/// partial o and lse of a split. Stage 07 lays out its workspace the same way.
+struct WorkspaceLayout {
+  size_t request_indices = 0, qo_tile_indices = 0, kv_chunk_indices = 0, partial_indptr = 0;
+  size_t schedule_bytes = 0;  ///< [0, schedule_bytes): what plan() copies
+  size_t partial_o = 0, partial_lse = 0, bytes = 0;
+};
+
+/// The layout of schedule `s` for num_qo_heads heads of head_dim (host only).
+WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim);
+
+/// Copies the schedule's arrays into [0, w.schedule_bytes) of `workspace` on `stream`, one
+/// copy from a pageable host buffer, and waits for it (plan() work, not a run()).
+void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspace, cudaStream_t stream);
+
 /// plan/run for stage 04, over the storage its registry entry names.
 class TensorCoreRunner : public StageRunner {
  public:

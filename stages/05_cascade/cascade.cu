@@ -108,13 +108,13 @@ const char* flat_stage_of(const BatchShape& s, const CascadeOptions& o) {
   return flat_is_split_kv(s) ? "03_split_kv" : flat_on_hopper(s, o) ? "07_hopper" : "04_tensor_core";
 }
 
-double flat_seconds(const BatchShape& s, const CascadeOptions& o) {
-  const CostModel& c = o.cost;
-  if (flat_is_split_kv(s)) {
+/// The flat path's seconds on `stage` (flat_stage_of's answer).
+double flat_seconds(const BatchShape& s, const std::string& stage, const CostModel& c) {
+  if (stage == "03_split_kv") {
     const double kv_bytes = double(s.total_kv_len()) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
     return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
   }
-  return tensor_core_seconds(s, c, flat_on_hopper(s, o)) + 2 * c.seconds_per_launch;
+  return tensor_core_seconds(s, c, stage == "07_hopper") + 2 * c.seconds_per_launch;
 }
 
 /// One level's launch over the level's batch (level_shape): stage 04's kernel, or stage
@@ -275,7 +275,8 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
 
   auto out = std::make_unique<Prepared>();
   CascadePlan& plan = out->plan;
-  plan.flat_seconds = flat_seconds(s, options_);
+  plan.flat_stage = flat_stage_of(s, options_);  // the flat path's stage, whichever path runs
+  plan.flat_seconds = flat_seconds(s, plan.flat_stage, cost);
 
   // Candidate level sets: the given ones (priced in place, never copied: they hold every
   // page id), or every subset of the derived shared levels (a shared level that does not
@@ -325,8 +326,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   if (!cascade) {
     plan.path = Path::flat;
     plan.levels = {};
-    plan.flat_stage = flat_stage_of(s, options_);
-    if (flat_is_split_kv(s)) {
+    if (plan.flat_stage == "03_split_kv") {
       out->flat = split_kv::stage_info().make_runner();  // planned for CUDA graphs, as this stage is
     } else if (plan.flat_stage == "07_hopper") {
       out->flat = std::make_unique<hopper::HopperRunner>();
@@ -341,7 +341,6 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   // ---- the cascade: per level, stage 04's schedule with this stage's chunk choice.
   plan.path = Path::cascade;
   plan.levels = std::move(*chosen);
-  plan.flat_stage = flat_stage_of(s, options_);
   int64_t target = options_.target_blocks;
   if (target == 0) target = int64_t{device_sm_count()} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
   // stage 07's kernel fills a multiprocessor with one block

@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -74,28 +73,6 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t tokens, int heads, i
                "cuTensorMapEncodeTiled failed (error " + std::to_string(int(r)) +
                    "): q, k and v must be 16-byte aligned");
   return map;
-}
-
-/// Where each array of the schedule and the split's scratch lives in the workspace (as
-/// stage 04 lays out its own).
-struct WorkspaceLayout {
-  size_t request_indices = 0, qo_tile_indices = 0, kv_chunk_indices = 0, partial_indptr = 0;
-  size_t schedule_bytes = 0;  ///< [0, schedule_bytes): what plan() copies
-  size_t partial_o = 0, partial_lse = 0, bytes = 0;
-};
-
-WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
-  WorkspaceLayout w;
-  const size_t items = static_cast<size_t>(s.num_items()) * sizeof(int32_t);
-  w.qo_tile_indices = align_up(items);
-  w.kv_chunk_indices = w.qo_tile_indices + align_up(items);
-  w.partial_indptr = w.kv_chunk_indices + align_up(items);
-  w.schedule_bytes = w.partial_indptr + s.partial_indptr.size() * sizeof(int32_t);
-  const size_t rows = static_cast<size_t>(s.partial_rows()) * static_cast<size_t>(num_qo_heads);
-  w.partial_o = align_up(w.schedule_bytes);
-  w.partial_lse = w.partial_o + align_up(rows * static_cast<size_t>(head_dim) * sizeof(float));
-  w.bytes = w.partial_lse + align_up(rows * sizeof(float));
-  return w;
 }
 
 /// What a captured graph freezes of run(): the grid, the split, and the tensor maps, whose
@@ -291,7 +268,7 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
 }
 
 size_t HopperRunner::workspace_bytes(const BatchShape& shape) const {
-  return layout_of(make_schedule(shape), shape.num_qo_heads, shape.head_dim).bytes;
+  return tensor_core::layout_of(make_schedule(shape), shape.num_qo_heads, shape.head_dim).bytes;
 }
 
 void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
@@ -299,7 +276,7 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   const std::string gpu = hopper_unavailable_reason();
   ref::require(gpu.empty(), fn, gpu);
   Schedule sched = make_schedule(shape);
-  const WorkspaceLayout w = layout_of(sched, shape.num_qo_heads, shape.head_dim);
+  const tensor_core::WorkspaceLayout w = tensor_core::layout_of(sched, shape.num_qo_heads, shape.head_dim);
   captured_.check_plan(fn, launch_of(sched, shape));
   ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
@@ -308,25 +285,13 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   prepare_hopper_attention(shape);
-  if (w.schedule_bytes == 0) return;
-  // The schedule, staged in one host buffer and copied once.
-  std::vector<uint8_t> staged(w.schedule_bytes, 0);
-  auto put = [&](size_t offset, const std::vector<int32_t>& v) {
-    if (!v.empty()) std::memcpy(staged.data() + offset, v.data(), v.size() * sizeof(int32_t));
-  };
-  put(w.request_indices, schedule_.request_indices);
-  put(w.qo_tile_indices, schedule_.qo_tile_indices);
-  put(w.kv_chunk_indices, schedule_.kv_chunk_indices);
-  put(w.partial_indptr, schedule_.partial_indptr);
-  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream));
-  // Pageable source: wait so that `staged` may go when this returns.
-  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  tensor_core::upload_schedule(schedule_, w, workspace_, stream);
 }
 
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   captured_.on_run(stream, [&] { return launch_of(schedule_, shape_); });
   if (schedule_.num_items() == 0) return;
-  const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
+  const tensor_core::WorkspaceLayout w = tensor_core::layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   HopperLaunch l;
   l.q = batch.q;
   l.k = batch.k;
