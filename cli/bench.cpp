@@ -1,9 +1,9 @@
 // `flashstep bench`: the benchmark policy in one command. Runs the benchmark program
 // (flashstep_bench: ceilings and every stage on bench/shapes.csv), the peers
-// (bench/peers.py: PyTorch SDPA where PyTorch is installed, FlashInfer's decode wrappers
+// (bench/peers/attention.py: PyTorch SDPA where PyTorch is installed, FlashInfer's decode wrappers
 // where it imports too) in the same call, and merges
 // both into the results JSON that the docs' tables and plots are generated from
-// (bench/merge_results.py). Without a GPU, or in a build without the benchmark, it says
+// (bench/reports/merge_results.py). Without a GPU, or in a build without the benchmark, it says
 // so and exits 77.
 #include <unistd.h>
 
@@ -86,7 +86,7 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
     return kExitSkipped;
   }
 #endif
-  if (!exists(source + "/bench/merge_results.py")) {
+  if (!exists(source + "/bench/reports/merge_results.py")) {
     os << "flashstep bench: the benchmark's scripts are not at " << source
        << "/bench (they are read from the source tree).\n";
     return 1;
@@ -113,10 +113,10 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   // 2. Peers in the same call, where PyTorch is installed.
   const std::string peers = tmp + "/peers.json";
   if (shell("python3 -c 'import torch' 2>/dev/null", os) == 0) {
-    if (shell("python3 " + quoted(source + "/bench/peers.py") + " --shapes " + quoted(shapes) + " --out " +
+    if (shell("python3 " + quoted(source + "/bench/peers/attention.py") + " --shapes " + quoted(shapes) + " --out " +
                   quoted(peers),
               os) != 0) {
-      os << "FAIL: bench/peers.py failed (its output is above).\n";
+      os << "FAIL: bench/peers/attention.py failed (its output is above).\n";
       return 1;
     }
   } else {
@@ -127,7 +127,7 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
   // 3. One results JSON: Google Benchmark's, with device, commit, date and the targets.
   // merge_results.py reads the commit and the tree's state from the build folder's
   // source-state.txt (scripts/gpu-build.sh writes it), else from git here.
-  std::string merge = "python3 " + quoted(source + "/bench/merge_results.py") + " --bench " +
+  std::string merge = "python3 " + quoted(source + "/bench/reports/merge_results.py") + " --bench " +
                       quoted(tmp + "/bench.json") + " --peers " + quoted(peers) + " --shapes " + quoted(shapes) +
                       " --out " + quoted(opt.out);
   const std::string source_state = own_dir() + "/../source-state.txt";

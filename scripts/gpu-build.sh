@@ -4,7 +4,7 @@
 # beside the binaries the shared libraries a GPU machine may lack (Debian's Google
 # Benchmark, the CUDA runtime they were linked against), so the folder can be built here
 # and copied to a GPU machine, and records the commit it was built from and whether the
-# tree had changes (source-state.txt, read by bench/merge_results.py). Also builds the C
+# tree had changes (source-state.txt, read by bench/reports/merge_results.py). Also builds the C
 # library of flashstep.cuda and copies it, with the CUDA runtime and source-state.txt,
 # into <folder>-python/ (build-gpu-python/): all that scripts/gpu-python.sh needs.
 set -euo pipefail
@@ -13,7 +13,7 @@ BUILD=${1:-${FLASHSTEP_BUILD_DIR:-build-gpu}}
 cmake --preset gpu -B "$BUILD" > /dev/null
 # Every stage's exercise and every tuning program, found in the build system rather than
 # listed here, so a new stage folder (with its flashstep_exercise_NN_name target) or a
-# new bench/*_tune program is built without editing this script.
+# new bench/stages/*_tune program is built without editing this script.
 available=$(cmake --build "$BUILD" --target help | grep -oE '\bflashstep_[A-Za-z0-9_]+\b' | sort -u)
 # Every test program of the `gpu` CTest label (the stage suite and any other GPU suite a
 # stage adds: flashstep_*_tests and *_gpu targets), less the CPU-only suites.

@@ -4,7 +4,7 @@
 # stage suite, compute-sanitizer on the FP8 subset, the decode tests stages 02 and 03 had
 # before (their loop now also serves FP8), and the FP8 benchmark rows with the bf16 rows
 # and FlashInfer's FP8 rows of the same shapes in the same run. Prints a PASS/FAIL table
-# last, after the FP8 table of bench/fp8_report.py.
+# last, after the FP8 table of bench/reports/fp8_report.py.
 #
 #   scripts/gpu-fp8.sh [--build DIR] [--out DIR] [STEP...]
 #
@@ -18,9 +18,9 @@
 #   sanitizer   memcheck and racecheck on 'decode fp8: sanitizer subset' and the conversions
 #   regression  the decode tests of stages 02 and 03 that existed before FP8 (bf16/f16/f32)
 #   bench       flashstep_bench on bench/shapes_fp8.csv (stages 02, 03 and 04, ceilings), JSON
-#   peers       bench/peers.py --peers flashinfer on the same shapes (sources
+#   peers       bench/peers/attention.py --peers flashinfer on the same shapes (sources
 #               $FLASHINFER_BUNDLE/install.sh first when FLASHINFER_BUNDLE is set)
-#   report      bench/fp8_report.py: the table and the speed goals, from the two JSON files
+#   report      bench/reports/fp8_report.py: the table and the speed goals, from the two JSON files
 #
 # Each step is bounded (tests 420 s, sanitizer 300 s, regression 420 s, bench 300 s, peers
 # 540 s); to stay within a 10-minute command run them in two or three calls with the same
@@ -98,15 +98,15 @@ step_peers() {
     # shellcheck disable=SC1091
     source "$FLASHINFER_BUNDLE/install.sh" "$FLASHINFER_BUNDLE" > "$RESULTS/flashinfer_install.log" 2>&1
   fi
-  # peers.py writes its JSON after every shape: a run cut short keeps what it measured
-  step peers 540 python3 bench/peers.py --shapes "$SHAPES" --peers flashinfer \
+  # bench/peers/attention.py writes its JSON after every shape: a run cut short keeps what it measured
+  step peers 540 python3 bench/peers/attention.py --shapes "$SHAPES" --peers flashinfer \
     --flashinfer-timeout 500 --out "$RESULTS/peers_fp8.json"
   grep -c '"median_us"' "$RESULTS/peers_fp8.json" 2>/dev/null | sed 's/^/peers: timed rows: /'
 }
 
 step_report() {
   [ -f "$RESULTS/bench_fp8.json" ] || { verdict[report]="FAIL (no bench_fp8.json: run the bench step)"; return; }
-  step report 60 python3 bench/fp8_report.py --bench "$RESULTS/bench_fp8.json" --peers "$RESULTS/peers_fp8.json" \
+  step report 60 python3 bench/reports/fp8_report.py --bench "$RESULTS/bench_fp8.json" --peers "$RESULTS/peers_fp8.json" \
     --shapes "$SHAPES"
 }
 
@@ -115,7 +115,7 @@ for s in "${steps[@]}"; do
   if declare -F "step_$s" > /dev/null; then "step_$s"; else echo "gpu-fp8.sh: no step '$s'" >&2; verdict[$s]="FAIL (no such step)"; fi
 done
 
-# The FP8 table (bench/fp8_report.py's output), then the verdicts, last.
+# The FP8 table (bench/reports/fp8_report.py's output), then the verdicts, last.
 [ -f "$RESULTS/report.log" ] && { echo; sed -n '/^== report/,$p' "$RESULTS/report.log" | tail -n +2; }
 echo
 status=0

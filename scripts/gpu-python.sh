@@ -18,7 +18,7 @@
 #   notebooks   notebooks 11 and 12 executed on this GPU (scripts/notebook_exec.py), saved
 #               with their outputs, the GPU and the commit to <out>/notebooks/; copy them
 #               to docs/results/notebooks/ to show them on the docs site
-#   hostcost    bench/host_cost.py: plan() and run() host time per call against FlashInfer
+#   hostcost    bench/peers/host_cost.py: plan() and run() host time per call against FlashInfer
 #               (source its install.sh first to compare), table and <out>/host_cost.json
 #
 # It needs python3 with PyTorch and pytest (the GPU machine's image has both), not the
@@ -124,7 +124,7 @@ step_notebooks() {
   return $rc
 }
 step_hostcost() {
-  run_logged timeout 300 python3 bench/host_cost.py --json "$OUTDIR/host_cost.json"
+  run_logged timeout 300 python3 bench/peers/host_cost.py --json "$OUTDIR/host_cost.json"
 }
 for s in "${steps[@]}"; do
   if ! declare -F "step_$s" > /dev/null; then say "gpu-python.sh: no step '$s'"; exit 2; fi

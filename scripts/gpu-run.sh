@@ -92,7 +92,7 @@ step_sanitizer() {
 merge_results() {
   local peers=(--peers "$RESULTS/peers.json")
   [ -f "$RESULTS/peers_flashinfer.json" ] && peers+=(--peers "$RESULTS/peers_flashinfer.json")
-  python3 bench/merge_results.py --bench "$RESULTS/bench.json" "${peers[@]}" --shapes "$SHAPES" \
+  python3 bench/reports/merge_results.py --bench "$RESULTS/bench.json" "${peers[@]}" --shapes "$SHAPES" \
     --source-state "$B/source-state.txt" --command "$(cat "$RESULTS/command.txt")" --note "${FLASHSTEP_NOTE:-}" \
     --out "$RESULTS/results.json"
 }
@@ -103,8 +103,8 @@ step_bench() {
   timeout 300 "$B/bin/flashstep_bench" --shapes="$SHAPES" $BENCH_ARGS \
     --benchmark_out="$RESULTS/bench.json" --benchmark_out_format=json > "$RESULTS/bench.log" 2>&1
   echo "bench: rc=$?"
-  # peers.py writes its JSON after every shape, so a run cut short by the limit keeps what it measured
-  PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers.py --shapes "$SHAPES" --peers "${FLASHSTEP_PEERS:-sdpa,flashinfer}" \
+  # bench/peers/attention.py writes its JSON after every shape, so a run cut short by the limit keeps what it measured
+  PYTHONUNBUFFERED=1 timeout 420 python3 bench/peers/attention.py --shapes "$SHAPES" --peers "${FLASHSTEP_PEERS:-sdpa,flashinfer}" \
     --out "$RESULTS/peers.json" >> "$RESULTS/bench.log" 2>&1
   echo "peers: rc=$?"
   echo "${FLASHSTEP_PEERS:+FLASHSTEP_PEERS=$FLASHSTEP_PEERS }$COMMAND" > "$RESULTS/command.txt"
@@ -118,7 +118,7 @@ step_flashinfer_peers() {
   if [ ! -f "$RESULTS/bench.json" ] || [ ! -f "$RESULTS/command.txt" ]; then
     echo "flashinfer_peers: no bench step in $RESULTS (run it first, with the same --shapes and --out)"; return
   fi
-  PYTHONUNBUFFERED=1 timeout 540 python3 bench/peers.py --shapes "$SHAPES" --peers flashinfer --flashinfer-timeout 500 \
+  PYTHONUNBUFFERED=1 timeout 540 python3 bench/peers/attention.py --shapes "$SHAPES" --peers flashinfer --flashinfer-timeout 500 \
     --out "$RESULTS/peers_flashinfer.json" >> "$RESULTS/bench.log" 2>&1
   echo "flashinfer peers: rc=$?"
   echo "$(cat "$RESULTS/command.txt"), then $COMMAND" > "$RESULTS/command.txt"
@@ -132,15 +132,15 @@ step_split_kv_tune() {
     --benchmark_out="$RESULTS/tune.json" --benchmark_out_format=json > "$RESULTS/tune.log" 2>&1
   echo "split_kv_tune: rc=$?"
   [ -f "$RESULTS/tune.json" ] && python3 -c 'import json, sys; p = sys.argv[1]; d = json.load(open(p)); d.get("context", {}).pop("executable", None); json.dump(d, open(p, "w"), indent=1)' "$RESULTS/tune.json"
-  PYTHONUNBUFFERED=1 timeout 120 python3 bench/split_kv_clean_peers.py --shapes "$SHAPES" \
+  PYTHONUNBUFFERED=1 timeout 120 python3 bench/peers/attention.py --clean-l2 --shapes "$SHAPES" \
     --out "$RESULTS/clean_l2_peers.json" >> "$RESULTS/tune.log" 2>&1
   echo "clean-L2 peers: rc=$?"
 }
 
 step_sampling() {
   # Stage 06's own run (token-equality suite, GPU statistics, sanitizers, sampling bench and
-  # peers on bench/shapes_sampling.csv): bench/sampling_run.sh, logs under sampling/.
-  bench/sampling_run.sh "$B/bin" "$RESULTS/sampling"
+  # peers on bench/shapes_sampling.csv): bench/stages/sampling_run.sh, logs under sampling/.
+  bench/stages/sampling_run.sh "$B/bin" "$RESULTS/sampling"
 }
 
 step_ncu() {

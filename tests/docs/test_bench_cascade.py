@@ -1,7 +1,7 @@
 """Stage 05's benchmark scripts on a synthetic run of bench/shapes_cascade.csv, CPU only:
-bench/merge_results.py computes the cascade's speed goals as time ratios of the rows (a
+bench/reports/merge_results.py computes the cascade's speed goals as time ratios of the rows (a
 flat stage's or a peer's time over stage 05's, the fastest flat stage per decode shape,
-and the worst of those), and bench/cascade_report.py writes them into the chapter's
+and the worst of those), and bench/reports/cascade_report.py writes them into the chapter's
 generated section, refuses a chapter without its markers, and tells a current section
 from a stale one with --check."""
 import csv
@@ -72,7 +72,7 @@ def synthetic_run(tmp_path, drop=()):
 
 
 def merge(tmp_path, out):
-    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "merge_results.py"),
+    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "merge_results.py"),
                           "--bench", str(tmp_path / "bench.json"), "--peers", str(tmp_path / "peers.json"),
                           "--shapes", SHAPES, "--source-state", str(tmp_path / "source-state.txt"),
                           "--command", "scripts/gpu-run.sh --shapes bench/shapes_cascade.csv bench", "--out", str(out)],
@@ -130,7 +130,7 @@ def scratch_repo(tmp_path, chapter):
 
 
 def report(repo, results, *extra):
-    return subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "cascade_report.py"), "--repo", str(repo),
+    return subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "cascade_report.py"), "--repo", str(repo),
                            "--results", str(results), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
 
@@ -151,7 +151,7 @@ def test_report_writes_the_section_and_check_tells_stale_from_current(tmp_path):
     assert "| 300 |" in row and "| 4,200 |" in row and "| 600 |" in row and "2.00x" in row and "14.00x" in row
     assert "batch 128 decode (speedup): 2.00 (goal >= 2.00), met" in text
     assert "missed on `p1024_b8_s1024` (0.90)" in text
-    assert (repo / "docs" / "results" / "cascade_sweep.png").stat().st_size > 0
+    assert (repo / "docs" / "results" / "05_cascade" / "cascade_sweep.png").stat().st_size > 0
     check = report(repo, results, "--check")
     assert check.returncode == 0 and "up to date" in check.stdout
     (repo / "stages" / "05_cascade" / "README.md").write_text(text.replace("| 300 |", "| 299 |"))
@@ -167,7 +167,7 @@ def test_report_refuses_a_chapter_without_markers_and_another_shapes_file(tmp_pa
     run = report(repo, results)
     assert run.returncode == 2 and BEGIN in run.stdout
     assert (repo / "stages" / "05_cascade" / "README.md").read_text() == chapter
-    assert not (repo / "docs" / "results" / "cascade_sweep.png").exists()
+    assert not (repo / "docs" / "results" / "05_cascade" / "cascade_sweep.png").exists()
     data["context"]["shapes_file"] = "bench/shapes_prefill.csv"
     results.write_text(json.dumps(data))
     assert report(repo, results).returncode == 2

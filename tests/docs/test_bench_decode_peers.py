@@ -1,11 +1,11 @@
 """The decode benchmark's scripts on small hand-made runs, CPU only (no GPU, no torch):
-bench/merge_results.py joins SDPA's rows (keyed by sizes: one per shape of those sizes),
+bench/reports/merge_results.py joins SDPA's rows (keyed by sizes: one per shape of those sizes),
 FlashInfer's decode rows (one per shape: page size, layout and page order are theirs),
 and several peers files of one run, and adds % of the read ceiling where the run measured
-it; bench/split_kv_report.py computes stage 03's decode goals (ratios to cuDNN and to the
+it; bench/reports/split_kv_report.py computes stage 03's decode goals (ratios to cuDNN and to the
 faster FlashInfer wrapper, their geomean and worst shape, the layout and page-order check)
 and shows the new columns only for a run that has them, so that the committed chapter
-regenerates unchanged (--check); bench/report.py does the same for the decode chapters.
+regenerates unchanged (--check); bench/reports/decode_report.py does the same for the decode chapters.
 Every expected number is worked out by hand in the comments."""
 import json
 import os
@@ -17,10 +17,11 @@ import pytest
 
 SOURCE = os.environ.get("FLASHSTEP_SOURCE_DIR",
                         os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-BENCH = os.path.join(SOURCE, "bench")
-SPLIT_KV_SHAPES = os.path.join(BENCH, "shapes_split_kv.csv")
+BENCH = os.path.join(SOURCE, "bench", "reports")
+SPLIT_KV_SHAPES = os.path.join(SOURCE, "bench", "shapes_split_kv.csv")
 sys.path.insert(0, BENCH)
-split_kv_report = pytest.importorskip("split_kv_report")  # bench/, beside merge_results.py
+split_kv_report = pytest.importorskip("split_kv_report")  # bench/reports/, beside merge_results.py
+results = pytest.importorskip("results")  # bench/reports/results.py: the one reader
 
 KEY_B128_KV8192 = [128, 8192, 32, 8, 128, "bf16"]  # SDPA's key of every b128 x kv 8192 shape
 
@@ -146,9 +147,15 @@ def goal_rows():
                    median("03_split_kv/b128_kv8192_p16_shuffled", 1050.0, **{g: 3810.0}))
 
 
+def as_run(data):
+    """A results file's JSON (without rows) as the report scripts see it, through the one reader."""
+    return results.from_gbench("results.json", dict(data, benchmarks=[]))
+
+
 def new_run():
-    return {"context": {"copy_ceiling_GB/s": "3000", "read_ceiling_GB/s": "3300", "device": "GPU X",
-                        "commit": "abc1234", "date": "2026-01-01"}, "flashstep": {"peers": {"flashinfer": "0.0.test"}}}
+    return as_run({"context": {"copy_ceiling_GB/s": "3000", "read_ceiling_GB/s": "3300", "device": "GPU X",
+                               "commit": "abc1234", "date": "2026-01-01"},
+                   "flashstep": {"peers": {"flashinfer": "0.0.test"}}})
 
 
 def test_decode_goals_are_ratios_to_cudnn_and_the_faster_flashinfer_wrapper():
@@ -213,7 +220,7 @@ def test_the_sweep_gains_columns_only_where_the_run_has_them():
     assert table_row(new, "| `b128_kv8192_p16_hnd` |") == "| `b128_kv8192_p16_hnd` |  | 3,960 | 1,010.0 | 120.0 | – | – |"
     # a run made before the read ceiling and FlashInfer's decode rows: the table as it was
     old_rows = {k: v for k, v in rows.items() if "flashinfer" not in k}
-    old = split_kv_report.markdown({"context": {"copy_ceiling_GB/s": "3000"}}, old_rows, verdicts, "results.json")
+    old = split_kv_report.markdown(as_run({"context": {"copy_ceiling_GB/s": "3000"}}), old_rows, verdicts, "results.json")
     assert "| batch | kv_len | 02_paged | 03_split_kv | cuDNN | flash | 03 % of copy | 03 / 02 | 03 / cuDNN |" in old
     assert table_row(old, "| 1 | 1024 |") == "| 1 | 1024 | 200 | 300 | 400 | 310 | 10.0 | 1.50 | 0.75 |"
     assert "Decode goals" not in old and "Copy ceiling measured in the same run: 3,000 GB/s. bf16" in old
@@ -232,7 +239,7 @@ def test_the_stage_03_chapter_regenerates_from_the_files_it_cites():
     section = section.group(0)
     args = [sys.executable, os.path.join(BENCH, "split_kv_report.py"),
             re.search(r"from `(docs/results/[^`]+\.json)`", section).group(1)]
-    tune = re.search(r"\*\*Knobs\*\* \(`bench/split_kv_tune.cpp`, `([^`]+)`", section)
+    tune = re.search(r"\*\*Knobs\*\* \(`bench/stages/split_kv_tune.cpp`, `([^`]+)`", section)
     clean = re.search(r"peers from `([^`]+)`", section)
     image = re.search(r"\]\(([\w./-]+\.png)\)", section)
     if tune:
@@ -244,7 +251,7 @@ def test_the_stage_03_chapter_regenerates_from_the_files_it_cites():
     args += ["--readme", os.path.join("stages", "03_split_kv", "README.md"), "--check"]
     run = subprocess.run(args, cwd=SOURCE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert run.returncode == 0 and run.stdout.strip().endswith("up to date"), (
-        "stages/03_split_kv/README.md's generated section differs from what bench/split_kv_report.py writes "
+        "stages/03_split_kv/README.md's generated section differs from what bench/reports/split_kv_report.py writes "
         "from the files it cites:\n" + run.stdout)
 
 
@@ -257,7 +264,7 @@ def scratch_decode_repo(tmp_path, read_ceiling, flashinfer_rows):
     (repo / "bench").mkdir(parents=True)
     (repo / "stages" / "02_paged").mkdir(parents=True)
     (repo / "docs" / "results").mkdir(parents=True)
-    with open(os.path.join(BENCH, "shapes.csv"), encoding="utf-8") as f:
+    with open(os.path.join(SOURCE, "bench", "shapes.csv"), encoding="utf-8") as f:
         (repo / "bench" / "shapes.csv").write_text(f.read())
     (repo / "stages" / "02_paged" / "README.md").write_text("# 02\n\n<!-- results:begin -->\n<!-- results:end -->\n")
     ctx = {"date": "2026-01-01T00:00:00+00:00", "device": "GPU X", "commit": "abc1234",
@@ -279,9 +286,9 @@ def scratch_decode_repo(tmp_path, read_ceiling, flashinfer_rows):
 
 @pytest.mark.parametrize("new_run", [True, False])
 def test_the_decode_chapter_shows_the_read_ceiling_and_flashinfer_where_the_run_has_them(tmp_path, new_run):
-    pytest.importorskip("matplotlib")  # report.py draws the bandwidth plot too
+    pytest.importorskip("matplotlib")  # decode_report.py draws the bandwidth plot too
     repo, results = scratch_decode_repo(tmp_path, new_run, new_run)
-    run = subprocess.run([sys.executable, os.path.join(BENCH, "report.py"), "--repo", str(repo),
+    run = subprocess.run([sys.executable, os.path.join(BENCH, "decode_report.py"), "--repo", str(repo),
                           "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert run.returncode == 0, run.stdout
     text = (repo / "stages" / "02_paged" / "README.md").read_text()
@@ -300,7 +307,7 @@ def test_the_floor_table_is_the_launch_floor_plus_the_bytes_at_the_read_ceiling(
     # b1 x kv 1024: 03 at 15 us and 280 GB/s moves 4.2 MB; at a 3000 GB/s read ceiling that
     # is 1.4 us, plus a 4 us launch floor: 5.4 us, so 03 is 15 / 5.4 = 2.78 floors and
     # cuDNN (10.8 us) exactly 2.00.
-    data = {"context": {"launch_floor_1_us": "4.0", "launch_floor_2_us": "6.5"}}
+    data = as_run({"context": {"launch_floor_1_us": "4.0", "launch_floor_2_us": "6.5"}})
     rows = {"03_split_kv/b1_kv1024_p16": {"real_time": 15.0, "time_unit": "us", "GB/s": 280.0, "bytes": 4.2e6},
             "peer_torch_sdpa_cudnn/b1_kv1024_p16": {"real_time": 10.8, "time_unit": "us", "GB/s": 388.9,
                                                     "bytes": 4.2e6}}
@@ -309,5 +316,5 @@ def test_the_floor_table_is_the_launch_floor_plus_the_bytes_at_the_read_ceiling(
     assert "| 1 | 1024 | 5.4 | 15.0 | 2.78 | 2.00 |" in lines
     assert len([x for x in lines if x.startswith("| 1 |") or x.startswith("| 4 |")]) == 1  # only measured shapes
     # a run without the launch floor (or the read ceiling) gets no table
-    assert split_kv_report.floor_markdown({"context": {}}, rows, 3000.0, False) == []
+    assert split_kv_report.floor_markdown(as_run({"context": {}}), rows, 3000.0, False) == []
     assert split_kv_report.floor_markdown(data, rows, None, False) == []

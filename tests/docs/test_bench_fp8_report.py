@@ -1,4 +1,4 @@
-"""bench/fp8_report.py on a small hand-made run, CPU only (no GPU, no torch): the FP8 decode
+"""bench/reports/fp8_report.py on a small hand-made run, CPU only (no GPU, no torch): the FP8 decode
 table takes every number from the two files, and each goal's ratio and verdict is the one
 worked out by hand in the comments; a number the run lacks is "-" and its goal "n/a"."""
 import json
@@ -8,7 +8,7 @@ import sys
 
 SOURCE = os.environ.get("FLASHSTEP_SOURCE_DIR",
                         os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-SCRIPT = os.path.join(SOURCE, "bench", "fp8_report.py")
+SCRIPT = os.path.join(SOURCE, "bench", "reports", "fp8_report.py")
 
 SHAPES = """# test shapes
 name,set,batch,kv_len,num_qo_heads,num_kv_heads,head_dim,page_size,dtype,layout,page_order,kv_dtype,k_scale,v_scale

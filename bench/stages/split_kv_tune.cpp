@@ -1,5 +1,5 @@
 // flashstep_split_kv_tune — stage 03's knobs, timed like flashstep_bench times the stages
-// (CUDA events, L2 flushed before every call, median of 5 repetitions; bench/timing.hpp),
+// (CUDA events, L2 flushed before every call, median of 5 repetitions; bench/stages/timing.hpp),
 // so that the defaults in stages/03_split_kv are chosen from measurements:
 //
 //   auto            the registry's runner: graph plan, timed as a replay of a captured run()

@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
 """Stage 03's results, generated from one results JSON (`scripts/gpu-run.sh --shapes
-bench/shapes_split_kv.csv` writes it: flashstep_bench + bench/peers.py, merged by
-bench/merge_results.py): the stage's speed goals, the sweep table and the sweep plot.
+bench/shapes_split_kv.csv` writes it: flashstep_bench + bench/peers/attention.py, merged by
+bench/reports/merge_results.py): the stage's speed goals, the sweep table and the sweep plot.
 
     split_kv_report.py RESULTS.json --targets-only
     split_kv_report.py RESULTS.json [--tune TUNE.json [--clean CLEAN.json]] \
                        --readme stages/03_split_kv/README.md --plot stages/03_split_kv/sweep.png \
                        [--write-targets | --check]
 
-TUNE.json is flashstep_split_kv_tune's output and CLEAN.json bench/split_kv_clean_peers.py's,
+TUNE.json is flashstep_split_kv_tune's output and CLEAN.json bench/peers/attention.py --clean-l2's,
 from the same GPU run (gpu-run.sh's split_kv_tune step: tune.json, clean_l2_peers.json): they add the knob table and the read-only-flush comparison.
 
 --readme replaces the text between the README's `<!-- split_kv results:begin -->` and
 `<!-- split_kv results:end -->` markers (nothing else; markers of their own, so that
-bench/report.py, which fills the plain `results:` markers of every chapter from
+bench/reports/decode_report.py, which fills the plain `results:` markers of every chapter from
 bench/shapes.csv, leaves this chapter's sweep alone); --write-targets stores the verdicts in the
 JSON under flashstep.split_kv_targets and the decode goals under
 flashstep.split_kv_decode_goals. --check writes nothing: it says whether the README's
@@ -21,21 +21,19 @@ section is what these files generate (exit 0) or stale (exit 1); run it from the
 root with the paths the section cites. Every number written comes from the JSON files.
 
 The decode goals (decode_goals below), for a run that has what they need: stage 03 against
-cuDNN SDPA and against the better of FlashInfer's two decode wrappers (bench/peers.py's
+cuDNN SDPA and against the better of FlashInfer's two decode wrappers (bench/peers/attention.py's
 flashinfer_cuda_core_decode and flashinfer_tc_decode) on each of GOAL_SHAPES, their
 geometric mean and worst shape; and the layout and page-order check, stage 03's time on
 LAYOUT_SHAPES against sequential NHD page 16 at the same sizes. A run made before the read
 ceiling (context read_ceiling_GB/s) and FlashInfer's decode rows existed has neither: its
 section, its columns and its plot come out as they always did.
 """
-import argparse
 import json
 import math
 import os
 import sys
 
-from gbench_rows import load_medians  # bench/, beside this script
-from report import write_section  # the chapters' generators share it
+from common import by_name, context, load, medians, parser, write_section  # bench/reports/
 
 STAGE, BASE = "03_split_kv", "02_paged"
 CUDNN, FLASH = "peer_torch_sdpa_cudnn", "peer_torch_sdpa_flash"
@@ -108,9 +106,9 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def read_ceiling(data):
+def read_ceiling(run):
     """The run's read ceiling in GB/s, or None for a run made before it was measured."""
-    value = data.get("context", {}).get("read_ceiling_GB/s")
+    value = context(run).get("read_ceiling_GB/s")
     return float(value) if value is not None else None
 
 
@@ -150,12 +148,12 @@ def summary(ratios, goal):
     return out
 
 
-def decode_goals(data, rows):
+def decode_goals(run, rows):
     """Stage 03's decode goals from one run: per shape of GOAL_SHAPES its GB/s, % of the read
     ceiling and ratios (GB/s over GB/s) to stage 02, cuDNN and the better FlashInfer wrapper;
     the summary of the ratios to cuDNN and to FlashInfer; the layout and page-order check
     (stage 03's time on each of LAYOUT_SHAPES over its time on LAYOUT_BASE, as a % more)."""
-    read = read_ceiling(data)
+    read = read_ceiling(run)
     per_shape = []
     for shape in GOAL_SHAPES:
         s3 = gbps(rows, f"{STAGE}/{shape}")
@@ -204,11 +202,11 @@ def goals_markdown(goals):
     return lines
 
 
-def floor_markdown(data, rows, read, fi):
+def floor_markdown(run, rows, read, fi):
     """The sweep against the floor a call cannot beat: the launch floor (a CUDA graph of one
     empty kernel, timed like the stages; flashstep_bench's ceiling/launch_floor_1) plus the
     call's bytes at the read ceiling. Only for runs that measured both."""
-    ctx = data.get("context", {})
+    ctx = context(run)
     launch = ctx.get("launch_floor_1_us")
     if read is None or launch is None:
         return []
@@ -238,15 +236,15 @@ def floor_markdown(data, rows, read, fi):
     return lines
 
 
-def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=None):
-    ctx = data.get("context", {})
+def markdown(run, rows, verdicts, results_path, tune=None, image=None, clean=None):
+    ctx = context(run)
     copy = float(ctx.get("copy_ceiling_GB/s", "nan"))
-    read, fi = read_ceiling(data), has_flashinfer(rows)  # neither in a run made before they existed
-    peers = data.get("flashstep", {}).get("peers", {})
+    read, fi = read_ceiling(run), has_flashinfer(rows)  # neither in a run made before they existed
+    peers = run["raw"].get("flashstep", {}).get("peers", {})
     ceilings = f"Copy ceiling measured in the same run: {copy:,.0f} GB/s."
     if read is not None:
         ceilings = (f"Ceilings measured in the same run: copy {copy:,.0f} GB/s (bytes read + written), read "
-                    f"{read:,.0f} GB/s (bytes read by a kernel that only reads, `bench/read_ceiling.cu`: the "
+                    f"{read:,.0f} GB/s (bytes read by a kernel that only reads, `bench/ceilings/read_ceiling.cu`: the "
                     "most a decode, which almost only reads, can reach).")
     versions = f"torch {peers.get('torch', '?')}, cuDNN {peers.get('cudnn', '?')}"
     who_reads = "peers read contiguous KV."
@@ -254,7 +252,7 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
         versions += f", FlashInfer {peers.get('flashinfer', '?')}"
         who_reads = ("SDPA peers read contiguous KV, FlashInfer's decode wrappers the same paged pool as the "
                      "stages (its page size, layout and page order).")
-    lines = [f"Generated by `bench/split_kv_report.py` from `{results_path}`: "
+    lines = [f"Generated by `bench/reports/split_kv_report.py` from `{results_path}`: "
              f"{ctx.get('device', '?')}, commit {ctx.get('commit', '?')}, {ctx.get('date', '?')}; "
              f"{versions}. {ceilings} bf16, 32 query / 8 kv heads, head_dim 128, page_size 16; {who_reads}", "",
              "**Targets** (ratios within this one run):", "",
@@ -263,7 +261,7 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
         met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {fmt(t.get('ratio'), 3)} | {t['goal']} | {met} |")
     if read is not None or fi:
-        lines += [""] + goals_markdown(decode_goals(data, rows))
+        lines += [""] + goals_markdown(decode_goals(run, rows))
     head = ["batch", "kv_len", "02_paged", "03_split_kv", "cuDNN", "flash"] + (["FlashInfer"] if fi else []) + \
         ["03 % of copy"] + (["03 % of read"] if read is not None else []) + ["03 / 02", "03 / cuDNN"] + \
         (["03 / FlashInfer"] if fi else [])
@@ -281,7 +279,7 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
                 [fmt(pct, 1)] + ([cell(pct_of_read(rows, f"{STAGE}/{shape}", read), 1)] if read is not None else []) + \
                 [fmt(ratio(s3, s2), 2), fmt(ratio(s3, cu), 2)] + ([cell(ratio(s3, bf), 2)] if fi else [])
             lines.append("| " + " | ".join(cells) + " |")
-    lines += floor_markdown(data, rows, read, fi)
+    lines += floor_markdown(run, rows, read, fi)
     extra = [n for n in rows if n.startswith(STAGE + "/") and not any(
         n == f"{STAGE}/b{b}_kv{kv}_p16" for b in BATCHES for kv in KV_LENS)]
     if extra:
@@ -305,7 +303,7 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
                           f"against the copy ceiling]({image})"]
     if tune:
         tdata, trows = tune
-        lines += ["", f"**Knobs** (`bench/split_kv_tune.cpp`, `{tdata['path']}`, same device; GB/s, median):", ""]
+        lines += ["", f"**Knobs** (`bench/stages/split_kv_tune.cpp`, `{tdata['path']}`, same device; GB/s, median):", ""]
         variants = []
         shapes = []
         for n in trows:
@@ -321,7 +319,7 @@ def markdown(data, rows, verdicts, results_path, tune=None, image=None, clean=No
     if tune and clean:
         _, trows = tune
         cdata, crows = clean
-        lines += ["", f"**With a read-only L2 flush** (`bench/split_kv_flush.cu`; peers from `{cdata['path']}`): "
+        lines += ["", f"**With a read-only L2 flush** (`bench/stages/split_kv_flush.cu`; peers from `{cdata['path']}`): "
                   "the timer above evicts the L2 by writing it, so every call starts with up to one L2 of "
                   "dirty lines to write back; here the L2 is evicted by reading, on the same shapes "
                   "(GB/s, median):", "",
@@ -376,10 +374,10 @@ def plot(rows, copy, out_png, title, read=None):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, results=None, check=False, repo=False)
     p.add_argument("results")
     p.add_argument("--tune", help="flashstep_split_kv_tune JSON of the same device")
-    p.add_argument("--clean", help="bench/split_kv_clean_peers.py JSON of the same GPU run")
+    p.add_argument("--clean", help="bench/peers/attention.py --clean-l2 JSON of the same GPU run")
     p.add_argument("--targets-only", action="store_true")
     p.add_argument("--readme")
     p.add_argument("--plot")
@@ -389,12 +387,13 @@ def main():
     a = p.parse_args()
     if a.check and not a.readme:
         p.error("--check needs --readme")
-    data, rows = load_medians(a.results)
+    run = load(a.results)
+    rows = by_name(run)
     verdicts = targets(rows)
     for t in verdicts:
         v = {True: "MET ", False: "MISS", None: "n/a "}[t["met"]]
         print(f"{v} {t.get('ratio', float('nan')):7.3f} ({t['goal']})  {t['target']}")
-    goals = decode_goals(data, rows)
+    goals = decode_goals(run, rows)
     for key, peer in (("vs_cudnn", "cuDNN SDPA"), ("vs_flashinfer", "FlashInfer")):
         g = goals[key]
         v = {True: "MET ", False: "MISS", None: "n/a "}[g["met"]]
@@ -407,30 +406,31 @@ def main():
     if a.targets_only:
         return 0
     if a.write_targets and not a.check:
-        data.setdefault("flashstep", {})["split_kv_targets"] = verdicts
-        data["flashstep"]["split_kv_decode_goals"] = goals
+        raw = run["raw"]
+        raw.setdefault("flashstep", {})["split_kv_targets"] = verdicts
+        raw["flashstep"]["split_kv_decode_goals"] = goals
         with open(a.results, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
+            json.dump(raw, f, indent=1)
     tune = None
     if a.tune:
-        tdata, trows = load_medians(a.tune)
+        tdata, trows = medians(a.tune)
         tdata["path"] = a.tune
         tune = (tdata, trows)
     clean = None
     if a.clean:
-        cdata, crows = load_medians(a.clean)
+        cdata, crows = medians(a.clean)
         cdata["path"] = a.clean
         clean = (cdata, crows)
     if a.plot and not a.check:
-        ctx = data.get("context", {})
+        ctx = context(run)
         plot(rows, float(ctx["copy_ceiling_GB/s"]), a.plot,
              f"{ctx.get('device', '')}, commit {ctx.get('commit', '')}: decode GB/s, bf16 32/8 heads, head_dim 128, page 16",
-             read_ceiling(data))
+             read_ceiling(run))
     if a.readme:
         image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
         return write_section(a.readme, "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->",
                              "split_kv_report.py", os.getcwd(),
-                             lambda: markdown(data, rows, verdicts, os.path.relpath(a.results), tune, image, clean),
+                             lambda: markdown(run, rows, verdicts, os.path.relpath(a.results), tune, image, clean),
                              a.check)
     return 0
 

@@ -1,10 +1,10 @@
-// A read-only L2 flush for bench/split_kv_tune.cpp's "clean_l2" rows. The project's
-// timer (bench/timing.cpp) evicts the L2 by *writing* twice its size, which leaves the
+// A read-only L2 flush for bench/stages/split_kv_tune.cpp's "clean_l2" rows. The project's
+// timer (bench/stages/timing.cpp) evicts the L2 by *writing* twice its size, which leaves the
 // L2 full of dirty lines that the timed kernel's first reads must write back to HBM:
 // up to one L2 (50 MB on an H100) of extra traffic, a large share of a small decode.
 // This flush evicts by *reading* instead, so the L2 holds clean lines; the rows timed
 // with it show how much of a small decode's time is that write-back (the peers are
-// timed the same way by bench/split_kv_clean_peers.py).
+// timed the same way by bench/peers/attention.py --clean-l2).
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The launch floor: what one call costs when it moves no bytes. A CUDA graph of one (or
 // two) kernels that do nothing, one block per SM, replayed and timed exactly as the stages
-// are (bench/timing.hpp: the L2 flushed before each call, events around the replay). The
+// are (bench/stages/timing.hpp: the L2 flushed before each call, events around the replay). The
 // least time a decode of B bytes can take is then about floor + B / read ceiling: the chapters
 // compare each shape's time with that.
 #pragma once

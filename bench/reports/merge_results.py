@@ -11,7 +11,7 @@ decode file's SDPA rows are keyed by sizes and repeat on every shape of those si
 FlashInfer's name their shape; a row with an error, such as an output that differs from
 cuDNN's, is listed under peer_errors instead), with GB/s or TFLOP/s, pct_of_ceiling and,
 where the run measured the read ceiling (context read_ceiling_GB/s), pct_of_read_ceiling;
-several --peers files (bench/peers.py run once per family with --peers) are joined as
+several --peers files (bench/peers/attention.py run once per family with --peers) are joined as
 one. The context gains the commit; a top-level "flashstep" object holds the stage's speed
 goals, computed here from the rows of this one run, the peers' versions, the command
 that produced the run and the state of the tree. Google Benchmark's "executable" (a
@@ -25,14 +25,14 @@ folder's source-state.txt (written by scripts/gpu-build.sh, next to the binaries
 --bench names), else from git in the current folder. A tree with changes gives a commit
 "<sha>-dirty" and "tree": "modified"; only runs of a clean tree belong in docs/results/.
 """
-import argparse
-import csv
 import json
 import os
 import subprocess
 import sys
 
-from gbench_rows import base_name  # bench/, beside this script
+from common import parser  # bench/reports/
+from results import base_name  # bench/reports/
+from shapes import load_shapes, shape_key as key_of  # bench/shapes.py (common puts bench/ on the path)
 
 # (description, numerator row, denominator row, goal, how the ratio reads)
 TARGETS = [
@@ -194,19 +194,13 @@ def source_state(path):
         return "unknown", "unknown"
 
 
-def load_shapes(path):
-    with open(path, encoding="utf-8") as f:
-        rows = [line for line in f if line.strip() and not line.startswith("#")]
-    return list(csv.DictReader(rows))
-
-
 def shape_key(s):
-    return [int(s["batch"]), int(s["kv_len"]), int(s["num_qo_heads"]), int(s["num_kv_heads"]),
-            int(s["head_dim"]), s["dtype"]]
+    """bench/shapes.py's shape_key as a list, as a peers file's JSON "key" reads."""
+    return list(key_of(s))
 
 
 def peer_median_row(r, shape_name, label, unit, ceiling, read_ceiling=None):
-    """A peer's timing `r` from bench/peers.py as a Google Benchmark median row named
+    """A peer's timing `r` from bench/peers/attention.py as a Google Benchmark median row named
     peer_<impl>/<shape_name>: its `unit` ("GB/s" with r's bytes, or "TFLOP/s" with its
     flops) and that as a percentage of `ceiling`, the run's ceiling in the same unit, and
     of `read_ceiling` (GB/s rows, where the run measured it)."""
@@ -226,7 +220,7 @@ def peer_median_row(r, shape_name, label, unit, ceiling, read_ceiling=None):
 
 
 def load_peers(paths):
-    """The peers files of one run (bench/peers.py, once or once per family) as one: their
+    """The peers files of one run (bench/peers/attention.py, once or once per family) as one: their
     rows in order (where two files time the same peer on the same shape, the later file's
     row replaces the earlier's), the first file's versions, complete when every file is;
     a file that does not exist (the peers step cut short before its first shape) is
@@ -254,10 +248,10 @@ def load_peers(paths):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, results=None, check=False, repo=False)
     p.add_argument("--bench", required=True)
     p.add_argument("--peers", required=True, action="append",
-                   help="bench/peers.py's JSON; again for another peers file of the same run")
+                   help="bench/peers/attention.py's JSON; again for another peers file of the same run")
     p.add_argument("--shapes", required=True)
     p.add_argument("--source-state", help="source-state.txt of the build folder (default: beside --bench's "
                    "binaries, i.e. <build>/source-state.txt when --bench is under <build>/)")
@@ -311,7 +305,7 @@ def main():
         "note": a.note,
         "targets": targets,
         "peers": {k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")},
-        # bench/peers.py sets "complete" when it reaches its end; a run cut short keeps the
+        # bench/peers/attention.py sets "complete" when it reaches its end; a run cut short keeps the
         # shapes it finished, and says so here
         "peers_complete": bool(peers.get("complete")),
         "peer_errors": [r for r in peers["results"] if "error" in r],

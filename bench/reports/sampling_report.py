@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Stage 06 results: merge flashstep_sampling_bench's JSON and bench/peers_sampling.py's
+"""Stage 06 results: merge flashstep_sampling_bench's JSON and bench/peers/sampling.py's
 JSON into one results file, and regenerate the chapter's results section from it.
 
-    python3 bench/sampling_report.py merge --bench sampling_bench.json --peers peers_sampling.json \\
-        --source-state build-gpu/source-state.txt --command "bench/sampling_run.sh ..." \\
-        --out docs/results/sampling/h100_sampling_DATE.json
-    python3 bench/sampling_report.py chapter --results docs/results/sampling/h100_sampling_DATE.json \
-        [--history OLDER.json ... NEWER.json]
+    python3 bench/reports/sampling_report.py merge --bench sampling_bench.json --peers peers_sampling.json \\
+        --source-state build-gpu/source-state.txt --command "bench/stages/sampling_run.sh ..." \\
+        --out docs/results/06_sampling/h100_sampling_DATE_COMMIT.json
+    python3 bench/reports/sampling_report.py chapter --results docs/results/06_sampling/h100_sampling_DATE_COMMIT.json \
+        [--history OLDER.json ... NEWER.json] [--repo .] [--check]
 
 The chapter section lies between `<!-- sampling-results:begin -->` and
 `<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
@@ -14,17 +14,15 @@ Ratios are peer time / flashstep time (above 1: flashstep is faster), within one
 Provenance is read, never typed: the commit and whether the tree was clean come from the
 build folder's source-state.txt (scripts/gpu-build.sh), the date from the benchmark's JSON.
 """
-import argparse
 import datetime
 import json
 import os
 import re
 import sys
 
-from merge_results import source_state  # bench/, beside this script
+from common import add_arguments, load, parser  # bench/reports/
+from merge_results import source_state  # bench/reports/
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-CHAPTER = os.path.join(ROOT, "stages", "06_sampling", "README.md")
 SECTION = re.compile(r"(<!-- sampling-results:begin -->\n).*?(<!-- sampling-results:end -->)", re.S)
 HISTORY = re.compile(r"(<!-- sampling-history:begin -->\n).*?(<!-- sampling-history:end -->)", re.S)
 # the columns of the "how it got there" table: (shape, heading)
@@ -101,13 +99,14 @@ def fmt(x, digits=1):
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def section(res, path):
-    lines = [f"H100 results from `{os.path.relpath(path, ROOT)}` ({res['device']}, commit `{res['commit']}`, "
-             f"{res['date']}; FlashInfer {res.get('flashinfer') or 'not measured'}, torch {res.get('torch')}). "
+def section(run, path, repo):
+    res = run["raw"]  # the writer's own fields: operators, rounds, peers by impl
+    lines = [f"H100 results from `{os.path.relpath(path, repo)}` ({run['device']}, commit `{run['commit']}`, "
+             f"{run['date']}; FlashInfer {res.get('flashinfer') or 'not measured'}, torch {res.get('torch')}). "
              "Times are medians of CUDA-graph replays with the L2 flushed; ratios are peer time / "
              "flashstep time.", ""]
-    if res.get("command"):
-        lines += [f"Command: `{res['command']}`" + (f". Note recorded with this run: {res['note']}." if res.get("note") else ""), ""]
+    if run["command"]:
+        lines += [f"Command: `{run['command']}`" + (f". Note recorded with this run: {run['note']}." if run["note"] else ""), ""]
     peers = {}
     for r in res["peers"]:
         peers.setdefault(r["name"], {})[r["impl"]] = r["median_us"]
@@ -132,40 +131,42 @@ def history(paths):
              f"| results | commit | step | {heads} |", "|---|---|---|" + "---|" * len(HISTORY_COLUMNS)]
     newest = None
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            res = json.load(f)
-        newest = res
-        ours = {r["name"]: r["median_us"] for r in res["flashstep"]}
+        run = load(path)
+        newest = run
+        ours = {r["shape"]: r["median_us"] for r in run["rows"] if r["impl"] == "06_sampling"}
         cells = " | ".join(fmt(ours.get(shape)) for shape, _ in HISTORY_COLUMNS)
-        lines.append(f"| `{os.path.basename(path)}` | `{res['commit']}` | {res.get('note') or '—'} | {cells} |")
+        lines.append(f"| `{os.path.basename(path)}` | `{run['commit']}` | {run['note'] or '—'} | {cells} |")
     if newest is not None:
-        fi = {r["name"]: r["median_us"] for r in newest["peers"] if r["impl"] == "flashinfer"}
+        fi = {r["shape"]: r["median_us"] for r in newest["peers"] if r["impl"] == "peer_flashinfer"}
         cells = " | ".join(fmt(fi.get(shape)) for shape, _ in HISTORY_COLUMNS)
-        lines.append(f"| FlashInfer {newest.get('flashinfer')} | same run as `{newest['commit']}` | — | {cells} |")
+        lines.append(f"| FlashInfer {newest['raw'].get('flashinfer')} | same run as `{newest['commit']}` | — | {cells} |")
     return "\n".join(lines) + "\n"
 
 
 def chapter(args):
-    with open(args.results, encoding="utf-8") as f:
-        res = json.load(f)
-    with open(CHAPTER, encoding="utf-8") as f:
-        text = f.read()
-    if not SECTION.search(text):
-        sys.exit(f"{CHAPTER}: no sampling-results section")
-    text = SECTION.sub(lambda m: m.group(1) + section(res, os.path.abspath(args.results)) + m.group(2), text)
+    run = load(args.results)
+    chapter = os.path.join(args.repo, "stages", "06_sampling", "README.md")
+    with open(chapter, encoding="utf-8") as f:
+        old = f.read()
+    if not SECTION.search(old):
+        sys.exit(f"{chapter}: no sampling-results section")
+    text = SECTION.sub(lambda m: m.group(1) + section(run, os.path.abspath(args.results), args.repo) + m.group(2), old)
     if args.history:
         if not HISTORY.search(text):
-            sys.exit(f"{CHAPTER}: no sampling-history section")
+            sys.exit(f"{chapter}: no sampling-history section")
         text = HISTORY.sub(lambda m: m.group(1) + history(args.history) + m.group(2), text)
-    with open(CHAPTER, "w", encoding="utf-8") as f:
+    if args.check:
+        print("up to date" if text == old else "stale")
+        return 0 if text == old else 1
+    with open(chapter, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"regenerated the results section of {os.path.relpath(CHAPTER, ROOT)}")
+    print(f"regenerated the results section of {os.path.relpath(chapter, args.repo)}")
     return 0
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="action", required=True)
+    ap = parser(__doc__, results=None, check=False, repo=False)
+    sub = ap.add_subparsers(dest="action", required=True)
     m = sub.add_parser("merge")
     m.add_argument("--bench", required=True)
     m.add_argument("--peers")
@@ -174,11 +175,10 @@ def main():
     m.add_argument("--command", required=True, help="the command that produced --bench and --peers")
     m.add_argument("--note", default="", help="what a reader of the results should know about the run")
     m.add_argument("--out", required=True)
-    c = sub.add_parser("chapter")
-    c.add_argument("--results", required=True)
+    c = add_arguments(sub.add_parser("chapter"), what="results JSON of bench/reports/sampling_report.py merge")
     c.add_argument("--history", nargs="*", default=[],
                    help="results files, oldest first, for the chapter's \"how it got there\" table")
-    args = parser.parse_args()
+    args = ap.parse_args()
     return merge(args) if args.action == "merge" else chapter(args)
 
 

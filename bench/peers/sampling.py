@@ -3,11 +3,11 @@
 multinomial samplers on the shapes of bench/shapes_sampling.csv, timed as
 flashstep_sampling_bench times stage 06.
 
-    python3 bench/peers_sampling.py --shapes bench/shapes_sampling.csv --out peers_sampling.json
+    python3 bench/peers/sampling.py --shapes bench/shapes_sampling.csv --out peers_sampling.json
 
 Run it on the same GPU, right after flashstep_sampling_bench (ratios are only meaningful
 within one run). Inputs are the softmax of standard-normal logits, one row per output,
-fp32. Timing is bench/peers.py's: the call captured once in a CUDA graph and replayed
+fp32. Timing is bench/peers/timing.py's: the call captured once in a CUDA graph and replayed
 (eager where capture fails, and the row says so), the L2 flushed before every call,
 warm-up first, the median of 5 repetitions' mean times. FlashInfer is used where
 `import flashinfer` works; its top_k_first order is left out (its fast path needs the
@@ -22,18 +22,14 @@ PyTorch peers:
   torch_multinomial       torch.multinomial on the row (softmax first for logits)
 """
 import argparse
-import csv
+import os
 import sys
 
 import torch
 
-from peers import as_graph, time_call, write_json
-
-
-def load_shapes(path, sets):
-    with open(path, encoding="utf-8") as f:
-        rows = [line for line in f if line.strip() and not line.startswith("#")]
-    return [s for s in csv.DictReader(rows) if s["set"] in sets]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/shapes.py
+from shapes import load_shapes  # noqa: E402
+from timing import as_graph, l2_flush, time_call, write_json  # noqa: E402  (bench/peers/)
 
 
 def sort_based(probs, top_k, top_p):
@@ -114,8 +110,7 @@ def main():
         except Exception as e:  # not installed here: PyTorch peers only, and say so
             print(f"flashinfer not importable ({type(e).__name__}: {e}); PyTorch peers only", flush=True)
     torch.manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
-    flush = torch.empty(2 * props.L2_cache_size, dtype=torch.uint8, device="cuda")
+    flush = l2_flush("write")
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
            "flashinfer": fi_version, "results": []}
     for s in load_shapes(args.shapes, set(args.sets.split(","))):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The FP8 decode table of one run: flashstep_bench's rows and bench/peers.py's FlashInfer
+"""The FP8 decode table of one run: flashstep_bench's rows and bench/peers/attention.py's FlashInfer
 rows on bench/shapes_fp8.csv, measured in the same GPU run, and the FP8 speed goals.
 
-    python3 bench/fp8_report.py --bench bench.json --peers peers.json [--shapes bench/shapes_fp8.csv]
+    python3 bench/reports/fp8_report.py --bench bench.json --peers peers.json [--shapes bench/shapes_fp8.csv]
 
 For every FP8 shape (a kv_dtype of e4m3 or e5m2): stage 02's and stage 03's median times,
 the same stage's time on the bf16 pool of the same sizes (the row whose name ends in _bf16
@@ -20,10 +20,10 @@ Stage 04 (tensor cores: the FP8 tiles widened in shared memory) has its own two 
 its time on the FP8 pool and on the bf16 pool, and the same goals judged on it, marked 04.
 A number the run did not measure is "-" and its goal "n/a", never filled in from elsewhere.
 Nothing here is typed by hand: every number comes from the two files."""
-import argparse
-import csv
-import json
 import sys
+
+from common import load, parser  # bench/reports/
+from shapes import load_shapes  # bench/shapes.py (common puts bench/ on the path)
 
 STAGES = ("02_paged", "03_split_kv")
 RATIO_GOALS = {  # sizes -> (time vs bf16, speedup vs FlashInfer's best, time vs floor)
@@ -36,21 +36,9 @@ RATIO_GOALS = {  # sizes -> (time vs bf16, speedup vs FlashInfer's best, time vs
 }
 
 
-def load_shapes(path):
-    with open(path, encoding="utf-8") as f:
-        return list(csv.DictReader(line for line in f if line.strip() and not line.startswith("#")))
-
-
-def bench_medians(bench):
-    """{row name: median real time in microseconds} of Google Benchmark's JSON."""
-    out = {}
-    for b in bench.get("benchmarks", []):
-        if b.get("aggregate_name") != "median" or b.get("error_occurred"):
-            continue
-        name = b["run_name"].split("/min_time")[0]
-        scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3}[b.get("time_unit", "us")]
-        out[name] = b["real_time"] * scale
-    return out
+def bench_medians(run):
+    """{row name: median time in microseconds} of flashstep_bench's run (rows in error left out)."""
+    return {r["name"]: r["median_us"] for r in run["rows"] if not r.get("error_occurred")}
 
 
 def decode_bytes(s):
@@ -66,30 +54,27 @@ def fmt(x, spec="8.1f"):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, results=None, check=False, repo=False)
     p.add_argument("--bench", required=True)
-    p.add_argument("--peers", action="append", default=[], help="bench/peers.py's JSON (again for another file)")
+    p.add_argument("--peers", action="append", default=[], help="bench/peers/attention.py's JSON (again for another file)")
     p.add_argument("--shapes", default="bench/shapes_fp8.csv")
     a = p.parse_args()
-    with open(a.bench, encoding="utf-8") as f:
-        bench = json.load(f)
+    bench = load(a.bench)
     times = bench_medians(bench)
-    read_gbps = float(bench.get("context", {}).get("read_ceiling_GB/s", "nan"))
+    read_gbps = bench["ceilings"].get("read_ceiling_GB/s", float("nan"))
     peers = {}
     for path in a.peers:
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, ValueError):
+            run = load(path)
+        except ValueError:  # a peers step cut short before its first shape: no file, or half of one
             continue
-        for r in data.get("results", []):
-            if "shape" in r and "median_us" in r and "error" not in r:
-                peers[(r["impl"], r["shape"])] = r["median_us"]
+        for r in run["peers"]:
+            if "error" not in r:
+                peers[(r["impl"][len("peer_"):], r["shape"])] = r["median_us"]
     shapes = load_shapes(a.shapes)
     by_name = {s["name"]: s for s in shapes}
 
-    print(f"device: {bench.get('context', {}).get('device', '?')}, read ceiling {read_gbps:.0f} GB/s, "
-          f"commit {bench.get('context', {}).get('commit', '?')}")
+    print(f"device: {bench['device'] or '?'}, read ceiling {read_gbps:.0f} GB/s, commit {bench['commit'] or '?'}")
     head = (f"{'shape':30s} {'02 us':>8s} {'03 us':>8s} {'03 bf16':>8s} {'04 us':>8s} {'04 bf16':>8s} "
             f"{'FI cc':>8s} {'FI tc':>8s} "
             f"{'floor':>8s} {'x bf16':>7s} {'vs FI':>6s} {'% read':>7s}")

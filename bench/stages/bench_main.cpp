@@ -8,10 +8,10 @@
 // (TFLOP/s), then <stage>/<shape> with counters GB/s, pct_of_ceiling (% of the copy
 // ceiling) and pct_of_read_ceiling (% of the read ceiling: decode almost only reads, so
 // that is the most it can reach; the context's read_ceiling_config says which of the
-// launches swept in bench/read_ceiling.cu measured it). Each row is the median of 5
+// launches swept in bench/ceilings/read_ceiling.cu measured it). Each row is the median of 5
 // repetitions; a repetition is the mean of event-timed calls, each after an L2 flush.
 // A call replays run() captured once in a CUDA graph (the label says "eager" where a
-// stage refuses capture), the way bench/peers.py calls the peers.
+// stage refuses capture), the way bench/peers/attention.py calls the peers.
 // GB/s counts the bytes a decode must move at least: q, K and V of every token, o and
 // lse (the page table, 4 bytes per page, is left out), K and V at the pool's element
 // size (one byte for an FP8 cache: bench/shapes_fp8.csv). --tune adds pipeline-depth
@@ -96,7 +96,7 @@ struct CopyCeiling {
   static double bytes() { return 2.0 * kCopyBytes; }
 };
 
-/// The read ceiling: kReadBytes read once into registers by bench/read_ceiling.cu's kernel,
+/// The read ceiling: kReadBytes read once into registers by bench/ceilings/read_ceiling.cu's kernel,
 /// counted once (the one word per block it writes is left out).
 struct ReadCeiling {
   DeviceBuffer buffer{kReadBytes}, sink;
@@ -173,7 +173,7 @@ double visible_pairs(const stages::BatchShape& s) {
   return pairs;
 }
 
-/// Captures run() in a CUDA graph, as serving engines run decode and as bench/peers.py
+/// Captures run() in a CUDA graph, as serving engines run decode and as bench/peers/attention.py
 /// times the peers, so that launch overheads are the same on both sides. A stage whose
 /// run() refuses capture (stage 03 without its graph flag) is timed eagerly instead.
 void capture(StageInputs& in) {

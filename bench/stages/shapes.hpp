@@ -1,4 +1,4 @@
-// Benchmark shapes, read from bench/shapes*.csv (the same files bench/peers.py reads):
+// Benchmark shapes, read from bench/shapes*.csv (the same files bench/peers/attention.py reads):
 // decode (shapes.csv), prefill (shapes_prefill.csv), with a shared prefix
 // (shapes_cascade.csv), and decode over an FP8 cache beside a bf16 one (shapes_fp8.csv:
 // the decode columns, then kv_dtype, k_scale and v_scale).

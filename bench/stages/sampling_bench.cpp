@@ -1,5 +1,5 @@
 // flashstep_sampling_bench: stage 06's operators on the shapes of bench/shapes_sampling.csv,
-// timed as the peers in bench/peers_sampling.py are (benchmarks, not tests):
+// timed as the peers in bench/peers/sampling.py are (benchmarks, not tests):
 // each call is captured once in a CUDA graph and replayed; before every replay the L2 is
 // evicted by a write of twice its size; CUDA events around the replay; Google Benchmark
 // takes the per-replay times (manual time) and reports the median of the repetitions.

@@ -2,14 +2,14 @@
 # Stage 06 on a GPU machine, in one go: the token-equality suite, the GPU statistics,
 # the exercise (must FAIL as shipped), compute-sanitizer (memcheck, racecheck, initcheck)
 # on the bad-row, speculative and small-grid cases, then flashstep_sampling_bench and
-# bench/peers_sampling.py on bench/shapes_sampling.csv. Logs and JSON go to OUTDIR.
+# bench/peers/sampling.py on bench/shapes_sampling.csv. Logs and JSON go to OUTDIR.
 #
-#     bench/sampling_run.sh BINDIR OUTDIR [--no-peers] [--no-sanitizers]
+#     bench/stages/sampling_run.sh BINDIR OUTDIR [--no-peers] [--no-sanitizers]
 #
 # BINDIR holds flashstep_sampling_tests, flashstep_sampling_statistics_gpu,
 # flashstep_exercise_06_sampling and flashstep_sampling_bench (and, on a machine without
 # them, libbenchmark.so.1debian and libcudart.so.13, found through LD_LIBRARY_PATH).
-# FlashInfer joins the peers when `import flashinfer` works (see bench/peers_sampling.py);
+# FlashInfer joins the peers when `import flashinfer` works (see bench/peers/sampling.py);
 # with FLASHINFER_BUNDLE set to an offline FlashInfer bundle folder, its install.sh is
 # sourced first (its JIT build of the sampling module takes a minute or two).
 set -uo pipefail
@@ -57,7 +57,7 @@ if [ $peers = 1 ]; then
     # shellcheck disable=SC1091
     source "$FLASHINFER_BUNDLE/install.sh" "$FLASHINFER_BUNDLE" > "$out/flashinfer_install.log" 2>&1
   fi
-  PYTHONUNBUFFERED=1 step peers python3 bench/peers_sampling.py --shapes bench/shapes_sampling.csv \
+  PYTHONUNBUFFERED=1 step peers python3 bench/peers/sampling.py --shapes bench/shapes_sampling.csv \
     --out "$out/peers_sampling.json" || status=1
 fi
 grep -h "test cases:\|REJECT\|ERROR SUMMARY\|RACECHECK SUMMARY\|Uninitialized\|^FAIL\|^PASS" "$out"/*.log | sort | uniq -c

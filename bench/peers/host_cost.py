@@ -9,7 +9,7 @@ with nothing for the GPU to wait on (1 request x 256 keys). FlashInfer is timed 
 way where `import flashinfer` works, and the table gives flashstep / FlashInfer.
 
     PYTHONPATH=python FLASHSTEP_CAPI=build-gpu-python/libflashstep_capi.so \\
-        python3 bench/host_cost.py [--json OUT.json] [--wrappers decode,prefill,ragged,cascade]
+        python3 bench/peers/host_cost.py [--json OUT.json] [--wrappers decode,prefill,ragged,cascade]
 
 Shapes (bf16, 32/8 heads, head_dim 128, page 16): batch x kv length 1 x 4096, 16 x 4096,
 128 x 4096 and 128 x 32768; prefill appends 16 query rows per request (causal), the

@@ -1,0 +1,80 @@
+"""Prefill/append and large-group decode peers (bench/shapes_prefill.csv: a "mode"
+column; stage 04).
+
+contiguous equivalent (one call per distinct request length; their is_causal aligns the
+mask top-left, so an append with fewer queries than keys runs non-causal there and the
+row says so), and FlashInfer's wrappers where `import flashinfer` works: the paged
+prefill wrapper with the fa2 and fa3 backends, and the tensor-core decode wrapper for
+decode rows (checked against cuDNN SDPA like the decode files' rows), on a page-16 NHD
+pool laid out like the stage's. TFLOP/s counts 4 * head_dim flops per (query, key) pair
+the peer's mask lets through, per query head, as flashstep_bench does; decode rows count
+bytes (GB/s). flashinfer_rows serves the decode files too (the module's docstring).
+"""
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+from shapes import decode_bytes, prefill_lengths, visible_pairs
+from timing import BACKENDS, DTYPES, run_peer, timed
+
+
+def sdpa_prefill_rows(s, flush):
+    """SDPA flash / cuDNN on the contiguous equivalent of a prefill shape."""
+    hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+    dtype = DTYPES[s["dtype"]]
+    lengths = prefill_lengths(s)
+    causal_req = s["causal"] == "1"
+    groups = {}  # (qo, kv) -> count: requests of one length run as one batched call
+    for qk in lengths:
+        groups[qk] = groups.get(qk, 0) + 1
+    tensors = []
+    for (qo, kv), n in groups.items():
+        q = torch.empty(n, hq, qo, d, dtype=dtype, device="cuda").uniform_(-3, 3)
+        k = torch.empty(n, hkv, kv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+        v = torch.empty(n, hkv, kv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+        tensors.append((q, k, v, causal_req and qo == kv))
+    top_left_only = causal_req and any(qo != kv for qo, kv in lengths)
+    rows = []
+    for impl, backend in BACKENDS.items():
+        note = "contiguous equivalent, one call per distinct length"
+        if top_left_only:
+            note += "; non-causal where qo_len != kv_len (SDPA aligns is_causal top-left)"
+        pairs = sum(visible_pairs([(t[0].shape[2], t[1].shape[2])] * t[0].shape[0], t[3]) for t in tensors)
+        flops = 4.0 * d * hq * pairs
+        row = {"impl": impl, "shape": s["name"], "flops": flops, "note": note}
+
+        def call():
+            with sdpa_kernel([backend]):
+                for q, k, v, causal in tensors:
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        try:
+            call()
+            timed(row, call, flush)
+        except RuntimeError as e:
+            row["error"] = str(e).splitlines()[0][:300]
+        rows.append(row)
+    del tensors
+    return rows
+
+
+def sdpa_decode_rows(s, flush):
+    """SDPA flash / cuDNN on a decode row of a prefill file (contiguous K/V, GB/s)."""
+    batch, kv_len = int(s["batch"]), int(s["kv_len"])
+    hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+    dtype = DTYPES[s["dtype"]]
+    q = torch.empty(batch, hq, 1, d, dtype=dtype, device="cuda").uniform_(-3, 3)
+    k = torch.empty(batch, hkv, kv_len, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    v = torch.empty(batch, hkv, kv_len, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    nbytes = decode_bytes(batch, kv_len, hq, hkv, d, q.element_size())
+    rows = []
+    for impl, backend in BACKENDS.items():
+        row = {"impl": impl, "shape": s["name"], "bytes": nbytes, "note": "contiguous equivalent"}
+        try:
+            _, row["gqa"] = run_peer(backend, q, k, v)
+            timed(row, lambda: run_peer(backend, q, k, v), flush)
+        except RuntimeError as e:
+            row["error"] = str(e).splitlines()[0][:300]
+        rows.append(row)
+    del q, k, v
+    return rows
+
