@@ -5,18 +5,23 @@
         writes GENERATED_DIR/pages/results.md (page label `results`) and the plots it
         shows into GENERATED_DIR/images/.
 
-The JSON files in docs/results/ are written by `flashstep bench` (Google Benchmark's
-JSON with flashstep's context: device, commit, date). Nothing here is typed by hand:
+The JSON files in docs/results/<stage>/ are written by the benchmark programs and the
+scripts of bench/ (bench/reports/results.py reads each in one shape). Nothing here is typed by hand:
 every number on the page is read from those files, and the page says which file, which
 device and which commit produced it. Used by scripts/docs_stage_pages.py for the
 per-stage tables too.
 """
 import argparse
-import json
 import math
 import os
 import re
 import sys
+
+# The one reader of results files (bench/reports/results.py): every file, whatever wrote it,
+# in one shape (device, commit, tree, command, date, ceilings, rows with their unit, peers,
+# targets), so this page needs no case per writer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "reports"))
+from results import ResultsError, load, load_tree  # noqa: E402,F401  (load: for the tests)
 
 # Counters a row may carry, in the order the table shows them, with their headings.
 COUNTER_COLUMNS = [
@@ -25,69 +30,15 @@ COUNTER_COLUMNS = [
     ("pct_of_ceiling", "% of ceiling"),
     ("pct_of_read_ceiling", "% of read ceiling"),
 ]
-TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-class ResultsError(ValueError):
-    """A results file that cannot be read as benchmark results."""
-
-
-GB_SUFFIX = re.compile(r"(/(min_time|min_warmup_time|repeats|iterations|threads):[^/]*"
-                       r"|/manual_time|/real_time|/process_time)+$")
-
-
-def base_name(row):
-    """A row's name without what Google Benchmark appends: the aggregate (_median) and
-    the run options (/min_time:0.050/repeats:5/manual_time)."""
-    name = row.get("run_name") or row["name"]
-    if row.get("aggregate_name") and name.endswith("_" + row["aggregate_name"]):
-        name = name[: -len(row["aggregate_name"]) - 1]
-    return GB_SUFFIX.sub("", name)
-
-
-def load(path):
-    """One results file as {'path', 'context', 'rows'}; rows are dicts with name, time_us
-    and the counters found. Raises ResultsError naming the file and the problem."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ResultsError(f"{path}: not readable JSON: {e}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
-        raise ResultsError(f"{path}: expected an object with a 'benchmarks' list "
-                           "(Google Benchmark JSON)")
-    rows = []
-    # With repetitions, Google Benchmark writes every repetition and then aggregates
-    # (mean, median, stddev, cv); the benchmark policy reports medians only.
-    have_medians = any(isinstance(b, dict) and b.get("aggregate_name") == "median"
-                       for b in data["benchmarks"])
-    for i, b in enumerate(data["benchmarks"]):
-        if not isinstance(b, dict) or "name" not in b:
-            raise ResultsError(f"{path}: benchmarks[{i}] has no name")
-        if have_medians and b.get("aggregate_name") != "median":
-            continue
-        unit = b.get("time_unit", "ns")
-        if unit not in TIME_UNITS:
-            raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): unknown time_unit {unit!r}")
-        t = b.get("real_time")
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): real_time {t!r} is not a time")
-        row = {"name": base_name(b), "time_us": t * TIME_UNITS[unit] * 1e6}
-        for key, _ in COUNTER_COLUMNS:
-            if isinstance(b.get(key), (int, float)):
-                row[key] = float(b[key])
-        rows.append(row)
-    extra = data.get("flashstep") if isinstance(data.get("flashstep"), dict) else {}
-    targets = [t for t in extra.get("targets", []) if isinstance(t, dict) and "target" in t]
-    return {"path": path, "context": data.get("context", {}), "rows": rows, "targets": targets}
 
 
 def load_dir(results_dir):
-    """Every *.json of `results_dir`, sorted by name (an absent folder gives none)."""
-    if not os.path.isdir(results_dir):
-        return []
-    return [load(os.path.join(results_dir, n)) for n in sorted(os.listdir(results_dir))
-            if n.endswith(".json")]
+    """Every current run under `results_dir` (docs/results/<stage>/*.json and the other
+    folders', not history/), sorted by path, each with "shown": its path under results_dir."""
+    runs = load_tree(results_dir)
+    for run in runs:
+        run["shown"] = os.path.relpath(run["path"], results_dir).replace(os.sep, "/")
+    return runs
 
 
 def _fmt(x, digits=3):
@@ -102,22 +53,21 @@ def _fmt(x, digits=3):
 
 def provenance(result):
     """'file, device, commit, date' as one line of Markdown."""
-    ctx = result["context"]
-    parts = [f"`{os.path.basename(result['path'])}`"]
+    parts = [f"`{result.get('shown') or os.path.basename(result['path'])}`"]
     for key, label in (("device", "device"), ("commit", "commit"), ("date", "date")):
-        if ctx.get(key):
-            parts.append(f"{label} {ctx[key]}")
+        if result.get(key):
+            parts.append(f"{label} {result[key]}")
     return ", ".join(parts)
 
 
 def table(rows):
     """A Markdown table of benchmark rows: name, median time, and the counters present."""
-    cols = [(k, h) for k, h in COUNTER_COLUMNS if any(k in r for r in rows)]
+    cols = [(k, h) for k, h in COUNTER_COLUMNS if any(isinstance(r.get(k), (int, float)) for r in rows)]
     head = "| benchmark | time (us) | " + " | ".join(h for _, h in cols) + " |"
     rule = "|:--|--:|" + "--:|" * len(cols)
     lines = [head.replace(" |  |", " |"), rule]
     for r in rows:
-        cells = [f"`{r['name']}`", _fmt(r["time_us"])] + [_fmt(r.get(k)) for k, _ in cols]
+        cells = [f"`{r['name']}`", _fmt(r["median_us"])] + [_fmt(r.get(k)) for k, _ in cols]
         lines.append("| " + " | ".join(cells) + " |")
     if any(r.get("pct_of_ceiling", 0) > 100 for r in rows):
         note = CEILING_NOTE + (READ_CEILING_NOTE if any("pct_of_read_ceiling" in r for r in rows) else "")
@@ -136,7 +86,7 @@ CEILING_NOTE = (
 # Added to it where the run also measured the read ceiling (flashstep_bench's ceiling/read_only).
 READ_CEILING_NOTE = (
     " \"% of read ceiling\" is the same GB/s over the read ceiling of the run: a kernel that "
-    "only reads a buffer far larger than the L2 with 16-byte loads (bench/read_ceiling.cu), "
+    "only reads a buffer far larger than the L2 with 16-byte loads (bench/ceilings/read_ceiling.cu), "
     "which is the most a decode, which almost only reads, can reach: near it, a decode takes the least "
     "time its bytes allow.")
 
@@ -147,7 +97,7 @@ def targets_table(targets):
     for t in targets:
         ratio = t.get("ratio")
         verdict = {True: "met", False: "**missed**"}.get(t.get("met"), "not measured")
-        lines.append(f"| {t['target']} | {'' if ratio is None else f'{ratio:.3f}'} | "
+        lines.append(f"| {t['what']} | {'' if ratio is None else f'{ratio:.3f}'} | "
                      f"{t.get('goal', '')} | {verdict} |")
     return "\n".join(lines)
 
@@ -190,16 +140,16 @@ def plot_bandwidth(result, out_png):
         xs = [i + k * width for i, sh in enumerate(shapes) if f"{impl}/{sh}" in gbps]
         ys = [gbps[f"{impl}/{sh}"] for sh in shapes if f"{impl}/{sh}" in gbps]
         ax.bar(xs, ys, width, label=impl, color=impl_color(impl))
-    ceiling = result["context"].get("copy_ceiling_GB/s")
+    ceiling = result["ceilings"].get("copy_ceiling_GB/s")
     if ceiling is not None:
-        ax.axhline(float(ceiling), color="k", ls=":", label=f"copy ceiling ({float(ceiling):,.0f} GB/s)")
-    read = result["context"].get("read_ceiling_GB/s")
+        ax.axhline(ceiling, color="k", ls=":", label=f"copy ceiling ({ceiling:,.0f} GB/s)")
+    read = result["ceilings"].get("read_ceiling_GB/s")
     if read is not None:
-        ax.axhline(float(read), color="k", ls="--", label=f"read ceiling ({float(read):,.0f} GB/s)")
+        ax.axhline(read, color="k", ls="--", label=f"read ceiling ({read:,.0f} GB/s)")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes, rotation=60,
                   ha="right", fontsize=7)
     ax.set_ylabel("GB/s (higher is better)")
-    ax.set_title(os.path.basename(result["path"]) + " - " + str(result["context"].get("device", "")),
+    ax.set_title(os.path.basename(result["path"]) + " - " + str(result["device"] or ""),
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside the bars
     fig.tight_layout()
@@ -217,10 +167,17 @@ def results_page(results, out_dir):
                   "and the stage pages are generated from those files at docs build time.", ""]
     else:
         lines += ["Every table and plot on this page is generated from the JSON files in",
-                  "`docs/results/` by `scripts/docs_results.py` while the docs are built.", ""]
+                  "`docs/results/` by `scripts/docs_results.py` while the docs are built: one",
+                  "section per folder (a stage's runs, its plots and checks beside them; earlier",
+                  "runs in its `history/`), one table per run.", ""]
+    folder = None
     for i, res in enumerate(results):
         name = os.path.splitext(os.path.basename(res["path"]))[0]
-        lines += [f"## {name}", "", "From " + provenance(res) + ".", ""]
+        here = os.path.dirname(res.get("shown") or "") or "."
+        if here != folder:
+            folder = here
+            lines += [f"## {folder}", ""]
+        lines += [f"### {name}", "", "From " + provenance(res) + ".", ""]
         if res.get("targets"):
             lines += ["Targets, as ratios within this one run:", "", targets_table(res["targets"]), ""]
         if res["rows"]:

@@ -78,7 +78,7 @@ def stage_page(folder, source_dir, labels, results, out_dir):
     body = rewrite_links("\n".join(lines), folder, source_dir, labels,
                          os.path.join(out_dir, "images"))
     if re.search(r"<!-- [\w -]*results:begin -->", text):
-        # The chapter carries its own results section (bench/report.py's, or stage 03's,
+        # The chapter carries its own results section (bench/reports/decode_report.py's, or stage 03's,
         # 04's or 06's own markers), generated from a results JSON; point to the full page.
         section = ["", "All measured rows of every stage: \\ref results.", ""]
     else:

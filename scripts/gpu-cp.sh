@@ -7,7 +7,9 @@
 #   scripts/gpu-cp.sh [--build DIR] [--out DIR] [STEP...]      STEP: tests bench (default both)
 #
 # Then, to fill the chapter's results section: copy <out>/cp_bench.json (from a clean tree)
-# into docs/results/context_parallel/ and run python3 bench/cp_report.py --results docs/results/context_parallel/<that file>.
+# to docs/results/08_context_parallel/<gpus>_cp_<date>_<commit>.json (the run before it to
+# that folder's history/) and run
+# python3 bench/reports/cp_report.py --results docs/results/08_context_parallel/<that file>.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${FLASHSTEP_BUILD_DIR:-build-gpu}

@@ -4,9 +4,10 @@
 # benchmark on bench/shapes.csv with Nsight Compute's counters, and stage 03's sweep on
 # bench/shapes_split_kv.csv with its knob sweep. Leaves seven files in OUT_DIR:
 #
-#   decode.json  decode_checks.txt                 -> docs/results/<gpu>_decode_<date>.json, _checks.txt
-#   split_kv.json  split_kv_checks.txt             -> docs/results/<gpu>_split_kv_<date>.json,
-#   split_kv_tune.json  split_kv_clean_l2_peers.json   docs/results/split_kv/...
+#   decode.json  decode_checks.txt                 -> docs/results/02_paged/<gpu>_decode_<date>_<commit>.json,
+#                                                     ..._checks.txt
+#   split_kv.json  split_kv_checks.txt             -> docs/results/03_split_kv/<gpu>_split_kv_<date>_<commit>.json,
+#   split_kv_tune.json  split_kv_clean_l2_peers.json   ..._checks.txt, <gpu>_tune_<date>.json, ...
 #   device.txt
 #
 #   scripts/gpu-results.sh OUT_DIR [decode|split_kv] [--build DIR]
@@ -15,8 +16,8 @@
 # second: bench, split_kv_tune), for a machine that allows no single run that long.
 #
 # Then, in a checkout: scripts/gpu-results-install.sh OUT_DIR copies the files into
-# docs/results/ under those names (the run that the decode chapter cited before moves to
-# docs/results/history/) and regenerates the chapters of stages 01-03.
+# docs/results/ under those names (the runs the chapters cited before move to their
+# folder's history/) and regenerates the chapters of stages 01-03.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:?usage: scripts/gpu-results.sh OUT_DIR [decode|split_kv] [--build DIR]}

@@ -18,7 +18,9 @@ checked in three forms:
 
 A bare file name is left alone (it may be a header of another project or a file named in
 the sentence before), and so are placeholders (NN_name, <stage>) and what a build makes
-(build/bin/...). A file that moved fails here until its chapters follow.
+(build/bin/...). So is the command a results file recorded, quoted by a generated section
+after "command" or "Command:" in backticks: it is the command as it ran, at the commit the
+run names, with that commit's paths. A file that moved fails here until its chapters follow.
 """
 import glob
 import os
@@ -36,6 +38,14 @@ CHAPTERS = sorted(glob.glob(os.path.join(SOURCE, "stages", "*", "README.md")) +
 TICKED = re.compile(r"`((?:\.\./)*[A-Za-z0-9_.*-]+(?:/[A-Za-z0-9_.*-]+)+/?)`")
 LINKED = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|(?:href|src)=\"([^\"]+)\"")
 PLAIN = re.compile(r"(?<![\w./`<-])((?:%s)/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.[A-Za-z0-9]+)\b" % "|".join(TOP))
+
+
+RECORDED = re.compile(r"[Cc]ommand:? `[^`\n]*`")
+
+
+def without_recorded_commands(text):
+    """`text` less the commands results files recorded (the module's doc)."""
+    return RECORDED.sub("", text)
 
 
 def placeholder(path):
@@ -99,19 +109,22 @@ def test_a_moved_file_is_caught_in_each_form():
             "[anchor](#the-kernel), [site](https://docs.flashinfer.ai/x.html); "
             "a table cell: v5 (kernels/decode_loop.cuh, ee57f3e), see kernels/flashstep/kernels/state.cuh; "
             "a folder `stages/harness/` and one that is not there, `stages/harnesses`; "
-            "a pattern `docs/results/*.json` and `docs/results/*.nothing`; "
+            "a pattern `docs/results/*/*.json` and `docs/results/*.nothing`; "
             "placeholders `stages/NN_name/`, build/bin/flashstep, `docs/results/<stage>/x.json`; "
             "a copy at https://github.com/o/r/blob/main/kernels/missing.cuh")
     assert broken_ticked(text, folder) == ["kernels/decode_loop.cuh", "stages/harnesses",
                                            "docs/results/*.nothing"]
     assert broken_linked(text, folder) == ["../02_paged/gone.cuh"]
     assert broken_plain(text) == ["kernels/decode_loop.cuh"]
+    # a recorded command keeps the paths it ran with; the same path in a sentence is checked
+    recorded = "Command: `bench/gone_run.sh build-gpu/bin <out>`; and bench/gone_run.sh in a sentence"
+    assert broken_plain(without_recorded_commands(recorded)) == ["bench/gone_run.sh"]
 
 
 def test_every_path_a_chapter_names_exists():
     missing = []
     for chapter in CHAPTERS:
-        text, folder = read(chapter), os.path.dirname(chapter)
+        text, folder = without_recorded_commands(read(chapter)), os.path.dirname(chapter)
         name = os.path.relpath(chapter, SOURCE)
         missing += [f"{name}: `{p}` (in backticks)" for p in broken_ticked(text, folder)]
         missing += [f"{name}: ({p}) (a link, from {os.path.relpath(folder, SOURCE)}/)"

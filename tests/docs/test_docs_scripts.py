@@ -35,8 +35,9 @@ def test_results_table_shows_what_the_json_says(tmp_path):
                        bench("decode/01_naive/b16", 0.5, "ms")]})
     res = docs_results.load(f)
     assert [r["name"] for r in res["rows"]] == ["decode/02_paged/b16", "decode/01_naive/b16"]
-    assert res["rows"][0]["time_us"] == pytest.approx(2.5)
-    assert res["rows"][1]["time_us"] == pytest.approx(500.0)
+    assert res["rows"][0]["median_us"] == pytest.approx(2.5)
+    assert res["rows"][1]["median_us"] == pytest.approx(500.0)
+    assert [(r["unit"], r["value"]) for r in res["rows"]] == [("GB/s", 1234.6), ("us", pytest.approx(500.0))]
     table = docs_results.table(res["rows"])
     lines = table.splitlines()
     assert len(lines) == 2 + 2  # header, rule, two rows
@@ -70,14 +71,13 @@ def test_run_options_are_not_part_of_a_row_name(tmp_path):
 
 
 def test_stage_rows_match_the_stage_name_exactly():
-    res = {"path": "r.json", "context": {},
-           "rows": [{"name": n, "time_us": 1.0} for n in ("02_paged/a", "12_paged/b", "x_02_paged_y")]}
+    res = {"path": "r.json", "rows": [{"name": n, "median_us": 1.0} for n in ("02_paged/a", "12_paged/b", "x_02_paged_y")]}
     rows = docs_results.rows_for_stage([res], "02_paged")[0][1]
     assert [r["name"] for r in rows] == ["02_paged/a", "x_02_paged_y"]
 
 
 @pytest.mark.parametrize("data,needle", [
-    ({"context": {}}, "'benchmarks' list"),
+    ({"context": {}}, "not a results file of any writer"),
     ({"benchmarks": [{"real_time": 1.0}]}, "has no name"),
     ({"benchmarks": [bench("x", 1.0, "weeks")]}, "unknown time_unit"),
     ({"benchmarks": [bench("x", float("nan"))]}, "is not a time"),

@@ -1,7 +1,7 @@
 """The results sections of the stage chapters are generated, never typed.
 
 - A `<!-- results:begin -->` section names the results JSON it was generated from;
-  regenerating it from that file with bench/report.py (in a scratch copy of the files
+  regenerating it from that file with bench/reports/decode_report.py (in a scratch copy of the files
   the script reads and writes) must give the same numbers: those of every table row, in
   order, and the commit and date. The prose around the tables may be reworded (in the
   script or by hand) without failing here; a number typed by hand, or a JSON replaced
@@ -45,7 +45,7 @@ def facts(section):
 
 
 def test_report_sections_match_the_json_they_cite(tmp_path):
-    report = os.path.join(SOURCE, "bench", "report.py")
+    report = os.path.join(SOURCE, "bench", "reports", "decode_report.py")
     by_file = {}
     for chapter in CHAPTERS:
         for section in SECTION.findall(read(chapter)):
@@ -55,7 +55,7 @@ def test_report_sections_match_the_json_they_cite(tmp_path):
         pytest.skip("no chapter has a results section generated from docs/results yet")
     stale = []
     for n, (cited, chapters) in enumerate(sorted(by_file.items())):
-        repo = tmp_path / f"repo{n}"  # a scratch copy of what report.py reads and writes
+        repo = tmp_path / f"repo{n}"  # a scratch copy of what decode_report.py reads and writes
         for path in CHAPTERS + glob.glob(os.path.join(SOURCE, "bench", "*.csv")):
             dest = repo / os.path.relpath(path, SOURCE)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -70,11 +70,11 @@ def test_report_sections_match_the_json_they_cite(tmp_path):
             if [facts(x) for x in SECTION.findall(read(chapter))] != regenerated:
                 stale.append((os.path.relpath(chapter, SOURCE), cited))
     assert not stale, ("the tables (or commit, date) of results sections differ from what "
-                       f"`python3 bench/report.py --results FILE` generates from the file they cite: {stale}")
+                       f"`python3 bench/reports/decode_report.py --results FILE` generates from the file they cite: {stale}")
 
 
 def test_hopper_sections_match_the_json_they_cite():
-    """Stage 07's two generated sections, written again by bench/hopper_report.py --check
+    """Stage 07's two generated sections, written again by bench/reports/hopper_report.py --check
     from the results and step files they cite."""
     chapter = os.path.join(SOURCE, "stages", "07_hopper", "README.md")
     if not os.path.exists(chapter):
@@ -85,7 +85,7 @@ def test_hopper_sections_match_the_json_they_cite():
     assert results and steps, "stages/07_hopper/README.md lacks its generated sections"
     cited = sorted(set(CITED.findall(results.group(0))))
     assert len(cited) == 1, f"the results section must cite one results file, not {cited}"
-    args = [sys.executable, os.path.join(SOURCE, "bench", "hopper_report.py"), "--repo", SOURCE, "--check",
+    args = [sys.executable, os.path.join(SOURCE, "bench", "reports", "hopper_report.py"), "--repo", SOURCE, "--check",
             "--results", os.path.join(SOURCE, cited[0])]
     for step in CITED.findall(steps.group(0)):
         args += ["--step", os.path.join(SOURCE, step)]
