@@ -37,13 +37,12 @@ FI_FLAT_PREFILL = [("peer_flashinfer_fa2", "FlashInfer flat fa2 prefill")]
 CUDNN = "peer_torch_sdpa_cudnn"
 PLOT = "cascade_sweep.png"
 SWEEP_GOAL = 0.98  # stage 05 over the fastest flat stage, every decode shape (bench/reports/merge_results.py)
-TIME_UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def us(rows, name):
     """The median time of row `name` in µs, or None where the run has no such row."""
     r = rows.get(name)
-    return None if r is None else r["real_time"] * TIME_UNITS[r.get("time_unit", "ns")]
+    return None if r is None else r["median_us"]
 
 
 def times(x):

@@ -31,7 +31,7 @@ import math
 import os
 import re
 
-TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+US_PER = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # microseconds in one of Google Benchmark's time units
 CEILINGS = ("copy_ceiling_GB/s", "read_ceiling_GB/s", "gemm_bf16_ceiling_TFLOP/s",
             "launch_floor_1_us", "launch_floor_2_us")
 GB_SUFFIX = re.compile(r"(/(min_time|min_warmup_time|repeats|iterations|threads):[^/]*"
@@ -101,12 +101,12 @@ def from_gbench(path, data):
         if have_medians and b.get("aggregate_name") != "median":
             continue
         unit = b.get("time_unit", "ns")
-        if unit not in TIME_UNITS:
+        if unit not in US_PER:
             raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): unknown time_unit {unit!r}")
         t = b.get("real_time")
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ResultsError(f"{path}: benchmarks[{i}] ({b['name']}): real_time {t!r} is not a time")
-        rows.append(_row(base_name(b), t * TIME_UNITS[unit] * 1e6, b))
+        rows.append(_row(base_name(b), t * US_PER[unit], b))  # a time in us stays the same number
     ctx = data.get("context", {})
     block = next((data[k] for k in ("flashstep", "flashstep_run", "flashstep_step") if isinstance(data.get(k), dict)),
                  {})

@@ -50,33 +50,27 @@ TARGETS = [
 
 
 def bench_rows(path):
-    """Median rows of a Google Benchmark JSON (aggregate 'median', else the single run)."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    rows = {}
-    for b in data["benchmarks"]:
-        name = b.get("run_name", b["name"]).split("/")[1]  # 06_sampling/NAME/min_time:.../manual_time
-        if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
-            continue
-        if b.get("run_type") == "iteration" and name in rows:
-            continue
-        rows[name] = {"name": name, "operator": b.get("label", ""), "median_us": b["real_time"],
-                      "batch": int(b.get("batch", 0)), "vocab": int(b.get("vocab", 0)),
-                      "GB/s": b.get("GB/s"), "rounds_mean": b.get("rounds_mean"), "rounds_max": b.get("rounds_max")}
-    return data.get("context", {}), list(rows.values())
+    """(the run, its rows) of flashstep_sampling_bench's JSON, read by the one reader: one
+    row per shape (its median), in the shape of the merged file's "flashstep" list."""
+    run = load(path)
+    rows = [{"name": r["shape"], "operator": r.get("label", ""), "median_us": r["median_us"],
+             "batch": int(r.get("batch", 0)), "vocab": int(r.get("vocab", 0)), "GB/s": r.get("GB/s"),
+             "rounds_mean": r.get("rounds_mean"), "rounds_max": r.get("rounds_max")}
+            for r in run["rows"] if r["impl"] == "06_sampling"]
+    return run, rows
 
 
 def merge(args):
-    context, rows = bench_rows(args.bench)
+    run, rows = bench_rows(args.bench)
     peers = {"results": []}
     if args.peers:
         with open(args.peers, encoding="utf-8") as f:
             peers = json.load(f)
     commit, tree = source_state(args.source_state)
-    out = {"stage": "06_sampling", "device": context.get("device", peers.get("device")),
+    out = {"stage": "06_sampling", "device": run["device"] or peers.get("device"),
            "commit": commit + ("-dirty" if tree == "modified" else ""), "tree": tree,
            "command": args.command, "note": args.note,
-           "date": context.get("date") or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
+           "date": run["date"] or datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
            "torch": peers.get("torch"), "flashinfer": peers.get("flashinfer"), "flashstep": rows,
            "peers": [r for r in peers["results"] if "median_us" in r],
            "peer_errors": [r for r in peers["results"] if "error" in r]}

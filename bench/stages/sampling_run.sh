@@ -23,7 +23,7 @@ for a in "$@"; do
     --no-sanitizers) sanitizers=0 ;;
   esac
 done
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root (bench/stages/ is two levels down)
 export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 status=0
 step() {  # step NAME COMMAND...: run, log to OUTDIR/NAME.log, report the exit code

@@ -167,3 +167,24 @@ def test_shapes_are_read_one_way(tmp_path):
     assert shapes.decode_bytes(2, 10, 4, 2, 8, 2) == 256 + 1280 + 32
     # causal, 2 queries at the end of 3 keys: query 0 sees keys 0-1, query 1 keys 0-2
     assert shapes.visible_pairs([(2, 3)], causal=True) == 5 and shapes.visible_pairs([(2, 3)], causal=False) == 6
+
+
+def test_the_sampling_merge_reads_its_bench_through_the_reader(tmp_path):
+    sampling_report = pytest.importorskip("sampling_report")
+
+    def median(name, us, **counters):
+        return {"name": f"06_sampling/{name}/min_time:0.050/manual_time_median", "run_type": "aggregate",
+                "run_name": f"06_sampling/{name}/min_time:0.050/manual_time", "aggregate_name": "median",
+                "real_time": us, "time_unit": "us", **counters}
+    mean = dict(median("b1", 99.0), aggregate_name="mean", name="06_sampling/b1/min_time:0.050/manual_time_mean")
+    bench = {"context": {"date": "2026-01-01T00:00:00+00:00", "device": "GPU X"},
+             "benchmarks": [mean, median("b1", 22.5, label="top_p_sampling_from_probs", batch=1.0, vocab=128256.0,
+                                         rounds_mean=1.5, rounds_max=3.0),
+                            dict(median("b128", 2.5, label="x"), time_unit="ms")]}
+    path = tmp_path / "sampling_bench.json"
+    path.write_text(json.dumps(bench))
+    run, rows = sampling_report.bench_rows(str(path))
+    assert run["device"] == "GPU X"
+    assert rows[0] == {"name": "b1", "operator": "top_p_sampling_from_probs", "median_us": 22.5, "batch": 1,
+                       "vocab": 128256, "GB/s": None, "rounds_mean": 1.5, "rounds_max": 3.0}
+    assert [r["median_us"] for r in rows] == [22.5, 2500.0]  # the mean left out; ms read as ms
