@@ -1,9 +1,12 @@
 """Shared-prefix (cascade) peers (bench/shapes_cascade.csv: a "shared_prefix" column;
 stage 05).
 
-page pool per shape, laid out as flashstep lays it out: the prefix's whole pages first
-(the same page ids in every request's table), then each request's own pages (the
-prefix's partial last page, if any, and its own keys), sequential ids. Peers:
+Every request holds shared_prefix keys, then kv_len keys of its own; decode rows have one
+query per request, prefill rows qo_len queries per request at the end of its keys (causal,
+bottom-right aligned). One page pool per shape, laid out as flashstep lays it out: the
+prefix's whole pages first (the same page ids in every request's table), then each
+request's own pages (the prefix's partial last page, if any, and its own keys),
+sequential ids. Peers:
   flashinfer_cascade           MultiLevelCascadeAttentionWrapper, two levels: every query
                                of the batch against the shared whole pages (one "request"
                                of batch x qo_len queries), then each request's own pages;

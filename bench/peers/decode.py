@@ -26,6 +26,7 @@ An FP8 cache (bench/shapes_fp8.csv: the decode columns, then kv_dtype, k_scale,
     a row gives them; the bytes count K and V at one byte an element; the check against
     cuDNN widens the FP8 pool to q's dtype exactly and applies the scales as FlashInfer
     does (k_scale in the softmax scale, v_scale on the output). SDPA has no FP8 cache:
+    its rows are the bf16 contiguous ones, shared by the shapes of equal sizes.
 
 clean_l2_rows: SDPA flash and cuDNN again on stage 03's tuning shapes, after a read-only L2
 flush (l2_flush("read")): the counterpart of flashstep_split_kv_tune's tune03/auto_clean_l2

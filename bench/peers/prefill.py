@@ -1,14 +1,13 @@
 """Prefill/append and large-group decode peers (bench/shapes_prefill.csv: a "mode"
-column; stage 04).
-
-contiguous equivalent (one call per distinct request length; their is_causal aligns the
-mask top-left, so an append with fewer queries than keys runs non-causal there and the
-row says so), and FlashInfer's wrappers where `import flashinfer` works: the paged
-prefill wrapper with the fa2 and fa3 backends, and the tensor-core decode wrapper for
-decode rows (checked against cuDNN SDPA like the decode files' rows), on a page-16 NHD
-pool laid out like the stage's. TFLOP/s counts 4 * head_dim flops per (query, key) pair
-the peer's mask lets through, per query head, as flashstep_bench does; decode rows count
-bytes (GB/s). flashinfer_rows serves the decode files too (the module's docstring).
+column; stage 04). Peers: SDPA flash and cuDNN on the contiguous equivalent (one call per
+distinct request length; their is_causal aligns the mask top-left, so an append with
+fewer queries than keys runs non-causal there and the row says so), and FlashInfer's
+wrappers where `import flashinfer` works: the paged prefill wrapper with the fa2 and fa3
+backends, and the tensor-core decode wrapper for decode rows (checked against cuDNN SDPA
+like the decode files' rows), on a page-16 NHD pool laid out like the stage's
+(decode.flashinfer_rows serves both files). TFLOP/s counts 4 * head_dim flops per
+(query, key) pair the peer's mask lets through, per query head, as flashstep_bench does;
+decode rows count bytes (GB/s).
 """
 import torch
 import torch.nn.functional as F
