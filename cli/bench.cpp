@@ -137,7 +137,8 @@ int run_bench(const BenchOptions& opt, std::ostream& os) {
     return 1;
   }
   os << "PASS: results written to " << opt.out
-     << " (copy it to docs/results/ to regenerate the docs' tables and plots)\n";
+     << " (copy it to its stage's folder of docs/results/, e.g. docs/results/02_paged/, to regenerate the docs'"
+        " tables and plots)\n";
   return 0;
 }
 
