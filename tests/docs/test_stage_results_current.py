@@ -7,6 +7,9 @@
   script or by hand) without failing here; a number typed by hand, or a JSON replaced
   without rerunning the report, fails.
 - Every results file a chapter cites (in any generated section) must exist.
+- The other generated sections (stages 03-08, each written by its own script in
+  bench/reports/) are written again with the script's --check from the files they cite:
+  a section that differs from what its files generate fails.
 """
 import glob
 import os
@@ -90,4 +93,50 @@ def test_hopper_sections_match_the_json_they_cite():
     for step in CITED.findall(steps.group(0)):
         args += ["--step", os.path.join(SOURCE, step)]
     run = subprocess.run(args, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+# The other chapters' generated sections: (chapter, the section's markers, the report that
+# writes it). Each cites the one results file it was generated from.
+OWN_REPORTS = [
+    ("04_tensor_core", "prefill results", "prefill_report.py"),
+    ("05_cascade", "cascade results", "cascade_report.py"),
+    ("08_context_parallel", "context_parallel results", "cp_report.py"),
+]
+
+
+@pytest.mark.parametrize("stage,marker,script", OWN_REPORTS, ids=[s for s, _, _ in OWN_REPORTS])
+def test_own_report_sections_match_the_json_they_cite(stage, marker, script):
+    chapter = os.path.join(SOURCE, "stages", stage, "README.md")
+    if not os.path.exists(chapter):
+        pytest.skip(f"no stage {stage} chapter")
+    section = re.search(f"<!-- {marker}:begin -->.*?<!-- {marker}:end -->", read(chapter), re.S)
+    assert section, f"stages/{stage}/README.md lacks its generated section"
+    cited = sorted(set(CITED.findall(section.group(0))))
+    assert len(cited) == 1, f"the section must cite one results file, not {cited}"
+    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", script), "--repo", SOURCE,
+                          "--check", "--results", os.path.join(SOURCE, cited[0])], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_sampling_sections_match_the_json_they_cite():
+    """Stage 06's results section and its "how it got there" table (one row per results file,
+    named by its file name, oldest first), written again by sampling_report.py --check."""
+    chapter = os.path.join(SOURCE, "stages", "06_sampling", "README.md")
+    if not os.path.exists(chapter):
+        pytest.skip("no stage 06 chapter")
+    text = read(chapter)
+    section = re.search(r"<!-- sampling-results:begin -->.*?<!-- sampling-results:end -->", text, re.S)
+    history = re.search(r"<!-- sampling-history:begin -->.*?<!-- sampling-history:end -->", text, re.S)
+    assert section and history, "stages/06_sampling/README.md lacks its generated sections"
+    cited = sorted(set(CITED.findall(section.group(0))))
+    assert len(cited) == 1, f"the results section must cite one results file, not {cited}"
+    older = []
+    for name in re.findall(r"^\| `([\w.-]+\.json)` \|", history.group(0), re.M):
+        found = glob.glob(os.path.join(SOURCE, "docs", "results", "06_sampling", "**", name), recursive=True)
+        assert len(found) == 1, f"the history table's {name} is not one file of docs/results/06_sampling/"
+        older.append(found[0])
+    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "sampling_report.py"), "chapter",
+                          "--repo", SOURCE, "--check", "--results", os.path.join(SOURCE, cited[0]),
+                          "--history", *older], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
