@@ -283,7 +283,7 @@ def main():
         for r in peers["results"]:
             if "median_us" not in r or "error" in r:  # not timed, or timed and marked wrong
                 continue
-            if "shape" in r:  # peers.py names the shape of prefill- and cascade-file rows and FlashInfer's
+            if "shape" in r:  # bench/peers/ names the shape of prefill- and cascade-file rows and FlashInfer's
                 if r["shape"] != s["name"]:
                     continue
                 label = f"{s['dtype']} {r.get('note', '')}, {r['mode']}"
