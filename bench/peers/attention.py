@@ -118,7 +118,8 @@ def main():
            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "peers": sorted(families),
            "results": []}
     if args.flashinfer_timeout is None:
-        args.flashinfer_timeout = 180.0 if shapes and "mode" in shapes[0] and "shared_prefix" not in shapes[0] else 300.0
+        prefill_file = shapes and "mode" in shapes[0] and "shared_prefix" not in shapes[0]
+        args.flashinfer_timeout = 180.0 if prefill_file else 300.0
     if args.flashinfer_child:
         return flashinfer_child(args, shapes, flush, sets)
     if shapes and "mode" in shapes[0]:  # bench/shapes_prefill.csv or bench/shapes_cascade.csv

@@ -277,7 +277,8 @@ def section(path, run, rows, shapes, repo):
     shared = shared_level(rows, shapes)
     if shared:
         out += [""] + shared
-    out += ["", f"![Speedup of the cascades over flat attention per decode shape](../../docs/results/05_cascade/{PLOT})"]
+    out += ["", "![Speedup of the cascades over flat attention per decode shape]"
+                f"(../../docs/results/05_cascade/{PLOT})"]
     errors = peer_errors(run, shapes)
     if errors:
         out += ["", "Peers that did not run:", ""] + errors

@@ -56,7 +56,8 @@ def fmt(x, spec="8.1f"):
 def main():
     p = parser(__doc__, results=None, check=False, repo=False)
     p.add_argument("--bench", required=True)
-    p.add_argument("--peers", action="append", default=[], help="bench/peers/attention.py's JSON (again for another file)")
+    p.add_argument("--peers", action="append", default=[],
+                   help="bench/peers/attention.py's JSON (again for another file)")
     p.add_argument("--shapes", default="bench/shapes_fp8.csv")
     a = p.parse_args()
     bench = load(a.bench)

@@ -100,7 +100,8 @@ def section(run, path, repo):
              "Times are medians of CUDA-graph replays with the L2 flushed; ratios are peer time / "
              "flashstep time.", ""]
     if run["command"]:
-        lines += [f"Command: `{run['command']}`" + (f". Note recorded with this run: {run['note']}." if run["note"] else ""), ""]
+        note = f". Note recorded with this run: {run['note']}." if run["note"] else ""
+        lines += [f"Command: `{run['command']}`" + note, ""]
     peers = {}
     for r in res["peers"]:
         peers.setdefault(r["name"], {})[r["impl"]] = r["median_us"]
@@ -133,7 +134,8 @@ def history(paths):
     if newest is not None:
         fi = {r["shape"]: r["median_us"] for r in newest["peers"] if r["impl"] == "peer_flashinfer"}
         cells = " | ".join(fmt(fi.get(shape)) for shape, _ in HISTORY_COLUMNS)
-        lines.append(f"| FlashInfer {newest['raw'].get('flashinfer')} | same run as `{newest['commit']}` | — | {cells} |")
+        lines.append(f"| FlashInfer {newest['raw'].get('flashinfer')} | same run as `{newest['commit']}` | — | "
+                     f"{cells} |")
     return "\n".join(lines) + "\n"
 
 
