@@ -23,7 +23,7 @@ Nothing here is typed by hand: every number comes from the two files."""
 import sys
 
 from common import load, parser  # bench/reports/
-from shapes import load_shapes  # bench/shapes.py (common puts bench/ on the path)
+from shapes import decode_bytes, load_shapes  # bench/shapes.py (common puts bench/ on the path)
 
 STAGES = ("02_paged", "03_split_kv")
 RATIO_GOALS = {  # sizes -> (time vs bf16, speedup vs FlashInfer's best, time vs floor)
@@ -41,12 +41,13 @@ def bench_medians(run):
     return {r["name"]: r["median_us"] for r in run["rows"] if not r.get("error_occurred")}
 
 
-def decode_bytes(s):
-    batch, kv_len = int(s["batch"]), int(s["kv_len"])
-    hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+def shape_bytes(s):
+    """The bytes a decode of shape `s` is credited with (bench/shapes.py's decode_bytes): K and V
+    at one byte an element on an FP8 pool."""
     elem = 4 if s["dtype"] == "f32" else 2
     kv_elem = 1 if s["kv_dtype"] in ("e4m3", "e5m2") else elem
-    return elem * 2 * batch * hq * d + kv_elem * 2 * batch * kv_len * hkv * d + 4 * batch * hq
+    return decode_bytes(int(s["batch"]), int(s["kv_len"]), int(s["num_qo_heads"]), int(s["num_kv_heads"]),
+                        int(s["head_dim"]), elem, kv_elem)
 
 
 def fmt(x, spec="8.1f"):
@@ -94,7 +95,7 @@ def main():
         t04_bf16 = times.get("04_tensor_core/" + bf16_name) if bf16_name in by_name else None
         cc, tc = peers.get(("flashinfer_cuda_core_decode", name)), peers.get(("flashinfer_tc_decode", name))
         fi_best = min([t for t in (cc, tc) if t is not None], default=None)
-        floor = decode_bytes(s) / (read_gbps * 1e9) * 1e6 if read_gbps == read_gbps else None
+        floor = shape_bytes(s) / (read_gbps * 1e9) * 1e6 if read_gbps == read_gbps else None
         x_bf16 = t03 / t03_bf16 if t03 and t03_bf16 else None
         vs_fi = fi_best / t03 if t03 and fi_best else None
         pct = 100 * floor / t03 if t03 and floor else None
