@@ -203,8 +203,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_
 #pragma unroll
     for (int h = 0; h < HEAD_DIM / kN; ++h)
       wgmma_rs<T, kN>(*reinterpret_cast<Half*>(o + h * kN / 2), a[k],
-                      smem_descriptor(v_tile + (h * kN / kCols) * Bc * kCols + k * 16 * kCols,
-                                      Bc * kCols * sizeof(T)),
+                      smem_descriptor(v_tile + (h * kN / kCols) * Bc * kCols + k * 16 * kCols, Bc * kCols * sizeof(T)),
                       1);
 }
 
