@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "flashstep/kernels/cuda_check.cuh"
@@ -36,6 +37,35 @@ int device_sm_count() {
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
+}
+
+ScheduleStaging::~ScheduleStaging() {
+  // No throw from a destructor: a failure here is reported by the next CUDA call.
+  if (copy_done_) {
+    cudaEventSynchronize(copy_done_);
+    cudaEventDestroy(copy_done_);
+  }
+  if (host_) cudaFreeHost(host_);
+}
+
+uint8_t* ScheduleStaging::begin(size_t bytes) {
+  if (copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(copy_done_));  // the last copy may still read host_
+  else FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+  if (capacity_ < bytes) {
+    const size_t grown = std::max(bytes, capacity_ + capacity_ / 2);
+    if (host_) FLASHSTEP_CUDA_CHECK(cudaFreeHost(host_));
+    host_ = nullptr;
+    capacity_ = 0;
+    FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), grown));
+    capacity_ = grown;
+  }
+  if (bytes) std::memset(host_, 0, bytes);
+  return host_;
+}
+
+void ScheduleStaging::upload(void* device, size_t bytes, cudaStream_t stream) {
+  if (bytes) FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(device, host_, bytes, cudaMemcpyHostToDevice, stream));
+  FLASHSTEP_CUDA_CHECK(cudaEventRecord(copy_done_, stream));
 }
 
 size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : is_fp8(dtype) ? 1 : 2; }

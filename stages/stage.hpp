@@ -137,6 +137,25 @@ constexpr size_t align_up(size_t bytes) {
 /// Multiprocessors of the current CUDA device (a host query; plan() sizes grids by it).
 int device_sm_count();
 
+/// What a CUDA stage's plan() needs of one kernel instantiation (dtype x head_dim x ...),
+/// and how its run() launches it. Each stage fills one per instantiation through the
+/// dispatch macros (kernels/dispatch.cuh) and keeps the runner's launch arguments in its
+/// own `Args`; the host functions are plain function pointers, so an entry is a value.
+template <typename Args>
+struct KernelEntry {
+  /// Dynamic shared memory of a launch, by pipeline depth and GQA group size (an
+  /// instantiation whose size is fixed ignores both).
+  size_t (*smem_bytes)(int num_stages, int group_size) = nullptr;
+  /// Raises the instantiation's dynamic shared-memory limit to `bytes` (a host call:
+  /// plan() makes it, run() does not).
+  void (*set_smem_limit)(size_t bytes) = nullptr;
+  /// Blocks of `bytes` of shared memory that fit on one multiprocessor (the occupancy
+  /// calculator's answer; call set_smem_limit first).
+  int (*blocks_per_sm)(size_t bytes) = nullptr;
+  /// Launches on `stream`: launches only, so that a CUDA graph may capture it.
+  void (*launch)(const Args& args, cudaStream_t stream) = nullptr;
+};
+
 /// One stage's implementation of a batch attention call, FlashInfer's plan/run wrapper.
 /// Make one per batch composition (or reuse it: plan() may be called again).
 class StageRunner {
@@ -178,6 +197,28 @@ class CapturedLaunch {
  private:
   static bool capturing(cudaStream_t stream);
   std::string captured_;  // empty: nothing captured yet
+};
+
+/// Where a plan() writes its schedule on the host, and the one copy that ships it to the
+/// workspace: pinned memory (so the copy is asynchronous) and an event that says when
+/// the last copy out of it is done. The next plan() waits for that event before it
+/// writes again, so a plan made while the previous run() is still queued is safe.
+class ScheduleStaging {
+ public:
+  ScheduleStaging() = default;
+  ~ScheduleStaging();
+  ScheduleStaging(const ScheduleStaging&) = delete;
+  ScheduleStaging& operator=(const ScheduleStaging&) = delete;
+  /// `bytes` bytes of zeroed pinned host memory, once the previous copy out of it is done.
+  uint8_t* begin(size_t bytes);
+  /// Copies the first `bytes` written since begin() to `device` on `stream` (one
+  /// cudaMemcpyAsync) and records when it is done.
+  void upload(void* device, size_t bytes, cudaStream_t stream);
+
+ private:
+  uint8_t* host_ = nullptr;
+  size_t capacity_ = 0;
+  cudaEvent_t copy_done_ = nullptr;
 };
 
 /// What a stage declares about itself: one registry entry.
