@@ -19,7 +19,8 @@
 #include <string>
 #include <type_traits>
 
-#include "04_tensor_core/tensor_core.hpp"  // kMaxPageSize
+#include "04_tensor_core/prefill_attention.cuh"  // set_score_transform
+#include "04_tensor_core/tensor_core.hpp"       // kMaxPageSize
 #include "03_split_kv/merge_states.cuh"
 #include "07_hopper/hopper.hpp"
 #include "07_hopper/hopper_attention.cuh"
@@ -144,12 +145,7 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
-  // the score transform as stage 04 sets it (PrefillParams::set_score_transform)
-  const float sm_scale = s.resolved_sm_scale();
-  p.soft_cap = s.logits_soft_cap > 0.f;
-  p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
-  p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
-  p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
+  tensor_core::set_score_transform(p, s.resolved_sm_scale(), s.logits_soft_cap);
   hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS>
       <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
@@ -317,7 +313,7 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   prepare_hopper_attention(shape);
-  tensor_core::upload_schedule(schedule_, w, workspace_, stream);
+  tensor_core::upload_schedule(schedule_, w, staging_, workspace_, stream);
 }
 
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
