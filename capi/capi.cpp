@@ -439,17 +439,35 @@ int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, i
   });
 }
 
-int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value, int64_t key_row_stride,
-                             int64_t value_row_stride, int64_t nnz, const int32_t* batch_indices,
-                             const int32_t* positions, void* k_cache, void* v_cache, int64_t page_stride, int kv_layout,
-                             int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
-                             const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size, int32_t* status,
-                             void* stream) {
+int fs_append_paged_kv_cache(int dtype, int kv_dtype, const void* append_key, const void* append_value,
+                             int64_t key_row_stride, int64_t value_row_stride, int64_t nnz,
+                             const int32_t* batch_indices, const int32_t* positions, void* k_cache, void* v_cache,
+                             int64_t page_stride, int kv_layout, int num_kv_heads, int head_dim, int page_size,
+                             int64_t num_pages, const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size,
+                             double k_scale, double v_scale, int32_t* status, void* stream) {
   return guarded("fs_append_paged_kv_cache", [&] {
     const std::string fn = "append_paged_kv_cache";
     require(nnz >= 0 && num_kv_heads >= 1 && head_dim >= 1 && page_size >= 1 && batch_size >= 0 && num_pages >= 0,
             fn + ": nnz, batch_size and num_pages must be >= 0; num_kv_heads, head_dim and page_size >= 1");
     require(kv_layout == FS_NHD || kv_layout == FS_HND, fn + ": kv_layout must be 0 (NHD) or 1 (HND)");
+    // The rows' type: q's types, or an FP8 format (rows quantized beforehand, copied).
+    const st::DType rows = dtype == FS_E4M3   ? st::DType::e4m3
+                           : dtype == FS_E5M2 ? st::DType::e5m2
+                                              : to_dtype(dtype, fn.c_str());
+    const st::DType cache = kv_dtype == 0 || kv_dtype == dtype ? rows : to_kv_dtype(kv_dtype, dtype, fn.c_str());
+    const bool quantize = cache != rows;
+    require(!quantize || rows == st::DType::f16 || rows == st::DType::bf16,
+            fn + ": rows of dtype " + st::to_string(rows) + " cannot go into a cache of kv_dtype " +
+                st::to_string(cache) + ": only f16/bf16 rows are converted (quantized into e4m3/e5m2); " +
+                "other rows must have the cache's type");
+    const double ks = k_scale == 0 ? 1.0 : k_scale, vs = v_scale == 0 ? 1.0 : v_scale;
+    require(std::isfinite(ks) && ks > 0,
+            fn + ": k_scale must be a positive finite number (0: 1), got " + std::to_string(k_scale));
+    require(std::isfinite(vs) && vs > 0,
+            fn + ": v_scale must be a positive finite number (0: 1), got " + std::to_string(v_scale));
+    require(quantize || (ks == 1 && vs == 1),
+            fn + ": k_scale and v_scale apply only when f16/bf16 rows are quantized into an FP8 cache; rows of " +
+                "the cache's own type are copied (both must be 1)");
     flashstep::capi::AppendParams p;
     p.append_key = append_key;
     p.append_value = append_value;
@@ -470,7 +488,9 @@ int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* appe
     p.kv_indptr = kv_indptr;
     p.batch_size = batch_size;
     p.status = status;
-    flashstep::capi::launch_append_paged_kv_cache(to_dtype(dtype, fn.c_str()), p, as_stream(stream));
+    p.k_scale = ks;
+    p.v_scale = vs;
+    flashstep::capi::launch_append_paged_kv_cache(rows, cache, p, as_stream(stream));
     check_cuda(cudaGetLastError(), fn.c_str());
   });
 }
