@@ -150,12 +150,6 @@ struct Runner {
   const st::StageInfo* info = nullptr;
   std::unique_ptr<st::StageRunner> runner;
   bool planned = false;
-  // fs_runner_plan's batch and workspace, for a run() whose k_scale/v_scale differ from
-  // the plan's (the stages take the scales at plan time): it plans again with them.
-  bool replannable = false;
-  st::BatchShape shape;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
 };
 
 Runner* as_runner(void* p, const char* function) {
@@ -263,20 +257,12 @@ int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t 
   return guarded("fs_runner_plan", [&] {
     Runner* r = as_runner(runner, "fs_runner_plan");
     r->planned = false;
-    st::BatchShape b = to_shape(shape, "fs_runner_plan");
-    if (r->replannable) {  // the last run's scales: a caller whose scales do not change plans once
-      b.k_scale = r->shape.k_scale;
-      b.v_scale = r->shape.v_scale;
-    }
-    r->replannable = false;
+    const st::BatchShape b = to_shape(shape, "fs_runner_plan");
     const std::string reason = r->info->unsupported_reason(b);
     require(reason.empty(), "plan: stage " + r->info->name + " cannot run " + b.describe() + ": " + reason);
     r->runner->plan(b, workspace, workspace_bytes, as_stream(stream));
     check_cuda(cudaGetLastError(), "plan");
-    r->shape = std::move(b);
-    r->workspace = workspace;
-    r->workspace_bytes = workspace_bytes;
-    r->planned = r->replannable = true;
+    r->planned = true;
   });
 }
 
@@ -285,34 +271,17 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
     Runner* r = as_runner(runner, "fs_runner_run");
     require(batch != nullptr, "fs_runner_run: batch is null");
     require(r->planned, "run: call plan() first (the last plan failed or none was made)");
-    const double ks = batch->k_scale == 0 ? 1.0 : batch->k_scale, vs = batch->v_scale == 0 ? 1.0 : batch->v_scale;
-    require(std::isfinite(ks) && ks > 0 && std::isfinite(vs) && vs > 0,
+    // the scales as the kernels take them (float): a double outside float's range is refused
+    const float k_scale = batch->k_scale == 0 ? 1.f : static_cast<float>(batch->k_scale);
+    const float v_scale = batch->v_scale == 0 ? 1.f : static_cast<float>(batch->v_scale);
+    require(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0,
             "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
                 " and " + std::to_string(batch->v_scale));
-    const float k_scale = static_cast<float>(ks), v_scale = static_cast<float>(vs);
-    const bool planned_scales = r->replannable ? (r->shape.k_scale == k_scale && r->shape.v_scale == v_scale)
-                                               : (k_scale == 1.f && v_scale == 1.f);
-    if (!planned_scales) {
-      require(!r->info->kv_dtypes.empty(), "run: stage " + r->info->name +
-                                               " reads no FP8 cache and applies no k_scale or v_scale " +
-                                               "(both must be 1)");
-      require(r->replannable, "run: k_scale and v_scale need a plan made by fs_runner_plan");
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      check_cuda(cudaStreamIsCapturing(as_stream(stream), &capture), "run");
-      require(capture == cudaStreamCaptureStatusNone,
-              "run: k_scale and v_scale differ from the plan's while the stream is being captured into a CUDA "
-              "graph; the stages fold the scales into the launch at plan time, so run() once with these scales "
-              "before the capture (the graph then replays them)");
-      st::BatchShape s = r->shape;
-      s.k_scale = k_scale;
-      s.v_scale = v_scale;
-      r->planned = false;
-      r->runner->plan(s, r->workspace, r->workspace_bytes, as_stream(stream));
-      check_cuda(cudaGetLastError(), "plan");
-      r->shape.k_scale = k_scale;
-      r->shape.v_scale = v_scale;
-      r->planned = true;
-    }
+    // The run's scales ride on the DeviceBatch: the stages that apply scales take them at
+    // launch, so scales that change from run to run (one per layer) need no new plan, and
+    // a CUDA graph captures those of the run it records.
+    require((k_scale == 1.f && v_scale == 1.f) || !r->info->kv_dtypes.empty(),
+            "run: stage " + r->info->name + " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)");
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
@@ -324,6 +293,8 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
     d.v = batch->v;
     d.o = batch->o;
     d.lse = batch->lse;
+    d.k_scale = k_scale;
+    d.v_scale = v_scale;
     r->runner->run(d, as_stream(stream));
     check_cuda(cudaGetLastError(), "run");
   });
@@ -344,7 +315,7 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     require(num_groups && qo_indptr && kv_indptr && kv_indices && kv_last_page_len,
             std::string(fn) + ": num_groups and the four level arrays are required");
     require(workspace != nullptr || bytes_needed != nullptr, std::string(fn) + ": give a workspace or bytes_needed");
-    r->planned = r->replannable = false;
+    r->planned = false;
     st::BatchShape batch = to_shape(shape, fn);  // the last level: one group per request
     require(batch.storage == st::KVStorage::paged, std::string(fn) + ": the cascade reads a paged pool");
     const int n = batch.batch_size;

@@ -83,9 +83,9 @@ typedef struct fs_batch {
   void* o;                          ///< (nnz_qo, num_qo_heads, head_dim)
   float* lse;                       ///< (nnz_qo, num_qo_heads), natural log
   /// Attention reads k * k_scale and v * v_scale (FlashInfer's run() arguments for an FP8
-  /// cache); 0 means 1. Scales other than the last plan's are planned again before the
-  /// launch (the stages fold them into the kernel's arguments at plan time), which is
-  /// refused while the stream is being captured into a CUDA graph; a stage that reads no
+  /// cache); 0 means 1. They are arguments of this run's launch (DeviceBatch's scales):
+  /// scales that change from run to run need no new plan, also while a CUDA graph is
+  /// being captured (the graph keeps the captured run's values); a stage that reads no
   /// FP8 refuses scales other than 1.
   double k_scale;
   double v_scale;
@@ -118,9 +118,8 @@ FS_API int fs_runner_create(const char* name, void** runner);
 FS_API int fs_runner_destroy(void* runner);
 /// Device workspace bytes that plan() and run() need for `shape`.
 FS_API int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t* bytes);
-/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it, with
-/// the k_scale and v_scale of the runner's last fs_runner_run (1 before any), so that a
-/// caller whose scales do not change is planned with them once.
+/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it (the
+/// scales are fs_batch's, given to each run).
 FS_API int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
 /// Launches the planned attention on `stream`; fails when no plan was made.
 FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
