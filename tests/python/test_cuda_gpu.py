@@ -95,7 +95,8 @@ FP8_CASES = [(stage, kv, layout, page, group) for stage in ("02_paged", "03_spli
 def test_fp8_decode_matches_the_float64_oracle(torch, fsc, rng, stage, kv_dtype, layout, page_size, group):
     """An FP8 pool through the wrapper, against float64 attention over the dequantized
     pool (k_scale * stored k, v_scale * stored v), under the harness's FP8 rows. Then
-    run() with other scales (planned again) and without (1), on the same plan."""
+    run() with other scales (no new plan: they are launch arguments) and without (1),
+    on the same plan."""
     g = cs.generator(torch, rng, f"fp8 decode {stage} {kv_dtype} {layout} page {page_size} group {group}")
     hkv, d = 2, 128
     hq = hkv * group
@@ -173,6 +174,7 @@ def test_fp8_scales_under_a_cuda_graph(torch, fsc, rng):
     q = cs.random_rows(torch, g, 4, 8, 128, "float16")
     out = torch.empty(4, 8, 128, dtype=torch.float16, device="cuda")
     lse = torch.empty(4, 8, dtype=torch.float32, device="cuda")
+    w.run(q, pool, out=out, lse=lse)  # warm-up outside the capture, with other scales (1, 1)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
