@@ -1304,21 +1304,8 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         _capi.call("fs_append_paged_kv_cache", codes[k.dtype], codes[cache_dtype], _ptr(k), _ptr(v), k.strides[0],
                    v.strides[0], nnz, _ptr(bi), _ptr(pos), ctypes.c_void_p(k_ptr), ctypes.c_void_p(v_ptr),
                    page_stride, _LAYOUTS[layout], heads, dim, page_size, num_pages, _ptr(ind), _ptr(ip), batch,
-                   _append_scale(k_scale, fn, "k_scale"), _append_scale(v_scale, fn, "v_scale"), None,
+                   _scale(fn, "k_scale", k_scale), _scale(fn, "v_scale", v_scale), None,
                    ctypes.c_void_p(current_stream(k)))
-
-
-def _append_scale(scale, fn, name):
-    """A scale of append_paged_kv_cache as the C interface takes it (0.0: not given)."""
-    if scale is None:
-        return 0.0
-    try:
-        value = float(scale)
-    except (TypeError, ValueError, RuntimeError):
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"{fn}: {name} must be a positive finite float or None; got {scale!r}")
-    return value
 
 
 def get_batch_indices_positions(append_indptr, seq_lens, nnz):
