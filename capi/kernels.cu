@@ -4,6 +4,7 @@
 // few bytes per element, so any head_dim works and nothing is tiled.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -87,8 +88,18 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_append_paged_kv_cache(stages::DType dtype, const AppendParams& p, cudaStream_t stream) {
-  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { kernels::launch_append_paged_kv_cache<T>(p, stream); })
+void launch_append_paged_kv_cache(stages::DType dtype, stages::DType kv_dtype, const AppendParams& p,
+                                  cudaStream_t stream) {
+  // FP8 rows into a cache of their own format: a byte copy, FlashInfer's append of rows
+  // quantized beforehand.
+  if (dtype == stages::DType::e4m3 && kv_dtype == dtype)
+    return kernels::launch_append_paged_kv_cache<__nv_fp8_e4m3>(p, stream);
+  if (dtype == stages::DType::e5m2 && kv_dtype == dtype)
+    return kernels::launch_append_paged_kv_cache<__nv_fp8_e5m2>(p, stream);
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    kernels::dispatch_kv_dtype<T>(
+        dtype, kv_dtype, [&](auto kv_tag) { kernels::launch_append_paged_kv_cache<T, decltype(kv_tag)>(p, stream); });
+  })
 }
 
 void launch_merge_state(stages::DType dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,

@@ -129,6 +129,15 @@ std::string StageInfo::kv_dtype_reason(const BatchShape& shape) const {
   return {};
 }
 
+std::string StageInfo::unsupported_run_reason(const DeviceBatch& batch) const {
+  for (float s : {batch.k_scale, batch.v_scale})
+    if (s != 0.f && !(std::isfinite(s) && s > 0))
+      return "the run's k_scale and v_scale must be positive finite numbers (0: the plan's)";
+  const bool scaled = (batch.k_scale != 0.f && batch.k_scale != 1.f) || (batch.v_scale != 0.f && batch.v_scale != 1.f);
+  if (scaled && kv_dtypes.empty()) return name + " does not apply k_scale or v_scale (both must be 1)";
+  return {};
+}
+
 std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
   auto contains = [](const auto& list, const auto& x) { return std::find(list.begin(), list.end(), x) != list.end(); };
   if (!supports(shape.mode)) return name + " does not do " + to_string(shape.mode);

@@ -126,7 +126,24 @@ struct DeviceBatch {
   // outputs
   void* o = nullptr;     ///< (nnz_qo, num_qo_heads, head_dim), dtype
   float* lse = nullptr;  ///< (nnz_qo, num_qo_heads), natural log
+  // scales of this run (FlashInfer's run(k_scale=, v_scale=))
+  /// Attention reads k * k_scale in this run; 0 (the default): BatchShape::k_scale, the
+  /// plan's. A stage whose StageInfo lists kv_dtypes applies it without planning again,
+  /// so one plan serves every layer of a model, each with its own scales; a CUDA graph
+  /// keeps the value of the run it captured. Positive and finite when given: run() does
+  /// not check, its callers do (StageInfo::unsupported_run_reason).
+  float k_scale = 0.f;
+  float v_scale = 0.f;  ///< as k_scale, for v (0: BatchShape::v_scale)
 };
+
+/// The k_scale a run applies: batch.k_scale when given (non-zero), else shape.k_scale.
+inline float run_k_scale(const BatchShape& shape, const DeviceBatch& batch) {
+  return batch.k_scale != 0.f ? batch.k_scale : shape.k_scale;
+}
+/// The v_scale a run applies: batch.v_scale when given (non-zero), else shape.v_scale.
+inline float run_v_scale(const BatchShape& shape, const DeviceBatch& batch) {
+  return batch.v_scale != 0.f ? batch.v_scale : shape.v_scale;
+}
 
 /// Every stage's workspace sections start at a multiple of this many bytes.
 constexpr size_t kWorkspaceAlignment = 256;
@@ -252,6 +269,10 @@ struct StageInfo {
   std::string unsupported_reason(const BatchShape& shape) const;
   /// The part of unsupported_reason about K/V's element type and scales (kv_dtypes).
   std::string kv_dtype_reason(const BatchShape& shape) const;
+  /// Empty when a run() may take `batch`'s scales (DeviceBatch::k_scale / v_scale):
+  /// none given (0), or positive finite ones for a stage that applies scales (kv_dtypes
+  /// not empty), or 1 for any stage; otherwise why not. run() itself does not check.
+  std::string unsupported_run_reason(const DeviceBatch& batch) const;
   /// Whether the stage can run `shape`: unsupported_reason(shape) is empty.
   bool supports(const BatchShape& shape) const { return unsupported_reason(shape).empty(); }
   /// Whether `mode` is one of the stage's modes.

@@ -76,9 +76,10 @@ Entry kernel_entry() {
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
     p.num_stages = a.num_stages;
-    // k_scale rides on q's scale, v_scale on the output's normalisation (scale 1: as before).
-    p.sm_scale_log2 = s.resolved_sm_scale() * s.k_scale * kernels::kLog2e;
-    p.v_scale = s.v_scale;
+    // k_scale rides on q's scale, v_scale on the output's normalisation (scale 1: as before);
+    // the run's scales when it gives them, so a new layer's scales need no new plan.
+    p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
+    p.v_scale = run_v_scale(s, *a.batch);
     const dim3 grid(s.num_kv_heads, s.batch_size);
     kernel<T, HEAD_DIM, TWO_HALVES, KV>()<<<grid, kThreads, a.smem_bytes, stream>>>(p);
     kernels::check_launch(TWO_HALVES ? "paged_decode_two_halves_kernel" : "paged_decode_kernel");

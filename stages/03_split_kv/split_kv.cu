@@ -87,9 +87,10 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
   p.num_stages = a.num_stages;
-  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation.
-  p.sm_scale_log2 = s.resolved_sm_scale() * s.k_scale * kernels::kLog2e;
-  p.v_scale = s.v_scale;
+  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation (the run's
+  // scales when it gives them).
+  p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
+  p.v_scale = run_v_scale(s, *a.batch);
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;

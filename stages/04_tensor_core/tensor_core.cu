@@ -88,9 +88,10 @@ Entry kernel_entry() {
     p.causal = s.mode == Mode::prefill && s.causal;
     p.window_left = s.window_left;
     // An FP8 cache's k_scale joins sm_scale (one factor of the scores), its v_scale the
-    // output's 1 / l (so a split's partial rows carry it, and the linear merge keeps it).
-    p.set_score_transform(s.resolved_sm_scale() * s.k_scale, s.logits_soft_cap);
-    p.v_scale = s.v_scale;
+    // output's 1 / l (so a split's partial rows carry it, and the linear merge keeps it);
+    // the run's scales when it gives them.
+    p.set_score_transform(s.resolved_sm_scale() * run_k_scale(s, batch), s.logits_soft_cap);
+    p.v_scale = run_v_scale(s, batch);
     launch_prefill_attention<T, KV, STAGES>(p, HEAD_DIM, a.schedule->num_items(), stream);
     if (a.schedule->kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
