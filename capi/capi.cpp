@@ -266,9 +266,36 @@ int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t 
   });
 }
 
-int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
+namespace {
+
+/// Makes `device` current for its lifetime (-1 or the current one: nothing to do) and
+/// restores the previous device after, also when the call throws.
+class DeviceScope {
+ public:
+  DeviceScope(int device, const char* fn) {
+    if (device < 0) return;
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), fn);
+    if (current == device) return;
+    check_cuda(cudaSetDevice(device), fn);
+    previous_ = current;
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);  // (a destructor must not throw)
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
+int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream) {
   return guarded("fs_runner_run", [&] {
     Runner* r = as_runner(runner, "fs_runner_run");
+    const DeviceScope scope(device, "fs_runner_run");
     require(batch != nullptr, "fs_runner_run: batch is null");
     require(r->planned, "run: call plan() first (the last plan failed or none was made)");
     // the scales as the kernels take them (float): a double outside float's range is refused

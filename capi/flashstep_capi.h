@@ -121,8 +121,11 @@ FS_API int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t
 /// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it (the
 /// scales are fs_batch's, given to each run).
 FS_API int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
-/// Launches the planned attention on `stream`; fails when no plan was made.
-FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
+/// Launches the planned attention on `stream`; fails when no plan was made. `device` is
+/// the CUDA device the arrays and the stream live on, made current for the launch and
+/// the previous one restored after (-1: the current device, as it is). One call per
+/// layer, so the device switch is made here rather than by two more calls.
+FS_API int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream);
 /// Plans a stage 05 runner (fs_runner_create("05_cascade")) on FlashInfer's multi-level
 /// form instead of deriving the levels: level l has num_groups[l] groups, host arrays
 /// qo_indptr[l] (num_groups[l] + 1), kv_indptr[l] (num_groups[l] + 1), kv_indices[l]

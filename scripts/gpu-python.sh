@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs flashstep.cuda (the stages from Python, python/flashstep/cuda.py) on a GPU machine,
+# Runs flashstep.cuda (the stages from Python, python/flashstep/cuda.py and its _cuda_*.py) on a GPU machine,
 # from the repository root, with the C library that scripts/gpu-build.sh built:
 #
 #   scripts/gpu-python.sh [--lib DIR] [--out DIR] [STEP...]

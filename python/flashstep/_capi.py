@@ -80,7 +80,7 @@ _SIGNATURES = {
     "fs_runner_destroy": [_P],
     "fs_runner_workspace_bytes": [_P, ctypes.POINTER(_Shape), ctypes.POINTER(_SIZE)],
     "fs_runner_plan": [_P, ctypes.POINTER(_Shape), _P, _SIZE, _P],
-    "fs_runner_run": [_P, ctypes.POINTER(_Batch), _P],
+    "fs_runner_run": [_P, _P, _I, _P],
     "fs_cascade_plan": [_P, ctypes.POINTER(_Shape), _I, _P, _P, _P, _P, _P, _P, _SIZE, ctypes.POINTER(_SIZE), _P],
     "fs_merge_state": [_I, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P],
     "fs_merge_states": [_I, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P],
