@@ -13,9 +13,8 @@ Every wrapper is also compared in CUDA-graph mode: a graph captured after one pl
 replayed after re-plans to other lengths, the way engines use both libraries.
 
 The cases use bf16 and head_dim 128/64, the modules FlashInfer's prebuilt JIT cache
-holds on the GPU machine (prefill, tensor-core decode, cascade, sampling: FlashInfer's
-decode runs with use_tensor_cores=True); a case that needs another module (the FP8
-decode, the page functions) compiles it on first use.
+holds on the GPU machine (prefill, decode, cascade, sampling); a case that needs another
+module (the FP8 decode, the page functions) compiles it on first use.
 """
 import itertools
 import math
@@ -86,7 +85,7 @@ def test_batch_decode(torch, fsc, flashinfer, rng, layout, page_size, group):
     pool = pool.nan_to_num(0.0)  # FlashInfer may read a whole last page; flashstep's own tests keep the NaN
     q = cs.random_rows(torch, g, len(kv_lens), hq, d, dtype)
     def flashinfer_decode():
-        theirs = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, use_tensor_cores=True)
+        theirs = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
         theirs.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=torch.bfloat16,
                     kv_data_type=torch.bfloat16)
         return theirs.run(q, pool, return_lse=True)
@@ -396,7 +395,7 @@ def flashinfer_graph_wrapper(flashinfer, torch, kind, k, layout, batch, rows, ca
     buf = lambda n: torch.empty(n, dtype=torch.int32, device="cuda")  # noqa: E731
     if kind == "decode":
         return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            ws, layout, use_cuda_graph=True, use_tensor_cores=True, paged_kv_indptr_buffer=buf(batch + 1),
+            ws, layout, use_cuda_graph=True, paged_kv_indptr_buffer=buf(batch + 1),
             paged_kv_indices_buffer=buf(capacity), paged_kv_last_page_len_buffer=buf(batch))
     if kind == "prefill":
         return flashinfer.BatchPrefillWithPagedKVCacheWrapper(
