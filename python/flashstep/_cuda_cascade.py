@@ -3,7 +3,8 @@ import ctypes
 
 from . import _capi
 from ._cuda_plan import Plan, PlanRun
-from ._cuda_common import (_DeviceGuard, _host_view, _index, _no_rope, _PAGED, _plan_dtypes, _planned_options, _PREFILL, _renamed)
+from ._cuda_common import (_DeviceGuard, _host_view, _index, _no_rope, _PAGED, _plan_dtypes, _planned_options, _PREFILL,
+                           _renamed)
 from ._tensors import current_stream
 
 

@@ -4,7 +4,10 @@ import ctypes
 import math
 
 from . import _capi
-from ._cuda_common import (_ALIGN, _aligned, _alloc_or_check, _arange, _check_backend, _check_on_device, default_stage, _DeviceGuard, _DTYPES, _graph_safe, _host_view, _KV_DTYPES, _layout, _LAYOUTS, _page_locked, _PAGED, _planned_options, _plans_from_page_ids, _positive_int, _PREFILL, _registry, _renamed, _resolve_stage, _scale, _STAGE_CHOICES, _unsupported_run_args)
+from ._cuda_common import (_ALIGN, _aligned, _alloc_or_check, _arange, _check_backend, _check_on_device, default_stage,
+                           _DeviceGuard, _DTYPES, _graph_safe, _host_view, _KV_DTYPES, _layout, _LAYOUTS, _page_locked,
+                           _PAGED, _planned_options, _plans_from_page_ids, _positive_int, _PREFILL, _registry, _renamed,
+                           _resolve_stage, _scale, _STAGE_CHOICES, _unsupported_run_args)
 from ._tensors import _TORCH_TYPES, ITEMSIZE, check, current_stream, device_array, same_device
 
 

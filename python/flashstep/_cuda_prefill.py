@@ -1,6 +1,7 @@
 """Batch prefill over a paged or a ragged KV cache: FlashInfer's prefill wrappers."""
 from ._cuda_plan import PlanRun
-from ._cuda_common import (_aligned, _check_forward_options, _check_on_device, _index, _no_rope, _PAGED, _plan_dtypes, _PREFILL, _RAGGED, _same_head_dims, _unsupported_run_args)
+from ._cuda_common import (_aligned, _check_forward_options, _check_on_device, _index, _no_rope, _PAGED, _plan_dtypes,
+                           _PREFILL, _RAGGED, _same_head_dims, _unsupported_run_args)
 from ._tensors import _TORCH_TYPES, check, device_array
 
 
