@@ -58,6 +58,16 @@ int guarded(const char* function, F&& body) {
 void require(bool ok, const std::string& message) {
   if (!ok) throw InvalidArgument(message);
 }
+/// The same for a literal message: no std::string is made unless the check fails (run()'s
+/// checks pass once per layer).
+void require(bool ok, const char* message) {
+  if (!ok) throw InvalidArgument(message);
+}
+/// The same for a message that is built (concatenated), only when the check fails.
+template <typename MakeMessage>
+void require_lazy(bool ok, MakeMessage&& make_message) {
+  if (!ok) throw InvalidArgument(make_message());
+}
 
 void check_cuda(cudaError_t err, const char* function) {
   if (err != cudaSuccess) {
@@ -153,7 +163,7 @@ struct Runner {
 };
 
 Runner* as_runner(void* p, const char* function) {
-  require(p != nullptr, std::string(function) + ": runner is null");
+  require_lazy(p != nullptr, [&] { return std::string(function) + ": runner is null"; });
   return static_cast<Runner*>(p);
 }
 
@@ -301,14 +311,16 @@ int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream)
     // the scales as the kernels take them (float): a double outside float's range is refused
     const float k_scale = batch->k_scale == 0 ? 1.f : static_cast<float>(batch->k_scale);
     const float v_scale = batch->v_scale == 0 ? 1.f : static_cast<float>(batch->v_scale);
-    require(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0,
-            "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
-                " and " + std::to_string(batch->v_scale));
+    require_lazy(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0, [&] {
+      return "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
+             " and " + std::to_string(batch->v_scale);
+    });
     // The run's scales ride on the DeviceBatch: the stages that apply scales take them at
     // launch, so scales that change from run to run (one per layer) need no new plan, and
     // a CUDA graph captures those of the run it records.
-    require((k_scale == 1.f && v_scale == 1.f) || !r->info->kv_dtypes.empty(),
-            "run: stage " + r->info->name + " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)");
+    require_lazy((k_scale == 1.f && v_scale == 1.f) || !r->info->kv_dtypes.empty(), [&] {
+      return "run: stage " + r->info->name + " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)";
+    });
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
