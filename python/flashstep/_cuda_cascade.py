@@ -128,5 +128,3 @@ class MultiLevelCascadeAttentionWrapper(PlanRun):
                           return_lse, kwargs)
 
     forward = run
-
-

@@ -110,7 +110,7 @@ def _alloc_or_check(like, out, shape, dtype, fn, name):
     return out
 
 
-# ---- plan / run wrappers --------------------------------------------------------------------
+# ---- the stage choice, plan()'s helpers --------------------------------------------------
 
 # FlashInfer's attention kernel families: accepted (a FlashInfer program passes them) and
 # ignored, since flashstep runs a stage (stage= picks one).
@@ -178,8 +178,6 @@ def _page_locked(ptr):
 def _arange(n):
     values = array.array("i", range(n))
     return IndexArray(values, values.buffer_info()[0], n, False, "array")
-
-
 
 
 _REGISTRY = None
@@ -266,7 +264,6 @@ def _check_forward_options(fn, p, pos_encoding_mode, rope_scale, rope_theta, win
                              f"it: pass the same value to plan() and forward(), or call run()")
 
 
-
 def _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta):
     if pos_encoding_mode not in (None, "NONE"):
         raise ValueError(f"{fn}: pos_encoding_mode must be 'NONE' (flashstep applies no RoPE inside attention); "
@@ -298,11 +295,8 @@ def _unsupported_run_args(fn, args, kwargs):
         raise ValueError(f"{fn}: argument {key}={value!r} is not supported")
 
 
-
 def _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise ValueError(f"{fn}: head_dim_vo must equal head_dim_qk; got {head_dim_vo} and {head_dim_qk}")
     if custom_mask is not None or packed_custom_mask is not None:
         raise ValueError(f"{fn}: custom masks are not supported")
-
-

@@ -80,5 +80,3 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         PlanRun.__init__(self, workspace_buffer, kv_layout, True, stage, {
             "kv_indptr": ("indptr_buffer", indptr_buffer), "kv_indices": ("indices_buffer", indices_buffer),
             "kv_last_page_len": ("last_page_len_buffer", last_page_len_buffer)})
-
-

@@ -59,5 +59,3 @@ def merge_states(v, s):
         _capi.call("fs_merge_states", _DTYPES[a.dtype], _ptr(a), _ptr(sa), seq, n, heads, dim, _ptr(vo), _ptr(so),
                    ctypes.c_void_p(current_stream(a)))
     return v_out, s_out
-
-

@@ -100,5 +100,3 @@ def get_batch_indices_positions(append_indptr, seq_lens, nnz):
     start = (seq_lens - append_len).to(torch.int32)
     positions = row - append_indptr[:-1][batch_indices.long()] + start[batch_indices.long()]
     return batch_indices, positions.to(torch.int32)
-
-

@@ -69,7 +69,6 @@ class BatchPrefillWithPagedKVCacheWrapper(PlanRun):
         return self.forward(q, paged_kv_cache, *args, return_lse=True, **kwargs)
 
 
-
 class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
     """Batch prefill attention over ragged (contiguous) K/V: FlashInfer's wrapper of the
     same name. Default stage: the latest in teaching order that supports the shape
@@ -156,5 +155,3 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
 
     def forward_return_lse(self, q, k, v, *args, **kwargs):
         return self.forward(q, k, v, *args, return_lse=True, **kwargs)
-
-

@@ -104,5 +104,3 @@ def apply_llama31_rope_pos_ids_inplace(q, k, pos_ids, rotary_dim=None, interleav
     """apply_llama31_rope_pos_ids into q and k."""
     return _rope("apply_llama31_rope_pos_ids_inplace", q, k, True, ("pos_ids", pos_ids), rotary_dim, interleave,
                  rope_scale, rope_theta, (low_freq_factor, high_freq_factor, old_context_len))
-
-

@@ -307,4 +307,3 @@ def chain_speculative_sampling(draft_probs, draft_token_ids, target_probs, maybe
         maybe_output_emitted_draft_token_num += emitted
         emitted = maybe_output_emitted_draft_token_num
     return out, accepted, emitted
-

@@ -86,6 +86,7 @@ __all__ = [
     "stages", "default_stage", "index_array", "tolerance", "available", "LibraryNotFound",
 ]
 
+
 def available():
     """(True, "") when the library loads and a CUDA device is usable; else (False, why)."""
     try:
@@ -116,4 +117,3 @@ def tolerance(dtype, which="o", kv_dtype=None):
     _capi.call("fs_tolerance", _DTYPES[q], kv, 0 if which == "o" else 1, ctypes.byref(atol), ctypes.byref(rtol),
                ctypes.byref(norm))
     return atol.value, rtol.value, norm.value
-
