@@ -258,6 +258,52 @@ def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype
     check_attention(torch, fsc, o, lse, refs, dtype, f"ragged prefill {w.stage}")
 
 
+@pytest.mark.parametrize("kind", ["decode", "prefill", "ragged", "cascade"])
+def test_run_without_lse_writes_the_same_output(torch, fsc, rng, kind):
+    """run() without return_lse writes the lse it does not return into a scratch area of
+    the workspace (where it fits): its output must equal the run that returns the lse,
+    before and after a re-plan to other lengths, and leave the plan's index arrays intact
+    (the same output twice); the output is the oracle's."""
+    g = cs.generator(torch, rng, f"run without lse {kind}")
+    hq, hkv, d, page, dtype = 8, 2, 128, 16, "bfloat16"
+    w = {"decode": fsc.BatchDecodeWithPagedKVCacheWrapper, "prefill": fsc.BatchPrefillWithPagedKVCacheWrapper,
+         "ragged": fsc.BatchPrefillWithRaggedKVCacheWrapper}.get(kind)
+    w = w(workspace(torch)) if w else fsc.MultiLevelCascadeAttentionWrapper(2, workspace(torch))
+    for kv_lens in ([1, 17, 300, int(rng.integers(1, 700))], [700, 5, 64]):
+        qo_lens = [1] * len(kv_lens) if kind in ("decode", "cascade") else [max(1, n // 3) for n in kv_lens]
+        qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
+        q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+        if kind == "ragged":
+            k = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+            v = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+            kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
+            w.plan(qo_indptr, kv_indptr, hq, hkv, d, q_data_type=dtype)
+            args = (q, k, v)
+            keys = [k[int(kv_indptr[i]):int(kv_indptr[i + 1])] for i in range(len(kv_lens))]
+            values = [v[int(kv_indptr[i]):int(kv_indptr[i + 1])] for i in range(len(kv_lens))]
+        elif kind == "cascade":
+            pool, levels, keys, values = cs.cascade_batch(torch, g, qo_lens, kv_lens, 32, 0, page, hkv, d, dtype,
+                                                          "NHD")
+            w.plan(*levels, hq, hkv, d, page, q_data_type=dtype)
+            args = (q, pool)
+        else:
+            pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page, hkv, d, dtype, "NHD")
+            if kind == "decode":
+                w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+            else:
+                w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+            args = (q, pool)
+        first = w.run(*args)
+        o, lse = w.run(*args, return_lse=True)
+        again = w.run(*args)
+        torch.cuda.synchronize()
+        assert torch.equal(first, o) and torch.equal(again, o), f"{kind} ({w.stage}): run() without return_lse " \
+            "differs from the run that returns the lse"
+        rows = [slice(int(qo_indptr[i]), int(qo_indptr[i + 1])) for i in range(len(kv_lens))]
+        refs = [cs.attention_reference(torch, q[r], keys[i], values[i]) for i, r in enumerate(rows)]
+        check_attention(torch, fsc, o, lse, refs, dtype, f"{kind} {w.stage} without return_lse")
+
+
 @pytest.mark.parametrize("window_left,soft_cap", [(31, 0.0), (-1, 20.0), (7, 5.0)])
 def test_window_and_soft_cap(torch, fsc, rng, window_left, soft_cap):
     g = cs.generator(torch, rng, f"window {window_left} cap {soft_cap}")
