@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 5
+#define FLASHSTEP_CAPI_VERSION 6
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };

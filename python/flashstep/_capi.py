@@ -97,7 +97,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 5
+EXPECTED_VERSION = 6
 
 _lib = None
 
