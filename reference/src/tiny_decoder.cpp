@@ -55,8 +55,7 @@ StorageRounding parse_storage_rounding(const std::string& name) {
   if (name == "none") return StorageRounding::none;
   if (name == "f16") return StorageRounding::f16;
   if (name == "bf16") return StorageRounding::bf16;
-  throw InvalidArgument("parse_storage_rounding: rounding must be \"none\", \"f16\" or \"bf16\", got \"" + name +
-                        "\"");
+  throw InvalidArgument("parse_storage_rounding: rounding must be \"none\", \"f16\" or \"bf16\", got \"" + name + "\"");
 }
 
 double round_to_storage(double x, StorageRounding rounding) {

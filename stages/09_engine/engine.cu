@@ -218,8 +218,9 @@ struct Engine::Impl {
       const StageInfo& info = find_stage(name);
       const std::string why = info.unsupported_reason(shape);
       if (!why.empty())
-        throw ref::InvalidArgument(std::string("Engine: ") + (role.mode == Mode::decode ? "decode_stage" : "prefill_stage") +
-                                   " " + info.name + " cannot run this step (" + shape.describe() + "): " + why);
+        throw ref::InvalidArgument(std::string("Engine: ") +
+                                   (role.mode == Mode::decode ? "decode_stage" : "prefill_stage") + " " + info.name +
+                                   " cannot run this step (" + shape.describe() + "): " + why);
       name = info.name;
     }
     if (name != role.name || !role.runner) {
@@ -416,8 +417,7 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const size_t o_tokens = put(b.tokens.data(), nnz), o_pos = put(b.positions.data(), nnz),
                o_bidx = put(b.batch_indices.data(), nnz), o_qo = put(b.qo_indptr.data(), rows + 1),
                o_kvp = put(b.kv_indptr.data(), rows + 1), o_idx = put(b.kv_indices.data(), npages),
-               o_last = put(b.kv_last_page_len.data(), rows),
-               o_rows = put(b.sample_token_rows.data(), samples);
+               o_last = put(b.kv_last_page_len.data(), rows), o_rows = put(b.sample_token_rows.data(), samples);
   std::vector<int32_t> p_qo(static_cast<size_t>(np + 1)), p_kv(static_cast<size_t>(np + 1));
   for (int64_t i = 0; i <= np; ++i) {
     p_qo[i] = b.qo_indptr[nd + i] - q0;
@@ -469,8 +469,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   m.event(ev++);
   if (bf16) {
     embed_kernel<__nv_bfloat16><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
-        reinterpret_cast<const __nv_bfloat16*>(m.wptr(m.off_embedding)), dm + o_tokens, dm + o_pos,
-        static_cast<int>(d), m.cfg.model.position_encoding == ref::PositionEncoding::sinusoidal, m.x.as<float>());
+        reinterpret_cast<const __nv_bfloat16*>(m.wptr(m.off_embedding)), dm + o_tokens, dm + o_pos, static_cast<int>(d),
+        m.cfg.model.position_encoding == ref::PositionEncoding::sinusoidal, m.x.as<float>());
   } else {
     embed_kernel<__half><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
         reinterpret_cast<const __half*>(m.wptr(m.off_embedding)), dm + o_tokens, dm + o_pos, static_cast<int>(d),
@@ -560,8 +560,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
       residual_kernel<__nv_bfloat16><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
           m.o.as<__nv_bfloat16>(), static_cast<int>(d), m.x.as<float>());
     } else {
-      residual_kernel<__half><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(m.o.as<__half>(),
-                                                                                    static_cast<int>(d), m.x.as<float>());
+      residual_kernel<__half><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
+          m.o.as<__half>(), static_cast<int>(d), m.x.as<float>());
     }
     kernels::check_launch("residual");
     m.event(ev++);
@@ -576,7 +576,7 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const SamplingParams& sp = m.cfg.sampling;
   if (samples > 0 && sp.mode == SamplingMode::greedy) {
     argmax_kernel<<<static_cast<unsigned>(samples), kThreads, 0, m.stream>>>(m.logits.as<float>(),
-                                                                            static_cast<int>(m.vocab), tokens);
+                                                                             static_cast<int>(m.vocab), tokens);
     kernels::check_launch("argmax_kernel");
   } else if (samples > 0) {
     namespace smp = sampling;
@@ -595,27 +595,24 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
         smp::top_k_top_p_sampling_from_probs(row, smp::TopK(sp.top_k), smp::Fraction(sp.top_p),
                                              ref::FilterApplyOrder::top_k_first, so,
                                              smp::Workspace{m.sample_ws.ptr, m.sample_ws.bytes}, opt, m.stream);
-      else if (sp.top_k > 0)
-        smp::top_k_sampling_from_probs(row, smp::TopK(sp.top_k), so, opt, m.stream);
-      else if (sp.top_p < 1.0)
-        smp::top_p_sampling_from_probs(row, smp::Fraction(sp.top_p), so, opt, m.stream);
-      else
-        smp::sampling_from_probs(row, so, opt, m.stream);
+      else if (sp.top_k > 0) smp::top_k_sampling_from_probs(row, smp::TopK(sp.top_k), so, opt, m.stream);
+      else if (sp.top_p < 1.0) smp::top_p_sampling_from_probs(row, smp::Fraction(sp.top_p), so, opt, m.stream);
+      else smp::sampling_from_probs(row, so, opt, m.stream);
     }
   }
   m.event(ev++);
   // ---- only token ids come back (logits and probs too when a test asks) ---------------
   if (samples > 0)
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(m.tokens_pinned, tokens, static_cast<size_t>(samples) * 4,
-                                         cudaMemcpyDeviceToHost, m.stream));
+    FLASHSTEP_CUDA_CHECK(
+        cudaMemcpyAsync(m.tokens_pinned, tokens, static_cast<size_t>(samples) * 4, cudaMemcpyDeviceToHost, m.stream));
   if (m.cfg.record_logits && samples > 0) {
     out.logits.resize(static_cast<size_t>(samples * m.vocab));
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), m.logits.ptr, out.logits.size() * 4,
-                                         cudaMemcpyDeviceToHost, m.stream));
+    FLASHSTEP_CUDA_CHECK(
+        cudaMemcpyAsync(out.logits.data(), m.logits.ptr, out.logits.size() * 4, cudaMemcpyDeviceToHost, m.stream));
     if (sp.mode == SamplingMode::sample) {
       out.probs.resize(out.logits.size());
-      FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(out.probs.data(), m.probs.ptr, out.probs.size() * 4,
-                                           cudaMemcpyDeviceToHost, m.stream));
+      FLASHSTEP_CUDA_CHECK(
+          cudaMemcpyAsync(out.probs.data(), m.probs.ptr, out.probs.size() * 4, cudaMemcpyDeviceToHost, m.stream));
     }
   }
   FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(m.stream));
@@ -653,8 +650,8 @@ GenerationRun Engine::generate(const std::vector<Request>& requests) {
   for (size_t r = 0; r < requests.size(); ++r)
     for (size_t t = 0; t < requests[r].prompt.size(); ++t)
       ref::require_lazy(requests[r].prompt[t] < impl_->vocab, "Engine::generate", [&] {
-        return "request " + str(static_cast<int64_t>(r)) + ": prompt[" + str(static_cast<int64_t>(t)) + "] = " +
-               str(requests[r].prompt[t]) + " is not a token of vocab_size " + str(impl_->vocab);
+        return "request " + str(static_cast<int64_t>(r)) + ": prompt[" + str(static_cast<int64_t>(t)) +
+               "] = " + str(requests[r].prompt[t]) + " is not a token of vocab_size " + str(impl_->vocab);
       });
   Scheduler scheduler(impl_->cfg.scheduler, requests);
   GenerationRun run;

@@ -466,7 +466,8 @@ TEST_CASE("tiny_decoder: with rounding, weights and the stored Q/K/V are fp16 or
     const std::vector<int32_t> tokens{84, 104, 101, 32, 99, 97, 116};
     const auto a = m.next_token_logits(tokens), b = exact.next_token_logits(tokens);
     double diff = 0, scale = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+    for (size_t i = 0; i < a.size(); ++i)
+      diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
     CHECK(diff > 0);
     CHECK(diff < (r == ref::StorageRounding::f16 ? 0.02 : 0.2) * scale);
     // The three generation modes still compute one function.

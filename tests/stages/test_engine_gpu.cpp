@@ -253,8 +253,8 @@ void check_run(const ref::TinyDecoder& model, const EngineConfig& cfg, const std
     REQUIRE(scheduler.state(static_cast<int32_t>(r)).generated == want[r].generated_tokens);
 }
 
-EngineConfig make_config(const ref::TinyDecoderConfig& model, DType dtype, const SamplingParams& sp,
-                         const RunSpec& run, const std::vector<Request>& reqs) {
+EngineConfig make_config(const ref::TinyDecoderConfig& model, DType dtype, const SamplingParams& sp, const RunSpec& run,
+                         const std::vector<Request>& reqs) {
   EngineConfig c;
   c.model = model;
   c.dtype = dtype;
@@ -328,8 +328,11 @@ SamplingParams top_k_top_p(uint64_t seed) {
 
 TEST_CASE("09_engine: tokens and logits equal the reference's generation (f16, d_model 1024, 8/2 heads, 4 layers)") {
   // batch 1, 8 and 64 running requests; page sizes 1 and 16; a budget that chunks prompts
-  const std::vector<RunSpec> runs = {{16, 64, 512, "", ""}, {1, 64, 512, "", ""}, {16, 8, 48, "", ""},
-                                     {1, 1, 16, "", ""},    {16, 64, 512, "05_cascade", "05_cascade"}};
+  const std::vector<RunSpec> runs = {{16, 64, 512, "", ""},
+                                     {1, 64, 512, "", ""},
+                                     {16, 8, 48, "", ""},
+                                     {1, 1, 16, "", ""},
+                                     {16, 64, 512, "05_cascade", "05_cascade"}};
   token_check(engine_model(), DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
 }
 
@@ -388,7 +391,6 @@ TEST_CASE("09_engine: bad input is refused, naming it") {
     bad.sampling.temperature = 0;
     expect_error([&] { Engine e(bad); }, {"Engine", "temperature"});
     bad = c;
-    bad.decode_stage = "04_tensor_core_ragged";
     bad.prefill_stage = "99_nothing";
     expect_error([&] { Engine e(bad); }, {"find_stage", "99_nothing"});
   }

@@ -142,7 +142,8 @@ class TinyDecoder {
   /// position (no cache). \param tokens (n >= 1)
   /// \param hidden if given, receives the d_model values of the last row entering W_vocab
   /// \return (vocab_size)
-  std::vector<double> next_token_logits(const std::vector<int32_t>& tokens, std::vector<double>* hidden = nullptr) const;
+  std::vector<double> next_token_logits(const std::vector<int32_t>& tokens,
+                                        std::vector<double>* hidden = nullptr) const;
 
  private:
   TinyDecoderConfig config_;
