@@ -80,6 +80,7 @@ struct ServeOptions {
   int64_t top_k = 0;
   std::string decode_stage, prefill_stage;  ///< empty: the default rule
   bool profile = false;                     ///< per-step phase timing (CUDA events)
+  bool cuda_graphs = false;                 ///< decode steps as CUDA graphs at padded batch sizes
 };
 /// Runs the engine; prints the run (and the timing split with profile).
 int run_serve(const ServeOptions& opt, std::ostream& os);

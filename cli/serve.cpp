@@ -78,6 +78,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.decode_stage = opt.decode_stage;
   c.prefill_stage = opt.prefill_stage;
   c.profile = opt.profile;
+  c.cuda_graphs = opt.cuda_graphs;
 
   Engine engine(c);
   os << "flashstep serve: " << opt.requests << " requests (seed " << opt.seed << "), model d_model " << opt.d_model

@@ -208,8 +208,9 @@ struct Engine::Impl {
     return s;
   }
 
-  // Picks (or checks) the role's stage for `shape` and plans it.
-  void plan(Role& role, const BatchShape& shape) {
+  // Picks (or checks) the role's stage for `shape` and plans it. Returns false when the
+  // workspace had to move (a captured graph that read the old one is stale).
+  bool plan(Role& role, const BatchShape& shape) {
     const std::string& asked = role.mode == Mode::decode ? cfg.decode_stage : cfg.prefill_stage;
     std::string name = asked;
     if (name.empty()) {
@@ -227,9 +228,44 @@ struct Engine::Impl {
       role.runner = find_stage(name).make_runner();
       role.name = name;
     }
+    const void* before = role.workspace.ptr;
     role.workspace.reserve(std::max<size_t>(role.runner->workspace_bytes(shape), 256), stream);
     role.runner->plan(shape, role.workspace.ptr, role.workspace.bytes, stream);
+    return before == nullptr || before == role.workspace.ptr;
   }
+
+  // Where each array of a step sits in the uploaded int32 metadata; kv_indices last, so
+  // that every offset depends only on (nnz, rows, samples) and a padded decode step's
+  // offsets are the same at every replay of its graph.
+  struct Layout {
+    size_t tokens, pos, bidx, qo, kvp, last, rows, pqo, pkv, idx, count;
+  };
+  // One step as the model launches see it.
+  struct Launch {
+    int64_t nnz, rows, nd, np, samples;
+    int32_t q0, p0;
+    const int32_t* dm;  // device metadata
+    Layout at;
+    Role* dec;
+    Role* pre;
+  };
+  // A decode step padded to `padded` rows, captured once and replayed (CUDA graphs).
+  struct GraphEntry {
+    Role decode{Mode::decode, {}, {}, {}};
+    DeviceBuffer meta;
+    int32_t* pinned = nullptr;
+    size_t capacity = 0;  // int32 entries of meta and pinned
+    cudaGraphExec_t exec = nullptr;
+    int64_t replays = 0;
+    ~GraphEntry() {
+      if (exec) cudaGraphExecDestroy(exec);
+      if (pinned) cudaFreeHost(pinned);
+    }
+  };
+  std::map<int64_t, std::unique_ptr<GraphEntry>> graphs;
+  DeviceBuffer cublas_workspace;
+
+  void launch_model(const Launch& s);
 
   // C (m x n, row-major) = A (m x k) B (k x n) [+ C]: A, B in the storage dtype, C in
   // `c_type`, fp32 accumulation. Row-major C = A B is column-major C^T = B^T A^T.
@@ -304,6 +340,9 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   FLASHSTEP_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   cublas_check(cublasCreate(&m.cublas), "cublasCreate");
   cublas_check(cublasSetStream(m.cublas, m.stream), "cublasSetStream");
+  // a workspace of its own, so that cuBLAS allocates nothing while a graph is captured
+  m.cublas_workspace.reserve(size_t{32} << 20, m.stream);
+  cublas_check(cublasSetWorkspace(m.cublas, m.cublas_workspace.ptr, m.cublas_workspace.bytes), "cublasSetWorkspace");
 
   // Weights: rounded by the reference already, so the conversion below is exact.
   std::vector<const ref::Tensor*> tensors{&model.embedding()};
@@ -351,6 +390,7 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   m.k.reserve(static_cast<size_t>(m.max_nnz * m.hkv * m.hd) * e, m.stream);
   m.v.reserve(static_cast<size_t>(m.max_nnz * m.hkv * m.hd) * e, m.stream);
   m.o.reserve(static_cast<size_t>(m.max_nnz * m.hq * m.hd) * e, m.stream);
+  FLASHSTEP_CUDA_CHECK(cudaMemset(m.o.ptr, 0, m.o.bytes));  // padding rows of a graph step read it
   m.lse.reserve(static_cast<size_t>(m.max_nnz * m.hq) * 4, m.stream);
   m.logits.reserve(static_cast<size_t>(m.max_rows * m.vocab) * 4, m.stream);
   m.probs.reserve(static_cast<size_t>(m.max_rows * m.vocab) * 4, m.stream);
@@ -376,6 +416,7 @@ Engine::~Engine() {
   if (m.tokens_pinned) cudaFreeHost(m.tokens_pinned);
   if (m.cublas) cublasDestroy(m.cublas);
   // runners and buffers go before the stream
+  m.graphs.clear();
   m.decode.runner.reset();
   m.prefill.runner.reset();
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -383,12 +424,130 @@ Engine::~Engine() {
 
 const EngineConfig& Engine::config() const { return impl_->cfg; }
 
+void Engine::Impl::launch_model(const Launch& s) {
+  const size_t e = elem();
+  const int64_t qw = hq * hd, kw = hkv * hd;
+  const SchedulerConfig& sc = cfg.scheduler;
+  const bool bf16 = cfg.dtype == DType::bf16;
+  const int32_t* dm = s.dm;
+  const Layout& at = s.at;
+  char* qp = q.as<char>();
+  char* op = o.as<char>();
+  size_t ev = 0;
+  event(ev++);
+  const bool sinusoidal = cfg.model.position_encoding == ref::PositionEncoding::sinusoidal;
+  if (bf16)
+    embed_kernel<__nv_bfloat16><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
+        reinterpret_cast<const __nv_bfloat16*>(wptr(off_embedding)), dm + at.tokens, dm + at.pos, static_cast<int>(d),
+        sinusoidal, x.as<float>());
+  else
+    embed_kernel<__half><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
+        reinterpret_cast<const __half*>(wptr(off_embedding)), dm + at.tokens, dm + at.pos, static_cast<int>(d),
+        sinusoidal, x.as<float>());
+  kernels::check_launch("embed_kernel");
+  event(ev++);
+  auto round_rows = [&](const int32_t* rows_idx, int64_t n) {
+    if (bf16)
+      round_rows_kernel<__nv_bfloat16><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+          x.as<float>(), rows_idx, static_cast<int>(d), xh.as<__nv_bfloat16>());
+    else
+      round_rows_kernel<__half><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+          x.as<float>(), rows_idx, static_cast<int>(d), xh.as<__half>());
+    kernels::check_launch("round_rows_kernel");
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    round_rows(nullptr, s.nnz);
+    gemm(s.nnz, qw, d, xh.ptr, wptr(off_wq[l]), q.ptr, cuda_type, false);
+    gemm(s.nnz, kw, d, xh.ptr, wptr(off_wk[l]), k.ptr, cuda_type, false);
+    gemm(s.nnz, kw, d, xh.ptr, wptr(off_wv[l]), v.ptr, cuda_type, false);
+    if (!rope_freqs.empty()) {
+      RopeLaunch r;
+      r.dtype = cfg.dtype;
+      r.q = r.q_out = q.ptr;
+      r.k = r.k_out = k.ptr;
+      r.nnz = s.nnz;
+      r.num_q_heads = static_cast<int>(hq);
+      r.num_k_heads = static_cast<int>(hkv);
+      r.head_dim = static_cast<int>(hd);
+      r.rotary_dim = static_cast<int>(hd);
+      r.interleave = cfg.model.rope_interleave;
+      r.pos_ids = dm + at.pos;
+      launch_rope(r, rope_freqs, stream);
+    }
+    kernels::AppendPagedKVParams a;
+    a.append_key = k.ptr;
+    a.append_value = v.ptr;
+    a.key_row_stride = a.value_row_stride = kw;
+    a.nnz = s.nnz;
+    a.batch_indices = dm + at.bidx;
+    a.positions = dm + at.pos;
+    char* pool = pools.as<char>() + static_cast<size_t>(l * pool_elems) * e;
+    a.k_cache = pool;
+    a.v_cache = pool + static_cast<size_t>(sc.page_size * kw) * e;
+    a.page_stride = 2 * sc.page_size * kw;
+    a.hnd = false;
+    a.num_kv_heads = static_cast<int>(hkv);
+    a.head_dim = static_cast<int>(hd);
+    a.page_size = static_cast<int>(sc.page_size);
+    a.num_pages = sc.num_pages;
+    a.kv_indices = dm + at.idx;
+    a.kv_indptr = dm + at.kvp;
+    a.batch_size = static_cast<int>(s.rows);
+    if (bf16) kernels::launch_append_paged_kv_cache<__nv_bfloat16>(a, stream);
+    else kernels::launch_append_paged_kv_cache<__half>(a, stream);
+    kernels::check_launch("append_paged_kv_cache_kernel");
+    event(ev++);
+    if (s.nd > 0) {
+      DeviceBatch db;
+      db.q = qp;
+      db.qo_indptr = dm + at.qo;
+      db.kv_indptr = dm + at.kvp;
+      db.kv_pool = pool;
+      db.kv_indices = dm + at.idx;
+      db.kv_last_page_len = dm + at.last;
+      db.o = op;
+      db.lse = lse.as<float>();
+      s.dec->runner->run(db, stream);
+    }
+    if (s.np > 0) {
+      DeviceBatch db;
+      db.q = qp + static_cast<size_t>(s.q0 * qw) * e;
+      db.qo_indptr = dm + at.pqo;
+      db.kv_indptr = dm + at.pkv;
+      db.kv_pool = pool;
+      db.kv_indices = dm + at.idx + s.p0;
+      db.kv_last_page_len = dm + at.last + s.nd;
+      db.o = op + static_cast<size_t>(s.q0 * qw) * e;
+      db.lse = lse.as<float>() + s.q0 * hq;
+      s.pre->runner->run(db, stream);
+    }
+    event(ev++);
+    if (cfg.model.output_projection) {
+      gemm(s.nnz, d, qw, o.ptr, wptr(off_wo[l]), x.ptr, CUDA_R_32F, true);  // X += O W_O
+    } else if (bf16) {
+      residual_kernel<__nv_bfloat16><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
+          o.as<__nv_bfloat16>(), static_cast<int>(d), x.as<float>());
+    } else {
+      residual_kernel<__half>
+          <<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(o.as<__half>(), static_cast<int>(d), x.as<float>());
+    }
+    kernels::check_launch("residual");
+    event(ev++);
+  }
+  // logits of the rows that sample
+  if (s.samples > 0) {
+    round_rows(dm + at.rows, s.samples);
+    gemm(s.samples, vocab, d, xh.ptr, wptr(off_vocab), logits.ptr, CUDA_R_32F, false);
+  }
+  event(ev++);
+}
+
 StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const char* fn = "Engine::run_step";
   Impl& m = *impl_;
   const auto host_start = std::chrono::steady_clock::now();
   StepOutput out;
-  const int64_t nnz = b.nnz(), rows = b.batch_size(), nd = b.num_decodes;
+  const int64_t nnz = b.nnz(), rows = b.batch_size(), nd = b.num_decodes, np = rows - nd;
   const int64_t samples = static_cast<int64_t>(b.sample_rows.size());
   if (rows == 0) return out;
   require(nnz <= m.max_nnz && rows <= m.max_rows, fn,
@@ -403,48 +562,93 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
       return "tokens[" + str(t) + "] = " + str(b.tokens[t]) + " is not in [0, vocab_size = " + str(m.vocab) + ")";
     });
 
-  // ---- metadata: one upload --------------------------------------------------------------
+  // A decode-only step runs as a CUDA graph captured at the next power of two of its
+  // batch (padding rows: no pages, token 0, never appended, never sampled).
+  int64_t padded = 0;
+  if (m.cfg.cuda_graphs && np == 0) {
+    padded = 1;
+    while (padded < nd) padded *= 2;
+    if (padded > m.max_rows || padded > m.max_nnz) padded = 0;
+  }
+  const bool graph = padded > 0;
+  const int64_t n_tok = graph ? padded : nnz, n_rows = graph ? padded : rows, n_samp = graph ? padded : samples;
   const int64_t npages = b.kv_indptr[rows];
-  const int64_t np = rows - nd;
   const int32_t q0 = b.qo_indptr[nd], p0 = b.kv_indptr[nd];
+
+  // ---- metadata: one upload ----------------------------------------------------------
   std::vector<int32_t>& meta = m.meta;
   meta.clear();
-  auto put = [&](const int32_t* p, int64_t n) {
-    const size_t at = meta.size();
+  Impl::Layout at{};
+  auto put = [&](const int32_t* p, int64_t n, int64_t padded_n, auto pad) {
+    const size_t where = meta.size();
     meta.insert(meta.end(), p, p + n);
-    return at;
+    for (int64_t i = n; i < padded_n; ++i) meta.push_back(pad(i));
+    return where;
   };
-  const size_t o_tokens = put(b.tokens.data(), nnz), o_pos = put(b.positions.data(), nnz),
-               o_bidx = put(b.batch_indices.data(), nnz), o_qo = put(b.qo_indptr.data(), rows + 1),
-               o_kvp = put(b.kv_indptr.data(), rows + 1), o_idx = put(b.kv_indices.data(), npages),
-               o_last = put(b.kv_last_page_len.data(), rows), o_rows = put(b.sample_token_rows.data(), samples);
+  auto zero = [](int64_t) { return 0; };
+  at.tokens = put(b.tokens.data(), nnz, n_tok, zero);
+  at.pos = put(b.positions.data(), nnz, n_tok, zero);
+  at.bidx = put(b.batch_indices.data(), nnz, n_tok, [](int64_t i) { return static_cast<int32_t>(i); });
+  at.qo = put(b.qo_indptr.data(), rows + 1, n_rows + 1, [](int64_t i) { return static_cast<int32_t>(i); });
+  at.kvp = put(b.kv_indptr.data(), rows + 1, n_rows + 1, [&](int64_t) { return static_cast<int32_t>(npages); });
+  at.last = put(b.kv_last_page_len.data(), rows, n_rows, zero);
+  at.rows = put(b.sample_token_rows.data(), samples, n_samp, zero);
   std::vector<int32_t> p_qo(static_cast<size_t>(np + 1)), p_kv(static_cast<size_t>(np + 1));
   for (int64_t i = 0; i <= np; ++i) {
     p_qo[i] = b.qo_indptr[nd + i] - q0;
     p_kv[i] = b.kv_indptr[nd + i] - p0;
   }
-  const size_t o_pqo = put(p_qo.data(), np + 1), o_pkv = put(p_kv.data(), np + 1);
-  if (meta.size() > m.meta_pinned_count) {
-    if (m.meta_pinned) FLASHSTEP_CUDA_CHECK(cudaFreeHost(m.meta_pinned));
-    m.meta_pinned_count = meta.size() * 2;
-    FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.meta_pinned), m.meta_pinned_count * 4));
-  }
-  std::memcpy(m.meta_pinned, meta.data(), meta.size() * 4);
-  m.meta_dev.reserve(m.meta_pinned_count * 4, m.stream);
-  FLASHSTEP_CUDA_CHECK(
-      cudaMemcpyAsync(m.meta_dev.ptr, m.meta_pinned, meta.size() * 4, cudaMemcpyHostToDevice, m.stream));
-  const int32_t* dm = m.meta_dev.as<int32_t>();
+  at.pqo = put(p_qo.data(), np + 1, np + 1, zero);
+  at.pkv = put(p_kv.data(), np + 1, np + 1, zero);
+  at.idx = put(b.kv_indices.data(), npages, npages, zero);
+  at.count = meta.size();
 
-  // ---- plan: decode rows and prefill rows, two calls ------------------------------------
+  Impl::GraphEntry* entry = nullptr;
+  int32_t* pinned = nullptr;
+  DeviceBuffer* dev = nullptr;
+  if (graph) {
+    auto& slot = m.graphs[padded];
+    if (!slot) {
+      slot = std::make_unique<Impl::GraphEntry>();
+      slot->capacity = at.idx + static_cast<size_t>(padded * m.cfg.scheduler.num_pages);
+      FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot->pinned), slot->capacity * 4));
+      slot->meta.reserve(slot->capacity * 4, m.stream);
+    }
+    entry = slot.get();
+    require(at.count <= entry->capacity, fn, "a padded decode step's page table outgrew its graph's buffer");
+    pinned = entry->pinned;
+    dev = &entry->meta;
+  } else {
+    if (meta.size() > m.meta_pinned_count) {
+      if (m.meta_pinned) FLASHSTEP_CUDA_CHECK(cudaFreeHost(m.meta_pinned));
+      m.meta_pinned_count = meta.size() * 2;
+      FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.meta_pinned), m.meta_pinned_count * 4));
+    }
+    m.meta_dev.reserve(m.meta_pinned_count * 4, m.stream);
+    pinned = m.meta_pinned;
+    dev = &m.meta_dev;
+  }
+  std::memcpy(pinned, meta.data(), meta.size() * 4);
+  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dev->ptr, pinned, meta.size() * 4, cudaMemcpyHostToDevice, m.stream));
+
+  // ---- plan (outside any graph): decode rows and prefill rows, two calls -------------
+  Impl::Role* dec = graph ? &entry->decode : &m.decode;
   if (nd > 0) {
     BatchShape s = m.base_shape(Mode::decode);
-    s.batch_size = static_cast<int>(nd);
-    s.qo_indptr.assign(b.qo_indptr.begin(), b.qo_indptr.begin() + nd + 1);
-    s.kv_indptr.assign(b.kv_indptr.begin(), b.kv_indptr.begin() + nd + 1);
-    s.kv_last_page_len.assign(b.kv_last_page_len.begin(), b.kv_last_page_len.begin() + nd);
+    s.batch_size = static_cast<int>(n_rows);
+    s.qo_indptr.assign(meta.begin() + at.qo, meta.begin() + at.qo + n_rows + 1);
+    s.kv_indptr.assign(meta.begin() + at.kvp, meta.begin() + at.kvp + n_rows + 1);
+    s.kv_last_page_len.assign(meta.begin() + at.last, meta.begin() + at.last + n_rows);
     s.kv_indices.assign(b.kv_indices.begin(), b.kv_indices.begin() + p0);
-    m.plan(m.decode, s);
-    out.decode_stage = m.decode.name;
+    s.cuda_graph = graph;
+    if (graph && entry->exec != nullptr && dec->runner && dec->workspace.bytes < dec->runner->workspace_bytes(s)) {
+      // the workspace must move: the graph read the old one, so capture afresh
+      FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(entry->exec));
+      entry->exec = nullptr;
+      dec->runner.reset();
+    }
+    m.plan(*dec, s);
+    out.decode_stage = dec->name;
   }
   if (np > 0) {
     BatchShape s = m.base_shape(Mode::prefill);
@@ -458,120 +662,31 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   }
   const auto host_end = std::chrono::steady_clock::now();
 
-  // ---- the model ----------------------------------------------------------------------
-  const size_t e = m.elem();
-  const int64_t d = m.d, hd = m.hd, qw = m.hq * hd, kw = m.hkv * hd;
-  const SchedulerConfig& sc = m.cfg.scheduler;
-  const bool bf16 = m.cfg.dtype == DType::bf16;
-  char* q = m.q.as<char>();
-  char* o = m.o.as<char>();
-  size_t ev = 0;
-  m.event(ev++);
-  if (bf16) {
-    embed_kernel<__nv_bfloat16><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
-        reinterpret_cast<const __nv_bfloat16*>(m.wptr(m.off_embedding)), dm + o_tokens, dm + o_pos, static_cast<int>(d),
-        m.cfg.model.position_encoding == ref::PositionEncoding::sinusoidal, m.x.as<float>());
+  // ---- the model: eager, or the step's graph (captured on first use) ----------------
+  const Impl::Launch launch{n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill};
+  if (graph) {
+    if (entry->exec == nullptr) {
+      cudaGraph_t g = nullptr;
+      FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        m.launch_model(launch);
+      } catch (...) {
+        cudaStreamEndCapture(m.stream, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+      FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&entry->exec, g, 0));
+      FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(g));
+    }
+    FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(entry->exec, m.stream));
+    ++entry->replays;
+    out.graph_batch = padded;
   } else {
-    embed_kernel<__half><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
-        reinterpret_cast<const __half*>(m.wptr(m.off_embedding)), dm + o_tokens, dm + o_pos, static_cast<int>(d),
-        m.cfg.model.position_encoding == ref::PositionEncoding::sinusoidal, m.x.as<float>());
+    m.launch_model(launch);
   }
-  kernels::check_launch("embed_kernel");
-  m.event(ev++);
-  auto round_rows = [&](const int32_t* rows_idx, int64_t n) {
-    if (bf16)
-      round_rows_kernel<__nv_bfloat16><<<static_cast<unsigned>(n), kThreads, 0, m.stream>>>(
-          m.x.as<float>(), rows_idx, static_cast<int>(d), m.xh.as<__nv_bfloat16>());
-    else
-      round_rows_kernel<__half><<<static_cast<unsigned>(n), kThreads, 0, m.stream>>>(
-          m.x.as<float>(), rows_idx, static_cast<int>(d), m.xh.as<__half>());
-    kernels::check_launch("round_rows_kernel");
-  };
-  for (int64_t l = 0; l < m.layers; ++l) {
-    round_rows(nullptr, nnz);
-    m.gemm(nnz, qw, d, m.xh.ptr, m.wptr(m.off_wq[l]), m.q.ptr, m.cuda_type, false);
-    m.gemm(nnz, kw, d, m.xh.ptr, m.wptr(m.off_wk[l]), m.k.ptr, m.cuda_type, false);
-    m.gemm(nnz, kw, d, m.xh.ptr, m.wptr(m.off_wv[l]), m.v.ptr, m.cuda_type, false);
-    if (!m.rope_freqs.empty()) {
-      RopeLaunch r;
-      r.dtype = m.cfg.dtype;
-      r.q = r.q_out = m.q.ptr;
-      r.k = r.k_out = m.k.ptr;
-      r.nnz = nnz;
-      r.num_q_heads = static_cast<int>(m.hq);
-      r.num_k_heads = static_cast<int>(m.hkv);
-      r.head_dim = static_cast<int>(hd);
-      r.rotary_dim = static_cast<int>(hd);
-      r.interleave = m.cfg.model.rope_interleave;
-      r.pos_ids = dm + o_pos;
-      launch_rope(r, m.rope_freqs, m.stream);
-    }
-    kernels::AppendPagedKVParams a;
-    a.append_key = m.k.ptr;
-    a.append_value = m.v.ptr;
-    a.key_row_stride = a.value_row_stride = kw;
-    a.nnz = nnz;
-    a.batch_indices = dm + o_bidx;
-    a.positions = dm + o_pos;
-    char* pool = m.pools.as<char>() + static_cast<size_t>(l * m.pool_elems) * e;
-    a.k_cache = pool;
-    a.v_cache = pool + static_cast<size_t>(sc.page_size * kw) * e;
-    a.page_stride = 2 * sc.page_size * kw;
-    a.hnd = false;
-    a.num_kv_heads = static_cast<int>(m.hkv);
-    a.head_dim = static_cast<int>(hd);
-    a.page_size = static_cast<int>(sc.page_size);
-    a.num_pages = sc.num_pages;
-    a.kv_indices = dm + o_idx;
-    a.kv_indptr = dm + o_kvp;
-    a.batch_size = static_cast<int>(rows);
-    if (bf16) kernels::launch_append_paged_kv_cache<__nv_bfloat16>(a, m.stream);
-    else kernels::launch_append_paged_kv_cache<__half>(a, m.stream);
-    kernels::check_launch("append_paged_kv_cache_kernel");
-    m.event(ev++);
-    if (nd > 0) {
-      DeviceBatch db;
-      db.q = q;
-      db.qo_indptr = dm + o_qo;
-      db.kv_indptr = dm + o_kvp;
-      db.kv_pool = pool;
-      db.kv_indices = dm + o_idx;
-      db.kv_last_page_len = dm + o_last;
-      db.o = o;
-      db.lse = m.lse.as<float>();
-      m.decode.runner->run(db, m.stream);
-    }
-    if (np > 0) {
-      DeviceBatch db;
-      db.q = q + static_cast<size_t>(q0 * qw) * e;
-      db.qo_indptr = dm + o_pqo;
-      db.kv_indptr = dm + o_pkv;
-      db.kv_pool = pool;
-      db.kv_indices = dm + o_idx + p0;
-      db.kv_last_page_len = dm + o_last + nd;
-      db.o = o + static_cast<size_t>(q0 * qw) * e;
-      db.lse = m.lse.as<float>() + q0 * m.hq;
-      m.prefill.runner->run(db, m.stream);
-    }
-    m.event(ev++);
-    if (m.cfg.model.output_projection) {
-      m.gemm(nnz, d, qw, m.o.ptr, m.wptr(m.off_wo[l]), m.x.ptr, CUDA_R_32F, true);  // X += O W_O
-    } else if (bf16) {
-      residual_kernel<__nv_bfloat16><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
-          m.o.as<__nv_bfloat16>(), static_cast<int>(d), m.x.as<float>());
-    } else {
-      residual_kernel<__half><<<static_cast<unsigned>(nnz), kThreads, 0, m.stream>>>(
-          m.o.as<__half>(), static_cast<int>(d), m.x.as<float>());
-    }
-    kernels::check_launch("residual");
-    m.event(ev++);
-  }
-  // logits of the rows that sample
-  if (samples > 0) {
-    round_rows(dm + o_rows, samples);
-    m.gemm(samples, m.vocab, d, m.xh.ptr, m.wptr(m.off_vocab), m.logits.ptr, CUDA_R_32F, false);
-  }
-  m.event(ev++);
+
+  // ---- sampling (outside the graph: each request's seed and offset change per step) -
   int32_t* tokens = m.tokens_out.as<int32_t>();
   const SamplingParams& sp = m.cfg.sampling;
   if (samples > 0 && sp.mode == SamplingMode::greedy) {
@@ -600,8 +715,9 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
       else smp::sampling_from_probs(row, so, opt, m.stream);
     }
   }
-  m.event(ev++);
-  // ---- only token ids come back (logits and probs too when a test asks) ---------------
+  const size_t sampled_event = static_cast<size_t>(3 + 3 * m.layers);
+  m.event(sampled_event);
+  // ---- only token ids come back (logits and probs too when a test asks) -------------
   if (samples > 0)
     FLASHSTEP_CUDA_CHECK(
         cudaMemcpyAsync(m.tokens_pinned, tokens, static_cast<size_t>(samples) * 4, cudaMemcpyDeviceToHost, m.stream));
@@ -634,14 +750,14 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
     StepTiming& t = out.timing;
     t.host_ms = std::chrono::duration<double, std::milli>(host_end - host_start).count();
     t.embed_ms = ms(0, 1);
-    size_t at = 1;
-    for (int64_t l = 0; l < m.layers; ++l, at += 3) {
-      t.projection_ms += ms(at, at + 1) + ms(at + 2, at + 3);
-      t.attention_ms += ms(at + 1, at + 2);
+    size_t e = 1;
+    for (int64_t l = 0; l < m.layers; ++l, e += 3) {
+      t.projection_ms += ms(e, e + 1) + ms(e + 2, e + 3);
+      t.attention_ms += ms(e + 1, e + 2);
     }
-    t.logits_ms = ms(at, at + 1);
-    t.sampling_ms = ms(at + 1, at + 2);
-    t.total_ms = ms(0, at + 2) + t.host_ms;
+    t.logits_ms = ms(e, e + 1);
+    t.sampling_ms = ms(e + 1, e + 2);
+    t.total_ms = ms(0, e + 2) + t.host_ms;
   }
   return out;
 }

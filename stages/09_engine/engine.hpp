@@ -81,6 +81,10 @@ struct EngineConfig {
   bool record_logits = false;
   /// Time each step's phases with CUDA events (StepOutput::timing). Off: no events.
   bool profile = false;
+  /// Run decode-only steps as CUDA graphs, one per padded batch size (the next power of
+  /// two): plan() on the host before the replay, the embedding through the logits
+  /// captured, the sampling after it (each request's seed and offset change per step).
+  bool cuda_graphs = false;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
@@ -104,6 +108,7 @@ struct StepOutput {
   std::string decode_stage;   ///< stage that ran the decode rows ("" when there were none)
   std::string prefill_stage;  ///< stage that ran the prefill rows ("" when there were none)
   StepTiming timing;          ///< when profile
+  int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
 };
 
 /// What generate() returns.

@@ -124,7 +124,7 @@ int32_t reference_draw(const std::vector<float>& row, const SamplingParams& sp, 
 }
 
 struct Tally {
-  int64_t steps = 0, flips = 0, bad = 0;
+  int64_t steps = 0, flips = 0, bad = 0, graph_steps = 0;
   double worst_ratio = 0;       ///< max over logits of |engine - ref| / delta
   double worst_norm_ratio = 0;  ///< max over steps of ||engine - ref|| / (norm bound)
   double max_abs = 0;           ///< max |engine - ref| over logits
@@ -138,6 +138,7 @@ struct Tally {
 struct RunSpec {
   int64_t page_size, max_running, max_tokens_per_step;
   std::string decode_stage, prefill_stage;
+  bool cuda_graphs = false;
 };
 
 /// Runs the engine over `reqs` step by step against `want` (the reference's tokens and
@@ -158,6 +159,8 @@ void check_run(const ref::TinyDecoder& model, const EngineConfig& cfg, const std
       continue;
     }
     const StepOutput out = engine.run_step(b, scheduler);
+    tally.graph_steps += out.graph_batch > 0 ? 1 : 0;
+    if (out.graph_batch > 0) CHECK(out.graph_batch >= b.num_decodes);
     tally.note_stage(out.decode_stage);
     tally.note_stage(out.prefill_stage);
     REQUIRE(out.tokens.size() == b.sample_rows.size());
@@ -262,6 +265,7 @@ EngineConfig make_config(const ref::TinyDecoderConfig& model, DType dtype, const
   c.record_logits = true;
   c.decode_stage = run.decode_stage;
   c.prefill_stage = run.prefill_stage;
+  c.cuda_graphs = run.cuda_graphs;
   c.scheduler.page_size = run.page_size;
   c.scheduler.max_running = run.max_running;
   c.scheduler.max_tokens_per_step = run.max_tokens_per_step;
@@ -290,18 +294,19 @@ void token_check(const ref::TinyDecoderConfig& model_cfg, DType dtype, const std
         std::string stages;
         for (const auto& s : t.stages) stages += (stages.empty() ? "" : ",") + s;
         std::printf(
-            "%s prompts, %s, page %lld, max_running %lld, budget %lld: %lld steps, %lld flips, %lld failures, "
-            "max |err| %.3g, max |err|/delta %.3f, max norm ratio %.3f, stages %s\n",
+            "%s prompts, %s, page %lld, max_running %lld, budget %lld%s: %lld steps (%lld in graphs), %lld flips, "
+            "%lld failures, max |err| %.3g, max |err|/delta %.3f, max norm ratio %.3f, stages %s\n",
             shared ? "shared" : "independent", sp.mode == SamplingMode::greedy ? "greedy" : "top-k/top-p sample",
             static_cast<long long>(run.page_size), static_cast<long long>(run.max_running),
-            static_cast<long long>(run.max_tokens_per_step), static_cast<long long>(t.steps),
-            static_cast<long long>(t.flips), static_cast<long long>(t.bad), t.max_abs, t.worst_ratio,
-            t.worst_norm_ratio, stages.c_str());
+            static_cast<long long>(run.max_tokens_per_step), run.cuda_graphs ? ", CUDA graphs" : "",
+            static_cast<long long>(t.steps), static_cast<long long>(t.graph_steps), static_cast<long long>(t.flips),
+            static_cast<long long>(t.bad), t.max_abs, t.worst_ratio, t.worst_norm_ratio, stages.c_str());
         for (const auto& f : t.failures) std::printf("  FAIL %s\n", f.c_str());
         total.steps += t.steps;
         total.flips += t.flips;
         total.bad += t.bad;
         CHECK(t.bad == 0);
+        CHECK((t.graph_steps > 0) == run.cuda_graphs);
       }
     }
   }
@@ -332,7 +337,9 @@ TEST_CASE("09_engine: tokens and logits equal the reference's generation (f16, d
                                      {1, 64, 512, "", ""},
                                      {16, 8, 48, "", ""},
                                      {1, 1, 16, "", ""},
-                                     {16, 64, 512, "05_cascade", "05_cascade"}};
+                                     {16, 64, 512, "05_cascade", "05_cascade"},
+                                     {16, 64, 512, "", "", true},
+                                     {1, 8, 48, "", "", true}};
   token_check(engine_model(), DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
 }
 
@@ -419,8 +426,10 @@ TEST_CASE("09_engine: step timing, batch 64 decode (prints; not a timed test)" *
   c.profile = true;
   std::vector<Request> reqs;
   for (int r = 0; r < 64; ++r) reqs.push_back(Request{0, std::vector<int32_t>(256, 32 + r), 32, -1});
-  for (SamplingMode mode : {SamplingMode::greedy, SamplingMode::sample}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const SamplingMode mode = variant == 1 ? SamplingMode::sample : SamplingMode::greedy;
     c.sampling = mode == SamplingMode::greedy ? greedy() : top_k_top_p(3);
+    c.cuda_graphs = variant == 2;
     Engine engine(c);
     engine.generate(reqs);  // warm-up (cuBLAS heuristics, first launches)
     const GenerationRun run = engine.generate(reqs);
@@ -434,9 +443,10 @@ TEST_CASE("09_engine: step timing, batch 64 decode (prints; not a timed test)" *
     }
     REQUIRE(n > 0);
     std::printf(
-        "%s, batch 64 decode, kv ~256-288, %d steps, mean ms per step (eager, events): total %.3f = host %.3f + "
+        "%s, %s, batch 64 decode, kv 257-287, %d steps, mean ms per step (CUDA events): total %.3f = host %.3f + "
         "embed %.3f + projections %.3f + attention %.3f + logits %.3f + sampling %.3f; prefill step 0 %.3f ms\n",
-        to_string(mode), n, sum.total_ms / n, sum.host_ms / n, sum.embed_ms / n, sum.projection_ms / n,
-        sum.attention_ms / n, sum.logits_ms / n, sum.sampling_ms / n, run.timing[0].total_ms);
+        to_string(mode), c.cuda_graphs ? "CUDA graphs" : "eager", n, sum.total_ms / n, sum.host_ms / n,
+        sum.embed_ms / n, sum.projection_ms / n, sum.attention_ms / n, sum.logits_ms / n, sum.sampling_ms / n,
+        run.timing[0].total_ms);
   }
 }
