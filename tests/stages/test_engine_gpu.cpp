@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <thread>
 #include <vector>
@@ -290,7 +291,12 @@ void token_check(const ref::TinyDecoderConfig& model_cfg, DType dtype, const std
         const EngineConfig cfg = make_config(model_cfg, dtype, sp, run, reqs);
         // The engine computes the reference's model: the same config once rounding is set.
         Tally t;
-        check_run(model, cfg, reqs, want, t);
+        try {  // one run's exception is reported and the other runs still go
+          check_run(model, cfg, reqs, want, t);
+        } catch (const std::exception& e) {
+          ++t.bad;
+          t.failures.push_back(std::string("exception: ") + e.what());
+        }
         std::string stages;
         for (const auto& s : t.stages) stages += (stages.empty() ? "" : ",") + s;
         std::printf(
