@@ -15,6 +15,7 @@
 
 #include "06_sampling/sampling.hpp"
 #include "09_engine/rope_gpu.hpp"
+#include "09_engine/step_arrays.hpp"
 #include "flashstep/kernels/append_paged.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -175,7 +176,6 @@ struct Engine::Impl {
   // activations
   DeviceBuffer x, xh, q, k, v, o, lse, logits, probs, tokens_out, status, sample_ws;
   // metadata: one pinned host buffer, one device buffer, the same layout
-  std::vector<int32_t> meta;
   int32_t* meta_pinned = nullptr;
   size_t meta_pinned_count = 0;
   DeviceBuffer meta_dev;
@@ -575,33 +575,21 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const int64_t npages = b.kv_indptr[rows];
   const int32_t q0 = b.qo_indptr[nd], p0 = b.kv_indptr[nd];
 
-  // ---- metadata: one upload ----------------------------------------------------------
-  std::vector<int32_t>& meta = m.meta;
-  meta.clear();
-  Impl::Layout at{};
-  auto put = [&](const int32_t* p, int64_t n, int64_t padded_n, auto pad) {
-    const size_t where = meta.size();
-    meta.insert(meta.end(), p, p + n);
-    for (int64_t i = n; i < padded_n; ++i) meta.push_back(pad(i));
-    return where;
-  };
-  auto zero = [](int64_t) { return 0; };
-  at.tokens = put(b.tokens.data(), nnz, n_tok, zero);
-  at.pos = put(b.positions.data(), nnz, n_tok, zero);
-  at.bidx = put(b.batch_indices.data(), nnz, n_tok, [](int64_t i) { return static_cast<int32_t>(i); });
-  at.qo = put(b.qo_indptr.data(), rows + 1, n_rows + 1, [](int64_t i) { return static_cast<int32_t>(i); });
-  at.kvp = put(b.kv_indptr.data(), rows + 1, n_rows + 1, [&](int64_t) { return static_cast<int32_t>(npages); });
-  at.last = put(b.kv_last_page_len.data(), rows, n_rows, zero);
-  at.rows = put(b.sample_token_rows.data(), samples, n_samp, zero);
-  std::vector<int32_t> p_qo(static_cast<size_t>(np + 1)), p_kv(static_cast<size_t>(np + 1));
-  for (int64_t i = 0; i <= np; ++i) {
-    p_qo[i] = b.qo_indptr[nd + i] - q0;
-    p_kv[i] = b.kv_indptr[nd + i] - p0;
-  }
-  at.pqo = put(p_qo.data(), np + 1, np + 1, zero);
-  at.pkv = put(p_kv.data(), np + 1, np + 1, zero);
-  at.idx = put(b.kv_indices.data(), npages, npages, zero);
-  at.count = meta.size();
+  // ---- metadata: one upload (step_arrays.hpp: the layout and the padding) -----------
+  const StepArrays arrays = pack_step(b, padded);
+  const std::vector<int32_t>& meta = arrays.data;
+  Impl::Layout at{arrays.tokens,
+                  arrays.positions,
+                  arrays.batch_indices,
+                  arrays.qo_indptr,
+                  arrays.kv_indptr,
+                  arrays.kv_last_page_len,
+                  arrays.sample_token_rows,
+                  arrays.prefill_qo_indptr,
+                  arrays.prefill_kv_indptr,
+                  arrays.kv_indices,
+                  meta.size()};
+  const std::vector<int32_t> p_qo = arrays.slice(at.pqo, np + 1), p_kv = arrays.slice(at.pkv, np + 1);
 
   Impl::GraphEntry* entry = nullptr;
   int32_t* pinned = nullptr;
@@ -635,10 +623,11 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   Impl::Role* dec = graph ? &entry->decode : &m.decode;
   if (nd > 0) {
     BatchShape s = m.base_shape(Mode::decode);
-    s.batch_size = static_cast<int>(n_rows);
-    s.qo_indptr.assign(meta.begin() + at.qo, meta.begin() + at.qo + n_rows + 1);
-    s.kv_indptr.assign(meta.begin() + at.kvp, meta.begin() + at.kvp + n_rows + 1);
-    s.kv_last_page_len.assign(meta.begin() + at.last, meta.begin() + at.last + n_rows);
+    const int64_t dec_rows = graph ? padded : nd;  // the decode call's rows (padding included)
+    s.batch_size = static_cast<int>(dec_rows);
+    s.qo_indptr = arrays.slice(at.qo, dec_rows + 1);
+    s.kv_indptr = arrays.slice(at.kvp, dec_rows + 1);
+    s.kv_last_page_len = arrays.slice(at.last, dec_rows);
     s.kv_indices.assign(b.kv_indices.begin(), b.kv_indices.begin() + p0);
     s.cuda_graph = graph;
     if (graph && entry->exec != nullptr && dec->runner && dec->workspace.bytes < dec->runner->workspace_bytes(s)) {
