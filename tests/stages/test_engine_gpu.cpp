@@ -49,6 +49,7 @@
 using namespace flashstep;
 using namespace flashstep::stages::engine;
 using flashstep::stages::DType;
+namespace stages = flashstep::stages;
 
 namespace {
 
@@ -460,3 +461,32 @@ TEST_CASE("09_engine: step timing, batch 64 decode (prints; not a timed test)" *
         run.timing[0].total_ms);
   }
 }
+
+TEST_SUITE("host") {
+TEST_CASE("09_engine: default_stage applies flashstep.cuda's rule; a shape no stage runs is refused with reasons") {
+  stages::BatchShape s;
+  s.mode = stages::Mode::decode;
+  s.storage = stages::KVStorage::paged;
+  s.dtype = DType::f16;
+  s.num_qo_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.page_size = 16;
+  s.num_pages = 4;
+  s.batch_size = 1;
+  s.qo_indptr = {0, 1};
+  s.kv_indptr = {0, 1};
+  s.kv_last_page_len = {3};
+  s.kv_indices = {0};
+  CHECK(default_stage(s) == "03_split_kv");  // a decode of GQA group <= 8
+  s.num_qo_heads = 32;                       // group 16: past the decode stages' groups
+  CHECK(default_stage(s) != "03_split_kv");
+  s.num_qo_heads = 8;
+  s.mode = stages::Mode::prefill;
+  s.causal = true;
+  CHECK(default_stage(s) == "04_tensor_core");  // head_dim 64 paged prefill: stage 07 takes 128 only
+  s.head_dim = 96;
+  flashstep::test::expect_error([&] { default_stage(s); }, {"default_stage", "no stage runs", "head_dim 96"});
+  CHECK(to_string(parse_sampling_mode("sample")) == std::string("sample"));
+}
+}  // TEST_SUITE("host")
