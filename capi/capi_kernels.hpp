@@ -8,32 +8,13 @@
 
 #include <cstdint>
 
+#include "flashstep/kernels/append_paged.cuh"
 #include "stage.hpp"
 
 namespace flashstep::capi {
 
 /// Arguments of the append kernel (see fs_append_paged_kv_cache for their meaning).
-struct AppendParams {
-  const void* append_key = nullptr;        ///< (nnz, Hkv, D), rows key_row_stride apart
-  const void* append_value = nullptr;      ///< (nnz, Hkv, D), rows value_row_stride apart
-  int64_t key_row_stride = 0;              ///< elements between rows of append_key
-  int64_t value_row_stride = 0;            ///< elements between rows of append_value
-  int64_t nnz = 0;                         ///< rows to append
-  const int32_t* batch_indices = nullptr;  ///< (nnz) request of each row
-  const int32_t* positions = nullptr;      ///< (nnz) position of each row in its request's KV
-  void* k_cache = nullptr;                 ///< key half of page 0
-  void* v_cache = nullptr;                 ///< value half of page 0
-  int64_t page_stride = 0;                 ///< elements from one page to the next
-  bool hnd = false;                        ///< page layout HND (else NHD)
-  int num_kv_heads = 0;                    ///< Hkv
-  int head_dim = 0;                        ///< D
-  int page_size = 0;                       ///< tokens per page
-  int64_t num_pages = 0;                   ///< pages in the pool
-  const int32_t* kv_indices = nullptr;     ///< (kv_indptr[batch_size]) page ids
-  const int32_t* kv_indptr = nullptr;      ///< (batch_size + 1)
-  int batch_size = 0;                      ///< requests
-  int32_t* status = nullptr;               ///< (nnz) 0 written, 1 refused; may be null
-};
+using AppendParams = kernels::AppendPagedKVParams;
 
 /// Launches the append on `stream`. \param dtype element type of rows and cache
 /// \param p the arguments \param stream where the kernel runs

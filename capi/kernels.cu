@@ -1,6 +1,7 @@
-// The C interface's own kernels: the merge of attention states over whole tensors and
-// the append of key/value rows into the paged pool. Both are plain element-wise loops:
-// they move a few bytes per element, so any head_dim works and nothing is tiled.
+// The C interface's own kernels: the merge of attention states over whole tensors, and
+// the dispatch of the append of key/value rows into the paged pool, whose kernel is
+// flashstep/kernels/append_paged.cuh. The merge is a plain element-wise loop: it moves a
+// few bytes per element, so any head_dim works and nothing is tiled.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "capi_kernels.hpp"
+#include "flashstep/kernels/append_paged.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 
 namespace flashstep::capi {
@@ -76,47 +78,10 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) s_out[row * num_heads + head] = m == -INFINITY ? -INFINITY : m + logf(denominator);
 }
 
-// One block per appended row; its threads stride over (head, dim). The row's page comes
-// from the request's page table; a row whose request, position or page is out of range
-// is skipped (status 1), so a bad index never writes outside the pool.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) append_paged_kv_cache_kernel(const AppendParams p) {
-  const int64_t r = blockIdx.x;
-  const int32_t b = p.batch_indices[r];
-  const int32_t pos = p.positions[r];
-  bool ok = b >= 0 && b < p.batch_size && pos >= 0;
-  int64_t page = -1;
-  if (ok) {
-    const int64_t entry = static_cast<int64_t>(p.kv_indptr[b]) + pos / p.page_size;
-    ok = entry < p.kv_indptr[b + 1];
-    if (ok) page = p.kv_indices[entry];
-    ok = ok && page >= 0 && page < p.num_pages;
-  }
-  if (threadIdx.x == 0 && p.status != nullptr) p.status[r] = ok ? 0 : 1;
-  if (!ok) return;
-  const int slot = pos % p.page_size;
-  const T* key = static_cast<const T*>(p.append_key) + r * p.key_row_stride;
-  const T* value = static_cast<const T*>(p.append_value) + r * p.value_row_stride;
-  T* k_page = static_cast<T*>(p.k_cache) + page * p.page_stride;
-  T* v_page = static_cast<T*>(p.v_cache) + page * p.page_stride;
-  const int64_t row_elems = static_cast<int64_t>(p.num_kv_heads) * p.head_dim;
-  for (int64_t i = threadIdx.x; i < row_elems; i += blockDim.x) {
-    const int64_t h = i / p.head_dim;
-    const int64_t d = i % p.head_dim;
-    // NHD: page[slot][h][d]; HND: page[h][slot][d]
-    const int64_t at = p.hnd ? (h * p.page_size + slot) * p.head_dim + d
-                             : (static_cast<int64_t>(slot) * p.num_kv_heads + h) * p.head_dim + d;
-    k_page[at] = key[i];
-    v_page[at] = value[i];
-  }
-}
-
 }  // namespace
 
 void launch_append_paged_kv_cache(stages::DType dtype, const AppendParams& p, cudaStream_t stream) {
-  if (p.nnz == 0) return;
-  FLASHSTEP_DISPATCH_DTYPE(
-      dtype, T, { append_paged_kv_cache_kernel<T><<<static_cast<unsigned>(p.nnz), kThreads, 0, stream>>>(p); })
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { kernels::launch_append_paged_kv_cache<T>(p, stream); })
 }
 
 void launch_merge_state(stages::DType dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,

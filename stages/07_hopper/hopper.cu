@@ -1,9 +1,9 @@
 // Stage 07 — Hopper prefill, append and large-group decode: the planner, the tensor maps,
 // the launcher and the registry entries.
 //
-// The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64 and
-// 128 (ragged) and 128 (paged); causal, window, soft cap and the KV split are run-time
-// flags. The tensor maps are encoded in run(), where the device
+// The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
+// and 256 (ragged) and 128 and 256 (paged), each with and without window and soft cap;
+// causal and the KV split are run-time flags. The tensor maps are encoded in run(), where the device
 // pointers are known (a few microseconds of host work, captured by value in a CUDA graph).
 //
 // How to run it: `ctest -L gpu` validates it on the prefill grids of the registry;
@@ -143,12 +143,13 @@ void dispatch(const BatchShape& s, F&& f) {
     return f(t, d, paged, std::false_type{});
   };
   auto by_dim = [&](auto t) {
-    // over pages head_dim 128 only (stage_info() says why)
-    if (s.head_dim == 64 && s.storage == KVStorage::ragged)
-      return by_mods(t, std::integral_constant<int, 64>{}, std::false_type{});
-    if (s.head_dim == 128 && s.storage == KVStorage::ragged)
-      return by_mods(t, std::integral_constant<int, 128>{}, std::false_type{});
+    // over pages head_dim 128 and 256 (stage_info() says why not 64)
+    const bool ragged = s.storage == KVStorage::ragged;
+    if (s.head_dim == 64 && ragged) return by_mods(t, std::integral_constant<int, 64>{}, std::false_type{});
+    if (s.head_dim == 128 && ragged) return by_mods(t, std::integral_constant<int, 128>{}, std::false_type{});
+    if (s.head_dim == 256 && ragged) return by_mods(t, std::integral_constant<int, 256>{}, std::false_type{});
     if (s.head_dim == 128) return by_mods(t, std::integral_constant<int, 128>{}, std::true_type{});
+    if (s.head_dim == 256) return by_mods(t, std::integral_constant<int, 256>{}, std::true_type{});
     ref::require(false, "HopperRunner", "no kernel for " + s.describe());
   };
   if (s.dtype == DType::bf16) return by_dim(__nv_bfloat16{});
@@ -336,7 +337,7 @@ StageInfo common_info(const std::string& name) {
   s.name = name;
   s.modes = {Mode::prefill, Mode::decode};  // decode: large GQA groups, the group's rows in one tile
   s.dtypes = {DType::f16, DType::bf16};
-  s.head_dims = {64, 128};
+  s.head_dims = {64, 128, 256};
   s.max_group_size = 32;
   s.causal = true;
   s.window_left = true;
@@ -362,7 +363,7 @@ StageInfo stage_info() {
   s.max_page_size = tensor_core::kMaxPageSize;
   // head_dim 64 over pages ran at 0.88x stage 04 on an H100 (the chapter's table): a 128-byte
   // row costs the gather as much as a 256-byte one, for half the math. Stage 04 keeps it.
-  s.head_dims = {128};
+  s.head_dims = {128, 256};
   s.make_runner = [] { return std::make_unique<HopperRunner>(); };
   return s;
 }

@@ -56,8 +56,11 @@ namespace flashstep::stages::hopper {
 /// Tile sizes and the shared-memory plan of one instantiation.
 template <typename T, int HEAD_DIM, bool PAGED = false>
 struct HopperTraits {
-  static constexpr int Br = 128;        ///< packed query rows per block: 64 per consumer warp group
-  static constexpr int Bc = 128;        ///< keys per K/V tile
+  static constexpr int Br = 128;  ///< packed query rows per block: 64 per consumer warp group
+  /// keys per K/V tile. head_dim 256 takes 64: a 128 x 256 tile is 64 KiB, and Q plus two
+  /// stages of K and V at 128 keys (320 KiB) would not fit the 227 KiB a block may have;
+  /// at 64 keys they take 192 KiB. (O is 128 fp32 registers per consumer thread there.)
+  static constexpr int Bc = HEAD_DIM == 256 ? 64 : 128;
   static constexpr int kStages = 2;     ///< K/V buffers in the ring
   static constexpr int kConsumers = 2;  ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -188,13 +191,20 @@ __device__ __forceinline__ void issue_scores(float (&sc)[Bc / 2], const T* q_row
 }
 
 /// O += P V: Bc / 16 k-steps of 16 keys; P from registers, V MN-major (a 128-byte row
-/// holds 64 of O's columns; the next 64 columns are Bc rows further).
+/// holds 64 of O's columns; the next 64 columns are Bc rows further). head_dim 256 runs
+/// as two N = 128 halves (accumulator registers 0..63 are O's columns 0..127, 64..127
+/// the rest: wgmma's layout repeats every 8 columns), which needs no N = 256 instruction.
 template <typename T, int HEAD_DIM, int Bc>
 __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[Bc / 16][4], const T* v_tile) {
-  constexpr int kCols = 64;
+  constexpr int kCols = 64, kN = HEAD_DIM > 128 ? 128 : HEAD_DIM;
+  using Half = float[kN / 2];
 #pragma unroll
   for (int k = 0; k < Bc / 16; ++k)
-    wgmma_rs<T, HEAD_DIM>(o, a[k], smem_descriptor(v_tile + k * 16 * kCols, Bc * kCols * sizeof(T)), 1);
+#pragma unroll
+    for (int h = 0; h < HEAD_DIM / kN; ++h)
+      wgmma_rs<T, kN>(*reinterpret_cast<Half*>(o + h * kN / 2), a[k],
+                      smem_descriptor(v_tile + (h * kN / kCols) * Bc * kCols + k * 16 * kCols, Bc * kCols * sizeof(T)),
+                      1);
 }
 
 /// -inf for keys past the chunk's end, (causal) keys after the row's position q_pos[h],

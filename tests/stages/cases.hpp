@@ -572,9 +572,10 @@ inline std::vector<CaseSpec> tensor_core_fp8_sanitizer_grid() {
   return cases;
 }
 
-/// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys): qo_len and kv_len
-/// one below, at and above each multiple, ragged batches with an empty request, GQA
-/// groups that divide the tile (1, 4, 8, 32), both head_dims, both 16-bit dtypes, causal
+/// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys; 64 at head_dim
+/// 256): qo_len and kv_len one below, at and above each multiple, ragged batches with an
+/// empty request, GQA groups that divide the tile (1, 4, 8, 32), head_dim 64, 128 and
+/// 256, both 16-bit dtypes, causal
 /// and not. Over ragged (contiguous) K/V the TMA reads tiles across request boundaries;
 /// over pages the producer gathers them, pages of 1, 3, 16 and 64 tokens, NHD and HND.
 inline std::vector<CaseSpec> hopper_tail_grid() {
@@ -582,6 +583,7 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
   int n = 0;
   const Heads heads[] = {{32, 8}, {8, 8}, {32, 4}, {32, 1}};
   const int pages[] = {16, 1, 3, 64};
+  const int head_dims[] = {128, 64, 256};  // head_dim 256 tiles 64 keys
   for (int qo_len : {1, 63, 65, 127, 129, 300})
     for (int kv_extra : {0, 1, 64, 190})
       for (bool causal : {false, true}) {
@@ -592,7 +594,7 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
         c.kv_len = qo_len + kv_extra;
         c.num_qo_heads = heads[n % 4].qo;
         c.num_kv_heads = heads[n % 4].kv;
-        c.head_dim = (n / 2) % 2 ? 64 : 128;
+        c.head_dim = head_dims[(n / 2) % 3];
         c.dtype = (n / 3) % 2 ? DType::f16 : DType::bf16;
         c.causal = causal;
         c.lengths = n % 5 == 0 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
@@ -606,14 +608,14 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
   return cases;
 }
 
-/// One long request, causal and not: many K/V ring wraps and query tiles; and a batch
-/// of more units than multiprocessors.
+/// One long request (4096 causal and not, 16384 and 32768 causal): many K/V ring wraps
+/// and query tiles; and a batch of more units than multiprocessors.
 inline std::vector<CaseSpec> hopper_long_grid() {
   std::vector<CaseSpec> cases;
   // few heads: the double-precision reference costs O(len^2 * heads)
-  for (int len : {4096, 16384})
+  for (int len : {4096, 16384, 32768})
     for (bool causal : {true, false}) {
-      if (len == 16384 && !causal) continue;
+      if (len > 4096 && !causal) continue;
       CaseSpec c;
       c.mode = Mode::prefill;
       c.batch_size = 1;
