@@ -373,12 +373,13 @@ TEST_CASE("09_engine: model variants: sinusoidal positions, no W_O, interleaved 
 TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
   EngineConfig c;
   c.model = engine_model();
+  c.model.num_layers = 2;
   c.scheduler.page_size = 16;
   c.scheduler.num_pages = 64;
   c.scheduler.max_running = 4;
   c.scheduler.max_tokens_per_step = 64;
   c.sampling = top_k_top_p(1);
-  const auto reqs = workload(true, 6, 3);
+  const auto reqs = workload(true, 4, 3);
   for (bool graphs : {false, true}) {  // eager, then decode steps as CUDA graphs
     c.cuda_graphs = graphs;
     Engine engine(c);
