@@ -181,6 +181,11 @@ int main(int argc, char** argv) {
           ->type_name("INT");
   auto* serve_layers_opt =
       serve_cmd->add_option("--layers", serve_layers, "Decoder layers, 1 to 64 (default 4)")->type_name("INT");
+  std::string serve_show;
+  auto* serve_show_opt = serve_cmd
+                             ->add_option("--show-step", serve_show,
+                                          "Print this step's arrays, the stages that ran it and its tokens, 0 to 10^6")
+                             ->type_name("INT");
   auto* serve_shared_opt = serve_cmd
                                ->add_option("--shared-prefix", serve_shared,
                                             "Two shared prefixes of this many tokens, 0 to 65536 (default 0: none)")
@@ -242,6 +247,7 @@ int main(int argc, char** argv) {
       if (*serve_layers_opt) serve.layers = static_cast<int64_t>(parse_integer(serve_layers, "--layers", 1, 64));
       if (*serve_shared_opt)
         serve.shared_prefix_len = static_cast<int64_t>(parse_integer(serve_shared, "--shared-prefix", 0, 65536));
+      if (*serve_show_opt) serve.show_step = static_cast<int64_t>(parse_integer(serve_show, "--show-step", 0, 1000000));
       return cli::run_serve(serve, std::cout);
     }
   } catch (const flashstep::ref::InvalidArgument& e) {

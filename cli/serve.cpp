@@ -86,6 +86,29 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
      << c.scheduler.num_pages << " pages of " << opt.page_size << ", max_running " << opt.max_running << ", budget "
      << opt.budget << " tokens/step, prefix sharing " << (opt.no_sharing ? "off" : "on") << ", sampling "
      << opt.sampling << "\n";
+  if (opt.show_step >= 0) {  // one step of the run, as the scheduler built it and the engine ran it
+    Scheduler scheduler(c.scheduler, schedule.requests());
+    while (!scheduler.done()) {
+      const StepBatch b = scheduler.next_step();
+      if (b.batch_size() == 0) {
+        scheduler.complete_step({});
+        continue;
+      }
+      const StepOutput out = engine.run_step(b, scheduler);
+      if (b.step == opt.show_step) {
+        os << b.describe();
+        os << "attention: "
+           << (out.decode_stage.empty() ? std::string("no decode rows") : "decode rows -> " + out.decode_stage) << ", "
+           << (out.prefill_stage.empty() ? std::string("no prefill rows") : "prefill rows -> " + out.prefill_stage)
+           << (out.graph_batch > 0 ? ", CUDA graph of batch " + std::to_string(out.graph_batch) : std::string())
+           << "\nsampled:";
+        for (size_t i = 0; i < out.tokens.size(); ++i)
+          os << " r" << b.request_ids[static_cast<size_t>(b.sample_rows[i])] << "=" << out.tokens[i];
+        os << "\n";
+      }
+      scheduler.complete_step(out.tokens);
+    }
+  }
   if (opt.profile) engine.generate(schedule.requests());  // warm-up run, not reported
   const auto t0 = std::chrono::steady_clock::now();
   const GenerationRun run = engine.generate(schedule.requests());
