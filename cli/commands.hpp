@@ -79,10 +79,10 @@ struct ServeOptions {
   double temperature = 1.0, top_p = 1.0;
   int64_t top_k = 0;
   std::string decode_stage, prefill_stage;  ///< empty: the default rule
-  bool profile = false;
-  int64_t show_step =
-      -1;  ///< >= 0: print this step's arrays, stages and tokens                     ///< per-step phase timing (CUDA events)
-  bool cuda_graphs = false;  ///< decode steps as CUDA graphs at padded batch sizes
+  bool profile = false;                     ///< per-step phase timing (CUDA events)
+  bool cascade = false;                     ///< decode rows sharing pages go to stage 05
+  int64_t show_step = -1;                   ///< >= 0: print this step's arrays, stages and tokens
+  bool cuda_graphs = false;                 ///< decode steps as CUDA graphs at padded batch sizes
 };
 /// Runs the engine; prints the run (and the timing split with profile).
 int run_serve(const ServeOptions& opt, std::ostream& os);

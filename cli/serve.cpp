@@ -79,6 +79,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.prefill_stage = opt.prefill_stage;
   c.profile = opt.profile;
   c.cuda_graphs = opt.cuda_graphs;
+  c.cascade_when_shared = opt.cascade;
 
   Engine engine(c);
   os << "flashstep serve: " << opt.requests << " requests (seed " << opt.seed << "), model d_model " << opt.d_model

@@ -210,9 +210,9 @@ struct Engine::Impl {
 
   // Picks (or checks) the role's stage for `shape` and plans it. Returns false when the
   // workspace had to move (a captured graph that read the old one is stale).
-  bool plan(Role& role, const BatchShape& shape) {
+  bool plan(Role& role, const BatchShape& shape, const std::string& chosen = {}) {
     const std::string& asked = role.mode == Mode::decode ? cfg.decode_stage : cfg.prefill_stage;
-    std::string name = asked;
+    std::string name = chosen.empty() ? asked : chosen;
     if (name.empty()) {
       name = default_stage(shape);
     } else {
@@ -564,8 +564,16 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
 
   // A decode-only step runs as a CUDA graph captured at the next power of two of its
   // batch (padding rows: no pages, token 0, never appended, never sampled).
+  // Decode rows that share pages (a cached prefix) go to stage 05 when asked
+  // (cascade_when_shared): its planner prices the cascade against a flat pass.
+  std::string decode_choice;
+  if (m.cfg.cascade_when_shared && m.cfg.decode_stage.empty() && nd > 1) {
+    std::vector<int32_t> pages(b.kv_indices.begin(), b.kv_indices.begin() + b.kv_indptr[nd]);
+    std::sort(pages.begin(), pages.end());
+    if (std::adjacent_find(pages.begin(), pages.end()) != pages.end()) decode_choice = "05_cascade";
+  }
   int64_t padded = 0;
-  if (m.cfg.cuda_graphs && np == 0) {
+  if (m.cfg.cuda_graphs && np == 0 && decode_choice.empty()) {  // a cascade step runs eagerly
     padded = 1;
     while (padded < nd) padded *= 2;
     if (padded > m.max_rows || padded > m.max_nnz) padded = 0;
@@ -636,7 +644,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
       entry->exec = nullptr;
       dec->runner.reset();
     }
-    m.plan(*dec, s);
+    if (!decode_choice.empty() && !find_stage(decode_choice).unsupported_reason(s).empty()) decode_choice.clear();
+    m.plan(*dec, s, decode_choice);
     out.decode_stage = dec->name;
   }
   if (np > 0) {

@@ -85,6 +85,10 @@ struct EngineConfig {
   /// two): plan() on the host before the replay, the embedding through the logits
   /// captured, the sampling after it (each request's seed and offset change per step).
   bool cuda_graphs = false;
+  /// With no decode_stage named: a step whose decode rows share pages (a cached prefix)
+  /// runs them with stage 05's cascade, whose planner prices the cascade against a flat
+  /// pass; such a step runs eagerly even with cuda_graphs.
+  bool cascade_when_shared = false;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
