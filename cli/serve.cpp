@@ -120,6 +120,13 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
      << static_cast<int64_t>(static_cast<double>(tokens) / seconds) << " tokens/s"
      << (opt.profile ? ", with CUDA events" : "") << "); pages: peak " << run.peak_pages << ", allocated "
      << run.pages_allocated << "\n";
+  // K and V of every layer, in the storage dtype, per token slot of a page
+  const int64_t slot_bytes = 2 * opt.kv_heads * (opt.d_model / opt.qo_heads) * opt.layers *
+                             static_cast<int64_t>(stages::dtype_bytes(dtype));
+  os << "KV bytes: peak " << ms(static_cast<double>(run.peak_pages * opt.page_size * slot_bytes) / (1 << 20))
+     << " MiB, allocated over the run "
+     << ms(static_cast<double>(run.pages_allocated * opt.page_size * slot_bytes) / (1 << 20)) << " MiB (" << slot_bytes
+     << " bytes per token slot)\n";
   for (size_t r = 0; r < run.tokens.size() && r < 4; ++r) {
     os << "  r" << r << ":";
     for (int32_t t : run.tokens[r]) os << " " << t;
