@@ -664,6 +664,10 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const Impl::Launch launch{n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill};
   if (graph) {
     if (entry->exec == nullptr) {
+      // One eager pass first: kernels load and cuBLAS picks its algorithms outside the
+      // capture. The step is idempotent (X restarts from the embedding, the append
+      // writes the same K/V), so the replay below recomputes the same values.
+      m.launch_model(launch);
       cudaGraph_t g = nullptr;
       FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
       try {
