@@ -1232,17 +1232,25 @@ def apply_llama31_rope_pos_ids_inplace(q, k, pos_ids, rotary_dim=None, interleav
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices,
-                          kv_indptr, kv_last_page_len, kv_layout="NHD"):
+                          kv_indptr, kv_last_page_len, kv_layout="NHD", k_scale=None, v_scale=None):
     """Writes row r of append_key / append_value (nnz, num_kv_heads, head_dim) at position
     positions[r] of request batch_indices[r]: page kv_indices[kv_indptr[b] + p //
     page_size], slot p % page_size. The page table must already include the new tokens
     (kv_last_page_len, (batch_size), is checked for its shape only). paged_kv_cache is one
     5-D pool or a (k_cache, v_cache) pair of 4-D caches. A row whose request, position or
-    page falls outside the table is not written (FlashInfer does not check)."""
+    page falls outside the table is not written (FlashInfer does not check).
+
+    Rows of the cache's dtype are copied (FlashInfer's append). float16/bfloat16 rows into
+    a float8_e4m3fn / float8_e5m2 cache are quantized on write: x is stored as the FP8
+    value nearest to x / k_scale (keys) or x / v_scale (values), ties to even, saturating
+    (None: 1; the scales run() then reads back). FlashInfer has no such conversion: it
+    takes rows already in the cache's dtype."""
     fn = "append_paged_kv_cache"
     layout = _layout(kv_layout, fn)
-    k = check(device_array(append_key, fn, "append_key"), fn, "append_key", dtypes=_ATTENTION_DTYPES,
-              shape=(None, None, None), contiguous=False)
+    k = check(device_array(append_key, fn, "append_key"), fn, "append_key",
+              dtypes=_ATTENTION_DTYPES + tuple(_KV_DTYPES), shape=(None, None, None), contiguous=False)
+    # The cache's dtype: the rows', or FP8 for 16-bit rows (quantize on write).
+    cache_dtypes = (k.dtype,) + (tuple(_KV_DTYPES) if k.dtype in ("float16", "bfloat16") else ())
     nnz, heads, dim = k.shape
     v = check(device_array(append_value, fn, "append_value"), fn, "append_value", dtypes=(k.dtype,), shape=k.shape,
               contiguous=False)
@@ -1259,14 +1267,14 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     ind = check(device_array(kv_indices, fn, "kv_indices"), fn, "kv_indices", dtypes=("int32",), shape=(None,))
     check(device_array(kv_last_page_len, fn, "kv_last_page_len"), fn, "kv_last_page_len", dtypes=("int32",),
           shape=(batch,))
-    esize = 4 if k.dtype == "float32" else 2
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
             raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
         kc = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
-                   dtypes=(k.dtype,), shape=(None, None, None, dim), contiguous=False)
+                   dtypes=cache_dtypes, shape=(None, None, None, dim), contiguous=False)
         vc = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
-                   dtypes=(k.dtype,), shape=kc.shape, contiguous=False)
+                   dtypes=(kc.dtype,), shape=kc.shape, contiguous=False)
+        cache_dtype = kc.dtype
         num_pages, page_size = kc.shape[0], (kc.shape[1] if layout == "NHD" else kc.shape[2])
         inner = kc.shape[1] * kc.shape[2] * dim
         if kc.strides != vc.strides or kc.strides[1:] != (kc.shape[2] * dim, dim, 1):
@@ -1276,13 +1284,14 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         cache_heads = kc.shape[2] if layout == "NHD" else kc.shape[1]
         cache_arrays = [(kc, "paged_kv_cache[0]"), (vc, "paged_kv_cache[1]")]
     else:
-        pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache", dtypes=(k.dtype,),
+        pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache", dtypes=cache_dtypes,
                      shape=(None, 2, None, None, dim))
+        cache_dtype = pool.dtype
         num_pages = pool.shape[0]
         page_size = pool.shape[2] if layout == "NHD" else pool.shape[3]
         cache_heads = pool.shape[3] if layout == "NHD" else pool.shape[2]
         inner = pool.shape[2] * pool.shape[3] * dim
-        k_ptr, v_ptr, page_stride = pool.ptr, pool.ptr + inner * esize, 2 * inner
+        k_ptr, v_ptr, page_stride = pool.ptr, pool.ptr + inner * ITEMSIZE[cache_dtype], 2 * inner
         cache_arrays = [(pool, "paged_kv_cache")]
     if cache_heads != heads:
         raise ValueError(f"{fn}: paged_kv_cache has {cache_heads} kv heads, append_key {heads}")
@@ -1291,9 +1300,11 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
     for a, name in arrays:
         _check_on_device(a, fn, name)
     with _DeviceGuard(same_device(fn, arrays)):
-        _capi.call("fs_append_paged_kv_cache", _DTYPES[k.dtype], _ptr(k), _ptr(v), k.strides[0], v.strides[0], nnz,
-                   _ptr(bi), _ptr(pos), ctypes.c_void_p(k_ptr), ctypes.c_void_p(v_ptr), page_stride,
-                   _LAYOUTS[layout], heads, dim, page_size, num_pages, _ptr(ind), _ptr(ip), batch, None,
+        codes = {**_DTYPES, **_KV_DTYPES}
+        _capi.call("fs_append_paged_kv_cache", codes[k.dtype], codes[cache_dtype], _ptr(k), _ptr(v), k.strides[0],
+                   v.strides[0], nnz, _ptr(bi), _ptr(pos), ctypes.c_void_p(k_ptr), ctypes.c_void_p(v_ptr),
+                   page_stride, _LAYOUTS[layout], heads, dim, page_size, num_pages, _ptr(ind), _ptr(ip), batch,
+                   _scale(fn, "k_scale", k_scale), _scale(fn, "v_scale", v_scale), None,
                    ctypes.c_void_p(current_stream(k)))
 
 
