@@ -41,6 +41,19 @@ void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather
 /// H100 at batch 128 x 128256: top_p 146 -> 136 us, joint 574 -> 549, top_k_first 417 -> 394.)
 bool prefetch_enabled();
 
+/// How the full passes read a row (row_passes.cuh: stream_tiles, next_pass_reversed) and
+/// how the fused softmax computes its sum (softmax_scale), for every kernel of stage 06
+/// alike, so that softmax() and the fused samplers keep computing the same bits. Each is
+/// read once from the environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE and
+/// _ONLINE_SOFTMAX ("0" or "1"; anything else keeps the default below), so one binary
+/// times both sides of each.
+struct PassMode {
+  bool stream = false;          ///< cp.async ring, several tiles in flight (aligned rows)
+  bool serpentine = false;      ///< every other full pass from the last tile back (L2 reuse)
+  bool online_softmax = false;  ///< one pass for the softmax's max and sum; p = numerator * (1 / sum)
+};
+PassMode pass_mode();
+
 /// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments
 /// (bf16 rows only where `bf16_allowed`: the operators that take logits).
 void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed = false);

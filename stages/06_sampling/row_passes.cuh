@@ -32,6 +32,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "06_sampling/mass.cuh"
 
@@ -41,6 +42,16 @@ namespace flashstep::stages::sampling::device {
 /// masses need ~120 registers a thread, and 1024 threads get at most 64 (ptxas then
 /// spilled ~3 KB a thread to local memory and every pass ran several times slower).
 constexpr int kBlock = 512;
+
+/// Whether a row type can be read by stream_tiles (has Elem, elems(), unpack() and says so).
+template <typename Row, typename = void>
+struct Streamable {
+  static constexpr bool value = false;
+};
+template <typename Row>
+struct Streamable<Row, std::void_t<typename Row::Elem>> {
+  static constexpr bool value = Row::kStreamable;
+};
 
 /// Bad-entry flags of a probability row (RowSummary::flags).
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
@@ -86,6 +97,14 @@ struct ProbRowT {
   }
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return p[i]; }
+  // For stream_tiles (aligned rows only): the elements, and a 16-byte chunk of 4 entries
+  // starting at `first` as floats (chunks past the end arrive zero-filled: zeros, as load()).
+  using Elem = float;
+  static constexpr bool kStreamable = VECTOR_LOADS;
+  __device__ __forceinline__ const float* elems() const { return p; }
+  __device__ __forceinline__ void unpack(const uint4& w, int64_t, float* v) const {
+    v[0] = __uint_as_float(w.x), v[1] = __uint_as_float(w.y), v[2] = __uint_as_float(w.z), v[3] = __uint_as_float(w.w);
+  }
 };
 /// A row read entry by entry (any vocab, any alignment).
 using ProbRow = ProbRowT<false>;
@@ -145,13 +164,33 @@ struct LogitRowT {
   }
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return to_float(p[i]); }
+  // For stream_tiles, as ProbRowT: one 16-byte chunk (16 / sizeof(T) entries from `first`),
+  // -inf past the end.
+  using Elem = T;
+  static constexpr bool kStreamable = VECTOR_LOADS;
+  __device__ __forceinline__ const T* elems() const { return p; }
+  __device__ __forceinline__ void unpack(const uint4& w, int64_t first, float* v) const {
+    const bool pad = !(first < vocab);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (sizeof(T) == 4) {
+        v[k] = pad ? -INFINITY : __uint_as_float(words[k]);
+      } else {
+        v[2 * k] = pad ? -INFINITY : __uint_as_float(words[k] << 16);
+        v[2 * k + 1] = pad ? -INFINITY : __uint_as_float(words[k] & 0xFFFF0000u);
+      }
+    }
+  }
 };
 
 /// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) / sum.
 struct SoftmaxScale {
-  float inv_t;  ///< 1 / temperature
-  float m;      ///< max logit * inv_t
-  float sum;    ///< sum over the row of the numerators, >= 1
+  float inv_t;          ///< 1 / temperature
+  float m;              ///< max logit * inv_t
+  float sum;            ///< sum over the row of the numerators, >= 1
+  float rcp = 0.f;      ///< 1 / sum, rounded (use_rcp)
+  bool use_rcp = false;  ///< p = numerator * rcp (two roundings) instead of numerator / sum
 };
 
 /// 2^x in one instruction (ex2.approx.ftz: about 2 ulp; denormal results flush to 0).
@@ -177,7 +216,8 @@ struct SoftmaxRowT {
   SoftmaxScale scale;  ///< from softmax_scale
   int64_t vocab;       ///< entries (logits.vocab)
   __device__ __forceinline__ float prob(float x) const {
-    return __fdiv_rn(softmax_numerator(x, scale.inv_t, scale.m), scale.sum);
+    const float n = softmax_numerator(x, scale.inv_t, scale.m);
+    return scale.use_rcp ? __fmul_rn(n, scale.rcp) : __fdiv_rn(n, scale.sum);
   }
   /// Entries i .. i + VEC - 1 into v (0 past the end).
   template <int VEC>
@@ -189,6 +229,15 @@ struct SoftmaxRowT {
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return prob(logits.at(i)); }
   __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const { logits.prefetch_entries(i, n); }
+  using Elem = typename LogitRow::Elem;
+  static constexpr bool kStreamable = LogitRow::kStreamable;
+  __device__ __forceinline__ const Elem* elems() const { return logits.elems(); }
+  __device__ __forceinline__ void unpack(const uint4& w, int64_t first, float* v) const {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));
+    logits.unpack(w, first, v);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v[k] = prob(v[k]);
+  }
 };
 
 /// At the top of a tile loop: thread 0 asks the L2 for the tile this thread block reads
@@ -227,7 +276,20 @@ struct RowSplit {
   int rank = 0;   ///< this block's place in the cluster
   int size = 1;   ///< blocks sharing the row (1: the block reads the whole row)
   int phase = 0;  ///< exchange buffers of the latest counting pass (0 or 1)
+  /// How the full passes read the row (PassMode; the same in every block of a cluster).
+  bool stream = false;      ///< stream_tiles: cp.async into a shared-memory ring (streamable rows)
+  bool serpentine = false;  ///< every other full pass walks its tiles last to first
+  int passes = 0;           ///< full passes so far (serpentine's parity)
 };
+
+/// The direction of the next full pass (every thread of every block calls it alike):
+/// with serpentine, odd passes run from the last tile back, so they start on the tiles
+/// the pass before read last, which are the ones still in the L2.
+__device__ __forceinline__ bool next_pass_reversed(RowSplit& sp) {
+  const bool reverse = sp.serpentine && (sp.passes & 1) != 0;
+  ++sp.passes;
+  return reverse;
+}
 
 /// Shared memory of one block: CUB's scratch (one pass at a time) and broadcast slots.
 struct SharedState {
@@ -270,6 +332,106 @@ __device__ __forceinline__ void begin_pass(SharedState& sh, int sets, RowSplit& 
     if (t % sp.size == sp.rank) sh.tile_hi[sp.phase][set][t] = 0, sh.tile_lo[sp.phase][set][t] = 0;
   }
   __syncthreads();
+}
+
+/// Ring slots per thread of stream_tiles, and the tiles in flight ahead of the one being
+/// computed. A slot is refilled two tiles after it was read (kStreamStages - kStreamAhead
+/// = 2), so the shared-memory reads of a tile are long done when its slot is written again.
+constexpr int kStreamStages = 5;
+constexpr int kStreamAhead = 3;
+
+/// Dynamic shared memory stream_tiles needs for rows of `Elem` read VEC entries a thread.
+template <int VEC, typename Elem>
+constexpr size_t stream_bytes() {
+  return size_t{kStreamStages} * kBlock * VEC * sizeof(Elem);
+}
+
+/// 16 bytes global -> shared, asynchronously (cp.async, L2 only); src_bytes 0 fills zeros.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, uint32_t src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/// The ring of stream_tiles (dynamic shared memory, sized by the launcher: stream_bytes).
+extern __shared__ uint4 flashstep_stream_ring[];
+
+/// One full pass over this block's tiles (tiles rank, rank + size, ...; last to first if
+/// `reverse`) with the loads of the next kStreamAhead tiles in flight while a tile is
+/// computed: each thread copies its own 16-byte chunks into its own ring slots
+/// (cp.async) and reads back only those, so no barrier is needed. The chunk layout is
+/// coalesced (chunk c of a tile, c = j * kBlock + thread, holds entries c * (16 / entry
+/// size) ...): a thread's VEC entries are not consecutive, which a pass whose result does
+/// not depend on which thread holds which entry (integer sums, max, counts) allows.
+/// body(tile, v, index) gets the tile's index, the thread's entries and index(j), the
+/// vocabulary index of v[j]; entries past the end are the row's padding.
+template <int VEC, typename Row, typename Body>
+__device__ __forceinline__ void stream_tiles(const Row& row, const RowSplit& sp, bool reverse, Body body) {
+  using Elem = typename Row::Elem;
+  constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));  // entries per chunk
+  constexpr int kChunks = VEC / kPer;                           // chunks per thread per tile
+  static_assert(VEC % kPer == 0, "whole chunks");
+  constexpr int64_t kTile = int64_t{kBlock} * VEC;
+  const int64_t tiles = (row.vocab + kTile - 1) / kTile;
+  const int64_t mine = tiles > sp.rank ? (tiles - 1 - sp.rank) / sp.size + 1 : 0;
+  const Elem* base = row.elems();
+  const int tid = static_cast<int>(threadIdx.x);
+  auto tile_of = [&](int64_t k) { return sp.rank + (reverse ? mine - 1 - k : k) * sp.size; };
+  auto issue = [&](int64_t k) {
+    if (k < mine) {
+      uint4* slot = flashstep_stream_ring + static_cast<int>(k % kStreamStages) * kChunks * kBlock;
+      const int64_t start = tile_of(k) * kTile;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t first = start + int64_t{j * kBlock + tid} * kPer;
+        const bool in = first < row.vocab;  // rows are whole chunks (streamable rows only)
+        cp_async_16(slot + j * kBlock + tid, in ? base + first : base, in ? 16u : 0u);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the count of groups uniform
+  };
+#pragma unroll
+  for (int k = 0; k < kStreamAhead; ++k) issue(k);
+  for (int64_t k = 0; k < mine; ++k) {
+    issue(k + kStreamAhead);
+    cp_async_wait<kStreamAhead>();  // groups 0 .. k are complete: tile k is in its slot
+    const uint4* slot = flashstep_stream_ring + static_cast<int>(k % kStreamStages) * kChunks * kBlock;
+    const int64_t start = tile_of(k) * kTile;
+    float v[VEC];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const uint4 w = slot[j * kBlock + tid];
+      row.unpack(w, start + int64_t{j * kBlock + tid} * kPer, v + j * kPer);
+    }
+    body(tile_of(k), v, [start, tid](int j) { return start + int64_t{(j / kPer) * kBlock + tid} * kPer + j % kPer; });
+  }
+  cp_async_wait<0>();
+}
+
+/// One full pass over this block's tiles: stream_tiles when sp.stream is set and the row
+/// allows it, else each thread loads its VEC consecutive entries of a tile (16-byte loads
+/// for aligned rows) with the L2 prefetch of the next tile. body as stream_tiles.
+template <int VEC, typename Row, typename Body>
+__device__ __forceinline__ void for_each_tile(const Row& row, const RowSplit& sp, bool reverse, Body body) {
+  if constexpr (Streamable<Row>::value) {
+    if (sp.stream) return stream_tiles<VEC>(row, sp, reverse, body);
+  }
+  constexpr int64_t kTile = int64_t{kBlock} * VEC;
+  const int64_t tiles = (row.vocab + kTile - 1) / kTile;
+  const int64_t mine = tiles > sp.rank ? (tiles - 1 - sp.rank) / sp.size + 1 : 0;
+  for (int64_t k = 0; k < mine; ++k) {
+    const int64_t t = sp.rank + (reverse ? mine - 1 - k : k) * sp.size;
+    const int64_t next = sp.rank + (reverse ? mine - 2 - k : k + 1) * sp.size;  // may be off the row
+    if (next >= 0) prefetch_tile<VEC>(row, next * kTile);
+    const int64_t i = t * kTile + int64_t{threadIdx.x} * VEC;
+    float v[VEC];
+    row.template load<VEC>(i, v);  // past the end: the row's padding
+    body(t, v, [i](int j) { return i + j; });
+  }
 }
 
 /// Adds the whole block's MassAcc of one tile to (set, tile): a warp reduction of the two
@@ -376,17 +538,13 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
-  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);  // past the end: zeros, valid and massless
-    MassAcc acc;
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
+    MassAcc acc;  // past the end: zeros, valid and massless
 #pragma unroll
     for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
     s.total += acc.value();
-    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc, sp.phase);
-  }
+    if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
+  });
   auto fold = [](const RowSummary& a, const RowSummary& b) {
     return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
   };
@@ -403,22 +561,52 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
   return summarize_row<VEC, TILES, false>(row, sh, whole);
 }
 
-/// The two passes of a softmax over a logit row (VEC entries a thread per tile): the
-/// max (and kFlagNotFinite for NaN or +inf), then the sum of the numerators in a fixed
-/// order (each thread its entries in tile order, then one CUB reduction). Returns false,
-/// leaving `flags` / an all -inf max for the caller's status, when there is no softmax.
+/// The softmax's max and sum over a logit row (VEC entries a thread per tile; the whole
+/// row, first tile to last, whatever sp's split and serpentine: the float sum depends on
+/// the order, and softmax() must get the bits the fused samplers get). Two passes, the max
+/// (and kFlagNotFinite for NaN or +inf) then the sum of the numerators in a fixed order
+/// (each thread its entries in tile order, then one CUB reduction); or, `online`, one
+/// pass: each thread keeps its running max and its sum scaled to it (rescaled when the
+/// max rises), the block takes the max and adds the threads' sums scaled to it, and the
+/// probabilities are numerator * (1 / sum). Returns false, leaving `flags` / an all -inf
+/// max for the caller's status, when there is no softmax.
 template <int VEC, typename Row>
-__device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh) {
+__device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh,
+                              const RowSplit& mode = RowSplit{}, bool online = false) {
+  RowSplit whole;  // one block, forward, the read mode of `mode`
+  whole.stream = mode.stream;
+  out.inv_t = __fdiv_rn(1.0f, temperature);
   RowSummary s{0, -INFINITY, 0u};
-  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  float sum = 0.f;  // online: this thread's sum of numerators scaled to its running max s.max_p
+  if (online) {
+    const float inv_t = out.inv_t;
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float (&v)[VEC], auto) {
+      float tile_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-      else s.max_p = fmaxf(s.max_p, v[j]);
-    }
+      for (int j = 0; j < VEC; ++j) {
+        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+        else tile_max = fmaxf(tile_max, v[j]);
+      }
+      if (tile_max > s.max_p) {  // rescale the sum so far to the new max (a sum of 0 stays 0)
+        const float m_new = __fmul_rn(tile_max, inv_t);
+        if (s.max_p != -INFINITY) sum = __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, m_new));
+        s.max_p = tile_max;
+      }
+      if (s.max_p != -INFINITY) {
+        const float m = __fmul_rn(s.max_p, inv_t);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (!(isnan(v[j]) || v[j] == INFINITY)) sum = __fadd_rn(sum, softmax_numerator(v[j], inv_t, m));
+      }
+    });
+  } else {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float (&v)[VEC], auto) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+        else s.max_p = fmaxf(s.max_p, v[j]);
+      }
+    });
   }
   const RowSummary r =
       cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
@@ -427,18 +615,20 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   const RowSummary all = broadcast(r, sh.summary);
   flags = all.flags;
   if (all.flags != 0 || all.max_p == -INFINITY) return false;
-  out.inv_t = __fdiv_rn(1.0f, temperature);
   out.m = __fmul_rn(all.max_p, out.inv_t);  // the largest numerator is 2^0 = 1: no overflow
-  float sum = 0.f;
-  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  if (online) {
+    // this thread's sum scaled from its max to the row's (the thread holding the row's max adds >= 1)
+    sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, out.inv_t, out.m));
+  } else {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float (&v)[VEC], auto) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
+      for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
+    });
   }
   sum = cub::BlockReduce<float, kBlock>(sh.temp.value).Sum(sum);
   out.sum = broadcast(sum, sh.value);
+  out.use_rcp = online;
+  out.rcp = __frcp_rn(out.sum);
   return true;
 }
 
@@ -462,17 +652,13 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh, RowSp
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   Mass m = 0;
-  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc.add(keep(v[j]) ? v[j] : 0.f);
     m += acc.value();
-    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc, sp.phase);
-  }
+    if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
+  });
   const Mass r = cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(m);
   if constexpr (CLUSTER)
     return cluster_combine(
@@ -550,11 +736,7 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   const bool tiles = keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
-  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
     MassAcc acc_0, acc_1;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
@@ -568,10 +750,10 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
     s.mass_0 += acc_0.value();
     s.mass_1 += acc_1.value();
     if (tiles) {
-      add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc_0, sp.phase);
-      add_tile_mass(sh, 1, tile / (int64_t{kBlock} * VEC), acc_1, sp.phase);
+      add_tile_mass(sh, 0, tile, acc_0, sp.phase);
+      add_tile_mass(sh, 1, tile, acc_1, sp.phase);
     }
-  }
+  });
   auto fold = [](const PivotStats& a, const PivotStats& b) {
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
   };

@@ -65,7 +65,16 @@ struct SamplerParams {
   int32_t* status;                  ///< (batch) or null
   float* probs_out;                 ///< (batch, vocab) or null: the fused softmax rows (logits only)
   bool prefetch;                    ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
+  bool stream;                      ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
+  bool serpentine;                  ///< every other full pass last tile first (row_passes.cuh)
+  bool online_softmax;              ///< from logits: one-pass max and sum, p = numerator * (1 / sum)
 };
+
+/// The read mode of the full passes (row_passes.cuh: RowSplit) a launch asks for.
+__device__ __forceinline__ void set_mode(RowSplit& sp, const SamplerParams& p, bool aligned) {
+  sp.stream = p.stream && aligned;
+  sp.serpentine = p.serpentine;
+}
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
 enum class Source { probs, f32_logits, bf16_logits };
@@ -196,6 +205,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
   __shared__ SharedState sh;
   const int64_t out = blockIdx.x;
   RowSplit whole;
+  set_mode(whole, p, VECTOR_LOADS);
   int64_t row_index = 0;
   Filter f{};
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
@@ -216,7 +226,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     uint32_t flags = 0;
     bool have_softmax = false;
     if (d.status == Status::ok) {
-      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh);
+      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh, whole, p.online_softmax);
       if (!have_softmax) d.status = flags ? Status::not_finite : Status::zero_row;
     }
     float* probs_row = p.probs_out ? p.probs_out + out * p.vocab : nullptr;
@@ -248,6 +258,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(Samp
   RowSplit sp;
   sp.rank = static_cast<int>(cluster.block_rank());
   sp.size = static_cast<int>(cluster.num_blocks());
+  set_mode(sp, p, true);
   const int64_t out = blockIdx.x / sp.size;
   // no block writes into another's shared memory before every block of the cluster runs
   auto started = cluster.barrier_arrive();
@@ -297,10 +308,29 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
   throw ref::InvalidArgument(std::string(fn) + ": " + message);
 }
 
+/// Dynamic shared memory of a sampler launch: stream_tiles' ring when p.stream (16 entries
+/// a thread per tile, entries of `bytes_per_entry`), else none.
+size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
+  return p.stream ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry) : 0;
+}
+
+/// Lets `kernel` take `bytes` of dynamic shared memory (once per kernel and size).
+template <typename Kernel>
+void allow_ring(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
 void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
+  constexpr int64_t kEntry = SOURCE == device::Source::bf16_logits ? 2 : 4;
+  const size_t ring = VECTOR_LOADS ? ring_bytes(p, kEntry) : 0;
+  static const bool allowed = (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
+                                          size_t{device::kStreamStages} * device::kBlock * 16 * kEntry),
+                               true);
+  static_cast<void>(allowed);
   device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
-      <<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
+      <<<static_cast<unsigned>(batch), device::kBlock, ring, stream>>>(p);
   kernels::check_launch("rejection_sampling_kernel");
 }
 
@@ -323,6 +353,8 @@ int clusters_that_fit(int c) {
   static const std::array<int, 5> fit = [] {
     std::array<int, 5> n{};
     const auto kernel = device::rejection_sampling_cluster_kernel<KIND>;
+    const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4;  // the most a launch asks
+    allow_ring(kernel, ring);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       cudaGetLastError();
       return n;
@@ -331,6 +363,7 @@ int clusters_that_fit(int c) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(1u << k);
       cfg.blockDim = dim3(device::kBlock);
+      cfg.dynamicSmemBytes = ring;
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeClusterDimension;
       attr.val.clusterDim.x = 1u << k;
@@ -372,6 +405,7 @@ void launch_cluster(const device::SamplerParams& p, int64_t batch, int c, cudaSt
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(batch * c));
   cfg.blockDim = dim3(device::kBlock);
+  cfg.dynamicSmemBytes = ring_bytes(p, 4);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -412,6 +446,27 @@ void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, E
   }
 }
 }  // namespace
+
+namespace {
+/// An on/off switch from the environment, read once: `fallback` unless set to "0" or "1".
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  const std::string s(v);
+  return s == "0" ? false : (s == "1" ? true : fallback);
+}
+}  // namespace
+
+PassMode pass_mode() {
+  static const PassMode mode = [] {
+    PassMode m;
+    m.stream = env_switch("FLASHSTEP_SAMPLING_STREAM", m.stream);
+    m.serpentine = env_switch("FLASHSTEP_SAMPLING_SERPENTINE", m.serpentine);
+    m.online_softmax = env_switch("FLASHSTEP_SAMPLING_ONLINE_SOFTMAX", m.online_softmax);
+    return m;
+  }();
+  return mode;
+}
 
 bool prefetch_enabled() {
   static const bool on = [] {
@@ -481,6 +536,10 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.status = out.status;
   p.probs_out = logits ? out.probs : nullptr;
   p.prefetch = prefetch_enabled();
+  const PassMode mode = pass_mode();
+  p.stream = mode.stream;
+  p.serpentine = mode.serpentine;
+  p.online_softmax = mode.online_softmax;
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);

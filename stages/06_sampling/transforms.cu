@@ -41,6 +41,9 @@ struct TransformParams {
   float* out;                           ///< (outputs, vocab); may alias `in` when indices is null
   int32_t* status;                      ///< (outputs) or null
   bool prefetch;                        ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
+  bool stream;                          ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
+  bool serpentine;                      ///< every other full pass last tile first
+  bool online_softmax;                  ///< softmax: one-pass max and sum (as the fused samplers)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -219,7 +222,8 @@ __device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int di
 /// `above_cut` and `at_cut` get the stat of the keys above and equal to the unclamped K.
 template <RadixStat STAT, HistogramAdd ADD, int VEC, typename Row, typename Keep, typename Passes>
 __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, bool first_level_done,
-                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut, bool& clamped) {
+                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut, bool& clamped,
+                              RowSplit& sp) {
   uint32_t prefix = 0;
   Mass above = 0;
   constexpr int kShift[3] = {32 - kRadixBits, 32 - 2 * kRadixBits, 0};
@@ -233,20 +237,17 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
     if (level > 0 || !first_level_done) rs.clear();
     __syncthreads();
     if (level > 0 || !first_level_done) {
-      for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
-        prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
-        const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-        float v[VEC];
-        row.template load<VEC>(i, v);
+      // every thread runs every tile: whole warps for radix_add
+      for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float (&v)[VEC], auto index) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const bool counted = i + j < row.vocab && keep(v[j]);
+          const bool counted = index(j) < row.vocab && keep(v[j]);
           const uint32_t d = counted ? radix_bin(order_key(v[j]), prefix, shift, prefix_shift,
                                                  static_cast<uint32_t>(digits - 1))
                                      : kNoBin;
           radix_add<STAT, ADD>(rs, d, v[j]);
         }
-      }
+      });
       __syncthreads();
     }
     radix_settle<STAT>(rs, prefix, shift, digits, above, passes, sh);
@@ -269,10 +270,12 @@ __device__ void fill_row(float* out, int64_t vocab, float value) {
 /// of the fused from-logits samplers (row_passes.cuh: softmax_scale, SoftmaxRowT, VEC 16),
 /// so at temperature 1 this writes the probabilities they draw from, bit for bit.
 template <typename Row>
-__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh) {
+__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh, const RowSplit& mode,
+                              bool online) {
   SoftmaxScale scale{};
   uint32_t flags = 0;
-  if (!softmax_scale<16>(row, temperature, scale, flags, sh)) return flags ? Status::not_finite : Status::zero_row;
+  if (!softmax_scale<16>(row, temperature, scale, flags, sh, mode, online))
+    return flags ? Status::not_finite : Status::zero_row;
   write_row<16>(SoftmaxRowT<Row>{row, scale, row.vocab}, out);
   return Status::ok;
 }
@@ -281,20 +284,18 @@ __device__ Status softmax_row(const Row& row, float temperature, float* out, Sha
 /// entries `keep` accepts: the summary (probabilities: total, max, flags; logits: max,
 /// flags) and the bins of the top 11 key bits. A bad row's bins are never read.
 template <RadixStat STAT, HistogramAdd ADD, bool LOGITS, int VEC, typename Row, typename Keep>
-__device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh) {
+__device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh,
+                                               RowSplit& sp) {
   rs.clear();
   __syncthreads();
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
-  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
-    prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  // every thread runs every tile: whole warps for radix_add
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float (&v)[VEC], auto index) {
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const bool real = i + j < row.vocab;
+      const bool real = index(j) < row.vocab;
       if (real) {
         if constexpr (LOGITS) {
           if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
@@ -306,7 +307,7 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
       radix_add<STAT, ADD>(rs, real && keep(v[j]) ? order_key(v[j]) >> kShift : kNoBin, v[j]);
     }
     s.total += acc.value();
-  }
+  });
   const RowSummary r =
       cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
         return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
@@ -318,10 +319,11 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
 /// level, two more radix levels (the cut), for top-k the kept mass (top-p has it from
 /// the last level), then the write.
 template <Transform T, HistogramAdd ADD, int VEC, typename Row>
-__device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh) {
+__device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh,
+                             RowSplit& sp) {
   constexpr RadixStat kStat = T == Transform::top_k_renorm ? RadixStat::count : RadixStat::mass;
   auto positive = [](float x) { return x > 0.f; };
-  const RowSummary s = summarize_with_histogram<kStat, ADD, false, VEC>(row, positive, rs, sh);
+  const RowSummary s = summarize_with_histogram<kStat, ADD, false, VEC>(row, positive, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.flags & kFlagNegative) return Status::negative;
   if (s.flags & kFlagAboveOne) return Status::above_one;
@@ -337,11 +339,11 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
         if constexpr (T == Transform::top_k_renorm) return stat < static_cast<Mass>(top_k);
         else return stat < top_p_bound;
       },
-      true, rs, sh, above_cut, at_cut, clamped);
+      true, rs, sh, above_cut, at_cut, clamped, sp);
   auto kept = [cut](float x) { return x > 0.f && order_key(x) >= cut; };
   // top-p: the kept entries are those above the cut plus those at it, both summed by
   // the last level, unless the cut was clamped to [lo, hi] (which top-p never needs)
-  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC>(row, kept, sh);
+  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC, false, false>(row, kept, sh, sp);
   const double kept_units = mass_units(kept_mass);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
@@ -352,16 +354,17 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
 template <HistogramAdd ADD, int VEC, typename Row>
-__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh) {
+__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh,
+                           RowSplit& sp) {
   auto all = [](float) { return true; };
-  const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh);
+  const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.max_p == -INFINITY) return Status::zero_row;
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false;
   const uint32_t cut = radix_cut<RadixStat::count, ADD, VEC>(
       row, order_key(-INFINITY), order_key(s.max_p), all, [&](Mass count) { return count < static_cast<Mass>(top_k); },
-      true, rs, sh, above_cut, at_cut, clamped);
+      true, rs, sh, above_cut, at_cut, clamped, sp);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
     out[i] = order_key(x) >= cut ? x : -INFINITY;
@@ -380,17 +383,22 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   float top_p = 0.f, temperature = 0.f;
   Status status = read_row<T>(p, o, row, top_k, top_p, temperature);
   float* out = p.out + o * p.vocab;
+  RowSplit whole;
+  whole.stream = p.stream && VECTOR_LOADS;
+  whole.serpentine = p.serpentine;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
     if constexpr (T == Transform::softmax)
-      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh);
+      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh, whole,
+                           p.online_softmax);
     if constexpr (T == Transform::top_k_mask) {
       __shared__ RadixShared rs;
-      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh);
+      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh, whole);
     }
     if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm) {
       __shared__ RadixShared rs;
-      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh);
+      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh,
+                                       whole);
     }
   }
   if (status != Status::ok) {
@@ -423,17 +431,29 @@ device::HistogramAdd histogram_add(device::Transform) {
   return device::HistogramAdd::atomic;
 }
 
+/// Launches one transform kernel with stream_tiles' ring when p.stream (rows of In, VEC 16).
+template <device::Transform T, typename In, bool VECTOR_LOADS, device::HistogramAdd ADD>
+void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t stream) {
+  const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS, ADD>;
+  constexpr size_t kRing = device::stream_bytes<16, In>();
+  static const bool allowed =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRing)) == cudaSuccess;
+  const size_t ring = VECTOR_LOADS && p.stream ? kRing : 0;
+  if (ring > 0 && !allowed) throw ref::InvalidArgument("transform_kernel: the shared-memory ring does not fit");
+  kernel<<<grid, device::kBlock, ring, stream>>>(p);
+}
+
 template <device::Transform T, typename In, bool VECTOR_LOADS = false>
 void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
   if (outputs == 0) return;
   const unsigned grid = static_cast<unsigned>(outputs);
   using device::HistogramAdd;
   if constexpr (T == device::Transform::softmax) {  // no histogram: one kernel
-    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
+    launch_one<T, In, VECTOR_LOADS, HistogramAdd::warp>(p, grid, stream);
   } else if (histogram_add(T) == HistogramAdd::warp) {
-    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
+    launch_one<T, In, VECTOR_LOADS, HistogramAdd::warp>(p, grid, stream);
   } else {
-    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::atomic><<<grid, device::kBlock, 0, stream>>>(p);
+    launch_one<T, In, VECTOR_LOADS, HistogramAdd::atomic>(p, grid, stream);
   }
   kernels::check_launch("transform_kernel");
 }
@@ -462,6 +482,10 @@ device::TransformParams transform_params(DeviceRows in, float* out, const Gather
   p.out = out;
   p.status = g.status;
   p.prefetch = prefetch_enabled();
+  const PassMode mode = pass_mode();
+  p.stream = mode.stream;
+  p.serpentine = mode.serpentine;
+  p.online_softmax = mode.online_softmax;
   return p;
 }
 
