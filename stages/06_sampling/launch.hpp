@@ -44,13 +44,14 @@ bool prefetch_enabled();
 /// How the full passes read a row (row_passes.cuh: stream_tiles, next_pass_reversed) and
 /// how the fused softmax computes its sum (softmax_scale), for every kernel of stage 06
 /// alike, so that softmax() and the fused samplers keep computing the same bits. Each is
-/// read once from the environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE and
-/// _ONLINE_SOFTMAX ("0" or "1"; anything else keeps the default below), so one binary
+/// read once from the environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE,
+/// _ONLINE_SOFTMAX and _COMPACT ("0" or "1"; anything else keeps the default below), so one binary
 /// times both sides of each.
 struct PassMode {
   bool stream = false;          ///< cp.async ring, several tiles in flight (aligned rows)
   bool serpentine = false;      ///< every other full pass from the last tile back (L2 reuse)
   bool online_softmax = false;  ///< one pass for the softmax's max and sum; p = numerator * (1 / sum)
+  bool compact = false;         ///< rejection rounds over a shared-memory candidate list once it fits
 };
 PassMode pass_mode();
 

@@ -300,6 +300,7 @@ struct SharedState {
     typename cub::BlockReduce<Mass, kBlock>::TempStorage mass;
     typename cub::BlockReduce<float, kBlock>::TempStorage value;
     typename cub::BlockScan<Mass, kBlock>::TempStorage scan;
+    typename cub::BlockScan<int, kBlock>::TempStorage count_scan;
   } temp;
   RowSummary summary;  ///< broadcast slot of summarize_row
   PivotStats pivots;   ///< broadcast slot of the counting passes
@@ -760,6 +761,118 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
   if constexpr (CLUSTER)
     return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
+  return broadcast(r, sh.pivots);
+}
+
+/// The candidate list: once a rejection round leaves at most kListCapacity candidates
+/// (p > low), one pass copies them, in vocabulary order, into shared memory (the dynamic
+/// shared memory of stream_tiles' ring, free between passes), and every later round
+/// draws and counts over the list instead of the row. The list holds values and indices;
+/// later rounds only raise `low`, so the list keeps every later candidate and the rounds
+/// test x > low on it as the row passes do: the same tokens, masses and counts.
+constexpr int kListCapacity = 8192;
+constexpr size_t kListBytes = size_t{kListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+struct CandidateList {
+  float* value;  ///< (kListCapacity) in shared memory
+  int32_t* index;
+  int n = 0;  ///< entries
+};
+__device__ __forceinline__ CandidateList candidate_list() {
+  CandidateList l;
+  l.value = reinterpret_cast<float*>(flashstep_stream_ring);
+  l.index = reinterpret_cast<int32_t*>(l.value + kListCapacity);
+  return l;
+}
+
+/// One pass over the row (each thread its VEC consecutive entries of a tile, one block
+/// scan of the counts per tile): the entries p > low into `list`, in vocabulary order.
+/// The caller knows their count is at most kListCapacity (the counting pass counted them).
+template <int VEC, typename Row>
+__device__ void gather_candidates(const Row& row, float low, CandidateList& list, SharedState& sh) {
+  int base = 0;  // the same in every thread
+  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
+    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
+    float v[VEC];
+    row.template load<VEC>(i, v);
+    int mine = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) mine += v[j] > low ? 1 : 0;
+    int at = 0, tile_total = 0;
+    __syncthreads();  // the previous tile's scan storage is free
+    cub::BlockScan<int, kBlock>(sh.temp.count_scan).ExclusiveSum(mine, at, tile_total);
+    at += base;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (v[j] > low && at < kListCapacity) {
+        list.value[at] = v[j];
+        list.index[at] = static_cast<int32_t>(i + j);
+        ++at;
+      }
+    }
+    base += tile_total;
+  }
+  list.n = base < kListCapacity ? base : kListCapacity;
+  __syncthreads();  // the list is complete
+}
+
+/// The inverse CDF over the list (candidates x > low): as inverse_cdf, with thread t
+/// owning the list's entries t * per .. (t + 1) * per - 1, so a block scan gives each
+/// thread the candidate mass before its entries. Returns the list position, or -1.
+__device__ __forceinline__ int32_t list_inverse_cdf(const CandidateList& list, float low, Mass threshold,
+                                                    SharedState& sh) {
+  const int per = (list.n + kBlock - 1) / kBlock;
+  const int first = static_cast<int>(threadIdx.x) * per;
+  const int last = first + per < list.n ? first + per : list.n;
+  if (threadIdx.x == 0) sh.token = -1;
+  MassAcc acc;
+  for (int a = first; a < last; ++a) {
+    const float x = list.value[a];
+    acc.add(x > low ? x : 0.f);
+  }
+  const Mass mine = acc.value();
+  Mass prefix, total;
+  __syncthreads();  // sh.token is set, the scan storage is free
+  cub::BlockScan<Mass, kBlock>(sh.temp.scan).ExclusiveSum(mine, prefix, total);
+  Mass cdf = prefix;
+  if (cdf <= threshold && cdf + mine > threshold) {  // exactly one thread, or none
+    for (int a = first; a < last; ++a) {
+      const float x = list.value[a];
+      if (!(x > low)) continue;
+      cdf += mass_of(x);
+      if (cdf > threshold) {
+        sh.token = a;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const int32_t at = sh.token;
+  __syncthreads();
+  return at;
+}
+
+/// count_mass_above over the list (every entry above a pivot > low is in it).
+__device__ __forceinline__ PivotStats list_count_mass_above(const CandidateList& list, float pivot_0, float pivot_1,
+                                                            SharedState& sh) {
+  PivotStats s{0, 0, 0, 0};
+  MassAcc acc_0, acc_1;
+  for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock) {
+    const float x = list.value[a];
+    const MassAcc::Parts m = MassAcc::parts(x);
+    const bool above_0 = x > pivot_0, above_1 = x > pivot_1;
+    s.count_0 += above_0 ? 1 : 0;
+    s.count_1 += above_1 ? 1 : 0;
+    acc_0.add_if(above_0, m);
+    acc_1.add_if(above_1, m);
+  }
+  s.mass_0 = acc_0.value();
+  s.mass_1 = acc_1.value();
+  auto fold = [](const PivotStats& a, const PivotStats& b) {
+    return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
+  };
+  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
   return broadcast(r, sh.pivots);
 }
 

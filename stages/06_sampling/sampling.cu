@@ -21,6 +21,7 @@
 // for the exercise; the chapter is README.md in this folder.
 #include <cub/block/block_reduce.cuh>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -68,6 +69,7 @@ struct SamplerParams {
   bool stream;                      ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
   bool serpentine;                  ///< every other full pass last tile first (row_passes.cuh)
   bool online_softmax;              ///< from logits: one-pass max and sum, p = numerator * (1 / sum)
+  bool compact;                     ///< rejection rounds over the candidate list once it fits
 };
 
 /// The read mode of the full passes (row_passes.cuh: RowSplit) a launch asks for.
@@ -141,28 +143,50 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
   float low = 0.f, high = 1.f;
   Mass q = s.total;  // mass of the candidates p > low
   int tile_set = 0;  // where the last pass kept the candidates' per-tile masses
+  // the candidate list (row_passes.cuh), one block per row only: once a round leaves at
+  // most kListCapacity candidates, later rounds read the list, not the row
+  const bool may_list = !CLUSTER && p.compact;
+  CandidateList list = candidate_list();
+  bool listed = false;
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
-    const int32_t token = inverse_cdf<VEC>(
-        row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
-    if (token < 0) return {kInvalidToken, round, Status::internal_error};
+    int32_t token;
+    float pivot_0;
+    if (listed) {
+      const int32_t at = list_inverse_cdf(list, low, threshold, sh);
+      if (at < 0) return {kInvalidToken, round, Status::internal_error};
+      token = list.index[at];
+      pivot_0 = list.value[at];
+    } else {
+      token = inverse_cdf<VEC>(
+          row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
+      if (token < 0) return {kInvalidToken, round, Status::internal_error};
+      pivot_0 = row.at(token);
+    }
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
-    const float pivot_0 = row.at(token);
     const float pivot_1 = __fmul_rn(__fadd_rn(pivot_0, high), 0.5f);
-    const PivotStats above = count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp);
+    const PivotStats above = listed ? list_count_mass_above(list, pivot_0, pivot_1, sh)
+                                    : count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp);
     if (pivot_passes<KIND>(f, above.count_0, above.mass_0, top_p_bound)) return {token, round, Status::ok};
+    int32_t left;  // candidates of the next round
     if (pivot_passes<KIND>(f, above.count_1, above.mass_1, top_p_bound)) {
       low = pivot_0;  // the keep threshold lies in (pivot_0, pivot_1]
       high = pivot_1;
       q = above.mass_0;
       tile_set = 0;
+      left = above.count_0;
     } else {
       low = pivot_1;  // the keep threshold lies above pivot_1
       q = above.mass_1;
       tile_set = 1;
+      left = above.count_1;
     }
     // low rises every round and `high` always passes, so this ends; never loop on a surprise
     if (!(low < high)) return {kInvalidToken, round, Status::internal_error};
+    if (may_list && !listed && left <= kListCapacity) {
+      gather_candidates<VEC>(row, low, list, sh);
+      listed = true;
+    }
   }
 }
 
@@ -311,7 +335,9 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
 /// Dynamic shared memory of a sampler launch: stream_tiles' ring when p.stream (16 entries
 /// a thread per tile, entries of `bytes_per_entry`), else none.
 size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
-  return p.stream ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry) : 0;
+  const size_t ring = p.stream ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry) : 0;
+  const size_t list = p.compact ? device::kListBytes : 0;
+  return ring > list ? ring : list;
 }
 
 /// Lets `kernel` take `bytes` of dynamic shared memory (once per kernel and size).
@@ -324,9 +350,12 @@ void allow_ring(Kernel kernel, size_t bytes) {
 template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
 void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
   constexpr int64_t kEntry = SOURCE == device::Source::bf16_logits ? 2 : 4;
-  const size_t ring = VECTOR_LOADS ? ring_bytes(p, kEntry) : 0;
+  device::SamplerParams q = p;
+  q.stream = q.stream && VECTOR_LOADS;  // the ring only for aligned rows; the list for any
+  const size_t ring = ring_bytes(q, kEntry);
   static const bool allowed = (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
-                                          size_t{device::kStreamStages} * device::kBlock * 16 * kEntry),
+                                          std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry,
+                                                   device::kListBytes)),
                                true);
   static_cast<void>(allowed);
   device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
@@ -463,6 +492,7 @@ PassMode pass_mode() {
     m.stream = env_switch("FLASHSTEP_SAMPLING_STREAM", m.stream);
     m.serpentine = env_switch("FLASHSTEP_SAMPLING_SERPENTINE", m.serpentine);
     m.online_softmax = env_switch("FLASHSTEP_SAMPLING_ONLINE_SOFTMAX", m.online_softmax);
+    m.compact = env_switch("FLASHSTEP_SAMPLING_COMPACT", m.compact);
     return m;
   }();
   return mode;
@@ -540,6 +570,7 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.stream = mode.stream;
   p.serpentine = mode.serpentine;
   p.online_softmax = mode.online_softmax;
+  p.compact = mode.compact;
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);
