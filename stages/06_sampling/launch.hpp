@@ -54,6 +54,9 @@ struct PassMode {
   bool compact = false;         ///< rejection rounds over a shared-memory candidate list once it fits
 };
 PassMode pass_mode();
+/// Overrides the environment's PassMode for every later launch (benchmarks: one process
+/// times several modes; not thread-safe, set it between calls).
+void set_pass_mode(const PassMode& mode);
 
 /// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments
 /// (bf16 rows only where `bf16_allowed`: the operators that take logits).

@@ -486,7 +486,18 @@ bool env_switch(const char* name, bool fallback) {
 }
 }  // namespace
 
+namespace {
+bool g_mode_set = false;
+PassMode g_mode;
+}  // namespace
+
+void set_pass_mode(const PassMode& mode) {
+  g_mode = mode;
+  g_mode_set = true;
+}
+
 PassMode pass_mode() {
+  if (g_mode_set) return g_mode;
   static const PassMode mode = [] {
     PassMode m;
     m.stream = env_switch("FLASHSTEP_SAMPLING_STREAM", m.stream);
