@@ -279,6 +279,7 @@ struct RowSplit {
   /// How the full passes read the row (PassMode; the same in every block of a cluster).
   bool stream = false;      ///< stream_tiles: cp.async into a shared-memory ring (streamable rows)
   bool serpentine = false;  ///< every other full pass walks its tiles last to first
+  bool lean = false;        ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
   int passes = 0;           ///< full passes so far (serpentine's parity)
 };
 
@@ -539,10 +540,31 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
+  const bool lean = sp.lean;
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
     MassAcc acc;  // past the end: zeros, valid and massless
+    if (lean) {
+      // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
+      // may be the max, a bad one adds 0; the flags only when a bad entry was seen (rare)
+      bool ok = true;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
+      for (int j = 0; j < VEC; ++j) {
+        const bool valid = v[j] >= 0.f && v[j] <= 1.f;
+        ok = ok && valid;
+        const float x = valid ? v[j] : 0.f;
+        acc.add_unit(x);
+        s.max_p = fmaxf(s.max_p, x);
+      }
+      if (!ok) {
+        MassAcc ignored;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (!(v[j] >= 0.f && v[j] <= 1.f)) add_entry(s, ignored, v[j]);  // flags only: bad entries add nothing
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
+    }
     s.total += acc.value();
     if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
   });
@@ -737,16 +759,41 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   const bool tiles = keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
+  const bool lean = sp.lean;
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
     MassAcc acc_0, acc_1;
+    if (lean) {
+      // a warp converts only for a set some of its entries are in (the set above pivot_1,
+      // the midpoint towards `high`, is usually empty); entries are valid (pass 0)
+      float top = v[0];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
-      const MassAcc::Parts m = MassAcc::parts(v[j]);
-      const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
-      s.count_0 += above_0 ? 1 : 0;
-      s.count_1 += above_1 ? 1 : 0;
-      acc_0.add_if(above_0, m);
-      acc_1.add_if(above_1, m);
+      for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
+      if (__any_sync(0xFFFFFFFFu, top > pivot_0)) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool above = v[j] > pivot_0;
+          s.count_0 += above ? 1 : 0;
+          acc_0.add_unit(above ? v[j] : 0.f);
+        }
+      }
+      if (__any_sync(0xFFFFFFFFu, top > pivot_1)) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool above = v[j] > pivot_1;
+          s.count_1 += above ? 1 : 0;
+          acc_1.add_unit(above ? v[j] : 0.f);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
+        const MassAcc::Parts m = MassAcc::parts(v[j]);
+        const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
+        s.count_0 += above_0 ? 1 : 0;
+        s.count_1 += above_1 ? 1 : 0;
+        acc_0.add_if(above_0, m);
+        acc_1.add_if(above_1, m);
+      }
     }
     s.mass_0 += acc_0.value();
     s.mass_1 += acc_1.value();

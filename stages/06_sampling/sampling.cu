@@ -70,12 +70,14 @@ struct SamplerParams {
   bool serpentine;                  ///< every other full pass last tile first (row_passes.cuh)
   bool online_softmax;              ///< from logits: one-pass max and sum, p = numerator * (1 / sum)
   bool compact;                     ///< rejection rounds over the candidate list once it fits
+  bool lean;                        ///< pass 0 and the counting pass: fewer instructions an entry
 };
 
 /// The read mode of the full passes (row_passes.cuh: RowSplit) a launch asks for.
 __device__ __forceinline__ void set_mode(RowSplit& sp, const SamplerParams& p, bool aligned) {
   sp.stream = p.stream && aligned;
   sp.serpentine = p.serpentine;
+  sp.lean = p.lean;
 }
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
@@ -504,6 +506,7 @@ PassMode pass_mode() {
     m.serpentine = env_switch("FLASHSTEP_SAMPLING_SERPENTINE", m.serpentine);
     m.online_softmax = env_switch("FLASHSTEP_SAMPLING_ONLINE_SOFTMAX", m.online_softmax);
     m.compact = env_switch("FLASHSTEP_SAMPLING_COMPACT", m.compact);
+    m.lean = env_switch("FLASHSTEP_SAMPLING_LEAN", m.lean);
     return m;
   }();
   return mode;
@@ -582,6 +585,7 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.serpentine = mode.serpentine;
   p.online_softmax = mode.online_softmax;
   p.compact = mode.compact;
+  p.lean = mode.lean;
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);

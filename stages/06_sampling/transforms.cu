@@ -46,6 +46,7 @@ struct TransformParams {
   bool serpentine;                      ///< every other full pass last tile first
   bool online_softmax;                  ///< softmax: one-pass max and sum (as the fused samplers)
   bool compact;                         ///< count cuts: finish from a shared-memory list (radix_cut)
+  bool lean;                            ///< (the samplers' passes; unused by the transforms' own loops)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -453,6 +454,7 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   RowSplit whole;
   whole.stream = p.stream && VECTOR_LOADS;
   whole.serpentine = p.serpentine;
+  whole.lean = p.lean;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
     if constexpr (T == Transform::softmax)
@@ -557,6 +559,7 @@ device::TransformParams transform_params(DeviceRows in, float* out, const Gather
   p.serpentine = mode.serpentine;
   p.online_softmax = mode.online_softmax;
   p.compact = mode.compact;
+  p.lean = mode.lean;
   return p;
 }
 
