@@ -546,14 +546,19 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
     if (lean) {
       // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
       // may be the max, a bad one adds 0; the flags only when a bad entry was seen (rare)
+      // (a warp whose entries are all 0, as most of a renormalized top-k row, adds nothing)
       bool ok = true;
+      float top = 0.f;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const bool valid = v[j] >= 0.f && v[j] <= 1.f;
         ok = ok && valid;
-        const float x = valid ? v[j] : 0.f;
-        acc.add_unit(x);
-        s.max_p = fmaxf(s.max_p, x);
+        top = fmaxf(top, valid ? v[j] : 0.f);
+      }
+      s.max_p = fmaxf(s.max_p, top);
+      if (__any_sync(0xFFFFFFFFu, top > 0.f)) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
       }
       if (!ok) {
         MassAcc ignored;

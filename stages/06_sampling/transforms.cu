@@ -46,7 +46,7 @@ struct TransformParams {
   bool serpentine;                      ///< every other full pass last tile first
   bool online_softmax;                  ///< softmax: one-pass max and sum (as the fused samplers)
   bool compact;                         ///< count cuts: finish from a shared-memory list (radix_cut)
-  bool lean;                            ///< (the samplers' passes; unused by the transforms' own loops)
+  bool lean;                            ///< pass 0 of renorm: no branch an entry (summarize_with_histogram)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -346,6 +346,14 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
         if constexpr (LOGITS) {
           if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
           else s.max_p = fmaxf(s.max_p, v[j]);
+        } else if (sp.lean) {  // as summarize_row's lean pass 0: no branch for a valid entry
+          const bool valid = v[j] >= 0.f && v[j] <= 1.f;
+          acc.add_unit(valid ? v[j] : 0.f);
+          s.max_p = fmaxf(s.max_p, valid ? v[j] : 0.f);
+          if (!valid) {
+            MassAcc ignored;
+            add_entry(s, ignored, v[j]);  // flags only
+          }
         } else {
           add_entry(s, acc, v[j]);
         }
