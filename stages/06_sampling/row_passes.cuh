@@ -344,7 +344,7 @@ constexpr int kStreamAhead = 3;
 
 /// Dynamic shared memory stream_tiles needs for rows of `Elem` read VEC entries a thread.
 template <int VEC, typename Elem>
-constexpr size_t stream_bytes() {
+__host__ __device__ constexpr size_t stream_bytes() {
   return size_t{kStreamStages} * kBlock * VEC * sizeof(Elem);
 }
 
@@ -826,14 +826,18 @@ constexpr int kListCapacity = 8192;
 constexpr size_t kListBytes = size_t{kListCapacity} * (sizeof(float) + sizeof(int32_t));
 
 struct CandidateList {
-  float* value;  ///< (kListCapacity) in shared memory
+  float* value;  ///< (capacity) in shared memory
   int32_t* index;
+  int capacity = kListCapacity;
   int n = 0;  ///< entries
 };
-__device__ __forceinline__ CandidateList candidate_list() {
+/// The list `offset` bytes into the dynamic shared memory (0: over the ring, for callers
+/// that run no streamed pass while the list is in use; else past the ring).
+__device__ __forceinline__ CandidateList candidate_list(size_t offset = 0, int capacity = kListCapacity) {
   CandidateList l;
-  l.value = reinterpret_cast<float*>(flashstep_stream_ring);
-  l.index = reinterpret_cast<int32_t*>(l.value + kListCapacity);
+  l.value = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(flashstep_stream_ring) + offset);
+  l.index = reinterpret_cast<int32_t*>(l.value + capacity);
+  l.capacity = capacity;
   return l;
 }
 

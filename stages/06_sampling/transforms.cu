@@ -259,7 +259,7 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
       __syncthreads();
     } else if (level > 0 || !first_level_done) {
       const bool gather = STAT == RadixStat::count && list != nullptr && level == 1 &&
-                          above + at_cut <= static_cast<Mass>(kListCapacity);
+                          above + at_cut <= static_cast<Mass>(list->capacity);
       if (gather && threadIdx.x == 0) sh.token = 0;  // the list's fill counter
       if (gather) __syncthreads();
       // every thread runs every tile: whole warps for radix_add
@@ -271,15 +271,15 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
           const uint32_t d =
               counted ? radix_bin(key, prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1)) : kNoBin;
           radix_add<STAT, ADD>(rs, d, v[j]);
-          if (gather && counted && key >= prefix) {  // rare: at most kListCapacity in the row
+          if (gather && counted && key >= prefix) {  // rare: at most list->capacity in the row
             const int at = atomicAdd(&sh.token, 1);
-            if (at < kListCapacity) list->value[at] = v[j], list->index[at] = static_cast<int32_t>(index(j));
+            if (at < list->capacity) list->value[at] = v[j], list->index[at] = static_cast<int32_t>(index(j));
           }
         }
       });
       __syncthreads();
       if (gather) {
-        list->n = sh.token < kListCapacity ? sh.token : kListCapacity;
+        list->n = sh.token < list->capacity ? sh.token : list->capacity;
         gathered = true;
       }
     }
@@ -293,6 +293,22 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
   clamped = prefix < lo || prefix > hi;  // radix_cut's last barrier: in-place writes may follow
   if (listed) *listed = gathered;
   return prefix < lo ? lo : (prefix > hi ? hi : prefix);
+}
+
+/// Entries the transforms' candidate list holds: the list lies past stream_tiles' ring
+/// (the gather runs during a streamed pass), and both fit the shared memory beside
+/// RadixShared and SharedState.
+constexpr int kTransformListCapacity = 4096;
+constexpr size_t kTransformListBytes = size_t{kTransformListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+/// The transforms' list: past the ring when this block streams its passes.
+template <typename Row, int VEC>
+__device__ __forceinline__ CandidateList transform_list(const RowSplit& sp) {
+  size_t offset = 0;
+  if constexpr (Streamable<Row>::value) {
+    if (sp.stream) offset = stream_bytes<VEC, typename Row::Elem>();
+  }
+  return candidate_list(offset, kTransformListCapacity);
 }
 
 __device__ void fill_row(float* out, int64_t vocab, float value) {
@@ -386,7 +402,7 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   // keep p iff fewer than k entries are larger (top-k), or their mass is below the bound (top-p)
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false, listed = false;
-  CandidateList list = candidate_list();
+  CandidateList list = transform_list<Row, VEC>(sp);
   const uint32_t lo = order_key(0.f);
   const uint32_t cut = radix_cut<kStat, ADD, VEC>(
       row, lo, order_key(s.max_p), positive,
@@ -430,7 +446,7 @@ __device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShare
   if (s.max_p == -INFINITY) return Status::zero_row;
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false, listed = false;
-  CandidateList list = candidate_list();
+  CandidateList list = transform_list<Row, VEC>(sp);
   const uint32_t cut = radix_cut<RadixStat::count, ADD, VEC>(
       row, order_key(-INFINITY), order_key(s.max_p), all, [&](Mass count) { return count < static_cast<Mass>(top_k); },
       true, rs, sh, above_cut, at_cut, clamped, sp, gather ? &list : nullptr, &listed);
@@ -513,12 +529,12 @@ device::HistogramAdd histogram_add(device::Transform) {
 template <device::Transform T, typename In, bool VECTOR_LOADS, device::HistogramAdd ADD>
 void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t stream) {
   const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS, ADD>;
-  constexpr size_t kRing = std::max(device::stream_bytes<16, In>(), device::kListBytes);
+  // the ring (streamed passes), then the candidate list (count cuts)
+  constexpr size_t kRing = device::stream_bytes<16, In>() + device::kTransformListBytes;
   static const bool allowed =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRing)) == cudaSuccess;
-  const size_t want = std::max(VECTOR_LOADS && p.stream ? device::stream_bytes<16, In>() : size_t{0},
-                               p.compact && T != device::Transform::softmax ? device::kListBytes : size_t{0});
-  const size_t ring = want;
+  const size_t ring = (VECTOR_LOADS && p.stream ? device::stream_bytes<16, In>() : size_t{0}) +
+                      (p.compact && T != device::Transform::softmax ? device::kTransformListBytes : size_t{0});
   if (ring > 0 && !allowed) throw ref::InvalidArgument("transform_kernel: the shared-memory ring does not fit");
   kernel<<<grid, device::kBlock, ring, stream>>>(p);
 }
