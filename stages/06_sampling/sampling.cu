@@ -257,6 +257,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     }
     float* probs_row = p.probs_out ? p.probs_out + out * p.vocab : nullptr;
     if (have_softmax) {
+      whole.passes = 1;  // the softmax read the row first to last: serpentine's next pass runs back
       const SoftmaxRowT<LogitRowT<T, VECTOR_LOADS>> row{logits, scale, p.vocab};
       if (probs_row) write_row<VEC>(row, probs_row);
       d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
