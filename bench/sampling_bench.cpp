@@ -91,7 +91,8 @@ const HostRows& host_rows(int64_t batch, int64_t vocab) {
     const float m = *std::max_element(x, x + vocab);
     double sum = 0;
     for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(x[i] - m));
-    for (int64_t i = 0; i < vocab; ++i) probs[static_cast<size_t>(r * vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
+    for (int64_t i = 0; i < vocab; ++i)
+      probs[static_cast<size_t>(r * vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
   }
   return *slot;
 }
@@ -222,7 +223,9 @@ flashstep::stages::sampling::detail::PassMode parse_mode(const std::string& name
     else if (part == "online") m.online_softmax = true;
     else if (part == "compact") m.compact = true;
     else if (part == "lean") m.lean = true;
-    else throw std::runtime_error("--modes: unknown mode part \"" + part + "\" (stream, serp, online, compact, lean, or off)");
+    else
+      throw std::runtime_error("--modes: unknown mode part \"" + part +
+                               "\" (stream, serp, online, compact, lean, or off)");
   }
   return m;
 }

@@ -186,10 +186,10 @@ struct LogitRowT {
 
 /// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) / sum.
 struct SoftmaxScale {
-  float inv_t;          ///< 1 / temperature
-  float m;              ///< max logit * inv_t
-  float sum;            ///< sum over the row of the numerators, >= 1
-  float rcp = 0.f;      ///< 1 / sum, rounded (use_rcp)
+  float inv_t;           ///< 1 / temperature
+  float m;               ///< max logit * inv_t
+  float sum;             ///< sum over the row of the numerators, >= 1
+  float rcp = 0.f;       ///< 1 / sum, rounded (use_rcp)
   bool use_rcp = false;  ///< p = numerator * rcp (two roundings) instead of numerator / sum
 };
 
@@ -375,7 +375,7 @@ template <int VEC, typename Row, typename Body>
 __device__ __forceinline__ void stream_tiles(const Row& row, const RowSplit& sp, bool reverse, Body body) {
   using Elem = typename Row::Elem;
   constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));  // entries per chunk
-  constexpr int kChunks = VEC / kPer;                           // chunks per thread per tile
+  constexpr int kChunks = VEC / kPer;                        // chunks per thread per tile
   static_assert(VEC % kPer == 0, "whole chunks");
   constexpr int64_t kTile = int64_t{kBlock} * VEC;
   const int64_t tiles = (row.vocab + kTile - 1) / kTile;
@@ -541,7 +541,7 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
   const bool lean = sp.lean;
-  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     MassAcc acc;  // past the end: zeros, valid and massless
     if (lean) {
       // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
@@ -608,7 +608,7 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   float sum = 0.f;  // online: this thread's sum of numerators scaled to its running max s.max_p
   if (online) {
     const float inv_t = out.inv_t;
-    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float (&v)[VEC], auto) {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
       float tile_max = -INFINITY;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
@@ -628,7 +628,7 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
       }
     });
   } else {
-    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float (&v)[VEC], auto) {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
@@ -648,7 +648,7 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
     // this thread's sum scaled from its max to the row's (the thread holding the row's max adds >= 1)
     sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, out.inv_t, out.m));
   } else {
-    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float (&v)[VEC], auto) {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
     });
@@ -680,7 +680,7 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh, RowSp
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   Mass m = 0;
-  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc.add(keep(v[j]) ? v[j] : 0.f);
@@ -765,7 +765,7 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
   const bool lean = sp.lean;
-  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float (&v)[VEC], auto) {
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     MassAcc acc_0, acc_1;
     if (lean) {
       // a warp converts only for a set some of its entries are in (the set above pivot_1,

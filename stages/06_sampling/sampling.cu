@@ -338,7 +338,9 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
 /// Dynamic shared memory of a sampler launch: stream_tiles' ring when p.stream (16 entries
 /// a thread per tile, entries of `bytes_per_entry`), else none.
 size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
-  const size_t ring = p.stream ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry) : 0;
+  const size_t ring = p.stream
+                          ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry)
+                          : 0;
   const size_t list = p.compact ? device::kListBytes : 0;
   return ring > list ? ring : list;
 }
@@ -347,7 +349,8 @@ size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
 template <typename Kernel>
 void allow_ring(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    FLASHSTEP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
@@ -356,10 +359,10 @@ void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t str
   device::SamplerParams q = p;
   q.stream = q.stream && VECTOR_LOADS;  // the ring only for aligned rows; the list for any
   const size_t ring = ring_bytes(q, kEntry);
-  static const bool allowed = (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
-                                          std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry,
-                                                   device::kListBytes)),
-                               true);
+  static const bool allowed =
+      (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
+                  std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry, device::kListBytes)),
+       true);
   static_cast<void>(allowed);
   device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
       <<<static_cast<unsigned>(batch), device::kBlock, ring, stream>>>(p);

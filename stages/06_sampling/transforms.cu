@@ -251,9 +251,9 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
       for (int base = 0; base < list->n; base += kBlock) {  // whole warps: radix_add
         const int a = base + static_cast<int>(threadIdx.x);
         const float x = a < list->n ? list->value[a] : 0.f;
-        const uint32_t d = a < list->n ? radix_bin(order_key(x), prefix, shift, prefix_shift,
-                                                   static_cast<uint32_t>(digits - 1))
-                                       : kNoBin;
+        const uint32_t d = a < list->n
+                               ? radix_bin(order_key(x), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1))
+                               : kNoBin;
         radix_add<STAT, ADD>(rs, d, x);
       }
       __syncthreads();
@@ -263,13 +263,13 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
       if (gather && threadIdx.x == 0) sh.token = 0;  // the list's fill counter
       if (gather) __syncthreads();
       // every thread runs every tile: whole warps for radix_add
-      for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float (&v)[VEC], auto index) {
+      for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float(&v)[VEC], auto index) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const bool counted = index(j) < row.vocab && keep(v[j]);
           const uint32_t key = order_key(v[j]);
-          const uint32_t d =
-              counted ? radix_bin(key, prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1)) : kNoBin;
+          const uint32_t d = counted ? radix_bin(key, prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1))
+                                     : kNoBin;
           radix_add<STAT, ADD>(rs, d, v[j]);
           if (gather && counted && key >= prefix) {  // rare: at most list->capacity in the row
             const int at = atomicAdd(&sh.token, 1);
@@ -353,7 +353,7 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
   // every thread runs every tile: whole warps for radix_add
-  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float (&v)[VEC], auto index) {
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float(&v)[VEC], auto index) {
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
@@ -414,7 +414,8 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   auto kept = [cut](float x) { return x > 0.f && order_key(x) >= cut; };
   if (listed && !clamped) {  // every kept entry is in the list: no more passes over the row
     MassAcc acc;
-    for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock) acc.add(kept(list.value[a]) ? list.value[a] : 0.f);
+    for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock)
+      acc.add(kept(list.value[a]) ? list.value[a] : 0.f);
     const Mass kept_mass = broadcast(cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(acc.value()), sh.mass);
     const double kept_units = mass_units(kept_mass);
     fill_row_vec(out, row.vocab, 0.f);
@@ -427,7 +428,8 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   }
   // top-p: the kept entries are those above the cut plus those at it, both summed by
   // the last level, unless the cut was clamped to [lo, hi] (which top-p never needs)
-  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC, false, false>(row, kept, sh, sp);
+  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut
+                                                              : sum_mass_where<VEC, false, false>(row, kept, sh, sp);
   const double kept_units = mass_units(kept_mass);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
@@ -438,8 +440,8 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
 template <HistogramAdd ADD, int VEC, typename Row>
-__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh,
-                           RowSplit& sp, bool gather) {
+__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh, RowSplit& sp,
+                           bool gather) {
   auto all = [](float) { return true; };
   const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
@@ -531,8 +533,8 @@ void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t st
   const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS, ADD>;
   // the ring (streamed passes), then the candidate list (count cuts)
   constexpr size_t kRing = device::stream_bytes<16, In>() + device::kTransformListBytes;
-  static const bool allowed =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRing)) == cudaSuccess;
+  static const bool allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kRing)) == cudaSuccess;
   const size_t ring = (VECTOR_LOADS && p.stream ? device::stream_bytes<16, In>() : size_t{0}) +
                       (p.compact && T != device::Transform::softmax ? device::kTransformListBytes : size_t{0});
   if (ring > 0 && !allowed) throw ref::InvalidArgument("transform_kernel: the shared-memory ring does not fit");

@@ -523,7 +523,8 @@ TEST_CASE("pass modes: every mode gives the tokens, rows and statuses of the pla
         CAPTURE(mi);
         detail::set_pass_mode(modes[mi]);
         std::vector<std::vector<int32_t>> got;
-        auto sample = [&](const std::function<void(const gpu::SamplingOutputs&, gpu::Workspace)>& call, size_t ws_bytes) {
+        auto sample = [&](const std::function<void(const gpu::SamplingOutputs&, gpu::Workspace)>& call,
+                          size_t ws_bytes) {
           DeviceArray<int32_t> samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
               status(static_cast<size_t>(batch));
           DeviceArray<uint8_t> ws(ws_bytes);
@@ -537,18 +538,17 @@ TEST_CASE("pass modes: every mode gives the tokens, rows and statuses of the pla
         opt.seed = seed;
         opt.offset = 3;
         sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::sampling_from_probs(in, o, opt); }, 0);
-        sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::top_k_sampling_from_probs(in, k, o, opt); }, 0);
+        sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::top_k_sampling_from_probs(in, k, o, opt); },
+               0);
         sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::top_p_sampling_from_probs(in, 0.9, o, opt); },
                0);
         sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::min_p_sampling_from_probs(in, 0.05, o, opt); },
                0);
         for (auto order : {ref::FilterApplyOrder::joint, ref::FilterApplyOrder::top_k_first}) {
           const size_t bytes = gpu::workspace_bytes("top_k_top_p_sampling_from_probs", batch, batch, vocab, order);
-          sample(
-              [&](const gpu::SamplingOutputs& o, gpu::Workspace ws) {
-                gpu::top_k_top_p_sampling_from_probs(in, k, 0.9, order, o, ws, opt);
-              },
-              bytes);
+          sample([&](const gpu::SamplingOutputs& o,
+                     gpu::Workspace ws) { gpu::top_k_top_p_sampling_from_probs(in, k, 0.9, order, o, ws, opt); },
+                 bytes);
         }
         DeviceArray<float> out(pr.size());
         auto bits = [&](const std::vector<float>& v) {
