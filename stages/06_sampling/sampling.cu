@@ -12,6 +12,9 @@
 // then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
 // When outputs are few, each probability row is split over the blocks of a cluster
 // (rejection_sampling_cluster_kernel), so batch 1 uses 16 SMs instead of one.
+// How the passes read and add (streamed tiles, serpentine order, lean arithmetic, the
+// candidate list of the last rounds, the one-pass softmax) is chosen by PassMode
+// (launch.hpp); no mode changes a decision, so every mode gives the same tokens.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per
 // thread in two 64-bit halves, MassAcc, and widened once per tile), so the passes still
