@@ -7,7 +7,7 @@
 // (mean and max over the batch, from one extra call) for the samplers.
 //
 //     flashstep_sampling_bench [--shapes bench/shapes_sampling.csv] [--sets target,extra]
-//         [--modes off,stream+serp+online+compact] [--rounds 2]
+//         [--modes off,stream+serp+online+compact] [--rounds 2] [--min-time 0.05]
 //         --benchmark_repetitions=5 --benchmark_out=sampling.json --benchmark_out_format=json
 //
 // --modes times each shape once per pass mode (launch.hpp: PassMode; "off", or any of
@@ -258,6 +258,7 @@ void run(benchmark::State& state, const Shape& s, const std::string& mode) {
 int main(int argc, char** argv) {
   std::string shapes_path = FLASHSTEP_SAMPLING_SHAPES, sets = "target,extra", modes;
   int rounds = 1;
+  double min_time = 0.05;  // seconds of replays per repetition
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
@@ -269,6 +270,8 @@ int main(int argc, char** argv) {
       modes = argv[++i];
     } else if (a == "--rounds" && i + 1 < argc) {
       rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--min-time" && i + 1 < argc) {
+      min_time = std::atof(argv[++i]);
     } else {
       rest.push_back(argv[i]);
     }
@@ -302,7 +305,7 @@ int main(int argc, char** argv) {
                                      [s, m](benchmark::State& st) { run(st, s, m); })
             ->UseManualTime()
             ->Unit(benchmark::kMicrosecond)
-            ->MinTime(0.05);
+            ->MinTime(min_time > 0 ? min_time : 0.05);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
