@@ -432,7 +432,7 @@ int cluster_size(const device::SamplerParams& p, int64_t batch) {
   const bool aligned = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.input) % 16 == 0;
   const int64_t tile = int64_t{device::kBlock} * 16;
   const int64_t tiles = (p.vocab + tile - 1) / tile;
-  if (!aligned || tiles > device::kMaxTiles) return 1;
+  if (!aligned || tiles > device::kMaxTiles || pass_mode().solo) return 1;
   for (int c = device::kMaxCluster; c >= 2; c /= 2)
     if (c <= cluster_cap() && c <= tiles && batch <= clusters_that_fit<KIND>(c)) return c;
   return 1;
@@ -514,6 +514,7 @@ PassMode pass_mode() {
     m.online_softmax = env_switch("FLASHSTEP_SAMPLING_ONLINE_SOFTMAX", m.online_softmax);
     m.compact = env_switch("FLASHSTEP_SAMPLING_COMPACT", m.compact);
     m.lean = env_switch("FLASHSTEP_SAMPLING_LEAN", m.lean);
+    m.solo = env_switch("FLASHSTEP_SAMPLING_SOLO", m.solo);
     return m;
   }();
   return mode;
