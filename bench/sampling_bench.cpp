@@ -11,7 +11,7 @@
 //         --benchmark_repetitions=5 --benchmark_out=sampling.json --benchmark_out_format=json
 //
 // --modes times each shape once per pass mode (launch.hpp: PassMode; "off", or any of
-// stream, serp, online, compact, lean, solo joined by '+'), shape by shape, the modes interleaved,
+// stream, serp, online, compact, lean, solo, fuse joined by '+'), shape by shape, the modes interleaved,
 // the whole list --rounds times; the benchmarks are then named 06_sampling/SHAPE@MODE.
 // Without it the environment's mode applies and the names are 06_sampling/SHAPE.
 #include <benchmark/benchmark.h>
@@ -210,10 +210,10 @@ class Case {
   std::vector<void*> owned_;
 };
 
-/// A pass mode by name: "off", or stream, serp, online, compact, lean, solo joined by '+'.
+/// A pass mode by name: "off", or stream, serp, online, compact, lean, solo, fuse joined by '+'.
 flashstep::stages::sampling::detail::PassMode parse_mode(const std::string& name) {
   flashstep::stages::sampling::detail::PassMode m;
-  m.stream = m.serpentine = m.online_softmax = m.compact = m.lean = m.solo = false;
+  m.stream = m.serpentine = m.online_softmax = m.compact = m.lean = m.solo = m.fuse_gather = false;
   if (name == "off") return m;
   std::stringstream ss(name);
   std::string part;
@@ -224,9 +224,10 @@ flashstep::stages::sampling::detail::PassMode parse_mode(const std::string& name
     else if (part == "compact") m.compact = true;
     else if (part == "lean") m.lean = true;
     else if (part == "solo") m.solo = true;
+    else if (part == "fuse") m.fuse_gather = true;
     else
       throw std::runtime_error("--modes: unknown mode part \"" + part +
-                               "\" (stream, serp, online, compact, lean, solo, or off)");
+                               "\" (stream, serp, online, compact, lean, solo, fuse, or off)");
   }
   return m;
 }

@@ -45,7 +45,7 @@ bool prefetch_enabled();
 /// how the fused softmax computes its sum (softmax_scale), for every kernel of stage 06
 /// alike, so that softmax() and the fused samplers keep computing the same bits. Each is
 /// read once from the environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE,
-/// _ONLINE_SOFTMAX, _COMPACT, _LEAN and _SOLO ("0" or "1"; anything else keeps the default below), so one binary
+/// _ONLINE_SOFTMAX, _COMPACT, _LEAN, _SOLO and _FUSE ("0" or "1"; anything else keeps the default below), so one binary
 /// times both sides of each.
 struct PassMode {
   bool stream = false;          ///< cp.async ring, several tiles in flight (aligned rows)
@@ -54,6 +54,7 @@ struct PassMode {
   bool compact = false;         ///< rejection rounds over a shared-memory candidate list once it fits
   bool lean = false;            ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
   bool solo = false;            ///< one block per row even when outputs are few (no cluster split)
+  bool fuse_gather = false;     ///< with compact: the counting pass fills the list (no gather pass)
 };
 PassMode pass_mode();
 /// Overrides the environment's PassMode for every later launch (benchmarks: one process

@@ -308,6 +308,7 @@ struct SharedState {
   Mass mass;           ///< broadcast slot of sum_mass_where
   float value;         ///< broadcast slot of a float reduction (softmax's sum)
   int32_t token;       ///< the token inverse_cdf found (written by the crossing thread)
+  int32_t list_count;  ///< entries the counting pass collected into the candidate list (fuse)
   /// Per-tile masses a pass keeps for the next inverse CDF (two candidate sets: the
   /// counting pass's p > pivot_0 and p > pivot_1): the sums of the threads' MassAcc
   /// halves, below 2^62 for a tile of 512 threads x 16 entries. [parity][set][tile]:
@@ -361,6 +362,74 @@ __device__ __forceinline__ void cp_async_wait() {
 
 /// The ring of stream_tiles (dynamic shared memory, sized by the launcher: stream_bytes).
 extern __shared__ uint4 flashstep_stream_ring[];
+
+/// The candidate list: once a rejection round leaves at most kListCapacity candidates
+/// (p > low), one pass copies them, in vocabulary order, into shared memory (the dynamic
+/// shared memory of stream_tiles' ring, free between passes), and every later round
+/// draws and counts over the list instead of the row. The list holds values and indices;
+/// later rounds only raise `low`, so the list keeps every later candidate and the rounds
+/// test x > low on it as the row passes do: the same tokens, masses and counts.
+constexpr int kListCapacity = 8192;
+constexpr size_t kListBytes = size_t{kListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+struct CandidateList {
+  float* value;  ///< (capacity) in shared memory
+  int32_t* index;
+  int capacity = kListCapacity;
+  int n = 0;  ///< entries
+};
+/// The list `offset` bytes into the dynamic shared memory (0: over the ring, for callers
+/// that run no streamed pass while the list is in use; else past the ring).
+__device__ __forceinline__ CandidateList candidate_list(size_t offset = 0, int capacity = kListCapacity) {
+  CandidateList l;
+  l.value = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(flashstep_stream_ring) + offset);
+  l.index = reinterpret_cast<int32_t*>(l.value + capacity);
+  l.capacity = capacity;
+  return l;
+}
+
+/// The list past stream_tiles' ring when this block streams its passes (then it may be
+/// filled during a streamed pass), else at the start of the dynamic shared memory.
+template <typename Row, int VEC>
+__device__ __forceinline__ CandidateList list_past_ring(const RowSplit& sp, int capacity) {
+  size_t offset = 0;
+  if constexpr (Streamable<Row>::value) {
+    if (sp.stream) offset = size_t{kStreamStages} * kBlock * VEC * sizeof(typename Row::Elem);
+  }
+  return candidate_list(offset, capacity);
+}
+
+/// Entries of the list the counting pass fills on the fly (fuse): a power of two (the
+/// sort), past the ring, beside SharedState in the 227 KB.
+constexpr int kFuseListCapacity = 4096;
+constexpr size_t kFuseListBytes = size_t{kFuseListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+/// Sorts the list's n entries by vocabulary index (a bitonic sort in shared memory over
+/// the next power of two, padded with indices past every real one): the counting pass
+/// fills it in no particular order, and the inverse CDF needs vocabulary order.
+__device__ inline void sort_list_by_index(CandidateList& l) {
+  int n2 = 1;
+  while (n2 < l.n) n2 <<= 1;  // <= capacity, a power of two
+  for (int a = l.n + static_cast<int>(threadIdx.x); a < n2; a += kBlock) l.index[a] = 0x7FFFFFFF, l.value[a] = 0.f;
+  __syncthreads();
+  for (int k = 2; k <= n2; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = static_cast<int>(threadIdx.x); i < n2; i += kBlock) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const bool ascending = (i & k) == 0;
+          const int32_t a = l.index[i], b = l.index[partner];
+          if ((a > b) == ascending) {
+            const float va = l.value[i];
+            l.index[i] = b, l.index[partner] = a;
+            l.value[i] = l.value[partner], l.value[partner] = va;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
 
 /// One full pass over this block's tiles (tiles rank, rank + size, ...; last to first if
 /// `reverse`) with the loads of the next kStreamAhead tiles in flight while a tile is
@@ -759,13 +828,42 @@ __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass thre
 
 /// Pass 2: count and exact mass of the entries strictly above pivot_0 and pivot_1, and
 /// each tile's two masses (sets 0 and 1): the next round's candidates are one of the two.
+/// collect (fuse; one block per row): also copies every entry above `collect_above` into
+/// the list, in no particular order, while it has room; collect->n gets their count
+/// (more than the capacity: the list is incomplete).
 template <int VEC, bool CLUSTER = false, typename Row>
-__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp) {
+__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp,
+                                       CandidateList* collect = nullptr, float collect_above = 0.f) {
   const bool tiles = keeps_tiles<VEC>(row.vocab);
+  if (collect != nullptr && threadIdx.x == 0) sh.list_count = 0;
+  if (collect != nullptr) __syncthreads();
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
   const bool lean = sp.lean;
-  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto index) {
+    if (collect != nullptr) {  // warp by warp: one shared atomic per warp and entry slot with a hit
+      float top = v[0];
+#pragma unroll
+      for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
+      if (__any_sync(0xFFFFFFFFu, top > collect_above)) {
+        const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool hit = v[j] > collect_above;
+          const unsigned mask = __ballot_sync(0xFFFFFFFFu, hit);
+          if (mask == 0) continue;
+          const int leader = __ffs(mask) - 1;
+          int base = 0;
+          if (lane == static_cast<unsigned>(leader)) base = atomicAdd(&sh.list_count, __popc(mask));
+          base = __shfl_sync(0xFFFFFFFFu, base, leader);
+          const int at = base + __popc(mask & ((1u << lane) - 1u));
+          if (hit && at < collect->capacity) {
+            collect->value[at] = v[j];
+            collect->index[at] = static_cast<int32_t>(index(j));
+          }
+        }
+      }
+    }
     MassAcc acc_0, acc_1;
     if (lean) {
       // a warp converts only for a set some of its entries are in (the set above pivot_1,
@@ -813,32 +911,9 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
   if constexpr (CLUSTER)
     return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
-  return broadcast(r, sh.pivots);
-}
-
-/// The candidate list: once a rejection round leaves at most kListCapacity candidates
-/// (p > low), one pass copies them, in vocabulary order, into shared memory (the dynamic
-/// shared memory of stream_tiles' ring, free between passes), and every later round
-/// draws and counts over the list instead of the row. The list holds values and indices;
-/// later rounds only raise `low`, so the list keeps every later candidate and the rounds
-/// test x > low on it as the row passes do: the same tokens, masses and counts.
-constexpr int kListCapacity = 8192;
-constexpr size_t kListBytes = size_t{kListCapacity} * (sizeof(float) + sizeof(int32_t));
-
-struct CandidateList {
-  float* value;  ///< (capacity) in shared memory
-  int32_t* index;
-  int capacity = kListCapacity;
-  int n = 0;  ///< entries
-};
-/// The list `offset` bytes into the dynamic shared memory (0: over the ring, for callers
-/// that run no streamed pass while the list is in use; else past the ring).
-__device__ __forceinline__ CandidateList candidate_list(size_t offset = 0, int capacity = kListCapacity) {
-  CandidateList l;
-  l.value = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(flashstep_stream_ring) + offset);
-  l.index = reinterpret_cast<int32_t*>(l.value + capacity);
-  l.capacity = capacity;
-  return l;
+  const PivotStats all = broadcast(r, sh.pivots);  // its barriers also end the collection
+  if (collect != nullptr) collect->n = sh.list_count;
+  return all;
 }
 
 /// One pass over the row (each thread its VEC consecutive entries of a tile, one block
@@ -861,7 +936,7 @@ __device__ void gather_candidates(const Row& row, float low, CandidateList& list
     at += base;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (v[j] > low && at < kListCapacity) {
+      if (v[j] > low && at < list.capacity) {
         list.value[at] = v[j];
         list.index[at] = static_cast<int32_t>(i + j);
         ++at;
@@ -869,7 +944,7 @@ __device__ void gather_candidates(const Row& row, float low, CandidateList& list
     }
     base += tile_total;
   }
-  list.n = base < kListCapacity ? base : kListCapacity;
+  list.n = base < list.capacity ? base : list.capacity;
   __syncthreads();  // the list is complete
 }
 

@@ -74,6 +74,7 @@ struct SamplerParams {
   bool online_softmax;              ///< from logits: one-pass max and sum, p = numerator * (1 / sum)
   bool compact;                     ///< rejection rounds over the candidate list once it fits
   bool lean;                        ///< pass 0 and the counting pass: fewer instructions an entry
+  bool fuse_gather;                 ///< (with compact) the counting pass fills the list itself
 };
 
 /// The read mode of the full passes (row_passes.cuh: RowSplit) a launch asks for.
@@ -151,7 +152,10 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
   // the candidate list (row_passes.cuh), one block per row only: once a round leaves at
   // most kListCapacity candidates, later rounds read the list, not the row
   const bool may_list = !CLUSTER && p.compact;
-  CandidateList list = candidate_list();
+  // fuse: the counting pass itself collects the entries above the lower pivot (a superset
+  // of the next round's candidates) into a list past the ring, sorted when it is used
+  const bool fuse = may_list && p.fuse_gather;
+  CandidateList list = fuse ? list_past_ring<Row, VEC>(sp, kFuseListCapacity) : candidate_list();
   bool listed = false;
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
@@ -171,7 +175,8 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
     const float pivot_1 = __fmul_rn(__fadd_rn(pivot_0, high), 0.5f);
     const PivotStats above = listed ? list_count_mass_above(list, pivot_0, pivot_1, sh)
-                                    : count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp);
+                                    : count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp,
+                                                                     fuse ? &list : nullptr, fminf(pivot_0, pivot_1));
     if (pivot_passes<KIND>(f, above.count_0, above.mass_0, top_p_bound)) return {token, round, Status::ok};
     int32_t left;  // candidates of the next round
     if (pivot_passes<KIND>(f, above.count_1, above.mass_1, top_p_bound)) {
@@ -188,8 +193,12 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
     }
     // low rises every round and `high` always passes, so this ends; never loop on a surprise
     if (!(low < high)) return {kInvalidToken, round, Status::internal_error};
-    if (may_list && !listed && left <= kListCapacity) {
-      gather_candidates<VEC>(row, low, list, sh);
+    if (may_list && !listed && left <= list.capacity) {
+      if (fuse && list.n <= list.capacity) {
+        sort_list_by_index(list);  // every entry above low is in it (low >= the lower pivot)
+      } else {
+        gather_candidates<VEC>(row, low, list, sh);
+      }
       listed = true;
     }
   }
@@ -344,6 +353,7 @@ size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
   const size_t ring = p.stream
                           ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry)
                           : 0;
+  if (p.compact && p.fuse_gather) return ring + device::kFuseListBytes;  // the list past the ring
   const size_t list = p.compact ? device::kListBytes : 0;
   return ring > list ? ring : list;
 }
@@ -364,7 +374,8 @@ void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t str
   const size_t ring = ring_bytes(q, kEntry);
   static const bool allowed =
       (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
-                  std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry, device::kListBytes)),
+                  std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry + device::kFuseListBytes,
+                           device::kListBytes)),
        true);
   static_cast<void>(allowed);
   device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
@@ -391,7 +402,8 @@ int clusters_that_fit(int c) {
   static const std::array<int, 5> fit = [] {
     std::array<int, 5> n{};
     const auto kernel = device::rejection_sampling_cluster_kernel<KIND>;
-    const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4;  // the most a launch asks
+    const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4 +
+                        device::kFuseListBytes;  // the most a launch asks
     allow_ring(kernel, ring);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       cudaGetLastError();
@@ -515,6 +527,7 @@ PassMode pass_mode() {
     m.compact = env_switch("FLASHSTEP_SAMPLING_COMPACT", m.compact);
     m.lean = env_switch("FLASHSTEP_SAMPLING_LEAN", m.lean);
     m.solo = env_switch("FLASHSTEP_SAMPLING_SOLO", m.solo);
+    m.fuse_gather = env_switch("FLASHSTEP_SAMPLING_FUSE", m.fuse_gather);
     return m;
   }();
   return mode;
@@ -594,6 +607,7 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.online_softmax = mode.online_softmax;
   p.compact = mode.compact;
   p.lean = mode.lean;
+  p.fuse_gather = mode.fuse_gather;
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);

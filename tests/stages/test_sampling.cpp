@@ -487,24 +487,30 @@ TEST_CASE("top_k_renorm_probs, top_p_renorm_probs, top_k_mask_logits and softmax
 
 TEST_CASE("pass modes: every mode gives the tokens, rows and statuses of the plain passes") {
   // The pass modes (launch.hpp: PassMode; each switch alone, all, all but the list, all
-  // with one block per row) change how the passes read and add, never what they decide: every sampler's tokens, rounds and statuses, and the renorm and mask
+  // with one block per row, the list filled by the counting pass) change how the passes read and add, never what they decide: every sampler's tokens, rounds and statuses, and the renorm and mask
   // rows, equal mode "off"'s bit for bit. The fused softmax's bits depend on the mode
   // (online softmax), so there softmax() must equal the fused probabilities under each
   // mode, and the tokens the reference sampler's on them.
   namespace detail = gpu::detail;
   const detail::PassMode saved = detail::pass_mode();
-  auto make = [](bool stream, bool serp, bool online, bool compact, bool lean, bool solo = false) {
+  auto make = [](bool stream, bool serp, bool online, bool compact, bool lean, bool solo = false, bool fuse = false) {
     detail::PassMode m;
     m.stream = stream, m.serpentine = serp, m.online_softmax = online, m.compact = compact, m.lean = lean;
-    m.solo = solo;
+    m.solo = solo, m.fuse_gather = fuse;
     return m;
   };
-  const std::vector<detail::PassMode> modes = {
-      make(false, false, false, false, false), make(true, false, false, false, false),
-      make(false, true, false, false, false),  make(false, false, true, false, false),
-      make(false, false, false, true, false),  make(false, false, false, false, true),
-      make(true, true, true, true, true),      make(true, true, true, false, true),
-      make(true, true, true, true, true, true)};
+  const std::vector<detail::PassMode> modes = {make(false, false, false, false, false),
+                                               make(true, false, false, false, false),
+                                               make(false, true, false, false, false),
+                                               make(false, false, true, false, false),
+                                               make(false, false, false, true, false),
+                                               make(false, false, false, false, true),
+                                               make(true, true, true, true, true),
+                                               make(true, true, true, false, true),
+                                               make(true, true, true, true, true, true),
+                                               make(true, true, true, true, true, false, true),
+                                               make(false, false, false, true, true, false, true),
+                                               make(true, true, true, true, true, true, true)};
   auto rng = flashstep::test::case_rng("stage 06 pass modes");
   for (int64_t vocab : {int64_t{111}, int64_t{32000}, int64_t{151936}}) {
     for (int64_t batch : {int64_t{1}, int64_t{5}}) {
