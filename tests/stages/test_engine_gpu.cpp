@@ -470,7 +470,7 @@ TEST_CASE("09_engine: step timing, batch 64 decode (prints; not a timed test)" *
 }
 
 TEST_SUITE("host") {
-TEST_CASE("09_engine: default_stage applies flashstep.cuda's rule; a shape no stage runs is refused with reasons") {
+TEST_CASE("09_engine: default_stage applies flashstep.cuda's rule, and a shape no stage runs is refused with reasons") {
   stages::BatchShape s;
   s.mode = stages::Mode::decode;
   s.storage = stages::KVStorage::paged;
