@@ -465,6 +465,7 @@ def test_graph_replay_after_replan(torch, fsc, flashinfer, rng, kind, layout, pa
         k.run(ours, q, *outs[0])
     with torch.cuda.graph(graphs[1]):
         flashinfer_run(theirs, kind, k, q, *outs[1])
+    divergences = []
     for name, qo_lens, kv_lens in cases:
         b = k.batch(qo_lens, kv_lens) if name != "captured" else first
         try:
@@ -482,7 +483,18 @@ def test_graph_replay_after_replan(torch, fsc, flashinfer, rng, kind, layout, pa
             graph.replay()
         torch.cuda.synchronize()
         what = f"{kind} ({ours.stage}) graph replay after re-plan '{name}' vs FlashInfer"
-        if kind == "cascade":  # FlashInfer's cascade run() returns o alone
-            cs.assert_close(torch, outs[0][0], outs[1][0], fsc.tolerance("bfloat16", "o"), what + " o", FACTOR)
-        else:
-            compare(torch, fsc, outs[0], outs[1], "bfloat16", what)
+        try:
+            if kind == "cascade":  # FlashInfer's cascade run() returns o alone
+                cs.assert_close(torch, outs[0][0], outs[1][0], fsc.tolerance("bfloat16", "o"), what + " o", FACTOR)
+            else:
+                compare(torch, fsc, outs[0], outs[1], "bfloat16", what)
+        except AssertionError as disagreement:
+            # Which library is wrong? flashstep's replay against the float64 oracle: if it
+            # is right, the difference is FlashInfer's replay (its own bug list has this
+            # class), reported as an expected failure that names it; if not, ours fails.
+            tg.check(torch, fsc, outs[0][0], outs[0][1], k.refs(b, q), "bfloat16",
+                     what.replace("vs FlashInfer", "vs the float64 oracle"))
+            divergences.append(f"{name}: {disagreement}")
+    if divergences:
+        pytest.xfail("flashstep's replays match the float64 oracle; FlashInfer's graph replay after re-plan "
+                     "does not: " + " | ".join(d.splitlines()[0] for d in divergences))

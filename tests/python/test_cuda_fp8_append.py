@@ -53,7 +53,7 @@ def encode_with(codes, x, fmt, scale):
         r = np.round(np.where(np.isfinite(a), a, vmax) / ulp) * ulp  # np.round: ties to even
     r = np.minimum(r, vmax)
     by_value = {v: b for b, v in enumerate(codes) if b < 128 and math.isfinite(v)}
-    out = np.array([by_value[v] for v in r.tolist()], dtype=np.uint8)
+    out = np.array([by_value[v] for v in r.ravel().tolist()], dtype=np.uint8).reshape(r.shape)
     out |= (np.signbit(q).astype(np.uint8) << 7)
     return out, np.isnan(q)
 
