@@ -58,6 +58,16 @@ int guarded(const char* function, F&& body) {
 void require(bool ok, const std::string& message) {
   if (!ok) throw InvalidArgument(message);
 }
+/// The same for a literal message: no std::string is made unless the check fails (run()'s
+/// checks pass once per layer).
+void require(bool ok, const char* message) {
+  if (!ok) throw InvalidArgument(message);
+}
+/// The same for a message that is built (concatenated), only when the check fails.
+template <typename MakeMessage>
+void require_lazy(bool ok, MakeMessage&& make_message) {
+  if (!ok) throw InvalidArgument(make_message());
+}
 
 void check_cuda(cudaError_t err, const char* function) {
   if (err != cudaSuccess) {
@@ -150,16 +160,10 @@ struct Runner {
   const st::StageInfo* info = nullptr;
   std::unique_ptr<st::StageRunner> runner;
   bool planned = false;
-  // fs_runner_plan's batch and workspace, for a run() whose k_scale/v_scale differ from
-  // the plan's (the stages take the scales at plan time): it plans again with them.
-  bool replannable = false;
-  st::BatchShape shape;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
 };
 
 Runner* as_runner(void* p, const char* function) {
-  require(p != nullptr, std::string(function) + ": runner is null");
+  require_lazy(p != nullptr, [&] { return std::string(function) + ": runner is null"; });
   return static_cast<Runner*>(p);
 }
 
@@ -263,56 +267,60 @@ int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t 
   return guarded("fs_runner_plan", [&] {
     Runner* r = as_runner(runner, "fs_runner_plan");
     r->planned = false;
-    st::BatchShape b = to_shape(shape, "fs_runner_plan");
-    if (r->replannable) {  // the last run's scales: a caller whose scales do not change plans once
-      b.k_scale = r->shape.k_scale;
-      b.v_scale = r->shape.v_scale;
-    }
-    r->replannable = false;
+    const st::BatchShape b = to_shape(shape, "fs_runner_plan");
     const std::string reason = r->info->unsupported_reason(b);
     require(reason.empty(), "plan: stage " + r->info->name + " cannot run " + b.describe() + ": " + reason);
     r->runner->plan(b, workspace, workspace_bytes, as_stream(stream));
     check_cuda(cudaGetLastError(), "plan");
-    r->shape = std::move(b);
-    r->workspace = workspace;
-    r->workspace_bytes = workspace_bytes;
-    r->planned = r->replannable = true;
+    r->planned = true;
   });
 }
 
-int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
+namespace {
+
+/// Makes `device` current for its lifetime (-1 or the current one: nothing to do) and
+/// restores the previous device after, also when the call throws.
+class DeviceScope {
+ public:
+  DeviceScope(int device, const char* fn) {
+    if (device < 0) return;
+    int current = 0;
+    check_cuda(cudaGetDevice(&current), fn);
+    if (current == device) return;
+    check_cuda(cudaSetDevice(device), fn);
+    previous_ = current;
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);  // (a destructor must not throw)
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
+int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream) {
   return guarded("fs_runner_run", [&] {
     Runner* r = as_runner(runner, "fs_runner_run");
+    const DeviceScope scope(device, "fs_runner_run");
     require(batch != nullptr, "fs_runner_run: batch is null");
     require(r->planned, "run: call plan() first (the last plan failed or none was made)");
-    const double ks = batch->k_scale == 0 ? 1.0 : batch->k_scale, vs = batch->v_scale == 0 ? 1.0 : batch->v_scale;
-    require(std::isfinite(ks) && ks > 0 && std::isfinite(vs) && vs > 0,
-            "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
-                " and " + std::to_string(batch->v_scale));
-    const float k_scale = static_cast<float>(ks), v_scale = static_cast<float>(vs);
-    const bool planned_scales = r->replannable ? (r->shape.k_scale == k_scale && r->shape.v_scale == v_scale)
-                                               : (k_scale == 1.f && v_scale == 1.f);
-    if (!planned_scales) {
-      require(!r->info->kv_dtypes.empty(), "run: stage " + r->info->name +
-                                               " reads no FP8 cache and applies no k_scale or v_scale " +
-                                               "(both must be 1)");
-      require(r->replannable, "run: k_scale and v_scale need a plan made by fs_runner_plan");
-      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-      check_cuda(cudaStreamIsCapturing(as_stream(stream), &capture), "run");
-      require(capture == cudaStreamCaptureStatusNone,
-              "run: k_scale and v_scale differ from the plan's while the stream is being captured into a CUDA "
-              "graph; the stages fold the scales into the launch at plan time, so run() once with these scales "
-              "before the capture (the graph then replays them)");
-      st::BatchShape s = r->shape;
-      s.k_scale = k_scale;
-      s.v_scale = v_scale;
-      r->planned = false;
-      r->runner->plan(s, r->workspace, r->workspace_bytes, as_stream(stream));
-      check_cuda(cudaGetLastError(), "plan");
-      r->shape.k_scale = k_scale;
-      r->shape.v_scale = v_scale;
-      r->planned = true;
-    }
+    // the scales as the kernels take them (float): a double outside float's range is refused
+    const float k_scale = batch->k_scale == 0 ? 1.f : static_cast<float>(batch->k_scale);
+    const float v_scale = batch->v_scale == 0 ? 1.f : static_cast<float>(batch->v_scale);
+    require_lazy(std::isfinite(k_scale) && k_scale > 0 && std::isfinite(v_scale) && v_scale > 0, [&] {
+      return "run: k_scale and v_scale must be positive finite numbers (0: 1), got " + std::to_string(batch->k_scale) +
+             " and " + std::to_string(batch->v_scale);
+    });
+    // The run's scales ride on the DeviceBatch: the stages that apply scales take them at
+    // launch, so scales that change from run to run (one per layer) need no new plan, and
+    // a CUDA graph captures those of the run it records.
+    require_lazy((k_scale == 1.f && v_scale == 1.f) || !r->info->kv_dtypes.empty(), [&] {
+      return "run: stage " + r->info->name + " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)";
+    });
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
@@ -324,6 +332,8 @@ int fs_runner_run(void* runner, const fs_batch* batch, void* stream) {
     d.v = batch->v;
     d.o = batch->o;
     d.lse = batch->lse;
+    d.k_scale = k_scale;
+    d.v_scale = v_scale;
     r->runner->run(d, as_stream(stream));
     check_cuda(cudaGetLastError(), "run");
   });
@@ -344,7 +354,7 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     require(num_groups && qo_indptr && kv_indptr && kv_indices && kv_last_page_len,
             std::string(fn) + ": num_groups and the four level arrays are required");
     require(workspace != nullptr || bytes_needed != nullptr, std::string(fn) + ": give a workspace or bytes_needed");
-    r->planned = r->replannable = false;
+    r->planned = false;
     st::BatchShape batch = to_shape(shape, fn);  // the last level: one group per request
     require(batch.storage == st::KVStorage::paged, std::string(fn) + ": the cascade reads a paged pool");
     const int n = batch.batch_size;
@@ -439,17 +449,35 @@ int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq_len, i
   });
 }
 
-int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value, int64_t key_row_stride,
-                             int64_t value_row_stride, int64_t nnz, const int32_t* batch_indices,
-                             const int32_t* positions, void* k_cache, void* v_cache, int64_t page_stride, int kv_layout,
-                             int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
-                             const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size, int32_t* status,
-                             void* stream) {
+int fs_append_paged_kv_cache(int dtype, int kv_dtype, const void* append_key, const void* append_value,
+                             int64_t key_row_stride, int64_t value_row_stride, int64_t nnz,
+                             const int32_t* batch_indices, const int32_t* positions, void* k_cache, void* v_cache,
+                             int64_t page_stride, int kv_layout, int num_kv_heads, int head_dim, int page_size,
+                             int64_t num_pages, const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size,
+                             double k_scale, double v_scale, int32_t* status, void* stream) {
   return guarded("fs_append_paged_kv_cache", [&] {
     const std::string fn = "append_paged_kv_cache";
     require(nnz >= 0 && num_kv_heads >= 1 && head_dim >= 1 && page_size >= 1 && batch_size >= 0 && num_pages >= 0,
             fn + ": nnz, batch_size and num_pages must be >= 0; num_kv_heads, head_dim and page_size >= 1");
     require(kv_layout == FS_NHD || kv_layout == FS_HND, fn + ": kv_layout must be 0 (NHD) or 1 (HND)");
+    // The rows' type: q's types, or an FP8 format (rows quantized beforehand, copied).
+    const st::DType rows = dtype == FS_E4M3   ? st::DType::e4m3
+                           : dtype == FS_E5M2 ? st::DType::e5m2
+                                              : to_dtype(dtype, fn.c_str());
+    const st::DType cache = kv_dtype == 0 || kv_dtype == dtype ? rows : to_kv_dtype(kv_dtype, dtype, fn.c_str());
+    const bool quantize = cache != rows;
+    require(!quantize || rows == st::DType::f16 || rows == st::DType::bf16,
+            fn + ": rows of dtype " + st::to_string(rows) + " cannot go into a cache of kv_dtype " +
+                st::to_string(cache) + ": only f16/bf16 rows are converted (quantized into e4m3/e5m2); " +
+                "other rows must have the cache's type");
+    const double ks = k_scale == 0 ? 1.0 : k_scale, vs = v_scale == 0 ? 1.0 : v_scale;
+    require(std::isfinite(ks) && ks > 0,
+            fn + ": k_scale must be a positive finite number (0: 1), got " + std::to_string(k_scale));
+    require(std::isfinite(vs) && vs > 0,
+            fn + ": v_scale must be a positive finite number (0: 1), got " + std::to_string(v_scale));
+    require(quantize || (ks == 1 && vs == 1),
+            fn + ": k_scale and v_scale apply only when f16/bf16 rows are quantized into an FP8 cache; rows of " +
+                "the cache's own type are copied (both must be 1)");
     flashstep::capi::AppendParams p;
     p.append_key = append_key;
     p.append_value = append_value;
@@ -470,7 +498,9 @@ int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* appe
     p.kv_indptr = kv_indptr;
     p.batch_size = batch_size;
     p.status = status;
-    flashstep::capi::launch_append_paged_kv_cache(to_dtype(dtype, fn.c_str()), p, as_stream(stream));
+    p.k_scale = ks;
+    p.v_scale = vs;
+    flashstep::capi::launch_append_paged_kv_cache(rows, cache, p, as_stream(stream));
     check_cuda(cudaGetLastError(), fn.c_str());
   });
 }

@@ -16,9 +16,11 @@ namespace flashstep::capi {
 /// Arguments of the append kernel (see fs_append_paged_kv_cache for their meaning).
 using AppendParams = kernels::AppendPagedKVParams;
 
-/// Launches the append on `stream`. \param dtype element type of rows and cache
-/// \param p the arguments \param stream where the kernel runs
-void launch_append_paged_kv_cache(stages::DType dtype, const AppendParams& p, cudaStream_t stream);
+/// Launches the append on `stream`. \param dtype element type of the rows \param kv_dtype
+/// element type of the cache: dtype (a copy), or e4m3 / e5m2 for f16/bf16 rows (quantized
+/// under p.k_scale / p.v_scale) \param p the arguments \param stream where the kernel runs
+void launch_append_paged_kv_cache(stages::DType dtype, stages::DType kv_dtype, const AppendParams& p,
+                                  cudaStream_t stream);
 
 /// Merges two states per (row, head). \param dtype element type of v \param v_a (seq_len,
 /// num_heads, head_dim) \param s_a (seq_len, num_heads) natural-log lse \param v_b as v_a

@@ -26,13 +26,13 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 4
+#define FLASHSTEP_CAPI_VERSION 6
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
 /// Element types: FS_F32, FS_F16, FS_BF16 (q, k, v, o and merge/append inputs);
 /// FS_E4M3 and FS_E5M2 (FP8, PyTorch's float8_e4m3fn and float8_e5m2) for K/V only
-/// (fs_shape.kv_dtype).
+/// (fs_shape.kv_dtype, and the rows and cache of fs_append_paged_kv_cache).
 enum { FS_F32 = 0, FS_F16 = 1, FS_BF16 = 2, FS_E4M3 = 3, FS_E5M2 = 4 };
 /// Attention modes.
 enum { FS_DECODE = 0, FS_PREFILL = 1 };
@@ -83,9 +83,9 @@ typedef struct fs_batch {
   void* o;                          ///< (nnz_qo, num_qo_heads, head_dim)
   float* lse;                       ///< (nnz_qo, num_qo_heads), natural log
   /// Attention reads k * k_scale and v * v_scale (FlashInfer's run() arguments for an FP8
-  /// cache); 0 means 1. Scales other than the last plan's are planned again before the
-  /// launch (the stages fold them into the kernel's arguments at plan time), which is
-  /// refused while the stream is being captured into a CUDA graph; a stage that reads no
+  /// cache); 0 means 1. They are arguments of this run's launch (DeviceBatch's scales):
+  /// scales that change from run to run need no new plan, also while a CUDA graph is
+  /// being captured (the graph keeps the captured run's values); a stage that reads no
   /// FP8 refuses scales other than 1.
   double k_scale;
   double v_scale;
@@ -118,12 +118,14 @@ FS_API int fs_runner_create(const char* name, void** runner);
 FS_API int fs_runner_destroy(void* runner);
 /// Device workspace bytes that plan() and run() need for `shape`.
 FS_API int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t* bytes);
-/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it, with
-/// the k_scale and v_scale of the runner's last fs_runner_run (1 before any), so that a
-/// caller whose scales do not change is planned with them once.
+/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it (the
+/// scales are fs_batch's, given to each run).
 FS_API int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
-/// Launches the planned attention on `stream`; fails when no plan was made.
-FS_API int fs_runner_run(void* runner, const fs_batch* batch, void* stream);
+/// Launches the planned attention on `stream`; fails when no plan was made. `device` is
+/// the CUDA device the arrays and the stream live on, made current for the launch and
+/// the previous one restored after (-1: the current device, as it is). One call per
+/// layer, so the device switch is made here rather than by two more calls.
+FS_API int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream);
 /// Plans a stage 05 runner (fs_runner_create("05_cascade")) on FlashInfer's multi-level
 /// form instead of deriving the levels: level l has num_groups[l] groups, host arrays
 /// qo_indptr[l] (num_groups[l] + 1), kv_indptr[l] (num_groups[l] + 1), kv_indices[l]
@@ -163,11 +165,21 @@ FS_API int fs_merge_states(int dtype, const void* v, const float* s, int64_t seq
 /// Hkv * D for one 5-D pool, page_size * Hkv * D for separate k and v caches). A row
 /// whose request, position or page is out of range is not written and, when `status` is
 /// given, gets status 1 there (0 for written rows).
-FS_API int fs_append_paged_kv_cache(int dtype, const void* append_key, const void* append_value, int64_t key_row_stride,
-                                    int64_t value_row_stride, int64_t nnz, const int32_t* batch_indices,
-                                    const int32_t* positions, void* k_cache, void* v_cache, int64_t page_stride,
-                                    int kv_layout, int num_kv_heads, int head_dim, int page_size, int64_t num_pages,
-                                    const int32_t* kv_indices, const int32_t* kv_indptr, int batch_size,
+///
+/// dtype is the rows' type (FS_F32, FS_F16, FS_BF16, or FS_E4M3 / FS_E5M2 for rows
+/// quantized beforehand), kv_dtype the cache's (0: dtype). Rows of the cache's type are
+/// copied (k_scale and v_scale must be 0 or 1). FS_F16/FS_BF16 rows into an FS_E4M3 /
+/// FS_E5M2 cache are quantized on write: element x is stored as the FP8 value nearest to
+/// x / k_scale (keys) or x / v_scale (values), the quotient in double, ties to even,
+/// saturating at the format's largest finite value (the __nv_fp8_e4m3 / __nv_fp8_e5m2
+/// constructors); the scales are those attention then reads (fs_batch.k_scale/v_scale),
+/// positive and finite (0: 1).
+FS_API int fs_append_paged_kv_cache(int dtype, int kv_dtype, const void* append_key, const void* append_value,
+                                    int64_t key_row_stride, int64_t value_row_stride, int64_t nnz,
+                                    const int32_t* batch_indices, const int32_t* positions, void* k_cache,
+                                    void* v_cache, int64_t page_stride, int kv_layout, int num_kv_heads, int head_dim,
+                                    int page_size, int64_t num_pages, const int32_t* kv_indices,
+                                    const int32_t* kv_indptr, int batch_size, double k_scale, double v_scale,
                                     int32_t* status, void* stream);
 
 // ---- stage 09: rotary position encoding (FlashInfer's apply_rope family) ---------------

@@ -4,6 +4,7 @@
 // few bytes per element, so any head_dim works and nothing is tiled.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cmath>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "capi_kernels.hpp"
 #include "flashstep/kernels/append_paged.cuh"
 #include "flashstep/kernels/dispatch.cuh"
+#include "flashstep/kernels/state.cuh"
 
 namespace flashstep::capi {
 namespace {
@@ -43,10 +45,12 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 
 constexpr int kThreads = 128;
 
-// One block per (row, head); its threads stride over head_dim. Each state k contributes
-// exp(s_k - m) of weight, m the largest lse of the row: the merge of normalized states
-// (docs/concepts/08_cascade.md). A row whose states all have lse = -inf (no key at all)
-// gets o = 0 and lse = -inf.
+// One block per (row, head); its threads stride over head_dim. The states of a row are
+// normalized (v_k, s_k): an output and its natural-log lse. Each thread finds the largest
+// m = s_k log2(e) first, then sums the states' weighted terms, independent of one another
+// (SoftmaxState::init(m), absorb: the second half of the one merge of kernels/state.cuh,
+// as stage 02's two-halves kernel sums its token groups). A row whose states all have
+// lse = -inf (no key at all) gets o = 0 and lse = -inf.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     merge_states_kernel(const T* v, const float* s, int64_t num_states, int64_t num_heads, int64_t head_dim,
@@ -63,25 +67,39 @@ __global__ void __launch_bounds__(kThreads)
     if (v_b != nullptr && k == 1) return to_float(v_b[(row * num_heads + head) * head_dim + d]);
     return to_float(v[row * row_stride_v + (k * num_heads + head) * head_dim + d]);
   };
-  float m = -INFINITY;
-  for (int64_t k = 0; k < num_states; ++k) m = fmaxf(m, lse_of(k));
-  float denominator = 0.f;
-  if (m != -INFINITY)
-    for (int64_t k = 0; k < num_states; ++k) denominator += expf(lse_of(k) - m);
+  float m = -INFINITY;  // base 2
+  for (int64_t k = 0; k < num_states; ++k) m = fmaxf(m, lse_of(k) * kernels::kLog2e);
+  float lse = -INFINITY;
   for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float o = 0.f;
-    if (m != -INFINITY)
-      for (int64_t k = 0; k < num_states; ++k) o += expf(lse_of(k) - m) * v_of(k, d);
-    v_out[(row * num_heads + head) * head_dim + d] = from_float<T>(m == -INFINITY ? 0.f : o / denominator);
+    kernels::SoftmaxState<1> merged;
+    merged.init(m);
+    for (int64_t k = 0; k < num_states; ++k) {
+      const float lse_k = lse_of(k), v_k = v_of(k, d);
+      merged.absorb(lse_k * kernels::kLog2e, lse_k == -INFINITY ? 0.f : 1.f, &v_k);
+    }
+    float out;
+    merged.output(&out);
+    v_out[(row * num_heads + head) * head_dim + d] = from_float<T>(out);
+    lse = merged.lse();
   }
   __syncthreads();  // in place (s_out == s), every thread has read the lse before it is written
-  if (threadIdx.x == 0) s_out[row * num_heads + head] = m == -INFINITY ? -INFINITY : m + logf(denominator);
+  if (threadIdx.x == 0) s_out[row * num_heads + head] = lse;
 }
 
 }  // namespace
 
-void launch_append_paged_kv_cache(stages::DType dtype, const AppendParams& p, cudaStream_t stream) {
-  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { kernels::launch_append_paged_kv_cache<T>(p, stream); })
+void launch_append_paged_kv_cache(stages::DType dtype, stages::DType kv_dtype, const AppendParams& p,
+                                  cudaStream_t stream) {
+  // FP8 rows into a cache of their own format: a byte copy, FlashInfer's append of rows
+  // quantized beforehand.
+  if (dtype == stages::DType::e4m3 && kv_dtype == dtype)
+    return kernels::launch_append_paged_kv_cache<__nv_fp8_e4m3>(p, stream);
+  if (dtype == stages::DType::e5m2 && kv_dtype == dtype)
+    return kernels::launch_append_paged_kv_cache<__nv_fp8_e5m2>(p, stream);
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
+    kernels::dispatch_kv_dtype<T>(
+        dtype, kv_dtype, [&](auto kv_tag) { kernels::launch_append_paged_kv_cache<T, decltype(kv_tag)>(p, stream); });
+  })
 }
 
 void launch_merge_state(stages::DType dtype, const void* v_a, const float* s_a, const void* v_b, const float* s_b,

@@ -59,6 +59,34 @@ struct BenchOptions {
 /// Runs the benchmark and writes the results JSON.
 int run_bench(const BenchOptions& opt, std::ostream& os);
 
+/// Options of `flashstep serve` (stage 09's engine on a seeded workload).
+struct ServeOptions {
+  int64_t requests = 64;                                           ///< requests in the arrival schedule
+  uint64_t seed = 0;                                               ///< schedule and sampling seed
+  double arrivals_per_step = 8;                                    ///< Poisson mean of arrivals per step
+  int64_t min_prompt = 16, max_prompt = 128;                       ///< own prompt length range
+  int64_t min_new = 16, max_new = 64;                              ///< new tokens range
+  int64_t shared_prefix_len = 0;                                   ///< > 0: two shared prefixes of this length
+  double shared_fraction = 0.75;                                   ///< of prompts opening with one
+  int64_t d_model = 1024, layers = 4, qo_heads = 8, kv_heads = 2;  ///< the model
+  std::string dtype = "f16";                                       ///< f16 or bf16
+  int64_t page_size = 16;                                          ///< tokens per page
+  int64_t num_pages = 0;                                           ///< 0: room for every request at once
+  int64_t max_running = 64;                                        ///< requests running at once
+  int64_t budget = 2048;                                           ///< query tokens per step
+  bool no_sharing = false;                                         ///< turn prefix sharing off
+  std::string sampling = "greedy";                                 ///< greedy or sample
+  double temperature = 1.0, top_p = 1.0;
+  int64_t top_k = 0;
+  std::string decode_stage, prefill_stage;  ///< empty: the default rule
+  bool profile = false;                     ///< per-step phase timing (CUDA events)
+  bool cascade = false;                     ///< decode rows sharing pages go to stage 05
+  int64_t show_step = -1;                   ///< >= 0: print this step's arrays, stages and tokens
+  bool cuda_graphs = false;                 ///< decode steps as CUDA graphs at padded batch sizes
+};
+/// Runs the engine; prints the run (and the timing split with profile).
+int run_serve(const ServeOptions& opt, std::ostream& os);
+
 /// The part of the tour that needs a GPU: validate every registered stage (on the quick
 /// grid when `quick`) and print a table (stage, cases, max error, pass, time), or say why
 /// it was skipped.

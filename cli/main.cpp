@@ -1,4 +1,4 @@
-// The `flashstep` command: tour, explain, validate, bench (CLI11 parses the command line;
+// The `flashstep` command: tour, explain, validate, bench, serve (CLI11 parses the command line;
 // commands.hpp does the work).
 //
 // Exit codes: 0 success (every check passed), 1 a check failed, 2 bad command line or
@@ -159,12 +159,59 @@ int main(int argc, char** argv) {
                         "(prefill, stage 04), bench/shapes_split_kv.csv; relative to the source tree");
   bench_cmd->add_option("--filter", bench.filter, "Only benchmarks whose name matches this regex");
 
+  cli::ServeOptions serve;
+  std::string serve_seed, serve_requests, serve_page_size, serve_running, serve_budget, serve_layers, serve_shared;
+  auto* serve_cmd = app.add_subcommand(
+      "serve",
+      "Stage 09's engine: the tiny decoder (d_model 1024, 8/2 heads of 128, 4 layers, RoPE) on\n"
+      "the GPU serving a seeded stream of requests with continuous batching and prefix sharing.\n"
+      "Prints the run; --profile adds the time per step by phase. Needs a GPU (exit 77 without one).");
+  auto* serve_seed_opt =
+      serve_cmd->add_option("--seed", serve_seed, "Seed of the workload and the sampling, 0 to 2^64-1 (default 0)")
+          ->type_name("INT");
+  auto* serve_requests_opt =
+      serve_cmd->add_option("--requests", serve_requests, "Requests, 1 to 100000 (default 64)")->type_name("INT");
+  auto* serve_page_opt =
+      serve_cmd->add_option("--page-size", serve_page_size, "Tokens per page, 1 to 64 (default 16)")->type_name("INT");
+  auto* serve_running_opt =
+      serve_cmd->add_option("--max-running", serve_running, "Requests running at once, 1 to 4096 (default 64)")
+          ->type_name("INT");
+  auto* serve_budget_opt =
+      serve_cmd->add_option("--budget", serve_budget, "Query tokens per step, 1 to 65536 (default 2048)")
+          ->type_name("INT");
+  auto* serve_layers_opt =
+      serve_cmd->add_option("--layers", serve_layers, "Decoder layers, 1 to 64 (default 4)")->type_name("INT");
+  std::string serve_show;
+  auto* serve_show_opt = serve_cmd
+                             ->add_option("--show-step", serve_show,
+                                          "Print this step's arrays, the stages that ran it and its tokens, 0 to 10^6")
+                             ->type_name("INT");
+  auto* serve_shared_opt = serve_cmd
+                               ->add_option("--shared-prefix", serve_shared,
+                                            "Two shared prefixes of this many tokens, 0 to 65536 (default 0: none)")
+                               ->type_name("INT");
+  serve_cmd->add_option("--dtype", serve.dtype, "Storage dtype: f16 or bf16 (default f16)");
+  serve_cmd->add_option("--sampling", serve.sampling, "greedy or sample (default greedy)");
+  serve_cmd->add_option("--temperature", serve.temperature, "Sampling temperature (default 1)");
+  serve_cmd->add_option("--top-k", serve.top_k, "Sampling top-k, 0 = off (default 0)");
+  serve_cmd->add_option("--top-p", serve.top_p, "Sampling top-p, 1 = off (default 1)");
+  serve_cmd->add_option("--decode-stage", serve.decode_stage,
+                        "Stage for the decode rows (default: the registry's rule)");
+  serve_cmd->add_option("--prefill-stage", serve.prefill_stage,
+                        "Stage for the prefill rows (default: the registry's rule)");
+  serve_cmd->add_flag("--no-sharing", serve.no_sharing, "Turn prefix sharing off");
+  serve_cmd->add_flag("--cascade", serve.cascade,
+                      "Decode rows that share pages (a cached prefix) run on stage 05's cascade (its planner decides)");
+  serve_cmd->add_flag("--cuda-graphs", serve.cuda_graphs,
+                      "Run decode steps as CUDA graphs captured at padded batch sizes (plan outside the graph)");
+  serve_cmd->add_flag("--profile", serve.profile, "Time each step's phases with CUDA events (after a warm-up run)");
+
   // CLI11 reports an unknown command as "A subcommand is required"; name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
   if (!first.empty() && first[0] != '-' && first != "tour" && first != "explain" && first != "validate" &&
-      first != "bench") {
+      first != "bench" && first != "serve") {
     std::cerr << "flashstep: error: unknown command '" << argv[1]
-              << "' (commands: tour, explain, validate, bench)\n"
+              << "' (commands: tour, explain, validate, bench, serve)\n"
                  "Run with --help for more information.\n";
     return kExitUsage;
   }
@@ -191,6 +238,20 @@ int main(int argc, char** argv) {
       return cli::run_validate(validate, std::cout, std::cerr);
     }
     if (*bench_cmd) return cli::run_bench(bench, std::cout);
+    if (*serve_cmd) {
+      if (*serve_seed_opt) serve.seed = parse_seed(serve_seed, "--seed");
+      if (*serve_requests_opt)
+        serve.requests = static_cast<int64_t>(parse_integer(serve_requests, "--requests", 1, 100000));
+      if (*serve_page_opt) serve.page_size = static_cast<int64_t>(parse_integer(serve_page_size, "--page-size", 1, 64));
+      if (*serve_running_opt)
+        serve.max_running = static_cast<int64_t>(parse_integer(serve_running, "--max-running", 1, 4096));
+      if (*serve_budget_opt) serve.budget = static_cast<int64_t>(parse_integer(serve_budget, "--budget", 1, 65536));
+      if (*serve_layers_opt) serve.layers = static_cast<int64_t>(parse_integer(serve_layers, "--layers", 1, 64));
+      if (*serve_shared_opt)
+        serve.shared_prefix_len = static_cast<int64_t>(parse_integer(serve_shared, "--shared-prefix", 0, 65536));
+      if (*serve_show_opt) serve.show_step = static_cast<int64_t>(parse_integer(serve_show, "--show-step", 0, 1000000));
+      return cli::run_serve(serve, std::cout);
+    }
   } catch (const flashstep::ref::InvalidArgument& e) {
     std::cerr << "flashstep: error: " << without_function_prefix(e.what()) << "\n";
     return kExitUsage;

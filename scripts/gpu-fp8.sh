@@ -10,22 +10,28 @@
 #
 #   --build  build folder (default $FLASHSTEP_BUILD_DIR or build-gpu)
 #   --out    where logs and JSON go (default <build>/gpu-fp8)
-#   STEP     any of: tests sanitizer regression bench peers report (default: all six)
+#   STEP     any of: tests sanitizer regression bench bench_prefill peers report (default: all)
 #
-#   tests       flashstep_stage_tests -tc='fp8 conversions*,decode fp8*,split_kv fp8*,04_tensor_core fp8*'
-#               and the host cases about FP8 (suite host): bit-for-bit conversions, the FP8
-#               grids of stages 02, 03 and 04, forced splits with partial states, a graph replay
-#   sanitizer   memcheck and racecheck on 'decode fp8: sanitizer subset' and the conversions
+#   tests       flashstep_stage_tests -tc='fp8 conversions*,decode fp8*,split_kv fp8*,04_tensor_core fp8*,
+#               append:*,run scales*' and the host cases about FP8 (suite host): bit-for-bit
+#               conversions, the FP8 grids of stages 02, 03 and 04, forced splits with partial
+#               states, a graph replay, the FP8 append against the reference's encoder, one
+#               plan serving runs with other scales (DeviceBatch's k_scale / v_scale)
+#   sanitizer   memcheck and racecheck on 'decode fp8: sanitizer subset', the conversions and
+#               (memcheck) the append
 #   regression  the decode tests of stages 02 and 03 that existed before FP8 (bf16/f16/f32)
 #   bench       flashstep_bench on bench/shapes_fp8.csv (stages 02, 03 and 04, ceilings), JSON
+#   bench_prefill  flashstep_bench on bench/shapes_fp8_prefill.csv (stage 04: append and
+#               prefill on FP8 pools beside bf16), JSON
 #   peers       bench/peers/attention.py --peers flashinfer on the same shapes (sources
 #               $FLASHINFER_BUNDLE/install.sh first when FLASHINFER_BUNDLE is set)
-#   report      bench/reports/fp8_report.py: the table and the speed goals, from the two JSON files
+#   report      bench/reports/fp8_report.py: the table and the speed goals, from the JSON files; writes
+#               fp8_results.json (rows and goals) and fp8_table.md (the chapter's table)
 #
-# Each step is bounded (tests 420 s, sanitizer 300 s, regression 420 s, bench 300 s, peers
-# 540 s); to stay within a 10-minute command run them in two or three calls with the same
-# --out, e.g. `tests sanitizer`, then `regression`, then `bench peers report`. The exit
-# status is 0 when every step run passed.
+# Each step is bounded (tests 420 s, sanitizer 450 s, regression 420 s, bench 300 s,
+# bench_prefill 200 s, peers 540 s); to stay within a 10-minute command run them in two or
+# three calls with the same --out, e.g. `tests sanitizer`, then `regression`, then `bench
+# bench_prefill peers report`. The exit status is 0 when every step run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 BUILD=${FLASHSTEP_BUILD_DIR:-build-gpu}
@@ -39,16 +45,22 @@ while (($#)); do
     *) steps+=("$1"); shift ;;
   esac
 done
-((${#steps[@]})) || steps=(tests sanitizer regression bench peers report)
+((${#steps[@]})) || steps=(tests sanitizer regression bench bench_prefill peers report)
 B=$(cd "$BUILD" 2>/dev/null && pwd) || { echo "gpu-fp8.sh: no build folder $BUILD (run scripts/gpu-build.sh)" >&2; exit 2; }
 RESULTS=${RESULTS:-$B/gpu-fp8}
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 export LD_LIBRARY_PATH=$B/bin:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1
+# the bench JSON's context names the commit the binaries were built from (and a modified tree)
+if [ -z "${FLASHSTEP_COMMIT:-}" ] && [ -f "$B/source-state.txt" ]; then
+  FLASHSTEP_COMMIT=$(sed -n 's/^commit=//p' "$B/source-state.txt")
+  grep -q '^tree=clean' "$B/source-state.txt" || FLASHSTEP_COMMIT="$FLASHSTEP_COMMIT (tree not clean)"
+  export FLASHSTEP_COMMIT
+fi
 TESTS=$B/tests/stages/flashstep_stage_tests
 SHAPES=bench/shapes_fp8.csv
-FP8_CASES='fp8 conversions*,decode fp8*,split_kv fp8*,04_tensor_core fp8*,*FP8*,tolerance table*'
+FP8_CASES='fp8 conversions*,decode fp8*,split_kv fp8*,04_tensor_core fp8*,append:*,run scales*,*FP8*,tolerance table*'
 declare -A verdict
 
 # step NAME SECONDS COMMAND...: runs COMMAND under a time limit, its output to NAME.log
@@ -79,6 +91,7 @@ step_sanitizer() {
     step sanitizer 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$TESTS" \
       -tc='decode fp8: sanitizer subset,04_tensor_core fp8: sanitizer subset,fp8 conversions: the reference against the device*'
   done
+  step sanitizer 150 compute-sanitizer --tool memcheck --error-exitcode 3 "$TESTS" -tc='append:*'
 }
 
 step_regression() {
@@ -86,11 +99,30 @@ step_regression() {
   step regression 420 "$TESTS" -tc='decode:*,split_kv:*,kernels:*' -tce='*fp8*'
 }
 
+# A benchmark filter is a regular expression Google Benchmark compiles itself: no
+# backslash escapes (it refuses them, and then runs nothing). Each bench step counts the
+# rows it timed and fails on none, so a filter that matches nothing cannot pass.
+bench_rows() {  # NAME JSON: fails the step NAME when JSON holds no median row
+  local n
+  n=$(grep -c '"aggregate_name": "median"' "$2" 2> /dev/null)
+  echo "$1: ${n:-0} rows timed"
+  [ "${n:-0}" -gt 0 ] || verdict[$1]="FAIL (no row timed: check the filter in $RESULTS/$1.log)"
+}
+
 step_bench() {
   local bench=$B/bin/flashstep_bench
   [ -x "$bench" ] || { verdict[bench]="FAIL (no $bench)"; return; }
   step bench 300 "$bench" --shapes="$SHAPES" --benchmark_filter='^(ceiling/(copy_d2d|read_only|launch_floor_1)|02_paged/|03_split_kv/|04_tensor_core/)' \
     --benchmark_out="$RESULTS/bench_fp8.json" --benchmark_out_format=json
+  bench_rows bench "$RESULTS/bench_fp8.json"
+}
+
+step_bench_prefill() {
+  local bench=$B/bin/flashstep_bench
+  [ -x "$bench" ] || { verdict[bench_prefill]="FAIL (no $bench)"; return; }
+  step bench_prefill 200 "$bench" --shapes=bench/shapes_fp8_prefill.csv --benchmark_filter='^04_tensor_core/' \
+    --benchmark_out="$RESULTS/bench_fp8_prefill.json" --benchmark_out_format=json
+  bench_rows bench_prefill "$RESULTS/bench_fp8_prefill.json"
 }
 
 step_peers() {
@@ -106,8 +138,10 @@ step_peers() {
 
 step_report() {
   [ -f "$RESULTS/bench_fp8.json" ] || { verdict[report]="FAIL (no bench_fp8.json: run the bench step)"; return; }
+  local prefill=()
+  [ -f "$RESULTS/bench_fp8_prefill.json" ] && prefill=(--prefill-bench "$RESULTS/bench_fp8_prefill.json")
   step report 60 python3 bench/reports/fp8_report.py --bench "$RESULTS/bench_fp8.json" --peers "$RESULTS/peers_fp8.json" \
-    --shapes "$SHAPES"
+    --shapes "$SHAPES" "${prefill[@]}" --json "$RESULTS/fp8_results.json" --markdown "$RESULTS/fp8_table.md"
 }
 
 echo "gpu-fp8.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), build $B ($({ tr '\n' ' ' < "$B/source-state.txt"; } 2>/dev/null | cut -c1-60)), logs in $RESULTS"

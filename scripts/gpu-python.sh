@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs flashstep.cuda (the stages from Python, python/flashstep/cuda.py) on a GPU machine,
+# Runs flashstep.cuda (the stages from Python, python/flashstep/cuda.py and its _cuda_*.py) on a GPU machine,
 # from the repository root, with the C library that scripts/gpu-build.sh built:
 #
 #   scripts/gpu-python.sh [--lib DIR] [--out DIR] [STEP...]
@@ -9,7 +9,8 @@
 #   --out   where the log and the executed notebooks go (default <lib>/run)
 #   STEP    any of: tests flashinfer sanitizer notebooks hostcost (default: the first four)
 #
-#   tests       tests/python/test_cuda_arguments.py, test_cuda_gpu.py and test_cuda_graph.py
+#   tests       tests/python/test_cuda_arguments.py, test_cuda_gpu.py, test_cuda_fp8_append.py
+#               and test_cuda_graph.py
 #               (pytest; the graph contract, in-flight re-plans and two streams are the last)
 #   flashinfer  tests/python/test_cuda_flashinfer.py: the cross-check; source FlashInfer's
 #               install.sh first, or it skips with a message
@@ -88,7 +89,7 @@ failed=()
 # Each step is bounded, so that a hung step still leaves the log of the others.
 step_tests() {
   run_logged timeout 540 "${PYTEST[@]}" tests/python/test_cuda_arguments.py tests/python/test_cuda_gpu.py \
-    tests/python/test_cuda_graph.py
+    tests/python/test_cuda_fp8_append.py tests/python/test_cuda_graph.py
 }
 step_flashinfer() {
   # FlashInfer compiles a kernel module on first use where its JIT cache lacks one: bounded.

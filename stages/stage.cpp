@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "flashstep/kernels/cuda_check.cuh"
@@ -36,6 +37,35 @@ int device_sm_count() {
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
+}
+
+ScheduleStaging::~ScheduleStaging() {
+  // No throw from a destructor: a failure here is reported by the next CUDA call.
+  if (copy_done_) {
+    cudaEventSynchronize(copy_done_);
+    cudaEventDestroy(copy_done_);
+  }
+  if (host_) cudaFreeHost(host_);
+}
+
+uint8_t* ScheduleStaging::begin(size_t bytes) {
+  if (copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(copy_done_));  // the last copy may still read host_
+  else FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+  if (capacity_ < bytes) {
+    const size_t grown = std::max(bytes, capacity_ + capacity_ / 2);
+    if (host_) FLASHSTEP_CUDA_CHECK(cudaFreeHost(host_));
+    host_ = nullptr;
+    capacity_ = 0;
+    FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), grown));
+    capacity_ = grown;
+  }
+  if (bytes) std::memset(host_, 0, bytes);
+  return host_;
+}
+
+void ScheduleStaging::upload(void* device, size_t bytes, cudaStream_t stream) {
+  if (bytes) FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(device, host_, bytes, cudaMemcpyHostToDevice, stream));
+  FLASHSTEP_CUDA_CHECK(cudaEventRecord(copy_done_, stream));
 }
 
 size_t dtype_bytes(DType dtype) { return dtype == DType::f32 ? 4 : is_fp8(dtype) ? 1 : 2; }
@@ -96,6 +126,15 @@ std::string StageInfo::kv_dtype_reason(const BatchShape& shape) const {
   }
   if ((shape.k_scale != 1.f || shape.v_scale != 1.f) && kv_dtypes.empty())
     return name + " does not apply k_scale or v_scale (both must be 1)";
+  return {};
+}
+
+std::string StageInfo::unsupported_run_reason(const DeviceBatch& batch) const {
+  for (float s : {batch.k_scale, batch.v_scale})
+    if (s != 0.f && !(std::isfinite(s) && s > 0))
+      return "the run's k_scale and v_scale must be positive finite numbers (0: the plan's)";
+  const bool scaled = (batch.k_scale != 0.f && batch.k_scale != 1.f) || (batch.v_scale != 0.f && batch.v_scale != 1.f);
+  if (scaled && kv_dtypes.empty()) return name + " does not apply k_scale or v_scale (both must be 1)";
   return {};
 }
 

@@ -126,7 +126,24 @@ struct DeviceBatch {
   // outputs
   void* o = nullptr;     ///< (nnz_qo, num_qo_heads, head_dim), dtype
   float* lse = nullptr;  ///< (nnz_qo, num_qo_heads), natural log
+  // scales of this run (FlashInfer's run(k_scale=, v_scale=))
+  /// Attention reads k * k_scale in this run; 0 (the default): BatchShape::k_scale, the
+  /// plan's. A stage whose StageInfo lists kv_dtypes applies it without planning again,
+  /// so one plan serves every layer of a model, each with its own scales; a CUDA graph
+  /// keeps the value of the run it captured. Positive and finite when given: run() does
+  /// not check, its callers do (StageInfo::unsupported_run_reason).
+  float k_scale = 0.f;
+  float v_scale = 0.f;  ///< as k_scale, for v (0: BatchShape::v_scale)
 };
+
+/// The k_scale a run applies: batch.k_scale when given (non-zero), else shape.k_scale.
+inline float run_k_scale(const BatchShape& shape, const DeviceBatch& batch) {
+  return batch.k_scale != 0.f ? batch.k_scale : shape.k_scale;
+}
+/// The v_scale a run applies: batch.v_scale when given (non-zero), else shape.v_scale.
+inline float run_v_scale(const BatchShape& shape, const DeviceBatch& batch) {
+  return batch.v_scale != 0.f ? batch.v_scale : shape.v_scale;
+}
 
 /// Every stage's workspace sections start at a multiple of this many bytes.
 constexpr size_t kWorkspaceAlignment = 256;
@@ -136,6 +153,25 @@ constexpr size_t align_up(size_t bytes) {
 }
 /// Multiprocessors of the current CUDA device (a host query; plan() sizes grids by it).
 int device_sm_count();
+
+/// What a CUDA stage's plan() needs of one kernel instantiation (dtype x head_dim x ...),
+/// and how its run() launches it. Each stage fills one per instantiation through the
+/// dispatch macros (kernels/dispatch.cuh) and keeps the runner's launch arguments in its
+/// own `Args`; the host functions are plain function pointers, so an entry is a value.
+template <typename Args>
+struct KernelEntry {
+  /// Dynamic shared memory of a launch, by pipeline depth and GQA group size (an
+  /// instantiation whose size is fixed ignores both).
+  size_t (*smem_bytes)(int num_stages, int group_size) = nullptr;
+  /// Raises the instantiation's dynamic shared-memory limit to `bytes` (a host call:
+  /// plan() makes it, run() does not).
+  void (*set_smem_limit)(size_t bytes) = nullptr;
+  /// Blocks of `bytes` of shared memory that fit on one multiprocessor (the occupancy
+  /// calculator's answer; call set_smem_limit first).
+  int (*blocks_per_sm)(size_t bytes) = nullptr;
+  /// Launches on `stream`: launches only, so that a CUDA graph may capture it.
+  void (*launch)(const Args& args, cudaStream_t stream) = nullptr;
+};
 
 /// One stage's implementation of a batch attention call, FlashInfer's plan/run wrapper.
 /// Make one per batch composition (or reuse it: plan() may be called again).
@@ -180,6 +216,28 @@ class CapturedLaunch {
   std::string captured_;  // empty: nothing captured yet
 };
 
+/// Where a plan() writes its schedule on the host, and the one copy that ships it to the
+/// workspace: pinned memory (so the copy is asynchronous) and an event that says when
+/// the last copy out of it is done. The next plan() waits for that event before it
+/// writes again, so a plan made while the previous run() is still queued is safe.
+class ScheduleStaging {
+ public:
+  ScheduleStaging() = default;
+  ~ScheduleStaging();
+  ScheduleStaging(const ScheduleStaging&) = delete;
+  ScheduleStaging& operator=(const ScheduleStaging&) = delete;
+  /// `bytes` bytes of zeroed pinned host memory, once the previous copy out of it is done.
+  uint8_t* begin(size_t bytes);
+  /// Copies the first `bytes` written since begin() to `device` on `stream` (one
+  /// cudaMemcpyAsync) and records when it is done.
+  void upload(void* device, size_t bytes, cudaStream_t stream);
+
+ private:
+  uint8_t* host_ = nullptr;
+  size_t capacity_ = 0;
+  cudaEvent_t copy_done_ = nullptr;
+};
+
 /// What a stage declares about itself: one registry entry.
 struct StageInfo {
   std::string name;                      ///< folder name, e.g. "02_paged"
@@ -211,6 +269,10 @@ struct StageInfo {
   std::string unsupported_reason(const BatchShape& shape) const;
   /// The part of unsupported_reason about K/V's element type and scales (kv_dtypes).
   std::string kv_dtype_reason(const BatchShape& shape) const;
+  /// Empty when a run() may take `batch`'s scales (DeviceBatch::k_scale / v_scale):
+  /// none given (0), or positive finite ones for a stage that applies scales (kv_dtypes
+  /// not empty), or 1 for any stage; otherwise why not. run() itself does not check.
+  std::string unsupported_run_reason(const DeviceBatch& batch) const;
   /// Whether the stage can run `shape`: unsupported_reason(shape) is empty.
   bool supports(const BatchShape& shape) const { return unsupported_reason(shape).empty(); }
   /// Whether `mode` is one of the stage's modes.

@@ -22,6 +22,9 @@ onto the one shape every reader sees:
                      (met None: not measured), in the file's order
     run["raw"]       the file's JSON as written, for what one report needs beyond this
 
+A file a report script writes with --json (bench/reports/fp8_report.py) is in this shape
+itself, tagged with "format": FORMAT, and is read as written.
+
 A row's "unit" is that of its "value": GB/s (a decode: bytes moved), TFLOP/s (a prefill)
 or us (a time, where the writer credits no amount). Google Benchmark files keep their
 median rows only (the benchmark policy reports medians).
@@ -31,6 +34,7 @@ import math
 import os
 import re
 
+FORMAT = "flashstep results 1"  # the "format" of a file written in the one shape itself
 US_PER = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}  # microseconds in one of Google Benchmark's time units
 CEILINGS = ("copy_ceiling_GB/s", "read_ceiling_GB/s", "gemm_bf16_ceiling_TFLOP/s",
             "launch_floor_1_us", "launch_floor_2_us")
@@ -192,8 +196,21 @@ def from_host_cost(path, data):
                 tree=block.get("tree"), command=block.get("command"), date=date, rows=rows, targets=targets)
 
 
+def from_results(path, data):
+    """A file written in the one shape itself (its "format" is FORMAT): a report script's
+    --json, bench/reports/fp8_report.py's say. Its rows and targets are read as written."""
+    rows = [_row(r["name"], r["median_us"], r, r.get("unit")) for r in data["rows"]]
+    targets = [{"what": t["what"], "ratio": t.get("ratio"), "goal": t.get("goal", ""), "met": t.get("met")}
+               for t in data.get("targets", [])]
+    return _run(path, data, "results", device=data.get("device"), commit=data.get("commit"), tree=data.get("tree"),
+                command=data.get("command"), date=data.get("date"), note=data.get("note"),
+                ceilings={k: float(v) for k, v in data.get("ceilings", {}).items() if k in CEILINGS}, rows=rows,
+                targets=targets)
+
+
 # The writers' shapes, told apart by what only each one writes.
 WRITERS = [
+    ("results", lambda d: isinstance(d, dict) and d.get("format") == FORMAT, from_results),
     ("gbench", lambda d: isinstance(d, dict) and isinstance(d.get("benchmarks"), list), from_gbench),
     ("sampling", lambda d: isinstance(d, dict) and isinstance(d.get("flashstep"), list), from_sampling),
     ("context_parallel", lambda d: isinstance(d, dict) and "cost_model" in d, from_context_parallel),

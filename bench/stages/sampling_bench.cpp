@@ -7,14 +7,22 @@
 // (mean and max over the batch, from one extra call) for the samplers.
 //
 //     flashstep_sampling_bench [--shapes bench/shapes_sampling.csv] [--sets target,extra]
+//         [--modes off,stream+serp+online+compact] [--rounds 2] [--min-time 0.05]
 //         --benchmark_repetitions=5 --benchmark_out=sampling.json --benchmark_out_format=json
+//
+// --modes times each shape once per pass mode (launch.hpp: PassMode; "off", or any of
+// stream, serp, online, compact, lean, solo, fuse joined by '+'), shape by shape, the modes interleaved,
+// the whole list --rounds times; the benchmarks are then named 06_sampling/SHAPE@MODE.
+// Without it the environment's mode applies and the names are 06_sampling/SHAPE.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -22,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "06_sampling/launch.hpp"
 #include "06_sampling/sampling.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "harness/gpu_present.hpp"
@@ -60,23 +69,42 @@ std::vector<Shape> load_shapes(const std::string& path, const std::string& sets)
   return shapes;
 }
 
+/// The inputs of a (batch, vocab): standard-normal logits and their softmax (made once
+/// per size and kept, so that several modes of one shape share them).
+struct HostRows {
+  std::vector<float> logits, probs;
+};
+const HostRows& host_rows(int64_t batch, int64_t vocab) {
+  static std::map<std::pair<int64_t, int64_t>, std::unique_ptr<HostRows>> cache;
+  auto& slot = cache[{batch, vocab}];
+  if (slot) return *slot;
+  slot = std::make_unique<HostRows>();
+  const size_t n = static_cast<size_t>(batch * vocab);
+  std::vector<float>& logits = slot->logits;
+  std::vector<float>& probs = slot->probs;
+  logits.resize(n), probs.resize(n);
+  std::mt19937_64 rng(20240606 + static_cast<uint64_t>(batch * 7 + vocab));
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (auto& x : logits) x = normal(rng);
+  for (int64_t r = 0; r < batch; ++r) {
+    const float* x = logits.data() + r * vocab;
+    const float m = *std::max_element(x, x + vocab);
+    double sum = 0;
+    for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(x[i] - m));
+    for (int64_t i = 0; i < vocab; ++i)
+      probs[static_cast<size_t>(r * vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
+  }
+  return *slot;
+}
+
 /// Device inputs and outputs of one shape, and the call as a graph.
 class Case {
  public:
   explicit Case(const Shape& s) : s_(s) {
     const size_t n = static_cast<size_t>(s.batch * s.vocab);
-    std::vector<float> logits(n), probs(n);
-    std::mt19937_64 rng(20240606 + static_cast<uint64_t>(s.batch * 7 + s.vocab));
-    std::normal_distribution<float> normal(0.f, 1.f);
-    for (auto& x : logits) x = normal(rng);
-    for (int64_t r = 0; r < s.batch; ++r) {
-      const float* x = logits.data() + r * s.vocab;
-      const float m = *std::max_element(x, x + s.vocab);
-      double sum = 0;
-      for (int64_t i = 0; i < s.vocab; ++i) sum += std::exp(double(x[i] - m));
-      for (int64_t i = 0; i < s.vocab; ++i)
-        probs[static_cast<size_t>(r * s.vocab + i)] = float(std::exp(double(x[i] - m)) / sum);
-    }
+    const HostRows& host = host_rows(s.batch, s.vocab);
+    const std::vector<float>& logits = host.logits;
+    const std::vector<float>& probs = host.probs;
     const bool logit_input = s.op.find("logits") != std::string::npos;
     input_ = alloc<float>(n);
     FLASHSTEP_CUDA_CHECK(
@@ -182,7 +210,30 @@ class Case {
   std::vector<void*> owned_;
 };
 
-void run(benchmark::State& state, const Shape& s) {
+/// A pass mode by name: "off", or stream, serp, online, compact, lean, solo, fuse joined by '+'.
+flashstep::stages::sampling::detail::PassMode parse_mode(const std::string& name) {
+  flashstep::stages::sampling::detail::PassMode m;
+  m.stream = m.serpentine = m.online_softmax = m.compact = m.lean = m.solo = m.fuse_gather = false;
+  if (name == "off") return m;
+  std::stringstream ss(name);
+  std::string part;
+  while (std::getline(ss, part, '+')) {
+    if (part == "stream") m.stream = true;
+    else if (part == "serp") m.serpentine = true;
+    else if (part == "online") m.online_softmax = true;
+    else if (part == "compact") m.compact = true;
+    else if (part == "lean") m.lean = true;
+    else if (part == "solo") m.solo = true;
+    else if (part == "fuse") m.fuse_gather = true;
+    else
+      throw std::runtime_error("--modes: unknown mode part \"" + part +
+                               "\" (stream, serp, online, compact, lean, solo, fuse, or off)");
+  }
+  return m;
+}
+
+void run(benchmark::State& state, const Shape& s, const std::string& mode) {
+  if (!mode.empty()) flashstep::stages::sampling::detail::set_pass_mode(parse_mode(mode));
   Case c(s);
   for (int i = 0; i < 3; ++i) c.time_once();  // warm-up
   double total = 0;
@@ -207,7 +258,9 @@ void run(benchmark::State& state, const Shape& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shapes_path = FLASHSTEP_SAMPLING_SHAPES, sets = "target,extra";
+  std::string shapes_path = FLASHSTEP_SAMPLING_SHAPES, sets = "target,extra", modes;
+  int rounds = 1;
+  double min_time = 0.05;  // seconds of replays per repetition
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
@@ -215,6 +268,12 @@ int main(int argc, char** argv) {
       shapes_path = argv[++i];
     } else if (a == "--sets" && i + 1 < argc) {
       sets = argv[++i];
+    } else if (a == "--modes" && i + 1 < argc) {
+      modes = argv[++i];
+    } else if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--min-time" && i + 1 < argc) {
+      min_time = std::atof(argv[++i]);
     } else {
       rest.push_back(argv[i]);
     }
@@ -230,11 +289,25 @@ int main(int argc, char** argv) {
   FLASHSTEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   benchmark::AddCustomContext("device", prop.name);
   benchmark::AddCustomContext("flashstep.shapes_file", shapes_path);
-  for (const Shape& s : load_shapes(shapes_path, sets))
-    benchmark::RegisterBenchmark(("06_sampling/" + s.name).c_str(), [s](benchmark::State& st) { run(st, s); })
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond)
-        ->MinTime(0.05);
+  std::vector<std::string> mode_list;
+  {
+    std::stringstream ss(modes);
+    std::string m;
+    while (std::getline(ss, m, ',')) {
+      parse_mode(m);  // a bad name fails here, before any timing
+      mode_list.push_back(m);
+    }
+  }
+  if (mode_list.empty()) mode_list.push_back("");
+  const std::vector<Shape> shapes = load_shapes(shapes_path, sets);
+  for (int r = 0; r < rounds; ++r)
+    for (const Shape& s : shapes)
+      for (const std::string& m : mode_list)
+        benchmark::RegisterBenchmark(("06_sampling/" + s.name + (m.empty() ? "" : "@" + m)).c_str(),
+                                     [s, m](benchmark::State& st) { run(st, s, m); })
+            ->UseManualTime()
+            ->Unit(benchmark::kMicrosecond)
+            ->MinTime(min_time > 0 ? min_time : 0.05);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

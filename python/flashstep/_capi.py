@@ -80,12 +80,12 @@ _SIGNATURES = {
     "fs_runner_destroy": [_P],
     "fs_runner_workspace_bytes": [_P, ctypes.POINTER(_Shape), ctypes.POINTER(_SIZE)],
     "fs_runner_plan": [_P, ctypes.POINTER(_Shape), _P, _SIZE, _P],
-    "fs_runner_run": [_P, ctypes.POINTER(_Batch), _P],
+    "fs_runner_run": [_P, _P, _I, _P],
     "fs_cascade_plan": [_P, ctypes.POINTER(_Shape), _I, _P, _P, _P, _P, _P, _P, _SIZE, ctypes.POINTER(_SIZE), _P],
     "fs_merge_state": [_I, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P],
     "fs_merge_states": [_I, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P],
-    "fs_append_paged_kv_cache": [_I, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I, _I, _I, _I,
-                                 _I64, _P, _P, _I, _P, _P],
+    "fs_append_paged_kv_cache": [_I, _I, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I, _I, _I, _I,
+                                 _I64, _P, _P, _I, ctypes.c_double, ctypes.c_double, _P, _P],
     "fs_sampling_workspace_bytes": [_S, _I64, _I64, _I64, _I, ctypes.POINTER(_SIZE)],
     "fs_sample": [_S, _P, _I64, _I64, ctypes.POINTER(_SamplingParams), _P, _I64, _U64, _U64, _P, _P, _P,
                   _P, _SIZE, _P],
@@ -97,7 +97,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 4
+EXPECTED_VERSION = 6
 
 _lib = None
 

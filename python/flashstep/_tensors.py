@@ -233,16 +233,12 @@ class IndexArray:
         return ctypes.c_int32.from_address(self.ptr + 4 * i).value
 
     def min_max(self, n):
-        """(min, max) of the first n entries of a host array, n >= 1, in C speed where the
-        owner is a torch tensor or a numpy array (a Python loop otherwise)."""
-        if self.kind == "torch":
-            lo, hi = self.obj[:n].aminmax()
-            return int(lo), int(hi)
-        if self.kind == "numpy":
-            head = self.obj[:n]
-            return int(head.min()), int(head.max())
-        values = (ctypes.c_int32 * n).from_address(self.ptr)
-        return min(values), max(values)
+        """(min, max) of the first n entries of a host array, n >= 1: numpy reads the
+        memory in place, whoever owns it (a torch tensor, an array.array, a list's copy),
+        on this thread (torch's aminmax would wake its thread pool for a large array)."""
+        import numpy
+        head = numpy.frombuffer((ctypes.c_int32 * n).from_address(self.ptr), dtype=numpy.int32)
+        return int(head.min()), int(head.max())
 
 
 def _is_cuda_dlpack(x):

@@ -34,7 +34,43 @@ AttentionOptions causal() {
   return opt;
 }
 
+// Every entry of `t` rounded to the storage format (nothing for none).
+void round_tensor(Tensor& t, StorageRounding rounding) {
+  if (rounding == StorageRounding::none) return;
+  for (double& x : t.data) x = round_to_storage(x, rounding);
+}
+
 }  // namespace
+
+const char* to_string(StorageRounding rounding) {
+  switch (rounding) {
+    case StorageRounding::none: return "none";
+    case StorageRounding::f16: return "f16";
+    case StorageRounding::bf16: return "bf16";
+  }
+  return "?";
+}
+
+StorageRounding parse_storage_rounding(const std::string& name) {
+  if (name == "none") return StorageRounding::none;
+  if (name == "f16") return StorageRounding::f16;
+  if (name == "bf16") return StorageRounding::bf16;
+  throw InvalidArgument("parse_storage_rounding: rounding must be \"none\", \"f16\" or \"bf16\", got \"" + name + "\"");
+}
+
+double round_to_storage(double x, StorageRounding rounding) {
+  if (rounding == StorageRounding::none || !std::isfinite(x) || x == 0.0) return x;
+  // significand bits (with the implicit one), smallest normal exponent, largest finite value
+  const bool f16 = rounding == StorageRounding::f16;
+  const int bits = f16 ? 11 : 8;
+  const int min_exponent = f16 ? -14 : -126;
+  const double largest = f16 ? 65504.0 : 0x1.FEp127;
+  int e = 0;
+  std::frexp(x, &e);  // |x| in [2^(e-1), 2^e)
+  const double ulp = std::ldexp(1.0, std::max(e - 1, min_exponent) - (bits - 1));
+  const double r = std::nearbyint(x / ulp) * ulp;  // x / ulp is exact; nearbyint: ties to even
+  return std::fabs(r) > largest ? std::copysign(HUGE_VAL, x) : r;
+}
 
 const char* to_string(PositionEncoding encoding) { return encoding == PositionEncoding::rope ? "rope" : "sinusoidal"; }
 
@@ -78,6 +114,12 @@ TinyDecoder::TinyDecoder(const TinyDecoderConfig& config) : config_(config) {
     layers_.push_back(std::move(layer));
   }
   w_vocab_ = philox_matrix(c.weight_seed, m, c.d_model, c.vocab_size, static_cast<double>(c.d_model));
+  if (c.rounding != StorageRounding::none) {
+    round_tensor(embedding_, c.rounding);
+    for (auto& layer : layers_)
+      for (Tensor* w : {&layer.w_q, &layer.w_k, &layer.w_v, &layer.w_o}) round_tensor(*w, c.rounding);
+    round_tensor(w_vocab_, c.rounding);
+  }
 }
 
 Tensor TinyDecoder::embed(const std::vector<int32_t>& tokens, int64_t first_position) const {
@@ -104,14 +146,17 @@ Tensor TinyDecoder::embed(const std::vector<int32_t>& tokens, int64_t first_posi
 
 Tensor TinyDecoder::project_heads(const Tensor& x, const Tensor& w, int64_t heads) const {
   const int64_t n = x.dim(0), d = config_.d_model, out = w.dim(1);
-  Tensor y({n, heads, head_dim()});
+  Tensor xr = x;
+  round_tensor(xr, config_.rounding);
+  Tensor y({n, heads, head_dim()}, 0.0);
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < out; ++c) {
-      double s = 0.0;
-      for (int64_t k = 0; k < d; ++k)
-        s += x.data[static_cast<size_t>(r * d + k)] * w.data[static_cast<size_t>(k * out + c)];
-      y.data[static_cast<size_t>(r * out + c)] = s;
+    for (int64_t k = 0; k < d; ++k) {  // row r of X times W, W read row by row
+      const double a = xr.data[static_cast<size_t>(r * d + k)];
+      const double* wk = w.data.data() + k * out;
+      double* yr = y.data.data() + r * out;
+      for (int64_t c = 0; c < out; ++c) yr[c] += a * wk[c];
     }
+  round_tensor(y, config_.rounding);
   return y;
 }
 
@@ -124,37 +169,47 @@ Tensor TinyDecoder::rope(const Tensor& heads, int64_t first_position) const {
 
 Tensor TinyDecoder::rope(const Tensor& heads, const std::vector<int32_t>& positions) const {
   if (config_.position_encoding != PositionEncoding::rope) return heads;
-  return apply_rotary_embedding(heads, std::vector<int64_t>(positions.begin(), positions.end()),
-                                rope_frequencies(head_dim(), 1.0, config_.rope_theta), config_.rope_interleave);
+  Tensor out = apply_rotary_embedding(heads, std::vector<int64_t>(positions.begin(), positions.end()),
+                                      rope_frequencies(head_dim(), 1.0, config_.rope_theta), config_.rope_interleave);
+  round_tensor(out, config_.rounding);
+  return out;
 }
 
 Tensor TinyDecoder::residual(const Tensor& x, const Tensor& z, int64_t layer) const {
   const int64_t n = x.dim(0), d = config_.d_model, width = config_.num_qo_heads * head_dim();
   Tensor out = x;
+  Tensor zr = z;  // the attention output, as the engine stores it
+  round_tensor(zr, config_.rounding);
   const Tensor& w_o = layers_[static_cast<size_t>(layer)].w_o;
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < d; ++c) {
-      double s = 0.0;
-      if (config_.output_projection) {
-        for (int64_t k = 0; k < width; ++k)
-          s += z.data[static_cast<size_t>(r * width + k)] * w_o.data[static_cast<size_t>(k * d + c)];
-      } else {
-        s = z.data[static_cast<size_t>(r * width + c)];  // width == d_model
-      }
-      out.data[static_cast<size_t>(r * d + c)] += s;
+  for (int64_t r = 0; r < n; ++r) {
+    double* outr = out.data.data() + r * d;
+    const double* zrow = zr.data.data() + r * width;
+    if (!config_.output_projection) {
+      for (int64_t c = 0; c < d; ++c) outr[c] += zrow[c];  // width == d_model
+      continue;
     }
+    std::vector<double> s(static_cast<size_t>(d), 0.0);
+    for (int64_t k = 0; k < width; ++k) {  // W_O read row by row
+      const double* wk = w_o.data.data() + k * d;
+      for (int64_t c = 0; c < d; ++c) s[static_cast<size_t>(c)] += zrow[k] * wk[c];
+    }
+    for (int64_t c = 0; c < d; ++c) outr[c] += s[static_cast<size_t>(c)];
+  }
   return out;
 }
 
 std::vector<double> TinyDecoder::logits(const double* x) const {
   const int64_t d = config_.d_model, v = config_.vocab_size;
   std::vector<double> out(static_cast<size_t>(v), 0.0);
-  for (int64_t k = 0; k < d; ++k)
-    for (int64_t c = 0; c < v; ++c) out[static_cast<size_t>(c)] += x[k] * w_vocab_.data[static_cast<size_t>(k * v + c)];
+  for (int64_t k = 0; k < d; ++k) {
+    const double xk = round_to_storage(x[k], config_.rounding);  // the row entering W_vocab
+    for (int64_t c = 0; c < v; ++c) out[static_cast<size_t>(c)] += xk * w_vocab_.data[static_cast<size_t>(k * v + c)];
+  }
   return out;
 }
 
-std::vector<double> TinyDecoder::next_token_logits(const std::vector<int32_t>& tokens) const {
+std::vector<double> TinyDecoder::next_token_logits(const std::vector<int32_t>& tokens,
+                                                   std::vector<double>* hidden) const {
   require(!tokens.empty(), "TinyDecoder::next_token_logits", "tokens must not be empty");
   Tensor x = embed(tokens, 0);
   for (int64_t l = 0; l < config_.num_layers; ++l) {
@@ -164,7 +219,9 @@ std::vector<double> TinyDecoder::next_token_logits(const std::vector<int32_t>& t
     const Tensor v = project_heads(x, w.w_v, config_.num_kv_heads);
     x = residual(x, single_prefill_with_kv_cache(q, k, v, causal()).o, l);
   }
-  return logits(x.data.data() + (x.dim(0) - 1) * config_.d_model);
+  const double* last = x.data.data() + (x.dim(0) - 1) * config_.d_model;
+  if (hidden != nullptr) hidden->assign(last, last + config_.d_model);
+  return logits(last);
 }
 
 const char* to_string(GenerationMode mode) {
@@ -204,10 +261,15 @@ int32_t choose_token(const std::vector<double>& logits, const GenerationOptions&
   return sampling_from_probs(probs, s).samples[0];
 }
 
-void record(GeneratedRequest& req, const std::vector<double>& logits, int32_t token, const GenerationOptions& o) {
+// `hidden`: the d_model values of the row whose logits these are (the row entering W_vocab).
+void record(GeneratedRequest& req, const std::vector<double>& logits, int32_t token, const GenerationOptions& o,
+            const double* hidden, int64_t d_model) {
   req.generated_tokens.push_back(token);
   req.generated_text.push_back(static_cast<char>(static_cast<unsigned char>(token)));
-  if (o.record_logits) req.step_logits.push_back(logits);
+  if (o.record_logits) {
+    req.step_logits.push_back(logits);
+    req.step_hidden.emplace_back(hidden, hidden + d_model);
+  }
 }
 
 // The rows of a (n, heads, head_dim) tensor as (heads, head_dim) for a decode call.
@@ -220,10 +282,11 @@ void generate_recompute(const TinyDecoder& model, const GenerationOptions& o, Ge
     std::vector<int32_t> tokens = req.prompt_tokens;
     for (int64_t t = 0; t < o.max_new_tokens; ++t) {
       // Everything again, every step: the whole sequence through every layer.
-      const auto logits = model.next_token_logits(tokens);
+      std::vector<double> hidden;
+      const auto logits = model.next_token_logits(tokens, &hidden);
       result.memory.query_rows_computed += static_cast<int64_t>(tokens.size()) * L;
       const int32_t token = choose_token(logits, o, static_cast<int64_t>(r), t);
-      record(req, logits, token, o);
+      record(req, logits, token, o, hidden.data(), model.config().d_model);
       tokens.push_back(token);
     }
   }
@@ -250,7 +313,7 @@ void generate_contiguous(const TinyDecoder& model, const GenerationOptions& o, G
     int64_t pos = x.dim(0);
     auto logits = model.logits(x.data.data() + (pos - 1) * c.d_model);
     int32_t token = choose_token(logits, o, static_cast<int64_t>(r), 0);
-    record(req, logits, token, o);
+    record(req, logits, token, o, x.data.data() + (pos - 1) * c.d_model, c.d_model);
     // Decode: only the new token's row, the query optimization; K/V appended.
     for (int64_t t = 1; t < o.max_new_tokens; ++t, ++pos) {
       Tensor xt = model.embed({token}, pos);
@@ -266,7 +329,7 @@ void generate_contiguous(const TinyDecoder& model, const GenerationOptions& o, G
       result.memory.query_rows_computed += c.num_layers;
       logits = model.logits(xt.data.data());
       token = choose_token(logits, o, static_cast<int64_t>(r), t);
-      record(req, logits, token, o);
+      record(req, logits, token, o, xt.data.data(), c.d_model);
     }
     result.memory.tokens += caches[0].kv_len();
   }
@@ -336,7 +399,7 @@ void generate_paged(const TinyDecoder& model, const GenerationOptions& o, Genera
     result.memory.query_rows_computed += x.dim(0) * c.num_layers;
     const auto logits = model.logits(x.data.data() + (x.dim(0) - 1) * c.d_model);
     last_token[static_cast<size_t>(r)] = choose_token(logits, o, r, 0);
-    record(req, logits, last_token[static_cast<size_t>(r)], o);
+    record(req, logits, last_token[static_cast<size_t>(r)], o, x.data.data() + (x.dim(0) - 1) * c.d_model, c.d_model);
     // Cache the prompt (whole pages) so that later requests can start on it.
     if (radix) radix->insert(tokens, seqs.pages(seq));
   }
@@ -368,7 +431,8 @@ void generate_paged(const TinyDecoder& model, const GenerationOptions& o, Genera
     for (int64_t r = 0; r < B; ++r) {
       const auto logits = model.logits(x.data.data() + r * c.d_model);
       last_token[static_cast<size_t>(r)] = choose_token(logits, o, r, t);
-      record(result.requests[static_cast<size_t>(r)], logits, last_token[static_cast<size_t>(r)], o);
+      record(result.requests[static_cast<size_t>(r)], logits, last_token[static_cast<size_t>(r)], o,
+             x.data.data() + r * c.d_model, c.d_model);
     }
   }
 

@@ -24,12 +24,16 @@ namespace flashstep::stages::paged {
 
 namespace {
 
-/// What plan() needs to know of one instantiation, and how run() launches it.
-struct KernelEntry {
-  size_t (*smem_bytes)(int num_stages, int group_size);
-  void (*set_smem_limit)(size_t bytes);
-  void (*launch)(const BatchShape&, const DeviceBatch&, int num_stages, size_t smem, cudaStream_t);
+/// What a launch needs besides the kernel.
+struct LaunchArgs {
+  const BatchShape* shape;
+  const DeviceBatch* batch;
+  int num_stages;
+  size_t smem_bytes;
 };
+
+/// One instantiation (dtype x head_dim x one or two halves x K/V dtype).
+using Entry = KernelEntry<LaunchArgs>;
 
 /// The kernel for element types T (q, o) and KV (the pool), HEAD_DIM and one or two halves.
 template <typename T, int HEAD_DIM, bool TWO_HALVES, typename KV>
@@ -39,8 +43,9 @@ constexpr auto kernel() {
 }
 
 template <typename T, int HEAD_DIM, bool TWO_HALVES, typename KV>
-KernelEntry kernel_entry() {
-  KernelEntry e;
+Entry kernel_entry() {
+  constexpr int kThreads = TWO_HALVES ? 512 : 256;
+  Entry e;
   e.smem_bytes = [](int num_stages, int group_size) {
     const DecodeBlockShape bs = DecodeTraits<KV, HEAD_DIM>::block_shape(group_size);
     return TWO_HALVES ? two_halves_smem_bytes<KV, HEAD_DIM>(num_stages, bs.bdy, bs.bdz)
@@ -50,32 +55,40 @@ KernelEntry kernel_entry() {
     FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(kernel<T, HEAD_DIM, TWO_HALVES, KV>(),
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
-  e.launch = [](const BatchShape& s, const DeviceBatch& batch, int num_stages, size_t smem, cudaStream_t stream) {
+  e.blocks_per_sm = [](size_t bytes) {
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel<T, HEAD_DIM, TWO_HALVES, KV>(), kThreads, bytes));
+    return blocks;
+  };
+  e.launch = [](const LaunchArgs& a, cudaStream_t stream) {
+    const BatchShape& s = *a.shape;
     PagedDecodeParams<T, KV> p;
-    p.q = static_cast<const T*>(batch.q);
-    p.kv = kernels::make_paged_kv(static_cast<const KV*>(batch.kv_pool), batch.kv_indptr, batch.kv_indices,
-                                  batch.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+    p.q = static_cast<const T*>(a.batch->q);
+    p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr, a.batch->kv_indices,
+                                  a.batch->kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
                                   s.kv_layout == KVLayout::HND);
-    p.o = static_cast<T*>(batch.o);
-    p.lse = batch.lse;
+    p.o = static_cast<T*>(a.batch->o);
+    p.lse = a.batch->lse;
     p.num_qo_heads = s.num_qo_heads;
     p.group_size = s.group_size();
     const DecodeBlockShape bs = DecodeTraits<KV, HEAD_DIM>::block_shape(p.group_size);
     p.bdy = bs.bdy;
     p.bdz = bs.bdz;
-    p.num_stages = num_stages;
-    // k_scale rides on q's scale, v_scale on the output's normalisation (scale 1: as before).
-    p.sm_scale_log2 = s.resolved_sm_scale() * s.k_scale * kernels::kLog2e;
-    p.v_scale = s.v_scale;
+    p.num_stages = a.num_stages;
+    // k_scale rides on q's scale, v_scale on the output's normalisation (scale 1: as before);
+    // the run's scales when it gives them, so a new layer's scales need no new plan.
+    p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
+    p.v_scale = run_v_scale(s, *a.batch);
     const dim3 grid(s.num_kv_heads, s.batch_size);
-    kernel<T, HEAD_DIM, TWO_HALVES, KV>()<<<grid, TWO_HALVES ? 512 : 256, smem, stream>>>(p);
+    kernel<T, HEAD_DIM, TWO_HALVES, KV>()<<<grid, kThreads, a.smem_bytes, stream>>>(p);
     kernels::check_launch(TWO_HALVES ? "paged_decode_two_halves_kernel" : "paged_decode_kernel");
   };
   return e;
 }
 
 /// 256 threads: paged_decode_kernel; 512: paged_decode_two_halves_kernel.
-KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int threads) {
+Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int threads) {
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
       FLASHSTEP_DISPATCH_BOOL(threads == 512, TWO_HALVES, {
@@ -96,15 +109,15 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
   ref::require(config_.threads == 0 || config_.threads == 256 || config_.threads == 512, fn,
                "threads must be 0 (auto), 256 or 512 (got " + std::to_string(config_.threads) + ")");
   shape_ = shape;
-  int device = 0, sms = 0, smem_optin = 0;
+  int device = 0, smem_optin = 0;
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int sms = device_sm_count();
   // Fewer blocks than two per SM: a block would be alone on its SM (two_halves.cuh).
   const bool small_grid = int64_t{shape.batch_size} * shape.num_kv_heads < 2 * int64_t{sms};
   threads_ = config_.threads ? config_.threads : (small_grid ? 512 : 256);
   num_stages_ = config_.num_stages ? config_.num_stages : 2;
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, threads_);
+  const Entry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, threads_);
   smem_bytes_ = entry.smem_bytes(num_stages_, shape.group_size());
   ref::require(smem_bytes_ <= static_cast<size_t>(smem_optin), fn,
                std::to_string(num_stages_) + " stages of " + std::to_string(threads_) + " threads need " +
@@ -116,7 +129,7 @@ void PagedRunner::plan(const BatchShape& shape, void*, size_t, cudaStream_t) {
 void PagedRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   if (shape_.batch_size == 0) return;
   kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, threads_)
-      .launch(shape_, batch, num_stages_, smem_bytes_, stream);
+      .launch(LaunchArgs{&shape_, &batch, num_stages_, smem_bytes_}, stream);
 }
 
 StageInfo stage_info() {

@@ -5,8 +5,8 @@
 /// What changed from stage 01: one pass of online softmax instead of three over stored
 /// scores; one K/V read shared by the query heads of a GQA group instead of one per query
 /// head; 16-byte cp.async copies, several tiles in flight; bf16/fp16 storage with fp32
-/// math; and the page table. The loop that does all of it is decode_loop.cuh; this file
-/// says which keys a block reads (all of request b's) and where its result goes.
+/// math; and the page table. The steps that do all of it are decode_loop.cuh's; the kernel
+/// below runs them over all of request b's keys, in the order they are read.
 ///
 /// What it still does badly: a batch of a few long requests is a grid of a few blocks,
 /// which leaves most SMs idle (two_halves.cuh recovers a little of it, stage 03 splits
@@ -31,8 +31,8 @@ struct PagedDecodeParams {
   float* lse = nullptr;       ///< (batch_size, num_qo_heads), natural log
   int num_qo_heads = 0;       ///< query heads, Hq (the row stride of q, o and lse)
   int group_size = 0;         ///< num_qo_heads / num_kv_heads
-  int bdy = 0;                ///< ceil(group_size / kHeadsPerThread)
-  int bdz = 0;                ///< kThreads / (kBDX * bdy): token groups of a 256-thread loop
+  int bdy = 0;                ///< ceil(group_size / DecodeTraits::HPT)
+  int bdz = 0;                ///< kThreads / (BDX * bdy): token groups of a 256-thread loop
   int num_stages = 0;         ///< pipeline depth, 2..8
   float sm_scale_log2 = 0.f;  ///< sm_scale * k_scale * log2(e): folded into q once
   float v_scale = 1.f;        ///< folded into the output's normalisation
@@ -62,28 +62,59 @@ template <typename T, int HEAD_DIM, typename KV = T>
 __global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeParams<T, KV> p) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
+  KV* pipeline = reinterpret_cast<KV*>(smem_raw);  // stage s: K tile, V tile at s * STAGE_ELEMS
   const int kv_head = blockIdx.x, b = blockIdx.y;
-  DecodeLoop<T, HEAD_DIM, KV> loop(threadIdx.x, p.bdy, p.bdz);
+  const DecodeThread th = place_thread<Tr::BDX>(threadIdx.x, p.bdy, p.bdz);
   const int kv_len = p.kv.kv_len(b);
-  const int num_tiles = (kv_len + Tr::kTile - 1) / Tr::kTile;
-  const int32_t page_base = p.kv.kv_indptr[b];
+  const int num_tiles = (kv_len + Tr::TILE - 1) / Tr::TILE;
+  const int32_t page_begin = p.kv.kv_indptr[b];
   const int64_t first_row = int64_t{b} * p.num_qo_heads + kv_head * p.group_size;  // the group's first head
+  const int S = p.num_stages;
 
-  // ---- every key of request b through one pipeline.
-  loop.load_q(p.q, first_row, p.group_size, p.sm_scale_log2);
-  loop.template attend<1, false>(p.kv, kv_head, page_base, kv_len, 0, num_tiles, reinterpret_cast<KV*>(smem_raw),
-                                 p.num_stages, [] { __syncthreads(); });
+  // q_j * sm_scale * log2(e) in registers; every head's state empty (m = -inf, d = 0, o = 0).
+  QRegisters<KV, HEAD_DIM> q;
+  HeadStates<KV, HEAD_DIM> state;
+  load_q<T, HEAD_DIM, KV>(th, p.q, first_row, p.group_size, p.sm_scale_log2, q);
+#pragma unroll
+  for (int j = 0; j < Tr::HPT; ++j) state[j].init();
+
+  // ---- prologue: tiles 0 .. S-2 in flight, the page ids of tile S-1 read.
+  TilePages<KV, HEAD_DIM> page;
+  TileSlots<KV, HEAD_DIM> slot;
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < num_tiles) {
+      fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, s, page, slot);
+      issue_copies<KV, HEAD_DIM>(th, p.kv, kv_head, page, slot, pipeline + s * Tr::STAGE_ELEMS);
+    }
+    cp_async_commit_group();  // one group per tile, empty or not: the counts stay aligned
+  }
+  if (S - 1 < num_tiles) fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, S - 1, page, slot);
+
+  // ---- main loop: wait for tile i, refill the stage tile i-1 used, fold tile i into the states.
+  for (int i = 0; i < num_tiles; ++i) {
+    cp_async_wait_group_dynamic(S - 2);  // this thread's copies of tile i landed
+    __syncthreads();                     // everyone's copies of tile i landed, and everyone is done with tile i-1
+    const int next = i + S - 1;
+    if (next < num_tiles)
+      issue_copies<KV, HEAD_DIM>(th, p.kv, kv_head, page, slot, pipeline + (next % S) * Tr::STAGE_ELEMS);
+    cp_async_commit_group();
+    if (next + 1 < num_tiles) fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, next + 1, page, slot);
+    if (th.computes)
+      attend_tile<KV, HEAD_DIM>(th, q, state, pipeline + (i % S) * Tr::STAGE_ELEMS, i * Tr::TILE, kv_len);
+  }
+  cp_async_wait_group<0>();
+  __syncthreads();  // every copy landed and every tile is consumed: the memory is free
 
   // ---- merge the bdz partial states of each head (exact) in the pipeline's memory, then
-  // write o and lse. Two blocks share an SM, so one block's merge hides behind the
-  // other's loads.
-  if (!loop.merge_states(p.bdz, reinterpret_cast<float*>(smem_raw))) return;
+  // o = o_j / d_j (times v_scale) and lse = (m_j + log2 d_j) ln 2. Two blocks share an SM,
+  // so one block's merge hides behind the other's loads.
+  if (!merge_states<KV, HEAD_DIM>(th, state, p.bdz, reinterpret_cast<float*>(smem_raw))) return;
 #pragma unroll
-  for (int j = 0; j < Tr::kHeadsPerThread; ++j) {
-    if (!loop.holds_head(j, p.group_size)) continue;
-    float out[Tr::kElemsPerThread];
-    loop.state[j].output(out, p.v_scale);
-    loop.store_output(j, out, p.o, p.lse, first_row + loop.ty * Tr::kHeadsPerThread + j);
+  for (int j = 0; j < Tr::HPT; ++j) {
+    if (th.ty * Tr::HPT + j >= p.group_size) continue;  // an odd group leaves the last slot empty
+    float out[Tr::EPT];
+    state[j].output(out, p.v_scale);
+    store_output<T, HEAD_DIM, KV>(th, out, state[j].lse(), p.o, p.lse, first_row + th.ty * Tr::HPT + j);
   }
 }
 

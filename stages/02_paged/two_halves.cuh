@@ -14,9 +14,9 @@
 ///
 ///     shared memory: [ half 0: num_stages x 32 KB | half 1: num_stages x 32 KB | merge buffers ]
 ///
-/// The merge differs from the loop's merge_states, where one thread per (head, dims)
-/// folds the other states into its own, a chain of 2 * bdz - 1 dependent rescales that
-/// nothing hides when a block is alone on its SM: see merge_and_store.
+/// The merge differs from merge_states (decode_loop.cuh), where one thread per (head,
+/// dims) folds the other states into its own, a chain of 2 * bdz - 1 dependent rescales
+/// that nothing hides when a block is alone on its SM: see merge_and_store.
 #pragma once
 
 #include <cmath>
@@ -52,15 +52,15 @@ __device__ __forceinline__ void half_barrier(int half) {
 
 /// Merges the num_z token groups' partial states of each of the group's heads (exact)
 /// and writes o and lse, with the whole of half 0 working on it: every state goes to
-/// shared memory, and each thread takes QVEC dims (one output vector) of one head: the max over the num_z
-/// states first, then one weighted sum over them, whose terms are independent.
+/// shared memory, and each thread takes QVEC dims (one output vector) of one head: the
+/// max over the num_z states first (SoftmaxState::init(m_max)), then one weighted sum
+/// over them (SoftmaxState::absorb), whose terms are independent.
 ///
 ///     state id = (z * bdy + ty) * HPT + j: head ty * HPT + j of token group z
 ///     part_o [num_states][HEAD_DIM]   part_m [num_states]   part_d [num_states]
 ///
 /// Collective over the whole block (a __syncthreads).
-/// \param loop this thread's decode loop, its states final
-/// \param z_base token group of this thread's tz = 0 (half * bdz)
+/// \param state this thread's final states \param z this thread's token group (half * bdz + tz)
 /// \param num_z token groups of the block (2 * bdz)
 /// \param group_size query heads of the block
 /// \param buf DecodeTraits::merge_bytes(num_z, bdy) bytes of shared memory, 16-byte
@@ -69,79 +69,72 @@ __device__ __forceinline__ void half_barrier(int half) {
 ///        num_qo_heads) natural-log lse \param first_row row of the group's first head
 /// \param v_scale multiplies the output, folded into its normalisation
 template <typename T, int HEAD_DIM, typename KV>
-__device__ __forceinline__ void merge_and_store(const DecodeLoop<T, HEAD_DIM, KV>& loop, int z_base, int num_z,
-                                                int group_size, float* buf, T* o, float* lse, int64_t first_row,
-                                                float v_scale) {
-  using L = DecodeLoop<T, HEAD_DIM, KV>;
-  constexpr int HPT = L::HPT, VEC = L::VEC, NV = L::NV, BDX = L::BDX;
-  const int bdy = loop.bdy;
-  const int num_states = num_z * bdy * HPT;
+__device__ __forceinline__ void merge_and_store(const DecodeThread& th, const HeadStates<KV, HEAD_DIM>& state, int z,
+                                                int num_z, int group_size, float* buf, T* o, float* lse,
+                                                int64_t first_row, float v_scale) {
+  using Tr = DecodeTraits<KV, HEAD_DIM>;
+  constexpr int HPT = Tr::HPT, VEC = Tr::VEC, NV = Tr::NV, BDX = Tr::BDX;
+  const int num_states = num_z * th.bdy * HPT;
   float* part_o = buf;
   float* part_m = part_o + num_states * HEAD_DIM;
   float* part_d = part_m + num_states;
-  if (loop.computes) {
-    const int z = z_base + loop.tz;
+  if (th.computes) {
 #pragma unroll
     for (int j = 0; j < HPT; ++j) {
-      const int id = (z * bdy + loop.ty) * HPT + j;
+      const int id = (z * th.bdy + th.ty) * HPT + j;
 #pragma unroll
       for (int v = 0; v < NV; ++v)
 #pragma unroll
         for (int e = 0; e < VEC; e += 4)
-          *reinterpret_cast<float4*>(part_o + id * HEAD_DIM + (v * BDX + loop.tx) * VEC + e) = make_float4(
-              loop.state[j].o[v * VEC + e], loop.state[j].o[v * VEC + e + 1], loop.state[j].o[v * VEC + e + 2],
-              loop.state[j].o[v * VEC + e + 3]);
-      if (loop.tx == 0) {
-        part_m[id] = loop.state[j].m;
-        part_d[id] = loop.state[j].d;
+          *reinterpret_cast<float4*>(part_o + id * HEAD_DIM + (v * BDX + th.tx) * VEC +
+                                     e) = make_float4(state[j].o[v * VEC + e], state[j].o[v * VEC + e + 1],
+                                                      state[j].o[v * VEC + e + 2], state[j].o[v * VEC + e + 3]);
+      if (th.tx == 0) {
+        part_m[id] = state[j].m;
+        part_d[id] = state[j].d;
       }
     }
   }
   __syncthreads();
   // The reads go by output vectors (QVEC dims: part_o holds dims in order, whatever the
   // K/V's vector width was on the way in).
-  constexpr int QVEC = L::QVEC;
+  constexpr int QVEC = kernels::Vec16<T>::kSize;
   constexpr int CHUNKS = HEAD_DIM / QVEC;  // QVEC-dim pieces of one head's row
-  // Readers in half 0 only: racecheck accepts that pattern (the loop's merge_states uses
-  // it), while readers in both halves drew a report, and a group of 4 at bf16 / head_dim
-  // 128 is 64 items, fewer than half 0's threads.
-  if (threadIdx.x >= L::Tr::kThreads) return;
+  // Readers in half 0 only: racecheck accepts that pattern (merge_states uses it), while
+  // readers in both halves drew a report, and a group of 4 at bf16 / head_dim 128 is 64
+  // items, fewer than half 0's threads.
+  if (threadIdx.x >= Tr::kThreads) return;
 #pragma unroll 1
-  for (int item = threadIdx.x; item < group_size * CHUNKS; item += L::Tr::kThreads) {
+  for (int item = threadIdx.x; item < group_size * CHUNKS; item += Tr::kThreads) {
     const int h = item / CHUNKS, c = item % CHUNKS;
-    const int first_id = h;          // (0 * bdy + ty) * HPT + j for head h = ty * HPT + j
-    const int z_stride = bdy * HPT;  // ids between two token groups of one head
+    const int first_id = h;             // (0 * bdy + ty) * HPT + j for head h = ty * HPT + j
+    const int z_stride = th.bdy * HPT;  // ids between two token groups of one head
+    // m = max_z m_z, then d = sum_z 2^(m_z - m) d_z and o = sum_z 2^(m_z - m) o_z.
     float m_max = -INFINITY;
 #pragma unroll 4
-    for (int z = 0; z < num_z; ++z) m_max = fmaxf(m_max, part_m[first_id + z * z_stride]);
-    float acc[QVEC], d_sum = 0.f;
-#pragma unroll
-    for (int e = 0; e < QVEC; ++e) acc[e] = 0.f;
+    for (int zb = 0; zb < num_z; ++zb) m_max = fmaxf(m_max, part_m[first_id + zb * z_stride]);
+    SoftmaxState<QVEC> merged;
+    merged.init(m_max);
     if (m_max != -INFINITY) {  // else no key at all: o = 0, lse = -inf, as SoftmaxState says
 #pragma unroll 4               // four states' loads in flight: the sum has no dependent chain to wait on
-      for (int z = 0; z < num_z; ++z) {
-        const int id = first_id + z * z_stride;
-        const float m_z = part_m[id];
-        const float w = m_z == -INFINITY ? 0.f : exp2f(m_z - m_max);  // an empty state adds nothing
-        d_sum = fmaf(w, part_d[id], d_sum);
+      for (int zb = 0; zb < num_z; ++zb) {
+        const int id = first_id + zb * z_stride;
+        float o_z[QVEC];
 #pragma unroll
         for (int e = 0; e < QVEC; e += 4) {
           const float4 x = *reinterpret_cast<const float4*>(part_o + id * HEAD_DIM + c * QVEC + e);
-          acc[e] = fmaf(w, x.x, acc[e]);
-          acc[e + 1] = fmaf(w, x.y, acc[e + 1]);
-          acc[e + 2] = fmaf(w, x.z, acc[e + 2]);
-          acc[e + 3] = fmaf(w, x.w, acc[e + 3]);
+          o_z[e] = x.x, o_z[e + 1] = x.y, o_z[e + 2] = x.z, o_z[e + 3] = x.w;
         }
+        merged.absorb(part_m[id], part_d[id], o_z);
       }
     }
-    const float inv_d = d_sum > 0.f ? v_scale / d_sum : 0.f;
-#pragma unroll
-    for (int e = 0; e < QVEC; ++e) acc[e] *= inv_d;
+    float out[QVEC];
+    merged.output(out, v_scale);
     const int64_t row = first_row + h;
     kernels::Vec16<T> ov;
-    ov.from_float(acc);
+    ov.from_float(out);
     ov.store(o + row * HEAD_DIM + c * QVEC);
-    if (c == 0) lse[row] = d_sum > 0.f ? (m_max + log2f(d_sum)) * kernels::kLn2 : -INFINITY;
+    if (c == 0) lse[row] = merged.lse();
   }
 }
 
@@ -159,20 +152,50 @@ __global__ void __launch_bounds__(512, 1) paged_decode_two_halves_kernel(const P
   extern __shared__ __align__(16) uint8_t smem_raw[];
   const int half = threadIdx.x / Tr::kThreads;
   const int S = p.num_stages;
-  KV* pipeline = reinterpret_cast<KV*>(smem_raw) + half * S * Tr::kStageElems;
+  KV* pipeline = reinterpret_cast<KV*>(smem_raw) + half * S * Tr::STAGE_ELEMS;  // this half's
   const int kv_head = blockIdx.x, b = blockIdx.y;
-  DecodeLoop<T, HEAD_DIM, KV> loop(threadIdx.x % Tr::kThreads, p.bdy, p.bdz);
+  const DecodeThread th = place_thread<Tr::BDX>(threadIdx.x % Tr::kThreads, p.bdy, p.bdz);
   const int kv_len = p.kv.kv_len(b);
-  const int num_tiles = (kv_len + Tr::kTile - 1) / Tr::kTile;
+  const int num_tiles = (kv_len + Tr::TILE - 1) / Tr::TILE;
   const int my_tiles = num_tiles > half ? (num_tiles - half + 1) / 2 : 0;  // tiles half, half + 2, ...
-  const int32_t page_base = p.kv.kv_indptr[b];
+  const int32_t page_begin = p.kv.kv_indptr[b];
   const int64_t first_row = int64_t{b} * p.num_qo_heads + kv_head * p.group_size;  // the group's first head
-  loop.load_q(p.q, first_row, p.group_size, p.sm_scale_log2);
-  loop.template attend<2, false>(p.kv, kv_head, page_base, kv_len, half, my_tiles, pipeline, S,
-                                 [half] { half_barrier(half); });
 
+  QRegisters<KV, HEAD_DIM> q;
+  HeadStates<KV, HEAD_DIM> state;
+  load_q<T, HEAD_DIM, KV>(th, p.q, first_row, p.group_size, p.sm_scale_log2, q);
+#pragma unroll
+  for (int j = 0; j < Tr::HPT; ++j) state[j].init();
+
+  // ---- stage 02's pipeline, over this half's tiles half + 2 i, behind this half's barrier.
+  TilePages<KV, HEAD_DIM> page;
+  TileSlots<KV, HEAD_DIM> slot;
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < my_tiles) {
+      fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, half + 2 * s, page, slot);
+      issue_copies<KV, HEAD_DIM>(th, p.kv, kv_head, page, slot, pipeline + s * Tr::STAGE_ELEMS);
+    }
+    cp_async_commit_group();
+  }
+  if (S - 1 < my_tiles) fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, half + 2 * (S - 1), page, slot);
+  for (int i = 0; i < my_tiles; ++i) {
+    cp_async_wait_group_dynamic(S - 2);
+    half_barrier(half);
+    const int next = i + S - 1;
+    if (next < my_tiles)
+      issue_copies<KV, HEAD_DIM>(th, p.kv, kv_head, page, slot, pipeline + (next % S) * Tr::STAGE_ELEMS);
+    cp_async_commit_group();
+    if (next + 1 < my_tiles) fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, half + 2 * (next + 1), page, slot);
+    if (th.computes)
+      attend_tile<KV, HEAD_DIM>(th, q, state, pipeline + (i % S) * Tr::STAGE_ELEMS, (half + 2 * i) * Tr::TILE, kv_len);
+  }
+  cp_async_wait_group<0>();
+  __syncthreads();  // both halves' copies landed and every tile is consumed
+
+  // ---- the 2 bdz states of each head, merged by half 0 into o and lse.
   float* merge_buffers = reinterpret_cast<float*>(smem_raw + two_halves_merge_offset<KV, HEAD_DIM>(S));
-  merge_and_store(loop, half * p.bdz, 2 * p.bdz, p.group_size, merge_buffers, p.o, p.lse, first_row, p.v_scale);
+  merge_and_store<T, HEAD_DIM, KV>(th, state, half * p.bdz + th.tz, 2 * p.bdz, p.group_size, merge_buffers, p.o, p.lse,
+                                   first_row, p.v_scale);
 }
 
 }  // namespace flashstep::stages::paged

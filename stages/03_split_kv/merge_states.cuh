@@ -3,10 +3,10 @@
 /// them, merged into its output — FlashInfer's VariableLengthMergeStates.
 ///
 /// Request r's chunks wrote partial rows o_indptr[r] .. o_indptr[r+1] (a normalized
-/// output v_k and its natural-log lse s_k per query head). A normalized state (v, s) is
-/// the unnormalized state (m = s, d = 1, o = v) of kernels/state.cuh, so the merge here is
-/// SoftmaxState::merge, the same exact operator as inside every decode block (and the
-/// reference's merge_state): the order of merges changes only rounding.
+/// output v_k and its natural-log lse s_k per query head). The merge here is
+/// SoftmaxState::merge_normalized of kernels/state.cuh, the same exact operator as inside
+/// every decode block (and the reference's merge_state): the order of merges changes only
+/// rounding.
 ///
 /// Block layout: one block per (query head, request), 128 threads.
 ///
@@ -37,13 +37,10 @@ template <typename T>
 struct MergeStatesParams {
   const float* partial_o = nullptr;    ///< (num_work_items, num_qo_heads, head_dim) fp32
   const float* partial_lse = nullptr;  ///< (num_work_items, num_qo_heads) natural log
-  const int32_t* o_indptr = nullptr;   ///< (batch_size + 1): request r's rows; or null, below
-  /// With o_indptr null: every request has this many states, state j of request r at row
-  /// j * batch_size + r (the layout of an all-gather of per-GPU (batch_size, ...) arrays).
-  int states_per_request = 0;
-  T* o = nullptr;        ///< (batch_size, num_qo_heads, head_dim)
-  float* lse = nullptr;  ///< (batch_size, num_qo_heads) natural log
-  int num_qo_heads = 0;  ///< query heads, Hq (the row stride of every array)
+  const int32_t* o_indptr = nullptr;   ///< (batch_size + 1): request r's rows
+  T* o = nullptr;                      ///< (batch_size, num_qo_heads, head_dim)
+  float* lse = nullptr;                ///< (batch_size, num_qo_heads) natural log
+  int num_qo_heads = 0;                ///< query heads, Hq (the row stride of every array)
 };
 
 /// Stores 4 fp32 values as 4 elements of T, in one 8-byte (16-bit T) or 16-byte store.
@@ -72,11 +69,11 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const 
 /// Folds normalized states into `st`, the running state of one query head's 4 dims `col`
 /// (4 * col .. 4 * col + 3): states k = k_begin, k_begin + lanes, ... below k_end, state k
 /// being row first + k * step of partial_o (rows, num_qo_heads, HEAD_DIM) and partial_lse
-/// (rows, num_qo_heads). IN_FLIGHT rows are loaded before any is merged; a normalized state
-/// (v, s) is merged as the unnormalized (m = s, d = 1, o = v), in base 2. VIA_L2 reads
+/// (rows, num_qo_heads). IN_FLIGHT rows are loaded before any is merged, then each is
+/// merged (SoftmaxState::merge_normalized). VIA_L2 reads
 /// through L2 only (__ldcg): rows other blocks of the same grid wrote, which this SM's L1
-/// may hold older copies of. Used by merge_states_kernel and by chunk_decode.cuh's fused
-/// merge, so both fold the rows the same way.
+/// may hold older copies of. Used by merge_states_kernel, by fused_merge.cuh and by stage
+/// 08's merge of gathered states, so all fold the rows the same way.
 template <int HEAD_DIM, int IN_FLIGHT, bool VIA_L2 = false>
 __device__ __forceinline__ void fold_states(kernels::SoftmaxState<4>& st, const float* partial_o,
                                             const float* partial_lse, int num_qo_heads, int qo_head, int col,
@@ -99,9 +96,8 @@ __device__ __forceinline__ void fold_states(kernels::SoftmaxState<4>& st, const 
     }
 #pragma unroll
     for (int u = 0; u < IN_FLIGHT; ++u) {
-      // (o, lse) natural log -> (m, d, o) base 2 with d = 1.
-      const float o_b[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-      st.merge(s[u] * kernels::kLog2e, s[u] == -INFINITY ? 0.f : 1.f, o_b);
+      const float v_u[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      st.merge_normalized(s[u], v_u);
     }
   }
 }
@@ -139,8 +135,7 @@ __device__ __forceinline__ void merge_lanes_and_store(kernels::SoftmaxState<4>& 
 }
 
 /// Merges request r's partial rows o_indptr[r] .. o_indptr[r+1] (any number, 0 included:
-/// then o = 0, lse = -inf) into its o and lse for one query head; with o_indptr null, its
-/// states_per_request rows r, r + batch_size, r + 2 * batch_size, ... instead. grid = (num_qo_heads,
+/// then o = 0, lse = -inf) into its o and lse for one query head. grid = (num_qo_heads,
 /// batch_size), kMergeThreads threads; launched after chunk_decode_kernel, programmatically
 /// dependent on it where the launch asks for that.
 /// \tparam T element type of o (float, __half or __nv_bfloat16)
@@ -158,10 +153,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   const int qo_head = blockIdx.x, r = blockIdx.y;
   const int tx = threadIdx.x % TX, tz = threadIdx.x / TX;
   // The schedule was written before the chunk kernel started: safe to read before the wait.
-  // State number k (begin <= k < end) of this request is row first + k * step.
-  const bool strided = p.o_indptr == nullptr;
-  const int begin = strided ? 0 : p.o_indptr[r], end = strided ? p.states_per_request : p.o_indptr[r + 1];
-  const int64_t first = strided ? r : 0, step = strided ? gridDim.y : 1;
+  const int begin = p.o_indptr[r], end = p.o_indptr[r + 1];
   // Wait for the chunk kernel's writes (returns at once without programmatic launch).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
@@ -171,7 +163,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   kernels::SoftmaxState<4> st;
   st.init();
   fold_states<HEAD_DIM, kLoadsInFlight>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, tx, begin + tz, end,
-                                        NZ, first, step);
+                                        NZ);
 
   merge_lanes_and_store<T, HEAD_DIM, NZ>(st, tx, tz, p.o, p.lse, int64_t{r} * p.num_qo_heads + qo_head);
 }

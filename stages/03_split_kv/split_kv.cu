@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "03_split_kv/chunk_decode.cuh"
+#include "03_split_kv/fused_merge.cuh"
 #include "03_split_kv/merge_states.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
@@ -55,23 +56,18 @@ struct LaunchArgs {
   DecodePath path;
 };
 
-/// One instantiation (dtype x head_dim): what plan() asks of it and how run() launches it.
-struct KernelEntry {
-  size_t (*smem_bytes)(int num_stages, int group_size);
-  void (*set_smem_limit)(size_t bytes);
-  int (*blocks_per_sm)(size_t smem_bytes);
-  void (*launch)(const LaunchArgs& a, cudaStream_t stream);
-};
+/// One instantiation (dtype x head_dim x K/V dtype) of the chunk kernel and its merge.
+using Entry = KernelEntry<LaunchArgs>;
 
 template <typename OutT, int HEAD_DIM>
-void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, int states_per_request,
-                  OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
+void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
+                  int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
 
 template <typename T, int HEAD_DIM, typename KV>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
-  ChunkDecodeParams<T, KV> p;
+  FusedChunkDecodeParams<T, KV> p;  // the chunk kernel's arguments, and the fused kernel's two more
   p.q = static_cast<const T*>(a.batch->q);
   p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr, a.batch->kv_indices,
                                 a.batch->kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
@@ -80,9 +76,6 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.kv_page_begin = reinterpret_cast<const int32_t*>(a.workspace + w.kv_page_begin);
   p.kv_chunk_len = reinterpret_cast<const int32_t*>(a.workspace + w.kv_chunk_len);
   p.block_valid_mask = a.workspace + w.block_valid_mask;
-  p.o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
-  p.merge_counters = a.path == DecodePath::split_fused ? reinterpret_cast<int32_t*>(a.workspace + w.merge_counters)
-                                                       : nullptr;
   p.partition_kv = a.plan->split_kv;
   p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(a.workspace + w.partial_lse);
@@ -94,37 +87,42 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
   p.num_stages = a.num_stages;
-  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation.
-  p.sm_scale_log2 = s.resolved_sm_scale() * s.k_scale * kernels::kLog2e;
-  p.v_scale = s.v_scale;
+  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation (the run's
+  // scales when it gives them).
+  p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
+  p.v_scale = run_v_scale(s, *a.batch);
+  const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
-  if (a.path == DecodePath::split_fused && a.plan->split_kv)
-    chunk_decode_kernel<T, HEAD_DIM, true, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
-  else chunk_decode_kernel<T, HEAD_DIM, false, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+  if (a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
+    p.o_indptr = o_indptr;
+    p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
+    chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+    kernels::check_launch("chunk_decode_fused_kernel");
+    return;
+  }
+  const ChunkDecodeParams<T, KV>& chunk = p;
+  chunk_decode_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
   kernels::check_launch("chunk_decode_kernel");
-  if (!a.plan->split_kv || a.path == DecodePath::split_fused) return;
+  if (!a.plan->split_kv) return;
 
   if (a.fp32_states) {
-    launch_merge<float, HEAD_DIM>(
-        p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), 0,
-        static_cast<float*>(a.batch->o), p.lse, s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
+    launch_merge<float, HEAD_DIM>(p.partial_o, p.partial_lse, o_indptr, static_cast<float*>(a.batch->o), p.lse,
+                                  s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
   } else {
-    launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), 0,
-                              p.o, p.lse, s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
+    launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, o_indptr, p.o, p.lse, s.num_qo_heads, s.batch_size,
+                              a.programmatic_launch, stream);
   }
 }
 
-/// The merge kernel over partial rows (o_indptr) or strided states (o_indptr null).
+/// The merge kernel over each request's partial rows (o_indptr).
 template <typename OutT, int HEAD_DIM>
-void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, int states_per_request,
-                  OutT* o, float* lse, int num_qo_heads, int batch_size, bool programmatic_launch,
-                  cudaStream_t stream) {
+void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
+                  int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream) {
   MergeStatesParams<OutT> m;
   m.partial_o = partial_o;
   m.partial_lse = partial_lse;
   m.o_indptr = o_indptr;
-  m.states_per_request = states_per_request;
   m.o = o;
   m.lse = lse;
   m.num_qo_heads = num_qo_heads;
@@ -145,30 +143,31 @@ void launch_merge(const float* partial_o, const float* partial_lse, const int32_
 }
 
 template <typename T, int HEAD_DIM, typename KV>
-KernelEntry kernel_entry() {
-  KernelEntry e;
+Entry kernel_entry() {
+  Entry e;
   e.smem_bytes = [](int num_stages, int group_size) {
     const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(group_size);
     return chunk_decode_smem_bytes<KV, HEAD_DIM>(num_stages, bs.bdy, bs.bdz);
   };
   e.set_smem_limit = [](size_t bytes) {
-    for (auto kernel : {chunk_decode_kernel<T, HEAD_DIM, false, KV>, chunk_decode_kernel<T, HEAD_DIM, true, KV>})
-      FLASHSTEP_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, KV>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_fused_kernel<T, HEAD_DIM, KV>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t bytes) {  // the smaller of the two kernels' answers
     int plain = 0, fused = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &plain, chunk_decode_kernel<T, HEAD_DIM, false, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
+        &plain, chunk_decode_kernel<T, HEAD_DIM, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fused, chunk_decode_kernel<T, HEAD_DIM, true, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
+        &fused, chunk_decode_fused_kernel<T, HEAD_DIM, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
     return std::min(plain, fused);
   };
   e.launch = launch<T, HEAD_DIM, KV>;
   return e;
 }
 
-KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
+Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
       FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, { return kernel_entry<T, HEAD_DIM, KV>(); });
@@ -194,18 +193,17 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
                "options.num_stages must be 0 (auto) or 2..8, got " + str(options.num_stages));
   ref::require(options.num_sm >= 0 && options.ctas_per_sm >= 0 && options.min_kv_chunk_tokens >= 0, fn,
                "options.num_sm, ctas_per_sm and min_kv_chunk_tokens must be >= 0");
-  int device = 0, sms = 0, major = 0;
+  int device = 0, major = 0;
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   Resolved r;
-  r.num_sm = options.num_sm > 0 ? options.num_sm : sms;
+  r.num_sm = options.num_sm > 0 ? options.num_sm : device_sm_count();
   // Depth: stage 02's two 32 KB stages, one tile in flight while one is computed; with
   // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  const Entry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
@@ -328,14 +326,7 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
 
 SplitKVRunner::SplitKVRunner(SplitKVOptions options) : options_(options) {}
 
-SplitKVRunner::~SplitKVRunner() {
-  // No throw from a destructor: a failure here is reported by the next CUDA call.
-  if (staged_copy_done_) {
-    cudaEventSynchronize(staged_copy_done_);
-    cudaEventDestroy(staged_copy_done_);
-  }
-  if (staging_) cudaFreeHost(staging_);
-}
+SplitKVRunner::~SplitKVRunner() = default;
 
 size_t SplitKVRunner::workspace_bytes(const BatchShape& shape) const {
   const Resolved r = resolve(options_, shape, "SplitKVRunner::workspace_bytes");
@@ -435,30 +426,20 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   }
 
   // ---- stage the schedule in pinned memory, in the workspace's layout, and copy it once.
-  if (staging_bytes_ < layout.schedule_bytes) {
-    if (staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
-    if (staging_) FLASHSTEP_CUDA_CHECK(cudaFreeHost(staging_));
-    staging_ = nullptr;
-    FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), layout.schedule_bytes));
-    staging_bytes_ = layout.schedule_bytes;
-  }
-  if (!staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copy_done_, cudaEventDisableTiming));
-  // The previous plan's copy may still be reading the staging buffer.
-  FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
-  std::memset(staging_, 0, layout.schedule_bytes);
+  uint8_t* staged = staging_.begin(layout.schedule_bytes);  // waits for the previous plan's copy
   const SplitKVHeader header{plan.kv_chunk_size_in_pages, plan.num_work_items, plan.split_kv ? 1 : 0,
                              plan.padded_batch_size, static_cast<int32_t>(path)};
-  std::memcpy(staging_ + layout.header, &header, sizeof header);
-  std::memcpy(staging_ + layout.request_indices, plan.request_indices.data(),
+  std::memcpy(staged + layout.header, &header, sizeof header);
+  std::memcpy(staged + layout.request_indices, plan.request_indices.data(),
               sizeof(int32_t) * plan.request_indices.size());
-  std::memcpy(staging_ + layout.kv_tile_indices, plan.kv_tile_indices.data(),
+  std::memcpy(staged + layout.kv_tile_indices, plan.kv_tile_indices.data(),
               sizeof(int32_t) * plan.kv_tile_indices.size());
-  std::memcpy(staging_ + layout.o_indptr, plan.o_indptr.data(), sizeof(int32_t) * plan.o_indptr.size());
-  std::memcpy(staging_ + layout.block_valid_mask, plan.block_valid_mask.data(), plan.block_valid_mask.size());
+  std::memcpy(staged + layout.o_indptr, plan.o_indptr.data(), sizeof(int32_t) * plan.o_indptr.size());
+  std::memcpy(staged + layout.block_valid_mask, plan.block_valid_mask.data(), plan.block_valid_mask.size());
   // Each real work item's first page (an index into kv_indices) and its length in tokens,
   // from the host copy of the lengths: the kernel starts with the page ids.
-  auto* page_begin = reinterpret_cast<int32_t*>(staging_ + layout.kv_page_begin);
-  auto* chunk_len = reinterpret_cast<int32_t*>(staging_ + layout.kv_chunk_len);
+  auto* page_begin = reinterpret_cast<int32_t*>(staged + layout.kv_page_begin);
+  auto* chunk_len = reinterpret_cast<int32_t*>(staged + layout.kv_chunk_len);
   const int64_t chunk_tokens = int64_t{plan.kv_chunk_size_in_pages} * shape.page_size;
   for (int32_t k = 0; k < plan.num_work_items; ++k) {
     const int r = plan.request_indices[k];
@@ -467,8 +448,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
     page_begin[k] = static_cast<int32_t>(shape.kv_indptr[r] + t * plan.kv_chunk_size_in_pages);
     chunk_len[k] = static_cast<int32_t>(std::min(shape.kv_len(r) - start, chunk_tokens));
   }
-  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace, staging_, layout.schedule_bytes, cudaMemcpyHostToDevice, stream));
-  FLASHSTEP_CUDA_CHECK(cudaEventRecord(staged_copy_done_, stream));
+  staging_.upload(workspace, layout.schedule_bytes, stream);
 
   shape_ = shape;
   planner_config_ = config;
@@ -476,7 +456,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   layout_ = layout;
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
-  const KernelEntry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  const Entry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
   path_ = path;
   estimate_ = estimate;
   launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
@@ -512,26 +492,6 @@ void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   ref::require(!options_.fp32_states || batch.lse != nullptr, fn,
                "batch.lse is null; a runner with SplitKVOptions::fp32_states writes (o, lse) states and needs both");
   launch_(batch, stream);
-}
-
-void launch_merge_states(const float* states_o, const float* states_lse, int states_per_request, int batch_size,
-                         int num_qo_heads, int head_dim, DType dtype, void* o, float* lse, cudaStream_t stream) {
-  const char* fn = "launch_merge_states";
-  ref::require(states_per_request >= 1, fn, "states_per_request must be >= 1, got " + str(states_per_request));
-  ref::require(batch_size >= 1 && batch_size <= 65535, fn,
-               "batch_size must be 1..65535 (grid.y of the merge kernel), got " + str(batch_size));
-  ref::require(num_qo_heads >= 1, fn, "num_qo_heads must be >= 1, got " + str(num_qo_heads));
-  ref::require(head_dim == 64 || head_dim == 128 || head_dim == 256, fn,
-               "head_dim must be 64, 128 or 256, got " + str(head_dim));
-  ref::require(states_o != nullptr && states_lse != nullptr && o != nullptr, fn,
-               "states_o, states_lse and o must not be null");
-  ref::require(reinterpret_cast<uintptr_t>(states_o) % 16 == 0, fn, "states_o must be 16-byte aligned");
-  FLASHSTEP_DISPATCH_DTYPE(dtype, OutT, {
-    FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-      launch_merge<OutT, HEAD_DIM>(states_o, states_lse, nullptr, states_per_request, static_cast<OutT*>(o), lse,
-                                   num_qo_heads, batch_size, false, stream);
-    });
-  });
 }
 
 const float* SplitKVRunner::partial_o() const {

@@ -92,8 +92,9 @@ struct SplitKVOptions {
   /// DeviceBatch::o is then a float array (batch_size, num_qo_heads, head_dim) and
   /// DeviceBatch::lse (batch_size, num_qo_heads), natural log, is required. A request with
   /// no keys gets o = 0, lse = -inf. The states can be merged exactly with other states of
-  /// the same requests (other keys, computed elsewhere): launch_merge_states below. Every
-  /// work item then writes a partial row, split or not, and the merge kernel writes fp32.
+  /// the same requests (other keys, computed elsewhere), as stage 08 merges those of its
+  /// GPUs. Every work item then writes a partial row, split or not, and the merge kernel
+  /// writes fp32.
   bool fp32_states = false;
   /// Which paths plan() may take; automatic: the cost model's choice.
   PathChoice path = PathChoice::automatic;
@@ -181,22 +182,6 @@ struct SplitKVHeader {
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                       int max_grid_size, bool fp32_states = false);
 
-/// Merges several fp32 attention states of every request into its output, exactly
-/// (stage 03's merge kernel, grid (num_qo_heads, batch_size); capturable in a CUDA graph).
-/// State j of request r is row j * batch_size + r of states_o (states_per_request *
-/// batch_size, num_qo_heads, head_dim) and states_lse (same rows, num_qo_heads): the layout
-/// an all-gather of per-GPU (batch_size, ...) states produces. A request whose states all
-/// have lse = -inf gets o = 0, lse = -inf. Throws ref::InvalidArgument on bad sizes.
-/// \param states_o fp32 normalized outputs \param states_lse natural-log LSEs
-/// \param states_per_request states of each request, >= 1
-/// \param batch_size requests \param num_qo_heads query heads \param head_dim 64, 128 or 256
-/// \param dtype element type of o (f32, f16 or bf16)
-/// \param o (batch_size, num_qo_heads, head_dim) output \param lse (batch_size,
-///        num_qo_heads) natural-log output, or null
-/// \param stream the stream to launch on
-void launch_merge_states(const float* states_o, const float* states_lse, int states_per_request, int batch_size,
-                         int num_qo_heads, int head_dim, DType dtype, void* o, float* lse, cudaStream_t stream);
-
 /// plan/run for stage 03.
 ///
 /// plan() (host, once per batch composition): checks the shape, picks the kernel's depth
@@ -254,10 +239,8 @@ class SplitKVRunner : public StageRunner {
   // The two launches, bound by plan() to this dtype and head_dim's kernels and to the
   // workspace; run() only calls it.
   std::function<void(const DeviceBatch&, cudaStream_t)> launch_;
-  // Pinned staging for the schedule, and the event that says its last copy is done.
-  uint8_t* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
-  cudaEvent_t staged_copy_done_ = nullptr;
+  // Pinned staging for the schedule, and its one copy per plan.
+  ScheduleStaging staging_;
   // Set when run() was captured: later plans must keep the captured launch shape.
   bool captured_ = false;
   int32_t captured_batch_size_ = 0;

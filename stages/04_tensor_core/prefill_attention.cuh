@@ -139,15 +139,28 @@ struct PrefillParams {
   bool soft_cap = false;    ///< s -> cap * tanh(s / cap) before the softmax
   float v_scale = 1.f;      ///< FP8 cache: multiplies the output (folded into 1 / l)
 
-  /// The four fields above from the batch's sm_scale and logits_soft_cap (0: no cap). For
-  /// an FP8 cache pass sm_scale * k_scale: q . (k * k_scale) = k_scale (q . k).
-  void set_score_transform(float sm_scale, float logits_soft_cap) {
-    soft_cap = logits_soft_cap > 0.f;
-    score_scale = soft_cap ? 1.f : sm_scale * kernels::kLog2e;
-    cap_pre = soft_cap ? sm_scale / logits_soft_cap : 0.f;
-    cap_post = soft_cap ? logits_soft_cap * kernels::kLog2e : 0.f;
-  }
+  /// The four fields above from the batch's sm_scale and logits_soft_cap: the free
+  /// set_score_transform below.
+  void set_score_transform(float sm_scale, float logits_soft_cap);
 };
+
+/// score_scale, cap_pre, cap_post and soft_cap of any kernel's parameters that carry
+/// PrefillParams' four fields (stage 07's do too), from the batch's sm_scale and
+/// logits_soft_cap (0: no cap). Without a cap the logits are q.k sm_scale log2(e); with
+/// one, cap log2(e) tanh(q.k sm_scale / cap). For an FP8 cache pass sm_scale * k_scale:
+/// q . (k * k_scale) = k_scale (q . k).
+template <typename Params>
+void set_score_transform(Params& p, float sm_scale, float logits_soft_cap) {
+  p.soft_cap = logits_soft_cap > 0.f;
+  p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
+  p.cap_pre = p.soft_cap ? sm_scale / logits_soft_cap : 0.f;
+  p.cap_post = p.soft_cap ? logits_soft_cap * kernels::kLog2e : 0.f;
+}
+
+template <typename T, typename KV>
+void PrefillParams<T, KV>::set_score_transform(float sm_scale, float logits_soft_cap) {
+  tensor_core::set_score_transform(*this, sm_scale, logits_soft_cap);
+}
 
 /// What one block works on, decoded from its work item.
 struct BlockTask {

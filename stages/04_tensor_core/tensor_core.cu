@@ -35,24 +35,31 @@ namespace {
 
 constexpr int kBc = 64;
 
-/// What plan() needs of one instantiation, and how run() launches it.
-struct KernelEntry {
-  size_t smem_bytes;
-  int br;
-  int (*prepare)(int head_dim);  ///< raises the shared-memory limit; returns blocks per SM
-  void (*launch)(const BatchShape&, const Schedule&, const WorkspaceLayout&, uint8_t* workspace, const DeviceBatch&,
-                 cudaStream_t);
+/// What a launch needs besides the kernel.
+struct LaunchArgs {
+  const BatchShape* shape;
+  const Schedule* schedule;
+  const WorkspaceLayout* layout;
+  uint8_t* workspace;
+  const DeviceBatch* batch;
 };
 
+/// One instantiation (dtype x head_dim x K/V dtype x ring depth); its shared memory is
+/// fixed by the instantiation, and prepare_prefill_attention both raises the limit and
+/// asks the occupancy calculator.
+using Entry = KernelEntry<LaunchArgs>;
+
 template <typename T, int HEAD_DIM, typename KV, int STAGES>
-KernelEntry kernel_entry() {
-  using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
-  KernelEntry e;
-  e.smem_bytes = Tr::smem_bytes();
-  e.br = Tr::Br;
-  e.prepare = prepare_prefill_attention<T, KV, STAGES>;
-  e.launch = [](const BatchShape& s, const Schedule& sched, const WorkspaceLayout& w, uint8_t* ws,
-                const DeviceBatch& batch, cudaStream_t stream) {
+Entry kernel_entry() {
+  Entry e;
+  e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, KV, STAGES>::smem_bytes(); };
+  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, STAGES>(HEAD_DIM); };
+  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, STAGES>(HEAD_DIM); };
+  e.launch = [](const LaunchArgs& a, cudaStream_t stream) {
+    const BatchShape& s = *a.shape;
+    const DeviceBatch& batch = *a.batch;
+    const WorkspaceLayout& w = *a.layout;
+    uint8_t* ws = a.workspace;
     PrefillParams<T, KV> p;
     p.q = static_cast<const T*>(batch.q);
     p.qo_indptr = batch.qo_indptr;
@@ -71,7 +78,7 @@ KernelEntry kernel_entry() {
     p.request_indices = reinterpret_cast<const int32_t*>(ws + w.request_indices);
     p.qo_tile_indices = reinterpret_cast<const int32_t*>(ws + w.qo_tile_indices);
     p.kv_chunk_indices = reinterpret_cast<const int32_t*>(ws + w.kv_chunk_indices);
-    p.kv_chunk_size = sched.kv_chunk_size;
+    p.kv_chunk_size = a.schedule->kv_chunk_size;
     p.partial_indptr = reinterpret_cast<const int32_t*>(ws + w.partial_indptr);
     p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
     p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
@@ -81,11 +88,12 @@ KernelEntry kernel_entry() {
     p.causal = s.mode == Mode::prefill && s.causal;
     p.window_left = s.window_left;
     // An FP8 cache's k_scale joins sm_scale (one factor of the scores), its v_scale the
-    // output's 1 / l (so a split's partial rows carry it, and the linear merge keeps it).
-    p.set_score_transform(s.resolved_sm_scale() * s.k_scale, s.logits_soft_cap);
-    p.v_scale = s.v_scale;
-    launch_prefill_attention<T, KV, STAGES>(p, HEAD_DIM, sched.num_items(), stream);
-    if (sched.kv_chunk_size == 0) return;
+    // output's 1 / l (so a split's partial rows carry it, and the linear merge keeps it);
+    // the run's scales when it gives them.
+    p.set_score_transform(s.resolved_sm_scale() * run_k_scale(s, batch), s.logits_soft_cap);
+    p.v_scale = run_v_scale(s, batch);
+    launch_prefill_attention<T, KV, STAGES>(p, HEAD_DIM, a.schedule->num_items(), stream);
+    if (a.schedule->kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
     mp.partial_lse = p.partial_lse;
@@ -100,13 +108,15 @@ KernelEntry kernel_entry() {
   return e;
 }
 
+/// The entry for q's element type T: fp16 and bf16 only (the mma.sync kernel has no fp32
+/// instantiation, and none is compiled for it).
 /// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the default ring)
-KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
-  if (dtype != DType::f16 && dtype != DType::bf16)
+template <typename T>
+Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
+  if constexpr (sizeof(T) != 2) {
     throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " +
                                std::string(to_string(dtype)) + ")");
-  auto for_dtype = [&](auto type_tag) -> KernelEntry {
-    using T = decltype(type_tag);
+  } else {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
       FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
         if constexpr (!std::is_same_v<KV, T>) {
@@ -116,8 +126,11 @@ KernelEntry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_
       });
     });
     return {};
-  };
-  return dtype == DType::f16 ? for_dtype(__half{}) : for_dtype(__nv_bfloat16{});
+  }
+}
+
+Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim, fp8_stages); });
 }
 
 /// Work items of a CUDA-graph plan: enough for any lengths of batch_size requests and
@@ -155,20 +168,23 @@ WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
   return w;
 }
 
-void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspace, cudaStream_t stream) {
+void upload_schedule(const Schedule& s, const WorkspaceLayout& w, ScheduleStaging& staging, void* workspace,
+                     cudaStream_t stream) {
   if (w.schedule_bytes == 0) return;
-  // The schedule, staged in one host buffer and copied once.
-  std::vector<uint8_t> staged(w.schedule_bytes, 0);
+  uint8_t* staged = staging.begin(w.schedule_bytes);
   auto put = [&](size_t offset, const std::vector<int32_t>& v) {
-    if (!v.empty()) std::memcpy(staged.data() + offset, v.data(), v.size() * sizeof(int32_t));
+    if (!v.empty()) std::memcpy(staged + offset, v.data(), v.size() * sizeof(int32_t));
   };
   put(w.request_indices, s.request_indices);
   put(w.qo_tile_indices, s.qo_tile_indices);
   put(w.kv_chunk_indices, s.kv_chunk_indices);
   put(w.partial_indptr, s.partial_indptr);
-  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream));
-  // Pageable source: wait so that `staged` may go when this returns.
-  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  staging.upload(workspace, w.schedule_bytes, stream);
+}
+
+void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspace, cudaStream_t stream) {
+  ScheduleStaging staging;  // its destructor waits for the copy
+  upload_schedule(s, w, staging, workspace, stream);
 }
 
 TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
@@ -208,8 +224,8 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
-      const KernelEntry e = kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, options_.fp8_stages);
-      target = int64_t{device_sm_count()} * std::max(1, e.prepare(s.head_dim));
+      const Entry e = kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, options_.fp8_stages);
+      target = int64_t{device_sm_count()} * std::max(1, e.blocks_per_sm(e.smem_bytes(0, 0)));
     }
     const int64_t blocks = base_items * s.num_kv_heads;
     if (blocks < target && s.nnz_qo() <= 65535) {
@@ -278,9 +294,9 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  const KernelEntry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, options_.fp8_stages);
-  e.prepare(shape.head_dim);  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
-  upload_schedule(schedule_, w, workspace_, stream);
+  const Entry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, options_.fp8_stages);
+  e.set_smem_limit(e.smem_bytes(0, 0));  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
+  upload_schedule(schedule_, w, staging_, workspace_, stream);
 }
 
 void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
@@ -288,7 +304,7 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
   kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, options_.fp8_stages)
-      .launch(shape_, schedule_, w, workspace_, batch, stream);
+      .launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch}, stream);
 }
 
 namespace {

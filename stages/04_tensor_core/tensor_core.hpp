@@ -76,8 +76,13 @@ struct WorkspaceLayout {
 /// The layout of schedule `s` for num_qo_heads heads of head_dim (host only).
 WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim);
 
-/// Copies the schedule's arrays into [0, w.schedule_bytes) of `workspace` on `stream`, one
-/// copy from a pageable host buffer, and waits for it (plan() work, not a run()).
+/// Copies the schedule's arrays into [0, w.schedule_bytes) of `workspace` on `stream`:
+/// written into the runner's pinned staging, then one asynchronous copy (plan() work, not
+/// a run(); the staging waits for the copy before the next plan writes it).
+void upload_schedule(const Schedule& s, const WorkspaceLayout& w, ScheduleStaging& staging, void* workspace,
+                     cudaStream_t stream);
+/// The same through a staging of its own, which it waits for before returning (for a
+/// runner without one).
 void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspace, cudaStream_t stream);
 
 /// plan/run for stage 04, over the storage its registry entry names.
@@ -102,6 +107,7 @@ class TensorCoreRunner : public StageRunner {
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
   CapturedLaunch captured_;
+  ScheduleStaging staging_;  // the schedule's pinned staging, one copy per plan
 };
 
 /// Stage 04's registry entry for the paged pool (NHD and HND).

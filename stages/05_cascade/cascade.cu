@@ -148,17 +148,20 @@ int level_chunk(const BatchShape& ls, int64_t target_blocks, int key_tile = kBc)
   return static_cast<int>(std::min(chunk, whole));
 }
 
-/// Calls f(T{}) for the stage's element types, fp16 and bf16 (stage 04's kernel has no
-/// other instantiation); any other dtype is refused by name.
-template <typename F>
-auto dispatch_16bit(DType dtype, F&& f) {
-  if (dtype == DType::f16) return f(__half{});
-  ref::require(dtype == DType::bf16, "CascadeRunner", std::string("no kernel for dtype ") + to_string(dtype));
-  return f(__nv_bfloat16{});
+/// Refuses a q dtype stage 04's kernel has no instantiation for (fp16 and bf16 only).
+[[noreturn]] void refuse_dtype(DType dtype) {
+  throw ref::InvalidArgument(std::string("CascadeRunner: no kernel for dtype ") + to_string(dtype) +
+                             " (stage 04's kernel takes f16 and bf16)");
+}
+
+template <typename T>
+int prefill_blocks_per_sm_of(DType dtype, int head_dim) {
+  if constexpr (sizeof(T) != 2) refuse_dtype(dtype);
+  else return tensor_core::prepare_prefill_attention<T>(head_dim);
 }
 
 int prefill_blocks_per_sm(DType dtype, int head_dim) {
-  return dispatch_16bit(dtype, [&](auto t) { return tensor_core::prepare_prefill_attention<decltype(t)>(head_dim); });
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return prefill_blocks_per_sm_of<T>(dtype, head_dim); });
 }
 
 /// A hand-built CascadeLevels' consistency with the batch it is planned for.
@@ -246,14 +249,7 @@ struct CascadeRunner::Prepared {
 };
 
 CascadeRunner::CascadeRunner(CascadeOptions options) : options_(options) {}
-CascadeRunner::~CascadeRunner() {
-  // (no check: a destructor must not throw, and a failing free leaves nothing to do)
-  if (staged_copy_done_) {
-    cudaEventSynchronize(staged_copy_done_);
-    cudaEventDestroy(staged_copy_done_);
-  }
-  if (staging_) cudaFreeHost(staging_);
-}
+CascadeRunner::~CascadeRunner() = default;
 
 std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape& s, ref::CascadeLevels* given) const {
   const char* fn = given ? "CascadeRunner::plan_levels" : "CascadeRunner::plan";
@@ -456,23 +452,12 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
     // workspace's layout and copied in one transfer. The copy is queued behind whatever
     // the stream runs (a run() still in flight keeps its arrays until it is done); the
     // next plan() waits for this copy, not for the stream, before it writes the buffer.
-    if (staging_bytes_ < p->staged_bytes) {
-      if (staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
-      if (staging_) FLASHSTEP_CUDA_CHECK(cudaFreeHost(staging_));
-      staging_ = nullptr;
-      staging_bytes_ = 0;
-      const size_t grown = std::max(p->staged_bytes, staging_bytes_ + staging_bytes_ / 2);
-      FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&staging_), grown));
-      staging_bytes_ = grown;
-    }
-    if (!staged_copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&staged_copy_done_, cudaEventDisableTiming));
-    FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(staged_copy_done_));
-    size_t written = 0;  // every byte of [0, staged_bytes) is written: the gaps are zeroed
+    uint8_t* staged = staging_.begin(p->staged_bytes);  // zeroed: the gaps between arrays stay 0
+    size_t written = 0;
     auto put = [&](size_t at, const std::vector<int32_t>& v) {
       ref::require(at >= written, "CascadeRunner::plan",
                    "the staged arrays' offsets must increase");  // prepare()'s layout
-      std::memset(staging_ + written, 0, at - written);
-      if (!v.empty()) std::memcpy(staging_ + at, v.data(), v.size() * sizeof(int32_t));
+      if (!v.empty()) std::memcpy(staged + at, v.data(), v.size() * sizeof(int32_t));
       written = at + v.size() * sizeof(int32_t);
     };
     for (size_t l = 0; l < p->levels.size(); ++l) {
@@ -487,9 +472,7 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
       put(L.chunk, L.schedule.kv_chunk_indices);
       put(L.rows, L.partial_indptr);
     }
-    std::memset(staging_ + written, 0, p->staged_bytes - written);
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(workspace_, staging_, p->staged_bytes, cudaMemcpyHostToDevice, stream));
-    FLASHSTEP_CUDA_CHECK(cudaEventRecord(staged_copy_done_, stream));
+    staging_.upload(workspace_, p->staged_bytes, stream);
   }
   plan_ = std::move(p->plan);
   flat_ = std::move(p->flat);
@@ -503,9 +486,15 @@ void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
     flat_->run(batch, stream);
     return;
   }
-  const BatchShape& s = shape_;
-  auto launch = [&](auto type_tag) {
-    using T = decltype(type_tag);
+  FLASHSTEP_DISPATCH_DTYPE(shape_.dtype, T, { launch_levels<T>(batch, stream); });
+}
+
+template <typename T>
+void CascadeRunner::launch_levels(const DeviceBatch& batch, cudaStream_t stream) const {
+  if constexpr (sizeof(T) != 2) {
+    refuse_dtype(shape_.dtype);
+  } else {
+    const BatchShape& s = shape_;
     const float sm_scale = s.resolved_sm_scale();
     for (const Prepared::Level& L : prepared_->levels) {
       if (L.hopper) {
@@ -567,8 +556,7 @@ void CascadeRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
       merge_levels_kernel<T, HEAD_DIM><<<grid, kMergeThreads, 0, stream>>>(m);
       kernels::check_launch("merge_levels_kernel");
     });
-  };
-  dispatch_16bit(s.dtype, launch);
+  }
 }
 
 void CascadeRunner::level_state(int level, float* o, float* lse, cudaStream_t stream) const {

@@ -132,6 +132,10 @@ class CascadeRunner : public StageRunner {
   const CascadePlan& cascade_plan() const { return plan_; }
 
  private:
+  /// run()'s launches for q's element type T (fp16, bf16; any other is refused).
+  template <typename T>
+  void launch_levels(const DeviceBatch& batch, cudaStream_t stream) const;
+
   struct Prepared;  // the plan, the staged schedule and the workspace layout
   // `given` (the caller's levels, or null to derive them) is moved from when planned.
   std::unique_ptr<Prepared> prepare(const BatchShape& shape, ref::CascadeLevels* given) const;
@@ -147,9 +151,7 @@ class CascadeRunner : public StageRunner {
   CapturedLaunch captured_;  // the levels' launches (the flat runner guards its own)
   // The levels' arrays and schedules, staged in pinned memory and copied to the workspace
   // in one copy; the next plan() waits for the event before it writes the buffer again.
-  uint8_t* staging_ = nullptr;
-  size_t staging_bytes_ = 0;
-  cudaEvent_t staged_copy_done_ = nullptr;
+  ScheduleStaging staging_;
 };
 
 /// Stage 05's registry entry.

@@ -10,7 +10,7 @@
 /// of one partial buffer: the shared levels first (the prefix, cut into chunks when the
 /// level is split), then the row's own keys. Attention over the union of the levels'
 /// keys is the merge of all of them — the same associative, commutative operator as
-/// stage 03's merge (kernels/state.cuh, the reference's merge_state), so neither the
+/// stage 03's merge (SoftmaxState::merge_normalized of kernels/state.cuh, the reference's merge_state), so neither the
 /// order of levels nor the chunking changes the result beyond rounding:
 ///
 ///     state = empty
@@ -79,10 +79,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_levels_kernel(const Merge
     for (; k < end; k += NZ) {
       const int64_t row = int64_t{k} * p.num_qo_heads + qo_head;
       const float4 v = *reinterpret_cast<const float4*>(p.partial_o + row * HEAD_DIM + tx * 4);
-      const float s = p.partial_lse[row];
-      // (v, lse) natural log -> (m, d, o) base 2 with d = 1; an empty state (-inf) has d = 0.
-      const float o_b[4] = {v.x, v.y, v.z, v.w};
-      st.merge(s * kernels::kLog2e, s == -INFINITY ? 0.f : 1.f, o_b);
+      const float v_k[4] = {v.x, v.y, v.z, v.w};
+      st.merge_normalized(p.partial_lse[row], v_k);
     }
     skip = k - end;
   }

@@ -79,6 +79,18 @@ struct MassAcc {
   }
   /// Adds mass_of(p).
   FLASHSTEP_HOST_DEVICE void add(float p) { add_if(true, parts(p)); }
+  /// Adds mass_of(p) for p known to be in [0, 1] (or -0): parts() without its clamp.
+  FLASHSTEP_HOST_DEVICE void add_unit(float p) {
+    constexpr float k2to48 = 281474976710656.0f;
+#if defined(__CUDA_ARCH__)
+    const float t = __fmul_rn(p, k2to48);
+    const float whole = truncf(t);
+    hi += __float2ull_rz(whole);
+    lo += __float2ull_rz(__fmul_rn(__fsub_rn(t, whole), k2to48));
+#else
+    add(p);
+#endif
+  }
   /// Adds an entry's parts(p) if `keep`: one pass that sums one entry into several sets
   /// (the counting pass's p > pivot_0 and p > pivot_1) converts it once.
   FLASHSTEP_HOST_DEVICE void add_if(bool keep, const Parts& m) {

@@ -32,6 +32,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "06_sampling/mass.cuh"
 
@@ -41,6 +42,16 @@ namespace flashstep::stages::sampling::device {
 /// masses need ~120 registers a thread, and 1024 threads get at most 64 (ptxas then
 /// spilled ~3 KB a thread to local memory and every pass ran several times slower).
 constexpr int kBlock = 512;
+
+/// Whether a row type can be read by stream_tiles (has Elem, elems(), unpack() and says so).
+template <typename Row, typename = void>
+struct Streamable {
+  static constexpr bool value = false;
+};
+template <typename Row>
+struct Streamable<Row, std::void_t<typename Row::Elem>> {
+  static constexpr bool value = Row::kStreamable;
+};
 
 /// Bad-entry flags of a probability row (RowSummary::flags).
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
@@ -86,6 +97,14 @@ struct ProbRowT {
   }
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return p[i]; }
+  // For stream_tiles (aligned rows only): the elements, and a 16-byte chunk of 4 entries
+  // starting at `first` as floats (chunks past the end arrive zero-filled: zeros, as load()).
+  using Elem = float;
+  static constexpr bool kStreamable = VECTOR_LOADS;
+  __device__ __forceinline__ const float* elems() const { return p; }
+  __device__ __forceinline__ void unpack(const uint4& w, int64_t, float* v) const {
+    v[0] = __uint_as_float(w.x), v[1] = __uint_as_float(w.y), v[2] = __uint_as_float(w.z), v[3] = __uint_as_float(w.w);
+  }
 };
 /// A row read entry by entry (any vocab, any alignment).
 using ProbRow = ProbRowT<false>;
@@ -145,13 +164,33 @@ struct LogitRowT {
   }
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return to_float(p[i]); }
+  // For stream_tiles, as ProbRowT: one 16-byte chunk (16 / sizeof(T) entries from `first`),
+  // -inf past the end.
+  using Elem = T;
+  static constexpr bool kStreamable = VECTOR_LOADS;
+  __device__ __forceinline__ const T* elems() const { return p; }
+  __device__ __forceinline__ void unpack(const uint4& w, int64_t first, float* v) const {
+    const bool pad = !(first < vocab);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if constexpr (sizeof(T) == 4) {
+        v[k] = pad ? -INFINITY : __uint_as_float(words[k]);
+      } else {
+        v[2 * k] = pad ? -INFINITY : __uint_as_float(words[k] << 16);
+        v[2 * k + 1] = pad ? -INFINITY : __uint_as_float(words[k] & 0xFFFF0000u);
+      }
+    }
+  }
 };
 
 /// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) / sum.
 struct SoftmaxScale {
-  float inv_t;  ///< 1 / temperature
-  float m;      ///< max logit * inv_t
-  float sum;    ///< sum over the row of the numerators, >= 1
+  float inv_t;           ///< 1 / temperature
+  float m;               ///< max logit * inv_t
+  float sum;             ///< sum over the row of the numerators, >= 1
+  float rcp = 0.f;       ///< 1 / sum, rounded (use_rcp)
+  bool use_rcp = false;  ///< p = numerator * rcp (two roundings) instead of numerator / sum
 };
 
 /// 2^x in one instruction (ex2.approx.ftz: about 2 ulp; denormal results flush to 0).
@@ -177,7 +216,8 @@ struct SoftmaxRowT {
   SoftmaxScale scale;  ///< from softmax_scale
   int64_t vocab;       ///< entries (logits.vocab)
   __device__ __forceinline__ float prob(float x) const {
-    return __fdiv_rn(softmax_numerator(x, scale.inv_t, scale.m), scale.sum);
+    const float n = softmax_numerator(x, scale.inv_t, scale.m);
+    return scale.use_rcp ? __fmul_rn(n, scale.rcp) : __fdiv_rn(n, scale.sum);
   }
   /// Entries i .. i + VEC - 1 into v (0 past the end).
   template <int VEC>
@@ -189,6 +229,15 @@ struct SoftmaxRowT {
   /// Entry i (i < vocab).
   __device__ __forceinline__ float at(int64_t i) const { return prob(logits.at(i)); }
   __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const { logits.prefetch_entries(i, n); }
+  using Elem = typename LogitRow::Elem;
+  static constexpr bool kStreamable = LogitRow::kStreamable;
+  __device__ __forceinline__ const Elem* elems() const { return logits.elems(); }
+  __device__ __forceinline__ void unpack(const uint4& w, int64_t first, float* v) const {
+    constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));
+    logits.unpack(w, first, v);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v[k] = prob(v[k]);
+  }
 };
 
 /// At the top of a tile loop: thread 0 asks the L2 for the tile this thread block reads
@@ -227,7 +276,21 @@ struct RowSplit {
   int rank = 0;   ///< this block's place in the cluster
   int size = 1;   ///< blocks sharing the row (1: the block reads the whole row)
   int phase = 0;  ///< exchange buffers of the latest counting pass (0 or 1)
+  /// How the full passes read the row (PassMode; the same in every block of a cluster).
+  bool stream = false;      ///< stream_tiles: cp.async into a shared-memory ring (streamable rows)
+  bool serpentine = false;  ///< every other full pass walks its tiles last to first
+  bool lean = false;        ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
+  int passes = 0;           ///< full passes so far (serpentine's parity)
 };
+
+/// The direction of the next full pass (every thread of every block calls it alike):
+/// with serpentine, odd passes run from the last tile back, so they start on the tiles
+/// the pass before read last, which are the ones still in the L2.
+__device__ __forceinline__ bool next_pass_reversed(RowSplit& sp) {
+  const bool reverse = sp.serpentine && (sp.passes & 1) != 0;
+  ++sp.passes;
+  return reverse;
+}
 
 /// Shared memory of one block: CUB's scratch (one pass at a time) and broadcast slots.
 struct SharedState {
@@ -238,12 +301,14 @@ struct SharedState {
     typename cub::BlockReduce<Mass, kBlock>::TempStorage mass;
     typename cub::BlockReduce<float, kBlock>::TempStorage value;
     typename cub::BlockScan<Mass, kBlock>::TempStorage scan;
+    typename cub::BlockScan<int, kBlock>::TempStorage count_scan;
   } temp;
   RowSummary summary;  ///< broadcast slot of summarize_row
   PivotStats pivots;   ///< broadcast slot of the counting passes
   Mass mass;           ///< broadcast slot of sum_mass_where
   float value;         ///< broadcast slot of a float reduction (softmax's sum)
   int32_t token;       ///< the token inverse_cdf found (written by the crossing thread)
+  int32_t list_count;  ///< entries the counting pass collected into the candidate list (fuse)
   /// Per-tile masses a pass keeps for the next inverse CDF (two candidate sets: the
   /// counting pass's p > pivot_0 and p > pivot_1): the sums of the threads' MassAcc
   /// halves, below 2^62 for a tile of 512 threads x 16 entries. [parity][set][tile]:
@@ -270,6 +335,174 @@ __device__ __forceinline__ void begin_pass(SharedState& sh, int sets, RowSplit& 
     if (t % sp.size == sp.rank) sh.tile_hi[sp.phase][set][t] = 0, sh.tile_lo[sp.phase][set][t] = 0;
   }
   __syncthreads();
+}
+
+/// Ring slots per thread of stream_tiles, and the tiles in flight ahead of the one being
+/// computed. A slot is refilled two tiles after it was read (kStreamStages - kStreamAhead
+/// = 2), so the shared-memory reads of a tile are long done when its slot is written again.
+constexpr int kStreamStages = 5;
+constexpr int kStreamAhead = 3;
+
+/// Dynamic shared memory stream_tiles needs for rows of `Elem` read VEC entries a thread.
+template <int VEC, typename Elem>
+__host__ __device__ constexpr size_t stream_bytes() {
+  return size_t{kStreamStages} * kBlock * VEC * sizeof(Elem);
+}
+
+/// 16 bytes global -> shared, asynchronously (cp.async, L2 only); src_bytes 0 fills zeros.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, uint32_t src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/// The ring of stream_tiles (dynamic shared memory, sized by the launcher: stream_bytes).
+extern __shared__ uint4 flashstep_stream_ring[];
+
+/// The candidate list: once a rejection round leaves at most kListCapacity candidates
+/// (p > low), one pass copies them, in vocabulary order, into shared memory (the dynamic
+/// shared memory of stream_tiles' ring, free between passes), and every later round
+/// draws and counts over the list instead of the row. The list holds values and indices;
+/// later rounds only raise `low`, so the list keeps every later candidate and the rounds
+/// test x > low on it as the row passes do: the same tokens, masses and counts.
+constexpr int kListCapacity = 8192;
+constexpr size_t kListBytes = size_t{kListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+struct CandidateList {
+  float* value;  ///< (capacity) in shared memory
+  int32_t* index;
+  int capacity = kListCapacity;
+  int n = 0;  ///< entries
+};
+/// The list `offset` bytes into the dynamic shared memory (0: over the ring, for callers
+/// that run no streamed pass while the list is in use; else past the ring).
+__device__ __forceinline__ CandidateList candidate_list(size_t offset = 0, int capacity = kListCapacity) {
+  CandidateList l;
+  l.value = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(flashstep_stream_ring) + offset);
+  l.index = reinterpret_cast<int32_t*>(l.value + capacity);
+  l.capacity = capacity;
+  return l;
+}
+
+/// The list past stream_tiles' ring when this block streams its passes (then it may be
+/// filled during a streamed pass), else at the start of the dynamic shared memory.
+template <typename Row, int VEC>
+__device__ __forceinline__ CandidateList list_past_ring(const RowSplit& sp, int capacity) {
+  size_t offset = 0;
+  if constexpr (Streamable<Row>::value) {
+    if (sp.stream) offset = size_t{kStreamStages} * kBlock * VEC * sizeof(typename Row::Elem);
+  }
+  return candidate_list(offset, capacity);
+}
+
+/// Entries of the list the counting pass fills on the fly (fuse): a power of two (the
+/// sort), past the ring, beside SharedState in the 227 KB.
+constexpr int kFuseListCapacity = 4096;
+constexpr size_t kFuseListBytes = size_t{kFuseListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+/// Sorts the list's n entries by vocabulary index (a bitonic sort in shared memory over
+/// the next power of two, padded with indices past every real one): the counting pass
+/// fills it in no particular order, and the inverse CDF needs vocabulary order.
+__device__ inline void sort_list_by_index(CandidateList& l) {
+  int n2 = 1;
+  while (n2 < l.n) n2 <<= 1;  // <= capacity, a power of two
+  for (int a = l.n + static_cast<int>(threadIdx.x); a < n2; a += kBlock) l.index[a] = 0x7FFFFFFF, l.value[a] = 0.f;
+  __syncthreads();
+  for (int k = 2; k <= n2; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = static_cast<int>(threadIdx.x); i < n2; i += kBlock) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const bool ascending = (i & k) == 0;
+          const int32_t a = l.index[i], b = l.index[partner];
+          if ((a > b) == ascending) {
+            const float va = l.value[i];
+            l.index[i] = b, l.index[partner] = a;
+            l.value[i] = l.value[partner], l.value[partner] = va;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+/// One full pass over this block's tiles (tiles rank, rank + size, ...; last to first if
+/// `reverse`) with the loads of the next kStreamAhead tiles in flight while a tile is
+/// computed: each thread copies its own 16-byte chunks into its own ring slots
+/// (cp.async) and reads back only those, so no barrier is needed. The chunk layout is
+/// coalesced (chunk c of a tile, c = j * kBlock + thread, holds entries c * (16 / entry
+/// size) ...): a thread's VEC entries are not consecutive, which a pass whose result does
+/// not depend on which thread holds which entry (integer sums, max, counts) allows.
+/// body(tile, v, index) gets the tile's index, the thread's entries and index(j), the
+/// vocabulary index of v[j]; entries past the end are the row's padding.
+template <int VEC, typename Row, typename Body>
+__device__ __forceinline__ void stream_tiles(const Row& row, const RowSplit& sp, bool reverse, Body body) {
+  using Elem = typename Row::Elem;
+  constexpr int kPer = 16 / static_cast<int>(sizeof(Elem));  // entries per chunk
+  constexpr int kChunks = VEC / kPer;                        // chunks per thread per tile
+  static_assert(VEC % kPer == 0, "whole chunks");
+  constexpr int64_t kTile = int64_t{kBlock} * VEC;
+  const int64_t tiles = (row.vocab + kTile - 1) / kTile;
+  const int64_t mine = tiles > sp.rank ? (tiles - 1 - sp.rank) / sp.size + 1 : 0;
+  const Elem* base = row.elems();
+  const int tid = static_cast<int>(threadIdx.x);
+  auto tile_of = [&](int64_t k) { return sp.rank + (reverse ? mine - 1 - k : k) * sp.size; };
+  auto issue = [&](int64_t k) {
+    if (k < mine) {
+      uint4* slot = flashstep_stream_ring + static_cast<int>(k % kStreamStages) * kChunks * kBlock;
+      const int64_t start = tile_of(k) * kTile;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t first = start + int64_t{j * kBlock + tid} * kPer;
+        const bool in = first < row.vocab;  // rows are whole chunks (streamable rows only)
+        cp_async_16(slot + j * kBlock + tid, in ? base + first : base, in ? 16u : 0u);
+      }
+    }
+    cp_async_commit();  // an empty group past the end keeps the count of groups uniform
+  };
+#pragma unroll
+  for (int k = 0; k < kStreamAhead; ++k) issue(k);
+  for (int64_t k = 0; k < mine; ++k) {
+    issue(k + kStreamAhead);
+    cp_async_wait<kStreamAhead>();  // groups 0 .. k are complete: tile k is in its slot
+    const uint4* slot = flashstep_stream_ring + static_cast<int>(k % kStreamStages) * kChunks * kBlock;
+    const int64_t start = tile_of(k) * kTile;
+    float v[VEC];
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const uint4 w = slot[j * kBlock + tid];
+      row.unpack(w, start + int64_t{j * kBlock + tid} * kPer, v + j * kPer);
+    }
+    body(tile_of(k), v, [start, tid](int j) { return start + int64_t{(j / kPer) * kBlock + tid} * kPer + j % kPer; });
+  }
+  cp_async_wait<0>();
+}
+
+/// One full pass over this block's tiles: stream_tiles when sp.stream is set and the row
+/// allows it, else each thread loads its VEC consecutive entries of a tile (16-byte loads
+/// for aligned rows) with the L2 prefetch of the next tile. body as stream_tiles.
+template <int VEC, typename Row, typename Body>
+__device__ __forceinline__ void for_each_tile(const Row& row, const RowSplit& sp, bool reverse, Body body) {
+  if constexpr (Streamable<Row>::value) {
+    if (sp.stream) return stream_tiles<VEC>(row, sp, reverse, body);
+  }
+  constexpr int64_t kTile = int64_t{kBlock} * VEC;
+  const int64_t tiles = (row.vocab + kTile - 1) / kTile;
+  const int64_t mine = tiles > sp.rank ? (tiles - 1 - sp.rank) / sp.size + 1 : 0;
+  for (int64_t k = 0; k < mine; ++k) {
+    const int64_t t = sp.rank + (reverse ? mine - 1 - k : k) * sp.size;
+    const int64_t next = sp.rank + (reverse ? mine - 2 - k : k + 1) * sp.size;  // may be off the row
+    if (next >= 0) prefetch_tile<VEC>(row, next * kTile);
+    const int64_t i = t * kTile + int64_t{threadIdx.x} * VEC;
+    float v[VEC];
+    row.template load<VEC>(i, v);  // past the end: the row's padding
+    body(t, v, [i](int j) { return i + j; });
+  }
 }
 
 /// Adds the whole block's MassAcc of one tile to (set, tile): a warp reduction of the two
@@ -376,17 +609,39 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
-  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);  // past the end: zeros, valid and massless
-    MassAcc acc;
+  const bool lean = sp.lean;
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
+    MassAcc acc;  // past the end: zeros, valid and massless
+    if (lean) {
+      // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
+      // may be the max, a bad one adds 0; the flags only when a bad entry was seen (rare)
+      // (a warp whose entries are all 0, as most of a renormalized top-k row, adds nothing)
+      bool ok = true;
+      float top = 0.f;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
+      for (int j = 0; j < VEC; ++j) {
+        const bool valid = v[j] >= 0.f && v[j] <= 1.f;
+        ok = ok && valid;
+        top = fmaxf(top, valid ? v[j] : 0.f);
+      }
+      s.max_p = fmaxf(s.max_p, top);
+      if (__any_sync(0xFFFFFFFFu, top > 0.f)) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
+      }
+      if (!ok) {
+        MassAcc ignored;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (!(v[j] >= 0.f && v[j] <= 1.f)) add_entry(s, ignored, v[j]);  // flags only: bad entries add nothing
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
+    }
     s.total += acc.value();
-    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc, sp.phase);
-  }
+    if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
+  });
   auto fold = [](const RowSummary& a, const RowSummary& b) {
     return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
   };
@@ -403,22 +658,52 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
   return summarize_row<VEC, TILES, false>(row, sh, whole);
 }
 
-/// The two passes of a softmax over a logit row (VEC entries a thread per tile): the
-/// max (and kFlagNotFinite for NaN or +inf), then the sum of the numerators in a fixed
-/// order (each thread its entries in tile order, then one CUB reduction). Returns false,
-/// leaving `flags` / an all -inf max for the caller's status, when there is no softmax.
+/// The softmax's max and sum over a logit row (VEC entries a thread per tile; the whole
+/// row, first tile to last, whatever sp's split and serpentine: the float sum depends on
+/// the order, and softmax() must get the bits the fused samplers get). Two passes, the max
+/// (and kFlagNotFinite for NaN or +inf) then the sum of the numerators in a fixed order
+/// (each thread its entries in tile order, then one CUB reduction); or, `online`, one
+/// pass: each thread keeps its running max and its sum scaled to it (rescaled when the
+/// max rises), the block takes the max and adds the threads' sums scaled to it, and the
+/// probabilities are numerator * (1 / sum). Returns false, leaving `flags` / an all -inf
+/// max for the caller's status, when there is no softmax.
 template <int VEC, typename Row>
-__device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh) {
+__device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh,
+                              const RowSplit& mode = RowSplit{}, bool online = false) {
+  RowSplit whole;  // one block, forward, the read mode of `mode`
+  whole.stream = mode.stream;
+  out.inv_t = __fdiv_rn(1.0f, temperature);
   RowSummary s{0, -INFINITY, 0u};
-  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  float sum = 0.f;  // online: this thread's sum of numerators scaled to its running max s.max_p
+  if (online) {
+    const float inv_t = out.inv_t;
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
+      float tile_max = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-      else s.max_p = fmaxf(s.max_p, v[j]);
-    }
+      for (int j = 0; j < VEC; ++j) {
+        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+        else tile_max = fmaxf(tile_max, v[j]);
+      }
+      if (tile_max > s.max_p) {  // rescale the sum so far to the new max (a sum of 0 stays 0)
+        const float m_new = __fmul_rn(tile_max, inv_t);
+        if (s.max_p != -INFINITY) sum = __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, m_new));
+        s.max_p = tile_max;
+      }
+      if (s.max_p != -INFINITY) {
+        const float m = __fmul_rn(s.max_p, inv_t);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+          if (!(isnan(v[j]) || v[j] == INFINITY)) sum = __fadd_rn(sum, softmax_numerator(v[j], inv_t, m));
+      }
+    });
+  } else {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+        else s.max_p = fmaxf(s.max_p, v[j]);
+      }
+    });
   }
   const RowSummary r =
       cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
@@ -427,18 +712,20 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   const RowSummary all = broadcast(r, sh.summary);
   flags = all.flags;
   if (all.flags != 0 || all.max_p == -INFINITY) return false;
-  out.inv_t = __fdiv_rn(1.0f, temperature);
   out.m = __fmul_rn(all.max_p, out.inv_t);  // the largest numerator is 2^0 = 1: no overflow
-  float sum = 0.f;
-  for (int64_t i = int64_t{threadIdx.x} * VEC; i < row.vocab; i += int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, i - int64_t{threadIdx.x} * VEC + int64_t{kBlock} * VEC);
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  if (online) {
+    // this thread's sum scaled from its max to the row's (the thread holding the row's max adds >= 1)
+    sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, out.inv_t, out.m));
+  } else {
+    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
+      for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
+    });
   }
   sum = cub::BlockReduce<float, kBlock>(sh.temp.value).Sum(sum);
   out.sum = broadcast(sum, sh.value);
+  out.use_rcp = online;
+  out.rcp = __frcp_rn(out.sum);
   return true;
 }
 
@@ -462,17 +749,13 @@ __device__ Mass sum_mass_where(const Row& row, Keep keep, SharedState& sh, RowSp
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   Mass m = 0;
-  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) acc.add(keep(v[j]) ? v[j] : 0.f);
     m += acc.value();
-    if (tiles) add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc, sp.phase);
-  }
+    if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
+  });
   const Mass r = cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(m);
   if constexpr (CLUSTER)
     return cluster_combine(
@@ -545,39 +828,182 @@ __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass thre
 
 /// Pass 2: count and exact mass of the entries strictly above pivot_0 and pivot_1, and
 /// each tile's two masses (sets 0 and 1): the next round's candidates are one of the two.
+/// collect (fuse; one block per row): also copies every entry above `collect_above` into
+/// the list, in no particular order, while it has room; collect->n gets their count
+/// (more than the capacity: the list is incomplete).
 template <int VEC, bool CLUSTER = false, typename Row>
-__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp) {
+__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp,
+                                       CandidateList* collect = nullptr, float collect_above = 0.f) {
   const bool tiles = keeps_tiles<VEC>(row.vocab);
+  if (collect != nullptr && threadIdx.x == 0) sh.list_count = 0;
+  if (collect != nullptr) __syncthreads();
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
-  for (int64_t tile = sp.rank * int64_t{kBlock} * VEC; tile < row.vocab; tile += sp.size * int64_t{kBlock} * VEC) {
-    prefetch_tile<VEC>(row, tile + sp.size * int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);
-    MassAcc acc_0, acc_1;
+  const bool lean = sp.lean;
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto index) {
+    if (collect != nullptr) {  // warp by warp: one shared atomic per warp and entry slot with a hit
+      float top = v[0];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
-      const MassAcc::Parts m = MassAcc::parts(v[j]);
-      const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
-      s.count_0 += above_0 ? 1 : 0;
-      s.count_1 += above_1 ? 1 : 0;
-      acc_0.add_if(above_0, m);
-      acc_1.add_if(above_1, m);
+      for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
+      if (__any_sync(0xFFFFFFFFu, top > collect_above)) {
+        const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool hit = v[j] > collect_above;
+          const unsigned mask = __ballot_sync(0xFFFFFFFFu, hit);
+          if (mask == 0) continue;
+          const int leader = __ffs(mask) - 1;
+          int base = 0;
+          if (lane == static_cast<unsigned>(leader)) base = atomicAdd(&sh.list_count, __popc(mask));
+          base = __shfl_sync(0xFFFFFFFFu, base, leader);
+          const int at = base + __popc(mask & ((1u << lane) - 1u));
+          if (hit && at < collect->capacity) {
+            collect->value[at] = v[j];
+            collect->index[at] = static_cast<int32_t>(index(j));
+          }
+        }
+      }
+    }
+    MassAcc acc_0, acc_1;
+    if (lean) {
+      // a warp converts only for a set some of its entries are in (the set above pivot_1,
+      // the midpoint towards `high`, is usually empty); entries are valid (pass 0)
+      float top = v[0];
+#pragma unroll
+      for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
+      if (__any_sync(0xFFFFFFFFu, top > pivot_0)) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool above = v[j] > pivot_0;
+          s.count_0 += above ? 1 : 0;
+          acc_0.add_unit(above ? v[j] : 0.f);
+        }
+      }
+      if (__any_sync(0xFFFFFFFFu, top > pivot_1)) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool above = v[j] > pivot_1;
+          s.count_1 += above ? 1 : 0;
+          acc_1.add_unit(above ? v[j] : 0.f);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
+        const MassAcc::Parts m = MassAcc::parts(v[j]);
+        const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
+        s.count_0 += above_0 ? 1 : 0;
+        s.count_1 += above_1 ? 1 : 0;
+        acc_0.add_if(above_0, m);
+        acc_1.add_if(above_1, m);
+      }
     }
     s.mass_0 += acc_0.value();
     s.mass_1 += acc_1.value();
     if (tiles) {
-      add_tile_mass(sh, 0, tile / (int64_t{kBlock} * VEC), acc_0, sp.phase);
-      add_tile_mass(sh, 1, tile / (int64_t{kBlock} * VEC), acc_1, sp.phase);
+      add_tile_mass(sh, 0, tile, acc_0, sp.phase);
+      add_tile_mass(sh, 1, tile, acc_1, sp.phase);
     }
-  }
+  });
   auto fold = [](const PivotStats& a, const PivotStats& b) {
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
   };
   const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
   if constexpr (CLUSTER)
     return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
+  const PivotStats all = broadcast(r, sh.pivots);  // its barriers also end the collection
+  if (collect != nullptr) collect->n = sh.list_count;
+  return all;
+}
+
+/// One pass over the row (each thread its VEC consecutive entries of a tile, one block
+/// scan of the counts per tile): the entries p > low into `list`, in vocabulary order.
+/// The caller knows their count is at most kListCapacity (the counting pass counted them).
+template <int VEC, typename Row>
+__device__ void gather_candidates(const Row& row, float low, CandidateList& list, SharedState& sh) {
+  int base = 0;  // the same in every thread
+  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {
+    prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
+    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
+    float v[VEC];
+    row.template load<VEC>(i, v);
+    int mine = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) mine += v[j] > low ? 1 : 0;
+    int at = 0, tile_total = 0;
+    __syncthreads();  // the previous tile's scan storage is free
+    cub::BlockScan<int, kBlock>(sh.temp.count_scan).ExclusiveSum(mine, at, tile_total);
+    at += base;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      if (v[j] > low && at < list.capacity) {
+        list.value[at] = v[j];
+        list.index[at] = static_cast<int32_t>(i + j);
+        ++at;
+      }
+    }
+    base += tile_total;
+  }
+  list.n = base < list.capacity ? base : list.capacity;
+  __syncthreads();  // the list is complete
+}
+
+/// The inverse CDF over the list (candidates x > low): as inverse_cdf, with thread t
+/// owning the list's entries t * per .. (t + 1) * per - 1, so a block scan gives each
+/// thread the candidate mass before its entries. Returns the list position, or -1.
+__device__ __forceinline__ int32_t list_inverse_cdf(const CandidateList& list, float low, Mass threshold,
+                                                    SharedState& sh) {
+  const int per = (list.n + kBlock - 1) / kBlock;
+  const int first = static_cast<int>(threadIdx.x) * per;
+  const int last = first + per < list.n ? first + per : list.n;
+  if (threadIdx.x == 0) sh.token = -1;
+  MassAcc acc;
+  for (int a = first; a < last; ++a) {
+    const float x = list.value[a];
+    acc.add(x > low ? x : 0.f);
+  }
+  const Mass mine = acc.value();
+  Mass prefix, total;
+  __syncthreads();  // sh.token is set, the scan storage is free
+  cub::BlockScan<Mass, kBlock>(sh.temp.scan).ExclusiveSum(mine, prefix, total);
+  Mass cdf = prefix;
+  if (cdf <= threshold && cdf + mine > threshold) {  // exactly one thread, or none
+    for (int a = first; a < last; ++a) {
+      const float x = list.value[a];
+      if (!(x > low)) continue;
+      cdf += mass_of(x);
+      if (cdf > threshold) {
+        sh.token = a;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const int32_t at = sh.token;
+  __syncthreads();
+  return at;
+}
+
+/// count_mass_above over the list (every entry above a pivot > low is in it).
+__device__ __forceinline__ PivotStats list_count_mass_above(const CandidateList& list, float pivot_0, float pivot_1,
+                                                            SharedState& sh) {
+  PivotStats s{0, 0, 0, 0};
+  MassAcc acc_0, acc_1;
+  for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock) {
+    const float x = list.value[a];
+    const MassAcc::Parts m = MassAcc::parts(x);
+    const bool above_0 = x > pivot_0, above_1 = x > pivot_1;
+    s.count_0 += above_0 ? 1 : 0;
+    s.count_1 += above_1 ? 1 : 0;
+    acc_0.add_if(above_0, m);
+    acc_1.add_if(above_1, m);
+  }
+  s.mass_0 = acc_0.value();
+  s.mass_1 = acc_1.value();
+  auto fold = [](const PivotStats& a, const PivotStats& b) {
+    return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
+  };
+  const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
   return broadcast(r, sh.pivots);
 }
 

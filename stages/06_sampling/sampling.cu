@@ -12,6 +12,9 @@
 // then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
 // When outputs are few, each probability row is split over the blocks of a cluster
 // (rejection_sampling_cluster_kernel), so batch 1 uses 16 SMs instead of one.
+// How the passes read and add (streamed tiles, serpentine order, lean arithmetic, the
+// candidate list of the last rounds, the one-pass softmax) is chosen by PassMode
+// (launch.hpp); no mode changes a decision, so every mode gives the same tokens.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per
 // thread in two 64-bit halves, MassAcc, and widened once per tile), so the passes still
@@ -21,6 +24,7 @@
 // for the exercise; the chapter is README.md in this folder.
 #include <cub/block/block_reduce.cuh>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -65,7 +69,20 @@ struct SamplerParams {
   int32_t* status;                  ///< (batch) or null
   float* probs_out;                 ///< (batch, vocab) or null: the fused softmax rows (logits only)
   bool prefetch;                    ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
+  bool stream;                      ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
+  bool serpentine;                  ///< every other full pass last tile first (row_passes.cuh)
+  bool online_softmax;              ///< from logits: one-pass max and sum, p = numerator * (1 / sum)
+  bool compact;                     ///< rejection rounds over the candidate list once it fits
+  bool lean;                        ///< pass 0 and the counting pass: fewer instructions an entry
+  bool fuse_gather;                 ///< (with compact) the counting pass fills the list itself
 };
+
+/// The read mode of the full passes (row_passes.cuh: RowSplit) a launch asks for.
+__device__ __forceinline__ void set_mode(RowSplit& sp, const SamplerParams& p, bool aligned) {
+  sp.stream = p.stream && aligned;
+  sp.serpentine = p.serpentine;
+  sp.lean = p.lean;
+}
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
 enum class Source { probs, f32_logits, bf16_logits };
@@ -132,28 +149,58 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
   float low = 0.f, high = 1.f;
   Mass q = s.total;  // mass of the candidates p > low
   int tile_set = 0;  // where the last pass kept the candidates' per-tile masses
+  // the candidate list (row_passes.cuh), one block per row only: once a round leaves at
+  // most kListCapacity candidates, later rounds read the list, not the row
+  const bool may_list = !CLUSTER && p.compact;
+  // fuse: the counting pass itself collects the entries above the lower pivot (a superset
+  // of the next round's candidates) into a list past the ring, sorted when it is used
+  const bool fuse = may_list && p.fuse_gather;
+  CandidateList list = fuse ? list_past_ring<Row, VEC>(sp, kFuseListCapacity) : candidate_list();
+  bool listed = false;
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
-    const int32_t token = inverse_cdf<VEC>(
-        row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
-    if (token < 0) return {kInvalidToken, round, Status::internal_error};
+    int32_t token;
+    float pivot_0;
+    if (listed) {
+      const int32_t at = list_inverse_cdf(list, low, threshold, sh);
+      if (at < 0) return {kInvalidToken, round, Status::internal_error};
+      token = list.index[at];
+      pivot_0 = list.value[at];
+    } else {
+      token = inverse_cdf<VEC>(
+          row, [low](float x) { return x > low; }, threshold, sh, tile_set, sp.phase);
+      if (token < 0) return {kInvalidToken, round, Status::internal_error};
+      pivot_0 = row.at(token);
+    }
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
-    const float pivot_0 = row.at(token);
     const float pivot_1 = __fmul_rn(__fadd_rn(pivot_0, high), 0.5f);
-    const PivotStats above = count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp);
+    const PivotStats above = listed ? list_count_mass_above(list, pivot_0, pivot_1, sh)
+                                    : count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp,
+                                                                     fuse ? &list : nullptr, fminf(pivot_0, pivot_1));
     if (pivot_passes<KIND>(f, above.count_0, above.mass_0, top_p_bound)) return {token, round, Status::ok};
+    int32_t left;  // candidates of the next round
     if (pivot_passes<KIND>(f, above.count_1, above.mass_1, top_p_bound)) {
       low = pivot_0;  // the keep threshold lies in (pivot_0, pivot_1]
       high = pivot_1;
       q = above.mass_0;
       tile_set = 0;
+      left = above.count_0;
     } else {
       low = pivot_1;  // the keep threshold lies above pivot_1
       q = above.mass_1;
       tile_set = 1;
+      left = above.count_1;
     }
     // low rises every round and `high` always passes, so this ends; never loop on a surprise
     if (!(low < high)) return {kInvalidToken, round, Status::internal_error};
+    if (may_list && !listed && left <= list.capacity) {
+      if (fuse && list.n <= list.capacity) {
+        sort_list_by_index(list);  // every entry above low is in it (low >= the lower pivot)
+      } else {
+        gather_candidates<VEC>(row, low, list, sh);
+      }
+      listed = true;
+    }
   }
 }
 
@@ -196,6 +243,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
   __shared__ SharedState sh;
   const int64_t out = blockIdx.x;
   RowSplit whole;
+  set_mode(whole, p, VECTOR_LOADS);
   int64_t row_index = 0;
   Filter f{};
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
@@ -216,11 +264,12 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     uint32_t flags = 0;
     bool have_softmax = false;
     if (d.status == Status::ok) {
-      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh);
+      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh, whole, p.online_softmax);
       if (!have_softmax) d.status = flags ? Status::not_finite : Status::zero_row;
     }
     float* probs_row = p.probs_out ? p.probs_out + out * p.vocab : nullptr;
     if (have_softmax) {
+      whole.passes = 1;  // the softmax read the row first to last: serpentine's next pass runs back
       const SoftmaxRowT<LogitRowT<T, VECTOR_LOADS>> row{logits, scale, p.vocab};
       if (probs_row) write_row<VEC>(row, probs_row);
       d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
@@ -248,6 +297,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(Samp
   RowSplit sp;
   sp.rank = static_cast<int>(cluster.block_rank());
   sp.size = static_cast<int>(cluster.num_blocks());
+  set_mode(sp, p, true);
   const int64_t out = blockIdx.x / sp.size;
   // no block writes into another's shared memory before every block of the cluster runs
   auto started = cluster.barrier_arrive();
@@ -297,10 +347,39 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
   throw ref::InvalidArgument(std::string(fn) + ": " + message);
 }
 
+/// Dynamic shared memory of a sampler launch: stream_tiles' ring when p.stream (16 entries
+/// a thread per tile, entries of `bytes_per_entry`), else none.
+size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
+  const size_t ring = p.stream
+                          ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry)
+                          : 0;
+  if (p.compact && p.fuse_gather) return ring + device::kFuseListBytes;  // the list past the ring
+  const size_t list = p.compact ? device::kListBytes : 0;
+  return ring > list ? ring : list;
+}
+
+/// Lets `kernel` take `bytes` of dynamic shared memory (once per kernel and size).
+template <typename Kernel>
+void allow_ring(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    FLASHSTEP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
 template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
 void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
+  constexpr int64_t kEntry = SOURCE == device::Source::bf16_logits ? 2 : 4;
+  device::SamplerParams q = p;
+  q.stream = q.stream && VECTOR_LOADS;  // the ring only for aligned rows; the list for any
+  const size_t ring = ring_bytes(q, kEntry);
+  static const bool allowed =
+      (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
+                  std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry + device::kFuseListBytes,
+                           device::kListBytes)),
+       true);
+  static_cast<void>(allowed);
   device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
-      <<<static_cast<unsigned>(batch), device::kBlock, 0, stream>>>(p);
+      <<<static_cast<unsigned>(batch), device::kBlock, ring, stream>>>(p);
   kernels::check_launch("rejection_sampling_kernel");
 }
 
@@ -323,6 +402,9 @@ int clusters_that_fit(int c) {
   static const std::array<int, 5> fit = [] {
     std::array<int, 5> n{};
     const auto kernel = device::rejection_sampling_cluster_kernel<KIND>;
+    const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4 +
+                        device::kFuseListBytes;  // the most a launch asks
+    allow_ring(kernel, ring);
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       cudaGetLastError();
       return n;
@@ -331,6 +413,7 @@ int clusters_that_fit(int c) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(1u << k);
       cfg.blockDim = dim3(device::kBlock);
+      cfg.dynamicSmemBytes = ring;
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeClusterDimension;
       attr.val.clusterDim.x = 1u << k;
@@ -361,7 +444,7 @@ int cluster_size(const device::SamplerParams& p, int64_t batch) {
   const bool aligned = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.input) % 16 == 0;
   const int64_t tile = int64_t{device::kBlock} * 16;
   const int64_t tiles = (p.vocab + tile - 1) / tile;
-  if (!aligned || tiles > device::kMaxTiles) return 1;
+  if (!aligned || tiles > device::kMaxTiles || pass_mode().solo) return 1;
   for (int c = device::kMaxCluster; c >= 2; c /= 2)
     if (c <= cluster_cap() && c <= tiles && batch <= clusters_that_fit<KIND>(c)) return c;
   return 1;
@@ -372,6 +455,7 @@ void launch_cluster(const device::SamplerParams& p, int64_t batch, int c, cudaSt
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(batch * c));
   cfg.blockDim = dim3(device::kBlock);
+  cfg.dynamicSmemBytes = ring_bytes(p, 4);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -412,6 +496,42 @@ void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, E
   }
 }
 }  // namespace
+
+namespace {
+/// An on/off switch from the environment, read once: `fallback` unless set to "0" or "1".
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  const std::string s(v);
+  return s == "0" ? false : (s == "1" ? true : fallback);
+}
+}  // namespace
+
+namespace {
+bool g_mode_set = false;
+PassMode g_mode;
+}  // namespace
+
+void set_pass_mode(const PassMode& mode) {
+  g_mode = mode;
+  g_mode_set = true;
+}
+
+PassMode pass_mode() {
+  if (g_mode_set) return g_mode;
+  static const PassMode mode = [] {
+    PassMode m;
+    m.stream = env_switch("FLASHSTEP_SAMPLING_STREAM", m.stream);
+    m.serpentine = env_switch("FLASHSTEP_SAMPLING_SERPENTINE", m.serpentine);
+    m.online_softmax = env_switch("FLASHSTEP_SAMPLING_ONLINE_SOFTMAX", m.online_softmax);
+    m.compact = env_switch("FLASHSTEP_SAMPLING_COMPACT", m.compact);
+    m.lean = env_switch("FLASHSTEP_SAMPLING_LEAN", m.lean);
+    m.solo = env_switch("FLASHSTEP_SAMPLING_SOLO", m.solo);
+    m.fuse_gather = env_switch("FLASHSTEP_SAMPLING_FUSE", m.fuse_gather);
+    return m;
+  }();
+  return mode;
+}
 
 bool prefetch_enabled() {
   static const bool on = [] {
@@ -481,6 +601,13 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.status = out.status;
   p.probs_out = logits ? out.probs : nullptr;
   p.prefetch = prefetch_enabled();
+  const PassMode mode = pass_mode();
+  p.stream = mode.stream;
+  p.serpentine = mode.serpentine;
+  p.online_softmax = mode.online_softmax;
+  p.compact = mode.compact;
+  p.lean = mode.lean;
+  p.fuse_gather = mode.fuse_gather;
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);

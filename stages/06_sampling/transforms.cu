@@ -8,6 +8,7 @@
 // exact mass per digit, shared-memory atomics) and one block scan over the digits, find
 // the cut exactly, ties included: the same key a bisection over the key range would find
 // (the first level rides along with pass 0). Then the kept mass and the write.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -41,6 +42,11 @@ struct TransformParams {
   float* out;                           ///< (outputs, vocab); may alias `in` when indices is null
   int32_t* status;                      ///< (outputs) or null
   bool prefetch;                        ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
+  bool stream;                          ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
+  bool serpentine;                      ///< every other full pass last tile first
+  bool online_softmax;                  ///< softmax: one-pass max and sum (as the fused samplers)
+  bool compact;                         ///< count cuts: finish from a shared-memory list (radix_cut)
+  bool lean;                            ///< pass 0 of renorm: no branch an entry (summarize_with_histogram)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -217,11 +223,19 @@ __device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int di
 /// far, then the digit where `passes` turns true counting from the top. The first
 /// level's histogram may be filled by the caller's pass 0 (first_level_done).
 /// `above_cut` and `at_cut` get the stat of the keys above and equal to the unclamped K.
+/// The gather (count levels only, when `list` is set): if the first level leaves at most
+/// kListCapacity kept entries with a key at or above its digit's bucket (the count above
+/// plus the count in it), the second level's pass over the row also copies those entries
+/// (value and index, in no particular order) into `list`, the third level's histogram is
+/// built from the list instead of a third pass, and the caller may finish from the list
+/// (*listed). The histograms, and so the cut, are the same either way.
 template <RadixStat STAT, HistogramAdd ADD, int VEC, typename Row, typename Keep, typename Passes>
 __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, bool first_level_done,
-                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut, bool& clamped) {
+                              RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut, bool& clamped,
+                              RowSplit& sp, CandidateList* list = nullptr, bool* listed = nullptr) {
   uint32_t prefix = 0;
   Mass above = 0;
+  bool gathered = false;
   constexpr int kShift[3] = {32 - kRadixBits, 32 - 2 * kRadixBits, 0};
   for (int level = 0; level < 3; ++level) {
     const int shift = kShift[level];
@@ -232,22 +246,42 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
       rs.at = 0;  // never kept: one digit always qualifies
     if (level > 0 || !first_level_done) rs.clear();
     __syncthreads();
-    if (level > 0 || !first_level_done) {
-      for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
-        prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
-        const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-        float v[VEC];
-        row.template load<VEC>(i, v);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const bool counted = i + j < row.vocab && keep(v[j]);
-          const uint32_t d = counted ? radix_bin(order_key(v[j]), prefix, shift, prefix_shift,
-                                                 static_cast<uint32_t>(digits - 1))
-                                     : kNoBin;
-          radix_add<STAT, ADD>(rs, d, v[j]);
-        }
+    if (gathered && level == 2) {
+      // the third level from the list: it holds every kept entry with the prefix's top bits
+      for (int base = 0; base < list->n; base += kBlock) {  // whole warps: radix_add
+        const int a = base + static_cast<int>(threadIdx.x);
+        const float x = a < list->n ? list->value[a] : 0.f;
+        const uint32_t d = a < list->n
+                               ? radix_bin(order_key(x), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1))
+                               : kNoBin;
+        radix_add<STAT, ADD>(rs, d, x);
       }
       __syncthreads();
+    } else if (level > 0 || !first_level_done) {
+      const bool gather = STAT == RadixStat::count && list != nullptr && level == 1 &&
+                          above + at_cut <= static_cast<Mass>(list->capacity);
+      if (gather && threadIdx.x == 0) sh.token = 0;  // the list's fill counter
+      if (gather) __syncthreads();
+      // every thread runs every tile: whole warps for radix_add
+      for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float(&v)[VEC], auto index) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const bool counted = index(j) < row.vocab && keep(v[j]);
+          const uint32_t key = order_key(v[j]);
+          const uint32_t d = counted ? radix_bin(key, prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1))
+                                     : kNoBin;
+          radix_add<STAT, ADD>(rs, d, v[j]);
+          if (gather && counted && key >= prefix) {  // rare: at most list->capacity in the row
+            const int at = atomicAdd(&sh.token, 1);
+            if (at < list->capacity) list->value[at] = v[j], list->index[at] = static_cast<int32_t>(index(j));
+          }
+        }
+      });
+      __syncthreads();
+      if (gather) {
+        list->n = sh.token < list->capacity ? sh.token : list->capacity;
+        gathered = true;
+      }
     }
     radix_settle<STAT>(rs, prefix, shift, digits, above, passes, sh);
     prefix |= rs.digit << shift;
@@ -257,11 +291,40 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
   }
   above_cut = above;
   clamped = prefix < lo || prefix > hi;  // radix_cut's last barrier: in-place writes may follow
+  if (listed) *listed = gathered;
   return prefix < lo ? lo : (prefix > hi ? hi : prefix);
+}
+
+/// Entries the transforms' candidate list holds: the list lies past stream_tiles' ring
+/// (the gather runs during a streamed pass), and both fit the shared memory beside
+/// RadixShared and SharedState.
+constexpr int kTransformListCapacity = 4096;
+constexpr size_t kTransformListBytes = size_t{kTransformListCapacity} * (sizeof(float) + sizeof(int32_t));
+
+/// The transforms' list: past the ring when this block streams its passes.
+template <typename Row, int VEC>
+__device__ __forceinline__ CandidateList transform_list(const RowSplit& sp) {
+  size_t offset = 0;
+  if constexpr (Streamable<Row>::value) {
+    if (sp.stream) offset = stream_bytes<VEC, typename Row::Elem>();
+  }
+  return candidate_list(offset, kTransformListCapacity);
 }
 
 __device__ void fill_row(float* out, int64_t vocab, float value) {
   for (int64_t i = threadIdx.x; i < vocab; i += kBlock) out[i] = value;
+}
+
+/// fill_row with 16-byte stores where `out` is 16-byte aligned (the head and tail alone).
+__device__ void fill_row_vec(float* out, int64_t vocab, float value) {
+  const int64_t head = static_cast<int64_t>((16 - reinterpret_cast<uintptr_t>(out) % 16) % 16 / 4);
+  if (reinterpret_cast<uintptr_t>(out) % 4 != 0 || head >= vocab) return fill_row(out, vocab, value);
+  for (int64_t i = threadIdx.x; i < head; i += kBlock) out[i] = value;
+  const int64_t quads = (vocab - head) / 4;
+  float4* q = reinterpret_cast<float4*>(out + head);
+  const float4 v4 = make_float4(value, value, value, value);
+  for (int64_t i = threadIdx.x; i < quads; i += kBlock) q[i] = v4;
+  for (int64_t i = head + quads * 4 + threadIdx.x; i < vocab; i += kBlock) out[i] = value;
 }
 
 /// softmax(x / temperature): max, sum of exp, divide (in place allowed: each thread
@@ -269,10 +332,12 @@ __device__ void fill_row(float* out, int64_t vocab, float value) {
 /// of the fused from-logits samplers (row_passes.cuh: softmax_scale, SoftmaxRowT, VEC 16),
 /// so at temperature 1 this writes the probabilities they draw from, bit for bit.
 template <typename Row>
-__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh) {
+__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh, const RowSplit& mode,
+                              bool online) {
   SoftmaxScale scale{};
   uint32_t flags = 0;
-  if (!softmax_scale<16>(row, temperature, scale, flags, sh)) return flags ? Status::not_finite : Status::zero_row;
+  if (!softmax_scale<16>(row, temperature, scale, flags, sh, mode, online))
+    return flags ? Status::not_finite : Status::zero_row;
   write_row<16>(SoftmaxRowT<Row>{row, scale, row.vocab}, out);
   return Status::ok;
 }
@@ -281,24 +346,30 @@ __device__ Status softmax_row(const Row& row, float temperature, float* out, Sha
 /// entries `keep` accepts: the summary (probabilities: total, max, flags; logits: max,
 /// flags) and the bins of the top 11 key bits. A bad row's bins are never read.
 template <RadixStat STAT, HistogramAdd ADD, bool LOGITS, int VEC, typename Row, typename Keep>
-__device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh) {
+__device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh,
+                                               RowSplit& sp) {
   rs.clear();
   __syncthreads();
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
-  for (int64_t tile = 0; tile < row.vocab; tile += int64_t{kBlock} * VEC) {  // whole warps: radix_add
-    prefetch_tile<VEC>(row, tile + int64_t{kBlock} * VEC);
-    const int64_t i = tile + int64_t{threadIdx.x} * VEC;
-    float v[VEC];
-    row.template load<VEC>(i, v);
+  // every thread runs every tile: whole warps for radix_add
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float(&v)[VEC], auto index) {
     MassAcc acc;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const bool real = i + j < row.vocab;
+      const bool real = index(j) < row.vocab;
       if (real) {
         if constexpr (LOGITS) {
           if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
           else s.max_p = fmaxf(s.max_p, v[j]);
+        } else if (sp.lean) {  // as summarize_row's lean pass 0: no branch for a valid entry
+          const bool valid = v[j] >= 0.f && v[j] <= 1.f;
+          acc.add_unit(valid ? v[j] : 0.f);
+          s.max_p = fmaxf(s.max_p, valid ? v[j] : 0.f);
+          if (!valid) {
+            MassAcc ignored;
+            add_entry(s, ignored, v[j]);  // flags only
+          }
         } else {
           add_entry(s, acc, v[j]);
         }
@@ -306,7 +377,7 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
       radix_add<STAT, ADD>(rs, real && keep(v[j]) ? order_key(v[j]) >> kShift : kNoBin, v[j]);
     }
     s.total += acc.value();
-  }
+  });
   const RowSummary r =
       cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
         return RowSummary{a.total + b.total, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
@@ -318,10 +389,11 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
 /// level, two more radix levels (the cut), for top-k the kept mass (top-p has it from
 /// the last level), then the write.
 template <Transform T, HistogramAdd ADD, int VEC, typename Row>
-__device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh) {
+__device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh,
+                             RowSplit& sp, bool gather) {
   constexpr RadixStat kStat = T == Transform::top_k_renorm ? RadixStat::count : RadixStat::mass;
   auto positive = [](float x) { return x > 0.f; };
-  const RowSummary s = summarize_with_histogram<kStat, ADD, false, VEC>(row, positive, rs, sh);
+  const RowSummary s = summarize_with_histogram<kStat, ADD, false, VEC>(row, positive, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.flags & kFlagNegative) return Status::negative;
   if (s.flags & kFlagAboveOne) return Status::above_one;
@@ -329,7 +401,8 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   const Mass top_p_bound = mass_fraction_ceil(s.total, top_p);  // unused by top-k
   // keep p iff fewer than k entries are larger (top-k), or their mass is below the bound (top-p)
   Mass above_cut = 0, at_cut = 0;
-  bool clamped = false;
+  bool clamped = false, listed = false;
+  CandidateList list = transform_list<Row, VEC>(sp);
   const uint32_t lo = order_key(0.f);
   const uint32_t cut = radix_cut<kStat, ADD, VEC>(
       row, lo, order_key(s.max_p), positive,
@@ -337,11 +410,26 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
         if constexpr (T == Transform::top_k_renorm) return stat < static_cast<Mass>(top_k);
         else return stat < top_p_bound;
       },
-      true, rs, sh, above_cut, at_cut, clamped);
+      true, rs, sh, above_cut, at_cut, clamped, sp, gather ? &list : nullptr, &listed);
   auto kept = [cut](float x) { return x > 0.f && order_key(x) >= cut; };
+  if (listed && !clamped) {  // every kept entry is in the list: no more passes over the row
+    MassAcc acc;
+    for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock)
+      acc.add(kept(list.value[a]) ? list.value[a] : 0.f);
+    const Mass kept_mass = broadcast(cub::BlockReduce<Mass, kBlock>(sh.temp.mass).Sum(acc.value()), sh.mass);
+    const double kept_units = mass_units(kept_mass);
+    fill_row_vec(out, row.vocab, 0.f);
+    __syncthreads();  // the fill is done before the kept entries land on it
+    for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock) {
+      const float x = list.value[a];
+      if (kept(x)) out[list.index[a]] = static_cast<float>(mass_units(mass_of(x)) / kept_units);
+    }
+    return Status::ok;
+  }
   // top-p: the kept entries are those above the cut plus those at it, both summed by
   // the last level, unless the cut was clamped to [lo, hi] (which top-p never needs)
-  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut : sum_mass_where<VEC>(row, kept, sh);
+  const Mass kept_mass = kStat == RadixStat::mass && !clamped ? above_cut + at_cut
+                                                              : sum_mass_where<VEC, false, false>(row, kept, sh, sp);
   const double kept_units = mass_units(kept_mass);
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
@@ -352,16 +440,25 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
 template <HistogramAdd ADD, int VEC, typename Row>
-__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh) {
+__device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh, RowSplit& sp,
+                           bool gather) {
   auto all = [](float) { return true; };
-  const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh);
+  const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.max_p == -INFINITY) return Status::zero_row;
   Mass above_cut = 0, at_cut = 0;
-  bool clamped = false;
+  bool clamped = false, listed = false;
+  CandidateList list = transform_list<Row, VEC>(sp);
   const uint32_t cut = radix_cut<RadixStat::count, ADD, VEC>(
       row, order_key(-INFINITY), order_key(s.max_p), all, [&](Mass count) { return count < static_cast<Mass>(top_k); },
-      true, rs, sh, above_cut, at_cut, clamped);
+      true, rs, sh, above_cut, at_cut, clamped, sp, gather ? &list : nullptr, &listed);
+  if (listed && !clamped) {  // every kept entry is in the list: fill, then put them back
+    fill_row_vec(out, row.vocab, -INFINITY);
+    __syncthreads();
+    for (int a = static_cast<int>(threadIdx.x); a < list.n; a += kBlock)
+      if (order_key(list.value[a]) >= cut) out[list.index[a]] = list.value[a];
+    return Status::ok;
+  }
   for (int64_t i = threadIdx.x; i < row.vocab; i += kBlock) {
     const float x = row.at(i);
     out[i] = order_key(x) >= cut ? x : -INFINITY;
@@ -380,17 +477,24 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   float top_p = 0.f, temperature = 0.f;
   Status status = read_row<T>(p, o, row, top_k, top_p, temperature);
   float* out = p.out + o * p.vocab;
+  RowSplit whole;
+  whole.stream = p.stream && VECTOR_LOADS;
+  whole.serpentine = p.serpentine;
+  whole.lean = p.lean;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
     if constexpr (T == Transform::softmax)
-      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh);
+      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh, whole,
+                           p.online_softmax);
     if constexpr (T == Transform::top_k_mask) {
       __shared__ RadixShared rs;
-      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh);
+      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh, whole,
+                                  p.compact);
     }
     if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm) {
       __shared__ RadixShared rs;
-      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh);
+      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh,
+                                       whole, p.compact);
     }
   }
   if (status != Status::ok) {
@@ -423,17 +527,31 @@ device::HistogramAdd histogram_add(device::Transform) {
   return device::HistogramAdd::atomic;
 }
 
+/// Launches one transform kernel with stream_tiles' ring when p.stream (rows of In, VEC 16).
+template <device::Transform T, typename In, bool VECTOR_LOADS, device::HistogramAdd ADD>
+void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t stream) {
+  const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS, ADD>;
+  // the ring (streamed passes), then the candidate list (count cuts)
+  constexpr size_t kRing = device::stream_bytes<16, In>() + device::kTransformListBytes;
+  static const bool allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kRing)) == cudaSuccess;
+  const size_t ring = (VECTOR_LOADS && p.stream ? device::stream_bytes<16, In>() : size_t{0}) +
+                      (p.compact && T != device::Transform::softmax ? device::kTransformListBytes : size_t{0});
+  if (ring > 0 && !allowed) throw ref::InvalidArgument("transform_kernel: the shared-memory ring does not fit");
+  kernel<<<grid, device::kBlock, ring, stream>>>(p);
+}
+
 template <device::Transform T, typename In, bool VECTOR_LOADS = false>
 void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
   if (outputs == 0) return;
   const unsigned grid = static_cast<unsigned>(outputs);
   using device::HistogramAdd;
   if constexpr (T == device::Transform::softmax) {  // no histogram: one kernel
-    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
+    launch_one<T, In, VECTOR_LOADS, HistogramAdd::warp>(p, grid, stream);
   } else if (histogram_add(T) == HistogramAdd::warp) {
-    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::warp><<<grid, device::kBlock, 0, stream>>>(p);
+    launch_one<T, In, VECTOR_LOADS, HistogramAdd::warp>(p, grid, stream);
   } else {
-    device::transform_kernel<T, In, VECTOR_LOADS, HistogramAdd::atomic><<<grid, device::kBlock, 0, stream>>>(p);
+    launch_one<T, In, VECTOR_LOADS, HistogramAdd::atomic>(p, grid, stream);
   }
   kernels::check_launch("transform_kernel");
 }
@@ -462,6 +580,12 @@ device::TransformParams transform_params(DeviceRows in, float* out, const Gather
   p.out = out;
   p.status = g.status;
   p.prefetch = prefetch_enabled();
+  const PassMode mode = pass_mode();
+  p.stream = mode.stream;
+  p.serpentine = mode.serpentine;
+  p.online_softmax = mode.online_softmax;
+  p.compact = mode.compact;
+  p.lean = mode.lean;
   return p;
 }
 

@@ -3,8 +3,9 @@
 //
 // The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
 // and 256 (ragged) and 128 and 256 (paged), each with and without window and soft cap;
-// causal and the KV split are run-time flags. The tensor maps are encoded in run(), where the device
-// pointers are known (a few microseconds of host work, captured by value in a CUDA graph).
+// causal and the KV split are run-time flags. The tensor maps are encoded in run(), where
+// the device pointers are known (a few microseconds of host work, captured by value in a
+// CUDA graph; the last few encoded on a thread are reused for the same buffers).
 //
 // How to run it: `ctest -L gpu` validates it on the prefill grids of the registry;
 // `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
@@ -19,7 +20,8 @@
 #include <string>
 #include <type_traits>
 
-#include "04_tensor_core/tensor_core.hpp"  // kMaxPageSize
+#include "04_tensor_core/prefill_attention.cuh"  // set_score_transform
+#include "04_tensor_core/tensor_core.hpp"       // kMaxPageSize
 #include "03_split_kv/merge_states.cuh"
 #include "07_hopper/hopper.hpp"
 #include "07_hopper/hopper_attention.cuh"
@@ -57,8 +59,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 /// A (tokens, heads, head_dim) tensor as a 3-D tensor map read in boxes of
 /// (64 columns, box_heads heads, box_tokens tokens), written to shared memory with the
 /// 128-byte swizzle that wgmma's descriptors expect.
-CUtensorMap make_map(const void* base, DType dtype, int64_t tokens, int heads, int head_dim, int box_heads,
-                     int box_tokens) {
+CUtensorMap encode_map(const void* base, DType dtype, int64_t tokens, int heads, int head_dim, int box_heads,
+                       int box_tokens) {
   CUtensorMap map;
   const size_t elem = 2;
   const cuuint64_t dims[3] = {cuuint64_t(head_dim), cuuint64_t(heads), cuuint64_t(std::max<int64_t>(tokens, 1))};
@@ -73,6 +75,63 @@ CUtensorMap make_map(const void* base, DType dtype, int64_t tokens, int heads, i
                "cuTensorMapEncodeTiled failed (error " + std::to_string(int(r)) +
                    "): q, k and v must be 16-byte aligned");
   return map;
+}
+
+/// The page pool as a 5-D tensor map for one TMA copy per page (tokens `rows` of a page,
+/// 64 columns, one head, K or V): (D, Hkv, page_size, 2, pages) for NHD, (D, page_size,
+/// Hkv, 2, pages) for HND, innermost first. `num_pages` 0 (a pool whose size plan() was
+/// not told): the page dimension is left at its largest, page ids come from the table.
+CUtensorMap make_pool_map(const void* pool, const BatchShape& s, int rows) {
+  CUtensorMap map;
+  const cuuint64_t elem = 2, D = cuuint64_t(s.head_dim), H = cuuint64_t(s.num_kv_heads), P = cuuint64_t(s.page_size);
+  const bool hnd = s.kv_layout == KVLayout::HND;
+  const cuuint64_t pages = s.num_pages > 0 ? cuuint64_t(s.num_pages) : cuuint64_t(INT32_MAX);
+  const cuuint64_t dims[5] = {D, hnd ? P : H, hnd ? H : P, 2, pages};
+  // bytes to the next index of dims 1..4: NHD head, slot; HND slot, head; then K -> V, page
+  const cuuint64_t strides[4] = {D * elem, (hnd ? P : H) * D * elem, P * H * D * elem, 2 * P * H * D * elem};
+  const cuuint32_t box[5] = {64, hnd ? cuuint32_t(rows) : 1u, hnd ? 1u : cuuint32_t(rows), 1, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(
+      &map, s.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5,
+      const_cast<void*>(pool), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  ref::require(r == CUDA_SUCCESS, "HopperRunner::run",
+               "cuTensorMapEncodeTiled failed for the page pool (error " + std::to_string(int(r)) +
+                   "): kv_pool must be 16-byte aligned");
+  return map;
+}
+
+/// encode_map(), remembered: a map is a pure function of these arguments, and run()
+/// (once per layer) often sees the same q, k and v buffers again (an engine's activations
+/// come back at the same addresses layer after layer), so the last few maps this thread
+/// encoded are kept and an equal request is answered without the driver's encoder.
+CUtensorMap make_map(const void* base, DType dtype, int64_t tokens, int heads, int head_dim, int box_heads,
+                     int box_tokens) {
+  struct Entry {
+    CUtensorMap map;
+    const void* base = nullptr;
+    int64_t tokens = -1;
+    DType dtype = DType::f32;
+    int heads = 0, head_dim = 0, box_heads = 0, box_tokens = 0;
+  };
+  constexpr int kEntries = 8;
+  thread_local Entry memo[kEntries];
+  thread_local int next = 0;
+  for (const Entry& e : memo)
+    if (e.base == base && e.tokens == tokens && e.dtype == dtype && e.heads == heads && e.head_dim == head_dim &&
+        e.box_heads == box_heads && e.box_tokens == box_tokens)
+      return e.map;
+  Entry& e = memo[next];
+  next = (next + 1) % kEntries;
+  e.map = encode_map(base, dtype, tokens, heads, head_dim, box_heads, box_tokens);  // (throws before it is kept)
+  e.base = base;
+  e.tokens = tokens;
+  e.dtype = dtype;
+  e.heads = heads;
+  e.head_dim = head_dim;
+  e.box_heads = box_heads;
+  e.box_tokens = box_tokens;
+  return e.map;
 }
 
 /// What a captured graph freezes of run(): the grid, the split, and the tensor maps, whose
@@ -93,6 +152,13 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
     p.kv = kernels::make_paged_kv(static_cast<const uint16_t*>(l.kv_pool), l.kv_indptr, l.kv_indices,
                                   l.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
                                   s.kv_layout == KVLayout::HND);
+    p.hnd = s.kv_layout == KVLayout::HND;
+    // one TMA copy per page where a page is a whole number of 8-row swizzle atoms and the
+    // key tile a whole number of pages (8, 16, 32, 64 tokens)
+    if (s.page_size % 8 == 0 && Tr::Bc % s.page_size == 0) {
+      p.tma_rows = s.page_size;
+      p.kv_map = make_pool_map(l.kv_pool, s, p.tma_rows);
+    }
   } else {
     p.k_map = make_map(l.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
     p.v_map = make_map(l.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
@@ -113,12 +179,7 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
-  // the score transform as stage 04 sets it (PrefillParams::set_score_transform)
-  const float sm_scale = s.resolved_sm_scale();
-  p.soft_cap = s.logits_soft_cap > 0.f;
-  p.score_scale = p.soft_cap ? 1.f : sm_scale * kernels::kLog2e;
-  p.cap_pre = p.soft_cap ? sm_scale / s.logits_soft_cap : 0.f;
-  p.cap_post = p.soft_cap ? s.logits_soft_cap * kernels::kLog2e : 0.f;
+  tensor_core::set_score_transform(p, s.resolved_sm_scale(), s.logits_soft_cap);
   hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS>
       <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
   kernels::check_launch("hopper_attention_kernel");
@@ -286,7 +347,7 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   prepare_hopper_attention(shape);
-  tensor_core::upload_schedule(schedule_, w, workspace_, stream);
+  tensor_core::upload_schedule(schedule_, w, staging_, workspace_, stream);
 }
 
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {

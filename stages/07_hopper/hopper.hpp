@@ -51,6 +51,7 @@ class HopperRunner : public StageRunner {
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
   CapturedLaunch captured_;
+  ScheduleStaging staging_;  // the schedule's pinned staging, one copy per plan
 };
 
 /// One launch of the kernel, for a later stage that builds its own view of the batch and

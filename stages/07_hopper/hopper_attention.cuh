@@ -28,10 +28,13 @@
 //   second still accumulates into O. O's rescale and P_j's packing wait for the second.
 //
 // - Paged K/V (PAGED = true): a tile of 128 keys may come from 128 different pages, which
-//   no tensor map describes. The producer's four warps gather it instead: each thread
-//   looks up the page of its rows and issues 16-byte cp.async copies straight into the
-//   128-byte swizzled layout (chunk c of row r at chunk c ^ (r % 8)), and
-//   cp.async.mbarrier.arrive makes the tile's "full" barrier complete when they land.
+//   no one box of a tensor map describes; but one page's rows are a box of the pool seen
+//   as a 5-D tensor. With pages of 8, 16, 32 or 64 tokens the TMA copies a tile one page
+//   at a time (copy_pages). A request's last tile (whose keys past kv_len must be zeros)
+//   and pages of other sizes are gathered by the producer's four warps: each thread looks
+//   up the page of its rows and issues 16-byte cp.async copies straight into the 128-byte
+//   swizzled layout (chunk c of row r at chunk c ^ (r % 8)), and cp.async.mbarrier.arrive
+//   makes the tile's "full" barrier complete when they land.
 //
 // What it still does badly: every block starts from an empty pipeline (one block per
 // (work item, kv head), not a persistent grid); the output is written from registers
@@ -83,12 +86,18 @@ struct HopperTraits {
 /// K/V, k and v (nnz_kv, Hkv, D) as 3-D tensors (D, heads, tokens) with boxes of
 /// 64 x heads x tokens. Over paged K/V, `kv` is the pool and its page table.
 struct HopperParams {
-  CUtensorMap q_map;                   ///< box (64, group, Br / group): one 64-column block of a packed query tile
-  CUtensorMap k_map;                   ///< ragged: box (64, 1, Bc)
-  CUtensorMap v_map;                   ///< ragged: box (64, 1, Bc)
-  kernels::PagedKV<uint16_t> kv{};     ///< paged: pool (16-bit elements), CSR page table, strides
-  const int32_t* qo_indptr = nullptr;  ///< (batch_size + 1)
-  const int32_t* kv_indptr = nullptr;  ///< ragged: (batch_size + 1) token offsets
+  CUtensorMap q_map;  ///< box (64, group, Br / group): one 64-column block of a packed query tile
+  CUtensorMap k_map;  ///< ragged: box (64, 1, Bc)
+  CUtensorMap v_map;  ///< ragged: box (64, 1, Bc)
+  /// paged, pages of a multiple of 8 tokens: the pool as a 5-D tensor, (D, Hkv, page_size,
+  /// K/V, pages) for NHD or (D, page_size, Hkv, K/V, pages) for HND, box (64, 1, rows)
+  /// or (64, rows, 1), rows = tma_rows
+  CUtensorMap kv_map;
+  int tma_rows = 0;                          ///< paged: tokens per page copy (page_size); 0: gather every tile
+  bool hnd = false;                          ///< paged: the pool's layout is HND
+  kernels::PagedKV<uint16_t> kv{};           ///< paged: pool (16-bit elements), CSR page table, strides
+  const int32_t* qo_indptr = nullptr;        ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;        ///< ragged: (batch_size + 1) token offsets
   const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
   void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
@@ -315,6 +324,33 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
   }
 }
 
+/// Paged K/V, a whole tile inside the request and pages of a multiple of 8 tokens: one
+/// TMA copy per (page, 64-column block) instead of the gather. A page's rows land at a
+/// multiple of 8 rows, a whole number of 1024-byte swizzle atoms, so the copy engine's
+/// 128-byte swizzle puts every chunk where the tile-wide layout expects it. Lane b of the
+/// producer's first warp looks up page b of the tile and issues its copies: the lookups
+/// run in parallel, not one after another in one thread.
+template <int HEAD_DIM, int Bc>
+__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const Tile& t, int key0,
+                                           int kv_head, int is_v, int lane, uint64_t* full) {
+  namespace ptx = cuda::ptx;
+  const int boxes = Bc / p.tma_rows;
+  if (lane < boxes) {
+    const int key = key0 + lane * p.tma_rows;
+    uint32_t page_iter, slot;
+    p.kv.page_size.divmod(static_cast<uint32_t>(key), page_iter, slot);
+    const int32_t page = p.kv.kv_indices[t.kv_begin + page_iter];
+    // the map's dims 1 and 2: (head, slot) for NHD, (slot, head) for HND
+    const int32_t dim1 = p.hnd ? int32_t(slot) : kv_head, dim2 = p.hnd ? kv_head : int32_t(slot);
+#pragma unroll
+    for (int c = 0; c < HEAD_DIM / 64; ++c) {
+      const int32_t coords[5] = {c * 64, dim1, dim2, is_v, page};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * 128 + lane * p.tma_rows * 128,
+                                &p.kv_map, coords, full);
+    }
+  }
+}
+
 }  // namespace detail
 
 /// MODS: the batch has a window or a soft cap. A separate instantiation, so that the
@@ -380,15 +416,31 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
       const int s = j % kStages;
       const uint32_t parity = ((j / kStages) - 1) & 1;
       if constexpr (PAGED) {
-        // every thread's copies of the tile count one arrival when they have landed
-        if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
-        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(k_smem(s)), p.kv, t, t.key_begin + j * Bc,
-                                          kv_head, false, threadIdx.x);
-        ptx::cp_async_mbarrier_arrive_noinc(&k_full[s]);
-        if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
-        detail::gather_tile<HEAD_DIM, Bc>(reinterpret_cast<unsigned char*>(v_smem(s)), p.kv, t, t.key_begin + j * Bc,
-                                          kv_head, true, threadIdx.x);
-        ptx::cp_async_mbarrier_arrive_noinc(&v_full[s]);
+        // A tile wholly inside the request, starting on a page boundary, in pages of a
+        // multiple of 8 tokens: the TMA, one copy per page (thread 0 announces the bytes,
+        // every other thread arrives once). Otherwise (the request's last tile, whose
+        // keys past kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers,
+        // its copies counting one arrival when they have landed.
+        const int key0 = t.key_begin + j * Bc;
+        const bool by_page = p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
+        for (int is_v = 0; is_v < 2; ++is_v) {
+          uint64_t* full = is_v ? &v_full[s] : &k_full[s];
+          unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? v_smem(s) : k_smem(s));
+          if (j >= kStages) detail::wait_barrier(is_v ? &v_empty[s] : &k_empty[s], parity);
+          if (by_page) {
+            if (threadIdx.x == 0)
+              ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                             uint32_t{Tr::kKVBytes});
+            else ptx::mbarrier_arrive(full);
+            if (threadIdx.x < 32) {
+              __syncwarp();  // the bytes are announced before any copy can land
+              detail::copy_pages<HEAD_DIM, Bc>(tile, p, t, key0, kv_head, is_v, threadIdx.x, full);
+            }
+          } else {
+            detail::gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, is_v, threadIdx.x);
+            ptx::cp_async_mbarrier_arrive_noinc(full);
+          }
+        }
         continue;
       }
       const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;

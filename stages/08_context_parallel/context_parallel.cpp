@@ -2,9 +2,10 @@
 // exchanges, and the thread-per-GPU driver.
 //
 // Nothing here computes attention: stage 03 attends each rank's shard into an fp32 state
-// (SplitKVOptions::fp32_states) and stage 03's merge kernel (launch_merge_states) folds
-// the exchanged states. What this file adds is where the states travel: an NCCL
-// all-gather, or an all-to-all by heads followed by an all-gather of the merged outputs.
+// (SplitKVOptions::fp32_states), and stage 03's merge block, over the gathered rows
+// (merge_gathered.cuh), folds the exchanged states. What this file adds is where the
+// states travel: an NCCL all-gather, or an all-to-all by heads followed by an all-gather
+// of the merged outputs.
 //
 // How to run it: `ctest -L gpu -R context_parallel` validates it (on 1 GPU, and on 2
 // where there are two); `flashstep_cp_bench` times it; scripts/gpu-cp.sh runs both.
@@ -17,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "08_context_parallel/merge_gathered.hpp"
 #include "08_context_parallel/nccl_library.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -236,8 +238,8 @@ void ContextParallelRank::run(const DeviceBatch& batch, cudaStream_t stream) {
     // 2. Every rank's state on every rank (rows j B .. j B + B - 1 from rank j) ...
     exchange_states(stream);
     // 3. ... merged there, all heads: W states per request.
-    split_kv::launch_merge_states(at_f32(layout_.states_o), at_f32(layout_.states_lse), W, g.batch_size, g.num_qo_heads,
-                                  g.head_dim, g.dtype, batch.o, batch.lse, stream);
+    merge_gathered_states(at_f32(layout_.states_o), at_f32(layout_.states_lse), W, g.batch_size, g.num_qo_heads,
+                          g.head_dim, g.dtype, batch.o, batch.lse, stream);
     return;
   }
   // all_to_all: 2. head group k of every rank's state to rank k ...
@@ -250,9 +252,8 @@ void ContextParallelRank::run(const DeviceBatch& batch, cudaStream_t stream) {
   // With one request the gathered layout (W, 1, Hq/W, D) is o's (1, Hq, D): gather into o.
   uint8_t* merged_o = g.batch_size == 1 ? static_cast<uint8_t*>(batch.o) : workspace_ + layout_.merged_o;
   float* merged_lse = g.batch_size == 1 ? batch.lse : at_f32(layout_.merged_lse);
-  split_kv::launch_merge_states(at_f32(layout_.states_o), at_f32(layout_.states_lse), W, g.batch_size, h, g.head_dim,
-                                g.dtype, merged_o + comm_.rank() * slot_o, merged_lse + comm_.rank() * slot_lse,
-                                stream);
+  merge_gathered_states(at_f32(layout_.states_o), at_f32(layout_.states_lse), W, g.batch_size, h, g.head_dim, g.dtype,
+                        merged_o + comm_.rank() * slot_o, merged_lse + comm_.rank() * slot_lse, stream);
   exchange_outputs(merged_o, merged_lse, stream);
   if (g.batch_size == 1) return;
   // (W, B, Hq/W, D) -> (B, Hq, D): rank k's group lands at heads k h .. k h + h - 1 of every request.
@@ -299,7 +300,7 @@ void ContextParallelRank::exchange_states(cudaStream_t stream) {
     send_o = at_f32(layout_.send_o);
     send_lse = at_f32(layout_.send_lse);
   }
-  // Received from rank j: its group (B, h, D) at rows j B .. of (W B, h, D): launch_merge_states' layout.
+  // Received from rank j: its group (B, h, D) at rows j B .. of (W B, h, D): merge_gathered_states' layout.
   const size_t part_o = size_t(g.batch_size) * h * D, part_lse = size_t(g.batch_size) * h;
   float* recv_o = at_f32(layout_.states_o);
   float* recv_lse = at_f32(layout_.states_lse);

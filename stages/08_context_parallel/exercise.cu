@@ -9,8 +9,8 @@
 //   1. the shard's last_page_len: which length does a rank's slice of a request get?
 //   2. the merge of the gathered states: find rank j's row and fold it in.
 // As shipped it FAILs every case; fill in the two holes until it prints PASS. Then read
-// sharding.cpp (shard_page_table) and context_parallel.cpp (the exchange, and stage 03's
-// launch_merge_states doing hole 2 for real).
+// sharding.cpp (shard_page_table), context_parallel.cpp (the exchange) and
+// merge_gathered.cuh (stage 03's merge block doing hole 2 for real).
 //
 //     cmake --build build --target flashstep_exercise_08_context_parallel
 //     build/bin/flashstep_exercise_08_context_parallel

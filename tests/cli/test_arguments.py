@@ -2,7 +2,7 @@
 stderr naming what is wrong, and exit code 2 (never a crash, never exit 0)."""
 import pytest
 
-COMMANDS = ["tour", "explain", "validate", "bench"]
+COMMANDS = ["tour", "explain", "validate", "bench", "serve"]
 
 
 def test_top_level_help_lists_every_command(flashstep):
@@ -72,6 +72,12 @@ BAD = [
     (["explain", "--prompt", "a", "--page-size", "4097"], "--page-size must be an integer in [1, 4096]"),
     (["explain", "--prompt", "a", "--page-size", "99999999999999999999999"], "--page-size must be an integer"),
     (["explain", "--prompt", "a", "--br", "-3"], "--br must be an integer in [1, 4096]"),
+    # serve: sizes checked before anything runs; the sampling mode and dtype by name
+    (["serve", "--page-size", "0"], "--page-size must be an integer in [1, 64]"),
+    (["serve", "--max-running", "-1"], "--max-running must be an integer in [1, 4096]"),
+    (["serve", "--requests", "0"], "--requests must be an integer in [1, 100000]"),
+    (["serve", "--sampling", "beam"], 'sampling mode must be "greedy" or "sample", got "beam"'),
+    (["serve", "--dtype", "f8"], "dtype"),
 ]
 
 
@@ -80,6 +86,8 @@ def test_bad_arguments_exit_2_with_a_clear_message(flashstep, args, needle):
     r = flashstep(*args)
     if args[:2] == ["validate", "--stage"] and "this build has no CUDA stages" in r.out:
         pytest.skip("a build without CUDA stages has no registry to look the name up in")
+    if args[:1] == ["serve"] and "this build has no CUDA engine" in r.out and not needle.startswith("--"):
+        pytest.skip("a build without the CUDA engine does not parse the engine's names")
     assert r.rc == 2, r
     assert needle in r.err, r
     assert r.out == "" or "Usage" not in r.out, r

@@ -90,3 +90,51 @@ def test_the_table_shows_what_the_run_measured_and_dashes_for_the_rest(tmp_path)
     e5m2 = next(l for l in out.splitlines() if l.startswith("b16_kv1024_e5m2 ")).split()
     assert e5m2[1] == "-" and e5m2[3] == "-"  # no stage 02 row, no bf16 shape of these sizes
     assert not any(l.startswith("b128_kv8192_bf16") for l in out.splitlines())  # a bf16 row is no FP8 row
+
+
+PREFILL_SHAPES = """# test prefill shapes
+name,set,mode,batch,qo_len,kv_len,num_qo_heads,num_kv_heads,head_dim,page_size,dtype,layout,page_order,causal,lengths,kv_dtype,k_scale,v_scale
+append_b4_q512_kv8192_causal_bf16,target,prefill,4,512,8192,32,8,128,16,bf16,NHD,sequential,1,uniform,bf16,1,1
+append_b4_q512_kv8192_causal_e4m3,target,prefill,4,512,8192,32,8,128,16,bf16,NHD,sequential,1,uniform,e4m3,1,1
+append_b4_q512_kv8192_causal_e5m2,target,prefill,4,512,8192,32,8,128,16,bf16,NHD,sequential,1,uniform,e5m2,1,1
+"""
+
+
+def test_json_markdown_and_the_append_goal(tmp_path):
+    run(tmp_path)
+    (tmp_path / "prefill.csv").write_text(PREFILL_SHAPES)
+    prefill = {"context": {}, "benchmarks": [dict(median("04_tensor_core/append_b4_q512_kv8192_causal_bf16", 500.0),
+                                                  **{"TFLOP/s": 300.0}),
+                                             dict(median("04_tensor_core/append_b4_q512_kv8192_causal_e4m3", 540.0),
+                                                  **{"TFLOP/s": 276.0})]}
+    (tmp_path / "prefill.json").write_text(json.dumps(prefill))
+    out = subprocess.run([sys.executable, SCRIPT, "--bench", str(tmp_path / "bench.json"), "--peers",
+                          str(tmp_path / "peers.json"), "--shapes", str(tmp_path / "shapes.csv"),
+                          "--prefill-bench", str(tmp_path / "prefill.json"), "--prefill-shapes",
+                          str(tmp_path / "prefill.csv"), "--json", str(tmp_path / "r.json"), "--markdown",
+                          str(tmp_path / "t.md")], capture_output=True, text=True, check=True).stdout
+    # 276 / 300 = 0.92 >= 0.9: met; the e5m2 row was not measured: n/a.
+    assert goal("append_b4_q512_kv8192_causal_e4m3: 04 TFLOP/s / bf16 TFLOP/s >= 0.9", out) == ("MET", "0.920")
+    assert goal("append_b4_q512_kv8192_causal_e5m2: 04 TFLOP/s / bf16 TFLOP/s >= 0.9", out)[0] == "n/a"
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["commit"] == "abc" and r["device"] == "GPU X"
+    row = next(d for d in r["decode"] if d["shape"] == "b128_kv8192_e4m3")
+    assert (row["us_03"], row["us_03_bf16"], row["flashinfer_tensor_core_us"]) == (750.0, 1400.0, 895.0)
+    targets = {t["what"]: (t["met"], t["ratio"], t["goal"]) for t in r["targets"]}
+    assert targets["b128_kv8192_e4m3: 03 time / bf16 time <= 0.55"] == (True, 750.0 / 1400.0, "<= 0.55")
+    assert targets["append_b4_q512_kv8192_causal_e5m2: 04 TFLOP/s / bf16 TFLOP/s >= 0.9"][0] is None
+    # The file is in the results files' one shape: the reader takes it as written.
+    sys.path.insert(0, os.path.join(SOURCE, "bench", "reports"))
+    import results
+    back = results.load(str(tmp_path / "r.json"))
+    assert back["writer"] == "results" and back["commit"] == "abc" and back["ceilings"] == {"read_ceiling_GB/s": 3000.0}
+    rows = {x["name"]: x for x in back["rows"]}
+    assert rows["03_split_kv/b128_kv8192_e4m3"]["median_us"] == 750.0
+    assert rows["peer_flashinfer_tc_decode/b128_kv8192_e4m3"]["median_us"] == 895.0
+    assert "peer_flashinfer_tc_decode/b128_kv8192_e4m3_scaled" not in rows  # marked wrong: not a row
+    e4m3 = rows["04_tensor_core/append_b4_q512_kv8192_causal_e4m3"]
+    assert (e4m3["unit"], e4m3["value"], e4m3["median_us"]) == ("TFLOP/s", 276.0, 540.0)
+    assert "04_tensor_core/append_b4_q512_kv8192_causal_e5m2" not in rows  # not measured
+    table = (tmp_path / "t.md").read_text()
+    assert "| b128_kv8192_e4m3 | 750.0 | 1400.0 | 0.536 | 725.0 | 1775.0 | 895.0 | 716.5 |" in table
+    assert "| append_b4_q512_kv8192_causal_e4m3 | 276.0 | 300.0 | 0.920 |" in table

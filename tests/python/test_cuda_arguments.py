@@ -46,6 +46,20 @@ def test_imports_without_touching_the_gpu():
     assert run.stdout.strip() == "ok"
 
 
+def test_every_public_name_is_importable_from_flashstep_cuda():
+    # The wrappers live in one module per family; flashstep.cuda is where users import them.
+    for name in fsc.__all__:
+        assert getattr(fsc, name, None) is not None, f"flashstep.cuda.{name} is missing"
+    families = {"BatchDecodeWithPagedKVCacheWrapper": "_cuda_decode", "BatchPrefillWithPagedKVCacheWrapper":
+                "_cuda_prefill", "BatchPrefillWithRaggedKVCacheWrapper": "_cuda_prefill",
+                "MultiLevelCascadeAttentionWrapper": "_cuda_cascade", "top_p_sampling_from_probs": "_cuda_sampling",
+                "merge_states": "_cuda_merge", "apply_rope": "_cuda_rope", "append_paged_kv_cache": "_cuda_paged_kv"}
+    for name, module in families.items():
+        assert getattr(fsc, name).__module__ == f"flashstep.{module}", f"{name} is defined in the wrong module"
+    from flashstep._cuda_plan import PlanRun
+    assert all(issubclass(getattr(fsc, n), PlanRun) for n in families if n.endswith("Wrapper"))
+
+
 def test_a_missing_library_names_every_place_tried(tmp_path):
     missing = tmp_path / "nowhere" / "libflashstep_capi.so"
     code = ("import flashstep.cuda as c\n"

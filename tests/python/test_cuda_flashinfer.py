@@ -13,7 +13,8 @@ Every wrapper is also compared in CUDA-graph mode: a graph captured after one pl
 replayed after re-plans to other lengths, the way engines use both libraries.
 
 The cases use bf16 and head_dim 128/64, the modules FlashInfer's prebuilt JIT cache
-holds on the GPU machine; a case that needs another module compiles it on first use.
+holds on the GPU machine (prefill, decode, cascade, sampling); a case that needs another
+module (the FP8 decode, the page functions) compiles it on first use.
 """
 import itertools
 import math
@@ -297,12 +298,77 @@ def test_softmax_and_top_p_renorm(torch, fsc, flashinfer, rng):
                     FACTOR)
 
 
-@pytest.mark.parametrize("layout,doc", [("NHD", 0), ("HND", 32)])
-def test_cascade(torch, fsc, flashinfer, rng, layout, doc):
-    g = cs.generator(torch, rng, f"cascade {layout} {doc}")
+def test_top_k_mask_and_renorm(torch, fsc, flashinfer, rng):
+    """The deterministic top-k transforms: top_k_mask_logits must keep exactly FlashInfer's
+    entries (the same logits, -inf elsewhere); top_k_renorm_probs must keep exactly its
+    support, the values within float32 rounding of a sum taken in another order. Rows of
+    distinct values (no ties at the k-th), k an int and a per-row tensor."""
+    g = cs.generator(torch, rng, "top-k transforms")
+    batch, vocab = 24, 7000
+    logits = torch.randn(batch, vocab, generator=g, device="cuda") * 3
+    probs = torch.softmax(logits, dim=-1)
+    ks = torch.randint(1, 200, (batch,), generator=g, device="cuda", dtype=torch.int32)
+    s = flashinfer.sampling
+    for top_k, what in ((17, "k 17"), (ks, "k per row")):
+        ours = fsc.top_k_mask_logits(logits, top_k)
+        theirs = peer(lambda: s.top_k_mask_logits(logits, top_k), "top_k_mask_logits")
+        assert torch.equal(torch.isneginf(ours), torch.isneginf(theirs)), f"top_k_mask_logits {what}: kept sets differ"
+        kept = ~torch.isneginf(ours)
+        assert torch.equal(ours[kept], theirs[kept]), f"top_k_mask_logits {what}: kept logits differ"
+        ours = fsc.top_k_renorm_probs(probs, top_k)
+        theirs = peer(lambda: s.top_k_renorm_probs(probs, top_k), "top_k_renorm_probs")
+        assert torch.equal(ours > 0, theirs > 0), f"top_k_renorm_probs {what}: supports differ"
+        cs.assert_close(torch, ours, theirs, (1e-7, 1e-5, 1e-6), f"top_k_renorm_probs {what} values")
+        count = torch.full((batch,), top_k, device="cuda") if isinstance(top_k, int) else ks.long()
+        assert torch.equal((ours > 0).sum(dim=1), count), f"top_k_renorm_probs {what}: not k entries kept per row"
+
+
+def test_sampled_tokens_lie_in_the_peers_support(torch, fsc, flashinfer, rng):
+    """Token equality needs the same random stream, which the two libraries do not share:
+    each library's top-k and top-p tokens (per-row parameters as tensors) must lie in the
+    support the other library's deterministic transform keeps; min-p tokens in p >= min_p *
+    max(p) (neither library has a min-p transform)."""
+    g = cs.generator(torch, rng, "sampler validity")
+    batch, vocab = 64, 5000
+    probs = torch.softmax(torch.randn(batch, vocab, generator=g, device="cuda") * 2, dim=-1)
+    ks = torch.randint(2, 64, (batch,), generator=g, device="cuda", dtype=torch.int32)
+    ps = (torch.rand(batch, generator=g, device="cuda") * 0.5 + 0.3).float()
+    s = flashinfer.sampling
+    rows = torch.arange(batch, device="cuda")
+    seed = int(rng.integers(2**62))
+    print(f"sampling seed {seed}")
+    support_k = [fsc.top_k_renorm_probs(probs, ks) > 0,
+                 peer(lambda: s.top_k_renorm_probs(probs, ks), "top_k_renorm_probs") > 0]
+    support_p = [fsc.top_p_renorm_probs(probs, ps) > 0,
+                 peer(lambda: s.top_p_renorm_probs(probs, ps), "top_p_renorm_probs") > 0]
+    for trial in range(8):
+        draws = [
+            ("top_k", support_k, fsc.top_k_sampling_from_probs(probs, ks, seed=seed + trial),
+             peer(lambda: s.top_k_sampling_from_probs(probs, ks), "top_k_sampling_from_probs")),
+            ("top_p", support_p, fsc.top_p_sampling_from_probs(probs, ps, seed=seed + trial),
+             peer(lambda: s.top_p_sampling_from_probs(probs, ps), "top_p_sampling_from_probs")),
+        ]
+        for name, (ours_support, their_support), ours, theirs in draws:
+            assert their_support[rows, ours.long()].all(), f"{name}: a flashstep token outside FlashInfer's support"
+            assert ours_support[rows, theirs.long()].all(), f"{name}: a FlashInfer token outside flashstep's support"
+    # min-p: the support is p >= min_p * max(p), computed here (neither library has a renorm for it)
+    min_p = 0.2
+    support = probs >= min_p * probs.max(dim=1, keepdim=True).values
+    ours = fsc.min_p_sampling_from_probs(probs, min_p, seed=seed)
+    theirs = peer(lambda: s.min_p_sampling_from_probs(probs, min_p), "min_p_sampling_from_probs")
+    assert support[rows, ours.long()].all() and support[rows, theirs.long()].all(), "min_p: a token outside p >= " \
+        "min_p * max(p)"
+
+
+@pytest.mark.parametrize("layout,doc,queries", [("NHD", 0, 1), ("HND", 32, 1), ("NHD", 32, 5), ("HND", 0, 3)])
+def test_cascade(torch, fsc, flashinfer, rng, layout, doc, queries):
+    """The cascade wrapper against FlashInfer's on the same levels: decode (one query per
+    request) and prefill (several, non-causal: FlashInfer applies `causal` to every level,
+    flashstep to the last one only, so causal cascades are not compared)."""
+    g = cs.generator(torch, rng, f"cascade {layout} {doc} {queries}")
     hq, hkv, d, page, dtype = 8, 2, 128, 16, "bfloat16"
     own = [5, 40, 17, 1, 30, 33]
-    qo_lens = [1] * len(own)
+    qo_lens = [queries] * len(own)
     pool, levels, _, _ = cs.cascade_batch(torch, g, qo_lens, own, 48, doc, page, hkv, d, dtype, layout)
     pool = pool.nan_to_num(0.0)
     q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
@@ -399,6 +465,7 @@ def test_graph_replay_after_replan(torch, fsc, flashinfer, rng, kind, layout, pa
         k.run(ours, q, *outs[0])
     with torch.cuda.graph(graphs[1]):
         flashinfer_run(theirs, kind, k, q, *outs[1])
+    divergences = []
     for name, qo_lens, kv_lens in cases:
         b = k.batch(qo_lens, kv_lens) if name != "captured" else first
         try:
@@ -416,7 +483,18 @@ def test_graph_replay_after_replan(torch, fsc, flashinfer, rng, kind, layout, pa
             graph.replay()
         torch.cuda.synchronize()
         what = f"{kind} ({ours.stage}) graph replay after re-plan '{name}' vs FlashInfer"
-        if kind == "cascade":  # FlashInfer's cascade run() returns o alone
-            cs.assert_close(torch, outs[0][0], outs[1][0], fsc.tolerance("bfloat16", "o"), what + " o", FACTOR)
-        else:
-            compare(torch, fsc, outs[0], outs[1], "bfloat16", what)
+        try:
+            if kind == "cascade":  # FlashInfer's cascade run() returns o alone
+                cs.assert_close(torch, outs[0][0], outs[1][0], fsc.tolerance("bfloat16", "o"), what + " o", FACTOR)
+            else:
+                compare(torch, fsc, outs[0], outs[1], "bfloat16", what)
+        except AssertionError as disagreement:
+            # Which library is wrong? flashstep's replay against the float64 oracle: if it
+            # is right, the difference is FlashInfer's replay (its own bug list has this
+            # class), reported as an expected failure that names it; if not, ours fails.
+            tg.check(torch, fsc, outs[0][0], outs[0][1], k.refs(b, q), "bfloat16",
+                     what.replace("vs FlashInfer", "vs the float64 oracle"))
+            divergences.append(f"{name}: {disagreement}")
+    if divergences:
+        pytest.xfail("flashstep's replays match the float64 oracle; FlashInfer's graph replay after re-plan "
+                     "does not: " + " | ".join(d.splitlines()[0] for d in divergences))

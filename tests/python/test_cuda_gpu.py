@@ -95,7 +95,8 @@ FP8_CASES = [(stage, kv, layout, page, group) for stage in ("02_paged", "03_spli
 def test_fp8_decode_matches_the_float64_oracle(torch, fsc, rng, stage, kv_dtype, layout, page_size, group):
     """An FP8 pool through the wrapper, against float64 attention over the dequantized
     pool (k_scale * stored k, v_scale * stored v), under the harness's FP8 rows. Then
-    run() with other scales (planned again) and without (1), on the same plan."""
+    run() with other scales (no new plan: they are launch arguments) and without (1),
+    on the same plan."""
     g = cs.generator(torch, rng, f"fp8 decode {stage} {kv_dtype} {layout} page {page_size} group {group}")
     hkv, d = 2, 128
     hq = hkv * group
@@ -159,9 +160,8 @@ def test_fp8_pool_through_dlpack_and_its_refusals(torch, fsc, rng):
 
 
 def test_fp8_scales_under_a_cuda_graph(torch, fsc, rng):
-    """The scales are folded into the launch at plan time: a run() whose scales differ from
-    the plan's is planned again, which a capture refuses; run once with them first, then
-    the captured graph replays them."""
+    """The scales are arguments of each run's launch: a capture with scales the plan never
+    saw records them (no re-plan), and the graph replays them."""
     g = cs.generator(torch, rng, "fp8 graph")
     kv_lens = [20, 70, 33, 1]
     pool, indptr, indices, last, keys, values = cs.paged_fp8_batch(torch, g, kv_lens, 16, 2, 128, "float8_e5m2",
@@ -174,13 +174,7 @@ def test_fp8_scales_under_a_cuda_graph(torch, fsc, rng):
     q = cs.random_rows(torch, g, 4, 8, 128, "float16")
     out = torch.empty(4, 8, 128, dtype=torch.float16, device="cuda")
     lse = torch.empty(4, 8, dtype=torch.float32, device="cuda")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with pytest.raises(ValueError, match=r"k_scale and v_scale differ from the plan's while the stream is being "
-                                         r"captured"):
-        with torch.cuda.graph(graph):
-            w.run(q, pool, out=out, lse=lse, k_scale=0.25, v_scale=4.0)
-    w.run(q, pool, out=out, lse=lse, k_scale=0.25, v_scale=4.0)  # plans with the scales, outside the capture
+    w.run(q, pool, out=out, lse=lse)  # warm-up outside the capture, with other scales (1, 1)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -262,6 +256,52 @@ def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype
         qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
         refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=causal))
     check_attention(torch, fsc, o, lse, refs, dtype, f"ragged prefill {w.stage}")
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill", "ragged", "cascade"])
+def test_run_without_lse_writes_the_same_output(torch, fsc, rng, kind):
+    """run() without return_lse writes the lse it does not return into a scratch area of
+    the workspace (where it fits): its output must equal the run that returns the lse,
+    before and after a re-plan to other lengths, and leave the plan's index arrays intact
+    (the same output twice); the output is the oracle's."""
+    g = cs.generator(torch, rng, f"run without lse {kind}")
+    hq, hkv, d, page, dtype = 8, 2, 128, 16, "bfloat16"
+    w = {"decode": fsc.BatchDecodeWithPagedKVCacheWrapper, "prefill": fsc.BatchPrefillWithPagedKVCacheWrapper,
+         "ragged": fsc.BatchPrefillWithRaggedKVCacheWrapper}.get(kind)
+    w = w(workspace(torch)) if w else fsc.MultiLevelCascadeAttentionWrapper(2, workspace(torch))
+    for kv_lens in ([1, 17, 300, int(rng.integers(1, 700))], [700, 5, 64]):
+        qo_lens = [1] * len(kv_lens) if kind in ("decode", "cascade") else [max(1, n // 3) for n in kv_lens]
+        qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
+        q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+        if kind == "ragged":
+            k = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+            v = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+            kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
+            w.plan(qo_indptr, kv_indptr, hq, hkv, d, q_data_type=dtype)
+            args = (q, k, v)
+            keys = [k[int(kv_indptr[i]):int(kv_indptr[i + 1])] for i in range(len(kv_lens))]
+            values = [v[int(kv_indptr[i]):int(kv_indptr[i + 1])] for i in range(len(kv_lens))]
+        elif kind == "cascade":
+            pool, levels, keys, values = cs.cascade_batch(torch, g, qo_lens, kv_lens, 32, 0, page, hkv, d, dtype,
+                                                          "NHD")
+            w.plan(*levels, hq, hkv, d, page, q_data_type=dtype)
+            args = (q, pool)
+        else:
+            pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page, hkv, d, dtype, "NHD")
+            if kind == "decode":
+                w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+            else:
+                w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page, q_data_type=dtype)
+            args = (q, pool)
+        first = w.run(*args)
+        o, lse = w.run(*args, return_lse=True)
+        again = w.run(*args)
+        torch.cuda.synchronize()
+        assert torch.equal(first, o) and torch.equal(again, o), f"{kind} ({w.stage}): run() without return_lse " \
+            "differs from the run that returns the lse"
+        rows = [slice(int(qo_indptr[i]), int(qo_indptr[i + 1])) for i in range(len(kv_lens))]
+        refs = [cs.attention_reference(torch, q[r], keys[i], values[i]) for i, r in enumerate(rows)]
+        check_attention(torch, fsc, o, lse, refs, dtype, f"{kind} {w.stage} without return_lse")
 
 
 @pytest.mark.parametrize("window_left,soft_cap", [(31, 0.0), (-1, 20.0), (7, 5.0)])

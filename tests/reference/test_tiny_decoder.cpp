@@ -380,3 +380,113 @@ TEST_CASE("tiny_decoder: the rope mode is a different model whose positions ente
   const std::vector<int32_t> tokens{84, 104, 101, 32, 99, 97, 116};
   CHECK(rope.next_token_logits(tokens) != sinusoidal.next_token_logits(tokens));
 }
+
+namespace {
+
+// The value of a 16-bit pattern of fp16 (1 sign, 5 exponent, 10 fraction bits) or bf16
+// (1, 8, 7), decoded from the format's definition; NaN for the NaN patterns.
+double decode16(uint32_t bits, bool f16) {
+  const int fraction_bits = f16 ? 10 : 7, exponent_bits = f16 ? 5 : 8, bias = f16 ? 15 : 127;
+  const uint32_t fraction = bits & ((1u << fraction_bits) - 1);
+  const uint32_t exponent = (bits >> fraction_bits) & ((1u << exponent_bits) - 1);
+  const double sign = bits >> 15 ? -1.0 : 1.0;
+  if (exponent == (1u << exponent_bits) - 1) return fraction ? std::nan("") : sign * HUGE_VAL;
+  if (exponent == 0) return sign * std::ldexp(static_cast<double>(fraction), 1 - bias - fraction_bits);
+  return sign * std::ldexp(static_cast<double>(fraction | (1u << fraction_bits)),
+                           static_cast<int>(exponent) - bias - fraction_bits);
+}
+
+}  // namespace
+
+TEST_CASE("tiny_decoder: round_to_storage is round-to-nearest-even in fp16 and bf16, every value checked") {
+  for (bool f16 : {true, false}) {
+    const ref::StorageRounding r = f16 ? ref::StorageRounding::f16 : ref::StorageRounding::bf16;
+    CAPTURE(ref::to_string(r));
+    // Every non-negative finite value: itself; the midpoint to the next goes to the even
+    // pattern; just off the midpoint goes to the nearer one. Negatives mirror.
+    const uint32_t last = f16 ? 0x7BFF : 0x7F7F;  // the largest finite pattern
+    for (uint32_t b = 0; b < last; ++b) {
+      const double lo = decode16(b, f16), hi = decode16(b + 1, f16), mid = (lo + hi) / 2;
+      const double even = b % 2 == 0 ? lo : hi;
+      CAPTURE(b);
+      REQUIRE(ref::round_to_storage(lo, r) == lo);
+      REQUIRE(ref::round_to_storage(-lo, r) == -lo);
+      REQUIRE(ref::round_to_storage(mid, r) == even);
+      REQUIRE(ref::round_to_storage(-mid, r) == -even);
+      REQUIRE(ref::round_to_storage(std::nextafter(mid, 0.0), r) == lo);
+      REQUIRE(ref::round_to_storage(std::nextafter(mid, HUGE_VAL), r) == hi);
+    }
+    // Past the largest finite value: its midpoint with the next power of two overflows.
+    const double largest = decode16(last, f16), ulp = largest - decode16(last - 1, f16);
+    CHECK(ref::round_to_storage(largest, r) == largest);
+    CHECK(ref::round_to_storage(largest + ulp / 2, r) == HUGE_VAL);
+    CHECK(ref::round_to_storage(-(largest + ulp / 2), r) == -HUGE_VAL);
+    CHECK(ref::round_to_storage(std::nextafter(largest + ulp / 2, 0.0), r) == largest);
+    CHECK(std::isnan(ref::round_to_storage(std::nan(""), r)));
+  }
+  CHECK(ref::round_to_storage(0.1, ref::StorageRounding::none) == 0.1);
+  CHECK(ref::round_to_storage(1.0 + 0x1p-11, ref::StorageRounding::f16) == 1.0);  // a tie, to even
+  CHECK(ref::round_to_storage(1.0 + 0x1p-8, ref::StorageRounding::bf16) == 1.0);
+  CHECK(ref::parse_storage_rounding("bf16") == ref::StorageRounding::bf16);
+  expect_error([] { ref::parse_storage_rounding("fp16"); }, {"parse_storage_rounding", "rounding", "fp16"});
+}
+
+TEST_CASE("tiny_decoder: with rounding, weights and the stored Q/K/V are fp16 or bf16 values and generation agrees") {
+  auto rng = test::case_rng("tiny decoder rounding");
+  for (ref::StorageRounding r : {ref::StorageRounding::f16, ref::StorageRounding::bf16}) {
+    CAPTURE(ref::to_string(r));
+    TinyDecoderConfig c;
+    c.position_encoding = ref::PositionEncoding::rope;
+    c.num_layers = 2;
+    const TinyDecoder exact(c);
+    c.rounding = r;
+    const TinyDecoder m(c);
+    auto representable = [&](const ref::Tensor& t) {
+      return std::all_of(t.data.begin(), t.data.end(), [&](double x) { return ref::round_to_storage(x, r) == x; });
+    };
+    // Each weight is the unrounded model's weight, rounded.
+    for (size_t i = 0; i < m.embedding().data.size(); ++i)
+      REQUIRE(m.embedding().data[i] == ref::round_to_storage(exact.embedding().data[i], r));
+    for (size_t l = 0; l < m.layers().size(); ++l) {
+      const auto& w = m.layers()[l];
+      const auto& e = exact.layers()[l];
+      for (size_t i = 0; i < w.w_k.data.size(); ++i) REQUIRE(w.w_k.data[i] == ref::round_to_storage(e.w_k.data[i], r));
+      CHECK(representable(w.w_q));
+      CHECK(representable(w.w_v));
+      CHECK(representable(w.w_o));
+    }
+    CHECK(representable(m.w_vocab()));
+    // Q, K and V as the engine stores them: representable after the projection and after RoPE.
+    const ref::Tensor x = m.embed({72, 105, 33}, 0);
+    const ref::Tensor k = m.project_heads(x, m.layers()[0].w_k, c.num_kv_heads);
+    CHECK(representable(k));
+    CHECK(representable(m.rope(k, 4)));
+    CHECK(representable(m.project_heads(x, m.layers()[1].w_v, c.num_kv_heads)));
+    // Rounding moves the logits by about the format's precision, not more, not zero.
+    const std::vector<int32_t> tokens{84, 104, 101, 32, 99, 97, 116};
+    const auto a = m.next_token_logits(tokens), b = exact.next_token_logits(tokens);
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i)
+      diff = std::max(diff, std::abs(a[i] - b[i])), scale = std::max(scale, std::abs(b[i]));
+    CHECK(diff > 0);
+    CHECK(diff < (r == ref::StorageRounding::f16 ? 0.02 : 0.2) * scale);
+    // The three generation modes still compute one function.
+    const std::vector<std::string> prompts = {"The cat sat", "The cat ran fast", random_prompt(rng, 6)};
+    GenerationOptions o;
+    o.max_new_tokens = 5;
+    o.record_logits = true;
+    std::vector<ref::GenerationResult> runs;
+    for (GenerationMode mode : kModes) runs.push_back(ref::generate(m, prompts, mode, o));
+    for (size_t q = 0; q < prompts.size(); ++q)
+      for (size_t k2 = 1; k2 < runs.size(); ++k2) {
+        CHECK(runs[k2].requests[q].generated_tokens == runs[0].requests[q].generated_tokens);
+        for (size_t t = 0; t < runs[0].requests[q].step_logits.size(); ++t) {
+          for (size_t i = 0; i < 256; ++i)
+            REQUIRE(std::abs(runs[k2].requests[q].step_logits[t][i] - runs[0].requests[q].step_logits[t][i]) <= 1e-9);
+          // step_hidden is the row the step's logits come from
+          REQUIRE(runs[k2].requests[q].step_hidden[t].size() == static_cast<size_t>(c.d_model));
+          CHECK(m.logits(runs[k2].requests[q].step_hidden[t].data()) == runs[k2].requests[q].step_logits[t]);
+        }
+      }
+  }
+}

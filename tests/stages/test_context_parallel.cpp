@@ -24,12 +24,14 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "08_context_parallel/context_parallel.hpp"
+#include "08_context_parallel/merge_gathered.hpp"
 #include "08_context_parallel/sharding.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/attention.hpp"
@@ -643,6 +645,53 @@ TEST_CASE("context_parallel: bad world_size and shards are refused, naming the a
     prefill.mode = Mode::prefill;
     CHECK_THROWS_WITH_AS(cp.workspace_bytes(prefill), doctest::Contains("paged decode only"), ref::InvalidArgument);
   });
+}
+
+TEST_CASE("context_parallel: merge_gathered_states folds W gathered states exactly, empty ones included") {
+  // Random normalized states in the all-gather layout (state j of request r at row
+  // j * B + r), some empty (lse = -inf) and request 1 with no state at all, merged on the
+  // GPU and by the reference's merge_states.
+  std::mt19937_64 rng(case_seed(test::run_seed(), "context_parallel merge_gathered_states"));
+  std::uniform_real_distribution<double> value(-1.0, 1.0), score(-20.0, 20.0);
+  for (int D : {64, 128, 256}) {
+    const int W = D == 128 ? 1 : 3, B = 5, Hq = 4;
+    std::vector<float> states_o(size_t(W) * B * Hq * D), states_lse(size_t(W) * B * Hq);
+    ref::Tensor v({B, W, Hq, D}), lse({B, W, Hq});
+    for (int j = 0; j < W; ++j)
+      for (int r = 0; r < B; ++r)
+        for (int h = 0; h < Hq; ++h) {
+          const size_t row = (size_t(j) * B + r) * Hq + h;
+          const bool empty = r == 1 || (j == 0 && h == 2);
+          const float s = empty ? -std::numeric_limits<float>::infinity() : static_cast<float>(score(rng));
+          states_lse[row] = s;
+          lse({r, j, h}) = s;
+          for (int d = 0; d < D; ++d) {
+            const float x = empty ? 0.f : static_cast<float>(value(rng));
+            states_o[row * D + d] = x;
+            v({r, j, h, d}) = x;
+          }
+        }
+    const ref::MergedState want = ref::merge_states(v, lse);
+    DeviceBuffer o_dev(states_o.data(), states_o.size() * sizeof(float));
+    DeviceBuffer lse_dev(states_lse.data(), states_lse.size() * sizeof(float));
+    DeviceBuffer out(size_t(B) * Hq * D * sizeof(float)), out_lse(size_t(B) * Hq * sizeof(float));
+    merge_gathered_states(o_dev.as<float>(), lse_dev.as<float>(), W, B, Hq, D, DType::f32, out.get(),
+                          out_lse.as<float>(), nullptr);
+    FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+    const DTypeTolerance& f32 = tolerance_for(DType::f32);
+    std::vector<int32_t> one_each(size_t(B) + 1);  // one query row per request
+    std::iota(one_each.begin(), one_each.end(), 0);
+    const Comparison co = compare("o", download_f32(out.as<float>(), size_t(B) * Hq * D), want.v.data, f32.o,
+                                  output_label(one_each, Hq, D));
+    const Comparison cl = compare("lse", download_f32(out_lse.as<float>(), size_t(B) * Hq), want.s.data, f32.lse,
+                                  lse_label(one_each, Hq));
+    CHECK_MESSAGE((co.passed && cl.passed),
+                  "W " << W << ", head_dim " << D << "\n  " << co.summary() << "\n  " << cl.summary());
+  }
+  CHECK_THROWS_WITH_AS(merge_gathered_states(nullptr, nullptr, 0, 1, 32, 128, DType::bf16, nullptr, nullptr, nullptr),
+                       doctest::Contains("states_per_request must be >= 1"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(merge_gathered_states(nullptr, nullptr, 2, 1, 32, 96, DType::bf16, nullptr, nullptr, nullptr),
+                       doctest::Contains("head_dim must be 64, 128 or 256"), ref::InvalidArgument);
 }
 
 }  // TEST_SUITE("one_gpu")

@@ -88,13 +88,26 @@ __global__ void softmax_state_kernel(const float* s, const float* v, int rows, i
   lse[row] = total.lse();
 }
 
-__global__ void merge_weights_kernel(const float* lse_a, const float* lse_b, int count, float* out) {
+/// Two normalized states per pair (v_a = 1, lse_a) and (v_b = 3, lse_b), merged twice: by
+/// merge_normalized, and by init(max) + absorb (the form of the multi-state merges).
+/// out[4 i ..]: o and lse of the first, o and lse of the second.
+__global__ void merge_pairs_kernel(const float* lse_a, const float* lse_b, int count, float* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= count) return;
-  const kernels::MergeWeights w = kernels::merge_weights(lse_a[i], lse_b[i]);
-  out[3 * i] = w.w_a;
-  out[3 * i + 1] = w.w_b;
-  out[3 * i + 2] = w.lse;
+  const float v_a = 1.f, v_b = 3.f;
+  kernels::SoftmaxState<1> pairwise;
+  pairwise.init();
+  pairwise.merge_normalized(lse_a[i], &v_a);
+  pairwise.merge_normalized(lse_b[i], &v_b);
+  const float m_a = lse_a[i] * kernels::kLog2e, m_b = lse_b[i] * kernels::kLog2e;
+  kernels::SoftmaxState<1> summed;
+  summed.init(fmaxf(m_a, m_b));
+  summed.absorb(m_a, lse_a[i] == -INFINITY ? 0.f : 1.f, &v_a);
+  summed.absorb(m_b, lse_b[i] == -INFINITY ? 0.f : 1.f, &v_b);
+  pairwise.output(&out[4 * i]);
+  out[4 * i + 1] = pairwise.lse();
+  summed.output(&out[4 * i + 2]);
+  out[4 * i + 3] = summed.lse();
 }
 
 }  // namespace
@@ -190,24 +203,27 @@ TEST_CASE("kernels: SoftmaxState, chunked and merged in any order, equals softma
   }
 }
 
-TEST_CASE("kernels: merge_weights handles empty states (lse = -inf) exactly") {
+TEST_CASE("kernels: the merge of normalized states handles empty states (lse = -inf) exactly") {
   const std::vector<float> a{0.f, -INFINITY, -INFINITY, 3.f, 100.f};
   const std::vector<float> b{0.f, 2.f, -INFINITY, -INFINITY, 99.f};
   const DeviceBuffer a_dev = upload(a), b_dev = upload(b);
-  DeviceBuffer out_dev(a.size() * 3 * sizeof(float));
-  merge_weights_kernel<<<1, 32>>>(a_dev.as<float>(), b_dev.as<float>(), static_cast<int>(a.size()),
-                                  out_dev.as<float>());
-  kernels::check_launch("merge_weights_kernel");
+  DeviceBuffer out_dev(a.size() * 4 * sizeof(float));
+  merge_pairs_kernel<<<1, 32>>>(a_dev.as<float>(), b_dev.as<float>(), static_cast<int>(a.size()), out_dev.as<float>());
+  kernels::check_launch("merge_pairs_kernel");
   const auto w = download<float>(out_dev);
-  CHECK(w[0] == doctest::Approx(0.5));
-  CHECK(w[2] == doctest::Approx(std::log(2.0)));
-  CHECK(w[3] == 0.f);  // A empty: all weight on B
-  CHECK(w[4] == 1.f);
-  CHECK(w[5] == doctest::Approx(2.0));
-  CHECK(w[6] == 0.f);  // both empty: the empty state
-  CHECK(w[7] == 0.f);
-  CHECK(w[8] == -INFINITY);
-  CHECK(w[9] == 1.f);  // B empty
-  CHECK(w[11] == doctest::Approx(3.0));
-  CHECK(w[14] == doctest::Approx(100.0 + std::log1p(std::exp(-1.0))));  // no overflow at large lse
+  const double e = std::exp(-1.0);
+  for (int form = 0; form < 2; ++form) {  // merge_normalized, then init(max) + absorb
+    CAPTURE(form);
+    const float* r = w.data() + 2 * form;
+    CHECK(r[0] == doctest::Approx(2.0));  // equal weights: (1 + 3) / 2
+    CHECK(r[1] == doctest::Approx(std::log(2.0)));
+    CHECK(r[4] == doctest::Approx(3.0));  // A empty: B alone
+    CHECK(r[5] == doctest::Approx(2.0));
+    CHECK(r[8] == 0.f);  // both empty: the empty state
+    CHECK(r[9] == -INFINITY);
+    CHECK(r[12] == doctest::Approx(1.0));  // B empty: A alone
+    CHECK(r[13] == doctest::Approx(3.0));
+    CHECK(r[16] == doctest::Approx((1.0 + 3.0 * e) / (1.0 + e)));
+    CHECK(r[17] == doctest::Approx(100.0 + std::log1p(e)));  // no overflow at large lse
+  }
 }

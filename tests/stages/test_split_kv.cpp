@@ -19,6 +19,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "03_split_kv/split_kv.hpp"
@@ -26,6 +27,7 @@
 #include "fixed_batch.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/merge.hpp"
 #include "flashstep/reference/split_plan.hpp"
 #include "harness/case.hpp"
 #include "harness/compare.hpp"
@@ -601,12 +603,13 @@ TEST_CASE("split_kv: default options split a long request and leave a full batch
   CHECK(r.path == DecodePath::split_fused);
 }
 
-TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launch_merge_states") {
+TEST_CASE("split_kv: fp32 states of two shards of every request merge into the whole request's") {
   // Each request's pages are cut in two at a random page (the lower part may be empty,
   // and so may the upper one when the cut is at the end); a runner with fp32_states writes
   // each shard's state, every shard's state is checked against the reference over that
-  // shard's keys, and the two, laid out as an all-gather of two GPUs' states, are merged
-  // by launch_merge_states and checked against the reference over the whole request.
+  // shard's keys, and the two, merged by the reference's merge_state, are checked against
+  // the reference over the whole request. (Stage 08 merges such states on the GPU; its
+  // suite checks that merge.)
   auto rng = test::case_rng("split_kv fp32 states");
   int cases = 0;
   for (const CaseSpec& base :
@@ -678,15 +681,21 @@ TEST_CASE("split_kv: fp32 states of two shards of every request, merged by launc
         CHECK_MESSAGE((co.passed && cl.passed),
                       "shard " << part << " of " << text << "\n  " << co.summary() << "\n  " << cl.summary());
       }
-      // Both shards' states, rows j * B + r, merged into the dtype's output.
-      dev.poison_outputs(nullptr);
-      split_kv::launch_merge_states(states_o.as<float>(), states_lse.as<float>(), 2, B, Hq, D, spec.dtype,
-                                    dev.batch().o, dev.batch().lse, nullptr);
-      FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
-      const DTypeTolerance& tol = tolerance_for(spec.dtype);
-      const Comparison co = compare("o", dev.output(), host.expected.o.data, tol.o,
+      // Both shards' states, merged on the host by the reference's exact merge.
+      auto host_state = [&](int part) {
+        const std::vector<float> o = download_floats(states_o.as<float>() + part * rows * D, rows * D);
+        const std::vector<float> l = download_floats(states_lse.as<float>() + part * rows, rows);
+        return std::make_pair(ref::Tensor({B, Hq, D}, std::vector<double>(o.begin(), o.end())),
+                              ref::Tensor({B, Hq}, std::vector<double>(l.begin(), l.end())));
+      };
+      const auto [o0, lse0] = host_state(0);
+      const auto [o1, lse1] = host_state(1);
+      const ref::MergedState merged = ref::merge_state(o0, lse0, o1, lse1);
+      const DTypeTolerance& tol = tolerance_for(DType::f32);
+      const Comparison co = compare("o", merged.v.data, host.expected.o.data, tol.o,
                                     output_label(full.qo_indptr, Hq, D));
-      const Comparison cl = compare("lse", dev.lse(), host.expected.lse.data, tol.lse, lse_label(full.qo_indptr, Hq));
+      const Comparison cl = compare("lse", merged.s.data, host.expected.lse.data, tol.lse,
+                                    lse_label(full.qo_indptr, Hq));
       CHECK_MESSAGE((co.passed && cl.passed), "merged " << text << "\n  " << co.summary() << "\n  " << cl.summary());
       ++cases;
     }
@@ -812,12 +821,6 @@ TEST_CASE("split_kv: bad calls are InvalidArgument naming the rule") {
   DeviceBuffer ok(need);
   CHECK_THROWS_WITH_AS(runner.plan(s, ok.get(), ok.bytes(), nullptr),
                        doctest::Contains("kv_last_page_len must have batch_size = 2 entries"), ref::InvalidArgument);
-  CHECK_THROWS_WITH_AS(
-      split_kv::launch_merge_states(nullptr, nullptr, 0, 1, 32, 128, DType::bf16, nullptr, nullptr, nullptr),
-      doctest::Contains("states_per_request must be >= 1"), ref::InvalidArgument);
-  CHECK_THROWS_WITH_AS(
-      split_kv::launch_merge_states(nullptr, nullptr, 2, 1, 32, 96, DType::bf16, nullptr, nullptr, nullptr),
-      doctest::Contains("head_dim must be 64, 128 or 256"), ref::InvalidArgument);
   SplitKVOptions bad;
   bad.num_stages = 1;
   SplitKVRunner bad_runner(bad);

@@ -41,9 +41,10 @@ struct SoftmaxState {
   float d;     ///< running denominator sum_j 2^(s2_j - m)
   float o[N];  ///< running numerator sum_j 2^(s2_j - m) v_j, this thread's N dims
 
-  /// The empty state.
-  __device__ __forceinline__ void init() {
-    m = -INFINITY;
+  /// The empty state; with `m_start`, the empty state whose running max is already
+  /// m_start (for absorb: the max of several states, found before they are summed).
+  __device__ __forceinline__ void init(float m_start = -INFINITY) {
+    m = m_start;
     d = 0.f;
 #pragma unroll
     for (int i = 0; i < N; ++i) o[i] = 0.f;
@@ -72,17 +73,36 @@ struct SoftmaxState {
     for (int i = 0; i < N; ++i) o[i] = fmaf(p, v[i], o[i]);
   }
 
-  /// Merges the state of a disjoint key set into this one (exact: the result is the
-  /// state of the union, whatever the order of merges).
+  /// Adds the state (m_b, d_b, o_b) of a disjoint key set whose max is at most this one's
+  /// (m_b <= m): d += 2^(m_b - m) d_b, o += 2^(m_b - m) o_b. An empty state (m_b = -inf)
+  /// adds nothing. The second half of merge(); alone, it sums many states at once once
+  /// their largest max is known (init(m_max), then absorb each): independent terms
+  /// instead of a chain of rescales.
+  __device__ __forceinline__ void absorb(float m_b, float d_b, const float* o_b) {
+    const float w = m_b == -INFINITY ? 0.f : exp2f(m_b - m);
+    d = fmaf(w, d_b, d);
+#pragma unroll
+    for (int i = 0; i < N; ++i) o[i] = fmaf(w, o_b[i], o[i]);
+  }
+
+  /// THE merge: folds the state (m_b, d_b, o_b) of a disjoint key set into this one, so
+  /// that this becomes the state of the union (exact: the order of merges changes only
+  /// rounding). m' = max(m, m_b); d' = 2^(m - m') d + 2^(m_b - m') d_b; o' likewise.
+  /// Split-KV chunks, cascade levels, the GPUs of context parallelism and the C
+  /// interface's merge_state all reduce to it.
   __device__ __forceinline__ void merge(float m_b, float d_b, const float* o_b) {
     const float m_new = fmaxf(m, m_b);
     if (m_new == -INFINITY) return;  // both empty
-    const float scale_a = m == -INFINITY ? 0.f : exp2f(m - m_new);
-    const float scale_b = m_b == -INFINITY ? 0.f : exp2f(m_b - m_new);
-    d = d * scale_a + d_b * scale_b;
-#pragma unroll
-    for (int i = 0; i < N; ++i) o[i] = o[i] * scale_a + o_b[i] * scale_b;
-    m = m_new;
+    rescale_to(m_new);
+    absorb(m_b, d_b, o_b);
+  }
+
+  /// merge() of a *normalized* state (v, lse): an output v = o / d and its natural-log
+  /// lse, as the kernels write partial rows. It is the state m = lse log2(e), d = 1, o = v
+  /// (d = 0 when lse = -inf, the empty state).
+  /// \param lse natural-log lse of the state \param v its N normalized output values
+  __device__ __forceinline__ void merge_normalized(float lse, const float* v) {
+    merge(lse * kLog2e, lse == -INFINITY ? 0.f : 1.f, v);
   }
 
   /// Natural-log lse of the keys seen: (m + log2 d) ln 2; -inf when empty.
@@ -97,22 +117,5 @@ struct SoftmaxState {
     for (int i = 0; i < N; ++i) out[i] = o[i] * inv_d;
   }
 };
-
-/// How two *normalized* states (o_a, lse_a) and (o_b, lse_b) combine (FlashInfer's
-/// merge_state, natural-log lse): o = w_a o_a + w_b o_b with the weights below.
-struct MergeWeights {
-  float w_a;  ///< exp(lse_a - lse), 0 when A is empty
-  float w_b;  ///< exp(lse_b - lse), 0 when B is empty
-  float lse;  ///< log(exp(lse_a) + exp(lse_b)); -inf when both are empty
-};
-
-/// Merge weights of two states given their natural-log lse (either may be -inf).
-__device__ __forceinline__ MergeWeights merge_weights(float lse_a, float lse_b) {
-  const float mx = fmaxf(lse_a, lse_b);
-  if (mx == -INFINITY) return {0.f, 0.f, -INFINITY};
-  const float ea = __expf(lse_a - mx), eb = __expf(lse_b - mx);  // one of them is 1
-  const float sum = ea + eb;
-  return {ea / sum, eb / sum, mx + __logf(sum)};
-}
 
 }  // namespace flashstep::kernels

@@ -1,0 +1,160 @@
+/// \file engine.hpp
+/// \brief Stage 09 on the GPU: the reference's tiny decoder served by continuous batching,
+/// one Scheduler step at a time, through the earlier stages.
+///
+/// One step (run_step), everything on one stream, only token ids back to the host:
+///
+/// ```
+///   host     StepBatch -> one upload of the step's int32 arrays (tokens, positions,
+///            batch_indices, the page table split into its decode and prefill halves,
+///            the rows that sample); plan() of the decode runner and the prefill runner
+///   embed    X (fp32, nnz x d_model) = embedding[token] (+ the sinusoid in that mode)
+///   layer l  Xh = X rounded to the storage dtype
+///            Q, K, V = Xh W_Q, Xh W_K, Xh W_V          cuBLAS, fp32 accumulation, stored rounded
+///            RoPE on Q and K (rope_gpu.hpp)           rope mode only
+///            append K, V to layer l's page pool       kernels/append_paged.cuh
+///            O[decode rows]  = decode stage run()     rows 0 .. num_decodes-1
+///            O[prefill rows] = prefill stage run()    causal, the rest
+///            X += O W_O                               cuBLAS, beta = 1 into fp32 X
+///   logits   X[sample rows] rounded, times W_vocab    cuBLAS, fp32 logits
+///   sample   greedy: argmax; else stage 06: softmax(logits / T), then the sampler the
+///            reference's generate() uses, per output with Philox key seed + request and
+///            offset (token index) * kSamplingOffsetStride
+///   host     the sampled token ids (one int32 per sampling row) come back
+/// ```
+///
+/// The model is ref::TinyDecoder with `rounding` set to the storage dtype, so the
+/// reference computes the same function: weights, the rows entering each projection, and
+/// Q/K/V (the page pool) rounded where the engine stores them; X and the logits stay fp32.
+///
+/// Which stage runs: `decode_stage` / `prefill_stage` when given (refused with the
+/// stage's unsupported_reason when it cannot run the step), else default_stage(): a decode
+/// whose GQA group is at most 8 gets 03_split_kv, anything else the latest stage in
+/// teaching order that supports it (stage 05, which plans from the shared pages, only
+/// when named), the rule flashstep.cuda applies.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "09_engine/scheduler.hpp"
+#include "flashstep/reference/tiny_decoder.hpp"
+#include "stage.hpp"
+
+namespace flashstep::stages::engine {
+
+/// How the engine picks each request's next token.
+enum class SamplingMode {
+  greedy,  ///< argmax of the logits (the lowest id on ties), as the reference at temperature 0
+  sample,  ///< a seeded draw from softmax(logits / temperature), top-k / top-p when set
+};
+/// "greedy" or "sample".
+const char* to_string(SamplingMode mode);
+/// Parses "greedy" or "sample"; throws ref::InvalidArgument naming `sampling mode` otherwise.
+SamplingMode parse_sampling_mode(const std::string& name);
+
+/// Sampling parameters, shared by every request (each request has its own Philox key).
+struct SamplingParams {
+  SamplingMode mode = SamplingMode::greedy;
+  double temperature = 1.0;  ///< sample: finite, > 0
+  int64_t top_k = 0;         ///< sample: keep the top-k (0 = off)
+  double top_p = 1.0;        ///< sample: keep the top-p head, in (0, 1] (1 = off)
+  uint64_t seed = 0;         ///< request r draws with Philox key seed + r (its index in the workload)
+};
+
+/// Everything an Engine is built from.
+struct EngineConfig {
+  /// The model (ref::TinyDecoder's shape and seed). Its `rounding` is overwritten with
+  /// the storage dtype's; head_dim = d_model / num_qo_heads must be one the stages take.
+  ref::TinyDecoderConfig model;
+  DType dtype = DType::f16;   ///< storage of weights, Q/K/V, the page pool and O: f16 or bf16
+  SchedulerConfig scheduler;  ///< pool, page size, token budget, max_running, prefix sharing
+  SamplingParams sampling;
+  std::string decode_stage;   ///< a registry name for the decode rows; empty: default_stage()
+  std::string prefill_stage;  ///< a registry name for the prefill rows; empty: default_stage()
+  /// Copy each step's logits (and, when sampling, the probabilities drawn from) back to
+  /// the host in StepOutput, for tests. Off: only token ids cross to the host.
+  bool record_logits = false;
+  /// Time each step's phases with CUDA events (StepOutput::timing). Off: no events.
+  bool profile = false;
+  /// Run decode-only steps as CUDA graphs, one per padded batch size (the next power of
+  /// two): plan() on the host before the replay, the embedding through the logits
+  /// captured, the sampling after it (each request's seed and offset change per step).
+  bool cuda_graphs = false;
+  /// With no decode_stage named: a step whose decode rows share pages (a cached prefix)
+  /// runs them with stage 05's cascade, whose planner prices the cascade against a flat
+  /// pass; such a step runs eagerly even with cuda_graphs.
+  bool cascade_when_shared = false;
+};
+
+/// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
+struct StepTiming {
+  double host_ms = 0;        ///< host: metadata packing, upload issue, both plan() calls
+  double embed_ms = 0;       ///< embedding
+  double projection_ms = 0;  ///< casts, Q/K/V and W_O GEMMs, RoPE, append (every layer)
+  double attention_ms = 0;   ///< both stage run() calls (every layer)
+  double logits_ms = 0;      ///< gather and W_vocab GEMM
+  double sampling_ms = 0;    ///< argmax, or softmax and the samplers
+  double total_ms = 0;       ///< first event to last, plus host_ms
+};
+
+/// What run_step returns.
+struct StepOutput {
+  std::vector<int32_t> tokens;  ///< one per sample row of the step, in order
+  /// (sample rows, vocab) fp32 logits, row-major, when record_logits
+  std::vector<float> logits;
+  /// (sample rows, vocab) the probabilities each draw used, when record_logits and sampling
+  std::vector<float> probs;
+  std::string decode_stage;   ///< stage that ran the decode rows ("" when there were none)
+  std::string prefill_stage;  ///< stage that ran the prefill rows ("" when there were none)
+  StepTiming timing;          ///< when profile
+  int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
+};
+
+/// What generate() returns.
+struct GenerationRun {
+  std::vector<std::vector<int32_t>> tokens;  ///< per request, the tokens it generated
+  int64_t steps = 0;                         ///< scheduler steps
+  int64_t peak_pages = 0;                    ///< most pages in use at once
+  int64_t pages_allocated = 0;               ///< fresh pages allocated (cache reuse not counted)
+  std::vector<StepTiming> timing;            ///< per non-empty step, when profile
+};
+
+/// The stage default_stage() picks for `shape` among the registry's stages that support
+/// it; throws ref::InvalidArgument listing every stage's reason when none does.
+std::string default_stage(const BatchShape& shape);
+
+/// The decoder on the GPU: weights uploaded once, one page pool per layer.
+class Engine {
+ public:
+  /// Checks `config` (InvalidArgument naming the field), builds the model's weights with
+  /// the reference's Philox formula and uploads them, allocates the pools and buffers for
+  /// the scheduler's limits. Needs a CUDA device.
+  explicit Engine(const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// The configuration, with model.rounding set to the storage dtype's.
+  const EngineConfig& config() const;
+  /// The model config the reference must use to compute the same function.
+  const ref::TinyDecoderConfig& model_config() const { return config().model; }
+
+  /// Runs one step of `scheduler` (which produced `batch` and has not completed it):
+  /// returns the sampled tokens, one per batch.sample_rows entry. The caller passes them
+  /// (or others) to scheduler.complete_step().
+  StepOutput run_step(const StepBatch& batch, const Scheduler& scheduler);
+
+  /// Serves `requests` to the end with a Scheduler of config().scheduler.
+  GenerationRun generate(const std::vector<Request>& requests);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashstep::stages::engine
