@@ -26,7 +26,8 @@
 #   peers       bench/peers/attention.py --peers flashinfer on the same shapes (sources
 #               $FLASHINFER_BUNDLE/install.sh first when FLASHINFER_BUNDLE is set)
 #   report      bench/reports/fp8_report.py: the table and the speed goals, from the JSON files; writes
-#               fp8_results.json (rows and goals) and fp8_table.md (the chapter's table)
+#               fp8_results.json (rows and goals, in the results files' one shape) and
+#               fp8_table.md (the chapter's table)
 #
 # Each step is bounded (tests 420 s, sanitizer 450 s, regression 420 s, bench 300 s,
 # bench_prefill 200 s, peers 540 s); to stay within a 10-minute command run them in two or
