@@ -21,7 +21,7 @@
 #include <type_traits>
 
 #include "04_tensor_core/prefill_attention.cuh"  // set_score_transform
-#include "04_tensor_core/tensor_core.hpp"       // kMaxPageSize
+#include "04_tensor_core/tensor_core.hpp"        // kMaxPageSize
 #include "03_split_kv/merge_states.cuh"
 #include "07_hopper/hopper.hpp"
 #include "07_hopper/hopper_attention.cuh"
