@@ -7,6 +7,7 @@ JSON into one results file, and regenerate the chapter's results section from it
         --out docs/results/06_sampling/h100_sampling_DATE_COMMIT.json
     python3 bench/reports/sampling_report.py chapter --results docs/results/06_sampling/h100_sampling_DATE_COMMIT.json \
         [--history OLDER.json ... NEWER.json] [--repo .] [--check]
+    python3 bench/reports/sampling_report.py modes --results docs/results/06_sampling/h100_sampling_modes_DATE_COMMIT.json
 
 The chapter section lies between `<!-- sampling-results:begin -->` and
 `<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
@@ -20,7 +21,7 @@ import os
 import re
 import sys
 
-from common import add_arguments, load, parser  # bench/reports/
+from common import REPO, add_arguments, load, parser  # bench/reports/
 from merge_results import source_state  # bench/reports/
 
 SECTION = re.compile(r"(<!-- sampling-results:begin -->\n).*?(<!-- sampling-results:end -->)", re.S)
@@ -165,6 +166,46 @@ def chapter(args):
     return 0
 
 
+ROOT = REPO
+CHAPTER = os.path.join(REPO, "stages", "06_sampling", "README.md")
+MODES = re.compile(r"(<!-- sampling-modes:begin -->\n).*?(<!-- sampling-modes:end -->)", re.S)
+MODE_HEADINGS = {
+    "off": "off", "lean": "lean", "online+compact+lean": "+ online + compact",
+    "stream+serp+online+compact+lean": "+ stream + serpentine (default)",
+    "stream+online+compact+lean": "default − serpentine",
+    "stream+serp+online+compact+lean+fuse": "default + fuse", "stream+serp+online+compact+lean+solo": "default + solo",
+}
+
+
+def modes_section(res, path):
+    """The pass-mode A/B table: flashstep us per shape and mode (the mean of the rounds'
+    medians), FlashInfer's in the same session."""
+    modes = list(next(iter(res["modes"].values())).keys())
+    fi = {r["name"]: r["median_us"] for r in res["peers"] if r["impl"] == "flashinfer"}
+    lines = [f"From `{os.path.relpath(path, ROOT)}` ({res['device']}, commit `{res['commit']}`, {res['date']}; "
+             f"FlashInfer {res.get('flashinfer')}): us, the mean of the rounds' medians.", "",
+             "| shape | " + " | ".join(MODE_HEADINGS.get(m, m) for m in modes) + " | FlashInfer |",
+             "|---|" + "---|" * (len(modes) + 1)]
+    for shape, per in res["modes"].items():
+        cells = [fmt(sum(per[m]) / len(per[m])) if per.get(m) else "—" for m in modes]
+        lines.append(f"| {shape} | " + " | ".join(cells) + f" | {fmt(fi.get(shape))} |")
+    return "\n".join(lines) + "\n"
+
+
+def modes(args):
+    with open(args.results, encoding="utf-8") as f:
+        res = json.load(f)
+    with open(CHAPTER, encoding="utf-8") as f:
+        text = f.read()
+    if not MODES.search(text):
+        sys.exit(f"{CHAPTER}: no sampling-modes section")
+    text = MODES.sub(lambda m: m.group(1) + modes_section(res, os.path.abspath(args.results)) + m.group(2), text)
+    with open(CHAPTER, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"regenerated the pass-modes section of {os.path.relpath(CHAPTER, ROOT)}")
+    return 0
+
+
 def main():
     ap = parser(__doc__, results=None, check=False, repo=False)
     sub = ap.add_subparsers(dest="action", required=True)
@@ -179,7 +220,11 @@ def main():
     c = add_arguments(sub.add_parser("chapter"), what="results JSON of bench/reports/sampling_report.py merge")
     c.add_argument("--history", nargs="*", default=[],
                    help="results files, oldest first, for the chapter's \"how it got there\" table")
+    d = sub.add_parser("modes", help="the chapter's pass-mode A/B table from a modes results file")
+    d.add_argument("--results", required=True)
     args = ap.parse_args()
+    if args.action == "modes":
+        return modes(args)
     return merge(args) if args.action == "merge" else chapter(args)
 
 

@@ -41,20 +41,25 @@ void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather
 /// H100 at batch 128 x 128256: top_p 146 -> 136 us, joint 574 -> 549, top_k_first 417 -> 394.)
 bool prefetch_enabled();
 
-/// How the full passes read a row (row_passes.cuh: stream_tiles, next_pass_reversed) and
-/// how the fused softmax computes its sum (softmax_scale), for every kernel of stage 06
-/// alike, so that softmax() and the fused samplers keep computing the same bits. Each is
-/// read once from the environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE,
-/// _ONLINE_SOFTMAX, _COMPACT, _LEAN, _SOLO and _FUSE ("0" or "1"; anything else keeps the default below), so one binary
-/// times both sides of each.
+/// How the full passes read a row (row_passes.cuh: stream_tiles, next_pass_reversed), how
+/// their arithmetic is laid out (lean), whether the last rejection rounds and the count
+/// cuts run from a shared-memory list (compact, fuse), whether a few rows are split over
+/// clusters (solo turns that off) and how the fused softmax computes its sum (online), for
+/// every kernel of stage 06 alike, so that softmax() and the fused samplers keep
+/// computing the same bits. No mode changes a token. Each is read once from the
+/// environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE, _ONLINE_SOFTMAX, _COMPACT, _LEAN,
+/// _SOLO and _FUSE ("0" or "1"; anything else keeps the default below), so one binary
+/// times both sides of each. The defaults are the set that measured best over the goal
+/// shapes on an H100 (docs/results/sampling/h100_sampling_modes_2026-11-27_7f22952.json):
+/// fuse and solo measured slower and stay off.
 struct PassMode {
-  bool stream = false;          ///< cp.async ring, several tiles in flight (aligned rows)
-  bool serpentine = false;      ///< every other full pass from the last tile back (L2 reuse)
-  bool online_softmax = false;  ///< one pass for the softmax's max and sum; p = numerator * (1 / sum)
-  bool compact = false;         ///< rejection rounds over a shared-memory candidate list once it fits
-  bool lean = false;            ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
-  bool solo = false;            ///< one block per row even when outputs are few (no cluster split)
-  bool fuse_gather = false;     ///< with compact: the counting pass fills the list (no gather pass)
+  bool stream = true;          ///< cp.async ring, several tiles in flight (aligned rows)
+  bool serpentine = true;      ///< every other full pass from the last tile back (L2 reuse)
+  bool online_softmax = true;  ///< one pass for the softmax's max and sum; p = numerator * (1 / sum)
+  bool compact = true;         ///< rejection rounds over a shared-memory candidate list once it fits
+  bool lean = true;            ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
+  bool solo = false;           ///< one block per row even when outputs are few (no cluster split)
+  bool fuse_gather = false;    ///< with compact: the counting pass fills the list (no gather pass)
 };
 PassMode pass_mode();
 /// Overrides the environment's PassMode for every later launch (benchmarks: one process
