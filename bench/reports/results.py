@@ -138,6 +138,18 @@ def from_sampling(path, data):
                 note=data.get("note") or None, rows=rows, targets=targets)
 
 
+def from_sampling_modes(path, data):
+    """flashstep_sampling_bench --modes (stage 06's pass-mode A/B): one row per shape and
+    mode, its median the mean of the rounds' medians, and the peers' rows."""
+    rows = [_row(f"06_sampling[{mode}]/{shape}", sum(times) / len(times), {"mode": mode, "rounds_us": times})
+            for shape, per in data["modes"].items() for mode, times in per.items() if times]
+    rows += [_row(f"peer_{r['impl']}/{r['name']}", r["median_us"], r) for r in data.get("peers", [])
+             if "median_us" in r]
+    return _run(path, data, "sampling_modes", device=data.get("device"), commit=data.get("commit"),
+                tree=data.get("tree"), command=data.get("command"), date=data.get("date"),
+                note=data.get("note") or None, rows=rows)
+
+
 def from_context_parallel(path, data):
     """flashstep_cp_bench (stage 08): one row per shape, variant, exchange and GPU count."""
     ctx = data["context"]
@@ -213,6 +225,7 @@ WRITERS = [
     ("results", lambda d: isinstance(d, dict) and d.get("format") == FORMAT, from_results),
     ("gbench", lambda d: isinstance(d, dict) and isinstance(d.get("benchmarks"), list), from_gbench),
     ("sampling", lambda d: isinstance(d, dict) and isinstance(d.get("flashstep"), list), from_sampling),
+    ("sampling_modes", lambda d: isinstance(d, dict) and isinstance(d.get("modes"), dict), from_sampling_modes),
     ("context_parallel", lambda d: isinstance(d, dict) and "cost_model" in d, from_context_parallel),
     ("peers", lambda d: isinstance(d, dict) and isinstance(d.get("results"), list), from_peers),
     ("host_cost", lambda d: (isinstance(d, list) and d and isinstance(d[0], dict) and "wrapper" in d[0])
