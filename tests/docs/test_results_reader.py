@@ -114,7 +114,7 @@ def test_a_google_benchmark_run_keeps_its_numbers_and_provenance():
 
 
 def test_the_other_writers_keep_their_numbers_and_provenance():
-    sampling = os.path.join(RESULTS, "06_sampling", "h100_sampling_2026-11-27_ddb6fbf.json")
+    sampling = os.path.join(RESULTS, "06_sampling", "h100_sampling_2026-11-27_8a879da.json")
     data, run = raw(sampling), results.load(sampling)
     assert run["writer"] == "sampling" and (run["commit"], run["tree"], run["command"]) == \
         (data["commit"], data["tree"], data["command"])
