@@ -130,9 +130,9 @@ def test_the_other_writers_keep_their_numbers_and_provenance():
     assert run["writer"] == "context_parallel" and run["commit"] == data["context"]["commit"]
     assert [r["median_us"] for r in run["rows"]] == [r["median_us"] for r in data["results"]]
 
-    cost = os.path.join(RESULTS, "python", "h100_host_cost_2026-11-27_ddb6fbf.json")
+    cost = os.path.join(RESULTS, "python", "h100_host_cost_2026-11-27_6db013c.json")
     data, run = raw(cost), results.load(cost)
-    assert run["writer"] == "host_cost" and run["commit"] == "ddb6fbf" and run["tree"] == "clean"  # from its log
+    assert run["writer"] == "host_cost" and run["commit"] == "6db013c" and run["tree"] == "clean"  # from its log
     assert run["rows"][0]["median_us"] == pytest.approx(data[0]["flashstep"] * 1e6)
     assert run["peers"][0]["median_us"] == pytest.approx(data[0]["FlashInfer"] * 1e6)
 
