@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <cstring>
 #include <vector>
 
 #include "harness/case.hpp"
@@ -56,6 +57,15 @@ class DeviceBuffer {
 template <typename T>
 DeviceBuffer upload(const std::vector<T>& v) {
   return DeviceBuffer(v.data(), v.size() * sizeof(T));
+}
+
+/// Copies a whole buffer back to the host as elements of `T` (the inverse of upload).
+template <typename T>
+std::vector<T> download(const DeviceBuffer& buf) {
+  const std::vector<uint8_t> bytes = buf.download();
+  std::vector<T> out(bytes.size() / sizeof(T));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
 }
 
 /// A HostCase on the device: q in the stage's dtype, K/V in its K/V dtype, index arrays,

@@ -31,16 +31,10 @@ using namespace flashstep;
 using ref::FP8Format;
 using stages::DType;
 using stages::harness::DeviceBuffer;
+using stages::harness::download;
 using stages::harness::upload;
 
 namespace {
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& buf) {
-  std::vector<T> out(buf.bytes() / sizeof(T));
-  FLASHSTEP_CUDA_CHECK(cudaMemcpy(out.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost));
-  return out;
-}
 
 constexpr int kHeads = 2;
 constexpr int kDim = 64;

@@ -29,16 +29,10 @@ using namespace flashstep;
 using ref::FP8Format;
 using ref::FP8Overflow;
 using stages::harness::DeviceBuffer;
+using stages::harness::download;
 using stages::harness::upload;
 
 namespace {
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& buf) {
-  std::vector<T> out(buf.bytes() / sizeof(T));
-  FLASHSTEP_CUDA_CHECK(cudaMemcpy(out.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost));
-  return out;
-}
 
 __nv_fp8_interpretation_t toolkit_format(FP8Format f) { return f == FP8Format::e4m3 ? __NV_E4M3 : __NV_E5M2; }
 

@@ -23,16 +23,10 @@
 
 using namespace flashstep;
 using stages::harness::DeviceBuffer;
+using stages::harness::download;
 using stages::harness::upload;
 
 namespace {
-
-template <typename T>
-std::vector<T> download(const DeviceBuffer& buf) {
-  std::vector<T> out(buf.bytes() / sizeof(T));
-  FLASHSTEP_CUDA_CHECK(cudaMemcpy(out.data(), buf.get(), buf.bytes(), cudaMemcpyDeviceToHost));
-  return out;
-}
 
 __global__ void divmod_kernel(const uint32_t* n, int count, kernels::FastDivmod fd, uint32_t* q, uint32_t* r) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
