@@ -318,3 +318,17 @@ def test_the_floor_table_is_the_launch_floor_plus_the_bytes_at_the_read_ceiling(
     # a run without the launch floor (or the read ceiling) gets no table
     assert split_kv_report.floor_markdown(as_run({"context": {}}), rows, 3000.0, False) == []
     assert split_kv_report.floor_markdown(data, rows, None, False) == []
+
+
+def test_the_chapter_carries_one_summary_table_and_points_to_the_results_page():
+    rows = goal_rows()
+    verdicts = split_kv_report.targets(rows)
+    text = split_kv_report.chapter_markdown(new_run(), rows, verdicts, "docs/results/03_split_kv/r.json",
+                                            page="docs/results/03_split_kv")
+    assert text.count("| measured | value | goal | met |") == 1
+    assert "| batch | kv_len |" not in text and "Against the floor" not in text  # on the results page
+    assert table_row(text, "| 03 / cuDNN SDPA, worst shape") == \
+        "| 03 / cuDNN SDPA, worst shape (`b1_kv1024_p16`) | 0.750 | >= 1.00 | **no** |"
+    assert table_row(text, "| 03 time, HND") == \
+        "| 03 time, HND vs sequential NHD page 16 (`b128_kv8192_p16_hnd`) | +1.0% | <= +2.0% | yes |"
+    assert "[docs/results/03_split_kv](../../docs/results/03_split_kv/)" in text
