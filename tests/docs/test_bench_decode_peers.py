@@ -292,7 +292,21 @@ def test_the_decode_chapter_shows_the_read_ceiling_and_flashinfer_where_the_run_
                           "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert run.returncode == 0, run.stdout
     text = (repo / "stages" / "02_paged" / "README.md").read_text()
-    row = table_row(text, "| `b128_kv8192_p16` |")
+    # the chapter: one summary table (the ceiling, the peers), the per-shape table left to --full
+    assert text.count("| measured | value | goal | met |") == 1 and "| shape |" not in text
+    if new_run:
+        assert "| 02_paged % of the read ceiling, highest over 1 shapes (`b128_kv8192_p16`) | 93.0 | | |" in text
+    else:
+        assert "| 02_paged % of the copy ceiling, highest over 1 shapes (`b128_kv8192_p16`) | 102 | | |" in text
+    assert table_row(text, "| speed vs cuDNN SDPA").endswith("| 1.00x - 1.00x | | |")
+    assert "[docs/results](../../docs/results/)" in text
+    full = subprocess.run([sys.executable, os.path.join(BENCH, "decode_report.py"), "--repo", str(repo),
+                           "--results", str(results), "--full"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    assert full.returncode == 0, full.stdout
+    assert (repo / "stages" / "02_paged" / "README.md").read_text() == text  # --full writes nothing
+    row = table_row(full.stdout, "| `b128_kv8192_p16` |")
+    text = full.stdout
     if new_run:  # 93.0% of the read ceiling; flash SDPA not measured; cuDNN's time over 02's: 1.00x
         assert row == ("| `b128_kv8192_p16` | 128 x 8192 | 16 | NHD | 1,400 | 3,069 | 102 | 93.0 | 3,053 | – | "
                        "2,980 | 3,100 | 1.00x |")
