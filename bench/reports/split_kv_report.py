@@ -494,8 +494,8 @@ def main():
         image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
         return write_section(a.readme, "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->",
                              "split_kv_report.py", os.getcwd(),
-                             lambda: chapter_markdown(run, rows, verdicts, os.path.relpath(a.results), tune, image, clean,
-                                                      os.path.dirname(os.path.relpath(a.results))),
+                             lambda: chapter_markdown(run, rows, verdicts, os.path.relpath(a.results), tune, image,
+                                                      clean, os.path.dirname(os.path.relpath(a.results))),
                              a.check)
     return 0
 
