@@ -60,6 +60,8 @@ def rewrite_links(text, folder, source_dir, labels, images_out):
         if os.path.basename(path) == "README.md" and os.path.dirname(path) in labels:
             return f"[{label}](@ref {labels[os.path.dirname(path)]})"
         rel = os.path.relpath(path, source_dir)
+        if os.path.isdir(path) and rel.replace(os.sep, "/").startswith("docs/results"):
+            return f"[{label}](@ref results)"  # a results folder: the page that shows its files
         return f"{label} (`{rel}`)" if label and label != rel and label != f"`{rel}`" else f"`{rel}`"
 
     return outside_code(text, lambda piece: LINK.sub(fix, piece))

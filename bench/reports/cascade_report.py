@@ -5,7 +5,10 @@
 
 The section between `<!-- cascade results:begin -->` and `<!-- cascade results:end -->` of
 stages/05_cascade/README.md becomes: provenance (file, device, commit, date, the ceilings,
-the command), one table of the decode shapes and one of the append shapes (times in µs of
+the command), one summary table (the goals with ratio and verdict, the shared level's
+throughput, the speedups as ranges over the decode shapes), the plot, the peers that did
+not run and a pointer to the docs site's results page (every row of the run). --full
+writes nothing and prints the full tables: one of the decode shapes and one of the append shapes (times in µs of
 stage 05 as its plan chose, with the path it chose, and with its path forced where the run
 has those rows; the flat stages; FlashInfer's two-level cascade, its flat decode on CUDA
 cores and on tensor cores or its flat fa2 prefill; cuDNN SDPA on a contiguous copy; and the
@@ -248,6 +251,86 @@ def peer_errors(run, shapes):
 
 
 def section(path, run, rows, shapes, repo):
+    """The chapter's section: provenance, ONE summary table (the goals merge_results.py
+    recorded with ratio and verdict, the per-shape goal as a count, the shared level's
+    throughput on the target shapes against the run's GEMM ceiling, the ratios to the
+    flat stages and FlashInfer's cascade as ranges over the decode shapes), the plot, and a
+    pointer to the results page, which shows every row of the run (--full prints the tables)."""
+    fs = run["raw"].get("flashstep", {})
+    text = full_tables(path, run, rows, shapes, repo).split("\n")
+    out = text[:text.index("") + 1]  # the provenance line
+    for line in text[len(out):]:  # a dirty tree's warning and the run's note stay
+        if not (line.startswith("Built from a tree") or line.startswith("Note recorded")):
+            break
+        out += [line, ""]
+    out += ["| measured | value | goal | met |", "|:--|--:|--:|:--|"]
+    yes = {True: "yes", False: "**no**", None: "not measured"}
+    targets = fs.get("targets", [])
+    for t in targets:
+        if "candidates" in t:
+            continue
+        what = t["target"]
+        if "measured" in t and "ratio" in t:  # the worst of the decode shapes: which, against what
+            what += f" (`{t['numerator'].split('/', 1)[1]}`, against `{t['denominator'].split('/', 1)[0]}`)"
+        ratio_cell = f"{t['ratio']:.2f}" if "ratio" in t else "–"
+        out.append(f"| {what} | {ratio_cell} | {t['goal']} | "
+                   f"{yes[t.get('met')]} |")
+    per_shape = [t for t in targets if "candidates" in t]
+    if per_shape:
+        met = [t for t in per_shape if t.get("met")]
+        missed = [t for t in per_shape if t.get("met") is False]
+        what = "Each decode shape, 05_cascade vs the fastest flat stage"
+        if missed:
+            what += " (missed: " + ", ".join(f"`{t['numerator'].split('/', 1)[1]}` {t['ratio']:.2f}"
+                                              for t in missed) + ")"
+        out.append(f"| {what} | met on {len(met)} of {len(per_shape)} | {per_shape[0]['goal']} | "
+                   f"{yes[len(met) == len(per_shape)]} |")
+    for n, who, tflops in shared_throughputs(rows, shapes):
+        out.append(f"| {who}, TFLOP/s of shared-level flops over the whole step, `{n}` | {fmt(tflops)} | | |")
+    decode = sweep_order(shapes)
+    for head, f in (("fastest flat stage / 05", lambda s: speedups(rows, s)[0]),
+                    ("FlashInfer cascade / 05",
+                     lambda s: ratio(us(rows, f"{FI_CASCADE}/{s['name']}"), us(rows, f"{STAGE}/{s['name']}")))):
+        rr = [(f(s), s["name"]) for s in decode]
+        rr = [x for x in rr if x[0] is not None]
+        if rr:
+            lo, hi = min(rr), max(rr)
+            out.append(f"| {head} (time ratio), over {len(rr)} decode shapes: lowest (`{lo[1]}`) - highest "
+                       f"(`{hi[1]}`) | {times(lo[0])} - {times(hi[0])} | | |")
+    out += ["", "![Speedup of the cascades over flat attention per decode shape]"
+                f"(../../docs/results/05_cascade/{PLOT})"]
+    errors = peer_errors(run, shapes)
+    if errors:
+        out += ["", "Peers that did not run:", ""] + errors
+    folder = os.path.relpath(os.path.dirname(path), repo)
+    out += ["", f"Every row of `{os.path.relpath(path, repo)}` (each shape's time for stage 05 as planned and "
+            "forced, the flat stages and every peer) is on the docs site's results page, generated from "
+            f"[{folder}](../../{folder}/) by `scripts/docs_results.py`; `bench/reports/cascade_report.py --full` "
+            "prints the decode and append tables with their ratios."]
+    return "\n".join(out)
+
+
+def shared_throughputs(rows, shapes):
+    """(shape, who, TFLOP/s) of the shared level on the target shapes, as shared_level words them."""
+    out = []
+    for s in shapes:
+        if s["set"] != "target":
+            continue
+        n = s["name"]
+        for name, who in [(f"{STAGE}/{n}", "05_cascade"), (f"{STAGE}[cascade]/{n}", "05_cascade, cascade forced"),
+                          (f"{FI_CASCADE}/{n}", "FlashInfer's cascade")]:
+            r = rows.get(name)
+            if r is None:
+                continue
+            if "shared_TFLOP/s" in r:
+                out.append((n, who, float(r["shared_TFLOP/s"])))
+            elif r.get("shared_flops"):
+                out.append((n, who, float(r["shared_flops"]) / (us(rows, name) * 1e-6) * 1e-12))
+    return out
+
+
+def full_tables(path, run, rows, shapes, repo):
+    """Provenance, the decode and append tables, the shared level, the plot and the goals (--full)."""
     ctx = context(run)
     fs = run["raw"].get("flashstep", {})
     peers = fs.get("peers", {}) or {}
@@ -311,7 +394,9 @@ def section(path, run, rows, shapes, repo):
 
 
 def main():
-    a = parser(__doc__, what="results JSON of a bench/shapes_cascade.csv run").parse_args()
+    ap = parser(__doc__, what="results JSON of a bench/shapes_cascade.csv run")
+    ap.add_argument("--full", action="store_true", help="print the full tables (the chapter shows a summary)")
+    a = ap.parse_args()
     run = load(a.results)
     rows = by_name(run)
     shapes_file = shapes_file_of(run)
@@ -321,6 +406,9 @@ def main():
         return 2
     chapter = os.path.join(a.repo, "stages", "05_cascade", "README.md")
     shapes = load_shapes(a.repo, "shapes_cascade.csv")
+    if a.full:
+        print(full_tables(a.results, run, rows, shapes, a.repo))
+        return 0
     rc = write_section(chapter, BEGIN, END, "cascade_report.py", a.repo,
                        lambda: section(a.results, run, rows, shapes, a.repo), a.check,
                        lambda: plot_sweep(run, rows, shapes, results_path(a.repo, "05_cascade", PLOT)))

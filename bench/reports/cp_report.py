@@ -3,8 +3,10 @@
 
 Replaces the text between `<!-- context_parallel results:begin -->` and
 `<!-- context_parallel results:end -->` in stages/08_context_parallel/README.md with:
-provenance, the measured table (stage 03 on one GPU, stage 08 on 1 and 2 GPUs with each
-exchange, the exchange alone), and the cost model refitted from those measurements for
+provenance, one summary table of the measurements (per shape: stage 03 on one GPU, stage
+08 on 2 GPUs with each exchange, the exchange alone), a pointer to the docs site's results
+page (every row; --full prints them as one table, stage 08 on one GPU and the model's
+prediction of each included), and the cost model refitted from those measurements for
 2..64 GPUs, labelled as a model.
 
     python3 bench/reports/cp_report.py --results docs/results/08_context_parallel/<run>.json \
@@ -30,7 +32,12 @@ def model_rows(t1, x, rest, worlds):
     return [(w, t1 / w + x * math.log2(w) + rest) for w in worlds]
 
 
-def section(path, run, repo):
+def section(path, run, repo, full=False):
+    """Provenance, ONE summary table of the measurements (per shape: stage 03 on one GPU and
+    stage 08 on 2 GPUs with each exchange, its speedup, the exchange alone and its share of
+    the step), a pointer to the results page, which shows every row, and the refitted model.
+    With `full` (--full, printed): the table of every row (world_size 1, the model's
+    prediction for each) in place of the summary."""
     ctx = dict(run["raw"]["context"], **context(run))  # the run's provenance, and its own fields
     rows = run["raw"]["results"]
     by = {(r["shape"], r["variant"]): r for r in rows}
@@ -44,9 +51,18 @@ def section(path, run, repo):
            "(the bench step of `scripts/gpu-cp.sh`, paths left out). bf16, 32/8 heads, head_dim 128, pages of 16. "
            f"Each number is the median of {ctx.get('repetitions', '?')} CUDA-graph replays, the L2 of every GPU "
            f"flushed and the ranks started together before each; a replay's time is its slowest rank's.", ""]
-    out += ["| shape | variant | GPUs | µs | model µs | K/V GB/s per GPU | speedup vs stage 03 | exchange share of the step |",
+    if not full:
+        out += summary(by, shapes) + ["", f"Every row of `{os.path.relpath(path, repo)}` (stage 08 with world_size 1 "
+                                      "too, and each row's time as the cost model predicted it) is on the docs site's "
+                                      "results page, generated from "
+                                      f"[{os.path.relpath(os.path.dirname(path), repo)}]"
+                                      f"(../../{os.path.relpath(os.path.dirname(path), repo)}/) by "
+                                      "`scripts/docs_results.py`; `bench/reports/cp_report.py --full` prints them as "
+                                      "one table."]
+    out += [] if not full else [
+            "| shape | variant | GPUs | µs | model µs | K/V GB/s per GPU | speedup vs stage 03 | exchange share of the step |",
             "|:--|:--|--:|--:|--:|--:|--:|--:|"]
-    for s in shapes:
+    for s in (shapes if full else []):
         base = by.get((s, "stage03"))
         for key, label in VARIANTS:
             r = by.get((s, key))
@@ -79,10 +95,37 @@ def section(path, run, repo):
     return "\n".join(out) + "\n"
 
 
+def summary(by, shapes):
+    """The summary table: one line per shape, the full table's numbers for stage 03 on one
+    GPU and the 2-GPU steps."""
+    def gbps(r):
+        return r["kv_bytes_per_gpu"] / (r["median_us"] * 1e-6) / 1e9 if r and r["median_us"] else None
+
+    out = ["| shape | stage 03, 1 GPU: µs (K/V GB/s) | stage 08, 2 GPUs, all-gather: µs (speedup) | its all-gather "
+           "alone: µs (share of the step) | stage 08, 2 GPUs, all-to-all by heads: µs (speedup) | its all-to-all + "
+           "all-gather alone: µs (share) |", "|:--|--:|--:|--:|--:|--:|"]
+    for s in shapes:
+        base = by.get((s, "stage03"))
+        cells = [f"`{s}`", "–" if not base else f"{fmt(base['median_us'])} ({fmt(gbps(base))})"]
+        for ex in ("all_gather", "all_to_all"):
+            step, alone = by.get((s, f"cp_w2_{ex}")), by.get((s, f"exchange_w2_{ex}"))
+            cells.append("–" if not step else fmt(step["median_us"]) +
+                         (f" ({fmt(base['median_us'] / step['median_us'])}x)" if base and step["median_us"] else ""))
+            cells.append("–" if not alone else fmt(alone["median_us"]) +
+                         (f" ({100 * alone['median_us'] / step['median_us']:.0f}%)" if step and step["median_us"]
+                          else ""))
+        out.append("| " + " | ".join(cells) + " |")
+    return out
+
+
 def main():
     p = parser(__doc__, what="flashstep_cp_bench's JSON")
     p.add_argument("--chapter", help="the chapter to write (default: stages/08_context_parallel/README.md of --repo)")
+    p.add_argument("--full", action="store_true", help="print the table of every row instead; write nothing")
     a = p.parse_args()
+    if a.full:
+        print(section(a.results, load(a.results), a.repo, full=True), end="")
+        return 0
     chapter = a.chapter or os.path.join(a.repo, "stages", "08_context_parallel", "README.md")
     run = load(a.results)
     # section() ends with a newline, which write_section puts before END itself

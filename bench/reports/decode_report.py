@@ -6,11 +6,14 @@ results JSON (docs/results/02_paged/*.json, written by bench/reports/merge_resul
 
 Rewrites, in each stages/NN_name/README.md, the text between the lines
 `<!-- results:begin -->` and `<!-- results:end -->`: provenance (file, device,
-commit, date, ceilings), a table of every shape the stage ran (time, GB/s, % of the copy
-ceiling and, where the run measured it, of the read ceiling; the previous stage and the
-peers on the same shape: SDPA's, and FlashInfer's decode wrappers where the run has
-them), the speed goals that
-concern the stage, and a link to the plot. Between `<!-- history:begin -->` and
+commit, date, ceilings), one summary table (the speed goals that concern the stage with
+their measured ratio and verdict, its highest % of the read ceiling, or of the copy
+ceiling where the run did not measure the read one, and its speed against cuDNN SDPA and
+the previous stage as ranges over the shapes), a pointer to the docs site's results page
+(every row of the run) and a link to the plot. With --full it writes nothing and prints
+each stage's table of every shape it ran (time, GB/s, % of the ceilings; the previous
+stage and the peers on the same shape: SDPA's, and FlashInfer's decode wrappers where the
+run has them). Between `<!-- history:begin -->` and
 `<!-- history:end -->`, if present, a table of the stage's earlier versions on the
 target shapes, from docs/results/history/*.json (each with its flashstep.note) and the
 current file. Writes docs/results/02_paged/decode_bandwidth.png: GB/s of each stage and peer per
@@ -78,6 +81,56 @@ def prev_row(rows, stage, shape, shapes):
 
 
 def stage_section(stage, prev_stage, path, run, rows, shapes, repo, chapter_dir):
+    """The chapter's section: provenance, ONE summary table (the stage's speed goals with
+    their measured ratio and verdict, the ceiling, the peers and the previous stage as
+    ranges over the shapes), the plot, and a pointer to the results page, which shows every
+    row of the run; `--full` prints the per-shape table (full_table)."""
+    ours = [s for s in shapes if f"{stage}/{s['name']}" in rows]
+    if not ours:
+        return [f"No results for `{stage}` in `{os.path.relpath(path, repo)}` yet."]
+    lines = [provenance(path, run, repo), "", "| measured | value | goal | met |", "|:--|--:|--:|:--|"]
+    targets = [t for t in run["raw"].get("flashstep", {}).get("targets", []) if t["numerator"].startswith(stage + "/")]
+    for t in targets:
+        ratio = f"{t['ratio']:.3f}" if "ratio" in t else "not measured"
+        met = {True: "yes", False: "**no**", None: "–"}[t.get("met")]
+        lines.append(f"| {t['target']} | {ratio} | {t['goal']} | {met} |")
+    n = len(ours)
+    for key, what in (("pct_of_read_ceiling", "% of the read ceiling"), ("pct_of_ceiling", "% of the copy ceiling")):
+        have = [(rows[f"{stage}/{s['name']}"][key], s["name"]) for s in ours if key in rows[f"{stage}/{s['name']}"]]
+        if have:
+            best = max(have)
+            lines.append(f"| {stage} {what}, highest over {n} shapes (`{best[1]}`) | {fmt(best[0])} | | |")
+            break
+    cudnn = [(rows[f"peer_torch_sdpa_cudnn/{s['name']}"]["real_time"] / rows[f"{stage}/{s['name']}"]["real_time"],
+              s["name"]) for s in ours if f"peer_torch_sdpa_cudnn/{s['name']}" in rows]
+    if cudnn:
+        lo, hi = min(cudnn), max(cudnn)
+        lines.append(f"| speed vs cuDNN SDPA (its time over {stage}'s), over {len(cudnn)} shapes: lowest "
+                     f"(`{lo[1]}`) - highest (`{hi[1]}`) | {lo[0]:.2f}x - {hi[0]:.2f}x | | |")
+    if prev_stage:
+        up = [(p["real_time"] / rows[f"{stage}/{s['name']}"]["real_time"], s["name"]) for s in ours
+              for p in [prev_row(rows, prev_stage, s, shapes)] if p]
+        if up:
+            lo, hi = min(up), max(up)
+            lines.append(f"| speedup vs {prev_stage} (its time over {stage}'s), over {len(up)} shapes: lowest "
+                         f"(`{lo[1]}`) - highest (`{hi[1]}`) | {lo[0]:.1f}x - {hi[0]:.1f}x | | |")
+    peers = [label for _, label in peers_of(rows)]
+    lines += ["", f"GB/s counts the bytes the call must move (q, K, V, o, lse in the row's dtype). Every row of "
+              f"`{os.path.relpath(path, repo)}` (each shape's time, GB/s and % of the ceilings for every stage "
+              f"and for the peers: {', '.join(peers)}) is on the docs site's results page, generated from "
+              f"[{os.path.relpath(os.path.dirname(path), repo)}]"
+              f"({os.path.relpath(os.path.dirname(path), chapter_dir)}/) by `scripts/docs_results.py`; "
+              "`bench/reports/decode_report.py --full` prints this stage's table of every shape beside the previous "
+              "stage and the peers."]
+    plot = results_path(repo, PLOT_STAGE, PLOT)
+    if os.path.exists(plot):
+        lines += ["", f"![GB/s per stage and peer against the copy ceiling]"
+                      f"({os.path.relpath(plot, chapter_dir)})"]
+    return lines
+
+
+def full_table(stage, prev_stage, path, run, rows, shapes, repo, chapter_dir):
+    """Every shape the stage ran beside the previous stage and the peers, with its goals (--full)."""
     ours = [s for s in shapes if f"{stage}/{s['name']}" in rows]
     if not ours:
         return [f"No results for `{stage}` in `{os.path.relpath(path, repo)}` yet."]
@@ -239,6 +292,8 @@ def newest(repo):
 def main():
     ap = parser(__doc__, results="optional", check=False,
                 what="results JSON (default: the newest in docs/results/02_paged)")
+    ap.add_argument("--full", action="store_true",
+                    help="print each stage's table of every shape (the chapters show a summary); write nothing")
     a = ap.parse_args()
     repo = os.path.abspath(a.repo)
     path = a.results or newest(repo)
@@ -256,6 +311,14 @@ def main():
     chapters = sorted(glob.glob(os.path.join(repo, "stages", "[0-9][0-9]_*", "README.md")))
     stages = [os.path.basename(os.path.dirname(c)) for c in chapters]
     ran = [st for st in stages if any(k.startswith(st + "/") for k in rows)]
+    if a.full:
+        for i, stage in enumerate(stages):
+            if stage in ran:
+                prev = stages[i - 1] if i > 0 and stages[i - 1] in ran else None
+                print(f"## {stage}\n")
+                print("\n".join(full_table(stage, prev, path, run, rows, shapes, repo,
+                                            os.path.join(repo, "stages", stage))) + "\n")
+        return 0
     plot_bandwidth(path, run, rows, shapes, ran, results_path(repo, PLOT_STAGE, PLOT))
     for chapter in chapters:
         stage = os.path.basename(os.path.dirname(chapter))

@@ -6,11 +6,13 @@ JSON into one results file, and regenerate the chapter's results section from it
         --source-state build-gpu/source-state.txt --command "bench/stages/sampling_run.sh ..." \\
         --out docs/results/06_sampling/h100_sampling_DATE_COMMIT.json
     python3 bench/reports/sampling_report.py chapter --results docs/results/06_sampling/h100_sampling_DATE_COMMIT.json \
-        [--history OLDER.json ... NEWER.json] [--repo .] [--check]
+        [--history OLDER.json ... NEWER.json] [--repo .] [--check | --full]
     python3 bench/reports/sampling_report.py modes --results docs/results/06_sampling/h100_sampling_modes_DATE_COMMIT.json
 
 The chapter section lies between `<!-- sampling-results:begin -->` and
-`<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed.
+`<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed. It
+holds one table, the goals against their peers, and points to the docs site's results page
+for every shape; `chapter --full` prints the table of every shape too and writes nothing.
 Ratios are peer time / flashstep time (above 1: flashstep is faster), within one run.
 Provenance is read, never typed: the commit and whether the tree was clean come from the
 build folder's source-state.txt (scripts/gpu-build.sh), the date from the benchmark's JSON.
@@ -99,7 +101,10 @@ def fmt(x, digits=1):
     return "—" if x is None else f"{x:.{digits}f}"
 
 
-def section(run, path, repo):
+def section(run, path, repo, full=False):
+    """The chapter's section: provenance and ONE summary table, the goals (each against its
+    peer: least ratio, measured ratio, met); with `full` (--full, printed) also the table of
+    every shape with its peers' times, which the docs site's results page shows too."""
     res = run["raw"]  # the writer's own fields: operators, rounds, peers by impl
     lines = [f"H100 results from `{os.path.relpath(path, repo)}` ({run['device']}, commit `{run['commit']}`, "
              f"{run['date']}; FlashInfer {res.get('flashinfer') or 'not measured'}, torch {res.get('torch')}). "
@@ -111,15 +116,23 @@ def section(run, path, repo):
     peers = {}
     for r in res["peers"]:
         peers.setdefault(r["name"], {})[r["impl"]] = r["median_us"]
-    lines += ["| shape | operator | flashstep us | rounds mean / max | GB/s | peers (us) |", "|---|---|---|---|---|---|"]
-    for r in res["flashstep"]:
+    rows = res["flashstep"] if full else []
+    if rows:
+        lines += ["| shape | operator | flashstep us | rounds mean / max | GB/s | peers (us) |", "|---|---|---|---|---|---|"]
+    for r in rows:
         p = ", ".join(f"{k} {v:.1f}" for k, v in sorted(peers.get(r["name"], {}).items())) or "—"
         rounds = "—" if r.get("rounds_mean") is None else f"{r['rounds_mean']:.2f} / {int(r['rounds_max'])}"
         lines.append(f"| {r['name']} | {r['operator']} | {fmt(r['median_us'])} | {rounds} | {fmt(r.get('GB/s'), 0)} | {p} |")
-    lines += ["", "| target | peer | least ratio | ratio | met |", "|---|---|---|---|---|"]
+    lines += ([""] if rows else []) + ["| target | peer | least ratio | ratio | met |", "|---|---|---|---|---|"]
     for t in res["targets"]:
         met = "—" if "met" not in t else ("yes" if t["met"] else "no")
         lines.append(f"| {t['what']} | {t['peer']} | {t['target_ratio']:.1f} | {fmt(t.get('ratio'), 2)} | {met} |")
+    if not full:
+        folder = os.path.relpath(os.path.dirname(path), repo)
+        lines += ["", f"Every row of `{os.path.relpath(path, repo)}` (each shape's time, rounds and GB/s, and every "
+                  "peer's time) is on the docs site's results page, generated from "
+                  f"[{folder}](../../{folder}/) by `scripts/docs_results.py`; `bench/reports/sampling_report.py "
+                  "chapter --full` prints the table of every shape with its peers."]
     return "\n".join(lines) + "\n"
 
 
@@ -147,6 +160,9 @@ def history(paths):
 
 def chapter(args):
     run = load(args.results)
+    if args.full:
+        print(section(run, os.path.abspath(args.results), args.repo, full=True), end="")
+        return 0
     chapter = os.path.join(args.repo, "stages", "06_sampling", "README.md")
     with open(chapter, encoding="utf-8") as f:
         old = f.read()
@@ -220,6 +236,7 @@ def main():
     c = add_arguments(sub.add_parser("chapter"), what="results JSON of bench/reports/sampling_report.py merge")
     c.add_argument("--history", nargs="*", default=[],
                    help="results files, oldest first, for the chapter's \"how it got there\" table")
+    c.add_argument("--full", action="store_true", help="print the table of every shape too; write nothing")
     d = sub.add_parser("modes", help="the chapter's pass-mode A/B table from a modes results file")
     d.add_argument("--results", required=True)
     args = ap.parse_args()

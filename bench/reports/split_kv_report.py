@@ -302,20 +302,7 @@ def markdown(run, rows, verdicts, results_path, tune=None, image=None, clean=Non
             lines += ["", f"![GB/s of stages 02 and 03 and the PyTorch SDPA peers over the sweep, "
                           f"against the copy ceiling]({image})"]
     if tune:
-        tdata, trows = tune
-        lines += ["", f"**Knobs** (`bench/stages/split_kv_tune.cpp`, `{tdata['path']}`, same device; GB/s, median):", ""]
-        variants = []
-        shapes = []
-        for n in trows:
-            _, v, shape = n.split("/", 2)
-            if v not in variants:
-                variants.append(v)
-            if shape not in shapes:
-                shapes.append(shape)
-        lines += ["| shape | " + " | ".join(variants) + " |", "|:--|" + "--:|" * len(variants)]
-        for shape in shapes:
-            cells = [fmt(gbps(trows, f"tune03/{v}/{shape}")) for v in variants]
-            lines.append(f"| `{shape}` | " + " | ".join(cells) + " |")
+        lines += [""] + knob_lines(tune)
     if tune and clean:
         _, trows = tune
         cdata, crows = clean
@@ -333,6 +320,79 @@ def markdown(run, rows, verdicts, results_path, tune=None, image=None, clean=Non
             fl = gbps(crows, f"peer_clean_l2_torch_sdpa_flash/{shape}")
             lines.append(f"| `{shape}` | {fmt(s3)} | {fmt(cu)} | {fmt(fl)} | {fmt(ratio(s3, cu), 2)} |")
     return "\n".join(lines)
+
+
+def summary_rows(run, rows, verdicts):
+    """The chapter's one table, as (what, measured, goal, met) cells: the targets, the decode
+    goals against the peers, the layout and page-order check, and the ceiling (the sweep
+    shape where stage 03 comes closest to it)."""
+    verdict = {True: "yes", False: "**no**", None: "not measured"}
+    out = [(t["target"], fmt(t.get("ratio"), 3), t["goal"], verdict[t["met"]]) for t in verdicts]
+    read, fi = read_ceiling(run), has_flashinfer(rows)
+    if read is None and not fi:
+        return out
+    goals = decode_goals(run, rows)
+    for key, peer in (("vs_cudnn", "cuDNN SDPA"), ("vs_flashinfer", "FlashInfer")):
+        g = goals[key]
+        shown = f"{g['measured']} of {g['of']} shapes" if g["measured"] < g["of"] else f"{g['of']} shapes"
+        worst = f" (`{g['worst_shape']}`)" if "worst_shape" in g else ""
+        out.append((f"03 / {peer}, geomean over {shown}", cell(g.get("geomean"), 3), "", ""))
+        out.append((f"03 / {peer}, worst shape{worst}", cell(g.get("worst"), 3), g["goal"], verdict[g["met"]]))
+    for x in goals["layout"]:
+        pct = "–" if x["time_pct_vs_base"] is None else f"{x['time_pct_vs_base']:+.1f}%"
+        out.append((f"03 time, {x['what']} vs sequential NHD page 16 (`{x['shape']}`)", pct, x["goal"],
+                    verdict[x["met"]]))
+    if read is not None:
+        pcts = {p["shape"]: p["pct_of_read_ceiling"] for p in goals["shapes"][:len(BATCHES) * len(KV_LENS)]
+                if p["pct_of_read_ceiling"] is not None}
+        if pcts:
+            best = max(pcts, key=pcts.get)
+            out.append((f"03 % of the read ceiling, highest over the sweep (`{best}`)", fmt(pcts[best], 1), "", ""))
+    return out
+
+
+def chapter_markdown(run, rows, verdicts, results_path, tune=None, image=None, clean=None, page=None):
+    """The chapter's section: where the numbers come from, ONE summary table (summary_rows),
+    the plot, the knob table (the lesson: what each change bought), and a pointer to the
+    results page, which shows every row of these files; `markdown` (--full) prints the
+    derived tables (sweep, floor, other shapes, read-only flush)."""
+    head = markdown(run, rows, verdicts, results_path).split("\n")[0]
+    lines = [head, "", "**Summary** (ratios within this one run; +: slower):", "",
+             "| measured | value | goal | met |", "|:--|--:|--:|:--|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in summary_rows(run, rows, verdicts)]
+    if image:
+        lines += ["", f"![GB/s of stages 02 and 03 and the peers over the sweep, against the copy and read "
+                      f"ceilings]({image})" if read_ceiling(run) is not None or has_flashinfer(rows) else
+                  f"![GB/s of stages 02 and 03 and the PyTorch SDPA peers over the sweep, "
+                  f"against the copy ceiling]({image})"]
+    if tune:
+        lines += [""] + knob_lines(tune)
+    cited = [f"`{results_path}`"] + ([f"`{tune[0]['path']}`"] if tune else []) + \
+        ([f"peers from `{clean[0]['path']}`"] if clean else [])
+    where = f"[{page}]({os.path.join('..', '..', page)}/)" if page else "its folder"
+    lines += ["", "Every row of " + ", ".join(cited) + " (every shape of the sweep, each stage and peer, its time "
+              f"and GB/s) is on the docs site's results page, generated from {where} by `scripts/docs_results.py`; "
+              "`bench/reports/split_kv_report.py` with `--full` prints the tables derived from them: the sweep "
+              "with its ratios, the sweep against the floor, the other shapes and the read-only L2 flush."]
+    return "\n".join(lines)
+
+
+def knob_lines(tune):
+    tdata, trows = tune
+    lines = [f"**Knobs** (`bench/stages/split_kv_tune.cpp`, `{tdata['path']}`, same device; GB/s, median):", ""]
+    variants = []
+    shapes = []
+    for n in trows:
+        _, v, shape = n.split("/", 2)
+        if v not in variants:
+            variants.append(v)
+        if shape not in shapes:
+            shapes.append(shape)
+    lines += ["| shape | " + " | ".join(variants) + " |", "|:--|" + "--:|" * len(variants)]
+    for shape in shapes:
+        cells = [fmt(gbps(trows, f"tune03/{v}/{shape}")) for v in variants]
+        lines.append(f"| `{shape}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(rows, copy, out_png, title, read=None):
@@ -382,6 +442,8 @@ def main():
     p.add_argument("--readme")
     p.add_argument("--plot")
     p.add_argument("--write-targets", action="store_true")
+    p.add_argument("--full", action="store_true",
+                   help="print every table derived from these files (the chapter shows the summary)")
     p.add_argument("--check", action="store_true",
                    help="with --readme: exit 1 if its section differs from what these files generate; writes nothing")
     a = p.parse_args()
@@ -426,11 +488,14 @@ def main():
         plot(rows, float(ctx["copy_ceiling_GB/s"]), a.plot,
              f"{ctx.get('device', '')}, commit {ctx.get('commit', '')}: decode GB/s, bf16 32/8 heads, head_dim 128, page 16",
              read_ceiling(run))
+    if a.full:
+        print(markdown(run, rows, verdicts, os.path.relpath(a.results), tune, None, clean))
     if a.readme:
         image = os.path.relpath(a.plot, os.path.dirname(os.path.abspath(a.readme))) if a.plot else None
         return write_section(a.readme, "<!-- split_kv results:begin -->", "<!-- split_kv results:end -->",
                              "split_kv_report.py", os.getcwd(),
-                             lambda: markdown(run, rows, verdicts, os.path.relpath(a.results), tune, image, clean),
+                             lambda: chapter_markdown(run, rows, verdicts, os.path.relpath(a.results), tune, image,
+                                                      clean, os.path.dirname(os.path.relpath(a.results))),
                              a.check)
     return 0
 

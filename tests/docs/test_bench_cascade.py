@@ -147,14 +147,20 @@ def test_report_writes_the_section_and_check_tells_stale_from_current(tmp_path):
     text = (repo / "stages" / "05_cascade" / "README.md").read_text()
     assert text.startswith("# Stage 05\n\nprose\n\n" + BEGIN) and text.endswith(END + "\n\nafter\n")
     assert "commit `abc1234`" in text and "GPU X" in text and "flashinfer 0.0.test" in text
-    row = next(line for line in text.splitlines() if line.startswith("| `p32768_b128_s128`"))
+    # the chapter: one summary table; the per-shape tables are --full's
+    assert text.count("| measured | value | goal | met |") == 1 and "| `p32768_b128_s128`" not in text
+    assert "batch 128 decode (speedup) | 2.00 | >= 2.00 | yes |" in text
+    assert "(missed: `p1024_b8_s1024` 0.90) | met on " in text
+    full = report(repo, results, "--full")
+    assert full.returncode == 0, full.stdout
+    row = next(line for line in full.stdout.splitlines() if line.startswith("| `p32768_b128_s128`"))
     assert "| 300 |" in row and "| 4,200 |" in row and "| 600 |" in row and "2.00x" in row and "14.00x" in row
-    assert "batch 128 decode (speedup): 2.00 (goal >= 2.00), met" in text
-    assert "missed on `p1024_b8_s1024` (0.90)" in text
+    assert "batch 128 decode (speedup): 2.00 (goal >= 2.00), met" in full.stdout
+    assert "missed on `p1024_b8_s1024` (0.90)" in full.stdout
     assert (repo / "docs" / "results" / "05_cascade" / "cascade_sweep.png").stat().st_size > 0
     check = report(repo, results, "--check")
     assert check.returncode == 0 and "up to date" in check.stdout
-    (repo / "stages" / "05_cascade" / "README.md").write_text(text.replace("| 300 |", "| 299 |"))
+    (repo / "stages" / "05_cascade" / "README.md").write_text(text.replace("| 2.00 |", "| 1.99 |"))
     assert report(repo, results, "--check").returncode == 1
 
 

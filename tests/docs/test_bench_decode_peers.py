@@ -292,7 +292,21 @@ def test_the_decode_chapter_shows_the_read_ceiling_and_flashinfer_where_the_run_
                           "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert run.returncode == 0, run.stdout
     text = (repo / "stages" / "02_paged" / "README.md").read_text()
-    row = table_row(text, "| `b128_kv8192_p16` |")
+    # the chapter: one summary table (the ceiling, the peers), the per-shape table left to --full
+    assert text.count("| measured | value | goal | met |") == 1 and "| shape |" not in text
+    if new_run:
+        assert "| 02_paged % of the read ceiling, highest over 1 shapes (`b128_kv8192_p16`) | 93.0 | | |" in text
+    else:
+        assert "| 02_paged % of the copy ceiling, highest over 1 shapes (`b128_kv8192_p16`) | 102 | | |" in text
+    assert table_row(text, "| speed vs cuDNN SDPA").endswith("| 1.00x - 1.00x | | |")
+    assert "[docs/results](../../docs/results/)" in text
+    full = subprocess.run([sys.executable, os.path.join(BENCH, "decode_report.py"), "--repo", str(repo),
+                           "--results", str(results), "--full"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    assert full.returncode == 0, full.stdout
+    assert (repo / "stages" / "02_paged" / "README.md").read_text() == text  # --full writes nothing
+    row = table_row(full.stdout, "| `b128_kv8192_p16` |")
+    text = full.stdout
     if new_run:  # 93.0% of the read ceiling; flash SDPA not measured; cuDNN's time over 02's: 1.00x
         assert row == ("| `b128_kv8192_p16` | 128 x 8192 | 16 | NHD | 1,400 | 3,069 | 102 | 93.0 | 3,053 | – | "
                        "2,980 | 3,100 | 1.00x |")
@@ -318,3 +332,17 @@ def test_the_floor_table_is_the_launch_floor_plus_the_bytes_at_the_read_ceiling(
     # a run without the launch floor (or the read ceiling) gets no table
     assert split_kv_report.floor_markdown(as_run({"context": {}}), rows, 3000.0, False) == []
     assert split_kv_report.floor_markdown(data, rows, None, False) == []
+
+
+def test_the_chapter_carries_one_summary_table_and_points_to_the_results_page():
+    rows = goal_rows()
+    verdicts = split_kv_report.targets(rows)
+    text = split_kv_report.chapter_markdown(new_run(), rows, verdicts, "docs/results/03_split_kv/r.json",
+                                            page="docs/results/03_split_kv")
+    assert text.count("| measured | value | goal | met |") == 1
+    assert "| batch | kv_len |" not in text and "Against the floor" not in text  # on the results page
+    assert table_row(text, "| 03 / cuDNN SDPA, worst shape") == \
+        "| 03 / cuDNN SDPA, worst shape (`b1_kv1024_p16`) | 0.750 | >= 1.00 | **no** |"
+    assert table_row(text, "| 03 time, HND") == \
+        "| 03 time, HND vs sequential NHD page 16 (`b128_kv8192_p16_hnd`) | +1.0% | <= +2.0% | yes |"
+    assert "[docs/results/03_split_kv](../../docs/results/03_split_kv/)" in text
