@@ -24,8 +24,8 @@ import os
 import re
 import sys
 
-from common import (by_name, context, fmt, load, load_shapes, parser, ratio, results_path, save_plot,
-                    shapes_file_of, write_section)  # bench/reports/
+from common import (context, fmt, load_shapes, parser, ratio, results_path, run_of_shapes, save_plot,
+                    write_section)  # bench/reports/
 
 # Markers of its own: bench/reports/decode_report.py and the docs test of its sections leave this one to
 # this script.
@@ -397,13 +397,10 @@ def main():
     ap = parser(__doc__, what="results JSON of a bench/shapes_cascade.csv run")
     ap.add_argument("--full", action="store_true", help="print the full tables (the chapter shows a summary)")
     a = ap.parse_args()
-    run = load(a.results)
-    rows = by_name(run)
-    shapes_file = shapes_file_of(run)
-    if not shapes_file.endswith("shapes_cascade.csv"):
-        print(f"cascade_report.py: {a.results} is a run of {shapes_file or 'an unknown shapes file'}, "
-              "not bench/shapes_cascade.csv", file=sys.stderr)
+    found = run_of_shapes(a.results, "shapes_cascade.csv", "cascade_report.py")
+    if found is None:
         return 2
+    run, rows = found
     chapter = os.path.join(a.repo, "stages", "05_cascade", "README.md")
     shapes = load_shapes(a.repo, "shapes_cascade.csv")
     if a.full:

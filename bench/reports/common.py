@@ -110,9 +110,21 @@ def fmt(x, digits=3):
 
 def shapes_file_of(run):
     """The shapes file a run measured (bench/reports/merge_results.py records it), or ""."""
-    raw = run["raw"]
-    return (raw.get("flashstep", {}).get("shapes_file") or raw.get("context", {}).get("shapes_file") or "") \
-        if isinstance(raw, dict) else ""
+    raw = run["raw"] if isinstance(run["raw"], dict) else {}
+    blocks = (raw.get("flashstep"), raw.get("context"))  # a sampling file's "flashstep" is a list of rows
+    return next((b["shapes_file"] for b in blocks if isinstance(b, dict) and b.get("shapes_file")), "")
+
+
+def run_of_shapes(path, shapes_name, script):
+    """The run in results file `path` and its rows by name, or None (after saying why on
+    stderr) when it was not measured on bench/<shapes_name>."""
+    run = load(path)
+    measured = shapes_file_of(run)
+    if not measured.endswith(shapes_name):
+        print(f"{script}: {path} is a run of {measured or 'an unknown shapes file'}, not bench/{shapes_name}",
+              file=sys.stderr)
+        return None
+    return run, by_name(run)
 
 
 def by_name(run):

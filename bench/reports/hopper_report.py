@@ -24,7 +24,7 @@ are up to date (exit 1 if not).
 import os
 import sys
 
-from common import by_name, context, fmt, load, load_shapes, parser, ratio, write_section  # bench/reports/
+from common import by_name, context, fmt, load, load_shapes, parser, ratio, run_of_shapes, write_section  # bench/reports/
 
 BEGIN, END = "<!-- hopper results:begin -->", "<!-- hopper results:end -->"
 STEPS_BEGIN, STEPS_END = "<!-- hopper steps:begin -->", "<!-- hopper steps:end -->"
@@ -152,13 +152,10 @@ def main():
     ap.add_argument("--step", action="append", default=[], help="an earlier step's Google Benchmark JSON")
     ap.add_argument("--full", action="store_true", help="print the per-shape tables (the chapter shows a summary)")
     a = ap.parse_args()
-    run = load(a.results)
-    rows = by_name(run)
-    shapes_file = run["raw"].get("flashstep", {}).get("shapes_file", "")
-    if not shapes_file.endswith("shapes_prefill.csv"):
-        print(f"hopper_report.py: {a.results} is a run of {shapes_file or 'an unknown shapes file'}, "
-              "not bench/shapes_prefill.csv", file=sys.stderr)
+    found = run_of_shapes(a.results, "shapes_prefill.csv", "hopper_report.py")
+    if found is None:
         return 2
+    run, rows = found
     chapter = os.path.join(a.repo, "stages", "07_hopper", "README.md")
     shapes = load_shapes(a.repo, "shapes_prefill.csv")
     if a.full:

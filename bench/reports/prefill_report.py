@@ -19,8 +19,8 @@ reports whether the section is up to date (exit 1 if not).
 import os
 import sys
 
-from common import (by_name, context, fmt, load, load_shapes, parser, ratio, results_path, save_plot,
-                    shapes_file_of, write_section)  # bench/reports/
+from common import (context, fmt, load_shapes, parser, ratio, results_path, run_of_shapes, save_plot,
+                    write_section)  # bench/reports/
 
 # Markers of its own (as stage 03's sweep has): bench/reports/decode_report.py and the docs test of its
 # sections leave this one to this script.
@@ -165,13 +165,10 @@ def main():
     ap = parser(__doc__, what="results JSON of a bench/shapes_prefill.csv run")
     ap.add_argument("--full", action="store_true", help="print the per-shape tables (the chapter shows a summary)")
     a = ap.parse_args()
-    run = load(a.results)
-    rows = by_name(run)
-    shapes_file = shapes_file_of(run)
-    if not shapes_file.endswith("shapes_prefill.csv"):
-        print(f"prefill_report.py: {a.results} is a run of {shapes_file or 'an unknown shapes file'}, "
-              "not bench/shapes_prefill.csv", file=sys.stderr)
+    found = run_of_shapes(a.results, "shapes_prefill.csv", "prefill_report.py")
+    if found is None:
         return 2
+    run, rows = found
     chapter = os.path.join(a.repo, "stages", "04_tensor_core", "README.md")
     shapes = load_shapes(a.repo, "shapes_prefill.csv")
     if a.full:
