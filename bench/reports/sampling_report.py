@@ -182,7 +182,6 @@ def chapter(args):
     return 0
 
 
-ROOT = REPO
 CHAPTER = os.path.join(REPO, "stages", "06_sampling", "README.md")
 MODES = re.compile(r"(<!-- sampling-modes:begin -->\n).*?(<!-- sampling-modes:end -->)", re.S)
 MODE_HEADINGS = {
@@ -198,7 +197,7 @@ def modes_section(res, path):
     medians), FlashInfer's in the same session."""
     modes = list(next(iter(res["modes"].values())).keys())
     fi = {r["name"]: r["median_us"] for r in res["peers"] if r["impl"] == "flashinfer"}
-    lines = [f"From `{os.path.relpath(path, ROOT)}` ({res['device']}, commit `{res['commit']}`, {res['date']}; "
+    lines = [f"From `{os.path.relpath(path, REPO)}` ({res['device']}, commit `{res['commit']}`, {res['date']}; "
              f"FlashInfer {res.get('flashinfer')}): us, the mean of the rounds' medians.", "",
              "| shape | " + " | ".join(MODE_HEADINGS.get(m, m) for m in modes) + " | FlashInfer |",
              "|---|" + "---|" * (len(modes) + 1)]
@@ -218,7 +217,7 @@ def modes(args):
     text = MODES.sub(lambda m: m.group(1) + modes_section(res, os.path.abspath(args.results)) + m.group(2), text)
     with open(CHAPTER, "w", encoding="utf-8") as f:
         f.write(text)
-    print(f"regenerated the pass-modes section of {os.path.relpath(CHAPTER, ROOT)}")
+    print(f"regenerated the pass-modes section of {os.path.relpath(CHAPTER, REPO)}")
     return 0
 
 
