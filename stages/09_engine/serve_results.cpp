@@ -83,12 +83,15 @@ std::vector<Goal> evaluate_goals(const ServeRecord& r) {
   const std::string b = std::to_string(r.goal_batch);
   Goal floor{"decode step at batch " + b + " with CUDA graphs: time / floor (median over the steps)", "<= 1.5"};
   Goal host{"host metadata and plan at batch " + b + " with CUDA graphs: share of the step (means)", "<= 0.10"};
+  bool judged = false;
   for (const VariantRecord& v : r.variants) {
     if (v.name != "graphs") continue;
+    judged = true;
     const DecodeSummary d = summarize_decode(v, r.goal_batch, r.slot_bytes);
     if (d.ratio > 0) floor.ratio = d.ratio, floor.met = d.ratio <= 1.5;
     if (d.total_us > 0) host.ratio = d.host_us / d.total_us, host.met = host.ratio <= 0.10;
   }
+  if (!judged) return {};
   return {floor, host};
 }
 
@@ -215,18 +218,21 @@ std::string to_json(const ServeRecord& r) {
   if (s.step < 0) {
     field("shown_step", "null", false);
   } else {
-    std::string req = "[", tok = "[";
-    for (size_t i = 0; i < s.sampled_requests.size(); ++i) {
-      req += (i ? ", " : "") + std::to_string(s.sampled_requests[i]);
-      tok += (i ? ", " : "") + std::to_string(s.sampled_tokens[i]);
-    }
+    auto list = [](const std::vector<int32_t>& v) {
+      std::string o = "[";
+      for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
+      return o + "]";
+    };
     field("shown_step",
-          "{\"step\": " + std::to_string(s.step) + ", \"arrays\": " + json_string(s.arrays) + ",\n    \"decode_stage\": " +
+          "{\"step\": " + std::to_string(s.step) + ", \"arrays\": " + json_string(s.arrays) +
+              ",\n    \"num_decodes\": " + std::to_string(s.num_decodes) + ", \"qo_indptr\": " + list(s.qo_indptr) +
+              ", \"kv_indptr\": " + list(s.kv_indptr) + ", \"kv_indices\": " + list(s.kv_indices) +
+              ", \"kv_last_page_len\": " + list(s.kv_last_page_len) + ",\n    \"decode_stage\": " +
               json_string(s.decode_stage) + ", \"prefill_stage\": " + json_string(s.prefill_stage) +
               ", \"graph_batch\": " + std::to_string(s.graph_batch) + ", \"group_size\": " +
               std::to_string(s.group_size) + ", \"shared_pages\": " + std::to_string(s.shared_pages) +
-              ", \"cascade_option\": " + json_bool(s.cascade_option) + ",\n    \"sampled_requests\": " + req +
-              "], \"sampled_tokens\": " + tok + "]}",
+              ", \"cascade_option\": " + json_bool(s.cascade_option) + ",\n    \"sampled_requests\": " +
+              list(s.sampled_requests) + ", \"sampled_tokens\": " + list(s.sampled_tokens) + "}",
           false);
   }
   o << "}\n";

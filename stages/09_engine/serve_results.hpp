@@ -62,6 +62,10 @@ struct ShownStep {
   int64_t shared_pages = 0;    ///< page ids that two or more decode rows read
   bool cascade_option = false;  ///< cascade_when_shared was on
   std::vector<int32_t> sampled_requests, sampled_tokens;
+  /// The step's arrays as the two attention calls' plan() get them (step_arrays.hpp): the
+  /// decode call takes rows 0 .. num_decodes-1, the prefill call the rest, rebased.
+  int64_t num_decodes = 0;
+  std::vector<int32_t> qo_indptr, kv_indptr, kv_indices, kv_last_page_len;
 };
 
 /// A measured serve run.
@@ -101,8 +105,9 @@ struct Goal {
 };
 /// The two goals on the variant named "graphs" at goal_batch: decode step time
 /// over its floor <= 1.5 (the median over the steps), and host time (metadata, upload,
-/// plan) over the step's total <= 0.10 (means). Not measured where there is no such
-/// variant or step.
+/// plan) over the step's total <= 0.10 (means). None where there is no such variant
+/// (a file of other variants judges no goal); not measured (met -1) where it ran no such
+/// step.
 std::vector<Goal> evaluate_goals(const ServeRecord& r);
 
 /// `s` as a JSON string literal (quotes, backslashes and control characters escaped).

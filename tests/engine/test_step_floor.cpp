@@ -124,8 +124,12 @@ TEST_CASE("09_engine results: the decode steps of a variant summarised, the goal
   CHECK(d.kv_bytes_flat == doctest::Approx(1000));   // 100 slots x 10 bytes
   CHECK(d.kv_bytes_unique == doctest::Approx(400));  // 40 x 10
 
-  // the goals: none measured without a "graphs" variant
+  // the goals: none judged without a "graphs" variant; not measured without its steps
   r.variants = {};
+  CHECK(evaluate_goals(r).empty());
+  VariantRecord empty;
+  empty.name = "graphs";
+  r.variants = {empty};
   std::vector<Goal> goals = evaluate_goals(r);
   REQUIRE(goals.size() == 2);
   CHECK(goals[0].met == -1);
@@ -186,6 +190,11 @@ TEST_CASE("09_engine results: the JSON file's fields") {
   r.shown.decode_stage = "03_split_kv";
   r.shown.sampled_requests = {0, 1};
   r.shown.sampled_tokens = {65, 66};
+  r.shown.num_decodes = 1;
+  r.shown.qo_indptr = {0, 1, 4};
+  r.shown.kv_indptr = {0, 2, 3};
+  r.shown.kv_indices = {7, 3, 9};
+  r.shown.kv_last_page_len = {2, 3};
   const std::string j = to_json(r);
   for (const char* want : {
            "\"format\": \"flashstep results 1\"",
@@ -214,6 +223,8 @@ TEST_CASE("09_engine results: the JSON file's fields") {
            "\"ratio\": null, \"goal\": \"<= 0.10\", \"met\": null}",
            "\"arrays\": \"step 0: \\\"x\\\"\\n\"",
            "\"sampled_requests\": [0, 1], \"sampled_tokens\": [65, 66]",
+           "\"num_decodes\": 1, \"qo_indptr\": [0, 1, 4], \"kv_indptr\": [0, 2, 3], \"kv_indices\": [7, 3, 9], "
+           "\"kv_last_page_len\": [2, 3]",
        })
     CHECK_MESSAGE(j.find(want) != std::string::npos, "missing: ", want, "\nin:\n", j);
   // no shown step: null
