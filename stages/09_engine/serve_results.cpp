@@ -29,6 +29,14 @@ std::string opt_number(double x) { return x < 0 ? "null" : json_number(x); }
 
 std::string json_bool(bool b) { return b ? "true" : "false"; }
 
+// A goal's ratio, always with a fraction ("1.0", not "1": readers take it as a float), or
+// null where it is negative (not measured).
+std::string ratio_number(double x) {
+  if (x < 0 || !std::isfinite(x)) return "null";
+  std::string s = json_number(x);
+  return s.find_first_of(".e") == std::string::npos ? s + ".0" : s;
+}
+
 const char* const kStepColumns[] = {"step",        "decodes",      "prefills",      "tokens",       "kv_flat",
                                     "kv_unique",   "graph_batch",  "graph_launches", "wall_us",      "host_us",
                                     "embed_us",    "projection_us", "attention_us",  "logits_us",    "sampling_us",
@@ -211,7 +219,7 @@ std::string to_json(const ServeRecord& r) {
   const std::vector<Goal> goals = evaluate_goals(r);
   for (size_t i = 0; i < goals.size(); ++i)
     o << (i ? ",\n    " : "\n    ") << "{\"what\": " << json_string(goals[i].what) << ", \"ratio\": "
-      << opt_number(goals[i].ratio) << ", \"goal\": " << json_string(goals[i].goal) << ", \"met\": "
+      << ratio_number(goals[i].ratio) << ", \"goal\": " << json_string(goals[i].goal) << ", \"met\": "
       << (goals[i].met < 0 ? "null" : json_bool(goals[i].met == 1)) << "}";
   o << "],\n";
   const ShownStep& s = r.shown;

@@ -227,6 +227,9 @@ TEST_CASE("09_engine results: the JSON file's fields") {
            "\"kv_last_page_len\": [2, 3]",
        })
     CHECK_MESSAGE(j.find(want) != std::string::npos, "missing: ", want, "\nin:\n", j);
+  // a ratio that is a whole number is still written as a float (readers check its type)
+  r.variants[0].steps_recorded[0].wall_us = 200;  // 200 / 100
+  CHECK(to_json(r).find("\"ratio\": 2.0, \"goal\": \"<= 1.5\", \"met\": false}") != std::string::npos);
   // no shown step: null
   r.shown = {};
   CHECK(to_json(r).find("\"shown_step\": null") != std::string::npos);
