@@ -76,8 +76,7 @@ double read_ceiling(double* buffer_bytes, cudaStream_t stream) {
   const bench::ReadConfig rc;
   const int blocks = bench::read_grid_blocks(rc);
   check(cudaMalloc(reinterpret_cast<void**>(&sink), static_cast<size_t>(blocks) * 4), "cudaMalloc");
-  const double us =
-      median_us([&] { bench::read_only(buf, bytes, sink, blocks, rc.threads, stream); }, 3, 10, stream);
+  const double us = median_us([&] { bench::read_only(buf, bytes, sink, blocks, rc.threads, stream); }, 3, 10, stream);
   cudaFree(buf);
   cudaFree(sink);
   *buffer_bytes = static_cast<double>(bytes);
@@ -363,18 +362,18 @@ int run_serve_measure(const ServeOptions& opt, const std::vector<Request>& workl
   const double page_mib = static_cast<double>(rec.slot_bytes * rec.page_size) / (1 << 20);
   for (const VariantRecord& v : rec.variants) {
     os << v.name << ": " << v.steps << " steps, " << v.tokens << " tokens in " << f1(v.seconds * 1e3) << " ms ("
-       << static_cast<int64_t>(static_cast<double>(v.tokens) / v.seconds) << " tokens/s); pages peak "
-       << v.peak_pages << " (" << f1(static_cast<double>(v.peak_pages) * page_mib) << " MiB of K/V), allocated "
-       << v.pages_allocated << " (" << f1(static_cast<double>(v.pages_allocated) * page_mib) << " MiB)\n";
+       << static_cast<int64_t>(static_cast<double>(v.tokens) / v.seconds) << " tokens/s); pages peak " << v.peak_pages
+       << " (" << f1(static_cast<double>(v.peak_pages) * page_mib) << " MiB of K/V), allocated " << v.pages_allocated
+       << " (" << f1(static_cast<double>(v.pages_allocated) * page_mib) << " MiB)\n";
     const DecodeSummary d = summarize_decode(v, rec.goal_batch, rec.slot_bytes);
     if (d.steps == 0) {
       os << "  no decode-only step at batch " << rec.goal_batch << "\n";
       continue;
     }
     os << "  " << d.steps << " decode steps at batch " << rec.goal_batch << ": median " << f1(d.wall_us)
-       << " us a step, floor " << (d.floor_us > 0 ? f1(d.floor_us) + " us, " + f3(d.ratio) + "x the floor (largest " +
-                                                        f3(d.ratio_max) + "x)"
-                                                  : std::string("not known"))
+       << " us a step, floor "
+       << (d.floor_us > 0 ? f1(d.floor_us) + " us, " + f3(d.ratio) + "x the floor (largest " + f3(d.ratio_max) + "x)"
+                          : std::string("not known"))
        << "; K/V read " << f1(d.kv_bytes_flat / (1 << 20)) << " MiB by the rows, " << f1(d.kv_bytes_unique / (1 << 20))
        << " MiB of distinct pages\n";
     if (d.total_us > 0)
@@ -383,8 +382,10 @@ int run_serve_measure(const ServeOptions& opt, const std::vector<Request>& workl
          << " + logits " << f1(d.logits_us) << " + sampling " << f1(d.sampling_us) << "\n";
   }
   for (const Goal& g : evaluate_goals(rec)) {
-    os << (g.met < 0 ? "NOT MEASURED" : g.met ? "MET" : "MISS") << "  " << g.what << ": "
-       << (g.ratio < 0 ? std::string("-") : f3(g.ratio)) << " (goal " << g.goal << ")\n";
+    os << (g.met < 0 ? "NOT MEASURED"
+           : g.met   ? "MET"
+                     : "MISS")
+       << "  " << g.what << ": " << (g.ratio < 0 ? std::string("-") : f3(g.ratio)) << " (goal " << g.goal << ")\n";
   }
   std::ofstream f(opt.json);
   f << to_json(rec);

@@ -37,17 +37,17 @@ std::string ratio_number(double x) {
   return s.find_first_of(".e") == std::string::npos ? s + ".0" : s;
 }
 
-const char* const kStepColumns[] = {"step",        "decodes",      "prefills",      "tokens",       "kv_flat",
-                                    "kv_unique",   "graph_batch",  "graph_launches", "wall_us",      "host_us",
-                                    "embed_us",    "projection_us", "attention_us",  "logits_us",    "sampling_us",
-                                    "total_us",    "floor_us",     "decode_stage",   "prefill_stage"};
+const char* const kStepColumns[] = {"step",      "decodes",       "prefills",       "tokens",       "kv_flat",
+                                    "kv_unique", "graph_batch",   "graph_launches", "wall_us",      "host_us",
+                                    "embed_us",  "projection_us", "attention_us",   "logits_us",    "sampling_us",
+                                    "total_us",  "floor_us",      "decode_stage",   "prefill_stage"};
 
 std::string step_row(const StepRecord& s) {
   std::ostringstream o;
   o << "[" << s.step << ", " << s.decodes << ", " << s.prefills << ", " << s.tokens << ", " << s.kv_flat << ", "
     << s.kv_unique << ", " << s.graph_batch << ", " << s.graph_launches << ", " << json_number(s.wall_us);
-  for (double x : {s.host_us, s.embed_us, s.projection_us, s.attention_us, s.logits_us, s.sampling_us, s.total_us,
-                   s.floor_us})
+  for (double x :
+       {s.host_us, s.embed_us, s.projection_us, s.attention_us, s.logits_us, s.sampling_us, s.total_us, s.floor_us})
     o << ", " << opt_number(x);
   o << ", " << json_string(s.decode_stage) << ", " << json_string(s.prefill_stage) << "]";
   return o.str();
@@ -200,9 +200,9 @@ std::string to_json(const ServeRecord& r) {
       << (i + 1 < r.variants.size() ? ",\n" : "\n");
     const std::string prefix = "09_engine/" + r.what + "_" + v.name;
     if (v.steps > 0)
-      rows.push_back("{\"name\": " + json_string(prefix + "/step_mean") + ", \"impl\": \"09_engine\", \"shape\": " +
-                     json_string(r.what + "_" + v.name) + ", \"median_us\": " +
-                     json_number(v.seconds * 1e6 / static_cast<double>(v.steps)) +
+      rows.push_back("{\"name\": " + json_string(prefix + "/step_mean") +
+                     ", \"impl\": \"09_engine\", \"shape\": " + json_string(r.what + "_" + v.name) +
+                     ", \"median_us\": " + json_number(v.seconds * 1e6 / static_cast<double>(v.steps)) +
                      ", \"unit\": \"us\", \"tokens_per_s\": " +
                      (v.seconds > 0 ? json_number(static_cast<double>(v.tokens) / v.seconds) : "null") + "}");
     if (d.steps > 0)
@@ -218,9 +218,9 @@ std::string to_json(const ServeRecord& r) {
   o << "  \"targets\": [";
   const std::vector<Goal> goals = evaluate_goals(r);
   for (size_t i = 0; i < goals.size(); ++i)
-    o << (i ? ",\n    " : "\n    ") << "{\"what\": " << json_string(goals[i].what) << ", \"ratio\": "
-      << ratio_number(goals[i].ratio) << ", \"goal\": " << json_string(goals[i].goal) << ", \"met\": "
-      << (goals[i].met < 0 ? "null" : json_bool(goals[i].met == 1)) << "}";
+    o << (i ? ",\n    " : "\n    ") << "{\"what\": " << json_string(goals[i].what)
+      << ", \"ratio\": " << ratio_number(goals[i].ratio) << ", \"goal\": " << json_string(goals[i].goal)
+      << ", \"met\": " << (goals[i].met < 0 ? "null" : json_bool(goals[i].met == 1)) << "}";
   o << "],\n";
   const ShownStep& s = r.shown;
   if (s.step < 0) {

@@ -29,7 +29,7 @@ namespace flashstep::stages::engine {
 /// One step of a measured run. Times in microseconds.
 struct StepRecord {
   int64_t step = 0, decodes = 0, prefills = 0, tokens = 0;
-  int64_t kv_flat = 0, kv_unique = 0;          ///< KV slots the decode rows attend (step_floor.hpp)
+  int64_t kv_flat = 0, kv_unique = 0;           ///< KV slots the decode rows attend (step_floor.hpp)
   int64_t graph_batch = 0, graph_launches = 0;  ///< the CUDA graph that ran it (0: eager)
   double wall_us = 0;                           ///< run_step on the host's clock, in the run without events
   /// The phases from the run with CUDA events (the same schedule, so the same step):
@@ -54,12 +54,12 @@ struct VariantRecord {
 
 /// One step printed (serve --show-step N): describe(), the stages and why, the tokens.
 struct ShownStep {
-  int64_t step = -1;  ///< < 0: none
+  int64_t step = -1;   ///< < 0: none
   std::string arrays;  ///< StepBatch::describe()
   std::string decode_stage, prefill_stage;
   int64_t graph_batch = 0;
-  int64_t group_size = 0;      ///< query heads per KV head (default_stage's decode rule)
-  int64_t shared_pages = 0;    ///< page ids that two or more decode rows read
+  int64_t group_size = 0;       ///< query heads per KV head (default_stage's decode rule)
+  int64_t shared_pages = 0;     ///< page ids that two or more decode rows read
   bool cascade_option = false;  ///< cascade_when_shared was on
   std::vector<int32_t> sampled_requests, sampled_tokens;
   /// The step's arrays as the two attention calls' plan() get them (step_arrays.hpp): the
@@ -92,7 +92,7 @@ struct DecodeSummary {
   int64_t steps = 0;
   double wall_us = -1, floor_us = -1, ratio = -1, ratio_max = -1;  ///< medians; ratio_max the largest
   double host_us = -1, embed_us = -1, projection_us = -1, attention_us = -1, logits_us = -1, sampling_us = -1,
-         total_us = -1;  ///< means
+         total_us = -1;                             ///< means
   double kv_bytes_flat = -1, kv_bytes_unique = -1;  ///< medians
 };
 DecodeSummary summarize_decode(const VariantRecord& v, int64_t batch, int64_t slot_bytes);

@@ -75,8 +75,8 @@ TEST_CASE("09_engine floor: the bytes of the engine model's decode step, by hand
 
 TEST_CASE("09_engine floor: KV slots of the decode rows, a shared page counted once") {
   const KvSlots s = decode_kv_slots(shared_step(), 4);
-  CHECK(s.flat == 11);    // 6 + 5 (the prefill row's 3 left out)
-  CHECK(s.unique == 7);   // page 7: 4 slots, page 3: 2, page 5: 1
+  CHECK(s.flat == 11);   // 6 + 5 (the prefill row's 3 left out)
+  CHECK(s.unique == 7);  // page 7: 4 slots, page 3: 2, page 5: 1
   StepBatch none = shared_step();
   none.num_decodes = 0;
   const KvSlots z = decode_kv_slots(none, 4);
