@@ -289,7 +289,16 @@ int main(int argc, char** argv) {
       if (*serve_max_new_opt) serve.max_new = static_cast<int64_t>(parse_integer(serve_max_new, "--max-new", 1, 65536));
       if (*serve_pages_opt)
         serve.num_pages = static_cast<int64_t>(parse_integer(serve_pages, "--num-pages", 0, 100000000));
-      for (int i = 0; i < argc; ++i) serve.command += (i ? " " : "") + std::string(i ? argv[i] : "flashstep");
+      // the command line as recorded in the results: the results file by its name alone
+      for (int i = 0; i < argc; ++i) {
+        std::string arg = i == 0 ? "flashstep" : argv[i];
+        if (std::string(argv[i - (i > 0)]) == "--json" && i > 0) arg = arg.substr(arg.find_last_of('/') + 1);
+        if (arg.rfind("--json=", 0) == 0) {
+          const std::string file = arg.substr(7);
+          arg = "--json=" + file.substr(file.find_last_of('/') + 1);
+        }
+        serve.command += (i ? " " : "") + arg;
+      }
       if (serve.prefix_study && serve.json.empty())
         throw flashstep::ref::InvalidArgument("serve: --prefix-study measures, so it needs --json FILE");
       return cli::run_serve(serve, std::cout);
