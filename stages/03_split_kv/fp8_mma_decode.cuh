@@ -129,8 +129,8 @@ __device__ __forceinline__ uint4 lds128(const uint8_t* p) { return *reinterpret_
 /// \tparam T element type of q and o (__half or __nv_bfloat16)
 /// \tparam KV __nv_fp8_e4m3 or __nv_fp8_e5m2
 template <typename T, typename KV, int HEAD_DIM>
-__global__ void __launch_bounds__(Fp8MmaTraits<HEAD_DIM>::kThreads) fp8_mma_decode_kernel(
-    const ChunkDecodeParams<T, KV> p) {
+__global__ void __launch_bounds__(Fp8MmaTraits<HEAD_DIM>::kThreads)
+    fp8_mma_decode_kernel(const ChunkDecodeParams<T, KV> p) {
   using Tr = Fp8MmaTraits<HEAD_DIM>;
   using namespace fp8_mma_detail;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(Fp8MmaTraits<HEAD_DIM>::kThreads) fp8_mma_deco
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int x = 4; x <= 16; x *= 2) l[h] += __shfl_xor_sync(0xffffffffu, l[h], x);
-  float* m_buf = reinterpret_cast<float*>(smem);     // [warp][MAX_GROUP]
+  float* m_buf = reinterpret_cast<float*>(smem);      // [warp][MAX_GROUP]
   float* l_buf = m_buf + Tr::kWarps * Tr::MAX_GROUP;  // [warp][MAX_GROUP]
   float* o_buf = l_buf + Tr::kWarps * Tr::MAX_GROUP;  // [warp][MAX_GROUP][HEAD_DIM]
   if (g == 0) {
@@ -362,8 +362,8 @@ __global__ void __launch_bounds__(Fp8MmaTraits<HEAD_DIM>::kThreads) fp8_mma_deco
     const int qo_head = kv_head * G + h;
     if (p.partition_kv) {
       const int64_t row = int64_t{item} * p.num_qo_heads + qo_head;
-      *reinterpret_cast<float4*>(p.partial_o + row * HEAD_DIM + d) =
-          make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      *reinterpret_cast<float4*>(p.partial_o + row * HEAD_DIM + d) = make_float4(acc[0] * inv, acc[1] * inv,
+                                                                                 acc[2] * inv, acc[3] * inv);
       if (d == 0) p.partial_lse[row] = lse;
     } else {
       const int64_t row = int64_t{b} * p.num_qo_heads + qo_head;

@@ -85,8 +85,9 @@ def test_the_table_shows_what_the_run_measured_and_dashes_for_the_rest(tmp_path)
     cells = row.split()
     assert cells[1:4] == ["760.0", "750.0", "1400.0"]  # stage 02, stage 03, stage 03 on bf16
     assert cells[4:6] == ["725.0", "1450.0"]            # stage 04, stage 04 on bf16
-    assert cells[6:8] == ["1775.0", "895.0"]            # FlashInfer CUDA cores, tensor cores
-    assert cells[8] == "716.5"                          # the floor
+    assert cells[6] == "-"                              # stage 03's CUDA-core loop: not in this run
+    assert cells[7:9] == ["1775.0", "895.0"]            # FlashInfer CUDA cores, tensor cores
+    assert cells[9] == "716.5"                          # the floor
     e5m2 = next(l for l in out.splitlines() if l.startswith("b16_kv1024_e5m2 ")).split()
     assert e5m2[1] == "-" and e5m2[3] == "-"  # no stage 02 row, no bf16 shape of these sizes
     assert not any(l.startswith("b128_kv8192_bf16") for l in out.splitlines())  # a bf16 row is no FP8 row
@@ -136,5 +137,5 @@ def test_json_markdown_and_the_append_goal(tmp_path):
     assert (e4m3["unit"], e4m3["value"], e4m3["median_us"]) == ("TFLOP/s", 276.0, 540.0)
     assert "04_tensor_core/append_b4_q512_kv8192_causal_e5m2" not in rows  # not measured
     table = (tmp_path / "t.md").read_text()
-    assert "| b128_kv8192_e4m3 | 750.0 | 1400.0 | 0.536 | 725.0 | 1775.0 | 895.0 | 716.5 |" in table
+    assert "| b128_kv8192_e4m3 | 750.0 | 1400.0 | 0.536 | - | 725.0 | 1775.0 | 895.0 | 716.5 |" in table
     assert "| append_b4_q512_kv8192_causal_e4m3 | 276.0 | 300.0 | 0.920 |" in table

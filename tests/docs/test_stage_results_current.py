@@ -164,3 +164,22 @@ def test_engine_sections_match_the_json_they_cite():
                           SOURCE, "--check", "--results", *[os.path.join(SOURCE, c) for c in cited]],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_fp8_sections_match_what_generates_them():
+    """Stage 03's two FP8 sections: the speed table, written again by bench/reports/fp8_report.py
+    --chapter --check from the results file it cites, and the accuracy table, computed again
+    by bench/reports/fp8_accuracy.py --check (float64 on the CPU; needs numpy)."""
+    chapter = os.path.join(SOURCE, "stages", "03_split_kv", "README.md")
+    text = read(chapter)
+    section = re.search(r"<!-- fp8 results:begin -->.*?<!-- fp8 results:end -->", text, re.S)
+    assert section, "stages/03_split_kv/README.md lacks its FP8 results section"
+    cited = sorted(set(f for f in CITED.findall(section.group(0)) if "_fp8_results_" in f))
+    assert len(cited) == 1, f"the FP8 section must cite one fp8 results file, not {cited}"
+    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "fp8_report.py"), "--repo", SOURCE,
+                          "--check", "--chapter", os.path.join(SOURCE, cited[0])], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    pytest.importorskip("numpy")
+    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "fp8_accuracy.py"), "--repo", SOURCE,
+                          "--check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr

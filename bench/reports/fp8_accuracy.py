@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""What an FP8 KV cache costs in accuracy: decode attention's output and lse with K and V
+stored in bf16, fp16, e4m3 and e5m2 (with and without a per-tensor scale), against the
+same attention on the unrounded K and V, in float64 on the CPU.
+
+    python3 bench/reports/fp8_accuracy.py [--check] [--repo DIR]
+
+Inputs are the course's (the stage harness's distribution): q uniform in [-3, 3], rounded
+to bf16; K and V uniform in [-1, 1], and a second set drawn from a normal distribution
+(mean 0, deviation 1, so a few values reach 4 or 5); 2 requests of 1024 keys, 32 query and
+8 kv heads of head_dim 128, sm_scale 1/sqrt(128); numpy's generator seeded with 2026. A
+per-tensor scale is FlashInfer's convention: the stored value is x / scale, read back
+times scale, and scale = max|x| / (the format's largest finite value), so the largest
+|x| lands on it. Rounding is to nearest, ties to even, saturating at the largest finite
+value, as the CUDA toolkit's __nv_fp8_e4m3 / __nv_fp8_e5m2 conversions (the reference's
+fp8.hpp) round. Stage 03's chapter holds the table between its `<!-- fp8 accuracy:begin -->`
+and `<!-- fp8 accuracy:end -->` lines; --check writes nothing and exits 1 where the
+chapter's table differs from what this computes."""
+import os
+import sys
+
+import numpy as np
+
+from common import parser, write_section  # bench/reports/
+
+BEGIN, END = "<!-- fp8 accuracy:begin -->", "<!-- fp8 accuracy:end -->"
+SEED = 2026
+BATCH, KV_LEN, HQ, HKV, D = 2, 1024, 32, 8, 128
+
+
+def fp8_grid(exp_bits, man_bits, bias, e4m3fn):
+    """Every finite value of the format, sorted, and whether each pattern's significand is even."""
+    vals, even = [], []
+    for e in range(1 << exp_bits):
+        for m in range(1 << man_bits):
+            if e4m3fn and e == (1 << exp_bits) - 1 and m == (1 << man_bits) - 1:
+                continue  # e4m3fn's one NaN
+            if not e4m3fn and e == (1 << exp_bits) - 1:
+                continue  # e5m2's infinities and NaNs
+            v = (m / (1 << man_bits)) * 2.0 ** (1 - bias) if e == 0 else (1 + m / (1 << man_bits)) * 2.0 ** (e - bias)
+            vals.append(v)
+            even.append(m % 2 == 0)
+    order = np.argsort(vals)
+    return np.asarray(vals)[order], np.asarray(even)[order]
+
+
+E4M3 = fp8_grid(4, 3, 7, True)
+E5M2 = fp8_grid(5, 2, 15, False)
+
+
+def round_grid(x, grid):
+    """x rounded to the nearest value of the non-negative grid (sign kept), ties to the
+    even significand, magnitudes past the largest saturating to it."""
+    vals, even = grid
+    a = np.minimum(np.abs(x), vals[-1])
+    hi = np.clip(np.searchsorted(vals, a), 1, len(vals) - 1)
+    lo = hi - 1
+    dlo, dhi = a - vals[lo], vals[hi] - a
+    pick = np.where(dlo < dhi, lo, np.where(dhi < dlo, hi, np.where(even[lo], lo, hi)))
+    return np.sign(x) * vals[pick]
+
+
+def round_float(x, man_bits, min_exp):
+    """x rounded to a binary float with `man_bits` stored significand bits, ties to even
+    (numpy's rint), subnormals below 2^min_exp; no overflow at these magnitudes."""
+    e = np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** min_exp)))
+    step = 2.0 ** (e - man_bits)
+    return np.rint(x / step) * step
+
+
+def stored(x, fmt, scaled):
+    """x as the cache holds it and attention reads it back (times the scale)."""
+    if fmt == "bf16":
+        return round_float(x, 7, -126)
+    if fmt == "fp16":
+        return round_float(x, 10, -14)
+    grid = E4M3 if fmt == "e4m3" else E5M2
+    scale = np.abs(x).max() / grid[0][-1] if scaled else 1.0
+    return round_grid(x / scale, grid) * scale
+
+
+def attention(q, k, v):
+    """Decode attention per request and query head (GQA): o (B, HQ, D) and lse (B, HQ)."""
+    group = HQ // HKV
+    kh = np.repeat(k, group, axis=2)  # (B, L, HQ, D)
+    vh = np.repeat(v, group, axis=2)
+    s = np.einsum("bhd,blhd->bhl", q, kh) / np.sqrt(D)
+    m = s.max(axis=-1, keepdims=True)
+    p = np.exp(s - m)
+    d = p.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhl,blhd->bhd", p / d, vh)
+    return o, (m + np.log(d))[..., 0]
+
+
+def table():
+    rng = np.random.default_rng(SEED)
+    q = round_float(rng.uniform(-3, 3, (BATCH, HQ, D)), 7, -126)
+    inputs = {
+        "uniform [-1, 1]": (rng.uniform(-1, 1, (BATCH, KV_LEN, HKV, D)), rng.uniform(-1, 1, (BATCH, KV_LEN, HKV, D))),
+        "normal (0, 1)": (rng.normal(0, 1, (BATCH, KV_LEN, HKV, D)), rng.normal(0, 1, (BATCH, KV_LEN, HKV, D))),
+    }
+    rows = []
+    for name, (k, v) in inputs.items():
+        o_ref, lse_ref = attention(q, k, v)
+        for fmt, scaled in (("bf16", False), ("fp16", False), ("e4m3", False), ("e4m3", True), ("e5m2", False),
+                            ("e5m2", True)):
+            o, lse = attention(q, stored(k, fmt, scaled), stored(v, fmt, scaled))
+            rel = np.linalg.norm(o - o_ref) / np.linalg.norm(o_ref)
+            rows.append((name, fmt + (" + scale" if scaled else ""), rel, np.abs(o - o_ref).max(),
+                         np.abs(lse - lse_ref).max()))
+    return rows
+
+
+def render():
+    lines = ["Generated by `python3 bench/reports/fp8_accuracy.py` (float64 on the CPU, seed "
+             f"{SEED}; {BATCH} requests x {KV_LEN} keys, {HQ}/{HKV} heads, head_dim {D}): the error of "
+             "decode attention when the cache holds K and V in the format, against the unrounded K "
+             "and V. \"+ scale\": a per-tensor scale putting max|x| on the format's largest value.",
+             "",
+             "| K, V drawn | stored as | \\|\\|o - o_exact\\|\\| / \\|\\|o_exact\\|\\| | max \\|o - o_exact\\| "
+             "| max \\|lse - lse_exact\\| |",
+             "|:--|:--|--:|--:|--:|"]
+    for name, fmt, rel, omax, lmax in table():
+        lines.append(f"| {name} | {fmt} | {rel:.2e} | {omax:.2e} | {lmax:.2e} |")
+    return "\n".join(lines)
+
+
+def main():
+    a = parser(__doc__, results=None).parse_args()
+    chapter = os.path.join(a.repo, "stages", "03_split_kv", "README.md")
+    return write_section(chapter, BEGIN, END, "fp8_accuracy.py", a.repo, render, a.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
