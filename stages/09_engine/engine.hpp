@@ -86,9 +86,16 @@ struct EngineConfig {
   /// captured, the sampling after it (each request's seed and offset change per step).
   bool cuda_graphs = false;
   /// With no decode_stage named: a step whose decode rows share pages (a cached prefix)
-  /// runs them with stage 05's cascade, whose planner prices the cascade against a flat
-  /// pass; such a step runs eagerly even with cuda_graphs.
+  /// runs them with stage 05's cascade. Eagerly its planner prices the cascade against a
+  /// flat pass; with cuda_graphs the step is captured too, in a graph of its own per
+  /// padded size, stage 05 planning a launch fixed by that size
+  /// (cascade::CascadeOptions::fixed_graph_launch: two levels, no KV split).
   bool cascade_when_shared = false;
+  /// A mixed step (decode and prefill rows) computes its attention as one call instead
+  /// of two: the prefill stage (prefill_stage, or default_stage() of the whole step) over
+  /// every row, each decode row a request of one query. The one-launch form of POD
+  /// attention, without its specialised decode work (the chapter measures both).
+  bool one_launch = false;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
@@ -113,6 +120,7 @@ struct StepOutput {
   std::string prefill_stage;  ///< stage that ran the prefill rows ("" when there were none)
   StepTiming timing;          ///< when profile
   int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
+  bool one_call = false;      ///< the decode and prefill rows ran as one call (one_launch)
 };
 
 /// What generate() returns.
