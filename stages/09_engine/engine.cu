@@ -15,6 +15,7 @@
 
 #include "05_cascade/cascade.hpp"
 #include "06_sampling/sampling.hpp"
+#include "09_engine/pod_attention.hpp"
 #include "09_engine/rope_gpu.hpp"
 #include "09_engine/step_arrays.hpp"
 #include "flashstep/kernels/append_paged.cuh"
@@ -209,6 +210,7 @@ struct Engine::Impl {
     DeviceBuffer workspace;
   };
   Role decode{Mode::decode, {}, {}, {}}, prefill{Mode::prefill, {}, {}, {}};
+  PodAttention pod;  // one_launch: a mixed step's attention in one launch
   std::vector<cudaEvent_t> events;
 
   size_t elem() const { return dtype_bytes(cfg.dtype); }
@@ -269,7 +271,8 @@ struct Engine::Impl {
     Layout at;
     Role* dec;
     Role* pre;
-    bool one_call;  // a mixed step's attention as one prefill call over every row (pre)
+    bool one_call;     // a mixed step's attention as one call over every row:
+    PodAttention* pod;  // POD attention, or (null) the prefill stage `pre`
   };
   // A decode step padded to `padded` rows, captured once and replayed (CUDA graphs).
   struct GraphEntry {
@@ -534,7 +537,8 @@ void Engine::Impl::launch_model(const Launch& s) {
       db.kv_last_page_len = dm + at.last;
       db.o = op;
       db.lse = lse.as<float>();
-      s.pre->runner->run(db, stream);
+      if (s.pod) s.pod->run(db, stream);
+      else s.pre->runner->run(db, stream);
     }
     if (s.nd > 0 && !s.one_call) {
       DeviceBatch db;
@@ -670,8 +674,10 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
 
   // ---- plan (outside any graph): decode rows and prefill rows, two calls -------------
   Impl::Role* dec = graph ? &entry->decode : &m.decode;
-  // one_launch: a mixed step's rows in one prefill call (decodes as one-query requests)
+  // one_launch: a mixed step's rows in one launch of POD attention (pod_attention.cuh),
+  // or, where it cannot run the step, one call of the prefill stage
   const bool one_call = m.cfg.one_launch && nd > 0 && np > 0;
+  bool pod = false;
   if (one_call) {
     BatchShape s = m.base_shape(Mode::prefill);
     s.batch_size = static_cast<int>(rows);
@@ -679,8 +685,14 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
     s.kv_indptr = arrays.slice(at.kvp, rows + 1);
     s.kv_last_page_len = b.kv_last_page_len;
     s.kv_indices = b.kv_indices;
-    m.plan(m.prefill, s);
-    out.decode_stage = out.prefill_stage = m.prefill.name;
+    pod = m.cfg.prefill_stage.empty() && pod_unsupported_reason(s, static_cast<int>(nd)).empty();
+    if (pod) {
+      m.pod.plan(s, static_cast<int>(nd), m.stream);
+      out.decode_stage = out.prefill_stage = "pod_attention";
+    } else {
+      m.plan(m.prefill, s);
+      out.decode_stage = out.prefill_stage = m.prefill.name;
+    }
     out.one_call = true;
   }
   if (nd > 0 && !one_call) {
@@ -715,7 +727,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const auto host_end = std::chrono::steady_clock::now();
 
   // ---- the model: eager, or the step's graph (captured on first use) ----------------
-  const Impl::Launch launch{n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill, one_call};
+  const Impl::Launch launch{n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill, one_call,
+                            pod ? &m.pod : nullptr};
   if (graph) {
     if (entry->exec == nullptr) {
       // One eager pass first: kernels load and cuBLAS picks its algorithms outside the

@@ -91,10 +91,11 @@ struct EngineConfig {
   /// padded size, stage 05 planning a launch fixed by that size
   /// (cascade::CascadeOptions::fixed_graph_launch: two levels, no KV split).
   bool cascade_when_shared = false;
-  /// A mixed step (decode and prefill rows) computes its attention as one call instead
-  /// of two: the prefill stage (prefill_stage, or default_stage() of the whole step) over
-  /// every row, each decode row a request of one query. The one-launch form of POD
-  /// attention, without its specialised decode work (the chapter measures both).
+  /// A mixed step (decode and prefill rows) computes its attention in one launch instead
+  /// of two calls: POD attention (pod_attention.hpp: stage 04's prefill tiles and stage
+  /// 03's decode items in one grid). With prefill_stage named, or a step POD cannot run,
+  /// one call of the prefill stage over every row instead (a decode row being a request
+  /// of one query).
   bool one_launch = false;
 };
 

@@ -10,13 +10,21 @@
 #include <vector>
 
 #include "09_engine/engine.hpp"
+#include "09_engine/pod_attention.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
 #include "registry.hpp"
 
 namespace flashstep::stages::engine {
 
-const char* to_string(MixedForm form) { return form == MixedForm::one_call ? "one_call" : "two_calls"; }
+const char* to_string(MixedForm form) {
+  switch (form) {
+    case MixedForm::two_calls: return "two_calls";
+    case MixedForm::one_call: return "one_call";
+    case MixedForm::pod: return "pod";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -70,8 +78,9 @@ struct MixedStepAttention::Impl {
   MixedForm form;
   std::string decode_asked, prefill_asked;
   Call decode, prefill;
+  PodAttention pod;
   bool runs_decode = false, runs_prefill = false;
-  std::string none;
+  std::string none, pod_name = "pod_attention";
   BatchShape step;
   int nd = 0;
   // the prefill rows' qo_indptr and kv_indptr rebased to 0 (two calls), on the device
@@ -95,7 +104,8 @@ const std::string& MixedStepAttention::decode_stage() const {
   return impl_->runs_decode ? impl_->decode.name : impl_->none;
 }
 const std::string& MixedStepAttention::prefill_stage() const {
-  return impl_->runs_prefill ? impl_->prefill.name : impl_->none;
+  if (!impl_->runs_prefill) return impl_->none;
+  return impl_->form == MixedForm::pod ? impl_->pod_name : impl_->prefill.name;
 }
 
 void MixedStepAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t stream) {
@@ -116,7 +126,11 @@ void MixedStepAttention::plan(const BatchShape& step, int num_decodes, cudaStrea
   m.nd = num_decodes;
   const int np = rows - num_decodes;
   m.runs_decode = m.form == MixedForm::two_calls && num_decodes > 0;
-  m.runs_prefill = m.form == MixedForm::one_call ? rows > 0 : np > 0;
+  m.runs_prefill = m.form == MixedForm::two_calls ? np > 0 : rows > 0;
+  if (m.form == MixedForm::pod) {
+    m.pod.plan(step, num_decodes, stream);
+    return;
+  }
   if (m.form == MixedForm::one_call) {
     if (m.runs_prefill) m.prefill.plan(m.prefill_asked, step, stream);
     return;
@@ -162,6 +176,10 @@ void MixedStepAttention::plan(const BatchShape& step, int num_decodes, cudaStrea
 
 void MixedStepAttention::run(const DeviceBatch& step, cudaStream_t stream) {
   Impl& m = *impl_;
+  if (m.form == MixedForm::pod) {
+    m.pod.run(step, stream);
+    return;
+  }
   if (m.form == MixedForm::one_call) {
     if (m.runs_prefill) m.prefill.runner->run(step, stream);
     return;

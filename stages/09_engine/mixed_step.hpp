@@ -10,14 +10,15 @@
 ///   one call   every row                 -> the prefill stage, a decode row being a
 ///                                            request of one query (causal: it sees all
 ///                                            its keys)
+///   pod        every row in one launch of POD attention (pod_attention.cuh): stage
+///              04's prefill tiles and stage 03's decode items in one grid
 /// ```
 ///
-/// The one call is the one-launch form of POD attention (Kamath et al., "POD-Attention:
-/// Unlocking Full Prefill-Decode Overlap for Faster LLM Inference", ASPLOS 2025, arXiv
-/// 2410.18038): one grid over both kinds of rows, so the decode rows' blocks fill the
-/// multiprocessors the prefill rows leave idle, with no gap between two launches. It does
-/// not have POD's specialised decode work: a decode row here is a 128-row tile holding
-/// group_size rows, run by the prefill kernel.
+/// The one call puts both kinds of rows in one grid, so no gap separates two launches,
+/// but a decode row there is a 128-row tile holding group_size rows, run by the prefill
+/// kernel. POD attention (Kamath et al., "POD-Attention: Unlocking Full Prefill-Decode
+/// Overlap for Faster LLM Inference", ASPLOS 2025, arXiv 2410.18038) keeps each kind on
+/// its own kernel's code inside one grid.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,8 +34,9 @@ namespace flashstep::stages::engine {
 enum class MixedForm {
   two_calls,  ///< the decode stage over the decode rows, the prefill stage over the rest
   one_call,   ///< the prefill stage over every row
+  pod,        ///< POD attention over every row (pod_attention.hpp)
 };
-/// "two_calls" or "one_call".
+/// "two_calls", "one_call" or "pod".
 const char* to_string(MixedForm form);
 
 /// plan/run of one mixed step's attention. Not itself a registry stage: it holds one or

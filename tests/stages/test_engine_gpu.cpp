@@ -370,9 +370,10 @@ TEST_CASE("09_engine: tokens and logits equal the reference's generation (f16, d
 }
 
 TEST_CASE("09_engine: mixed steps in one launch, cascade steps in CUDA graphs: tokens equal the reference's") {
-  // one_launch at page sizes 16 and 1 (budgets that mix chunked prefills with decodes);
+  // one_launch (POD attention) at 64 running requests, and as one call of stage 04 (named
+  // prefill stage) at pages of 1 (budgets that mix chunked prefills with decodes);
   // cascade_when_shared with CUDA graphs at 64 running requests; all three at 8
-  RunSpec one{16, 64, 512, "", ""}, one_small{1, 8, 48, "", ""};
+  RunSpec one{16, 64, 512, "", ""}, one_small{1, 8, 48, "", "04_tensor_core"};
   one.one_launch = one_small.one_launch = true;
   RunSpec graphs_cascade{16, 64, 512, "", "", true, true}, all{16, 8, 48, "", "", true, true};
   all.one_launch = true;

@@ -1,0 +1,81 @@
+/// \file pod_attention.cuh
+/// \brief POD attention (prefill-on-decode): one grid whose blocks each run either a
+/// prefill tile of stage 04 or a decode work item of stage 03, so a mixed step's
+/// attention is one launch in which both kinds of work share the multiprocessors.
+///
+/// ```
+///   block b of P + D (P prefill blocks, D decode blocks), kinds interleaved in proportion:
+///     before(b) = floor(b * D / (P + D))      decode blocks before b
+///     b is a decode block iff before(b + 1) > before(b); it is decode block before(b),
+///     else prefill block b - before(b)
+///   prefill block i   stage 04's prefill_attention_block(i): work item i / Hkv (request,
+///                     128-row query tile), kv head i % Hkv, tensor cores, no KV split
+///   decode block j    stage 03's chunk steps for kv head j % Hkv of decode request
+///                     j / Hkv over all its keys (one chunk: no split, no merge launch)
+/// ```
+///
+/// Both kinds run 256 threads under the same register cap (two blocks a multiprocessor
+/// at head_dim <= 128), and every block gets the larger of the two shared-memory sizes,
+/// so a multiprocessor holds two blocks of either kind. Interleaving puts both kinds in
+/// every wave: a tensor-core tile and a bandwidth-bound decode item on one multiprocessor
+/// use different units (Kamath et al., POD-Attention, ASPLOS 2025, arXiv 2410.18038; the
+/// paper assigns blocks to multiprocessors at run time, this grid fixes the mix up front).
+/// What it does not have: a KV split, so a step of a few long decode rows and no prefill
+/// has few blocks (the two-call form splits there).
+#pragma once
+
+#include <cstdint>
+
+#include "03_split_kv/chunk_decode.cuh"
+#include "04_tensor_core/prefill_attention.cuh"
+
+namespace flashstep::stages::engine {
+
+/// Arguments of pod_attention_kernel: the two kinds' own parameters and the grid's split.
+template <typename T>
+struct PodParams {
+  tensor_core::PrefillParams<T> prefill;  ///< the prefill rows (stage 04's view, no split)
+  split_kv::ChunkDecodeParams<T> decode;  ///< the decode rows (stage 03's view, one item a request)
+  int prefill_blocks = 0;                 ///< P: work items x kv heads
+  int decode_blocks = 0;                  ///< D: decode requests x kv heads
+  int num_kv_heads = 0;                   ///< Hkv
+};
+
+/// Which kind block `b` of `total` runs, and its index among its kind.
+__device__ __forceinline__ bool pod_is_decode(int64_t b, int64_t total, int64_t decode, int& index) {
+  const int64_t before = b * decode / total, after = (b + 1) * decode / total;
+  index = static_cast<int>(after > before ? before : b - before);
+  return after > before;
+}
+
+/// One launch over a mixed step. grid = P + D blocks, 256 threads, dynamic shared memory
+/// max(PrefillTraits::smem_bytes(), chunk_decode_smem_bytes(num_stages, bdy, bdz)).
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(tensor_core::PrefillTraits<T, HEAD_DIM>::kThreads,
+                                  tensor_core::PrefillTraits<T, HEAD_DIM>::kMinBlocksPerSM)
+    pod_attention_kernel(const PodParams<T> p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  int index = 0;
+  if (!pod_is_decode(blockIdx.x, int64_t{p.prefill_blocks} + p.decode_blocks, p.decode_blocks, index)) {
+    tensor_core::prefill_attention_block<T, HEAD_DIM>(p.prefill, index, smem_raw);
+    return;
+  }
+  // stage 03's chunk_decode_kernel body for (kv head, item), the chunk being the whole KV
+  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
+  const split_kv::ChunkDecodeParams<T>& d = p.decode;
+  const int kv_head = index % p.num_kv_heads, item = index / p.num_kv_heads;
+  const int b = d.request_indices[item];
+  const paged::DecodeThread th = paged::place_thread<Tr::BDX>(threadIdx.x, d.bdy, d.bdz);
+  paged::QRegisters<T, HEAD_DIM> q;
+  paged::HeadStates<T, HEAD_DIM> state;
+  paged::load_q<T, HEAD_DIM, T>(th, d.q, int64_t{b} * d.num_qo_heads + kv_head * d.group_size, d.group_size,
+                                d.sm_scale_log2, q);
+#pragma unroll
+  for (int j = 0; j < Tr::HPT; ++j) state[j].init();
+  split_kv::attend_chunk<T, HEAD_DIM>(th, q, state, d.kv, kv_head, d.kv_page_begin[item], d.kv_chunk_len[item],
+                                      reinterpret_cast<T*>(smem_raw), d.num_stages);
+  if (!paged::merge_states<T, HEAD_DIM>(th, state, d.bdz, reinterpret_cast<float*>(smem_raw))) return;
+  split_kv::store_chunk_state<T, HEAD_DIM, T>(d, th, state, kv_head, item, b, true);
+}
+
+}  // namespace flashstep::stages::engine
