@@ -81,7 +81,7 @@ struct Variant {
 
 }  // namespace
 
-TEST_CASE("09_engine mixed step: two calls and one call equal the reference") {
+TEST_CASE("09_engine mixed step: two calls, one call and POD attention equal the reference") {
   struct Mix {
     int nd, np, kv_len, qo_len, page_size;
   };
