@@ -100,8 +100,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
       if (b.step == opt.show_step) {
         os << b.describe();
         os << "attention: ";
-        if (out.one_call)
-          os << "decode and prefill rows in one call -> " << out.prefill_stage;
+        if (out.one_call) os << "decode and prefill rows in one call -> " << out.prefill_stage;
         else
           os << (out.decode_stage.empty() ? std::string("no decode rows") : "decode rows -> " + out.decode_stage)
              << ", "

@@ -289,11 +289,11 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     ref::require(s.num_pages > 0, fn, "fixed_graph_launch needs the pool's num_pages (it sizes the workspace)");
     ref::require(s.nnz_qo() <= kMaxMergeTokens, fn,
                  "a cascade takes at most " + std::to_string(kMaxMergeTokens) + " query tokens (the merge grid)");
-    candidates.push_back(ref::build_cascade_levels(
-        s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size,
-        ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size, 2,
-                                       s.causal),
-        s.causal));
+    candidates.push_back(
+        ref::build_cascade_levels(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size,
+                                  ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices,
+                                                                 s.kv_last_page_len, s.page_size, 2, s.causal),
+                                  s.causal));
   } else if (given) {
     check_given_levels(fn, s, *given);
   } else if (options_.path != Path::flat && s.nnz_qo() <= kMaxMergeTokens) {
@@ -332,9 +332,9 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   }
   plan.cascade_seconds = chosen == nullptr ? 0 : best;
   const bool cascade = fixed || (chosen != nullptr &&
-                       (given ? options_.path != Path::flat
-                              : options_.path == Path::cascade ||
-                                    (options_.path == Path::automatic && best < cost.margin * plan.flat_seconds)));
+                                 (given ? options_.path != Path::flat
+                                        : options_.path == Path::cascade || (options_.path == Path::automatic &&
+                                                                             best < cost.margin * plan.flat_seconds)));
   if (!cascade) {
     plan.path = Path::flat;
     plan.levels = {};
@@ -380,8 +380,8 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
       tensor_core::TensorCoreOptions topt;
       topt.kv_chunk_size = kWholeChunk;
       L.schedule = tensor_core::TensorCoreRunner(KVStorage::paged, topt).make_schedule(L.shape);
-      const size_t capacity =
-          static_cast<size_t>(ceil_div(s.nnz_qo() * s.group_size(), kBr) + std::max(0, s.batch_size - 1));
+      const size_t capacity = static_cast<size_t>(ceil_div(s.nnz_qo() * s.group_size(), kBr) +
+                                                  std::max(0, s.batch_size - 1));
       ref::require(L.schedule.request_indices.size() <= capacity, fn, "a level's work items outgrew the fixed grid");
       L.schedule.request_indices.resize(capacity, -1);
       L.schedule.qo_tile_indices.resize(capacity, 0);

@@ -271,7 +271,7 @@ struct Engine::Impl {
     Layout at;
     Role* dec;
     Role* pre;
-    bool one_call;     // a mixed step's attention as one call over every row:
+    bool one_call;      // a mixed step's attention as one call over every row:
     PodAttention* pod;  // POD attention, or (null) the prefill stage `pre`
   };
   // A decode step padded to `padded` rows, captured once and replayed (CUDA graphs).
@@ -422,10 +422,11 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   m.probs.reserve(static_cast<size_t>(m.max_rows * m.vocab) * 4, m.stream);
   m.tokens_out.reserve(static_cast<size_t>(m.max_rows) * 4, m.stream);
   m.status.reserve(static_cast<size_t>(m.max_rows) * 4, m.stream);
-  m.sample_ws.reserve(std::max<size_t>(sampling::workspace_bytes("top_k_top_p_sampling_from_probs", m.max_rows,
-                                                                 m.max_rows, m.vocab, ref::FilterApplyOrder::top_k_first),
-                                       256),
-                      m.stream);
+  m.sample_ws.reserve(
+      std::max<size_t>(sampling::workspace_bytes("top_k_top_p_sampling_from_probs", m.max_rows, m.max_rows, m.vocab,
+                                                 ref::FilterApplyOrder::top_k_first),
+                       256),
+      m.stream);
   FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.tokens_pinned), m.max_rows * sizeof(int32_t)));
   m.sample_keys.reserve(static_cast<size_t>(2 * m.max_rows) * sizeof(uint64_t), m.stream);
   FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.keys_pinned), 2 * m.max_rows * sizeof(uint64_t)));
@@ -727,8 +728,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const auto host_end = std::chrono::steady_clock::now();
 
   // ---- the model: eager, or the step's graph (captured on first use) ----------------
-  const Impl::Launch launch{n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill, one_call,
-                            pod ? &m.pod : nullptr};
+  const Impl::Launch launch{
+      n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill, one_call, pod ? &m.pod : nullptr};
   if (graph) {
     if (entry->exec == nullptr) {
       // One eager pass first: kernels load and cuBLAS picks its algorithms outside the
@@ -769,8 +770,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
     for (int64_t i = 0; i < samples; ++i) {
       const int32_t r = b.request_ids[static_cast<size_t>(b.sample_rows[static_cast<size_t>(i)])];
       m.keys_pinned[i] = sp.seed + static_cast<uint64_t>(r);
-      m.keys_pinned[samples + i] =
-          static_cast<uint64_t>(scheduler.state(r).generated.size()) * ref::kSamplingOffsetStride;
+      m.keys_pinned[samples + i] = static_cast<uint64_t>(scheduler.state(r).generated.size()) *
+                                   ref::kSamplingOffsetStride;
     }
     FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(m.sample_keys.ptr, m.keys_pinned, static_cast<size_t>(2 * samples) * 8,
                                          cudaMemcpyHostToDevice, m.stream));

@@ -116,7 +116,8 @@ void MixedStepAttention::plan(const BatchShape& step, int num_decodes, cudaStrea
                "the step must be a prefill batch over a paged pool");
   ref::require(num_decodes >= 0 && num_decodes <= rows, fn,
                "num_decodes must be in 0..batch_size, got " + std::to_string(num_decodes));
-  ref::require(static_cast<int>(step.qo_indptr.size()) == rows + 1 && static_cast<int>(step.kv_indptr.size()) == rows + 1 &&
+  ref::require(static_cast<int>(step.qo_indptr.size()) == rows + 1 &&
+                   static_cast<int>(step.kv_indptr.size()) == rows + 1 &&
                    static_cast<int>(step.kv_last_page_len.size()) == rows,
                fn, "qo_indptr and kv_indptr must have batch_size + 1 entries, kv_last_page_len batch_size");
   for (int i = 0; i < num_decodes; ++i)
@@ -144,7 +145,8 @@ void MixedStepAttention::plan(const BatchShape& step, int num_decodes, cudaStrea
     d.qo_indptr.assign(step.qo_indptr.begin(), step.qo_indptr.begin() + num_decodes + 1);
     d.kv_indptr.assign(step.kv_indptr.begin(), step.kv_indptr.begin() + num_decodes + 1);
     d.kv_last_page_len.assign(step.kv_last_page_len.begin(), step.kv_last_page_len.begin() + num_decodes);
-    d.kv_indices.assign(step.kv_indices.begin(), step.kv_indices.begin() + std::min<size_t>(p0, step.kv_indices.size()));
+    d.kv_indices.assign(step.kv_indices.begin(),
+                        step.kv_indices.begin() + std::min<size_t>(p0, step.kv_indices.size()));
     m.decode.plan(m.decode_asked, d, stream);
   }
   if (m.runs_prefill) {

@@ -37,12 +37,15 @@ size_t smem_bytes_of(int group_size) {
 }  // namespace
 
 std::string pod_unsupported_reason(const BatchShape& s, int num_decodes) {
-  if (s.mode != Mode::prefill || s.storage != KVStorage::paged) return "the step must be a prefill batch over a paged pool";
-  if (s.dtype != DType::f16 && s.dtype != DType::bf16) return std::string("dtype ") + to_string(s.dtype) + " (f16, bf16)";
+  if (s.mode != Mode::prefill || s.storage != KVStorage::paged)
+    return "the step must be a prefill batch over a paged pool";
+  if (s.dtype != DType::f16 && s.dtype != DType::bf16)
+    return std::string("dtype ") + to_string(s.dtype) + " (f16, bf16)";
   if (s.resolved_kv_dtype() != s.dtype) return "the K/V must be in q's dtype";
   if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
     return "head_dim " + std::to_string(s.head_dim) + " (64, 128, 256)";
-  if (s.num_kv_heads < 1 || s.num_qo_heads % s.num_kv_heads != 0) return "num_qo_heads must be a multiple of num_kv_heads";
+  if (s.num_kv_heads < 1 || s.num_qo_heads % s.num_kv_heads != 0)
+    return "num_qo_heads must be a multiple of num_kv_heads";
   if (s.group_size() > tensor_core::kMaxGroupSize)
     return "GQA group " + std::to_string(s.group_size()) + " (at most " + std::to_string(tensor_core::kMaxGroupSize) +
            ")";
@@ -52,7 +55,8 @@ std::string pod_unsupported_reason(const BatchShape& s, int num_decodes) {
   if (s.window_left >= 0 || s.logits_soft_cap > 0) return "no sliding window or soft cap";
   if (num_decodes < 0 || num_decodes > s.batch_size)
     return "num_decodes must be in 0..batch_size, got " + std::to_string(num_decodes);
-  if (static_cast<int>(s.qo_indptr.size()) != s.batch_size + 1 || static_cast<int>(s.kv_indptr.size()) != s.batch_size + 1 ||
+  if (static_cast<int>(s.qo_indptr.size()) != s.batch_size + 1 ||
+      static_cast<int>(s.kv_indptr.size()) != s.batch_size + 1 ||
       static_cast<int>(s.kv_last_page_len.size()) != s.batch_size)
     return "qo_indptr and kv_indptr need batch_size + 1 entries, kv_last_page_len batch_size";
   for (int i = 0; i < num_decodes; ++i)
@@ -97,7 +101,8 @@ void PodAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t st
   p.kv_indices.clear();
   tensor_core::TensorCoreOptions options;
   options.target_blocks = 1;
-  m.schedule = np > 0 ? tensor_core::TensorCoreRunner(KVStorage::paged, options).make_schedule(p) : tensor_core::Schedule{};
+  m.schedule = np > 0 ? tensor_core::TensorCoreRunner(KVStorage::paged, options).make_schedule(p)
+                      : tensor_core::Schedule{};
   const int64_t items = m.schedule.num_items();
 
   // decode rows: one work item per request, its whole KV
@@ -223,8 +228,8 @@ void launch_pod(const BatchShape& s, int nd, const PodPlan& plan, const uint8_t*
   d.num_stages = kDecodeStages;
   d.sm_scale_log2 = sm_scale * kernels::kLog2e;
 
-  pod_attention_kernel<T, HEAD_DIM><<<static_cast<unsigned>(total), tensor_core::PrefillTraits<T, HEAD_DIM>::kThreads,
-                                      plan.smem_bytes, stream>>>(p);
+  pod_attention_kernel<T, HEAD_DIM>
+      <<<static_cast<unsigned>(total), tensor_core::PrefillTraits<T, HEAD_DIM>::kThreads, plan.smem_bytes, stream>>>(p);
   kernels::check_launch("pod_attention_kernel");
 }
 

@@ -131,9 +131,9 @@ struct Tally {
   int64_t steps = 0, flips = 0, bad = 0, graph_steps = 0;
   int64_t cascade_graph_steps = 0;  ///< steps whose decode rows ran stage 05 inside a CUDA graph
   int64_t one_call_steps = 0;       ///< mixed steps whose attention was one call (one_launch)
-  double worst_ratio = 0;       ///< max over logits of |engine - ref| / delta
-  double worst_norm_ratio = 0;  ///< max over steps of ||engine - ref|| / (norm bound)
-  double max_abs = 0;           ///< max |engine - ref| over logits
+  double worst_ratio = 0;           ///< max over logits of |engine - ref| / delta
+  double worst_norm_ratio = 0;      ///< max over steps of ||engine - ref|| / (norm bound)
+  double max_abs = 0;               ///< max |engine - ref| over logits
   std::vector<std::string> stages;
   std::vector<std::string> failures;
   void note_stage(const std::string& s) {
@@ -321,8 +321,8 @@ void token_check(const ref::TinyDecoderConfig& model_cfg, DType dtype, const std
             run.cascade_when_shared ? ", cascade when shared" : "", run.one_launch ? ", one launch" : "",
             static_cast<long long>(t.steps), static_cast<long long>(t.graph_steps),
             static_cast<long long>(t.cascade_graph_steps), static_cast<long long>(t.one_call_steps),
-            static_cast<long long>(t.flips), static_cast<long long>(t.bad),
-            t.max_abs, t.worst_ratio, t.worst_norm_ratio, stages.c_str());
+            static_cast<long long>(t.flips), static_cast<long long>(t.bad), t.max_abs, t.worst_ratio,
+            t.worst_norm_ratio, stages.c_str());
         for (const auto& f : t.failures) std::printf("  FAIL %s\n", f.c_str());
         total.steps += t.steps;
         total.flips += t.flips;

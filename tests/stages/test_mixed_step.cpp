@@ -213,10 +213,9 @@ TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON; not a tim
       const size_t elem = 2, row = size_t(s.num_qo_heads) * s.head_dim * elem;
       DeviceBuffer q(size_t(s.nnz_qo()) * row), o(size_t(s.nnz_qo()) * row),
           lse(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float)),
-          pool(size_t(s.num_pages) * 2 * 16 * s.num_kv_heads * s.head_dim * elem),
-          qo(s.qo_indptr.size() * 4), kvp(s.kv_indptr.size() * 4), idx(s.kv_indices.size() * 4),
-          last(s.kv_last_page_len.size() * 4);
-      FLASHSTEP_CUDA_CHECK(cudaMemset(q.get(), 0x2c, q.bytes()));     // fp16 0x2c2c ~ 0.06
+          pool(size_t(s.num_pages) * 2 * 16 * s.num_kv_heads * s.head_dim * elem), qo(s.qo_indptr.size() * 4),
+          kvp(s.kv_indptr.size() * 4), idx(s.kv_indices.size() * 4), last(s.kv_last_page_len.size() * 4);
+      FLASHSTEP_CUDA_CHECK(cudaMemset(q.get(), 0x2c, q.bytes()));  // fp16 0x2c2c ~ 0.06
       FLASHSTEP_CUDA_CHECK(cudaMemset(pool.get(), 0x2c, pool.bytes()));
       FLASHSTEP_CUDA_CHECK(cudaMemcpy(qo.get(), s.qo_indptr.data(), qo.bytes(), cudaMemcpyHostToDevice));
       FLASHSTEP_CUDA_CHECK(cudaMemcpy(kvp.get(), s.kv_indptr.data(), kvp.bytes(), cudaMemcpyHostToDevice));
@@ -235,11 +234,10 @@ TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON; not a tim
       for (const Variant& v : variants) {
         MixedStepAttention attention(v.form, v.decode_stage, v.prefill_stage);
         const double t = median_us(attention, s, D, batch, flush, stream, reps);
-        const std::string stages_used = attention.decode_stage().empty()
-                                            ? attention.prefill_stage()
-                                            : attention.decode_stage() + (attention.prefill_stage().empty()
-                                                                              ? ""
-                                                                              : "+" + attention.prefill_stage());
+        const std::string stages_used =
+            attention.decode_stage().empty()
+                ? attention.prefill_stage()
+                : attention.decode_stage() + (attention.prefill_stage().empty() ? "" : "+" + attention.prefill_stage());
         std::printf("prefill %4d, decodes %3d: %-34s %9.1f us  (%s)\n", P, D, v.describe().c_str(), t,
                     stages_used.c_str());
         char buf[256];
@@ -249,14 +247,14 @@ TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON; not a tim
         cells += buf;
       }
       char head[160];
-      std::snprintf(head, sizeof head, "%s    {\"prefill_tokens\": %d, \"decodes\": %d, \"variants\": [", rows.empty() ? "" : ",\n",
-                    P, D);
+      std::snprintf(head, sizeof head, "%s    {\"prefill_tokens\": %d, \"decodes\": %d, \"variants\": [",
+                    rows.empty() ? "" : ",\n", P, D);
       rows += head + cells + "]}";
     }
   }
   cudaStreamDestroy(stream);
-  const std::string json = "{\n  \"device\": \"" + device_description() + "\",\n  \"reps\": " +
-                           std::to_string(reps) + ",\n  \"rows\": [\n" + rows + "\n  ]\n}\n";
+  const std::string json = "{\n  \"device\": \"" + device_description() + "\",\n  \"reps\": " + std::to_string(reps) +
+                           ",\n  \"rows\": [\n" + rows + "\n  ]\n}\n";
   if (path) {
     std::ofstream(path) << json;
     std::printf("wrote %s\n", path);

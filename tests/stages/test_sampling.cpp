@@ -347,9 +347,7 @@ void check_per_output_keys(int64_t batch) {
       const size_t ws_bytes = gpu::workspace_bytes("top_k_top_p_sampling_from_probs", rows, batch, vocab);
       DeviceArray<uint8_t> ws(ws_bytes);
       switch (op) {
-        case Op::plain:
-          gpu::sampling_from_probs(in, out, opt);
-          break;
+        case Op::plain: gpu::sampling_from_probs(in, out, opt); break;
         case Op::top_k:
           gpu::top_k_sampling_from_probs(in, gpu::TopK(k), out, opt);
           filter = ref::SamplingFilter::make_top_k(k);
@@ -368,8 +366,8 @@ void check_per_output_keys(int64_t batch) {
           filter = ref::SamplingFilter::make_top_k_top_p(k, p);
           break;
         case Op::top_k_first: {
-          gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK(k), gpu::Fraction(p),
-                                               ref::FilterApplyOrder::top_k_first, out, {ws.get(), ws_bytes}, opt);
+          gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK(k), gpu::Fraction(p), ref::FilterApplyOrder::top_k_first,
+                                               out, {ws.get(), ws_bytes}, opt);
           // top-p on the renormalized rows the workspace holds (checked by the grid above)
           const auto bytes_back = ws.download();
           drawn_rows.resize(static_cast<size_t>(batch * vocab));
@@ -378,7 +376,8 @@ void check_per_output_keys(int64_t batch) {
           break;
         }
       }
-      const std::vector<int32_t> got = samples.download(), got_rounds = rounds.download(), got_status = status.download();
+      const std::vector<int32_t> got = samples.download(), got_rounds = rounds.download(),
+                                 got_status = status.download();
       ref::SamplingResult expected;
       for (int64_t i = 0; i < batch; ++i) {
         const float* row = drawn_rows.empty() ? host_rows.data() + int64_t{indices[static_cast<size_t>(i)]} * vocab
@@ -410,9 +409,8 @@ void check_per_output_keys(int64_t batch) {
     one.indices = {indices[static_cast<size_t>(i)]};
     one.seed = seeds[static_cast<size_t>(i)];
     one.offset = offsets[static_cast<size_t>(i)];
-    const ref::SamplingResult r = ref::top_k_top_p_sampling_from_probs(probs, ref::RowParam<int64_t>(k),
-                                                                      ref::RowParam<double>(p),
-                                                                      ref::FilterApplyOrder::joint, one);
+    const ref::SamplingResult r = ref::top_k_top_p_sampling_from_probs(
+        probs, ref::RowParam<int64_t>(k), ref::RowParam<double>(p), ref::FilterApplyOrder::joint, one);
     CHECK_MESSAGE(got[static_cast<size_t>(i)] == r.samples[0], "output ", i, ": GPU ", got[static_cast<size_t>(i)],
                   ", one-output reference call ", r.samples[0]);
   }
