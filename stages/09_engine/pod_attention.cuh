@@ -28,6 +28,7 @@
 
 #include "03_split_kv/chunk_decode.cuh"
 #include "04_tensor_core/prefill_attention.cuh"
+#include "09_engine/pod_attention.hpp"
 
 namespace flashstep::stages::engine {
 
@@ -40,13 +41,6 @@ struct PodParams {
   int decode_blocks = 0;                  ///< D: decode requests x kv heads
   int num_kv_heads = 0;                   ///< Hkv
 };
-
-/// Which kind block `b` of `total` runs, and its index among its kind.
-__device__ __forceinline__ bool pod_is_decode(int64_t b, int64_t total, int64_t decode, int& index) {
-  const int64_t before = b * decode / total, after = (b + 1) * decode / total;
-  index = static_cast<int>(after > before ? before : b - before);
-  return after > before;
-}
 
 /// One launch over a mixed step. grid = P + D blocks, 256 threads, dynamic shared memory
 /// max(PrefillTraits::smem_bytes(), chunk_decode_smem_bytes(num_stages, bdy, bdz)).

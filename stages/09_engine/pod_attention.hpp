@@ -17,6 +17,15 @@
 
 namespace flashstep::stages::engine {
 
+/// Which kind block `b` of a POD grid of `total` blocks, `decode` of them decode blocks,
+/// runs (true: decode), and its index among the blocks of its kind: the kinds interleaved
+/// in proportion, decode block j being the first block b with floor((b + 1) decode / total) > j.
+__host__ __device__ inline bool pod_is_decode(int64_t b, int64_t total, int64_t decode, int& index) {
+  const int64_t before = b * decode / total, after = (b + 1) * decode / total;
+  index = static_cast<int>(after > before ? before : b - before);
+  return after > before;
+}
+
 /// Why POD attention cannot run `step` with `num_decodes` decode rows ("" when it can):
 /// fp16/bf16, head_dim 64/128/256, a paged pool (NHD or HND) of the q dtype, pages of up
 /// to 64, a GQA group of at most 32 (stage 04's limits), causal, no window or soft cap.

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "09_engine/mixed_step.hpp"
+#include "09_engine/pod_attention.hpp"
 #include "fixed_batch.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -121,6 +123,32 @@ TEST_CASE("09_engine mixed step: two calls, one call and POD attention equal the
   cudaStreamDestroy(stream);
   CHECK(checked == 2 * 6 * 5);
 }
+
+TEST_SUITE("host") {
+TEST_CASE("09_engine POD grid: every prefill and decode block index once, the kinds interleaved") {
+  for (int64_t prefill : {0, 1, 7, 128, 1000})
+    for (int64_t decode : {0, 1, 2, 64, 256, 999}) {
+      const int64_t total = prefill + decode;
+      std::vector<int> seen_prefill(static_cast<size_t>(prefill)), seen_decode(static_cast<size_t>(decode));
+      int64_t decode_in_first_half = 0;
+      for (int64_t b = 0; b < total; ++b) {
+        int index = -1;
+        const bool is_decode = engine::pod_is_decode(b, total, decode, index);
+        std::vector<int>& seen = is_decode ? seen_decode : seen_prefill;
+        REQUIRE(index >= 0);
+        REQUIRE(index < static_cast<int>(seen.size()));
+        ++seen[static_cast<size_t>(index)];
+        if (is_decode && 2 * b < total) ++decode_in_first_half;
+      }
+      CAPTURE(prefill);
+      CAPTURE(decode);
+      CHECK(std::all_of(seen_prefill.begin(), seen_prefill.end(), [](int n) { return n == 1; }));
+      CHECK(std::all_of(seen_decode.begin(), seen_decode.end(), [](int n) { return n == 1; }));
+      // interleaved, not one kind after the other: the first half holds half the decodes (+-1)
+      CHECK(std::abs(2 * decode_in_first_half - decode) <= 2);
+    }
+}
+}  // TEST_SUITE("host")
 
 TEST_CASE("09_engine mixed step: bad arguments are refused by name") {
   MixedStepAttention attention(MixedForm::two_calls);
