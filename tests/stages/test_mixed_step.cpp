@@ -88,7 +88,7 @@ TEST_CASE("09_engine mixed step: two calls, one call and POD attention equal the
     int nd, np, kv_len, qo_len, page_size;
   };
   // mixes of decode and prefill rows, decode-only and prefill-only steps, pages of 1
-  const Mix mixes[] = {{16, 2, 1000, 200, 16}, {1, 1, 300, 64, 16}, {64, 3, 2000, 130, 16},
+  const Mix mixes[] = {{16, 2, 1000, 200, 16}, {1, 1, 300, 64, 16}, {48, 3, 1200, 100, 16},
                        {0, 2, 500, 100, 16},   {5, 0, 700, 1, 16},  {7, 2, 400, 90, 1}};
   const Variant variants[] = {{MixedForm::two_calls, "", ""},
                               {MixedForm::one_call, "", ""},
