@@ -15,11 +15,13 @@
 ///            append K, V to layer l's page pool       kernels/append_paged.cuh
 ///            O[decode rows]  = decode stage run()     rows 0 .. num_decodes-1
 ///            O[prefill rows] = prefill stage run()    causal, the rest
+///            (one_launch: O[every row] = POD attention, one launch, for a mixed step)
 ///            X += O W_O                               cuBLAS, beta = 1 into fp32 X
 ///   logits   X[sample rows] rounded, times W_vocab    cuBLAS, fp32 logits
 ///   sample   greedy: argmax; else stage 06: softmax(logits / T), then the sampler the
-///            reference's generate() uses, per output with Philox key seed + request and
-///            offset (token index) * kSamplingOffsetStride
+///            reference's generate() uses, one launch for every output, output i with
+///            its request's Philox key seed + request and offset (token index) *
+///            kSamplingOffsetStride from device arrays (SamplingOptions::seed_per_output)
 ///   host     the sampled token ids (one int32 per sampling row) come back
 /// ```
 ///
