@@ -20,11 +20,14 @@ namespace flashstep::stages::engine {
 
 namespace {
 
-constexpr int kDecodeStages = 2;  // stage 03's default pipeline depth
+constexpr int kDecodeStages = 2;            // stage 03's default pipeline depth
+constexpr int kMinDecodeChunkTokens = 128;  // stage 03's shortest chunk (SplitKVOptions)
 
-// The int32 arrays plan() uploads, in this order, each at a 256-byte boundary.
+// The workspace: the int32 arrays plan() uploads in one copy ([0, staged)), each at a
+// 256-byte boundary, then the decode rows' merge counters and partial states.
 struct Layout {
-  size_t prefill_qo, prefill_kv, request, tile, chunk, decode_request, decode_page_begin, decode_len, bytes;
+  size_t prefill_qo, prefill_kv, request, tile, chunk, decode_request, decode_page_begin, decode_len, decode_indptr;
+  size_t staged, counters, partial_o, partial_lse, bytes;
 };
 
 template <typename T, int HEAD_DIM>
@@ -105,14 +108,30 @@ void PodAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t st
                       : tensor_core::Schedule{};
   const int64_t items = m.schedule.num_items();
 
-  // decode rows: one work item per request, its whole KV
-  std::vector<int32_t> request(static_cast<size_t>(nd)), page_begin(static_cast<size_t>(nd)),
-      len(static_cast<size_t>(nd));
-  for (int r = 0; r < nd; ++r) {
-    request[r] = r;
-    page_begin[r] = step.kv_indptr[r];
-    len[r] = static_cast<int32_t>(step.kv_len(r));
+  // decode rows: chunks of whole pages, split only as far as the blocks the prefill rows
+  // leave free in one wave need (one chunk a row when they fill it)
+  const int64_t hkv = step.num_kv_heads, P = step.page_size;
+  const int64_t wave = int64_t{device_sm_count()} * (step.head_dim <= 128 ? 2 : 1);
+  const int64_t free_blocks = wave - items * hkv;
+  int64_t max_pages = 1;
+  for (int r = 0; r < nd; ++r) max_pages = std::max<int64_t>(max_pages, step.kv_indptr[r + 1] - step.kv_indptr[r]);
+  int64_t chunk_pages = max_pages;
+  if (nd > 0 && free_blocks > int64_t{nd} * hkv) {
+    const int64_t splits = free_blocks / (int64_t{nd} * hkv);
+    chunk_pages = std::max((kMinDecodeChunkTokens + P - 1) / P, (max_pages + splits - 1) / splits);
   }
+  std::vector<int32_t> request, page_begin, len, item_indptr{0};
+  for (int r = 0; r < nd; ++r) {
+    const int64_t pages = step.kv_indptr[r + 1] - step.kv_indptr[r], kv_len = step.kv_len(r);
+    const int64_t chunks = std::max<int64_t>(1, (pages + chunk_pages - 1) / chunk_pages);
+    for (int64_t t = 0; t < chunks; ++t) {
+      request.push_back(r);
+      page_begin.push_back(static_cast<int32_t>(step.kv_indptr[r] + t * chunk_pages));
+      len.push_back(static_cast<int32_t>(std::min(chunk_pages * P, kv_len - t * chunk_pages * P)));
+    }
+    item_indptr.push_back(static_cast<int32_t>(request.size()));
+  }
+  const int64_t decode_items = static_cast<int64_t>(request.size());
 
   size_t offset = 0;
   auto take = [&](size_t n) {
@@ -126,9 +145,17 @@ void PodAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t st
   at.request = take(static_cast<size_t>(items));
   at.tile = take(static_cast<size_t>(items));
   at.chunk = take(static_cast<size_t>(items));
-  at.decode_request = take(static_cast<size_t>(nd));
-  at.decode_page_begin = take(static_cast<size_t>(nd));
-  at.decode_len = take(static_cast<size_t>(nd));
+  at.decode_request = take(request.size());
+  at.decode_page_begin = take(page_begin.size());
+  at.decode_len = take(len.size());
+  at.decode_indptr = take(item_indptr.size());
+  at.staged = offset;
+  at.counters = take(static_cast<size_t>(nd * hkv));
+  const size_t states = static_cast<size_t>(decode_items) * static_cast<size_t>(step.num_qo_heads);
+  at.partial_o = offset;
+  offset = align_up(offset + states * static_cast<size_t>(step.head_dim) * sizeof(float));
+  at.partial_lse = offset;
+  offset = align_up(offset + states * sizeof(float));
   at.bytes = std::max<size_t>(offset, 256);
   if (at.bytes > m.workspace_bytes) {
     if (m.workspace) {
@@ -138,7 +165,7 @@ void PodAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t st
     FLASHSTEP_CUDA_CHECK(cudaMalloc(&m.workspace, at.bytes * 2));
     m.workspace_bytes = at.bytes * 2;
   }
-  uint8_t* staged = m.staging.begin(at.bytes);
+  uint8_t* staged = m.staging.begin(std::max<size_t>(at.staged, 4));
   auto put = [&](size_t where, const std::vector<int32_t>& v) {
     if (!v.empty()) std::memcpy(staged + where, v.data(), v.size() * sizeof(int32_t));
   };
@@ -150,12 +177,18 @@ void PodAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t st
   put(at.decode_request, request);
   put(at.decode_page_begin, page_begin);
   put(at.decode_len, len);
-  m.staging.upload(m.workspace, at.bytes, stream);
+  put(at.decode_indptr, item_indptr);
+  m.staging.upload(m.workspace, at.staged, stream);
+  // the counters start at 0; the last block of each (row, kv head) puts its own back to 0
+  if (nd > 0)
+    FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(m.workspace) + at.counters, 0,
+                                         static_cast<size_t>(nd * hkv) * sizeof(int32_t), stream));
 
   m.step = step;
   m.nd = nd;
   m.plan.prefill_blocks = items * step.num_kv_heads;
-  m.plan.decode_blocks = int64_t{nd} * step.num_kv_heads;
+  m.plan.decode_blocks = decode_items * hkv;
+  m.plan.decode_chunk_pages = chunk_pages;
   ref::require(m.plan.prefill_blocks + m.plan.decode_blocks < (int64_t{1} << 31), fn, "too many blocks for one grid");
   const bool bf16 = step.dtype == DType::bf16;
   FLASHSTEP_DISPATCH_HEAD_DIM(step.head_dim, HEAD_DIM, {
@@ -176,8 +209,8 @@ void PodAttention::plan(const BatchShape& step, int num_decodes, cudaStream_t st
 namespace {
 
 template <typename T, int HEAD_DIM>
-void launch_pod(const BatchShape& s, int nd, const PodPlan& plan, const uint8_t* ws, const Layout& at,
-                const DeviceBatch& b, cudaStream_t stream) {
+void launch_pod(const BatchShape& s, int nd, const PodPlan& plan, uint8_t* ws, const Layout& at, const DeviceBatch& b,
+                cudaStream_t stream) {
   const int64_t total = plan.prefill_blocks + plan.decode_blocks;
   if (total == 0) return;
   const bool hnd = s.kv_layout == KVLayout::HND;
@@ -210,14 +243,18 @@ void launch_pod(const BatchShape& s, int nd, const PodPlan& plan, const uint8_t*
   f.window_left = -1;
   f.set_score_transform(sm_scale, 0.f);
 
-  split_kv::ChunkDecodeParams<T>& d = p.decode;
+  split_kv::FusedChunkDecodeParams<T>& d = p.decode;
   d.q = static_cast<const T*>(b.q);
   d.kv = kernels::make_paged_kv(static_cast<const T*>(b.kv_pool), b.kv_indptr, b.kv_indices, b.kv_last_page_len,
                                 s.page_size, s.num_kv_heads, HEAD_DIM, hnd);
   d.request_indices = arr(at.decode_request);
   d.kv_page_begin = arr(at.decode_page_begin);
   d.kv_chunk_len = arr(at.decode_len);
-  d.partition_kv = false;
+  d.o_indptr = arr(at.decode_indptr);
+  d.merge_counters = reinterpret_cast<int32_t*>(ws + at.counters);
+  d.partition_kv = true;  // (read by stage 03's own kernel only: here each row's chunk count decides)
+  d.partial_o = reinterpret_cast<float*>(ws + at.partial_o);
+  d.partial_lse = reinterpret_cast<float*>(ws + at.partial_lse);
   d.o = static_cast<T*>(b.o);
   d.lse = b.lse;
   d.num_qo_heads = s.num_qo_heads;
@@ -238,7 +275,7 @@ void launch_pod(const BatchShape& s, int nd, const PodPlan& plan, const uint8_t*
 void PodAttention::run(const DeviceBatch& step, cudaStream_t stream) {
   Impl& m = *impl_;
   ref::require(m.workspace != nullptr, "PodAttention::run", "plan() must come first");
-  const uint8_t* ws = static_cast<const uint8_t*>(m.workspace);
+  uint8_t* ws = static_cast<uint8_t*>(m.workspace);
   FLASHSTEP_DISPATCH_HEAD_DIM(m.step.head_dim, HEAD_DIM, {
     if (m.step.dtype == DType::bf16) launch_pod<__nv_bfloat16, HEAD_DIM>(m.step, m.nd, m.plan, ws, m.at, step, stream);
     else launch_pod<__half, HEAD_DIM>(m.step, m.nd, m.plan, ws, m.at, step, stream);

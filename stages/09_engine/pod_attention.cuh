@@ -10,8 +10,10 @@
 ///     else prefill block b - before(b)
 ///   prefill block i   stage 04's prefill_attention_block(i): work item i / Hkv (request,
 ///                     128-row query tile), kv head i % Hkv, tensor cores, no KV split
-///   decode block j    stage 03's chunk steps for kv head j % Hkv of decode request
-///                     j / Hkv over all its keys (one chunk: no split, no merge launch)
+///   decode block j    stage 03's chunk steps for kv head j % Hkv of decode work item
+///                     j / Hkv (one chunk of one decode row's keys); where a row has
+///                     several chunks, the last of its blocks to finish merges them
+///                     (stage 03's fused merge, fused_merge.cuh): no merge launch
 /// ```
 ///
 /// Both kinds run 256 threads under the same register cap (two blocks a multiprocessor
@@ -20,13 +22,14 @@
 /// every wave: a tensor-core tile and a bandwidth-bound decode item on one multiprocessor
 /// use different units (Kamath et al., POD-Attention, ASPLOS 2025, arXiv 2410.18038; the
 /// paper assigns blocks to multiprocessors at run time, this grid fixes the mix up front).
-/// What it does not have: a KV split, so a step of a few long decode rows and no prefill
-/// has few blocks (the two-call form splits there).
+/// plan() splits the decode rows' KV only to fill the chip the prefill blocks leave free;
+/// the prefill rows are never split (their merge would be a second launch).
 #pragma once
 
 #include <cstdint>
 
 #include "03_split_kv/chunk_decode.cuh"
+#include "03_split_kv/fused_merge.cuh"
 #include "04_tensor_core/prefill_attention.cuh"
 #include "09_engine/pod_attention.hpp"
 
@@ -35,11 +38,11 @@ namespace flashstep::stages::engine {
 /// Arguments of pod_attention_kernel: the two kinds' own parameters and the grid's split.
 template <typename T>
 struct PodParams {
-  tensor_core::PrefillParams<T> prefill;  ///< the prefill rows (stage 04's view, no split)
-  split_kv::ChunkDecodeParams<T> decode;  ///< the decode rows (stage 03's view, one item a request)
-  int prefill_blocks = 0;                 ///< P: work items x kv heads
-  int decode_blocks = 0;                  ///< D: decode requests x kv heads
-  int num_kv_heads = 0;                   ///< Hkv
+  tensor_core::PrefillParams<T> prefill;       ///< the prefill rows (stage 04's view, no split)
+  split_kv::FusedChunkDecodeParams<T> decode;  ///< the decode rows (stage 03's view, its fused merge)
+  int prefill_blocks = 0;                      ///< P: work items x kv heads
+  int decode_blocks = 0;                       ///< D: decode work items x kv heads
+  int num_kv_heads = 0;                        ///< Hkv
 };
 
 /// One launch over a mixed step. grid = P + D blocks, 256 threads, dynamic shared memory
@@ -54,11 +57,12 @@ __global__ void __launch_bounds__(tensor_core::PrefillTraits<T, HEAD_DIM>::kThre
     tensor_core::prefill_attention_block<T, HEAD_DIM>(p.prefill, index, smem_raw);
     return;
   }
-  // stage 03's chunk_decode_kernel body for (kv head, item), the chunk being the whole KV
+  // stage 03's chunk_decode_fused_kernel body for (kv head, item)
   using Tr = paged::DecodeTraits<T, HEAD_DIM>;
-  const split_kv::ChunkDecodeParams<T>& d = p.decode;
+  const split_kv::FusedChunkDecodeParams<T>& d = p.decode;
   const int kv_head = index % p.num_kv_heads, item = index / p.num_kv_heads;
   const int b = d.request_indices[item];
+  const int first_item = d.o_indptr[b], end_item = d.o_indptr[b + 1];
   const paged::DecodeThread th = paged::place_thread<Tr::BDX>(threadIdx.x, d.bdy, d.bdz);
   paged::QRegisters<T, HEAD_DIM> q;
   paged::HeadStates<T, HEAD_DIM> state;
@@ -68,8 +72,21 @@ __global__ void __launch_bounds__(tensor_core::PrefillTraits<T, HEAD_DIM>::kThre
   for (int j = 0; j < Tr::HPT; ++j) state[j].init();
   split_kv::attend_chunk<T, HEAD_DIM>(th, q, state, d.kv, kv_head, d.kv_page_begin[item], d.kv_chunk_len[item],
                                       reinterpret_cast<T*>(smem_raw), d.num_stages);
-  if (!paged::merge_states<T, HEAD_DIM>(th, state, d.bdz, reinterpret_cast<float*>(smem_raw))) return;
-  split_kv::store_chunk_state<T, HEAD_DIM, T>(d, th, state, kv_head, item, b, true);
+  const bool holds = paged::merge_states<T, HEAD_DIM>(th, state, d.bdz, reinterpret_cast<float*>(smem_raw));
+  // a row of one chunk writes o and lse; else a partial row, and the last block merges
+  const bool direct = end_item - first_item == 1;
+  if (holds) split_kv::store_chunk_state<T, HEAD_DIM, T>(d, th, state, kv_head, item, b, direct);
+  if (direct) return;
+  __shared__ int is_last;
+  __threadfence();  // this block's partial row is visible device-wide before it is counted
+  __syncthreads();
+  int32_t* counter = d.merge_counters + int64_t{b} * p.num_kv_heads + kv_head;
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();  // every other block's rows, counted before ours, are read after it
+  split_kv::merge_request_chunks<T, HEAD_DIM>(d, b, kv_head, first_item, end_item, reinterpret_cast<float*>(smem_raw));
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next layer's run
 }
 
 }  // namespace flashstep::stages::engine

@@ -2,9 +2,10 @@
 /// \brief plan/run of POD attention (pod_attention.cuh): a mixed step's decode rows and
 /// prefill rows in one launch.
 ///
-/// plan() makes stage 04's schedule for the prefill rows (no KV split: a split needs a
-/// merge launch after) and one decode work item per decode request and kv head (stage
-/// 03's chunk steps over the whole KV, no split either), and uploads both, with the
+/// plan() makes stage 04's schedule for the prefill rows (no KV split: their merge would
+/// be a launch after) and stage 03's work items for the decode rows, split into chunks
+/// only as far as the blocks the prefill rows leave free in one wave need (the last
+/// block of a row merges its chunks, stage 03's fused merge), and uploads both, with the
 /// prefill rows' qo_indptr and kv_indptr rebased to 0, in one copy. run() is one launch.
 #pragma once
 
@@ -33,9 +34,10 @@ std::string pod_unsupported_reason(const BatchShape& step, int num_decodes);
 
 /// The last plan, for tests and the chapter.
 struct PodPlan {
-  int64_t prefill_blocks = 0;  ///< stage 04 work items x kv heads
-  int64_t decode_blocks = 0;   ///< decode requests x kv heads
-  size_t smem_bytes = 0;       ///< dynamic shared memory of every block
+  int64_t prefill_blocks = 0;      ///< stage 04 work items x kv heads
+  int64_t decode_blocks = 0;       ///< decode work items (chunks of the decode rows' KV) x kv heads
+  int64_t decode_chunk_pages = 0;  ///< pages per decode chunk (a row's pages or fewer)
+  size_t smem_bytes = 0;           ///< dynamic shared memory of every block
 };
 
 /// POD attention over one mixed step.
