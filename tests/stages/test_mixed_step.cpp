@@ -16,8 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "09_engine/arrival_schedule.hpp"
+#include "09_engine/engine.hpp"
 #include "09_engine/mixed_step.hpp"
 #include "09_engine/pod_attention.hpp"
+#include "09_engine/scheduler.hpp"
 #include "fixed_batch.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -122,6 +125,81 @@ TEST_CASE("09_engine mixed step: two calls, one call and POD attention equal the
   }
   cudaStreamDestroy(stream);
   CHECK(checked == 2 * 6 * 5);
+}
+
+TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, cascade, one launch)") {
+  // Every combination of cuda_graphs, cascade_when_shared and one_launch with profile on:
+  // each step's phases are read from its CUDA events (run_step throws when an event was
+  // not recorded, or was recorded inside a capture and never replayed), and the phases
+  // are times that add up to the step's. Shared prompts and a small budget make eager
+  // mixed steps (POD), decode-only graph steps and cascade steps inside graphs; tokens are
+  // not checked here (the token checks do that).
+  engine::ArrivalParams p;
+  p.seed = 11;  // the engine token check's shared workload
+  p.num_requests = 64;
+  p.arrivals_per_step = 6;
+  p.min_prompt_len = 3;
+  p.max_prompt_len = 40;
+  p.min_new_tokens = 3;
+  p.max_new_tokens = 12;
+  p.num_shared_prefixes = 2;
+  p.shared_prefix_len = 37;
+  p.shared_fraction = 0.75;
+  const std::vector<engine::Request> reqs = engine::ArrivalSchedule::make(p).requests();
+  engine::EngineConfig c;
+  c.model.d_model = 1024;
+  c.model.num_layers = 2;
+  c.model.num_qo_heads = 8;
+  c.model.num_kv_heads = 2;
+  c.model.position_encoding = ref::PositionEncoding::rope;
+  c.scheduler.page_size = 16;
+  c.scheduler.num_pages = 128;
+  c.scheduler.max_running = 8;
+  c.scheduler.max_tokens_per_step = 48;
+  c.profile = true;
+  int64_t graph_steps = 0, cascade_graph_steps = 0, pod_steps = 0;
+  for (int variant = 0; variant < 8; ++variant) {
+    c.cuda_graphs = (variant & 1) != 0;
+    c.cascade_when_shared = (variant & 2) != 0;
+    c.one_launch = (variant & 4) != 0;
+    INFO("cuda_graphs " << c.cuda_graphs << ", cascade_when_shared " << c.cascade_when_shared << ", one_launch "
+                        << c.one_launch);
+    engine::Engine eng(c);
+    engine::Scheduler scheduler(c.scheduler, reqs);
+    int64_t steps = 0;
+    double attention_ms = 0;
+    while (!scheduler.done()) {
+      const engine::StepBatch b = scheduler.next_step();
+      if (b.batch_size() == 0) {
+        scheduler.complete_step({});
+        continue;
+      }
+      const engine::StepOutput out = eng.run_step(b, scheduler);
+      const engine::StepTiming& t = out.timing;
+      INFO("step " << b.step << ": " << b.describe());
+      const double parts[] = {t.embed_ms, t.projection_ms, t.attention_ms, t.logits_ms, t.sampling_ms, t.host_ms};
+      double sum = 0;
+      for (double x : parts) {
+        CHECK((std::isfinite(x) && x >= 0));
+        sum += x;
+      }
+      // the GPU phases split the interval from the first event to the last (each read at
+      // about 0.5 us resolution)
+      CHECK(std::abs(sum - t.total_ms) <= 0.01 + 0.01 * t.total_ms);
+      CHECK(t.total_ms > t.host_ms);
+      attention_ms += t.attention_ms;
+      ++steps;
+      graph_steps += out.graph_batch > 0;
+      cascade_graph_steps += out.graph_batch > 0 && out.decode_stage == "05_cascade";
+      pod_steps += out.decode_stage == "pod_attention";
+      scheduler.complete_step(out.tokens);
+    }
+    CHECK(steps > 0);
+    CHECK(attention_ms > 0);
+  }
+  CHECK(graph_steps > 0);
+  CHECK(cascade_graph_steps > 0);
+  CHECK(pod_steps > 0);
 }
 
 TEST_SUITE("host") {
