@@ -5,7 +5,8 @@ Reads the JSON that the skipped GPU test case "09_engine mixed step timing" writ
 (tests/stages/test_mixed_step.cpp, FLASHSTEP_MIXED_STEP_JSON), with the commit, date and
 command a run script adds, and replaces the text between `<!-- mixed-step:begin -->` and
 `<!-- mixed-step:end -->` in stages/09_engine/README.md with its provenance and one table:
-per (prefill tokens, decode rows) the median time of each form and the faster one.
+per (prefill tokens, decode rows) the median time of each form, the fastest, and POD's time
+over two calls' and over the fastest one call's; then how often POD is the faster.
 
     python3 bench/reports/mixed_step_report.py --results docs/results/09_engine/<run>.json [--repo .] [--check]
 """
@@ -36,15 +37,22 @@ def section(path, run, repo):
            "1024..4096 keys (seeded draw), the prefill row P new tokens after 1024 cached ones. Times in "
            f"microseconds, the median of {run.get('reps', '?')} CUDA-event timings of run() (plan() before, the L2 "
            "flushed before each).", "",
-           "| prefill tokens | decode rows | " + " | ".join(heads) + " | fastest | POD / two calls |",
-           "|--:|--:|" + "--:|" * len(heads) + ":--|--:|"]
+           "| prefill tokens | decode rows | " + " | ".join(heads) +
+           " | fastest | POD / two calls | POD / fastest one call |",
+           "|--:|--:|" + "--:|" * len(heads) + ":--|--:|--:|"]
+    over_two, over_one = [], []  # POD's time over two calls', over the fastest one call's, per mix
     for r in rows:
         variants = r["variants"]
         two = next((v["us"] for v in variants if v["form"] == "two_calls"), None)
         pod = next((v["us"] for v in variants if v["form"] == "pod"), None)
+        one = min((v["us"] for v in variants if v["form"] == "one_call"), default=None)
         best = min(variants, key=lambda v: v["us"])
         out.append(f"| {r['prefill_tokens']} | {r['decodes']} | " + " | ".join(fmt(v["us"]) for v in variants) +
-                   f" | {label(best)} | {fmt(ratio(pod, two), 2)} |")
+                   f" | {label(best)} | {fmt(ratio(pod, two), 2)} | {fmt(ratio(pod, one), 2)} |")
+        if ratio(pod, two) is not None:
+            over_two.append(ratio(pod, two))
+        if ratio(pod, one) is not None:
+            over_one.append(ratio(pod, one))
     ran = []
     for i, head in enumerate(heads):
         stages = []
@@ -53,6 +61,11 @@ def section(path, run, repo):
                 stages.append(r["variants"][i]["stages"])
         ran.append(f"{head}: {', '.join(stages)}")
     out += ["", "What ran in each column (stages of the registry, or POD attention): " + "; ".join(ran) + "."]
+    if over_two and over_one:
+        out += ["", f"POD attention is faster than two calls at {sum(x < 1 for x in over_two)} of {len(over_two)} "
+                f"mixes (its time over theirs {fmt(min(over_two), 2)} to {fmt(max(over_two), 2)}) and faster than the "
+                f"fastest one call at {sum(x < 1 for x in over_one)} of {len(over_one)} (its time over that one's "
+                f"{fmt(min(over_one), 2)} to {fmt(max(over_one), 2)})."]
     return "\n".join(out)
 
 
