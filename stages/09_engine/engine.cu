@@ -150,6 +150,21 @@ std::unique_ptr<StageRunner> make_runner(const StageInfo& info, const BatchShape
   return std::make_unique<cascade::CascadeRunner>(options);
 }
 
+// The kernel and memset nodes of a captured graph: the launches a replay pays for.
+int64_t count_launch_nodes(cudaGraph_t g) {
+  size_t n = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) FLASHSTEP_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  int64_t launches = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    FLASHSTEP_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    launches += type == cudaGraphNodeTypeKernel || type == cudaGraphNodeTypeMemset;
+  }
+  return launches;
+}
+
 }  // namespace
 
 const char* to_string(SamplingMode mode) { return mode == SamplingMode::sample ? "sample" : "greedy"; }
@@ -282,6 +297,7 @@ struct Engine::Impl {
     size_t capacity = 0;  // int32 entries of meta and pinned
     cudaGraphExec_t exec = nullptr;
     int64_t replays = 0;
+    int64_t launches = 0;  // kernel and memset nodes of the graph (StepOutput::graph_launches)
     ~GraphEntry() {
       if (exec) cudaGraphExecDestroy(exec);
       if (pinned) cudaFreeHost(pinned);
@@ -752,12 +768,14 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
         throw;
       }
       FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+      entry->launches = count_launch_nodes(g);
       FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&entry->exec, g, 0));
       FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(g));
     }
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(entry->exec, m.stream));
     ++entry->replays;
     out.graph_batch = padded;
+    out.graph_launches = entry->launches;
   } else {
     m.launch_model(launch);
   }

@@ -124,6 +124,8 @@ struct StepOutput {
   StepTiming timing;          ///< when profile
   int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
   bool one_call = false;      ///< the decode and prefill rows ran as one call (one_launch)
+  /// Kernel and memset nodes of that graph, the launches a replay pays for (0: eager).
+  int64_t graph_launches = 0;
 };
 
 /// What generate() returns.
