@@ -153,7 +153,9 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
   c.model.num_kv_heads = 2;
   c.model.position_encoding = ref::PositionEncoding::rope;
   c.scheduler.page_size = 16;
-  c.scheduler.num_pages = 128;
+  c.scheduler.num_pages = 0;  // room for every request at once, as the token checks have
+  for (const engine::Request& r : reqs)
+    c.scheduler.num_pages += (static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + 15) / 16;
   c.scheduler.max_running = 8;
   c.scheduler.max_tokens_per_step = 48;
   c.profile = true;
