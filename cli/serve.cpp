@@ -81,6 +81,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.profile = opt.profile;
   c.cuda_graphs = opt.cuda_graphs;
   c.cascade_when_shared = opt.cascade;
+  c.one_launch = opt.one_launch;
 
   if (!opt.json.empty()) return run_serve_measure(opt, schedule.requests(), c, os);  // serve_measure.cpp
   Engine engine(c);
@@ -100,10 +101,13 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
       const StepOutput out = engine.run_step(b, scheduler);
       if (b.step == opt.show_step) {
         os << b.describe();
-        os << "attention: "
-           << (out.decode_stage.empty() ? std::string("no decode rows") : "decode rows -> " + out.decode_stage) << ", "
-           << (out.prefill_stage.empty() ? std::string("no prefill rows") : "prefill rows -> " + out.prefill_stage)
-           << (out.graph_batch > 0 ? ", CUDA graph of batch " + std::to_string(out.graph_batch) : std::string())
+        os << "attention: ";
+        if (out.one_call) os << "decode and prefill rows in one call -> " << out.prefill_stage;
+        else
+          os << (out.decode_stage.empty() ? std::string("no decode rows") : "decode rows -> " + out.decode_stage)
+             << ", "
+             << (out.prefill_stage.empty() ? std::string("no prefill rows") : "prefill rows -> " + out.prefill_stage);
+        os << (out.graph_batch > 0 ? ", CUDA graph of batch " + std::to_string(out.graph_batch) : std::string())
            << "\nsampled:";
         for (size_t i = 0; i < out.tokens.size(); ++i)
           os << " r" << b.request_ids[static_cast<size_t>(b.sample_rows[i])] << "=" << out.tokens[i];

@@ -35,10 +35,13 @@ class ReportError(ValueError):
 
 def read(paths):
     """{what: run} of the files (results.py's one shape, "raw" the file as written);
-    ReportError where a file is not a stage 09 results file or two measured the same workload."""
+    ReportError where a file is not a stage 09 results file or two measured the same workload.
+    The mixed-step timing files beside them (mixed_step_report.py's) are passed over."""
     runs = {}
     for path in paths:
         run = load(path)
+        if run["writer"] == "mixed_step":
+            continue
         raw = run["raw"]
         if raw.get("stage") != "09_engine" or "what" not in raw or "variants" not in raw:
             raise ReportError(f"{path}: not a results file of flashstep serve --json")

@@ -220,6 +220,21 @@ def from_results(path, data):
                 targets=targets)
 
 
+def from_mixed_step(path, data):
+    """Stage 09's timing of one mixed step's attention in each form (the skipped GPU case
+    "09_engine mixed step timing" of tests/stages/test_mixed_step.cpp writes it; a run
+    script adds commit, date and command; bench/reports/mixed_step_report.py reads it): per
+    (prefill tokens, decode rows) each form's median. One row per form and mix, named
+    "09_engine_<form>[_<stage asked>]/p<prefill tokens>_d<decode rows>", in microseconds."""
+    rows = []
+    for r in data["rows"]:
+        for v in r["variants"]:
+            impl = "09_engine_" + v["form"] + ("" if v["asked"] == "default" else "_" + v["asked"])
+            rows.append(_row(f"{impl}/p{r['prefill_tokens']}_d{r['decodes']}", float(v["us"]), v, "us"))
+    return _run(path, data, "mixed_step", device=data.get("device"), commit=data.get("commit"),
+                command=data.get("command"), date=data.get("date"), rows=rows)
+
+
 # The writers' shapes, told apart by what only each one writes.
 WRITERS = [
     ("results", lambda d: isinstance(d, dict) and d.get("format") == FORMAT, from_results),
@@ -228,6 +243,8 @@ WRITERS = [
     ("sampling_modes", lambda d: isinstance(d, dict) and isinstance(d.get("modes"), dict), from_sampling_modes),
     ("context_parallel", lambda d: isinstance(d, dict) and "cost_model" in d, from_context_parallel),
     ("peers", lambda d: isinstance(d, dict) and isinstance(d.get("results"), list), from_peers),
+    ("mixed_step", lambda d: isinstance(d, dict) and isinstance(d.get("rows"), list) and bool(d["rows"])
+     and isinstance(d["rows"][0], dict) and "variants" in d["rows"][0], from_mixed_step),
     ("host_cost", lambda d: (isinstance(d, list) and d and isinstance(d[0], dict) and "wrapper" in d[0])
      or (isinstance(d, dict) and isinstance(d.get("rows"), list)), from_host_cost),
 ]

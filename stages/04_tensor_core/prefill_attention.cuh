@@ -510,15 +510,21 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
 template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
 __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
                                   PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
-    prefill_attention_kernel(const PrefillParams<T, KV> p) {
+    prefill_attention_kernel(const PrefillParams<T, KV> p);
+
+/// The body of prefill_attention_kernel for its block `block` (blockIdx.x there), over
+/// `smem_raw`, PrefillTraits::smem_bytes() of dynamic shared memory: for a later stage's
+/// kernel whose blocks run several kinds of work (stage 09's POD attention).
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
+__device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, KV>& p, unsigned block,
+                                                        unsigned char* smem_raw) {
   using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* q_smem = reinterpret_cast<T*>(smem_raw);
   KV* kv_smem = reinterpret_cast<KV*>(q_smem + Br * HEAD_DIM);  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
   T* wide_smem = reinterpret_cast<T*>(kv_smem + 2 * kStages * Bc * HEAD_DIM);  // FP8: the widened K and V tiles
 
-  const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  const int item = block / p.num_kv_heads, kv_head = block % p.num_kv_heads;
   // A plan for CUDA graphs pads the grid to a size fixed by batch_size and nnz_qo: the
   // padding items name no request.
   if (p.request_indices[item] < 0) return;
@@ -604,6 +610,14 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThrea
   kernels::cp_async_wait_group<0>();  // no copy may outlive the block (a block with no tiles)
 
   store_output<T, HEAD_DIM, Tr::kTilesO>(p, t, kv_head, warp_row0, m, l, o);
+}
+
+template <typename T, int HEAD_DIM, typename KV, int STAGES>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
+    prefill_attention_kernel(const PrefillParams<T, KV> p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  prefill_attention_block<T, HEAD_DIM, KV, STAGES>(p, blockIdx.x, smem_raw);
 }
 
 /// For a later stage that builds its own PrefillParams (stage 05 runs this kernel once per

@@ -41,6 +41,9 @@ constexpr int kBc = 64;   // stage 04's key tile
 constexpr int kBr = 128;  // stage 04's packed query rows per tile
 constexpr int kMinChunkKeys = 128;
 constexpr int64_t kMaxMergeTokens = 65535;  // the merge grid's y dimension
+// fixed_graph_launch: one chunk per query tile, of more keys than any request holds (a
+// multiple of kBc, so that stage 04's kernel writes partial rows and splits nothing)
+constexpr int kWholeChunk = 1 << 30;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -273,12 +276,25 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   CascadePlan& plan = out->plan;
   plan.flat_stage = flat_stage_of(s, options_);  // the flat path's stage, whichever path runs
   plan.flat_seconds = flat_seconds(s, plan.flat_stage, cost);
+  // A launch fixed by (batch_size, nnz_qo, num_pages) for a captured graph: two levels,
+  // whatever is shared (CascadeOptions::fixed_graph_launch).
+  const bool fixed = s.cuda_graph && options_.fixed_graph_launch && given == nullptr;
+  plan.fixed_launch = fixed;
 
   // Candidate level sets: the given ones (priced in place, never copied: they hold every
   // page id), or every subset of the derived shared levels (a shared level that does not
   // pay is folded into the next one).
   std::vector<ref::CascadeLevels> candidates;
-  if (given) {
+  if (fixed) {
+    ref::require(s.num_pages > 0, fn, "fixed_graph_launch needs the pool's num_pages (it sizes the workspace)");
+    ref::require(s.nnz_qo() <= kMaxMergeTokens, fn,
+                 "a cascade takes at most " + std::to_string(kMaxMergeTokens) + " query tokens (the merge grid)");
+    candidates.push_back(
+        ref::build_cascade_levels(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size,
+                                  ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices,
+                                                                 s.kv_last_page_len, s.page_size, 2, s.causal),
+                                  s.causal));
+  } else if (given) {
     check_given_levels(fn, s, *given);
   } else if (options_.path != Path::flat && s.nnz_qo() <= kMaxMergeTokens) {
     const auto ends = nonempty_ends(s, ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices,
@@ -315,10 +331,10 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     }
   }
   plan.cascade_seconds = chosen == nullptr ? 0 : best;
-  const bool cascade = chosen != nullptr &&
-                       (given ? options_.path != Path::flat
-                              : options_.path == Path::cascade ||
-                                    (options_.path == Path::automatic && best < cost.margin * plan.flat_seconds));
+  const bool cascade = fixed || (chosen != nullptr &&
+                                 (given ? options_.path != Path::flat
+                                        : options_.path == Path::cascade || (options_.path == Path::automatic &&
+                                                                             best < cost.margin * plan.flat_seconds)));
   if (!cascade) {
     plan.path = Path::flat;
     plan.levels = {};
@@ -353,7 +369,24 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     L.shape = level_shape(s, lv);
     LevelPlan lp;
     lp.seconds = level_seconds(L.shape, options_, &L.hopper);
-    if (L.hopper) {
+    if (fixed) {
+      // stage 04 (stage 07's tensor maps follow the lengths), no split, the grid padded
+      // as stage 04 pads its own graph plans: sum over groups of ceil(rows * group / Br)
+      // <= ceil(nnz_qo * group / Br) + batch_size - 1, the rest padding (request -1)
+      L.hopper = false;
+      CascadeOptions on_stage_04 = options_;
+      on_stage_04.hopper = false;
+      lp.seconds = level_seconds(L.shape, on_stage_04);
+      tensor_core::TensorCoreOptions topt;
+      topt.kv_chunk_size = kWholeChunk;
+      L.schedule = tensor_core::TensorCoreRunner(KVStorage::paged, topt).make_schedule(L.shape);
+      const size_t capacity = static_cast<size_t>(ceil_div(s.nnz_qo() * s.group_size(), kBr) +
+                                                  std::max(0, s.batch_size - 1));
+      ref::require(L.schedule.request_indices.size() <= capacity, fn, "a level's work items outgrew the fixed grid");
+      L.schedule.request_indices.resize(capacity, -1);
+      L.schedule.qo_tile_indices.resize(capacity, 0);
+      L.schedule.kv_chunk_indices.resize(capacity, 0);
+    } else if (L.hopper) {
       hopper::HopperOptions hopt;
       hopt.kv_chunk_size = level_chunk(L.shape, hopper_target, hopper::kKeyTile);
       L.schedule = hopper::HopperRunner(hopt).make_schedule(L.shape);
@@ -373,10 +406,12 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     lp.partial_rows = L.schedule.partial_rows();
     plan.level_plans.push_back(lp);
     rows += L.schedule.partial_rows();
-    L.qo_indptr = take(lv.qo_indptr.size());
-    L.kv_indptr = take(lv.kv_indptr.size());
-    L.kv_indices = take(lv.kv_indices.size());
-    L.last_page_len = take(lv.kv_last_page_len.size());
+    // fixed: every array at its most entries, so no offset depends on the levels
+    const size_t groups_cap = static_cast<size_t>(s.batch_size);
+    L.qo_indptr = take(fixed ? groups_cap + 1 : lv.qo_indptr.size());
+    L.kv_indptr = take(fixed ? groups_cap + 1 : lv.kv_indptr.size());
+    L.kv_indices = take(fixed ? groups_cap * static_cast<size_t>(s.num_pages) : lv.kv_indices.size());
+    L.last_page_len = take(fixed ? groups_cap : lv.kv_last_page_len.size());
     L.request = take(L.schedule.request_indices.size());
     L.tile = take(L.schedule.qo_tile_indices.size());
     L.chunk = take(L.schedule.kv_chunk_indices.size());
@@ -417,6 +452,9 @@ namespace {
 /// grid, the split and the workspace offsets.
 std::string launch_of(const CascadePlan& plan, size_t bytes) {
   if (plan.path == Path::flat) return "stage 05: flat on " + plan.flat_stage;
+  if (plan.fixed_launch)  // the groups and pages are device data; the grids are not
+    return "stage 05: 2 levels fixed for a graph (" + std::to_string(plan.level_plans[0].num_items) + " items each, " +
+           std::to_string(plan.partial_rows) + " partial rows, workspace " + std::to_string(bytes) + " bytes)";
   std::string d = "stage 05: " + std::to_string(plan.level_plans.size()) + " levels (";
   for (const LevelPlan& lp : plan.level_plans)
     d += lp.stage + " " + std::to_string(lp.num_items) + " items, chunk " + std::to_string(lp.kv_chunk_size) + ", " +

@@ -66,6 +66,17 @@ struct CascadeOptions {
   /// Run a level on stage 07's kernel where it takes the level (sm_90a, head_dim 128, a
   /// group dividing 128) and the model prices it below stage 04's; false: stage 04 only.
   bool hopper = true;
+  /// Under BatchShape::cuda_graph, plan() (derived levels) makes a launch fixed by
+  /// batch_size, nnz_qo and num_pages, whatever the pages share, so one captured graph
+  /// replays every later plan of that size: always the cascade path, exactly two levels
+  /// (the longest run of whole pages each group shares, empty where none, then each
+  /// request's own pages), both on stage 04's kernel without a KV split (one chunk per
+  /// query tile), each grid padded to the most work items such a batch can need, and the
+  /// workspace laid out for the most pages (batch_size x num_pages ids a level). The cost
+  /// model is not asked: the caller chose the cascade (stage 09 does where decode rows
+  /// share pages). false: the launch follows the levels, and a re-plan that changes them
+  /// after a capture is refused.
+  bool fixed_graph_launch = false;
   CostModel cost;  ///< the planner's prices
 };
 
@@ -90,6 +101,7 @@ struct CascadePlan {
   double flat_seconds = 0;             ///< the model's flat estimate
   double cascade_seconds = 0;          ///< the model's estimate for the levels chosen
   int64_t partial_rows = 0;            ///< partial states of all levels (per query head)
+  bool fixed_launch = false;           ///< planned by CascadeOptions::fixed_graph_launch
 };
 
 /// plan/run for stage 05 over a paged pool.

@@ -64,6 +64,8 @@ struct SamplerParams {
   float min_p;                      ///< scalar, when min_p_per_output is null
   const float* min_p_per_output;    ///< (batch) or null
   uint64_t seed, offset;            ///< Philox key and the stream word of round 0
+  const uint64_t* seeds;            ///< (batch) or null: output i's key (then subsequence 0)
+  const uint64_t* offsets;          ///< (batch) or null: output i's word of round 0
   int32_t* samples;                 ///< (batch) tokens
   int32_t* rounds;                  ///< (batch) or null
   int32_t* status;                  ///< (batch) or null
@@ -120,9 +122,14 @@ __device__ __forceinline__ Status row_status(const RowSummary& s) {
   return Status::ok;
 }
 
-/// The u24 of (output, round): the same number ref::rejection_sample_row uses.
+/// The u24 of (output, round): the same number ref::rejection_sample_row uses, with
+/// (seed, subsequence out, offset), or, where the output has its own key, with
+/// (seed_per_output[out], subsequence 0, its offset): a one-output call's stream.
 __device__ __forceinline__ uint32_t uniform_bits(const SamplerParams& p, int64_t out, int32_t round) {
-  return kernels::philox_uniform_bits24(p.seed, static_cast<uint64_t>(out), p.offset + static_cast<uint64_t>(round));
+  const uint64_t key = p.seeds ? p.seeds[out] : p.seed;
+  const uint64_t subsequence = p.seeds ? 0 : static_cast<uint64_t>(out);
+  const uint64_t offset = p.offsets ? p.offsets[out] : p.offset;
+  return kernels::philox_uniform_bits24(key, subsequence, offset + static_cast<uint64_t>(round));
 }
 
 /// Does a pivot with `count` entries and `mass` above it pass the filter (every entry at
@@ -596,6 +603,8 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.min_p_per_output = min_p.per_output;
   p.seed = opt.seed;
   p.offset = opt.offset;
+  p.seeds = opt.seed_per_output;
+  p.offsets = opt.offset_per_output;
   p.samples = out.samples;
   p.rounds = out.rounds;
   p.status = out.status;

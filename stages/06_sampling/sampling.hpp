@@ -101,6 +101,14 @@ struct SamplingOptions {
   int64_t batch = -1;                ///< outputs; -1 means rows (required when indices is set)
   uint64_t seed = 0;                 ///< Philox key
   uint64_t offset = 0;               ///< stream word of round 0 (output i, round j reads offset + j)
+  /// (batch) device, or null: output i's own Philox key, in place of `seed`. An output
+  /// with its own key is the first output of its own stream (subsequence 0, not i): it
+  /// draws the token a one-output call with that key would. One launch then serves a
+  /// batch whose requests each own a seed, as an engine's step needs (FlashInfer's
+  /// per-request seed and offset tensors).
+  const uint64_t* seed_per_output = nullptr;
+  /// (batch) device, or null: output i's stream word of round 0, in place of `offset`.
+  const uint64_t* offset_per_output = nullptr;
 };
 
 /// Where a sampler writes, one entry per output; rounds and status are optional.

@@ -13,7 +13,9 @@
 #include <map>
 #include <stdexcept>
 
+#include "05_cascade/cascade.hpp"
 #include "06_sampling/sampling.hpp"
+#include "09_engine/pod_attention.hpp"
 #include "09_engine/rope_gpu.hpp"
 #include "09_engine/step_arrays.hpp"
 #include "flashstep/kernels/append_paged.cuh"
@@ -132,6 +134,22 @@ struct DeviceBuffer {
 
 bool is_cascade(const StageInfo& s) { return s.needs_host_page_table; }
 
+// Stage 05 plans a captured decode step with a launch fixed by the padded batch
+// (CascadeOptions::fixed_graph_launch), which its registry entry does not declare: its
+// other rules still apply.
+std::string unsupported_reason(const StageInfo& info, const BatchShape& shape) {
+  if (!is_cascade(info) || !shape.cuda_graph) return info.unsupported_reason(shape);
+  BatchShape eager = shape;
+  eager.cuda_graph = false;
+  return info.unsupported_reason(eager);
+}
+std::unique_ptr<StageRunner> make_runner(const StageInfo& info, const BatchShape& shape) {
+  if (!is_cascade(info) || !shape.cuda_graph) return info.make_runner();
+  cascade::CascadeOptions options;
+  options.fixed_graph_launch = true;
+  return std::make_unique<cascade::CascadeRunner>(options);
+}
+
 // The kernel and memset nodes of a captured graph: the launches a replay pays for.
 int64_t count_launch_nodes(cudaGraph_t g) {
   size_t n = 0;
@@ -195,6 +213,10 @@ struct Engine::Impl {
   size_t meta_pinned_count = 0;
   DeviceBuffer meta_dev;
   int32_t* tokens_pinned = nullptr;
+  // Each sampling row's Philox key and offset (seeds, then offsets), uploaded per step so
+  // that one sampler launch serves every request (SamplingOptions::seed_per_output).
+  DeviceBuffer sample_keys;
+  uint64_t* keys_pinned = nullptr;
 
   struct Role {
     Mode mode;
@@ -203,6 +225,7 @@ struct Engine::Impl {
     DeviceBuffer workspace;
   };
   Role decode{Mode::decode, {}, {}, {}}, prefill{Mode::prefill, {}, {}, {}};
+  PodAttention pod;  // one_launch: a mixed step's attention in one launch
   std::vector<cudaEvent_t> events;
 
   size_t elem() const { return dtype_bytes(cfg.dtype); }
@@ -232,7 +255,7 @@ struct Engine::Impl {
       name = default_stage(shape);
     } else {
       const StageInfo& info = find_stage(name);
-      const std::string why = info.unsupported_reason(shape);
+      const std::string why = unsupported_reason(info, shape);
       if (!why.empty())
         throw ref::InvalidArgument(std::string("Engine: ") +
                                    (role.mode == Mode::decode ? "decode_stage" : "prefill_stage") + " " + info.name +
@@ -240,7 +263,7 @@ struct Engine::Impl {
       name = info.name;
     }
     if (name != role.name || !role.runner) {
-      role.runner = find_stage(name).make_runner();
+      role.runner = make_runner(find_stage(name), shape);
       role.name = name;
     }
     const void* before = role.workspace.ptr;
@@ -263,6 +286,8 @@ struct Engine::Impl {
     Layout at;
     Role* dec;
     Role* pre;
+    bool one_call;      // a mixed step's attention as one call over every row:
+    PodAttention* pod;  // POD attention, or (null) the prefill stage `pre`
   };
   // A decode step padded to `padded` rows, captured once and replayed (CUDA graphs).
   struct GraphEntry {
@@ -278,7 +303,8 @@ struct Engine::Impl {
       if (pinned) cudaFreeHost(pinned);
     }
   };
-  std::map<int64_t, std::unique_ptr<GraphEntry>> graphs;
+  // by (padded rows, whether the decode rows run stage 05's cascade)
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<GraphEntry>> graphs;
   DeviceBuffer cublas_workspace;
 
   void launch_model(const Launch& s);
@@ -418,11 +444,14 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   m.probs.reserve(static_cast<size_t>(m.max_rows * m.vocab) * 4, m.stream);
   m.tokens_out.reserve(static_cast<size_t>(m.max_rows) * 4, m.stream);
   m.status.reserve(static_cast<size_t>(m.max_rows) * 4, m.stream);
-  m.sample_ws.reserve(std::max<size_t>(sampling::workspace_bytes("top_k_top_p_sampling_from_probs", 1, 1, m.vocab,
-                                                                 ref::FilterApplyOrder::top_k_first),
-                                       256),
-                      m.stream);
+  m.sample_ws.reserve(
+      std::max<size_t>(sampling::workspace_bytes("top_k_top_p_sampling_from_probs", m.max_rows, m.max_rows, m.vocab,
+                                                 ref::FilterApplyOrder::top_k_first),
+                       256),
+      m.stream);
   FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.tokens_pinned), m.max_rows * sizeof(int32_t)));
+  m.sample_keys.reserve(static_cast<size_t>(2 * m.max_rows) * sizeof(uint64_t), m.stream);
+  FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.keys_pinned), 2 * m.max_rows * sizeof(uint64_t)));
   if (c.profile) {
     m.events.resize(static_cast<size_t>(5 + 3 * m.layers));
     for (auto& ev : m.events) FLASHSTEP_CUDA_CHECK(cudaEventCreate(&ev));
@@ -436,6 +465,7 @@ Engine::~Engine() {
   for (auto& ev : m.events) cudaEventDestroy(ev);
   if (m.meta_pinned) cudaFreeHost(m.meta_pinned);
   if (m.tokens_pinned) cudaFreeHost(m.tokens_pinned);
+  if (m.keys_pinned) cudaFreeHost(m.keys_pinned);
   if (m.cublas) cublasDestroy(m.cublas);
   // runners and buffers go before the stream
   m.graphs.clear();
@@ -519,7 +549,21 @@ void Engine::Impl::launch_model(const Launch& s) {
     else kernels::launch_append_paged_kv_cache<__half>(a, stream);
     kernels::check_launch("append_paged_kv_cache_kernel");
     event(ev++);
-    if (s.nd > 0) {
+    if (s.one_call) {
+      // every row, decodes as one-query requests, causal (a decode row sees all its keys)
+      DeviceBatch db;
+      db.q = qp;
+      db.qo_indptr = dm + at.qo;
+      db.kv_indptr = dm + at.kvp;
+      db.kv_pool = pool;
+      db.kv_indices = dm + at.idx;
+      db.kv_last_page_len = dm + at.last;
+      db.o = op;
+      db.lse = lse.as<float>();
+      if (s.pod) s.pod->run(db, stream);
+      else s.pre->runner->run(db, stream);
+    }
+    if (s.nd > 0 && !s.one_call) {
       DeviceBatch db;
       db.q = qp;
       db.qo_indptr = dm + at.qo;
@@ -531,7 +575,7 @@ void Engine::Impl::launch_model(const Launch& s) {
       db.lse = lse.as<float>();
       s.dec->runner->run(db, stream);
     }
-    if (s.np > 0) {
+    if (s.np > 0 && !s.one_call) {
       DeviceBatch db;
       db.q = qp + static_cast<size_t>(s.q0 * qw) * e;
       db.qo_indptr = dm + at.pqo;
@@ -587,7 +631,9 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   // A decode-only step runs as a CUDA graph captured at the next power of two of its
   // batch (padding rows: no pages, token 0, never appended, never sampled).
   // Decode rows that share pages (a cached prefix) go to stage 05 when asked
-  // (cascade_when_shared): its planner prices the cascade against a flat pass.
+  // (cascade_when_shared): eagerly, its planner prices the cascade against a flat pass;
+  // in a graph, its launch is fixed by the padded batch (two levels, see cascade.hpp),
+  // in a graph of its own.
   std::string decode_choice;
   if (m.cfg.cascade_when_shared && m.cfg.decode_stage.empty() && nd > 1) {
     std::vector<int32_t> pages(b.kv_indices.begin(), b.kv_indices.begin() + b.kv_indptr[nd]);
@@ -595,7 +641,7 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
     if (std::adjacent_find(pages.begin(), pages.end()) != pages.end()) decode_choice = "05_cascade";
   }
   int64_t padded = 0;
-  if (m.cfg.cuda_graphs && np == 0 && decode_choice.empty()) {  // a cascade step runs eagerly
+  if (m.cfg.cuda_graphs && np == 0) {
     padded = 1;
     while (padded < nd) padded *= 2;
     if (padded > m.max_rows || padded > m.max_nnz) padded = 0;
@@ -625,7 +671,7 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   int32_t* pinned = nullptr;
   DeviceBuffer* dev = nullptr;
   if (graph) {
-    auto& slot = m.graphs[padded];
+    auto& slot = m.graphs[{padded, !decode_choice.empty()}];
     if (!slot) {
       slot = std::make_unique<Impl::GraphEntry>();
       slot->capacity = at.idx + static_cast<size_t>(padded * m.cfg.scheduler.num_pages);
@@ -651,7 +697,28 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
 
   // ---- plan (outside any graph): decode rows and prefill rows, two calls -------------
   Impl::Role* dec = graph ? &entry->decode : &m.decode;
-  if (nd > 0) {
+  // one_launch: a mixed step's rows in one launch of POD attention (pod_attention.cuh),
+  // or, where it cannot run the step, one call of the prefill stage
+  const bool one_call = m.cfg.one_launch && nd > 0 && np > 0;
+  bool pod = false;
+  if (one_call) {
+    BatchShape s = m.base_shape(Mode::prefill);
+    s.batch_size = static_cast<int>(rows);
+    s.qo_indptr = arrays.slice(at.qo, rows + 1);
+    s.kv_indptr = arrays.slice(at.kvp, rows + 1);
+    s.kv_last_page_len = b.kv_last_page_len;
+    s.kv_indices = b.kv_indices;
+    pod = m.cfg.prefill_stage.empty() && pod_unsupported_reason(s, static_cast<int>(nd)).empty();
+    if (pod) {
+      m.pod.plan(s, static_cast<int>(nd), m.stream);
+      out.decode_stage = out.prefill_stage = "pod_attention";
+    } else {
+      m.plan(m.prefill, s);
+      out.decode_stage = out.prefill_stage = m.prefill.name;
+    }
+    out.one_call = true;
+  }
+  if (nd > 0 && !one_call) {
     BatchShape s = m.base_shape(Mode::decode);
     const int64_t dec_rows = graph ? padded : nd;  // the decode call's rows (padding included)
     s.batch_size = static_cast<int>(dec_rows);
@@ -666,11 +733,11 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
       entry->exec = nullptr;
       dec->runner.reset();
     }
-    if (!decode_choice.empty() && !find_stage(decode_choice).unsupported_reason(s).empty()) decode_choice.clear();
+    if (!decode_choice.empty() && !unsupported_reason(find_stage(decode_choice), s).empty()) decode_choice.clear();
     m.plan(*dec, s, decode_choice);
     out.decode_stage = dec->name;
   }
-  if (np > 0) {
+  if (np > 0 && !one_call) {
     BatchShape s = m.base_shape(Mode::prefill);
     s.batch_size = static_cast<int>(np);
     s.qo_indptr = p_qo;
@@ -683,7 +750,8 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   const auto host_end = std::chrono::steady_clock::now();
 
   // ---- the model: eager, or the step's graph (captured on first use) ----------------
-  const Impl::Launch launch{n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill};
+  const Impl::Launch launch{
+      n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill, one_call, pod ? &m.pod : nullptr};
   if (graph) {
     if (entry->exec == nullptr) {
       // One eager pass first: kernels load and cuBLAS picks its algorithms outside the
@@ -720,26 +788,33 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
                                                                              static_cast<int>(m.vocab), tokens);
     kernels::check_launch("argmax_kernel");
   } else if (samples > 0) {
+    // One launch for every sampling row: row i draws with request r's key seed + r and
+    // offset (its token index) * kSamplingOffsetStride, read from device arrays.
     namespace smp = sampling;
-    smp::DeviceRows lg{m.logits.ptr, samples, m.vocab, smp::ElementType::f32};
-    smp::softmax(lg, smp::RowParam<double, float>(sp.temperature), m.probs.as<float>(), nullptr, m.stream);
     for (int64_t i = 0; i < samples; ++i) {
       const int32_t r = b.request_ids[static_cast<size_t>(b.sample_rows[static_cast<size_t>(i)])];
-      smp::DeviceRows row{m.probs.as<float>() + i * m.vocab, 1, m.vocab, smp::ElementType::f32};
-      smp::SamplingOutputs so;
-      so.samples = tokens + i;
-      so.status = m.status.as<int32_t>() + i;
-      smp::SamplingOptions opt;
-      opt.seed = sp.seed + static_cast<uint64_t>(r);
-      opt.offset = static_cast<uint64_t>(scheduler.state(r).generated.size()) * ref::kSamplingOffsetStride;
-      if (sp.top_k > 0 && sp.top_p < 1.0)
-        smp::top_k_top_p_sampling_from_probs(row, smp::TopK(sp.top_k), smp::Fraction(sp.top_p),
-                                             ref::FilterApplyOrder::top_k_first, so,
-                                             smp::Workspace{m.sample_ws.ptr, m.sample_ws.bytes}, opt, m.stream);
-      else if (sp.top_k > 0) smp::top_k_sampling_from_probs(row, smp::TopK(sp.top_k), so, opt, m.stream);
-      else if (sp.top_p < 1.0) smp::top_p_sampling_from_probs(row, smp::Fraction(sp.top_p), so, opt, m.stream);
-      else smp::sampling_from_probs(row, so, opt, m.stream);
+      m.keys_pinned[i] = sp.seed + static_cast<uint64_t>(r);
+      m.keys_pinned[samples + i] = static_cast<uint64_t>(scheduler.state(r).generated.size()) *
+                                   ref::kSamplingOffsetStride;
     }
+    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(m.sample_keys.ptr, m.keys_pinned, static_cast<size_t>(2 * samples) * 8,
+                                         cudaMemcpyHostToDevice, m.stream));
+    smp::DeviceRows lg{m.logits.ptr, samples, m.vocab, smp::ElementType::f32};
+    smp::softmax(lg, smp::RowParam<double, float>(sp.temperature), m.probs.as<float>(), nullptr, m.stream);
+    const smp::DeviceRows rows{m.probs.as<float>(), samples, m.vocab, smp::ElementType::f32};
+    smp::SamplingOutputs so;
+    so.samples = tokens;
+    so.status = m.status.as<int32_t>();
+    smp::SamplingOptions opt;
+    opt.seed_per_output = m.sample_keys.as<uint64_t>();
+    opt.offset_per_output = m.sample_keys.as<uint64_t>() + samples;
+    if (sp.top_k > 0 && sp.top_p < 1.0)
+      smp::top_k_top_p_sampling_from_probs(rows, smp::TopK(sp.top_k), smp::Fraction(sp.top_p),
+                                           ref::FilterApplyOrder::top_k_first, so,
+                                           smp::Workspace{m.sample_ws.ptr, m.sample_ws.bytes}, opt, m.stream);
+    else if (sp.top_k > 0) smp::top_k_sampling_from_probs(rows, smp::TopK(sp.top_k), so, opt, m.stream);
+    else if (sp.top_p < 1.0) smp::top_p_sampling_from_probs(rows, smp::Fraction(sp.top_p), so, opt, m.stream);
+    else smp::sampling_from_probs(rows, so, opt, m.stream);
   }
   const size_t sampled_event = static_cast<size_t>(3 + 3 * m.layers);
   m.event(sampled_event);

@@ -15,11 +15,13 @@
 ///            append K, V to layer l's page pool       kernels/append_paged.cuh
 ///            O[decode rows]  = decode stage run()     rows 0 .. num_decodes-1
 ///            O[prefill rows] = prefill stage run()    causal, the rest
+///            (one_launch: O[every row] = POD attention, one launch, for a mixed step)
 ///            X += O W_O                               cuBLAS, beta = 1 into fp32 X
 ///   logits   X[sample rows] rounded, times W_vocab    cuBLAS, fp32 logits
 ///   sample   greedy: argmax; else stage 06: softmax(logits / T), then the sampler the
-///            reference's generate() uses, per output with Philox key seed + request and
-///            offset (token index) * kSamplingOffsetStride
+///            reference's generate() uses, one launch for every output, output i with
+///            its request's Philox key seed + request and offset (token index) *
+///            kSamplingOffsetStride from device arrays (SamplingOptions::seed_per_output)
 ///   host     the sampled token ids (one int32 per sampling row) come back
 /// ```
 ///
@@ -86,9 +88,17 @@ struct EngineConfig {
   /// captured, the sampling after it (each request's seed and offset change per step).
   bool cuda_graphs = false;
   /// With no decode_stage named: a step whose decode rows share pages (a cached prefix)
-  /// runs them with stage 05's cascade, whose planner prices the cascade against a flat
-  /// pass; such a step runs eagerly even with cuda_graphs.
+  /// runs them with stage 05's cascade. Eagerly its planner prices the cascade against a
+  /// flat pass; with cuda_graphs the step is captured too, in a graph of its own per
+  /// padded size, stage 05 planning a launch fixed by that size
+  /// (cascade::CascadeOptions::fixed_graph_launch: two levels, no KV split).
   bool cascade_when_shared = false;
+  /// A mixed step (decode and prefill rows) computes its attention in one launch instead
+  /// of two calls: POD attention (pod_attention.hpp: stage 04's prefill tiles and stage
+  /// 03's decode items in one grid). With prefill_stage named, or a step POD cannot run,
+  /// one call of the prefill stage over every row instead (a decode row being a request
+  /// of one query).
+  bool one_launch = false;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
@@ -113,6 +123,7 @@ struct StepOutput {
   std::string prefill_stage;  ///< stage that ran the prefill rows ("" when there were none)
   StepTiming timing;          ///< when profile
   int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
+  bool one_call = false;      ///< the decode and prefill rows ran as one call (one_launch)
   /// Kernel and memset nodes of that graph, the launches a replay pays for (0: eager).
   int64_t graph_launches = 0;
 };

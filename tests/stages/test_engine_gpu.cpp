@@ -129,9 +129,11 @@ int32_t reference_draw(const std::vector<float>& row, const SamplingParams& sp, 
 
 struct Tally {
   int64_t steps = 0, flips = 0, bad = 0, graph_steps = 0;
-  double worst_ratio = 0;       ///< max over logits of |engine - ref| / delta
-  double worst_norm_ratio = 0;  ///< max over steps of ||engine - ref|| / (norm bound)
-  double max_abs = 0;           ///< max |engine - ref| over logits
+  int64_t cascade_graph_steps = 0;  ///< steps whose decode rows ran stage 05 inside a CUDA graph
+  int64_t one_call_steps = 0;       ///< mixed steps whose attention was one call (one_launch)
+  double worst_ratio = 0;           ///< max over logits of |engine - ref| / delta
+  double worst_norm_ratio = 0;      ///< max over steps of ||engine - ref|| / (norm bound)
+  double max_abs = 0;               ///< max |engine - ref| over logits
   std::vector<std::string> stages;
   std::vector<std::string> failures;
   void note_stage(const std::string& s) {
@@ -144,6 +146,7 @@ struct RunSpec {
   std::string decode_stage, prefill_stage;
   bool cuda_graphs = false;
   bool cascade_when_shared = false;
+  bool one_launch = false;
 };
 
 /// Runs the engine over `reqs` step by step against `want` (the reference's tokens and
@@ -165,6 +168,9 @@ void check_run(const ref::TinyDecoder& model, const EngineConfig& cfg, const std
     }
     const StepOutput out = engine.run_step(b, scheduler);
     tally.graph_steps += out.graph_batch > 0 ? 1 : 0;
+    tally.cascade_graph_steps += out.graph_batch > 0 && out.decode_stage == "05_cascade" ? 1 : 0;
+    tally.one_call_steps += out.one_call ? 1 : 0;
+    CHECK(out.one_call == (cfg.one_launch && b.num_decodes > 0 && b.num_decodes < b.batch_size()));
     if (out.graph_batch > 0) CHECK(out.graph_batch >= b.num_decodes);
     tally.note_stage(out.decode_stage);
     tally.note_stage(out.prefill_stage);
@@ -272,6 +278,7 @@ EngineConfig make_config(const ref::TinyDecoderConfig& model, DType dtype, const
   c.prefill_stage = run.prefill_stage;
   c.cuda_graphs = run.cuda_graphs;
   c.cascade_when_shared = run.cascade_when_shared;
+  c.one_launch = run.one_launch;
   c.scheduler.page_size = run.page_size;
   c.scheduler.max_running = run.max_running;
   c.scheduler.max_tokens_per_step = run.max_tokens_per_step;
@@ -305,20 +312,26 @@ void token_check(const ref::TinyDecoderConfig& model_cfg, DType dtype, const std
         std::string stages;
         for (const auto& s : t.stages) stages += (stages.empty() ? "" : ",") + s;
         std::printf(
-            "%s prompts, %s, page %lld, max_running %lld, budget %lld%s%s: %lld steps (%lld in graphs), %lld flips, "
-            "%lld failures, max |err| %.3g, max |err|/delta %.3f, max norm ratio %.3f, stages %s\n",
+            "%s prompts, %s, page %lld, max_running %lld, budget %lld%s%s%s: %lld steps (%lld in graphs, %lld cascade "
+            "in graphs, %lld one call), %lld flips, %lld failures, max |err| %.3g, max |err|/delta %.3f, max norm ratio "
+            "%.3f, stages %s\n",
             shared ? "shared" : "independent", sp.mode == SamplingMode::greedy ? "greedy" : "top-k/top-p sample",
             static_cast<long long>(run.page_size), static_cast<long long>(run.max_running),
             static_cast<long long>(run.max_tokens_per_step), run.cuda_graphs ? ", CUDA graphs" : "",
-            run.cascade_when_shared ? ", cascade when shared" : "", static_cast<long long>(t.steps),
-            static_cast<long long>(t.graph_steps), static_cast<long long>(t.flips), static_cast<long long>(t.bad),
-            t.max_abs, t.worst_ratio, t.worst_norm_ratio, stages.c_str());
+            run.cascade_when_shared ? ", cascade when shared" : "", run.one_launch ? ", one launch" : "",
+            static_cast<long long>(t.steps), static_cast<long long>(t.graph_steps),
+            static_cast<long long>(t.cascade_graph_steps), static_cast<long long>(t.one_call_steps),
+            static_cast<long long>(t.flips), static_cast<long long>(t.bad), t.max_abs, t.worst_ratio,
+            t.worst_norm_ratio, stages.c_str());
         for (const auto& f : t.failures) std::printf("  FAIL %s\n", f.c_str());
         total.steps += t.steps;
         total.flips += t.flips;
         total.bad += t.bad;
         CHECK(t.bad == 0);
-        if (!run.cascade_when_shared) CHECK((t.graph_steps > 0) == run.cuda_graphs);  // cascade steps run eagerly
+        CHECK((t.graph_steps > 0) == run.cuda_graphs);
+        // shared prefixes: some decode steps share pages, and with graphs they run stage 05 captured
+        if (shared && run.cuda_graphs && run.cascade_when_shared) CHECK(t.cascade_graph_steps > 0);
+        if (run.one_launch) CHECK(t.one_call_steps > 0);
       }
     }
   }
@@ -356,6 +369,17 @@ TEST_CASE("09_engine: tokens and logits equal the reference's generation (f16, d
   token_check(engine_model(), DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
 }
 
+TEST_CASE("09_engine: mixed steps in one launch, cascade steps in CUDA graphs: tokens equal the reference's") {
+  // one_launch (POD attention) at 64 running requests, and as one call of stage 04 (named
+  // prefill stage) at pages of 1 (budgets that mix chunked prefills with decodes);
+  // cascade_when_shared with CUDA graphs at 64 running requests; all three at 8
+  RunSpec one{16, 64, 512, "", ""}, one_small{1, 8, 48, "", "04_tensor_core"};
+  one.one_launch = one_small.one_launch = true;
+  RunSpec graphs_cascade{16, 64, 512, "", "", true, true}, all{16, 8, 48, "", "", true, true};
+  all.one_launch = true;
+  token_check(engine_model(), DType::f16, {one, one_small, graphs_cascade, all}, {greedy(), top_k_top_p(2024)}, 64);
+}
+
 TEST_CASE("09_engine: model variants: sinusoidal positions, no W_O, interleaved RoPE, head_dim 64, GQA 4") {
   ref::TinyDecoderConfig a;
   a.d_model = 256;
@@ -384,8 +408,9 @@ TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
   c.scheduler.max_tokens_per_step = 64;
   c.sampling = top_k_top_p(1);
   const auto reqs = workload(true, 4, 3);
-  for (bool graphs : {false, true}) {  // eager, then decode steps as CUDA graphs
-    c.cuda_graphs = graphs;
+  for (int variant = 0; variant < 3; ++variant) {  // eager; decode steps as CUDA graphs; + cascade, one launch
+    c.cuda_graphs = variant > 0;
+    c.cascade_when_shared = c.one_launch = variant == 2;
     Engine engine(c);
     const GenerationRun run = engine.generate(reqs);
     REQUIRE(run.tokens.size() == reqs.size());

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -75,10 +76,12 @@ Sequence build_sequence(const std::vector<CaseSpec>& specs, KVStorage storage, c
 
 /// Plans cases[0], captures run(), then for every case: its inputs into the same buffers,
 /// plan() into the same workspace, replay (twice, outputs poisoned before each), compare.
-void check_replays(const StageInfo& stage, const Sequence& seq) {
+/// `make_runner`: the runner to check (default: the registry entry's).
+void check_replays(const StageInfo& stage, const Sequence& seq,
+                   const std::function<std::unique_ptr<StageRunner>()>& make_runner = {}) {
   const BatchShape& first = seq.cases[0].layout.shape;
   FixedBatch fixed(first, seq.max_pages, seq.max_kv_rows, seq.max_indices);
-  std::unique_ptr<StageRunner> runner = stage.make_runner();
+  std::unique_ptr<StageRunner> runner = make_runner ? make_runner() : stage.make_runner();
   size_t bytes = 0;
   for (const HostCase& host : seq.cases) bytes = std::max(bytes, runner->workspace_bytes(host.layout.shape));
   DeviceBuffer workspace(std::max<size_t>(bytes, 1));
@@ -234,4 +237,49 @@ TEST_CASE("05_cascade refuses a re-plan whose levels a captured graph cannot rep
   graph.replay();
   const ValidationReport r = compare_outputs(stage.name, seq.cases[0], fixed.output(DType::bf16), fixed.lse_values());
   CHECK_MESSAGE(r.passed, r.message());
+}
+
+TEST_CASE("05_cascade with fixed_graph_launch replays a captured run() after re-plans with other prefixes") {
+  // One graph per (batch_size, nnz_qo): the shared prefix grows, shrinks, vanishes (the
+  // shared level then holds no page) and comes back, lengths and page orders change.
+  // Small sizes: every request's copy of the prefix is drawn and answered on the host.
+  const StageInfo stage = find_stage("05_cascade");
+  auto make = [] {
+    cascade::CascadeOptions options;
+    options.fixed_graph_launch = true;
+    return std::unique_ptr<StageRunner>(std::make_unique<cascade::CascadeRunner>(options));
+  };
+  auto small = [](CaseSpec c) {  // the engine's heads
+    c.num_qo_heads = 8;
+    c.num_kv_heads = 2;
+    return c;
+  };
+  for (Mode mode : {Mode::decode, Mode::prefill}) {
+    std::vector<CaseSpec> specs;
+    const int prefixes[] = {256, 1024, 0, 16, 512};
+    const LengthPolicy lengths[] = {LengthPolicy::ragged, LengthPolicy::uniform, LengthPolicy::ragged,
+                                    LengthPolicy::ragged_with_empty, LengthPolicy::ragged};
+    for (int i = 0; i < 5; ++i) {
+      if (mode == Mode::prefill && lengths[i] != LengthPolicy::uniform) continue;  // fixed nnz_qo
+      CaseSpec c = small(graph_spec(mode, DType::bf16, 100 + 100 * i, lengths[i],
+                                    i % 2 ? PageOrder::sequential : PageOrder::shuffled));
+      if (mode == Mode::decode) c.batch_size = 8;
+      c.shared_prefix = prefixes[i];
+      specs.push_back(c);
+    }
+    if (mode == Mode::prefill) {  // a second and third uniform batch, prefix 0 and 128
+      CaseSpec c = small(graph_spec(mode, DType::bf16, 300, LengthPolicy::uniform, PageOrder::shuffled));
+      c.shared_prefix = 0;
+      specs.push_back(c);
+      c.shared_prefix = 128;
+      c.kv_len = 500;
+      specs.push_back(c);
+    }
+    Sequence seq = build_sequence(specs, KVStorage::paged, "cascade fixed graph " + std::string(to_string(mode)));
+    // one pool for the whole sequence, as an engine has: the fixed launch is sized by it
+    for (HostCase& host : seq.cases) host.layout.shape.num_pages = static_cast<int64_t>(seq.max_pages);
+    MESSAGE("05_cascade fixed_graph_launch " << std::string(to_string(mode)) << ": " << specs.size()
+                                             << " plans replayed");
+    check_replays(stage, seq, make);
+  }
 }

@@ -303,6 +303,128 @@ TEST_CASE("top_k_top_p_sampling_from_probs top_k_first: renorm within tolerance,
 
 namespace {
 
+// An engine step samples every request in one launch, each with its own Philox key and
+// offset. An output with its own key is subsequence 0 of that key (a one-output call);
+// with only its own offset it stays subsequence i of the shared key. Batch 3 takes the
+// cluster kernel (a row split over several blocks), batch 37 one block per output.
+void check_per_output_keys(int64_t batch) {
+  auto rng = flashstep::test::case_rng("stage 06 per-output seeds " + std::to_string(batch));
+  const int64_t vocab = 32000, rows = 20;
+  const std::vector<float> host_rows = random_prob_rows(rng, rows, vocab);
+  DeviceArray<float> d_probs(host_rows);
+  std::vector<int32_t> indices;
+  std::vector<uint64_t> seeds, offsets;
+  for (int64_t i = 0; i < batch; ++i) {
+    indices.push_back(static_cast<int32_t>(flashstep::test::random_int(rng, 0, rows - 1)));
+    seeds.push_back(rng());
+    offsets.push_back(i % 3 == 0 ? (uint64_t{1} << 32) + static_cast<uint64_t>(i) : static_cast<uint64_t>(64 * i));
+  }
+  DeviceArray<int32_t> d_indices(indices);
+  DeviceArray<uint64_t> d_seeds(seeds), d_offsets(offsets);
+  const uint64_t shared_seed = rng(), shared_offset = 5;
+  const int64_t k = 50;
+  const double p = 0.9, m = 0.05;
+  const gpu::DeviceRows in{d_probs.get(), rows, vocab};
+  for (Op op : {Op::plain, Op::top_k, Op::top_p, Op::min_p, Op::joint, Op::top_k_first}) {
+    for (int keys = 0; keys < 3; ++keys) {  // 0: seeds and offsets, 1: seeds only, 2: offsets only
+      const bool own_seed = keys != 2, own_offset = keys != 1;
+      CAPTURE(op_name(op));
+      CAPTURE(own_seed);
+      CAPTURE(own_offset);
+      DeviceArray<int32_t> samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
+          status(static_cast<size_t>(batch));
+      samples.poison(), rounds.poison(), status.poison();
+      gpu::SamplingOptions opt;
+      opt.indices = d_indices.get();
+      opt.batch = batch;
+      opt.seed = shared_seed;
+      opt.offset = shared_offset;
+      opt.seed_per_output = own_seed ? d_seeds.get() : nullptr;
+      opt.offset_per_output = own_offset ? d_offsets.get() : nullptr;
+      const gpu::SamplingOutputs out{samples.get(), rounds.get(), status.get()};
+      ref::SamplingFilter filter;
+      std::vector<float> drawn_rows;  // (batch, vocab) the rows the sampler drew from
+      const size_t ws_bytes = gpu::workspace_bytes("top_k_top_p_sampling_from_probs", rows, batch, vocab);
+      DeviceArray<uint8_t> ws(ws_bytes);
+      switch (op) {
+        case Op::plain: gpu::sampling_from_probs(in, out, opt); break;
+        case Op::top_k:
+          gpu::top_k_sampling_from_probs(in, gpu::TopK(k), out, opt);
+          filter = ref::SamplingFilter::make_top_k(k);
+          break;
+        case Op::top_p:
+          gpu::top_p_sampling_from_probs(in, gpu::Fraction(p), out, opt);
+          filter = ref::SamplingFilter::make_top_p(p);
+          break;
+        case Op::min_p:
+          gpu::min_p_sampling_from_probs(in, gpu::Fraction(m), out, opt);
+          filter = ref::SamplingFilter::make_min_p(m);
+          break;
+        case Op::joint:
+          gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK(k), gpu::Fraction(p), ref::FilterApplyOrder::joint, out,
+                                               {}, opt);
+          filter = ref::SamplingFilter::make_top_k_top_p(k, p);
+          break;
+        case Op::top_k_first: {
+          gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK(k), gpu::Fraction(p), ref::FilterApplyOrder::top_k_first,
+                                               out, {ws.get(), ws_bytes}, opt);
+          // top-p on the renormalized rows the workspace holds (checked by the grid above)
+          const auto bytes_back = ws.download();
+          drawn_rows.resize(static_cast<size_t>(batch * vocab));
+          std::memcpy(drawn_rows.data(), bytes_back.data(), drawn_rows.size() * sizeof(float));
+          filter = ref::SamplingFilter::make_top_p(p);
+          break;
+        }
+      }
+      const std::vector<int32_t> got = samples.download(), got_rounds = rounds.download(),
+                                 got_status = status.download();
+      ref::SamplingResult expected;
+      for (int64_t i = 0; i < batch; ++i) {
+        const float* row = drawn_rows.empty() ? host_rows.data() + int64_t{indices[static_cast<size_t>(i)]} * vocab
+                                              : drawn_rows.data() + i * vocab;
+        const uint64_t key = own_seed ? seeds[static_cast<size_t>(i)] : shared_seed;
+        const uint64_t subsequence = own_seed ? 0 : static_cast<uint64_t>(i);
+        const uint64_t offset = own_offset ? offsets[static_cast<size_t>(i)] : shared_offset;
+        const ref::RejectionDraw d = ref::rejection_sample_row(row, vocab, filter, key, subsequence, offset);
+        expected.samples.push_back(d.token);
+        expected.rounds.push_back(d.rounds);
+      }
+      check_tokens(std::string(op_name(op)) + " per-output keys", got, got_rounds, got_status, expected, indices);
+    }
+  }
+  // The engine's case, against the operator itself: output i with key seeds[i] and offset
+  // offsets[i] draws what a one-output top-k/top-p call with that seed and offset draws.
+  DeviceArray<int32_t> samples(static_cast<size_t>(batch)), status(static_cast<size_t>(batch));
+  gpu::SamplingOptions opt;
+  opt.indices = d_indices.get();
+  opt.batch = batch;
+  opt.seed_per_output = d_seeds.get();
+  opt.offset_per_output = d_offsets.get();
+  gpu::top_k_top_p_sampling_from_probs(in, gpu::TopK(k), gpu::Fraction(p), ref::FilterApplyOrder::joint,
+                                       {samples.get(), nullptr, status.get()}, {}, opt);
+  const std::vector<int32_t> got = samples.download();
+  const ref::Tensor probs = as_tensor(host_rows, vocab);
+  for (int64_t i = 0; i < batch; ++i) {
+    ref::SamplingOptions one;
+    one.indices = {indices[static_cast<size_t>(i)]};
+    one.seed = seeds[static_cast<size_t>(i)];
+    one.offset = offsets[static_cast<size_t>(i)];
+    const ref::SamplingResult r = ref::top_k_top_p_sampling_from_probs(
+        probs, ref::RowParam<int64_t>(k), ref::RowParam<double>(p), ref::FilterApplyOrder::joint, one);
+    CHECK_MESSAGE(got[static_cast<size_t>(i)] == r.samples[0], "output ", i, ": GPU ", got[static_cast<size_t>(i)],
+                  ", one-output reference call ", r.samples[0]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("per-output seeds and offsets: one launch draws what each output's own call would") {
+  check_per_output_keys(3);
+  check_per_output_keys(37);
+}
+
+namespace {
+
 std::vector<double> random_logits(std::mt19937_64& rng, int64_t n, double neg_inf_fraction) {
   std::normal_distribution<double> normal(0.0, 2.0);
   std::uniform_real_distribution<double> unit(0.0, 1.0);

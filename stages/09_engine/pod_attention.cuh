@@ -1,0 +1,92 @@
+/// \file pod_attention.cuh
+/// \brief POD attention (prefill-on-decode): one grid whose blocks each run either a
+/// prefill tile of stage 04 or a decode work item of stage 03, so a mixed step's
+/// attention is one launch in which both kinds of work share the multiprocessors.
+///
+/// ```
+///   block b of P + D (P prefill blocks, D decode blocks), kinds interleaved in proportion:
+///     before(b) = floor(b * D / (P + D))      decode blocks before b
+///     b is a decode block iff before(b + 1) > before(b); it is decode block before(b),
+///     else prefill block b - before(b)
+///   prefill block i   stage 04's prefill_attention_block(i): work item i / Hkv (request,
+///                     128-row query tile), kv head i % Hkv, tensor cores, no KV split
+///   decode block j    stage 03's chunk steps for kv head j % Hkv of decode work item
+///                     j / Hkv (one chunk of one decode row's keys); where a row has
+///                     several chunks, the last of its blocks to finish merges them
+///                     (stage 03's fused merge, fused_merge.cuh): no merge launch
+/// ```
+///
+/// Both kinds run 256 threads under the same register cap (two blocks a multiprocessor
+/// at head_dim <= 128), and every block gets the larger of the two shared-memory sizes,
+/// so a multiprocessor holds two blocks of either kind. Interleaving puts both kinds in
+/// every wave: a tensor-core tile and a bandwidth-bound decode item on one multiprocessor
+/// use different units (Kamath et al., POD-Attention, ASPLOS 2025, arXiv 2410.18038; the
+/// paper assigns blocks to multiprocessors at run time, this grid fixes the mix up front).
+/// plan() splits the decode rows' KV only to fill the chip the prefill blocks leave free;
+/// the prefill rows are never split (their merge would be a second launch).
+#pragma once
+
+#include <cstdint>
+
+#include "03_split_kv/chunk_decode.cuh"
+#include "03_split_kv/fused_merge.cuh"
+#include "04_tensor_core/prefill_attention.cuh"
+#include "09_engine/pod_attention.hpp"
+
+namespace flashstep::stages::engine {
+
+/// Arguments of pod_attention_kernel: the two kinds' own parameters and the grid's split.
+template <typename T>
+struct PodParams {
+  tensor_core::PrefillParams<T> prefill;       ///< the prefill rows (stage 04's view, no split)
+  split_kv::FusedChunkDecodeParams<T> decode;  ///< the decode rows (stage 03's view, its fused merge)
+  int prefill_blocks = 0;                      ///< P: work items x kv heads
+  int decode_blocks = 0;                       ///< D: decode work items x kv heads
+  int num_kv_heads = 0;                        ///< Hkv
+};
+
+/// One launch over a mixed step. grid = P + D blocks, 256 threads, dynamic shared memory
+/// max(PrefillTraits::smem_bytes(), chunk_decode_smem_bytes(num_stages, bdy, bdz)).
+template <typename T, int HEAD_DIM>
+__global__ void __launch_bounds__(tensor_core::PrefillTraits<T, HEAD_DIM>::kThreads,
+                                  tensor_core::PrefillTraits<T, HEAD_DIM>::kMinBlocksPerSM)
+    pod_attention_kernel(const PodParams<T> p) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  int index = 0;
+  if (!pod_is_decode(blockIdx.x, int64_t{p.prefill_blocks} + p.decode_blocks, p.decode_blocks, index)) {
+    tensor_core::prefill_attention_block<T, HEAD_DIM>(p.prefill, index, smem_raw);
+    return;
+  }
+  // stage 03's chunk_decode_fused_kernel body for (kv head, item)
+  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
+  const split_kv::FusedChunkDecodeParams<T>& d = p.decode;
+  const int kv_head = index % p.num_kv_heads, item = index / p.num_kv_heads;
+  const int b = d.request_indices[item];
+  const int first_item = d.o_indptr[b], end_item = d.o_indptr[b + 1];
+  const paged::DecodeThread th = paged::place_thread<Tr::BDX>(threadIdx.x, d.bdy, d.bdz);
+  paged::QRegisters<T, HEAD_DIM> q;
+  paged::HeadStates<T, HEAD_DIM> state;
+  paged::load_q<T, HEAD_DIM, T>(th, d.q, int64_t{b} * d.num_qo_heads + kv_head * d.group_size, d.group_size,
+                                d.sm_scale_log2, q);
+#pragma unroll
+  for (int j = 0; j < Tr::HPT; ++j) state[j].init();
+  split_kv::attend_chunk<T, HEAD_DIM>(th, q, state, d.kv, kv_head, d.kv_page_begin[item], d.kv_chunk_len[item],
+                                      reinterpret_cast<T*>(smem_raw), d.num_stages);
+  const bool holds = paged::merge_states<T, HEAD_DIM>(th, state, d.bdz, reinterpret_cast<float*>(smem_raw));
+  // a row of one chunk writes o and lse; else a partial row, and the last block merges
+  const bool direct = end_item - first_item == 1;
+  if (holds) split_kv::store_chunk_state<T, HEAD_DIM, T>(d, th, state, kv_head, item, b, direct);
+  if (direct) return;
+  __shared__ int is_last;
+  __threadfence();  // this block's partial row is visible device-wide before it is counted
+  __syncthreads();
+  int32_t* counter = d.merge_counters + int64_t{b} * p.num_kv_heads + kv_head;
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();  // every other block's rows, counted before ours, are read after it
+  split_kv::merge_request_chunks<T, HEAD_DIM>(d, b, kv_head, first_item, end_item, reinterpret_cast<float*>(smem_raw));
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next layer's run
+}
+
+}  // namespace flashstep::stages::engine
