@@ -70,7 +70,7 @@ struct ShownStep {
 
 /// A measured serve run.
 struct ServeRecord {
-  std::string what;  ///< the workload's name: the results file's <what>, the rows' prefix
+  std::string what;  ///< the workload's name: the `what` part of the results file's name, the rows' prefix
   std::string device, commit, tree, command, date, note;
   double read_gbps = 0;          ///< the read ceiling, GB/s
   double read_buffer_bytes = 0;  ///< the buffer it streamed
