@@ -200,5 +200,16 @@ TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
   l.head_dim = 64;
   l.nnz = -1;
   CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("nnz"), ref::InvalidArgument);
+  // a row stride shorter than a row (2 q heads of 64: 128 elements), or negative
+  l.nnz = 4;
+  int32_t position = 0;
+  l.pos_ids = &position;  // refused before any launch
+  l.q_stride = 64;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("q_stride"),
+                       ref::InvalidArgument);
+  l.q_stride = 0;
+  l.k_out_stride = -1;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("k_out_stride"),
+                       ref::InvalidArgument);
 }
 }  // TEST_SUITE("host")
