@@ -18,6 +18,7 @@
 #include "09_engine/pod_attention.hpp"
 #include "09_engine/rope_gpu.hpp"
 #include "09_engine/step_arrays.hpp"
+#include "09_engine/tuned_gemm.hpp"
 #include "flashstep/kernels/append_paged.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -319,6 +320,7 @@ struct Engine::Impl {
   // by (padded rows, whether the decode rows run stage 05's cascade)
   std::map<std::pair<int64_t, bool>, std::unique_ptr<GraphEntry>> graphs;
   DeviceBuffer cublas_workspace;
+  std::unique_ptr<TunedGemm> tuned;  // tuned_gemms: each decode-size shape's measured algorithm
 
   void launch_model(const Launch& s);
 
@@ -326,6 +328,7 @@ struct Engine::Impl {
   // `c_type`, fp32 accumulation. Row-major C = A B is column-major C^T = B^T A^T.
   void gemm(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, cudaDataType_t c_type,
             bool accumulate) {
+    if (tuned) return tuned->run(m, n, k, a, b, c, cuda_type, c_type, accumulate);
     const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
     cublas_check(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                               static_cast<int>(k), &alpha, b, cuda_type, static_cast<int>(n), a, cuda_type,
@@ -404,6 +407,8 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   // a workspace of its own, so that cuBLAS allocates nothing while a graph is captured
   m.cublas_workspace.reserve(size_t{32} << 20, m.stream);
   cublas_check(cublasSetWorkspace(m.cublas, m.cublas_workspace.ptr, m.cublas_workspace.bytes), "cublasSetWorkspace");
+  if (c.tuned_gemms)
+    m.tuned = std::make_unique<TunedGemm>(m.cublas, m.stream, m.cublas_workspace.ptr, m.cublas_workspace.bytes);
 
   // Weights: rounded by the reference already, so the conversion below is exact.
   std::vector<const ref::Tensor*> tensors{&model.embedding()};
@@ -493,6 +498,7 @@ Engine::~Engine() {
   if (m.meta_pinned) cudaFreeHost(m.meta_pinned);
   if (m.tokens_pinned) cudaFreeHost(m.tokens_pinned);
   if (m.keys_pinned) cudaFreeHost(m.keys_pinned);
+  m.tuned.reset();
   if (m.cublas) cublasDestroy(m.cublas);
   // runners and buffers go before the stream
   m.graphs.clear();

@@ -99,6 +99,10 @@ struct EngineConfig {
   /// one call of the prefill stage over every row instead (a decode row being a request
   /// of one query).
   bool one_launch = false;
+  /// Projections at decode sizes (up to 256 rows) by the cuBLASLt algorithm measured
+  /// fastest for their shape the first time it runs (tuned_gemm.hpp); off: cublasGemmEx's
+  /// default algorithm for every shape.
+  bool tuned_gemms = true;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
