@@ -93,6 +93,13 @@ TunedGemm::Plan* TunedGemm::tune(const Key& key, const void* a, const void* b) {
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t ws = workspace_bytes_;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    // Lt's "A" is our B, its "B" our A; C and D are ours
+    const uint32_t align_a = static_cast<uint32_t>(std::get<7>(key)), align_b = static_cast<uint32_t>(std::get<6>(key)),
+                   align_c = static_cast<uint32_t>(std::get<8>(key));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c);
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(lt_, plan->op, plan->la, plan->lb, plan->lc, plan->lc,
                                                              pref, kCandidates, found.data(), &returned);
     cublasLtMatmulPreferenceDestroy(pref);
@@ -144,10 +151,18 @@ TunedGemm::Plan* TunedGemm::tune(const Key& key, const void* a, const void* b) {
   return plan;
 }
 
+int TunedGemm::alignment(const void* p) {
+  const auto u = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && u % static_cast<uintptr_t>(a) != 0) a /= 2;
+  return a;
+}
+
 void TunedGemm::run(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, cudaDataType_t ab_type,
                     cudaDataType_t c_type, bool accumulate) {
   if (m > max_tuned_rows_) return gemm_ex(m, n, k, a, b, c, ab_type, c_type, accumulate);
-  const Key key{m, n, k, static_cast<int>(ab_type), static_cast<int>(c_type), accumulate};
+  const Key key{m, n, k, static_cast<int>(ab_type), static_cast<int>(c_type), accumulate,
+                alignment(a),  alignment(b), alignment(c)};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;

@@ -50,8 +50,11 @@ class TunedGemm {
 
  private:
   struct Plan;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, bool>;
+  // m, n, k, A/B type, C type, accumulate, and the alignment (bytes, up to 256) of the
+  // three pointers: an algorithm is chosen only among those that take such addresses
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, bool, int, int, int>;
   Plan* tune(const Key& key, const void* a, const void* b);
+  static int alignment(const void* p);
   void gemm_ex(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, cudaDataType_t ab_type,
                cudaDataType_t c_type, bool accumulate);
 
