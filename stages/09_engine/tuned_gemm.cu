@@ -19,8 +19,8 @@ void check(cublasStatus_t s, const char* what) {
                              std::to_string(static_cast<int>(s)));
 }
 
-constexpr int kCandidates = 8;  // Lt heuristic results timed per shape
-constexpr int kWarmups = 2, kTimed = 8;
+constexpr int kCandidates = 6;  // Lt heuristic results timed per shape
+constexpr int kWarmups = 1, kTimed = 5;
 
 }  // namespace
 
