@@ -276,7 +276,7 @@ struct Resolved {
 int kernel_setup(int device, bool fp8_mma, const BatchShape& shape, size_t smem_bytes, const Entry& entry) {
   using Kernel = std::tuple<int, bool, int, int, int>;
   static std::mutex mutex;
-  static std::map<Kernel, size_t> limit;                       // the limit last set on each kernel
+  static std::map<Kernel, size_t> limit;                      // the limit last set on each kernel
   static std::map<std::pair<Kernel, size_t>, int> occupancy;  // blocks per SM at each size
   const Kernel kernel{device, fp8_mma, static_cast<int>(shape.dtype), static_cast<int>(shape.resolved_kv_dtype()),
                       shape.head_dim};

@@ -34,7 +34,7 @@ struct RopeParams {
   const int32_t* offsets;  ///< (batch_size)
   int batch_size;
   int64_t q_stride, k_stride, q_out_stride, k_out_stride;  ///< elements from row to row
-  int num_q_heads, num_k_heads, head_dim, pairs;  ///< pairs = rotary_dim / 2
+  int num_q_heads, num_k_heads, head_dim, pairs;           ///< pairs = rotary_dim / 2
   bool interleave;
   double theta[kMaxRopePairs];  ///< frequencies, radians per position
 };

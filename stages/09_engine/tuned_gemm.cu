@@ -54,8 +54,8 @@ TunedGemm::~TunedGemm() {
   if (lt_) cublasLtDestroy(lt_);
 }
 
-void TunedGemm::gemm_ex(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c,
-                        cudaDataType_t ab_type, cudaDataType_t c_type, bool accumulate) {
+void TunedGemm::gemm_ex(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, cudaDataType_t ab_type,
+                        cudaDataType_t c_type, bool accumulate) {
   const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
   check(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
                      &alpha, b, ab_type, static_cast<int>(n), a, ab_type, static_cast<int>(k), &beta, c, c_type,
@@ -161,8 +161,8 @@ int TunedGemm::alignment(const void* p) {
 void TunedGemm::run(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, cudaDataType_t ab_type,
                     cudaDataType_t c_type, bool accumulate) {
   if (m > max_tuned_rows_) return gemm_ex(m, n, k, a, b, c, ab_type, c_type, accumulate);
-  const Key key{m, n, k, static_cast<int>(ab_type), static_cast<int>(c_type), accumulate,
-                alignment(a),  alignment(b), alignment(c)};
+  const int align_a = alignment(a), align_b = alignment(b), align_c = alignment(c);
+  const Key key{m, n, k, static_cast<int>(ab_type), static_cast<int>(c_type), accumulate, align_a, align_b, align_c};
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;

@@ -115,7 +115,8 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
   if (c.fused_rows) {
     rows.assign(static_cast<size_t>(c.nnz * width), kSentinel);
     for (int64_t t = 0; t < c.nnz; ++t) {
-      for (int64_t j = 0; j < qw; ++j) rows[static_cast<size_t>(t * width + j)] = q.data[static_cast<size_t>(t * qw + j)];
+      for (int64_t j = 0; j < qw; ++j)
+        rows[static_cast<size_t>(t * width + j)] = q.data[static_cast<size_t>(t * qw + j)];
       for (int64_t j = 0; j < kw; ++j)
         rows[static_cast<size_t>(t * width + qw + j)] = k.data[static_cast<size_t>(t * kw + j)];
     }
@@ -273,8 +274,7 @@ TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
   int32_t position = 0;
   l.pos_ids = &position;  // refused before any launch
   l.q_stride = 64;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("q_stride"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("q_stride"), ref::InvalidArgument);
   l.q_stride = 0;
   l.k_out_stride = -1;
   CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("k_out_stride"),
