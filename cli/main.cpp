@@ -233,6 +233,8 @@ int main(int argc, char** argv) {
                       "Decode rows that share pages (a cached prefix) run on stage 05's cascade (its planner decides)");
   serve_cmd->add_flag("--one-launch", serve.one_launch,
                       "A mixed step's decode and prefill rows in one launch (POD attention) instead of two calls");
+  serve_cmd->add_flag("--default-gemms", serve.default_gemms,
+                      "Projections by cublasGemmEx's default algorithm instead of the one measured per shape");
   serve_cmd->add_flag("--cuda-graphs", serve.cuda_graphs,
                       "Run decode steps as CUDA graphs captured at padded batch sizes (plan outside the graph)");
   serve_cmd->add_flag("--profile", serve.profile, "Time each step's phases with CUDA events (after a warm-up run)");

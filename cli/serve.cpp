@@ -82,6 +82,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.cuda_graphs = opt.cuda_graphs;
   c.cascade_when_shared = opt.cascade;
   c.one_launch = opt.one_launch;
+  c.tuned_gemms = !opt.default_gemms;
 
   if (!opt.json.empty()) return run_serve_measure(opt, schedule.requests(), c, os);  // serve_measure.cpp
   Engine engine(c);

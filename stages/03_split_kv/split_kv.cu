@@ -25,8 +25,12 @@
 #include <cstddef>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <queue>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "03_split_kv/chunk_decode.cuh"
@@ -264,6 +268,31 @@ struct Resolved {
   bool programmatic_launch;
 };
 
+/// The chunk kernel's shared-memory limit set to `smem_bytes` and its blocks per SM at
+/// that size, for the kernel `entry` names (kernel identity: fp8_mma, dtypes, head_dim).
+/// Both are driver calls of microseconds each and plan() runs at every engine step, so
+/// the occupancy is asked once per (device, kernel, bytes) and the limit set only when
+/// it is not the kernel's current one. Process-wide, under a mutex.
+int kernel_setup(int device, bool fp8_mma, const BatchShape& shape, size_t smem_bytes, const Entry& entry) {
+  using Kernel = std::tuple<int, bool, int, int, int>;
+  static std::mutex mutex;
+  static std::map<Kernel, size_t> limit;                      // the limit last set on each kernel
+  static std::map<std::pair<Kernel, size_t>, int> occupancy;  // blocks per SM at each size
+  const Kernel kernel{device, fp8_mma, static_cast<int>(shape.dtype), static_cast<int>(shape.resolved_kv_dtype()),
+                      shape.head_dim};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto set = limit.find(kernel);
+  if (set == limit.end() || set->second != smem_bytes) {
+    entry.set_smem_limit(smem_bytes);
+    limit[kernel] = smem_bytes;
+  }
+  const auto known = occupancy.find({kernel, smem_bytes});
+  if (known != occupancy.end()) return known->second;
+  const int blocks = entry.blocks_per_sm(smem_bytes);
+  occupancy.emplace(std::make_pair(kernel, smem_bytes), blocks);
+  return blocks;
+}
+
 Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const char* fn) {
   const std::string reason = stage_info().unsupported_reason(shape);
   ref::require(reason.empty(), fn, reason);
@@ -288,8 +317,8 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
                                 : kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
-  entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
-  r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
+  const int blocks = kernel_setup(device, r.fp8_mma, shape, r.smem_bytes, entry);  // plan() makes it, run() does not
+  r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : blocks;
   ref::require(r.ctas_per_sm >= 1, fn,
                "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
                    " bytes of shared memory (num_stages " + str(r.num_stages) + ")");

@@ -18,6 +18,7 @@
 #include "09_engine/pod_attention.hpp"
 #include "09_engine/rope_gpu.hpp"
 #include "09_engine/step_arrays.hpp"
+#include "09_engine/tuned_gemm.hpp"
 #include "flashstep/kernels/append_paged.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -51,21 +52,24 @@ __device__ __forceinline__ T store_rounded(float x) {
   else return __float2bfloat16_rn(x);
 }
 
-// X[t] = embedding[tokens[t]] (+ the sinusoid of positions[t], in double as the reference).
+// X[t] = embedding[tokens[t]] (+ the sinusoid of positions[t], in double as the reference),
+// and xh[t] = X[t] rounded to T: the rows entering the first layer's projection.
 template <typename T>
 __global__ void embed_kernel(const T* __restrict__ embedding, const int32_t* __restrict__ tokens,
-                             const int32_t* __restrict__ positions, int d, bool sinusoidal, float* __restrict__ x) {
+                             const int32_t* __restrict__ positions, int d, bool sinusoidal, float* __restrict__ x,
+                             T* __restrict__ xh) {
   const int64_t t = blockIdx.x;
   const int64_t token = tokens[t];
   const double pos = positions[t];
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
     const float e = load_float(embedding[token * d + j]);
-    if (!sinusoidal) {
-      x[t * d + j] = e;
-      continue;
+    float v = e;
+    if (sinusoidal) {
+      const double angle = pos / pow(10000.0, static_cast<double>(j - j % 2) / static_cast<double>(d));
+      v = static_cast<float>(static_cast<double>(e) + (j % 2 == 0 ? sin(angle) : cos(angle)));
     }
-    const double angle = pos / pow(10000.0, static_cast<double>(j - j % 2) / static_cast<double>(d));
-    x[t * d + j] = static_cast<float>(static_cast<double>(e) + (j % 2 == 0 ? sin(angle) : cos(angle)));
+    x[t * d + j] = v;
+    xh[t * d + j] = store_rounded<T>(v);
   }
 }
 
@@ -177,6 +181,13 @@ SamplingMode parse_sampling_mode(const std::string& name) {
 }
 
 std::string default_stage(const BatchShape& shape) {
+  // The rule below gives a decode of GQA group <= 8 to 03_split_kv whenever that stage
+  // supports it: ask it first, the other stages only when it does not (the same answer,
+  // without asking every stage at every engine step).
+  if (shape.mode == Mode::decode && shape.group_size() <= 8) {
+    const StageInfo& split_kv = find_stage("03_split_kv");
+    if (split_kv.unsupported_reason(shape).empty()) return split_kv.name;
+  }
   std::vector<std::string> supporting;
   std::string reasons;
   for (const StageInfo& s : registry()) {
@@ -200,14 +211,17 @@ struct Engine::Impl {
   cudaDataType_t cuda_type = CUDA_R_16F;
   std::vector<double> rope_freqs;
 
-  // weights (storage dtype): embedding, per layer W_Q, W_K, W_V, W_O, then W_vocab
+  // weights (storage dtype): embedding, per layer W_QKV = [W_Q | W_K | W_V] (d x (Hq + 2 Hkv) D,
+  // each row the three rows side by side: one GEMM computes Q, K and V) and W_O, then W_vocab
   DeviceBuffer weights;
   size_t off_embedding = 0, off_vocab = 0;
-  std::vector<size_t> off_wq, off_wk, off_wv, off_wo;
+  std::vector<size_t> off_wqkv, off_wo;
   DeviceBuffer pools;  // layers x (num_pages, 2, page_size, Hkv, D)
   int64_t pool_elems = 0;
   // activations
-  DeviceBuffer x, xh, q, k, v, o, lse, logits, probs, tokens_out, status, sample_ws;
+  // qkv: (nnz, (Hq + 2 Hkv) D), each row Q | K | V as the fused GEMM writes it; q: Q alone,
+  // contiguous (nnz, Hq, D), as the attention stages read it
+  DeviceBuffer x, xh, qkv, q, o, lse, logits, probs, tokens_out, status, sample_ws;
   // metadata: one pinned host buffer, one device buffer, the same layout
   int32_t* meta_pinned = nullptr;
   size_t meta_pinned_count = 0;
@@ -306,6 +320,7 @@ struct Engine::Impl {
   // by (padded rows, whether the decode rows run stage 05's cascade)
   std::map<std::pair<int64_t, bool>, std::unique_ptr<GraphEntry>> graphs;
   DeviceBuffer cublas_workspace;
+  std::unique_ptr<TunedGemm> tuned;  // tuned_gemms: each decode-size shape's measured algorithm
 
   void launch_model(const Launch& s);
 
@@ -313,6 +328,7 @@ struct Engine::Impl {
   // `c_type`, fp32 accumulation. Row-major C = A B is column-major C^T = B^T A^T.
   void gemm(int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, cudaDataType_t c_type,
             bool accumulate) {
+    if (tuned) return tuned->run(m, n, k, a, b, c, cuda_type, c_type, accumulate);
     const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
     cublas_check(cublasGemmEx(cublas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
                               static_cast<int>(k), &alpha, b, cuda_type, static_cast<int>(n), a, cuda_type,
@@ -391,6 +407,8 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   // a workspace of its own, so that cuBLAS allocates nothing while a graph is captured
   m.cublas_workspace.reserve(size_t{32} << 20, m.stream);
   cublas_check(cublasSetWorkspace(m.cublas, m.cublas_workspace.ptr, m.cublas_workspace.bytes), "cublasSetWorkspace");
+  if (c.tuned_gemms)
+    m.tuned = std::make_unique<TunedGemm>(m.cublas, m.stream, m.cublas_workspace.ptr, m.cublas_workspace.bytes);
 
   // Weights: rounded by the reference already, so the conversion below is exact.
   std::vector<const ref::Tensor*> tensors{&model.embedding()};
@@ -416,14 +434,29 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
         host[offsets[i] + j] = __half_as_ushort(__float2half_rn(f));
       }
     }
+  // Each layer's W_Q, W_K, W_V (consecutive) become W_QKV in the same place: row r of it
+  // is row r of W_Q, then of W_K, then of W_V.
+  {
+    const size_t d = static_cast<size_t>(c.model.d_model), qw = static_cast<size_t>(m.hq * m.hd),
+                 kw = static_cast<size_t>(m.hkv * m.hd), width = qw + 2 * kw;
+    std::vector<uint16_t> fused(d * width);
+    for (size_t l = 0; l < static_cast<size_t>(m.layers); ++l) {
+      const size_t wq = offsets[1 + 4 * l], wk = offsets[2 + 4 * l], wv = offsets[3 + 4 * l];
+      for (size_t r = 0; r < d; ++r) {
+        std::memcpy(&fused[r * width], &host[wq + r * qw], qw * 2);
+        std::memcpy(&fused[r * width + qw], &host[wk + r * kw], kw * 2);
+        std::memcpy(&fused[r * width + qw + kw], &host[wv + r * kw], kw * 2);
+      }
+      std::memcpy(&host[wq], fused.data(), fused.size() * 2);
+    }
+  }
   m.weights.reserve(std::max<size_t>(total * 2, 2), m.stream);
   FLASHSTEP_CUDA_CHECK(cudaMemcpy(m.weights.ptr, host.data(), total * 2, cudaMemcpyHostToDevice));
   size_t t = 0;
   m.off_embedding = offsets[t++];
   for (int64_t l = 0; l < m.layers; ++l) {
-    m.off_wq.push_back(offsets[t++]);
-    m.off_wk.push_back(offsets[t++]);
-    m.off_wv.push_back(offsets[t++]);
+    m.off_wqkv.push_back(offsets[t]);  // W_Q's place, W_K's and W_V's after it
+    t += 3;
     m.off_wo.push_back(offsets[t++]);
   }
   m.off_vocab = offsets[t];
@@ -434,9 +467,8 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   const size_t e = m.elem();
   m.x.reserve(static_cast<size_t>(m.max_nnz * m.d) * 4, m.stream);
   m.xh.reserve(static_cast<size_t>(m.max_nnz * std::max(m.d, m.hq * m.hd)) * e, m.stream);
+  m.qkv.reserve(static_cast<size_t>(m.max_nnz * (m.hq + 2 * m.hkv) * m.hd) * e, m.stream);
   m.q.reserve(static_cast<size_t>(m.max_nnz * m.hq * m.hd) * e, m.stream);
-  m.k.reserve(static_cast<size_t>(m.max_nnz * m.hkv * m.hd) * e, m.stream);
-  m.v.reserve(static_cast<size_t>(m.max_nnz * m.hkv * m.hd) * e, m.stream);
   m.o.reserve(static_cast<size_t>(m.max_nnz * m.hq * m.hd) * e, m.stream);
   FLASHSTEP_CUDA_CHECK(cudaMemset(m.o.ptr, 0, m.o.bytes));  // padding rows of a graph step read it
   m.lse.reserve(static_cast<size_t>(m.max_nnz * m.hq) * 4, m.stream);
@@ -466,6 +498,7 @@ Engine::~Engine() {
   if (m.meta_pinned) cudaFreeHost(m.meta_pinned);
   if (m.tokens_pinned) cudaFreeHost(m.tokens_pinned);
   if (m.keys_pinned) cudaFreeHost(m.keys_pinned);
+  m.tuned.reset();
   if (m.cublas) cublasDestroy(m.cublas);
   // runners and buffers go before the stream
   m.graphs.clear();
@@ -491,11 +524,11 @@ void Engine::Impl::launch_model(const Launch& s) {
   if (bf16)
     embed_kernel<__nv_bfloat16><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
         reinterpret_cast<const __nv_bfloat16*>(wptr(off_embedding)), dm + at.tokens, dm + at.pos, static_cast<int>(d),
-        sinusoidal, x.as<float>());
+        sinusoidal, x.as<float>(), xh.as<__nv_bfloat16>());
   else
     embed_kernel<__half><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
         reinterpret_cast<const __half*>(wptr(off_embedding)), dm + at.tokens, dm + at.pos, static_cast<int>(d),
-        sinusoidal, x.as<float>());
+        sinusoidal, x.as<float>(), xh.as<__half>());
   kernels::check_launch("embed_kernel");
   event(ev++);
   auto round_rows = [&](const int32_t* rows_idx, int64_t n) {
@@ -507,16 +540,26 @@ void Engine::Impl::launch_model(const Launch& s) {
           x.as<float>(), rows_idx, static_cast<int>(d), xh.as<__half>());
     kernels::check_launch("round_rows_kernel");
   };
+  const int64_t qkv_w = qw + 2 * kw;  // a row of qkv: Q | K | V
+  char* kp = qkv.as<char>() + static_cast<size_t>(qw) * e;
+  char* vp = kp + static_cast<size_t>(kw) * e;
   for (int64_t l = 0; l < layers; ++l) {
-    round_rows(nullptr, s.nnz);
-    gemm(s.nnz, qw, d, xh.ptr, wptr(off_wq[l]), q.ptr, cuda_type, false);
-    gemm(s.nnz, kw, d, xh.ptr, wptr(off_wk[l]), k.ptr, cuda_type, false);
-    gemm(s.nnz, kw, d, xh.ptr, wptr(off_wv[l]), v.ptr, cuda_type, false);
-    if (!rope_freqs.empty()) {
+    if (l > 0) round_rows(nullptr, s.nnz);  // layer 0's rows: the embedding kernel rounded them
+    gemm(s.nnz, qkv_w, d, xh.ptr, wptr(off_wqkv[l]), qkv.ptr, cuda_type, false);  // Q, K, V in one GEMM
+    if (rope_freqs.empty()) {
+      // Q out of the fused rows, contiguous for the attention stages
+      FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(q.ptr, static_cast<size_t>(qw) * e, qkv.ptr,
+                                             static_cast<size_t>(qkv_w) * e, static_cast<size_t>(qw) * e,
+                                             static_cast<size_t>(s.nnz), cudaMemcpyDeviceToDevice, stream));
+    } else {
+      // Q rotated out of the fused rows into q (contiguous), K rotated in place
       RopeLaunch r;
       r.dtype = cfg.dtype;
-      r.q = r.q_out = q.ptr;
-      r.k = r.k_out = k.ptr;
+      r.q = qkv.ptr;
+      r.q_stride = qkv_w;
+      r.q_out = q.ptr;
+      r.k = r.k_out = kp;
+      r.k_stride = r.k_out_stride = qkv_w;
       r.nnz = s.nnz;
       r.num_q_heads = static_cast<int>(hq);
       r.num_k_heads = static_cast<int>(hkv);
@@ -527,9 +570,9 @@ void Engine::Impl::launch_model(const Launch& s) {
       launch_rope(r, rope_freqs, stream);
     }
     kernels::AppendPagedKVParams a;
-    a.append_key = k.ptr;
-    a.append_value = v.ptr;
-    a.key_row_stride = a.value_row_stride = kw;
+    a.append_key = kp;
+    a.append_value = vp;
+    a.key_row_stride = a.value_row_stride = qkv_w;
     a.nnz = s.nnz;
     a.batch_indices = dm + at.bidx;
     a.positions = dm + at.pos;

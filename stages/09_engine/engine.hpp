@@ -8,11 +8,13 @@
 ///   host     StepBatch -> one upload of the step's int32 arrays (tokens, positions,
 ///            batch_indices, the page table split into its decode and prefill halves,
 ///            the rows that sample); plan() of the decode runner and the prefill runner
-///   embed    X (fp32, nnz x d_model) = embedding[token] (+ the sinusoid in that mode)
-///   layer l  Xh = X rounded to the storage dtype
-///            Q, K, V = Xh W_Q, Xh W_K, Xh W_V          cuBLAS, fp32 accumulation, stored rounded
-///            RoPE on Q and K (rope_gpu.hpp)           rope mode only
-///            append K, V to layer l's page pool       kernels/append_paged.cuh
+///   embed    X (fp32, nnz x d_model) = embedding[token] (+ the sinusoid in that mode),
+///            Xh = X rounded to the storage dtype
+///   layer l  Xh = X rounded to the storage dtype     (l > 0)
+///            Q | K | V = Xh W_QKV                     one GEMM (tuned_gemm.hpp), fp32 accumulation,
+///                                                     stored rounded, a row per token
+///            RoPE: Q out of those rows, K in place    rope_gpu.hpp (no RoPE: a strided copy of Q)
+///            append K, V to layer l's page pool       kernels/append_paged.cuh, from the same rows
 ///            O[decode rows]  = decode stage run()     rows 0 .. num_decodes-1
 ///            O[prefill rows] = prefill stage run()    causal, the rest
 ///            (one_launch: O[every row] = POD attention, one launch, for a mixed step)
@@ -99,6 +101,10 @@ struct EngineConfig {
   /// one call of the prefill stage over every row instead (a decode row being a request
   /// of one query).
   bool one_launch = false;
+  /// Projections at decode sizes (up to 256 rows) by the cuBLASLt algorithm measured
+  /// fastest for their shape the first time it runs (tuned_gemm.hpp); off: cublasGemmEx's
+  /// default algorithm for every shape.
+  bool tuned_gemms = true;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.

@@ -25,6 +25,11 @@ void launch_typed(const RopeLaunch& l, const std::vector<double>& frequencies, c
   p.indptr = l.indptr;
   p.offsets = l.offsets;
   p.batch_size = l.batch_size;
+  const int64_t qw = int64_t{l.num_q_heads} * l.head_dim, kw = int64_t{l.num_k_heads} * l.head_dim;
+  p.q_stride = l.q_stride > 0 ? l.q_stride : qw;
+  p.k_stride = l.k_stride > 0 ? l.k_stride : kw;
+  p.q_out_stride = l.q_out_stride > 0 ? l.q_out_stride : qw;
+  p.k_out_stride = l.k_out_stride > 0 ? l.k_out_stride : kw;
   p.num_q_heads = l.num_q_heads;
   p.num_k_heads = l.num_k_heads;
   p.head_dim = l.head_dim;
@@ -52,6 +57,13 @@ void launch_rope(const RopeLaunch& l, const std::vector<double>& frequencies, cu
                "frequencies must hold rotary_dim / 2 values (got " + std::to_string(frequencies.size()) + ")");
   ref::require(l.pos_ids != nullptr || (l.batch_size >= 1 && l.indptr != nullptr && l.offsets != nullptr) || l.nnz == 0,
                fn, "positions: pos_ids, or indptr and offsets with batch_size >= 1");
+  const int64_t qw = int64_t{l.num_q_heads} * l.head_dim, kw = int64_t{l.num_k_heads} * l.head_dim;
+  ref::require((l.q_stride == 0 || l.q_stride >= qw) && (l.q_out_stride == 0 || l.q_out_stride >= qw) &&
+                   (l.k_stride == 0 || l.k_stride >= kw) && (l.k_out_stride == 0 || l.k_out_stride >= kw),
+               fn,
+               "row strides (q_stride, q_out_stride, k_stride, k_out_stride) must be 0 (contiguous) or at least "
+               "heads * head_dim (" +
+                   std::to_string(qw) + " for q, " + std::to_string(kw) + " for k)");
   ref::require(l.dtype == DType::f32 || l.dtype == DType::f16 || l.dtype == DType::bf16, fn,
                std::string("dtype must be f32, f16 or bf16 (got ") + to_string(l.dtype) + ")");
   if (l.nnz == 0) return;

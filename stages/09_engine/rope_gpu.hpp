@@ -23,13 +23,17 @@ namespace flashstep::stages::engine {
 /// Largest rotary_dim / 2 the kernel takes (head_dim up to 512).
 constexpr int kMaxRopePairs = 256;
 
-/// One RoPE launch: device pointers, contiguous (nnz, heads, head_dim) q and k.
+/// One RoPE launch: device pointers, (nnz, heads, head_dim) q and k, each row's heads
+/// contiguous, rows contiguous unless a row stride is given (rows of a fused Q|K|V buffer).
 struct RopeLaunch {
   DType dtype = DType::bf16;  ///< f32, f16 or bf16, the same for q, k and the outputs
   const void* q = nullptr;    ///< (nnz, num_q_heads, head_dim)
   const void* k = nullptr;    ///< (nnz, num_k_heads, head_dim)
   void* q_out = nullptr;      ///< may equal q (in place)
   void* k_out = nullptr;      ///< may equal k (in place)
+  /// Elements from one row to the next in q, k, q_out, k_out; 0: heads * head_dim
+  /// (contiguous). A given stride must be at least heads * head_dim.
+  int64_t q_stride = 0, k_stride = 0, q_out_stride = 0, k_out_stride = 0;
   int64_t nnz = 0;
   int num_q_heads = 0, num_k_heads = 0, head_dim = 0;
   int rotary_dim = 0;       ///< even, <= head_dim: the rest of a head is copied

@@ -33,7 +33,8 @@ struct RopeParams {
   const int32_t* indptr;   ///< (batch_size + 1)
   const int32_t* offsets;  ///< (batch_size)
   int batch_size;
-  int num_q_heads, num_k_heads, head_dim, pairs;  ///< pairs = rotary_dim / 2
+  int64_t q_stride, k_stride, q_out_stride, k_out_stride;  ///< elements from row to row
+  int num_q_heads, num_k_heads, head_dim, pairs;           ///< pairs = rotary_dim / 2
   bool interleave;
   double theta[kMaxRopePairs];  ///< frequencies, radians per position
 };
@@ -84,10 +85,9 @@ __global__ void rope_kernel(const __grid_constant__ RopeParams<T> p) {
   for (int w = threadIdx.x; w < heads * p.pairs; w += blockDim.x) {
     const int h = w / p.pairs, i = w % p.pairs;
     const bool is_q = h < p.num_q_heads;
-    const int64_t row = is_q ? (t * p.num_q_heads + h) * p.head_dim
-                             : (t * p.num_k_heads + h - p.num_q_heads) * p.head_dim;
-    const T* in = (is_q ? p.q : p.k) + row;
-    T* out = (is_q ? p.q_out : p.k_out) + row;
+    const int64_t head = static_cast<int64_t>(is_q ? h : h - p.num_q_heads) * p.head_dim;
+    const T* in = (is_q ? p.q : p.k) + t * (is_q ? p.q_stride : p.k_stride) + head;
+    T* out = (is_q ? p.q_out : p.k_out) + t * (is_q ? p.q_out_stride : p.k_out_stride) + head;
     const int ia = p.interleave ? 2 * i : i, ib = p.interleave ? 2 * i + 1 : i + p.pairs;
     const float a = to_f32(in[ia]), b = to_f32(in[ib]), c = cos_s[i], s = sin_s[i];
     out[ia] = from_f32<T>(fmaf(a, c, -b * s));
@@ -99,10 +99,9 @@ __global__ void rope_kernel(const __grid_constant__ RopeParams<T> p) {
   for (int w = threadIdx.x; w < heads * rest; w += blockDim.x) {
     const int h = w / rest, d = rotary_dim + w % rest;
     const bool is_q = h < p.num_q_heads;
-    const int64_t row = is_q ? (t * p.num_q_heads + h) * p.head_dim
-                             : (t * p.num_k_heads + h - p.num_q_heads) * p.head_dim;
-    const T* in = (is_q ? p.q : p.k) + row;
-    T* out = (is_q ? p.q_out : p.k_out) + row;
+    const int64_t head = static_cast<int64_t>(is_q ? h : h - p.num_q_heads) * p.head_dim;
+    const T* in = (is_q ? p.q : p.k) + t * (is_q ? p.q_stride : p.k_stride) + head;
+    T* out = (is_q ? p.q_out : p.k_out) + t * (is_q ? p.q_out_stride : p.k_out_stride) + head;
     if (in != out) out[d] = in[d];
   }
 }

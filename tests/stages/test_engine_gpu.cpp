@@ -511,7 +511,11 @@ TEST_CASE("09_engine: default_stage applies flashstep.cuda's rule, and a shape n
   s.kv_last_page_len = {3};
   s.kv_indices = {0};
   CHECK(default_stage(s) == "03_split_kv");  // a decode of GQA group <= 8
-  s.num_qo_heads = 32;                       // group 16: past the decode stages' groups
+  s.head_dim = 96;  // group <= 8 but no stage takes it: every stage is asked, every reason listed
+  flashstep::test::expect_error([&] { default_stage(s); },
+                                {"default_stage", "no stage runs", "03_split_kv", "02_paged", "head_dim 96"});
+  s.head_dim = 64;
+  s.num_qo_heads = 32;  // group 16: past the decode stages' groups
   CHECK(default_stage(s) != "03_split_kv");
   s.num_qo_heads = 8;
   s.mode = stages::Mode::prefill;

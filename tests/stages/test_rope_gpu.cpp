@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,11 +33,15 @@ struct RopeCase {
   DType dtype;
   int nnz, num_q_heads, num_k_heads, head_dim, rotary_dim;
   bool interleave, llama31, by_offsets, in_place;
+  /// q and k as the engine holds them: rows of one buffer, Q | K | V (V a sentinel that
+  /// must stay), read with row strides; q rotated into a contiguous q_out, k in place
+  bool fused_rows = false;
   std::string describe() const {
     return std::string(stages::to_string(dtype)) + " nnz " + std::to_string(nnz) + " heads " +
            std::to_string(num_q_heads) + "/" + std::to_string(num_k_heads) + " d " + std::to_string(head_dim) +
            " rotary " + std::to_string(rotary_dim) + (interleave ? " interleave" : " half") +
-           (llama31 ? " llama31" : "") + (by_offsets ? " offsets" : " pos_ids") + (in_place ? " in-place" : "");
+           (llama31 ? " llama31" : "") + (by_offsets ? " offsets" : " pos_ids") + (in_place ? " in-place" : "") +
+           (fused_rows ? " fused rows" : "");
   }
 };
 
@@ -102,11 +107,50 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
   } else {
     l.pos_ids = dpos.as<int32_t>();
   }
+  // fused rows: row t = q_t | k_t | v_t, v a sentinel
+  const int64_t qw = int64_t{c.num_q_heads} * c.head_dim, kw = int64_t{c.num_k_heads} * c.head_dim;
+  const int64_t width = qw + 2 * kw;
+  constexpr double kSentinel = 7.0;
+  std::vector<double> rows;
+  if (c.fused_rows) {
+    rows.assign(static_cast<size_t>(c.nnz * width), kSentinel);
+    for (int64_t t = 0; t < c.nnz; ++t) {
+      for (int64_t j = 0; j < qw; ++j)
+        rows[static_cast<size_t>(t * width + j)] = q.data[static_cast<size_t>(t * qw + j)];
+      for (int64_t j = 0; j < kw; ++j)
+        rows[static_cast<size_t>(t * width + qw + j)] = k.data[static_cast<size_t>(t * kw + j)];
+    }
+  }
+  const auto rows_bytes = harness::encode(c.dtype, rows);
+  harness::DeviceBuffer drows(rows_bytes.data(), rows_bytes.size());
+  const size_t elem = stages::dtype_bytes(c.dtype);
+  if (c.fused_rows) {
+    l.q = drows.get();
+    l.q_out = oq.get();
+    l.k = l.k_out = static_cast<uint8_t*>(drows.get()) + static_cast<size_t>(qw) * elem;
+    l.q_stride = l.k_stride = l.k_out_stride = width;
+  }
   stages::engine::launch_rope(l, freqs, nullptr);
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint8_t> gq(qb.size()), gk(kb.size());
   FLASHSTEP_CUDA_CHECK(cudaMemcpy(gq.data(), l.q_out, gq.size(), cudaMemcpyDeviceToHost));
-  FLASHSTEP_CUDA_CHECK(cudaMemcpy(gk.data(), l.k_out, gk.size(), cudaMemcpyDeviceToHost));
+  int64_t bad = 0;
+  if (c.fused_rows) {  // k out of the rows; the sentinels (v) must be where they were
+    std::vector<uint8_t> got_rows(rows_bytes.size());
+    FLASHSTEP_CUDA_CHECK(cudaMemcpy(got_rows.data(), drows.get(), got_rows.size(), cudaMemcpyDeviceToHost));
+    for (int64_t t = 0; t < c.nnz; ++t)
+      std::memcpy(gk.data() + static_cast<size_t>(t * kw) * elem,
+                  got_rows.data() + static_cast<size_t>(t * width + qw) * elem, static_cast<size_t>(kw) * elem);
+    const std::vector<double> all = harness::decode(c.dtype, got_rows, rows.size());
+    for (int64_t t = 0; t < c.nnz; ++t)
+      for (int64_t j = qw + kw; j < width; ++j)
+        if (all[static_cast<size_t>(t * width + j)] != kSentinel) {
+          if (bad < 5) MESSAGE("v row " << t << " element " << j - qw - kw << " was overwritten");
+          ++bad;
+        }
+  } else {
+    FLASHSTEP_CUDA_CHECK(cudaMemcpy(gk.data(), l.k_out, gk.size(), cudaMemcpyDeviceToHost));
+  }
 
   // The bound, per element: the kernel rounds cos and sin to fp32 (2^-24 relative each),
   // and its two fp32 operations (a product, then a fused multiply-add) add at most
@@ -114,7 +158,6 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
   // the dtype (half an ulp, at most 2^-p |result| with p significand bits, or half the
   // smallest subnormal). The angles are double on both sides.
   const int half = c.rotary_dim / 2;
-  int64_t bad = 0;
   auto compare = [&](const ref::Tensor& in, const ref::Tensor& ref_out, const std::vector<uint8_t>& got_bytes,
                      const char* which) {
     const std::vector<double> got = harness::decode(c.dtype, got_bytes, in.data.size());
@@ -175,6 +218,32 @@ TEST_CASE(
   CHECK(ran == 48);
 }
 
+TEST_CASE("09_engine: the RoPE kernel on fused Q | K | V rows (row strides), as the engine runs it") {
+  std::mt19937_64 rng = test::case_rng("rope fused rows");
+  const DType dtypes[] = {DType::f16, DType::bf16, DType::f32};
+  const int heads[][2] = {{8, 2}, {4, 1}, {8, 8}};
+  int ran = 0;
+  for (int i = 0; i < 6; ++i) {
+    RopeCase c;
+    c.dtype = dtypes[i % 3];
+    c.head_dim = i < 3 ? 128 : 64;
+    c.rotary_dim = i == 5 ? c.head_dim / 2 : c.head_dim;  // a partial one: q's rest is copied out
+    c.num_q_heads = heads[i % 3][0];
+    c.num_k_heads = heads[i % 3][1];
+    c.nnz = i == 0 ? 1 : static_cast<int>(test::random_int(rng, 2, 97));
+    c.interleave = i % 2 == 1;
+    c.llama31 = i == 4;
+    c.by_offsets = i == 2;
+    c.in_place = false;
+    c.fused_rows = true;
+    CAPTURE(c.describe());
+    const int64_t bad = check_case(c, rng);
+    CHECK_MESSAGE(bad == 0, c.describe() << ": " << bad << " elements outside the bound");
+    ++ran;
+  }
+  CHECK(ran == 6);
+}
+
 TEST_SUITE("host") {
 TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
   RopeLaunch l;
@@ -200,5 +269,15 @@ TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
   l.head_dim = 64;
   l.nnz = -1;
   CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("nnz"), ref::InvalidArgument);
+  // a row stride shorter than a row (2 q heads of 64: 128 elements), or negative
+  l.nnz = 4;
+  int32_t position = 0;
+  l.pos_ids = &position;  // refused before any launch
+  l.q_stride = 64;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("q_stride"), ref::InvalidArgument);
+  l.q_stride = 0;
+  l.k_out_stride = -1;
+  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("k_out_stride"),
+                       ref::InvalidArgument);
 }
 }  // TEST_SUITE("host")
