@@ -81,6 +81,7 @@ struct ServeOptions {
   std::string decode_stage, prefill_stage;  ///< empty: the default rule
   bool profile = false;                     ///< per-step phase timing (CUDA events)
   bool cascade = false;                     ///< decode rows sharing pages go to stage 05
+  bool fused_rope = false;                  ///< RoPE in the attention stages' loads, no RoPE kernel
   int64_t show_step = -1;                   ///< >= 0: print this step's arrays, stages and tokens
   bool cuda_graphs = false;                 ///< decode steps as CUDA graphs at padded batch sizes
 };

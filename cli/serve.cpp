@@ -80,13 +80,14 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.profile = opt.profile;
   c.cuda_graphs = opt.cuda_graphs;
   c.cascade_when_shared = opt.cascade;
+  c.fused_rope = opt.fused_rope;
 
   Engine engine(c);
   os << "flashstep serve: " << opt.requests << " requests (seed " << opt.seed << "), model d_model " << opt.d_model
      << ", " << opt.layers << " layers, " << opt.qo_heads << "/" << opt.kv_heads << " heads, " << opt.dtype << "; pool "
      << c.scheduler.num_pages << " pages of " << opt.page_size << ", max_running " << opt.max_running << ", budget "
      << opt.budget << " tokens/step, prefix sharing " << (opt.no_sharing ? "off" : "on") << ", sampling "
-     << opt.sampling << "\n";
+     << opt.sampling << (opt.fused_rope ? ", RoPE fused into attention" : "") << "\n";
   if (opt.show_step >= 0) {  // one step of the run, as the scheduler built it and the engine ran it
     Scheduler scheduler(c.scheduler, schedule.requests());
     while (!scheduler.done()) {

@@ -9,6 +9,7 @@
 
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/rope_fp32.hpp"
 
 namespace flashstep::stages {
 
@@ -213,6 +214,27 @@ std::string StageInfo::capabilities() const {
       s << "; pos_encoding " << to_string(e) << (rope_rounds_to_dtype ? " (rotated q, k rounded to the dtype)" : "");
   if (cuda_graph) s << "; cuda_graph (the launch depends on batch_size and nnz_qo only)";
   return s.str();
+}
+
+DeviceRopeTurns::~DeviceRopeTurns() {
+  if (device_ != nullptr) cudaFree(device_);
+}
+
+const double* DeviceRopeTurns::update(const BatchShape& shape, cudaStream_t stream) {
+  if (shape.pos_encoding == PosEncoding::none) return nullptr;
+  std::vector<double> turns = ref::rope_llama_turns(shape.head_dim, shape.rope_scale, shape.rope_theta);
+  if (turns == host_ && device_ != nullptr) return device_;
+  if (turns.size() > capacity_) {
+    if (device_ != nullptr) FLASHSTEP_CUDA_CHECK(cudaFree(device_));
+    device_ = nullptr;
+    FLASHSTEP_CUDA_CHECK(cudaMalloc(&device_, turns.size() * sizeof(double)));
+    capacity_ = turns.size();
+  }
+  host_ = std::move(turns);
+  // From pageable memory: the call returns once host_ has been read, so host_ may change after.
+  FLASHSTEP_CUDA_CHECK(
+      cudaMemcpyAsync(device_, host_.data(), host_.size() * sizeof(double), cudaMemcpyHostToDevice, stream));
+  return device_;
 }
 
 void CapturedLaunch::check_plan(const char* fn, const std::string& launch) const {

@@ -253,6 +253,27 @@ class ScheduleStaging {
   cudaEvent_t copy_done_ = nullptr;
 };
 
+/// A runner's device copy of the RoPE turns f_i = theta_i / (2 pi) (ref::rope_llama_turns)
+/// of the shape it last planned, for the kernels that rotate q and k as they load them.
+/// plan() calls update(); the copy is made only when head_dim, rope_scale or rope_theta
+/// change, and the pointer stays the same unless a longer head_dim needs more room (so a
+/// captured graph keeps reading the right turns while those stay the same).
+class DeviceRopeTurns {
+ public:
+  DeviceRopeTurns() = default;
+  ~DeviceRopeTurns();
+  DeviceRopeTurns(const DeviceRopeTurns&) = delete;
+  DeviceRopeTurns& operator=(const DeviceRopeTurns&) = delete;
+  /// The turns of `shape` in device memory (copied on `stream` when they changed); null
+  /// when shape.pos_encoding is none.
+  const double* update(const BatchShape& shape, cudaStream_t stream);
+
+ private:
+  double* device_ = nullptr;
+  size_t capacity_ = 0;
+  std::vector<double> host_;  // what device_ holds
+};
+
 /// What a stage declares about itself: one registry entry.
 struct StageInfo {
   std::string name;                      ///< folder name, e.g. "02_paged"

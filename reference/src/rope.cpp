@@ -206,8 +206,8 @@ Tensor rope_llama_fp32(const Tensor& x, const std::vector<int64_t>& positions, c
           "turns must hold head_dim / 2 = " + std::to_string(half) + " values (head_dim even), got " +
               std::to_string(turns.size()));
   for (size_t t = 0; t < positions.size(); ++t)
-    require_lazy(positions[t] >= 0 && positions[t] <= (int64_t{1} << 24), fn, [&] {
-      return "positions[" + std::to_string(t) + "] = " + std::to_string(positions[t]) + " must be in 0 .. 2^24";
+    require_lazy(std::abs(positions[t]) <= (int64_t{1} << 24), fn, [&] {
+      return "positions[" + std::to_string(t) + "] = " + std::to_string(positions[t]) + " must be in -2^24 .. 2^24";
     });
   for (double v : x.data)
     require(std::isfinite(v) && static_cast<double>(static_cast<float>(v)) == v, fn,

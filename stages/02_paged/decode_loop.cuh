@@ -23,6 +23,12 @@
 /// elements are widened to fp32 in registers, as they are read from shared memory.
 /// k_scale is folded into q's scale (load_q), v_scale into the output's normalisation
 /// (SoftmaxState::output), so the scales cost nothing per key.
+///
+/// **RoPE in the loads** (ROPE = true, stage 03's ROPE_LLAMA; 16-bit K/V): a thread's 16
+/// dims of a row are (tx * 8 + e) and (tx * 8 + e + head_dim / 2), e = 0..7, exactly the
+/// eight rotate-half pairs (x[i], x[i + head_dim/2]) of i = tx * 8 + e. So q (once, in
+/// load_q) and every key (in attend_tile, after it is widened from shared memory) are
+/// rotated in registers, with no exchange between threads and no rounding back to 16 bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,6 +41,7 @@
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/state.cuh"
 #include "flashstep/kernels/vec.cuh"
+#include "flashstep/reference/rope_fp32.hpp"
 
 namespace flashstep::stages::paged {
 
@@ -101,6 +108,20 @@ using TilePages = int32_t[DecodeTraits<KV, HEAD_DIM>::COPY_PASSES];
 template <typename KV, int HEAD_DIM>
 using TileSlots = uint32_t[DecodeTraits<KV, HEAD_DIM>::COPY_PASSES];
 
+/// Rotates this thread's dims x of one row (x[e] and x[8 + e] form pair tx * 8 + e) to
+/// `position`, in fp32, exactly as ref::rope_llama_fp32 does.
+/// \param x the row's 16 dims, as load_q and attend_tile hold them (two 8-element halves)
+/// \param turns f_i of the thread's eight pairs, in global memory (read through L1 at each
+///        use: eight doubles held in registers would spill, at 128 registers a thread)
+__device__ __forceinline__ void rotate_half_pairs(float (&x)[16], int position, const double* turns) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    float c, s;
+    ref::rope_cos_sin_fp32(position, __ldg(turns + e), c, s);
+    ref::rope_rotate_fp32(x[e], x[8 + e], c, s);
+  }
+}
+
 /// One thread's place in the loop's 256-thread layout (the file comment).
 struct DecodeThread {
   int tid;           ///< index among the loop's 256 threads, 0..255
@@ -140,9 +161,11 @@ __device__ __forceinline__ DecodeThread place_thread(int tid, int bdy, int bdz) 
 /// \param group_size query heads per kv head
 /// \param sm_scale_log2 sm_scale * k_scale * log2(e)
 /// \param q this thread's EPT dims of each of its heads
-template <typename T, int HEAD_DIM, typename KV>
+/// \tparam ROPE rotate q to q_position first (ROPE_LLAMA; 16-bit K/V) with `turns`
+template <typename T, int HEAD_DIM, typename KV, bool ROPE = false>
 __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, int64_t first_row, int group_size,
-                                       float sm_scale_log2, QRegisters<KV, HEAD_DIM>& q) {
+                                       float sm_scale_log2, QRegisters<KV, HEAD_DIM>& q, int q_position = 0,
+                                       const double* turns = nullptr) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int QVEC = Vec16<T>::kSize;  // q elements per 16-byte vector
   constexpr int QPV = Tr::VEC / QVEC;    // q vectors per K/V vector: 1, or 2 for fp8 K/V
@@ -161,6 +184,10 @@ __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, 
         else qv.raw = make_uint4(0, 0, 0, 0);
         qv.to_float(&q[j][v * Tr::VEC + w * QVEC]);
       }
+    if constexpr (ROPE) {
+      static_assert(Tr::NV == 2 && Tr::VEC == 8, "RoPE in the loads: 16-bit K/V, dims (tx*8+e, tx*8+e+head_dim/2)");
+      rotate_half_pairs(q[j], q_position, turns);
+    }
 #pragma unroll
     for (int e = 0; e < Tr::EPT; ++e) q[j][e] *= sm_scale_log2;
   }
@@ -224,10 +251,12 @@ __device__ __forceinline__ void issue_copies(const DecodeThread& th, const Paged
 /// \param k_tile (TILE, head_dim) K rows in shared memory, followed by the V tile
 /// \param tile_start the tile's first key, counted from the range's first
 /// \param len keys in the range
-template <typename KV, int HEAD_DIM>
+/// \tparam ROPE rotate each key to its position, range_position + tile_start + its row,
+///         with `turns`, the thread's eight f_i (ROPE_LLAMA; 16-bit K/V)
+template <typename KV, int HEAD_DIM, bool ROPE = false>
 __device__ __forceinline__ void attend_tile(const DecodeThread& th, const QRegisters<KV, HEAD_DIM>& q,
                                             HeadStates<KV, HEAD_DIM>& state, const KV* k_tile, int tile_start,
-                                            int len) {
+                                            int len, int range_position = 0, const double* turns = nullptr) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int HPT = Tr::HPT, STEP = Tr::STEP, TILE = Tr::TILE, VEC = Tr::VEC, NV = Tr::NV, BDX = Tr::BDX;
   const KV* v_tile = k_tile + TILE * HEAD_DIM;
@@ -241,16 +270,34 @@ __device__ __forceinline__ void attend_tile(const DecodeThread& th, const QRegis
       const int row = min(base + u * th.bdz, TILE - 1);
 #pragma unroll
       for (int j = 0; j < HPT; ++j) s[u][j] = 0.f;
+      if constexpr (ROPE) {
+        // k_u widened whole (both halves of each pair), rotated to its position, then q . k_u.
+        float k[Tr::EPT];
 #pragma unroll
-      for (int v = 0; v < NV; ++v) {
-        Vec16<KV> k16;
-        k16.load(k_tile + row * HEAD_DIM + (v * BDX + th.tx) * VEC);
-        float k[VEC];
-        k16.to_float(k);
+        for (int v = 0; v < NV; ++v) {
+          Vec16<KV> k16;
+          k16.load(k_tile + row * HEAD_DIM + (v * BDX + th.tx) * VEC);
+          k16.to_float(&k[v * VEC]);
+        }
+        rotate_half_pairs(k, range_position + tile_start + row, turns);
 #pragma unroll
-        for (int j = 0; j < HPT; ++j)
+        for (int v = 0; v < NV; ++v)
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[e], s[u][j]);
+          for (int j = 0; j < HPT; ++j)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[v * VEC + e], s[u][j]);
+      } else {
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+          Vec16<KV> k16;
+          k16.load(k_tile + row * HEAD_DIM + (v * BDX + th.tx) * VEC);
+          float k[VEC];
+          k16.to_float(k);
+#pragma unroll
+          for (int j = 0; j < HPT; ++j)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[e], s[u][j]);
+        }
       }
     }
     // The BDX lanes of the segment each hold a part of every dot product.

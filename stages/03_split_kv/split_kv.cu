@@ -54,6 +54,7 @@ struct LaunchArgs {
   bool programmatic_launch;
   bool fp32_states;
   DecodePath path;
+  const double* rope_turns;  // ROPE_LLAMA: the turns of the pairs; null otherwise
 };
 
 /// One instantiation (dtype x head_dim x K/V dtype) of the chunk kernel and its merge.
@@ -63,7 +64,7 @@ template <typename OutT, int HEAD_DIM>
 void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
                   int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
 
-template <typename T, int HEAD_DIM, typename KV>
+template <typename T, int HEAD_DIM, typename KV, bool ROPE = false>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
@@ -91,10 +92,11 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   // scales when it gives them).
   p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
   p.v_scale = run_v_scale(s, *a.batch);
+  p.rope_turns = a.rope_turns;
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
-  if (a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
+  if (!ROPE && a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
     p.o_indptr = o_indptr;
     p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
     chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
@@ -102,7 +104,7 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
     return;
   }
   const ChunkDecodeParams<T, KV>& chunk = p;
-  chunk_decode_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
+  chunk_decode_kernel<T, HEAD_DIM, KV, ROPE><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
   kernels::check_launch("chunk_decode_kernel");
   if (!a.plan->split_kv) return;
 
@@ -175,6 +177,34 @@ Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
   });
 }
 
+/// ROPE_LLAMA: the chunk kernel rotating q and k in its loads (fp16/bf16, head_dim 64 or
+/// 128: stage_info's rules refuse the rest).
+template <typename T, int HEAD_DIM>
+Entry rope_kernel_entry() {
+  Entry e;
+  e.smem_bytes = kernel_entry<T, HEAD_DIM, T>().smem_bytes;
+  e.set_smem_limit = [](size_t bytes) {
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, T, true>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  };
+  e.blocks_per_sm = [](size_t bytes) {
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, chunk_decode_kernel<T, HEAD_DIM, T, true>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+    return blocks;
+  };
+  e.launch = launch<T, HEAD_DIM, T, true>;
+  return e;
+}
+
+Entry entry_for(const BatchShape& shape) {
+  if (shape.pos_encoding == PosEncoding::none)
+    return kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  const bool f16 = shape.dtype == DType::f16;
+  if (shape.head_dim == 64) return f16 ? rope_kernel_entry<__half, 64>() : rope_kernel_entry<__nv_bfloat16, 64>();
+  return f16 ? rope_kernel_entry<__half, 128>() : rope_kernel_entry<__nv_bfloat16, 128>();
+}
+
 /// The launch choices that depend on the shape but never on the lengths.
 struct Resolved {
   int num_stages;
@@ -203,7 +233,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
-  const Entry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  const Entry entry = entry_for(shape);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
@@ -409,6 +439,9 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
     }
     path = estimate.path;
   }
+  // Stage 02's kernel does not rotate: under ROPE_LLAMA the chunk kernel serves every
+  // plan (writing o and lse directly when the plan does not split).
+  if (shape.pos_encoding == PosEncoding::rope_llama) path = DecodePath::split;
   if (path == DecodePath::unsplit) unsplit_.plan(shape, nullptr, 0, stream);
 
   // ---- a captured graph froze the launch shape: a new plan must keep it.
@@ -456,13 +489,14 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   layout_ = layout;
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
-  const Entry entry = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  const Entry entry = entry_for(shape);
+  const double* rope_turns = rope_turns_.update(shape, stream);
   path_ = path;
   estimate_ = estimate;
-  launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
+  launch_ = [this, entry, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
     if (path_ == DecodePath::unsplit) return unsplit_.run(batch, s);
     entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                            r.programmatic_launch, options_.fp32_states, path_},
+                            r.programmatic_launch, options_.fp32_states, path_, rope_turns},
                  s);
   };
   planned_ = true;
@@ -517,6 +551,16 @@ StageInfo stage_info() {
   s.max_group_size = kMaxGroupSize;
   s.causal = false;
   s.cuda_graph = true;
+  // ROPE_LLAMA: q and each key rotated in registers as they are loaded (decode_loop.cuh),
+  // kept in fp32.
+  s.pos_encodings = {PosEncoding::none, PosEncoding::rope_llama};
+  s.rope_rounds_to_dtype = false;
+  s.rules = [](const BatchShape& shape) -> std::string {
+    if (shape.pos_encoding == PosEncoding::rope_llama &&
+        (shape.dtype == DType::f32 || (shape.head_dim != 64 && shape.head_dim != 128)))
+      return "03_split_kv rotates (pos_encoding rope_llama) fp16/bf16 heads of head_dim 64 or 128 only";
+    return {};
+  };
   // The registry's runner plans for CUDA graphs, as a serving engine's decode step does,
   // so that the benchmark replays a captured run() for this stage as it does for stage
   // 02 and the peers. (SplitKVOptions' own default is FlashInfer's: no graph.)

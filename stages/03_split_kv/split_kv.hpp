@@ -241,6 +241,7 @@ class SplitKVRunner : public StageRunner {
   std::function<void(const DeviceBatch&, cudaStream_t)> launch_;
   // Pinned staging for the schedule, and its one copy per plan.
   ScheduleStaging staging_;
+  DeviceRopeTurns rope_turns_;  // ROPE_LLAMA: the chunk kernel's turns
   // Set when run() was captured: later plans must keep the captured launch shape.
   bool captured_ = false;
   int32_t captured_batch_size_ = 0;

@@ -143,6 +143,25 @@ SamplingMode parse_sampling_mode(const std::string& name) {
                              "\"");
 }
 
+namespace {
+
+/// EngineConfig::fused_rope's conditions, each refused by name.
+void check_fused_rope(const EngineConfig& c) {
+  if (!c.fused_rope) return;
+  const char* fn = "Engine";
+  ref::require(c.model.position_encoding == ref::PositionEncoding::rope, fn,
+               "fused_rope needs model.position_encoding rope (there is nothing to rotate)");
+  ref::require(!c.model.rope_interleave, fn,
+               "fused_rope rotates the rotate-half pairs (ROPE_LLAMA); model.rope_interleave must be false");
+  ref::require(static_cast<double>(static_cast<float>(c.model.rope_theta)) == c.model.rope_theta, fn,
+               "fused_rope: model.rope_theta must be an fp32 value (BatchShape::rope_theta), got " +
+                   std::to_string(c.model.rope_theta));
+  ref::require(!c.cascade_when_shared, fn,
+               "fused_rope: cascade_when_shared must be off (stage 05 does not rotate q and k)");
+}
+
+}  // namespace
+
 std::string default_stage(const BatchShape& shape) {
   std::vector<std::string> supporting;
   std::string reasons;
@@ -205,6 +224,10 @@ struct Engine::Impl {
     s.page_size = static_cast<int>(cfg.scheduler.page_size);
     s.num_pages = cfg.scheduler.num_pages;
     s.causal = mode == Mode::prefill;
+    if (cfg.fused_rope) {  // the stage rotates q and the keys it reads (ROPE_LLAMA)
+      s.pos_encoding = PosEncoding::rope_llama;
+      s.rope_theta = static_cast<float>(cfg.model.rope_theta);
+    }
     return s;
   }
 
@@ -293,6 +316,8 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
           std::string("dtype must be f16 or bf16 (the storage of weights, Q/K/V and the page pool), got ") +
               to_string(c.dtype));
   c.model.rounding = c.dtype == DType::f16 ? ref::StorageRounding::f16 : ref::StorageRounding::bf16;
+  check_fused_rope(c);
+  c.model.rope_in_attention = c.fused_rope;
   const SchedulerConfig& sc = c.scheduler;
   require(sc.num_pages >= 1 && sc.page_size >= 1 && sc.max_running >= 1 && sc.max_tokens_per_step >= 1, fn,
           "scheduler num_pages, page_size, max_running and max_tokens_per_step must be >= 1");
@@ -460,7 +485,7 @@ void Engine::Impl::launch_model(const Launch& s) {
     gemm(s.nnz, qw, d, xh.ptr, wptr(off_wq[l]), q.ptr, cuda_type, false);
     gemm(s.nnz, kw, d, xh.ptr, wptr(off_wk[l]), k.ptr, cuda_type, false);
     gemm(s.nnz, kw, d, xh.ptr, wptr(off_wv[l]), v.ptr, cuda_type, false);
-    if (!rope_freqs.empty()) {
+    if (!rope_freqs.empty() && !cfg.fused_rope) {  // fused: the attention stages rotate
       RopeLaunch r;
       r.dtype = cfg.dtype;
       r.q = r.q_out = q.ptr;

@@ -89,6 +89,12 @@ struct EngineConfig {
   /// runs them with stage 05's cascade, whose planner prices the cascade against a flat
   /// pass; such a step runs eagerly even with cuda_graphs.
   bool cascade_when_shared = false;
+  /// RoPE fused into attention (FlashInfer's pos_encoding_mode="ROPE_LLAMA"), for a
+  /// model with rotate-half RoPE: no RoPE kernel; K goes into the pool un-rotated and the
+  /// attention stages rotate q and each key as they load them (BatchShape::pos_encoding),
+  /// the decode rows on stage 03, the prefill rows on stage 04 (the stages that do). The
+  /// model's rope_in_attention is set to match: the rotated values are not rounded.
+  bool fused_rope = false;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.

@@ -105,7 +105,7 @@ TEST_CASE("rope_llama_fp32 and rope_llama_turns refuse bad input by name") {
   const std::vector<double> turns = ref::rope_llama_turns(4, 1.0, 1e4);
   test::expect_error([&] { ref::rope_llama_fp32(x, {0, 1}, turns); }, {"rope_llama", "positions"});
   test::expect_error([&] { ref::rope_llama_fp32(x, {0}, {0.1}); }, {"rope_llama", "turns"});
-  test::expect_error([&] { ref::rope_llama_fp32(x, {-1}, turns); }, {"rope_llama", "positions[0]"});
+  test::expect_error([&] { ref::rope_llama_fp32(x, {(1 << 24) + 1}, turns); }, {"rope_llama", "positions[0]"});
   test::expect_error([&] { ref::rope_llama_fp32(Tensor({1, 1, 4}, {0.1, 0, 0, 0}), {0}, turns); },
                      {"rope_llama", "fp32 values"});
   test::expect_error([&] { ref::rope_llama_turns(4, 0.0, 1e4); }, {"rope_llama", "rope_scale"});

@@ -144,6 +144,7 @@ struct RunSpec {
   std::string decode_stage, prefill_stage;
   bool cuda_graphs = false;
   bool cascade_when_shared = false;
+  bool fused_rope = false;  ///< RoPE in the attention stages' loads (the model's rope_in_attention must match)
 };
 
 /// Runs the engine over `reqs` step by step against `want` (the reference's tokens and
@@ -154,7 +155,9 @@ void check_run(const ref::TinyDecoder& model, const EngineConfig& cfg, const std
   Scheduler scheduler(cfg.scheduler, reqs);
   const double u = unit_roundoff(cfg.dtype);
   const int64_t vocab = model.config().vocab_size, d = model.config().d_model;
-  const double rounds = static_cast<double>(model.config().num_layers + 1);
+  // RoPE fused into attention: stage 04 rounds the prefill rows' rotated q and k to the
+  // dtype (its MMAs read them so), which the fused model keeps unrounded: one more stage.
+  const double rounds = static_cast<double>(model.config().num_layers + 1 + (cfg.fused_rope ? 1 : 0));
   const ref::Tensor& w = model.w_vocab();
   const SamplingParams& sp = cfg.sampling;
   while (!scheduler.done()) {
@@ -272,6 +275,7 @@ EngineConfig make_config(const ref::TinyDecoderConfig& model, DType dtype, const
   c.prefill_stage = run.prefill_stage;
   c.cuda_graphs = run.cuda_graphs;
   c.cascade_when_shared = run.cascade_when_shared;
+  c.fused_rope = run.fused_rope;
   c.scheduler.page_size = run.page_size;
   c.scheduler.max_running = run.max_running;
   c.scheduler.max_tokens_per_step = run.max_tokens_per_step;
@@ -354,6 +358,47 @@ TEST_CASE("09_engine: tokens and logits equal the reference's generation (f16, d
                                      {1, 8, 48, "", "", true},
                                      {16, 64, 512, "", "", true, true}};
   token_check(engine_model(), DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
+}
+
+TEST_CASE("09_engine: RoPE fused into attention (stage 03 decode, stage 04 prefill) equals the reference's fused model") {
+  // The pool holds K un-rotated; the reference's rope_in_attention model rotates the
+  // rounded Q and K in double and does not round them again.
+  ref::TinyDecoderConfig m = engine_model();
+  m.rope_in_attention = true;
+  const std::vector<RunSpec> runs = {{16, 64, 512, "", "", false, false, true},
+                                     {1, 8, 48, "", "", false, false, true},
+                                     {16, 64, 512, "", "", true, false, true},
+                                     {1, 1, 16, "03_split_kv", "04_tensor_core", true, false, true}};
+  token_check(m, DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
+  token_check(m, DType::bf16, {runs[0], runs[2]}, {greedy()}, 32);
+}
+
+TEST_CASE("09_engine: fused_rope refuses what ROPE_LLAMA cannot do, naming it") {
+  EngineConfig c;
+  c.model = engine_model();
+  c.model.num_layers = 1;
+  c.scheduler.num_pages = 16;
+  c.fused_rope = true;
+  EngineConfig interleaved = c;
+  interleaved.model.rope_interleave = true;
+  test::expect_error([&] { Engine e(interleaved); }, {"fused_rope", "rope_interleave"});
+  EngineConfig sinusoidal = c;
+  sinusoidal.model.position_encoding = ref::PositionEncoding::sinusoidal;
+  test::expect_error([&] { Engine e(sinusoidal); }, {"fused_rope", "position_encoding"});
+  EngineConfig cascade = c;
+  cascade.cascade_when_shared = true;
+  test::expect_error([&] { Engine e(cascade); }, {"fused_rope", "cascade_when_shared"});
+  EngineConfig hopper = c;
+  hopper.prefill_stage = "07_hopper";
+  test::expect_error(
+      [&] {
+        Engine e(hopper);
+        e.generate(workload(false, 1, 1));
+      },
+      {"prefill_stage", "07_hopper"});
+  EngineConfig ok = c;
+  Engine e(ok);
+  CHECK(e.model_config().rope_in_attention);
 }
 
 TEST_CASE("09_engine: model variants: sinusoidal positions, no W_O, interleaved RoPE, head_dim 64, GQA 4") {

@@ -38,7 +38,8 @@
 namespace flashstep::ref {
 
 /// cos and sin of 2 pi * frac(p * turns), in fp32, exactly as the fused kernels compute them.
-/// \param position the token's position, 0 .. 2^24
+/// \param position the token's position, -2^24 .. 2^24 (a query of a non-causal prefill
+///        with more queries than keys sits before 0: kv_len - qo_len + i)
 /// \param turns f_i = theta_i / (2 pi) (rope_llama_turns)
 FLASHSTEP_HOST_DEVICE void rope_cos_sin_fp32(int position, double turns, float& c, float& s) {
   // The fraction of a turn: an RN product, then an exact difference.
@@ -83,7 +84,7 @@ std::vector<double> rope_llama_turns(int64_t head_dim, double rope_scale, double
 /// holds exactly) rotated by rope_cos_sin_fp32 and rope_rotate_fp32 at positions[t], pairs
 /// (x[i], x[i + head_dim/2]); the results are fp32 values.
 /// \param x (nnz, num_heads, head_dim), every value exactly an fp32 value
-/// \param positions (nnz), 0 .. 2^24
+/// \param positions (nnz), -2^24 .. 2^24
 /// \param turns (head_dim / 2), rope_llama_turns
 Tensor rope_llama_fp32(const Tensor& x, const std::vector<int64_t>& positions, const std::vector<double>& turns);
 
