@@ -171,7 +171,7 @@ Tensor TinyDecoder::rope(const Tensor& heads, const std::vector<int32_t>& positi
   if (config_.position_encoding != PositionEncoding::rope) return heads;
   Tensor out = apply_rotary_embedding(heads, std::vector<int64_t>(positions.begin(), positions.end()),
                                       rope_frequencies(head_dim(), 1.0, config_.rope_theta), config_.rope_interleave);
-  if (!config_.rope_in_attention) round_tensor(out, config_.rounding);  // fused: the rotated values are not stored
+  round_tensor(out, config_.rounding);
   return out;
 }
 

@@ -24,11 +24,16 @@
 /// k_scale is folded into q's scale (load_q), v_scale into the output's normalisation
 /// (SoftmaxState::output), so the scales cost nothing per key.
 ///
-/// **RoPE in the loads** (ROPE = true, stage 03's ROPE_LLAMA; 16-bit K/V): a thread's 16
-/// dims of a row are (tx * 8 + e) and (tx * 8 + e + head_dim / 2), e = 0..7, exactly the
-/// eight rotate-half pairs (x[i], x[i + head_dim/2]) of i = tx * 8 + e. So q (once, in
-/// load_q) and every key (in attend_tile, after it is widened from shared memory) are
-/// rotated in registers, with no exchange between threads and no rounding back to 16 bits.
+/// **RoPE in the loads** (stage 03's ROPE_LLAMA; 16-bit K/V), two ways (RopeIn):
+/// - registers: a thread's 16 dims of a row are (tx * 8 + e) and (tx * 8 + e + head_dim/2),
+///   e = 0..7, exactly the eight rotate-half pairs (x[i], x[i + head_dim/2]) of
+///   i = tx * 8 + e. So q (once, in load_q) and every key (in attend_tile, after it is
+///   widened from shared memory) are rotated in registers, with no exchange between
+///   threads and no rounding back to 16 bits; but the bdy threads of a token group that
+///   share a key each rotate it (twice at GQA group 4).
+/// - shared_memory: once a K tile has landed, all 256 threads rotate it in place
+///   (rotate_k_tile: each key once, the copy-only threads helping), rounded back to 16 bits,
+///   then a barrier; q is rotated in registers and rounded the same way.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -108,6 +113,9 @@ using TilePages = int32_t[DecodeTraits<KV, HEAD_DIM>::COPY_PASSES];
 template <typename KV, int HEAD_DIM>
 using TileSlots = uint32_t[DecodeTraits<KV, HEAD_DIM>::COPY_PASSES];
 
+/// Where the decode loop rotates keys under ROPE_LLAMA (the file comment).
+enum class RopeIn { none, registers, shared_memory };
+
 /// Rotates this thread's dims x of one row (x[e] and x[8 + e] form pair tx * 8 + e) to
 /// `position`, in fp32, exactly as ref::rope_llama_fp32 does.
 /// \param x the row's 16 dims, as load_q and attend_tile hold them (two 8-element halves)
@@ -162,7 +170,8 @@ __device__ __forceinline__ DecodeThread place_thread(int tid, int bdy, int bdz) 
 /// \param sm_scale_log2 sm_scale * k_scale * log2(e)
 /// \param q this thread's EPT dims of each of its heads
 /// \tparam ROPE rotate q to q_position first (ROPE_LLAMA; 16-bit K/V) with `turns`
-template <typename T, int HEAD_DIM, typename KV, bool ROPE = false>
+/// \tparam ROUND_ROPE round the rotated q to T (as a key rotated in shared memory is)
+template <typename T, int HEAD_DIM, typename KV, bool ROPE = false, bool ROUND_ROPE = false>
 __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, int64_t first_row, int group_size,
                                        float sm_scale_log2, QRegisters<KV, HEAD_DIM>& q, int q_position = 0,
                                        const double* turns = nullptr) {
@@ -187,6 +196,14 @@ __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, 
     if constexpr (ROPE) {
       static_assert(Tr::NV == 2 && Tr::VEC == 8, "RoPE in the loads: 16-bit K/V, dims (tx*8+e, tx*8+e+head_dim/2)");
       rotate_half_pairs(q[j], q_position, turns);
+      if constexpr (ROUND_ROPE) {
+#pragma unroll
+        for (int v = 0; v < Tr::NV; ++v) {
+          Vec16<T> qv;
+          qv.from_float(&q[j][v * Tr::VEC]);
+          qv.to_float(&q[j][v * Tr::VEC]);
+        }
+      }
     }
 #pragma unroll
     for (int e = 0; e < Tr::EPT; ++e) q[j][e] *= sm_scale_log2;
@@ -237,6 +254,39 @@ __device__ __forceinline__ void issue_copies(const DecodeThread& th, const Paged
     const int64_t src = valid ? kv.offset(page[r], slot[r], kv_head) + chunk * Tr::VEC : 0;
     cp_async_16(k_dst + row * HEAD_DIM + chunk * Tr::VEC, kv.pool + src, valid);
     cp_async_16(v_dst + row * HEAD_DIM + chunk * Tr::VEC, kv.pool + src + kv.stride_kv, valid);
+  }
+}
+
+/// RopeIn::shared_memory: rotates the landed K tile in place, key `row` to position
+/// `tile_position` + row, each rotate-half pair once: thread tid takes chunk pair c =
+/// tid % (head_dim / 16) (elements c*8.. and c*8 + head_dim/2..) of rows tid / (head_dim / 16),
+/// + 256 / (head_dim / 16), ..., in fp32 (ref::rope_llama_fp32's arithmetic), rounded back to
+/// KV. Rows past the range are zero-filled and stay zero. Collective over the 256 threads;
+/// the caller puts a barrier after it.
+/// \param rope_turns (head_dim / 2) turns per position f_i, device memory
+template <typename KV, int HEAD_DIM>
+__device__ __forceinline__ void rotate_k_tile(const DecodeThread& th, KV* k_tile, int tile_position,
+                                              const double* rope_turns) {
+  using Tr = DecodeTraits<KV, HEAD_DIM>;
+  constexpr int kHalf = HEAD_DIM / 16;  // 16-byte chunks in half a row
+  static_assert(Tr::VEC == 8 && Tr::kThreads % kHalf == 0, "16-bit K: a chunk is 8 elements, 8 pairs");
+  const int c = th.tid % kHalf;
+  const double* turns = rope_turns + c * 8;
+#pragma unroll
+  for (int row = th.tid / kHalf; row < Tr::TILE; row += Tr::kThreads / kHalf) {
+    KV* lo = k_tile + row * HEAD_DIM + c * 8;
+    KV* hi = lo + HEAD_DIM / 2;
+    Vec16<KV> a16, b16;
+    a16.load(lo);
+    b16.load(hi);
+    float x[16];
+    a16.to_float(x);
+    b16.to_float(x + 8);
+    rotate_half_pairs(x, tile_position + row, turns);
+    a16.from_float(x);
+    b16.from_float(x + 8);
+    a16.store(lo);
+    b16.store(hi);
   }
 }
 

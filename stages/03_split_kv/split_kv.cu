@@ -64,7 +64,7 @@ template <typename OutT, int HEAD_DIM>
 void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
                   int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
 
-template <typename T, int HEAD_DIM, typename KV, bool ROPE = false>
+template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
@@ -96,7 +96,7 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
-  if (!ROPE && a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
+  if (ROPE == paged::RopeIn::none && a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
     p.o_indptr = o_indptr;
     p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
     chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
@@ -178,31 +178,37 @@ Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
 }
 
 /// ROPE_LLAMA: the chunk kernel rotating q and k in its loads (fp16/bf16, head_dim 64 or
-/// 128: stage_info's rules refuse the rest).
-template <typename T, int HEAD_DIM>
+/// 128: stage_info's rules refuse the rest), in registers or in shared memory.
+template <typename T, int HEAD_DIM, paged::RopeIn ROPE>
 Entry rope_kernel_entry() {
   Entry e;
   e.smem_bytes = kernel_entry<T, HEAD_DIM, T>().smem_bytes;
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, T, true>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, T, ROPE>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t bytes) {
     int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, chunk_decode_kernel<T, HEAD_DIM, T, true>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+        &blocks, chunk_decode_kernel<T, HEAD_DIM, T, ROPE>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
     return blocks;
   };
-  e.launch = launch<T, HEAD_DIM, T, true>;
+  e.launch = launch<T, HEAD_DIM, T, ROPE>;
   return e;
 }
 
-Entry entry_for(const BatchShape& shape) {
+template <paged::RopeIn ROPE>
+Entry rope_kernel_entry_for(DType dtype, int head_dim) {
+  const bool f16 = dtype == DType::f16;
+  if (head_dim == 64) return f16 ? rope_kernel_entry<__half, 64, ROPE>() : rope_kernel_entry<__nv_bfloat16, 64, ROPE>();
+  return f16 ? rope_kernel_entry<__half, 128, ROPE>() : rope_kernel_entry<__nv_bfloat16, 128, ROPE>();
+}
+
+Entry entry_for(const BatchShape& shape, bool rope_in_registers) {
   if (shape.pos_encoding == PosEncoding::none)
     return kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
-  const bool f16 = shape.dtype == DType::f16;
-  if (shape.head_dim == 64) return f16 ? rope_kernel_entry<__half, 64>() : rope_kernel_entry<__nv_bfloat16, 64>();
-  return f16 ? rope_kernel_entry<__half, 128>() : rope_kernel_entry<__nv_bfloat16, 128>();
+  return rope_in_registers ? rope_kernel_entry_for<paged::RopeIn::registers>(shape.dtype, shape.head_dim)
+                           : rope_kernel_entry_for<paged::RopeIn::shared_memory>(shape.dtype, shape.head_dim);
 }
 
 /// The launch choices that depend on the shape but never on the lengths.
@@ -233,7 +239,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
-  const Entry entry = entry_for(shape);
+  const Entry entry = entry_for(shape, options.rope_in_registers);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
@@ -489,7 +495,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   layout_ = layout;
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
-  const Entry entry = entry_for(shape);
+  const Entry entry = entry_for(shape, options_.rope_in_registers);
   const double* rope_turns = rope_turns_.update(shape, stream);
   path_ = path;
   estimate_ = estimate;
@@ -551,10 +557,11 @@ StageInfo stage_info() {
   s.max_group_size = kMaxGroupSize;
   s.causal = false;
   s.cuda_graph = true;
-  // ROPE_LLAMA: q and each key rotated in registers as they are loaded (decode_loop.cuh),
-  // kept in fp32.
+  // ROPE_LLAMA: each K tile rotated in shared memory once it lands, q in registers, both
+  // rounded to the dtype (decode_loop.cuh; SplitKVOptions::rope_in_registers for the
+  // other way, which keeps them in fp32).
   s.pos_encodings = {PosEncoding::none, PosEncoding::rope_llama};
-  s.rope_rounds_to_dtype = false;
+  s.rope_rounds_to_dtype = true;
   s.rules = [](const BatchShape& shape) -> std::string {
     if (shape.pos_encoding == PosEncoding::rope_llama &&
         (shape.dtype == DType::f32 || (shape.head_dim != 64 && shape.head_dim != 128)))

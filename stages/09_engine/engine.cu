@@ -317,7 +317,6 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
               to_string(c.dtype));
   c.model.rounding = c.dtype == DType::f16 ? ref::StorageRounding::f16 : ref::StorageRounding::bf16;
   check_fused_rope(c);
-  c.model.rope_in_attention = c.fused_rope;
   const SchedulerConfig& sc = c.scheduler;
   require(sc.num_pages >= 1 && sc.page_size >= 1 && sc.max_running >= 1 && sc.max_tokens_per_step >= 1, fn,
           "scheduler num_pages, page_size, max_running and max_tokens_per_step must be >= 1");

@@ -92,8 +92,9 @@ struct EngineConfig {
   /// RoPE fused into attention (FlashInfer's pos_encoding_mode="ROPE_LLAMA"), for a
   /// model with rotate-half RoPE: no RoPE kernel; K goes into the pool un-rotated and the
   /// attention stages rotate q and each key as they load them (BatchShape::pos_encoding),
-  /// the decode rows on stage 03, the prefill rows on stage 04 (the stages that do). The
-  /// model's rope_in_attention is set to match: the rotated values are not rounded.
+  /// the decode rows on stage 03, the prefill rows on stage 04 (the stages that do). Both
+  /// round the rotated q and k to the dtype, as the RoPE kernel's output is, so the
+  /// reference's model is the same one.
   bool fused_rope = false;
 };
 

@@ -12,11 +12,9 @@
 
 #include <flashstep/kernels/philox.cuh>
 #include <flashstep/reference/errors.hpp>
-#include <flashstep/reference/rope.hpp>
 #include <flashstep/reference/tiny_decoder.hpp>
 
 #include "support/expect_error.hpp"
-#include "support/random.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
@@ -491,26 +489,4 @@ TEST_CASE("tiny_decoder: with rounding, weights and the stored Q/K/V are fp16 or
         }
       }
   }
-}
-
-TEST_CASE("tiny decoder: rope_in_attention keeps the rotated Q and K unrounded (RoPE fused into attention)") {
-  ref::TinyDecoderConfig c;
-  c.position_encoding = ref::PositionEncoding::rope;
-  c.rounding = ref::StorageRounding::f16;
-  ref::TinyDecoderConfig fused = c;
-  fused.rope_in_attention = true;
-  const ref::TinyDecoder kernel_model(c), fused_model(fused);
-  std::mt19937_64 rng(27);
-  ref::Tensor heads = test::random_tensor(rng, {5, 2, kernel_model.head_dim()}, -2.0, 2.0);
-  for (double& x : heads.data) x = ref::round_to_storage(x, ref::StorageRounding::f16);
-  const ref::Tensor exact = ref::apply_rotary_embedding(heads, {3, 4, 5, 6, 7},
-                                                        ref::rope_frequencies(kernel_model.head_dim(), 1.0, 1e4), false);
-  const ref::Tensor a = kernel_model.rope(heads, 3), b = fused_model.rope(heads, 3);
-  int rounded_differently = 0;
-  for (size_t i = 0; i < exact.data.size(); ++i) {
-    CHECK(b.data[i] == exact.data[i]);
-    CHECK(a.data[i] == ref::round_to_storage(exact.data[i], ref::StorageRounding::f16));
-    rounded_differently += a.data[i] != b.data[i];
-  }
-  CHECK(rounded_differently > 0);
 }

@@ -87,11 +87,6 @@ struct TinyDecoderConfig {
   PositionEncoding position_encoding = PositionEncoding::sinusoidal;  ///< sinusoidal (the course's) or rope
   double rope_theta = 1e4;       ///< rope: base of the frequencies; positive, finite
   bool rope_interleave = false;  ///< rope: pairs (x[2i], x[2i+1]) instead of (x[i], x[i + head_dim/2])
-  /// rope: RoPE fused into attention (FlashInfer's ROPE_LLAMA): the page pool holds K as
-  /// projected (rounded) and the attention rotates q and k as it reads them, so the rotated
-  /// values are not rounded again. false: a RoPE kernel rotates Q and K before the append
-  /// and they are rounded after it (StorageRounding's "again after RoPE").
-  bool rope_in_attention = false;
   StorageRounding rounding = StorageRounding::none;  ///< none, or round where an f16/bf16 engine stores
 };
 
