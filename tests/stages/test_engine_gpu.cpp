@@ -364,12 +364,12 @@ TEST_CASE("09_engine: RoPE fused into attention (stage 03 decode, stage 04 prefi
   // same, and a rotation that rounds the other way at a midpoint is one of the ulps the
   // bound allows.
   const ref::TinyDecoderConfig m = engine_model();
+  // batch 64 eager and in CUDA graphs (page 16), batch 1 with page 1 and a budget that chunks prompts
   const std::vector<RunSpec> runs = {{16, 64, 512, "", "", false, false, true},
-                                     {1, 8, 48, "", "", false, false, true},
                                      {16, 64, 512, "", "", true, false, true},
                                      {1, 1, 16, "03_split_kv", "04_tensor_core", true, false, true}};
   token_check(m, DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
-  token_check(m, DType::bf16, {runs[0], runs[2]}, {greedy()}, 32);
+  token_check(m, DType::bf16, {runs[0], runs[1]}, {greedy()}, 32);
 }
 
 TEST_CASE("09_engine: fused_rope refuses what ROPE_LLAMA cannot do, naming it") {
