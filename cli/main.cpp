@@ -202,8 +202,9 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("--no-sharing", serve.no_sharing, "Turn prefix sharing off");
   serve_cmd->add_flag("--cascade", serve.cascade,
                       "Decode rows that share pages (a cached prefix) run on stage 05's cascade (its planner decides)");
-  serve_cmd->add_flag("--fused-rope", serve.fused_rope,
-                      "RoPE inside the attention stages' Q/K loads (ROPE_LLAMA: K appended un-rotated, no RoPE kernel)");
+  serve_cmd->add_flag(
+      "--fused-rope", serve.fused_rope,
+      "RoPE inside the attention stages' Q/K loads (ROPE_LLAMA: K appended un-rotated, no RoPE kernel)");
   serve_cmd->add_flag("--cuda-graphs", serve.cuda_graphs,
                       "Run decode steps as CUDA graphs captured at padded batch sizes (plan outside the graph)");
   serve_cmd->add_flag("--profile", serve.profile, "Time each step's phases with CUDA events (after a warm-up run)");

@@ -93,8 +93,8 @@ struct BatchShape {
   /// rope_theta^(-2i/head_dim) / rope_scale (flashstep/reference/rope.hpp); query row i of a
   /// request sits at position kv_len - qo_len + i, key j at position j.
   PosEncoding pos_encoding = PosEncoding::none;
-  float rope_scale = 1.f;   ///< rope_llama: divides every frequency; positive, finite
-  float rope_theta = 1e4f;  ///< rope_llama: base of the frequencies; positive, finite
+  float rope_scale = 1.f;                 ///< rope_llama: divides every frequency; positive, finite
+  float rope_theta = 1e4f;                ///< rope_llama: base of the frequencies; positive, finite
   std::vector<int32_t> qo_indptr;         ///< (batch_size + 1); decode: 0, 1, ..., batch_size
   std::vector<int32_t> kv_indptr;         ///< (batch_size + 1); paged: page offsets, ragged: token offsets
   std::vector<int32_t> kv_last_page_len;  ///< (batch_size), paged only

@@ -305,8 +305,8 @@ __device__ __forceinline__ void rotate_k_tile(const DecodeThread& th, KV* k_tile
 ///         with `turns`, the thread's eight f_i (ROPE_LLAMA; 16-bit K/V)
 template <typename KV, int HEAD_DIM, bool ROPE = false>
 __device__ __forceinline__ void attend_tile(const DecodeThread& th, const QRegisters<KV, HEAD_DIM>& q,
-                                            HeadStates<KV, HEAD_DIM>& state, const KV* k_tile, int tile_start,
-                                            int len, int range_position = 0, const double* turns = nullptr) {
+                                            HeadStates<KV, HEAD_DIM>& state, const KV* k_tile, int tile_start, int len,
+                                            int range_position = 0, const double* turns = nullptr) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int HPT = Tr::HPT, STEP = Tr::STEP, TILE = Tr::TILE, VEC = Tr::VEC, NV = Tr::NV, BDX = Tr::BDX;
   const KV* v_tile = k_tile + TILE * HEAD_DIM;

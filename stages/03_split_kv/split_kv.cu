@@ -96,7 +96,8 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
-  if (ROPE == paged::RopeIn::none && a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
+  // the experiment of fused_merge.cuh (its kernel does not rotate)
+  if (ROPE == paged::RopeIn::none && a.path == DecodePath::split_fused && a.plan->split_kv) {
     p.o_indptr = o_indptr;
     p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
     chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);

@@ -638,8 +638,9 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThrea
     const int kv0 = t.kv_begin + it * Bc;
     if constexpr (ROPE) {
       // Rotate the landed K tile (keys kv0..) and, with the first, the Q tile; then wait for all of it.
-      if (it == 0) rotate_tile<T, HEAD_DIM, Tr::kThreads>(q_smem, Br, t.row_begin, p.group_size, t.kv_len - t.qo_len,
-                                                          p.rope_turns);
+      if (it == 0)
+        rotate_tile<T, HEAD_DIM, Tr::kThreads>(q_smem, Br, t.row_begin, p.group_size, t.kv_len - t.qo_len,
+                                               p.rope_turns);
       rotate_tile<T, HEAD_DIM, Tr::kThreads>(kv_smem + 2 * stage * Bc * HEAD_DIM, Bc, kv0, 1, 0, p.rope_turns);
       __syncthreads();
     }

@@ -51,10 +51,10 @@ void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64
 
 /// The ROPE_LLAMA instantiations (q and K/V fp16 or bf16, the default ring), declared
 /// `extern template` by tensor_core.cu and defined `template` by tensor_core_rope.cu.
-#define FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, T)                   \
-  PREFIX int prepare_prefill_attention<T, T, 0, true>(int);               \
+#define FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, T)     \
+  PREFIX int prepare_prefill_attention<T, T, 0, true>(int); \
   PREFIX void launch_prefill_attention<T, T, 0, true>(const PrefillParams<T, T>&, int, int64_t, cudaStream_t);
-#define FLASHSTEP_PREFILL_ROPE_INSTANTIATIONS(PREFIX)    \
+#define FLASHSTEP_PREFILL_ROPE_INSTANTIATIONS(PREFIX)  \
   FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, __half) \
   FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, __nv_bfloat16)
 

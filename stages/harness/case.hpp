@@ -79,8 +79,8 @@ struct CaseSpec {
   /// (BatchShape::pos_encoding). The reference then attends with ref::rope_llama_fp32's
   /// rotated q and keys: the fp32 values a fused kernel computes, bit for bit.
   PosEncoding pos_encoding = PosEncoding::none;
-  double rope_scale = 1.0;    ///< rope_llama: divides every frequency
-  double rope_theta = 1e4;    ///< rope_llama: base of the frequencies
+  double rope_scale = 1.0;  ///< rope_llama: divides every frequency
+  double rope_theta = 1e4;  ///< rope_llama: base of the frequencies
   /// rope_llama: the reference rounds the rotated q and keys to dtype, as a stage whose
   /// StageInfo::rope_rounds_to_dtype is set does (for_stage() sets it from the stage).
   bool rope_rounded = false;

@@ -24,9 +24,8 @@ ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, c
   const std::string reason = stage.unsupported_reason(shape);
   ref::require(reason.empty(), "run_and_compare", "stage cannot run " + shape.describe() + ": " + reason);
   ref::require(host.spec.rope_rounded == for_stage(host.spec, stage).rope_rounded, "run_and_compare",
-               "the case's reference rounds the rotated q and k " +
-                   std::string(host.spec.rope_rounded ? "" : "not ") + "to the dtype, " + stage.name +
-                   " does the opposite: build it from for_stage(spec, stage)");
+               "the case's reference rounds the rotated q and k " + std::string(host.spec.rope_rounded ? "" : "not ") +
+                   "to the dtype, " + stage.name + " does the opposite: build it from for_stage(spec, stage)");
 
   DeviceCase dev(host);
   std::unique_ptr<StageRunner> runner = stage.make_runner();

@@ -86,8 +86,8 @@ TEST_CASE("rope_llama_fp32 is the rotate-half rotation in double, within the der
   std::vector<int64_t> positions;
   for (int64_t t = 0; t < nnz; ++t) positions.push_back(test::random_int(rng, 0, 100000));
   const Tensor got = ref::rope_llama_fp32(x, positions, ref::rope_llama_turns(head_dim, 1.0, 1e4));
-  const Tensor want =
-      ref::apply_rotary_embedding(x, positions, ref::rope_frequencies(head_dim, 1.0, 1e4), /*interleave=*/false);
+  const Tensor want = ref::apply_rotary_embedding(x, positions, ref::rope_frequencies(head_dim, 1.0, 1e4),
+                                                  /*interleave=*/false);
   // Each output a c - b s (or b c + a s): |da| <= (|a| + |b|) 2^-21 from cos/sin, plus two
   // fp32 roundings of terms below |a| + |b| <= 6: 6 * (2^-21 + 2 * 2^-24).
   const double bound = 6.0 * (kCosSinBound + 2 * 0x1p-24);
@@ -106,8 +106,11 @@ TEST_CASE("rope_llama_fp32 and rope_llama_turns refuse bad input by name") {
   test::expect_error([&] { ref::rope_llama_fp32(x, {0, 1}, turns); }, {"rope_llama", "positions"});
   test::expect_error([&] { ref::rope_llama_fp32(x, {0}, {0.1}); }, {"rope_llama", "turns"});
   test::expect_error([&] { ref::rope_llama_fp32(x, {(1 << 24) + 1}, turns); }, {"rope_llama", "positions[0]"});
-  test::expect_error([&] { ref::rope_llama_fp32(Tensor({1, 1, 4}, {0.1, 0, 0, 0}), {0}, turns); },
-                     {"rope_llama", "fp32 values"});
+  test::expect_error(
+      [&] {
+        ref::rope_llama_fp32(Tensor({1, 1, 4}, {0.1, 0, 0, 0}), {0}, turns);
+      },
+      {"rope_llama", "fp32 values"});
   test::expect_error([&] { ref::rope_llama_turns(4, 0.0, 1e4); }, {"rope_llama", "rope_scale"});
   test::expect_error([&] { ref::rope_llama_turns(3, 1.0, 1e4); }, {"rope_llama", "rotary_dim"});
 }

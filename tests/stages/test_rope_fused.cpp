@@ -105,25 +105,30 @@ TEST_CASE("rope_llama: the harness's reference is attention over q and k rotated
     const ref::Tensor q = ref::apply_rotary_embedding(host.q, q_pos, theta, false);
     const ref::Tensor k = ref::apply_rotary_embedding(host.k, k_pos, theta, false);
     std::vector<int32_t> token_indptr{0};
-    for (int b = 0; b < s.batch_size; ++b) token_indptr.push_back(token_indptr.back() + static_cast<int32_t>(s.kv_len(b)));
+    for (int b = 0; b < s.batch_size; ++b)
+      token_indptr.push_back(token_indptr.back() + static_cast<int32_t>(s.kv_len(b)));
     ref::AttentionOptions opt;
     opt.causal = s.causal;
-    const ref::AttentionResult exact = ref::batch_prefill_with_ragged_kv_cache(q, s.qo_indptr, k, host.v, token_indptr, opt);
+    const ref::AttentionResult exact = ref::batch_prefill_with_ragged_kv_cache(q, s.qo_indptr, k, host.v, token_indptr,
+                                                                               opt);
     // |q| <= 3, |k| <= 1: rotated elements within 6 (2^-21 + 2^-23) and 2 (2^-21 + 2^-23)
     // (test_rope_fp32.cpp), so a score within sm_scale * D * 2 * 3 * 2 (2^-21 + 2^-23) of
     // the exact one: the lse moves at most that, and o by at most twice that (max |v| 1).
     const double ds = 1.0 / std::sqrt(double(s.head_dim)) * s.head_dim * 12 * (0x1p-21 + 0x1p-23);
     double worst_lse = 0, worst_o = 0, moved = 0;
     for (size_t i = 0; i < exact.lse.data.size(); ++i)
-      if (std::isfinite(exact.lse.data[i])) worst_lse = std::max(worst_lse, std::abs(exact.lse.data[i] - host.expected.lse.data[i]));
-    for (size_t i = 0; i < exact.o.data.size(); ++i) worst_o = std::max(worst_o, std::abs(exact.o.data[i] - host.expected.o.data[i]));
+      if (std::isfinite(exact.lse.data[i]))
+        worst_lse = std::max(worst_lse, std::abs(exact.lse.data[i] - host.expected.lse.data[i]));
+    for (size_t i = 0; i < exact.o.data.size(); ++i)
+      worst_o = std::max(worst_o, std::abs(exact.o.data[i] - host.expected.o.data[i]));
     // and RoPE moved the answer: the same case without it differs by far more
     CaseSpec plain = spec;
     plain.pos_encoding = PosEncoding::none;
     const HostCase without = build_case(plain, KVStorage::ragged, 99);
-    for (size_t i = 0; i < exact.o.data.size(); ++i) moved = std::max(moved, std::abs(exact.o.data[i] - without.expected.o.data[i]));
-    MESSAGE("lse within " << worst_lse << ", o within " << worst_o << " of the rotation in double (bound " << ds
-                          << ", " << 2 * ds << "); without RoPE o moves by " << moved);
+    for (size_t i = 0; i < exact.o.data.size(); ++i)
+      moved = std::max(moved, std::abs(exact.o.data[i] - without.expected.o.data[i]));
+    MESSAGE("lse within " << worst_lse << ", o within " << worst_o << " of the rotation in double (bound " << ds << ", "
+                          << 2 * ds << "); without RoPE o moves by " << moved);
     CHECK(worst_lse <= ds);
     CHECK(worst_o <= 2 * ds);
     CHECK(moved > 100 * 2 * ds);
@@ -380,12 +385,11 @@ TEST_CASE("rope_llama timing: RoPE kernel + attention vs RoPE in the attention's
         },
         stream, flush.get(), flush_bytes);
     const double fused_ms = median_ms([&] { fused->run(fused_batch, stream); }, stream, flush.get(), flush_bytes);
-    std::printf(
-        "  %-48s RoPE kernel %.4f + attention %.4f, together %.4f | fused %.4f | fused / together %.3f\n", ts.name,
-        rope_ms, attn_ms, both_ms, fused_ms, fused_ms / both_ms);
+    std::printf("  %-48s RoPE kernel %.4f + attention %.4f, together %.4f | fused %.4f | fused / together %.3f\n",
+                ts.name, rope_ms, attn_ms, both_ms, fused_ms, fused_ms / both_ms);
     if (fused_registers) {
-      const double reg_ms =
-          median_ms([&] { fused_registers->run(fused_batch, stream); }, stream, flush.get(), flush_bytes);
+      const double reg_ms = median_ms([&] { fused_registers->run(fused_batch, stream); }, stream, flush.get(),
+                                      flush_bytes);
       std::printf("  %-48s fused, keys rotated in registers %.4f | / together %.3f\n", ts.name, reg_ms,
                   reg_ms / both_ms);
     }
