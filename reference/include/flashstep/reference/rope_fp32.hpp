@@ -42,11 +42,12 @@ namespace flashstep::ref {
 ///        with more queries than keys sits before 0: kv_len - qo_len + i)
 /// \param turns f_i = theta_i / (2 pi) (rope_llama_turns)
 FLASHSTEP_HOST_DEVICE void rope_cos_sin_fp32(int position, double turns, float& c, float& s) {
-  // The fraction of a turn: an RN product, then an exact difference.
+  // The fraction of a turn: an RN product, then an exact difference. rint by the magic
+  // number 1.5 * 2^52 (two additions, not the slower conversion unit; |t| < 2^51).
   const double t = fma(static_cast<double>(position), turns, -0.0);
-  const double r = t - rint(t);
+  const double r = t - ((t + 0x1.8p52) - 0x1.8p52);
   const float x = static_cast<float>(r);
-  const float q = rintf(fmaf(x, 4.f, -0.f));  // quadrant, -2 .. 2
+  const float q = (fmaf(x, 4.f, -0.f) + 0x1.8p23f) - 0x1.8p23f;  // quadrant, -2 .. 2 (rint, as above)
   const float y = fmaf(q, -0.25f, x);         // exact, |y| <= 1/8
   const float z = fmaf(y, 6.28318530717958647692f, -0.f);
   const float z2 = fmaf(z, z, -0.f);
