@@ -47,8 +47,9 @@ FLASHSTEP_HOST_DEVICE void rope_cos_sin_fp32(int position, double turns, float& 
   const double t = fma(static_cast<double>(position), turns, -0.0);
   const double r = t - ((t + 0x1.8p52) - 0x1.8p52);
   const float x = static_cast<float>(r);
-  const float q = (fmaf(x, 4.f, -0.f) + 0x1.8p23f) - 0x1.8p23f;  // quadrant, -2 .. 2 (rint, as above)
-  const float y = fmaf(q, -0.25f, x);         // exact, |y| <= 1/8
+  // The quadrant, -2 .. 2 (rint as above), and what is left of it, exact, |y| <= 1/8.
+  const float q = (fmaf(x, 4.f, -0.f) + 0x1.8p23f) - 0x1.8p23f;
+  const float y = fmaf(q, -0.25f, x);
   const float z = fmaf(y, 6.28318530717958647692f, -0.f);
   const float z2 = fmaf(z, z, -0.f);
   // sin z = z (1 - z^2/3! + z^4/5! - z^6/7! + z^8/9!), cos z = 1 - z^2/2! + ... - z^10/10!
