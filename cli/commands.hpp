@@ -84,6 +84,19 @@ struct ServeOptions {
   bool fused_rope = false;                  ///< RoPE in the attention stages' loads, no RoPE kernel
   int64_t show_step = -1;                   ///< >= 0: print this step's arrays, stages and tokens
   bool cuda_graphs = false;                 ///< decode steps as CUDA graphs at padded batch sizes
+  int64_t shared_prefixes = 2;              ///< distinct shared prefixes (with shared_prefix_len)
+  /// Measure and write a results file here (serve_measure.cpp): each variant run twice
+  /// (without events: the time of each step; with: its phases), the read ceiling and the
+  /// launch floor measured in the same process, the floor of each decode step, the goals.
+  std::string json;
+  std::string what = "serve";  ///< the workload's name in the results (rows, file)
+  std::string note;            ///< recorded with the results
+  /// The variants to measure: eager and CUDA graphs (default), or, with prefix_study,
+  /// prefix sharing with the cascade, sharing alone and no sharing, each eager and with
+  /// CUDA graphs (the first request alone at step 0, the others at step 1, so that they
+  /// find its prefix cached).
+  bool prefix_study = false;
+  std::string command;  ///< the command line, recorded in the results
 };
 /// Runs the engine; prints the run (and the timing split with profile).
 int run_serve(const ServeOptions& opt, std::ostream& os);

@@ -190,6 +190,35 @@ int main(int argc, char** argv) {
                                ->add_option("--shared-prefix", serve_shared,
                                             "Two shared prefixes of this many tokens, 0 to 65536 (default 0: none)")
                                ->type_name("INT");
+  std::string serve_prefixes, serve_min_prompt, serve_max_prompt, serve_min_new, serve_max_new, serve_pages;
+  auto* serve_prefixes_opt =
+      serve_cmd->add_option("--shared-prefixes", serve_prefixes, "Distinct shared prefixes, 1 to 64 (default 2)")
+          ->type_name("INT");
+  serve_cmd->add_option("--shared-fraction", serve.shared_fraction,
+                        "Fraction of prompts opening with a shared prefix, 0 to 1 (default 0.75)");
+  serve_cmd->add_option("--arrivals-per-step", serve.arrivals_per_step,
+                        "Poisson mean of arrivals per step, (0, 1000] (default 8)");
+  auto* serve_min_prompt_opt =
+      serve_cmd->add_option("--min-prompt", serve_min_prompt, "Shortest own part of a prompt (default 16)")
+          ->type_name("INT");
+  auto* serve_max_prompt_opt =
+      serve_cmd->add_option("--max-prompt", serve_max_prompt, "Longest own part of a prompt (default 128)")
+          ->type_name("INT");
+  auto* serve_min_new_opt =
+      serve_cmd->add_option("--min-new", serve_min_new, "Fewest tokens to generate (default 16)")->type_name("INT");
+  auto* serve_max_new_opt =
+      serve_cmd->add_option("--max-new", serve_max_new, "Most tokens to generate (default 64)")->type_name("INT");
+  auto* serve_pages_opt =
+      serve_cmd->add_option("--num-pages", serve_pages, "Pages in the pool (default 0: room for every request)")
+          ->type_name("INT");
+  serve_cmd->add_option("--json", serve.json,
+                        "Measure (each variant without and with CUDA events, the read ceiling and the launch "
+                        "floor, each decode step's floor, the goals) and write the results JSON here");
+  serve_cmd->add_option("--what", serve.what, "The workload's name in the results JSON (default serve)");
+  serve_cmd->add_option("--note", serve.note, "A note recorded in the results JSON");
+  serve_cmd->add_flag("--prefix-study", serve.prefix_study,
+                      "With --json: measure prefix sharing with the cascade, sharing alone and no sharing, each eager "
+                      "and with CUDA graphs (the first request alone, the others one step later)");
   serve_cmd->add_option("--dtype", serve.dtype, "Storage dtype: f16 or bf16 (default f16)");
   serve_cmd->add_option("--sampling", serve.sampling, "greedy or sample (default greedy)");
   serve_cmd->add_option("--temperature", serve.temperature, "Sampling temperature (default 1)");
@@ -253,6 +282,28 @@ int main(int argc, char** argv) {
       if (*serve_shared_opt)
         serve.shared_prefix_len = static_cast<int64_t>(parse_integer(serve_shared, "--shared-prefix", 0, 65536));
       if (*serve_show_opt) serve.show_step = static_cast<int64_t>(parse_integer(serve_show, "--show-step", 0, 1000000));
+      if (*serve_prefixes_opt)
+        serve.shared_prefixes = static_cast<int64_t>(parse_integer(serve_prefixes, "--shared-prefixes", 1, 64));
+      if (*serve_min_prompt_opt)
+        serve.min_prompt = static_cast<int64_t>(parse_integer(serve_min_prompt, "--min-prompt", 1, 65536));
+      if (*serve_max_prompt_opt)
+        serve.max_prompt = static_cast<int64_t>(parse_integer(serve_max_prompt, "--max-prompt", 1, 65536));
+      if (*serve_min_new_opt) serve.min_new = static_cast<int64_t>(parse_integer(serve_min_new, "--min-new", 1, 65536));
+      if (*serve_max_new_opt) serve.max_new = static_cast<int64_t>(parse_integer(serve_max_new, "--max-new", 1, 65536));
+      if (*serve_pages_opt)
+        serve.num_pages = static_cast<int64_t>(parse_integer(serve_pages, "--num-pages", 0, 100000000));
+      // the command line as recorded in the results: the results file by its name alone
+      for (int i = 0; i < argc; ++i) {
+        std::string arg = i == 0 ? "flashstep" : argv[i];
+        if (std::string(argv[i - (i > 0)]) == "--json" && i > 0) arg = arg.substr(arg.find_last_of('/') + 1);
+        if (arg.rfind("--json=", 0) == 0) {
+          const std::string file = arg.substr(7);
+          arg = "--json=" + file.substr(file.find_last_of('/') + 1);
+        }
+        serve.command += (i ? " " : "") + arg;
+      }
+      if (serve.prefix_study && serve.json.empty())
+        throw flashstep::ref::InvalidArgument("serve: --prefix-study measures, so it needs --json FILE");
       return cli::run_serve(serve, std::cout);
     }
   } catch (const flashstep::ref::InvalidArgument& e) {

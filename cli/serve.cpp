@@ -13,6 +13,7 @@
 #if defined(FLASHSTEP_CLI_HAVE_ENGINE)
 #include "09_engine/arrival_schedule.hpp"
 #include "09_engine/engine.hpp"
+#include "serve_measure.hpp"
 #endif
 
 namespace flashstep::cli {
@@ -49,7 +50,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   ap.min_new_tokens = opt.min_new;
   ap.max_new_tokens = opt.max_new;
   if (opt.shared_prefix_len > 0) {
-    ap.num_shared_prefixes = 2;
+    ap.num_shared_prefixes = opt.shared_prefixes;
     ap.shared_prefix_len = opt.shared_prefix_len;
     ap.shared_fraction = opt.shared_fraction;
   }
@@ -82,6 +83,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.cascade_when_shared = opt.cascade;
   c.fused_rope = opt.fused_rope;
 
+  if (!opt.json.empty()) return run_serve_measure(opt, schedule.requests(), c, os);  // serve_measure.cpp
   Engine engine(c);
   os << "flashstep serve: " << opt.requests << " requests (seed " << opt.seed << "), model d_model " << opt.d_model
      << ", " << opt.layers << " layers, " << opt.qo_heads << "/" << opt.kv_heads << " heads, " << opt.dtype << "; pool "

@@ -113,7 +113,7 @@ bench_rows() {  # NAME JSON: fails the step NAME when JSON holds no median row
 step_bench() {
   local bench=$B/bin/flashstep_bench
   [ -x "$bench" ] || { verdict[bench]="FAIL (no $bench)"; return; }
-  step bench 300 "$bench" --shapes="$SHAPES" --benchmark_filter='^(ceiling/(copy_d2d|read_only|launch_floor_1)|02_paged/|03_split_kv/|04_tensor_core/)' \
+  step bench 300 "$bench" --shapes="$SHAPES" --benchmark_filter='^(ceiling/(copy_d2d|read_only|launch_floor_1)|02_paged/|03_split_kv/|03_split_kv.fp8_cuda_cores./|04_tensor_core/)' \
     --benchmark_out="$RESULTS/bench_fp8.json" --benchmark_out_format=json
   bench_rows bench "$RESULTS/bench_fp8.json"
 }

@@ -18,8 +18,7 @@ __global__ void empty_kernel() {}
 }  // namespace
 
 LaunchFloor::LaunchFloor(int kernels) {
-  if (kernels != 1 && kernels != 2)
-    throw std::invalid_argument("LaunchFloor: kernels must be 1 or 2, got " + std::to_string(kernels));
+  if (kernels < 1) throw std::invalid_argument("LaunchFloor: kernels must be >= 1, got " + std::to_string(kernels));
   int device = 0, sms = 0;
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));

@@ -9,11 +9,12 @@
 
 namespace flashstep::bench {
 
-/// A captured graph of `kernels` (1 or 2) launches of an empty kernel, one after the
-/// other, each a grid of one 256-thread block per SM of the current device.
+/// A captured graph of `kernels` launches of an empty kernel, one after the other, each a
+/// grid of one 256-thread block per SM of the current device. The benchmark times 1 and 2;
+/// `flashstep serve --json` as many as a step of the engine launches.
 class LaunchFloor {
  public:
-  /// Captures the graph (on a stream of its own; not launched). \param kernels 1 or 2
+  /// Captures the graph (on a stream of its own; not launched). \param kernels >= 1
   explicit LaunchFloor(int kernels);
   ~LaunchFloor();
   LaunchFloor(const LaunchFloor&) = delete;

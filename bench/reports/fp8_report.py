@@ -39,6 +39,7 @@ from results import FORMAT  # bench/reports/results.py: the one shape's tag
 from shapes import decode_bytes, load_shapes  # bench/shapes.py (common puts bench/ on the path)
 
 STAGES = ("02_paged", "03_split_kv")
+CORES = "03_split_kv[fp8_cuda_cores]"  # stage 03 with its tensor-core FP8 kernel off: the CUDA-core loop
 APPEND_GOAL = 0.9  # stage 04 FP8 TFLOP/s / bf16 TFLOP/s, append shapes
 RATIO_GOALS = {  # sizes -> (time vs bf16, speedup vs FlashInfer's best, time vs floor)
     "b128_kv8192": (0.55, 1.15, 1.10),
@@ -139,7 +140,7 @@ def main():
     print(f"device: {context['device']}, read ceiling {read_gbps:.0f} GB/s, commit {context['commit']}")
     table = []
     head = (f"{'shape':30s} {'02 us':>8s} {'03 us':>8s} {'03 bf16':>8s} {'04 us':>8s} {'04 bf16':>8s} "
-            f"{'FI cc':>8s} {'FI tc':>8s} "
+            f"{'03 cores':>8s} {'FI cc':>8s} {'FI tc':>8s} "
             f"{'floor':>8s} {'x bf16':>7s} {'vs FI':>6s} {'% read':>7s}")
     print(head)
     goals = []
@@ -152,6 +153,7 @@ def main():
         bf16_name = sizes + "_bf16"
         t02, t03 = times.get("02_paged/" + name), times.get("03_split_kv/" + name)
         t03_bf16 = times.get("03_split_kv/" + bf16_name) if bf16_name in by_name else None
+        t_cores = times.get(CORES + "/" + name)
         t04 = times.get("04_tensor_core/" + name)
         t04_bf16 = times.get("04_tensor_core/" + bf16_name) if bf16_name in by_name else None
         cc, tc = peers.get(("flashinfer_cuda_core_decode", name)), peers.get(("flashinfer_tc_decode", name))
@@ -160,11 +162,11 @@ def main():
         x_bf16 = t03 / t03_bf16 if t03 and t03_bf16 else None
         vs_fi = fi_best / t03 if t03 and fi_best else None
         pct = 100 * floor / t03 if t03 and floor else None
-        print(f"{name:30s} {fmt(t02)} {fmt(t03)} {fmt(t03_bf16)} {fmt(t04)} {fmt(t04_bf16)} {fmt(cc)} {fmt(tc)} {fmt(floor)} "
+        print(f"{name:30s} {fmt(t02)} {fmt(t03)} {fmt(t03_bf16)} {fmt(t04)} {fmt(t04_bf16)} {fmt(t_cores)} {fmt(cc)} {fmt(tc)} {fmt(floor)} "
               f"{fmt(x_bf16, '7.3f')} {fmt(vs_fi, '6.2f')} {fmt(pct, '7.1f')}")
         table.append({"shape": name, "set": s.get("set"), "kv_dtype": kv, "k_scale": float(s.get("k_scale") or 1),
                       "v_scale": float(s.get("v_scale") or 1), "us_02": t02, "us_03": t03, "us_03_bf16": t03_bf16,
-                      "us_04": t04, "us_04_bf16": t04_bf16, "flashinfer_cuda_core_us": cc,
+                      "us_04": t04, "us_04_bf16": t04_bf16, "us_03_cuda_cores": t_cores, "flashinfer_cuda_core_us": cc,
                       "flashinfer_tensor_core_us": tc, "floor_us": floor, "x_bf16_03": x_bf16,
                       "flashinfer_best_over_03": vs_fi, "pct_of_read_ceiling_03": pct,
                       "x_bf16_04": t04 / t04_bf16 if t04 and t04_bf16 else None,
@@ -237,7 +239,7 @@ def results_json(bench, runs, peers, fi_version, a, table, appends, goals):
     for t in table:
         kv = t["kv_dtype"]
         for shape in (t["shape"], t["shape"].split("_" + kv)[0] + "_bf16"):
-            for stage in ("02_paged", "03_split_kv", "04_tensor_core"):
+            for stage in ("02_paged", "03_split_kv", CORES, "04_tensor_core"):
                 r = times.get(f"{stage}/{shape}")
                 add(f"{stage}/{shape}", r and r["median_us"])
         for impl in ("flashinfer_cuda_core_decode", "flashinfer_tc_decode"):
@@ -265,17 +267,18 @@ def markdown(context, read_gbps, fi_version, table, appends, goal_rows):
     lines = [f"Measured on {context.get('device', '?')} at commit `{context.get('commit', '?')}` "
              f"(read ceiling {read_gbps:.0f} GB/s; FlashInfer {fi_version or 'not in this run'}), "
              "median microseconds of CUDA-graph replays; bf16 q and o, 32/8 heads, head_dim 128, page 16. "
+             "03 cores: stage 03 with its tensor-core FP8 kernel off (the CUDA-core loop); "
              "FI cc / FI tc: FlashInfer's decode wrapper on CUDA cores / tensor cores on the same FP8 pool; "
              "floor: the row's bytes (K and V at one byte an element) over the read ceiling.",
              "",
-             "| shape | 03 us | 03 bf16 us | x bf16 | 04 us | FI cc us | FI tc us | floor us | % of read ceiling "
-             "| FI best / 03 |",
-             "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+             "| shape | 03 us | 03 bf16 us | x bf16 | 03 cores us | 04 us | FI cc us | FI tc us | floor us "
+             "| % of read ceiling | FI best / 03 |",
+             "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in table:
         if r["set"] not in ("target", "sweep"):
             continue
         lines.append(f"| {r['shape']} | {md(r['us_03'])} | {md(r['us_03_bf16'])} | {md(r['x_bf16_03'], '.3f')} "
-                     f"| {md(r['us_04'])} | {md(r['flashinfer_cuda_core_us'])} | {md(r['flashinfer_tensor_core_us'])} "
+                     f"| {md(r.get('us_03_cuda_cores'))} | {md(r['us_04'])} | {md(r['flashinfer_cuda_core_us'])} | {md(r['flashinfer_tensor_core_us'])} "
                      f"| {md(r['floor_us'])} | {md(r['pct_of_read_ceiling_03'])} "
                      f"| {md(r['flashinfer_best_over_03'], '.2f')} |")
     if appends:

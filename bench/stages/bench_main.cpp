@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "02_paged/paged.hpp"
+#include "03_split_kv/split_kv.hpp"
 #include "04_tensor_core/tensor_core.hpp"
 #include "05_cascade/cascade.hpp"
 #include "device_fill.hpp"
@@ -497,6 +498,28 @@ int main(int argc, char** argv) {
     for (const BenchShape& shape : shapes)
       if (sets.count(shape.set) && shape.spec.kv_dtype && stages::is_fp8(*shape.spec.kv_dtype))
         register_stage(tensor_core_fp8_s2, shape, tensor_core_fp8_s2.name + "/" + shape.name);
+    // Stage 03 on an FP8 cache with its CUDA-core loop (the tensor-core kernel off), and,
+    // with --tune, the tensor-core kernel at other pipeline depths than its default.
+    static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores) {
+      stages::StageInfo info = stages::split_kv::stage_info();
+      info.name = name;
+      info.make_runner = [num_stages, tensor_cores] {
+        stages::split_kv::SplitKVOptions options;
+        options.enable_cuda_graph = true;
+        options.num_stages = num_stages;
+        options.fp8_tensor_cores = tensor_cores;
+        return std::make_unique<stages::split_kv::SplitKVRunner>(options);
+      };
+      return info;
+    };
+    static const stages::StageInfo split_kv_fp8[] = {
+        split_kv_variant("03_split_kv[fp8_cuda_cores]", 0, false), split_kv_variant("03_split_kv[mma_s4]", 4, true),
+        split_kv_variant("03_split_kv[mma_s3]", 3, true), split_kv_variant("03_split_kv[mma_s5]", 5, true)};
+    for (const stages::StageInfo& stage : split_kv_fp8)
+      for (const BenchShape& shape : shapes)
+        if (sets.count(shape.set) && shape.spec.kv_dtype && stages::is_fp8(*shape.spec.kv_dtype) &&
+            shape.spec.mode == stages::Mode::decode && (tune || &stage == &split_kv_fp8[0]))
+          register_stage(stage, shape, stage.name + "/" + shape.name);
     if (tune) {
       const stages::StageInfo& paged = stages::find_stage("02_paged");
       for (const BenchShape& shape : shapes)

@@ -33,6 +33,7 @@
 #include "03_split_kv/fused_merge.cuh"
 #include "03_split_kv/merge_states.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
+#include "03_split_kv/fp8_mma_decode.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
 
@@ -63,6 +64,10 @@ using Entry = KernelEntry<LaunchArgs>;
 template <typename OutT, int HEAD_DIM>
 void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
                   int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
+
+template <typename T, int HEAD_DIM, typename KV>
+void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, const int32_t* o_indptr,
+                     cudaStream_t stream);
 
 template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
@@ -107,8 +112,15 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const ChunkDecodeParams<T, KV>& chunk = p;
   chunk_decode_kernel<T, HEAD_DIM, KV, ROPE><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
   kernels::check_launch("chunk_decode_kernel");
-  if (!a.plan->split_kv) return;
+  launch_merge_of<T, HEAD_DIM>(a, chunk, o_indptr, stream);
+}
 
+/// The merge of a split plan's partial rows (nothing when the plan did not split).
+template <typename T, int HEAD_DIM, typename KV>
+void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, const int32_t* o_indptr,
+                     cudaStream_t stream) {
+  const BatchShape& s = *a.shape;
+  if (!a.plan->split_kv) return;
   if (a.fp32_states) {
     launch_merge<float, HEAD_DIM>(p.partial_o, p.partial_lse, o_indptr, static_cast<float*>(a.batch->o), p.lse,
                                   s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
@@ -116,6 +128,39 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
     launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, o_indptr, p.o, p.lse, s.num_qo_heads, s.batch_size,
                               a.programmatic_launch, stream);
   }
+}
+
+/// FP8 pool on the tensor cores (fp8_mma_decode.cuh): the chunk kernel's arguments and
+/// schedule, its own kernel, the same merge. The plan's split decides partial rows or
+/// direct outputs.
+template <typename T, typename KV>
+void launch_fp8_mma(const LaunchArgs& a, cudaStream_t stream) {
+  constexpr int HEAD_DIM = 128;
+  const BatchShape& s = *a.shape;
+  const WorkspaceLayout& w = *a.layout;
+  ChunkDecodeParams<T, KV> p;
+  p.q = static_cast<const T*>(a.batch->q);
+  p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr, a.batch->kv_indices,
+                                a.batch->kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
+                                s.kv_layout == KVLayout::HND);
+  p.request_indices = reinterpret_cast<const int32_t*>(a.workspace + w.request_indices);
+  p.kv_page_begin = reinterpret_cast<const int32_t*>(a.workspace + w.kv_page_begin);
+  p.kv_chunk_len = reinterpret_cast<const int32_t*>(a.workspace + w.kv_chunk_len);
+  p.block_valid_mask = a.workspace + w.block_valid_mask;
+  p.partition_kv = a.plan->split_kv;
+  p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(a.workspace + w.partial_lse);
+  p.o = static_cast<T*>(a.batch->o);
+  p.lse = a.batch->lse;
+  p.num_qo_heads = s.num_qo_heads;
+  p.group_size = s.group_size();
+  p.num_stages = a.num_stages;
+  p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
+  p.v_scale = run_v_scale(s, *a.batch);
+  const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
+  fp8_mma_decode_kernel<T, KV, HEAD_DIM><<<grid, Fp8MmaTraits<HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
+  kernels::check_launch("fp8_mma_decode_kernel");
+  launch_merge_of<T, HEAD_DIM>(a, p, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
 }
 
 /// The merge kernel over each request's partial rows (o_indptr).
@@ -212,8 +257,43 @@ Entry entry_for(const BatchShape& shape, bool rope_in_registers) {
                            : rope_kernel_entry_for<paged::RopeIn::shared_memory>(shape.dtype, shape.head_dim);
 }
 
+template <typename T, typename KV>
+Entry fp8_mma_entry() {
+  using Tr = Fp8MmaTraits<128>;
+  Entry e;
+  e.smem_bytes = [](int num_stages, int) { return Tr::smem_bytes(num_stages); };
+  e.set_smem_limit = [](size_t bytes) {
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(fp8_mma_decode_kernel<T, KV, 128>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  };
+  e.blocks_per_sm = [](size_t bytes) {
+    int n = 0;
+    FLASHSTEP_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp8_mma_decode_kernel<T, KV, 128>, Tr::kThreads, bytes));
+    return n;
+  };
+  e.launch = launch_fp8_mma<T, KV>;
+  return e;
+}
+
+/// The tensor-core FP8 kernel's entry for q/o in `dtype` (f16 or bf16) over `kv_dtype`.
+Entry fp8_mma_entry_for(DType dtype, DType kv_dtype) {
+  const bool e4m3 = kv_dtype == DType::e4m3;
+  if (dtype == DType::f16)
+    return e4m3 ? fp8_mma_entry<__half, __nv_fp8_e4m3>() : fp8_mma_entry<__half, __nv_fp8_e5m2>();
+  return e4m3 ? fp8_mma_entry<__nv_bfloat16, __nv_fp8_e4m3>() : fp8_mma_entry<__nv_bfloat16, __nv_fp8_e5m2>();
+}
+
+/// Whether `shape` runs fp8_mma_decode.cuh's kernel under `options`.
+bool uses_fp8_mma(const SplitKVOptions& options, const BatchShape& shape) {
+  return options.fp8_tensor_cores && is_fp8(shape.resolved_kv_dtype()) &&
+         (shape.dtype == DType::f16 || shape.dtype == DType::bf16) && shape.head_dim == 128 &&
+         shape.group_size() <= Fp8MmaTraits<128>::MAX_GROUP && options.path != PathChoice::unsplit;
+}
+
 /// The launch choices that depend on the shape but never on the lengths.
 struct Resolved {
+  bool fp8_mma;  ///< fp8_mma_decode.cuh's kernel instead of the chunk kernel (uses_fp8_mma)
   int num_stages;
   size_t smem_bytes;
   int num_sm;
@@ -239,8 +319,11 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
-  r.num_stages = options.num_stages > 0 ? options.num_stages : 2;
-  const Entry entry = entry_for(shape, options.rope_in_registers);
+  r.fp8_mma = uses_fp8_mma(options, shape);
+  // The tensor-core FP8 kernel: 16 KB stages (64 keys of K and V), kFp8MmaStages deep.
+  r.num_stages = options.num_stages > 0 ? options.num_stages : r.fp8_mma ? kFp8MmaStages : 2;
+  const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
+                                : entry_for(shape, options.rope_in_registers);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   entry.set_smem_limit(r.smem_bytes);  // a host call: plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : entry.blocks_per_sm(r.smem_bytes);
@@ -422,6 +505,8 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   const bool fused = options_.fused_merge && !options_.fp32_states;
   if (options_.fp32_states) {
     path = DecodePath::split;  // every item a partial row; the merge kernel writes fp32
+  } else if (r.fp8_mma) {
+    path = plan.split_kv ? DecodePath::split : DecodePath::unsplit;  // one kernel either way, no cost model
   } else if (options_.path == PathChoice::unsplit) {
     path = DecodePath::unsplit;
   } else if (options_.path == PathChoice::split) {
@@ -449,7 +534,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   // Stage 02's kernel does not rotate: under ROPE_LLAMA the chunk kernel serves every
   // plan (writing o and lse directly when the plan does not split).
   if (shape.pos_encoding == PosEncoding::rope_llama) path = DecodePath::split;
-  if (path == DecodePath::unsplit) unsplit_.plan(shape, nullptr, 0, stream);
+  if (path == DecodePath::unsplit && !r.fp8_mma) unsplit_.plan(shape, nullptr, 0, stream);
 
   // ---- a captured graph froze the launch shape: a new plan must keep it.
   if (captured_) {
@@ -496,12 +581,14 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   layout_ = layout;
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
-  const Entry entry = entry_for(shape, options_.rope_in_registers);
+  const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
+                                : entry_for(shape, options_.rope_in_registers);
   const double* rope_turns = rope_turns_.update(shape, stream);
   path_ = path;
   estimate_ = estimate;
+  fp8_mma_ = r.fp8_mma;
   launch_ = [this, entry, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
-    if (path_ == DecodePath::unsplit) return unsplit_.run(batch, s);
+    if (path_ == DecodePath::unsplit && !r.fp8_mma) return unsplit_.run(batch, s);
     entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
                             r.programmatic_launch, options_.fp32_states, path_, rope_turns},
                  s);

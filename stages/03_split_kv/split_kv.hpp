@@ -24,6 +24,9 @@ namespace flashstep::stages::split_kv {
 constexpr int kMaxGroupSize = 8;
 /// Largest page_size it is tested for (any positive page_size works), as stage 02.
 constexpr int kMaxPageSize = 64;
+/// Pipeline depth of the tensor-core FP8 kernel (fp8_mma_decode.cuh; 16 KB stages) when
+/// SplitKVOptions::num_stages is 0.
+constexpr int kFp8MmaStages = 2;
 /// What run() computes with; plan() chooses.
 enum class DecodePath : int32_t {
   unsplit = 0,      ///< stage 02's runner: one block per (request, kv head), its two halves on small grids
@@ -111,6 +114,12 @@ struct SplitKVOptions {
   /// H100 the fused merge was slower on every split shape (the chapter's table), so it is
   /// kept as the lesson it is, not as the default. With fp32_states: always the kernel.
   bool fused_merge = false;
+  /// An FP8 pool (e4m3 / e5m2) with head_dim 128 and a GQA group of at most 8 runs
+  /// fp8_mma_decode.cuh's kernel: q . k and p v on the tensor cores, the same work items
+  /// and merge. Its own launch serves both a split and an unsplit plan (stage 02's kernel
+  /// runs only when `path` is PathChoice::unsplit); fused_merge does not apply to it.
+  /// false: every FP8 pool runs the CUDA-core loop of chunk_decode.cuh / stage 02.
+  bool fp8_tensor_cores = true;
   /// The cost model's constants.
   DecodeCostModel cost;
 };
@@ -219,6 +228,8 @@ class SplitKVRunner : public StageRunner {
   const WorkspaceLayout& layout() const { return layout_; }
   /// What run() computes with, as the last plan() chose.
   DecodePath path() const { return path_; }
+  /// Whether the last plan runs fp8_mma_decode.cuh's tensor-core kernel (an FP8 pool).
+  bool fp8_tensor_cores() const { return fp8_mma_; }
   /// The cost model's estimates of the last plan (zero when the path was not automatic).
   const PathEstimate& estimate() const { return estimate_; }
   /// Pipeline depth the chunk kernel runs with.
@@ -239,6 +250,7 @@ class SplitKVRunner : public StageRunner {
   uint8_t* workspace_ = nullptr;
   int num_stages_ = 0;
   DecodePath path_ = DecodePath::split;
+  bool fp8_mma_ = false;
   PathEstimate estimate_;
   // The unsplit path: stage 02's runner, planned by plan() when it chooses that path.
   paged::PagedRunner unsplit_;

@@ -132,6 +132,21 @@ struct DeviceBuffer {
 
 bool is_cascade(const StageInfo& s) { return s.needs_host_page_table; }
 
+// The kernel and memset nodes of a captured graph: the launches a replay pays for.
+int64_t count_launch_nodes(cudaGraph_t g) {
+  size_t n = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGraphGetNodes(g, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) FLASHSTEP_CUDA_CHECK(cudaGraphGetNodes(g, nodes.data(), &n));
+  int64_t launches = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    FLASHSTEP_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    launches += type == cudaGraphNodeTypeKernel || type == cudaGraphNodeTypeMemset;
+  }
+  return launches;
+}
+
 }  // namespace
 
 const char* to_string(SamplingMode mode) { return mode == SamplingMode::sample ? "sample" : "greedy"; }
@@ -280,6 +295,7 @@ struct Engine::Impl {
     size_t capacity = 0;  // int32 entries of meta and pinned
     cudaGraphExec_t exec = nullptr;
     int64_t replays = 0;
+    int64_t launches = 0;  // kernel and memset nodes of the graph (StepOutput::graph_launches)
     ~GraphEntry() {
       if (exec) cudaGraphExecDestroy(exec);
       if (pinned) cudaFreeHost(pinned);
@@ -302,8 +318,14 @@ struct Engine::Impl {
                  "cublasGemmEx");
   }
 
+  // Inside a graph's capture an event becomes an event-record node (external), so that
+  // every replay records it and the phases of a graph step are timed like an eager one's.
   void event(size_t i) {
-    if (cfg.profile) FLASHSTEP_CUDA_CHECK(cudaEventRecord(events[i], stream));
+    if (!cfg.profile) return;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    FLASHSTEP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    FLASHSTEP_CUDA_CHECK(cudaEventRecordWithFlags(
+        events[i], stream, capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0));
   }
 };
 
@@ -702,12 +724,14 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
         throw;
       }
       FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
+      entry->launches = count_launch_nodes(g);
       FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&entry->exec, g, 0));
       FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(g));
     }
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(entry->exec, m.stream));
     ++entry->replays;
     out.graph_batch = padded;
+    out.graph_launches = entry->launches;
   } else {
     m.launch_model(launch);
   }

@@ -120,6 +120,8 @@ struct StepOutput {
   std::string prefill_stage;  ///< stage that ran the prefill rows ("" when there were none)
   StepTiming timing;          ///< when profile
   int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
+  /// Kernel and memset nodes of that graph, the launches a replay pays for (0: eager).
+  int64_t graph_launches = 0;
 };
 
 /// What generate() returns.

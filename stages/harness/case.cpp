@@ -32,6 +32,7 @@ std::string CaseSpec::describe() const {
   s << to_string(mode) << ' ' << to_string(dtype);
   if (kv_dtype && *kv_dtype != dtype) s << " kv=" << to_string(*kv_dtype);
   if (k_scale != 1.0 || v_scale != 1.0) s << " k_scale=" << k_scale << " v_scale=" << v_scale;
+  if (q_range != 1.0) s << " q_range=" << q_range;
   s << ' ' << ref::to_string(kv_layout) << " batch=" << batch_size << " kv_len=" << kv_len;
   if (mode == Mode::prefill) s << " qo_len=" << qo_len << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
@@ -80,6 +81,7 @@ void check_spec(const CaseSpec& spec, KVStorage storage) {
                "a shared prefix needs paged storage (ragged requests cannot share rows)");
   ref::require(std::isfinite(spec.k_scale) && spec.k_scale > 0 && std::isfinite(spec.v_scale) && spec.v_scale > 0, fn,
                "k_scale and v_scale must be positive and finite");
+  ref::require(std::isfinite(spec.q_range) && spec.q_range > 0, fn, "q_range must be positive and finite");
 }
 
 std::vector<int32_t> draw_lengths(int batch, int longest, LengthPolicy policy, std::mt19937_64& rng) {
@@ -215,7 +217,7 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   const BatchShape& s = c.layout.shape;
   const int64_t H = s.num_kv_heads, D = s.head_dim;
 
-  c.q = random_rounded(rng, {s.nnz_qo(), s.num_qo_heads, D}, -3.0, 3.0, s.dtype);
+  c.q = random_rounded(rng, {s.nnz_qo(), s.num_qo_heads, D}, -3.0 * spec.q_range, 3.0 * spec.q_range, s.dtype);
   ref::AttentionOptions opt;
   opt.causal = s.causal;
   opt.window_left = s.window_left;

@@ -73,6 +73,10 @@ struct CaseSpec {
   /// read back as stored * scale, so scores and outputs keep their usual size.
   double k_scale = 1.0;
   double v_scale = 1.0;  ///< as k_scale, for the values
+  /// q is drawn in [-3 q_range, 3 q_range] (then rounded to dtype): far from 1 it checks
+  /// that a kernel which rescales q internally (stage 03's tensor-core FP8 kernel) keeps
+  /// every size of q.
+  double q_range = 1.0;
 
   // (RoPE inside the stage, after the FP8 fields for the same reason)
   /// rope_llama: the pool holds un-rotated keys and the stage rotates q and each key
@@ -119,7 +123,7 @@ struct HostCase {
   ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
 };
 
-/// Builds a case: lengths, page table and inputs from `seed` (q uniform in [-3, 3], so
+/// Builds a case: lengths, page table and inputs from `seed` (q uniform in [-3, 3] x q_range, so
 /// that softmax is peaked and not nearly uniform; k, v uniform in [-1, 1], divided by
 /// their scales; all rounded to the dtype, K/V to the K/V dtype), then the reference's
 /// answer in double (for an FP8 cache, its FP8 entry point with the spec's scales).

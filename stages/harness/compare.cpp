@@ -21,8 +21,14 @@ const std::vector<DTypeTolerance>& tolerance_table() {
   //
   // FP8 K/V rows are derived, not chosen: the harness hands the reference the very FP8
   // values of the pool (decoded exactly, times the scales in double), the stage widens
-  // them to fp32 exactly and folds the scales into two fp32 factors (2^-24 each), so the
-  // error budget is that of the q/o dtype's row: fp32 accumulation and output rounding.
+  // them exactly (every FP8 value is an fp16 value) and folds the scales into two fp32
+  // factors (2^-24 each), so the error budget is that of the q/o dtype's row — fp32
+  // accumulation and output rounding — plus one term: a tensor-core stage (04, and stage
+  // 03's FP8 kernel) rounds each softmax weight to fp16 before P V while its row sum adds
+  // the unrounded weights, so a weight carries up to 2^-11 of relative error and o moves
+  // by at most 2^-11 times the weighted mean of |v|. The harness draws v * v_scale in
+  // [-1, 1], stored to within 2^-3 relative (e5m2), so |v| <= 1.125: atol and norm grow by
+  // 1.125 x 2^-11 and 2^-11.
   static const std::vector<DTypeTolerance> table = [] {
     std::vector<DTypeTolerance> rows = {
         {DType::f32,
@@ -45,8 +51,12 @@ const std::vector<DTypeTolerance>& tolerance_table() {
       for (DType kv : {DType::e4m3, DType::e5m2}) {
         DTypeTolerance row = rows[q == DType::f16 ? 1 : 2];
         row.kv_dtype = kv;
-        row.why = q == DType::f16 ? "FP8 K/V decoded exactly, as the reference reads them: fp16 output rounding"
-                                  : "FP8 K/V decoded exactly, as the reference reads them: bf16 output rounding";
+        const double u16 = 1.0 / 2048;  // fp16's unit roundoff, 2^-11: the weights' rounding
+        row.o.atol += 1.125 * u16;
+        row.o.norm += u16;
+        row.why = q == DType::f16
+                      ? "FP8 K/V decoded exactly, as the reference reads them: fp16 output rounding, weights in fp16"
+                      : "FP8 K/V decoded exactly, as the reference reads them: bf16 output rounding, weights in fp16";
         rows.push_back(row);
       }
     return rows;

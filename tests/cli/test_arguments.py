@@ -78,6 +78,11 @@ BAD = [
     (["serve", "--requests", "0"], "--requests must be an integer in [1, 100000]"),
     (["serve", "--sampling", "beam"], 'sampling mode must be "greedy" or "sample", got "beam"'),
     (["serve", "--dtype", "f8"], "dtype"),
+    (["serve", "--min-new", "0"], "--min-new must be an integer in [1, 65536]"),
+    (["serve", "--max-prompt", "x"], "--max-prompt must be an integer in [1, 65536]"),
+    (["serve", "--shared-prefixes", "0"], "--shared-prefixes must be an integer in [1, 64]"),
+    (["serve", "--num-pages", "-1"], "--num-pages must be an integer in [0, 100000000]"),
+    (["serve", "--prefix-study"], "--prefix-study measures, so it needs --json FILE"),
 ]
 
 

@@ -140,3 +140,27 @@ def test_sampling_sections_match_the_json_they_cite():
                           "--repo", SOURCE, "--check", "--results", os.path.join(SOURCE, cited[0]),
                           "--history", *older], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_engine_sections_match_the_json_they_cite():
+    """Stage 09's two generated sections (the measurements, the walk through one step), written
+    again by bench/reports/engine_report.py --check from the results files they cite. Before
+    docs/results/09_engine/ holds a results file, the sections cite none; once it does, they
+    must cite them."""
+    chapter = os.path.join(SOURCE, "stages", "09_engine", "README.md")
+    if not os.path.exists(chapter):
+        pytest.skip("no stage 09 chapter")
+    text = read(chapter)
+    results = re.search(r"<!-- engine results:begin -->.*?<!-- engine results:end -->", text, re.S)
+    step = re.search(r"<!-- engine step:begin -->.*?<!-- engine step:end -->", text, re.S)
+    assert results and step, "stages/09_engine/README.md lacks its generated sections"
+    cited = sorted(set(CITED.findall(results.group(0)) + CITED.findall(step.group(0))))
+    committed = glob.glob(os.path.join(SOURCE, "docs", "results", "09_engine", "*.json"))
+    if not cited:
+        assert not committed, ("docs/results/09_engine/ holds results files that the chapter does not cite: run "
+                               "`python3 bench/reports/engine_report.py --results docs/results/09_engine/*.json`")
+        return
+    run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "engine_report.py"), "--repo",
+                          SOURCE, "--check", "--results", *[os.path.join(SOURCE, c) for c in cited]],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
