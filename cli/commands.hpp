@@ -83,6 +83,7 @@ struct ServeOptions {
   bool cascade = false;                     ///< decode rows sharing pages go to stage 05
   bool one_launch = false;                  ///< a mixed step's attention in one launch (POD)
   bool default_gemms = false;               ///< projections by cublasGemmEx's default algorithm, untuned
+  bool fused_rope = false;                  ///< RoPE in the attention stages' loads, no RoPE kernel
   int64_t show_step = -1;                   ///< >= 0: print this step's arrays, stages and tokens
   bool cuda_graphs = false;                 ///< decode steps as CUDA graphs at padded batch sizes
   int64_t shared_prefixes = 2;              ///< distinct shared prefixes (with shared_prefix_len)

@@ -43,12 +43,12 @@ std::vector<CaseSpec> case_grid(bool quick) {
   std::vector<std::vector<CaseSpec>> parts;
   if (quick) {
     parts = {g::decode_sanitizer_grid(), g::prefill_sanitizer_grid(), g::tensor_core_sanitizer_grid(),
-             g::cascade_sanitizer_grid()};
+             g::cascade_sanitizer_grid(), g::rope_sanitizer_grid()};
   } else {
-    parts = {
-        g::decode_edge_grid(),        g::decode_long_grid(), g::decode_batch128_grid(),   g::decode_group_grid(),
-        g::decode_ragged_grid(),      g::prefill_grid(),     g::decode_contiguous_grid(), g::tensor_core_prefill_grid(),
-        g::tensor_core_decode_grid(), g::cascade_grid()};
+    parts = {g::decode_edge_grid(),       g::decode_long_grid(),         g::decode_batch128_grid(),
+             g::decode_group_grid(),      g::decode_ragged_grid(),       g::prefill_grid(),
+             g::decode_contiguous_grid(), g::tensor_core_prefill_grid(), g::tensor_core_decode_grid(),
+             g::cascade_grid(),           g::rope_decode_grid(),         g::rope_prefill_grid()};
   }
   std::vector<CaseSpec> all;
   for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
@@ -109,7 +109,9 @@ int validate_stages(const std::vector<const StageInfo*>& chosen, const std::vect
         b.seed = case_seed(seed, grid[i].describe());
         for (const StageInfo* stage : chosen) {
           auto& host = b.host[stage->storage == stages::KVStorage::paged ? 1 : 0];
-          if (!host && applies(*stage, grid[i], b.seed)) host = build_case(grid[i], stage->storage, b.seed);
+          // (every registry stage that rotates under RoPE rounds the same way: for_stage)
+          if (!host && applies(*stage, grid[i], b.seed))
+            host = build_case(stages::harness::for_stage(grid[i], *stage), stage->storage, b.seed);
         }
         return b;
       }));

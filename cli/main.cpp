@@ -235,6 +235,9 @@ int main(int argc, char** argv) {
                       "A mixed step's decode and prefill rows in one launch (POD attention) instead of two calls");
   serve_cmd->add_flag("--default-gemms", serve.default_gemms,
                       "Projections by cublasGemmEx's default algorithm instead of the one measured per shape");
+  serve_cmd->add_flag(
+      "--fused-rope", serve.fused_rope,
+      "RoPE inside the attention stages' Q/K loads (ROPE_LLAMA: K appended un-rotated, no RoPE kernel)");
   serve_cmd->add_flag("--cuda-graphs", serve.cuda_graphs,
                       "Run decode steps as CUDA graphs captured at padded batch sizes (plan outside the graph)");
   serve_cmd->add_flag("--profile", serve.profile, "Time each step's phases with CUDA events (after a warm-up run)");

@@ -83,6 +83,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.cascade_when_shared = opt.cascade;
   c.one_launch = opt.one_launch;
   c.tuned_gemms = !opt.default_gemms;
+  c.fused_rope = opt.fused_rope;
 
   if (!opt.json.empty()) return run_serve_measure(opt, schedule.requests(), c, os);  // serve_measure.cpp
   Engine engine(c);
@@ -90,7 +91,7 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
      << ", " << opt.layers << " layers, " << opt.qo_heads << "/" << opt.kv_heads << " heads, " << opt.dtype << "; pool "
      << c.scheduler.num_pages << " pages of " << opt.page_size << ", max_running " << opt.max_running << ", budget "
      << opt.budget << " tokens/step, prefix sharing " << (opt.no_sharing ? "off" : "on") << ", sampling "
-     << opt.sampling << "\n";
+     << opt.sampling << (opt.fused_rope ? ", RoPE fused into attention" : "") << "\n";
   if (opt.show_step >= 0) {  // one step of the run, as the scheduler built it and the engine ran it
     Scheduler scheduler(c.scheduler, schedule.requests());
     while (!scheduler.done()) {

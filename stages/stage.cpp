@@ -9,6 +9,7 @@
 
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "flashstep/reference/rope_fp32.hpp"
 
 namespace flashstep::stages {
 
@@ -76,6 +77,8 @@ const char* to_string(Mode mode) { return mode == Mode::decode ? "decode" : "pre
 
 const char* to_string(KVStorage storage) { return storage == KVStorage::paged ? "paged" : "ragged"; }
 
+const char* to_string(PosEncoding encoding) { return encoding == PosEncoding::rope_llama ? "rope_llama" : "none"; }
+
 int64_t BatchShape::kv_len(int i) const {
   if (storage == KVStorage::ragged) return kv_indptr[i + 1] - kv_indptr[i];
   const int64_t pages = kv_indptr[i + 1] - kv_indptr[i];
@@ -103,6 +106,8 @@ std::string BatchShape::describe() const {
   if (mode == Mode::prefill) s << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
   if (logits_soft_cap > 0.f) s << " soft_cap=" << logits_soft_cap;
+  if (pos_encoding != PosEncoding::none)
+    s << ' ' << to_string(pos_encoding) << " rope_scale=" << rope_scale << " rope_theta=" << rope_theta;
   return s.str();
 }
 
@@ -126,6 +131,19 @@ std::string StageInfo::kv_dtype_reason(const BatchShape& shape) const {
   }
   if ((shape.k_scale != 1.f || shape.v_scale != 1.f) && kv_dtypes.empty())
     return name + " does not apply k_scale or v_scale (both must be 1)";
+  return {};
+}
+
+std::string StageInfo::pos_encoding_reason(const BatchShape& shape) const {
+  if (shape.pos_encoding == PosEncoding::none) return {};
+  if (std::find(pos_encodings.begin(), pos_encodings.end(), shape.pos_encoding) == pos_encodings.end())
+    return name + " does not implement pos_encoding " + to_string(shape.pos_encoding) +
+           " (apply RoPE before the append, or pick a stage that rotates q and k itself)";
+  if (!(std::isfinite(shape.rope_scale) && shape.rope_scale > 0) ||
+      !(std::isfinite(shape.rope_theta) && shape.rope_theta > 0))
+    return "rope_scale and rope_theta must be positive finite numbers";
+  if (shape.resolved_kv_dtype() != shape.dtype)
+    return name + " rotates keys in q's dtype only, not an FP8 cache (" + to_string(shape.resolved_kv_dtype()) + ")";
   return {};
 }
 
@@ -158,6 +176,7 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
   if (shape.mode == Mode::prefill && shape.causal && !causal) return name + " does not implement the causal mask";
   if (shape.window_left >= 0 && !window_left) return name + " does not implement window_left";
   if (shape.logits_soft_cap > 0.f && !logits_soft_cap) return name + " does not implement logits_soft_cap";
+  if (const std::string pos = pos_encoding_reason(shape); !pos.empty()) return pos;
   if (shape.cuda_graph && !cuda_graph)
     return name +
            " plans its launch from the request lengths, so a CUDA graph captured after one plan() "
@@ -190,8 +209,32 @@ std::string StageInfo::capabilities() const {
   if (window_left) s << "; window_left";
   if (logits_soft_cap) s << "; logits_soft_cap";
   if (needs_host_page_table) s << "; plans from the host page table";
+  for (PosEncoding e : pos_encodings)
+    if (e != PosEncoding::none)
+      s << "; pos_encoding " << to_string(e) << (rope_rounds_to_dtype ? " (rotated q, k rounded to the dtype)" : "");
   if (cuda_graph) s << "; cuda_graph (the launch depends on batch_size and nnz_qo only)";
   return s.str();
+}
+
+DeviceRopeTurns::~DeviceRopeTurns() {
+  if (device_ != nullptr) cudaFree(device_);
+}
+
+const double* DeviceRopeTurns::update(const BatchShape& shape, cudaStream_t stream) {
+  if (shape.pos_encoding == PosEncoding::none) return nullptr;
+  std::vector<double> turns = ref::rope_llama_turns(shape.head_dim, shape.rope_scale, shape.rope_theta);
+  if (turns == host_ && device_ != nullptr) return device_;
+  if (turns.size() > capacity_) {
+    if (device_ != nullptr) FLASHSTEP_CUDA_CHECK(cudaFree(device_));
+    device_ = nullptr;
+    FLASHSTEP_CUDA_CHECK(cudaMalloc(&device_, turns.size() * sizeof(double)));
+    capacity_ = turns.size();
+  }
+  host_ = std::move(turns);
+  // From pageable memory: the call returns once host_ has been read, so host_ may change after.
+  FLASHSTEP_CUDA_CHECK(
+      cudaMemcpyAsync(device_, host_.data(), host_.size() * sizeof(double), cudaMemcpyHostToDevice, stream));
+  return device_;
 }
 
 void CapturedLaunch::check_plan(const char* fn, const std::string& launch) const {

@@ -55,6 +55,14 @@ enum class KVStorage {
 /// "ragged" or "paged".
 const char* to_string(KVStorage storage);
 
+/// Where a stage puts the tokens' positions (FlashInfer's `pos_encoding_mode`).
+enum class PosEncoding {
+  none,        ///< q and k are used as given ("NONE"): any RoPE was applied before the append
+  rope_llama,  ///< "ROPE_LLAMA": the pool holds un-rotated keys; the stage rotates q and each key as it loads them
+};
+/// "none" or "rope_llama".
+const char* to_string(PosEncoding encoding);
+
 /// The host-side description of a batch: sizes, options and host copies of the index
 /// arrays. This is all plan() may look at (FlashInfer's plan() also takes indptr on the
 /// host), so a plan never waits for the device.
@@ -80,6 +88,13 @@ struct BatchShape {
   /// Softmax scale applied to q.k. Not given (the default): 1/sqrt(head_dim). Stages
   /// read it through resolved_sm_scale(); a given value must be positive and finite.
   std::optional<float> sm_scale;
+  /// RoPE inside the stage (FlashInfer's pos_encoding_mode="ROPE_LLAMA"): every head's
+  /// rotate-half pairs (x[i], x[i + head_dim/2]) turn by position * theta_i, theta_i =
+  /// rope_theta^(-2i/head_dim) / rope_scale (flashstep/reference/rope.hpp); query row i of a
+  /// request sits at position kv_len - qo_len + i, key j at position j.
+  PosEncoding pos_encoding = PosEncoding::none;
+  float rope_scale = 1.f;                 ///< rope_llama: divides every frequency; positive, finite
+  float rope_theta = 1e4f;                ///< rope_llama: base of the frequencies; positive, finite
   std::vector<int32_t> qo_indptr;         ///< (batch_size + 1); decode: 0, 1, ..., batch_size
   std::vector<int32_t> kv_indptr;         ///< (batch_size + 1); paged: page offsets, ragged: token offsets
   std::vector<int32_t> kv_last_page_len;  ///< (batch_size), paged only
@@ -238,6 +253,27 @@ class ScheduleStaging {
   cudaEvent_t copy_done_ = nullptr;
 };
 
+/// A runner's device copy of the RoPE turns f_i = theta_i / (2 pi) (ref::rope_llama_turns)
+/// of the shape it last planned, for the kernels that rotate q and k as they load them.
+/// plan() calls update(); the copy is made only when head_dim, rope_scale or rope_theta
+/// change, and the pointer stays the same unless a longer head_dim needs more room (so a
+/// captured graph keeps reading the right turns while those stay the same).
+class DeviceRopeTurns {
+ public:
+  DeviceRopeTurns() = default;
+  ~DeviceRopeTurns();
+  DeviceRopeTurns(const DeviceRopeTurns&) = delete;
+  DeviceRopeTurns& operator=(const DeviceRopeTurns&) = delete;
+  /// The turns of `shape` in device memory (copied on `stream` when they changed); null
+  /// when shape.pos_encoding is none.
+  const double* update(const BatchShape& shape, cudaStream_t stream);
+
+ private:
+  double* device_ = nullptr;
+  size_t capacity_ = 0;
+  std::vector<double> host_;  // what device_ holds
+};
+
 /// What a stage declares about itself: one registry entry.
 struct StageInfo {
   std::string name;                      ///< folder name, e.g. "02_paged"
@@ -256,6 +292,13 @@ struct StageInfo {
   bool window_left = false;            ///< whether it implements window_left >= 0
   bool logits_soft_cap = false;        ///< whether it implements logits_soft_cap > 0
   bool needs_host_page_table = false;  ///< whether plan() reads BatchShape::kv_indices
+  /// Position encodings it implements; PosEncoding::rope_llama only with q's dtype K/V.
+  std::vector<PosEncoding> pos_encodings = {PosEncoding::none};
+  /// rope_llama: whether the rotated q and k are rounded to the dtype before q . k (a
+  /// tensor-core stage rotates the tiles in shared memory, where its MMAs read them), or
+  /// kept in fp32 (a stage that rotates in registers). Either way the rotation itself is
+  /// ref::rope_fp32's, bit for bit, so the harness's reference computes the same values.
+  bool rope_rounds_to_dtype = false;
   /// Whether plan() honours BatchShape::cuda_graph: a launch that depends only on
   /// batch_size and nnz_qo. Every stage also refuses, through CapturedLaunch, a plan()
   /// whose launch differs from the one a CUDA graph captured.
@@ -269,6 +312,8 @@ struct StageInfo {
   std::string unsupported_reason(const BatchShape& shape) const;
   /// The part of unsupported_reason about K/V's element type and scales (kv_dtypes).
   std::string kv_dtype_reason(const BatchShape& shape) const;
+  /// The part of unsupported_reason about pos_encoding (and rope_scale, rope_theta).
+  std::string pos_encoding_reason(const BatchShape& shape) const;
   /// Empty when a run() may take `batch`'s scales (DeviceBatch::k_scale / v_scale):
   /// none given (0), or positive finite ones for a stage that applies scales (kv_dtypes
   /// not empty), or 1 for any stage; otherwise why not. run() itself does not check.

@@ -266,10 +266,11 @@ def _check_forward_options(fn, p, pos_encoding_mode, rope_scale, rope_theta, win
 
 def _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta):
     if pos_encoding_mode not in (None, "NONE"):
-        raise ValueError(f"{fn}: pos_encoding_mode must be 'NONE' (flashstep applies no RoPE inside attention); "
-                         f"got {pos_encoding_mode!r}")
+        raise ValueError(f"{fn}: pos_encoding_mode must be 'NONE' (flashstep.cuda does not pass RoPE inside "
+                         f"attention to the stages; apply_rope before the append); got {pos_encoding_mode!r}")
     if rope_scale is not None or rope_theta is not None:
-        raise ValueError(f"{fn}: rope_scale and rope_theta are not supported (no RoPE inside attention)")
+        raise ValueError(f"{fn}: rope_scale and rope_theta are not supported (flashstep.cuda passes no RoPE inside "
+                         f"attention)")
 
 
 def _scale(fn, name, value):

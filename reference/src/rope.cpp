@@ -3,6 +3,8 @@
 // loop that rotates pairs. Written from the formulas in rope.hpp.
 #include "flashstep/reference/rope.hpp"
 
+#include "flashstep/reference/rope_fp32.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -185,6 +187,44 @@ RopeResult apply_llama31_rope_pos_ids(const Tensor& q, const Tensor& k, const st
   const int64_t rotary_dim = check_qk(fn, q, k, opt.rotary_dim);
   const auto positions = checked_pos_ids(fn, pos_ids, q.dim(0));
   return rotate_qk(q, k, positions, llama31_frequencies(fn, rotary_dim, opt), opt.interleave);
+}
+
+std::vector<double> rope_llama_turns(int64_t head_dim, double rope_scale, double rope_theta) {
+  std::vector<double> turns = plain_frequencies("rope_llama_turns", head_dim, rope_scale, rope_theta);
+  const double two_pi = 2.0 * std::acos(-1.0);
+  for (double& f : turns) f /= two_pi;
+  return turns;
+}
+
+Tensor rope_llama_fp32(const Tensor& x, const std::vector<int64_t>& positions, const std::vector<double>& turns) {
+  const char* fn = "rope_llama_fp32";
+  check_rank(fn, "x", x, 3);
+  const int64_t nnz = x.dim(0), num_heads = x.dim(1), head_dim = x.dim(2), half = head_dim / 2;
+  require(static_cast<int64_t>(positions.size()) == nnz, fn,
+          "positions must have length nnz = " + std::to_string(nnz) + ", got " + std::to_string(positions.size()));
+  require(head_dim % 2 == 0 && static_cast<int64_t>(turns.size()) == half, fn,
+          "turns must hold head_dim / 2 = " + std::to_string(half) + " values (head_dim even), got " +
+              std::to_string(turns.size()));
+  for (size_t t = 0; t < positions.size(); ++t)
+    require_lazy(std::abs(positions[t]) <= (int64_t{1} << 24), fn, [&] {
+      return "positions[" + std::to_string(t) + "] = " + std::to_string(positions[t]) + " must be in -2^24 .. 2^24";
+    });
+  for (double v : x.data)
+    require(std::isfinite(v) && static_cast<double>(static_cast<float>(v)) == v, fn,
+            "x must hold fp32 values (got " + std::to_string(v) + ")");
+  Tensor out = x;
+  for (int64_t t = 0; t < nnz; ++t)
+    for (int64_t i = 0; i < half; ++i) {
+      float c, s;
+      rope_cos_sin_fp32(static_cast<int>(positions[static_cast<size_t>(t)]), turns[static_cast<size_t>(i)], c, s);
+      for (int64_t h = 0; h < num_heads; ++h) {
+        float a = static_cast<float>(x({t, h, i})), b = static_cast<float>(x({t, h, i + half}));
+        rope_rotate_fp32(a, b, c, s);
+        out({t, h, i}) = a;
+        out({t, h, i + half}) = b;
+      }
+    }
+  return out;
 }
 
 }  // namespace flashstep::ref

@@ -48,6 +48,9 @@ struct ChunkDecodeParams {
   /// Folded into each chunk's normalisation, so the partial rows (and the merge, linear in
   /// them) already carry it.
   float v_scale = 1.f;
+  /// ROPE_LLAMA only (the kernel's ROPE instantiation): (head_dim / 2) turns per position
+  /// f_i of the pairs (ref::rope_llama_turns), in device memory.
+  const double* rope_turns = nullptr;
 };
 
 /// Shared memory (bytes) for a depth and block shape: the larger of the pipeline and the
@@ -66,10 +69,13 @@ constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 /// other. Collective over the block; ends with a __syncthreads() after every copy has
 /// landed, so the caller may reuse the pipeline memory.
 /// \param pipeline DecodeTraits::pipeline_bytes(num_stages) bytes of shared memory
-template <typename KV, int HEAD_DIM>
+/// \tparam ROPE where each key is rotated to its position (chunk_position + its index in
+///         the chunk): in registers as it is read, or the tile in shared memory once it lands
+template <typename KV, int HEAD_DIM, paged::RopeIn ROPE = paged::RopeIn::none>
 __device__ __forceinline__ void attend_chunk(const paged::DecodeThread& th, const paged::QRegisters<KV, HEAD_DIM>& q,
                                              paged::HeadStates<KV, HEAD_DIM>& state, const kernels::PagedKV<KV>& kv,
-                                             int kv_head, int32_t page_begin, int len, KV* pipeline, int num_stages) {
+                                             int kv_head, int32_t page_begin, int len, KV* pipeline, int num_stages,
+                                             int chunk_position = 0, const double* turns = nullptr) {
   using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
   using paged::fetch_pages;
   using paged::issue_copies;
@@ -105,8 +111,14 @@ __device__ __forceinline__ void attend_chunk(const paged::DecodeThread& th, cons
       issue_copies<KV, HEAD_DIM>(th, kv, kv_head, page, slot, pipeline + (next % S) * Tr::STAGE_ELEMS);
     kernels::cp_async_commit_group();
     if (next + 1 < num_tiles) fetch_pages<KV, HEAD_DIM>(th, kv, page_begin, len, next + 1, page, slot);
+    if constexpr (ROPE == paged::RopeIn::shared_memory) {  // tile i rotated in place, then seen whole
+      paged::rotate_k_tile<KV, HEAD_DIM>(th, pipeline + (i % S) * Tr::STAGE_ELEMS, chunk_position + i * Tr::TILE,
+                                         turns);
+      __syncthreads();
+    }
     if (th.computes)
-      paged::attend_tile<KV, HEAD_DIM>(th, q, state, pipeline + (i % S) * Tr::STAGE_ELEMS, i * Tr::TILE, len);
+      paged::attend_tile<KV, HEAD_DIM, ROPE == paged::RopeIn::registers>(
+          th, q, state, pipeline + (i % S) * Tr::STAGE_ELEMS, i * Tr::TILE, len, chunk_position, turns);
   }
   kernels::cp_async_wait_group<0>();
   __syncthreads();  // every copy landed and every tile is consumed: the memory is free
@@ -158,7 +170,9 @@ __device__ __forceinline__ void store_chunk_state(const ChunkDecodeParams<T, KV>
 ///        (padded_batch_size, num_qo_heads, head_dim) and partial_lse (padded_batch_size,
 ///        num_qo_heads) in fp32, or o (batch_size, num_qo_heads, head_dim) and lse
 ///        (batch_size, num_qo_heads)
-template <typename T, int HEAD_DIM, typename KV = T>
+/// \tparam ROPE ROPE_LLAMA: q rotated to position kv_len - 1 and each key to its position
+///         in the request, in registers or in shared memory (decode_loop.cuh), with p.rope_turns
+template <typename T, int HEAD_DIM, typename KV = T, paged::RopeIn ROPE = paged::RopeIn::none>
 __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T, KV> p) {
   using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -184,12 +198,23 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   const paged::DecodeThread th = paged::place_thread<Tr::BDX>(threadIdx.x, p.bdy, p.bdz);
   paged::QRegisters<KV, HEAD_DIM> q;
   paged::HeadStates<KV, HEAD_DIM> state;
-  paged::load_q<T, HEAD_DIM, KV>(th, p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size,
-                                 p.sm_scale_log2, q);
+  // RoPE: q sits at kv_len - 1, the chunk's first key at its page offset in the request
+  // times page_size; q's pairs are tx * 8 + e (load_q), a shared-memory rotation's are the
+  // rotating thread's own (rotate_k_tile).
+  constexpr bool kRope = ROPE != paged::RopeIn::none;
+  int q_position = 0, chunk_position = 0;
+  if constexpr (kRope) {
+    q_position = p.kv.kv_len(b) - 1;
+    chunk_position = (page_begin - p.kv.kv_indptr[b]) * static_cast<int>(p.kv.page_size.divisor);
+  }
+  paged::load_q<T, HEAD_DIM, KV, kRope, ROPE == paged::RopeIn::shared_memory>(
+      th, p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size, p.sm_scale_log2, q, q_position,
+      kRope ? p.rope_turns + th.tx * 8 : nullptr);
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) state[j].init();
-  attend_chunk<KV, HEAD_DIM>(th, q, state, p.kv, kv_head, page_begin, chunk_len, reinterpret_cast<KV*>(smem_raw),
-                             p.num_stages);
+  attend_chunk<KV, HEAD_DIM, ROPE>(th, q, state, p.kv, kv_head, page_begin, chunk_len, reinterpret_cast<KV*>(smem_raw),
+                                   p.num_stages, chunk_position,
+                                   ROPE == paged::RopeIn::registers ? p.rope_turns + th.tx * 8 : p.rope_turns);
   if (!paged::merge_states<KV, HEAD_DIM>(th, state, p.bdz, reinterpret_cast<float*>(smem_raw))) return;
 
   // ---- the chunk's normalized state: a partial row (split) or the output itself (no split).

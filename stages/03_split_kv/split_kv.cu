@@ -59,6 +59,7 @@ struct LaunchArgs {
   bool programmatic_launch;
   bool fp32_states;
   DecodePath path;
+  const double* rope_turns;  // ROPE_LLAMA: the turns of the pairs; null otherwise
 };
 
 /// One instantiation (dtype x head_dim x K/V dtype) of the chunk kernel and its merge.
@@ -72,7 +73,7 @@ template <typename T, int HEAD_DIM, typename KV>
 void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, const int32_t* o_indptr,
                      cudaStream_t stream);
 
-template <typename T, int HEAD_DIM, typename KV>
+template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
@@ -100,10 +101,12 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   // scales when it gives them).
   p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
   p.v_scale = run_v_scale(s, *a.batch);
+  p.rope_turns = a.rope_turns;
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
-  if (a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
+  // the experiment of fused_merge.cuh (its kernel does not rotate)
+  if (ROPE == paged::RopeIn::none && a.path == DecodePath::split_fused && a.plan->split_kv) {
     p.o_indptr = o_indptr;
     p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
     chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
@@ -111,7 +114,7 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
     return;
   }
   const ChunkDecodeParams<T, KV>& chunk = p;
-  chunk_decode_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
+  chunk_decode_kernel<T, HEAD_DIM, KV, ROPE><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
   kernels::check_launch("chunk_decode_kernel");
   launch_merge_of<T, HEAD_DIM>(a, chunk, o_indptr, stream);
 }
@@ -224,6 +227,40 @@ Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
   });
 }
 
+/// ROPE_LLAMA: the chunk kernel rotating q and k in its loads (fp16/bf16, head_dim 64 or
+/// 128: stage_info's rules refuse the rest), in registers or in shared memory.
+template <typename T, int HEAD_DIM, paged::RopeIn ROPE>
+Entry rope_kernel_entry() {
+  Entry e;
+  e.smem_bytes = kernel_entry<T, HEAD_DIM, T>().smem_bytes;
+  e.set_smem_limit = [](size_t bytes) {
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, T, ROPE>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  };
+  e.blocks_per_sm = [](size_t bytes) {
+    int blocks = 0;
+    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, chunk_decode_kernel<T, HEAD_DIM, T, ROPE>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+    return blocks;
+  };
+  e.launch = launch<T, HEAD_DIM, T, ROPE>;
+  return e;
+}
+
+template <paged::RopeIn ROPE>
+Entry rope_kernel_entry_for(DType dtype, int head_dim) {
+  const bool f16 = dtype == DType::f16;
+  if (head_dim == 64) return f16 ? rope_kernel_entry<__half, 64, ROPE>() : rope_kernel_entry<__nv_bfloat16, 64, ROPE>();
+  return f16 ? rope_kernel_entry<__half, 128, ROPE>() : rope_kernel_entry<__nv_bfloat16, 128, ROPE>();
+}
+
+Entry entry_for(const BatchShape& shape, bool rope_in_registers) {
+  if (shape.pos_encoding == PosEncoding::none)
+    return kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+  return rope_in_registers ? rope_kernel_entry_for<paged::RopeIn::registers>(shape.dtype, shape.head_dim)
+                           : rope_kernel_entry_for<paged::RopeIn::shared_memory>(shape.dtype, shape.head_dim);
+}
+
 template <typename T, typename KV>
 Entry fp8_mma_entry() {
   using Tr = Fp8MmaTraits<128>;
@@ -315,7 +352,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // The tensor-core FP8 kernel: 16 KB stages (64 keys of K and V), kFp8MmaStages deep.
   r.num_stages = options.num_stages > 0 ? options.num_stages : r.fp8_mma ? kFp8MmaStages : 2;
   const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
-                                : kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+                                : entry_for(shape, options.rope_in_registers);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
   const int blocks = kernel_setup(device, r.fp8_mma, shape, r.smem_bytes, entry);  // plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : blocks;
@@ -523,6 +560,9 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
     }
     path = estimate.path;
   }
+  // Stage 02's kernel does not rotate: under ROPE_LLAMA the chunk kernel serves every
+  // plan (writing o and lse directly when the plan does not split).
+  if (shape.pos_encoding == PosEncoding::rope_llama) path = DecodePath::split;
   if (path == DecodePath::unsplit && !r.fp8_mma) unsplit_.plan(shape, nullptr, 0, stream);
 
   // ---- a captured graph froze the launch shape: a new plan must keep it.
@@ -571,14 +611,15 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
   const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
-                                : kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
+                                : entry_for(shape, options_.rope_in_registers);
+  const double* rope_turns = rope_turns_.update(shape, stream);
   path_ = path;
   estimate_ = estimate;
   fp8_mma_ = r.fp8_mma;
-  launch_ = [this, entry, r](const DeviceBatch& batch, cudaStream_t s) {
+  launch_ = [this, entry, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
     if (path_ == DecodePath::unsplit && !r.fp8_mma) return unsplit_.run(batch, s);
     entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                            r.programmatic_launch, options_.fp32_states, path_},
+                            r.programmatic_launch, options_.fp32_states, path_, rope_turns},
                  s);
   };
   planned_ = true;
@@ -633,6 +674,17 @@ StageInfo stage_info() {
   s.max_group_size = kMaxGroupSize;
   s.causal = false;
   s.cuda_graph = true;
+  // ROPE_LLAMA: each K tile rotated in shared memory once it lands, q in registers, both
+  // rounded to the dtype (decode_loop.cuh; SplitKVOptions::rope_in_registers for the
+  // other way, which keeps them in fp32).
+  s.pos_encodings = {PosEncoding::none, PosEncoding::rope_llama};
+  s.rope_rounds_to_dtype = true;
+  s.rules = [](const BatchShape& shape) -> std::string {
+    if (shape.pos_encoding == PosEncoding::rope_llama &&
+        (shape.dtype == DType::f32 || (shape.head_dim != 64 && shape.head_dim != 128)))
+      return "03_split_kv rotates (pos_encoding rope_llama) fp16/bf16 heads of head_dim 64 or 128 only";
+    return {};
+  };
   // The registry's runner plans for CUDA graphs, as a serving engine's decode step does,
   // so that the benchmark replays a captured run() for this stage as it does for stage
   // 02 and the peers. (SplitKVOptions' own default is FlashInfer's: no graph.)

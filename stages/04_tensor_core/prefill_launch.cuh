@@ -18,11 +18,11 @@
 
 namespace flashstep::stages::tensor_core {
 
-template <typename T, typename KV, int STAGES>
+template <typename T, typename KV, int STAGES, bool ROPE>
 int prepare_prefill_attention(int head_dim) {
   FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
     using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
-    const auto kernel = prefill_attention_kernel<T, HEAD_DIM, KV, STAGES>;
+    const auto kernel = prefill_attention_kernel<T, HEAD_DIM, KV, STAGES, ROPE>;
     // The occupancy calculator counts no block whose dynamic shared memory is above the
     // kernel's limit: raise it first, or a query made before the first plan() in a
     // process answers 0 and workspace_bytes() under-counts the split it plans.
@@ -36,18 +36,27 @@ int prepare_prefill_attention(int head_dim) {
   return 0;
 }
 
-template <typename T, typename KV, int STAGES>
+template <typename T, typename KV, int STAGES, bool ROPE>
 void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream) {
   if (num_items == 0) return;
   FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
     using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
-    prefill_attention_kernel<T, HEAD_DIM, KV, STAGES>
+    prefill_attention_kernel<T, HEAD_DIM, KV, STAGES, ROPE>
         <<<static_cast<unsigned>(num_items * p.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
     kernels::check_launch("prefill_attention_kernel");
   });
 }
 
 }  // namespace flashstep::stages::tensor_core
+
+/// The ROPE_LLAMA instantiations (q and K/V fp16 or bf16, the default ring), declared
+/// `extern template` by tensor_core.cu and defined `template` by tensor_core_rope.cu.
+#define FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, T)     \
+  PREFIX int prepare_prefill_attention<T, T, 0, true>(int); \
+  PREFIX void launch_prefill_attention<T, T, 0, true>(const PrefillParams<T, T>&, int, int64_t, cudaStream_t);
+#define FLASHSTEP_PREFILL_ROPE_INSTANTIATIONS(PREFIX)  \
+  FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, __half) \
+  FLASHSTEP_PREFILL_ROPE_INSTANTIATION(PREFIX, __nv_bfloat16)
 
 /// The FP8 instantiations (q fp16/bf16 x e4m3/e5m2 x ring of 3 (STAGES 0) or 2 stages),
 /// declared `extern template` by tensor_core.cu and defined `template` by

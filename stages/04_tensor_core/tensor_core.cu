@@ -28,8 +28,10 @@
 
 namespace flashstep::stages::tensor_core {
 
-// The FP8 instantiations are tensor_core_fp8.cu's, compiled beside this file.
+// The FP8 instantiations are tensor_core_fp8.cu's, the ROPE_LLAMA ones tensor_core_rope.cu's,
+// compiled beside this file.
 FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(extern template)
+FLASHSTEP_PREFILL_ROPE_INSTANTIATIONS(extern template)
 
 namespace {
 
@@ -42,6 +44,7 @@ struct LaunchArgs {
   const WorkspaceLayout* layout;
   uint8_t* workspace;
   const DeviceBatch* batch;
+  const double* rope_turns;  // ROPE_LLAMA: the turns of the pairs; null otherwise
 };
 
 /// One instantiation (dtype x head_dim x K/V dtype x ring depth); its shared memory is
@@ -49,12 +52,12 @@ struct LaunchArgs {
 /// asks the occupancy calculator.
 using Entry = KernelEntry<LaunchArgs>;
 
-template <typename T, int HEAD_DIM, typename KV, int STAGES>
+template <typename T, int HEAD_DIM, typename KV, int STAGES, bool ROPE = false>
 Entry kernel_entry() {
   Entry e;
   e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, KV, STAGES>::smem_bytes(); };
-  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, STAGES>(HEAD_DIM); };
-  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, STAGES>(HEAD_DIM); };
+  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, STAGES, ROPE>(HEAD_DIM); };
+  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, STAGES, ROPE>(HEAD_DIM); };
   e.launch = [](const LaunchArgs& a, cudaStream_t stream) {
     const BatchShape& s = *a.shape;
     const DeviceBatch& batch = *a.batch;
@@ -92,7 +95,8 @@ Entry kernel_entry() {
     // the run's scales when it gives them.
     p.set_score_transform(s.resolved_sm_scale() * run_k_scale(s, batch), s.logits_soft_cap);
     p.v_scale = run_v_scale(s, batch);
-    launch_prefill_attention<T, KV, STAGES>(p, HEAD_DIM, a.schedule->num_items(), stream);
+    p.rope_turns = a.rope_turns;
+    launch_prefill_attention<T, KV, STAGES, ROPE>(p, HEAD_DIM, a.schedule->num_items(), stream);
     if (a.schedule->kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -131,6 +135,18 @@ Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, int fp8_stages)
 
 Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim, fp8_stages); });
+}
+
+/// The entry for a shape: under ROPE_LLAMA the instantiation that rotates the Q and K
+/// tiles (fp16/bf16 K/V, the default ring; the registry's rules refuse the rest).
+Entry entry_for(const BatchShape& s, int fp8_stages) {
+  if (s.pos_encoding == PosEncoding::none)
+    return kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, fp8_stages);
+  FLASHSTEP_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM, {
+    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, __half, 0, true>();
+    return kernel_entry<__nv_bfloat16, HEAD_DIM, __nv_bfloat16, 0, true>();
+  });
+  return {};
 }
 
 /// Work items of a CUDA-graph plan: enough for any lengths of batch_size requests and
@@ -224,7 +240,7 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
-      const Entry e = kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, options_.fp8_stages);
+      const Entry e = entry_for(s, options_.fp8_stages);
       target = int64_t{device_sm_count()} * std::max(1, e.blocks_per_sm(e.smem_bytes(0, 0)));
     }
     const int64_t blocks = base_items * s.num_kv_heads;
@@ -294,17 +310,18 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  const Entry e = kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim, options_.fp8_stages);
+  const Entry e = entry_for(shape, options_.fp8_stages);
   e.set_smem_limit(e.smem_bytes(0, 0));  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
   upload_schedule(schedule_, w, staging_, workspace_, stream);
+  rope_turns_ptr_ = rope_turns_.update(shape, stream);
 }
 
 void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
-  kernel_entry_for(shape_.dtype, shape_.resolved_kv_dtype(), shape_.head_dim, options_.fp8_stages)
-      .launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch}, stream);
+  entry_for(shape_, options_.fp8_stages)
+      .launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch, rope_turns_ptr_}, stream);
 }
 
 namespace {
@@ -319,6 +336,10 @@ StageInfo common_info() {
   s.window_left = true;
   s.logits_soft_cap = true;
   s.cuda_graph = true;
+  // ROPE_LLAMA: the Q tile and each K tile rotated in shared memory, where the MMAs read
+  // them, so rounded back to the dtype.
+  s.pos_encodings = {PosEncoding::none, PosEncoding::rope_llama};
+  s.rope_rounds_to_dtype = true;
   return s;
 }
 

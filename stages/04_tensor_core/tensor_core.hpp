@@ -107,7 +107,9 @@ class TensorCoreRunner : public StageRunner {
   Schedule schedule_;
   uint8_t* workspace_ = nullptr;
   CapturedLaunch captured_;
-  ScheduleStaging staging_;  // the schedule's pinned staging, one copy per plan
+  ScheduleStaging staging_;     // the schedule's pinned staging, one copy per plan
+  DeviceRopeTurns rope_turns_;  // ROPE_LLAMA: the kernel's turns
+  const double* rope_turns_ptr_ = nullptr;
 };
 
 /// Stage 04's registry entry for the paged pool (NHD and HND).

@@ -180,6 +180,26 @@ SamplingMode parse_sampling_mode(const std::string& name) {
                              "\"");
 }
 
+namespace {
+
+/// EngineConfig::fused_rope's conditions, each refused by name.
+void check_fused_rope(const EngineConfig& c) {
+  if (!c.fused_rope) return;
+  const char* fn = "Engine";
+  ref::require(c.model.position_encoding == ref::PositionEncoding::rope, fn,
+               "fused_rope needs model.position_encoding rope (there is nothing to rotate)");
+  ref::require(!c.model.rope_interleave, fn,
+               "fused_rope rotates the rotate-half pairs (ROPE_LLAMA); model.rope_interleave must be false");
+  ref::require(static_cast<double>(static_cast<float>(c.model.rope_theta)) == c.model.rope_theta, fn,
+               "fused_rope: model.rope_theta must be an fp32 value (BatchShape::rope_theta), got " +
+                   std::to_string(c.model.rope_theta));
+  ref::require(!c.cascade_when_shared, fn,
+               "fused_rope: cascade_when_shared must be off (stage 05 does not rotate q and k)");
+  ref::require(!c.one_launch, fn, "fused_rope: one_launch must be off (POD attention does not rotate q and k)");
+}
+
+}  // namespace
+
 std::string default_stage(const BatchShape& shape) {
   // The rule below gives a decode of GQA group <= 8 to 03_split_kv whenever that stage
   // supports it: ask it first, the other stages only when it does not (the same answer,
@@ -257,6 +277,10 @@ struct Engine::Impl {
     s.page_size = static_cast<int>(cfg.scheduler.page_size);
     s.num_pages = cfg.scheduler.num_pages;
     s.causal = mode == Mode::prefill;
+    if (cfg.fused_rope) {  // the stage rotates q and the keys it reads (ROPE_LLAMA)
+      s.pos_encoding = PosEncoding::rope_llama;
+      s.rope_theta = static_cast<float>(cfg.model.rope_theta);
+    }
     return s;
   }
 
@@ -357,6 +381,7 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
           std::string("dtype must be f16 or bf16 (the storage of weights, Q/K/V and the page pool), got ") +
               to_string(c.dtype));
   c.model.rounding = c.dtype == DType::f16 ? ref::StorageRounding::f16 : ref::StorageRounding::bf16;
+  check_fused_rope(c);
   const SchedulerConfig& sc = c.scheduler;
   require(sc.num_pages >= 1 && sc.page_size >= 1 && sc.max_running >= 1 && sc.max_tokens_per_step >= 1, fn,
           "scheduler num_pages, page_size, max_running and max_tokens_per_step must be >= 1");
@@ -546,8 +571,9 @@ void Engine::Impl::launch_model(const Launch& s) {
   for (int64_t l = 0; l < layers; ++l) {
     if (l > 0) round_rows(nullptr, s.nnz);  // layer 0's rows: the embedding kernel rounded them
     gemm(s.nnz, qkv_w, d, xh.ptr, wptr(off_wqkv[l]), qkv.ptr, cuda_type, false);  // Q, K, V in one GEMM
-    if (rope_freqs.empty()) {
-      // Q out of the fused rows, contiguous for the attention stages
+    if (rope_freqs.empty() || cfg.fused_rope) {
+      // Q out of the fused rows, contiguous for the attention stages (fused RoPE: the
+      // attention stages rotate q and k as they load them; K goes to the pool un-rotated)
       FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(q.ptr, static_cast<size_t>(qw) * e, qkv.ptr,
                                              static_cast<size_t>(qkv_w) * e, static_cast<size_t>(qw) * e,
                                              static_cast<size_t>(s.nnz), cudaMemcpyDeviceToDevice, stream));

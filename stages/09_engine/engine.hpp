@@ -105,6 +105,13 @@ struct EngineConfig {
   /// fastest for their shape the first time it runs (tuned_gemm.hpp); off: cublasGemmEx's
   /// default algorithm for every shape.
   bool tuned_gemms = true;
+  /// RoPE fused into attention (FlashInfer's pos_encoding_mode="ROPE_LLAMA"), for a
+  /// model with rotate-half RoPE: no RoPE kernel; K goes into the pool un-rotated and the
+  /// attention stages rotate q and each key as they load them (BatchShape::pos_encoding),
+  /// the decode rows on stage 03, the prefill rows on stage 04 (the stages that do). Both
+  /// round the rotated q and k to the dtype, as the RoPE kernel's output is, so the
+  /// reference's model is the same one.
+  bool fused_rope = false;
 };
 
 /// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.

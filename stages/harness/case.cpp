@@ -10,6 +10,7 @@
 
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/fp8.hpp"
+#include "flashstep/reference/rope_fp32.hpp"
 #include "harness/dtype_convert.hpp"
 
 namespace flashstep::stages::harness {
@@ -40,7 +41,15 @@ std::string CaseSpec::describe() const {
     << to_string(lengths) << ' ' << to_string(page_order);
   if (shared_prefix > 0) s << " shared_prefix=" << shared_prefix;
   if (group_prefix > 0) s << " group_prefix=" << group_prefix << 'x' << prefix_groups;
+  if (pos_encoding != PosEncoding::none)
+    s << ' ' << to_string(pos_encoding) << " rope_scale=" << rope_scale << " rope_theta=" << rope_theta
+      << (rope_rounded ? " rotated-rounded" : " rotated-fp32");
   return s.str();
+}
+
+CaseSpec for_stage(CaseSpec spec, const StageInfo& stage) {
+  spec.rope_rounded = spec.pos_encoding == PosEncoding::rope_llama && stage.rope_rounds_to_dtype;
+  return spec;
 }
 
 uint64_t case_seed(uint64_t run_seed, const std::string& case_text) {
@@ -136,6 +145,9 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   s.kv_dtype = spec.kv_dtype;
   s.k_scale = static_cast<float>(spec.k_scale);
   s.v_scale = static_cast<float>(spec.v_scale);
+  s.pos_encoding = spec.pos_encoding;
+  s.rope_scale = static_cast<float>(spec.rope_scale);
+  s.rope_theta = static_cast<float>(spec.rope_theta);
   // sm_scale stays unset: the stages and the reference both apply 1/sqrt(head_dim).
 
   const std::vector<int32_t> kv_lens = draw_lengths(spec.batch_size, spec.kv_len, spec.lengths, rng);
@@ -196,6 +208,7 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
 }
 
 HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
+  const char* fn = "build_case";
   std::mt19937_64 rng(seed);
   HostCase c;
   c.spec = spec;
@@ -246,9 +259,28 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
                     x->data.begin() + row * H * D);
       }
   }
-  // An FP8 cache is answered by the reference's FP8 entry point (it decodes, scales, then
-  // attends); a scaled cache of another dtype by its values times the scales.
-  if (is_fp8(kv_dtype))
+  // RoPE inside the stage: the pool keeps k as drawn; the reference attends with q and k
+  // rotated as the stage rotates them (query row i of a request at kv_len - qo_len + i,
+  // key j at j), in fp32 by ref::rope_llama_fp32, then rounded to the dtype where the
+  // stage rounds them.
+  const bool rope = s.pos_encoding == PosEncoding::rope_llama;
+  if (rope) {
+    ref::require(!is_fp8(kv_dtype) && unscaled, fn, "rope_llama cases keep K/V in q's dtype, unscaled");
+    const std::vector<double> turns = ref::rope_llama_turns(D, s.rope_scale, s.rope_theta);
+    std::vector<int64_t> q_pos, k_pos;
+    for (int b = 0; b < s.batch_size; ++b) {
+      const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b];
+      for (int64_t i = 0; i < qo_len; ++i) q_pos.push_back(s.kv_len(b) - qo_len + i);
+      for (int64_t j = 0; j < s.kv_len(b); ++j) k_pos.push_back(j);
+    }
+    ref::Tensor q_rot = ref::rope_llama_fp32(c.q, q_pos, turns);
+    ref::Tensor k_rot = ref::rope_llama_fp32(k, k_pos, turns);
+    if (spec.rope_rounded) {
+      round_all(s.dtype, q_rot.data);
+      round_all(s.dtype, k_rot.data);
+    }
+    c.expected = ref::batch_prefill_with_ragged_kv_cache(q_rot, s.qo_indptr, k_rot, v, token_indptr, opt);
+  } else if (is_fp8(kv_dtype))
     c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, as_fp8(k, kv_dtype), as_fp8(v, kv_dtype),
                                                          token_indptr, scales, opt);
   else if (unscaled) c.expected = ref::batch_prefill_with_ragged_kv_cache(c.q, s.qo_indptr, k, v, token_indptr, opt);
@@ -288,7 +320,7 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
     }
   // On small cases, the reference's own paged entry point must give the same answer from
   // this pool: that checks the scatter above against the reference's reading of pages.
-  if (p.pages.numel() <= (int64_t{1} << 20)) {
+  if (p.pages.numel() <= (int64_t{1} << 20) && !rope) {  // (a rope case's answer is of rotated keys)
     ref::FP8PagedKVCache p8;
     ref::PagedKVCache pool = p;  // a cache of another dtype, with its scales applied
     if (is_fp8(kv_dtype)) {

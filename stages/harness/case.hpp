@@ -78,9 +78,24 @@ struct CaseSpec {
   /// every size of q.
   double q_range = 1.0;
 
+  // (RoPE inside the stage, after the FP8 fields for the same reason)
+  /// rope_llama: the pool holds un-rotated keys and the stage rotates q and each key
+  /// (BatchShape::pos_encoding). The reference then attends with ref::rope_llama_fp32's
+  /// rotated q and keys: the fp32 values a fused kernel computes, bit for bit.
+  PosEncoding pos_encoding = PosEncoding::none;
+  double rope_scale = 1.0;  ///< rope_llama: divides every frequency
+  double rope_theta = 1e4;  ///< rope_llama: base of the frequencies
+  /// rope_llama: the reference rounds the rotated q and keys to dtype, as a stage whose
+  /// StageInfo::rope_rounds_to_dtype is set does (for_stage() sets it from the stage).
+  bool rope_rounded = false;
+
   /// One line with every field, e.g. for a failure message or a test name.
   std::string describe() const;
 };
+
+/// `spec` as `stage` computes it: rope_rounded set from StageInfo::rope_rounds_to_dtype
+/// when spec.pos_encoding is rope_llama (the reference must round where the stage does).
+CaseSpec for_stage(CaseSpec spec, const StageInfo& stage);
 
 /// A batch's layout drawn from a spec: the host shape plus the page ids (paged storage).
 struct CaseLayout {

@@ -23,6 +23,9 @@ ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, c
   const BatchShape& shape = host.layout.shape;
   const std::string reason = stage.unsupported_reason(shape);
   ref::require(reason.empty(), "run_and_compare", "stage cannot run " + shape.describe() + ": " + reason);
+  ref::require(host.spec.rope_rounded == for_stage(host.spec, stage).rope_rounded, "run_and_compare",
+               "the case's reference rounds the rotated q and k " + std::string(host.spec.rope_rounded ? "" : "not ") +
+                   "to the dtype, " + stage.name + " does the opposite: build it from for_stage(spec, stage)");
 
   DeviceCase dev(host);
   std::unique_ptr<StageRunner> runner = stage.make_runner();
@@ -50,7 +53,7 @@ ValidationReport compare_outputs(const std::string& stage, const HostCase& host,
 }
 
 ValidationReport validate(const StageInfo& stage, const CaseSpec& spec, uint64_t seed, cudaStream_t stream) {
-  return run_and_compare(stage, build_case(spec, stage.storage, seed), stream);
+  return run_and_compare(stage, build_case(for_stage(spec, stage), stage.storage, seed), stream);
 }
 
 int run_exercise(const StageInfo& stage, const std::vector<CaseSpec>& cases, uint64_t seed) {

@@ -642,4 +642,98 @@ inline std::vector<CaseSpec> hopper_long_grid() {
   return cases;
 }
 
+/// RoPE in the loads (pos_encoding rope_llama): stage 03's decode (head_dim 64 and 128,
+/// fp16/bf16) and stage 04's prefill and large-group decode. kv_len from one key to long
+/// enough that stage 03 splits (so chunks start at positions past 0); both layouts, page
+/// sizes 1 and 16, GQA groups 1 to 8, two (rope_scale, rope_theta) pairs: FlashInfer's
+/// defaults (1, 1e4) and Llama 3's (8, 5e5).
+struct RopeParams {
+  double scale, theta;
+};
+inline const RopeParams kRopeParams[] = {{1.0, 1e4}, {8.0, 5e5}};
+
+inline std::vector<CaseSpec> rope_decode_grid() {
+  std::vector<CaseSpec> cases;
+  const Heads heads[] = {{32, 8}, {8, 8}, {28, 4}, {7, 1}, {8, 2}};
+  int n = 0;
+  for (int batch : {1, 5, 9})
+    for (int kv_len : {1, 17, 300, 2048})
+      for (Heads h : heads) {
+        if (kv_len == 2048 && batch * h.kv > 10) continue;  // the double reference's cost
+        CaseSpec c;
+        c.mode = Mode::decode;
+        c.pos_encoding = stages::PosEncoding::rope_llama;
+        c.rope_scale = kRopeParams[n % 2].scale;
+        c.rope_theta = kRopeParams[n % 2].theta;
+        c.batch_size = batch;
+        c.kv_len = kv_len;
+        c.num_qo_heads = h.qo;
+        c.num_kv_heads = h.kv;
+        c.head_dim = (n / 2) % 2 ? 64 : 128;
+        c.dtype = (n / 3) % 2 ? DType::bf16 : DType::f16;
+        c.kv_layout = kLayouts[(n / 5) % 2];
+        c.page_size = n % 3 == 0 ? 1 : 16;
+        c.lengths = batch == 5 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// Stage 04's RoPE: appends (qo_len < kv_len) and prompts (qo_len == kv_len), causal or
+/// not, groups 1 to 32 (group 32 is its large-group decode), every head_dim.
+inline std::vector<CaseSpec> rope_prefill_grid() {
+  std::vector<CaseSpec> cases;
+  const int groups[] = {1, 4, 7, 32};
+  const int head_dims[] = {64, 128, 256};
+  int n = 0;
+  for (int qo_len : {1, 17, 128, 200})
+    for (int extra : {0, 45, 700})
+      for (bool causal : {false, true}) {
+        CaseSpec c;
+        c.mode = Mode::prefill;
+        c.pos_encoding = stages::PosEncoding::rope_llama;
+        c.rope_scale = kRopeParams[n % 2].scale;
+        c.rope_theta = kRopeParams[n % 2].theta;
+        c.qo_len = qo_len;
+        c.kv_len = qo_len + extra;
+        c.causal = causal;
+        c.batch_size = qo_len * c.kv_len > 100000 ? 1 : 3;
+        const int group = groups[(n / 2) % 4];
+        c.num_kv_heads = group == 32 ? 1 : 2;
+        c.num_qo_heads = group * c.num_kv_heads;
+        c.head_dim = head_dims[n % 3];
+        c.dtype = (n / 3) % 2 ? DType::bf16 : DType::f16;
+        c.kv_layout = kLayouts[(n / 4) % 2];
+        c.page_size = n % 5 == 0 ? 1 : 16;
+        c.lengths = n % 4 == 1 ? LengthPolicy::uniform : LengthPolicy::ragged;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
+/// RoPE in the loads under compute-sanitizer: a few small cases of each stage.
+inline std::vector<CaseSpec> rope_sanitizer_grid() {
+  std::vector<CaseSpec> cases;
+  for (int n = 0; n < 4; ++n) {
+    CaseSpec c;
+    c.pos_encoding = stages::PosEncoding::rope_llama;
+    c.mode = n < 2 ? Mode::decode : Mode::prefill;
+    c.batch_size = 3;
+    c.kv_len = n % 2 ? 700 : 40;
+    c.qo_len = n == 2 ? 40 : 9;
+    c.causal = n == 2;
+    c.num_qo_heads = 8;
+    c.num_kv_heads = 2;
+    c.head_dim = n == 1 ? 64 : 128;
+    c.dtype = n % 2 ? DType::bf16 : DType::f16;
+    c.kv_layout = kLayouts[n % 2];
+    c.page_size = n == 0 ? 1 : 16;
+    c.lengths = LengthPolicy::ragged_with_empty;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 }  // namespace flashstep::test::grids

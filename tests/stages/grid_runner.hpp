@@ -31,7 +31,8 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
   for (const CaseSpec& spec : grid) {
     const std::string text = spec.describe();
     const uint64_t seed = case_seed(run_seed(), text);
-    std::optional<HostCase> built[2];  // one per storage kind, built only if some stage needs it
+    // one per storage kind and RoPE rounding (for_stage), built only if some stage needs it
+    std::optional<HostCase> built[2][2];
     for (const StageInfo& stage : registry()) {
       const auto& layouts = stage.kv_layouts;
       if (std::find(layouts.begin(), layouts.end(), spec.kv_layout) == layouts.end()) continue;
@@ -39,8 +40,9 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
       if (stage.storage == KVStorage::ragged && (spec.shared_prefix > 0 || spec.group_prefix > 0)) continue;
       std::mt19937_64 layout_rng(seed);
       if (!stage.supports(make_layout(spec, stage.storage, layout_rng).shape)) continue;
-      auto& host = built[stage.storage == KVStorage::paged ? 1 : 0];
-      if (!host) host = build_case(spec, stage.storage, seed);
+      const CaseSpec stage_spec = for_stage(spec, stage);
+      auto& host = built[stage.storage == KVStorage::paged ? 1 : 0][stage_spec.rope_rounded ? 1 : 0];
+      if (!host) host = build_case(stage_spec, stage.storage, seed);
       const auto t0 = std::chrono::steady_clock::now();
       const ValidationReport report = run_and_compare(stage, *host);
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -147,6 +147,7 @@ struct RunSpec {
   bool cuda_graphs = false;
   bool cascade_when_shared = false;
   bool one_launch = false;
+  bool fused_rope = false;  ///< RoPE in the attention stages' loads instead of the RoPE kernel
 };
 
 /// Runs the engine over `reqs` step by step against `want` (the reference's tokens and
@@ -279,6 +280,7 @@ EngineConfig make_config(const ref::TinyDecoderConfig& model, DType dtype, const
   c.cuda_graphs = run.cuda_graphs;
   c.cascade_when_shared = run.cascade_when_shared;
   c.one_launch = run.one_launch;
+  c.fused_rope = run.fused_rope;
   c.scheduler.page_size = run.page_size;
   c.scheduler.max_running = run.max_running;
   c.scheduler.max_tokens_per_step = run.max_tokens_per_step;
@@ -378,6 +380,46 @@ TEST_CASE("09_engine: mixed steps in one launch, cascade steps in CUDA graphs: t
   RunSpec graphs_cascade{16, 64, 512, "", "", true, true}, all{16, 8, 48, "", "", true, true};
   all.one_launch = true;
   token_check(engine_model(), DType::f16, {one, one_small, graphs_cascade, all}, {greedy(), top_k_top_p(2024)}, 64);
+}
+
+TEST_CASE("09_engine: RoPE fused into attention (stage 03 decode, stage 04 prefill) equals the reference") {
+  // The pool holds K un-rotated and the stages rotate q and each key as they load them,
+  // rounded to the dtype as the RoPE kernel's output is: the reference's model is the
+  // same, and a rotation that rounds the other way at a midpoint is one of the ulps the
+  // bound allows.
+  const ref::TinyDecoderConfig m = engine_model();
+  // batch 64 eager and in CUDA graphs (page 16), batch 1 with page 1 and a budget that chunks prompts
+  std::vector<RunSpec> runs = {{16, 64, 512, "", "", false, false},
+                               {16, 64, 512, "", "", true, false},
+                               {1, 1, 16, "03_split_kv", "04_tensor_core", true, false}};
+  for (RunSpec& r : runs) r.fused_rope = true;
+  token_check(m, DType::f16, runs, {greedy(), top_k_top_p(2024)}, 64);
+  token_check(m, DType::bf16, {runs[0], runs[1]}, {greedy()}, 32);
+}
+
+TEST_CASE("09_engine: fused_rope refuses what ROPE_LLAMA cannot do, naming it") {
+  EngineConfig c;
+  c.model = engine_model();
+  c.model.num_layers = 1;
+  c.scheduler.num_pages = 16;
+  c.fused_rope = true;
+  EngineConfig interleaved = c;
+  interleaved.model.rope_interleave = true;
+  test::expect_error([&] { Engine e(interleaved); }, {"fused_rope", "rope_interleave"});
+  EngineConfig sinusoidal = c;
+  sinusoidal.model.position_encoding = ref::PositionEncoding::sinusoidal;
+  test::expect_error([&] { Engine e(sinusoidal); }, {"fused_rope", "position_encoding"});
+  EngineConfig cascade = c;
+  cascade.cascade_when_shared = true;
+  test::expect_error([&] { Engine e(cascade); }, {"fused_rope", "cascade_when_shared"});
+  EngineConfig hopper = c;
+  hopper.prefill_stage = "07_hopper";
+  test::expect_error(
+      [&] {
+        Engine e(hopper);
+        e.generate(workload(false, 1, 1));
+      },
+      {"prefill_stage", "07_hopper"});
 }
 
 TEST_CASE("09_engine: model variants: sinusoidal positions, no W_O, interleaved RoPE, head_dim 64, GQA 4") {

@@ -18,3 +18,4 @@
 #include "flashstep/reference/tiny_decoder.hpp"    // IWYU pragma: export
 #include "flashstep/reference/fp8.hpp"             // IWYU pragma: export
 #include "flashstep/reference/rope.hpp"            // IWYU pragma: export
+#include "flashstep/reference/rope_fp32.hpp"       // IWYU pragma: export
