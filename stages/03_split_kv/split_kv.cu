@@ -306,17 +306,18 @@ struct Resolved {
 };
 
 /// The chunk kernel's shared-memory limit set to `smem_bytes` and its blocks per SM at
-/// that size, for the kernel `entry` names (kernel identity: fp8_mma, dtypes, head_dim).
+/// that size, for the kernel `entry` names.
 /// Both are driver calls of microseconds each and plan() runs at every engine step, so
 /// the occupancy is asked once per (device, kernel, bytes) and the limit set only when
 /// it is not the kernel's current one. Process-wide, under a mutex.
-int kernel_setup(int device, bool fp8_mma, const BatchShape& shape, size_t smem_bytes, const Entry& entry) {
-  using Kernel = std::tuple<int, bool, int, int, int>;
+int kernel_setup(int device, size_t smem_bytes, const Entry& entry) {
+  // A kernel is known by its entry's functions: one instantiation each (dtypes, head_dim,
+  // the FP8 tensor-core kernel, the RoPE variants), so no variant can share another's limit.
+  using Kernel = std::pair<int, void (*)(size_t)>;
   static std::mutex mutex;
   static std::map<Kernel, size_t> limit;                      // the limit last set on each kernel
   static std::map<std::pair<Kernel, size_t>, int> occupancy;  // blocks per SM at each size
-  const Kernel kernel{device, fp8_mma, static_cast<int>(shape.dtype), static_cast<int>(shape.resolved_kv_dtype()),
-                      shape.head_dim};
+  const Kernel kernel{device, entry.set_smem_limit};
   const std::lock_guard<std::mutex> lock(mutex);
   const auto set = limit.find(kernel);
   if (set == limit.end() || set->second != smem_bytes) {
@@ -354,7 +355,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
                                 : entry_for(shape, options.rope_in_registers);
   r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
-  const int blocks = kernel_setup(device, r.fp8_mma, shape, r.smem_bytes, entry);  // plan() makes it, run() does not
+  const int blocks = kernel_setup(device, r.smem_bytes, entry);  // plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : blocks;
   ref::require(r.ctas_per_sm >= 1, fn,
                "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
