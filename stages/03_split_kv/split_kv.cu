@@ -73,11 +73,13 @@ template <typename T, int HEAD_DIM, typename KV>
 void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, const int32_t* o_indptr,
                      cudaStream_t stream);
 
-template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
-void launch(const LaunchArgs& a, cudaStream_t stream) {
+/// The chunk kernel's arguments that both kernels of this stage take (the chunk kernel and
+/// the tensor-core FP8 kernel): the batch's pointers, the paged view, the schedule and the
+/// destinations in the workspace.
+template <typename T, int HEAD_DIM, typename KV>
+void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV>& p) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
-  FusedChunkDecodeParams<T, KV> p;  // the chunk kernel's arguments, and the fused kernel's two more
   p.q = static_cast<const T*>(a.batch->q);
   p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr, a.batch->kv_indices,
                                 a.batch->kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
@@ -93,6 +95,14 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   p.lse = a.batch->lse;
   p.num_qo_heads = s.num_qo_heads;
   p.group_size = s.group_size();
+}
+
+template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
+void launch(const LaunchArgs& a, cudaStream_t stream) {
+  const BatchShape& s = *a.shape;
+  const WorkspaceLayout& w = *a.layout;
+  FusedChunkDecodeParams<T, KV> p;  // the chunk kernel's arguments, and the fused kernel's two more
+  fill_chunk_params<T, HEAD_DIM, KV>(a, p);
   const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(p.group_size);
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
@@ -143,21 +153,7 @@ void launch_fp8_mma(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
   ChunkDecodeParams<T, KV> p;
-  p.q = static_cast<const T*>(a.batch->q);
-  p.kv = kernels::make_paged_kv(static_cast<const KV*>(a.batch->kv_pool), a.batch->kv_indptr, a.batch->kv_indices,
-                                a.batch->kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
-                                s.kv_layout == KVLayout::HND);
-  p.request_indices = reinterpret_cast<const int32_t*>(a.workspace + w.request_indices);
-  p.kv_page_begin = reinterpret_cast<const int32_t*>(a.workspace + w.kv_page_begin);
-  p.kv_chunk_len = reinterpret_cast<const int32_t*>(a.workspace + w.kv_chunk_len);
-  p.block_valid_mask = a.workspace + w.block_valid_mask;
-  p.partition_kv = a.plan->split_kv;
-  p.partial_o = reinterpret_cast<float*>(a.workspace + w.partial_o);
-  p.partial_lse = reinterpret_cast<float*>(a.workspace + w.partial_lse);
-  p.o = static_cast<T*>(a.batch->o);
-  p.lse = a.batch->lse;
-  p.num_qo_heads = s.num_qo_heads;
-  p.group_size = s.group_size();
+  fill_chunk_params<T, HEAD_DIM, KV>(a, p);
   p.num_stages = a.num_stages;
   p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
   p.v_scale = run_v_scale(s, *a.batch);

@@ -1,6 +1,7 @@
 // Stage 09's GPU engine: the tiny decoder on cuBLAS, the attention stages through the
 // registry, stage 06's samplers, driven by the Scheduler. See engine.hpp for one step.
 #include "09_engine/engine.hpp"
+#include "09_engine/grow_buffer.hpp"
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -113,28 +114,7 @@ __global__ void argmax_kernel(const float* __restrict__ logits, int vocab, int32
   if (threadIdx.x == 0) tokens[blockIdx.x] = s_arg[0] < vocab ? s_arg[0] : 0;  // an all -inf/NaN row: 0
 }
 
-// A device buffer that only grows (its contents are not kept).
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  void reserve(size_t want, cudaStream_t stream) {
-    if (want <= bytes) return;
-    if (ptr) {
-      FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
-      FLASHSTEP_CUDA_CHECK(cudaFree(ptr));
-      ptr = nullptr;
-    }
-    FLASHSTEP_CUDA_CHECK(cudaMalloc(&ptr, want));
-    bytes = want;
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr);
-  }
-};
+using DeviceBuffer = GrowBuffer;
 
 bool is_cascade(const StageInfo& s) { return s.needs_host_page_table; }
 

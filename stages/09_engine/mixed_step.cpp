@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "09_engine/engine.hpp"
+#include "09_engine/grow_buffer.hpp"
 #include "09_engine/pod_attention.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
@@ -28,24 +29,7 @@ const char* to_string(MixedForm form) {
 
 namespace {
 
-// A device buffer that only grows.
-struct Buffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  ~Buffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  void reserve(size_t want, cudaStream_t stream) {
-    if (want <= bytes) return;
-    if (ptr) {
-      FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
-      FLASHSTEP_CUDA_CHECK(cudaFree(ptr));
-      ptr = nullptr;
-    }
-    FLASHSTEP_CUDA_CHECK(cudaMalloc(&ptr, want));
-    bytes = want;
-  }
-};
+using Buffer = GrowBuffer;
 
 // One call: a stage's runner and its workspace.
 struct Call {
