@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashstep/reference/cascade.hpp"
@@ -142,6 +143,9 @@ class CascadeRunner : public StageRunner {
   void level_state(int level, float* o, float* lse, cudaStream_t stream) const;
   /// The last plan.
   const CascadePlan& cascade_plan() const { return plan_; }
+  /// Bytes the last plan() of a cascade copied to the workspace (its levels' arrays and
+  /// schedules; a fixed launch's unused room is not copied). 0 after a flat plan.
+  size_t uploaded_bytes() const { return uploaded_bytes_; }
 
  private:
   /// run()'s launches for q's element type T (fp16, bf16; any other is refused).
@@ -164,6 +168,8 @@ class CascadeRunner : public StageRunner {
   // The levels' arrays and schedules, staged in pinned memory and copied to the workspace
   // in one copy; the next plan() waits for the event before it writes the buffer again.
   ScheduleStaging staging_;
+  std::vector<std::pair<size_t, size_t>> upload_ranges_;  // commit()'s byte ranges, reused
+  size_t uploaded_bytes_ = 0;
 };
 
 /// Stage 05's registry entry.

@@ -373,3 +373,27 @@ TEST_CASE("05_cascade: run() captured in a CUDA graph replays to the same output
   FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
   FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(stream));
 }
+
+TEST_CASE("05_cascade: a fixed launch copies the pages its levels hold, not the room laid out for the pool") {
+  // 64 decode rows sharing 128 pages in a pool of 8960: the layout holds 64 x 8960 page
+  // ids a level (2.3 MB); the levels hold 128 + about 64 x 3.
+  BatchShape s = shared_prefix_decode(64, 128, 64 * 140, 2);
+  s.cuda_graph = true;
+  cascade::CascadeOptions options;
+  options.fixed_graph_launch = true;
+  cascade::CascadeRunner runner(options);
+  const size_t bytes = runner.workspace_bytes(s);
+  DeviceBuffer workspace(bytes);
+  runner.plan(s, workspace.get(), workspace.bytes(), nullptr);
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  const cascade::CascadePlan& plan = runner.cascade_plan();
+  REQUIRE(plan.path == cascade::Path::cascade);
+  REQUIRE(plan.fixed_launch);
+  REQUIRE(plan.levels.levels.size() == 2);
+  CHECK(plan.levels.levels[0].kv_indices.size() == 128);
+  size_t ids = 0;
+  for (const ref::CascadeLevel& lv : plan.levels.levels) ids += lv.kv_indices.size();
+  CHECK(runner.uploaded_bytes() >= ids * sizeof(int32_t));
+  CHECK(runner.uploaded_bytes() < 64 * 1024);  // the arrays and schedules: a few KiB
+  CHECK(bytes > size_t{2} * 64 * 8960 * sizeof(int32_t));
+}
