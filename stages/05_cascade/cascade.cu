@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -220,6 +221,30 @@ void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeL
     ref::require(lv.causal == (l + 1 == c.levels.size() && s.mode == Mode::prefill && s.causal), fn,
                  at + "causal must be set on the last level exactly when the batch is causal prefill");
   }
+}
+
+/// Whether two batches are the same in every field plan() reads, i.e. every field.
+bool same_batch(const BatchShape& a, const BatchShape& b) {
+  // A field added to BatchShape changes its size: compare it below, then update the size.
+  static_assert(sizeof(void*) != 8 || sizeof(BatchShape) == 200,
+                "BatchShape changed: compare its new field in same_batch()");
+  auto fields = [](const BatchShape& s) {
+    return std::tie(s.mode, s.storage, s.dtype, s.kv_dtype, s.k_scale, s.v_scale, s.kv_layout, s.batch_size,
+                    s.num_qo_heads, s.num_kv_heads, s.head_dim, s.page_size, s.num_pages, s.causal, s.window_left,
+                    s.logits_soft_cap, s.sm_scale, s.pos_encoding, s.rope_scale, s.rope_theta, s.qo_indptr,
+                    s.kv_indptr, s.kv_last_page_len, s.kv_indices, s.cuda_graph);
+  };
+  return fields(a) == fields(b);
+}
+
+/// The current device, or -1 where none can be asked (a host-only caller).
+int current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    device = -1;
+  }
+  return device;
 }
 
 /// Drops the shared levels that hold no page at all (nothing shared there).
@@ -433,14 +458,27 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   return out;
 }
 
-size_t CascadeRunner::workspace_bytes(const BatchShape& shape) const { return prepare(shape, nullptr)->bytes; }
+size_t CascadeRunner::workspace_bytes(const BatchShape& shape) const {
+  // A caller sizes the workspace, then plans the same batch (stage 09 does every step):
+  // the prepared plan is kept for that plan(), so the levels are derived once a step.
+  const int device = current_device();
+  if (sized_ == nullptr || sized_device_ != device || !same_batch(sized_shape_, shape)) {
+    sized_ = prepare(shape, nullptr);
+    sized_shape_ = shape;
+    sized_device_ = device;
+  }
+  return sized_->bytes;
+}
 
 size_t CascadeRunner::workspace_bytes_levels(const BatchShape& shape, ref::CascadeLevels levels) const {
   return prepare(shape, &levels)->bytes;
 }
 
 void CascadeRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
-  commit(shape, prepare(shape, nullptr), workspace, workspace_size, stream);
+  std::unique_ptr<Prepared> p;
+  if (sized_ != nullptr && sized_device_ == current_device() && same_batch(sized_shape_, shape)) p = std::move(sized_);
+  sized_.reset();  // used or stale: the next workspace_bytes() prepares afresh
+  commit(shape, p ? std::move(p) : prepare(shape, nullptr), workspace, workspace_size, stream);
 }
 
 void CascadeRunner::plan_levels(const BatchShape& shape, ref::CascadeLevels levels, void* workspace,

@@ -114,6 +114,9 @@ class CascadeRunner : public StageRunner {
   CascadeRunner(const CascadeRunner&) = delete;
   CascadeRunner& operator=(const CascadeRunner&) = delete;
 
+  /// Prepares the plan of `shape` (levels, prices, schedules) and keeps it: a plan() of
+  /// the same batch next (equal in every field) commits it without preparing again. Not
+  /// for concurrent calls on one runner.
   size_t workspace_bytes(const BatchShape& shape) const override;
   /// Derives the levels from shape.kv_indices (pages several requests hold), prices them
   /// and plans the cheaper path.
@@ -168,6 +171,10 @@ class CascadeRunner : public StageRunner {
   // The levels' arrays and schedules, staged in pinned memory and copied to the workspace
   // in one copy; the next plan() waits for the event before it writes the buffer again.
   ScheduleStaging staging_;
+  // workspace_bytes()' prepared plan, for a plan() of the same batch on the same device
+  mutable std::unique_ptr<Prepared> sized_;
+  mutable BatchShape sized_shape_;
+  mutable int sized_device_ = -1;
   std::vector<std::pair<size_t, size_t>> upload_ranges_;  // commit()'s byte ranges, reused
   size_t uploaded_bytes_ = 0;
 };

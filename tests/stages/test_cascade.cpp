@@ -4,6 +4,7 @@
 // multi-level form), the planner's choices, CUDA-graph replay, and what it refuses.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -207,21 +208,28 @@ TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (pri
   cascade::CascadeOptions eager;
   eager.target_blocks = 132 * 2;  // an H100's multiprocessors x two blocks: no device query
   eager.path = cascade::Path::cascade;
+  // workspace_bytes() keeps its prepared plan for the same batch: alternate two batches
+  // (other own-page counts) so that every call prepares
+  const BatchShape other = shared_prefix_decode(64, 128, 64 * 140, 2);
+  int call = 0;
   const cascade::CascadeRunner eager_runner(eager);
-  const double prepare_eager = mean_us(reps, [&] { sink = eager_runner.workspace_bytes(s); });
+  const double prepare_eager =
+      mean_us(reps, [&] { sink = eager_runner.workspace_bytes(++call % 2 ? s : other); });
+  const double kept = mean_us(reps, [&] { sink = eager_runner.workspace_bytes(s); });  // the same batch again
   cascade::CascadeOptions fixed = eager;
   fixed.path = cascade::Path::automatic;
   fixed.fixed_graph_launch = true;
-  BatchShape g = s;
-  g.cuda_graph = true;
+  BatchShape g = s, g_other = other;
+  g.cuda_graph = g_other.cuda_graph = true;
   const cascade::CascadeRunner fixed_runner(fixed);
-  const double prepare_fixed = mean_us(reps, [&] { sink = fixed_runner.workspace_bytes(g); });
+  const double prepare_fixed =
+      mean_us(reps, [&] { sink = fixed_runner.workspace_bytes(++call % 2 ? g : g_other); });
   std::printf(
       "05_cascade host work, decode batch 64 x (128 shared + 1..5 own pages), page 16, 8/2 heads, head_dim 128, "
       "pool %lld pages; mean us per call over %d: derive_cascade_level_ends (3 levels) %.1f, build_cascade_levels "
-      "(2 levels) %.1f, prepare() eager (workspace_bytes, path cascade) %.1f, prepare() fixed_graph_launch %.1f; "
-      "fixed workspace %zu bytes\n",
-      static_cast<long long>(s.num_pages), reps, derive3, build, prepare_eager, prepare_fixed,
+      "(2 levels) %.1f, prepare() eager (workspace_bytes, path cascade) %.1f, prepare() fixed_graph_launch %.1f, "
+      "workspace_bytes() of the batch just prepared %.1f; fixed workspace %zu bytes\n",
+      static_cast<long long>(s.num_pages), reps, derive3, build, prepare_eager, prepare_fixed, kept,
       fixed_runner.workspace_bytes(g));
   (void)sink;
 }
@@ -396,4 +404,28 @@ TEST_CASE("05_cascade: a fixed launch copies the pages its levels hold, not the 
   CHECK(runner.uploaded_bytes() >= ids * sizeof(int32_t));
   CHECK(runner.uploaded_bytes() < 64 * 1024);  // the arrays and schedules: a few KiB
   CHECK(bytes > size_t{2} * 64 * 8960 * sizeof(int32_t));
+}
+
+TEST_CASE("05_cascade: plan() takes workspace_bytes()' prepared plan only for the same batch") {
+  const BatchShape a = shared_prefix_decode(64, 128, 64 * 140, 3);
+  const BatchShape b = shared_prefix_decode(64, 64, 64 * 140, 3);  // 64 shared pages, else alike
+  cascade::CascadeOptions options;
+  options.path = cascade::Path::cascade;
+  cascade::CascadeRunner runner(options);
+  const size_t bytes = std::max(runner.workspace_bytes(a), runner.workspace_bytes(b));
+  DeviceBuffer workspace(bytes);
+  for (const bool sized_first : {true, false}) {
+    // sized for a, planned for b: b's levels; then sized and planned for a: a's levels
+    if (sized_first) CHECK(runner.workspace_bytes(a) <= bytes);
+    runner.plan(b, workspace.get(), workspace.bytes(), nullptr);
+    REQUIRE(runner.cascade_plan().path == cascade::Path::cascade);
+    CHECK(runner.cascade_plan().levels.levels[0].kv_indices.size() == 64);
+    CHECK(runner.workspace_bytes(a) <= bytes);
+    runner.plan(a, workspace.get(), workspace.bytes(), nullptr);
+    CHECK(runner.cascade_plan().levels.levels[0].kv_indices.size() == 128);
+    // kept plans are used once: planning a again prepares it again, to the same plan
+    runner.plan(a, workspace.get(), workspace.bytes(), nullptr);
+    CHECK(runner.cascade_plan().levels.levels[0].kv_indices.size() == 128);
+  }
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
 }
