@@ -110,8 +110,8 @@ CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr, const 
                  " must not be below the previous level's end " + str(s);
         });
         require_lazy(e <= shapes[r].full_pages, fn, [&] {
-          return "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) + " exceeds request " + str(r) +
-                 "'s " + str(shapes[r].full_pages) + " full pages (a partly filled page cannot be shared)";
+          return "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) + " exceeds request " + str(r) + "'s " +
+                 str(shapes[r].full_pages) + " full pages (a partly filled page cannot be shared)";
         });
       }
       start[l].push_back(s);

@@ -231,8 +231,8 @@ bool same_batch(const BatchShape& a, const BatchShape& b) {
   auto fields = [](const BatchShape& s) {
     return std::tie(s.mode, s.storage, s.dtype, s.kv_dtype, s.k_scale, s.v_scale, s.kv_layout, s.batch_size,
                     s.num_qo_heads, s.num_kv_heads, s.head_dim, s.page_size, s.num_pages, s.causal, s.window_left,
-                    s.logits_soft_cap, s.sm_scale, s.pos_encoding, s.rope_scale, s.rope_theta, s.qo_indptr,
-                    s.kv_indptr, s.kv_last_page_len, s.kv_indices, s.cuda_graph);
+                    s.logits_soft_cap, s.sm_scale, s.pos_encoding, s.rope_scale, s.rope_theta, s.qo_indptr, s.kv_indptr,
+                    s.kv_last_page_len, s.kv_indices, s.cuda_graph);
   };
   return fields(a) == fields(b);
 }

@@ -91,7 +91,6 @@ std::string run_and_check_levels(cascade::CascadeRunner& runner, const HostCase&
   return report;
 }
 
-
 /// A decode step of the engine's prefix study: `batch` rows, each holding the same
 /// `shared` pages (ids 0..shared-1) then 1..5 pages of its own, page 16, 8/2 heads,
 /// head_dim 128, f16, in a pool of `num_pages`.
@@ -183,7 +182,6 @@ TEST_CASE("harness: a shared prefix is the same page ids in every request, its r
   CHECK_NOTHROW(build_case(spec, KVStorage::paged, 11));
 }
 
-
 // plan() = prepare() (all host work: levels, pricing, schedules, layout) + commit() (the
 // staged upload). workspace_bytes() runs prepare() alone, so with target_blocks given it
 // needs no GPU: this times the host side of a cascade decode step at the engine's prefix
@@ -198,8 +196,8 @@ TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (pri
                                           false)
                .size();
   });
-  const auto ends =
-      ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size, 2, false);
+  const auto ends = ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len,
+                                                   s.page_size, 2, false);
   const double build = mean_us(reps, [&] {
     sink = ref::build_cascade_levels(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size, ends,
                                      false)
@@ -213,8 +211,7 @@ TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (pri
   const BatchShape other = shared_prefix_decode(64, 128, 64 * 140, 2);
   int call = 0;
   const cascade::CascadeRunner eager_runner(eager);
-  const double prepare_eager =
-      mean_us(reps, [&] { sink = eager_runner.workspace_bytes(++call % 2 ? s : other); });
+  const double prepare_eager = mean_us(reps, [&] { sink = eager_runner.workspace_bytes(++call % 2 ? s : other); });
   const double kept = mean_us(reps, [&] { sink = eager_runner.workspace_bytes(s); });  // the same batch again
   cascade::CascadeOptions fixed = eager;
   fixed.path = cascade::Path::automatic;
@@ -222,8 +219,7 @@ TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (pri
   BatchShape g = s, g_other = other;
   g.cuda_graph = g_other.cuda_graph = true;
   const cascade::CascadeRunner fixed_runner(fixed);
-  const double prepare_fixed =
-      mean_us(reps, [&] { sink = fixed_runner.workspace_bytes(++call % 2 ? g : g_other); });
+  const double prepare_fixed = mean_us(reps, [&] { sink = fixed_runner.workspace_bytes(++call % 2 ? g : g_other); });
   std::printf(
       "05_cascade host work, decode batch 64 x (128 shared + 1..5 own pages), page 16, 8/2 heads, head_dim 128, "
       "pool %lld pages; mean us per call over %d: derive_cascade_level_ends (3 levels) %.1f, build_cascade_levels "
