@@ -49,7 +49,7 @@ ScheduleStaging::~ScheduleStaging() {
   if (host_) cudaFreeHost(host_);
 }
 
-uint8_t* ScheduleStaging::begin(size_t bytes) {
+uint8_t* ScheduleStaging::begin(size_t bytes, bool zeroed) {
   if (copy_done_) FLASHSTEP_CUDA_CHECK(cudaEventSynchronize(copy_done_));  // the last copy may still read host_
   else FLASHSTEP_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
   if (capacity_ < bytes) {
@@ -60,12 +60,21 @@ uint8_t* ScheduleStaging::begin(size_t bytes) {
     FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_), grown));
     capacity_ = grown;
   }
-  if (bytes) std::memset(host_, 0, bytes);
+  if (bytes && zeroed) std::memset(host_, 0, bytes);
   return host_;
 }
 
 void ScheduleStaging::upload(void* device, size_t bytes, cudaStream_t stream) {
   if (bytes) FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(device, host_, bytes, cudaMemcpyHostToDevice, stream));
+  FLASHSTEP_CUDA_CHECK(cudaEventRecord(copy_done_, stream));
+}
+
+void ScheduleStaging::upload_ranges(void* device, const std::vector<std::pair<size_t, size_t>>& ranges,
+                                    cudaStream_t stream) {
+  for (const auto& [first, last] : ranges)
+    if (last > first)
+      FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(device) + first, host_ + first, last - first,
+                                           cudaMemcpyHostToDevice, stream));
   FLASHSTEP_CUDA_CHECK(cudaEventRecord(copy_done_, stream));
 }
 

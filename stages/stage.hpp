@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashstep/reference/attention.hpp"
@@ -241,11 +242,16 @@ class ScheduleStaging {
   ~ScheduleStaging();
   ScheduleStaging(const ScheduleStaging&) = delete;
   ScheduleStaging& operator=(const ScheduleStaging&) = delete;
-  /// `bytes` bytes of zeroed pinned host memory, once the previous copy out of it is done.
-  uint8_t* begin(size_t bytes);
+  /// `bytes` bytes of pinned host memory, once the previous copy out of it is done;
+  /// zeroed unless `zeroed` is false (then the caller writes every byte it uploads).
+  uint8_t* begin(size_t bytes, bool zeroed = true);
   /// Copies the first `bytes` written since begin() to `device` on `stream` (one
   /// cudaMemcpyAsync) and records when it is done.
   void upload(void* device, size_t bytes, cudaStream_t stream);
+  /// Copies each [first, second) byte range of the staged memory to the same offsets of
+  /// `device` on `stream` (one cudaMemcpyAsync each) and records when they are done: for
+  /// a layout whose arrays are sized for the most entries but hold far fewer.
+  void upload_ranges(void* device, const std::vector<std::pair<size_t, size_t>>& ranges, cudaStream_t stream);
 
  private:
   uint8_t* host_ = nullptr;

@@ -28,15 +28,20 @@ std::vector<RequestShape> check_batch(const char* fn, const std::vector<int32_t>
   check_indptr(fn, "kv_indptr", kv_indptr, batch + 1, static_cast<int64_t>(kv_indices.size()));
   require(static_cast<int64_t>(kv_last_page_len.size()) == batch, fn,
           "kv_last_page_len must have length batch_size = " + str(batch));
+  // (per-element checks build their message only on failure: plan() of stage 05 runs
+  // these every step, and a string per page id cost milliseconds a step)
   for (size_t n = 0; n < kv_indices.size(); ++n)
-    require(kv_indices[n] >= 0, fn, "kv_indices[" + str(static_cast<int64_t>(n)) + "] must be >= 0");
+    require_lazy(kv_indices[n] >= 0, fn,
+                 [&] { return "kv_indices[" + str(static_cast<int64_t>(n)) + "] must be >= 0"; });
   std::vector<RequestShape> shapes;
+  shapes.reserve(static_cast<size_t>(batch));
   for (int64_t r = 0; r < batch; ++r) {
     const int64_t pages = kv_indptr[r + 1] - kv_indptr[r];
     const int32_t lpl = kv_last_page_len[r];
-    require(pages > 0 ? (lpl >= 1 && lpl <= page_size) : lpl == 0, fn,
-            "kv_last_page_len[" + str(r) + "] = " + str(lpl) +
-                (pages > 0 ? " must be in 1..page_size" : " must be 0 for a request with no pages"));
+    require_lazy(pages > 0 ? (lpl >= 1 && lpl <= page_size) : lpl == 0, fn, [&] {
+      return "kv_last_page_len[" + str(r) + "] = " + str(lpl) +
+             (pages > 0 ? " must be in 1..page_size" : " must be 0 for a request with no pages");
+    });
     RequestShape s;
     s.pages = pages;
     s.kv_len = pages == 0 ? 0 : (pages - 1) * page_size + lpl;
@@ -64,14 +69,15 @@ void check_levels(const char* fn, const CascadeLevels& c) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t pages = level.kv_indptr[g + 1] - level.kv_indptr[g];
       const int32_t lpl = level.kv_last_page_len[g];
-      require(pages > 0 ? (lpl >= 1 && lpl <= c.page_size) : lpl == 0, fn,
-              at + "kv_last_page_len[" + str(g) + "] = " + str(lpl) + " does not fit its " + str(pages) + " pages");
-      require(level.qo_indptr[g] == c.qo_indptr[level.request_indptr[g]] &&
-                  level.qo_indptr[g + 1] == c.qo_indptr[level.request_indptr[g + 1]],
-              fn, at + "group " + str(g) + "'s queries are not those of its requests");
+      require_lazy(pages > 0 ? (lpl >= 1 && lpl <= c.page_size) : lpl == 0, fn, [&] {
+        return at + "kv_last_page_len[" + str(g) + "] = " + str(lpl) + " does not fit its " + str(pages) + " pages";
+      });
+      require_lazy(level.qo_indptr[g] == c.qo_indptr[level.request_indptr[g]] &&
+                       level.qo_indptr[g + 1] == c.qo_indptr[level.request_indptr[g + 1]],
+                   fn, [&] { return at + "group " + str(g) + "'s queries are not those of its requests"; });
     }
     for (size_t n = 0; n < level.kv_indices.size(); ++n)
-      require(level.kv_indices[n] >= 0, fn, at + "kv_indices must be >= 0");
+      require_lazy(level.kv_indices[n] >= 0, fn, [&] { return at + "kv_indices must be >= 0"; });
   }
 }
 
@@ -90,18 +96,23 @@ CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr, const 
   for (int64_t l = 0; l < num_levels; ++l) {
     const bool last = l + 1 == num_levels;
     if (!last)
-      require(static_cast<int64_t>(level_page_ends[l].size()) == batch, fn,
-              "level_page_ends[" + str(l) + "] must have one entry per request (" + str(batch) + ")");
+      require_lazy(static_cast<int64_t>(level_page_ends[l].size()) == batch, fn, [&] {
+        return "level_page_ends[" + str(l) + "] must have one entry per request (" + str(batch) + ")";
+      });
+    start[l].reserve(static_cast<size_t>(batch));
+    end[l].reserve(static_cast<size_t>(batch));
     for (int64_t r = 0; r < batch; ++r) {
       const int64_t s = l == 0 ? 0 : end[l - 1][r];
       const int64_t e = last ? shapes[r].pages : level_page_ends[l][r];
       if (!last) {
-        require(e >= s, fn,
-                "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) +
-                    " must not be below the previous level's end " + str(s));
-        require(e <= shapes[r].full_pages, fn,
-                "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) + " exceeds request " + str(r) + "'s " +
-                    str(shapes[r].full_pages) + " full pages (a partly filled page cannot be shared)");
+        require_lazy(e >= s, fn, [&] {
+          return "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) +
+                 " must not be below the previous level's end " + str(s);
+        });
+        require_lazy(e <= shapes[r].full_pages, fn, [&] {
+          return "level_page_ends[" + str(l) + "][" + str(r) + "] = " + str(e) + " exceeds request " + str(r) + "'s " +
+                 str(shapes[r].full_pages) + " full pages (a partly filled page cannot be shared)";
+        });
       }
       start[l].push_back(s);
       end[l].push_back(e);
@@ -110,16 +121,16 @@ CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr, const 
   for (int64_t r = 0; r < batch; ++r) {
     const int64_t suffix_pages = end.back()[r] - start.back()[r];
     const int64_t suffix_len = suffix_pages == 0 ? 0 : shapes[r].kv_len - start.back()[r] * page_size;
-    require(!causal || shapes[r].qo_len <= suffix_len, fn,
-            "request " + str(r) + " has " + str(shapes[r].qo_len) + " queries but only " + str(suffix_len) +
-                " keys in its last level: with causal, every query must come after the shared pages "
-                "(shared levels are not masked, so a query inside them would see later keys); share fewer pages");
+    require_lazy(!causal || shapes[r].qo_len <= suffix_len, fn, [&] {
+      return "request " + str(r) + " has " + str(shapes[r].qo_len) + " queries but only " + str(suffix_len) +
+             " keys in its last level: with causal, every query must come after the shared pages "
+             "(shared levels are not masked, so a query inside them would see later keys); share fewer pages";
+    });
   }
 
-  auto segment = [&](int64_t l, int64_t r) {
-    return std::vector<int32_t>(kv_indices.begin() + kv_indptr[r] + start[l][r],
-                                kv_indices.begin() + kv_indptr[r] + end[l][r]);
-  };
+  // request r's pages at level l, in place
+  auto seg_begin = [&](int64_t l, int64_t r) { return kv_indices.begin() + kv_indptr[r] + start[l][r]; };
+  auto seg_end = [&](int64_t l, int64_t r) { return kv_indices.begin() + kv_indptr[r] + end[l][r]; };
   CascadeLevels out;
   out.page_size = page_size;
   out.qo_indptr = qo_indptr;
@@ -134,18 +145,19 @@ CascadeLevels build_cascade_levels(const std::vector<int32_t>& qo_indptr, const 
     std::vector<int64_t> group(static_cast<size_t>(batch));
     for (int64_t r = 0; r < batch; ++r) {
       // Request r joins r-1's group iff same parent and identical pages at this level.
-      const bool joins = r > 0 && !last && parent[r] == parent[r - 1] && segment(l, r) == segment(l, r - 1);
+      const bool joins = r > 0 && !last && parent[r] == parent[r - 1] &&
+                         std::equal(seg_begin(l, r), seg_end(l, r), seg_begin(l, r - 1), seg_end(l, r - 1));
       if (!joins) {
         if (r > 0) {
           level.qo_indptr.push_back(qo_indptr[r]);
           level.request_indptr.push_back(static_cast<int32_t>(r));
         }
-        const auto seg = segment(l, r);
-        level.kv_indices.insert(level.kv_indices.end(), seg.begin(), seg.end());
+        level.kv_indices.insert(level.kv_indices.end(), seg_begin(l, r), seg_end(l, r));
         level.kv_indptr.push_back(static_cast<int32_t>(level.kv_indices.size()));
         const bool has_last_page = last && end[l][r] == shapes[r].pages;
+        const bool empty = end[l][r] == start[l][r];
         level.kv_last_page_len.push_back(
-            seg.empty() ? 0 : (has_last_page ? kv_last_page_len[r] : static_cast<int32_t>(page_size)));
+            empty ? 0 : (has_last_page ? kv_last_page_len[r] : static_cast<int32_t>(page_size)));
       }
       group[r] = static_cast<int64_t>(level.kv_last_page_len.size()) - 1;
     }

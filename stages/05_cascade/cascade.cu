@@ -13,6 +13,9 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "03_split_kv/split_kv.hpp"
 #include "04_tensor_core/prefill_attention.cuh"
@@ -220,6 +223,30 @@ void check_given_levels(const char* fn, const BatchShape& s, const ref::CascadeL
   }
 }
 
+/// Whether two batches are the same in every field plan() reads, i.e. every field.
+bool same_batch(const BatchShape& a, const BatchShape& b) {
+  // A field added to BatchShape changes its size: compare it below, then update the size.
+  static_assert(sizeof(void*) != 8 || sizeof(BatchShape) == 200,
+                "BatchShape changed: compare its new field in same_batch()");
+  auto fields = [](const BatchShape& s) {
+    return std::tie(s.mode, s.storage, s.dtype, s.kv_dtype, s.k_scale, s.v_scale, s.kv_layout, s.batch_size,
+                    s.num_qo_heads, s.num_kv_heads, s.head_dim, s.page_size, s.num_pages, s.causal, s.window_left,
+                    s.logits_soft_cap, s.sm_scale, s.pos_encoding, s.rope_scale, s.rope_theta, s.qo_indptr, s.kv_indptr,
+                    s.kv_last_page_len, s.kv_indices, s.cuda_graph);
+  };
+  return fields(a) == fields(b);
+}
+
+/// The current device, or -1 where none can be asked (a host-only caller).
+int current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    device = -1;
+  }
+  return device;
+}
+
 /// Drops the shared levels that hold no page at all (nothing shared there).
 std::vector<std::vector<int32_t>> nonempty_ends(const BatchShape& s, std::vector<std::vector<int32_t>> ends) {
   std::vector<std::vector<int32_t>> kept;
@@ -406,16 +433,18 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     lp.partial_rows = L.schedule.partial_rows();
     plan.level_plans.push_back(lp);
     rows += L.schedule.partial_rows();
-    // fixed: every array at its most entries, so no offset depends on the levels
+    // fixed: every array at its most entries, so no offset depends on the levels. The page
+    // ids come last in each level: commit() uploads a level's arrays and the ids it holds
+    // as one range, not the batch_size x num_pages entries laid out for them.
     const size_t groups_cap = static_cast<size_t>(s.batch_size);
     L.qo_indptr = take(fixed ? groups_cap + 1 : lv.qo_indptr.size());
     L.kv_indptr = take(fixed ? groups_cap + 1 : lv.kv_indptr.size());
-    L.kv_indices = take(fixed ? groups_cap * static_cast<size_t>(s.num_pages) : lv.kv_indices.size());
     L.last_page_len = take(fixed ? groups_cap : lv.kv_last_page_len.size());
     L.request = take(L.schedule.request_indices.size());
     L.tile = take(L.schedule.qo_tile_indices.size());
     L.chunk = take(L.schedule.kv_chunk_indices.size());
     L.rows = take(L.partial_indptr.size());
+    L.kv_indices = take(fixed ? groups_cap * static_cast<size_t>(s.num_pages) : lv.kv_indices.size());
     out->levels.push_back(std::move(L));
   }
   ref::require(rows * s.num_qo_heads * s.head_dim < (int64_t{1} << 40) && rows < (int64_t{1} << 31), fn,
@@ -429,14 +458,27 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   return out;
 }
 
-size_t CascadeRunner::workspace_bytes(const BatchShape& shape) const { return prepare(shape, nullptr)->bytes; }
+size_t CascadeRunner::workspace_bytes(const BatchShape& shape) const {
+  // A caller sizes the workspace, then plans the same batch (stage 09 does every step):
+  // the prepared plan is kept for that plan(), so the levels are derived once a step.
+  const int device = current_device();
+  if (sized_ == nullptr || sized_device_ != device || !same_batch(sized_shape_, shape)) {
+    sized_ = prepare(shape, nullptr);
+    sized_shape_ = shape;
+    sized_device_ = device;
+  }
+  return sized_->bytes;
+}
 
 size_t CascadeRunner::workspace_bytes_levels(const BatchShape& shape, ref::CascadeLevels levels) const {
   return prepare(shape, &levels)->bytes;
 }
 
 void CascadeRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
-  commit(shape, prepare(shape, nullptr), workspace, workspace_size, stream);
+  std::unique_ptr<Prepared> p;
+  if (sized_ != nullptr && sized_device_ == current_device() && same_batch(sized_shape_, shape)) p = std::move(sized_);
+  sized_.reset();  // used or stale: the next workspace_bytes() prepares afresh
+  commit(shape, p ? std::move(p) : prepare(shape, nullptr), workspace, workspace_size, stream);
 }
 
 void CascadeRunner::plan_levels(const BatchShape& shape, ref::CascadeLevels levels, void* workspace,
@@ -485,32 +527,49 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
     for (const Prepared::Level& L : p->levels)
       if (L.hopper) hopper::prepare_hopper_attention(L.shape);
   }
+  uploaded_bytes_ = 0;
   if (p->plan.path == Path::cascade && p->staged_bytes > 0) {
     // Every level's arrays and schedule, written once into pinned memory in the
     // workspace's layout and copied in one transfer. The copy is queued behind whatever
     // the stream runs (a run() still in flight keeps its arrays until it is done); the
     // next plan() waits for this copy, not for the stream, before it writes the buffer.
-    uint8_t* staged = staging_.begin(p->staged_bytes);  // zeroed: the gaps between arrays stay 0
+    // Only the bytes the arrays hold are written and copied: a fixed launch lays out
+    // batch_size x num_pages page ids a level (megabytes) and fills a few thousand. The
+    // alignment gaps between arrays are zeroed and copied with them; a gap larger than
+    // kSkipGap (the unused room of a fixed layout) is neither written nor copied, and no
+    // kernel reads it (the indptr arrays bound every read).
+    constexpr size_t kSkipGap = 4096;
+    uint8_t* staged = staging_.begin(p->staged_bytes, /*zeroed=*/false);
+    std::vector<std::pair<size_t, size_t>>& ranges = upload_ranges_;
+    ranges.clear();
     size_t written = 0;
     auto put = [&](size_t at, const std::vector<int32_t>& v) {
       ref::require(at >= written, "CascadeRunner::plan",
                    "the staged arrays' offsets must increase");  // prepare()'s layout
+      const size_t end = at + v.size() * sizeof(int32_t);
+      if (!ranges.empty() && at - ranges.back().second <= kSkipGap) {
+        std::memset(staged + ranges.back().second, 0, at - ranges.back().second);
+        ranges.back().second = end;
+      } else if (!v.empty()) {
+        ranges.push_back({at, end});
+      }
       if (!v.empty()) std::memcpy(staged + at, v.data(), v.size() * sizeof(int32_t));
-      written = at + v.size() * sizeof(int32_t);
+      written = end;
     };
     for (size_t l = 0; l < p->levels.size(); ++l) {
       const Prepared::Level& L = p->levels[l];
       const ref::CascadeLevel& lv = p->plan.levels.levels[l];
       put(L.qo_indptr, lv.qo_indptr);
       put(L.kv_indptr, lv.kv_indptr);
-      put(L.kv_indices, lv.kv_indices);
       put(L.last_page_len, lv.kv_last_page_len);
       put(L.request, L.schedule.request_indices);
       put(L.tile, L.schedule.qo_tile_indices);
       put(L.chunk, L.schedule.kv_chunk_indices);
       put(L.rows, L.partial_indptr);
+      put(L.kv_indices, lv.kv_indices);
     }
-    staging_.upload(workspace_, p->staged_bytes, stream);
+    staging_.upload_ranges(workspace_, ranges, stream);
+    for (const auto& [first, last] : ranges) uploaded_bytes_ += last - first;
   }
   plan_ = std::move(p->plan);
   flat_ = std::move(p->flat);

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flashstep/reference/cascade.hpp"
@@ -113,6 +114,9 @@ class CascadeRunner : public StageRunner {
   CascadeRunner(const CascadeRunner&) = delete;
   CascadeRunner& operator=(const CascadeRunner&) = delete;
 
+  /// Prepares the plan of `shape` (levels, prices, schedules) and keeps it: a plan() of
+  /// the same batch next (equal in every field) commits it without preparing again. Not
+  /// for concurrent calls on one runner.
   size_t workspace_bytes(const BatchShape& shape) const override;
   /// Derives the levels from shape.kv_indices (pages several requests hold), prices them
   /// and plans the cheaper path.
@@ -142,6 +146,9 @@ class CascadeRunner : public StageRunner {
   void level_state(int level, float* o, float* lse, cudaStream_t stream) const;
   /// The last plan.
   const CascadePlan& cascade_plan() const { return plan_; }
+  /// Bytes the last plan() of a cascade copied to the workspace (its levels' arrays and
+  /// schedules; a fixed launch's unused room is not copied). 0 after a flat plan.
+  size_t uploaded_bytes() const { return uploaded_bytes_; }
 
  private:
   /// run()'s launches for q's element type T (fp16, bf16; any other is refused).
@@ -164,6 +171,12 @@ class CascadeRunner : public StageRunner {
   // The levels' arrays and schedules, staged in pinned memory and copied to the workspace
   // in one copy; the next plan() waits for the event before it writes the buffer again.
   ScheduleStaging staging_;
+  // workspace_bytes()' prepared plan, for a plan() of the same batch on the same device
+  mutable std::unique_ptr<Prepared> sized_;
+  mutable BatchShape sized_shape_;
+  mutable int sized_device_ = -1;
+  std::vector<std::pair<size_t, size_t>> upload_ranges_;  // commit()'s byte ranges, reused
+  size_t uploaded_bytes_ = 0;
 };
 
 /// Stage 05's registry entry.

@@ -240,6 +240,10 @@ struct Engine::Impl {
   };
   Role decode{Mode::decode, {}, {}, {}}, prefill{Mode::prefill, {}, {}, {}};
   PodAttention pod;  // one_launch: a mixed step's attention in one launch
+  // cascade_when_shared: per pool page, the stamp of the last step whose decode rows held
+  // it (a page held twice in one step is shared)
+  std::vector<uint32_t> page_seen;
+  uint32_t page_stamp = 0;
   std::vector<cudaEvent_t> events;
 
   size_t elem() const { return dtype_bytes(cfg.dtype); }
@@ -685,9 +689,27 @@ StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
   // in a graph of its own.
   std::string decode_choice;
   if (m.cfg.cascade_when_shared && m.cfg.decode_stage.empty() && nd > 1) {
-    std::vector<int32_t> pages(b.kv_indices.begin(), b.kv_indices.begin() + b.kv_indptr[nd]);
-    std::sort(pages.begin(), pages.end());
-    if (std::adjacent_find(pages.begin(), pages.end()) != pages.end()) decode_choice = "05_cascade";
+    // A page id seen twice, in one pass: each page's stamp is the step that last saw it
+    // (no sort, no clearing between steps).
+    std::vector<uint32_t>& seen = m.page_seen;
+    seen.resize(static_cast<size_t>(m.cfg.scheduler.num_pages), 0);
+    if (++m.page_stamp == 0) {  // wrapped: old stamps could match again
+      std::fill(seen.begin(), seen.end(), 0);
+      m.page_stamp = 1;
+    }
+    for (int32_t n = 0; n < b.kv_indptr[nd]; ++n) {
+      const int32_t page = b.kv_indices[static_cast<size_t>(n)];
+      ref::require_lazy(page >= 0 && page < m.cfg.scheduler.num_pages, fn, [&] {
+        return "kv_indices[" + str(n) + "] = " + str(page) + " is not a page of the pool (0.." +
+               str(m.cfg.scheduler.num_pages - 1) + ")";
+      });
+      uint32_t& stamp = seen[static_cast<size_t>(page)];
+      if (stamp == m.page_stamp) {
+        decode_choice = "05_cascade";
+        break;
+      }
+      stamp = m.page_stamp;
+    }
   }
   int64_t padded = 0;
   if (m.cfg.cuda_graphs && np == 0) {

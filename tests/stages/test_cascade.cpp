@@ -4,7 +4,10 @@
 // multi-level form), the planner's choices, CUDA-graph replay, and what it refuses.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "05_cascade/cascade.hpp"
@@ -88,6 +91,44 @@ std::string run_and_check_levels(cascade::CascadeRunner& runner, const HostCase&
   return report;
 }
 
+/// A decode step of the engine's prefix study: `batch` rows, each holding the same
+/// `shared` pages (ids 0..shared-1) then 1..5 pages of its own, page 16, 8/2 heads,
+/// head_dim 128, f16, in a pool of `num_pages`.
+BatchShape shared_prefix_decode(int batch, int shared, int64_t num_pages, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  BatchShape s;
+  s.mode = Mode::decode;
+  s.storage = KVStorage::paged;
+  s.dtype = DType::f16;
+  s.num_qo_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = 128;
+  s.page_size = 16;
+  s.num_pages = num_pages;
+  s.batch_size = batch;
+  s.qo_indptr = {0};
+  s.kv_indptr = {0};
+  int32_t next = shared;
+  for (int r = 0; r < batch; ++r) {
+    for (int p = 0; p < shared; ++p) s.kv_indices.push_back(p);
+    const int own = 1 + static_cast<int>(rng() % 5);
+    for (int p = 0; p < own; ++p) s.kv_indices.push_back(next++);
+    s.qo_indptr.push_back(r + 1);
+    s.kv_indptr.push_back(static_cast<int32_t>(s.kv_indices.size()));
+    s.kv_last_page_len.push_back(1 + static_cast<int32_t>(rng() % 16));
+  }
+  return s;
+}
+
+/// Mean microseconds of `f` over `reps` calls (after one warm-up call).
+template <typename F>
+double mean_us(int reps, F&& f) {
+  f();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
 }  // namespace
 
 TEST_SUITE("host") {
@@ -139,6 +180,54 @@ TEST_CASE("harness: a shared prefix is the same page ids in every request, its r
   // build_case checks the pool against the reference's paged reading on small cases;
   // with equal rows in shared pages this passes (it throws otherwise).
   CHECK_NOTHROW(build_case(spec, KVStorage::paged, 11));
+}
+
+// plan() = prepare() (all host work: levels, pricing, schedules, layout) + commit() (the
+// staged upload). workspace_bytes() runs prepare() alone, so with target_blocks given it
+// needs no GPU: this times the host side of a cascade decode step at the engine's prefix
+// study shape on any machine.
+TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (prints; not a timed test)" *
+          doctest::skip()) {
+  const BatchShape s = shared_prefix_decode(64, 128, 64 * 140, 1);
+  const int reps = 200;
+  volatile size_t sink = 0;
+  const double derive3 = mean_us(reps, [&] {
+    sink = ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size, 3,
+                                          false)
+               .size();
+  });
+  const auto ends = ref::derive_cascade_level_ends(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len,
+                                                   s.page_size, 2, false);
+  const double build = mean_us(reps, [&] {
+    sink = ref::build_cascade_levels(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_last_page_len, s.page_size, ends,
+                                     false)
+               .levels.size();
+  });
+  cascade::CascadeOptions eager;
+  eager.target_blocks = 132 * 2;  // an H100's multiprocessors x two blocks: no device query
+  eager.path = cascade::Path::cascade;
+  // workspace_bytes() keeps its prepared plan for the same batch: alternate two batches
+  // (other own-page counts) so that every call prepares
+  const BatchShape other = shared_prefix_decode(64, 128, 64 * 140, 2);
+  int call = 0;
+  const cascade::CascadeRunner eager_runner(eager);
+  const double prepare_eager = mean_us(reps, [&] { sink = eager_runner.workspace_bytes(++call % 2 ? s : other); });
+  const double kept = mean_us(reps, [&] { sink = eager_runner.workspace_bytes(s); });  // the same batch again
+  cascade::CascadeOptions fixed = eager;
+  fixed.path = cascade::Path::automatic;
+  fixed.fixed_graph_launch = true;
+  BatchShape g = s, g_other = other;
+  g.cuda_graph = g_other.cuda_graph = true;
+  const cascade::CascadeRunner fixed_runner(fixed);
+  const double prepare_fixed = mean_us(reps, [&] { sink = fixed_runner.workspace_bytes(++call % 2 ? g : g_other); });
+  std::printf(
+      "05_cascade host work, decode batch 64 x (128 shared + 1..5 own pages), page 16, 8/2 heads, head_dim 128, "
+      "pool %lld pages; mean us per call over %d: derive_cascade_level_ends (3 levels) %.1f, build_cascade_levels "
+      "(2 levels) %.1f, prepare() eager (workspace_bytes, path cascade) %.1f, prepare() fixed_graph_launch %.1f, "
+      "workspace_bytes() of the batch just prepared %.1f; fixed workspace %zu bytes\n",
+      static_cast<long long>(s.num_pages), reps, derive3, build, prepare_eager, prepare_fixed, kept,
+      fixed_runner.workspace_bytes(g));
+  (void)sink;
 }
 
 }  // TEST_SUITE("host")
@@ -287,4 +376,52 @@ TEST_CASE("05_cascade: run() captured in a CUDA graph replays to the same output
   FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(exec));
   FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(graph));
   FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("05_cascade: a fixed launch copies the pages its levels hold, not the room laid out for the pool") {
+  // 64 decode rows sharing 128 pages in a pool of 8960: the layout holds 64 x 8960 page
+  // ids a level (2.3 MB); the levels hold 128 + about 64 x 3.
+  BatchShape s = shared_prefix_decode(64, 128, 64 * 140, 2);
+  s.cuda_graph = true;
+  cascade::CascadeOptions options;
+  options.fixed_graph_launch = true;
+  cascade::CascadeRunner runner(options);
+  const size_t bytes = runner.workspace_bytes(s);
+  DeviceBuffer workspace(bytes);
+  runner.plan(s, workspace.get(), workspace.bytes(), nullptr);
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
+  const cascade::CascadePlan& plan = runner.cascade_plan();
+  REQUIRE(plan.path == cascade::Path::cascade);
+  REQUIRE(plan.fixed_launch);
+  REQUIRE(plan.levels.levels.size() == 2);
+  CHECK(plan.levels.levels[0].kv_indices.size() == 128);
+  size_t ids = 0;
+  for (const ref::CascadeLevel& lv : plan.levels.levels) ids += lv.kv_indices.size();
+  CHECK(runner.uploaded_bytes() >= ids * sizeof(int32_t));
+  CHECK(runner.uploaded_bytes() < 64 * 1024);  // the arrays and schedules: a few KiB
+  CHECK(bytes > size_t{2} * 64 * 8960 * sizeof(int32_t));
+}
+
+TEST_CASE("05_cascade: plan() takes workspace_bytes()' prepared plan only for the same batch") {
+  const BatchShape a = shared_prefix_decode(64, 128, 64 * 140, 3);
+  const BatchShape b = shared_prefix_decode(64, 64, 64 * 140, 3);  // 64 shared pages, else alike
+  cascade::CascadeOptions options;
+  options.path = cascade::Path::cascade;
+  cascade::CascadeRunner runner(options);
+  const size_t bytes = std::max(runner.workspace_bytes(a), runner.workspace_bytes(b));
+  DeviceBuffer workspace(bytes);
+  for (const bool sized_first : {true, false}) {
+    // sized for a, planned for b: b's levels; then sized and planned for a: a's levels
+    if (sized_first) CHECK(runner.workspace_bytes(a) <= bytes);
+    runner.plan(b, workspace.get(), workspace.bytes(), nullptr);
+    REQUIRE(runner.cascade_plan().path == cascade::Path::cascade);
+    CHECK(runner.cascade_plan().levels.levels[0].kv_indices.size() == 64);
+    CHECK(runner.workspace_bytes(a) <= bytes);
+    runner.plan(a, workspace.get(), workspace.bytes(), nullptr);
+    CHECK(runner.cascade_plan().levels.levels[0].kv_indices.size() == 128);
+    // kept plans are used once: planning a again prepares it again, to the same plan
+    runner.plan(a, workspace.get(), workspace.bytes(), nullptr);
+    CHECK(runner.cascade_plan().levels.levels[0].kv_indices.size() == 128);
+  }
+  FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
 }

@@ -440,6 +440,16 @@ TEST_CASE("09_engine: model variants: sinusoidal positions, no W_O, interleaved 
   for (const auto& m : {a, b}) token_check(m, DType::f16, runs, {greedy(), top_k_top_p(5)}, 24);
 }
 
+TEST_CASE(
+    "09_engine: stage 05 runs (named; cascade_when_shared eager and in CUDA graphs): tokens equal the reference's") {
+  // the cascade's runs of the two cases above, greedy only: a quick check of stage 05's
+  // planner as the engine drives it (workspace_bytes, then plan, every step)
+  RunSpec named{16, 64, 512, "05_cascade", "05_cascade"}, eager{16, 64, 512, "", ""};
+  eager.cascade_when_shared = true;
+  RunSpec graphs{16, 64, 512, "", "", true, true}, small{16, 8, 48, "", "", true, true};
+  token_check(engine_model(), DType::f16, {named, eager, graphs, small}, {greedy()}, 64);
+}
+
 TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
   EngineConfig c;
   c.model = engine_model();
