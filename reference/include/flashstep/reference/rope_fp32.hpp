@@ -29,6 +29,8 @@
 
 #include "flashstep/reference/tensor.hpp"
 
+/// \def FLASHSTEP_HOST_DEVICE
+/// A function both the host and a CUDA kernel compile (plain `inline` without nvcc).
 #if defined(__CUDACC__)
 #define FLASHSTEP_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -41,6 +43,7 @@ namespace flashstep::ref {
 /// \param position the token's position, -2^24 .. 2^24 (a query of a non-causal prefill
 ///        with more queries than keys sits before 0: kv_len - qo_len + i)
 /// \param turns f_i = theta_i / (2 pi) (rope_llama_turns)
+/// \param c receives the cosine \param s receives the sine
 FLASHSTEP_HOST_DEVICE void rope_cos_sin_fp32(int position, double turns, float& c, float& s) {
   // The fraction of a turn: an RN product, then an exact difference. rint by the magic
   // number 1.5 * 2^52 (two additions, not the slower conversion unit; |t| < 2^51).
