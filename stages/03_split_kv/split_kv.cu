@@ -29,7 +29,6 @@
 #include <mutex>
 #include <queue>
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -74,8 +73,8 @@ void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, con
                      cudaStream_t stream);
 
 /// The chunk kernel's arguments that both kernels of this stage take (the chunk kernel and
-/// the tensor-core FP8 kernel): the batch's pointers, the paged view, the schedule and the
-/// destinations in the workspace.
+/// the tensor-core FP8 kernel): the batch's pointers, the paged view, the schedule, the
+/// destinations in the workspace, the pipeline depth and the scales.
 template <typename T, int HEAD_DIM, typename KV>
 void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV>& p) {
   const BatchShape& s = *a.shape;
@@ -95,6 +94,11 @@ void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV>& p) {
   p.lse = a.batch->lse;
   p.num_qo_heads = s.num_qo_heads;
   p.group_size = s.group_size();
+  p.num_stages = a.num_stages;
+  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation (the run's
+  // scales when it gives them).
+  p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
+  p.v_scale = run_v_scale(s, *a.batch);
 }
 
 template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
@@ -106,11 +110,6 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(p.group_size);
   p.bdy = bs.bdy;
   p.bdz = bs.bdz;
-  p.num_stages = a.num_stages;
-  // As stage 02: k_scale on q's scale, v_scale on each chunk's normalisation (the run's
-  // scales when it gives them).
-  p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
-  p.v_scale = run_v_scale(s, *a.batch);
   p.rope_turns = a.rope_turns;
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
@@ -154,9 +153,6 @@ void launch_fp8_mma(const LaunchArgs& a, cudaStream_t stream) {
   const WorkspaceLayout& w = *a.layout;
   ChunkDecodeParams<T, KV> p;
   fill_chunk_params<T, HEAD_DIM, KV>(a, p);
-  p.num_stages = a.num_stages;
-  p.sm_scale_log2 = s.resolved_sm_scale() * run_k_scale(s, *a.batch) * kernels::kLog2e;
-  p.v_scale = run_v_scale(s, *a.batch);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   fp8_mma_decode_kernel<T, KV, HEAD_DIM><<<grid, Fp8MmaTraits<HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("fp8_mma_decode_kernel");
@@ -294,6 +290,7 @@ bool uses_fp8_mma(const SplitKVOptions& options, const BatchShape& shape) {
 /// The launch choices that depend on the shape but never on the lengths.
 struct Resolved {
   bool fp8_mma;  ///< fp8_mma_decode.cuh's kernel instead of the chunk kernel (uses_fp8_mma)
+  Entry entry;   ///< the instantiation that runs (chunk kernel, its RoPE variant, or the FP8 kernel)
   int num_stages;
   size_t smem_bytes;
   int num_sm;
@@ -348,10 +345,10 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   r.fp8_mma = uses_fp8_mma(options, shape);
   // The tensor-core FP8 kernel: 16 KB stages (64 keys of K and V), kFp8MmaStages deep.
   r.num_stages = options.num_stages > 0 ? options.num_stages : r.fp8_mma ? kFp8MmaStages : 2;
-  const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
-                                : entry_for(shape, options.rope_in_registers);
-  r.smem_bytes = entry.smem_bytes(r.num_stages, shape.group_size());
-  const int blocks = kernel_setup(device, r.smem_bytes, entry);  // plan() makes it, run() does not
+  r.entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
+                      : entry_for(shape, options.rope_in_registers);
+  r.smem_bytes = r.entry.smem_bytes(r.num_stages, shape.group_size());
+  const int blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : blocks;
   ref::require(r.ctas_per_sm >= 1, fn,
                "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
@@ -607,17 +604,15 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   layout_ = layout;
   workspace_ = static_cast<uint8_t*>(workspace);
   num_stages_ = r.num_stages;
-  const Entry entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
-                                : entry_for(shape, options_.rope_in_registers);
   const double* rope_turns = rope_turns_.update(shape, stream);
   path_ = path;
   estimate_ = estimate;
   fp8_mma_ = r.fp8_mma;
-  launch_ = [this, entry, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
+  launch_ = [this, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
     if (path_ == DecodePath::unsplit && !r.fp8_mma) return unsplit_.run(batch, s);
-    entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                            r.programmatic_launch, options_.fp32_states, path_, rope_turns},
-                 s);
+    r.entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
+                              r.programmatic_launch, options_.fp32_states, path_, rope_turns},
+                   s);
   };
   planned_ = true;
 }
