@@ -86,19 +86,17 @@ __device__ __forceinline__ void merge_request_chunks(const FusedChunkDecodeParam
   }
 }
 
-/// chunk_decode_kernel whose last block per (request, kv head) merges the request's
-/// chunks (the file comment); launched as chunk_decode_kernel is, when the plan split.
+/// The body of chunk_decode_fused_kernel for the valid work item `item` and kv head
+/// `kv_head`, over `smem_raw` (chunk_decode_smem_bytes of dynamic shared memory): also for a
+/// later stage's kernel whose blocks run several kinds of work (stage 09's POD attention).
+/// \param num_kv_heads kv heads of the batch: the row length of the merge counters
 template <typename T, int HEAD_DIM, typename KV = T>
-__global__ void __launch_bounds__(256, 2) chunk_decode_fused_kernel(const FusedChunkDecodeParams<T, KV> p) {
+__device__ __forceinline__ void chunk_decode_fused_block(const FusedChunkDecodeParams<T, KV>& p, int kv_head, int item,
+                                                         int num_kv_heads, uint8_t* smem_raw) {
   using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-
-  const int kv_head = blockIdx.x, item = blockIdx.y;
-  const uint8_t valid_item = p.block_valid_mask[item];
   const int b = p.request_indices[item];
   const int32_t page_begin = p.kv_page_begin[item];
   const int chunk_len = p.kv_chunk_len[item];
-  if (!valid_item) return;
   // The request's items; loaded now, used at the end.
   const int first_item = p.o_indptr[b], end_item = p.o_indptr[b + 1];
 
@@ -122,13 +120,23 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_fused_kernel(const FusedC
   __shared__ int is_last;
   __threadfence();  // this block's partial row is visible device-wide before it is counted
   __syncthreads();
-  int32_t* counter = p.merge_counters + int64_t{b} * gridDim.x + kv_head;
+  int32_t* counter = p.merge_counters + int64_t{b} * num_kv_heads + kv_head;
   if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
   __syncthreads();
   if (!is_last) return;
   __threadfence();  // and every other block's rows, counted before ours, are read after it
   merge_request_chunks<T, HEAD_DIM>(p, b, kv_head, first_item, end_item, reinterpret_cast<float*>(smem_raw));
   if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
+}
+
+/// chunk_decode_kernel whose last block per (request, kv head) merges the request's
+/// chunks (the file comment); launched as chunk_decode_kernel is, when the plan split.
+template <typename T, int HEAD_DIM, typename KV = T>
+__global__ void __launch_bounds__(256, 2) chunk_decode_fused_kernel(const FusedChunkDecodeParams<T, KV> p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  const int kv_head = blockIdx.x, item = blockIdx.y;
+  if (!p.block_valid_mask[item]) return;  // padding of a graph-sized grid
+  chunk_decode_fused_block<T, HEAD_DIM, KV>(p, kv_head, item, gridDim.x, smem_raw);
 }
 
 }  // namespace flashstep::stages::split_kv

@@ -58,35 +58,8 @@ __global__ void __launch_bounds__(tensor_core::PrefillTraits<T, HEAD_DIM>::kThre
     return;
   }
   // stage 03's chunk_decode_fused_kernel body for (kv head, item)
-  using Tr = paged::DecodeTraits<T, HEAD_DIM>;
-  const split_kv::FusedChunkDecodeParams<T>& d = p.decode;
   const int kv_head = index % p.num_kv_heads, item = index / p.num_kv_heads;
-  const int b = d.request_indices[item];
-  const int first_item = d.o_indptr[b], end_item = d.o_indptr[b + 1];
-  const paged::DecodeThread th = paged::place_thread<Tr::BDX>(threadIdx.x, d.bdy, d.bdz);
-  paged::QRegisters<T, HEAD_DIM> q;
-  paged::HeadStates<T, HEAD_DIM> state;
-  paged::load_q<T, HEAD_DIM, T>(th, d.q, int64_t{b} * d.num_qo_heads + kv_head * d.group_size, d.group_size,
-                                d.sm_scale_log2, q);
-#pragma unroll
-  for (int j = 0; j < Tr::HPT; ++j) state[j].init();
-  split_kv::attend_chunk<T, HEAD_DIM>(th, q, state, d.kv, kv_head, d.kv_page_begin[item], d.kv_chunk_len[item],
-                                      reinterpret_cast<T*>(smem_raw), d.num_stages);
-  const bool holds = paged::merge_states<T, HEAD_DIM>(th, state, d.bdz, reinterpret_cast<float*>(smem_raw));
-  // a row of one chunk writes o and lse; else a partial row, and the last block merges
-  const bool direct = end_item - first_item == 1;
-  if (holds) split_kv::store_chunk_state<T, HEAD_DIM, T>(d, th, state, kv_head, item, b, direct);
-  if (direct) return;
-  __shared__ int is_last;
-  __threadfence();  // this block's partial row is visible device-wide before it is counted
-  __syncthreads();
-  int32_t* counter = d.merge_counters + int64_t{b} * p.num_kv_heads + kv_head;
-  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();  // every other block's rows, counted before ours, are read after it
-  split_kv::merge_request_chunks<T, HEAD_DIM>(d, b, kv_head, first_item, end_item, reinterpret_cast<float*>(smem_raw));
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next layer's run
+  split_kv::chunk_decode_fused_block<T, HEAD_DIM>(p.decode, kv_head, item, p.num_kv_heads, smem_raw);
 }
 
 }  // namespace flashstep::stages::engine
