@@ -186,7 +186,7 @@ TEST_CASE("harness: a shared prefix is the same page ids in every request, its r
 // staged upload). workspace_bytes() runs prepare() alone, so with target_blocks given it
 // needs no GPU: this times the host side of a cascade decode step at the engine's prefix
 // study shape on any machine.
-TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (prints; not a timed test)" *
+TEST_CASE("05_cascade: plan()'s host work, 64 decode rows sharing 128 pages (prints, not a timed test)" *
           doctest::skip()) {
   const BatchShape s = shared_prefix_decode(64, 128, 64 * 140, 1);
   const int reps = 200;

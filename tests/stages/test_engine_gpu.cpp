@@ -441,7 +441,7 @@ TEST_CASE("09_engine: model variants: sinusoidal positions, no W_O, interleaved 
 }
 
 TEST_CASE(
-    "09_engine: stage 05 runs (named; cascade_when_shared eager and in CUDA graphs): tokens equal the reference's") {
+    "09_engine: stage 05 runs (named, and cascade_when_shared eager and in CUDA graphs): tokens equal the reference's") {
   // the cascade's runs of the two cases above, greedy only: a quick check of stage 05's
   // planner as the engine drives it (workspace_bytes, then plan, every step)
   RunSpec named{16, 64, 512, "05_cascade", "05_cascade"}, eager{16, 64, 512, "", ""};
@@ -511,7 +511,7 @@ TEST_CASE("09_engine: bad input is refused, naming it") {
   expect_error([&] { wrong.generate({ok}); }, {"prefill_stage", "04_tensor_core_ragged", "cannot run this step"});
 }
 
-TEST_CASE("09_engine: step timing, batch 64 decode (prints; not a timed test)" * doctest::skip()) {
+TEST_CASE("09_engine: step timing, batch 64 decode (prints, not a timed test)" * doctest::skip()) {
   EngineConfig c;
   c.model = engine_model();
   c.scheduler.page_size = 16;

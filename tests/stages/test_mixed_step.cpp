@@ -274,7 +274,7 @@ double median_us(MixedStepAttention& attention, const BatchShape& s, int nd, con
 
 }  // namespace
 
-TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON; not a timed test)" * doctest::skip()) {
+TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON, not a timed test)" * doctest::skip()) {
   // The engine's shape: 8/2 heads of head_dim 128, fp16, pages of 16. D decode rows with
   // kv lengths drawn uniformly from 1024..4096 (seeded), then one prefill row of P new
   // tokens after a cached prefix of 1024 (kv_len P + 1024), P = 0 meaning no prefill row.

@@ -57,7 +57,7 @@ BatchShape rope_decode_shape() {
 
 TEST_SUITE("host") {
 
-TEST_CASE("rope_llama: the stages that rotate say so; the others refuse it by name") {
+TEST_CASE("rope_llama: the stages that rotate say so, the others refuse it by name") {
   const BatchShape s = rope_decode_shape();
   CHECK(split_kv::stage_info().unsupported_reason(s).empty());
   CHECK(tensor_core::stage_info().unsupported_reason(s).empty());
