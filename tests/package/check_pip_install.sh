@@ -13,6 +13,11 @@
 # Usage: check_pip_install.sh PYTHON SOURCE_DIR SCRATCH_DIR
 set -euo pipefail
 PYTHON=$1 SOURCE=$2 SCRATCH=$3
+# The venv is a new user's: nothing of the caller's Python environment may reach it (the
+# README's own commands export PYTHONPATH=<build>/python, whose flashstep would shadow the
+# installed one), nor a C library chosen by hand.
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONUSERBASE FLASHSTEP_CAPI
+export PYTHONNOUSERSITE=1
 rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
 "$PYTHON" -m venv "$SCRATCH/venv"
 VPY=$SCRATCH/venv/bin/python
