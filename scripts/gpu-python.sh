@@ -9,8 +9,8 @@
 #   --out   where the log and the executed notebooks go (default <lib>/run)
 #   STEP    any of: tests flashinfer sanitizer notebooks hostcost (default: the first four)
 #
-#   tests       tests/python/test_cuda_arguments.py, test_cuda_gpu.py, test_cuda_fp8_append.py
-#               and test_cuda_graph.py
+#   tests       tests/python/test_cuda_arguments.py, test_cuda_gpu.py, test_cuda_fp8_append.py,
+#               test_cuda_default_device.py and test_cuda_graph.py
 #               (pytest; the graph contract, in-flight re-plans and two streams are the last)
 #   flashinfer  tests/python/test_cuda_flashinfer.py: the cross-check; source FlashInfer's
 #               install.sh first, or it skips with a message
@@ -89,7 +89,7 @@ failed=()
 # Each step is bounded, so that a hung step still leaves the log of the others.
 step_tests() {
   run_logged timeout 540 "${PYTEST[@]}" tests/python/test_cuda_arguments.py tests/python/test_cuda_gpu.py \
-    tests/python/test_cuda_fp8_append.py tests/python/test_cuda_graph.py
+    tests/python/test_cuda_fp8_append.py tests/python/test_cuda_default_device.py tests/python/test_cuda_graph.py
 }
 step_flashinfer() {
   # FlashInfer compiles a kernel module on first use where its JIT cache lacks one: bounded.

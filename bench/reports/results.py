@@ -195,14 +195,17 @@ def from_host_cost(path, data):
         block, items, date = data.get("flashstep_run", {}), data["rows"], None
     rows, targets = [], []
     for r in items:
-        name = f"{r['wrapper']}/b{r['batch']}_kv{r['kv_len']}/{r['call']}/{r['index arrays']}"
+        size = f"b{r['batch']}_vocab{r['vocab']}" if r.get("vocab") else f"b{r['batch']}_kv{r['kv_len']}"
+        name = f"{r['wrapper']}/{size}/{r['call']}/{r['index arrays']}"
         if r.get("flashstep") is not None:
             rows.append(_row("flashstep_" + name, r["flashstep"] * 1e6, r))
         if r.get("FlashInfer") is not None:
             rows.append(_row("peer_flashinfer_" + name, r["FlashInfer"] * 1e6, r))
         if r.get("ratio") is not None and r.get("goal") is not None:
-            targets.append({"what": f"{r['wrapper']} {r['call']}() host time, index arrays on the {r['index arrays']}, "
-                                    f"batch {r['batch']} x kv {r['kv_len']}, over FlashInfer's",
+            call = r["call"] if "(" in r["call"] else r["call"] + "()"
+            shape = f"batch {r['batch']} x vocab {r['vocab']}" if r.get("vocab") else \
+                f"index arrays on the {r['index arrays']}, batch {r['batch']} x kv {r['kv_len']}"
+            targets.append({"what": f"{r['wrapper']} {call} host time, {shape}, over FlashInfer's",
                             "ratio": r["ratio"], "goal": f"<= {r['goal']:g}", "met": r["ratio"] <= r["goal"]})
     return _run(path, data, "host_cost", device=block.get("device"), commit=block.get("commit"),
                 tree=block.get("tree"), command=block.get("command"), date=date, rows=rows, targets=targets)

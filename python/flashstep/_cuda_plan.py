@@ -326,14 +326,26 @@ class PlanRun:
         if status:
             _capi.raise_status(status)
 
-    def _torch_launch(self, p, t, q, device, return_lse):
+    @staticmethod
+    def _torch_outputs_fit(p, t, out, lse, device):
+        """Whether run()'s out= and lse= (None, or PyTorch tensors) are what the general
+        path would accept: dtype, shape, row-major, on `device`, out 16-byte aligned."""
+        if out is not None and not (type(out) in _TORCH_TYPES and out.dtype is t.dtype and out.shape == p.q_shape and
+                                    out.is_contiguous() and not out.data_ptr() % 16 and out.get_device() == device):
+            return False
+        return lse is None or (type(lse) in _TORCH_TYPES and lse.dtype is t.lse_dtype and lse.shape == p.lse_shape
+                               and lse.is_contiguous() and lse.get_device() == device)
+
+    def _torch_launch(self, p, t, q, device, return_lse, out=None, lse=None):
         """The end of run()'s fast path (PyTorch tensors that passed its checks, batch
-        pointers set but o and lse): allocates o (and lse when asked, else the plan's
-        scratch lse), launches, returns what run() returns."""
-        o = t.torch.empty_like(q)
+        pointers set but o and lse): takes out= and lse= or allocates o (and lse when
+        asked, else the plan's scratch lse), launches, returns what run() returns."""
+        o = t.torch.empty_like(q) if out is None else out
         b = p.batch
         b.o = o.data_ptr()
-        if return_lse or not p.lse_scratch:
+        if lse is not None:
+            b.lse = lse.data_ptr()
+        elif return_lse or not p.lse_scratch:
             lse = t.torch.empty(p.lse_shape, dtype=t.lse_dtype, device=q.device)
             b.lse = lse.data_ptr()
         else:
@@ -356,9 +368,10 @@ class PlanRun:
         p = self._planned
         if p is None:
             self._require_plan()
-        # The fast path: PyTorch tensors, outputs allocated here. Each check that fails
-        # falls through to the general path below, which raises with the argument's name.
-        if out is None and lse is None and type(q) in _TORCH_TYPES and type(paged_kv_cache) in _TORCH_TYPES:
+        # The fast path: PyTorch tensors (out= and lse= too, where given; else allocated
+        # here). Each check that fails falls through to the general path below, which
+        # raises with the argument's name.
+        if type(q) in _TORCH_TYPES and type(paged_kv_cache) in _TORCH_TYPES:
             t = p.torch or self._torch_plan(p)
             pool = paged_kv_cache
             device = q.get_device()
@@ -366,10 +379,11 @@ class PlanRun:
             if (q.dtype is t.dtype and q.shape == p.q_shape and q.is_contiguous() and pool.dtype is t.kv_dtype and
                     pool.shape[1:] == t.pool_tail and pool.is_contiguous() and not (qp | kp) % 16 and
                     device >= 0 and device == pool.get_device() == self._ws.device and
-                    (p.max_page is None or p.max_page < pool.shape[0])):
+                    (p.max_page is None or p.max_page < pool.shape[0]) and
+                    (out is None and lse is None or self._torch_outputs_fit(p, t, out, lse, device))):
                 b = p.batch
                 b.q, b.kv_pool, b.k_scale, b.v_scale = qp, kp, k_scale, v_scale
-                return self._torch_launch(p, t, q, device, return_lse)
+                return self._torch_launch(p, t, q, device, return_lse, out, lse)
         qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p.dtype,), shape=p.q_shape)
         pool, num_pages = self._paged_pool(paged_kv_cache, p, fn)
         if p.max_page is not None and p.max_page >= num_pages:

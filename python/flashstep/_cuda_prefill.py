@@ -117,18 +117,18 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
             _unsupported_run_args(fn, args, kwargs)
         p = self._require_plan()
         # The fast path for PyTorch tensors (PlanRun._run_paged says how it falls through).
-        if out is None and lse is None and type(q) in _TORCH_TYPES and type(k) in _TORCH_TYPES and \
-                type(v) in _TORCH_TYPES:
+        if type(q) in _TORCH_TYPES and type(k) in _TORCH_TYPES and type(v) in _TORCH_TYPES:
             t = p.torch or self._torch_plan(p)
             device = q.get_device()
             qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if (q.dtype is t.dtype and k.dtype is t.dtype and v.dtype is t.dtype and q.shape == p.q_shape and
                     k.shape == t.kv_shape and v.shape == t.kv_shape and q.is_contiguous() and k.is_contiguous() and
                     v.is_contiguous() and not (qp | kp | vp) % 16 and device >= 0 and
-                    device == k.get_device() == v.get_device() == self._ws.device):
+                    device == k.get_device() == v.get_device() == self._ws.device and
+                    (out is None and lse is None or self._torch_outputs_fit(p, t, out, lse, device))):
                 b = p.batch
                 b.q, b.k, b.v = qp, kp, vp
-                return self._torch_launch(p, t, q, device, return_lse)
+                return self._torch_launch(p, t, q, device, return_lse, out, lse)
         qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p.dtype,), shape=p.q_shape)
         kv_shape = (p.nnz_kv, p.num_kv_heads, p.head_dim)
         ka = check(device_array(k, fn, "k"), fn, "k", dtypes=(p.dtype,), shape=kv_shape)

@@ -4,7 +4,7 @@ import random
 
 from . import _capi
 from ._cuda_common import (_DeviceGuard, _check_on_device, _copy_to_host, _ptr)
-from ._tensors import check, current_stream, device_array, empty, same_device
+from ._tensors import _TORCH_TYPES, check, current_stream, device_array, empty, same_device
 
 
 # Stream words each call takes from a torch generator (its Philox offset advances by this):
@@ -51,10 +51,12 @@ def _from_generator(generator):
     if generator.device.type == "cuda":
         state = generator.get_state()
         seed, offset = (int(v) for v in state.view(torch.int64))
-        generator.set_state(torch.tensor([seed, offset + _GENERATOR_WORDS_PER_CALL], dtype=torch.int64).view(
-            torch.uint8))
+        # A generator's state is a CPU byte tensor whatever its device: built on the CPU
+        # explicitly, since torch.set_default_device("cuda") would put it on the GPU.
+        generator.set_state(torch.tensor([seed, offset + _GENERATOR_WORDS_PER_CALL], dtype=torch.int64,
+                                         device="cpu").view(torch.uint8))
         return seed % 2**64, offset
-    return int(torch.randint(0, 2**62, (1,), generator=generator).item()), 0
+    return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item()), 0
 
 
 def _converted(a, fn, name, dtype):
@@ -107,9 +109,89 @@ def _param(value, fn, name, dtype, batch, like, params, field, keep):
     setattr(params, field + "_arr", a.ptr)
 
 
+_NAMES = {}  # sampler name -> its bytes, as fs_sample takes it
+_WORKSPACE_BYTES = {}  # (name, rows, batch, vocab, filter order) -> fs_sampling_workspace_bytes' answer
+
+
+def _scalar(value):
+    return value is None or (type(value) in (int, float))
+
+
+def _torch_sample(op, fn, data, name, top_k, top_p, min_p, order, seed, offset, generator, with_status):
+    """The sampler's fast path for the call an engine makes: a contiguous PyTorch tensor of
+    rows read as they are (float32, or bfloat16 logits), one output per row, Python
+    numbers for the parameters. Returns (samples, status or None), or None where any of
+    that does not hold (the general path then checks, converts and names what is wrong).
+    It does what the general path does, less the general checks: one allocation a
+    result, the workspace size asked once per shape, the device made current only where
+    it is not."""
+    torch = _torch()
+    if not (data.dim() == 2 and _scalar(top_k) and _scalar(top_p) and _scalar(min_p) and data.is_contiguous()):
+        return None
+    dtype = data.dtype
+    if dtype is torch.bfloat16:
+        if name != "logits":
+            return None
+        input_dtype = 2
+    elif dtype is torch.float32:
+        input_dtype = 0
+    else:
+        return None
+    device = data.get_device()
+    if device < 0:
+        return None
+    batch, vocab = data.shape
+    order_code = 0 if order == "top_k_first" else 1
+    key = (op, batch, vocab, order_code)
+    need = _WORKSPACE_BYTES.get(key)
+    if need is None:
+        size = ctypes.c_size_t()
+        _capi.call("fs_sampling_workspace_bytes", op.encode(), batch, batch, vocab, order_code, ctypes.byref(size))
+        need = _WORKSPACE_BYTES[key] = size.value
+    params = _capi.SamplingParams()
+    params.top_k, params.top_p, params.min_p, params.temperature = top_k or 0, 1.0 if top_p is None else top_p, \
+        min_p or 0.0, 1.0
+    params.filter_apply_order, params.input_dtype = order_code, input_dtype
+    seed, offset = _seed_offset(seed, offset, generator, fn, _TorchRows(data, device))
+    samples = torch.empty(batch, dtype=torch.int32, device=data.device)
+    status = torch.empty(batch, dtype=torch.int32, device=data.device) if with_status else None
+    workspace = torch.empty(need, dtype=torch.uint8, device=data.device) if need else None
+    with _DeviceGuard(device if torch._C._cuda_getDevice() != device else None):
+        code = _capi._lib.fs_sample(_NAMES.get(op) or _NAMES.setdefault(op, op.encode()), data.data_ptr(), batch,
+                                    vocab, ctypes.byref(params), None, batch, seed, offset, samples.data_ptr(), None,
+                                    status.data_ptr() if with_status else None,
+                                    workspace.data_ptr() if need else None, need,
+                                    torch._C._cuda_getCurrentRawStream(device))
+    if code:
+        _capi.raise_status(code)
+    return samples, status
+
+
+class _TorchRows:
+    """What _seed_offset reads of the rows: their framework and device."""
+    kind = "torch"
+
+    def __init__(self, obj, device):
+        self.obj, self.device = obj, device
+
+
+def _torch():
+    import torch
+    return torch
+
+
 def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, order="top_k_first",
             seed=None, offset=None, generator=None, check_nan=False, return_status=False, return_valid=False):
     _seed_types(seed, offset, fn)
+    if indices is None and type(data) in _TORCH_TYPES and order in ("top_k_first", "joint"):
+        fast = _torch_sample(op, fn, data, name, top_k, top_p, min_p, order, seed, offset, generator,
+                             check_nan or return_status or return_valid)
+        if fast is not None:
+            samples, status = fast
+            if check_nan:
+                _raise_on_status(fn, status)
+            out = (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
+            return out if len(out) > 1 else samples
     rows = _rows(data, fn, name)
     idx = given_idx = None
     batch = rows.shape[0]

@@ -303,7 +303,7 @@ def host_copy(a, copy_from_device):
     src, nbytes, like) (which waits for the copy)."""
     if a.kind == "torch":
         import torch
-        out = torch.empty(a.size, dtype=torch.int32)
+        out = torch.empty(a.size, dtype=torch.int32, device="cpu")  # host memory under any default device
         obj, ptr = out, out.data_ptr()
     else:
         obj = array.array("i", bytes(4 * a.size))
