@@ -162,6 +162,27 @@ def _sampling(lib):
     return getattr(lib, "sampling", lib)  # flashinfer.sampling; flashstep.cuda has the names itself
 
 
+PROFILE_TOP = 0  # --profile N: cProfile's N costliest functions of each flashstep engine row
+
+
+def profile(call, calls, what):
+    """Where the host time of `call` goes: cProfile over `calls` calls, the costliest
+    functions by their own time, printed under `what`."""
+    import cProfile
+    import io
+    import pstats
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(PROFILE_TOP)
+    print(f"# profile of {what}, {calls} calls:")
+    print("\n".join("#   " + line for line in text.getvalue().splitlines() if line.strip()))
+
+
 def host_seconds(call, calls, rounds=5):
     """Host time of one call: the median over `rounds` of `calls` calls queued after the
     GPU went idle (few enough that the launch queue never fills and blocks the host)."""
@@ -191,9 +212,12 @@ def engine_rows(libs, ws, calls):
                 case.plan(w, t, levels, name == "FlashInfer")
                 o = torch.empty_like(case.q)
                 if kind == "ragged":
-                    row[name] = host_seconds(lambda: w.run(case.q, case.k, case.v, out=o), calls)
+                    call = lambda: w.run(case.q, case.k, case.v, out=o)  # noqa: E731
                 else:
-                    row[name] = host_seconds(lambda: w.run(case.q, case.pool, out=o), calls)
+                    call = lambda: w.run(case.q, case.pool, out=o)  # noqa: E731
+                row[name] = host_seconds(call, calls)
+                if PROFILE_TOP and name == "flashstep":
+                    profile(call, calls, row["call"])
             except Exception as e:  # noqa: BLE001
                 row[name + " error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         rows.append(row)
@@ -211,6 +235,8 @@ def engine_rows(libs, ws, calls):
                         x = inputs[what]
                         call(lib, x, kw)
                         row[name] = host_seconds(lambda: call(lib, x, kw), calls)
+                        if PROFILE_TOP and name == "flashstep":
+                            profile(lambda: call(lib, x, kw), calls, f"{row['call']} at {batch} x {vocab}")
                     except Exception as e:  # noqa: BLE001
                         row[name + " error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 rows.append(row)
@@ -227,7 +253,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--run-calls", type=int, default=2000)
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="print cProfile's N costliest functions of each flashstep engine row")
     args = parser.parse_args()
+    global PROFILE_TOP
+    PROFILE_TOP = args.profile
     sys.path.insert(0, "python")
     import flashstep.cuda as fsc
     usable, why = fsc.available()

@@ -49,6 +49,12 @@ def _from_generator(generator):
     (a CPU generator) gives one draw."""
     import torch
     if generator.device.type == "cuda":
+        if hasattr(generator, "get_offset"):
+            # The same two numbers read without a state tensor (PyTorch >= 2.2): initial_seed()
+            # is the Philox key, get_offset() its offset.
+            seed, offset = generator.initial_seed(), generator.get_offset()
+            generator.set_offset(offset + _GENERATOR_WORDS_PER_CALL)
+            return seed % 2**64, offset
         state = generator.get_state()
         seed, offset = (int(v) for v in state.view(torch.int64))
         # A generator's state is a CPU byte tensor whatever its device: built on the CPU
@@ -109,12 +115,9 @@ def _param(value, fn, name, dtype, batch, like, params, field, keep):
     setattr(params, field + "_arr", a.ptr)
 
 
-_NAMES = {}  # sampler name -> its bytes, as fs_sample takes it
-_WORKSPACE_BYTES = {}  # (name, rows, batch, vocab, filter order) -> fs_sampling_workspace_bytes' answer
-
-
-def _scalar(value):
-    return value is None or (type(value) in (int, float))
+_FAST = {}  # (name, dtype code, rows, vocab, parameters) -> (name bytes, workspace bytes, params, its pointer)
+_FAST_LIMIT = 256  # entries kept; an engine calls a few shapes and parameter values
+_TORCH = []  # torch and the dtypes the fast path compares with, once imported
 
 
 def _torch_sample(op, fn, data, name, top_k, top_p, min_p, order, seed, offset, generator, with_status):
@@ -122,46 +125,55 @@ def _torch_sample(op, fn, data, name, top_k, top_p, min_p, order, seed, offset, 
     rows read as they are (float32, or bfloat16 logits), one output per row, Python
     numbers for the parameters. Returns (samples, status or None), or None where any of
     that does not hold (the general path then checks, converts and names what is wrong).
-    It does what the general path does, less the general checks: one allocation a
-    result, the workspace size asked once per shape, the device made current only where
-    it is not."""
-    torch = _torch()
-    if not (data.dim() == 2 and _scalar(top_k) and _scalar(top_p) and _scalar(min_p) and data.is_contiguous()):
-        return None
-    dtype = data.dtype
-    if dtype is torch.bfloat16:
-        if name != "logits":
+    It does what the general path does, less the general checks: the workspace size and
+    the C parameters made once per shape and values (and kept), one allocation a result,
+    the device made current only where it is not."""
+    if not _TORCH:
+        import torch
+        _TORCH.extend((torch, torch.float32, torch.bfloat16, torch.int32, torch.uint8))
+    torch, f32, bf16, i32, u8 = _TORCH
+    for value in (top_k, top_p, min_p):
+        if value is not None and type(value) is not int and type(value) is not float:
             return None
-        input_dtype = 2
-    elif dtype is torch.float32:
+    dtype = data.dtype
+    if dtype is f32:
         input_dtype = 0
+    elif dtype is bf16 and name == "logits":
+        input_dtype = 2
     else:
         return None
     device = data.get_device()
-    if device < 0:
+    if device < 0 or data.dim() != 2 or not data.is_contiguous():
         return None
     batch, vocab = data.shape
-    order_code = 0 if order == "top_k_first" else 1
-    key = (op, batch, vocab, order_code)
-    need = _WORKSPACE_BYTES.get(key)
-    if need is None:
+    key = (op, input_dtype, batch, vocab, order, top_k, top_p, min_p)
+    entry = _FAST.get(key)
+    if entry is None:
+        order_code = 0 if order == "top_k_first" else 1
         size = ctypes.c_size_t()
         _capi.call("fs_sampling_workspace_bytes", op.encode(), batch, batch, vocab, order_code, ctypes.byref(size))
-        need = _WORKSPACE_BYTES[key] = size.value
-    params = _capi.SamplingParams()
-    params.top_k, params.top_p, params.min_p, params.temperature = top_k or 0, 1.0 if top_p is None else top_p, \
-        min_p or 0.0, 1.0
-    params.filter_apply_order, params.input_dtype = order_code, input_dtype
-    seed, offset = _seed_offset(seed, offset, generator, fn, _TorchRows(data, device))
-    samples = torch.empty(batch, dtype=torch.int32, device=data.device)
-    status = torch.empty(batch, dtype=torch.int32, device=data.device) if with_status else None
-    workspace = torch.empty(need, dtype=torch.uint8, device=data.device) if need else None
-    with _DeviceGuard(device if torch._C._cuda_getDevice() != device else None):
-        code = _capi._lib.fs_sample(_NAMES.get(op) or _NAMES.setdefault(op, op.encode()), data.data_ptr(), batch,
-                                    vocab, ctypes.byref(params), None, batch, seed, offset, samples.data_ptr(), None,
-                                    status.data_ptr() if with_status else None,
-                                    workspace.data_ptr() if need else None, need,
-                                    torch._C._cuda_getCurrentRawStream(device))
+        params = _capi.SamplingParams(top_k=top_k or 0, top_p=1.0 if top_p is None else top_p, min_p=min_p or 0.0,
+                                      temperature=1.0, filter_apply_order=order_code, input_dtype=input_dtype)
+        if len(_FAST) >= _FAST_LIMIT:
+            _FAST.clear()
+        entry = _FAST[key] = (op.encode(), size.value, params, ctypes.byref(params))
+    name_bytes, need, _, params_ref = entry
+    if type(seed) is not int or not 0 <= seed < 2**64 or (offset is not None and (
+            type(offset) is not int or not 0 <= offset < 2**64)):
+        seed, offset = _seed_offset(seed, offset, generator, fn, _TorchRows(data, device))
+    elif offset is None:
+        offset = 0
+    samples = torch.empty(batch, dtype=i32, device=device)
+    status = torch.empty(batch, dtype=i32, device=device) if with_status else None
+    workspace = torch.empty(need, dtype=u8, device=device) if need else None
+    args = (name_bytes, data.data_ptr(), batch, vocab, params_ref, None, batch, seed, offset, samples.data_ptr(),
+            None, status.data_ptr() if with_status else None, workspace.data_ptr() if need else None, need,
+            torch._C._cuda_getCurrentRawStream(device))
+    if torch._C._cuda_getDevice() == device:
+        code = _capi._lib.fs_sample(*args)
+    else:
+        with _DeviceGuard(device):
+            code = _capi._lib.fs_sample(*args)
     if code:
         _capi.raise_status(code)
     return samples, status
@@ -175,23 +187,19 @@ class _TorchRows:
         self.obj, self.device = obj, device
 
 
-def _torch():
-    import torch
-    return torch
-
-
 def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, order="top_k_first",
             seed=None, offset=None, generator=None, check_nan=False, return_status=False, return_valid=False):
-    _seed_types(seed, offset, fn)
-    if indices is None and type(data) in _TORCH_TYPES and order in ("top_k_first", "joint"):
+    if indices is None and type(data) in _TORCH_TYPES and (order == "top_k_first" or order == "joint"):
         fast = _torch_sample(op, fn, data, name, top_k, top_p, min_p, order, seed, offset, generator,
                              check_nan or return_status or return_valid)
         if fast is not None:
             samples, status = fast
             if check_nan:
                 _raise_on_status(fn, status)
-            out = (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
-            return out if len(out) > 1 else samples
+            if not (return_valid or return_status):
+                return samples
+            return (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
+    _seed_types(seed, offset, fn)
     rows = _rows(data, fn, name)
     idx = given_idx = None
     batch = rows.shape[0]

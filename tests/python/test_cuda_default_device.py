@@ -251,3 +251,20 @@ def test_run_with_out_and_lse_on_the_fast_path(torch, fsc, rng, kind):
         w.run(*args, out=torch.empty_like(q, dtype=torch.float16))
     with pytest.raises(ValueError, match="lse"):
         w.run(*args, lse=torch.empty(q.shape[0], hq + 1, dtype=torch.float32, device="cuda"))
+
+
+def test_a_cuda_generator_gives_its_state_and_moves_on(torch, fsc, rng):
+    """A CUDA generator's (seed, offset) is its Philox key and offset as its state tensor
+    holds them; the call advances the offset by the words a call may use (1 << 16), and
+    draws what an explicit seed and offset draw."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(int(rng.integers(2**62)))
+    probs = torch.softmax(torch.randn(9, 5000, generator=g, device="cuda"), -1)
+    for call in (lambda **kw: fsc.top_p_sampling_from_probs(probs, 0.8, **kw),
+                 lambda **kw: fsc.sampling_from_logits(probs.log(), **kw)):
+        state = g.get_state().view(torch.int64)
+        seed, offset = int(state[0]) % 2**64, int(state[1])
+        drawn = call(generator=g)
+        after = g.get_state().view(torch.int64)
+        assert int(after[0]) % 2**64 == seed and int(after[1]) == offset + (1 << 16)
+        assert torch.equal(drawn, call(seed=seed, offset=offset))
