@@ -17,6 +17,7 @@ stored GPU run of the same code exists (GPU cells skip on the machine that build
 import argparse
 import html
 import os
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -61,14 +62,32 @@ def stored_run(path, stored_dir):
     return nb
 
 
-def run_label(nb):
-    """One sentence naming where a stored run happened, from its metadata."""
+def commits_since(commit, repo):
+    """How many commits the tree at `repo` is past `commit` (None where git cannot tell)."""
+    try:
+        run = subprocess.run(["git", "-C", repo, "rev-list", "--count", f"{commit}..HEAD"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return int(run.stdout) if run.returncode == 0 and run.stdout.strip().isdigit() else None
+
+
+def run_label(nb, repo=None):
+    """Sentences naming where a stored run happened, from its metadata, and, where git can
+    tell, how far the tree these docs come from has moved since: the outputs are that
+    run's, not this build's."""
     meta = nb.metadata.get("flashstep", {})
     tree = " (a tree with changes)" if meta.get("tree") == "modified" else ""
-    return (f"The outputs below come from a run on an {meta.get('gpu', 'unknown GPU')} at commit "
-            f"`{meta.get('commit', 'unknown')}`{tree}, {meta.get('executed', 'date unknown')} (PyTorch "
-            f"{meta.get('torch', '?')}), stored in `docs/results/notebooks/` by `scripts/gpu-python.sh "
-            "notebooks`. Without a GPU its GPU cells skip, and the tests check that they do.")
+    commit = meta.get("commit", "unknown")
+    text = (f"The outputs below are not from this build: they come from a run on an "
+            f"{meta.get('gpu', 'unknown GPU')} at commit `{commit}`{tree}, {meta.get('executed', 'date unknown')} "
+            f"(PyTorch {meta.get('torch', '?')}), stored in `docs/results/notebooks/` by `scripts/gpu-python.sh "
+            "notebooks`.")
+    later = commits_since(commit, repo) if repo and commit != "unknown" else None
+    if later:
+        text += (f" The tree these docs were built from is {later} commit{'s' if later != 1 else ''} later: "
+                 "the stages and their speeds may have changed since; a new run on a GPU refreshes them.")
+    return text + " Without a GPU its GPU cells skip, and the tests check that they do."
 
 
 def render(path, out_dir, stored_dir=None):
@@ -93,7 +112,8 @@ def render(path, out_dir, stored_dir=None):
     with open(os.path.join(out_dir, "notebooks", name + ".html"), "w", encoding="utf-8") as f:
         f.write('<div class="flashstep-notebook">\n' + body + "\n</div>\n")
     if stored:
-        intro = [f"This page is the notebook `notebooks/{name}.ipynb`. {run_label(nb)} Execute it",
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        intro = [f"This page is the notebook `notebooks/{name}.ipynb`. {run_label(nb, repo)} Execute it",
                  "yourself after the README's commands, the way the tests do (it prints each cell's output):"]
     else:
         intro = [f"This page is the notebook `notebooks/{name}.ipynb`, executed while these docs were",

@@ -4,7 +4,9 @@
     docs_warnings.py WARNINGS.log --public PATH [PATH...] [--remove-on-failure FILE]
 
 Doxygen writes every warning to WARNINGS.log (WARN_LOGFILE, format "$file:$line: $text").
-All of them are printed. The build fails on:
+Fatal ones are printed in full; missing comments on internal helpers are summed up, one
+line per file with the first symbols it leaves undocumented (every warning stays in
+WARNINGS.log). The build fails on:
   - any warning in a public header: a file under one of the --public paths (the
     reference's headers and stages/stage.hpp, what another project includes);
   - any warning that is not about a missing comment (a broken \\ref or link, a bad
@@ -39,10 +41,22 @@ def main():
         in_public = any(path == x or path.startswith(x + os.sep) for x in public)
         if in_public or not UNDOCUMENTED.search(e):
             fatal.append(e)
-    for e in entries:
+    for e in fatal:
         print(e)
+    by_file = {}
+    for e in entries:
+        if e in fatal:
+            continue
+        m = re.match(r"(\S[^:]*):\d+: warning: (?:Member |Compound |The following parameters? of )?([\w:~<>]+)", e)
+        path, symbol = (m.group(1), m.group(2)) if m else ("?", e[:60])
+        root = os.path.commonpath(public) if len(public) > 1 else os.path.dirname(public[0])
+        shown_path = os.path.relpath(os.path.realpath(path), root) if path != "?" else path
+        by_file.setdefault(shown_path, []).append(symbol.split("::")[-1])
+    for path, symbols in sorted(by_file.items()):
+        shown = ", ".join(dict.fromkeys(symbols))
+        print(f"docs: {path}: {len(symbols)} undocumented ({shown[:110] + ' ...' if len(shown) > 110 else shown})")
     print(f"docs: {len(entries)} Doxygen warning(s), {len(fatal)} fatal "
-          "(public headers, or not about a missing comment)")
+          f"(public headers, or not about a missing comment); all of them in {a.log}")
     if fatal and a.remove_on_failure and os.path.exists(a.remove_on_failure):
         os.remove(a.remove_on_failure)
     return 1 if fatal else 0

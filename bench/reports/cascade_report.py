@@ -26,6 +26,7 @@ import sys
 
 from common import (context, fmt, load_shapes, parser, ratio, results_path, run_of_shapes, save_plot,
                     write_section)  # bench/reports/
+from plot_style import series_styles  # bench/reports/
 
 # Markers of its own: bench/reports/decode_report.py and the docs test of its sections leave this one to
 # this script.
@@ -106,12 +107,14 @@ def plot_sweep(run, rows, shapes, out_png):
     pairs = [speedups(rows, s) for s in shown]
     fig, ax = plt.subplots(figsize=(11, 4.2))
     width = 0.38
-    for k, (label, color) in enumerate([("05_cascade / fastest flat stage (02, 03, 04)", "tab:blue"),
-                                        ("FlashInfer cascade / its fastest flat decode", "tab:orange")]):
+    styles = series_styles(["05_cascade", "peer_flashinfer_cascade"])  # a colour and a hatch each
+    for k, (label, key) in enumerate([("05_cascade / fastest flat stage (02, 03, 04)", "05_cascade"),
+                                      ("FlashInfer cascade / its fastest flat decode", "peer_flashinfer_cascade")]):
+        color = styles[key].color
         xs = [i + (k - 0.5) * width for i in range(len(shown))]
         ys = [p[k] for p in pairs]
         ax.bar([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None], width,
-               label=label, color=color)
+               label=label, **styles[key].bar)
         for x, y in zip(xs, ys):
             if y is None:
                 ax.text(x, 1.0, "n/a", ha="center", va="bottom", fontsize=6, rotation=90, color=color)

@@ -33,6 +33,7 @@ import re
 import sys
 
 from common import fmt, load, load_shapes, medians, parser, results_path, save_plot  # bench/reports/
+from plot_style import series_styles  # bench/reports/
 
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HISTORY_BEGIN, HISTORY_END = "<!-- history:begin -->", "<!-- history:end -->"
@@ -245,7 +246,8 @@ def plot_bandwidth(path, run, rows, shapes, stages, out_png):
         dtype = row.get("label", "").split(" ")[0] if row else ""
         return f"{st} ({dtype})" if dtype and dtype != shown[0]["dtype"] else st
     impls = [(st, legend(st)) for st in stages] + peers_of(rows)
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    styles = series_styles([key for key, _ in impls])  # a colour and a hatch each, none shared
+    fig, ax = plt.subplots(figsize=(10, 5.4))
     width = 0.8 / len(impls)
     for i, (key, label) in enumerate(impls):
         xs, ys = [], []
@@ -255,7 +257,7 @@ def plot_bandwidth(path, run, rows, shapes, stages, out_png):
                 xs.append(j + (i - (len(impls) - 1) / 2) * width)
                 ys.append(r["GB/s"])
         if xs:
-            ax.bar(xs, ys, width, label=label)
+            ax.bar(xs, ys, width, label=label, **styles[key].bar)
     copy = run["ceilings"]["copy_ceiling_GB/s"]
     ax.axhline(copy, color="black", linestyle="--", linewidth=1, label=f"copy ceiling {copy:,.0f} GB/s")
     if "read_ceiling_GB/s" in run["ceilings"]:
@@ -267,7 +269,7 @@ def plot_bandwidth(path, run, rows, shapes, stages, out_png):
     ax.set_ylabel("GB/s (q + K + V + o + lse bytes / time)")
     ax.set_title(f"Decode bandwidth — {run['device'] or ''}, commit {run['commit'] or ''}",
                  fontsize=9)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4, frameon=False)  # under the bars
     fig.tight_layout()
     save_plot(fig, out_png)
 

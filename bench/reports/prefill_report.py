@@ -21,6 +21,7 @@ import sys
 
 from common import (context, fmt, load_shapes, parser, ratio, results_path, run_of_shapes, save_plot,
                     write_section)  # bench/reports/
+from plot_style import series_styles  # bench/reports/
 
 # Markers of its own (as stage 03's sweep has): bench/reports/decode_report.py and the docs test of its
 # sections leave this one to this script.
@@ -47,10 +48,12 @@ def plot_tflops(run, rows, shapes, out_png):
     shown = [s for s in shapes if s["mode"] == "prefill"]
     series = [(p, label) for p, label in SERIES if any(f"{p}{s['name']}" in rows for s in shown)]
     width = 0.8 / max(1, len(series))
+    styles = series_styles([p.rstrip("/") for p, _ in series])  # a colour and a hatch each, none shared
     fig, ax = plt.subplots(figsize=(10, 4.2))
     for k, (prefix, label) in enumerate(series):
         ys = [value(rows, f"{prefix}{s['name']}", "TFLOP/s") or 0 for s in shown]
-        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(shown))], ys, width, label=label)
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(shown))], ys, width, label=label,
+               **styles[prefix.rstrip("/")].bar)
     ax.set_xticks(range(len(shown)))
     ax.set_xticklabels([s["name"] for s in shown], rotation=25, ha="right", fontsize=7)
     ax.set_ylabel("TFLOP/s (visible pairs x 4 x head_dim / time)")

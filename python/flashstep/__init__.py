@@ -34,7 +34,9 @@ except ImportError:
             f"flashstep.{name}: the CPU reference module (_flashstep) is not built for this Python; build it "
             "with the README's commands, or use flashstep.cuda for the GPU stages")
 
-    __all__ = []
+    from ._compare import Comparison, compare, tolerance  # noqa: F401,E402  (numpy only)
+
+    __all__ = ["compare", "Comparison", "tolerance"]
 else:
     from . import _arguments
 
@@ -42,5 +44,8 @@ else:
 
     from ._flashstep import *  # noqa: F401,F403,E402
     from ._flashstep import __doc__ as _ext_doc  # noqa: F401,E402
+
+    # A kernel's output against the reference's, under the validation harness's rule and table.
+    from ._compare import Comparison, compare, tolerance  # noqa: F401,E402
 
     __all__ = [name for name in dir() if not name.startswith("_")]

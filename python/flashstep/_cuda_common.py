@@ -44,10 +44,35 @@ def _kv_dtype_name(dtype, fn, name):
     raise ValueError(f"{fn}: {name} must be float32, float16, bfloat16, float8_e4m3fn or float8_e5m2; got {dtype!r}")
 
 
+# What each layout's pages hold, for messages: (axis 2, axis 3) of a pool
+# (num_pages, 2, ., ., head_dim).
+_LAYOUT_AXES = {"NHD": ("page_size", "num_kv_heads"), "HND": ("num_kv_heads", "page_size")}
+
+
 def _layout(kv_layout, fn):
+    """kv_layout checked: "NHD" or "HND", exactly (FlashInfer's names); an error names `fn`."""
     if kv_layout not in _LAYOUTS:
-        raise ValueError(f"{fn}: kv_layout must be 'NHD' or 'HND'; got {kv_layout!r}")
+        hint = " (the names are upper case)" if isinstance(kv_layout, str) and kv_layout.upper() in _LAYOUTS else ""
+        raise ValueError(f"{fn}: kv_layout must be 'NHD' or 'HND' (page pools of (num_pages, 2, page_size, "
+                         f"num_kv_heads, head_dim) or (num_pages, 2, num_kv_heads, page_size, head_dim)); got "
+                         f"{kv_layout!r}{hint}")
     return kv_layout
+
+
+def _check_pool_layout(fn, name, shape, kv_layout, page_size, num_kv_heads, head_dim):
+    """Raises a plain ValueError when a page pool's `shape` (5-D, or a 4-D k or v half) does
+    not fit kv_layout's pages but does fit the other layout's: the pool was built in one
+    layout and the wrapper told the other. Any other shape is left to the general check."""
+    other = "HND" if kv_layout == "NHD" else "NHD"
+    axes = {"NHD": (page_size, num_kv_heads), "HND": (num_kv_heads, page_size)}
+    tail = tuple(shape[-3:]) if len(shape) >= 3 else ()
+    if tail == axes[kv_layout] + (head_dim,) or tail != axes[other] + (head_dim,):
+        return
+    raise ValueError(f"{fn}: {name} looks like {other}, kv_layout says {kv_layout}: its shape {tuple(shape)} has "
+                     f"{_LAYOUT_AXES[other][0]} {tail[0]} then {_LAYOUT_AXES[other][1]} {tail[1]}, where {kv_layout} "
+                     f"pages are ({', '.join(_LAYOUT_AXES[kv_layout])}, head_dim) = "
+                     f"({axes[kv_layout][0]}, {axes[kv_layout][1]}, {head_dim}); pass kv_layout=\"{other}\" to the "
+                     f"wrapper, or lay the pool out as {kv_layout}")
 
 
 def _positive_int(value, fn, name, minimum=1):

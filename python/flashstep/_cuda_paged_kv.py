@@ -70,6 +70,12 @@ def append_paged_kv_cache(append_key, append_value, batch_indices, positions, pa
         k_ptr, v_ptr, page_stride = pool.ptr, pool.ptr + inner * ITEMSIZE[cache_dtype], 2 * inner
         cache_arrays = [(pool, "paged_kv_cache")]
     if cache_heads != heads:
+        page_axes = (cache_arrays[0][0].shape[-3], cache_arrays[0][0].shape[-2])  # (page_size, heads) in NHD
+        if page_axes[0 if layout == "NHD" else 1] == heads:  # the heads sit where the other layout has them
+            other = "HND" if layout == "NHD" else "NHD"
+            raise ValueError(f"{fn}: paged_kv_cache looks like {other}, kv_layout says {layout}: append_key's "
+                             f"{heads} kv heads are on the cache's {other} heads axis (shape "
+                             f"{tuple(cache_arrays[0][0].shape)}); pass kv_layout=\"{other}\"")
         raise ValueError(f"{fn}: paged_kv_cache has {cache_heads} kv heads, append_key {heads}")
     arrays = [(k, "append_key"), (v, "append_value"), (bi, "batch_indices"), (pos, "positions"),
               (ind, "kv_indices"), (ip, "kv_indptr")] + cache_arrays

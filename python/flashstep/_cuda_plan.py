@@ -4,7 +4,8 @@ import ctypes
 import math
 
 from . import _capi
-from ._cuda_common import (_ALIGN, _aligned, _alloc_or_check, _arange, _check_backend, _check_on_device, default_stage,
+from ._cuda_common import (_ALIGN, _aligned, _alloc_or_check, _arange, _check_backend, _check_on_device,
+                           _check_pool_layout, default_stage,
                            _DeviceGuard, _DTYPES, _graph_safe, _host_view, _KV_DTYPES, _layout, _LAYOUTS, _page_locked,
                            _PAGED, _planned_options, _plans_from_page_ids, _positive_int, _PREFILL, _registry, _renamed,
                            _resolve_stage, _scale, _STAGE_CHOICES, _unsupported_run_args)
@@ -409,8 +410,9 @@ class PlanRun:
         if isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
-            k = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
-                      dtypes=(p.kv_dtype,), shape=(None,) + page, contiguous=False)
+            k = device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]")
+            _check_pool_layout(fn, "paged_kv_cache[0]", k.shape, self._kv_layout, ps, hk, d)
+            k = check(k, fn, "paged_kv_cache[0]", dtypes=(p.kv_dtype,), shape=(None,) + page, contiguous=False)
             v = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
                       dtypes=(p.kv_dtype,), shape=k.shape, contiguous=False)
             inner = ps * hk * d
@@ -419,8 +421,9 @@ class PlanRun:
                 raise ValueError(f"{fn}: the stages read one pool (num_pages, 2, ...): a (k_cache, v_cache) pair "
                                  "is accepted only as pool[:, 0] and pool[:, 1] of one contiguous tensor")
             return k, k.shape[0]
-        pool = check(device_array(paged_kv_cache, fn, "paged_kv_cache"), fn, "paged_kv_cache",
-                     dtypes=(p.kv_dtype,), shape=(None, 2) + page)
+        pool = device_array(paged_kv_cache, fn, "paged_kv_cache")
+        _check_pool_layout(fn, "paged_kv_cache", pool.shape, self._kv_layout, ps, hk, d)
+        pool = check(pool, fn, "paged_kv_cache", dtypes=(p.kv_dtype,), shape=(None, 2) + page)
         return pool, pool.shape[0]
 
     def run_return_lse(self, *args, **kwargs):

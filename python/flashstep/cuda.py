@@ -52,6 +52,7 @@ The code is split by wrapper family, each module private (import from here):
 ``_cuda_sampling``, and ``_cuda_common`` (dtypes, argument checks, the stage registry).
 """
 import ctypes
+import os
 
 from . import _capi
 from ._capi import LibraryNotFound  # noqa: F401  (part of the module's interface)
@@ -88,13 +89,28 @@ __all__ = [
 
 
 def available():
-    """(True, "") when the library loads and a CUDA device is usable; else (False, why)."""
+    """(True, "") when the library loads and a CUDA device is usable; else (False, why).
+    On a machine without an NVIDIA GPU, why is "no CUDA GPU found", as the flashstep
+    command says it, rather than the runtime's "CUDA driver version is insufficient"."""
     try:
         _capi.load()
         _capi.call("fs_set_device", 0, None)
     except (LibraryNotFound, RuntimeError, ValueError) as e:
-        return False, str(e)
+        return False, _why_unavailable(str(e))
     return True, ""
+
+
+# Where the NVIDIA driver puts its device nodes: with neither, the machine has no NVIDIA GPU.
+_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0")
+
+
+def _why_unavailable(message):
+    """The library's error, or "no CUDA GPU found" where it only means that: no device
+    (cudaErrorNoDevice), or no driver (cudaErrorInsufficientDriver) on a machine without an
+    NVIDIA device node, the same rule as the C++ side's gpu_available()."""
+    no_device = "no CUDA-capable device" in message
+    no_driver = "driver version is insufficient" in message and not any(os.path.exists(p) for p in _DEVICE_NODES)
+    return "no CUDA GPU found" if no_device or no_driver else message
 
 
 def stages():

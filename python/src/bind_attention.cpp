@@ -1,4 +1,5 @@
 // Attention entry points under FlashInfer's names and keyword arguments.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -11,15 +12,47 @@ namespace flashstep::python {
 
 namespace {
 
-ref::AttentionOptions make_options(bool causal, const std::string& kv_layout, std::optional<double> sm_scale,
-                                   int window_left, std::optional<double> logits_soft_cap) {
+// kv_layout, or an error that names the function and says what each layout holds.
+ref::KVLayout parse_layout(const std::string& kv_layout, const char* fn) {
+  if (kv_layout == "NHD") return ref::KVLayout::NHD;
+  if (kv_layout == "HND") return ref::KVLayout::HND;
+  throw ref::InvalidArgument(std::string(fn) +
+                             ": kv_layout must be \"NHD\" (pages of (page_size, num_kv_heads, head_dim), K/V of "
+                             "(kv_len, num_kv_heads, head_dim)) or \"HND\" (num_kv_heads first); got \"" +
+                             kv_layout + "\"");
+}
+
+ref::AttentionOptions make_options(const char* fn, bool causal, const std::string& kv_layout,
+                                   std::optional<double> sm_scale, int window_left,
+                                   std::optional<double> logits_soft_cap) {
   ref::AttentionOptions opt;
   opt.causal = causal;
-  opt.kv_layout = ref::parse_kv_layout(kv_layout);
+  opt.kv_layout = parse_layout(kv_layout, fn);
   opt.sm_scale = sm_scale;
   opt.window_left = window_left;
   opt.logits_soft_cap = logits_soft_cap.value_or(0.0);
   return opt;
+}
+
+// A pool built in one layout and passed under the other reads its page size off the
+// wrong axis, and the reference would then report a kv_last_page_len that does not fit it.
+// Where every last page fits the other layout's page size and one does not fit this
+// layout's, say what happened instead.
+void check_pool_layout(const ref::PagedKVCache& c, const char* fn) {
+  if (c.pages.shape.size() != 5 || c.kv_last_page_len.empty()) return;
+  const bool nhd = c.layout == ref::KVLayout::NHD;
+  const int64_t page_size = c.pages.dim(nhd ? 2 : 3), other_page_size = c.pages.dim(nhd ? 3 : 2);
+  const int32_t longest = *std::max_element(c.kv_last_page_len.begin(), c.kv_last_page_len.end());
+  const int32_t shortest = *std::min_element(c.kv_last_page_len.begin(), c.kv_last_page_len.end());
+  if (longest <= page_size || longest > other_page_size || shortest < 1) return;
+  const char* shown = nhd ? "NHD" : "HND";
+  const char* other = nhd ? "HND" : "NHD";
+  throw ref::InvalidArgument(std::string(fn) + ": paged_kv_cache looks like " + other + ", kv_layout says " + shown +
+                             ": its shape " + ref::shape_string(c.pages.shape) + " read as " + shown +
+                             " has page_size " + std::to_string(page_size) + ", which a kv_last_page_len of " +
+                             std::to_string(longest) + " does not fit; read as " + other + " it has page_size " +
+                             std::to_string(other_page_size) + ". Pass kv_layout=\"" + other +
+                             "\", or lay the pool out as " + shown);
 }
 
 py::object finish(const ref::AttentionResult& r, bool return_lse) {
@@ -33,7 +66,7 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
                                  const py::handle& kv_indices, const py::handle& kv_last_page_len,
                                  const std::string& kv_layout, const char* fn) {
   ref::PagedKVCache c;
-  c.layout = ref::parse_kv_layout(kv_layout);
+  c.layout = parse_layout(kv_layout, fn);
   if (py::isinstance<py::tuple>(paged_kv_cache) || py::isinstance<py::list>(paged_kv_cache)) {
     auto seq = py::reinterpret_borrow<py::sequence>(paged_kv_cache);
     if (seq.size() != 2)
@@ -57,6 +90,7 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
   c.kv_indptr = to_int32_vector(kv_indptr, fn, "kv_indptr");
   c.kv_indices = to_int32_vector(kv_indices, fn, "kv_indices");
   c.kv_last_page_len = to_int32_vector(kv_last_page_len, fn, "kv_last_page_len");
+  check_pool_layout(c, fn);
   return c;
 }
 
@@ -66,7 +100,7 @@ void bind_attention(py::module_& m) {
       [](const FloatArray& q, const FloatArray& k, const FloatArray& v, const std::string& kv_layout,
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_decode_with_kv_cache";
-        auto opt = make_options(false, kv_layout, sm_scale, window_left, logits_soft_cap);
+        auto opt = make_options(fn, false, kv_layout, sm_scale, window_left, logits_soft_cap);
         return finish(
             ref::single_decode_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_tensor(v, fn, "v"), opt),
             return_lse);
@@ -87,7 +121,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
       [](const FloatArray& q, const FloatArray& k, const FloatArray& v, bool causal, const std::string& kv_layout,
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_prefill_with_kv_cache";
-        auto opt = make_options(causal, kv_layout, sm_scale, window_left, logits_soft_cap);
+        auto opt = make_options(fn, causal, kv_layout, sm_scale, window_left, logits_soft_cap);
         return finish(
             ref::single_prefill_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_tensor(v, fn, "v"), opt),
             return_lse);
@@ -110,7 +144,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
          const IntArray& kv_last_page_len, const std::string& kv_layout, std::optional<double> sm_scale,
          int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_decode_with_paged_kv_cache";
-        auto opt = make_options(false, kv_layout, sm_scale, window_left, logits_soft_cap);
+        auto opt = make_options(fn, false, kv_layout, sm_scale, window_left, logits_soft_cap);
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
         return finish(ref::batch_decode_with_paged_kv_cache(to_tensor(q, fn, "q"), cache, opt), return_lse);
       },
@@ -133,7 +167,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
          const IntArray& kv_indices, const IntArray& kv_last_page_len, bool causal, const std::string& kv_layout,
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_prefill_with_paged_kv_cache";
-        auto opt = make_options(causal, kv_layout, sm_scale, window_left, logits_soft_cap);
+        auto opt = make_options(fn, causal, kv_layout, sm_scale, window_left, logits_soft_cap);
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
         return finish(ref::batch_prefill_with_paged_kv_cache(to_tensor(q, fn, "q"),
                                                              to_int32_vector(qo_indptr, fn, "qo_indptr"), cache, opt),
@@ -157,7 +191,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
          const IntArray& kv_indptr, bool causal, const std::string& kv_layout, std::optional<double> sm_scale,
          int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_prefill_with_ragged_kv_cache";
-        auto opt = make_options(causal, kv_layout, sm_scale, window_left, logits_soft_cap);
+        auto opt = make_options(fn, causal, kv_layout, sm_scale, window_left, logits_soft_cap);
         return finish(ref::batch_prefill_with_ragged_kv_cache(
                           to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"), to_tensor(k, fn, "k"),
                           to_tensor(v, fn, "v"), to_int32_vector(kv_indptr, fn, "kv_indptr"), opt),
