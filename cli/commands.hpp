@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -102,6 +103,15 @@ struct ServeOptions {
 };
 /// Runs the engine; prints the run (and the timing split with profile).
 int run_serve(const ServeOptions& opt, std::ostream& os);
+
+/// Options of `flashstep exercise` (list, check, hint).
+struct ExerciseOptions {
+  std::string action;            ///< "list", "check" or "hint"
+  std::string which;             ///< check, hint: the exercise's number or name
+  std::optional<uint64_t> seed;  ///< check: the seed of a CPU exercise's random inputs
+};
+/// Lists the exercises, runs one's built program (returning its exit code) or prints its hint.
+int run_exercise_command(const ExerciseOptions& opt, std::ostream& os);
 
 /// The part of the tour that needs a GPU: validate every registered stage (on the quick
 /// grid when `quick`) and print a table (stage, cases, max error, pass, time), or say why

@@ -1,4 +1,4 @@
-// The `flashstep` command: tour, explain, validate, bench, serve (CLI11 parses the command line;
+// The `flashstep` command: tour, explain, validate, bench, serve, exercise (CLI11 parses the command line;
 // commands.hpp does the work).
 //
 // Exit codes: 0 success (every check passed), 1 a check failed, 2 bad command line or
@@ -242,12 +242,31 @@ int main(int argc, char** argv) {
                       "Run decode steps as CUDA graphs captured at padded batch sizes (plan outside the graph)");
   serve_cmd->add_flag("--profile", serve.profile, "Time each step's phases with CUDA events (after a warm-up run)");
 
+  cli::ExerciseOptions exercise;
+  std::string exercise_seed;
+  auto* exercise_cmd = app.add_subcommand(
+      "exercise",
+      "The course's exercises: functions to fill in for each concept chapter (CPU, no GPU\n"
+      "needed) and one per stage (a kernel on a GPU; stage 09's on the CPU). list shows them,\n"
+      "check N runs one's built program, hint N gives a hint.");
+  exercise_cmd->require_subcommand(1, 1);
+  auto* exercise_list = exercise_cmd->add_subcommand("list",
+                                                     "Every exercise: number, name, topic, what it needs, file");
+  auto* exercise_check = exercise_cmd->add_subcommand(
+      "check", "Run exercise N's program (built from your file; this builds nothing) and show its verdict");
+  exercise_check->add_option("exercise", exercise.which, "Its number or name (see list)")->required();
+  auto* exercise_seed_opt = exercise_check
+                                ->add_option("--seed", exercise_seed, "Seed of a CPU exercise's inputs, 0 to 2^64-1")
+                                ->type_name("INT");
+  auto* exercise_hint = exercise_cmd->add_subcommand("hint", "Show exercise N's hint");
+  exercise_hint->add_option("exercise", exercise.which, "Its number or name (see list)")->required();
+
   // CLI11 reports an unknown command as "A subcommand is required"; name it instead.
   const std::string first = argc > 1 ? argv[1] : "";
   if (!first.empty() && first[0] != '-' && first != "tour" && first != "explain" && first != "validate" &&
-      first != "bench" && first != "serve") {
+      first != "bench" && first != "serve" && first != "exercise") {
     std::cerr << "flashstep: error: unknown command '" << argv[1]
-              << "' (commands: tour, explain, validate, bench, serve)\n"
+              << "' (commands: tour, explain, validate, bench, serve, exercise)\n"
                  "Run with --help for more information.\n";
     return kExitUsage;
   }
@@ -274,6 +293,11 @@ int main(int argc, char** argv) {
       return cli::run_validate(validate, std::cout, std::cerr);
     }
     if (*bench_cmd) return cli::run_bench(bench, std::cout);
+    if (*exercise_cmd) {
+      exercise.action = *exercise_list ? "list" : *exercise_check ? "check" : "hint";
+      if (*exercise_seed_opt) exercise.seed = parse_seed(exercise_seed, "--seed");
+      return cli::run_exercise_command(exercise, std::cout);
+    }
     if (*serve_cmd) {
       if (*serve_seed_opt) serve.seed = parse_seed(serve_seed, "--seed");
       if (*serve_requests_opt)
