@@ -16,12 +16,13 @@
 
 #include "05_cascade/cascade.hpp"
 #include "06_sampling/sampling.hpp"
-#include "09_engine/rope_gpu.hpp"
 #include "capi_kernels.hpp"
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/rope.hpp"
 #include "harness/compare.hpp"
+#include "harness/gpu_present.hpp"
 #include "registry.hpp"
+#include "rope/rope_gpu.hpp"
 #include "stage.hpp"
 
 namespace {
@@ -525,7 +526,7 @@ int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_
     } else {
       freqs = flashstep::ref::rope_frequencies(rotary_dim, rope_scale, rope_theta);
     }
-    st::engine::RopeLaunch l;
+    st::RopeLaunch l;
     l.dtype = to_dtype(dtype, fn);
     l.q = q;
     l.k = k;
@@ -541,7 +542,7 @@ int fs_apply_rope(int dtype, const void* q, const void* k, void* q_out, void* k_
     l.indptr = indptr;
     l.offsets = offsets;
     l.batch_size = batch_size;
-    st::engine::launch_rope(l, freqs, as_stream(stream));
+    st::launch_rope(l, freqs, as_stream(stream));
     check_cuda(cudaGetLastError(), fn);
   });
 }
@@ -672,9 +673,17 @@ int fs_pointer_device(const void* ptr, int* device, int* memory_type) {
 
 int fs_set_device(int device, int* previous) {
   return guarded("fs_set_device", [&] {
-    int current = 0;
+    int current = 0, count = 0;
     check_cuda(cudaGetDevice(&current), "fs_set_device");
     if (previous) *previous = current;
+    // The first call flashstep.cuda makes on a device: a GPU the stages cannot run on
+    // (older than sm_80, or one this build has no code for) is refused here, by name,
+    // before any kernel fails with "no kernel image".
+    check_cuda(cudaGetDeviceCount(&count), "fs_set_device");
+    if (device >= 0 && device < count) {
+      const std::string reason = st::harness::device_unsupported_reason(device);
+      if (!reason.empty()) throw std::runtime_error("fs_set_device: " + reason);
+    }
     if (current != device) check_cuda(cudaSetDevice(device), "fs_set_device");
   });
 }

@@ -248,6 +248,8 @@ FS_API int fs_sampling_status_name(int status, const char** name);
 /// unregistered host, 1 host, 2 device, 3 managed).
 FS_API int fs_pointer_device(const void* ptr, int* device, int* memory_type);
 /// Makes `device` current on this thread; `previous` (may be null) gets the one before.
+/// Fails, saying why, on a GPU the stages cannot run on: older than sm_80, or one whose
+/// architecture the library was not built for (flashstep.cuda's available() calls it).
 FS_API int fs_set_device(int device, int* previous);
 /// Copies `bytes` between any two pointers (host or device, found by unified addressing)
 /// on `stream`; waits for it when `synchronize` is non-zero.

@@ -19,7 +19,7 @@
 
 #include <flashstep/reference/errors.hpp>
 
-#include "cases.hpp"  // the GPU suite's case grids (tests/stages/cases.hpp), data only
+#include "harness/cases.hpp"
 #include "harness/device.hpp"
 #include "harness/validate.hpp"
 #include "registry.hpp"
@@ -39,7 +39,7 @@ using stages::harness::CaseSpec;
 // compute-sanitizer (every dtype, layout, head_dim, page sizes 1/16/64, GQA 7, an empty
 // request). Full: every grid of the GPU suite.
 std::vector<CaseSpec> case_grid(bool quick) {
-  namespace g = test::grids;
+  namespace g = stages::harness::grids;
   std::vector<std::vector<CaseSpec>> parts;
   if (quick) {
     parts = {g::decode_sanitizer_grid(), g::prefill_sanitizer_grid(), g::tensor_core_sanitizer_grid(),

@@ -22,8 +22,8 @@
 
 #include "09_engine/serve_results.hpp"
 #include "09_engine/step_floor.hpp"
-#include "launch_floor.hpp"  // bench/ceilings/
-#include "read_ceiling.hpp"  // bench/ceilings/
+#include "launch_floor.hpp"  // flashstep::ceilings (bench/ceilings/), the one library of bench/ the CLI links
+#include "read_ceiling.hpp"  // flashstep::ceilings
 
 namespace flashstep::cli {
 

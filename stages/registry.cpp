@@ -1,4 +1,4 @@
-// The stage registry: one line per stage, in teaching order.
+// The stage registry: one line per stage, in teaching order, and the kernels stages lend.
 #include "registry.hpp"
 
 #include "01_naive/naive.hpp"
@@ -23,6 +23,19 @@ const std::vector<StageInfo>& registry() {
       hopper::ragged_stage_info(),       // 07: the same over ragged K/V, every tile one TMA copy
   };
   return stages;
+}
+
+const std::vector<LevelKernel>& level_kernels() {
+  static const std::vector<LevelKernel> kernels = {
+      hopper::level_kernel(),  // 07 lends stage 05 its kernel for cascade levels (sm_90a)
+  };
+  return kernels;
+}
+
+const LevelKernel* find_level_kernel(const std::string& stage) {
+  for (const LevelKernel& k : level_kernels())
+    if (k.stage == stage) return &k;
+  return nullptr;
 }
 
 const StageInfo& find_stage(const std::string& name) {

@@ -4,8 +4,15 @@
 ///
 /// Adding a stage: give its folder a `stage_info()` (see 02_paged/paged.hpp) and add its
 /// one line to the table in registry.cpp.
+///
+/// The registry is also how a later stage lends a kernel to an earlier one. Sharing between
+/// stages goes forward only: stage 05 never includes stage 07. Where stage 05's planner can
+/// run a cascade level on stage 07's faster kernel, stage 07 lends it as a LevelKernel
+/// (plain function pointers over the types below), listed in registry.cpp, and stage 05
+/// finds it by name at run time.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,5 +27,60 @@ const std::vector<StageInfo>& registry();
 /// first entry: "04" is "04_tensor_core", not "04_tensor_core_ragged").
 /// Throws ref::InvalidArgument listing the known names otherwise.
 const StageInfo& find_stage(const std::string& name);
+
+/// One launch of a lent kernel over a view of a batch that its caller built (stage 05: one
+/// cascade level, its groups as requests, its CSR table and schedule in stage 05's
+/// workspace). Device pointers; the batch's are DeviceBatch's (paged: kv_pool and the CSR
+/// table; ragged: k, v and kv_indptr as token offsets).
+struct LevelLaunch {
+  const void* q = nullptr;                    ///< (nnz_qo, num_qo_heads, head_dim)
+  const void* k = nullptr;                    ///< ragged: (nnz_kv, num_kv_heads, head_dim)
+  const void* v = nullptr;                    ///< ragged: (nnz_kv, num_kv_heads, head_dim)
+  const void* kv_pool = nullptr;              ///< paged: the page pool
+  const int32_t* qo_indptr = nullptr;         ///< (batch_size + 1)
+  const int32_t* kv_indptr = nullptr;         ///< (batch_size + 1): pages, or ragged tokens
+  const int32_t* kv_indices = nullptr;        ///< paged: page ids
+  const int32_t* kv_last_page_len = nullptr;  ///< paged: (batch_size)
+  void* o = nullptr;                          ///< (nnz_qo, num_qo_heads, head_dim), no split
+  float* lse = nullptr;                       ///< (nnz_qo, num_qo_heads), no split
+  int64_t num_items = 0;                      ///< work items of the schedule
+  const int32_t* request_indices = nullptr;   ///< (num_items) work item -> request
+  const int32_t* qo_tile_indices = nullptr;   ///< (num_items) work item -> query tile
+  const int32_t* kv_chunk_indices = nullptr;  ///< (num_items) work item -> kv chunk; split only
+  int kv_chunk_size = 0;                      ///< 0: o and lse; else keys per chunk, partial rows
+  const int32_t* partial_indptr = nullptr;    ///< (nnz_qo + 1) partial rows per query row
+  float* partial_o = nullptr;                 ///< (partial rows, num_qo_heads, head_dim)
+  float* partial_lse = nullptr;               ///< (partial rows, num_qo_heads)
+};
+
+/// The work items of one launch (the arrays of stage 04's Schedule, which stage 07 plans too).
+struct LevelSchedule {
+  int Br = 0;                             ///< packed query rows per tile
+  int kv_chunk_size = 0;                  ///< keys per chunk; 0: no split
+  std::vector<int32_t> request_indices;   ///< work item -> request
+  std::vector<int32_t> qo_tile_indices;   ///< work item -> query tile of the request
+  std::vector<int32_t> kv_chunk_indices;  ///< work item -> kv chunk of the request
+  std::vector<int32_t> partial_indptr;    ///< split only: (nnz_qo + 1) partial rows per query row
+};
+
+/// A prefill kernel that a stage lends to an earlier stage's planner: it runs one view of a
+/// batch (a cascade level) into fp32 partial rows. Which batches it takes, and a runner for
+/// whole batches, are its stage's registry entry (find_stage(stage)).
+struct LevelKernel {
+  std::string stage;  ///< the lending stage's registry name, e.g. "07_hopper"
+  int key_tile = 0;   ///< keys per tile: a kv chunk is a positive multiple of it
+  /// The work items for `level` in chunks of `kv_chunk_size` keys (host only).
+  LevelSchedule (*make_schedule)(const BatchShape& level, int kv_chunk_size) = nullptr;
+  /// Allows the kernel for `level` its dynamic shared memory (a host call, in plan()).
+  void (*prepare)(const BatchShape& level) = nullptr;
+  /// Launches the kernel for `level` on `stream` (launches only; no merge).
+  void (*launch)(const BatchShape& level, const LevelLaunch& launch, cudaStream_t stream) = nullptr;
+};
+
+/// Every kernel a stage lends, one line per kernel in registry.cpp.
+const std::vector<LevelKernel>& level_kernels();
+
+/// The kernel the stage called `stage` lends ("07_hopper"), or nullptr where it lends none.
+const LevelKernel* find_level_kernel(const std::string& stage);
 
 }  // namespace flashstep::stages

@@ -3,6 +3,8 @@
 #include "stage.hpp"
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -38,6 +40,26 @@ int device_sm_count() {
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return sms;
+}
+
+size_t device_smem_optin() {
+  // rules ask it at every plan(), so each device is asked once (0: not yet)
+  static std::array<std::atomic<int>, 64> known{};
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  const bool cached = device >= 0 && device < static_cast<int>(known.size());
+  if (cached) bytes = known[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    if (cached) known[static_cast<size_t>(device)].store(bytes, std::memory_order_relaxed);
+  }
+  return static_cast<size_t>(bytes);
 }
 
 ScheduleStaging::~ScheduleStaging() {

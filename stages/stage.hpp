@@ -169,6 +169,10 @@ constexpr size_t align_up(size_t bytes) {
 }
 /// Multiprocessors of the current CUDA device (a host query; plan() sizes grids by it).
 int device_sm_count();
+/// Bytes of shared memory one block may opt into on the current CUDA device
+/// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on an H100, 163 KB on an A100, 99 KB
+/// on sm_86 and sm_89), asked once per device; 0 where no device can be asked.
+size_t device_smem_optin();
 
 /// What a CUDA stage's plan() needs of one kernel instantiation (dtype x head_dim x ...),
 /// and how its run() launches it. Each stage fills one per instantiation through the

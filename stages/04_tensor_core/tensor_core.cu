@@ -124,7 +124,11 @@ Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, int fp8_stages)
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
       FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
         if constexpr (!std::is_same_v<KV, T>) {
-          if (fp8_stages == 2) return kernel_entry<T, HEAD_DIM, KV, 2>();
+          // the default ring where the GPU gives a block its shared memory (always on an
+          // H100), else the 2-stage ring (sm_86/89 at head_dim 128: 112 KB of 99 KB)
+          const size_t optin = device_smem_optin();
+          const bool default_fits = optin == 0 || PrefillTraits<T, HEAD_DIM, KV>::smem_bytes() <= optin;
+          if (fp8_stages == 2 || (fp8_stages == 0 && !default_fits)) return kernel_entry<T, HEAD_DIM, KV, 2>();
         }
         return kernel_entry<T, HEAD_DIM, KV, 0>();
       });
@@ -206,9 +210,26 @@ void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspac
 TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
     : storage_(storage), options_(options) {}
 
+std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int fp8_stages) {
+  const size_t available = device_smem_optin();
+  if (available == 0) return {};
+  const Entry e = entry_for(shape, fp8_stages);
+  const size_t needed = e.smem_bytes(0, 0);
+  if (needed <= available) return {};
+  const bool fp8 = shape.resolved_kv_dtype() != shape.dtype;
+  return name + " needs " + std::to_string(needed) + " bytes of shared memory a block at head_dim " +
+         std::to_string(shape.head_dim) + " (" + to_string(shape.dtype) +
+         (fp8 ? std::string(" with an ") + to_string(shape.resolved_kv_dtype()) + " cache" : "") + "), more than the " +
+         std::to_string(available) + " this GPU allows";
+}
+
 Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   const char* fn = "TensorCoreRunner::plan";
-  const StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
+  StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
+  // the entry's rule for this runner's FP8 ring, which may be smaller than the default's
+  info.rules = [name = info.name, this](const BatchShape& shape) {
+    return shared_memory_rule(name, shape, options_.fp8_stages);
+  };
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
   ref::require(options_.fp8_stages == 0 || options_.fp8_stages == 2 || options_.fp8_stages == 3, fn,
@@ -353,6 +374,7 @@ StageInfo stage_info() {
   s.kv_layouts = {KVLayout::NHD, KVLayout::HND};
   s.max_page_size = kMaxPageSize;
   s.kv_dtypes = {DType::e4m3, DType::e5m2};  // FP8 pools: tiles widened to q's dtype in shared memory
+  s.rules = [](const BatchShape& shape) { return shared_memory_rule("04_tensor_core", shape); };
   s.make_runner = [] { return std::make_unique<TensorCoreRunner>(KVStorage::paged); };
   return s;
 }
@@ -363,6 +385,7 @@ StageInfo ragged_stage_info() {
   s.summary = "stage 04 over ragged (contiguous) K/V";
   s.storage = KVStorage::ragged;
   s.kv_layouts = {KVLayout::NHD};
+  s.rules = [](const BatchShape& shape) { return shared_memory_rule("04_tensor_core_ragged", shape); };
   s.make_runner = [] { return std::make_unique<TensorCoreRunner>(KVStorage::ragged); };
   return s;
 }

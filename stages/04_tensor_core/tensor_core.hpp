@@ -46,7 +46,8 @@ struct TensorCoreOptions {
   /// Keys per KV chunk, forcing a split (a multiple of 64); 0: plan() decides.
   int kv_chunk_size = 0;
   /// FP8 cache only: stages of the FP8 K/V ring, 2 (one tile in flight, as a 16-bit cache)
-  /// or 3 (two in flight, in the same shared memory); 0: 3. An A/B knob for the bench.
+  /// or 3 (two in flight, in the same shared memory); 0: 3, or 2 where the GPU cannot give
+  /// a block the 3-stage ring (sm_86 and sm_89 at head_dim 128). An A/B knob for the bench.
   int fp8_stages = 0;
 };
 
@@ -116,5 +117,13 @@ class TensorCoreRunner : public StageRunner {
 StageInfo stage_info();
 /// Stage 04's registry entry for ragged (contiguous, NHD) k/v.
 StageInfo ragged_stage_info();
+
+/// Empty when the current GPU lets one block of stage 04's kernel for `shape` have the
+/// shared memory it asks (PrefillTraits::smem_bytes: 192 KB at head_dim 256, more than an
+/// A100's 163 KB or sm_86/89's 99 KB); otherwise why not, naming `name`, the bytes needed
+/// and the bytes the GPU allows. Empty too where no GPU can be asked (a launch then fails
+/// on its own). The entries' rules, and stage 05's, whose levels run this kernel.
+/// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the ring plan() picks)
+std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int fp8_stages = 0);
 
 }  // namespace flashstep::stages::tensor_core

@@ -1,6 +1,8 @@
 // Stage 05 — cascade: the planner (levels, cost model, chunks), the workspace, the
 // per-level launches of stage 04's kernel (or, on sm_90a, stage 07's where the model
 // prices it cheaper: a shared level is a tall prefill tile), and the registry entry.
+// Stage 07 comes later, so this file does not include it: stage 07 lends its kernel
+// through the registry (LevelKernel, registry.hpp), found here by name.
 //
 // How to run it: `ctest -L gpu` validates it (tests/stages/test_cascade.cpp);
 // `flashstep_bench --shapes=bench/shapes_cascade.csv` times it against the flat stages.
@@ -22,10 +24,10 @@
 #include "04_tensor_core/tensor_core.hpp"
 #include "05_cascade/cascade.hpp"
 #include "05_cascade/merge_levels.cuh"
-#include "07_hopper/hopper.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "registry.hpp"  // find_level_kernel: stage 07's kernel, lent
 
 namespace flashstep::stages::cascade {
 
@@ -94,10 +96,38 @@ double tensor_core_seconds(const BatchShape& b, const CostModel& c, bool hopper 
                   bytes / c.tensor_core_bytes_per_second);
 }
 
+/// Stage 07's kernel as the registry lends it, and stage 07's registry entry (which
+/// batches it takes, a runner for the flat path); both null where none is registered.
+struct LentKernel {
+  const LevelKernel* kernel = nullptr;
+  const StageInfo* info = nullptr;
+};
+const LentKernel& hopper_kernel() {
+  static const LentKernel lent = [] {
+    LentKernel l;
+    l.kernel = find_level_kernel("07_hopper");
+    if (l.kernel != nullptr) l.info = &find_stage(l.kernel->stage);
+    return l;
+  }();
+  return lent;
+}
+
 /// Whether stage 07's kernel can run this level (an sm_90a build and GPU, head_dim 128, a
 /// group dividing its 128-row tile) and the options allow it.
 bool hopper_takes(const BatchShape& level, const CascadeOptions& o) {
-  return o.hopper && hopper::stage_info().unsupported_reason(level).empty();
+  return o.hopper && hopper_kernel().kernel != nullptr && hopper_kernel().info->unsupported_reason(level).empty();
+}
+
+/// Stage 04's form of the schedule a lent kernel planned (the same arrays).
+tensor_core::Schedule schedule_of(LevelSchedule&& l) {
+  tensor_core::Schedule s;
+  s.Br = l.Br;
+  s.kv_chunk_size = l.kv_chunk_size;
+  s.request_indices = std::move(l.request_indices);
+  s.qo_tile_indices = std::move(l.qo_tile_indices);
+  s.kv_chunk_indices = std::move(l.kv_chunk_indices);
+  s.partial_indptr = std::move(l.partial_indptr);
+  return s;
 }
 
 /// The flat path: stage 03 for the decode it can run (CUDA cores, memory-bound: groups up
@@ -368,7 +398,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     if (plan.flat_stage == "03_split_kv") {
       out->flat = split_kv::stage_info().make_runner();  // planned for CUDA graphs, as this stage is
     } else if (plan.flat_stage == "07_hopper") {
-      out->flat = std::make_unique<hopper::HopperRunner>();
+      out->flat = hopper_kernel().info->make_runner();  // stage 07's runner, from its registry entry
     } else {
       out->flat = std::make_unique<tensor_core::TensorCoreRunner>(KVStorage::paged);
     }
@@ -414,9 +444,8 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
       L.schedule.qo_tile_indices.resize(capacity, 0);
       L.schedule.kv_chunk_indices.resize(capacity, 0);
     } else if (L.hopper) {
-      hopper::HopperOptions hopt;
-      hopt.kv_chunk_size = level_chunk(L.shape, hopper_target, hopper::kKeyTile);
-      L.schedule = hopper::HopperRunner(hopt).make_schedule(L.shape);
+      const LevelKernel& lent = *hopper_kernel().kernel;
+      L.schedule = schedule_of(lent.make_schedule(L.shape, level_chunk(L.shape, hopper_target, lent.key_tile)));
     } else {
       tensor_core::TensorCoreOptions topt;
       topt.kv_chunk_size = level_chunk(L.shape, target);
@@ -525,7 +554,7 @@ void CascadeRunner::commit(const BatchShape& shape, std::unique_ptr<Prepared> p,
     // the levels' kernels need more dynamic shared memory than a launch gets by default
     prefill_blocks_per_sm(shape.dtype, shape.head_dim);
     for (const Prepared::Level& L : p->levels)
-      if (L.hopper) hopper::prepare_hopper_attention(L.shape);
+      if (L.hopper) hopper_kernel().kernel->prepare(L.shape);
   }
   uploaded_bytes_ = 0;
   if (p->plan.path == Path::cascade && p->staged_bytes > 0) {
@@ -596,7 +625,7 @@ void CascadeRunner::launch_levels(const DeviceBatch& batch, cudaStream_t stream)
     for (const Prepared::Level& L : prepared_->levels) {
       if (L.hopper) {
         // stage 07's kernel over the same view: the level's CSR table, schedule and rows
-        hopper::HopperLaunch h;
+        LevelLaunch h;
         h.q = batch.q;
         h.kv_pool = batch.kv_pool;
         h.qo_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.qo_indptr);
@@ -611,7 +640,7 @@ void CascadeRunner::launch_levels(const DeviceBatch& batch, cudaStream_t stream)
         h.partial_indptr = reinterpret_cast<const int32_t*>(workspace_ + L.rows);
         h.partial_o = reinterpret_cast<float*>(workspace_ + prepared_->partial_o);
         h.partial_lse = reinterpret_cast<float*>(workspace_ + prepared_->partial_lse);
-        hopper::launch_hopper_attention(L.shape, h, stream);
+        hopper_kernel().kernel->launch(L.shape, h, stream);
         continue;
       }
       tensor_core::PrefillParams<T> p;
@@ -692,6 +721,8 @@ StageInfo stage_info() {
   s.window_left = false;  // a window needs key positions, which shared levels do not carry
   s.logits_soft_cap = true;
   s.needs_host_page_table = true;
+  // its levels run stage 04's kernel, whose tiles must fit the GPU's shared memory
+  s.rules = [](const BatchShape& shape) { return tensor_core::shared_memory_rule("05_cascade", shape); };
   s.make_runner = [] { return std::make_unique<CascadeRunner>(); };
   return s;
 }

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+
 #include "06_sampling/sampling.hpp"
 
 namespace flashstep::stages::sampling::detail {
@@ -65,6 +67,23 @@ PassMode pass_mode();
 /// Overrides the environment's PassMode for every later launch (benchmarks: one process
 /// times several modes; not thread-safe, set it between calls).
 void set_pass_mode(const PassMode& mode);
+
+/// Lets `kernel` take up to `bytes` of dynamic shared memory, or, where the current GPU
+/// gives a block less beside the kernel's static shared memory, all it gives (a block may
+/// opt into 227 KB on an H100, 163 KB on an A100, 99 KB on sm_86 and sm_89). Returns the
+/// bytes allowed. Once per kernel: the callers keep the answer in a static.
+size_t allow_dynamic_smem(const void* kernel, size_t bytes);
+
+/// The pass mode of one launch: `p` as given where the dynamic shared memory it asks,
+/// ring(p), fits in `allowed` bytes (always on an H100); otherwise without stream_tiles'
+/// ring, then, if that is not enough, without the candidate list. Neither mode changes a
+/// token or an output, only the time.
+template <typename Params, typename Ring>
+Params fit_pass_mode(Params p, size_t allowed, Ring ring) {
+  if (ring(p) > allowed) p.stream = false;
+  if (ring(p) > allowed) p.compact = false;
+  return p;
+}
 
 /// Throws ref::InvalidArgument naming `fn` and the argument for bad host-side arguments
 /// (bf16 rows only where `bf16_allowed`: the operators that take logits).

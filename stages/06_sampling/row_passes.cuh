@@ -270,6 +270,16 @@ constexpr int kMaxTiles = 64;
 /// Most blocks that share one row (a cluster of 16 is H100's non-portable maximum).
 constexpr int kMaxCluster = 16;
 
+// Thread-block clusters and distributed shared memory exist from sm_90 on. Where this
+// file is compiled for an older GPU (sm_80, sm_86, sm_89) the cluster code below is a
+// trap, and the host never launches it there (sampling.cu: clusters_that_fit finds no
+// cluster kernel built for sm_90), so rows go one block each. The host pass sees it all.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define FLASHSTEP_SAMPLING_HAS_CLUSTERS 1
+#else
+#define FLASHSTEP_SAMPLING_HAS_CLUSTERS 0
+#endif
+
 /// Which tiles of the row this block reads in the counting passes, and the parity of the
 /// exchange buffers the last pass wrote (CLUSTER only; see cluster_combine).
 struct RowSplit {
@@ -554,6 +564,7 @@ __device__ __forceinline__ T broadcast(T value, T& slot) {
 template <typename T, typename Op>
 __device__ T cluster_combine(const T& mine, T (&parts)[2][kMaxCluster], int sets, int64_t tiles, Op op, T& slot,
                              SharedState& sh, const RowSplit& sp) {
+#if FLASHSTEP_SAMPLING_HAS_CLUSTERS
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int ph = sp.phase;
@@ -578,6 +589,10 @@ __device__ T cluster_combine(const T& mine, T (&parts)[2][kMaxCluster], int sets
   const T result = slot;
   __syncthreads();
   return result;
+#else
+  __trap();  // no clusters before sm_90 (see FLASHSTEP_SAMPLING_HAS_CLUSTERS)
+  return mine;
+#endif
 }
 
 /// The tiles of a row of `vocab` entries, VEC a thread.

@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
 /// computes the same token, rank 0 writes it.
 template <FilterKind KIND>
 __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(SamplerParams p) {
+#if FLASHSTEP_SAMPLING_HAS_CLUSTERS
   __shared__ SharedState sh;
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   RowSplit sp;
@@ -323,6 +324,9 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(Samp
     if (p.rounds) p.rounds[out] = ok ? d.rounds : 0;
     if (p.status) p.status[out] = static_cast<int32_t>(d.status);
   }
+#else
+  __trap();  // compiled for a GPU without clusters, where the host never launches it
+#endif
 }
 
 }  // namespace device
@@ -365,28 +369,20 @@ size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
   return ring > list ? ring : list;
 }
 
-/// Lets `kernel` take `bytes` of dynamic shared memory (once per kernel and size).
-template <typename Kernel>
-void allow_ring(Kernel kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    FLASHSTEP_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <FilterKind KIND, device::Source SOURCE, bool VECTOR_LOADS>
 void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t stream) {
   constexpr int64_t kEntry = SOURCE == device::Source::bf16_logits ? 2 : 4;
-  device::SamplerParams q = p;
-  q.stream = q.stream && VECTOR_LOADS;  // the ring only for aligned rows; the list for any
-  const size_t ring = ring_bytes(q, kEntry);
-  static const bool allowed =
-      (allow_ring(device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>,
-                  std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry + device::kFuseListBytes,
-                           device::kListBytes)),
-       true);
-  static_cast<void>(allowed);
-  device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>
-      <<<static_cast<unsigned>(batch), device::kBlock, ring, stream>>>(p);
+  const auto kernel = device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>;
+  static const size_t allowed = allow_dynamic_smem(
+      reinterpret_cast<const void*>(kernel),
+      std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry + device::kFuseListBytes,
+               device::kListBytes));
+  const auto ring_of = [](device::SamplerParams q) {
+    q.stream = q.stream && VECTOR_LOADS;  // the ring only for aligned rows; the list for any
+    return ring_bytes(q, kEntry);
+  };
+  const device::SamplerParams launched = fit_pass_mode(p, allowed, ring_of);
+  kernel<<<static_cast<unsigned>(batch), device::kBlock, ring_of(launched), stream>>>(launched);
   kernels::check_launch("rejection_sampling_kernel");
 }
 
@@ -403,15 +399,23 @@ int cluster_cap() {
 
 /// How many clusters of c blocks of the cluster kernel fit on the GPU at once (c = 2, 4,
 /// 8, 16; 0 where the GPU or the build cannot launch them), asked once per kernel from
-/// the current device (16 needs the non-portable cluster size).
+/// the current device (16 needs the non-portable cluster size). The build cannot where
+/// the code this GPU runs was compiled for an architecture below sm_90 (an A100, or an
+/// sm_80 build JIT-compiled for an H100): there the kernel is a trap (row_passes.cuh).
 template <FilterKind KIND>
 int clusters_that_fit(int c) {
   static const std::array<int, 5> fit = [] {
     std::array<int, 5> n{};
     const auto kernel = device::rejection_sampling_cluster_kernel<KIND>;
+    cudaFuncAttributes built{};  // of the image the current GPU runs
+    if (cudaFuncGetAttributes(&built, kernel) != cudaSuccess) {
+      cudaGetLastError();
+      return n;
+    }
+    if ((built.ptxVersion > 0 ? built.ptxVersion : built.binaryVersion) < 90) return n;
     const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4 +
                         device::kFuseListBytes;  // the most a launch asks
-    allow_ring(kernel, ring);
+    if (allow_dynamic_smem(reinterpret_cast<const void*>(kernel), ring) < ring) return n;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       cudaGetLastError();
       return n;
@@ -503,6 +507,22 @@ void launch_source(const device::SamplerParams& p, int64_t batch, bool logits, E
   }
 }
 }  // namespace
+
+size_t allow_dynamic_smem(const void* kernel, size_t bytes) {
+  int device = 0, optin = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attr{};
+  FLASHSTEP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  // what a block may opt into, less the kernel's own static shared memory
+  const size_t optin_bytes = static_cast<size_t>(optin);
+  const size_t room = optin_bytes > attr.sharedSizeBytes ? optin_bytes - attr.sharedSizeBytes : 0;
+  const size_t allowed = std::min(bytes, room);
+  if (allowed > 48 * 1024)
+    FLASHSTEP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(allowed)));
+  return allowed;
+}
 
 namespace {
 /// An on/off switch from the environment, read once: `fallback` unless set to "0" or "1".

@@ -533,12 +533,13 @@ void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t st
   const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS, ADD>;
   // the ring (streamed passes), then the candidate list (count cuts)
   constexpr size_t kRing = device::stream_bytes<16, In>() + device::kTransformListBytes;
-  static const bool allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(kRing)) == cudaSuccess;
-  const size_t ring = (VECTOR_LOADS && p.stream ? device::stream_bytes<16, In>() : size_t{0}) +
-                      (p.compact && T != device::Transform::softmax ? device::kTransformListBytes : size_t{0});
-  if (ring > 0 && !allowed) throw ref::InvalidArgument("transform_kernel: the shared-memory ring does not fit");
-  kernel<<<grid, device::kBlock, ring, stream>>>(p);
+  static const size_t allowed = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kRing);
+  const auto ring_of = [](const device::TransformParams& q) {
+    return (VECTOR_LOADS && q.stream ? device::stream_bytes<16, In>() : size_t{0}) +
+           (q.compact && T != device::Transform::softmax ? device::kTransformListBytes : size_t{0});
+  };
+  const device::TransformParams launched = fit_pass_mode(p, allowed, ring_of);
+  kernel<<<grid, device::kBlock, ring_of(launched), stream>>>(launched);
 }
 
 template <device::Transform T, typename In, bool VECTOR_LOADS = false>

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "04_tensor_core/prefill_attention.cuh"  // set_score_transform
 #include "04_tensor_core/tensor_core.hpp"        // kMaxPageSize
@@ -427,6 +428,28 @@ StageInfo stage_info() {
   s.head_dims = {128, 256};
   s.make_runner = [] { return std::make_unique<HopperRunner>(); };
   return s;
+}
+
+LevelKernel level_kernel() {
+  LevelKernel k;
+  k.stage = "07_hopper";
+  k.key_tile = kKeyTile;
+  k.make_schedule = [](const BatchShape& level, int kv_chunk_size) {
+    HopperOptions options;
+    options.kv_chunk_size = kv_chunk_size;
+    Schedule s = HopperRunner(options).make_schedule(level);
+    LevelSchedule l;
+    l.Br = s.Br;
+    l.kv_chunk_size = s.kv_chunk_size;
+    l.request_indices = std::move(s.request_indices);
+    l.qo_tile_indices = std::move(s.qo_tile_indices);
+    l.kv_chunk_indices = std::move(s.kv_chunk_indices);
+    l.partial_indptr = std::move(s.partial_indptr);
+    return l;
+  };
+  k.prepare = &prepare_hopper_attention;
+  k.launch = &launch_hopper_attention;
+  return k;
 }
 
 StageInfo ragged_stage_info() {

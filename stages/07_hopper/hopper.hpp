@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "04_tensor_core/tensor_core.hpp"  // Schedule
+#include "registry.hpp"                    // LevelLaunch, LevelKernel
 #include "stage.hpp"
 
 namespace flashstep::stages::hopper {
@@ -54,31 +55,9 @@ class HopperRunner : public StageRunner {
   ScheduleStaging staging_;  // the schedule's pinned staging, one copy per plan
 };
 
-/// One launch of the kernel, for a later stage that builds its own view of the batch and
-/// schedule (stage 05 runs one per cascade level, into its own partial rows). Pointers are
-/// device pointers; the batch's are DeviceBatch's (paged: kv_pool and the CSR table;
-/// ragged: k, v and kv_indptr as token offsets).
-struct HopperLaunch {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  const void* kv_pool = nullptr;
-  const int32_t* qo_indptr = nullptr;
-  const int32_t* kv_indptr = nullptr;
-  const int32_t* kv_indices = nullptr;
-  const int32_t* kv_last_page_len = nullptr;
-  void* o = nullptr;
-  float* lse = nullptr;
-  // the schedule (make_schedule's arrays, in device memory)
-  int64_t num_items = 0;
-  const int32_t* request_indices = nullptr;
-  const int32_t* qo_tile_indices = nullptr;
-  const int32_t* kv_chunk_indices = nullptr;  ///< split only
-  int kv_chunk_size = 0;                      ///< 0: o and lse; else partial rows
-  const int32_t* partial_indptr = nullptr;
-  float* partial_o = nullptr;
-  float* partial_lse = nullptr;
-};
+/// One launch of the kernel over a view of a batch its caller built: the registry's
+/// LevelLaunch, the form in which this stage lends the kernel to stage 05 (level_kernel()).
+using HopperLaunch = LevelLaunch;
 /// Launches the kernel for `shape` (its dtype, head_dim, storage, heads, mask, scale, and
 /// qo_indptr.back() as the size of q) with `l` on `stream`: launches only (the tensor maps
 /// are encoded here, a few microseconds of host work). No merge.
@@ -95,5 +74,10 @@ std::string hopper_unavailable_reason();
 /// Stage 07's registry entries: paged K/V (NHD and HND), and ragged K/V.
 StageInfo stage_info();
 StageInfo ragged_stage_info();
+
+/// The kernel this stage lends to stage 05's cascade levels, through the registry
+/// (level_kernels()): schedules of 128-key chunks, prepare_hopper_attention and
+/// launch_hopper_attention.
+LevelKernel level_kernel();
 
 }  // namespace flashstep::stages::hopper

@@ -17,7 +17,6 @@
 #include "05_cascade/cascade.hpp"
 #include "06_sampling/sampling.hpp"
 #include "09_engine/pod_attention.hpp"
-#include "09_engine/rope_gpu.hpp"
 #include "09_engine/step_arrays.hpp"
 #include "09_engine/tuned_gemm.hpp"
 #include "flashstep/kernels/append_paged.cuh"
@@ -26,6 +25,7 @@
 #include "flashstep/reference/rope.hpp"
 #include "flashstep/reference/sampling.hpp"
 #include "registry.hpp"
+#include "rope/rope_gpu.hpp"
 
 namespace flashstep::stages::engine {
 

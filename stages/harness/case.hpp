@@ -2,7 +2,7 @@
 /// \brief A validation case: a spec (pure data, written in the test grids) and the host
 /// case built from it with a seed (inputs, page table, storage, reference answer).
 ///
-/// Correctness grids (tests/stages/cases.hpp) and benchmark shapes (bench/shapes.csv)
+/// Correctness grids (stages/harness/cases.hpp) and benchmark shapes (bench/shapes.csv)
 /// are both lists of CaseSpec-like data, kept apart: small ragged edge cases here,
 /// large uniform shapes there.
 #pragma once

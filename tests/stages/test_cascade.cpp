@@ -11,11 +11,11 @@
 #include <string>
 
 #include "05_cascade/cascade.hpp"
-#include "cases.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/cascade.hpp"
 #include "flashstep/reference/errors.hpp"
 #include "grid_runner.hpp"
+#include "harness/cases.hpp"
 #include "harness/compare.hpp"
 #include "harness/device.hpp"
 #include "harness/validate.hpp"
@@ -25,7 +25,7 @@ using namespace flashstep;
 using namespace flashstep::stages;
 using namespace flashstep::stages::harness;
 using flashstep::test::check_grid;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 namespace {
 

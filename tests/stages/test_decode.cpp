@@ -1,13 +1,13 @@
-// Decode grids (tests/stages/cases.hpp) run through every stage that supports them:
+// Decode grids (stages/harness/cases.hpp) run through every stage that supports them:
 // 02_paged and later paged stages on the page table, 01_naive on contiguous KV (fp32).
 #include <doctest/doctest.h>
 
-#include "cases.hpp"
 #include "02_paged/paged.hpp"
 #include "grid_runner.hpp"
+#include "harness/cases.hpp"
 
 using flashstep::test::check_grid;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 TEST_CASE(
     "decode: edge grid, batch {1,12,17} x kv_len {1,15,16,17,54,97} x page {1,8,16} x 4 head configs x head_dim {64,128,256}") {

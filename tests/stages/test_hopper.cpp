@@ -4,8 +4,8 @@
 
 #include "07_hopper/hopper.hpp"
 #include "flashstep/reference/errors.hpp"
-#include "cases.hpp"
 #include "grid_runner.hpp"
+#include "harness/cases.hpp"
 #include "harness/validate.hpp"
 #include "registry.hpp"
 #include "support/random.hpp"
@@ -15,7 +15,7 @@
 
 using namespace flashstep;
 using namespace flashstep::stages;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 TEST_CASE("07_hopper: tails of the 128-row, 128-key tiles, groups 1..32, head_dim 64, 128 and 256, causal and not") {
   // over ragged K/V and over shuffled pages of 1, 3, 16 and 64 tokens, NHD and HND

@@ -5,15 +5,15 @@
 #include <cmath>
 
 #include "01_naive/naive.hpp"
-#include "cases.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/attention.hpp"
 #include "grid_runner.hpp"
+#include "harness/cases.hpp"
 #include "harness/device.hpp"
 
 using namespace flashstep;
 using flashstep::test::check_grid;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 TEST_CASE(
     "prefill: grid, batch {1,5} x qo_len {1,7,17} x kv_len {1,17,97} x causal x 3 head configs x head_dim {64,128,256}") {

@@ -19,19 +19,19 @@
 
 #include "03_split_kv/split_kv.hpp"
 #include "04_tensor_core/tensor_core.hpp"
-#include "09_engine/rope_gpu.hpp"
-#include "cases.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/rope.hpp"
 #include "grid_runner.hpp"
+#include "harness/cases.hpp"
 #include "harness/device.hpp"
 #include "harness/validate.hpp"
 #include "registry.hpp"
+#include "rope/rope_gpu.hpp"
 
 using namespace flashstep;
 using namespace flashstep::stages;
 using flashstep::test::check_grid;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 namespace {
 
@@ -361,7 +361,7 @@ TEST_CASE("rope_llama timing: RoPE kernel + attention vs RoPE in the attention's
     plain_batch.q = q_rot.get();
     fused_batch.q = q.get();
 
-    stages::engine::RopeLaunch r;
+    stages::RopeLaunch r;
     r.dtype = DType::f16;
     r.q = q.get();
     r.k = k_new.get();
@@ -375,12 +375,11 @@ TEST_CASE("rope_llama timing: RoPE kernel + attention vs RoPE in the attention's
     r.pos_ids = static_cast<const int32_t*>(pos.get());
     const std::vector<double> freqs = ref::rope_frequencies(d, 1.0, 1e4);
 
-    const double rope_ms = median_ms([&] { stages::engine::launch_rope(r, freqs, stream); }, stream, flush.get(),
-                                     flush_bytes);
+    const double rope_ms = median_ms([&] { stages::launch_rope(r, freqs, stream); }, stream, flush.get(), flush_bytes);
     const double attn_ms = median_ms([&] { plain->run(plain_batch, stream); }, stream, flush.get(), flush_bytes);
     const double both_ms = median_ms(
         [&] {
-          stages::engine::launch_rope(r, freqs, stream);
+          stages::launch_rope(r, freqs, stream);
           plain->run(plain_batch, stream);
         },
         stream, flush.get(), flush_bytes);

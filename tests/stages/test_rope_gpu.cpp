@@ -1,4 +1,5 @@
-// Stage 09's RoPE kernel against the reference (flashstep/reference/rope.hpp): both
+// The RoPE kernel that stage 09's engine and capi/ share (kernels/flashstep/kernels/rope.cuh,
+// launched by stages/rope/) against the reference (flashstep/reference/rope.hpp): both
 // layouts, partial rotary_dim, plain and Llama 3.1 frequencies, positions given per row or
 // from a ragged batch's offsets (empty requests included), positions past 100000, in
 // place and not, fp32/fp16/bf16. The inputs are rounded to the dtype before the reference
@@ -10,17 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "09_engine/rope_gpu.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/rope.hpp"
 #include "harness/device.hpp"
 #include "harness/dtype_convert.hpp"
+#include "rope/rope_gpu.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
 using stages::DType;
-using stages::engine::RopeLaunch;
+using stages::RopeLaunch;
 namespace harness = stages::harness;
 
 namespace {
@@ -130,7 +131,7 @@ int64_t check_case(const RopeCase& c, std::mt19937_64& rng) {
     l.k = l.k_out = static_cast<uint8_t*>(drows.get()) + static_cast<size_t>(qw) * elem;
     l.q_stride = l.k_stride = l.k_out_stride = width;
   }
-  stages::engine::launch_rope(l, freqs, nullptr);
+  stages::launch_rope(l, freqs, nullptr);
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<uint8_t> gq(qb.size()), gk(kb.size());
   FLASHSTEP_CUDA_CHECK(cudaMemcpy(gq.data(), l.q_out, gq.size(), cudaMemcpyDeviceToHost));
@@ -253,31 +254,26 @@ TEST_CASE("09_engine: launch_rope refuses bad arguments, naming them") {
   l.head_dim = 64;
   l.rotary_dim = 63;
   std::vector<double> f(31, 0.1);
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"), ref::InvalidArgument);
   l.rotary_dim = 128;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("rotary_dim"), ref::InvalidArgument);
   l.rotary_dim = 64;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("frequencies"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("frequencies"), ref::InvalidArgument);
   f.resize(32);
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("positions"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("positions"), ref::InvalidArgument);
   l.head_dim = 1024;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("head_dim"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("head_dim"), ref::InvalidArgument);
   l.head_dim = 64;
   l.nnz = -1;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("nnz"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("nnz"), ref::InvalidArgument);
   // a row stride shorter than a row (2 q heads of 64: 128 elements), or negative
   l.nnz = 4;
   int32_t position = 0;
   l.pos_ids = &position;  // refused before any launch
   l.q_stride = 64;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("q_stride"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("q_stride"), ref::InvalidArgument);
   l.q_stride = 0;
   l.k_out_stride = -1;
-  CHECK_THROWS_WITH_AS(stages::engine::launch_rope(l, f, nullptr), doctest::Contains("k_out_stride"),
-                       ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(stages::launch_rope(l, f, nullptr), doctest::Contains("k_out_stride"), ref::InvalidArgument);
 }
 }  // TEST_SUITE("host")

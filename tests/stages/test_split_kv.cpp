@@ -23,13 +23,13 @@
 #include <vector>
 
 #include "03_split_kv/split_kv.hpp"
-#include "cases.hpp"
 #include "fixed_batch.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/merge.hpp"
 #include "flashstep/reference/split_plan.hpp"
 #include "harness/case.hpp"
+#include "harness/cases.hpp"
 #include "harness/compare.hpp"
 #include "harness/device.hpp"
 #include "harness/dtype_convert.hpp"
@@ -46,7 +46,7 @@ using split_kv::PathChoice;
 using split_kv::SplitKVOptions;
 using split_kv::SplitKVRunner;
 using split_kv::WorkspaceLayout;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 namespace {
 

@@ -9,16 +9,16 @@
 #include <tuple>
 
 #include "04_tensor_core/tensor_core.hpp"
-#include "cases.hpp"
 #include "flashstep/reference/errors.hpp"
 #include "grid_runner.hpp"
+#include "harness/cases.hpp"
 #include "harness/validate.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
 using namespace flashstep::stages;
 using flashstep::test::check_grid;
-namespace grids = flashstep::test::grids;
+namespace grids = flashstep::stages::harness::grids;
 
 namespace {
 

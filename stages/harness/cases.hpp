@@ -6,6 +6,8 @@
 // other value; long kv_len and batch 128 only where they add something (pipeline wrap,
 // many blocks), because the double-precision reference costs O(batch * kv_len * heads).
 // Benchmark shapes live elsewhere (bench/shapes.csv): these cases check, they never time.
+// They sit in the harness, not in tests/, because `flashstep validate` runs the same grids
+// and the CLI uses nothing of tests/.
 #pragma once
 
 #include <algorithm>
@@ -13,7 +15,7 @@
 
 #include "harness/case.hpp"
 
-namespace flashstep::test::grids {
+namespace flashstep::stages::harness::grids {
 
 using stages::DType;
 using stages::KVLayout;
@@ -736,4 +738,4 @@ inline std::vector<CaseSpec> rope_sanitizer_grid() {
   return cases;
 }
 
-}  // namespace flashstep::test::grids
+}  // namespace flashstep::stages::harness::grids

@@ -1,6 +1,7 @@
 /// \file rope_gpu.hpp
-/// \brief Stage 09 on the GPU, first part: rotary position encoding on q and k (the
-/// kernel FlashInfer calls `apply_rope`), run before K is appended to the paged cache.
+/// \brief Rotary position encoding on q and k on the GPU (the kernel FlashInfer calls
+/// `apply_rope`), run before K is appended to the paged cache: the launch that stage 09's
+/// engine and capi/'s fs_apply_rope share. The kernel is kernels/'s (rope.cuh).
 ///
 /// The math is the reference's (flashstep/reference/rope.hpp): pair i of every head of
 /// row t is rotated by positions[t] * theta_i. The host computes the frequencies theta_i in
@@ -16,12 +17,13 @@
 #include <cstdint>
 #include <vector>
 
-#include "stage.hpp"  // DType
+#include "flashstep/kernels/rope.cuh"  // kMaxRopePairs (the Params struct compiles without nvcc)
+#include "stage.hpp"                   // DType
 
-namespace flashstep::stages::engine {
+namespace flashstep::stages {
 
 /// Largest rotary_dim / 2 the kernel takes (head_dim up to 512).
-constexpr int kMaxRopePairs = 256;
+constexpr int kMaxRopePairs = kernels::kMaxRopePairs;
 
 /// One RoPE launch: device pointers, (nnz, heads, head_dim) q and k, each row's heads
 /// contiguous, rows contiguous unless a row stride is given (rows of a fused Q|K|V buffer).
@@ -51,4 +53,4 @@ struct RopeLaunch {
 /// ref::rope_frequencies or ref::llama31_rope_frequencies return). Launches only.
 void launch_rope(const RopeLaunch& l, const std::vector<double>& frequencies, cudaStream_t stream);
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::stages

@@ -1,22 +1,22 @@
-// Stage 09 — the RoPE launcher: argument checks, the frequencies into the kernel's
-// parameters, one block per row.
+// The RoPE launcher (rope_gpu.hpp): argument checks, the frequencies into the kernel's
+// parameters (kernels/flashstep/kernels/rope.cuh), one block per row.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <string>
 
-#include "09_engine/rope_gpu.hpp"
-#include "09_engine/rope_kernel.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
+#include "flashstep/kernels/rope.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "rope/rope_gpu.hpp"
 
-namespace flashstep::stages::engine {
+namespace flashstep::stages {
 
 namespace {
 
 template <typename T>
 void launch_typed(const RopeLaunch& l, const std::vector<double>& frequencies, cudaStream_t stream) {
-  RopeParams<T> p{};
+  kernels::RopeParams<T> p{};
   p.q = static_cast<const T*>(l.q);
   p.k = static_cast<const T*>(l.k);
   p.q_out = static_cast<T*>(l.q_out);
@@ -36,7 +36,7 @@ void launch_typed(const RopeLaunch& l, const std::vector<double>& frequencies, c
   p.pairs = l.rotary_dim / 2;
   p.interleave = l.interleave;
   for (size_t i = 0; i < frequencies.size(); ++i) p.theta[i] = frequencies[i];
-  rope_kernel<T><<<static_cast<unsigned>(l.nnz), 128, 0, stream>>>(p);
+  kernels::rope_kernel<T><<<static_cast<unsigned>(l.nnz), 128, 0, stream>>>(p);
   kernels::check_launch("rope_kernel");
 }
 
@@ -74,4 +74,4 @@ void launch_rope(const RopeLaunch& l, const std::vector<double>& frequencies, cu
   else launch_typed<__nv_bfloat16>(l, frequencies, stream);
 }
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::stages
