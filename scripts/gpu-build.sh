@@ -30,6 +30,8 @@ for dir in stages/[0-9][0-9]_*/; do
     echo "gpu-build.sh: stage $(basename "$dir") has no $exercise target" >&2
   fi
 done
+# the stage exercises' solutions, which the gpu tests of tests/exercises run beside them
+if grep -qx flashstep_exercise_stage_solutions <<< "$available"; then targets+=(flashstep_exercise_stage_solutions); fi
 mapfile -t tuners < <(grep -E '_tune$' <<< "$available" || true)
 targets+=("${tuners[@]}")
 # The C interface that the Python layer flashstep.cuda loads (scripts/gpu-python.sh).
