@@ -19,8 +19,9 @@
 #   notebooks   notebooks 11 and 12 executed on this GPU (scripts/notebook_exec.py), saved
 #               with their outputs, the GPU and the commit to <out>/notebooks/; copy them
 #               to docs/results/notebooks/ to show them on the docs site
-#   hostcost    bench/peers/host_cost.py: plan() and run() host time per call against FlashInfer
-#               (source its install.sh first to compare), table and <out>/host_cost.json
+#   hostcost    bench/peers/host_cost.py: plan() and run() host time per call, and the calls an
+#               engine makes (run(out=), the samplers), against FlashInfer (source its
+#               install.sh first to compare), table and <out>/host_cost.json
 #
 # It needs python3 with PyTorch and pytest (the GPU machine's image has both), not the
 # CPU module _flashstep: PYTHONPATH is the source folder python/. Each step is bounded
@@ -125,7 +126,10 @@ step_notebooks() {
   return $rc
 }
 step_hostcost() {
-  run_logged timeout 300 python3 bench/peers/host_cost.py --json "$OUTDIR/host_cost.json"
+  # FLASHSTEP_HOSTCOST_WRAPPERS: a shorter list (e.g. engine,decode,ragged) where FlashInfer's
+  # modules for the others are not compiled yet
+  run_logged timeout 300 python3 bench/peers/host_cost.py --json "$OUTDIR/host_cost.json" \
+    --wrappers "${FLASHSTEP_HOSTCOST_WRAPPERS:-decode,prefill,ragged,cascade,engine}"
 }
 for s in "${steps[@]}"; do
   if ! declare -F "step_$s" > /dev/null; then say "gpu-python.sh: no step '$s'"; exit 2; fi
