@@ -53,7 +53,8 @@ def test_both_tools_run_both_parts_with_their_own_limits():
     assert "for tool in memcheck racecheck" in step
     assert "for part in subsets engine" in step
     assert "-tc='*sanitizer*,kernels:*' -tce='09_engine*'" in step
-    assert "engine=(-tc='09_engine: a short run*')" in step
+    assert "engine=(-tc='09_engine: a short run (for*')" in step
+    assert "engine_racecheck=(-tc=\"09_engine: a short run on cuBLAS's own GEMM choice*\")" in step
     assert re.search(r"timeout \d+ compute-sanitizer", step)
     assert "--kernel-name-exclude" in step and '[ "$tool" = racecheck ] && args+=' in step
     assert "return $failed" in step
@@ -62,4 +63,6 @@ def test_both_tools_run_both_parts_with_their_own_limits():
 
 def test_the_engine_case_exists():
     with open(os.path.join(SOURCE, "tests", "stages", "test_engine_gpu.cpp")) as f:
-        assert 'TEST_CASE("09_engine: a short run' in f.read()
+        text = f.read()
+    assert 'TEST_CASE("09_engine: a short run (for compute-sanitizer)")' in text
+    assert 'TEST_CASE("09_engine: a short run on cuBLAS\'s own GEMM choice (for racecheck)")' in text
