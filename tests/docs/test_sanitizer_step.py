@@ -1,8 +1,8 @@
 """scripts/gpu-run.sh's sanitizer step, read on any machine: racecheck leaves library
-kernels out by name, and no kernel flashstep compiles matches one of those names, so
-racecheck still checks every flashstep kernel; both tools run the stages' sanitizer
-subsets and the engine's short run, each in a process of its own with its own limit; a
-failed tool fails the step and the script."""
+kernels out by name, and no kernel flashstep compiles matches one of those names; both
+tools run the stages' sanitizer subsets, memcheck the engine's short run and racecheck
+the engine's POD attention, each in a process of its own with its own limit; a failed
+tool fails the step and the script."""
 import os
 import re
 
@@ -53,8 +53,8 @@ def test_both_tools_run_both_parts_with_their_own_limits():
     assert "for tool in memcheck racecheck" in step
     assert "for part in subsets engine" in step
     assert "-tc='*sanitizer*,kernels:*' -tce='09_engine*'" in step
-    assert "engine=(-tc='09_engine: a short run (for*')" in step
-    assert "engine_racecheck=(-tc=\"09_engine: a short run on cuBLAS's own GEMM choice*\")" in step
+    assert "engine=(-tc='09_engine: a short run*')" in step
+    assert "pod=(-tc='09_engine mixed step: two calls*,09_engine POD grid*')" in step
     assert re.search(r"timeout \d+ compute-sanitizer", step)
     assert "--kernel-name-exclude" in step and '[ "$tool" = racecheck ] && args+=' in step
     assert "return $failed" in step
@@ -63,6 +63,8 @@ def test_both_tools_run_both_parts_with_their_own_limits():
 
 def test_the_engine_case_exists():
     with open(os.path.join(SOURCE, "tests", "stages", "test_engine_gpu.cpp")) as f:
+        assert 'TEST_CASE("09_engine: a short run (for compute-sanitizer)")' in f.read()
+    with open(os.path.join(SOURCE, "tests", "stages", "test_mixed_step.cpp")) as f:
         text = f.read()
-    assert 'TEST_CASE("09_engine: a short run (for compute-sanitizer)")' in text
-    assert 'TEST_CASE("09_engine: a short run on cuBLAS\'s own GEMM choice (for racecheck)")' in text
+    assert 'TEST_CASE("09_engine mixed step: two calls, one call and POD attention' in text
+    assert 'TEST_CASE("09_engine POD grid:' in text
