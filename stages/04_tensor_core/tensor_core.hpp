@@ -123,6 +123,8 @@ StageInfo ragged_stage_info();
 /// A100's 163 KB or sm_86/89's 99 KB); otherwise why not, naming `name`, the bytes needed
 /// and the bytes the GPU allows. Empty too where no GPU can be asked (a launch then fails
 /// on its own). The entries' rules, and stage 05's, whose levels run this kernel.
+/// \param name the registry entry the reason names ("04_tensor_core", "05_cascade")
+/// \param shape the batch (its dtype, K/V dtype and head_dim pick the kernel)
 /// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the ring plan() picks)
 std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int fp8_stages = 0);
 
