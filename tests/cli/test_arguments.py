@@ -2,7 +2,7 @@
 stderr naming what is wrong, and exit code 2 (never a crash, never exit 0)."""
 import pytest
 
-COMMANDS = ["tour", "explain", "validate", "bench", "serve"]
+COMMANDS = ["tour", "explain", "validate", "bench", "serve", "exercise"]
 
 
 def test_top_level_help_lists_every_command(flashstep):
