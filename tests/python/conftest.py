@@ -18,3 +18,18 @@ def rng(request):
     seed = (_SEED + sum(map(ord, request.node.name)) * 7919) % 2**32
     print(f"seed for {request.node.name}: {seed} (run seed {_SEED})")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def torch():
+    """PyTorch on a usable CUDA device with flashstep.cuda's library loaded, else a skip
+    (cuda_support.torch_cuda_or_skip says when it fails instead): the GPU suites' fixture."""
+    import cuda_support
+    return cuda_support.torch_cuda_or_skip()
+
+
+@pytest.fixture
+def fsc():
+    """flashstep.cuda, the module under test of the GPU suites."""
+    import flashstep.cuda as fsc
+    return fsc

@@ -16,17 +16,6 @@ WORKSPACE_BYTES = 64 << 20
 
 
 @pytest.fixture
-def torch():
-    return cs.torch_cuda_or_skip()
-
-
-@pytest.fixture
-def fsc():
-    import flashstep.cuda as fsc
-    return fsc
-
-
-@pytest.fixture
 def cuda_default(torch):
     """torch.set_default_device("cuda") for the test, the previous default after it."""
     previous = torch.get_default_device()

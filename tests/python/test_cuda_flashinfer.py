@@ -45,12 +45,6 @@ def torch(flashinfer):
     return torch
 
 
-@pytest.fixture
-def fsc():
-    import flashstep.cuda as fsc
-    return fsc
-
-
 def workspace(torch):
     return torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
 

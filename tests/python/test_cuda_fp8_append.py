@@ -21,17 +21,6 @@ import cuda_support as cs
 FORMATS = {"float8_e4m3fn": (3, -6, 448.0), "float8_e5m2": (2, -14, 57344.0)}
 
 
-@pytest.fixture
-def torch():
-    return cs.torch_cuda_or_skip()
-
-
-@pytest.fixture
-def fsc():
-    import flashstep.cuda as fsc
-    return fsc
-
-
 def encode(torch, x, fmt, scale):
     """The stored bytes for float64 values x (numpy), and where x / scale is NaN."""
     codes = torch.arange(256, dtype=torch.uint8).view(getattr(torch, fmt)).double().numpy()

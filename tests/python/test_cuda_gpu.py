@@ -14,17 +14,6 @@ import cuda_support as cs
 WORKSPACE_BYTES = 64 << 20
 
 
-@pytest.fixture
-def torch():
-    return cs.torch_cuda_or_skip()
-
-
-@pytest.fixture
-def fsc():
-    import flashstep.cuda as fsc
-    return fsc
-
-
 def workspace(torch):
     return torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
 

@@ -22,17 +22,6 @@ HKV, GROUP, D = 2, 4, 128
 HQ = HKV * GROUP
 
 
-@pytest.fixture
-def torch():
-    return cs.torch_cuda_or_skip()
-
-
-@pytest.fixture
-def fsc():
-    import flashstep.cuda as fsc
-    return fsc
-
-
 def workspace(torch, nbytes=WORKSPACE_BYTES):
     return torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
