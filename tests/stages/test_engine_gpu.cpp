@@ -471,7 +471,6 @@ TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
   }
 }
 
-
 TEST_CASE("09_engine: bad input is refused, naming it") {
   EngineConfig c;
   c.model = engine_model();
