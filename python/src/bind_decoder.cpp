@@ -9,12 +9,6 @@ namespace flashstep::python {
 
 namespace {
 
-py::array_t<double> to_numpy(const std::vector<double>& v) {
-  py::array_t<double> out(static_cast<py::ssize_t>(v.size()));
-  std::copy(v.begin(), v.end(), out.mutable_data());
-  return out;
-}
-
 py::array_t<double> step_logits(const ref::GeneratedRequest& r) {
   const py::ssize_t steps = static_cast<py::ssize_t>(r.step_logits.size());
   const py::ssize_t vocab = steps > 0 ? static_cast<py::ssize_t>(r.step_logits[0].size()) : 0;

@@ -56,4 +56,10 @@ py::array_t<int32_t> to_numpy(const std::vector<int32_t>& v) {
   return out;
 }
 
+py::array_t<double> to_numpy(const std::vector<double>& v) {
+  py::array_t<double> out(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(out.mutable_data(), v.data(), sizeof(double) * v.size());
+  return out;
+}
+
 }  // namespace flashstep::python
