@@ -193,12 +193,7 @@ def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, ord
         fast = _torch_sample(op, fn, data, name, top_k, top_p, min_p, order, seed, offset, generator,
                              check_nan or return_status or return_valid)
         if fast is not None:
-            samples, status = fast
-            if check_nan:
-                _raise_on_status(fn, status)
-            if not (return_valid or return_status):
-                return samples
-            return (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
+            return _sampled(fn, *fast, check_nan, return_valid, return_status)
     _seed_types(seed, offset, fn)
     rows = _rows(data, fn, name)
     idx = given_idx = None
@@ -231,12 +226,19 @@ def _sample(op, fn, data, name, indices, top_k=None, top_p=None, min_p=None, ord
                    _ptr(idx), batch, seed, offset, _ptr(device_array(samples, fn, "samples")), None,
                    _ptr(device_array(status, fn, "status")), _ptr(ws), need.value,
                    ctypes.c_void_p(current_stream(rows)))
-    if check_nan:
-        _raise_on_status(fn, status)
     if given_idx is not None and given_idx.dtype != "int32":
         samples = _converted(device_array(samples, fn, "samples"), fn, "samples", given_idx.dtype).obj
-    out = (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
-    return out if len(out) > 1 else samples
+    return _sampled(fn, samples, status, check_nan, return_valid, return_status)
+
+
+def _sampled(fn, samples, status, check_nan, return_valid, return_status):
+    """What a sampler returns: the samples, with (status == 0) and the status where asked;
+    with check_nan, raises first for an output that is not ok (a device sync)."""
+    if check_nan:
+        _raise_on_status(fn, status)
+    if not (return_valid or return_status):
+        return samples
+    return (samples,) + ((status == 0,) if return_valid else ()) + ((status,) if return_status else ())
 
 
 def _raise_on_status(fn, status):
