@@ -8,7 +8,8 @@
 /// The registry is also how a later stage lends a kernel to an earlier one. Sharing between
 /// stages goes forward only: stage 05 never includes stage 07. Where stage 05's planner can
 /// run a cascade level on stage 07's faster kernel, stage 07 lends it as a LevelKernel
-/// (plain function pointers over the types below), listed in registry.cpp, and stage 05
+/// (plain function pointers over the types below and stage 04's Schedule, which both
+/// stages already share), listed in registry.cpp, and stage 05
 /// finds it by name at run time.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "04_tensor_core/tensor_core.hpp"  // tensor_core::Schedule: the work items a lent kernel plans
 #include "stage.hpp"
 
 namespace flashstep::stages {
@@ -53,24 +55,15 @@ struct LevelLaunch {
   float* partial_lse = nullptr;               ///< (partial rows, num_qo_heads)
 };
 
-/// The work items of one launch (the arrays of stage 04's Schedule, which stage 07 plans too).
-struct LevelSchedule {
-  int Br = 0;                             ///< packed query rows per tile
-  int kv_chunk_size = 0;                  ///< keys per chunk; 0: no split
-  std::vector<int32_t> request_indices;   ///< work item -> request
-  std::vector<int32_t> qo_tile_indices;   ///< work item -> query tile of the request
-  std::vector<int32_t> kv_chunk_indices;  ///< work item -> kv chunk of the request
-  std::vector<int32_t> partial_indptr;    ///< split only: (nnz_qo + 1) partial rows per query row
-};
-
 /// A prefill kernel that a stage lends to an earlier stage's planner: it runs one view of a
 /// batch (a cascade level) into fp32 partial rows. Which batches it takes, and a runner for
 /// whole batches, are its stage's registry entry (find_stage(stage)).
 struct LevelKernel {
   std::string stage;  ///< the lending stage's registry name, e.g. "07_hopper"
   int key_tile = 0;   ///< keys per tile: a kv chunk is a positive multiple of it
-  /// The work items for `level` in chunks of `kv_chunk_size` keys (host only).
-  LevelSchedule (*make_schedule)(const BatchShape& level, int kv_chunk_size) = nullptr;
+  /// The work items for `level` in chunks of `kv_chunk_size` keys (host only), in stage
+  /// 04's form, which the lending kernel plans too.
+  tensor_core::Schedule (*make_schedule)(const BatchShape& level, int kv_chunk_size) = nullptr;
   /// Allows the kernel for `level` its dynamic shared memory (a host call, in plan()).
   void (*prepare)(const BatchShape& level) = nullptr;
   /// Launches the kernel for `level` on `stream` (launches only; no merge).

@@ -118,18 +118,6 @@ bool hopper_takes(const BatchShape& level, const CascadeOptions& o) {
   return o.hopper && hopper_kernel().kernel != nullptr && hopper_kernel().info->unsupported_reason(level).empty();
 }
 
-/// Stage 04's form of the schedule a lent kernel planned (the same arrays).
-tensor_core::Schedule schedule_of(LevelSchedule&& l) {
-  tensor_core::Schedule s;
-  s.Br = l.Br;
-  s.kv_chunk_size = l.kv_chunk_size;
-  s.request_indices = std::move(l.request_indices);
-  s.qo_tile_indices = std::move(l.qo_tile_indices);
-  s.kv_chunk_indices = std::move(l.kv_chunk_indices);
-  s.partial_indptr = std::move(l.partial_indptr);
-  return s;
-}
-
 /// The flat path: stage 03 for the decode it can run (CUDA cores, memory-bound: groups up
 /// to 8, no soft cap); otherwise stage 07 where it takes the batch and the model prices it
 /// lower (never under a CUDA graph: its grid follows the lengths), else stage 04.
@@ -445,7 +433,7 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
       L.schedule.kv_chunk_indices.resize(capacity, 0);
     } else if (L.hopper) {
       const LevelKernel& lent = *hopper_kernel().kernel;
-      L.schedule = schedule_of(lent.make_schedule(L.shape, level_chunk(L.shape, hopper_target, lent.key_tile)));
+      L.schedule = lent.make_schedule(L.shape, level_chunk(L.shape, hopper_target, lent.key_tile));
     } else {
       tensor_core::TensorCoreOptions topt;
       topt.kv_chunk_size = level_chunk(L.shape, target);

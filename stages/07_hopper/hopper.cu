@@ -437,15 +437,7 @@ LevelKernel level_kernel() {
   k.make_schedule = [](const BatchShape& level, int kv_chunk_size) {
     HopperOptions options;
     options.kv_chunk_size = kv_chunk_size;
-    Schedule s = HopperRunner(options).make_schedule(level);
-    LevelSchedule l;
-    l.Br = s.Br;
-    l.kv_chunk_size = s.kv_chunk_size;
-    l.request_indices = std::move(s.request_indices);
-    l.qo_tile_indices = std::move(s.qo_tile_indices);
-    l.kv_chunk_indices = std::move(s.kv_chunk_indices);
-    l.partial_indptr = std::move(s.partial_indptr);
-    return l;
+    return HopperRunner(options).make_schedule(level);
   };
   k.prepare = &prepare_hopper_attention;
   k.launch = &launch_hopper_attention;
