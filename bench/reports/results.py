@@ -139,8 +139,9 @@ def from_sampling(path, data):
 
 
 def from_sampling_modes(path, data):
-    """flashstep_sampling_bench --modes (stage 06's pass-mode A/B): one row per shape and
-    mode, its median the mean of the rounds' medians, and the peers' rows."""
+    """flashstep_sampling_bench --modes (stage 06's pass-mode A/B, an option of the bench up
+    to commit 25f7800): one row per shape and mode, its median the mean of the rounds'
+    medians, and the peers' rows."""
     rows = [_row(f"06_sampling[{mode}]/{shape}", sum(times) / len(times), {"mode": mode, "rounds_us": times})
             for shape, per in data["modes"].items() for mode, times in per.items() if times]
     rows += [_row(f"peer_{r['impl']}/{r['name']}", r["median_us"], r) for r in data.get("peers", [])

@@ -9,6 +9,10 @@ JSON into one results file, and regenerate the chapter's results section from it
         [--history OLDER.json ... NEWER.json] [--repo .] [--check | --full]
     python3 bench/reports/sampling_report.py modes --results docs/results/06_sampling/h100_sampling_modes_DATE_COMMIT.json
 
+`modes` writes the chapter's table of the pass techniques, each on and off, from the
+results file of flashstep_sampling_bench --modes (an option of the bench up to commit
+25f7800, when the techniques were still switches).
+
 The chapter section lies between `<!-- sampling-results:begin -->` and
 `<!-- sampling-results:end -->` in stages/06_sampling/README.md; nothing in it is typed. It
 holds one table, the goals against their peers, and points to the docs site's results page

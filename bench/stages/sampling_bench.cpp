@@ -7,13 +7,10 @@
 // (mean and max over the batch, from one extra call) for the samplers.
 //
 //     flashstep_sampling_bench [--shapes bench/shapes_sampling.csv] [--sets target,extra]
-//         [--modes off,stream+serp+online+compact] [--rounds 2] [--min-time 0.05]
-//         --benchmark_repetitions=5 --benchmark_out=sampling.json --benchmark_out_format=json
+//         [--min-time 0.05] --benchmark_repetitions=5 --benchmark_out=sampling.json
+//         --benchmark_out_format=json
 //
-// --modes times each shape once per pass mode (launch.hpp: PassMode; "off", or any of
-// stream, serp, online, compact, lean, solo, fuse joined by '+'), shape by shape, the modes interleaved,
-// the whole list --rounds times; the benchmarks are then named 06_sampling/SHAPE@MODE.
-// Without it the environment's mode applies and the names are 06_sampling/SHAPE.
+// The benchmarks are named 06_sampling/SHAPE.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -30,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "06_sampling/launch.hpp"
 #include "06_sampling/sampling.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "harness/gpu_present.hpp"
@@ -70,7 +66,7 @@ std::vector<Shape> load_shapes(const std::string& path, const std::string& sets)
 }
 
 /// The inputs of a (batch, vocab): standard-normal logits and their softmax (made once
-/// per size and kept, so that several modes of one shape share them).
+/// per size and kept, so that the shapes of one size share them).
 struct HostRows {
   std::vector<float> logits, probs;
 };
@@ -210,30 +206,7 @@ class Case {
   std::vector<void*> owned_;
 };
 
-/// A pass mode by name: "off", or stream, serp, online, compact, lean, solo, fuse joined by '+'.
-flashstep::stages::sampling::detail::PassMode parse_mode(const std::string& name) {
-  flashstep::stages::sampling::detail::PassMode m;
-  m.stream = m.serpentine = m.online_softmax = m.compact = m.lean = m.solo = m.fuse_gather = false;
-  if (name == "off") return m;
-  std::stringstream ss(name);
-  std::string part;
-  while (std::getline(ss, part, '+')) {
-    if (part == "stream") m.stream = true;
-    else if (part == "serp") m.serpentine = true;
-    else if (part == "online") m.online_softmax = true;
-    else if (part == "compact") m.compact = true;
-    else if (part == "lean") m.lean = true;
-    else if (part == "solo") m.solo = true;
-    else if (part == "fuse") m.fuse_gather = true;
-    else
-      throw std::runtime_error("--modes: unknown mode part \"" + part +
-                               "\" (stream, serp, online, compact, lean, solo, fuse, or off)");
-  }
-  return m;
-}
-
-void run(benchmark::State& state, const Shape& s, const std::string& mode) {
-  if (!mode.empty()) flashstep::stages::sampling::detail::set_pass_mode(parse_mode(mode));
+void run(benchmark::State& state, const Shape& s) {
   Case c(s);
   for (int i = 0; i < 3; ++i) c.time_once();  // warm-up
   double total = 0;
@@ -258,8 +231,7 @@ void run(benchmark::State& state, const Shape& s, const std::string& mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string shapes_path = FLASHSTEP_SAMPLING_SHAPES, sets = "target,extra", modes;
-  int rounds = 1;
+  std::string shapes_path = FLASHSTEP_SAMPLING_SHAPES, sets = "target,extra";
   double min_time = 0.05;  // seconds of replays per repetition
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
@@ -268,10 +240,6 @@ int main(int argc, char** argv) {
       shapes_path = argv[++i];
     } else if (a == "--sets" && i + 1 < argc) {
       sets = argv[++i];
-    } else if (a == "--modes" && i + 1 < argc) {
-      modes = argv[++i];
-    } else if (a == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--min-time" && i + 1 < argc) {
       min_time = std::atof(argv[++i]);
     } else {
@@ -289,25 +257,11 @@ int main(int argc, char** argv) {
   FLASHSTEP_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   benchmark::AddCustomContext("device", prop.name);
   benchmark::AddCustomContext("flashstep.shapes_file", shapes_path);
-  std::vector<std::string> mode_list;
-  {
-    std::stringstream ss(modes);
-    std::string m;
-    while (std::getline(ss, m, ',')) {
-      parse_mode(m);  // a bad name fails here, before any timing
-      mode_list.push_back(m);
-    }
-  }
-  if (mode_list.empty()) mode_list.push_back("");
-  const std::vector<Shape> shapes = load_shapes(shapes_path, sets);
-  for (int r = 0; r < rounds; ++r)
-    for (const Shape& s : shapes)
-      for (const std::string& m : mode_list)
-        benchmark::RegisterBenchmark(("06_sampling/" + s.name + (m.empty() ? "" : "@" + m)).c_str(),
-                                     [s, m](benchmark::State& st) { run(st, s, m); })
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond)
-            ->MinTime(min_time > 0 ? min_time : 0.05);
+  for (const Shape& s : load_shapes(shapes_path, sets))
+    benchmark::RegisterBenchmark(("06_sampling/" + s.name).c_str(), [s](benchmark::State& st) { run(st, s); })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(min_time > 0 ? min_time : 0.05);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -37,49 +37,18 @@ void launch_renorm(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_p
 /// top_k_mask_logits of the gathered rows into logits_out (outputs, vocab).
 void launch_mask_logits(DeviceRows logits, TopK top_k, float* logits_out, Gather gather, cudaStream_t stream);
 
-/// Whether the passes ask the L2 for each next tile ahead of its loads (row_passes.cuh:
-/// prefetch_tile): on unless the environment variable FLASHSTEP_SAMPLING_PREFETCH is "0"
-/// (read once), so one binary times both; a prefetch never changes a value. (Measured on an
-/// H100 at batch 128 x 128256: top_p 146 -> 136 us, joint 574 -> 549, top_k_first 417 -> 394.)
-bool prefetch_enabled();
-
-/// How the full passes read a row (row_passes.cuh: stream_tiles, next_pass_reversed), how
-/// their arithmetic is laid out (lean), whether the last rejection rounds and the count
-/// cuts run from a shared-memory list (compact, fuse), whether a few rows are split over
-/// clusters (solo turns that off) and how the fused softmax computes its sum (online), for
-/// every kernel of stage 06 alike, so that softmax() and the fused samplers keep
-/// computing the same bits. No mode changes a token. Each is read once from the
-/// environment, FLASHSTEP_SAMPLING_STREAM, _SERPENTINE, _ONLINE_SOFTMAX, _COMPACT, _LEAN,
-/// _SOLO and _FUSE ("0" or "1"; anything else keeps the default below), so one binary
-/// times both sides of each. The defaults are the set that measured best over the goal
-/// shapes on an H100 (docs/results/sampling/h100_sampling_modes_2026-11-27_7f22952.json):
-/// fuse and solo measured slower and stay off.
-struct PassMode {
-  bool stream = true;          ///< cp.async ring, several tiles in flight (aligned rows)
-  bool serpentine = true;      ///< every other full pass from the last tile back (L2 reuse)
-  bool online_softmax = true;  ///< one pass for the softmax's max and sum; p = numerator * (1 / sum)
-  bool compact = true;         ///< rejection rounds over a shared-memory candidate list once it fits
-  bool lean = true;            ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
-  bool solo = false;           ///< one block per row even when outputs are few (no cluster split)
-  bool fuse_gather = false;    ///< with compact: the counting pass fills the list (no gather pass)
-};
-PassMode pass_mode();
-/// Overrides the environment's PassMode for every later launch (benchmarks: one process
-/// times several modes; not thread-safe, set it between calls).
-void set_pass_mode(const PassMode& mode);
-
 /// Lets `kernel` take up to `bytes` of dynamic shared memory, or, where the current GPU
 /// gives a block less beside the kernel's static shared memory, all it gives (a block may
 /// opt into 227 KB on an H100, 163 KB on an A100, 99 KB on sm_86 and sm_89). Returns the
 /// bytes allowed. Once per kernel: the callers keep the answer in a static.
 size_t allow_dynamic_smem(const void* kernel, size_t bytes);
 
-/// The pass mode of one launch: `p` as given where the dynamic shared memory it asks,
-/// ring(p), fits in `allowed` bytes (always on an H100); otherwise without stream_tiles'
-/// ring, then, if that is not enough, without the candidate list. Neither mode changes a
-/// token or an output, only the time.
+/// What one launch may use of the GPU: `p` as given where the dynamic shared memory it
+/// asks, ring(p), fits in `allowed` bytes (always on an H100); otherwise without
+/// stream_tiles' ring (p.stream), then, if that is not enough, without the candidate list
+/// (p.compact). Neither changes a token or an output, only the time.
 template <typename Params, typename Ring>
-Params fit_pass_mode(Params p, size_t allowed, Ring ring) {
+Params fit_shared_memory(Params p, size_t allowed, Ring ring) {
   if (ring(p) > allowed) p.stream = false;
   if (ring(p) > allowed) p.compact = false;
   return p;

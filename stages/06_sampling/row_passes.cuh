@@ -15,7 +15,7 @@
 /// shared memory, so the inverse CDF that follows walks those to the tile its threshold
 /// falls in and scans that tile alone (1/16 of a 128k row instead of half on average).
 ///     sum_mass_where      mass of the entries a predicate keeps
-///     softmax_scale       max and sum of a logit row (the fused softmax's two passes)
+///     softmax_scale       max and sum of a logit row (the fused softmax's one pass)
 ///
 /// A row split over a cluster (RowSplit, CLUSTER): when outputs are fewer than the SMs,
 /// the C blocks of a thread-block cluster share one row, block r taking tiles r, r + C,
@@ -71,13 +71,12 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 /// passes are bound by memory latency, and several loads in flight per thread hide it.
 template <bool VECTOR_LOADS>
 struct ProbRowT {
-  const float* p;         ///< (vocab) the row
-  int64_t vocab;          ///< entries
-  bool prefetch = false;  ///< prefetch_tile asks the L2 for the next tile (16-byte loads only)
-  /// Entries i .. i + n - 1 (clamped to the row) into the L2, when `prefetch` is set.
+  const float* p;  ///< (vocab) the row
+  int64_t vocab;   ///< entries
+  /// Entries i .. i + n - 1 (clamped to the row) into the L2 (16-byte loads only).
   __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
     if constexpr (VECTOR_LOADS) {  // vocab % 4 == 0 and i % 4 == 0: 16-byte multiples
-      if (prefetch && i < vocab) prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * 4));
+      if (i < vocab) prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * 4));
     }
   }
   /// Entries i .. i + VEC - 1 into v.
@@ -122,13 +121,12 @@ __device__ __forceinline__ float to_float(Bf16Bits b) { return __uint_as_float(s
 /// entries a thread reads, and so every sum, are the same either way.
 template <typename T, bool VECTOR_LOADS>
 struct LogitRowT {
-  const T* p;             ///< (vocab) the row
-  int64_t vocab;          ///< entries
-  bool prefetch = false;  ///< as ProbRowT
+  const T* p;     ///< (vocab) the row
+  int64_t vocab;  ///< entries
   /// As ProbRowT (vocab a multiple of 16 / sizeof(T), i too: 16-byte multiples).
   __device__ __forceinline__ void prefetch_entries(int64_t i, int64_t n) const {
     if constexpr (VECTOR_LOADS) {
-      if (prefetch && i < vocab)
+      if (i < vocab)
         prefetch_l2(p + i, static_cast<uint32_t>((n < vocab - i ? n : vocab - i) * static_cast<int64_t>(sizeof(T))));
     }
   }
@@ -184,13 +182,12 @@ struct LogitRowT {
   }
 };
 
-/// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) / sum.
+/// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) * (1 / sum).
 struct SoftmaxScale {
-  float inv_t;           ///< 1 / temperature
-  float m;               ///< max logit * inv_t
-  float sum;             ///< sum over the row of the numerators, >= 1
-  float rcp = 0.f;       ///< 1 / sum, rounded (use_rcp)
-  bool use_rcp = false;  ///< p = numerator * rcp (two roundings) instead of numerator / sum
+  float inv_t;      ///< 1 / temperature
+  float m;          ///< max logit * inv_t
+  float sum;        ///< sum over the row of the numerators, >= 1
+  float rcp = 0.f;  ///< 1 / sum, rounded: p = numerator * rcp (two roundings, no division an entry)
 };
 
 /// 2^x in one instruction (ex2.approx.ftz: about 2 ulp; denormal results flush to 0).
@@ -216,8 +213,7 @@ struct SoftmaxRowT {
   SoftmaxScale scale;  ///< from softmax_scale
   int64_t vocab;       ///< entries (logits.vocab)
   __device__ __forceinline__ float prob(float x) const {
-    const float n = softmax_numerator(x, scale.inv_t, scale.m);
-    return scale.use_rcp ? __fmul_rn(n, scale.rcp) : __fdiv_rn(n, scale.sum);
+    return __fmul_rn(softmax_numerator(x, scale.inv_t, scale.m), scale.rcp);
   }
   /// Entries i .. i + VEC - 1 into v (0 past the end).
   template <int VEC>
@@ -242,7 +238,7 @@ struct SoftmaxRowT {
 
 /// At the top of a tile loop: thread 0 asks the L2 for the tile this thread block reads
 /// next (`next`, VEC entries a thread), so its loads wait on the L2, not on DRAM, while
-/// this tile is computed (Row::prefetch off, or rows without 16-byte loads: nothing).
+/// this tile is computed (rows without 16-byte loads: nothing).
 template <int VEC, typename Row>
 __device__ __forceinline__ void prefetch_tile(const Row& row, int64_t next) {
   if (threadIdx.x == 0) row.prefetch_entries(next, int64_t{kBlock} * VEC);
@@ -286,18 +282,17 @@ struct RowSplit {
   int rank = 0;   ///< this block's place in the cluster
   int size = 1;   ///< blocks sharing the row (1: the block reads the whole row)
   int phase = 0;  ///< exchange buffers of the latest counting pass (0 or 1)
-  /// How the full passes read the row (PassMode; the same in every block of a cluster).
-  bool stream = false;      ///< stream_tiles: cp.async into a shared-memory ring (streamable rows)
-  bool serpentine = false;  ///< every other full pass walks its tiles last to first
-  bool lean = false;        ///< pass 0 and the counting pass: fewer instructions an entry (same sums)
-  int passes = 0;           ///< full passes so far (serpentine's parity)
+  /// stream_tiles: cp.async into a shared-memory ring (streamable rows, where the ring fits;
+  /// the same in every block of a cluster)
+  bool stream = false;
+  int passes = 0;  ///< full passes so far (the serpentine order's parity)
 };
 
-/// The direction of the next full pass (every thread of every block calls it alike):
-/// with serpentine, odd passes run from the last tile back, so they start on the tiles
+/// The direction of the next full pass (every thread of every block calls it alike), in
+/// serpentine order: odd passes run from the last tile back, so they start on the tiles
 /// the pass before read last, which are the ones still in the L2.
 __device__ __forceinline__ bool next_pass_reversed(RowSplit& sp) {
-  const bool reverse = sp.serpentine && (sp.passes & 1) != 0;
+  const bool reverse = (sp.passes & 1) != 0;
   ++sp.passes;
   return reverse;
 }
@@ -318,7 +313,6 @@ struct SharedState {
   Mass mass;           ///< broadcast slot of sum_mass_where
   float value;         ///< broadcast slot of a float reduction (softmax's sum)
   int32_t token;       ///< the token inverse_cdf found (written by the crossing thread)
-  int32_t list_count;  ///< entries the counting pass collected into the candidate list (fuse)
   /// Per-tile masses a pass keeps for the next inverse CDF (two candidate sets: the
   /// counting pass's p > pivot_0 and p > pivot_1): the sums of the threads' MassAcc
   /// halves, below 2^62 for a tile of 512 threads x 16 entries. [parity][set][tile]:
@@ -396,49 +390,6 @@ __device__ __forceinline__ CandidateList candidate_list(size_t offset = 0, int c
   l.index = reinterpret_cast<int32_t*>(l.value + capacity);
   l.capacity = capacity;
   return l;
-}
-
-/// The list past stream_tiles' ring when this block streams its passes (then it may be
-/// filled during a streamed pass), else at the start of the dynamic shared memory.
-template <typename Row, int VEC>
-__device__ __forceinline__ CandidateList list_past_ring(const RowSplit& sp, int capacity) {
-  size_t offset = 0;
-  if constexpr (Streamable<Row>::value) {
-    if (sp.stream) offset = size_t{kStreamStages} * kBlock * VEC * sizeof(typename Row::Elem);
-  }
-  return candidate_list(offset, capacity);
-}
-
-/// Entries of the list the counting pass fills on the fly (fuse): a power of two (the
-/// sort), past the ring, beside SharedState in the 227 KB.
-constexpr int kFuseListCapacity = 4096;
-constexpr size_t kFuseListBytes = size_t{kFuseListCapacity} * (sizeof(float) + sizeof(int32_t));
-
-/// Sorts the list's n entries by vocabulary index (a bitonic sort in shared memory over
-/// the next power of two, padded with indices past every real one): the counting pass
-/// fills it in no particular order, and the inverse CDF needs vocabulary order.
-__device__ inline void sort_list_by_index(CandidateList& l) {
-  int n2 = 1;
-  while (n2 < l.n) n2 <<= 1;  // <= capacity, a power of two
-  for (int a = l.n + static_cast<int>(threadIdx.x); a < n2; a += kBlock) l.index[a] = 0x7FFFFFFF, l.value[a] = 0.f;
-  __syncthreads();
-  for (int k = 2; k <= n2; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = static_cast<int>(threadIdx.x); i < n2; i += kBlock) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const bool ascending = (i & k) == 0;
-          const int32_t a = l.index[i], b = l.index[partner];
-          if ((a > b) == ascending) {
-            const float va = l.value[i];
-            l.index[i] = b, l.index[partner] = a;
-            l.value[i] = l.value[partner], l.value[partner] = va;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
 }
 
 /// One full pass over this block's tiles (tiles rank, rank + size, ...; last to first if
@@ -624,35 +575,29 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   const bool tiles = (TILES || CLUSTER) && keeps_tiles<VEC>(row.vocab);
   if (tiles) begin_pass<CLUSTER>(sh, 1, sp);
   RowSummary s{0, 0.f, 0u};
-  const bool lean = sp.lean;
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     MassAcc acc;  // past the end: zeros, valid and massless
-    if (lean) {
-      // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
-      // may be the max, a bad one adds 0; the flags only when a bad entry was seen (rare)
-      // (a warp whose entries are all 0, as most of a renormalized top-k row, adds nothing)
-      bool ok = true;
-      float top = 0.f;
+    // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
+    // may be the max, a bad one adds 0; the flags only when a bad entry was seen (rare)
+    // (a warp whose entries are all 0, as most of a renormalized top-k row, adds nothing)
+    bool ok = true;
+    float top = 0.f;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const bool valid = v[j] >= 0.f && v[j] <= 1.f;
-        ok = ok && valid;
-        top = fmaxf(top, valid ? v[j] : 0.f);
-      }
-      s.max_p = fmaxf(s.max_p, top);
-      if (__any_sync(0xFFFFFFFFu, top > 0.f)) {
+    for (int j = 0; j < VEC; ++j) {
+      const bool valid = v[j] >= 0.f && v[j] <= 1.f;
+      ok = ok && valid;
+      top = fmaxf(top, valid ? v[j] : 0.f);
+    }
+    s.max_p = fmaxf(s.max_p, top);
+    if (__any_sync(0xFFFFFFFFu, top > 0.f)) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
-      }
-      if (!ok) {
-        MassAcc ignored;
+      for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
+    }
+    if (!ok) {
+      MassAcc ignored;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          if (!(v[j] >= 0.f && v[j] <= 1.f)) add_entry(s, ignored, v[j]);  // flags only: bad entries add nothing
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);
+      for (int j = 0; j < VEC; ++j)
+        if (!(v[j] >= 0.f && v[j] <= 1.f)) add_entry(s, ignored, v[j]);  // flags only: bad entries add nothing
     }
     s.total += acc.value();
     if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
@@ -673,53 +618,42 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh) {
   return summarize_row<VEC, TILES, false>(row, sh, whole);
 }
 
-/// The softmax's max and sum over a logit row (VEC entries a thread per tile; the whole
-/// row, first tile to last, whatever sp's split and serpentine: the float sum depends on
-/// the order, and softmax() must get the bits the fused samplers get). Two passes, the max
-/// (and kFlagNotFinite for NaN or +inf) then the sum of the numerators in a fixed order
-/// (each thread its entries in tile order, then one CUB reduction); or, `online`, one
-/// pass: each thread keeps its running max and its sum scaled to it (rescaled when the
-/// max rises), the block takes the max and adds the threads' sums scaled to it, and the
-/// probabilities are numerator * (1 / sum). Returns false, leaving `flags` / an all -inf
-/// max for the caller's status, when there is no softmax.
+/// The softmax's max and sum over a logit row in one pass (VEC entries a thread per tile;
+/// the whole row, first tile to last, whatever sp's split and order: the float sum depends
+/// on the order, and softmax() must get the bits the fused samplers get). Each thread
+/// keeps its running max (and kFlagNotFinite for NaN or +inf) and its sum of numerators
+/// scaled to it, rescaled when the max rises; the block takes the max and adds the
+/// threads' sums scaled to it (one CUB reduction), and the probabilities are numerator *
+/// (1 / sum). Returns false, leaving `flags` / an all -inf max for the caller's status,
+/// when there is no softmax.
 template <int VEC, typename Row>
 __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& out, uint32_t& flags, SharedState& sh,
-                              const RowSplit& mode = RowSplit{}, bool online = false) {
+                              const RowSplit& mode = RowSplit{}) {
   RowSplit whole;  // one block, forward, the read mode of `mode`
   whole.stream = mode.stream;
   out.inv_t = __fdiv_rn(1.0f, temperature);
+  const float inv_t = out.inv_t;
   RowSummary s{0, -INFINITY, 0u};
-  float sum = 0.f;  // online: this thread's sum of numerators scaled to its running max s.max_p
-  if (online) {
-    const float inv_t = out.inv_t;
-    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
-      float tile_max = -INFINITY;
+  float sum = 0.f;  // this thread's sum of numerators scaled to its running max s.max_p
+  for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
+    float tile_max = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-        else tile_max = fmaxf(tile_max, v[j]);
-      }
-      if (tile_max > s.max_p) {  // rescale the sum so far to the new max (a sum of 0 stays 0)
-        const float m_new = __fmul_rn(tile_max, inv_t);
-        if (s.max_p != -INFINITY) sum = __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, m_new));
-        s.max_p = tile_max;
-      }
-      if (s.max_p != -INFINITY) {
-        const float m = __fmul_rn(s.max_p, inv_t);
+    for (int j = 0; j < VEC; ++j) {
+      if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
+      else tile_max = fmaxf(tile_max, v[j]);
+    }
+    if (tile_max > s.max_p) {  // rescale the sum so far to the new max (a sum of 0 stays 0)
+      const float m_new = __fmul_rn(tile_max, inv_t);
+      if (s.max_p != -INFINITY) sum = __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, m_new));
+      s.max_p = tile_max;
+    }
+    if (s.max_p != -INFINITY) {
+      const float m = __fmul_rn(s.max_p, inv_t);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-          if (!(isnan(v[j]) || v[j] == INFINITY)) sum = __fadd_rn(sum, softmax_numerator(v[j], inv_t, m));
-      }
-    });
-  } else {
-    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-        else s.max_p = fmaxf(s.max_p, v[j]);
-      }
-    });
-  }
+      for (int j = 0; j < VEC; ++j)
+        if (!(isnan(v[j]) || v[j] == INFINITY)) sum = __fadd_rn(sum, softmax_numerator(v[j], inv_t, m));
+    }
+  });
   const RowSummary r =
       cub::BlockReduce<RowSummary, kBlock>(sh.temp.summary).Reduce(s, [](const RowSummary& a, const RowSummary& b) {
         return RowSummary{0, fmaxf(a.max_p, b.max_p), a.flags | b.flags};
@@ -727,19 +661,11 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   const RowSummary all = broadcast(r, sh.summary);
   flags = all.flags;
   if (all.flags != 0 || all.max_p == -INFINITY) return false;
-  out.m = __fmul_rn(all.max_p, out.inv_t);  // the largest numerator is 2^0 = 1: no overflow
-  if (online) {
-    // this thread's sum scaled from its max to the row's (the thread holding the row's max adds >= 1)
-    sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, out.inv_t, out.m));
-  } else {
-    for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], out.inv_t, out.m));
-    });
-  }
+  out.m = __fmul_rn(all.max_p, inv_t);  // the largest numerator is 2^0 = 1: no overflow
+  // this thread's sum scaled from its max to the row's (the thread holding the row's max adds >= 1)
+  sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, out.m));
   sum = cub::BlockReduce<float, kBlock>(sh.temp.value).Sum(sum);
   out.sum = broadcast(sum, sh.value);
-  out.use_rcp = online;
   out.rcp = __frcp_rn(out.sum);
   return true;
 }
@@ -843,74 +769,32 @@ __device__ int32_t inverse_cdf(const Row& row, Candidate is_candidate, Mass thre
 
 /// Pass 2: count and exact mass of the entries strictly above pivot_0 and pivot_1, and
 /// each tile's two masses (sets 0 and 1): the next round's candidates are one of the two.
-/// collect (fuse; one block per row): also copies every entry above `collect_above` into
-/// the list, in no particular order, while it has room; collect->n gets their count
-/// (more than the capacity: the list is incomplete).
 template <int VEC, bool CLUSTER = false, typename Row>
-__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp,
-                                       CandidateList* collect = nullptr, float collect_above = 0.f) {
+__device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivot_1, SharedState& sh, RowSplit& sp) {
   const bool tiles = keeps_tiles<VEC>(row.vocab);
-  if (collect != nullptr && threadIdx.x == 0) sh.list_count = 0;
-  if (collect != nullptr) __syncthreads();
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
-  const bool lean = sp.lean;
-  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto index) {
-    if (collect != nullptr) {  // warp by warp: one shared atomic per warp and entry slot with a hit
-      float top = v[0];
+  for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
+    // a warp converts only for a set some of its entries are in (the set above pivot_1,
+    // the midpoint towards `high`, is usually empty); entries are valid (pass 0)
+    MassAcc acc_0, acc_1;
+    float top = v[0];
 #pragma unroll
-      for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
-      if (__any_sync(0xFFFFFFFFu, top > collect_above)) {
-        const unsigned lane = threadIdx.x & 31u;
+    for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
+    if (__any_sync(0xFFFFFFFFu, top > pivot_0)) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const bool hit = v[j] > collect_above;
-          const unsigned mask = __ballot_sync(0xFFFFFFFFu, hit);
-          if (mask == 0) continue;
-          const int leader = __ffs(mask) - 1;
-          int base = 0;
-          if (lane == static_cast<unsigned>(leader)) base = atomicAdd(&sh.list_count, __popc(mask));
-          base = __shfl_sync(0xFFFFFFFFu, base, leader);
-          const int at = base + __popc(mask & ((1u << lane) - 1u));
-          if (hit && at < collect->capacity) {
-            collect->value[at] = v[j];
-            collect->index[at] = static_cast<int32_t>(index(j));
-          }
-        }
+      for (int j = 0; j < VEC; ++j) {
+        const bool above = v[j] > pivot_0;
+        s.count_0 += above ? 1 : 0;
+        acc_0.add_unit(above ? v[j] : 0.f);
       }
     }
-    MassAcc acc_0, acc_1;
-    if (lean) {
-      // a warp converts only for a set some of its entries are in (the set above pivot_1,
-      // the midpoint towards `high`, is usually empty); entries are valid (pass 0)
-      float top = v[0];
+    if (__any_sync(0xFFFFFFFFu, top > pivot_1)) {
 #pragma unroll
-      for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
-      if (__any_sync(0xFFFFFFFFu, top > pivot_0)) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const bool above = v[j] > pivot_0;
-          s.count_0 += above ? 1 : 0;
-          acc_0.add_unit(above ? v[j] : 0.f);
-        }
-      }
-      if (__any_sync(0xFFFFFFFFu, top > pivot_1)) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const bool above = v[j] > pivot_1;
-          s.count_1 += above ? 1 : 0;
-          acc_1.add_unit(above ? v[j] : 0.f);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {  // each entry converted once, added to both sets it is in
-        const MassAcc::Parts m = MassAcc::parts(v[j]);
-        const bool above_0 = v[j] > pivot_0, above_1 = v[j] > pivot_1;
-        s.count_0 += above_0 ? 1 : 0;
-        s.count_1 += above_1 ? 1 : 0;
-        acc_0.add_if(above_0, m);
-        acc_1.add_if(above_1, m);
+      for (int j = 0; j < VEC; ++j) {
+        const bool above = v[j] > pivot_1;
+        s.count_1 += above ? 1 : 0;
+        acc_1.add_unit(above ? v[j] : 0.f);
       }
     }
     s.mass_0 += acc_0.value();
@@ -926,9 +810,7 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   const PivotStats r = cub::BlockReduce<PivotStats, kBlock>(sh.temp.pivots).Reduce(s, fold);
   if constexpr (CLUSTER)
     return cluster_combine(r, sh.pivot_parts, 2, tile_count<VEC>(row.vocab), fold, sh.pivots, sh, sp);
-  const PivotStats all = broadcast(r, sh.pivots);  // its barriers also end the collection
-  if (collect != nullptr) collect->n = sh.list_count;
-  return all;
+  return broadcast(r, sh.pivots);
 }
 
 /// One pass over the row (each thread its VEC consecutive entries of a tile, one block

@@ -8,13 +8,15 @@
 // by block scan that stops where the draw lands, then a count and mass above two pivots
 // by block reduction); a rejection raises the floor `low` so later rounds draw from fewer
 // candidates, and a handful of rounds is typical (the chapter has the counts). From
-// logits (f32 or bf16) the same kernel fuses the softmax: the row's max and sum first,
-// then every pass reads p_j = exp(x_j - max) / sum computed on the fly, bit-identically.
+// logits (f32 or bf16) the same kernel fuses the softmax: the row's max and sum in one
+// pass first, then every pass reads p_j = exp(x_j - max) * (1 / sum) computed on the fly,
+// bit-identically.
 // When outputs are few, each probability row is split over the blocks of a cluster
 // (rejection_sampling_cluster_kernel), so batch 1 uses 16 SMs instead of one.
-// How the passes read and add (streamed tiles, serpentine order, lean arithmetic, the
-// candidate list of the last rounds, the one-pass softmax) is chosen by PassMode
-// (launch.hpp); no mode changes a decision, so every mode gives the same tokens.
+// The full passes stream their tiles through a cp.async ring, every other one last tile
+// first, and the last rounds read a candidate list in shared memory (row_passes.cuh);
+// where a GPU gives a block too little shared memory for the ring or the list, the
+// launcher leaves them out (fit_shared_memory), which changes no token.
 // What it still does badly: pass 0 (the row's exact total) is a full extra pass that a
 // sampler trusting rows to sum to 1 would skip; masses are 128-bit integers (summed per
 // thread in two 64-bit halves, MassAcc, and widened once per tile), so the passes still
@@ -27,7 +29,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -70,21 +71,9 @@ struct SamplerParams {
   int32_t* rounds;                  ///< (batch) or null
   int32_t* status;                  ///< (batch) or null
   float* probs_out;                 ///< (batch, vocab) or null: the fused softmax rows (logits only)
-  bool prefetch;                    ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
   bool stream;                      ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
-  bool serpentine;                  ///< every other full pass last tile first (row_passes.cuh)
-  bool online_softmax;              ///< from logits: one-pass max and sum, p = numerator * (1 / sum)
   bool compact;                     ///< rejection rounds over the candidate list once it fits
-  bool lean;                        ///< pass 0 and the counting pass: fewer instructions an entry
-  bool fuse_gather;                 ///< (with compact) the counting pass fills the list itself
 };
-
-/// The read mode of the full passes (row_passes.cuh: RowSplit) a launch asks for.
-__device__ __forceinline__ void set_mode(RowSplit& sp, const SamplerParams& p, bool aligned) {
-  sp.stream = p.stream && aligned;
-  sp.serpentine = p.serpentine;
-  sp.lean = p.lean;
-}
 
 /// What a sampler kernel reads: probabilities, or logits whose softmax it fuses.
 enum class Source { probs, f32_logits, bf16_logits };
@@ -159,10 +148,7 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
   // the candidate list (row_passes.cuh), one block per row only: once a round leaves at
   // most kListCapacity candidates, later rounds read the list, not the row
   const bool may_list = !CLUSTER && p.compact;
-  // fuse: the counting pass itself collects the entries above the lower pivot (a superset
-  // of the next round's candidates) into a list past the ring, sorted when it is used
-  const bool fuse = may_list && p.fuse_gather;
-  CandidateList list = fuse ? list_past_ring<Row, VEC>(sp, kFuseListCapacity) : candidate_list();
+  CandidateList list = candidate_list();
   bool listed = false;
   for (int32_t round = 0;;) {
     const Mass threshold = scaled_threshold(uniform_bits(p, out, round++), q);
@@ -182,8 +168,7 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
     // two pivots per pass: the drawn probability, and the midpoint towards `high`
     const float pivot_1 = __fmul_rn(__fadd_rn(pivot_0, high), 0.5f);
     const PivotStats above = listed ? list_count_mass_above(list, pivot_0, pivot_1, sh)
-                                    : count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp,
-                                                                     fuse ? &list : nullptr, fminf(pivot_0, pivot_1));
+                                    : count_mass_above<VEC, CLUSTER>(row, pivot_0, pivot_1, sh, sp);
     if (pivot_passes<KIND>(f, above.count_0, above.mass_0, top_p_bound)) return {token, round, Status::ok};
     int32_t left;  // candidates of the next round
     if (pivot_passes<KIND>(f, above.count_1, above.mass_1, top_p_bound)) {
@@ -201,11 +186,7 @@ __device__ Draw draw_by_rejection(const SamplerParams& p, int64_t out, const Row
     // low rises every round and `high` always passes, so this ends; never loop on a surprise
     if (!(low < high)) return {kInvalidToken, round, Status::internal_error};
     if (may_list && !listed && left <= list.capacity) {
-      if (fuse && list.n <= list.capacity) {
-        sort_list_by_index(list);  // every entry above low is in it (low >= the lower pivot)
-      } else {
-        gather_candidates<VEC>(row, low, list, sh);
-      }
+      gather_candidates<VEC>(row, low, list, sh);
       listed = true;
     }
   }
@@ -250,7 +231,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
   __shared__ SharedState sh;
   const int64_t out = blockIdx.x;
   RowSplit whole;
-  set_mode(whole, p, VECTOR_LOADS);
+  whole.stream = p.stream && VECTOR_LOADS;
   int64_t row_index = 0;
   Filter f{};
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};
@@ -258,7 +239,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     if (d.status == Status::ok) {
       // 16 entries a thread per tile as four 16-byte loads (aligned rows); else 8 loads of 4 bytes
       constexpr int VEC = VECTOR_LOADS ? 16 : 8;
-      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
+      const ProbRowT<VECTOR_LOADS> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab};
       d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
     }
   } else {
@@ -266,17 +247,17 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_kernel(SamplerParam
     // order-dependent) is the same whatever the loads; softmax() uses the same passes
     using T = std::conditional_t<SOURCE == Source::f32_logits, float, Bf16Bits>;
     constexpr int VEC = 16;
-    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
+    const LogitRowT<T, VECTOR_LOADS> logits{static_cast<const T*>(p.input) + row_index * p.vocab, p.vocab};
     SoftmaxScale scale{};
     uint32_t flags = 0;
     bool have_softmax = false;
     if (d.status == Status::ok) {
-      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh, whole, p.online_softmax);
+      have_softmax = softmax_scale<VEC>(logits, 1.0f, scale, flags, sh, whole);
       if (!have_softmax) d.status = flags ? Status::not_finite : Status::zero_row;
     }
     float* probs_row = p.probs_out ? p.probs_out + out * p.vocab : nullptr;
     if (have_softmax) {
-      whole.passes = 1;  // the softmax read the row first to last: serpentine's next pass runs back
+      whole.passes = 1;  // the softmax read the row first to last: the next pass runs back
       const SoftmaxRowT<LogitRowT<T, VECTOR_LOADS>> row{logits, scale, p.vocab};
       if (probs_row) write_row<VEC>(row, probs_row);
       d = sample_row<KIND, VEC>(p, out, row, f, sh, whole);
@@ -305,7 +286,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(Samp
   RowSplit sp;
   sp.rank = static_cast<int>(cluster.block_rank());
   sp.size = static_cast<int>(cluster.num_blocks());
-  set_mode(sp, p, true);
+  sp.stream = p.stream;
   const int64_t out = blockIdx.x / sp.size;
   // no block writes into another's shared memory before every block of the cluster runs
   auto started = cluster.barrier_arrive();
@@ -314,7 +295,7 @@ __global__ void __launch_bounds__(kBlock) rejection_sampling_cluster_kernel(Samp
   Draw d{kInvalidToken, 0, read_output<KIND>(p, out, row_index, f)};  // the same in every block
   cluster.barrier_wait(std::move(started));
   if (d.status == Status::ok) {
-    const ProbRowT<true> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab, p.prefetch};
+    const ProbRowT<true> row{static_cast<const float*>(p.input) + row_index * p.vocab, p.vocab};
     d = sample_row<KIND, 16, true>(p, out, row, f, sh, sp);
   }
   // no remote access follows the last cluster barrier of sample_row, so blocks may leave
@@ -359,12 +340,12 @@ constexpr int64_t kMaxVocab = int64_t{1} << 30;  // a row's mass stays below 2^1
 }
 
 /// Dynamic shared memory of a sampler launch: stream_tiles' ring when p.stream (16 entries
-/// a thread per tile, entries of `bytes_per_entry`), else none.
+/// a thread per tile, entries of `bytes_per_entry`), the candidate list when p.compact
+/// (over the ring: no streamed pass runs while the list is in use).
 size_t ring_bytes(const device::SamplerParams& p, int64_t bytes_per_entry) {
   const size_t ring = p.stream
                           ? size_t{device::kStreamStages} * device::kBlock * 16 * static_cast<size_t>(bytes_per_entry)
                           : 0;
-  if (p.compact && p.fuse_gather) return ring + device::kFuseListBytes;  // the list past the ring
   const size_t list = p.compact ? device::kListBytes : 0;
   return ring > list ? ring : list;
 }
@@ -375,26 +356,14 @@ void launch_kind(const device::SamplerParams& p, int64_t batch, cudaStream_t str
   const auto kernel = device::rejection_sampling_kernel<KIND, SOURCE, VECTOR_LOADS>;
   static const size_t allowed = allow_dynamic_smem(
       reinterpret_cast<const void*>(kernel),
-      std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry + device::kFuseListBytes,
-               device::kListBytes));
+      std::max(size_t{device::kStreamStages} * device::kBlock * 16 * kEntry, device::kListBytes));
   const auto ring_of = [](device::SamplerParams q) {
     q.stream = q.stream && VECTOR_LOADS;  // the ring only for aligned rows; the list for any
     return ring_bytes(q, kEntry);
   };
-  const device::SamplerParams launched = fit_pass_mode(p, allowed, ring_of);
+  const device::SamplerParams launched = fit_shared_memory(p, allowed, ring_of);
   kernel<<<static_cast<unsigned>(batch), device::kBlock, ring_of(launched), stream>>>(launched);
   kernels::check_launch("rejection_sampling_kernel");
-}
-
-/// The largest cluster the environment allows: FLASHSTEP_SAMPLING_CLUSTER=1 turns the
-/// split off, 2, 4 or 8 caps it (read once; for timing against one block per row).
-int cluster_cap() {
-  static const int cap = [] {
-    const char* v = std::getenv("FLASHSTEP_SAMPLING_CLUSTER");
-    const int c = v ? std::atoi(v) : device::kMaxCluster;
-    return c >= 1 && c <= device::kMaxCluster ? c : device::kMaxCluster;
-  }();
-  return cap;
 }
 
 /// How many clusters of c blocks of the cluster kernel fit on the GPU at once (c = 2, 4,
@@ -413,8 +382,7 @@ int clusters_that_fit(int c) {
       return n;
     }
     if ((built.ptxVersion > 0 ? built.ptxVersion : built.binaryVersion) < 90) return n;
-    const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4 +
-                        device::kFuseListBytes;  // the most a launch asks
+    const size_t ring = size_t{device::kStreamStages} * device::kBlock * 16 * 4;  // the most a launch asks
     if (allow_dynamic_smem(reinterpret_cast<const void*>(kernel), ring) < ring) return n;
     if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
       cudaGetLastError();
@@ -455,9 +423,9 @@ int cluster_size(const device::SamplerParams& p, int64_t batch) {
   const bool aligned = p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.input) % 16 == 0;
   const int64_t tile = int64_t{device::kBlock} * 16;
   const int64_t tiles = (p.vocab + tile - 1) / tile;
-  if (!aligned || tiles > device::kMaxTiles || pass_mode().solo) return 1;
+  if (!aligned || tiles > device::kMaxTiles) return 1;
   for (int c = device::kMaxCluster; c >= 2; c /= 2)
-    if (c <= cluster_cap() && c <= tiles && batch <= clusters_that_fit<KIND>(c)) return c;
+    if (c <= tiles && batch <= clusters_that_fit<KIND>(c)) return c;
   return 1;
 }
 
@@ -524,50 +492,6 @@ size_t allow_dynamic_smem(const void* kernel, size_t bytes) {
   return allowed;
 }
 
-namespace {
-/// An on/off switch from the environment, read once: `fallback` unless set to "0" or "1".
-bool env_switch(const char* name, bool fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  const std::string s(v);
-  return s == "0" ? false : (s == "1" ? true : fallback);
-}
-}  // namespace
-
-namespace {
-bool g_mode_set = false;
-PassMode g_mode;
-}  // namespace
-
-void set_pass_mode(const PassMode& mode) {
-  g_mode = mode;
-  g_mode_set = true;
-}
-
-PassMode pass_mode() {
-  if (g_mode_set) return g_mode;
-  static const PassMode mode = [] {
-    PassMode m;
-    m.stream = env_switch("FLASHSTEP_SAMPLING_STREAM", m.stream);
-    m.serpentine = env_switch("FLASHSTEP_SAMPLING_SERPENTINE", m.serpentine);
-    m.online_softmax = env_switch("FLASHSTEP_SAMPLING_ONLINE_SOFTMAX", m.online_softmax);
-    m.compact = env_switch("FLASHSTEP_SAMPLING_COMPACT", m.compact);
-    m.lean = env_switch("FLASHSTEP_SAMPLING_LEAN", m.lean);
-    m.solo = env_switch("FLASHSTEP_SAMPLING_SOLO", m.solo);
-    m.fuse_gather = env_switch("FLASHSTEP_SAMPLING_FUSE", m.fuse_gather);
-    return m;
-  }();
-  return mode;
-}
-
-bool prefetch_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLASHSTEP_SAMPLING_PREFETCH");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
-
 void check_rows(const char* fn, const char* name, DeviceRows rows, bool bf16_allowed) {
   if (rows.dtype != ElementType::f32 && !(bf16_allowed && rows.dtype == ElementType::bf16))
     fail(fn, std::string(name) + " must be " + (bf16_allowed ? "f32 or bf16" : "f32") + ", got element type " +
@@ -629,14 +553,8 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.rounds = out.rounds;
   p.status = out.status;
   p.probs_out = logits ? out.probs : nullptr;
-  p.prefetch = prefetch_enabled();
-  const PassMode mode = pass_mode();
-  p.stream = mode.stream;
-  p.serpentine = mode.serpentine;
-  p.online_softmax = mode.online_softmax;
-  p.compact = mode.compact;
-  p.lean = mode.lean;
-  p.fuse_gather = mode.fuse_gather;
+  p.stream = true;  // launch_kind leaves the ring or the list out where they do not fit
+  p.compact = true;
   const ElementType dtype = probs.dtype;
   switch (kind) {
     case FilterKind::none: return launch_source<FilterKind::none>(p, batch, logits, dtype, stream);
@@ -801,7 +719,7 @@ const std::vector<OperatorInfo>& operators() {
        "joint: one rejection loop testing both rules; top_k_first: top_k_renorm_probs, then top-p"},
       {"top_k_top_p_sampling_from_logits", "logits", "tokens",
        "joint: the joint loop, softmax fused; top_k_first: top_k_mask_logits, then top-p, softmax fused"},
-      {"softmax", "logits", "probs", "max, sum, divide: three passes, float (the samplers' fused softmax)"},
+      {"softmax", "logits", "probs", "max and sum in one pass, then the write, float (the samplers' fused softmax)"},
       {"top_k_renorm_probs", "probs", "probs", "the k-th largest by a 3-pass radix select on the value, exact masses"},
       {"top_p_renorm_probs", "probs", "probs", "the top-p cut by a 3-pass radix select on the value, exact masses"},
       {"top_k_mask_logits", "logits", "logits", "the k-th largest logit by a 3-pass radix select on the value"},

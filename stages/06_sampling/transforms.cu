@@ -10,9 +10,8 @@
 // (the first level rides along with pass 0). Then the kept mass and the write.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "06_sampling/launch.hpp"
@@ -41,12 +40,8 @@ struct TransformParams {
   const float* temperature_per_output;  ///< (outputs) or null
   float* out;                           ///< (outputs, vocab); may alias `in` when indices is null
   int32_t* status;                      ///< (outputs) or null
-  bool prefetch;                        ///< L2 prefetch of the next tile (row_passes.cuh: prefetch_tile)
   bool stream;                          ///< full passes by stream_tiles (aligned rows; dynamic shared memory)
-  bool serpentine;                      ///< every other full pass last tile first
-  bool online_softmax;                  ///< softmax: one-pass max and sum (as the fused samplers)
   bool compact;                         ///< count cuts: finish from a shared-memory list (radix_cut)
-  bool lean;                            ///< pass 0 of renorm: no branch an entry (summarize_with_histogram)
 };
 
 /// Step 1: the input row of output `o` and its parameters, or why there is none.
@@ -75,18 +70,6 @@ static_assert(kRadixDigits % kBlock == 0, "every thread owns the same number of 
 
 /// What a radix level counts per digit: entries (top-k, mask) or exact masses (top-p).
 enum class RadixStat { count, mass };
-
-/// How a radix level adds an entry to its bin (a compile-time variant, so one binary
-/// can time both; the launcher picks one, see histogram_add()):
-///   atomic: one shared atomic per entry. After a softmax most entries of a row fall into
-///           a few bins, so the lanes of a warp that hit one address wait on each other.
-///           Adding a constant 1 (counts) compiles to ATOMS.POPC.INC, which adds the lanes
-///           that share an address at once: counts are aggregated by the hardware.
-///   warp:   the lanes of a warp that share a bin find each other (match.any) and one
-///           lane per bin adds the group's count or summed units: one atomic per distinct
-///           bin and warp (the sum over a group is a reduction with that group's mask,
-///           which the compiler runs once per distinct mask).
-enum class HistogramAdd { atomic, warp };
 
 /// Shared memory of the radix select: one histogram (reused by the three levels) and
 /// the digit a level settles on, with the count or mass above it. A bin is 64 bits kept
@@ -150,28 +133,13 @@ __device__ __forceinline__ uint32_t radix_bin(uint32_t key, uint32_t prefix, int
   return (key >> shift) & digit_mask;
 }
 
-/// Adds one entry per lane to its bin d (kNoBin: none). Every lane of the warp calls it
-/// (the warp variant's match.any and reduction need whole warps). HistogramAdd::warp:
-/// the lanes with the same bin find each other with match.any and the lowest of them
-/// adds the group's count (popc) or its units summed by a warp reduction over the group
-/// (units are below 2^24, a group's sum below 2^29). Integer sums: the bins, and so the
-/// cut, are the same in both variants.
-template <RadixStat STAT, HistogramAdd ADD>
+/// Adds one entry to its bin d (kNoBin: none): one shared atomic per entry. After a
+/// softmax most entries of a row fall into a few bins, so lanes of a warp that hit one
+/// address wait on each other; adding a constant 1 (counts) compiles to ATOMS.POPC.INC,
+/// which the hardware aggregates over the lanes that share an address.
+template <RadixStat STAT>
 __device__ __forceinline__ void radix_add(RadixShared& rs, uint32_t d, float x) {
-  if constexpr (ADD == HistogramAdd::atomic) {
-    if (d != kNoBin) rs.add<STAT>(d, STAT == RadixStat::count ? 1u : static_cast<uint32_t>(bucket_units(x)));
-  } else {
-    if (!__any_sync(0xFFFFFFFFu, d != kNoBin)) return;  // the later levels: most warps have no hit
-    const uint32_t group = __match_any_sync(0xFFFFFFFFu, d);
-    if (d == kNoBin) return;
-    const bool leader = (threadIdx.x & 31u) == static_cast<uint32_t>(__ffs(group) - 1);
-    if constexpr (STAT == RadixStat::count) {
-      if (leader) rs.add<STAT>(d, static_cast<uint32_t>(__popc(group)));
-    } else {
-      const uint32_t units = __reduce_add_sync(group, static_cast<uint32_t>(bucket_units(x)));
-      if (leader) rs.add<STAT>(d, units);
-    }
-  }
+  if (d != kNoBin) rs.add<STAT>(d, STAT == RadixStat::count ? 1u : static_cast<uint32_t>(bucket_units(x)));
 }
 
 /// After a level's histogram: the digit d* whose bucket holds the cut, i.e. the one d
@@ -229,7 +197,7 @@ __device__ void radix_settle(RadixShared& rs, uint32_t prefix, int shift, int di
 /// (value and index, in no particular order) into `list`, the third level's histogram is
 /// built from the list instead of a third pass, and the caller may finish from the list
 /// (*listed). The histograms, and so the cut, are the same either way.
-template <RadixStat STAT, HistogramAdd ADD, int VEC, typename Row, typename Keep, typename Passes>
+template <RadixStat STAT, int VEC, typename Row, typename Keep, typename Passes>
 __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep keep, Passes passes, bool first_level_done,
                               RadixShared& rs, SharedState& sh, Mass& above_cut, Mass& at_cut, bool& clamped,
                               RowSplit& sp, CandidateList* list = nullptr, bool* listed = nullptr) {
@@ -248,13 +216,9 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
     __syncthreads();
     if (gathered && level == 2) {
       // the third level from the list: it holds every kept entry with the prefix's top bits
-      for (int base = 0; base < list->n; base += kBlock) {  // whole warps: radix_add
-        const int a = base + static_cast<int>(threadIdx.x);
-        const float x = a < list->n ? list->value[a] : 0.f;
-        const uint32_t d = a < list->n
-                               ? radix_bin(order_key(x), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1))
-                               : kNoBin;
-        radix_add<STAT, ADD>(rs, d, x);
+      for (int a = static_cast<int>(threadIdx.x); a < list->n; a += kBlock) {
+        const float x = list->value[a];
+        radix_add<STAT>(rs, radix_bin(order_key(x), prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1)), x);
       }
       __syncthreads();
     } else if (level > 0 || !first_level_done) {
@@ -262,7 +226,6 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
                           above + at_cut <= static_cast<Mass>(list->capacity);
       if (gather && threadIdx.x == 0) sh.token = 0;  // the list's fill counter
       if (gather) __syncthreads();
-      // every thread runs every tile: whole warps for radix_add
       for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float(&v)[VEC], auto index) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -270,7 +233,7 @@ __device__ uint32_t radix_cut(const Row& row, uint32_t lo, uint32_t hi, Keep kee
           const uint32_t key = order_key(v[j]);
           const uint32_t d = counted ? radix_bin(key, prefix, shift, prefix_shift, static_cast<uint32_t>(digits - 1))
                                      : kNoBin;
-          radix_add<STAT, ADD>(rs, d, v[j]);
+          radix_add<STAT>(rs, d, v[j]);
           if (gather && counted && key >= prefix) {  // rare: at most list->capacity in the row
             const int at = atomicAdd(&sh.token, 1);
             if (at < list->capacity) list->value[at] = v[j], list->index[at] = static_cast<int32_t>(index(j));
@@ -332,11 +295,10 @@ __device__ void fill_row_vec(float* out, int64_t vocab, float value) {
 /// of the fused from-logits samplers (row_passes.cuh: softmax_scale, SoftmaxRowT, VEC 16),
 /// so at temperature 1 this writes the probabilities they draw from, bit for bit.
 template <typename Row>
-__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh, const RowSplit& mode,
-                              bool online) {
+__device__ Status softmax_row(const Row& row, float temperature, float* out, SharedState& sh, const RowSplit& mode) {
   SoftmaxScale scale{};
   uint32_t flags = 0;
-  if (!softmax_scale<16>(row, temperature, scale, flags, sh, mode, online))
+  if (!softmax_scale<16>(row, temperature, scale, flags, sh, mode))
     return flags ? Status::not_finite : Status::zero_row;
   write_row<16>(SoftmaxRowT<Row>{row, scale, row.vocab}, out);
   return Status::ok;
@@ -345,14 +307,13 @@ __device__ Status softmax_row(const Row& row, float temperature, float* out, Sha
 /// Pass 0 of a renorm or mask row, fused with the first radix level's histogram of the
 /// entries `keep` accepts: the summary (probabilities: total, max, flags; logits: max,
 /// flags) and the bins of the top 11 key bits. A bad row's bins are never read.
-template <RadixStat STAT, HistogramAdd ADD, bool LOGITS, int VEC, typename Row, typename Keep>
+template <RadixStat STAT, bool LOGITS, int VEC, typename Row, typename Keep>
 __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixShared& rs, SharedState& sh,
                                                RowSplit& sp) {
   rs.clear();
   __syncthreads();
   constexpr int kShift = 32 - kRadixBits;
   RowSummary s{0, LOGITS ? -INFINITY : 0.f, 0u};
-  // every thread runs every tile: whole warps for radix_add
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t, const float(&v)[VEC], auto index) {
     MassAcc acc;
 #pragma unroll
@@ -362,7 +323,7 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
         if constexpr (LOGITS) {
           if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
           else s.max_p = fmaxf(s.max_p, v[j]);
-        } else if (sp.lean) {  // as summarize_row's lean pass 0: no branch for a valid entry
+        } else {  // as summarize_row's pass 0: no branch for a valid entry
           const bool valid = v[j] >= 0.f && v[j] <= 1.f;
           acc.add_unit(valid ? v[j] : 0.f);
           s.max_p = fmaxf(s.max_p, valid ? v[j] : 0.f);
@@ -370,11 +331,9 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
             MassAcc ignored;
             add_entry(s, ignored, v[j]);  // flags only
           }
-        } else {
-          add_entry(s, acc, v[j]);
         }
       }
-      radix_add<STAT, ADD>(rs, real && keep(v[j]) ? order_key(v[j]) >> kShift : kNoBin, v[j]);
+      radix_add<STAT>(rs, real && keep(v[j]) ? order_key(v[j]) >> kShift : kNoBin, v[j]);
     }
     s.total += acc.value();
   });
@@ -388,12 +347,12 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
 /// top_k_renorm_probs / top_p_renorm_probs of one row: pass 0 with the first radix
 /// level, two more radix levels (the cut), for top-k the kept mass (top-p has it from
 /// the last level), then the write.
-template <Transform T, HistogramAdd ADD, int VEC, typename Row>
+template <Transform T, int VEC, typename Row>
 __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* out, RadixShared& rs, SharedState& sh,
                              RowSplit& sp, bool gather) {
   constexpr RadixStat kStat = T == Transform::top_k_renorm ? RadixStat::count : RadixStat::mass;
   auto positive = [](float x) { return x > 0.f; };
-  const RowSummary s = summarize_with_histogram<kStat, ADD, false, VEC>(row, positive, rs, sh, sp);
+  const RowSummary s = summarize_with_histogram<kStat, false, VEC>(row, positive, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.flags & kFlagNegative) return Status::negative;
   if (s.flags & kFlagAboveOne) return Status::above_one;
@@ -404,7 +363,7 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
   bool clamped = false, listed = false;
   CandidateList list = transform_list<Row, VEC>(sp);
   const uint32_t lo = order_key(0.f);
-  const uint32_t cut = radix_cut<kStat, ADD, VEC>(
+  const uint32_t cut = radix_cut<kStat, VEC>(
       row, lo, order_key(s.max_p), positive,
       [&](Mass stat) {
         if constexpr (T == Transform::top_k_renorm) return stat < static_cast<Mass>(top_k);
@@ -439,17 +398,17 @@ __device__ Status renorm_row(const Row& row, int64_t top_k, float top_p, float* 
 }
 
 /// top_k_mask_logits of one row (in place allowed: every entry is read before it is written).
-template <HistogramAdd ADD, int VEC, typename Row>
+template <int VEC, typename Row>
 __device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShared& rs, SharedState& sh, RowSplit& sp,
                            bool gather) {
   auto all = [](float) { return true; };
-  const RowSummary s = summarize_with_histogram<RadixStat::count, ADD, true, VEC>(row, all, rs, sh, sp);
+  const RowSummary s = summarize_with_histogram<RadixStat::count, true, VEC>(row, all, rs, sh, sp);
   if (s.flags & kFlagNotFinite) return Status::not_finite;
   if (s.max_p == -INFINITY) return Status::zero_row;
   Mass above_cut = 0, at_cut = 0;
   bool clamped = false, listed = false;
   CandidateList list = transform_list<Row, VEC>(sp);
-  const uint32_t cut = radix_cut<RadixStat::count, ADD, VEC>(
+  const uint32_t cut = radix_cut<RadixStat::count, VEC>(
       row, order_key(-INFINITY), order_key(s.max_p), all, [&](Mass count) { return count < static_cast<Mass>(top_k); },
       true, rs, sh, above_cut, at_cut, clamped, sp, gather ? &list : nullptr, &listed);
   if (listed && !clamped) {  // every kept entry is in the list: fill, then put them back
@@ -468,7 +427,7 @@ __device__ Status mask_row(const Row& row, int64_t top_k, float* out, RadixShare
 
 /// One block per output row: read the row and parameters, transform, or write NaN + status.
 /// In: float or Bf16Bits (softmax and mask only); VECTOR_LOADS: 16-byte loads (aligned rows).
-template <Transform T, typename In, bool VECTOR_LOADS, HistogramAdd ADD>
+template <Transform T, typename In, bool VECTOR_LOADS>
 __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   __shared__ SharedState sh;
   constexpr int VEC = VECTOR_LOADS ? 16 : 8;  // renorm and mask: entries a thread per tile
@@ -479,22 +438,17 @@ __global__ void __launch_bounds__(kBlock) transform_kernel(TransformParams p) {
   float* out = p.out + o * p.vocab;
   RowSplit whole;
   whole.stream = p.stream && VECTOR_LOADS;
-  whole.serpentine = p.serpentine;
-  whole.lean = p.lean;
   if (status == Status::ok) {
     const In* in = static_cast<const In*>(p.in) + row * p.vocab;
     if constexpr (T == Transform::softmax)
-      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, temperature, out, sh, whole,
-                           p.online_softmax);
+      status = softmax_row(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, temperature, out, sh, whole);
     if constexpr (T == Transform::top_k_mask) {
       __shared__ RadixShared rs;
-      status = mask_row<ADD, VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, out, rs, sh, whole,
-                                  p.compact);
+      status = mask_row<VEC>(LogitRowT<In, VECTOR_LOADS>{in, p.vocab}, top_k, out, rs, sh, whole, p.compact);
     }
     if constexpr (T == Transform::top_k_renorm || T == Transform::top_p_renorm) {
       __shared__ RadixShared rs;
-      status = renorm_row<T, ADD, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab, p.prefetch}, top_k, top_p, out, rs, sh,
-                                       whole, p.compact);
+      status = renorm_row<T, VEC>(ProbRowT<VECTOR_LOADS>{in, p.vocab}, top_k, top_p, out, rs, sh, whole, p.compact);
     }
   }
   if (status != Status::ok) {
@@ -510,27 +464,11 @@ namespace detail {
 
 namespace {
 
-/// The histogram variant of the radix select: HistogramAdd::atomic by default (measured on
-/// an H100 at batch 128 x 128256: top_p_renorm 295 us atomic against 612 us warp-aggregated,
-/// top_k_renorm 274 us against 320); the environment variable FLASHSTEP_SAMPLING_HISTOGRAM
-/// = "warp" (or "atomic") forces one (read once; to time both in one binary).
-device::HistogramAdd histogram_add(device::Transform) {
-  // 0: the default, atomic
-  static const int choice = [] {
-    const char* v = std::getenv("FLASHSTEP_SAMPLING_HISTOGRAM");
-    if (v && std::string(v) == "atomic") return 1;
-    if (v && std::string(v) == "warp") return 2;
-    return 0;
-  }();
-  if (choice == 1) return device::HistogramAdd::atomic;
-  if (choice == 2) return device::HistogramAdd::warp;
-  return device::HistogramAdd::atomic;
-}
-
 /// Launches one transform kernel with stream_tiles' ring when p.stream (rows of In, VEC 16).
-template <device::Transform T, typename In, bool VECTOR_LOADS, device::HistogramAdd ADD>
-void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t stream) {
-  const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS, ADD>;
+template <device::Transform T, typename In, bool VECTOR_LOADS = false>
+void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
+  if (outputs == 0) return;
+  const auto kernel = device::transform_kernel<T, In, VECTOR_LOADS>;
   // the ring (streamed passes), then the candidate list (count cuts)
   constexpr size_t kRing = device::stream_bytes<16, In>() + device::kTransformListBytes;
   static const size_t allowed = allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kRing);
@@ -538,22 +476,8 @@ void launch_one(const device::TransformParams& p, unsigned grid, cudaStream_t st
     return (VECTOR_LOADS && q.stream ? device::stream_bytes<16, In>() : size_t{0}) +
            (q.compact && T != device::Transform::softmax ? device::kTransformListBytes : size_t{0});
   };
-  const device::TransformParams launched = fit_pass_mode(p, allowed, ring_of);
-  kernel<<<grid, device::kBlock, ring_of(launched), stream>>>(launched);
-}
-
-template <device::Transform T, typename In, bool VECTOR_LOADS = false>
-void launch_transform(const device::TransformParams& p, int64_t outputs, cudaStream_t stream) {
-  if (outputs == 0) return;
-  const unsigned grid = static_cast<unsigned>(outputs);
-  using device::HistogramAdd;
-  if constexpr (T == device::Transform::softmax) {  // no histogram: one kernel
-    launch_one<T, In, VECTOR_LOADS, HistogramAdd::warp>(p, grid, stream);
-  } else if (histogram_add(T) == HistogramAdd::warp) {
-    launch_one<T, In, VECTOR_LOADS, HistogramAdd::warp>(p, grid, stream);
-  } else {
-    launch_one<T, In, VECTOR_LOADS, HistogramAdd::atomic>(p, grid, stream);
-  }
+  const device::TransformParams launched = fit_shared_memory(p, allowed, ring_of);
+  kernel<<<static_cast<unsigned>(outputs), device::kBlock, ring_of(launched), stream>>>(launched);
   kernels::check_launch("transform_kernel");
 }
 
@@ -580,13 +504,8 @@ device::TransformParams transform_params(DeviceRows in, float* out, const Gather
   p.temperature = 1.f;
   p.out = out;
   p.status = g.status;
-  p.prefetch = prefetch_enabled();
-  const PassMode mode = pass_mode();
-  p.stream = mode.stream;
-  p.serpentine = mode.serpentine;
-  p.online_softmax = mode.online_softmax;
-  p.compact = mode.compact;
-  p.lean = mode.lean;
+  p.stream = true;  // launch_transform leaves the ring or the list out where they do not fit
+  p.compact = true;
   return p;
 }
 

@@ -607,121 +607,6 @@ TEST_CASE("top_k_renorm_probs, top_p_renorm_probs, top_k_mask_logits and softmax
   }
 }
 
-TEST_CASE("pass modes: every mode gives the tokens, rows and statuses of the plain passes") {
-  // The pass modes (launch.hpp: PassMode; each switch alone, all, all but the list, all
-  // with one block per row, the list filled by the counting pass) change how the passes read and add, never what they decide: every sampler's tokens, rounds and statuses, and the renorm and mask
-  // rows, equal mode "off"'s bit for bit. The fused softmax's bits depend on the mode
-  // (online softmax), so there softmax() must equal the fused probabilities under each
-  // mode, and the tokens the reference sampler's on them.
-  namespace detail = gpu::detail;
-  const detail::PassMode saved = detail::pass_mode();
-  auto make = [](bool stream, bool serp, bool online, bool compact, bool lean, bool solo = false, bool fuse = false) {
-    detail::PassMode m;
-    m.stream = stream, m.serpentine = serp, m.online_softmax = online, m.compact = compact, m.lean = lean;
-    m.solo = solo, m.fuse_gather = fuse;
-    return m;
-  };
-  const std::vector<detail::PassMode> modes = {make(false, false, false, false, false),
-                                               make(true, false, false, false, false),
-                                               make(false, true, false, false, false),
-                                               make(false, false, true, false, false),
-                                               make(false, false, false, true, false),
-                                               make(false, false, false, false, true),
-                                               make(true, true, true, true, true),
-                                               make(true, true, true, false, true),
-                                               make(true, true, true, true, true, true),
-                                               make(true, true, true, true, true, false, true),
-                                               make(false, false, false, true, true, false, true),
-                                               make(true, true, true, true, true, true, true)};
-  auto rng = flashstep::test::case_rng("stage 06 pass modes");
-  for (int64_t vocab : {int64_t{111}, int64_t{32000}, int64_t{151936}}) {
-    for (int64_t batch : {int64_t{1}, int64_t{5}}) {
-      CAPTURE(vocab);
-      CAPTURE(batch);
-      const std::vector<float> pr = random_prob_rows(rng, batch, vocab, 2.0, true);
-      ref::Tensor logits({batch, vocab});
-      logits.data = random_logits(rng, batch * vocab, 0.02);
-      for (int64_t r = 0; r < batch; ++r) logits.data[static_cast<size_t>(r * vocab)] = 0.5;
-      const DeviceLogits dl(logits, false);
-      DeviceArray<float> d_probs(pr);
-      const gpu::DeviceRows in{d_probs.get(), batch, vocab};
-      const uint64_t seed = rng();
-      const int64_t k = vocab > 200 ? 50 : 10;
-      // per mode: every sampler's (token, round, status), the renorm and mask rows
-      std::vector<std::vector<int32_t>> baseline;
-      for (size_t mi = 0; mi < modes.size(); ++mi) {
-        CAPTURE(mi);
-        detail::set_pass_mode(modes[mi]);
-        std::vector<std::vector<int32_t>> got;
-        auto sample = [&](const std::function<void(const gpu::SamplingOutputs&, gpu::Workspace)>& call,
-                          size_t ws_bytes) {
-          DeviceArray<int32_t> samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
-              status(static_cast<size_t>(batch));
-          DeviceArray<uint8_t> ws(ws_bytes);
-          samples.poison(), rounds.poison(), status.poison();
-          call({samples.get(), rounds.get(), status.get()}, {ws.get(), ws_bytes});
-          got.push_back(samples.download());
-          got.push_back(rounds.download());
-          got.push_back(status.download());
-        };
-        gpu::SamplingOptions opt;
-        opt.seed = seed;
-        opt.offset = 3;
-        sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::sampling_from_probs(in, o, opt); }, 0);
-        sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::top_k_sampling_from_probs(in, k, o, opt); },
-               0);
-        sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::top_p_sampling_from_probs(in, 0.9, o, opt); },
-               0);
-        sample([&](const gpu::SamplingOutputs& o, gpu::Workspace) { gpu::min_p_sampling_from_probs(in, 0.05, o, opt); },
-               0);
-        for (auto order : {ref::FilterApplyOrder::joint, ref::FilterApplyOrder::top_k_first}) {
-          const size_t bytes = gpu::workspace_bytes("top_k_top_p_sampling_from_probs", batch, batch, vocab, order);
-          sample([&](const gpu::SamplingOutputs& o,
-                     gpu::Workspace ws) { gpu::top_k_top_p_sampling_from_probs(in, k, 0.9, order, o, ws, opt); },
-                 bytes);
-        }
-        DeviceArray<float> out(pr.size());
-        auto bits = [&](const std::vector<float>& v) {
-          std::vector<int32_t> b(v.size());
-          std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-          return b;
-        };
-        gpu::top_k_renorm_probs(in, k, out.get());
-        got.push_back(bits(out.download()));
-        gpu::top_p_renorm_probs(in, 0.9, out.get());
-        got.push_back(bits(out.download()));
-        gpu::top_k_mask_logits(dl.rows, k, out.get());
-        got.push_back(bits(out.download()));
-        if (mi == 0) {
-          baseline = got;
-        } else {
-          for (size_t g = 0; g < got.size(); ++g) {
-            CAPTURE(g);
-            CHECK(got[g] == baseline[g]);
-          }
-        }
-        // from logits, joint: the fused probabilities are softmax()'s, the tokens the reference's on them
-        DeviceArray<int32_t> samples(static_cast<size_t>(batch)), rounds(static_cast<size_t>(batch)),
-            status(static_cast<size_t>(batch));
-        DeviceArray<float> used(pr.size()), soft(pr.size());
-        samples.poison(), rounds.poison(), status.poison(), used.poison();
-        gpu::top_k_top_p_sampling_from_logits(dl.rows, k, 0.9, ref::FilterApplyOrder::joint,
-                                              {samples.get(), rounds.get(), status.get(), used.get()}, {}, opt);
-        gpu::softmax(dl.rows, 1.0, soft.get());
-        const std::vector<float> u = used.download();
-        CHECK(bits(u) == bits(soft.download()));
-        ref::SamplingOptions on_rows;
-        on_rows.seed = seed;
-        on_rows.offset = 3;
-        const ref::SamplingResult expected = ref::top_k_top_p_sampling_from_probs(
-            as_tensor(u, vocab), k, 0.9, ref::FilterApplyOrder::joint, on_rows);
-        check_tokens("from logits joint", samples.download(), rounds.download(), status.download(), expected, {});
-      }
-    }
-  }
-  detail::set_pass_mode(saved);
-}
-
 TEST_CASE("chain_speculative_sampling: every output equals the reference's") {
   auto rng = flashstep::test::case_rng("stage 06 speculative");
   size_t n_case = 0;
@@ -1101,5 +986,17 @@ TEST_CASE("the stage 06 registry lists every reference operator once") {
   CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::joint) == 0);
   CHECK(gpu::workspace_bytes("top_k_top_p_sampling_from_logits", 3, 5, 100, ref::FilterApplyOrder::top_k_first) >=
         5 * 100 * sizeof(float) + 5 * sizeof(int32_t));
+}
+
+TEST_CASE("a launch leaves out the ring, then the list, only where the shared memory is short") {
+  // fit_shared_memory (launch.hpp): the ring needs 100 bytes, the list 60, both 160
+  struct Params {
+    bool stream = true, compact = true;
+  };
+  auto bytes = [](const Params& q) { return (q.stream ? 100u : 0u) + (q.compact ? 60u : 0u); };
+  auto fit = [&](size_t allowed) { return gpu::detail::fit_shared_memory(Params{}, allowed, bytes); };
+  CHECK((fit(160).stream && fit(160).compact));
+  CHECK((!fit(159).stream && fit(159).compact));
+  CHECK((!fit(59).stream && !fit(59).compact));
 }
 }  // TEST_SUITE("host")
