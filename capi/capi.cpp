@@ -322,6 +322,8 @@ int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream)
     require_lazy((k_scale == 1.f && v_scale == 1.f) || !r->info->kv_dtypes.empty(), [&] {
       return "run: stage " + r->info->name + " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)";
     });
+    require_lazy(batch->sinks == nullptr || r->info->sinks,
+                 [&] { return "run: stage " + r->info->name + " does not implement attention sinks"; });
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
@@ -335,6 +337,7 @@ int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream)
     d.lse = batch->lse;
     d.k_scale = k_scale;
     d.v_scale = v_scale;
+    d.sinks = batch->sinks;
     r->runner->run(d, as_stream(stream));
     check_cuda(cudaGetLastError(), "run");
   });

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 6
+#define FLASHSTEP_CAPI_VERSION 7
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -89,6 +89,10 @@ typedef struct fs_batch {
   /// FP8 refuses scales other than 1.
   double k_scale;
   double v_scale;
+  /// Attention sinks of this run (FlashInfer's run(sinks=)): (num_qo_heads) fp32
+  /// natural-log logits, each joining its head's softmax denominator; null: none. Only a
+  /// stage whose capabilities list "sinks" takes them (stages/sinks/).
+  const float* sinks;
 } fs_batch;
 
 /// The message of the last failing call on this thread ("" when none).

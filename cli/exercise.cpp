@@ -36,6 +36,13 @@ Exercise cpu_exercise(const std::string& folder, int chapter) {
           dir + "/attempt.cpp", "flashstep_exercise_cpu_" + folder,   dir + "/hint.md"};
 }
 
+// The exercise of a lesson that is not a concept chapter: a feature's folder under stages/.
+Exercise lesson_exercise(const std::string& folder, const std::string& lesson) {
+  Exercise e = cpu_exercise(folder, 0);
+  e.topic = "lesson " + lesson;
+  return e;
+}
+
 Exercise stage_exercise(const std::string& folder, const std::string& needs, const std::string& file) {
   return {folder.substr(3),
           "stage " + folder.substr(0, 2),
@@ -65,6 +72,8 @@ const std::vector<Exercise>& catalogue() {
       cpu_exercise("15_split_kv_plan", 9),
       cpu_exercise("16_top_p_target", 10),
       cpu_exercise("17_rejection_round", 10),
+      lesson_exercise("18_attention_sinks", "sinks"),
+      lesson_exercise("19_soft_cap", "soft_cap"),
       stage_exercise("01_naive", "GPU", "exercise.cu"),
       stage_exercise("02_paged", "GPU", "exercise.cu"),
       stage_exercise("03_split_kv", "GPU", "exercise.cu"),

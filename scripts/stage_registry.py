@@ -32,7 +32,7 @@ class RegistryError(Exception):
 
 DEFAULTS = {"name": "", "summary": "", "modes": [], "storage": "paged", "dtypes": [], "kv_dtypes": [],
             "head_dims": [], "kv_layouts": [], "max_page_size": 0, "max_group_size": 0, "causal": False,
-            "window_left": False, "logits_soft_cap": False, "needs_host_page_table": False,
+            "window_left": False, "logits_soft_cap": False, "sinks": False, "needs_host_page_table": False,
             "pos_encodings": ["none"], "rope_rounds_to_dtype": False, "cuda_graph": False, "rules": False}
 # Fields that take a runner or a function: their value is code, not data (rules: whether set).
 CODE_FIELDS = {"make_runner", "rules"}
@@ -49,7 +49,7 @@ def capabilities(e):
     s += f"; GQA groups 1..{e['max_group_size']}"
     if e["storage"] == "paged":
         s += f"; page_size 1..{e['max_page_size']}"
-    for flag in ("causal", "window_left", "logits_soft_cap"):
+    for flag in ("causal", "window_left", "logits_soft_cap", "sinks"):
         if e[flag]:
             s += "; " + flag
     if e["needs_host_page_table"]:

@@ -184,6 +184,7 @@ std::string StageInfo::unsupported_run_reason(const DeviceBatch& batch) const {
       return "the run's k_scale and v_scale must be positive finite numbers (0: the plan's)";
   const bool scaled = (batch.k_scale != 0.f && batch.k_scale != 1.f) || (batch.v_scale != 0.f && batch.v_scale != 1.f);
   if (scaled && kv_dtypes.empty()) return name + " does not apply k_scale or v_scale (both must be 1)";
+  if (batch.sinks != nullptr && !sinks) return name + " does not implement attention sinks";
   return {};
 }
 
@@ -239,6 +240,7 @@ std::string StageInfo::capabilities() const {
   if (causal) s << "; causal";
   if (window_left) s << "; window_left";
   if (logits_soft_cap) s << "; logits_soft_cap";
+  if (sinks) s << "; sinks";
   if (needs_host_page_table) s << "; plans from the host page table";
   for (PosEncoding e : pos_encodings)
     if (e != PosEncoding::none)

@@ -150,6 +150,10 @@ struct DeviceBatch {
   /// not check, its callers do (StageInfo::unsupported_run_reason).
   float k_scale = 0.f;
   float v_scale = 0.f;  ///< as k_scale, for v (0: BatchShape::v_scale)
+  /// Attention sinks of this run (FlashInfer's run(sinks=)): (num_qo_heads) natural-log
+  /// logits, fp32, each joining its head's softmax denominator with no value
+  /// (stages/sinks/); null: none. Only stages whose StageInfo::sinks is set take them.
+  const float* sinks = nullptr;
 };
 
 /// The k_scale a run applies: batch.k_scale when given (non-zero), else shape.k_scale.
@@ -294,13 +298,14 @@ struct StageInfo {
   /// FP8 K/V types it reads with fp16/bf16 q and o (e4m3, e5m2), applying k_scale and
   /// v_scale; empty: K/V in q's dtype only, and both scales must be 1.
   std::vector<DType> kv_dtypes;
-  std::vector<int> head_dims;          ///< head_dim values it is built for
-  std::vector<KVLayout> kv_layouts;    ///< page (or ragged) layouts it reads
-  int max_page_size = 0;               ///< paged only: largest page_size it accepts
-  int max_group_size = 0;              ///< largest num_qo_heads / num_kv_heads
-  bool causal = false;                 ///< whether it implements the causal mask (prefill)
-  bool window_left = false;            ///< whether it implements window_left >= 0
-  bool logits_soft_cap = false;        ///< whether it implements logits_soft_cap > 0
+  std::vector<int> head_dims;        ///< head_dim values it is built for
+  std::vector<KVLayout> kv_layouts;  ///< page (or ragged) layouts it reads
+  int max_page_size = 0;             ///< paged only: largest page_size it accepts
+  int max_group_size = 0;            ///< largest num_qo_heads / num_kv_heads
+  bool causal = false;               ///< whether it implements the causal mask (prefill)
+  bool window_left = false;          ///< whether it implements window_left >= 0
+  bool logits_soft_cap = false;      ///< whether it implements logits_soft_cap > 0
+  bool sinks = false;                ///< whether a run may give DeviceBatch::sinks (run() names the shapes it refuses)
   bool needs_host_page_table = false;  ///< whether plan() reads BatchShape::kv_indices
   /// Position encodings it implements; PosEncoding::rope_llama only with q's dtype K/V.
   std::vector<PosEncoding> pos_encodings = {PosEncoding::none};
@@ -326,7 +331,8 @@ struct StageInfo {
   std::string pos_encoding_reason(const BatchShape& shape) const;
   /// Empty when a run() may take `batch`'s scales (DeviceBatch::k_scale / v_scale):
   /// none given (0), or positive finite ones for a stage that applies scales (kv_dtypes
-  /// not empty), or 1 for any stage; otherwise why not. run() itself does not check.
+  /// not empty), or 1 for any stage; and its sinks only where `sinks` is set; otherwise
+  /// why not. run() itself does not check the scales.
   std::string unsupported_run_reason(const DeviceBatch& batch) const;
   /// Whether the stage can run `shape`: unsupported_reason(shape) is empty.
   bool supports(const BatchShape& shape) const { return unsupported_reason(shape).empty(); }

@@ -364,15 +364,17 @@ class PlanRun:
         """run() over the paged cache (decode, paged prefill, cascade)."""
         k_scale = _scale(fn, "k_scale", kwargs.pop("k_scale", None)) if kwargs else 1.0
         v_scale = _scale(fn, "v_scale", kwargs.pop("v_scale", None)) if kwargs else 1.0
+        sinks = kwargs.pop("sinks", None) if kwargs else None
         if args or kwargs:
             _unsupported_run_args(fn, args, kwargs)
         p = self._planned
         if p is None:
             self._require_plan()
+        p.batch.sinks = None
         # The fast path: PyTorch tensors (out= and lse= too, where given; else allocated
         # here). Each check that fails falls through to the general path below, which
         # raises with the argument's name.
-        if type(q) in _TORCH_TYPES and type(paged_kv_cache) in _TORCH_TYPES:
+        if sinks is None and type(q) in _TORCH_TYPES and type(paged_kv_cache) in _TORCH_TYPES:
             t = p.torch or self._torch_plan(p)
             pool = paged_kv_cache
             device = q.get_device()
@@ -396,11 +398,23 @@ class PlanRun:
         if qa.device is None:
             for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
                 _check_on_device(a, fn, name)
+        arrays = [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")] + self._sinks(p, sinks, fn)
         b = p.batch
         b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
         b.k_scale, b.v_scale = k_scale, v_scale
-        self._launch(qa, b, [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")])
+        self._launch(qa, b, arrays)
         return (o, lse_t) if return_lse else o
+
+    @staticmethod
+    def _sinks(p, sinks, fn):
+        """FlashInfer's run(sinks=): one float32 logit per query head, on the arrays' device
+        (stages/sinks/). Sets the batch's pointer; returns [(array, name)] for the device
+        check, empty when there are none."""
+        if sinks is None:
+            return []
+        sa = check(device_array(sinks, fn, "sinks"), fn, "sinks", dtypes=("float32",), shape=(p.lse_shape[-1],))
+        p.batch.sinks = sa.ptr
+        return [(sa, "sinks")]
 
     def _paged_pool(self, paged_kv_cache, p, fn):
         """The pool pointer of a 5-D cache, or of a (k_cache, v_cache) tuple that is its two halves."""

@@ -113,11 +113,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
         return self._run("BatchPrefillWithRaggedKVCacheWrapper.run", q, k, v, args, out, lse, return_lse, kwargs)
 
     def _run(self, fn, q, k, v, args, out, lse, return_lse, kwargs):
+        sinks = kwargs.pop("sinks", None) if kwargs else None
         if args or kwargs:
             _unsupported_run_args(fn, args, kwargs)
         p = self._require_plan()
+        p.batch.sinks = None
         # The fast path for PyTorch tensors (PlanRun._run_paged says how it falls through).
-        if type(q) in _TORCH_TYPES and type(k) in _TORCH_TYPES and type(v) in _TORCH_TYPES:
+        if sinks is None and type(q) in _TORCH_TYPES and type(k) in _TORCH_TYPES and type(v) in _TORCH_TYPES:
             t = p.torch or self._torch_plan(p)
             device = q.get_device()
             qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -139,9 +141,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
         if qa.device is None:
             for a, name in ((qa, "q"), (ka, "k"), (va, "v")):
                 _check_on_device(a, fn, name)
+        arrays = [(qa, "q"), (ka, "k"), (va, "v"), (oa, "out"), (la, "lse")] + self._sinks(p, sinks, fn)
         b = p.batch
         b.q, b.k, b.v, b.o, b.lse = qa.ptr, ka.ptr, va.ptr, oa.ptr, la.ptr
-        self._launch(qa, b, [(qa, "q"), (ka, "k"), (va, "v"), (oa, "out"), (la, "lse")])
+        self._launch(qa, b, arrays)
         return (o, lse_t) if return_lse else o
 
     def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, window_left=-1,

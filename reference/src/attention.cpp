@@ -45,6 +45,8 @@ void check_attention_options(const char* fn, const AttentionOptions& opt) {
   require(std::isfinite(opt.logits_soft_cap) && opt.logits_soft_cap >= 0, fn,
           "logits_soft_cap must be 0 (off) or a positive finite number (got " + std::to_string(opt.logits_soft_cap) +
               ")");
+  for (size_t h = 0; h < opt.sinks.size(); ++h)
+    require(std::isfinite(opt.sinks[h]), fn, "sinks[" + std::to_string(h) + "] must be finite");
 }
 
 namespace {
@@ -80,6 +82,10 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
   const int64_t group_size = num_qo_heads / num_kv_heads;
   const double sm_scale = resolved_sm_scale(opt, head_dim);
   const double cap = opt.logits_soft_cap;
+  const bool has_sinks = !opt.sinks.empty();
+  require(!has_sinks || static_cast<int64_t>(opt.sinks.size()) == num_qo_heads, "attention",
+          "sinks must hold one logit per query head: " + std::to_string(num_qo_heads) + ", got " +
+              std::to_string(opt.sinks.size()));
 
   for (int64_t kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
     // K and V of this kv head are read once and shared by its group of query heads (GQA).
@@ -105,15 +111,20 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
             m = std::max(m, s_ij);
           }
           const int64_t row = q_row0 + i0 + i;
-          if (m == kNegInf) {  // no visible key: the empty state (o = 0, lse = -inf)
+          // A sink is one more term of the denominator, with no value: it takes part in
+          // the max, so that exp never overflows, and in the sum.
+          const double sink = has_sinks ? opt.sinks[static_cast<size_t>(h)] : kNegInf;
+          m = std::max(m, sink);
+          if (m == kNegInf) {  // no visible key and no sink: the empty state (o = 0, lse = -inf)
             S.row(i).setZero();
             denom(i) = 0.0;
             lse({row, h}) = kNegInf;
             continue;
           }
-          // Softmax with the max subtracted; lse = m + log(sum exp(s - m)).
+          // Softmax with the max subtracted; lse = m + log(sum exp(s - m) + exp(sink - m)).
           S.row(i) = (S.row(i).array() - m).exp();
-          denom(i) = S.row(i).sum();
+          const double sink_term = has_sinks ? std::exp(sink - m) : 0.0;
+          denom(i) = S.row(i).sum() + sink_term;
           lse({row, h}) = m + std::log(denom(i));
         }
         // o_i = sum_j p_ij v_j / sum_j p_ij  (a row with no visible key stays 0)

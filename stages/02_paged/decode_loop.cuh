@@ -24,16 +24,15 @@
 /// k_scale is folded into q's scale (load_q), v_scale into the output's normalisation
 /// (SoftmaxState::output), so the scales cost nothing per key.
 ///
-/// **RoPE in the loads** (stage 03's ROPE_LLAMA; 16-bit K/V), two ways (RopeIn):
-/// - registers: a thread's 16 dims of a row are (tx * 8 + e) and (tx * 8 + e + head_dim/2),
-///   e = 0..7, exactly the eight rotate-half pairs (x[i], x[i + head_dim/2]) of
-///   i = tx * 8 + e. So q (once, in load_q) and every key (in attend_tile, after it is
-///   widened from shared memory) are rotated in registers, with no exchange between
-///   threads and no rounding back to 16 bits; but the bdy threads of a token group that
-///   share a key each rotate it (twice at GQA group 4).
-/// - shared_memory: once a K tile has landed, all 256 threads rotate it in place
-///   (rotate_k_tile: each key once, the copy-only threads helping), rounded back to 16 bits,
-///   then a barrier; q is rotated in registers and rounded the same way.
+/// **Policies.** Every step takes a compile-time Policy (kernels/attention_policy.cuh)
+/// and calls its hooks: on_q on each head's q as it is loaded, on_k_tile on each K tile
+/// once it lands (the caller's job: attend_chunk and the kernels call it between the
+/// barrier and attend_tile), on_logit on every score, and on_state on each head's merged
+/// state. Stage 02 runs the identity, so the loop below is the plain algorithm; RoPE in
+/// the loads (stages/rope/), the logits soft cap (stages/soft_cap/) and attention sinks
+/// (stages/sinks/) are policies of their own.
+/// A thread's 16 dims of a 16-bit row are dims tx * 8 + e and tx * 8 + e + head_dim / 2,
+/// e = 0..7: exactly eight rotate-half pairs, which is the RowSlice load_q hands on_q.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,11 +41,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/state.cuh"
 #include "flashstep/kernels/vec.cuh"
-#include "flashstep/reference/rope_fp32.hpp"
 
 namespace flashstep::stages::paged {
 
@@ -113,23 +112,6 @@ using TilePages = int32_t[DecodeTraits<KV, HEAD_DIM>::COPY_PASSES];
 template <typename KV, int HEAD_DIM>
 using TileSlots = uint32_t[DecodeTraits<KV, HEAD_DIM>::COPY_PASSES];
 
-/// Where the decode loop rotates keys under ROPE_LLAMA (the file comment).
-enum class RopeIn { none, registers, shared_memory };
-
-/// Rotates this thread's dims x of one row (x[e] and x[8 + e] form pair tx * 8 + e) to
-/// `position`, in fp32, exactly as ref::rope_llama_fp32 does.
-/// \param x the row's 16 dims, as load_q and attend_tile hold them (two 8-element halves)
-/// \param turns f_i of the thread's eight pairs, in global memory (read through L1 at each
-///        use: eight doubles held in registers would spill, at 128 registers a thread)
-__device__ __forceinline__ void rotate_half_pairs(float (&x)[16], int position, const double* turns) {
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    float c, s;
-    ref::rope_cos_sin_fp32(position, __ldg(turns + e), c, s);
-    ref::rope_rotate_fp32(x[e], x[8 + e], c, s);
-  }
-}
-
 /// One thread's place in the loop's 256-thread layout (the file comment).
 struct DecodeThread {
   int tid;           ///< index among the loop's 256 threads, 0..255
@@ -169,16 +151,18 @@ __device__ __forceinline__ DecodeThread place_thread(int tid, int bdy, int bdz) 
 /// \param group_size query heads per kv head
 /// \param sm_scale_log2 sm_scale * k_scale * log2(e)
 /// \param q this thread's EPT dims of each of its heads
-/// \tparam ROPE rotate q to q_position first (ROPE_LLAMA; 16-bit K/V) with `turns`
-/// \tparam ROUND_ROPE round the rotated q to T (as a key rotated in shared memory is)
-template <typename T, int HEAD_DIM, typename KV, bool ROPE = false, bool ROUND_ROPE = false>
+/// \param pol the policy's parameters \param q_position the query's position in its request
+/// \tparam Policy its on_q sees each head's q (RowSlice: pairs tx * 8 + e for 16-bit K/V)
+template <typename T, int HEAD_DIM, typename KV, typename Policy = kernels::IdentityPolicy>
 __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, int64_t first_row, int group_size,
-                                       float sm_scale_log2, QRegisters<KV, HEAD_DIM>& q, int q_position = 0,
-                                       const double* turns = nullptr) {
+                                       float sm_scale_log2, QRegisters<KV, HEAD_DIM>& q,
+                                       const typename Policy::Params& pol = {}, int q_position = 0) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int QVEC = Vec16<T>::kSize;  // q elements per 16-byte vector
   constexpr int QPV = Tr::VEC / QVEC;    // q vectors per K/V vector: 1, or 2 for fp8 K/V
   static_assert(Tr::VEC % QVEC == 0, "a K/V vector must span whole q vectors (K/V no wider than q)");
+  // a 16-bit row's slice is eight rotate-half pairs; an FP8 row's (16 contiguous dims) is not
+  const kernels::RowSlice slice{q_position, Tr::NV == 2 && Tr::VEC == 8 ? th.tx * 8 : -1};
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) {
     const int h_local = th.ty * Tr::HPT + j;
@@ -193,18 +177,7 @@ __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, 
         else qv.raw = make_uint4(0, 0, 0, 0);
         qv.to_float(&q[j][v * Tr::VEC + w * QVEC]);
       }
-    if constexpr (ROPE) {
-      static_assert(Tr::NV == 2 && Tr::VEC == 8, "RoPE in the loads: 16-bit K/V, dims (tx*8+e, tx*8+e+head_dim/2)");
-      rotate_half_pairs(q[j], q_position, turns);
-      if constexpr (ROUND_ROPE) {
-#pragma unroll
-        for (int v = 0; v < Tr::NV; ++v) {
-          Vec16<T> qv;
-          qv.from_float(&q[j][v * Tr::VEC]);
-          qv.to_float(&q[j][v * Tr::VEC]);
-        }
-      }
-    }
+    Policy::template on_q<T>(pol, q[j], slice);
 #pragma unroll
     for (int e = 0; e < Tr::EPT; ++e) q[j][e] *= sm_scale_log2;
   }
@@ -257,39 +230,6 @@ __device__ __forceinline__ void issue_copies(const DecodeThread& th, const Paged
   }
 }
 
-/// RopeIn::shared_memory: rotates the landed K tile in place, key `row` to position
-/// `tile_position` + row, each rotate-half pair once: thread tid takes chunk pair c =
-/// tid % (head_dim / 16) (elements c*8.. and c*8 + head_dim/2..) of rows tid / (head_dim / 16),
-/// + 256 / (head_dim / 16), ..., in fp32 (ref::rope_llama_fp32's arithmetic), rounded back to
-/// KV. Rows past the range are zero-filled and stay zero. Collective over the 256 threads;
-/// the caller puts a barrier after it.
-/// \param rope_turns (head_dim / 2) turns per position f_i, device memory
-template <typename KV, int HEAD_DIM>
-__device__ __forceinline__ void rotate_k_tile(const DecodeThread& th, KV* k_tile, int tile_position,
-                                              const double* rope_turns) {
-  using Tr = DecodeTraits<KV, HEAD_DIM>;
-  constexpr int kHalf = HEAD_DIM / 16;  // 16-byte chunks in half a row
-  static_assert(Tr::VEC == 8 && Tr::kThreads % kHalf == 0, "16-bit K: a chunk is 8 elements, 8 pairs");
-  const int c = th.tid % kHalf;
-  const double* turns = rope_turns + c * 8;
-#pragma unroll
-  for (int row = th.tid / kHalf; row < Tr::TILE; row += Tr::kThreads / kHalf) {
-    KV* lo = k_tile + row * HEAD_DIM + c * 8;
-    KV* hi = lo + HEAD_DIM / 2;
-    Vec16<KV> a16, b16;
-    a16.load(lo);
-    b16.load(hi);
-    float x[16];
-    a16.to_float(x);
-    b16.to_float(x + 8);
-    rotate_half_pairs(x, tile_position + row, turns);
-    a16.from_float(x);
-    b16.from_float(x + 8);
-    a16.store(lo);
-    b16.store(hi);
-  }
-}
-
 /// Folds the keys of one tile in shared memory into the states: this thread's tokens tz,
 /// tz + bdz, ... of the tile, STEP at a time. Keys at or past len (the end of the range)
 /// are masked. At 3 TB/s an H100 SM must consume about 12 bytes of K/V per clock, so the
@@ -301,12 +241,14 @@ __device__ __forceinline__ void rotate_k_tile(const DecodeThread& th, KV* k_tile
 /// \param k_tile (TILE, head_dim) K rows in shared memory, followed by the V tile
 /// \param tile_start the tile's first key, counted from the range's first
 /// \param len keys in the range
-/// \tparam ROPE rotate each key to its position, range_position + tile_start + its row,
-///         with `turns`, the thread's eight f_i (ROPE_LLAMA; 16-bit K/V)
-template <typename KV, int HEAD_DIM, bool ROPE = false>
+/// \param pol the policy's parameters \param range_position the range's first key's
+///        position in its request (the position on_logit sees is range_position +
+///        tile_start + the key's row)
+/// \tparam Policy its on_logit sees every score
+template <typename KV, int HEAD_DIM, typename Policy = kernels::IdentityPolicy>
 __device__ __forceinline__ void attend_tile(const DecodeThread& th, const QRegisters<KV, HEAD_DIM>& q,
                                             HeadStates<KV, HEAD_DIM>& state, const KV* k_tile, int tile_start, int len,
-                                            int range_position = 0, const double* turns = nullptr) {
+                                            const typename Policy::Params& pol = {}, int range_position = 0) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int HPT = Tr::HPT, STEP = Tr::STEP, TILE = Tr::TILE, VEC = Tr::VEC, NV = Tr::NV, BDX = Tr::BDX;
   const KV* v_tile = k_tile + TILE * HEAD_DIM;
@@ -320,34 +262,16 @@ __device__ __forceinline__ void attend_tile(const DecodeThread& th, const QRegis
       const int row = min(base + u * th.bdz, TILE - 1);
 #pragma unroll
       for (int j = 0; j < HPT; ++j) s[u][j] = 0.f;
-      if constexpr (ROPE) {
-        // k_u widened whole (both halves of each pair), rotated to its position, then q . k_u.
-        float k[Tr::EPT];
 #pragma unroll
-        for (int v = 0; v < NV; ++v) {
-          Vec16<KV> k16;
-          k16.load(k_tile + row * HEAD_DIM + (v * BDX + th.tx) * VEC);
-          k16.to_float(&k[v * VEC]);
-        }
-        rotate_half_pairs(k, range_position + tile_start + row, turns);
+      for (int v = 0; v < NV; ++v) {
+        Vec16<KV> k16;
+        k16.load(k_tile + row * HEAD_DIM + (v * BDX + th.tx) * VEC);
+        float k[VEC];
+        k16.to_float(k);
 #pragma unroll
-        for (int v = 0; v < NV; ++v)
+        for (int j = 0; j < HPT; ++j)
 #pragma unroll
-          for (int j = 0; j < HPT; ++j)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[v * VEC + e], s[u][j]);
-      } else {
-#pragma unroll
-        for (int v = 0; v < NV; ++v) {
-          Vec16<KV> k16;
-          k16.load(k_tile + row * HEAD_DIM + (v * BDX + th.tx) * VEC);
-          float k[VEC];
-          k16.to_float(k);
-#pragma unroll
-          for (int j = 0; j < HPT; ++j)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[e], s[u][j]);
-        }
+          for (int e = 0; e < VEC; ++e) s[u][j] = fmaf(q[j][v * VEC + e], k[e], s[u][j]);
       }
     }
     // The BDX lanes of the segment each hold a part of every dot product.
@@ -357,10 +281,13 @@ __device__ __forceinline__ void attend_tile(const DecodeThread& th, const QRegis
       for (int u = 0; u < STEP; ++u)
 #pragma unroll
         for (int j = 0; j < HPT; ++j) s[u][j] += __shfl_xor_sync(th.segment, s[u][j], offset);
-          // s_uj = -inf past the tile or past the range.
+          // The policy's logits (the identity leaves them), then s_uj = -inf past the tile or
+          // past the range.
 #pragma unroll
     for (int u = 0; u < STEP; ++u) {
       const int local = base + u * th.bdz;
+#pragma unroll
+      for (int j = 0; j < HPT; ++j) s[u][j] = Policy::on_logit(pol, s[u][j], range_position + tile_start + local);
       if (local >= TILE || tile_start + local >= len)
 #pragma unroll
         for (int j = 0; j < HPT; ++j) s[u][j] = -INFINITY;

@@ -23,19 +23,21 @@ namespace flashstep::stages::paged {
 
 /// Arguments of the stage's kernels; raw pointers and sizes only.
 /// \tparam T element type of q and o \tparam KV element type of the pool (T, or FP8)
-template <typename T, typename KV = T>
+/// \tparam Policy the hooks' policy (kernels/attention_policy.cuh; the identity here)
+template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
 struct PagedDecodeParams {
-  const T* q = nullptr;       ///< (batch_size, num_qo_heads, head_dim)
-  kernels::PagedKV<KV> kv{};  ///< the page pool and its CSR page table
-  T* o = nullptr;             ///< (batch_size, num_qo_heads, head_dim)
-  float* lse = nullptr;       ///< (batch_size, num_qo_heads), natural log
-  int num_qo_heads = 0;       ///< query heads, Hq (the row stride of q, o and lse)
-  int group_size = 0;         ///< num_qo_heads / num_kv_heads
-  int bdy = 0;                ///< ceil(group_size / DecodeTraits::HPT)
-  int bdz = 0;                ///< kThreads / (BDX * bdy): token groups of a 256-thread loop
-  int num_stages = 0;         ///< pipeline depth, 2..8
-  float sm_scale_log2 = 0.f;  ///< sm_scale * k_scale * log2(e): folded into q once
-  float v_scale = 1.f;        ///< folded into the output's normalisation
+  const T* q = nullptr;              ///< (batch_size, num_qo_heads, head_dim)
+  kernels::PagedKV<KV> kv{};         ///< the page pool and its CSR page table
+  T* o = nullptr;                    ///< (batch_size, num_qo_heads, head_dim)
+  float* lse = nullptr;              ///< (batch_size, num_qo_heads), natural log
+  int num_qo_heads = 0;              ///< query heads, Hq (the row stride of q, o and lse)
+  int group_size = 0;                ///< num_qo_heads / num_kv_heads
+  int bdy = 0;                       ///< ceil(group_size / DecodeTraits::HPT)
+  int bdz = 0;                       ///< kThreads / (BDX * bdy): token groups of a 256-thread loop
+  int num_stages = 0;                ///< pipeline depth, 2..8
+  float sm_scale_log2 = 0.f;         ///< sm_scale * k_scale * log2(e): folded into q once
+  float v_scale = 1.f;               ///< folded into the output's normalisation
+  typename Policy::Params policy{};  ///< what the policy's hooks read
 };
 
 /// Shared memory (bytes) of paged_decode_kernel: the pipeline, whose memory the merge
@@ -56,10 +58,11 @@ constexpr size_t paged_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 /// \tparam T element type of q and o (float, __half or __nv_bfloat16)
 /// \tparam HEAD_DIM head_dim, D
 /// \tparam KV element type of the pool: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with a 16-bit T
+/// \tparam Policy called at the four hooks: on_q, on_k_tile, on_logit, on_state
 /// \param p q (batch_size, num_qo_heads, head_dim), the paged KV view, o (batch_size,
 ///        num_qo_heads, head_dim) and lse (batch_size, num_qo_heads), block shape and scales
-template <typename T, int HEAD_DIM, typename KV = T>
-__global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeParams<T, KV> p) {
+template <typename T, int HEAD_DIM, typename KV = T, typename Policy = kernels::IdentityPolicy>
+__global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeParams<T, KV, Policy> p) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   KV* pipeline = reinterpret_cast<KV*>(smem_raw);  // stage s: K tile, V tile at s * STAGE_ELEMS
@@ -74,7 +77,7 @@ __global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeP
   // q_j * sm_scale * log2(e) in registers; every head's state empty (m = -inf, d = 0, o = 0).
   QRegisters<KV, HEAD_DIM> q;
   HeadStates<KV, HEAD_DIM> state;
-  load_q<T, HEAD_DIM, KV>(th, p.q, first_row, p.group_size, p.sm_scale_log2, q);
+  load_q<T, HEAD_DIM, KV, Policy>(th, p.q, first_row, p.group_size, p.sm_scale_log2, q, p.policy, kv_len - 1);
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) state[j].init();
 
@@ -99,8 +102,13 @@ __global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeP
       issue_copies<KV, HEAD_DIM>(th, p.kv, kv_head, page, slot, pipeline + (next % S) * Tr::STAGE_ELEMS);
     cp_async_commit_group();
     if (next + 1 < num_tiles) fetch_pages<KV, HEAD_DIM>(th, p.kv, page_begin, kv_len, next + 1, page, slot);
-    if (th.computes)
-      attend_tile<KV, HEAD_DIM>(th, q, state, pipeline + (i % S) * Tr::STAGE_ELEMS, i * Tr::TILE, kv_len);
+    KV* tile = pipeline + (i % S) * Tr::STAGE_ELEMS;
+    if constexpr (Policy::kTouchesTiles) {  // e.g. rotated in place (RoPE), then seen whole
+      Policy::template on_k_tile<kernels::RowMajorTile, KV, HEAD_DIM, Tr::TILE, Tr::kThreads>(p.policy, tile, th.tid,
+                                                                                              i * Tr::TILE);
+      __syncthreads();
+    }
+    if (th.computes) attend_tile<KV, HEAD_DIM, Policy>(th, q, state, tile, i * Tr::TILE, kv_len, p.policy);
   }
   cp_async_wait_group<0>();
   __syncthreads();  // every copy landed and every tile is consumed: the memory is free
@@ -112,9 +120,12 @@ __global__ void __launch_bounds__(256, 2) paged_decode_kernel(const PagedDecodeP
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) {
     if (th.ty * Tr::HPT + j >= p.group_size) continue;  // an odd group leaves the last slot empty
+    const int64_t row = first_row + th.ty * Tr::HPT + j;
+    kernels::policy_on_state<Policy>(p.policy, state[j], static_cast<int>(row % p.num_qo_heads),
+                                     0);  // e.g. a sink's term
     float out[Tr::EPT];
     state[j].output(out, p.v_scale);
-    store_output<T, HEAD_DIM, KV>(th, out, state[j].lse(), p.o, p.lse, first_row + th.ty * Tr::HPT + j);
+    store_output<T, HEAD_DIM, KV>(th, out, state[j].lse(), p.o, p.lse, row);
   }
 }
 

@@ -23,7 +23,8 @@ namespace flashstep::stages::split_kv {
 
 /// Arguments of chunk_decode_kernel; raw pointers and sizes only.
 /// \tparam T element type of q and o \tparam KV element type of the pool (T, or FP8)
-template <typename T, typename KV = T>
+/// \tparam Policy the hooks' policy (kernels/attention_policy.cuh; the identity here)
+template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
 struct ChunkDecodeParams {
   const T* q = nullptr;       ///< (batch_size, num_qo_heads, head_dim)
   kernels::PagedKV<KV> kv{};  ///< the page pool and its CSR page table
@@ -48,9 +49,7 @@ struct ChunkDecodeParams {
   /// Folded into each chunk's normalisation, so the partial rows (and the merge, linear in
   /// them) already carry it.
   float v_scale = 1.f;
-  /// ROPE_LLAMA only (the kernel's ROPE instantiation): (head_dim / 2) turns per position
-  /// f_i of the pairs (ref::rope_llama_turns), in device memory.
-  const double* rope_turns = nullptr;
+  typename Policy::Params policy{};  ///< what the policy's hooks read
 };
 
 /// Shared memory (bytes) for a depth and block shape: the larger of the pipeline and the
@@ -69,13 +68,14 @@ constexpr size_t chunk_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 /// other. Collective over the block; ends with a __syncthreads() after every copy has
 /// landed, so the caller may reuse the pipeline memory.
 /// \param pipeline DecodeTraits::pipeline_bytes(num_stages) bytes of shared memory
-/// \tparam ROPE where each key is rotated to its position (chunk_position + its index in
-///         the chunk): in registers as it is read, or the tile in shared memory once it lands
-template <typename KV, int HEAD_DIM, paged::RopeIn ROPE = paged::RopeIn::none>
+/// \param pol the policy's parameters \param chunk_position the chunk's first key's
+///        position in its request
+/// \tparam Policy its on_k_tile sees each tile once it lands, its on_logit every score
+template <typename KV, int HEAD_DIM, typename Policy = kernels::IdentityPolicy>
 __device__ __forceinline__ void attend_chunk(const paged::DecodeThread& th, const paged::QRegisters<KV, HEAD_DIM>& q,
                                              paged::HeadStates<KV, HEAD_DIM>& state, const kernels::PagedKV<KV>& kv,
                                              int kv_head, int32_t page_begin, int len, KV* pipeline, int num_stages,
-                                             int chunk_position = 0, const double* turns = nullptr) {
+                                             const typename Policy::Params& pol = {}, int chunk_position = 0) {
   using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
   using paged::fetch_pages;
   using paged::issue_copies;
@@ -111,14 +111,14 @@ __device__ __forceinline__ void attend_chunk(const paged::DecodeThread& th, cons
       issue_copies<KV, HEAD_DIM>(th, kv, kv_head, page, slot, pipeline + (next % S) * Tr::STAGE_ELEMS);
     kernels::cp_async_commit_group();
     if (next + 1 < num_tiles) fetch_pages<KV, HEAD_DIM>(th, kv, page_begin, len, next + 1, page, slot);
-    if constexpr (ROPE == paged::RopeIn::shared_memory) {  // tile i rotated in place, then seen whole
-      paged::rotate_k_tile<KV, HEAD_DIM>(th, pipeline + (i % S) * Tr::STAGE_ELEMS, chunk_position + i * Tr::TILE,
-                                         turns);
+    KV* tile = pipeline + (i % S) * Tr::STAGE_ELEMS;
+    if constexpr (Policy::kTouchesTiles) {  // e.g. rotated in place (RoPE), then seen whole
+      Policy::template on_k_tile<kernels::RowMajorTile, KV, HEAD_DIM, Tr::TILE, Tr::kThreads>(
+          pol, tile, th.tid, chunk_position + i * Tr::TILE);
       __syncthreads();
     }
     if (th.computes)
-      paged::attend_tile<KV, HEAD_DIM, ROPE == paged::RopeIn::registers>(
-          th, q, state, pipeline + (i % S) * Tr::STAGE_ELEMS, i * Tr::TILE, len, chunk_position, turns);
+      paged::attend_tile<KV, HEAD_DIM, Policy>(th, q, state, tile, i * Tr::TILE, len, pol, chunk_position);
   }
   kernels::cp_async_wait_group<0>();
   __syncthreads();  // every copy landed and every tile is consumed: the memory is free
@@ -128,8 +128,9 @@ __device__ __forceinline__ void attend_chunk(const paged::DecodeThread& th, cons
 /// threads merge_states returned true on): to partial row `item` in fp32 (then the merge
 /// rounds once, to the output dtype, at the end), or, when `direct`, to request b's o and
 /// lse. o = o_j / d_j times v_scale; lse = (m_j + log2 d_j) ln 2.
-template <typename T, int HEAD_DIM, typename KV>
-__device__ __forceinline__ void store_chunk_state(const ChunkDecodeParams<T, KV>& p, const paged::DecodeThread& th,
+template <typename T, int HEAD_DIM, typename KV, typename Policy>
+__device__ __forceinline__ void store_chunk_state(const ChunkDecodeParams<T, KV, Policy>& p,
+                                                  const paged::DecodeThread& th,
                                                   const paged::HeadStates<KV, HEAD_DIM>& state, int kv_head, int item,
                                                   int b, bool direct) {
   using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
@@ -170,10 +171,11 @@ __device__ __forceinline__ void store_chunk_state(const ChunkDecodeParams<T, KV>
 ///        (padded_batch_size, num_qo_heads, head_dim) and partial_lse (padded_batch_size,
 ///        num_qo_heads) in fp32, or o (batch_size, num_qo_heads, head_dim) and lse
 ///        (batch_size, num_qo_heads)
-/// \tparam ROPE ROPE_LLAMA: q rotated to position kv_len - 1 and each key to its position
-///         in the request, in registers or in shared memory (decode_loop.cuh), with p.rope_turns
-template <typename T, int HEAD_DIM, typename KV = T, paged::RopeIn ROPE = paged::RopeIn::none>
-__global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T, KV> p) {
+/// \tparam Policy called at the four hooks: on_q (q at position kv_len - 1), on_k_tile and
+///         on_logit (keys at their positions in the request), on_state (the chunk's state,
+///         whose first key is the chunk's)
+template <typename T, int HEAD_DIM, typename KV = T, typename Policy = kernels::IdentityPolicy>
+__global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeParams<T, KV, Policy> p) {
   using Tr = paged::DecodeTraits<KV, HEAD_DIM>;
   extern __shared__ __align__(16) uint8_t smem_raw[];
 
@@ -198,24 +200,22 @@ __global__ void __launch_bounds__(256, 2) chunk_decode_kernel(const ChunkDecodeP
   const paged::DecodeThread th = paged::place_thread<Tr::BDX>(threadIdx.x, p.bdy, p.bdz);
   paged::QRegisters<KV, HEAD_DIM> q;
   paged::HeadStates<KV, HEAD_DIM> state;
-  // RoPE: q sits at kv_len - 1, the chunk's first key at its page offset in the request
-  // times page_size; q's pairs are tx * 8 + e (load_q), a shared-memory rotation's are the
-  // rotating thread's own (rotate_k_tile).
-  constexpr bool kRope = ROPE != paged::RopeIn::none;
-  int q_position = 0, chunk_position = 0;
-  if constexpr (kRope) {
-    q_position = p.kv.kv_len(b) - 1;
-    chunk_position = (page_begin - p.kv.kv_indptr[b]) * static_cast<int>(p.kv.page_size.divisor);
-  }
-  paged::load_q<T, HEAD_DIM, KV, kRope, ROPE == paged::RopeIn::shared_memory>(
-      th, p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size, p.sm_scale_log2, q, q_position,
-      kRope ? p.rope_turns + th.tx * 8 : nullptr);
+  // Positions, for the policy's hooks (a policy that reads none leaves these loads dead):
+  // q sits at kv_len - 1, the chunk's first key at its first page's offset in the request.
+  const int q_position = p.kv.kv_len(b) - 1;
+  const int chunk_position = (page_begin - p.kv.kv_indptr[b]) * static_cast<int>(p.kv.page_size.divisor);
+  paged::load_q<T, HEAD_DIM, KV, Policy>(th, p.q, int64_t{b} * p.num_qo_heads + kv_head * p.group_size, p.group_size,
+                                         p.sm_scale_log2, q, p.policy, q_position);
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) state[j].init();
-  attend_chunk<KV, HEAD_DIM, ROPE>(th, q, state, p.kv, kv_head, page_begin, chunk_len, reinterpret_cast<KV*>(smem_raw),
-                                   p.num_stages, chunk_position,
-                                   ROPE == paged::RopeIn::registers ? p.rope_turns + th.tx * 8 : p.rope_turns);
+  attend_chunk<KV, HEAD_DIM, Policy>(th, q, state, p.kv, kv_head, page_begin, chunk_len,
+                                     reinterpret_cast<KV*>(smem_raw), p.num_stages, p.policy, chunk_position);
   if (!paged::merge_states<KV, HEAD_DIM>(th, state, p.bdz, reinterpret_cast<float*>(smem_raw))) return;
+#pragma unroll
+  for (int j = 0; j < Tr::HPT; ++j)  // e.g. a sink's term, which only the request's first chunk adds
+    if (th.ty * Tr::HPT + j < p.group_size)
+      kernels::policy_on_state<Policy>(p.policy, state[j], kv_head * p.group_size + th.ty * Tr::HPT + j,
+                                       chunk_position);
 
   // ---- the chunk's normalized state: a partial row (split) or the output itself (no split).
   store_chunk_state<T, HEAD_DIM, KV>(p, th, state, kv_head, item, b, !p.partition_kv);

@@ -28,17 +28,22 @@
 #include <map>
 #include <mutex>
 #include <queue>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "03_split_kv/chunk_decode.cuh"
+#include "03_split_kv/fp8_mma_decode.cuh"
 #include "03_split_kv/fused_merge.cuh"
 #include "03_split_kv/merge_states.cuh"
+#include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
-#include "03_split_kv/fp8_mma_decode.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "rope/rope_in_loads.cuh"
+#include "sinks/sinks.cuh"
+#include "soft_cap/soft_cap.cuh"
 
 namespace flashstep::stages::split_kv {
 
@@ -58,7 +63,7 @@ struct LaunchArgs {
   bool programmatic_launch;
   bool fp32_states;
   DecodePath path;
-  const double* rope_turns;  // ROPE_LLAMA: the turns of the pairs; null otherwise
+  kernels::PolicyInputs policy;  // what a policy's hooks read (RoPE's turns, the run's sinks)
 };
 
 /// One instantiation (dtype x head_dim x K/V dtype) of the chunk kernel and its merge.
@@ -68,15 +73,15 @@ template <typename OutT, int HEAD_DIM>
 void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
                   int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
 
-template <typename T, int HEAD_DIM, typename KV>
-void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, const int32_t* o_indptr,
-                     cudaStream_t stream);
+template <typename T, int HEAD_DIM>
+void launch_merge_of(const LaunchArgs& a, const float* partial_o, const float* partial_lse, T* o, float* lse,
+                     const int32_t* o_indptr, cudaStream_t stream);
 
 /// The chunk kernel's arguments that both kernels of this stage take (the chunk kernel and
 /// the tensor-core FP8 kernel): the batch's pointers, the paged view, the schedule, the
 /// destinations in the workspace, the pipeline depth and the scales.
-template <typename T, int HEAD_DIM, typename KV>
-void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV>& p) {
+template <typename T, int HEAD_DIM, typename KV, typename Policy>
+void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV, Policy>& p) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
   p.q = static_cast<const T*>(a.batch->q);
@@ -101,44 +106,50 @@ void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV>& p) {
   p.v_scale = run_v_scale(s, *a.batch);
 }
 
-template <typename T, int HEAD_DIM, typename KV, paged::RopeIn ROPE = paged::RopeIn::none>
+/// The chunk kernel under `Policy` (and the merge when the plan split); under the
+/// identity, the fused-merge experiment instead when the plan chose it.
+template <typename T, int HEAD_DIM, typename KV, typename Policy = kernels::IdentityPolicy>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
-  FusedChunkDecodeParams<T, KV> p;  // the chunk kernel's arguments, and the fused kernel's two more
-  fill_chunk_params<T, HEAD_DIM, KV>(a, p);
-  const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(p.group_size);
-  p.bdy = bs.bdy;
-  p.bdz = bs.bdz;
-  p.rope_turns = a.rope_turns;
   const int32_t* o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
-  // the experiment of fused_merge.cuh (its kernel does not rotate)
-  if (ROPE == paged::RopeIn::none && a.path == DecodePath::split_fused && a.plan->split_kv) {
-    p.o_indptr = o_indptr;
-    p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
-    chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
-    kernels::check_launch("chunk_decode_fused_kernel");
-    return;
+  const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(s.group_size());
+  if constexpr (std::is_same_v<Policy, kernels::IdentityPolicy>) {
+    if (a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
+      FusedChunkDecodeParams<T, KV> p;  // the chunk kernel's arguments, and the fused kernel's two more
+      fill_chunk_params<T, HEAD_DIM, KV>(a, p);
+      p.bdy = bs.bdy;
+      p.bdz = bs.bdz;
+      p.o_indptr = o_indptr;
+      p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
+      chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
+      kernels::check_launch("chunk_decode_fused_kernel");
+      return;
+    }
   }
-  const ChunkDecodeParams<T, KV>& chunk = p;
-  chunk_decode_kernel<T, HEAD_DIM, KV, ROPE><<<grid, kThreads, a.smem_bytes, stream>>>(chunk);
+  ChunkDecodeParams<T, KV, Policy> p;
+  fill_chunk_params<T, HEAD_DIM, KV>(a, p);
+  p.bdy = bs.bdy;
+  p.bdz = bs.bdz;
+  p.policy = Policy::Params::from(a.policy);
+  chunk_decode_kernel<T, HEAD_DIM, KV, Policy><<<grid, kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("chunk_decode_kernel");
-  launch_merge_of<T, HEAD_DIM>(a, chunk, o_indptr, stream);
+  launch_merge_of<T, HEAD_DIM>(a, p.partial_o, p.partial_lse, p.o, p.lse, o_indptr, stream);
 }
 
 /// The merge of a split plan's partial rows (nothing when the plan did not split).
-template <typename T, int HEAD_DIM, typename KV>
-void launch_merge_of(const LaunchArgs& a, const ChunkDecodeParams<T, KV>& p, const int32_t* o_indptr,
-                     cudaStream_t stream) {
+template <typename T, int HEAD_DIM>
+void launch_merge_of(const LaunchArgs& a, const float* partial_o, const float* partial_lse, T* o, float* lse,
+                     const int32_t* o_indptr, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
   if (!a.plan->split_kv) return;
   if (a.fp32_states) {
-    launch_merge<float, HEAD_DIM>(p.partial_o, p.partial_lse, o_indptr, static_cast<float*>(a.batch->o), p.lse,
+    launch_merge<float, HEAD_DIM>(partial_o, partial_lse, o_indptr, static_cast<float*>(a.batch->o), lse,
                                   s.num_qo_heads, s.batch_size, a.programmatic_launch, stream);
   } else {
-    launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, o_indptr, p.o, p.lse, s.num_qo_heads, s.batch_size,
+    launch_merge<T, HEAD_DIM>(partial_o, partial_lse, o_indptr, o, lse, s.num_qo_heads, s.batch_size,
                               a.programmatic_launch, stream);
   }
 }
@@ -156,7 +167,8 @@ void launch_fp8_mma(const LaunchArgs& a, cudaStream_t stream) {
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   fp8_mma_decode_kernel<T, KV, HEAD_DIM><<<grid, Fp8MmaTraits<HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("fp8_mma_decode_kernel");
-  launch_merge_of<T, HEAD_DIM>(a, p, reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
+  launch_merge_of<T, HEAD_DIM>(a, p.partial_o, p.partial_lse, p.o, p.lse,
+                               reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
 }
 
 /// The merge kernel over each request's partial rows (o_indptr).
@@ -219,38 +231,65 @@ Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
   });
 }
 
-/// ROPE_LLAMA: the chunk kernel rotating q and k in its loads (fp16/bf16, head_dim 64 or
-/// 128: stage_info's rules refuse the rest), in registers or in shared memory.
-template <typename T, int HEAD_DIM, paged::RopeIn ROPE>
-Entry rope_kernel_entry() {
+/// The chunk kernel under a policy (kernels/attention_policy.cuh) for 16-bit q and K/V:
+/// RoPE in the loads (rope/, head_dim 64 or 128: stage_info's rules refuse the rest), the
+/// logits soft cap (soft_cap/) or attention sinks (sinks/).
+template <typename T, int HEAD_DIM, typename Policy>
+Entry policy_kernel_entry() {
   Entry e;
   e.smem_bytes = kernel_entry<T, HEAD_DIM, T>().smem_bytes;
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, T, ROPE>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, T, Policy>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t bytes) {
     int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &blocks, chunk_decode_kernel<T, HEAD_DIM, T, ROPE>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
+        &blocks, chunk_decode_kernel<T, HEAD_DIM, T, Policy>, paged::DecodeTraits<T, HEAD_DIM>::kThreads, bytes));
     return blocks;
   };
-  e.launch = launch<T, HEAD_DIM, T, ROPE>;
+  e.launch = launch<T, HEAD_DIM, T, Policy>;
   return e;
 }
 
-template <paged::RopeIn ROPE>
 Entry rope_kernel_entry_for(DType dtype, int head_dim) {
+  using rope::RopeInLoads;
   const bool f16 = dtype == DType::f16;
-  if (head_dim == 64) return f16 ? rope_kernel_entry<__half, 64, ROPE>() : rope_kernel_entry<__nv_bfloat16, 64, ROPE>();
-  return f16 ? rope_kernel_entry<__half, 128, ROPE>() : rope_kernel_entry<__nv_bfloat16, 128, ROPE>();
+  if (head_dim == 64)
+    return f16 ? policy_kernel_entry<__half, 64, RopeInLoads>() : policy_kernel_entry<__nv_bfloat16, 64, RopeInLoads>();
+  return f16 ? policy_kernel_entry<__half, 128, RopeInLoads>() : policy_kernel_entry<__nv_bfloat16, 128, RopeInLoads>();
 }
 
-Entry entry_for(const BatchShape& shape, bool rope_in_registers) {
-  if (shape.pos_encoding == PosEncoding::none)
-    return kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
-  return rope_in_registers ? rope_kernel_entry_for<paged::RopeIn::registers>(shape.dtype, shape.head_dim)
-                           : rope_kernel_entry_for<paged::RopeIn::shared_memory>(shape.dtype, shape.head_dim);
+/// The instantiation under `Policy` for fp16/bf16 q and K/V at any head_dim of the stage.
+template <typename Policy>
+Entry policy_kernel_entry_for(DType dtype, int head_dim) {
+  const bool f16 = dtype == DType::f16;
+  switch (head_dim) {
+    case 64: return f16 ? policy_kernel_entry<__half, 64, Policy>() : policy_kernel_entry<__nv_bfloat16, 64, Policy>();
+    case 128:
+      return f16 ? policy_kernel_entry<__half, 128, Policy>() : policy_kernel_entry<__nv_bfloat16, 128, Policy>();
+    default:
+      return f16 ? policy_kernel_entry<__half, 256, Policy>() : policy_kernel_entry<__nv_bfloat16, 256, Policy>();
+  }
+}
+
+/// Empty when a run of `shape` may take sinks; otherwise why not.
+std::string sinks_reason(const BatchShape& shape) {
+  if (shape.dtype != DType::f16 && shape.dtype != DType::bf16)
+    return "sinks need fp16 or bf16 q, got " + std::string(to_string(shape.dtype));
+  if (shape.resolved_kv_dtype() != shape.dtype) return "sinks need K/V in q's dtype (not an FP8 cache)";
+  if (shape.pos_encoding != PosEncoding::none) return "sinks and pos_encoding rope_llama do not combine";
+  if (shape.logits_soft_cap > 0.f) return "sinks and logits_soft_cap do not combine";
+  return {};
+}
+
+/// The instantiation a plan of `shape` runs: the lesson's (identity), or the one under the
+/// policy the shape asks for (RoPE in the loads, the soft cap; stage_info's rules refuse
+/// the shapes none is built for).
+Entry entry_for(const BatchShape& shape) {
+  if (shape.pos_encoding != PosEncoding::none) return rope_kernel_entry_for(shape.dtype, shape.head_dim);
+  if (shape.logits_soft_cap > 0.f) return policy_kernel_entry_for<soft_cap::SoftCap>(shape.dtype, shape.head_dim);
+  return kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
 }
 
 template <typename T, typename KV>
@@ -290,7 +329,8 @@ bool uses_fp8_mma(const SplitKVOptions& options, const BatchShape& shape) {
 /// The launch choices that depend on the shape but never on the lengths.
 struct Resolved {
   bool fp8_mma;  ///< fp8_mma_decode.cuh's kernel instead of the chunk kernel (uses_fp8_mma)
-  Entry entry;   ///< the instantiation that runs (chunk kernel, its RoPE variant, or the FP8 kernel)
+  Entry entry;   ///< the instantiation that runs (chunk kernel, its RoPE policy, or the FP8 kernel)
+  Entry sinks;   ///< the chunk kernel under the sinks policy, for a run given sinks (launch null: none)
   int num_stages;
   size_t smem_bytes;
   int num_sm;
@@ -345,10 +385,13 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   r.fp8_mma = uses_fp8_mma(options, shape);
   // The tensor-core FP8 kernel: 16 KB stages (64 keys of K and V), kFp8MmaStages deep.
   r.num_stages = options.num_stages > 0 ? options.num_stages : r.fp8_mma ? kFp8MmaStages : 2;
-  r.entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype())
-                      : entry_for(shape, options.rope_in_registers);
+  r.entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype()) : entry_for(shape);
   r.smem_bytes = r.entry.smem_bytes(r.num_stages, shape.group_size());
-  const int blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
+  int blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
+  if (!r.fp8_mma && sinks_reason(shape).empty()) {           // a run may bring sinks: the same grid must fit
+    r.sinks = policy_kernel_entry_for<sinks::Sinks>(shape.dtype, shape.head_dim);
+    blocks = std::min(blocks, kernel_setup(device, r.smem_bytes, r.sinks));
+  }
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : blocks;
   ref::require(r.ctas_per_sm >= 1, fn,
                "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
@@ -554,9 +597,9 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
     }
     path = estimate.path;
   }
-  // Stage 02's kernel does not rotate: under ROPE_LLAMA the chunk kernel serves every
-  // plan (writing o and lse directly when the plan does not split).
-  if (shape.pos_encoding == PosEncoding::rope_llama) path = DecodePath::split;
+  // Stage 02's runner has no policy: under ROPE_LLAMA or a soft cap the chunk kernel serves
+  // every plan (writing o and lse directly when the plan does not split).
+  if (shape.pos_encoding == PosEncoding::rope_llama || shape.logits_soft_cap > 0.f) path = DecodePath::split;
   if (path == DecodePath::unsplit && !r.fp8_mma) unsplit_.plan(shape, nullptr, 0, stream);
 
   // ---- a captured graph froze the launch shape: a new plan must keep it.
@@ -609,9 +652,17 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   estimate_ = estimate;
   fp8_mma_ = r.fp8_mma;
   launch_ = [this, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
+    // A run given sinks takes the chunk kernel under the sinks policy, on the plan's
+    // schedule: its chunks and merge when the plan split, o and lse directly when not.
+    if (batch.sinks != nullptr)
+      return r.sinks.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
+                                       r.programmatic_launch, options_.fp32_states, DecodePath::split,
+                                       kernels::PolicyInputs{nullptr, batch.sinks, 0.f}},
+                            s);
     if (path_ == DecodePath::unsplit && !r.fp8_mma) return unsplit_.run(batch, s);
     r.entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                              r.programmatic_launch, options_.fp32_states, path_, rope_turns},
+                              r.programmatic_launch, options_.fp32_states, path_,
+                              kernels::PolicyInputs{rope_turns, nullptr, shape_.logits_soft_cap}},
                    s);
   };
   planned_ = true;
@@ -640,6 +691,14 @@ void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   }
   ref::require(!options_.fp32_states || batch.lse != nullptr, fn,
                "batch.lse is null; a runner with SplitKVOptions::fp32_states writes (o, lse) states and needs both");
+  if (batch.sinks != nullptr) {
+    const std::string why = fp8_mma_ ? std::string("sinks are not implemented on the FP8 tensor-core kernel")
+                                     : sinks_reason(shape_);
+    ref::require(why.empty(), fn, "batch.sinks is given, but " + why + " (" + shape_.describe() + ")");
+    ref::require(!options_.fp32_states, fn,
+                 "batch.sinks is given to a runner with fp32_states, whose states another merge combines "
+                 "(the sink would be counted once per shard)");
+  }
   launch_(batch, stream);
 }
 
@@ -666,15 +725,22 @@ StageInfo stage_info() {
   s.max_group_size = kMaxGroupSize;
   s.causal = false;
   s.cuda_graph = true;
-  // ROPE_LLAMA: each K tile rotated in shared memory once it lands, q in registers, both
-  // rounded to the dtype (decode_loop.cuh; SplitKVOptions::rope_in_registers for the
-  // other way, which keeps them in fp32).
+  s.sinks = true;            // fp16/bf16 with K/V in q's dtype, no RoPE: run() refuses the rest by name
+  s.logits_soft_cap = true;  // soft_cap/'s policy: fp16/bf16 with K/V in q's dtype (the rules)
+  // ROPE_LLAMA: the chunk kernel under rope/'s policy, each K tile rotated in shared
+  // memory once it lands, q in registers, both rounded to the dtype.
   s.pos_encodings = {PosEncoding::none, PosEncoding::rope_llama};
   s.rope_rounds_to_dtype = true;
   s.rules = [](const BatchShape& shape) -> std::string {
     if (shape.pos_encoding == PosEncoding::rope_llama &&
         (shape.dtype == DType::f32 || (shape.head_dim != 64 && shape.head_dim != 128)))
       return "03_split_kv rotates (pos_encoding rope_llama) fp16/bf16 heads of head_dim 64 or 128 only";
+    if (shape.logits_soft_cap > 0.f) {
+      if (shape.pos_encoding != PosEncoding::none)
+        return "03_split_kv does not combine logits_soft_cap with pos_encoding rope_llama";
+      if ((shape.dtype != DType::f16 && shape.dtype != DType::bf16) || shape.resolved_kv_dtype() != shape.dtype)
+        return "03_split_kv caps logits (logits_soft_cap) for fp16/bf16 q with K/V in q's dtype only";
+    }
     return {};
   };
   // The registry's runner plans for CUDA graphs, as a serving engine's decode step does,

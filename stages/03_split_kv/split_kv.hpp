@@ -101,12 +101,6 @@ struct SplitKVOptions {
   bool fp32_states = false;
   /// Which paths plan() may take; automatic: the cost model's choice.
   PathChoice path = PathChoice::automatic;
-  /// ROPE_LLAMA (BatchShape::pos_encoding): rotate each key in registers as the threads
-  /// read it, in fp32 (every thread of a GQA group's token group rotates it), instead of
-  /// the default: the landed K tile rotated once in shared memory by all threads and
-  /// rounded to the dtype. A runner with this set computes what a StageInfo with
-  /// rope_rounds_to_dtype = false describes.
-  bool rope_in_registers = false;
   /// The split path's merge. false (the default): the merge kernel, a second launch with
   /// programmatic dependent launch. true: the last block of each (request, kv head) to
   /// finish merges that request's chunks (one kernel; a counter per (request, kv head) in

@@ -32,12 +32,11 @@
 /// is folded into the score scale and v_scale into the output's normalisation, as stages
 /// 02 and 03 fold them.
 ///
-/// **RoPE in the loads** (ROPE = true: FlashInfer's pos_encoding_mode="ROPE_LLAMA", K/V in
-/// q's dtype): the pool holds un-rotated keys. Once the Q tile has landed, and once each
-/// K tile has, the block rotates it in shared memory (rotate_tile: query row at kv_len -
-/// qo_len + i, key j at j), rounding back to the dtype because the MMAs read the tile as it
-/// is, then a barrier, then the MMAs. A rotate-half pair (x[i], x[i + head_dim/2]) is two
-/// 16-byte chunks of one row, so each thread rotates whole chunk pairs.
+/// **Policies** (kernels/attention_policy.cuh): the block takes a compile-time Policy and
+/// calls its hooks: on_q_tile on the Q tile and on_k_tile on each K tile once they land
+/// (swizzled tiles; a barrier follows when the policy writes them), on_state on each row's
+/// finished (m, l) before it is normalised. The lesson runs the identity; RoPE in the loads
+/// (stages/rope/) and attention sinks (stages/sinks/) are policies of their own.
 ///
 /// How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
 /// `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
@@ -53,12 +52,12 @@
 #include <cstring>
 #include <type_traits>
 
+#include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
 #include "flashstep/kernels/state.cuh"
 #include "flashstep/kernels/vec.cuh"
-#include "flashstep/reference/rope_fp32.hpp"
 
 namespace flashstep::stages::tensor_core {
 
@@ -146,9 +145,6 @@ struct PrefillParams {
   float cap_post = 0.f;     ///< soft cap only: cap * log2(e), applied after tanh
   bool soft_cap = false;    ///< s -> cap * tanh(s / cap) before the softmax
   float v_scale = 1.f;      ///< FP8 cache: multiplies the output (folded into 1 / l)
-  /// ROPE_LLAMA only (the kernel's ROPE instantiation): (head_dim / 2) turns per position
-  /// f_i of the pairs (ref::rope_llama_turns), in device memory.
-  const double* rope_turns = nullptr;
 
   /// The four fields above from the batch's sm_scale and logits_soft_cap: the free
   /// set_score_transform below.
@@ -336,42 +332,6 @@ __device__ __forceinline__ void convert_kv_tile(const KV* staged, T* tiles) {
   }
 }
 
-/// ROPE_LLAMA on a landed tile in shared memory (swizzled, head_dim wide): row r is at
-/// position (first_row + r) / group + position_offset (Q: packed rows, the token's
-/// position kv_len - qo_len + i; K: group 1, key j at j). Each rotate-half pair is element
-/// e of chunks c and c + kChunks/2 of a row, so a thread rotates one such chunk pair (8
-/// pairs) at a time, in fp32 (ref::rope_llama_fp32's arithmetic), rounded back to T.
-/// Collective over the block; the caller puts a barrier after it.
-template <typename T, int HEAD_DIM, int kThreads>
-__device__ __forceinline__ void rotate_tile(T* tile, int num_rows, int first_row, int group, int position_offset,
-                                            const double* rope_turns) {
-  constexpr int kChunks = HEAD_DIM / 8, kHalf = kChunks / 2;
-  static_assert(kThreads % kHalf == 0, "a thread keeps one chunk pair (its eight turns) on every row");
-  const int c = threadIdx.x % kHalf;
-  const double* turns = rope_turns + c * 8;
-  for (int r = threadIdx.x / kHalf; r < num_rows; r += kThreads / kHalf) {
-    const int position = (first_row + r) / group + position_offset;
-    T* lo = tile + kernels::swizzled_offset(r, c, HEAD_DIM);
-    T* hi = tile + kernels::swizzled_offset(r, c + kHalf, HEAD_DIM);
-    kernels::Vec16<T> a16, b16;
-    a16.load(lo);
-    b16.load(hi);
-    float a[8], b[8];
-    a16.to_float(a);
-    b16.to_float(b);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      float cs, sn;
-      ref::rope_cos_sin_fp32(position, __ldg(turns + e), cs, sn);
-      ref::rope_rotate_fp32(a[e], b[e], cs, sn);
-    }
-    a16.from_float(a);
-    b16.from_float(b);
-    a16.store(lo);
-    b16.store(hi);
-  }
-}
-
 /// S = Q_w K^T for this warp's 16 rows: s[n] is the C fragment of keys 8 n.. of the
 /// tile. A from the Q tile, B from the K tile, both by ldmatrix.
 template <typename T, int HEAD_DIM, int kTilesS>
@@ -506,13 +466,14 @@ __device__ __forceinline__ void store2(T* dst, float a, float b) {
   *reinterpret_cast<uint32_t*>(dst) = kernels::pack2<T>(a, b);
 }
 
-/// Finishes the rows: l summed over the row's 4 lanes, o / l, lse = (m + log2 l) ln 2
-/// (a row that saw no key: o = 0, lse = -inf), written to o and lse, or, when the KV was
-/// split, to this chunk's partial row in fp32 for the merge kernel.
-template <typename T, int HEAD_DIM, int kTilesO, typename KV>
-__device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head,
-                                             int warp_row0, const float (&m)[2], float (&l)[2],
-                                             const float (&o)[kTilesO][4]) {
+/// Finishes the rows: l summed over the row's 4 lanes, the policy's on_state on (m, l),
+/// o / l, lse = (m + log2 l) ln 2 (a row that saw no key: o = 0, lse = -inf), written to o
+/// and lse, or, when the KV was split, to this chunk's partial row in fp32 for the merge
+/// kernel.
+template <typename Policy, typename T, int HEAD_DIM, int kTilesO, typename KV>
+__device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, const typename Policy::Params& pol,
+                                             const BlockTask& t, int kv_head, int warp_row0, const float (&m)[2],
+                                             float (&l)[2], const float (&o)[kTilesO][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -524,8 +485,12 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
     const int packed = t.row_begin + r;
     const int token = t.qo_begin + packed / p.group_size;
     const int head = kv_head * p.group_size + packed % p.group_size;
-    const float inv = sum > 0.f ? p.v_scale / sum : 0.f;  // v_scale 1 gives exactly 1 / sum
-    const float lse = sum > 0.f ? (m[h] * p.score_scale + log2f(sum)) * kernels::kLn2 : -INFINITY;
+    // The row's base-2 max (m is kept in score units), through the policy with l: e.g. a
+    // sink's term, added by the chunk that starts at key 0 only.
+    float m2 = sum > 0.f ? m[h] * p.score_scale : -INFINITY;
+    const float factor = Policy::on_state(pol, m2, sum, head, p.kv_chunk_size * t.chunk);
+    const float inv = sum > 0.f ? p.v_scale * factor / sum : 0.f;  // v_scale 1 gives exactly 1 / sum
+    const float lse = sum > 0.f ? (m2 + log2f(sum)) * kernels::kLn2 : -INFINITY;
     if (p.kv_chunk_size == 0) {
       T* dst = p.o + (int64_t{token} * p.num_qo_heads + head) * HEAD_DIM;
 #pragma unroll
@@ -554,20 +519,21 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
 /// \tparam HEAD_DIM 64, 128 or 256
 /// \tparam KV element type of K/V: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2
 /// \tparam STAGES K/V ring stages, 0: PrefillTraits' default
-/// \tparam ROPE ROPE_LLAMA: the Q tile and each K tile rotated in shared memory (rotate_tile)
-template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0, bool ROPE = false>
+/// \tparam Policy called at the hooks on_q_tile, on_k_tile and on_state; `pol` its parameters
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
 __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
                                   PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
-    prefill_attention_kernel(const PrefillParams<T, KV> p);
+    prefill_attention_kernel(const PrefillParams<T, KV> p, const typename Policy::Params pol);
 
 /// The body of prefill_attention_kernel for its block `block` (blockIdx.x there), over
 /// `smem_raw`, PrefillTraits::smem_bytes() of dynamic shared memory: for a later stage's
 /// kernel whose blocks run several kinds of work (stage 09's POD attention).
-template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0, bool ROPE = false>
+template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
 __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, KV>& p, unsigned block,
-                                                        unsigned char* smem_raw) {
+                                                        unsigned char* smem_raw,
+                                                        const typename Policy::Params& pol = {}) {
   using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
-  static_assert(!ROPE || !Tr::kConvert, "RoPE in the loads: K/V in q's dtype");
+  static_assert(!Policy::kTouchesTiles || !Tr::kConvert, "a policy that writes the tiles: K/V in q's dtype");
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   T* q_smem = reinterpret_cast<T*>(smem_raw);
   KV* kv_smem = reinterpret_cast<KV*>(q_smem + Br * HEAD_DIM);  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
@@ -642,12 +608,14 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
     }
     const T* v_smem = k_smem + Bc * HEAD_DIM;
     const int kv0 = t.kv_begin + it * Bc;
-    if constexpr (ROPE) {
-      // Rotate the landed K tile (keys kv0..) and, with the first, the Q tile; then wait for all of it.
+    if constexpr (Policy::kTouchesTiles) {
+      // The policy on the landed K tile (keys kv0..) and, with the first, on the Q tile
+      // (e.g. rotated in place, RoPE); then wait for all of it.
       if (it == 0)
-        rotate_tile<T, HEAD_DIM, Tr::kThreads>(q_smem, Br, t.row_begin, p.group_size, t.kv_len - t.qo_len,
-                                               p.rope_turns);
-      rotate_tile<T, HEAD_DIM, Tr::kThreads>(kv_smem + 2 * stage * Bc * HEAD_DIM, Bc, kv0, 1, 0, p.rope_turns);
+        Policy::template on_q_tile<kernels::SwizzledTile, T, HEAD_DIM, Tr::kThreads>(
+            pol, q_smem, Br, threadIdx.x, kernels::PackedRows{t.row_begin, p.group_size, t.kv_len - t.qo_len});
+      Policy::template on_k_tile<kernels::SwizzledTile, KV, HEAD_DIM, Bc, Tr::kThreads>(
+          pol, kv_smem + 2 * stage * Bc * HEAD_DIM, threadIdx.x, kv0);
       __syncthreads();
     }
     // Masks only where some (row, key) of the tile is hidden: the tile runs past the
@@ -666,15 +634,15 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
   }
   kernels::cp_async_wait_group<0>();  // no copy may outlive the block (a block with no tiles)
 
-  store_output<T, HEAD_DIM, Tr::kTilesO>(p, t, kv_head, warp_row0, m, l, o);
+  store_output<Policy, T, HEAD_DIM, Tr::kTilesO>(p, pol, t, kv_head, warp_row0, m, l, o);
 }
 
-template <typename T, int HEAD_DIM, typename KV, int STAGES, bool ROPE>
+template <typename T, int HEAD_DIM, typename KV, int STAGES, typename Policy>
 __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
                                   PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
-    prefill_attention_kernel(const PrefillParams<T, KV> p) {
+    prefill_attention_kernel(const PrefillParams<T, KV> p, const typename Policy::Params pol) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  prefill_attention_block<T, HEAD_DIM, KV, STAGES, ROPE>(p, blockIdx.x, smem_raw);
+  prefill_attention_block<T, HEAD_DIM, KV, STAGES, Policy>(p, blockIdx.x, smem_raw, pol);
 }
 
 /// For a later stage that builds its own PrefillParams (stage 05 runs this kernel once per
@@ -683,12 +651,13 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThrea
 /// Returns how many of its blocks fit on one multiprocessor (the occupancy calculator's
 /// answer). Defined (prefill_launch.cuh) in tensor_core.cu for __half and __nv_bfloat16 K/V,
 /// and in tensor_core_fp8.cu for FP8 K/V with either q type (STAGES 0 and 2).
-template <typename T, typename KV = T, int STAGES = 0, bool ROPE = false>
+template <typename T, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
 int prepare_prefill_attention(int head_dim);
 /// Launches prefill_attention_kernel<T, head_dim, KV> with `p` on `stream`: num_items x
 /// p.num_kv_heads blocks, PrefillTraits::smem_bytes() of shared memory. Launches only
 /// (CUDA-graph safe); p's schedule arrays must hold num_items entries.
-template <typename T, typename KV = T, int STAGES = 0, bool ROPE = false>
-void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream);
+template <typename T, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
+void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream,
+                              const typename Policy::Params& pol = {});
 
 }  // namespace flashstep::stages::tensor_core

@@ -28,10 +28,10 @@
 
 namespace flashstep::stages::tensor_core {
 
-// The FP8 instantiations are tensor_core_fp8.cu's, the ROPE_LLAMA ones tensor_core_rope.cu's,
-// compiled beside this file.
+// The FP8 instantiations are tensor_core_fp8.cu's, those under the features' policies (RoPE
+// in the loads, sinks) tensor_core_policies.cu's, compiled beside this file.
 FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(extern template)
-FLASHSTEP_PREFILL_ROPE_INSTANTIATIONS(extern template)
+FLASHSTEP_PREFILL_POLICY_INSTANTIATIONS(extern template)
 
 namespace {
 
@@ -44,7 +44,7 @@ struct LaunchArgs {
   const WorkspaceLayout* layout;
   uint8_t* workspace;
   const DeviceBatch* batch;
-  const double* rope_turns;  // ROPE_LLAMA: the turns of the pairs; null otherwise
+  kernels::PolicyInputs policy;  // what a policy's hooks read (RoPE's turns, the run's sinks)
 };
 
 /// One instantiation (dtype x head_dim x K/V dtype x ring depth); its shared memory is
@@ -52,12 +52,12 @@ struct LaunchArgs {
 /// asks the occupancy calculator.
 using Entry = KernelEntry<LaunchArgs>;
 
-template <typename T, int HEAD_DIM, typename KV, int STAGES, bool ROPE = false>
+template <typename T, int HEAD_DIM, typename KV, int STAGES, typename Policy = kernels::IdentityPolicy>
 Entry kernel_entry() {
   Entry e;
   e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, KV, STAGES>::smem_bytes(); };
-  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, STAGES, ROPE>(HEAD_DIM); };
-  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, STAGES, ROPE>(HEAD_DIM); };
+  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, STAGES, Policy>(HEAD_DIM); };
+  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, STAGES, Policy>(HEAD_DIM); };
   e.launch = [](const LaunchArgs& a, cudaStream_t stream) {
     const BatchShape& s = *a.shape;
     const DeviceBatch& batch = *a.batch;
@@ -95,8 +95,8 @@ Entry kernel_entry() {
     // the run's scales when it gives them.
     p.set_score_transform(s.resolved_sm_scale() * run_k_scale(s, batch), s.logits_soft_cap);
     p.v_scale = run_v_scale(s, batch);
-    p.rope_turns = a.rope_turns;
-    launch_prefill_attention<T, KV, STAGES, ROPE>(p, HEAD_DIM, a.schedule->num_items(), stream);
+    launch_prefill_attention<T, KV, STAGES, Policy>(p, HEAD_DIM, a.schedule->num_items(), stream,
+                                                    Policy::Params::from(a.policy));
     if (a.schedule->kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -141,15 +141,29 @@ Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages
   FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim, fp8_stages); });
 }
 
+/// The instantiation under `Policy` for fp16/bf16 q and K/V, the default ring.
+template <typename Policy>
+Entry policy_entry_for(const BatchShape& s) {
+  FLASHSTEP_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM, {
+    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, __half, 0, Policy>();
+    return kernel_entry<__nv_bfloat16, HEAD_DIM, __nv_bfloat16, 0, Policy>();
+  });
+  return {};
+}
+
 /// The entry for a shape: under ROPE_LLAMA the instantiation that rotates the Q and K
-/// tiles (fp16/bf16 K/V, the default ring; the registry's rules refuse the rest).
+/// tiles (rope/'s policy: fp16/bf16 K/V, the default ring; the registry's rules refuse
+/// the rest).
 Entry entry_for(const BatchShape& s, int fp8_stages) {
   if (s.pos_encoding == PosEncoding::none)
     return kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, fp8_stages);
-  FLASHSTEP_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM, {
-    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, __half, 0, true>();
-    return kernel_entry<__nv_bfloat16, HEAD_DIM, __nv_bfloat16, 0, true>();
-  });
+  return policy_entry_for<rope::RopeInLoads>(s);
+}
+
+/// Empty when a run of `s` may take sinks (sinks/'s policy); otherwise why not.
+std::string sinks_reason(const BatchShape& s) {
+  if (s.resolved_kv_dtype() != s.dtype) return "sinks need K/V in q's dtype (not an FP8 cache)";
+  if (s.pos_encoding != PosEncoding::none) return "sinks and pos_encoding rope_llama do not combine";
   return {};
 }
 
@@ -170,8 +184,10 @@ std::string launch_of(const Schedule& s, const WorkspaceLayout& w, int num_kv_he
 
 template int prepare_prefill_attention<__half>(int);
 template int prepare_prefill_attention<__nv_bfloat16>(int);
-template void launch_prefill_attention<__half>(const PrefillParams<__half>&, int, int64_t, cudaStream_t);
-template void launch_prefill_attention<__nv_bfloat16>(const PrefillParams<__nv_bfloat16>&, int, int64_t, cudaStream_t);
+template void launch_prefill_attention<__half>(const PrefillParams<__half>&, int, int64_t, cudaStream_t,
+                                               const kernels::IdentityPolicy::Params&);
+template void launch_prefill_attention<__nv_bfloat16>(const PrefillParams<__nv_bfloat16>&, int, int64_t, cudaStream_t,
+                                                      const kernels::IdentityPolicy::Params&);
 
 WorkspaceLayout layout_of(const Schedule& s, int num_qo_heads, int head_dim) {
   WorkspaceLayout w;
@@ -333,16 +349,28 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   workspace_ = static_cast<uint8_t*>(workspace);
   const Entry e = entry_for(shape, options_.fp8_stages);
   e.set_smem_limit(e.smem_bytes(0, 0));  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
+  if (sinks_reason(shape).empty()) {     // a run may bring sinks: their instantiation gets its limit too
+    const Entry with_sinks = policy_entry_for<sinks::Sinks>(shape);
+    with_sinks.set_smem_limit(with_sinks.smem_bytes(0, 0));
+  }
   upload_schedule(schedule_, w, staging_, workspace_, stream);
   rope_turns_ptr_ = rope_turns_.update(shape, stream);
 }
 
 void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
+  if (batch.sinks != nullptr) {
+    const std::string why = sinks_reason(shape_);
+    ref::require(why.empty(), "TensorCoreRunner::run",
+                 "batch.sinks is given, but " + why + " (" + shape_.describe() + ")");
+  }
   const WorkspaceLayout w = layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
-  entry_for(shape_, options_.fp8_stages)
-      .launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch, rope_turns_ptr_}, stream);
+  // A run given sinks takes the kernel under sinks/'s policy, on the same schedule.
+  const Entry e = batch.sinks != nullptr ? policy_entry_for<sinks::Sinks>(shape_)
+                                         : entry_for(shape_, options_.fp8_stages);
+  e.launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch, kernels::PolicyInputs{rope_turns_ptr_, batch.sinks}},
+           stream);
 }
 
 namespace {
@@ -357,8 +385,9 @@ StageInfo common_info() {
   s.window_left = true;
   s.logits_soft_cap = true;
   s.cuda_graph = true;
-  // ROPE_LLAMA: the Q tile and each K tile rotated in shared memory, where the MMAs read
-  // them, so rounded back to the dtype.
+  s.sinks = true;  // K/V in q's dtype, no RoPE: run() refuses the rest by name
+  // ROPE_LLAMA (rope/'s policy): the Q tile and each K tile rotated in shared memory, where
+  // the MMAs read them, so rounded back to the dtype.
   s.pos_encodings = {PosEncoding::none, PosEncoding::rope_llama};
   s.rope_rounds_to_dtype = true;
   return s;

@@ -44,6 +44,7 @@ std::string CaseSpec::describe() const {
   if (pos_encoding != PosEncoding::none)
     s << ' ' << to_string(pos_encoding) << " rope_scale=" << rope_scale << " rope_theta=" << rope_theta
       << (rope_rounded ? " rotated-rounded" : " rotated-fp32");
+  if (sinks) s << " sinks";
   return s.str();
 }
 
@@ -224,6 +225,15 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   opt.logits_soft_cap = s.logits_soft_cap;
   opt.sm_scale = s.sm_scale;
   opt.kv_layout = KVLayout::NHD;
+  if (spec.sinks) {
+    // From a stream of their own, so that the rest of the case is the same with or without
+    // them: one logit per query head in [-2, 8], from negligible next to the keys' sum to
+    // most of the denominator; fp32, as the stage reads them.
+    std::mt19937_64 sink_rng(seed ^ 0x5eedf00dull);
+    std::uniform_real_distribution<double> dist(-2.0, 8.0);
+    for (int h = 0; h < s.num_qo_heads; ++h) c.sinks.push_back(static_cast<float>(dist(sink_rng)));
+    opt.sinks.assign(c.sinks.begin(), c.sinks.end());
+  }
 
   // Every request's K/V, contiguous (nnz_kv, H, D). The reference answers from these
   // with its ragged entry point whatever the storage: the arithmetic is the same as its

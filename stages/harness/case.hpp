@@ -88,6 +88,10 @@ struct CaseSpec {
   /// rope_llama: the reference rounds the rotated q and keys to dtype, as a stage whose
   /// StageInfo::rope_rounds_to_dtype is set does (for_stage() sets it from the stage).
   bool rope_rounded = false;
+  /// Attention sinks (stages/sinks/): the case draws one logit per query head (HostCase::
+  /// sinks), the reference adds them to each head's denominator, and the stage's run gets
+  /// them (DeviceBatch::sinks). Only stages whose StageInfo::sinks is set run such a case.
+  bool sinks = false;
 
   /// One line with every field, e.g. for a failure message or a test name.
   std::string describe() const;
@@ -121,6 +125,7 @@ struct HostCase {
   /// ragged storage: the keys, (nnz_kv, num_kv_heads, head_dim), NHD, stored values as in `paged`
   ref::Tensor k, v;               ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim), NHD
   ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
+  std::vector<float> sinks;       ///< spec.sinks: (num_qo_heads) natural-log sink logits; else empty
 };
 
 /// Builds a case: lengths, page table and inputs from `seed` (q uniform in [-3, 3] x q_range, so

@@ -81,6 +81,10 @@ DeviceCase::DeviceCase(const HostCase& host) : dtype_(host.layout.shape.dtype) {
   batch_.v = v_.get();
   batch_.o = o_.get();
   batch_.lse = lse_.as<float>();
+  if (!host.sinks.empty()) {
+    sinks_ = upload(host.sinks);
+    batch_.sinks = sinks_.as<float>();
+  }
 }
 
 void DeviceCase::poison_outputs(cudaStream_t stream) const {

@@ -27,6 +27,9 @@ ValidationReport run_and_compare(const StageInfo& stage, const HostCase& host, c
                "the case's reference rounds the rotated q and k " + std::string(host.spec.rope_rounded ? "" : "not ") +
                    "to the dtype, " + stage.name + " does the opposite: build it from for_stage(spec, stage)");
 
+  ref::require(!host.spec.sinks || stage.sinks, "run_and_compare",
+               stage.name + " does not implement attention sinks; the case has them: " + host.spec.describe());
+
   DeviceCase dev(host);
   std::unique_ptr<StageRunner> runner = stage.make_runner();
   DeviceBuffer workspace(runner->workspace_bytes(shape));

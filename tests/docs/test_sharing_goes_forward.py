@@ -6,7 +6,7 @@ follows ARCHITECTURE.md's "Which way data flows":
 - The reference includes only itself (and kernels/'s philox.cuh, the one header both
   the CPU and the GPU compile); kernels/ only itself and the reference.
 - A stage (stages/NN_name/) includes kernels/, the reference, the stages library
-  (stage.hpp, registry.hpp, harness/, rope/) and files of its own or an earlier stage,
+  (stage.hpp, registry.hpp, harness/, the feature folders rope/ and sinks/) and files of its own or an earlier stage,
   never a later stage's. A later stage's kernel reaches an earlier stage only through the
   registry (stage 07 lends stage 05 its kernel: registry.hpp's level_kernels()).
 - The stages library includes no stage, except registry.*, which lists them all.
@@ -99,7 +99,7 @@ def rule_broken(src, dst):
         if dkind in lower or dkind in library:
             return None
         if dkind == "stage":
-            return "the stages library (stage.*, harness/, rope/) includes no stage; only registry.* lists them"
+            return "the stages library (stage.*, harness/, the feature folders) includes no stage; only registry.* lists them"
         return f"the stages library includes only kernels/ and the reference, not {dkind}/"
     if skind == "registry":
         if dkind in lower or dkind in library or dkind == "stage":

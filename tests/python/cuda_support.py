@@ -108,10 +108,13 @@ def random_rows(torch, g, rows, heads, head_dim, dtype, scale=1.0):
     return x.to(getattr(torch, dtype))
 
 
-def attention_reference(torch, q, k, v, causal=False, sm_scale=None, window_left=-1, logits_soft_cap=0.0):
+def attention_reference(torch, q, k, v, causal=False, sm_scale=None, window_left=-1, logits_soft_cap=0.0,
+                        sinks=None):
     """One request, float64: q (qo_len, Hq, D), k and v (kv_len, Hkv, D) -> o (qo_len, Hq,
     D), lse (qo_len, Hq), natural log. The conventions of ARCHITECTURE.md: causal aligned
-    bottom-right, window keeps the last window_left + 1 keys, GQA head h reads h // group."""
+    bottom-right, window keeps the last window_left + 1 keys, GQA head h reads h // group.
+    sinks (Hq): one more logit per head in the denominator, with no value: a column
+    appended to the scores and dropped from the weights."""
     q = q.double()
     qo_len, hq, d = q.shape
     kv_len, hkv, _ = k.shape
@@ -129,7 +132,11 @@ def attention_reference(torch, q, k, v, causal=False, sm_scale=None, window_left
     if window_left >= 0:
         visible &= j >= last_visible - window_left
     s = s.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)  # (Hq, qo_len)
+    if sinks is not None:  # (Hq, qo_len, kv_len + 1), the sink column last
+        column = sinks.double().view(hq, 1, 1).expand(hq, qo_len, 1)
+        lse = torch.logsumexp(torch.cat([s, column], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(s, dim=-1)  # (Hq, qo_len)
     p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
     o = torch.einsum("hqk,khd->qhd", p, vx).contiguous()
     return o, lse.transpose(0, 1).contiguous()

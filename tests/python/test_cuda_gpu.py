@@ -750,3 +750,65 @@ def test_rope_refuses_bad_arguments_by_name(torch, fsc):
     with pytest.raises(ValueError, match="offsets"):
         fsc.apply_rope(q, k, torch.tensor([0, 4], dtype=torch.int32, device="cuda"),
                        torch.zeros(2, dtype=torch.int32, device="cuda"))
+
+
+# ---- attention sinks (FlashInfer's run(sinks=)) -------------------------------------------
+
+@pytest.mark.parametrize("dtype,layout,page_size,group", [("bfloat16", "NHD", 16, 4), ("float16", "HND", 1, 1),
+                                                          ("bfloat16", "HND", 16, 8)])
+def test_decode_sinks_match_the_float64_oracle(torch, fsc, rng, dtype, layout, page_size, group):
+    """run(sinks=) on the default decode stage: each head's sink joins its denominator
+    (stages/sinks/). An empty request gets o = 0 and lse = its sink. Without sinks the same
+    plan gives plain attention again, and a stage without sinks refuses them by name."""
+    g = cs.generator(torch, rng, f"sinks {dtype} {layout} page {page_size} group {group}")
+    hkv, d = 2, 128
+    hq = hkv * group
+    kv_lens = [0, 1, 17, 300, int(rng.integers(1, 2000))]
+    pool, indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page_size, hkv, d, dtype, layout)
+    q = cs.random_rows(torch, g, len(kv_lens), hq, d, dtype)
+    sinks = torch.rand(hq, generator=g, device="cuda") * 10 - 2
+    w = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=getattr(torch, dtype))
+    assert w.stage == "03_split_kv"
+    o, lse = w.run(q, pool, return_lse=True, sinks=sinks)
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i], sinks=sinks) for i in range(len(kv_lens))]
+    check_attention(torch, fsc, o, lse, refs, dtype, "decode sinks")
+    assert torch.equal(lse[0].double(), sinks.double()), "an empty request's lse is its sink"
+    o2, lse2 = w.run(q, pool, return_lse=True)  # the same plan, no sinks
+    refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(len(kv_lens))]
+    check_attention(torch, fsc, o2, lse2, refs, dtype, "decode after a run with sinks")
+    with pytest.raises(ValueError, match="sinks"):
+        w.run(q, pool, sinks=sinks[:-1])  # one per query head
+    w2 = fsc.BatchDecodeWithPagedKVCacheWrapper(workspace(torch), layout, stage="02_paged")
+    w2.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=getattr(torch, dtype))
+    with pytest.raises(Exception, match="does not implement attention sinks"):
+        w2.run(q, pool, sinks=sinks)
+
+
+@pytest.mark.parametrize("storage,causal", [("paged", True), ("paged", False), ("ragged", True)])
+def test_prefill_sinks_match_the_float64_oracle(torch, fsc, rng, storage, causal):
+    """run(sinks=) on stage 04's prefill (paged and ragged): the sink joins each row's
+    denominator once, whatever the split of the KV; a stage without sinks refuses them."""
+    g = cs.generator(torch, rng, f"prefill sinks {storage} {causal}")
+    hkv, d, group, dtype = 2, 128, 4, "bfloat16"
+    hq = hkv * group
+    qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
+    kv_lens = [kv for _, kv in PREFILL_LENGTHS]
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
+    sinks = torch.rand(hq, generator=g, device="cuda") * 10 - 2
+    if storage == "paged":
+        pool, kv_indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, 16, hkv, d, dtype, "NHD")
+        w = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), "NHD", stage="04_tensor_core")
+        w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, 16, causal=causal, q_data_type=dtype)
+        o, lse = w.run(q, pool, return_lse=True, sinks=sinks)
+    else:
+        keys = [cs.random_rows(torch, g, n, hkv, d, dtype) for n in kv_lens]
+        values = [cs.random_rows(torch, g, n, hkv, d, dtype) for n in kv_lens]
+        kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
+        w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), stage="04_tensor_core_ragged")
+        w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype)
+        o, lse = w.run(q, torch.cat(keys), torch.cat(values), return_lse=True, sinks=sinks)
+    refs = [cs.attention_reference(torch, q[int(qo_indptr[i]):int(qo_indptr[i + 1])], keys[i], values[i],
+                                   causal=causal, sinks=sinks) for i in range(len(qo_lens))]
+    check_attention(torch, fsc, o, lse, refs, dtype, f"prefill sinks {w.stage}")

@@ -287,3 +287,56 @@ TEST_CASE("fully masked rows are the empty state: o = 0, lse = -inf") {
   for (double x : e.lse.data) CHECK(x == -INFINITY);
   for (double x : e.o.data) CHECK(x == 0.0);
 }
+
+TEST_CASE("a sink is one more key whose score is the sink and whose value is 0") {
+  // With one query head per kv head, appending to head h's keys a row k* = q_h sink_h /
+  // (sm_scale |q_h|^2) gives that key the score sm_scale q_h . k* = sink_h; with value 0 it
+  // adds e^{sink_h} to the denominator and nothing to the numerator. So attention with
+  // sinks must equal plain attention over the keys plus that row, causal or not.
+  auto rng = test::case_rng("sinks-as-a-key");
+  CAPTURE(test::run_seed());
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t h = test::random_int(rng, 1, 4), d = 16, kv_len = test::random_int(rng, 0, 40);
+    const Tensor q = test::random_tensor(rng, {h, d}, -2, 2);
+    const Tensor k = test::random_tensor(rng, {kv_len, h, d}, -2, 2), v = test::random_tensor(rng, {kv_len, h, d});
+    AttentionOptions with;
+    with.sm_scale = 0.3;
+    for (int64_t x = 0; x < h; ++x) with.sinks.push_back(std::uniform_real_distribution<double>(-3, 5)(rng));
+    Tensor k_ext({kv_len + 1, h, d}), v_ext({kv_len + 1, h, d});  // v_ext's last row stays 0
+    for (int64_t j = 0; j < kv_len; ++j)
+      for (int64_t x = 0; x < h; ++x)
+        for (int64_t e = 0; e < d; ++e) {
+          k_ext({j, x, e}) = k({j, x, e});
+          v_ext({j, x, e}) = v({j, x, e});
+        }
+    for (int64_t x = 0; x < h; ++x) {
+      double norm2 = 0;
+      for (int64_t e = 0; e < d; ++e) norm2 += q({x, e}) * q({x, e});
+      for (int64_t e = 0; e < d; ++e) k_ext({kv_len, x, e}) = q({x, e}) * with.sinks[size_t(x)] / (0.3 * norm2);
+    }
+    AttentionOptions plain;
+    plain.sm_scale = 0.3;
+    const auto got = ref::single_decode_with_kv_cache(q, k, v, with);
+    const auto want = ref::single_decode_with_kv_cache(q, k_ext, v_ext, plain);
+    CAPTURE(kv_len);
+    CHECK(test::max_abs_diff(got.o, want.o) < 1e-12);
+    CHECK(test::max_abs_diff(got.lse, want.lse) < 1e-12);
+  }
+  // no key at all: o = 0 and lse = the sink
+  AttentionOptions only;
+  only.sinks = {1.5};
+  const auto empty = ref::single_decode_with_kv_cache(Tensor({1, 8}), Tensor({0, 1, 8}), Tensor({0, 1, 8}), only);
+  CHECK(empty.lse.data[0] == 1.5);
+  CHECK(test::max_abs_diff(empty.o, Tensor({1, 8})) == 0);
+}
+
+TEST_CASE("sinks: one finite logit per query head, or an error naming the function") {
+  const Tensor q({4, 8}), k({3, 2, 8}), v({3, 2, 8});
+  AttentionOptions opt;
+  opt.sinks = {0.0, 1.0, 2.0};  // 3 heads' worth for 4 query heads
+  CHECK_THROWS_WITH_AS(ref::single_decode_with_kv_cache(q, k, v, opt), doctest::Contains("one logit per query head"),
+                       ref::InvalidArgument);
+  opt.sinks = {0.0, 1.0, std::nan(""), 2.0};
+  CHECK_THROWS_WITH_AS(ref::single_decode_with_kv_cache(q, k, v, opt), doctest::Contains("sinks[2] must be finite"),
+                       ref::InvalidArgument);
+}

@@ -38,6 +38,7 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
       if (std::find(layouts.begin(), layouts.end(), spec.kv_layout) == layouts.end()) continue;
       // Rows of contiguous (ragged) K/V cannot be shared: a shared-prefix case is paged only.
       if (stage.storage == KVStorage::ragged && (spec.shared_prefix > 0 || spec.group_prefix > 0)) continue;
+      if (spec.sinks && !stage.sinks) continue;  // a run-time input, which StageInfo::sinks declares
       std::mt19937_64 layout_rng(seed);
       if (!stage.supports(make_layout(spec, stage.storage, layout_rng).shape)) continue;
       const CaseSpec stage_spec = for_stage(spec, stage);

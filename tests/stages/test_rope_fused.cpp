@@ -1,7 +1,8 @@
 // RoPE fused into the attention stages' loads (pos_encoding rope_llama, FlashInfer's
 // pos_encoding_mode="ROPE_LLAMA"): the pool holds un-rotated keys and the stage rotates q
-// and each key. Stage 03 rotates in registers and keeps fp32; stage 04 rotates its tiles in
-// shared memory and rounds them to the dtype. The harness's reference rotates the same
+// and each key. Stage 03 takes rope/'s policy (rope_in_loads.cuh: K tiles rotated in shared
+// memory, q in registers); stage 04 rotates its tiles in shared memory; both round to the
+// dtype. The harness's reference rotates the same
 // stored values with ref::rope_llama_fp32 (the kernels' arithmetic, bit for bit), rounds
 // where the stage declares it rounds, and attends in double, so the dtype's usual
 // tolerances apply; tests/reference/test_rope_fp32.cpp bounds that rotation against the
@@ -137,33 +138,10 @@ TEST_CASE("rope_llama: the harness's reference is attention over q and k rotated
 
 }  // TEST_SUITE("host")
 
-TEST_CASE("rope_llama decode: 03_split_kv (q and keys rotated in registers) against the reference") {
+TEST_CASE("rope_llama decode: 03_split_kv (rope/'s policy: K tiles rotated in shared memory) against the reference") {
   const auto ran = check_grid(grids::rope_decode_grid());
   CHECK(ran.count("03_split_kv") == 1);
   CHECK(ran.count("04_tensor_core") == 1);  // its large-group decode takes the grid's groups too
-}
-
-TEST_CASE("rope_llama decode: 03_split_kv with rope_in_registers (fp32, not rounded) against the reference") {
-  using namespace stages::harness;
-  StageInfo stage = split_kv::stage_info();
-  stage.rope_rounds_to_dtype = false;  // what this runner computes
-  stage.make_runner = [] {
-    split_kv::SplitKVOptions options;
-    options.enable_cuda_graph = true;
-    options.rope_in_registers = true;
-    return std::make_unique<split_kv::SplitKVRunner>(options);
-  };
-  int failures = 0, ran = 0;
-  for (const CaseSpec& spec : grids::rope_decode_grid()) {
-    std::mt19937_64 layout_rng(1);
-    if (!stage.supports(make_layout(spec, stage.storage, layout_rng).shape)) continue;
-    const ValidationReport r = validate(stage, spec, case_seed(test::run_seed(), "registers " + spec.describe()));
-    ++ran;
-    CHECK_MESSAGE(r.passed, r.message());
-    if (!r.passed && ++failures >= 5) break;
-  }
-  std::printf("  03_split_kv rope_in_registers: %d cases\n", ran);
-  CHECK(ran > 20);
 }
 
 TEST_CASE("rope_llama prefill: 04_tensor_core (tiles rotated in shared memory) against the reference") {
@@ -181,9 +159,7 @@ TEST_CASE("rope_llama: forced splits (chunks that start past position 0) in both
     options.min_kv_chunk_tokens = 16;  // chunks of one page and up
     options.num_sm = 4;                // a small pretend device, so that every batch splits
     options.path = split_kv::PathChoice::split;
-    options.rope_in_registers = n % 4 == 0;
     StageInfo stage = split_kv::stage_info();
-    stage.rope_rounds_to_dtype = !options.rope_in_registers;
     stage.make_runner = [options] { return std::make_unique<split_kv::SplitKVRunner>(options); };
     const ValidationReport r = validate(stage, spec, case_seed(test::run_seed(), "rope split " + spec.describe()));
     CHECK_MESSAGE(r.passed, r.message());
@@ -335,20 +311,10 @@ TEST_CASE("rope_llama timing: RoPE kernel + attention vs RoPE in the attention's
       ws = DeviceBuffer(std::max<size_t>(runner->workspace_bytes(shape), 256));
       runner->plan(shape, ws.get(), ws.bytes(), stream);
     };
-    std::unique_ptr<StageRunner> plain, fused, fused_registers;
-    DeviceBuffer ws_plain, ws_fused, ws_registers;
+    std::unique_ptr<StageRunner> plain, fused;
+    DeviceBuffer ws_plain, ws_fused;
     make(PosEncoding::none, plain, ws_plain);
     make(PosEncoding::rope_llama, fused, ws_fused);
-    if (ts.mode == Mode::decode) {  // stage 03's other way: each key rotated in registers
-      BatchShape shape = s;
-      shape.pos_encoding = PosEncoding::rope_llama;
-      split_kv::SplitKVOptions options;
-      options.enable_cuda_graph = true;
-      options.rope_in_registers = true;
-      fused_registers = std::make_unique<split_kv::SplitKVRunner>(options);
-      ws_registers = DeviceBuffer(std::max<size_t>(fused_registers->workspace_bytes(shape), 256));
-      fused_registers->plan(shape, ws_registers.get(), ws_registers.bytes(), stream);
-    }
     DeviceBatch batch;
     batch.qo_indptr = static_cast<const int32_t*>(qo_indptr.get());
     batch.kv_indptr = static_cast<const int32_t*>(kv_indptr.get());
@@ -386,12 +352,6 @@ TEST_CASE("rope_llama timing: RoPE kernel + attention vs RoPE in the attention's
     const double fused_ms = median_ms([&] { fused->run(fused_batch, stream); }, stream, flush.get(), flush_bytes);
     std::printf("  %-48s RoPE kernel %.4f + attention %.4f, together %.4f | fused %.4f | fused / together %.3f\n",
                 ts.name, rope_ms, attn_ms, both_ms, fused_ms, fused_ms / both_ms);
-    if (fused_registers) {
-      const double reg_ms = median_ms([&] { fused_registers->run(fused_batch, stream); }, stream, flush.get(),
-                                      flush_bytes);
-      std::printf("  %-48s fused, keys rotated in registers %.4f | / together %.3f\n", ts.name, reg_ms,
-                  reg_ms / both_ms);
-    }
   }
   FLASHSTEP_CUDA_CHECK(cudaStreamDestroy(stream));
 }

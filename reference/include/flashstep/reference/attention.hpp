@@ -9,7 +9,8 @@
 ///   (the last w + 1 keys stay visible); -1 disables it. It applies with or without causal.
 /// - `logits_soft_cap = c > 0` maps the scaled score s to `c * tanh(s / c)`.
 /// - GQA: query head h reads kv head `h / (num_qo_heads / num_kv_heads)`.
-/// - LSE is natural-log: `lse = log(sum_j exp(s_j))` over the visible keys.
+/// - LSE is natural-log: `lse = log(sum_j exp(s_j))` over the visible keys (plus
+///   `exp(sinks[h])` when AttentionOptions::sinks is given).
 ///
 /// **Fully masked rows.** A query row that sees no key at all (kv_len 0, or a causal
 /// request with more queries than keys, or a window that excludes everything) gets
@@ -49,6 +50,11 @@ struct AttentionOptions {
   int window_left = -1;                ///< keep the last window_left + 1 keys; -1 = off
   double logits_soft_cap = 0.0;        ///< c > 0: s -> c * tanh(s / c); 0 = off
   KVLayout kv_layout = KVLayout::NHD;  ///< layout of k/v (single, ragged) or of each page
+  /// Attention sinks (FlashInfer's run(sinks=)): empty = off, else one finite natural-log
+  /// logit per query head. sinks[h] joins head h's softmax denominator and carries no
+  /// value: o = sum_j e^{s_j} v_j / (e^{sinks[h]} + sum_j e^{s_j}), and lse is the log of
+  /// that denominator. A row that sees no key then gets o = 0 and lse = sinks[h].
+  std::vector<double> sinks;
 };
 
 /// The scale an attention call uses: `opt.sm_scale` when given, else 1/sqrt(head_dim).

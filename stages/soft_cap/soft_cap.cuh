@@ -1,0 +1,47 @@
+/// \file soft_cap.cuh
+/// \brief The logits soft cap as a policy of kernels/attention_policy.cuh: every score s
+/// (natural units, after the scale) becomes c tanh(s / c) before the softmax, so no score
+/// leaves (-c, c) (Gemma 2 caps its attention logits at 50; FlashInfer's
+/// `logits_soft_cap`). The chapter (README.md) says why a cap and why here.
+///
+/// One hook: on_logit, on each base-2 score s2 = s log2(e) of the decode loop. In base 2 the
+/// cap is c2 = c log2(e), and c tanh(s / c) log2(e) = c2 tanh(s2 / c2), so the hook needs no
+/// conversion back and forth. The kernel masks keys after the hook, so a masked key stays
+/// -inf whatever the cap.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "flashstep/kernels/attention_policy.cuh"
+#include "flashstep/kernels/state.cuh"
+
+namespace flashstep::stages::soft_cap {
+
+/// The policy.
+struct SoftCap {
+  struct Params {
+    float cap2 = 0.f;      ///< c log2(e): the cap in base-2 units
+    float inv_cap2 = 0.f;  ///< 1 / cap2
+    static Params from(const kernels::PolicyInputs& in) {
+      const float cap2 = in.logits_soft_cap * kernels::kLog2e;
+      return {cap2, 1.f / cap2};
+    }
+  };
+  static constexpr bool kTouchesTiles = false;
+
+  template <typename T, int N>
+  __device__ __forceinline__ static void on_q(const Params&, float (&)[N], kernels::RowSlice) {}
+  template <typename Layout, typename T, int HEAD_DIM, int THREADS>
+  __device__ __forceinline__ static void on_q_tile(const Params&, T*, int, int, kernels::PackedRows) {}
+  template <typename Layout, typename KV, int HEAD_DIM, int ROWS, int THREADS>
+  __device__ __forceinline__ static void on_k_tile(const Params&, KV*, int, int) {}
+
+  /// s2 -> c2 tanh(s2 / c2).
+  __device__ __forceinline__ static float on_logit(const Params& p, float s2, int) {
+    return p.cap2 * tanhf(s2 * p.inv_cap2);
+  }
+
+  __device__ __forceinline__ static float on_state(const Params&, float&, float&, int, int) { return 1.f; }
+};
+
+}  // namespace flashstep::stages::soft_cap
