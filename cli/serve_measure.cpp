@@ -1,8 +1,8 @@
 // `flashstep serve --json FILE` (serve_measure.hpp): every variant of a workload run by the
 // engine twice after a warm-up each (without CUDA events: each step's time on the host's
 // clock; with them: the phases of each step), the read ceiling and the launch floor
-// measured in the same process, each decode step's floor (stages/09_engine/step_floor.hpp),
-// the goals, and the results file (stages/09_engine/serve_results.hpp).
+// measured in the same process, each decode step's floor (bench/serve/step_floor.hpp),
+// the goals, and the results file (bench/serve/serve_results.hpp).
 #if defined(FLASHSTEP_CLI_HAVE_ENGINE)
 
 #include "serve_measure.hpp"
@@ -20,16 +20,17 @@
 #include <string>
 #include <vector>
 
-#include "09_engine/serve_results.hpp"
-#include "09_engine/step_floor.hpp"
-#include "launch_floor.hpp"  // flashstep::ceilings (bench/ceilings/), the one library of bench/ the CLI links
-#include "read_ceiling.hpp"  // flashstep::ceilings
+#include "launch_floor.hpp"   // flashstep::ceilings (bench/ceilings/), one of the two libraries of bench/ the CLI links
+#include "read_ceiling.hpp"   // flashstep::ceilings
+#include "serve_results.hpp"  // flashstep::serve_measure (bench/serve/), the other
+#include "step_floor.hpp"     // flashstep::serve_measure
 
 namespace flashstep::cli {
 
 namespace {
 
 using namespace flashstep::stages::engine;
+using namespace flashstep::bench;
 using Clock = std::chrono::steady_clock;
 
 void check(cudaError_t e, const char* what) {

@@ -1,6 +1,6 @@
 // Stage 09's mixed step (decode rows, then prefill rows, one causal batch) computed as two
 // attention calls, as one call of the prefill stage, and as one launch of POD attention
-// (MixedStepAttention, mixed_step.hpp), each against the reference's paged prefill over
+// (MixedStepAttention, bench/serve/mixed_step.hpp), each against the reference's paged prefill over
 // the whole batch; and a timing of the forms over the engine's shape (skipped by default:
 // it writes the JSON the chapter's table is generated from).
 #include <doctest/doctest.h>
@@ -18,7 +18,6 @@
 
 #include "09_engine/arrival_schedule.hpp"
 #include "09_engine/engine.hpp"
-#include "09_engine/mixed_step.hpp"
 #include "09_engine/pod_attention.hpp"
 #include "09_engine/scheduler.hpp"
 #include "fixed_batch.hpp"
@@ -27,14 +26,15 @@
 #include "harness/case.hpp"
 #include "harness/device.hpp"
 #include "harness/validate.hpp"
+#include "mixed_step.hpp"  // flashstep::serve_measure_gpu (bench/serve/)
 #include "registry.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
 using namespace flashstep::stages;
 using namespace flashstep::stages::harness;
-using flashstep::stages::engine::MixedForm;
-using flashstep::stages::engine::MixedStepAttention;
+using flashstep::bench::MixedForm;
+using flashstep::bench::MixedStepAttention;
 using flashstep::test::FixedBatch;
 
 namespace {
@@ -79,7 +79,7 @@ struct Variant {
   MixedForm form;
   std::string decode_stage, prefill_stage;
   std::string describe() const {
-    return std::string(engine::to_string(form)) + "(" + (decode_stage.empty() ? "default" : decode_stage) + ", " +
+    return std::string(bench::to_string(form)) + "(" + (decode_stage.empty() ? "default" : decode_stage) + ", " +
            (prefill_stage.empty() ? "default" : prefill_stage) + ")";
   }
 };
@@ -350,7 +350,7 @@ TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON, not a tim
                     stages_used.c_str());
         char buf[256];
         std::snprintf(buf, sizeof buf, "%s{\"form\": \"%s\", \"asked\": \"%s\", \"stages\": \"%s\", \"us\": %.2f}",
-                      cells.empty() ? "" : ", ", engine::to_string(v.form),
+                      cells.empty() ? "" : ", ", bench::to_string(v.form),
                       v.prefill_stage.empty() ? "default" : v.prefill_stage.c_str(), stages_used.c_str(), t);
         cells += buf;
       }
