@@ -26,7 +26,8 @@
 #include "harness/case.hpp"
 #include "harness/device.hpp"
 #include "harness/validate.hpp"
-#include "mixed_step.hpp"  // flashstep::serve_measure_gpu (bench/serve/)
+#include "mixed_step.hpp"   // flashstep::serve_measure_gpu (bench/serve/)
+#include "phase_timer.hpp"  // flashstep::serve_measure_gpu
 #include "registry.hpp"
 #include "support/random.hpp"
 
@@ -127,11 +128,12 @@ TEST_CASE("09_engine mixed step: two calls, one call and POD attention equal the
   CHECK(checked == 2 * 6 * 5);
 }
 
-TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, cascade, one launch)") {
-  // Every combination of cuda_graphs, cascade_when_shared and one_launch with profile on:
-  // each step's phases are read from its CUDA events (run_step throws when an event was
-  // not recorded, or was recorded inside a capture and never replayed), and the phases
-  // are times that add up to the step's. Shared prompts and a small budget make eager
+TEST_CASE("09_engine: a phase timer times every step, whatever runs it (graphs, cascade, one launch)") {
+  // Every combination of cuda_graphs, cascade_when_shared and one_launch with a PhaseTimer
+  // (bench/serve/phase_timer.hpp) as the engine's observer: each step's phases are read
+  // from its CUDA events (the timer throws when an event was not recorded, or was recorded
+  // inside a capture and never replayed), and the phases are times that add up to the
+  // step's. Shared prompts and a small budget make eager
   // mixed steps (POD), decode-only graph steps and cascade steps inside graphs; tokens are
   // not checked here (the token checks do that).
   engine::ArrivalParams p;
@@ -158,7 +160,6 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
     c.scheduler.num_pages += (static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + 15) / 16;
   c.scheduler.max_running = 8;
   c.scheduler.max_tokens_per_step = 48;
-  c.profile = true;
   int64_t graph_steps = 0, cascade_graph_steps = 0, pod_steps = 0;
   for (int variant = 0; variant < 8; ++variant) {
     c.cuda_graphs = (variant & 1) != 0;
@@ -166,6 +167,8 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
     c.one_launch = (variant & 4) != 0;
     INFO("cuda_graphs " << c.cuda_graphs << ", cascade_when_shared " << c.cascade_when_shared << ", one_launch "
                         << c.one_launch);
+    bench::PhaseTimer timer(c.model.num_layers);
+    c.observer = &timer;
     engine::Engine eng(c);
     engine::Scheduler scheduler(c.scheduler, reqs);
     int64_t steps = 0;
@@ -177,7 +180,7 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
         continue;
       }
       const engine::StepOutput out = eng.run_step(b, scheduler);
-      const engine::StepTiming& t = out.timing;
+      const bench::StepTiming& t = timer.last();
       INFO("step " << b.step << ": " << b.describe());
       const double parts[] = {t.embed_ms, t.projection_ms, t.attention_ms, t.logits_ms, t.sampling_ms, t.host_ms};
       double sum = 0;
@@ -197,6 +200,7 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
       scheduler.complete_step(out.tokens);
     }
     CHECK(steps > 0);
+    CHECK(static_cast<int64_t>(timer.steps().size()) == steps);  // one `done` a step
     CHECK(attention_ms > 0);
   }
   CHECK(graph_steps > 0);
