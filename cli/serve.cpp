@@ -3,6 +3,7 @@
 // mean time per step split into its phases. Needs a GPU and a CUDA build (exit 77).
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <ostream>
 #include <sstream>
 #include <string>
@@ -13,6 +14,7 @@
 #if defined(FLASHSTEP_CLI_HAVE_ENGINE)
 #include "09_engine/arrival_schedule.hpp"
 #include "09_engine/engine.hpp"
+#include "phase_timer.hpp"  // flashstep::serve_measure_gpu (bench/serve/): --profile's phases
 #include "serve_measure.hpp"
 #endif
 
@@ -23,6 +25,8 @@ namespace flashstep::cli {
 namespace {
 
 using namespace flashstep::stages::engine;
+using bench::PhaseTimer;
+using bench::StepTiming;
 
 std::string ms(double v) {
   char buf[32];
@@ -78,7 +82,6 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.sampling.seed = opt.seed;
   c.decode_stage = opt.decode_stage;
   c.prefill_stage = opt.prefill_stage;
-  c.profile = opt.profile;
   c.cuda_graphs = opt.cuda_graphs;
   c.cascade_when_shared = opt.cascade;
   c.one_launch = opt.one_launch;
@@ -86,6 +89,13 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
   c.fused_rope = opt.fused_rope;
 
   if (!opt.json.empty()) return run_serve_measure(opt, schedule.requests(), c, os);  // serve_measure.cpp
+  // --profile: the engine reports each step's phase boundaries to a timer (before the
+  // engine, so that it outlives it)
+  std::unique_ptr<PhaseTimer> timer;
+  if (opt.profile) {
+    timer = std::make_unique<PhaseTimer>(c.model.num_layers);
+    c.observer = timer.get();
+  }
   Engine engine(c);
   os << "flashstep serve: " << opt.requests << " requests (seed " << opt.seed << "), model d_model " << opt.d_model
      << ", " << opt.layers << " layers, " << opt.qo_heads << "/" << opt.kv_heads << " heads, " << opt.dtype << "; pool "
@@ -118,7 +128,10 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
       scheduler.complete_step(out.tokens);
     }
   }
-  if (opt.profile) engine.generate(schedule.requests());  // warm-up run, not reported
+  if (timer) {  // a warm-up run, not reported
+    engine.generate(schedule.requests());
+    timer->clear();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const GenerationRun run = engine.generate(schedule.requests());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -140,15 +153,16 @@ int run_serve(const ServeOptions& opt, std::ostream& os) {
     for (int32_t t : run.tokens[r]) os << " " << t;
     os << "\n";
   }
-  if (opt.profile && !run.timing.empty()) {
+  if (timer && !timer->steps().empty()) {
+    const std::vector<StepTiming>& steps = timer->steps();
     StepTiming s;
-    for (const StepTiming& t : run.timing) {
+    for (const StepTiming& t : steps) {
       s.host_ms += t.host_ms, s.embed_ms += t.embed_ms, s.projection_ms += t.projection_ms;
       s.attention_ms += t.attention_ms, s.logits_ms += t.logits_ms, s.sampling_ms += t.sampling_ms;
       s.total_ms += t.total_ms;
     }
-    const double n = static_cast<double>(run.timing.size());
-    os << "mean per step over " << run.timing.size() << " steps (ms): total " << ms(s.total_ms / n) << " = host "
+    const double n = static_cast<double>(steps.size());
+    os << "mean per step over " << steps.size() << " steps (ms): total " << ms(s.total_ms / n) << " = host "
        << ms(s.host_ms / n) << " + embed " << ms(s.embed_ms / n) << " + projections " << ms(s.projection_ms / n)
        << " + attention " << ms(s.attention_ms / n) << " + logits " << ms(s.logits_ms / n) << " + sampling "
        << ms(s.sampling_ms / n) << "\n";

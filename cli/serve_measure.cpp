@@ -1,8 +1,8 @@
 // `flashstep serve --json FILE` (serve_measure.hpp): every variant of a workload run by the
 // engine twice after a warm-up each (without CUDA events: each step's time on the host's
-// clock; with them: the phases of each step), the read ceiling and the launch floor
-// measured in the same process, each decode step's floor (stages/09_engine/step_floor.hpp),
-// the goals, and the results file (stages/09_engine/serve_results.hpp).
+// clock; with them: the phases of each step, bench/serve/phase_timer.hpp), the read ceiling and the launch floor
+// measured in the same process, each decode step's floor (bench/serve/step_floor.hpp),
+// the goals, and the results file (bench/serve/serve_results.hpp).
 #if defined(FLASHSTEP_CLI_HAVE_ENGINE)
 
 #include "serve_measure.hpp"
@@ -20,16 +20,18 @@
 #include <string>
 #include <vector>
 
-#include "09_engine/serve_results.hpp"
-#include "09_engine/step_floor.hpp"
-#include "launch_floor.hpp"  // flashstep::ceilings (bench/ceilings/), the one library of bench/ the CLI links
-#include "read_ceiling.hpp"  // flashstep::ceilings
+#include "launch_floor.hpp"   // flashstep::ceilings (bench/ceilings/), one of the two libraries of bench/ the CLI links
+#include "phase_timer.hpp"    // flashstep::serve_measure_gpu (bench/serve/), the other
+#include "read_ceiling.hpp"   // flashstep::ceilings
+#include "serve_results.hpp"  // flashstep::serve_measure
+#include "step_floor.hpp"     // flashstep::serve_measure
 
 namespace flashstep::cli {
 
 namespace {
 
 using namespace flashstep::stages::engine;
+using namespace flashstep::bench;
 using Clock = std::chrono::steady_clock;
 
 void check(cudaError_t e, const char* what) {
@@ -116,9 +118,10 @@ struct RunResult {
 };
 
 // One run of the workload on `engine`: each step timed on the host's clock around
-// run_step (and its phases where the engine profiles). Records step `show` into `shown`.
+// run_step (and its phases, from `timer`, where it is the engine's observer). Records step
+// `show` into `shown`.
 RunResult run_once(Engine& engine, const EngineConfig& c, const std::vector<Request>& requests, int64_t show,
-                   ShownStep* shown, std::ostream& os) {
+                   ShownStep* shown, const PhaseTimer* timer, std::ostream& os) {
   RunResult r;
   Scheduler scheduler(c.scheduler, requests);
   while (!scheduler.done()) {
@@ -151,8 +154,8 @@ RunResult run_once(Engine& engine, const EngineConfig& c, const std::vector<Requ
     s.wall_us = wall;
     s.decode_stage = out.decode_stage;
     s.prefill_stage = out.prefill_stage;
-    if (c.profile) {
-      const StepTiming& t = out.timing;
+    if (timer != nullptr) {
+      const StepTiming& t = timer->last();
       s.host_us = t.host_ms * 1e3, s.embed_us = t.embed_ms * 1e3, s.projection_us = t.projection_ms * 1e3;
       s.attention_us = t.attention_ms * 1e3, s.logits_us = t.logits_ms * 1e3, s.sampling_us = t.sampling_ms * 1e3;
       s.total_us = t.total_ms * 1e3;
@@ -302,17 +305,19 @@ int run_serve_measure(const ServeOptions& opt, const std::vector<Request>& workl
     RunResult timed, profiled;
     {
       EngineConfig plain = v.config;
-      plain.profile = false;
+      plain.observer = nullptr;
       Engine engine(plain);
-      run_once(engine, plain, requests, -1, nullptr, os);  // warm-up: cuBLAS, first launches, graph captures
-      timed = run_once(engine, plain, requests, vi == 0 ? opt.show_step : -1, vi == 0 ? &rec.shown : nullptr, os);
+      run_once(engine, plain, requests, -1, nullptr, nullptr, os);  // warm-up: cuBLAS, first launches, graph captures
+      timed = run_once(engine, plain, requests, vi == 0 ? opt.show_step : -1, vi == 0 ? &rec.shown : nullptr, nullptr,
+                       os);
     }
     {
+      PhaseTimer timer(v.config.model.num_layers);  // before the engine: it outlives the engine
       EngineConfig prof = v.config;
-      prof.profile = true;
+      prof.observer = &timer;
       Engine engine(prof);
-      run_once(engine, prof, requests, -1, nullptr, os);
-      profiled = run_once(engine, prof, requests, -1, nullptr, os);
+      run_once(engine, prof, requests, -1, nullptr, &timer, os);
+      profiled = run_once(engine, prof, requests, -1, nullptr, &timer, os);
     }
     vr.steps = timed.n_steps;
     vr.tokens = timed.tokens;

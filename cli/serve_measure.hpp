@@ -14,7 +14,7 @@ namespace flashstep::cli {
 /// Measures the variants of `opt` (eager and CUDA graphs, or the prefix study) on
 /// `requests` with the engine `config` (serve's, built from `opt`), prints a summary and
 /// the goals (MET / MISS), and writes the results file opt.json
-/// (stages/09_engine/serve_results.hpp). Returns 0, or 1 where the file cannot be written.
+/// (bench/serve/serve_results.hpp). Returns 0, or 1 where the file cannot be written.
 int run_serve_measure(const ServeOptions& opt, const std::vector<stages::engine::Request>& requests,
                       const stages::engine::EngineConfig& config, std::ostream& os);
 

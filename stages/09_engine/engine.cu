@@ -8,7 +8,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -244,7 +243,6 @@ struct Engine::Impl {
   // it (a page held twice in one step is shared)
   std::vector<uint32_t> page_seen;
   uint32_t page_stamp = 0;
-  std::vector<cudaEvent_t> events;
 
   size_t elem() const { return dtype_bytes(cfg.dtype); }
   char* wptr(size_t off) const { return weights.as<char>() + off * elem(); }
@@ -294,23 +292,6 @@ struct Engine::Impl {
     return before == nullptr || before == role.workspace.ptr;
   }
 
-  // Where each array of a step sits in the uploaded int32 metadata; kv_indices last, so
-  // that every offset depends only on (nnz, rows, samples) and a padded decode step's
-  // offsets are the same at every replay of its graph.
-  struct Layout {
-    size_t tokens, pos, bidx, qo, kvp, last, rows, pqo, pkv, idx, count;
-  };
-  // One step as the model launches see it.
-  struct Launch {
-    int64_t nnz, rows, nd, np, samples;
-    int32_t q0, p0;
-    const int32_t* dm;  // device metadata
-    Layout at;
-    Role* dec;
-    Role* pre;
-    bool one_call;      // a mixed step's attention as one call over every row:
-    PodAttention* pod;  // POD attention, or (null) the prefill stage `pre`
-  };
   // A decode step padded to `padded` rows, captured once and replayed (CUDA graphs).
   struct GraphEntry {
     Role decode{Mode::decode, {}, {}, {}};
@@ -327,10 +308,53 @@ struct Engine::Impl {
   };
   // by (padded rows, whether the decode rows run stage 05's cascade)
   std::map<std::pair<int64_t, bool>, std::unique_ptr<GraphEntry>> graphs;
+  // One step as run_step's phases hand it on, each filling its part.
+  struct Step {
+    const StepBatch* batch = nullptr;
+    // tokens, rows, decode and prefill rows, sampling rows; the first prefill row's first
+    // token (q0) and first entry of kv_indices (p0)
+    int64_t nnz = 0, rows = 0, nd = 0, np = 0, samples = 0;
+    int32_t q0 = 0, p0 = 0;
+    // route_step
+    int64_t padded = 0;           // the CUDA graph's batch; 0: eager
+    std::string decode_choice;    // "05_cascade" where the decode rows share pages; empty: as configured
+    GraphEntry* graph = nullptr;  // the graph (and its metadata buffer) of a padded step
+    // upload_metadata: the packed arrays (their nnz, rows and samples are what the model's
+    // launches cover: in a graph, the padded batch) and where they went on the device
+    StepArrays arrays;
+    const int32_t* dm = nullptr;
+    // plan_attention
+    Role* dec = nullptr;    // the decode rows' call (a graph's own)
+    bool one_call = false;  // a mixed step's attention as one call over every row:
+    bool use_pod = false;   // POD attention, or (false) the prefill stage
+  };
+
+  // run_step's phases, in order (the observer hears each boundary: mark)
+  void check_step(const StepBatch& b, const Scheduler& scheduler) const;
+  Step route_step(const StepBatch& b);
+  void upload_metadata(Step& s);
+  void plan_attention(Step& s, StepOutput& out);
+  void run_model(const Step& s, StepOutput& out);
+  void sample_tokens(const Step& s, const Scheduler& scheduler);
+  void read_back(const Step& s, StepOutput& out);
+  // run_model's launches, in order: what a decode step's graph holds
+  void forward(const Step& s);
+  void embed(const Step& s);
+  void project_qkv(const Step& s, int64_t layer);
+  void append_kv(const Step& s, int64_t layer);
+  void attend(const Step& s, int64_t layer);
+  void project_output(const Step& s, int64_t layer);
+  void compute_logits(const Step& s);
+  bool decode_rows_share_pages(const StepBatch& b);
+  void round_rows(const int32_t* rows, int64_t n);
+  char* pool(int64_t layer) const { return pools.as<char>() + static_cast<size_t>(layer * pool_elems) * elem(); }
+
+  void mark(StepPhase phase, int64_t layer = -1) {
+    if (cfg.observer != nullptr) cfg.observer->on_phase(phase, layer, stream);
+  }
+
   DeviceBuffer cublas_workspace;
   std::unique_ptr<TunedGemm> tuned;  // tuned_gemms: each decode-size shape's measured algorithm
-
-  void launch_model(const Launch& s);
 
   // C (m x n, row-major) = A (m x k) B (k x n) [+ C]: A, B in the storage dtype, C in
   // `c_type`, fp32 accumulation. Row-major C = A B is column-major C^T = B^T A^T.
@@ -343,16 +367,6 @@ struct Engine::Impl {
                               static_cast<int>(k), &beta, c, c_type, static_cast<int>(n), CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
-  }
-
-  // Inside a graph's capture an event becomes an event-record node (external), so that
-  // every replay records it and the phases of a graph step are timed like an eager one's.
-  void event(size_t i) {
-    if (!cfg.profile) return;
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    FLASHSTEP_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    FLASHSTEP_CUDA_CHECK(cudaEventRecordWithFlags(
-        events[i], stream, capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : 0));
   }
 };
 
@@ -493,17 +507,12 @@ Engine::Engine(const EngineConfig& config) : impl_(std::make_unique<Impl>()) {
   FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.tokens_pinned), m.max_rows * sizeof(int32_t)));
   m.sample_keys.reserve(static_cast<size_t>(2 * m.max_rows) * sizeof(uint64_t), m.stream);
   FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.keys_pinned), 2 * m.max_rows * sizeof(uint64_t)));
-  if (c.profile) {
-    m.events.resize(static_cast<size_t>(5 + 3 * m.layers));
-    for (auto& ev : m.events) FLASHSTEP_CUDA_CHECK(cudaEventCreate(&ev));
-  }
 }
 
 Engine::~Engine() {
   if (!impl_) return;
   Impl& m = *impl_;
   if (m.stream) cudaStreamSynchronize(m.stream);
-  for (auto& ev : m.events) cudaEventDestroy(ev);
   if (m.meta_pinned) cudaFreeHost(m.meta_pinned);
   if (m.tokens_pinned) cudaFreeHost(m.tokens_pinned);
   if (m.keys_pinned) cudaFreeHost(m.keys_pinned);
@@ -518,420 +527,455 @@ Engine::~Engine() {
 
 const EngineConfig& Engine::config() const { return impl_->cfg; }
 
-void Engine::Impl::launch_model(const Launch& s) {
-  const size_t e = elem();
-  const int64_t qw = hq * hd, kw = hkv * hd;
-  const SchedulerConfig& sc = cfg.scheduler;
-  const bool bf16 = cfg.dtype == DType::bf16;
-  const int32_t* dm = s.dm;
-  const Layout& at = s.at;
-  char* qp = q.as<char>();
-  char* op = o.as<char>();
-  size_t ev = 0;
-  event(ev++);
-  const bool sinusoidal = cfg.model.position_encoding == ref::PositionEncoding::sinusoidal;
-  if (bf16)
-    embed_kernel<__nv_bfloat16><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
-        reinterpret_cast<const __nv_bfloat16*>(wptr(off_embedding)), dm + at.tokens, dm + at.pos, static_cast<int>(d),
-        sinusoidal, x.as<float>(), xh.as<__nv_bfloat16>());
-  else
-    embed_kernel<__half><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
-        reinterpret_cast<const __half*>(wptr(off_embedding)), dm + at.tokens, dm + at.pos, static_cast<int>(d),
-        sinusoidal, x.as<float>(), xh.as<__half>());
-  kernels::check_launch("embed_kernel");
-  event(ev++);
-  auto round_rows = [&](const int32_t* rows_idx, int64_t n) {
-    if (bf16)
-      round_rows_kernel<__nv_bfloat16><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-          x.as<float>(), rows_idx, static_cast<int>(d), xh.as<__nv_bfloat16>());
-    else
-      round_rows_kernel<__half><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
-          x.as<float>(), rows_idx, static_cast<int>(d), xh.as<__half>());
-    kernels::check_launch("round_rows_kernel");
-  };
-  const int64_t qkv_w = qw + 2 * kw;  // a row of qkv: Q | K | V
-  char* kp = qkv.as<char>() + static_cast<size_t>(qw) * e;
-  char* vp = kp + static_cast<size_t>(kw) * e;
-  for (int64_t l = 0; l < layers; ++l) {
-    if (l > 0) round_rows(nullptr, s.nnz);  // layer 0's rows: the embedding kernel rounded them
-    gemm(s.nnz, qkv_w, d, xh.ptr, wptr(off_wqkv[l]), qkv.ptr, cuda_type, false);  // Q, K, V in one GEMM
-    if (rope_freqs.empty() || cfg.fused_rope) {
-      // Q out of the fused rows, contiguous for the attention stages (fused RoPE: the
-      // attention stages rotate q and k as they load them; K goes to the pool un-rotated)
-      FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(q.ptr, static_cast<size_t>(qw) * e, qkv.ptr,
-                                             static_cast<size_t>(qkv_w) * e, static_cast<size_t>(qw) * e,
-                                             static_cast<size_t>(s.nnz), cudaMemcpyDeviceToDevice, stream));
-    } else {
-      // Q rotated out of the fused rows into q (contiguous), K rotated in place
-      RopeLaunch r;
-      r.dtype = cfg.dtype;
-      r.q = qkv.ptr;
-      r.q_stride = qkv_w;
-      r.q_out = q.ptr;
-      r.k = r.k_out = kp;
-      r.k_stride = r.k_out_stride = qkv_w;
-      r.nnz = s.nnz;
-      r.num_q_heads = static_cast<int>(hq);
-      r.num_k_heads = static_cast<int>(hkv);
-      r.head_dim = static_cast<int>(hd);
-      r.rotary_dim = static_cast<int>(hd);
-      r.interleave = cfg.model.rope_interleave;
-      r.pos_ids = dm + at.pos;
-      launch_rope(r, rope_freqs, stream);
-    }
-    kernels::AppendPagedKVParams a;
-    a.append_key = kp;
-    a.append_value = vp;
-    a.key_row_stride = a.value_row_stride = qkv_w;
-    a.nnz = s.nnz;
-    a.batch_indices = dm + at.bidx;
-    a.positions = dm + at.pos;
-    char* pool = pools.as<char>() + static_cast<size_t>(l * pool_elems) * e;
-    a.k_cache = pool;
-    a.v_cache = pool + static_cast<size_t>(sc.page_size * kw) * e;
-    a.page_stride = 2 * sc.page_size * kw;
-    a.hnd = false;
-    a.num_kv_heads = static_cast<int>(hkv);
-    a.head_dim = static_cast<int>(hd);
-    a.page_size = static_cast<int>(sc.page_size);
-    a.num_pages = sc.num_pages;
-    a.kv_indices = dm + at.idx;
-    a.kv_indptr = dm + at.kvp;
-    a.batch_size = static_cast<int>(s.rows);
-    if (bf16) kernels::launch_append_paged_kv_cache<__nv_bfloat16>(a, stream);
-    else kernels::launch_append_paged_kv_cache<__half>(a, stream);
-    kernels::check_launch("append_paged_kv_cache_kernel");
-    event(ev++);
-    if (s.one_call) {
-      // every row, decodes as one-query requests, causal (a decode row sees all its keys)
-      DeviceBatch db;
-      db.q = qp;
-      db.qo_indptr = dm + at.qo;
-      db.kv_indptr = dm + at.kvp;
-      db.kv_pool = pool;
-      db.kv_indices = dm + at.idx;
-      db.kv_last_page_len = dm + at.last;
-      db.o = op;
-      db.lse = lse.as<float>();
-      if (s.pod) s.pod->run(db, stream);
-      else s.pre->runner->run(db, stream);
-    }
-    if (s.nd > 0 && !s.one_call) {
-      DeviceBatch db;
-      db.q = qp;
-      db.qo_indptr = dm + at.qo;
-      db.kv_indptr = dm + at.kvp;
-      db.kv_pool = pool;
-      db.kv_indices = dm + at.idx;
-      db.kv_last_page_len = dm + at.last;
-      db.o = op;
-      db.lse = lse.as<float>();
-      s.dec->runner->run(db, stream);
-    }
-    if (s.np > 0 && !s.one_call) {
-      DeviceBatch db;
-      db.q = qp + static_cast<size_t>(s.q0 * qw) * e;
-      db.qo_indptr = dm + at.pqo;
-      db.kv_indptr = dm + at.pkv;
-      db.kv_pool = pool;
-      db.kv_indices = dm + at.idx + s.p0;
-      db.kv_last_page_len = dm + at.last + s.nd;
-      db.o = op + static_cast<size_t>(s.q0 * qw) * e;
-      db.lse = lse.as<float>() + s.q0 * hq;
-      s.pre->runner->run(db, stream);
-    }
-    event(ev++);
-    if (cfg.model.output_projection) {
-      gemm(s.nnz, d, qw, o.ptr, wptr(off_wo[l]), x.ptr, CUDA_R_32F, true);  // X += O W_O
-    } else if (bf16) {
-      residual_kernel<__nv_bfloat16><<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(
-          o.as<__nv_bfloat16>(), static_cast<int>(d), x.as<float>());
-    } else {
-      residual_kernel<__half>
-          <<<static_cast<unsigned>(s.nnz), kThreads, 0, stream>>>(o.as<__half>(), static_cast<int>(d), x.as<float>());
-    }
-    kernels::check_launch("residual");
-    event(ev++);
-  }
-  // logits of the rows that sample
-  if (s.samples > 0) {
-    round_rows(dm + at.rows, s.samples);
-    gemm(s.samples, vocab, d, xh.ptr, wptr(off_vocab), logits.ptr, CUDA_R_32F, false);
-  }
-  event(ev++);
-}
+// ---- One step: run_step reads as its phases, one function each (engine.hpp's diagram);
+// each boundary is marked for EngineConfig::observer (step_observer.hpp). -----------------
 
 StepOutput Engine::run_step(const StepBatch& b, const Scheduler& scheduler) {
-  const char* fn = "Engine::run_step";
   Impl& m = *impl_;
-  const auto host_start = std::chrono::steady_clock::now();
   StepOutput out;
-  const int64_t nnz = b.nnz(), rows = b.batch_size(), nd = b.num_decodes, np = rows - nd;
-  const int64_t samples = static_cast<int64_t>(b.sample_rows.size());
-  if (rows == 0) return out;
-  require(nnz <= m.max_nnz && rows <= m.max_rows, fn,
+  if (b.batch_size() == 0) return out;
+  m.mark(StepPhase::host);
+  m.check_step(b, scheduler);
+  Impl::Step s = m.route_step(b);
+  m.upload_metadata(s);
+  m.plan_attention(s, out);
+  m.mark(StepPhase::model);
+  m.run_model(s, out);
+  m.mark(StepPhase::sampling);
+  m.sample_tokens(s, scheduler);
+  m.mark(StepPhase::read_back);
+  m.read_back(s, out);
+  m.mark(StepPhase::done);
+  return out;
+}
+
+void Engine::Impl::check_step(const StepBatch& b, const Scheduler& scheduler) const {
+  const char* fn = "Engine::run_step";
+  const int64_t nnz = b.nnz(), rows = b.batch_size();
+  require(nnz <= max_nnz && rows <= max_rows, fn,
           "the step has " + str(nnz) + " tokens in " + str(rows) + " rows, more than the engine was sized for (" +
-              str(m.max_nnz) + ", " + str(m.max_rows) + ")");
-  require(scheduler.config().page_size == m.cfg.scheduler.page_size &&
-              scheduler.config().num_pages == m.cfg.scheduler.num_pages,
+              str(max_nnz) + ", " + str(max_rows) + ")");
+  require(scheduler.config().page_size == cfg.scheduler.page_size &&
+              scheduler.config().num_pages == cfg.scheduler.num_pages,
           fn, "scheduler's pool (num_pages, page_size) must be the engine's");
   require(b.page_copies.empty(), fn, "the step asks for copy-on-write page copies, which the engine does not run");
   for (int64_t t = 0; t < nnz; ++t)
-    ref::require_lazy(b.tokens[t] >= 0 && b.tokens[t] < m.vocab, fn, [&] {
-      return "tokens[" + str(t) + "] = " + str(b.tokens[t]) + " is not in [0, vocab_size = " + str(m.vocab) + ")";
+    ref::require_lazy(b.tokens[t] >= 0 && b.tokens[t] < vocab, fn, [&] {
+      return "tokens[" + str(t) + "] = " + str(b.tokens[t]) + " is not in [0, vocab_size = " + str(vocab) + ")";
     });
+}
 
-  // A decode-only step runs as a CUDA graph captured at the next power of two of its
-  // batch (padding rows: no pages, token 0, never appended, never sampled).
-  // Decode rows that share pages (a cached prefix) go to stage 05 when asked
-  // (cascade_when_shared): eagerly, its planner prices the cascade against a flat pass;
-  // in a graph, its launch is fixed by the padded batch (two levels, see cascade.hpp),
-  // in a graph of its own.
-  std::string decode_choice;
-  if (m.cfg.cascade_when_shared && m.cfg.decode_stage.empty() && nd > 1) {
-    // A page id seen twice, in one pass: each page's stamp is the step that last saw it
-    // (no sort, no clearing between steps).
-    std::vector<uint32_t>& seen = m.page_seen;
-    seen.resize(static_cast<size_t>(m.cfg.scheduler.num_pages), 0);
-    if (++m.page_stamp == 0) {  // wrapped: old stamps could match again
-      std::fill(seen.begin(), seen.end(), 0);
-      m.page_stamp = 1;
-    }
-    for (int32_t n = 0; n < b.kv_indptr[nd]; ++n) {
-      const int32_t page = b.kv_indices[static_cast<size_t>(n)];
-      ref::require_lazy(page >= 0 && page < m.cfg.scheduler.num_pages, fn, [&] {
-        return "kv_indices[" + str(n) + "] = " + str(page) + " is not a page of the pool (0.." +
-               str(m.cfg.scheduler.num_pages - 1) + ")";
-      });
-      uint32_t& stamp = seen[static_cast<size_t>(page)];
-      if (stamp == m.page_stamp) {
-        decode_choice = "05_cascade";
-        break;
-      }
-      stamp = m.page_stamp;
-    }
+// A page id seen twice among the decode rows' pages, in one pass: each page's stamp is the
+// step that last saw it (no sort, no clearing between steps).
+bool Engine::Impl::decode_rows_share_pages(const StepBatch& b) {
+  const char* fn = "Engine::run_step";
+  std::vector<uint32_t>& seen = page_seen;
+  seen.resize(static_cast<size_t>(cfg.scheduler.num_pages), 0);
+  if (++page_stamp == 0) {  // wrapped: old stamps could match again
+    std::fill(seen.begin(), seen.end(), 0);
+    page_stamp = 1;
   }
-  int64_t padded = 0;
-  if (m.cfg.cuda_graphs && np == 0) {
-    padded = 1;
-    while (padded < nd) padded *= 2;
-    if (padded > m.max_rows || padded > m.max_nnz) padded = 0;
+  for (int32_t n = 0; n < b.kv_indptr[b.num_decodes]; ++n) {
+    const int32_t page = b.kv_indices[static_cast<size_t>(n)];
+    ref::require_lazy(page >= 0 && page < cfg.scheduler.num_pages, fn, [&] {
+      return "kv_indices[" + str(n) + "] = " + str(page) + " is not a page of the pool (0.." +
+             str(cfg.scheduler.num_pages - 1) + ")";
+    });
+    uint32_t& stamp = seen[static_cast<size_t>(page)];
+    if (stamp == page_stamp) return true;
+    stamp = page_stamp;
   }
-  const bool graph = padded > 0;
-  const int64_t n_tok = graph ? padded : nnz, n_rows = graph ? padded : rows, n_samp = graph ? padded : samples;
-  const int64_t npages = b.kv_indptr[rows];
-  const int32_t q0 = b.qo_indptr[nd], p0 = b.kv_indptr[nd];
+  return false;
+}
 
-  // ---- metadata: one upload (step_arrays.hpp: the layout and the padding) -----------
-  const StepArrays arrays = pack_step(b, padded);
-  const std::vector<int32_t>& meta = arrays.data;
-  Impl::Layout at{arrays.tokens,
-                  arrays.positions,
-                  arrays.batch_indices,
-                  arrays.qo_indptr,
-                  arrays.kv_indptr,
-                  arrays.kv_last_page_len,
-                  arrays.sample_token_rows,
-                  arrays.prefill_qo_indptr,
-                  arrays.prefill_kv_indptr,
-                  arrays.kv_indices,
-                  meta.size()};
-  const std::vector<int32_t> p_qo = arrays.slice(at.pqo, np + 1), p_kv = arrays.slice(at.pkv, np + 1);
+// A decode-only step runs as a CUDA graph captured at the next power of two of its batch
+// (padding rows: no pages, token 0, never appended, never sampled). Decode rows that share
+// pages (a cached prefix) go to stage 05 when asked (cascade_when_shared): eagerly, its
+// planner prices the cascade against a flat pass; in a graph, its launch is fixed by the
+// padded batch (two levels, see cascade.hpp), in a graph of its own.
+Engine::Impl::Step Engine::Impl::route_step(const StepBatch& b) {
+  Step s;
+  s.batch = &b;
+  s.nnz = b.nnz();
+  s.rows = b.batch_size();
+  s.nd = b.num_decodes;
+  s.np = s.rows - s.nd;
+  s.samples = static_cast<int64_t>(b.sample_rows.size());
+  s.q0 = b.qo_indptr[static_cast<size_t>(s.nd)];
+  s.p0 = b.kv_indptr[static_cast<size_t>(s.nd)];
+  if (cfg.cascade_when_shared && cfg.decode_stage.empty() && s.nd > 1 && decode_rows_share_pages(b))
+    s.decode_choice = "05_cascade";
+  if (cfg.cuda_graphs && s.np == 0) {
+    s.padded = 1;
+    while (s.padded < s.nd) s.padded *= 2;
+    if (s.padded > max_rows || s.padded > max_nnz) s.padded = 0;
+  }
+  return s;
+}
 
-  Impl::GraphEntry* entry = nullptr;
+// One upload (step_arrays.hpp: the layout and the padding), into the graph's own buffers
+// for a padded step (the graph froze their addresses), else the eager ones.
+void Engine::Impl::upload_metadata(Step& s) {
+  const StepBatch& b = *s.batch;
+  s.arrays = pack_step(b, s.padded);
+  const StepArrays& a = s.arrays;
+  const std::vector<int32_t>& meta = a.data;
   int32_t* pinned = nullptr;
   DeviceBuffer* dev = nullptr;
-  if (graph) {
-    auto& slot = m.graphs[{padded, !decode_choice.empty()}];
+  if (s.padded > 0) {
+    auto& slot = graphs[{s.padded, !s.decode_choice.empty()}];
     if (!slot) {
-      slot = std::make_unique<Impl::GraphEntry>();
-      slot->capacity = at.idx + static_cast<size_t>(padded * m.cfg.scheduler.num_pages);
+      slot = std::make_unique<GraphEntry>();
+      slot->capacity = a.kv_indices + static_cast<size_t>(s.padded * cfg.scheduler.num_pages);
       FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&slot->pinned), slot->capacity * 4));
-      slot->meta.reserve(slot->capacity * 4, m.stream);
+      slot->meta.reserve(slot->capacity * 4, stream);
     }
-    entry = slot.get();
-    require(at.count <= entry->capacity, fn, "a padded decode step's page table outgrew its graph's buffer");
-    pinned = entry->pinned;
-    dev = &entry->meta;
+    s.graph = slot.get();
+    require(meta.size() <= s.graph->capacity, "Engine::run_step",
+            "a padded decode step's page table outgrew its graph's buffer");
+    pinned = s.graph->pinned;
+    dev = &s.graph->meta;
   } else {
-    if (meta.size() > m.meta_pinned_count) {
-      if (m.meta_pinned) FLASHSTEP_CUDA_CHECK(cudaFreeHost(m.meta_pinned));
-      m.meta_pinned_count = meta.size() * 2;
-      FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&m.meta_pinned), m.meta_pinned_count * 4));
+    if (meta.size() > meta_pinned_count) {
+      if (meta_pinned) FLASHSTEP_CUDA_CHECK(cudaFreeHost(meta_pinned));
+      meta_pinned_count = meta.size() * 2;
+      FLASHSTEP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&meta_pinned), meta_pinned_count * 4));
     }
-    m.meta_dev.reserve(m.meta_pinned_count * 4, m.stream);
-    pinned = m.meta_pinned;
-    dev = &m.meta_dev;
+    meta_dev.reserve(meta_pinned_count * 4, stream);
+    pinned = meta_pinned;
+    dev = &meta_dev;
   }
   std::memcpy(pinned, meta.data(), meta.size() * 4);
-  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dev->ptr, pinned, meta.size() * 4, cudaMemcpyHostToDevice, m.stream));
+  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(dev->ptr, pinned, meta.size() * 4, cudaMemcpyHostToDevice, stream));
+  s.dm = dev->as<int32_t>();
+}
 
-  // ---- plan (outside any graph): decode rows and prefill rows, two calls -------------
-  Impl::Role* dec = graph ? &entry->decode : &m.decode;
-  // one_launch: a mixed step's rows in one launch of POD attention (pod_attention.cuh),
-  // or, where it cannot run the step, one call of the prefill stage
-  const bool one_call = m.cfg.one_launch && nd > 0 && np > 0;
-  bool pod = false;
-  if (one_call) {
-    BatchShape s = m.base_shape(Mode::prefill);
-    s.batch_size = static_cast<int>(rows);
-    s.qo_indptr = arrays.slice(at.qo, rows + 1);
-    s.kv_indptr = arrays.slice(at.kvp, rows + 1);
-    s.kv_last_page_len = b.kv_last_page_len;
-    s.kv_indices = b.kv_indices;
-    pod = m.cfg.prefill_stage.empty() && pod_unsupported_reason(s, static_cast<int>(nd)).empty();
-    if (pod) {
-      m.pod.plan(s, static_cast<int>(nd), m.stream);
+// plan() outside any graph: the decode rows and the prefill rows as two calls, or, with
+// one_launch, a mixed step's rows in one launch of POD attention (pod_attention.cuh) or,
+// where it cannot run the step, one call of the prefill stage.
+void Engine::Impl::plan_attention(Step& s, StepOutput& out) {
+  const StepBatch& b = *s.batch;
+  const StepArrays& a = s.arrays;
+  s.dec = s.graph != nullptr ? &s.graph->decode : &decode;
+  s.one_call = cfg.one_launch && s.nd > 0 && s.np > 0;
+  if (s.one_call) {
+    BatchShape shape = base_shape(Mode::prefill);
+    shape.batch_size = static_cast<int>(s.rows);
+    shape.qo_indptr = a.slice(a.qo_indptr, s.rows + 1);
+    shape.kv_indptr = a.slice(a.kv_indptr, s.rows + 1);
+    shape.kv_last_page_len = b.kv_last_page_len;
+    shape.kv_indices = b.kv_indices;
+    s.use_pod = cfg.prefill_stage.empty() && pod_unsupported_reason(shape, static_cast<int>(s.nd)).empty();
+    if (s.use_pod) {
+      pod.plan(shape, static_cast<int>(s.nd), stream);
       out.decode_stage = out.prefill_stage = "pod_attention";
     } else {
-      m.plan(m.prefill, s);
-      out.decode_stage = out.prefill_stage = m.prefill.name;
+      plan(prefill, shape);
+      out.decode_stage = out.prefill_stage = prefill.name;
     }
     out.one_call = true;
+    return;
   }
-  if (nd > 0 && !one_call) {
-    BatchShape s = m.base_shape(Mode::decode);
-    const int64_t dec_rows = graph ? padded : nd;  // the decode call's rows (padding included)
-    s.batch_size = static_cast<int>(dec_rows);
-    s.qo_indptr = arrays.slice(at.qo, dec_rows + 1);
-    s.kv_indptr = arrays.slice(at.kvp, dec_rows + 1);
-    s.kv_last_page_len = arrays.slice(at.last, dec_rows);
-    s.kv_indices.assign(b.kv_indices.begin(), b.kv_indices.begin() + p0);
-    s.cuda_graph = graph;
-    if (graph && entry->exec != nullptr && dec->runner && dec->workspace.bytes < dec->runner->workspace_bytes(s)) {
+  if (s.nd > 0) {
+    Role& dec = *s.dec;
+    BatchShape shape = base_shape(Mode::decode);
+    const int64_t dec_rows = s.padded > 0 ? s.padded : s.nd;  // the decode call's rows (padding included)
+    shape.batch_size = static_cast<int>(dec_rows);
+    shape.qo_indptr = a.slice(a.qo_indptr, dec_rows + 1);
+    shape.kv_indptr = a.slice(a.kv_indptr, dec_rows + 1);
+    shape.kv_last_page_len = a.slice(a.kv_last_page_len, dec_rows);
+    shape.kv_indices.assign(b.kv_indices.begin(), b.kv_indices.begin() + s.p0);
+    shape.cuda_graph = s.padded > 0;
+    if (s.graph != nullptr && s.graph->exec != nullptr && dec.runner &&
+        dec.workspace.bytes < dec.runner->workspace_bytes(shape)) {
       // the workspace must move: the graph read the old one, so capture afresh
-      FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(entry->exec));
-      entry->exec = nullptr;
-      dec->runner.reset();
+      FLASHSTEP_CUDA_CHECK(cudaGraphExecDestroy(s.graph->exec));
+      s.graph->exec = nullptr;
+      dec.runner.reset();
     }
-    if (!decode_choice.empty() && !unsupported_reason(find_stage(decode_choice), s).empty()) decode_choice.clear();
-    m.plan(*dec, s, decode_choice);
-    out.decode_stage = dec->name;
+    if (!s.decode_choice.empty() && !unsupported_reason(find_stage(s.decode_choice), shape).empty())
+      s.decode_choice.clear();
+    plan(dec, shape, s.decode_choice);
+    out.decode_stage = dec.name;
   }
-  if (np > 0 && !one_call) {
-    BatchShape s = m.base_shape(Mode::prefill);
-    s.batch_size = static_cast<int>(np);
-    s.qo_indptr = p_qo;
-    s.kv_indptr = p_kv;
-    s.kv_last_page_len.assign(b.kv_last_page_len.begin() + nd, b.kv_last_page_len.end());
-    s.kv_indices.assign(b.kv_indices.begin() + p0, b.kv_indices.begin() + npages);
-    m.plan(m.prefill, s);
-    out.prefill_stage = m.prefill.name;
+  if (s.np > 0) {
+    BatchShape shape = base_shape(Mode::prefill);
+    shape.batch_size = static_cast<int>(s.np);
+    shape.qo_indptr = a.slice(a.prefill_qo_indptr, s.np + 1);
+    shape.kv_indptr = a.slice(a.prefill_kv_indptr, s.np + 1);
+    shape.kv_last_page_len.assign(b.kv_last_page_len.begin() + s.nd, b.kv_last_page_len.end());
+    shape.kv_indices.assign(b.kv_indices.begin() + s.p0, b.kv_indices.begin() + b.kv_indptr[s.rows]);
+    plan(prefill, shape);
+    out.prefill_stage = prefill.name;
   }
-  const auto host_end = std::chrono::steady_clock::now();
+}
 
-  // ---- the model: eager, or the step's graph (captured on first use) ----------------
-  const Impl::Launch launch{
-      n_tok, n_rows, nd, np, n_samp, q0, p0, dev->as<int32_t>(), at, dec, &m.prefill, one_call, pod ? &m.pod : nullptr};
-  if (graph) {
-    if (entry->exec == nullptr) {
-      // One eager pass first: kernels load and cuBLAS picks its algorithms outside the
-      // capture. The step is idempotent (X restarts from the embedding, the append
-      // writes the same K/V), so the replay below recomputes the same values.
-      m.launch_model(launch);
-      cudaGraph_t g = nullptr;
-      FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        m.launch_model(launch);
-      } catch (...) {
-        cudaStreamEndCapture(m.stream, &g);
-        if (g) cudaGraphDestroy(g);
-        throw;
-      }
-      FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(m.stream, &g));
-      entry->launches = count_launch_nodes(g);
-      FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&entry->exec, g, 0));
-      FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(g));
+// The model: eagerly, or the step's graph (captured on first use) replayed.
+void Engine::Impl::run_model(const Step& s, StepOutput& out) {
+  if (s.graph == nullptr) {
+    forward(s);
+    return;
+  }
+  GraphEntry& g = *s.graph;
+  if (g.exec == nullptr) {
+    // One eager pass first: kernels load and cuBLAS picks its algorithms outside the
+    // capture. The step is idempotent (X restarts from the embedding, the append
+    // writes the same K/V), so the replay below recomputes the same values.
+    forward(s);
+    cudaGraph_t captured = nullptr;
+    FLASHSTEP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    try {
+      forward(s);
+    } catch (...) {
+      cudaStreamEndCapture(stream, &captured);
+      if (captured) cudaGraphDestroy(captured);
+      throw;
     }
-    FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(entry->exec, m.stream));
-    ++entry->replays;
-    out.graph_batch = padded;
-    out.graph_launches = entry->launches;
+    FLASHSTEP_CUDA_CHECK(cudaStreamEndCapture(stream, &captured));
+    g.launches = count_launch_nodes(captured);
+    FLASHSTEP_CUDA_CHECK(cudaGraphInstantiate(&g.exec, captured, 0));
+    FLASHSTEP_CUDA_CHECK(cudaGraphDestroy(captured));
+  }
+  FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  ++g.replays;
+  out.graph_batch = s.padded;
+  out.graph_launches = g.launches;
+}
+
+// What a decode step's graph holds: the embedding, every layer, the logits.
+void Engine::Impl::forward(const Step& s) {
+  mark(StepPhase::embed);
+  embed(s);
+  for (int64_t l = 0; l < layers; ++l) {
+    mark(StepPhase::projection, l);
+    project_qkv(s, l);
+    append_kv(s, l);
+    mark(StepPhase::attention, l);
+    attend(s, l);
+    mark(StepPhase::output, l);
+    project_output(s, l);
+  }
+  mark(StepPhase::logits);
+  compute_logits(s);
+}
+
+// X = embedding[token] (+ the sinusoid), and X rounded: the first layer's rows.
+void Engine::Impl::embed(const Step& s) {
+  const bool sinusoidal = cfg.model.position_encoding == ref::PositionEncoding::sinusoidal;
+  const unsigned blocks = static_cast<unsigned>(s.arrays.nnz);
+  const int32_t* tokens = s.dm + s.arrays.tokens;
+  const int32_t* positions = s.dm + s.arrays.positions;
+  if (cfg.dtype == DType::bf16)
+    embed_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
+        reinterpret_cast<const __nv_bfloat16*>(wptr(off_embedding)), tokens, positions, static_cast<int>(d), sinusoidal,
+        x.as<float>(), xh.as<__nv_bfloat16>());
+  else
+    embed_kernel<__half><<<blocks, kThreads, 0, stream>>>(reinterpret_cast<const __half*>(wptr(off_embedding)), tokens,
+                                                          positions, static_cast<int>(d), sinusoidal, x.as<float>(),
+                                                          xh.as<__half>());
+  kernels::check_launch("embed_kernel");
+}
+
+// xh[i] = X[rows ? rows[i] : i] rounded to the storage dtype: the rows entering a projection.
+void Engine::Impl::round_rows(const int32_t* rows, int64_t n) {
+  if (cfg.dtype == DType::bf16)
+    round_rows_kernel<__nv_bfloat16><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(
+        x.as<float>(), rows, static_cast<int>(d), xh.as<__nv_bfloat16>());
+  else
+    round_rows_kernel<__half>
+        <<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x.as<float>(), rows, static_cast<int>(d), xh.as<__half>());
+  kernels::check_launch("round_rows_kernel");
+}
+
+// Q | K | V = Xh W_QKV in one GEMM, a row per token; then Q into the contiguous q the
+// stages read: rotated by RoPE (K rotated in place), or copied as it is (no RoPE, or
+// fused_rope: the attention stages rotate q and k as they load them, K goes to the pool
+// un-rotated).
+void Engine::Impl::project_qkv(const Step& s, int64_t layer) {
+  const size_t e = elem();
+  const int64_t qw = hq * hd, kw = hkv * hd, qkv_w = qw + 2 * kw;  // a row of qkv: Q | K | V
+  const int64_t nnz = s.arrays.nnz;
+  if (layer > 0) round_rows(nullptr, nnz);  // layer 0's rows: the embedding kernel rounded them
+  gemm(nnz, qkv_w, d, xh.ptr, wptr(off_wqkv[layer]), qkv.ptr, cuda_type, false);
+  if (rope_freqs.empty() || cfg.fused_rope) {
+    FLASHSTEP_CUDA_CHECK(cudaMemcpy2DAsync(q.ptr, static_cast<size_t>(qw) * e, qkv.ptr, static_cast<size_t>(qkv_w) * e,
+                                           static_cast<size_t>(qw) * e, static_cast<size_t>(nnz),
+                                           cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  RopeLaunch r;
+  r.dtype = cfg.dtype;
+  r.q = qkv.ptr;
+  r.q_stride = qkv_w;
+  r.q_out = q.ptr;
+  r.k = r.k_out = qkv.as<char>() + static_cast<size_t>(qw) * e;
+  r.k_stride = r.k_out_stride = qkv_w;
+  r.nnz = nnz;
+  r.num_q_heads = static_cast<int>(hq);
+  r.num_k_heads = static_cast<int>(hkv);
+  r.head_dim = static_cast<int>(hd);
+  r.rotary_dim = static_cast<int>(hd);
+  r.interleave = cfg.model.rope_interleave;
+  r.pos_ids = s.dm + s.arrays.positions;
+  launch_rope(r, rope_freqs, stream);
+}
+
+// K and V of the step's tokens into layer `layer`'s page pool, read in place from the
+// fused rows (kernels/append_paged.cuh).
+void Engine::Impl::append_kv(const Step& s, int64_t layer) {
+  const size_t e = elem();
+  const int64_t qw = hq * hd, kw = hkv * hd, qkv_w = qw + 2 * kw;
+  const SchedulerConfig& sc = cfg.scheduler;
+  const int32_t* dm = s.dm;
+  kernels::AppendPagedKVParams a;
+  a.append_key = qkv.as<char>() + static_cast<size_t>(qw) * e;
+  a.append_value = qkv.as<char>() + static_cast<size_t>(qw + kw) * e;
+  a.key_row_stride = a.value_row_stride = qkv_w;
+  a.nnz = s.arrays.nnz;
+  a.batch_indices = dm + s.arrays.batch_indices;
+  a.positions = dm + s.arrays.positions;
+  a.k_cache = pool(layer);
+  a.v_cache = pool(layer) + static_cast<size_t>(sc.page_size * kw) * e;
+  a.page_stride = 2 * sc.page_size * kw;
+  a.hnd = false;
+  a.num_kv_heads = static_cast<int>(hkv);
+  a.head_dim = static_cast<int>(hd);
+  a.page_size = static_cast<int>(sc.page_size);
+  a.num_pages = sc.num_pages;
+  a.kv_indices = dm + s.arrays.kv_indices;
+  a.kv_indptr = dm + s.arrays.kv_indptr;
+  a.batch_size = static_cast<int>(s.arrays.rows);
+  if (cfg.dtype == DType::bf16) kernels::launch_append_paged_kv_cache<__nv_bfloat16>(a, stream);
+  else kernels::launch_append_paged_kv_cache<__half>(a, stream);
+  kernels::check_launch("append_paged_kv_cache_kernel");
+}
+
+// O = attention over layer `layer`'s pool: every row in one call (one_launch: POD, or the
+// prefill stage with decodes as one-query requests, causal, so a decode row sees all its
+// keys), else the decode rows' call and the prefill rows' call.
+void Engine::Impl::attend(const Step& s, int64_t layer) {
+  const size_t row_bytes = static_cast<size_t>(hq * hd) * elem();
+  const int32_t* dm = s.dm;
+  DeviceBatch all;
+  all.q = q.ptr;
+  all.qo_indptr = dm + s.arrays.qo_indptr;
+  all.kv_indptr = dm + s.arrays.kv_indptr;
+  all.kv_pool = pool(layer);
+  all.kv_indices = dm + s.arrays.kv_indices;
+  all.kv_last_page_len = dm + s.arrays.kv_last_page_len;
+  all.o = o.ptr;
+  all.lse = lse.as<float>();
+  if (s.one_call) {
+    if (s.use_pod) pod.run(all, stream);
+    else prefill.runner->run(all, stream);
+    return;
+  }
+  if (s.nd > 0) s.dec->runner->run(all, stream);  // rows 0 .. nd-1: prefixes of the step's arrays
+  if (s.np > 0) {
+    DeviceBatch p = all;  // rows nd ..: their own qo/kv indptr, rebased to 0
+    p.q = q.as<char>() + static_cast<size_t>(s.q0) * row_bytes;
+    p.qo_indptr = dm + s.arrays.prefill_qo_indptr;
+    p.kv_indptr = dm + s.arrays.prefill_kv_indptr;
+    p.kv_indices = dm + s.arrays.kv_indices + s.p0;
+    p.kv_last_page_len = dm + s.arrays.kv_last_page_len + s.nd;
+    p.o = o.as<char>() + static_cast<size_t>(s.q0) * row_bytes;
+    p.lse = lse.as<float>() + s.q0 * hq;
+    prefill.runner->run(p, stream);
+  }
+}
+
+// X += O W_O on cuBLAS into the fp32 X (no output projection: X += O).
+void Engine::Impl::project_output(const Step& s, int64_t layer) {
+  const int64_t nnz = s.arrays.nnz;
+  if (cfg.model.output_projection) {
+    gemm(nnz, d, hq * hd, o.ptr, wptr(off_wo[layer]), x.ptr, CUDA_R_32F, true);
+  } else if (cfg.dtype == DType::bf16) {
+    residual_kernel<__nv_bfloat16><<<static_cast<unsigned>(nnz), kThreads, 0, stream>>>(
+        o.as<__nv_bfloat16>(), static_cast<int>(d), x.as<float>());
   } else {
-    m.launch_model(launch);
+    residual_kernel<__half>
+        <<<static_cast<unsigned>(nnz), kThreads, 0, stream>>>(o.as<__half>(), static_cast<int>(d), x.as<float>());
   }
+  kernels::check_launch("residual");
+}
 
-  // ---- sampling (outside the graph: each request's seed and offset change per step) -
-  int32_t* tokens = m.tokens_out.as<int32_t>();
-  const SamplingParams& sp = m.cfg.sampling;
-  if (samples > 0 && sp.mode == SamplingMode::greedy) {
-    argmax_kernel<<<static_cast<unsigned>(samples), kThreads, 0, m.stream>>>(m.logits.as<float>(),
-                                                                             static_cast<int>(m.vocab), tokens);
+// The logits (fp32) of the rows that sample: their X rounded, times W_vocab.
+void Engine::Impl::compute_logits(const Step& s) {
+  const int64_t samples = s.arrays.samples;
+  if (samples == 0) return;
+  round_rows(s.dm + s.arrays.sample_token_rows, samples);
+  gemm(samples, vocab, d, xh.ptr, wptr(off_vocab), logits.ptr, CUDA_R_32F, false);
+}
+
+// Outside the graph: each request's seed and offset change per step.
+void Engine::Impl::sample_tokens(const Step& s, const Scheduler& scheduler) {
+  const StepBatch& b = *s.batch;
+  const int64_t samples = s.samples;
+  if (samples == 0) return;
+  int32_t* tokens = tokens_out.as<int32_t>();
+  const SamplingParams& sp = cfg.sampling;
+  if (sp.mode == SamplingMode::greedy) {
+    argmax_kernel<<<static_cast<unsigned>(samples), kThreads, 0, stream>>>(logits.as<float>(), static_cast<int>(vocab),
+                                                                           tokens);
     kernels::check_launch("argmax_kernel");
-  } else if (samples > 0) {
-    // One launch for every sampling row: row i draws with request r's key seed + r and
-    // offset (its token index) * kSamplingOffsetStride, read from device arrays.
-    namespace smp = sampling;
-    for (int64_t i = 0; i < samples; ++i) {
-      const int32_t r = b.request_ids[static_cast<size_t>(b.sample_rows[static_cast<size_t>(i)])];
-      m.keys_pinned[i] = sp.seed + static_cast<uint64_t>(r);
-      m.keys_pinned[samples + i] = static_cast<uint64_t>(scheduler.state(r).generated.size()) *
-                                   ref::kSamplingOffsetStride;
-    }
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(m.sample_keys.ptr, m.keys_pinned, static_cast<size_t>(2 * samples) * 8,
-                                         cudaMemcpyHostToDevice, m.stream));
-    smp::DeviceRows lg{m.logits.ptr, samples, m.vocab, smp::ElementType::f32};
-    smp::softmax(lg, smp::RowParam<double, float>(sp.temperature), m.probs.as<float>(), nullptr, m.stream);
-    const smp::DeviceRows rows{m.probs.as<float>(), samples, m.vocab, smp::ElementType::f32};
-    smp::SamplingOutputs so;
-    so.samples = tokens;
-    so.status = m.status.as<int32_t>();
-    smp::SamplingOptions opt;
-    opt.seed_per_output = m.sample_keys.as<uint64_t>();
-    opt.offset_per_output = m.sample_keys.as<uint64_t>() + samples;
-    if (sp.top_k > 0 && sp.top_p < 1.0)
-      smp::top_k_top_p_sampling_from_probs(rows, smp::TopK(sp.top_k), smp::Fraction(sp.top_p),
-                                           ref::FilterApplyOrder::top_k_first, so,
-                                           smp::Workspace{m.sample_ws.ptr, m.sample_ws.bytes}, opt, m.stream);
-    else if (sp.top_k > 0) smp::top_k_sampling_from_probs(rows, smp::TopK(sp.top_k), so, opt, m.stream);
-    else if (sp.top_p < 1.0) smp::top_p_sampling_from_probs(rows, smp::Fraction(sp.top_p), so, opt, m.stream);
-    else smp::sampling_from_probs(rows, so, opt, m.stream);
+    return;
   }
-  const size_t sampled_event = static_cast<size_t>(3 + 3 * m.layers);
-  m.event(sampled_event);
-  // ---- only token ids come back (logits and probs too when a test asks) -------------
+  // One launch for every sampling row: row i draws with request r's key seed + r and
+  // offset (its token index) * kSamplingOffsetStride, read from device arrays.
+  namespace smp = sampling;
+  for (int64_t i = 0; i < samples; ++i) {
+    const int32_t r = b.request_ids[static_cast<size_t>(b.sample_rows[static_cast<size_t>(i)])];
+    keys_pinned[i] = sp.seed + static_cast<uint64_t>(r);
+    keys_pinned[samples + i] = static_cast<uint64_t>(scheduler.state(r).generated.size()) * ref::kSamplingOffsetStride;
+  }
+  FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(sample_keys.ptr, keys_pinned, static_cast<size_t>(2 * samples) * 8,
+                                       cudaMemcpyHostToDevice, stream));
+  smp::DeviceRows lg{logits.ptr, samples, vocab, smp::ElementType::f32};
+  smp::softmax(lg, smp::RowParam<double, float>(sp.temperature), probs.as<float>(), nullptr, stream);
+  const smp::DeviceRows rows{probs.as<float>(), samples, vocab, smp::ElementType::f32};
+  smp::SamplingOutputs so;
+  so.samples = tokens;
+  so.status = status.as<int32_t>();
+  smp::SamplingOptions opt;
+  opt.seed_per_output = sample_keys.as<uint64_t>();
+  opt.offset_per_output = sample_keys.as<uint64_t>() + samples;
+  if (sp.top_k > 0 && sp.top_p < 1.0)
+    smp::top_k_top_p_sampling_from_probs(rows, smp::TopK(sp.top_k), smp::Fraction(sp.top_p),
+                                         ref::FilterApplyOrder::top_k_first, so,
+                                         smp::Workspace{sample_ws.ptr, sample_ws.bytes}, opt, stream);
+  else if (sp.top_k > 0) smp::top_k_sampling_from_probs(rows, smp::TopK(sp.top_k), so, opt, stream);
+  else if (sp.top_p < 1.0) smp::top_p_sampling_from_probs(rows, smp::Fraction(sp.top_p), so, opt, stream);
+  else smp::sampling_from_probs(rows, so, opt, stream);
+}
+
+// Only token ids come back (logits and probs too when a test asks); a row the sampler
+// could not draw is refused with its status.
+void Engine::Impl::read_back(const Step& s, StepOutput& out) {
+  const StepBatch& b = *s.batch;
+  const int64_t samples = s.samples;
   if (samples > 0)
+    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(tokens_pinned, tokens_out.ptr, static_cast<size_t>(samples) * 4,
+                                         cudaMemcpyDeviceToHost, stream));
+  if (cfg.record_logits && samples > 0) {
+    out.logits.resize(static_cast<size_t>(samples * vocab));
     FLASHSTEP_CUDA_CHECK(
-        cudaMemcpyAsync(m.tokens_pinned, tokens, static_cast<size_t>(samples) * 4, cudaMemcpyDeviceToHost, m.stream));
-  if (m.cfg.record_logits && samples > 0) {
-    out.logits.resize(static_cast<size_t>(samples * m.vocab));
-    FLASHSTEP_CUDA_CHECK(
-        cudaMemcpyAsync(out.logits.data(), m.logits.ptr, out.logits.size() * 4, cudaMemcpyDeviceToHost, m.stream));
-    if (sp.mode == SamplingMode::sample) {
+        cudaMemcpyAsync(out.logits.data(), logits.ptr, out.logits.size() * 4, cudaMemcpyDeviceToHost, stream));
+    if (cfg.sampling.mode == SamplingMode::sample) {
       out.probs.resize(out.logits.size());
       FLASHSTEP_CUDA_CHECK(
-          cudaMemcpyAsync(out.probs.data(), m.probs.ptr, out.probs.size() * 4, cudaMemcpyDeviceToHost, m.stream));
+          cudaMemcpyAsync(out.probs.data(), probs.ptr, out.probs.size() * 4, cudaMemcpyDeviceToHost, stream));
     }
   }
-  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  out.tokens.assign(m.tokens_pinned, m.tokens_pinned + samples);
+  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  out.tokens.assign(tokens_pinned, tokens_pinned + samples);
   for (int64_t i = 0; i < samples; ++i)
     if (out.tokens[i] < 0) {
       int32_t st = 0;
-      FLASHSTEP_CUDA_CHECK(cudaMemcpy(&st, m.status.as<int32_t>() + i, 4, cudaMemcpyDeviceToHost));
-      throw std::runtime_error(std::string(fn) + ": the sampler returned no token for request " +
+      FLASHSTEP_CUDA_CHECK(cudaMemcpy(&st, status.as<int32_t>() + i, 4, cudaMemcpyDeviceToHost));
+      throw std::runtime_error("Engine::run_step: the sampler returned no token for request " +
                                str(b.request_ids[static_cast<size_t>(b.sample_rows[static_cast<size_t>(i)])]) +
                                " (status " + sampling::to_string(static_cast<sampling::Status>(st)) + ")");
     }
-  if (m.cfg.profile) {
-    auto ms = [&](size_t a, size_t z) {
-      float t = 0;
-      FLASHSTEP_CUDA_CHECK(cudaEventElapsedTime(&t, m.events[a], m.events[z]));
-      return static_cast<double>(t);
-    };
-    StepTiming& t = out.timing;
-    t.host_ms = std::chrono::duration<double, std::milli>(host_end - host_start).count();
-    t.embed_ms = ms(0, 1);
-    size_t e = 1;
-    for (int64_t l = 0; l < m.layers; ++l, e += 3) {
-      t.projection_ms += ms(e, e + 1) + ms(e + 2, e + 3);
-      t.attention_ms += ms(e + 1, e + 2);
-    }
-    t.logits_ms = ms(e, e + 1);
-    t.sampling_ms = ms(e + 1, e + 2);
-    t.total_ms = ms(0, e + 2) + t.host_ms;
-  }
-  return out;
 }
 
 GenerationRun Engine::generate(const std::vector<Request>& requests) {
@@ -949,8 +993,7 @@ GenerationRun Engine::generate(const std::vector<Request>& requests) {
       scheduler.complete_step({});
       continue;
     }
-    StepOutput out = run_step(b, scheduler);
-    if (impl_->cfg.profile) run.timing.push_back(out.timing);
+    const StepOutput out = run_step(b, scheduler);
     scheduler.complete_step(out.tokens);
   }
   run.steps = scheduler.steps();

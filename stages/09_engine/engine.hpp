@@ -2,29 +2,38 @@
 /// \brief Stage 09 on the GPU: the reference's tiny decoder served by continuous batching,
 /// one Scheduler step at a time, through the earlier stages.
 ///
-/// One step (run_step), everything on one stream, only token ids back to the host:
+/// One step (run_step), everything on one stream, only token ids back to the host; each
+/// line is a function of engine.cu, each boundary one an observer hears (step_observer.hpp):
 ///
 /// ```
-///   host     StepBatch -> one upload of the step's int32 arrays (tokens, positions,
-///            batch_indices, the page table split into its decode and prefill halves,
-///            the rows that sample); plan() of the decode runner and the prefill runner
-///   embed    X (fp32, nnz x d_model) = embedding[token] (+ the sinusoid in that mode),
-///            Xh = X rounded to the storage dtype
-///   layer l  Xh = X rounded to the storage dtype     (l > 0)
-///            Q | K | V = Xh W_QKV                     one GEMM (tuned_gemm.hpp), fp32 accumulation,
-///                                                     stored rounded, a row per token
-///            RoPE: Q out of those rows, K in place    rope_gpu.hpp (no RoPE: a strided copy of Q)
-///            append K, V to layer l's page pool       kernels/append_paged.cuh, from the same rows
-///            O[decode rows]  = decode stage run()     rows 0 .. num_decodes-1
-///            O[prefill rows] = prefill stage run()    causal, the rest
-///            (one_launch: O[every row] = POD attention, one launch, for a mixed step)
-///            X += O W_O                               cuBLAS, beta = 1 into fp32 X
-///   logits   X[sample rows] rounded, times W_vocab    cuBLAS, fp32 logits
-///   sample   greedy: argmax; else stage 06: softmax(logits / T), then the sampler the
-///            reference's generate() uses, one launch for every output, output i with
-///            its request's Philox key seed + request and offset (token index) *
-///            kSamplingOffsetStride from device arrays (SamplingOptions::seed_per_output)
-///   host     the sampled token ids (one int32 per sampling row) come back
+///   check_step       the step fits the engine's sizes and pool; its tokens, the vocabulary
+///   route_step       eager, or the CUDA graph of its padded batch; the decode rows on
+///                    stage 05 where they share pages (cascade_when_shared)
+///   upload_metadata  one upload of the step's int32 arrays (tokens, positions,
+///                    batch_indices, the page table split into its decode and prefill
+///                    halves, the rows that sample: step_arrays.hpp)
+///   plan_attention   plan() of the decode runner and the prefill runner (or of POD)
+///   run_model        forward() eagerly, or the step's graph, captured on first use:
+///     embed            X (fp32, nnz x d_model) = embedding[token] (+ the sinusoid in that
+///                      mode), Xh = X rounded to the storage dtype
+///     layer l:
+///     project_qkv      Xh = X rounded (l > 0); Q | K | V = Xh W_QKV, one GEMM
+///                      (tuned_gemm.hpp), fp32 accumulation, stored rounded, a row per token;
+///                      RoPE: Q out of those rows, K in place (rope_gpu.hpp; no RoPE, or
+///                      fused_rope: a strided copy of Q)
+///     append_kv        K, V into layer l's page pool (kernels/append_paged.cuh), from the
+///                      same rows
+///     attend           O[decode rows] = decode stage run() (rows 0 .. num_decodes-1),
+///                      O[prefill rows] = prefill stage run() (causal, the rest); one_launch:
+///                      O[every row] = POD attention, one launch, for a mixed step
+///     project_output   X += O W_O on cuBLAS, beta = 1 into fp32 X
+///     compute_logits   X[sample rows] rounded, times W_vocab on cuBLAS, fp32 logits
+///   sample_tokens    greedy: argmax; else stage 06: softmax(logits / T), then the sampler
+///                    the reference's generate() uses, one launch for every output, output
+///                    i with its request's Philox key seed + request and offset (token
+///                    index) * kSamplingOffsetStride from device arrays
+///                    (SamplingOptions::seed_per_output)
+///   read_back        the sampled token ids (one int32 per sampling row) come back
 /// ```
 ///
 /// The model is ref::TinyDecoder with `rounding` set to the storage dtype, so the
@@ -46,6 +55,7 @@
 #include <vector>
 
 #include "09_engine/scheduler.hpp"
+#include "09_engine/step_observer.hpp"
 #include "flashstep/reference/tiny_decoder.hpp"
 #include "stage.hpp"
 
@@ -83,8 +93,10 @@ struct EngineConfig {
   /// Copy each step's logits (and, when sampling, the probabilities drawn from) back to
   /// the host in StepOutput, for tests. Off: only token ids cross to the host.
   bool record_logits = false;
-  /// Time each step's phases with CUDA events (StepOutput::timing). Off: no events.
-  bool profile = false;
+  /// Hears every step's phase boundaries (step_observer.hpp), for profiling: not owned, it
+  /// must outlive the Engine. A CUDA graph keeps what the observer queued while it was
+  /// captured. Null: none, and each boundary costs one null check.
+  StepObserver* observer = nullptr;
   /// Run decode-only steps as CUDA graphs, one per padded batch size (the next power of
   /// two): plan() on the host before the replay, the embedding through the logits
   /// captured, the sampling after it (each request's seed and offset change per step).
@@ -114,17 +126,6 @@ struct EngineConfig {
   bool fused_rope = false;
 };
 
-/// Per-step times in milliseconds (EngineConfig::profile), the phases of the file comment.
-struct StepTiming {
-  double host_ms = 0;        ///< host: metadata packing, upload issue, both plan() calls
-  double embed_ms = 0;       ///< embedding
-  double projection_ms = 0;  ///< casts, Q/K/V and W_O GEMMs, RoPE, append (every layer)
-  double attention_ms = 0;   ///< both stage run() calls (every layer)
-  double logits_ms = 0;      ///< gather and W_vocab GEMM
-  double sampling_ms = 0;    ///< argmax, or softmax and the samplers
-  double total_ms = 0;       ///< first event to last, plus host_ms
-};
-
 /// What run_step returns.
 struct StepOutput {
   std::vector<int32_t> tokens;  ///< one per sample row of the step, in order
@@ -134,7 +135,6 @@ struct StepOutput {
   std::vector<float> probs;
   std::string decode_stage;   ///< stage that ran the decode rows ("" when there were none)
   std::string prefill_stage;  ///< stage that ran the prefill rows ("" when there were none)
-  StepTiming timing;          ///< when profile
   int64_t graph_batch = 0;    ///< the padded batch whose CUDA graph ran the step; 0: eager
   bool one_call = false;      ///< the decode and prefill rows ran as one call (one_launch)
   /// Kernel and memset nodes of that graph, the launches a replay pays for (0: eager).
@@ -147,7 +147,6 @@ struct GenerationRun {
   int64_t steps = 0;                         ///< scheduler steps
   int64_t peak_pages = 0;                    ///< most pages in use at once
   int64_t pages_allocated = 0;               ///< fresh pages allocated (cache reuse not counted)
-  std::vector<StepTiming> timing;            ///< per non-empty step, when profile
 };
 
 /// The stage default_stage() picks for `shape` among the registry's stages that support

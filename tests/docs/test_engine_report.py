@@ -1,5 +1,5 @@
 """bench/reports/engine_report.py on small hand-made results files of `flashstep serve --json`
-(the fields stages/09_engine/serve_results.cpp writes; tests/engine/test_step_floor.cpp checks
+(the fields bench/serve/serve_results.cpp writes; tests/engine/test_step_floor.cpp checks
 the writer), CPU only: the chapter's sections take every number from the files, the
 speed-ups and the walkthrough's rebased arrays are the ones worked out by hand in the
 comments, --check tells a stale section, and a file that is not stage 09's is refused."""

@@ -11,11 +11,14 @@ follows ARCHITECTURE.md's "Which way data flows":
   registry (stage 07 lends stage 05 its kernel: registry.hpp's level_kernels()).
 - The stages library includes no stage, except registry.*, which lists them all.
 - tests/, bench/, cli/ and capi/ include the layers to their left and their own folder,
-  not each other; the one library they share is bench/ceilings/ (flashstep::ceilings:
-  the read ceiling and the launch floor), which includes only kernels/ and the reference.
+  not each other. Two libraries of bench/ are shared: bench/ceilings/ (flashstep::ceilings:
+  the read ceiling and the launch floor), which includes only kernels/ and the reference;
+  and bench/serve/ (flashstep::serve_measure and flashstep::serve_measure_gpu: stage 09's
+  engine measured, its step floor, results file and phase timer), which includes the
+  stages and the layers left of them, and which tests/, bench/ and cli/ use, not capi/.
 - Nothing includes python/.
-- cli/'s and capi/'s CMake link no target of tests/ or bench/ but flashstep::ceilings, and
-  take neither sources nor include folders from tests/ or bench/.
+- cli/'s and capi/'s CMake link no target of tests/ or bench/ but flashstep::ceilings (and
+  cli/ bench/serve/'s), and take neither sources nor include folders from tests/ or bench/.
 
 An include is found as the compiler would: beside the file first, then in the include
 folders the targets add (reference/include, kernels, stages, ...). Headers of other
@@ -36,20 +39,26 @@ SUFFIXES = (".h", ".hh", ".hpp", ".cuh", ".cu", ".cc", ".cpp", ".inl")
 # Where a quoted include that is not beside its file is looked for: the include folders
 # the CMake targets add, the layers' own first.
 INCLUDE_ROOTS = ("reference/include", "kernels", "stages", "tests", "tests/stages", "bench/stages",
-                 "bench/ceilings", "capi", "cli", "python/src")
+                 "bench/ceilings", "bench/serve", "capi", "cli", "python/src")
 INCLUDE = re.compile(r'^\s*#\s*include\s*(?:"([^"]+)"|<(flashstep/[^>]+)>)')
 # The one header of kernels/ the reference compiles: the Philox stream both draw from.
 REFERENCE_MAY_INCLUDE = {"kernels/flashstep/kernels/philox.cuh"}
 # tests/, bench/, cli/ and capi/ are one layer; each includes only its own folder of it.
 PEERS = ("tests", "bench", "cli", "capi")
-# The bench library the CLI may link: what it has of bench/.
+# The bench libraries the CLI may link: what it has of bench/. The ceilings are the GPU's
+# (capi/ may link them too); bench/serve/ measures stage 09's engine, for the CLI and the
+# tests only.
 SHARED_BENCH = "bench/ceilings/"
 SHARED_BENCH_TARGETS = {"flashstep_ceilings", "flashstep::ceilings"}
+SERVE_BENCH = "bench/serve/"
+SERVE_BENCH_TARGETS = {"flashstep_serve_measure", "flashstep::serve_measure", "flashstep_serve_measure_gpu",
+                       "flashstep::serve_measure_gpu"}
 
 
 def layer(rel):
     """(kind, stage number) of a repository path: kind is reference, kernels, stage,
-    registry, stages-library, ceilings, tests, bench, cli, capi or python; None outside."""
+    registry, stages-library, ceilings, serve-measure, tests, bench, cli, capi or python;
+    None outside."""
     parts = rel.split("/")
     top = parts[0]
     if top == "stages" and len(parts) > 2 and re.match(r"\d\d_", parts[1]):
@@ -58,9 +67,16 @@ def layer(rel):
         return ("registry" if parts[-1].startswith("registry.") and len(parts) == 2 else "stages-library"), None
     if rel.startswith(SHARED_BENCH):
         return "ceilings", None
+    if rel.startswith(SERVE_BENCH):
+        return "serve-measure", None
     if top in SCANNED:
         return top, None
     return None, None
+
+
+def folder(kind):
+    """The folder a layer's kind names, for a message."""
+    return {"ceilings": SHARED_BENCH, "serve-measure": SERVE_BENCH}.get(kind, kind + "/")
 
 
 def describe(rel):
@@ -94,29 +110,40 @@ def rule_broken(src, dst):
                 return None
             return (f"stage {snum:02d} includes a later stage ({dnum:02d}): sharing between stages goes forward "
                     "only (a later stage lends a kernel through the registry)")
-        return f"a stage includes only kernels/, the reference, the stages library and earlier stages, not {dkind}/"
+        return ("a stage includes only kernels/, the reference, the stages library and earlier stages, "
+                f"not {folder(dkind)}")
     if skind == "stages-library":
         if dkind in lower or dkind in library:
             return None
         if dkind == "stage":
             return "the stages library (stage.*, harness/, the feature folders) includes no stage; only registry.* lists them"
-        return f"the stages library includes only kernels/ and the reference, not {dkind}/"
+        return f"the stages library includes only kernels/ and the reference, not {folder(dkind)}"
     if skind == "registry":
         if dkind in lower or dkind in library or dkind == "stage":
             return None
-        return f"the registry includes the stages, kernels/ and the reference, not {dkind}/"
+        return f"the registry includes the stages, kernels/ and the reference, not {folder(dkind)}"
     if skind == "ceilings":
         if dkind in lower or dkind == "ceilings":
             return None
         return "bench/ceilings (flashstep::ceilings, linked by the CLI) includes only kernels/ and the reference"
+    if skind == "serve-measure":
+        if dkind in lower or dkind in library or dkind == "stage" or dkind == "serve-measure":
+            return None
+        return ("bench/serve (flashstep::serve_measure, linked by the CLI and the tests) includes only the stages, "
+                f"kernels/ and the reference, not {folder(dkind)}")
     if skind in PEERS:
         if dkind in lower or dkind in library or dkind == "stage" or dkind == skind:
             return None
         if dkind == "ceilings":
             return None  # the shared library flashstep::ceilings
-        if skind in ("cli", "capi") and dkind in ("tests", "bench"):
-            return (f"{skind}/ uses nothing of tests/ or bench/ (only the ceilings library, "
-                    f"bench/ceilings/); move what both need to the stages library or kernels/")
+        if dkind == "serve-measure" and skind != "capi":
+            return None  # the shared library flashstep::serve_measure
+        if skind == "capi" and dkind in ("tests", "bench", "serve-measure"):
+            return ("capi/ uses nothing of tests/ or bench/ (only the ceilings library, bench/ceilings/); move "
+                    "what both need to the stages library or kernels/")
+        if skind == "cli" and dkind in ("tests", "bench"):
+            return ("cli/ uses nothing of tests/ or bench/ (only the libraries of bench/ceilings/ and bench/serve/); "
+                    "move what both need to the stages library or kernels/")
         return f"tests/, bench/, cli/ and capi/ include each other's nothing; {skind}/ includes {dkind}/"
     return None  # python/ may include every layer to its left
 
@@ -206,6 +233,11 @@ def targets_of(root, top):
     return names - SHARED_BENCH_TARGETS
 
 
+def may_link(top):
+    """The targets of bench/ that cli/ or capi/ may link."""
+    return SHARED_BENCH_TARGETS | (SERVE_BENCH_TARGETS if top == "cli" else set())
+
+
 def cmake_breaches(root=SOURCE):
     forbidden = {name: top for top in ("tests", "bench") for name in targets_of(root, top)}
     breaches = []
@@ -214,9 +246,10 @@ def cmake_breaches(root=SOURCE):
             for cmd, args, line in commands(root, rel):
                 if cmd == "target_link_libraries":
                     for token in args.split():
-                        if token in forbidden:
+                        if token in forbidden and token not in may_link(top):
+                            allowed = " and ".join(sorted(t for t in may_link(top) if "::" in t))
                             breaches.append(f"{rel}:{line}: {cmd} {token}: {top}/ links no target of "
-                                            f"{forbidden[token]}/ (only flashstep::ceilings of bench/)")
+                                            f"{forbidden[token]}/ (only {allowed} of bench/)")
                 if cmd in TAKES_PATHS:
                     for m in REPO_PATH.finditer(args):
                         folder, rest = m.group(1) or m.group(3), m.group(2) or m.group(4) or ""
@@ -260,10 +293,18 @@ TREE = {
     "tests/stages/grid.hpp": '#include "harness/case.hpp"\n',
     "bench/ceilings/read_ceiling.hpp": "",
     "bench/stages/timing.hpp": "",
-    "cli/serve.cpp": '#include "read_ceiling.hpp"\n#include <flashstep/kernels/state.cuh>\n',
-    "cli/CMakeLists.txt": "target_link_libraries(flashstep_cli PRIVATE flashstep::stages flashstep::ceilings)\n",
+    "stages/09_engine/engine.hpp": '#include "registry.hpp"\n',
+    "bench/serve/step_floor.hpp": '#include "09_engine/engine.hpp"\n',
+    "bench/serve/step_floor.cpp": '#include "step_floor.hpp"\n',
+    "tests/engine/test_step_floor.cpp": '#include "step_floor.hpp"\n',
+    "cli/serve.cpp": '#include "read_ceiling.hpp"\n#include "step_floor.hpp"\n#include <flashstep/kernels/state.cuh>\n',
+    "cli/CMakeLists.txt": ("target_link_libraries(flashstep_cli PRIVATE flashstep::stages flashstep::ceilings\n"
+                           "  flashstep::serve_measure)\n"),
+    "capi/CMakeLists.txt": "target_link_libraries(flashstep_capi PRIVATE flashstep::stages)\n",
     "bench/CMakeLists.txt": "add_executable(flashstep_bench main.cpp)\n",
     "bench/ceilings/CMakeLists.txt": "add_library(flashstep_ceilings STATIC read_ceiling.cu)\n",
+    "bench/serve/CMakeLists.txt": ("add_library(flashstep_serve_measure STATIC step_floor.cpp)\n"
+                                   "add_library(flashstep::serve_measure ALIAS flashstep_serve_measure)\n"),
     "reference/src/sampling.cpp": "#include <flashstep/kernels/philox.cuh>\n",
 }
 
@@ -282,6 +323,10 @@ PLANTED_INCLUDES = [  # (file, its text, words of the rule it breaks)
     ("cli/gpu.cpp", '#include "grid.hpp"\n', "uses nothing of tests/ or bench/"),
     ("capi/capi.cpp", '#include "timing.hpp"\n', "uses nothing of tests/ or bench/"),
     ("bench/ceilings/launch_floor.cu", '#include "timing.hpp"\n', "includes only kernels/"),
+    ("capi/capi_engine.cpp", '#include "step_floor.hpp"\n', "capi/ uses nothing of tests/ or bench/"),
+    ("bench/serve/serve_results.cpp", '#include "timing.hpp"\n', "bench/serve (flashstep::serve_measure"),
+    ("bench/serve/serve_results.hpp", '#include "stages/grid.hpp"\n', "not tests/"),
+    ("stages/09_engine/engine.cu", '#include "step_floor.hpp"\n', "not bench/serve/"),
     ("tests/stages/test_x.cpp", '#include "timing.hpp"\n', "each other's nothing"),
     ("stages/02_paged/paged.cu", '#include "../../tests/stages/grid.hpp"\n', "not tests/"),
 ]
@@ -307,6 +352,12 @@ def test_a_planted_link_into_bench_or_tests_is_named(tmp_path):
         root = plant(tmp_path / str(i), dict(TREE, **{"cli/CMakeLists.txt": text}))
         found = cmake_breaches(root)
         assert len(found) == 1 and expect in found[0], (text, found)
+
+
+def test_capi_may_not_link_what_measures_the_engine(tmp_path):
+    text = "target_link_libraries(flashstep_capi PRIVATE flashstep::serve_measure)\n"
+    found = cmake_breaches(plant(tmp_path, dict(TREE, **{"capi/CMakeLists.txt": text})))
+    assert len(found) == 1 and "capi/ links no target of bench/ (only flashstep::ceilings" in found[0], found
 
 
 if __name__ == "__main__":

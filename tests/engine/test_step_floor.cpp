@@ -1,16 +1,17 @@
-// The engine's cost model (step_floor.hpp) and what `flashstep serve --json` records
-// (serve_results.hpp), on the CPU: every expected number below is worked by hand in the
-// comments, none is computed by the code under test.
+// The floor of an engine step (bench/serve/step_floor.hpp) and what `flashstep serve --json`
+// records (bench/serve/serve_results.hpp), on the CPU: every expected number below is
+// worked by hand in the comments, none is computed by the code under test.
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "09_engine/serve_results.hpp"
-#include "09_engine/step_floor.hpp"
+#include "serve_results.hpp"  // flashstep::serve_measure (bench/serve/)
+#include "step_floor.hpp"
 #include "support/expect_error.hpp"
 
-using namespace flashstep::stages::engine;
+using namespace flashstep::bench;
+using flashstep::stages::engine::StepBatch;
 using flashstep::test::expect_error;
 
 namespace {

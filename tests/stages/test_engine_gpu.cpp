@@ -46,6 +46,7 @@
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/sampling.hpp"
 #include "flashstep/reference/tiny_decoder.hpp"
+#include "phase_timer.hpp"  // flashstep::serve_measure_gpu (bench/serve/): the timing case's phases
 #include "support/expect_error.hpp"
 
 using namespace flashstep;
@@ -55,7 +56,7 @@ namespace stages = flashstep::stages;
 
 namespace {
 
-/// The engine model: d_model 1024, 8 query / 2 kv heads of head_dim 128, 4 layers, RoPE.
+/// The course's engine model: d_model 1024, 8 query / 2 kv heads of head_dim 128, 4 layers, RoPE.
 ref::TinyDecoderConfig engine_model() {
   ref::TinyDecoderConfig m;
   m.d_model = 1024;
@@ -471,6 +472,82 @@ TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
   }
 }
 
+// Records each boundary an engine reports: the phase, its layer, and whether the stream was
+// being captured into a CUDA graph.
+struct PhaseLog : StepObserver {
+  struct Call {
+    StepPhase phase;
+    int64_t layer;
+    bool captured;
+  };
+  std::vector<Call> calls;
+  void on_phase(StepPhase phase, int64_t layer, cudaStream_t stream) override {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    REQUIRE(cudaStreamIsCapturing(stream, &capturing) == cudaSuccess);
+    calls.push_back({phase, layer, capturing == cudaStreamCaptureStatusActive});
+  }
+};
+
+TEST_CASE("09_engine: an observer hears every step's phases in order, a graph's only when it is captured") {
+  EngineConfig c;
+  c.model = engine_model();
+  c.model.num_layers = 2;
+  c.scheduler.page_size = 16;
+  c.scheduler.num_pages = 64;
+  c.scheduler.max_running = 4;
+  c.scheduler.max_tokens_per_step = 64;
+  c.cuda_graphs = true;
+  PhaseLog log;
+  c.observer = &log;
+  Engine engine(c);
+  Scheduler scheduler(c.scheduler, workload(true, 4, 3));
+  // what forward() reports: the embedding, every layer's three phases, the logits
+  std::vector<std::pair<StepPhase, int64_t>> forward{{StepPhase::embed, -1}};
+  for (int64_t l = 0; l < c.model.num_layers; ++l)
+    for (StepPhase p : {StepPhase::projection, StepPhase::attention, StepPhase::output}) forward.push_back({p, l});
+  forward.push_back({StepPhase::logits, -1});
+  int64_t eager = 0, captured = 0, replayed = 0;
+  while (!scheduler.done()) {
+    const StepBatch b = scheduler.next_step();
+    if (b.batch_size() == 0) {
+      scheduler.complete_step({});
+      continue;
+    }
+    log.calls.clear();
+    const StepOutput out = engine.run_step(b, scheduler);
+    scheduler.complete_step(out.tokens);
+    const std::vector<PhaseLog::Call>& calls = log.calls;
+    INFO("step " << b.step << ", graph batch " << out.graph_batch << ", " << calls.size() << " boundaries");
+    // host, model, then forward() 0 times (a replay), once (eager) or twice (the eager pass
+    // before a capture, then the capture), then sampling, read_back, done
+    REQUIRE(calls.size() >= 5);
+    const size_t passes = (calls.size() - 5) / forward.size();
+    REQUIRE(calls.size() == 5 + passes * forward.size());
+    CHECK(calls[0].phase == StepPhase::host);
+    CHECK(calls[1].phase == StepPhase::model);
+    for (size_t pass = 0; pass < passes; ++pass)
+      for (size_t i = 0; i < forward.size(); ++i) {
+        const PhaseLog::Call& call = calls[2 + pass * forward.size() + i];
+        CHECK(call.phase == forward[i].first);
+        CHECK(call.layer == forward[i].second);
+        CHECK(call.captured == (pass == 1));  // only the second pass is the capture
+      }
+    CHECK(calls[calls.size() - 3].phase == StepPhase::sampling);
+    CHECK(calls[calls.size() - 2].phase == StepPhase::read_back);
+    CHECK(calls[calls.size() - 1].phase == StepPhase::done);
+    if (out.graph_batch == 0) {
+      CHECK(passes == 1);
+      ++eager;
+    } else {
+      CHECK((passes == 0 || passes == 2));
+      ++(passes == 2 ? captured : replayed);
+    }
+  }
+  CHECK(eager > 0);     // the prefill steps
+  CHECK(captured > 0);  // a padded decode batch's first step
+  CHECK(replayed > 0);  // its later steps
+}
+
 TEST_CASE("09_engine: bad input is refused, naming it") {
   EngineConfig c;
   c.model = engine_model();
@@ -518,20 +595,23 @@ TEST_CASE("09_engine: step timing, batch 64 decode (prints, not a timed test)" *
   c.scheduler.max_running = 64;
   c.scheduler.max_tokens_per_step = 64 * 256;  // every prompt in step 0
   c.scheduler.num_pages = 64 * 20;
-  c.profile = true;
   std::vector<Request> reqs;
   for (int r = 0; r < 64; ++r) reqs.push_back(Request{0, std::vector<int32_t>(256, 32 + r), 32, -1});
   for (int variant = 0; variant < 3; ++variant) {
     const SamplingMode mode = variant == 1 ? SamplingMode::sample : SamplingMode::greedy;
     c.sampling = mode == SamplingMode::greedy ? greedy() : top_k_top_p(3);
     c.cuda_graphs = variant == 2;
+    bench::PhaseTimer timer(c.model.num_layers);
+    c.observer = &timer;
     Engine engine(c);
     engine.generate(reqs);  // warm-up (cuBLAS heuristics, first launches)
-    const GenerationRun run = engine.generate(reqs);
-    StepTiming sum;
+    timer.clear();
+    engine.generate(reqs);
+    const std::vector<bench::StepTiming>& timing = timer.steps();
+    bench::StepTiming sum;
     int n = 0;
-    for (size_t s = 1; s < run.timing.size(); ++s, ++n) {  // step 0 is the prefill of every prompt
-      const StepTiming& t = run.timing[s];
+    for (size_t s = 1; s < timing.size(); ++s, ++n) {  // step 0 is the prefill of every prompt
+      const bench::StepTiming& t = timing[s];
       sum.host_ms += t.host_ms, sum.embed_ms += t.embed_ms, sum.projection_ms += t.projection_ms;
       sum.attention_ms += t.attention_ms, sum.logits_ms += t.logits_ms, sum.sampling_ms += t.sampling_ms;
       sum.total_ms += t.total_ms;
@@ -542,7 +622,7 @@ TEST_CASE("09_engine: step timing, batch 64 decode (prints, not a timed test)" *
         "embed %.3f + projections %.3f + attention %.3f + logits %.3f + sampling %.3f; prefill step 0 %.3f ms\n",
         to_string(mode), c.cuda_graphs ? "CUDA graphs" : "eager", n, sum.total_ms / n, sum.host_ms / n,
         sum.embed_ms / n, sum.projection_ms / n, sum.attention_ms / n, sum.logits_ms / n, sum.sampling_ms / n,
-        run.timing[0].total_ms);
+        timing[0].total_ms);
   }
 }
 

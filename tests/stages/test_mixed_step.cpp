@@ -1,6 +1,6 @@
 // Stage 09's mixed step (decode rows, then prefill rows, one causal batch) computed as two
 // attention calls, as one call of the prefill stage, and as one launch of POD attention
-// (MixedStepAttention, mixed_step.hpp), each against the reference's paged prefill over
+// (MixedStepAttention, bench/serve/mixed_step.hpp), each against the reference's paged prefill over
 // the whole batch; and a timing of the forms over the engine's shape (skipped by default:
 // it writes the JSON the chapter's table is generated from).
 #include <doctest/doctest.h>
@@ -18,7 +18,6 @@
 
 #include "09_engine/arrival_schedule.hpp"
 #include "09_engine/engine.hpp"
-#include "09_engine/mixed_step.hpp"
 #include "09_engine/pod_attention.hpp"
 #include "09_engine/scheduler.hpp"
 #include "fixed_batch.hpp"
@@ -27,14 +26,16 @@
 #include "harness/case.hpp"
 #include "harness/device.hpp"
 #include "harness/validate.hpp"
+#include "mixed_step.hpp"   // flashstep::serve_measure_gpu (bench/serve/)
+#include "phase_timer.hpp"  // flashstep::serve_measure_gpu
 #include "registry.hpp"
 #include "support/random.hpp"
 
 using namespace flashstep;
 using namespace flashstep::stages;
 using namespace flashstep::stages::harness;
-using flashstep::stages::engine::MixedForm;
-using flashstep::stages::engine::MixedStepAttention;
+using flashstep::bench::MixedForm;
+using flashstep::bench::MixedStepAttention;
 using flashstep::test::FixedBatch;
 
 namespace {
@@ -79,7 +80,7 @@ struct Variant {
   MixedForm form;
   std::string decode_stage, prefill_stage;
   std::string describe() const {
-    return std::string(engine::to_string(form)) + "(" + (decode_stage.empty() ? "default" : decode_stage) + ", " +
+    return std::string(bench::to_string(form)) + "(" + (decode_stage.empty() ? "default" : decode_stage) + ", " +
            (prefill_stage.empty() ? "default" : prefill_stage) + ")";
   }
 };
@@ -127,11 +128,12 @@ TEST_CASE("09_engine mixed step: two calls, one call and POD attention equal the
   CHECK(checked == 2 * 6 * 5);
 }
 
-TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, cascade, one launch)") {
-  // Every combination of cuda_graphs, cascade_when_shared and one_launch with profile on:
-  // each step's phases are read from its CUDA events (run_step throws when an event was
-  // not recorded, or was recorded inside a capture and never replayed), and the phases
-  // are times that add up to the step's. Shared prompts and a small budget make eager
+TEST_CASE("09_engine: a phase timer times every step, whatever runs it (graphs, cascade, one launch)") {
+  // Every combination of cuda_graphs, cascade_when_shared and one_launch with a PhaseTimer
+  // (bench/serve/phase_timer.hpp) as the engine's observer: each step's phases are read
+  // from its CUDA events (the timer throws when an event was not recorded, or was recorded
+  // inside a capture and never replayed), and the phases are times that add up to the
+  // step's. Shared prompts and a small budget make eager
   // mixed steps (POD), decode-only graph steps and cascade steps inside graphs; tokens are
   // not checked here (the token checks do that).
   engine::ArrivalParams p;
@@ -158,7 +160,6 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
     c.scheduler.num_pages += (static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens + 15) / 16;
   c.scheduler.max_running = 8;
   c.scheduler.max_tokens_per_step = 48;
-  c.profile = true;
   int64_t graph_steps = 0, cascade_graph_steps = 0, pod_steps = 0;
   for (int variant = 0; variant < 8; ++variant) {
     c.cuda_graphs = (variant & 1) != 0;
@@ -166,6 +167,8 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
     c.one_launch = (variant & 4) != 0;
     INFO("cuda_graphs " << c.cuda_graphs << ", cascade_when_shared " << c.cascade_when_shared << ", one_launch "
                         << c.one_launch);
+    bench::PhaseTimer timer(c.model.num_layers);
+    c.observer = &timer;
     engine::Engine eng(c);
     engine::Scheduler scheduler(c.scheduler, reqs);
     int64_t steps = 0;
@@ -177,7 +180,7 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
         continue;
       }
       const engine::StepOutput out = eng.run_step(b, scheduler);
-      const engine::StepTiming& t = out.timing;
+      const bench::StepTiming& t = timer.last();
       INFO("step " << b.step << ": " << b.describe());
       const double parts[] = {t.embed_ms, t.projection_ms, t.attention_ms, t.logits_ms, t.sampling_ms, t.host_ms};
       double sum = 0;
@@ -197,6 +200,7 @@ TEST_CASE("09_engine: profile events time every step, whatever runs it (graphs, 
       scheduler.complete_step(out.tokens);
     }
     CHECK(steps > 0);
+    CHECK(static_cast<int64_t>(timer.steps().size()) == steps);  // one `done` a step
     CHECK(attention_ms > 0);
   }
   CHECK(graph_steps > 0);
@@ -350,7 +354,7 @@ TEST_CASE("09_engine mixed step timing: two calls vs one (writes JSON, not a tim
                     stages_used.c_str());
         char buf[256];
         std::snprintf(buf, sizeof buf, "%s{\"form\": \"%s\", \"asked\": \"%s\", \"stages\": \"%s\", \"us\": %.2f}",
-                      cells.empty() ? "" : ", ", engine::to_string(v.form),
+                      cells.empty() ? "" : ", ", bench::to_string(v.form),
                       v.prefill_stage.empty() ? "default" : v.prefill_stage.c_str(), stages_used.c_str(), t);
         cells += buf;
       }

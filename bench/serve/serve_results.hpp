@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-namespace flashstep::stages::engine {
+namespace flashstep::bench {
 
 /// One step of a measured run. Times in microseconds.
 struct StepRecord {
@@ -103,7 +103,7 @@ struct Goal {
   double ratio = -1;
   int met = -1;
 };
-/// The two goals on the variant named "graphs" at goal_batch: decode step time
+/// The two goals on the variant named "graphs" at goal_batch: decode step time
 /// over its floor <= 1.5 (the median over the steps), and host time (metadata, upload,
 /// plan) over the step's total <= 0.10 (means). None where there is no such variant
 /// (a file of other variants judges no goal); not measured (met -1) where it ran no such
@@ -118,4 +118,4 @@ std::string json_number(double x);
 /// The results file (the file comment's fields), pretty-printed.
 std::string to_json(const ServeRecord& r);
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::bench

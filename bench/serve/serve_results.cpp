@@ -1,12 +1,12 @@
 // What `flashstep serve --json` records and writes (serve_results.hpp).
-#include "09_engine/serve_results.hpp"
+#include "serve_results.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
-namespace flashstep::stages::engine {
+namespace flashstep::bench {
 
 namespace {
 
@@ -247,4 +247,4 @@ std::string to_json(const ServeRecord& r) {
   return o.str();
 }
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::bench

@@ -1,6 +1,6 @@
 /// \file step_floor.hpp
-/// \brief The engine's cost model: the least time a decode step can take on a device,
-/// from the bytes it must read and the launches it must pay for.
+/// \brief The floor stage 09's engine is measured against: the least time a decode step
+/// can take on a device, from the bytes it must read and the launches it must pay for.
 ///
 /// A decode step of the tiny decoder reads every weight once (W_Q, W_K, W_V and W_O of
 /// every layer, W_vocab, and the embedding rows of its tokens) and the K/V of every token
@@ -24,7 +24,7 @@
 #include "09_engine/scheduler.hpp"
 #include "flashstep/reference/tiny_decoder.hpp"
 
-namespace flashstep::stages::engine {
+namespace flashstep::bench {
 
 /// Bytes of K and V that one token occupies in the page pools of all layers:
 /// 2 (K and V) x num_kv_heads x head_dim x num_layers x `elem_bytes`.
@@ -42,10 +42,10 @@ struct KvSlots {
 };
 
 /// KvSlots of `batch`'s decode rows over pages of `page_size` tokens.
-KvSlots decode_kv_slots(const StepBatch& batch, int64_t page_size);
+KvSlots decode_kv_slots(const stages::engine::StepBatch& batch, int64_t page_size);
 
 /// (bytes) / (read ceiling in GB/s) + launch floor, in microseconds. Throws
 /// ref::InvalidArgument naming `read_gbps` (not > 0) or `launch_floor_us` (< 0).
 double floor_us(int64_t bytes, double read_gbps, double launch_floor_us);
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::bench

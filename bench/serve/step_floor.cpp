@@ -1,5 +1,5 @@
-// The engine's cost model (step_floor.hpp): bytes a decode step reads, and its floor.
-#include "09_engine/step_floor.hpp"
+// The engine's step floor (step_floor.hpp): bytes a decode step reads, and its floor.
+#include "step_floor.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "flashstep/reference/errors.hpp"
 
-namespace flashstep::stages::engine {
+namespace flashstep::bench {
 
 int64_t kv_slot_bytes(const ref::TinyDecoderConfig& model, int64_t elem_bytes) {
   const int64_t head_dim = model.d_model / model.num_qo_heads;
@@ -22,7 +22,7 @@ int64_t step_weight_bytes(const ref::TinyDecoderConfig& model, int64_t elem_byte
   return (model.num_layers * per_layer + d * model.vocab_size + tokens * d) * elem_bytes;
 }
 
-KvSlots decode_kv_slots(const StepBatch& batch, int64_t page_size) {
+KvSlots decode_kv_slots(const stages::engine::StepBatch& batch, int64_t page_size) {
   KvSlots s;
   std::map<int32_t, int64_t> used;  // page id -> slots in use, the most any row sees
   for (int32_t row = 0; row < batch.num_decodes; ++row) {
@@ -48,4 +48,4 @@ double floor_us(int64_t bytes, double read_gbps, double launch_floor_us) {
   return static_cast<double>(bytes) / (read_gbps * 1e3) + launch_floor_us;
 }
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::bench

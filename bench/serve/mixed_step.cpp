@@ -1,5 +1,5 @@
-// A mixed step's attention as two calls or one (mixed_step.hpp).
-#include "09_engine/mixed_step.hpp"
+// A mixed step's attention as two calls, one call or one POD launch (mixed_step.hpp).
+#include "mixed_step.hpp"
 
 #include <cuda_runtime.h>
 
@@ -16,7 +16,14 @@
 #include "flashstep/reference/errors.hpp"
 #include "registry.hpp"
 
-namespace flashstep::stages::engine {
+namespace flashstep::bench {
+
+using stages::BatchShape;
+using stages::DeviceBatch;
+using stages::KVStorage;
+using stages::Mode;
+using stages::StageRunner;
+using stages::engine::default_stage;
 
 const char* to_string(MixedForm form) {
   switch (form) {
@@ -29,7 +36,7 @@ const char* to_string(MixedForm form) {
 
 namespace {
 
-using Buffer = GrowBuffer;
+using Buffer = stages::engine::GrowBuffer;
 
 // One call: a stage's runner and its workspace.
 struct Call {
@@ -38,10 +45,10 @@ struct Call {
   Buffer workspace;
   void plan(const std::string& asked, const BatchShape& shape, cudaStream_t stream) {
     std::string stage = asked.empty() ? default_stage(shape) : asked;
-    const std::string why = find_stage(stage).unsupported_reason(shape);
+    const std::string why = stages::find_stage(stage).unsupported_reason(shape);
     ref::require(why.empty(), "MixedStepAttention::plan", stage + " cannot run " + shape.describe() + ": " + why);
     if (stage != name || !runner) {
-      runner = find_stage(stage).make_runner();
+      runner = stages::find_stage(stage).make_runner();
       name = stage;
     }
     workspace.reserve(std::max<size_t>(runner->workspace_bytes(shape), 256), stream);
@@ -62,7 +69,7 @@ struct MixedStepAttention::Impl {
   MixedForm form;
   std::string decode_asked, prefill_asked;
   Call decode, prefill;
-  PodAttention pod;
+  stages::engine::PodAttention pod;
   bool runs_decode = false, runs_prefill = false;
   std::string none, pod_name = "pod_attention";
   BatchShape step;
@@ -175,7 +182,8 @@ void MixedStepAttention::run(const DeviceBatch& step, cudaStream_t stream) {
   const BatchShape& s = m.step;
   const int np = s.batch_size - m.nd;
   const size_t q0 = static_cast<size_t>(s.qo_indptr[m.nd]), p0 = static_cast<size_t>(s.kv_indptr[m.nd]);
-  const size_t row = static_cast<size_t>(s.num_qo_heads) * static_cast<size_t>(s.head_dim) * dtype_bytes(s.dtype);
+  const size_t row = static_cast<size_t>(s.num_qo_heads) * static_cast<size_t>(s.head_dim) *
+                     stages::dtype_bytes(s.dtype);
   DeviceBatch p = step;
   p.q = static_cast<const char*>(step.q) + q0 * row;
   p.o = static_cast<char*>(step.o) + q0 * row;
@@ -187,4 +195,4 @@ void MixedStepAttention::run(const DeviceBatch& step, cudaStream_t stream) {
   m.prefill.runner->run(p, stream);
 }
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::bench

@@ -1,7 +1,8 @@
 /// \file mixed_step.hpp
 /// \brief The attention of one mixed step (decode rows first, then prefill rows, in one
-/// causal batch) as two calls or as one, for the tests and the benchmark that compare
-/// them; the engine makes the same choice with EngineConfig::one_launch.
+/// causal batch) in each of the forms the engine could give it, held side by side so that
+/// the tests and the timing can compare them. The engine itself makes one choice
+/// (EngineConfig::one_launch, in stage 09's engine.cu); this class measures the choice.
 ///
 /// ```
 ///   two calls  decode rows   0 .. nd-1   -> the decode stage (default_stage: 03_split_kv)
@@ -28,7 +29,7 @@
 
 #include "stage.hpp"
 
-namespace flashstep::stages::engine {
+namespace flashstep::bench {
 
 /// How a mixed step's attention runs.
 enum class MixedForm {
@@ -40,7 +41,7 @@ enum class MixedForm {
 const char* to_string(MixedForm form);
 
 /// plan/run of one mixed step's attention. Not itself a registry stage: it holds one or
-/// two registry runners and their workspaces.
+/// two registry runners and their workspaces, or stage 09's PodAttention.
 class MixedStepAttention {
  public:
   /// \param form two calls or one
@@ -56,9 +57,9 @@ class MixedStepAttention {
   /// pool: rows 0 .. num_decodes-1 have one query each, host arrays (qo_indptr, kv_indptr,
   /// kv_last_page_len, kv_indices) set \param num_decodes decode rows, 0..batch_size
   /// \param stream where plan() queues its uploads
-  void plan(const BatchShape& step, int num_decodes, cudaStream_t stream);
+  void plan(const stages::BatchShape& step, int num_decodes, cudaStream_t stream);
   /// Runs it over `step` (the whole step's device arrays, as the plan's shape describes).
-  void run(const DeviceBatch& step, cudaStream_t stream);
+  void run(const stages::DeviceBatch& step, cudaStream_t stream);
   /// The stage of the decode rows' call ("" when none ran: one call, or no decode rows).
   const std::string& decode_stage() const;
   /// The stage of the prefill rows' call (of every row in one call; "" when none).
@@ -69,4 +70,4 @@ class MixedStepAttention {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace flashstep::stages::engine
+}  // namespace flashstep::bench
