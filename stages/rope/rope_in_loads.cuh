@@ -106,8 +106,7 @@ struct RopeInLoads {
   /// A K tile: key `row` at first_position + row.
   template <typename Layout, typename KV, int HEAD_DIM, int ROWS, int THREADS>
   __device__ __forceinline__ static void on_k_tile(const Params& p, KV* tile, int tid, int first_position) {
-    rotate_tile<Layout, KV, HEAD_DIM, THREADS>(tile, ROWS, tid, p.turns,
-                                                [&](int r) { return first_position + r; });
+    rotate_tile<Layout, KV, HEAD_DIM, THREADS>(tile, ROWS, tid, p.turns, [&](int r) { return first_position + r; });
   }
 
   __device__ __forceinline__ static float on_logit(const Params&, float s2, int) { return s2; }

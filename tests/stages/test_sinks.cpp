@@ -91,8 +91,8 @@ TEST_CASE("sinks: forced splits (chunks that start past key 0 add no sink)") {
       stage.make_runner = [storage] {
         return std::make_unique<tensor_core::TensorCoreRunner>(storage, tensor_core::TensorCoreOptions{0, 64});
       };
-      const ValidationReport r =
-          validate(stage, spec, case_seed(test::run_seed(), "sinks split " + stage.name + spec.describe()));
+      const ValidationReport r = validate(stage, spec,
+                                          case_seed(test::run_seed(), "sinks split " + stage.name + spec.describe()));
       ++ran;
       CHECK_MESSAGE(r.passed, r.message());
       if (!r.passed && ++failures >= 5) break;
@@ -104,9 +104,8 @@ TEST_CASE("sinks: forced splits (chunks that start past key 0 add no sink)") {
 
 TEST_CASE("sinks: 03_split_kv's run refuses the shapes its sinks policy is not built for, by name") {
   using namespace stages::harness;
-  for (const auto& [dtype, kv_dtype, want] :
-       {std::tuple{DType::f32, DType::f32, "sinks need fp16 or bf16 q"},
-        std::tuple{DType::bf16, DType::e4m3, "batch.sinks is given, but"}}) {
+  for (const auto& [dtype, kv_dtype, want] : {std::tuple{DType::f32, DType::f32, "sinks need fp16 or bf16 q"},
+                                              std::tuple{DType::bf16, DType::e4m3, "batch.sinks is given, but"}}) {
     CaseSpec spec;
     spec.mode = Mode::decode;
     spec.dtype = dtype;

@@ -120,8 +120,8 @@ struct IdentityPolicy {
 
 /// Policy::on_state on a SoftmaxState: (m, d) through the hook, o times the factor it returns.
 template <typename Policy, int N>
-__device__ __forceinline__ void policy_on_state(const typename Policy::Params& pol, SoftmaxState<N>& state,
-                                                int qo_head, int first_key) {
+__device__ __forceinline__ void policy_on_state(const typename Policy::Params& pol, SoftmaxState<N>& state, int qo_head,
+                                                int first_key) {
   const float factor = Policy::on_state(pol, state.m, state.d, qo_head, first_key);
 #pragma unroll
   for (int i = 0; i < N; ++i) state.o[i] *= factor;
