@@ -27,7 +27,10 @@ results = pytest.importorskip("results")
 shapes = pytest.importorskip("shapes")
 
 STAGES = {os.path.basename(d) for d in glob.glob(os.path.join(SOURCE, "stages", "[0-9][0-9]_*"))}
-OTHER_FOLDERS = {"python", "notebooks"}  # flashstep.cuda's runs; executed notebooks
+# flashstep.cuda's runs; executed notebooks; the lessons of the features that cross stages
+# (stages/rope/, stages/sinks/, ...: a folder with a chapter but no stage number)
+OTHER_FOLDERS = {"python", "notebooks"} | {
+    os.path.basename(os.path.dirname(d)) for d in glob.glob(os.path.join(SOURCE, "stages", "[a-z]*", "README.md"))}
 NAME = re.compile(r"^[a-z0-9]+_[a-z0-9_]+_\d{4}-\d\d-\d\d(_v\d+)?(_[0-9a-f]{7})?(_checks)?\.(json|txt|log)$")
 
 
