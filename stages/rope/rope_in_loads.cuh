@@ -21,8 +21,8 @@
 /// the same key): 0.1175 ms against 0.0928 ms at decode b64 x kv 2048 on an H100 (1.27x
 /// slower; docs/results/09_engine/h100_rope_timing_2026-11-27_5d8b233.txt), 0.1151 against
 /// 0.0889 on an H200 (1.29x; docs/results/03_split_kv/h200_policies_ab_2026-11-29_2d91f71.txt).
-/// The angles are
-/// the cost, not the multiply-adds, and that way computes each one group-size times.
+/// The angles are the cost, not the multiply-adds, and that way computes each one
+/// group-size times.
 #pragma once
 
 #include <cuda_runtime.h>
