@@ -46,6 +46,7 @@
 #include "flashstep/reference/errors.hpp"
 #include "flashstep/reference/sampling.hpp"
 #include "flashstep/reference/tiny_decoder.hpp"
+#include "registry.hpp"  // default_stage
 #include "support/expect_error.hpp"
 
 using namespace flashstep;
