@@ -22,8 +22,9 @@
 
 #include "09_engine/serve_results.hpp"
 #include "09_engine/step_floor.hpp"
-#include "launch_floor.hpp"  // flashstep::ceilings (bench/ceilings/), the one library of bench/ the CLI links
-#include "read_ceiling.hpp"  // flashstep::ceilings
+#include "launch_floor.hpp"    // flashstep::ceilings (bench/ceilings/), the one library of bench/ the CLI links
+#include "measured_model.hpp"  // flashstep::ceilings
+#include "read_ceiling.hpp"    // flashstep::ceilings
 
 namespace flashstep::cli {
 
@@ -291,6 +292,8 @@ int run_serve_measure(const ServeOptions& opt, const std::vector<Request>& workl
   os << "flashstep serve --json: " << rec.device << "; read ceiling " << f1(rec.read_gbps) << " GB/s ("
      << f1(rec.read_buffer_bytes / (1 << 20)) << " MiB streamed), launch floor of one kernel "
      << f3(rec.launch_floor_1_us) << " us\n";
+  // The planners of every variant price with what was just measured on this GPU.
+  stages::use_device_model(bench::measured_device_model(stages::device_model(), rec.read_gbps, rec.launch_floor_1_us));
 
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     const Variant& v = variants[vi];
