@@ -12,6 +12,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "05_cascade/cascade.hpp"
@@ -103,9 +104,14 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
   require(s->mode == FS_DECODE || s->mode == FS_PREFILL, fn + ": mode must be 0 (decode) or 1 (prefill)");
   require(s->storage == FS_RAGGED || s->storage == FS_PAGED, fn + ": storage must be 0 (ragged) or 1 (paged)");
   require(s->kv_layout == FS_NHD || s->kv_layout == FS_HND, fn + ": kv_layout must be 0 (NHD) or 1 (HND)");
-  require(s->batch_size >= 1, fn + ": batch_size must be >= 1, got " + std::to_string(s->batch_size));
-  require(s->num_qo_heads >= 1 && s->num_kv_heads >= 1, fn + ": num_qo_heads and num_kv_heads must be >= 1");
-  require(s->head_dim >= 1, fn + ": head_dim must be >= 1, got " + std::to_string(s->head_dim));
+  // The sizes, each named: flashstep.cuda checks only their type and leaves these to here.
+  const std::pair<const char*, int32_t> sizes[] = {{"batch_size", s->batch_size},
+                                                   {"num_qo_heads", s->num_qo_heads},
+                                                   {"num_kv_heads", s->num_kv_heads},
+                                                   {"head_dim", s->head_dim}};
+  for (const auto& size : sizes)
+    require_lazy(size.second >= 1,
+                 [&] { return fn + ": " + size.first + " must be >= 1, got " + std::to_string(size.second); });
   require(s->qo_indptr && s->kv_indptr, fn + ": qo_indptr and kv_indptr are required");
   st::BatchShape b;
   b.mode = s->mode == FS_DECODE ? st::Mode::decode : st::Mode::prefill;
@@ -221,12 +227,77 @@ int fs_stage_info(int index, const char** name, const char** summary, const char
   });
 }
 
+int fs_stage_capabilities(int index, fs_stage_caps* caps) {
+  return guarded("fs_stage_capabilities", [&] {
+    const auto& reg = st::registry();
+    require(index >= 0 && index < static_cast<int>(reg.size()), "fs_stage_capabilities: index " +
+                                                                    std::to_string(index) + " is not in 0.." +
+                                                                    std::to_string(reg.size() - 1));
+    require(caps != nullptr, "fs_stage_capabilities: caps is null");
+    const st::StageInfo& s = reg[static_cast<size_t>(index)];
+    auto dtype_bit = [](st::DType d) -> uint32_t {
+      switch (d) {
+        case st::DType::f32: return 1u << FS_F32;
+        case st::DType::f16: return 1u << FS_F16;
+        case st::DType::bf16: return 1u << FS_BF16;
+        case st::DType::e4m3: return 1u << FS_E4M3;
+        case st::DType::e5m2: return 1u << FS_E5M2;
+      }
+      return 0;
+    };
+    fs_stage_caps c{};
+    for (st::Mode m : s.modes) c.modes |= 1u << (m == st::Mode::decode ? FS_DECODE : FS_PREFILL);
+    c.storage = s.storage == st::KVStorage::paged ? FS_PAGED : FS_RAGGED;
+    for (st::DType d : s.dtypes) c.dtypes |= dtype_bit(d);
+    for (st::DType d : s.kv_dtypes) c.kv_dtypes |= dtype_bit(d);
+    for (st::KVLayout l : s.kv_layouts) c.kv_layouts |= 1u << (l == st::KVLayout::HND ? FS_HND : FS_NHD);
+    c.max_page_size = s.max_page_size;
+    c.max_group_size = s.max_group_size;
+    if (s.causal) c.flags |= FS_CAP_CAUSAL;
+    if (s.window_left) c.flags |= FS_CAP_WINDOW_LEFT;
+    if (s.logits_soft_cap) c.flags |= FS_CAP_LOGITS_SOFT_CAP;
+    if (s.needs_host_page_table) c.flags |= FS_CAP_HOST_PAGE_TABLE;
+    if (s.cuda_graph) c.flags |= FS_CAP_CUDA_GRAPH;
+    if (s.sinks) c.flags |= FS_CAP_SINKS;
+    for (st::PosEncoding e : s.pos_encodings)
+      if (e == st::PosEncoding::rope_llama) c.flags |= FS_CAP_ROPE_LLAMA;
+    constexpr size_t kMaxHeadDims = sizeof(c.head_dims) / sizeof(c.head_dims[0]);
+    require(s.head_dims.size() <= kMaxHeadDims,
+            "fs_stage_capabilities: " + s.name + " lists more head_dims than fs_stage_caps holds");
+    c.num_head_dims = static_cast<int32_t>(s.head_dims.size());
+    for (size_t i = 0; i < s.head_dims.size(); ++i) c.head_dims[i] = s.head_dims[i];
+    *caps = c;
+  });
+}
+
 int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const char** reason) {
   return guarded("fs_stage_unsupported_reason", [&] {
     require(name != nullptr && reason != nullptr, "fs_stage_unsupported_reason: name and reason are required");
     const st::StageInfo& info = st::find_stage(name);
     last_reason = info.unsupported_reason(to_shape(shape, "plan"));
     *reason = last_reason.c_str();
+  });
+}
+
+int fs_default_stage(const fs_shape* shape, int device, const char** name) {
+  return guarded("fs_default_stage", [&] {
+    require(name != nullptr, "fs_default_stage: name is null");
+    *name = st::default_stage(to_shape(shape, "fs_default_stage"), device).c_str();
+  });
+}
+
+int fs_default_stage_among(const char* const* names, int count, int mode, int group_size, int* index) {
+  return guarded("fs_default_stage_among", [&] {
+    const char* fn = "fs_default_stage_among";
+    require(index != nullptr, std::string(fn) + ": index is null");
+    require(count >= 0 && (count == 0 || names != nullptr), std::string(fn) + ": names must hold count >= 0 names");
+    require(mode == FS_DECODE || mode == FS_PREFILL, std::string(fn) + ": mode must be 0 (decode) or 1 (prefill)");
+    std::vector<std::string> supporting;
+    for (int i = 0; i < count; ++i) {
+      require_lazy(names[i] != nullptr, [&] { return std::string(fn) + ": names[" + std::to_string(i) + "] is null"; });
+      supporting.emplace_back(names[i]);
+    }
+    *index = st::default_stage_among(supporting, mode == FS_DECODE ? st::Mode::decode : st::Mode::prefill, group_size);
   });
 }
 
@@ -256,11 +327,28 @@ int fs_runner_destroy(void* runner) {
   return guarded("fs_runner_destroy", [&] { delete static_cast<Runner*>(runner); });
 }
 
+namespace {
+
+/// The BatchShape of `shape` once it is known that runner `r`'s stage runs it: to_shape's
+/// checks, then the stage's unsupported_reason, refused under the stage's name. The one
+/// check of a shape on its way to a runner (flashstep.cuda makes none of its own), so the
+/// stage's sizing and planning code sees only shapes it takes.
+st::BatchShape runnable_shape(const Runner* r, const fs_shape* shape, const char* fn) {
+  st::BatchShape b = to_shape(shape, fn);
+  const std::string reason = r->info->unsupported_reason(b);
+  require_lazy(reason.empty(), [&] {
+    return std::string(fn) + ": stage " + r->info->name + " cannot run this batch (" + b.describe() + "): " + reason;
+  });
+  return b;
+}
+
+}  // namespace
+
 int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t* bytes) {
   return guarded("fs_runner_workspace_bytes", [&] {
     Runner* r = as_runner(runner, "fs_runner_workspace_bytes");
     require(bytes != nullptr, "fs_runner_workspace_bytes: bytes is null");
-    *bytes = r->runner->workspace_bytes(to_shape(shape, "fs_runner_workspace_bytes"));
+    *bytes = r->runner->workspace_bytes(runnable_shape(r, shape, "fs_runner_workspace_bytes"));
   });
 }
 
@@ -268,9 +356,7 @@ int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t 
   return guarded("fs_runner_plan", [&] {
     Runner* r = as_runner(runner, "fs_runner_plan");
     r->planned = false;
-    const st::BatchShape b = to_shape(shape, "fs_runner_plan");
-    const std::string reason = r->info->unsupported_reason(b);
-    require(reason.empty(), "plan: stage " + r->info->name + " cannot run " + b.describe() + ": " + reason);
+    const st::BatchShape b = runnable_shape(r, shape, "fs_runner_plan");
     r->runner->plan(b, workspace, workspace_bytes, as_stream(stream));
     check_cuda(cudaGetLastError(), "plan");
     r->planned = true;

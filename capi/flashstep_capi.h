@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 7
+#define FLASHSTEP_CAPI_VERSION 8
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -102,14 +102,53 @@ FS_API int fs_version(void);
 
 // ---- the registry -----------------------------------------------------------------
 
+/// Flags of fs_stage_caps: what a stage implements beyond its lists.
+enum {
+  FS_CAP_CAUSAL = 1 << 0,           ///< the causal mask (prefill)
+  FS_CAP_WINDOW_LEFT = 1 << 1,      ///< window_left >= 0
+  FS_CAP_LOGITS_SOFT_CAP = 1 << 2,  ///< logits_soft_cap > 0
+  FS_CAP_HOST_PAGE_TABLE = 1 << 3,  ///< plans from the page ids (05_cascade: fs_cascade_plan)
+  FS_CAP_CUDA_GRAPH = 1 << 4,       ///< plans for a captured CUDA graph (fs_shape.cuda_graph)
+  FS_CAP_ROPE_LLAMA = 1 << 5,       ///< rotates q and k itself (ROPE_LLAMA)
+  FS_CAP_SINKS = 1 << 6,            ///< takes attention sinks in a run (fs_batch.sinks)
+};
+
+/// What a stage declares about itself (its registry entry as plain data). A list is a
+/// bit mask over the enum above it: bit (1 << FS_DECODE) of `modes`, (1 << FS_BF16) of
+/// `dtypes`, and so on.
+typedef struct fs_stage_caps {
+  uint32_t modes;          ///< bits 1 << FS_DECODE, 1 << FS_PREFILL
+  int32_t storage;         ///< FS_RAGGED or FS_PAGED
+  uint32_t dtypes;         ///< bits 1 << FS_F32, FS_F16, FS_BF16: q, o (and K/V in the same type)
+  uint32_t kv_dtypes;      ///< bits 1 << FS_E4M3, FS_E5M2: FP8 K/V it reads (with k_scale, v_scale)
+  uint32_t kv_layouts;     ///< bits 1 << FS_NHD, FS_HND
+  int32_t max_page_size;   ///< paged: the largest page_size
+  int32_t max_group_size;  ///< the largest num_qo_heads / num_kv_heads
+  uint32_t flags;          ///< FS_CAP_*
+  int32_t num_head_dims;   ///< entries of head_dims in use
+  int32_t head_dims[8];    ///< the head_dim values it is built for
+} fs_stage_caps;
+
 /// Number of attention stages in the registry.
 FS_API int fs_stage_count(void);
-/// Name (e.g. "02_paged") and one-line summary of stage `index`, in teaching order; the
-/// strings live as long as the library.
+/// Name (e.g. "02_paged"), one-line summary and capabilities in words of stage `index`,
+/// in teaching order; the strings live as long as the library.
 FS_API int fs_stage_info(int index, const char** name, const char** summary, const char** capabilities);
+/// The capabilities of stage `index` as data (the words of fs_stage_info are for people).
+FS_API int fs_stage_capabilities(int index, fs_stage_caps* caps);
 /// Why stage `name` cannot run `shape` ("" when it can); the string is valid until the
 /// next call on this thread. Fails for an unknown name or an inconsistent shape.
 FS_API int fs_stage_unsupported_reason(const char* name, const fs_shape* shape, const char** reason);
+/// The stage that runs `shape` on CUDA device `device` (-1: the current one) when the
+/// caller names none: the registry's default_stage (stages/registry.hpp), which stage 09's
+/// engine uses too. *name (the registry's string, alive as long as the library) is a stage
+/// that supports `shape`; FS_BAD_ARGUMENT, listing every stage's reason, when none does.
+/// Stages that plan from the page ids (FS_CAP_HOST_PAGE_TABLE) are not chosen.
+FS_API int fs_default_stage(const fs_shape* shape, int device, const char** name);
+/// The same rule over the `count` registry names of `names` (teaching order), taken as
+/// the stages that support a batch of `mode` and GQA group `group_size`: *index is the
+/// chosen one's position in `names`, or -1 when count is 0.
+FS_API int fs_default_stage_among(const char* const* names, int count, int mode, int group_size, int* index);
 /// The harness's tolerances for q/o in `dtype` and K/V in `kv_dtype` (0 or dtype: the
 /// same; FS_E4M3 or FS_E5M2 for an FP8 cache): which = 0 for o, 1 for lse.
 FS_API int fs_tolerance(int dtype, int kv_dtype, int which, double* atol, double* rtol, double* norm);
@@ -120,10 +159,11 @@ FS_API int fs_tolerance(int dtype, int kv_dtype, int which, double* atol, double
 FS_API int fs_runner_create(const char* name, void** runner);
 /// Frees a runner (null is allowed).
 FS_API int fs_runner_destroy(void* runner);
-/// Device workspace bytes that plan() and run() need for `shape`.
+/// Device workspace bytes that plan() and run() need for `shape`. Checks `shape` as
+/// fs_runner_plan does, so whichever comes first refuses a shape the stage cannot run.
 FS_API int fs_runner_workspace_bytes(void* runner, const fs_shape* shape, size_t* bytes);
-/// Checks `shape` (consistency, then the stage's unsupported_reason) and plans it (the
-/// scales are fs_batch's, given to each run).
+/// Checks `shape` (its consistency, each argument named, then the stage's
+/// unsupported_reason) and plans it (the scales are fs_batch's, given to each run).
 FS_API int fs_runner_plan(void* runner, const fs_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
 /// Launches the planned attention on `stream`; fails when no plan was made. `device` is
 /// the CUDA device the arrays and the stream live on, made current for the launch and

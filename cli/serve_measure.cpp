@@ -20,11 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "launch_floor.hpp"   // flashstep::ceilings (bench/ceilings/), one of the two libraries of bench/ the CLI links
-#include "phase_timer.hpp"    // flashstep::serve_measure_gpu (bench/serve/), the other
-#include "read_ceiling.hpp"   // flashstep::ceilings
-#include "serve_results.hpp"  // flashstep::serve_measure
-#include "step_floor.hpp"     // flashstep::serve_measure
+#include "launch_floor.hpp"    // flashstep::ceilings (bench/ceilings/), one of the two libraries of bench/ the CLI links
+#include "measured_model.hpp"  // flashstep::ceilings
+#include "phase_timer.hpp"     // flashstep::serve_measure_gpu (bench/serve/), the other
+#include "read_ceiling.hpp"    // flashstep::ceilings
+#include "serve_results.hpp"   // flashstep::serve_measure
+#include "step_floor.hpp"      // flashstep::serve_measure
 
 namespace flashstep::cli {
 
@@ -294,6 +295,8 @@ int run_serve_measure(const ServeOptions& opt, const std::vector<Request>& workl
   os << "flashstep serve --json: " << rec.device << "; read ceiling " << f1(rec.read_gbps) << " GB/s ("
      << f1(rec.read_buffer_bytes / (1 << 20)) << " MiB streamed), launch floor of one kernel "
      << f3(rec.launch_floor_1_us) << " us\n";
+  // The planners of every variant price with what was just measured on this GPU.
+  stages::use_device_model(bench::measured_device_model(stages::device_model(), rec.read_gbps, rec.launch_floor_1_us));
 
   for (size_t vi = 0; vi < variants.size(); ++vi) {
     const Variant& v = variants[vi];

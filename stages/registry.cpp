@@ -1,5 +1,10 @@
-// The stage registry: one line per stage, in teaching order, and the kernels stages lend.
+// The stage registry: one line per stage, in teaching order, the kernels stages lend, and
+// the default choice of stage.
 #include "registry.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
 
 #include "01_naive/naive.hpp"
 #include "02_paged/paged.hpp"
@@ -45,6 +50,72 @@ const StageInfo& find_stage(const std::string& name) {
     known += (known.empty() ? "" : ", ") + s.name;
   }
   throw ref::InvalidArgument("find_stage: no stage named \"" + name + "\" (known: " + known + ")");
+}
+
+int default_stage_among(const std::vector<std::string>& supporting, Mode mode, int group_size) {
+  if (supporting.empty()) return -1;
+  if (mode == Mode::decode && group_size <= kDecodeStageMaxGroup)
+    for (size_t i = 0; i < supporting.size(); ++i)
+      if (supporting[i] == kDecodeStage) return static_cast<int>(i);
+  return static_cast<int>(supporting.size()) - 1;
+}
+
+namespace {
+
+/// Makes `device` current while it lives (-1 or the current one: nothing to do), and the
+/// previous one current again after, also when the question throws.
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    if (device < 0) return;
+    int current = 0;
+    check(cudaGetDevice(&current));
+    if (current == device) return;
+    check(cudaSetDevice(device));
+    previous_ = current;
+  }
+  ~CurrentDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);  // (a destructor must not throw)
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  static void check(cudaError_t err) {
+    if (err == cudaSuccess) return;
+    cudaGetLastError();
+    throw std::runtime_error(std::string("default_stage: CUDA error: ") + cudaGetErrorString(err));
+  }
+  int previous_ = -1;
+};
+
+}  // namespace
+
+const std::string& default_stage(const BatchShape& shape, int device) {
+  const CurrentDevice scope(device);
+  // The rule gives a decode of a small group to kDecodeStage whenever that stage supports
+  // it: ask it first, the others only when it does not (the same answer, without asking
+  // every stage at every engine step).
+  if (shape.mode == Mode::decode && shape.group_size() <= kDecodeStageMaxGroup) {
+    const StageInfo& decode = find_stage(kDecodeStage);
+    if (decode.unsupported_reason(shape).empty()) return decode.name;
+  }
+  std::vector<std::string> supporting;
+  std::vector<const StageInfo*> infos;
+  std::string reasons;
+  for (const StageInfo& s : registry()) {
+    if (s.needs_host_page_table) continue;
+    const std::string why = s.unsupported_reason(shape);
+    if (why.empty()) {
+      supporting.push_back(s.name);
+      infos.push_back(&s);
+    } else {
+      reasons += "\n  " + s.name + ": " + why;
+    }
+  }
+  const int chosen = default_stage_among(supporting, shape.mode, shape.group_size());
+  if (chosen < 0) throw ref::InvalidArgument("default_stage: no stage runs " + shape.describe() + ":" + reasons);
+  return infos[static_cast<size_t>(chosen)]->name;
 }
 
 }  // namespace flashstep::stages

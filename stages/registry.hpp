@@ -30,6 +30,27 @@ const std::vector<StageInfo>& registry();
 /// Throws ref::InvalidArgument listing the known names otherwise.
 const StageInfo& find_stage(const std::string& name);
 
+/// The decode stage of the default choice: it splits long requests so that every SM streams
+/// keys, and prices stage 02's kernel against the split (its chapter's cost model).
+constexpr const char* kDecodeStage = "03_split_kv";
+/// The largest GQA group the default choice gives kDecodeStage. Stage 04's tensor-core tile
+/// computes 16 query rows per kv head where a decode of group g has g, so for g <= 8 it
+/// only adds work to a memory-bound step.
+constexpr int kDecodeStageMaxGroup = 8;
+
+/// The default choice among `supporting` (registry names in teaching order, each of which
+/// runs the batch): a decode whose GQA group is at most kDecodeStageMaxGroup gets
+/// kDecodeStage where it is among them; anything else the latest. Returns an index into
+/// `supporting`, or -1 when it is empty.
+int default_stage_among(const std::vector<std::string>& supporting, Mode mode, int group_size);
+
+/// The stage that runs `shape` when the caller names none: default_stage_among over the
+/// registry's stages that support `shape` on CUDA device `device` (-1: the current one;
+/// another is made current for the question and the previous one restored). Stages that
+/// plan from the host page table (05_cascade) are left out: they are asked for by name.
+/// Throws ref::InvalidArgument listing every stage's reason when none supports it.
+const std::string& default_stage(const BatchShape& shape, int device = -1);
+
 /// One launch of a lent kernel over a view of a batch that its caller built (stage 05: one
 /// cascade level, its groups as requests, its CSR table and schedule in stage 05's
 /// workspace). Device pointers; the batch's are DeviceBatch's (paged: kv_pool and the CSR

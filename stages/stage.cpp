@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 #include "flashstep/kernels/cuda_check.cuh"
@@ -60,6 +62,48 @@ size_t device_smem_optin() {
     if (cached) known[static_cast<size_t>(device)].store(bytes, std::memory_order_relaxed);
   }
   return static_cast<size_t>(bytes);
+}
+
+namespace {
+
+/// Each device's model, once asked or recorded (planners ask at every plan()).
+struct DeviceModels {
+  std::mutex mutex;
+  std::map<int, DeviceModel> by_device;
+};
+DeviceModels& device_models() {
+  static DeviceModels models;
+  return models;
+}
+
+}  // namespace
+
+DeviceModel device_model() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();
+    return kernels::kFallbackDeviceModel;
+  }
+  DeviceModels& m = device_models();
+  const std::lock_guard<std::mutex> lock(m.mutex);
+  auto known = m.by_device.find(device);
+  if (known == m.by_device.end())
+    known = m.by_device.emplace(device, kernels::device_model_from_attributes(device)).first;
+  return known->second;
+}
+
+void use_device_model(const DeviceModel& model) {
+  ref::require(std::isfinite(model.read_bytes_per_second) && model.read_bytes_per_second > 0 && model.num_sm >= 1 &&
+                   std::isfinite(model.launch_seconds) && model.launch_seconds >= 0,
+               "use_device_model",
+               "the read rate must be positive and finite, num_sm >= 1 and launch_seconds >= 0, got " +
+                   std::to_string(model.read_bytes_per_second) + " B/s, " + std::to_string(model.num_sm) + " SMs, " +
+                   std::to_string(model.launch_seconds) + " s");
+  int device = 0;
+  FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceModels& m = device_models();
+  const std::lock_guard<std::mutex> lock(m.mutex);
+  m.by_device[device] = model;
 }
 
 ScheduleStaging::~ScheduleStaging() {

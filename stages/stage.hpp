@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "flashstep/kernels/device_model.hpp"
 #include "flashstep/reference/attention.hpp"
 
 namespace flashstep::stages {
@@ -177,6 +178,19 @@ int device_sm_count();
 /// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on an H100, 163 KB on an A100, 99 KB
 /// on sm_86 and sm_89), asked once per device; 0 where no device can be asked.
 size_t device_smem_optin();
+
+/// What the planners' cost models assume of a GPU (kernels/device_model.hpp).
+using kernels::DeviceModel;
+/// The model of the current CUDA device that a planner prices with unless it was given
+/// one (SplitKVOptions::device, ...): what use_device_model() recorded for the device,
+/// else kernels::device_model_from_attributes, asked once per device;
+/// kernels::kFallbackDeviceModel where no device answers.
+DeviceModel device_model();
+/// Records `model` as the current device's for the rest of the process: the benchmark and
+/// `flashstep serve --json` pass what bench/ceilings measured on it (the read ceiling, the
+/// launch floor), so the plans they time price with the rates they report. Throws
+/// ref::InvalidArgument unless the read rate is positive, num_sm >= 1 and the launch >= 0.
+void use_device_model(const DeviceModel& model);
 
 /// What a CUDA stage's plan() needs of one kernel instantiation (dtype x head_dim x ...),
 /// and how its run() launches it. Each stage fills one per instantiation through the

@@ -40,6 +40,21 @@ class _Shape(ctypes.Structure):
     ]
 
 
+class _StageCaps(ctypes.Structure):
+    """fs_stage_caps of flashstep_capi.h: a stage's capabilities as data."""
+    _fields_ = [
+        ("modes", ctypes.c_uint32), ("storage", ctypes.c_int32), ("dtypes", ctypes.c_uint32),
+        ("kv_dtypes", ctypes.c_uint32), ("kv_layouts", ctypes.c_uint32), ("max_page_size", ctypes.c_int32),
+        ("max_group_size", ctypes.c_int32), ("flags", ctypes.c_uint32), ("num_head_dims", ctypes.c_int32),
+        ("head_dims", ctypes.c_int32 * 8),
+    ]
+
+
+# fs_stage_caps.flags
+(CAP_CAUSAL, CAP_WINDOW_LEFT, CAP_LOGITS_SOFT_CAP, CAP_HOST_PAGE_TABLE, CAP_CUDA_GRAPH, CAP_ROPE_LLAMA,
+ CAP_SINKS) = (1 << i for i in range(7))
+
+
 class _Batch(ctypes.Structure):
     """fs_batch of flashstep_capi.h."""
     _fields_ = [(name, ctypes.c_void_p) for name in (
@@ -58,7 +73,7 @@ class _SamplingParams(ctypes.Structure):
     ]
 
 
-Shape, Batch, SamplingParams = _Shape, _Batch, _SamplingParams
+Shape, Batch, SamplingParams, StageCaps = _Shape, _Batch, _SamplingParams, _StageCaps
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -74,7 +89,10 @@ _SIGNATURES = {
     "fs_version": [],
     "fs_stage_count": [],
     "fs_stage_info": [_I, _PP, _PP, _PP],
+    "fs_stage_capabilities": [_I, ctypes.POINTER(_StageCaps)],
     "fs_stage_unsupported_reason": [_S, ctypes.POINTER(_Shape), _PP],
+    "fs_default_stage": [ctypes.POINTER(_Shape), _I, _PP],
+    "fs_default_stage_among": [ctypes.POINTER(ctypes.c_char_p), _I, _I, _I, ctypes.POINTER(_I)],
     "fs_tolerance": [_I, _I, _I, ctypes.POINTER(_D), ctypes.POINTER(_D), ctypes.POINTER(_D)],
     "fs_runner_create": [_S, ctypes.POINTER(_P)],
     "fs_runner_destroy": [_P],
@@ -97,7 +115,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 7
+EXPECTED_VERSION = 8
 
 _lib = None
 

@@ -1,5 +1,6 @@
 """What the GPU wrappers of flashstep.cuda share: the dtype and layout tables, argument
-checks, the device guard, the stage registry and the default stage choice."""
+checks, the device guard, the stage registry and the default stage choice (the C
+library's: the rule lives once, in the stage registry, stages/registry.hpp)."""
 import array
 import ctypes
 import math
@@ -75,9 +76,11 @@ def _check_pool_layout(fn, name, shape, kv_layout, page_size, num_kv_heads, head
                      f"wrapper, or lay the pool out as {kv_layout}")
 
 
-def _positive_int(value, fn, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{fn}: {name} must be an integer >= {minimum}; got {value!r}")
+def _c_int(value, fn, name):
+    """`value` as the C library's int32 takes it: an integer (not a bool) in int32's range.
+    Its bounds (num_qo_heads >= 1, ...) are the library's to check: it names the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**31:
+        raise ValueError(f"{fn}: {name} must be an integer; got {value!r}")
     return value
 
 
@@ -140,12 +143,7 @@ def _alloc_or_check(like, out, shape, dtype, fn, name):
 # FlashInfer's attention kernel families: accepted (a FlashInfer program passes them) and
 # ignored, since flashstep runs a stage (stage= picks one).
 _BACKENDS = ("auto", "fa2", "fa3")
-# The decode stage: it splits long requests so that every SM streams keys and prices stage
-# 02's kernel against the split (its chapter's cost model). Stage 04's tensor-core tile
-# computes 16 query rows per kv head where a decode of GQA group g has g, so for g <= 8
-# it only adds work on a memory-bound step.
-_DECODE_STAGE, _DECODE_STAGE_MAX_GROUP = "03_split_kv", 8
-_LIBRARY_PREFIX = re.compile(r"^(plan|fs_\w+): ")
+_LIBRARY_PREFIX = re.compile(r"^(plan|default_stage|fs_\w+): ")
 
 
 def _check_backend(cls, backend, jit_args):
@@ -157,25 +155,25 @@ def _check_backend(cls, backend, jit_args):
                          f"{type(jit_args).__name__}")
 
 
-def _graph_safe(capabilities):
-    """Whether a registry entry can plan for a captured CUDA graph (its launch depends on
-    batch_size and the query rows only): its capabilities name cuda_graph."""
-    return re.search(r"\bcuda_graph\b", capabilities) is not None
-
-
-def _plans_from_page_ids(capabilities):
-    """Stage 05 plans from which pages requests share: it has a wrapper of its own."""
-    return "plans from the host page table" in capabilities
+def _graph_safe(stage):
+    """Whether registry stage `stage` can plan for a captured CUDA graph (its launch depends
+    on batch_size and the query rows only): its capabilities' cuda_graph flag."""
+    return bool(_capabilities()[stage].flags & _capi.CAP_CUDA_GRAPH)
 
 
 def default_stage(supporting, mode, group_size):
     """The stage plan() picks when none is asked for, among `supporting` (registry names
     in teaching order whose entry supports the batch; with use_cuda_graph=True, the
     graph-safe ones): a decode (mode 0) whose GQA group is at most 8 gets 03_split_kv;
-    anything else the latest stage that supports it. None when `supporting` is empty."""
-    if mode == _DECODE and group_size <= _DECODE_STAGE_MAX_GROUP and _DECODE_STAGE in supporting:
-        return _DECODE_STAGE
-    return supporting[-1] if supporting else None
+    anything else the latest stage that supports it. None when `supporting` is empty.
+    The rule is the C library's (the stage registry's default_stage_among, which plan()
+    and stage 09's engine apply through default_stage)."""
+    names = [str(name) for name in supporting]
+    array_of_names = (ctypes.c_char_p * max(1, len(names)))(*[name.encode() for name in names])
+    index = ctypes.c_int()
+    _capi.call("fs_default_stage_among", array_of_names, len(names), int(mode), int(group_size),
+               ctypes.byref(index))
+    return names[index.value] if index.value >= 0 else None
 
 
 def _renamed(fn, message):
@@ -206,6 +204,7 @@ def _arange(n):
 
 
 _REGISTRY = None
+_CAPABILITIES = None
 _STAGE_CHOICES = {}  # shape kind -> stage: see PlanRun._choose_stage
 
 
@@ -221,6 +220,27 @@ def _registry():
             table.append((name.value.decode(), summary.value.decode(), caps.value.decode()))
         _REGISTRY = tuple(table)
     return _REGISTRY
+
+
+def _capabilities():
+    """{registry name: fs_stage_caps}, read once: what each stage supports, as data."""
+    global _CAPABILITIES
+    if _CAPABILITIES is None:
+        caps = {}
+        for i, (name, _, _) in enumerate(_registry()):
+            c = _capi.StageCaps()
+            _capi.call("fs_stage_capabilities", i, ctypes.byref(c))
+            caps[name] = c
+        _CAPABILITIES = caps
+    return _CAPABILITIES
+
+
+def _chosen_stage(shape, device):
+    """The registry's default choice for `shape` on `device` (None: the current one): the
+    library's error, with every stage's reason, when no stage runs it."""
+    name = ctypes.c_char_p()
+    _capi.call("fs_default_stage", ctypes.byref(shape), -1 if device is None else device, ctypes.byref(name))
+    return name.value.decode()
 
 
 def _resolve_stage(stage, shape):

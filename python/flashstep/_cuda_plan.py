@@ -4,11 +4,10 @@ import ctypes
 import math
 
 from . import _capi
-from ._cuda_common import (_ALIGN, _aligned, _alloc_or_check, _arange, _check_backend, _check_on_device,
-                           _check_pool_layout, default_stage,
-                           _DeviceGuard, _DTYPES, _graph_safe, _host_view, _KV_DTYPES, _layout, _LAYOUTS, _page_locked,
-                           _PAGED, _planned_options, _plans_from_page_ids, _positive_int, _PREFILL, _registry, _renamed,
-                           _resolve_stage, _scale, _STAGE_CHOICES, _unsupported_run_args)
+from ._cuda_common import (_ALIGN, _aligned, _alloc_or_check, _arange, _c_int, _check_backend, _check_on_device,
+                           _check_pool_layout, _chosen_stage, _DeviceGuard, _DTYPES, _graph_safe, _host_view,
+                           _KV_DTYPES, _layout, _LAYOUTS, _page_locked, _PAGED, _planned_options, _PREFILL,
+                           _registry, _renamed, _resolve_stage, _scale, _STAGE_CHOICES, _unsupported_run_args)
 from ._tensors import _TORCH_TYPES, ITEMSIZE, check, current_stream, device_array, same_device
 
 
@@ -99,16 +98,17 @@ class PlanRun:
     def _shape(self, dtype, num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
                logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len, kv_dtype=None):
         """The C shape of the batch (one struct per wrapper, refilled); the index arrays are
-        host IndexArrays, pointed at in place."""
+        host IndexArrays, pointed at in place. The sizes are checked for their type here and
+        for their bounds by the library, which names each."""
         fn = self._fn
         s = self._c_shape
         s.mode, s.storage, s.dtype = self._mode, self._storage, _DTYPES[dtype]
         s.kv_layout = _LAYOUTS[self._kv_layout]
         s.batch_size = len(kv_indptr) - 1
-        s.num_qo_heads = _positive_int(num_qo_heads, fn, "num_qo_heads")
-        s.num_kv_heads = _positive_int(num_kv_heads, fn, "num_kv_heads")
-        s.head_dim = _positive_int(head_dim, fn, "head_dim")
-        s.page_size = _positive_int(page_size, fn, "page_size") if self._storage == _PAGED else 0
+        s.num_qo_heads = _c_int(num_qo_heads, fn, "num_qo_heads")
+        s.num_kv_heads = _c_int(num_kv_heads, fn, "num_kv_heads")
+        s.head_dim = _c_int(head_dim, fn, "head_dim")
+        s.page_size = _c_int(page_size, fn, "page_size") if self._storage == _PAGED else 0
         s.causal = int(bool(causal))
         if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
             raise ValueError(f"{fn}: window_left must be an integer >= -1; got {window_left!r}")
@@ -131,47 +131,27 @@ class PlanRun:
         return s
 
     def _choose_stage(self, shape, stage):
-        """The requested stage (checked), or default_stage()'s choice; remembered per shape
-        kind (the registry's rules read the sizes and options, not the lengths)."""
-        key = (stage, shape.mode, shape.storage, shape.dtype, shape.kv_layout, shape.num_qo_heads,
+        """The requested stage's registry name, or the registry's default choice
+        (fs_default_stage); remembered per shape kind and device (the registry's rules read
+        the sizes, the options and the GPU, not the lengths). Whether a requested stage runs
+        the batch is checked once, by the library, when the runner sizes and plans it."""
+        device = self._ws.device
+        key = (stage, device, shape.mode, shape.storage, shape.dtype, shape.kv_layout, shape.num_qo_heads,
                shape.num_kv_heads, shape.head_dim, shape.page_size, shape.causal, shape.window_left >= 0,
                shape.logits_soft_cap > 0, shape.has_sm_scale, shape.cuda_graph, shape.kv_dtype)
         chosen = _STAGE_CHOICES.get(key)
         if chosen is not None:
             return chosen
-        reason = ctypes.c_char_p()
-        graph = bool(shape.cuda_graph)
-        table = _registry()
-        if stage is not None:
+        if stage is None:
+            chosen = _chosen_stage(shape, device)
+        else:
             chosen = _resolve_stage(str(stage), shape)
-            caps = next(c for name, _, c in table if name == chosen)
-            if graph and not _graph_safe(caps):
-                safe = [name for name, _, c in table if _graph_safe(c)]
+            if shape.cuda_graph and not _graph_safe(chosen):
+                safe = [name for name, _, _ in _registry() if _graph_safe(name)]
                 raise ValueError(f"stage {chosen} cannot plan for a captured CUDA graph (use_cuda_graph=True): its "
                                  f"launch depends on the lengths, so a graph replayed after another plan() would run "
                                  f"a stale grid; pass stage= one of {', '.join(safe) or '(none in this build)'}, or "
                                  "leave stage unset")
-            _capi.call("fs_stage_unsupported_reason", chosen.encode(), ctypes.byref(shape), ctypes.byref(reason))
-            if reason.value:
-                raise ValueError(f"stage {stage} cannot run this batch: {reason.value.decode()}")
-            if _plans_from_page_ids(caps):
-                return chosen  # its answer depends on the page ids: not remembered
-        else:
-            supporting, reasons = [], []
-            for name, _, caps in table:
-                if _plans_from_page_ids(caps):
-                    continue
-                if graph and not _graph_safe(caps):
-                    reasons.append(f"{name}: cannot plan for a captured CUDA graph (use_cuda_graph=True)")
-                    continue
-                _capi.call("fs_stage_unsupported_reason", name.encode(), ctypes.byref(shape), ctypes.byref(reason))
-                if reason.value:
-                    reasons.append(f"{name}: {reason.value.decode()}")
-                else:
-                    supporting.append(name)
-            chosen = default_stage(supporting, shape.mode, shape.num_qo_heads // shape.num_kv_heads)
-            if chosen is None:
-                raise ValueError("no stage supports this batch:\n  " + "\n  ".join(reasons))
         _STAGE_CHOICES[key] = chosen
         return chosen
 
@@ -250,15 +230,22 @@ class PlanRun:
         """Makes (or keeps) the runner of `chosen`, copies the index arrays the stage reads
         to the device and plans. `arrays`: name -> (IndexArray as given or None, its host view)."""
         ws = self._ws
+        need = ctypes.c_size_t()
         if self._runner is None or self._runner_stage != chosen:
-            if self._runner is not None:
-                _capi.call("fs_runner_destroy", self._runner)
-                self._runner = None
+            # The new stage's runner replaces the old one once it has taken the shape (the
+            # library's one check of it), so a refused plan leaves the old runner alone.
             runner = ctypes.c_void_p()
             _capi.call("fs_runner_create", chosen.encode(), ctypes.byref(runner))
+            try:
+                _capi.call("fs_runner_workspace_bytes", runner, ctypes.byref(shape), ctypes.byref(need))
+            except Exception:
+                _capi.call("fs_runner_destroy", runner)
+                raise
+            if self._runner is not None:
+                _capi.call("fs_runner_destroy", self._runner)
             self._runner, self._runner_stage = runner, chosen
-        need = ctypes.c_size_t()
-        _capi.call("fs_runner_workspace_bytes", self._runner, ctypes.byref(shape), ctypes.byref(need))
+        else:
+            _capi.call("fs_runner_workspace_bytes", self._runner, ctypes.byref(shape), ctypes.byref(need))
         # The stage's own bytes start the workspace; the device copies of the index arrays
         # that no fixed buffer was given for end it (FlashInfer keeps such copies in its
         # workspace too). Counted from the end, their addresses depend only on their

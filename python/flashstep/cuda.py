@@ -16,7 +16,8 @@ the wrong dtype, shape or strides, or an index array that is not int32, raises
 ValueError naming the argument before any kernel runs.
 
 Which stage runs: every wrapper takes ``stage=`` (a registry name such as "02_paged",
-or its number, "02"); by default plan() applies ``default_stage()`` to the stages whose
+or its number, "02"); by default plan() applies ``default_stage()``'s rule (the stage
+registry's, in the C library, which stage 09's engine applies too) to the stages whose
 registry entry supports the planned shape: a decode with a GQA group of at most 8 gets
 03_split_kv, anything else the latest such stage in teaching order (``stages()`` lists
 them with what each supports, ``plan()`` records the choice in ``.stage``). With

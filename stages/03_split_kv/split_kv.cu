@@ -335,6 +335,7 @@ struct Resolved {
   size_t smem_bytes;
   int num_sm;
   int ctas_per_sm;
+  DeviceModel device;  ///< what the cost model prices: options.device or device_model(), on num_sm SMs
   bool programmatic_launch;
 };
 
@@ -377,7 +378,11 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
   FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   Resolved r;
-  r.num_sm = options.num_sm > 0 ? options.num_sm : device_sm_count();
+  r.device = options.device ? *options.device : device_model();
+  ref::require(r.device.read_bytes_per_second > 0 && r.device.num_sm >= 1, fn,
+               "options.device must have a positive read_bytes_per_second and num_sm >= 1");
+  r.num_sm = options.num_sm > 0 ? options.num_sm : r.device.num_sm;
+  r.device.num_sm = r.num_sm;
   // Depth: stage 02's two 32 KB stages, one tile in flight while one is computed; with
   // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
@@ -428,17 +433,20 @@ const char* to_string(DecodePath path) {
 }
 
 PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::SplitKVPlan& plan, int page_size,
-                            int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, int num_sm,
+                            int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, const DeviceModel& device,
                             bool fused_merge, const DecodeCostModel& model) {
   const char* fn = "estimate_paths";
   ref::require(kv_lens.size() + 1 == plan.o_indptr.size(), fn,
                "kv_lens has " + str(int64_t(kv_lens.size())) + " requests, the plan " +
                    str(int64_t(plan.o_indptr.size()) - 1));
   ref::require(page_size >= 1 && num_kv_heads >= 1 && num_qo_heads >= 1 && head_dim >= 1 && elem_bytes >= 1 &&
-                   num_sm >= 1 && model.bytes_per_second > 0,
-               fn, "page_size, heads, head_dim, elem_bytes, num_sm and bytes_per_second must be positive");
+                   device.num_sm >= 1 && device.read_bytes_per_second > 0,
+               fn,
+               "page_size, heads, head_dim, elem_bytes, device.num_sm and device.read_bytes_per_second must be "
+               "positive");
+  const int num_sm = device.num_sm;
   const double per_token = 2.0 * head_dim * elem_bytes;  // one K row and one V row of one kv head
-  const double sm_rate = model.bytes_per_second / num_sm;
+  const double sm_rate = device.read_bytes_per_second / num_sm;
   PathEstimate e;
   // Unsplit: one block per (request, kv head), each reading its request's keys.
   std::vector<double> blocks;
@@ -464,7 +472,7 @@ PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::Spli
     if (!fused_merge || n > 1) partial_rows += n;
   }
   const double partial_bytes = 2.0 * partial_rows * num_qo_heads * (head_dim + 1) * sizeof(float);
-  e.split_seconds = lpt_makespan(items, num_sm) / sm_rate + partial_bytes / model.bytes_per_second +
+  e.split_seconds = lpt_makespan(items, num_sm) / sm_rate + partial_bytes / device.read_bytes_per_second +
                     (fused_merge ? model.fused_merge_seconds : model.merge_kernel_seconds);
   const bool split = e.split_seconds < model.split_margin * e.unsplit_seconds;
   e.path = !split ? DecodePath::unsplit : fused_merge ? DecodePath::split_fused : DecodePath::split;
@@ -587,13 +595,13 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
                                        int32_t((len + shape.page_size - 1) / shape.page_size));
       const ref::SplitKVPlan uniform = ref::plan_split_kv(pages, config);
       estimate = estimate_paths(std::vector<int64_t>(size_t(shape.batch_size), len), uniform, shape.page_size,
-                                shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, elem, r.num_sm, fused,
+                                shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, elem, r.device, fused,
                                 options_.cost);
     } else {
       std::vector<int64_t> lens;
       for (int i = 0; i < shape.batch_size; ++i) lens.push_back(shape.kv_len(i));
       estimate = estimate_paths(lens, plan, shape.page_size, shape.num_kv_heads, shape.num_qo_heads, shape.head_dim,
-                                elem, r.num_sm, fused, options_.cost);
+                                elem, r.device, fused, options_.cost);
     }
     path = estimate.path;
   }

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "02_paged/paged.hpp"
@@ -45,18 +46,19 @@ enum class PathChoice {
 
 /// The constants of the model plan() prices the two paths with (the chapter, "Split or
 /// not: the cost model"). Decode reads every key once, so time is bytes over bandwidth; what
-/// decides is how evenly the bytes spread over the SMs, and what the split adds.
+/// decides is how evenly the bytes spread over the SMs, and what the split adds. The GPU's
+/// side, num_sm and the read rate R, is a DeviceModel (kernels/device_model.hpp) that no
+/// stage owns:
 ///
-///     unsplit  = LPT(blocks' bytes over num_sm SMs) / (bytes_per_second / num_sm)
-///     split    = LPT(chunks' bytes over num_sm SMs) / (bytes_per_second / num_sm)
-///                + partial rows written and read / bytes_per_second + merge_seconds
+///     unsplit  = LPT(blocks' bytes over num_sm SMs) / (R / num_sm)
+///     split    = LPT(chunks' bytes over num_sm SMs) / (R / num_sm)
+///                + partial rows written and read / R + merge_seconds
 ///
 /// LPT: the longest-first greedy schedule's busiest SM (the GPU hands blocks to SMs as they
 /// free up; the one-wave grids here make that a bin packing). Under a CUDA graph the path
 /// cannot change between replays, so plan() prices a batch of graph_kv_len keys per request:
 /// the choice depends on the batch size alone.
 struct DecodeCostModel {
-  double bytes_per_second = 2.9e12;      ///< K/V read rate of the whole chip (H100: stage 02's best)
   double merge_kernel_seconds = 4.0e-6;  ///< what the second kernel adds beyond its bytes (H100, batch 16)
   double fused_merge_seconds = 6.0e-6;   ///< what the last block's merge adds (H100, batch 16)
   double split_margin = 0.95;            ///< split only when estimated below this fraction of unsplit
@@ -82,8 +84,8 @@ struct SplitKVOptions {
   int min_kv_chunk_tokens = 128;
   /// Pipeline depth of the chunk kernel (32 KB stages), 2..8; 0 chooses 2 (stage 02's).
   int num_stages = 0;
-  /// Multiprocessors the planner assumes; 0: the device's count. Tests set it to force
-  /// many or few chunks; the kernels are correct for any value.
+  /// Multiprocessors the planner assumes; 0: the device model's (`device`). Tests set it to
+  /// force many or few chunks; the kernels are correct for any value.
   int num_sm = 0;
   /// Resident blocks per multiprocessor the planner assumes; 0: the occupancy calculator's
   /// answer for the chunk kernel at the chosen depth.
@@ -116,16 +118,21 @@ struct SplitKVOptions {
   bool fp8_tensor_cores = true;
   /// The cost model's constants.
   DecodeCostModel cost;
+  /// The GPU the cost model prices (its read rate, and its SMs where num_sm is 0); not
+  /// given: device_model(), the current device's: what the benchmark or `flashstep serve
+  /// --json` measured, else its attributes'.
+  std::optional<DeviceModel> device;
 };
 
 /// The cost model (DecodeCostModel) for one batch, given the split the planner made for
 /// it. A pure host function. \param kv_lens keys of each request
 /// \param plan ref::plan_split_kv's plan for those lengths \param page_size tokens per page
 /// \param num_kv_heads Hkv \param num_qo_heads Hq \param head_dim D
-/// \param elem_bytes bytes of one K or V element \param num_sm SMs the blocks spread over
+/// \param elem_bytes bytes of one K or V element
+/// \param device the GPU: its read rate, and num_sm, the SMs the blocks spread over
 /// \param fused_merge the split path's merge is fused \param model the constants
 PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::SplitKVPlan& plan, int page_size,
-                            int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, int num_sm,
+                            int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, const DeviceModel& device,
                             bool fused_merge, const DecodeCostModel& model);
 
 /// Where each scratch array lives in the workspace, in bytes from its start. A pure

@@ -80,7 +80,8 @@ BatchShape level_shape(const BatchShape& s, const ref::CascadeLevel& lv) {
 /// Hkv x 4 D flops (a warp's padded rows cost as much as real ones; a warp with none
 /// skips the arithmetic), stage 07's two consumer warp groups always compute all 128
 /// rows of a tile, at its own rate; the launch costs whichever of the two is larger.
-double tensor_core_seconds(const BatchShape& b, const CostModel& c, bool hopper = false) {
+double tensor_core_seconds(const BatchShape& b, const CascadeOptions& o, bool hopper = false) {
+  const CostModel& c = o.cost;
   const double elt = static_cast<double>(dtype_bytes(b.dtype)), D = b.head_dim, Hkv = b.num_kv_heads;
   double flops = 0, bytes = 0;
   for (int g = 0; g < b.batch_size; ++g) {
@@ -93,7 +94,7 @@ double tensor_core_seconds(const BatchShape& b, const CostModel& c, bool hopper 
     bytes += tiles * keys * Hkv * D * 2.0 * elt + qo_len * double(b.num_qo_heads) * D * 2.0 * elt;
   }
   return std::max(flops / (hopper ? c.hopper_flops_per_second : c.flops_per_second),
-                  bytes / c.tensor_core_bytes_per_second);
+                  bytes / (c.tensor_core_read_fraction * o.device->read_bytes_per_second));
 }
 
 /// Stage 07's kernel as the registry lends it, and stage 07's registry entry (which
@@ -126,33 +127,34 @@ bool flat_is_split_kv(const BatchShape& s) {
 }
 bool flat_on_hopper(const BatchShape& s, const CascadeOptions& o) {
   return !flat_is_split_kv(s) && !s.cuda_graph && hopper_takes(s, o) &&
-         tensor_core_seconds(s, o.cost, true) < tensor_core_seconds(s, o.cost);
+         tensor_core_seconds(s, o, true) < tensor_core_seconds(s, o);
 }
 const char* flat_stage_of(const BatchShape& s, const CascadeOptions& o) {
   return flat_is_split_kv(s) ? "03_split_kv" : flat_on_hopper(s, o) ? "07_hopper" : "04_tensor_core";
 }
 
 /// The flat path's seconds on `stage` (flat_stage_of's answer).
-double flat_seconds(const BatchShape& s, const std::string& stage, const CostModel& c) {
+double flat_seconds(const BatchShape& s, const std::string& stage, const CascadeOptions& o) {
+  const DeviceModel& gpu = *o.device;
   if (stage == "03_split_kv") {
     const double kv_bytes = double(s.total_kv_len()) * s.num_kv_heads * s.head_dim * 2.0 * dtype_bytes(s.dtype);
-    return kv_bytes / c.bytes_per_second + 2 * c.seconds_per_launch;
+    return kv_bytes / gpu.read_bytes_per_second + 2 * gpu.launch_seconds;
   }
-  return tensor_core_seconds(s, c, stage == "07_hopper") + 2 * c.seconds_per_launch;
+  return tensor_core_seconds(s, o, stage == "07_hopper") + 2 * gpu.launch_seconds;
 }
 
 /// One level's launch over the level's batch (level_shape): stage 04's kernel, or stage
 /// 07's where it takes the level and the model prices it lower (uses_hopper says which).
 double level_seconds(const BatchShape& level, const CascadeOptions& o, bool* uses_hopper = nullptr) {
-  double t = tensor_core_seconds(level, o.cost);
+  double t = tensor_core_seconds(level, o);
   bool hopper = false;
   if (hopper_takes(level, o)) {
-    const double h = tensor_core_seconds(level, o.cost, true);
+    const double h = tensor_core_seconds(level, o, true);
     hopper = h < t;
     t = std::min(t, h);
   }
   if (uses_hopper) *uses_hopper = hopper;
-  return t + o.cost.seconds_per_launch;
+  return t + o.device->launch_seconds;
 }
 
 /// Keys per chunk of one level's launch: none when the level already fills the chip,
@@ -315,12 +317,18 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   ref::require(options_.max_levels >= 1 && options_.max_levels <= kMaxLevels, fn,
                "options.max_levels must be in 1.." + std::to_string(kMaxLevels));
   ref::require(s.mode == Mode::prefill || s.nnz_qo() == s.batch_size, fn, "decode needs one query per request");
-  const CostModel& cost = options_.cost;
+  // The options with the GPU they price: options_.device, else the current device's model.
+  CascadeOptions o = options_;
+  if (!o.device) o.device = device_model();
+  const DeviceModel& gpu = *o.device;
+  ref::require(gpu.read_bytes_per_second > 0 && gpu.num_sm >= 1 && gpu.launch_seconds >= 0, fn,
+               "options.device must have a positive read_bytes_per_second, num_sm >= 1 and launch_seconds >= 0");
+  const CostModel& cost = o.cost;
 
   auto out = std::make_unique<Prepared>();
   CascadePlan& plan = out->plan;
-  plan.flat_stage = flat_stage_of(s, options_);  // the flat path's stage, whichever path runs
-  plan.flat_seconds = flat_seconds(s, plan.flat_stage, cost);
+  plan.flat_stage = flat_stage_of(s, o);  // the flat path's stage, whichever path runs
+  plan.flat_seconds = flat_seconds(s, plan.flat_stage, o);
   // A launch fixed by (batch_size, nnz_qo, num_pages) for a captured graph: two levels,
   // whatever is shared (CascadeOptions::fixed_graph_launch).
   const bool fixed = s.cuda_graph && options_.fixed_graph_launch && given == nullptr;
@@ -357,10 +365,10 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   // the levels, then the merge kernel: a launch, and at least one fp32 state per level and
   // query row written by the levels and read back (chunks add a few more)
   auto seconds_of = [&](const ref::CascadeLevels& c) {
-    double t = cost.seconds_per_launch;
-    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), options_);
+    double t = gpu.launch_seconds;
+    for (const ref::CascadeLevel& lv : c.levels) t += level_seconds(level_shape(s, lv), o);
     return t + double(s.nnz_qo()) * static_cast<double>(c.levels.size()) * s.num_qo_heads * (s.head_dim + 1) * 4.0 * 2 /
-                   cost.bytes_per_second;
+                   gpu.read_bytes_per_second;
   };
   double best = std::numeric_limits<double>::infinity();
   ref::CascadeLevels* chosen = nullptr;
@@ -399,9 +407,9 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
   plan.path = Path::cascade;
   plan.levels = std::move(*chosen);
   int64_t target = options_.target_blocks;
-  if (target == 0) target = int64_t{device_sm_count()} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
+  if (target == 0) target = int64_t{gpu.num_sm} * std::max(1, prefill_blocks_per_sm(s.dtype, s.head_dim));
   // stage 07's kernel fills a multiprocessor with one block
-  const int64_t hopper_target = options_.target_blocks ? options_.target_blocks : int64_t{device_sm_count()};
+  const int64_t hopper_target = options_.target_blocks ? options_.target_blocks : int64_t{gpu.num_sm};
   size_t offset = 0;
   auto take = [&](size_t n_int32) {
     const size_t at = offset;
@@ -413,13 +421,13 @@ std::unique_ptr<CascadeRunner::Prepared> CascadeRunner::prepare(const BatchShape
     Prepared::Level L;
     L.shape = level_shape(s, lv);
     LevelPlan lp;
-    lp.seconds = level_seconds(L.shape, options_, &L.hopper);
+    lp.seconds = level_seconds(L.shape, o, &L.hopper);
     if (fixed) {
       // stage 04 (stage 07's tensor maps follow the lengths), no split, the grid padded
       // as stage 04 pads its own graph plans: sum over groups of ceil(rows * group / Br)
       // <= ceil(nnz_qo * group / Br) + batch_size - 1, the rest padding (request -1)
       L.hopper = false;
-      CascadeOptions on_stage_04 = options_;
+      CascadeOptions on_stage_04 = o;
       on_stage_04.hopper = false;
       lp.seconds = level_seconds(L.shape, on_stage_04);
       tensor_core::TensorCoreOptions topt;

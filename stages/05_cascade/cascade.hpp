@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,18 +43,17 @@ enum class Path {
 /// "automatic", "cascade" or "flat".
 const char* to_string(Path path);
 
-/// What the planner assumes of the GPU. The defaults are an H100's, measured with
-/// flashstep's own bench (docs/results): the copy ceiling, which stage 03's decode
-/// reaches; the bandwidth stage 04's kernel reaches when memory-bound (its group-32
-/// decode); its tensor-core rate on long prefill, and stage 07's (sm_90a); the cost of
-/// one more kernel in a CUDA-graph replay.
+/// What the planner assumes of its kernels. The GPU's side is a DeviceModel
+/// (kernels/device_model.hpp, no stage's own): the rate stage 03's decode streams K/V at,
+/// and the cost of one more kernel in a CUDA-graph replay. The numbers here are an H100's,
+/// measured with flashstep's own bench (docs/results): the share of that rate stage 04's
+/// kernel reaches when memory-bound (its group-32 decode, 2.0 of 2.9 TB/s); its
+/// tensor-core rate on long prefill, and stage 07's (sm_90a).
 struct CostModel {
-  double bytes_per_second = 2.9e12;              ///< stage 03 (CUDA-core decode) streaming K/V
-  double tensor_core_bytes_per_second = 2.0e12;  ///< stage 04's kernel streaming K/V
+  double tensor_core_read_fraction = 2.0 / 2.9;  ///< stage 04's kernel streaming K/V, of the device's read rate
   double flops_per_second = 2.5e14;              ///< what stage 04's kernel sustains on full tiles
   double hopper_flops_per_second = 4.5e14;       ///< stage 07's paged kernel on full tiles (340-385 TFLOP/s
                                                  ///< over pages of 16 causal, more on long ones)
-  double seconds_per_launch = 3e-6;              ///< fixed cost of each kernel of a run
   double margin = 0.9;                           ///< the cascade must cost under margin x flat to be chosen
 };
 
@@ -79,6 +79,9 @@ struct CascadeOptions {
   /// after a capture is refused.
   bool fixed_graph_launch = false;
   CostModel cost;  ///< the planner's prices
+  /// The GPU the planner prices (read rate, launch cost) and fills (its SMs, where
+  /// target_blocks is 0); not given: device_model(), the current device's.
+  std::optional<DeviceModel> device;
 };
 
 /// One level as planned: its CSR view and how stage 04's (or 07's) kernel is cut over it.

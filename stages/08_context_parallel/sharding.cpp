@@ -165,7 +165,8 @@ Exchange parse_exchange(const std::string& name) {
 }
 
 StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable>& shards, Exchange exchange,
-                           const CostModel& cost) {
+                           const DeviceModel& device, const CostModel& cost) {
+  ref::require(device.read_bytes_per_second > 0, "estimate_step", "device.read_bytes_per_second must be positive");
   StepEstimate e;
   const double elt = static_cast<double>(dtype_bytes(global.dtype));
   const double kv_bytes_per_token = 2.0 * global.num_kv_heads * global.head_dim * elt;
@@ -178,7 +179,7 @@ StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable
     holders += tokens > 0;
   }
   e.world_size = static_cast<int>(shards.size());
-  e.read_seconds = worst * kv_bytes_per_token / cost.bytes_per_second;
+  e.read_seconds = worst * kv_bytes_per_token / device.read_bytes_per_second;
   if (e.world_size > 1 && holders > 0) {
     const double W = e.world_size;
     const double rows = double(global.batch_size) * global.num_qo_heads;
@@ -198,7 +199,8 @@ StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable
   return e;
 }
 
-ShardPlan plan_shards(const BatchShape& global, int world_size, Exchange exchange, const CostModel& cost) {
+ShardPlan plan_shards(const BatchShape& global, int world_size, Exchange exchange, const DeviceModel& device,
+                      const CostModel& cost) {
   const char* fn = "plan_shards";
   ref::require(world_size >= 1, fn, "world_size must be >= 1, got " + str(world_size));
   const PageTable table = page_table_of(global);
@@ -206,7 +208,7 @@ ShardPlan plan_shards(const BatchShape& global, int world_size, Exchange exchang
   ShardPlan plan;
   double best = 0;
   for (int w = 1; w <= world_size; ++w) {
-    const StepEstimate e = estimate_step(global, shard_page_table(table, global.page_size, w), exchange, cost);
+    const StepEstimate e = estimate_step(global, shard_page_table(table, global.page_size, w), exchange, device, cost);
     plan.estimates.push_back(e);
     if (w == 1 || e.total_seconds < best) {  // strictly faster than every smaller spread
       best = e.total_seconds;

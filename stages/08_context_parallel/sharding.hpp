@@ -76,17 +76,18 @@ const char* to_string(Exchange exchange);
 /// Parses "all_gather" / "all_to_all"; throws ref::InvalidArgument naming `exchange`.
 Exchange parse_exchange(const std::string& name);
 
-/// What plan_shards() assumes of the machine. The step on W GPUs is modelled as
+/// What plan_shards() assumes of the machine beyond one GPU's read rate R (a DeviceModel,
+/// kernels/device_model.hpp, no stage's own: stage 03 streaming K/V from HBM). The step on
+/// W GPUs is modelled as
 ///
-///     t(W) = max over ranks (K/V bytes of its shard) / bytes_per_second + stage03_seconds
+///     t(W) = max over ranks (K/V bytes of its shard) / R + stage03_seconds
 ///          + [W > 1] (collectives x collective_seconds x log2 W
 ///                     + state bytes / link_bytes_per_second + merge_seconds)
 ///
-/// The defaults are round figures for an H200 pair on NVLink within one node (stage 03's
-/// streaming rate, a small NCCL collective's latency under a CUDA graph, one merge launch);
-/// flashstep_cp_bench measures all of them, and the chapter refits the model from its JSON.
+/// The defaults are round figures for an H200 pair on NVLink within one node (a small NCCL
+/// collective's latency under a CUDA graph, one merge launch); flashstep_cp_bench measures
+/// all of them, and the chapter refits the model from its JSON.
 struct CostModel {
-  double bytes_per_second = 4.0e12;      ///< stage 03 streaming K/V from HBM
   double stage03_seconds = 8e-6;         ///< stage 03's launches and its own merge, per step
   double collective_seconds = 15e-6;     ///< fixed latency of one NCCL collective (a grouped call)
   double link_bytes_per_second = 100e9;  ///< what a small collective moves per second per GPU
@@ -104,8 +105,9 @@ struct StepEstimate {
 
 /// The model for `shards` (world_size entries; a world of 1 is stage 03 alone).
 /// \param global the batch (sizes, dtype; its page table is not read)
+/// \param device one GPU: its read_bytes_per_second prices each shard's read
 StepEstimate estimate_step(const BatchShape& global, const std::vector<PageTable>& shards, Exchange exchange,
-                           const CostModel& cost);
+                           const DeviceModel& device, const CostModel& cost);
 
 /// The placement decision: how many of `world_size` GPUs to spread the batch over.
 struct ShardPlan {
@@ -118,6 +120,8 @@ struct ShardPlan {
 /// W > 1 only where it is modelled faster than one GPU (speedup above 1.0x). The shards
 /// put the pages on ranks 0..ranks_used-1; the others get empty tables.
 /// \param global the batch with its host page table (kv_indptr, kv_indices, kv_last_page_len)
-ShardPlan plan_shards(const BatchShape& global, int world_size, Exchange exchange, const CostModel& cost = {});
+/// \param device one GPU (every rank is one alike): device_model() for the current one
+ShardPlan plan_shards(const BatchShape& global, int world_size, Exchange exchange, const DeviceModel& device,
+                      const CostModel& cost = {});
 
 }  // namespace flashstep::stages::context_parallel

@@ -179,28 +179,6 @@ void check_fused_rope(const EngineConfig& c) {
 
 }  // namespace
 
-std::string default_stage(const BatchShape& shape) {
-  // The rule below gives a decode of GQA group <= 8 to 03_split_kv whenever that stage
-  // supports it: ask it first, the other stages only when it does not (the same answer,
-  // without asking every stage at every engine step).
-  if (shape.mode == Mode::decode && shape.group_size() <= 8) {
-    const StageInfo& split_kv = find_stage("03_split_kv");
-    if (split_kv.unsupported_reason(shape).empty()) return split_kv.name;
-  }
-  std::vector<std::string> supporting;
-  std::string reasons;
-  for (const StageInfo& s : registry()) {
-    const std::string why = s.unsupported_reason(shape);
-    if (why.empty() && !is_cascade(s)) supporting.push_back(s.name);
-    if (!why.empty()) reasons += "\n  " + s.name + ": " + why;
-  }
-  if (supporting.empty())
-    throw ref::InvalidArgument("default_stage: no stage runs " + shape.describe() + ":" + reasons);
-  const bool decode_stage_fits = shape.mode == Mode::decode && shape.group_size() <= 8 &&
-                                 std::find(supporting.begin(), supporting.end(), "03_split_kv") != supporting.end();
-  return decode_stage_fits ? "03_split_kv" : supporting.back();
-}
-
 struct Engine::Impl {
   EngineConfig cfg;
   int64_t d = 0, hd = 0, hq = 0, hkv = 0, layers = 0, vocab = 0;

@@ -41,10 +41,10 @@
 /// Q/K/V (the page pool) rounded where the engine stores them; X and the logits stay fp32.
 ///
 /// Which stage runs: `decode_stage` / `prefill_stage` when given (refused with the
-/// stage's unsupported_reason when it cannot run the step), else default_stage(): a decode
-/// whose GQA group is at most 8 gets 03_split_kv, anything else the latest stage in
-/// teaching order that supports it (stage 05, which plans from the shared pages, only
-/// when named), the rule flashstep.cuda applies.
+/// stage's unsupported_reason when it cannot run the step), else the registry's
+/// default_stage() (registry.hpp): a decode whose GQA group is at most 8 gets 03_split_kv,
+/// anything else the latest stage in teaching order that supports it (stage 05, which
+/// plans from the shared pages, only when named); flashstep.cuda asks the same function.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -148,10 +148,6 @@ struct GenerationRun {
   int64_t peak_pages = 0;                    ///< most pages in use at once
   int64_t pages_allocated = 0;               ///< fresh pages allocated (cache reuse not counted)
 };
-
-/// The stage default_stage() picks for `shape` among the registry's stages that support
-/// it; throws ref::InvalidArgument listing every stage's reason when none does.
-std::string default_stage(const BatchShape& shape);
 
 /// The decoder on the GPU: weights uploaded once, one page pool per layer.
 class Engine {

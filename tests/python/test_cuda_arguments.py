@@ -173,7 +173,7 @@ def test_plan_arguments_are_checked_on_the_host():
     raises(r"plan: last_page_len must have batch_size = 2 entries; it has 1", plan, ok[0], ok[1], [5], *ok[3:])
     raises(r"plan: kv_indices has 2 entries; kv_indptr\[-1\] = 3 pages are needed", plan, ok[0], [0, 1], *ok[2:])
     raises(r"plan: kv_indices must be >= 0", plan, ok[0], [0, -1, 2], *ok[2:])
-    raises(r"plan: num_kv_heads must be an integer >= 1; got 0", plan, *ok[:4], 0, *ok[5:])
+    raises(r"plan: num_kv_heads must be an integer; got 2.5", plan, *ok[:4], 2.5, *ok[5:])
     raises(r"plan: sm_scale must be a positive finite number or None; got -1", plan, *ok, sm_scale=-1)
     raises(r"plan: window_left must be an integer >= -1", plan, *ok, window_left=-2)
     raises(r"BatchDecodeWithPagedKVCacheWrapper: use_cuda_graph=True needs fixed index buffers: pass "
@@ -215,15 +215,22 @@ def test_the_library_checks_what_only_it_knows():
     raises(r"^BatchDecodeWithPagedKVCacheWrapper.plan: kv_last_page_len\[1\] = 17 must be in 1..page_size", w.plan,
            *ok[:2], [5, 17], *ok[3:])
     raises(r"plan: kv_indptr must be non-decreasing", w.plan, [0, 3, 1], ok[1], *ok[2:])
-    raises(r"no stage supports this batch:\n  01_naive: .*ragged.*\n  02_paged: 02_paged is not built for head_dim 96",
-           w.plan, *ok[:5], 96, 16)
-    raises(r"plan: stage 01_naive cannot run this batch: 01_naive reads ragged KV, not paged", w.plan, *ok,
-           stage="01_naive")
+    # the sizes' bounds, each named (the wrappers check only their type)
+    raises(r"^BatchDecodeWithPagedKVCacheWrapper.plan: num_kv_heads must be >= 1, got 0", w.plan, *ok[:4], 0,
+           *ok[5:])
+    raises(r"^BatchDecodeWithPagedKVCacheWrapper.plan: page_size must be >= 1, got 0", w.plan, *ok[:6], 0)
+    # the default choice: every stage's reason (05_cascade, asked for by name only, is left out)
+    raises(r"plan: no stage runs decode paged f16 .*head_dim=96.*:\n  01_naive: .*ragged.*\n  02_paged: 02_paged is "
+           r"not built for head_dim 96", w.plan, *ok[:5], 96, 16)
+    # a stage asked for: the library checks it once, as it sizes and plans the runner
+    raises(r"plan: stage 01_naive cannot run this batch \(decode paged .*\): 01_naive reads ragged KV, not paged",
+           w.plan, *ok, stage="01_naive")
     raises(r"find_stage: no stage named \"09\" \(known: 01_naive, ", w.plan, *ok, stage="09")
     # every field of the shape reaches the library where C expects it (the struct's layout)
-    raises(r"stage 02 cannot run this batch: 02_paged does not implement logits_soft_cap", w.plan, *ok,
+    raises(r"stage 02_paged cannot run this batch \(.*\): 02_paged does not implement logits_soft_cap", w.plan, *ok,
            logits_soft_cap=5.0, stage="02")
-    raises(r"stage 03_split_kv cannot run this batch: 03_split_kv does not implement window_left", w.plan, *ok,
+    raises(r"stage 03_split_kv cannot run this batch \(.*\): 03_split_kv does not implement window_left", w.plan,
+           *ok,
            window_left=3, stage="03_split_kv")
     raises(r"02_paged supports GQA groups up to 8", w.plan, ok[0], ok[1], ok[2], 32, 2, 128, 16, stage="02_paged")
     raises(r"02_paged supports page_size 1..64", w.plan, ok[0], ok[1], [5, 100], 8, 2, 128, 128, stage="02_paged")
@@ -249,10 +256,10 @@ def test_fp8_cache_arguments():
            [0, 9], 8, 8, 128, q_data_type="bfloat16", kv_data_type="float8_e5m2")
     library_or_skip()
     # the stages that read K/V in q's dtype only refuse an FP8 cache with their reason
-    raises(r"stage 05_cascade cannot run this batch: 05_cascade reads K/V in q's dtype only, not e4m3",
+    raises(r"stage 05_cascade cannot run this batch \(.*\): 05_cascade reads K/V in q's dtype only, not e4m3",
            w.plan, *ok, q_data_type="bfloat16", kv_data_type="float8_e4m3fn", stage="05_cascade")
     p = fsc.BatchPrefillWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
-    raises(r"stage 07_hopper cannot run this batch: 07_hopper reads K/V in q's dtype only, not e5m2", p.plan,
+    raises(r"stage 07_hopper cannot run this batch \(.*\): 07_hopper reads K/V in q's dtype only, not e5m2", p.plan,
            [0, 2, 5], *ok[:3], 8, 2, 128, 16, q_data_type="float16", kv_data_type="float8_e5m2", stage="07_hopper")
     c = fsc.MultiLevelCascadeAttentionWrapper(2, FakeCuda((1 << 20,), "|u1"))
     levels = ([[0, 2], [0, 1, 2]], [[0, 1], [0, 1, 2]], [[7], [1, 2]], [[16], [5, 9]])
@@ -351,7 +358,9 @@ def test_sampler_parameters_reach_the_library_intact():
 
 
 def test_the_default_stage_rule():
-    """default_stage() is pure Python over the registry's answers (docs/python_gpu.md)."""
+    """default_stage() is the stage registry's rule, asked through the C library over any
+    list of names (docs/python_gpu.md); plan() asks the registry for its choice directly."""
+    library_or_skip()
     decode, prefill = 0, 1
     every = ["02_paged", "03_split_kv", "04_tensor_core"]
     assert fsc.default_stage(every, decode, 1) == "03_split_kv"
@@ -413,12 +422,13 @@ def test_which_stages_claim_graph_safety():
     library_or_skip()
     caps = {name: c for name, _, c in fsc.stages()}
     for name in ("01_naive", "02_paged", "03_split_kv", "04_tensor_core", "04_tensor_core_ragged"):
-        assert fsc._graph_safe(caps[name]), f"{name} does not name cuda_graph in its capabilities: {caps[name]}"
+        assert fsc._graph_safe(name), f"{name} does not claim cuda_graph in its capabilities: {caps[name]}"
+        assert "cuda_graph" in caps[name], f"{name}'s capabilities in words do not name cuda_graph: {caps[name]}"
 
 
 def test_graph_mode_refuses_a_stage_that_is_not_graph_safe():
     library_or_skip()
-    unsafe = [name for name, _, caps in fsc.stages() if not fsc._graph_safe(caps)]
+    unsafe = [name for name, _, _ in fsc.stages() if not fsc._graph_safe(name)]
     if not unsafe:
         pytest.skip("every stage of this build claims graph safety")
     bufs = [FakeCuda((64,), "<i4") for _ in range(3)]

@@ -27,10 +27,10 @@ def workspace(torch, nbytes=WORKSPACE_BYTES):
 
 
 def claims_graph_safety(fsc, stage):
-    caps = {name: c for name, _, c in fsc.stages()}
-    if stage not in caps:
-        pytest.fail(f"stage {stage} is not in the registry ({', '.join(caps)})")
-    return "cuda_graph" in caps[stage]
+    names = [name for name, _, _ in fsc.stages()]
+    if stage not in names:
+        pytest.fail(f"stage {stage} is not in the registry ({', '.join(names)})")
+    return fsc._graph_safe(stage)
 
 
 # ---- batches: page tables over one pool, ragged K/V, the oracle ------------------------------
@@ -371,8 +371,8 @@ def test_graph_mode_refuses_another_batch_size(torch, fsc, rng):
     with pytest.raises(ValueError, match=r"use_cuda_graph=True: this wrapper's first plan\(\) fixed batch_size 4; "
                                          r"this plan has batch_size 5"):
         k.plan(w, k.batch([1] * 5, [30, 1, 70, 16, 9]))
-    for name, _, caps in fsc.stages():
-        if "cuda_graph" not in caps:
+    for name, _, _ in fsc.stages():
+        if not fsc._graph_safe(name):
             with pytest.raises(ValueError, match=rf"stage {name} cannot plan for a captured CUDA graph "
                                                  r"\(use_cuda_graph=True\)"):
                 k.plan(k.wrapper(True, 8, 8, 190, stage=name), k.batch([1] * 4, [30, 1, 70, 16]))

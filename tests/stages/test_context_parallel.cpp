@@ -542,11 +542,14 @@ TEST_CASE("context_parallel cost model: short batches stay on one GPU, a 1M-toke
     return b;
   };
   const CostModel cost;
-  const ShardPlan small = plan_shards(with_tokens(2048), 8, Exchange::all_gather, cost);
+  // one GPU of the model's round figures for an H200: stage 03 streams 4 TB/s
+  DeviceModel h200 = kernels::kFallbackDeviceModel;
+  h200.read_bytes_per_second = 4.0e12;
+  const ShardPlan small = plan_shards(with_tokens(2048), 8, Exchange::all_gather, h200, cost);
   CHECK(small.ranks_used == 1);
   CHECK(small.shards.size() == 8);
   for (size_t k = 1; k < 8; ++k) CHECK(small.shards[k].kv_indices.empty());
-  const ShardPlan big = plan_shards(with_tokens(1 << 20), 2, Exchange::all_gather, cost);
+  const ShardPlan big = plan_shards(with_tokens(1 << 20), 2, Exchange::all_gather, h200, cost);
   CHECK(big.ranks_used == 2);
   REQUIRE(big.estimates.size() == 2);
   // 1M tokens x 8 heads x 128 x 2 (K, V) x 2 bytes at 4 TB/s: 1.07 ms on one GPU, half on each of two
@@ -555,7 +558,7 @@ TEST_CASE("context_parallel cost model: short batches stay on one GPU, a 1M-toke
   CHECK(big.estimates[1].exchange_seconds >= cost.collective_seconds);
   CHECK(big.estimates[0].exchange_seconds == 0);
   // the all-to-all pays two collective latencies
-  const ShardPlan a2a = plan_shards(with_tokens(1 << 20), 2, Exchange::all_to_all, cost);
+  const ShardPlan a2a = plan_shards(with_tokens(1 << 20), 2, Exchange::all_to_all, h200, cost);
   CHECK(a2a.estimates[1].exchange_seconds > big.estimates[1].exchange_seconds);
 }
 
