@@ -40,7 +40,6 @@
 
 #include "02_paged/paged.hpp"
 #include "03_split_kv/split_kv.hpp"
-#include "04_tensor_core/tensor_core.hpp"
 #include "05_cascade/cascade.hpp"
 #include "device_fill.hpp"
 #include "flashstep/kernels/cuda_check.cuh"
@@ -488,21 +487,6 @@ int main(int argc, char** argv) {
       for (const BenchShape& shape : shapes)
         if (sets.count(shape.set) && shape.spec.shared_prefix > 0)
           register_stage(stage, shape, stage.name + "/" + shape.name);
-    // Stage 04 on an FP8 cache with a 2-stage K/V ring (one tile in flight, as a 16-bit
-    // cache) beside its default 3-stage ring: what the second tile in flight buys.
-    static const stages::StageInfo tensor_core_fp8_s2 = [] {
-      stages::StageInfo info = stages::tensor_core::stage_info();
-      info.name = "04_tensor_core[fp8_s2]";
-      info.make_runner = [] {
-        stages::tensor_core::TensorCoreOptions options;
-        options.fp8_stages = 2;
-        return std::make_unique<stages::tensor_core::TensorCoreRunner>(stages::KVStorage::paged, options);
-      };
-      return info;
-    }();
-    for (const BenchShape& shape : shapes)
-      if (sets.count(shape.set) && shape.spec.kv_dtype && stages::is_fp8(*shape.spec.kv_dtype))
-        register_stage(tensor_core_fp8_s2, shape, tensor_core_fp8_s2.name + "/" + shape.name);
     // Stage 03 on an FP8 cache with its CUDA-core loop (the tensor-core kernel off), and,
     // with --tune, the tensor-core kernel at other pipeline depths than its default.
     static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores) {

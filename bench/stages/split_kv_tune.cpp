@@ -4,10 +4,8 @@
 //
 //   auto            the registry's runner: graph plan, timed as a replay of a captured run()
 //   unsplit         stage 02's kernel always (PathChoice::unsplit)
-//   split_fused     the planner's chunks always, merged by the last block (PathChoice::split)
-//   split_kernel    the planner's chunks always, merged by the merge kernel
+//   split_kernel    the planner's chunks always, merged by the merge kernel (PathChoice::split)
 //   split_kernel_no_pdl  the same, the merge kernel launched plainly (no programmatic launch)
-//   fused_min64     split_fused with chunks of at least 64 tokens instead of 128
 //   kernel_minN     split_kernel with chunks of at least N tokens instead of 128
 //   stagesS         pipeline depth S of the chunk kernel (32 KB stages; the default is 2)
 //   ctas1           the planner told 1 block per SM (half the work items, longer chunks)
@@ -116,11 +114,6 @@ std::vector<Variant> variants() {
   o.path = stages::split_kv::PathChoice::unsplit;
   v.push_back({"unsplit", graph(o), true});
   o.path = stages::split_kv::PathChoice::split;
-  v.push_back({"split_fused", graph(o), true});
-  SplitKVOptions fused64 = o;
-  fused64.min_kv_chunk_tokens = 64;
-  v.push_back({"fused_min64", graph(fused64), true});
-  o.fused_merge = false;
   v.push_back({"split_kernel", graph(o), true});
   for (int min_tokens : {32, 64, 256}) {
     SplitKVOptions m = o;

@@ -72,8 +72,8 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16* dst, const 
 /// (rows, num_qo_heads). IN_FLIGHT rows are loaded before any is merged, then each is
 /// merged (SoftmaxState::merge_normalized). VIA_L2 reads
 /// through L2 only (__ldcg): rows other blocks of the same grid wrote, which this SM's L1
-/// may hold older copies of. Used by merge_states_kernel, by fused_merge.cuh and by stage
-/// 08's merge of gathered states, so all fold the rows the same way.
+/// may hold older copies of. Used by merge_states_kernel, by stage 08's merge of gathered
+/// states and by stage 09's fused merge (VIA_L2), so all fold the rows the same way.
 template <int HEAD_DIM, int IN_FLIGHT, bool VIA_L2 = false>
 __device__ __forceinline__ void fold_states(kernels::SoftmaxState<4>& st, const float* partial_o,
                                             const float* partial_lse, int num_qo_heads, int qo_head, int col,

@@ -28,14 +28,12 @@
 #include <map>
 #include <mutex>
 #include <queue>
-#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "03_split_kv/chunk_decode.cuh"
 #include "03_split_kv/fp8_mma_decode.cuh"
-#include "03_split_kv/fused_merge.cuh"
 #include "03_split_kv/merge_states.cuh"
 #include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
@@ -62,7 +60,6 @@ struct LaunchArgs {
   size_t smem_bytes;
   bool programmatic_launch;
   bool fp32_states;
-  DecodePath path;
   kernels::PolicyInputs policy;  // what a policy's hooks read (RoPE's turns, the run's sinks)
 };
 
@@ -106,8 +103,7 @@ void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV, Policy>& p)
   p.v_scale = run_v_scale(s, *a.batch);
 }
 
-/// The chunk kernel under `Policy` (and the merge when the plan split); under the
-/// identity, the fused-merge experiment instead when the plan chose it.
+/// The chunk kernel under `Policy`, and the merge when the plan split.
 template <typename T, int HEAD_DIM, typename KV, typename Policy = kernels::IdentityPolicy>
 void launch(const LaunchArgs& a, cudaStream_t stream) {
   const BatchShape& s = *a.shape;
@@ -116,19 +112,6 @@ void launch(const LaunchArgs& a, cudaStream_t stream) {
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   constexpr int kThreads = paged::DecodeTraits<KV, HEAD_DIM>::kThreads;
   const paged::DecodeBlockShape bs = paged::DecodeTraits<KV, HEAD_DIM>::block_shape(s.group_size());
-  if constexpr (std::is_same_v<Policy, kernels::IdentityPolicy>) {
-    if (a.path == DecodePath::split_fused && a.plan->split_kv) {  // the experiment of fused_merge.cuh
-      FusedChunkDecodeParams<T, KV> p;  // the chunk kernel's arguments, and the fused kernel's two more
-      fill_chunk_params<T, HEAD_DIM, KV>(a, p);
-      p.bdy = bs.bdy;
-      p.bdz = bs.bdz;
-      p.o_indptr = o_indptr;
-      p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
-      chunk_decode_fused_kernel<T, HEAD_DIM, KV><<<grid, kThreads, a.smem_bytes, stream>>>(p);
-      kernels::check_launch("chunk_decode_fused_kernel");
-      return;
-    }
-  }
   ChunkDecodeParams<T, KV, Policy> p;
   fill_chunk_params<T, HEAD_DIM, KV>(a, p);
   p.bdy = bs.bdy;
@@ -208,16 +191,12 @@ Entry kernel_entry() {
   e.set_smem_limit = [](size_t bytes) {
     FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_kernel<T, HEAD_DIM, KV>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(chunk_decode_fused_kernel<T, HEAD_DIM, KV>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
-  e.blocks_per_sm = [](size_t bytes) {  // the smaller of the two kernels' answers
-    int plain = 0, fused = 0;
+  e.blocks_per_sm = [](size_t bytes) {
+    int blocks = 0;
     FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &plain, chunk_decode_kernel<T, HEAD_DIM, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
-    FLASHSTEP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &fused, chunk_decode_fused_kernel<T, HEAD_DIM, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
-    return std::min(plain, fused);
+        &blocks, chunk_decode_kernel<T, HEAD_DIM, KV>, paged::DecodeTraits<KV, HEAD_DIM>::kThreads, bytes));
+    return blocks;
   };
   e.launch = launch<T, HEAD_DIM, KV>;
   return e;
@@ -427,14 +406,13 @@ const char* to_string(DecodePath path) {
   switch (path) {
     case DecodePath::unsplit: return "unsplit";
     case DecodePath::split: return "split";
-    case DecodePath::split_fused: return "split_fused";
   }
   return "?";
 }
 
 PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::SplitKVPlan& plan, int page_size,
                             int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, const DeviceModel& device,
-                            bool fused_merge, const DecodeCostModel& model) {
+                            const DecodeCostModel& model) {
   const char* fn = "estimate_paths";
   ref::require(kv_lens.size() + 1 == plan.o_indptr.size(), fn,
                "kv_lens has " + str(int64_t(kv_lens.size())) + " requests, the plan " +
@@ -457,8 +435,7 @@ PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::Spli
     e.split_seconds = e.unsplit_seconds;
     return e;
   }
-  // Split: one block per (work item, kv head); the partial rows of requests cut in more
-  // than one chunk (all of them without the fused merge) go to memory and back.
+  // Split: one block per (work item, kv head); every partial row goes to memory and back.
   std::vector<double> items;
   const int64_t chunk_tokens = int64_t{plan.kv_chunk_size_in_pages} * page_size;
   for (int32_t k = 0; k < plan.num_work_items; ++k) {
@@ -466,16 +443,11 @@ PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::Spli
     const int64_t start = std::min(len, int64_t{plan.kv_tile_indices[size_t(k)]} * chunk_tokens);
     for (int h = 0; h < num_kv_heads; ++h) items.push_back(double(std::min(len - start, chunk_tokens)) * per_token);
   }
-  int64_t partial_rows = 0;
-  for (size_t r = 0; r + 1 < plan.o_indptr.size(); ++r) {
-    const int64_t n = plan.o_indptr[r + 1] - plan.o_indptr[r];
-    if (!fused_merge || n > 1) partial_rows += n;
-  }
+  const int64_t partial_rows = plan.o_indptr.back();
   const double partial_bytes = 2.0 * partial_rows * num_qo_heads * (head_dim + 1) * sizeof(float);
   e.split_seconds = lpt_makespan(items, num_sm) / sm_rate + partial_bytes / device.read_bytes_per_second +
-                    (fused_merge ? model.fused_merge_seconds : model.merge_kernel_seconds);
-  const bool split = e.split_seconds < model.split_margin * e.unsplit_seconds;
-  e.path = !split ? DecodePath::unsplit : fused_merge ? DecodePath::split_fused : DecodePath::split;
+                    model.merge_kernel_seconds;
+  e.path = e.split_seconds < model.split_margin * e.unsplit_seconds ? DecodePath::split : DecodePath::unsplit;
   return e;
 }
 
@@ -507,8 +479,6 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
   at = align_up(at + sizeof(int32_t) * w.capacity);
   w.block_valid_mask = at;
   at = align_up(at + w.capacity);
-  w.merge_counters = at;
-  at = align_up(at + sizeof(int32_t) * size_t(batch_size) * num_kv_heads);
   w.schedule_bytes = at;
   w.partial_o = at;
   at = align_up(at + sizeof(float) * size_t(w.partial_rows) * num_qo_heads * head_dim);
@@ -576,7 +546,6 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   // ---- the path: stage 02's kernel, or the chunks and their merge (DecodeCostModel).
   PathEstimate estimate;
   DecodePath path = DecodePath::unsplit;
-  const bool fused = options_.fused_merge && !options_.fp32_states;
   if (options_.fp32_states) {
     path = DecodePath::split;  // every item a partial row; the merge kernel writes fp32
   } else if (r.fp8_mma) {
@@ -584,7 +553,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   } else if (options_.path == PathChoice::unsplit) {
     path = DecodePath::unsplit;
   } else if (options_.path == PathChoice::split) {
-    path = plan.split_kv && fused ? DecodePath::split_fused : DecodePath::split;
+    path = DecodePath::split;
   } else if (plan.split_kv) {
     const int elem = static_cast<int>(dtype_bytes(shape.resolved_kv_dtype()));  // the K/V bytes are what it prices
     if (options_.enable_cuda_graph) {
@@ -595,13 +564,12 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
                                        int32_t((len + shape.page_size - 1) / shape.page_size));
       const ref::SplitKVPlan uniform = ref::plan_split_kv(pages, config);
       estimate = estimate_paths(std::vector<int64_t>(size_t(shape.batch_size), len), uniform, shape.page_size,
-                                shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, elem, r.device, fused,
-                                options_.cost);
+                                shape.num_kv_heads, shape.num_qo_heads, shape.head_dim, elem, r.device, options_.cost);
     } else {
       std::vector<int64_t> lens;
       for (int i = 0; i < shape.batch_size; ++i) lens.push_back(shape.kv_len(i));
       estimate = estimate_paths(lens, plan, shape.page_size, shape.num_kv_heads, shape.num_qo_heads, shape.head_dim,
-                                elem, r.device, fused, options_.cost);
+                                elem, r.device, options_.cost);
     }
     path = estimate.path;
   }
@@ -664,12 +632,12 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
     // schedule: its chunks and merge when the plan split, o and lse directly when not.
     if (batch.sinks != nullptr)
       return r.sinks.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                                       r.programmatic_launch, options_.fp32_states, DecodePath::split,
+                                       r.programmatic_launch, options_.fp32_states,
                                        kernels::PolicyInputs{nullptr, batch.sinks, 0.f}},
                             s);
     if (path_ == DecodePath::unsplit && !r.fp8_mma) return unsplit_.run(batch, s);
     r.entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
-                              r.programmatic_launch, options_.fp32_states, path_,
+                              r.programmatic_launch, options_.fp32_states,
                               kernels::PolicyInputs{rope_turns, nullptr, shape_.logits_soft_cap}},
                    s);
   };

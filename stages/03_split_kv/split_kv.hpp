@@ -30,11 +30,10 @@ constexpr int kMaxPageSize = 64;
 constexpr int kFp8MmaStages = 2;
 /// What run() computes with; plan() chooses.
 enum class DecodePath : int32_t {
-  unsplit = 0,      ///< stage 02's runner: one block per (request, kv head), its two halves on small grids
-  split = 1,        ///< the chunk kernel into fp32 partial rows, then the merge kernel
-  split_fused = 2,  ///< the chunk kernel; the last block of each (request, kv head) merges its chunks
+  unsplit = 0,  ///< stage 02's runner: one block per (request, kv head), its two halves on small grids
+  split = 1,    ///< the chunk kernel into fp32 partial rows, then the merge kernel
 };
-/// "unsplit", "split" or "split_fused".
+/// "unsplit" or "split".
 const char* to_string(DecodePath path);
 
 /// Which paths plan() may take.
@@ -52,7 +51,7 @@ enum class PathChoice {
 ///
 ///     unsplit  = LPT(blocks' bytes over num_sm SMs) / (R / num_sm)
 ///     split    = LPT(chunks' bytes over num_sm SMs) / (R / num_sm)
-///                + partial rows written and read / R + merge_seconds
+///                + partial rows written and read / R + merge_kernel_seconds
 ///
 /// LPT: the longest-first greedy schedule's busiest SM (the GPU hands blocks to SMs as they
 /// free up; the one-wave grids here make that a bin packing). Under a CUDA graph the path
@@ -60,7 +59,6 @@ enum class PathChoice {
 /// the choice depends on the batch size alone.
 struct DecodeCostModel {
   double merge_kernel_seconds = 4.0e-6;  ///< what the second kernel adds beyond its bytes (H100, batch 16)
-  double fused_merge_seconds = 6.0e-6;   ///< what the last block's merge adds (H100, batch 16)
   double split_margin = 0.95;            ///< split only when estimated below this fraction of unsplit
   int graph_kv_len = 4096;               ///< keys per request the graph plan prices
 };
@@ -103,17 +101,10 @@ struct SplitKVOptions {
   bool fp32_states = false;
   /// Which paths plan() may take; automatic: the cost model's choice.
   PathChoice path = PathChoice::automatic;
-  /// The split path's merge. false (the default): the merge kernel, a second launch with
-  /// programmatic dependent launch. true: the last block of each (request, kv head) to
-  /// finish merges that request's chunks (one kernel; a counter per (request, kv head) in
-  /// the workspace, put back to 0 by the merging block so a graph replays). Measured on an
-  /// H100 the fused merge was slower on every split shape (the chapter's table), so it is
-  /// kept as the lesson it is, not as the default. With fp32_states: always the kernel.
-  bool fused_merge = false;
   /// An FP8 pool (e4m3 / e5m2) with head_dim 128 and a GQA group of at most 8 runs
   /// fp8_mma_decode.cuh's kernel: q . k and p v on the tensor cores, the same work items
   /// and merge. Its own launch serves both a split and an unsplit plan (stage 02's kernel
-  /// runs only when `path` is PathChoice::unsplit); fused_merge does not apply to it.
+  /// runs only when `path` is PathChoice::unsplit).
   /// false: every FP8 pool runs the CUDA-core loop of chunk_decode.cuh / stage 02.
   bool fp8_tensor_cores = true;
   /// The cost model's constants.
@@ -130,10 +121,10 @@ struct SplitKVOptions {
 /// \param num_kv_heads Hkv \param num_qo_heads Hq \param head_dim D
 /// \param elem_bytes bytes of one K or V element
 /// \param device the GPU: its read rate, and num_sm, the SMs the blocks spread over
-/// \param fused_merge the split path's merge is fused \param model the constants
+/// \param model the constants
 PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::SplitKVPlan& plan, int page_size,
                             int num_kv_heads, int num_qo_heads, int head_dim, int elem_bytes, const DeviceModel& device,
-                            bool fused_merge, const DecodeCostModel& model);
+                            const DecodeCostModel& model);
 
 /// Where each scratch array lives in the workspace, in bytes from its start. A pure
 /// function of the batch size, heads, head_dim and the planner's grid limit, never of
@@ -148,7 +139,6 @@ PathEstimate estimate_paths(const std::vector<int64_t>& kv_lens, const ref::Spli
 ///               | kv_page_begin     int32 [capacity]          |  |  per plan()
 ///               | kv_chunk_len      int32 [capacity]          |  |
 ///               | block_valid_mask  uint8 [capacity]          |  |
-///               | merge_counters    int32 [batch_size][Hkv]   |  |  (zeroed by each copy)
 ///    partial_o  +---------------------------------------------+ -'
 ///               | partial_o   fp32 [partial_rows][Hq][D]      |  |  written by the chunk
 ///               | partial_lse fp32 [partial_rows][Hq]         |  |  kernel, read by the merge
@@ -170,7 +160,6 @@ struct WorkspaceLayout {
   size_t kv_page_begin = 0;     ///< int32 [capacity]: work item k's first page, an index into kv_indices
   size_t kv_chunk_len = 0;      ///< int32 [capacity]: work item k's tokens
   size_t block_valid_mask = 0;  ///< uint8 [capacity]
-  size_t merge_counters = 0;    ///< int32 [batch_size][num_kv_heads]: the fused merge's counts
   size_t schedule_bytes = 0;    ///< bytes [0, schedule_bytes): what plan() copies
   size_t partial_o = 0;         ///< fp32 [partial_rows][num_qo_heads][head_dim]
   size_t partial_lse = 0;       ///< fp32 [partial_rows][num_qo_heads]
@@ -203,11 +192,11 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
 /// plan() (host, once per batch composition): checks the shape, picks the kernel's depth
 /// and occupancy, calls ref::plan_split_kv with the device's G, writes the schedule into
 /// pinned memory in the workspace's layout and copies it with one cudaMemcpyAsync.
-/// Then it chooses the path (DecodePath): stage 02's kernel, or the chunks with their merge
-/// fused into the chunk kernel or in a second kernel (PathChoice, DecodeCostModel).
+/// Then it chooses the path (DecodePath): stage 02's kernel, or the chunks and the merge
+/// kernel (PathChoice, DecodeCostModel).
 /// run() (per layer): stage 02's kernel, grid (num_kv_heads, batch_size); or the chunk
-/// kernel, grid (num_kv_heads, padded_batch_size), then, when the plan split and the merge
-/// is not fused, the merge kernel, grid (num_qo_heads, batch_size). No host decisions: it
+/// kernel, grid (num_kv_heads, padded_batch_size), then, when the plan split, the merge
+/// kernel, grid (num_qo_heads, batch_size). No host decisions: it
 /// refuses to be captured into a graph unless the plan was made for one.
 class SplitKVRunner : public StageRunner {
  public:

@@ -85,8 +85,8 @@ struct PrefillTraits {
   static constexpr int Bc = 64;                                    ///< keys per tile
   static constexpr bool kConvert = !std::is_same_v<KV, T>;         ///< FP8 K/V: staged, then widened
   /// K/V tiles in flight + 1: 2 of a 16-bit cache; 3 of an FP8 cache, whose stages are half
-  /// the bytes (the same shared memory then keeps two tiles in flight, not one). STAGES
-  /// overrides it (TensorCoreOptions::fp8_stages).
+  /// the bytes (the same shared memory then keeps two tiles in flight, not one). STAGES 2:
+  /// an FP8 cache's ring where a block cannot have the three (sm_86 and sm_89 at head_dim 128).
   static constexpr int kStages = STAGES ? STAGES : kConvert ? 3 : 2;
   static_assert(kStages == 2 || kStages == 3, "the K/V ring has 2 or 3 stages");
   static constexpr int kChunks = HEAD_DIM / 8;                      ///< 16-byte chunks per row

@@ -114,9 +114,9 @@ Entry kernel_entry() {
 
 /// The entry for q's element type T: fp16 and bf16 only (the mma.sync kernel has no fp32
 /// instantiation, and none is compiled for it).
-/// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the default ring)
+/// \param smem_per_block the bytes a block may have (0: the GPU's)
 template <typename T>
-Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
+Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, size_t smem_per_block) {
   if constexpr (sizeof(T) != 2) {
     throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " +
                                std::string(to_string(dtype)) + ")");
@@ -124,11 +124,10 @@ Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, int fp8_stages)
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
       FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
         if constexpr (!std::is_same_v<KV, T>) {
-          // the default ring where the GPU gives a block its shared memory (always on an
-          // H100), else the 2-stage ring (sm_86/89 at head_dim 128: 112 KB of 99 KB)
-          const size_t optin = device_smem_optin();
-          const bool default_fits = optin == 0 || PrefillTraits<T, HEAD_DIM, KV>::smem_bytes() <= optin;
-          if (fp8_stages == 2 || (fp8_stages == 0 && !default_fits)) return kernel_entry<T, HEAD_DIM, KV, 2>();
+          // the 3-stage ring where a block may have its shared memory (always on an H100),
+          // else the 2-stage ring (sm_86/89 at head_dim 128: 112 KB of 99 KB)
+          if (smem_per_block != 0 && PrefillTraits<T, HEAD_DIM, KV>::smem_bytes() > smem_per_block)
+            return kernel_entry<T, HEAD_DIM, KV, 2>();
         }
         return kernel_entry<T, HEAD_DIM, KV, 0>();
       });
@@ -137,8 +136,8 @@ Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, int fp8_stages)
   }
 }
 
-Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, int fp8_stages) {
-  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim, fp8_stages); });
+Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, size_t smem_per_block) {
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim, smem_per_block); });
 }
 
 /// The instantiation under `Policy` for fp16/bf16 q and K/V, the default ring.
@@ -151,12 +150,19 @@ Entry policy_entry_for(const BatchShape& s) {
   return {};
 }
 
+/// The bytes a block may have: `smem_per_block` when given (TensorCoreOptions), else the
+/// GPU's (0 where no GPU can be asked).
+size_t block_smem(int smem_per_block) {
+  return smem_per_block > 0 ? static_cast<size_t>(smem_per_block) : device_smem_optin();
+}
+
 /// The entry for a shape: under ROPE_LLAMA the instantiation that rotates the Q and K
 /// tiles (rope/'s policy: fp16/bf16 K/V, the default ring; the registry's rules refuse
 /// the rest).
-Entry entry_for(const BatchShape& s, int fp8_stages) {
+/// \param smem_per_block TensorCoreOptions::smem_per_block (0: the GPU's)
+Entry entry_for(const BatchShape& s, int smem_per_block) {
   if (s.pos_encoding == PosEncoding::none)
-    return kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, fp8_stages);
+    return kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, block_smem(smem_per_block));
   return policy_entry_for<rope::RopeInLoads>(s);
 }
 
@@ -226,30 +232,32 @@ void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspac
 TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
     : storage_(storage), options_(options) {}
 
-std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int fp8_stages) {
-  const size_t available = device_smem_optin();
+std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int smem_per_block) {
+  const size_t available = block_smem(smem_per_block);
   if (available == 0) return {};
-  const Entry e = entry_for(shape, fp8_stages);
+  const Entry e = entry_for(shape, smem_per_block);
   const size_t needed = e.smem_bytes(0, 0);
   if (needed <= available) return {};
   const bool fp8 = shape.resolved_kv_dtype() != shape.dtype;
   return name + " needs " + std::to_string(needed) + " bytes of shared memory a block at head_dim " +
          std::to_string(shape.head_dim) + " (" + to_string(shape.dtype) +
          (fp8 ? std::string(" with an ") + to_string(shape.resolved_kv_dtype()) + " cache" : "") + "), more than the " +
-         std::to_string(available) + " this GPU allows";
+         std::to_string(available) + (smem_per_block > 0 ? " the runner assumes" : " this GPU allows");
 }
 
 Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   const char* fn = "TensorCoreRunner::plan";
   StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
-  // the entry's rule for this runner's FP8 ring, which may be smaller than the default's
+  const size_t optin = device_smem_optin();
+  ref::require(options_.smem_per_block >= 0 && (optin == 0 || size_t(options_.smem_per_block) <= optin), fn,
+               "smem_per_block must be 0 (the GPU's) or at most the GPU's " + std::to_string(optin) + " bytes (got " +
+                   std::to_string(options_.smem_per_block) + ")");
+  // the entry's rule for the shared memory this runner assumes
   info.rules = [name = info.name, this](const BatchShape& shape) {
-    return shared_memory_rule(name, shape, options_.fp8_stages);
+    return shared_memory_rule(name, shape, options_.smem_per_block);
   };
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
-  ref::require(options_.fp8_stages == 0 || options_.fp8_stages == 2 || options_.fp8_stages == 3, fn,
-               "fp8_stages must be 0 (auto), 2 or 3 (got " + std::to_string(options_.fp8_stages) + ")");
   ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kBc == 0, fn,
                "kv_chunk_size must be 0 (auto) or a positive multiple of 64 (got " +
                    std::to_string(options_.kv_chunk_size) + ")");
@@ -277,7 +285,7 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
-      const Entry e = entry_for(s, options_.fp8_stages);
+      const Entry e = entry_for(s, options_.smem_per_block);
       target = int64_t{device_sm_count()} * std::max(1, e.blocks_per_sm(e.smem_bytes(0, 0)));
     }
     const int64_t blocks = base_items * s.num_kv_heads;
@@ -347,7 +355,7 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  const Entry e = entry_for(shape, options_.fp8_stages);
+  const Entry e = entry_for(shape, options_.smem_per_block);
   e.set_smem_limit(e.smem_bytes(0, 0));  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
   if (sinks_reason(shape).empty()) {     // a run may bring sinks: their instantiation gets its limit too
     const Entry with_sinks = policy_entry_for<sinks::Sinks>(shape);
@@ -368,7 +376,7 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   if (schedule_.num_items() == 0) return;
   // A run given sinks takes the kernel under sinks/'s policy, on the same schedule.
   const Entry e = batch.sinks != nullptr ? policy_entry_for<sinks::Sinks>(shape_)
-                                         : entry_for(shape_, options_.fp8_stages);
+                                         : entry_for(shape_, options_.smem_per_block);
   e.launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch, kernels::PolicyInputs{rope_turns_ptr_, batch.sinks}},
            stream);
 }

@@ -45,10 +45,11 @@ struct TensorCoreOptions {
   int target_blocks = 0;
   /// Keys per KV chunk, forcing a split (a multiple of 64); 0: plan() decides.
   int kv_chunk_size = 0;
-  /// FP8 cache only: stages of the FP8 K/V ring, 2 (one tile in flight, as a 16-bit cache)
-  /// or 3 (two in flight, in the same shared memory); 0: 3, or 2 where the GPU cannot give
-  /// a block the 3-stage ring (sm_86 and sm_89 at head_dim 128). An A/B knob for the bench.
-  int fp8_stages = 0;
+  /// Shared memory one block may have, in bytes, as plan() assumes it; 0: the GPU's
+  /// (cudaDevAttrMaxSharedMemoryPerBlockOptin). It decides an FP8 cache's K/V ring (three
+  /// stages where they fit, else two) and what is refused. Tests set a smaller GPU's (99 KB:
+  /// sm_86, sm_89) to run, on this one, the ring that GPU gets; at most the GPU's own.
+  int smem_per_block = 0;
 };
 
 /// The host-side schedule plan() computes (kept for inspection and tests).
@@ -125,7 +126,7 @@ StageInfo ragged_stage_info();
 /// on its own). The entries' rules, and stage 05's, whose levels run this kernel.
 /// \param name the registry entry the reason names ("04_tensor_core", "05_cascade")
 /// \param shape the batch (its dtype, K/V dtype and head_dim pick the kernel)
-/// \param fp8_stages TensorCoreOptions::fp8_stages (an FP8 cache only; 0: the ring plan() picks)
-std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int fp8_stages = 0);
+/// \param smem_per_block the bytes a block may have (TensorCoreOptions::smem_per_block; 0: the GPU's)
+std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int smem_per_block = 0);
 
 }  // namespace flashstep::stages::tensor_core

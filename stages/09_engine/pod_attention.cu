@@ -243,7 +243,7 @@ void launch_pod(const BatchShape& s, int nd, const PodPlan& plan, uint8_t* ws, c
   f.window_left = -1;
   f.set_score_transform(sm_scale, 0.f);
 
-  split_kv::FusedChunkDecodeParams<T>& d = p.decode;
+  FusedChunkDecodeParams<T>& d = p.decode;
   d.q = static_cast<const T*>(b.q);
   d.kv = kernels::make_paged_kv(static_cast<const T*>(b.kv_pool), b.kv_indptr, b.kv_indices, b.kv_last_page_len,
                                 s.page_size, s.num_kv_heads, HEAD_DIM, hnd);

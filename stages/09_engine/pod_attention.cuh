@@ -13,7 +13,7 @@
 ///   decode block j    stage 03's chunk steps for kv head j % Hkv of decode work item
 ///                     j / Hkv (one chunk of one decode row's keys); where a row has
 ///                     several chunks, the last of its blocks to finish merges them
-///                     (stage 03's fused merge, fused_merge.cuh): no merge launch
+///                     (fused_merge.cuh): no merge launch
 /// ```
 ///
 /// Both kinds run 256 threads under the same register cap (two blocks a multiprocessor
@@ -28,9 +28,8 @@
 
 #include <cstdint>
 
-#include "03_split_kv/chunk_decode.cuh"
-#include "03_split_kv/fused_merge.cuh"
 #include "04_tensor_core/prefill_attention.cuh"
+#include "09_engine/fused_merge.cuh"
 #include "09_engine/pod_attention.hpp"
 
 namespace flashstep::stages::engine {
@@ -38,11 +37,11 @@ namespace flashstep::stages::engine {
 /// Arguments of pod_attention_kernel: the two kinds' own parameters and the grid's split.
 template <typename T>
 struct PodParams {
-  tensor_core::PrefillParams<T> prefill;       ///< the prefill rows (stage 04's view, no split)
-  split_kv::FusedChunkDecodeParams<T> decode;  ///< the decode rows (stage 03's view, its fused merge)
-  int prefill_blocks = 0;                      ///< P: work items x kv heads
-  int decode_blocks = 0;                       ///< D: decode work items x kv heads
-  int num_kv_heads = 0;                        ///< Hkv
+  tensor_core::PrefillParams<T> prefill;  ///< the prefill rows (stage 04's view, no split)
+  FusedChunkDecodeParams<T> decode;       ///< the decode rows (stage 03's view, merged by the last block)
+  int prefill_blocks = 0;                 ///< P: work items x kv heads
+  int decode_blocks = 0;                  ///< D: decode work items x kv heads
+  int num_kv_heads = 0;                   ///< Hkv
 };
 
 /// One launch over a mixed step. grid = P + D blocks, 256 threads, dynamic shared memory
@@ -57,9 +56,9 @@ __global__ void __launch_bounds__(tensor_core::PrefillTraits<T, HEAD_DIM>::kThre
     tensor_core::prefill_attention_block<T, HEAD_DIM>(p.prefill, index, smem_raw);
     return;
   }
-  // stage 03's chunk_decode_fused_kernel body for (kv head, item)
+  // stage 03's chunk steps for (kv head, item), the last block of a row merging
   const int kv_head = index % p.num_kv_heads, item = index / p.num_kv_heads;
-  split_kv::chunk_decode_fused_block<T, HEAD_DIM>(p.decode, kv_head, item, p.num_kv_heads, smem_raw);
+  chunk_decode_fused_block<T, HEAD_DIM>(p.decode, kv_head, item, p.num_kv_heads, smem_raw);
 }
 
 }  // namespace flashstep::stages::engine

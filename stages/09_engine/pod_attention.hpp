@@ -5,7 +5,7 @@
 /// plan() makes stage 04's schedule for the prefill rows (no KV split: their merge would
 /// be a launch after) and stage 03's work items for the decode rows, split into chunks
 /// only as far as the blocks the prefill rows leave free in one wave need (the last
-/// block of a row merges its chunks, stage 03's fused merge), and uploads both, with the
+/// block of a row merges its chunks: fused_merge.cuh), and uploads both, with the
 /// prefill rows' qo_indptr and kv_indptr rebased to 0, in one copy. run() is one launch.
 #pragma once
 

@@ -167,18 +167,7 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
     const size_t rows = size_t(r.plan.num_work_items) * s.num_qo_heads;
     const std::vector<float> po = download_floats(runner.partial_o(), rows * s.head_dim);
     const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
-    // The fused merge writes a request of one chunk straight to o: its row stays poisoned,
-    // so it is compared as the reference's value (the final o checks it).
-    std::vector<double> got_o(po.begin(), po.end()), got_lse(pl.begin(), pl.end());
-    if (r.path == DecodePath::split_fused)
-      for (int32_t k = 0; k < r.plan.num_work_items; ++k) {
-        const int req = r.plan.request_indices[size_t(k)];
-        if (r.plan.o_indptr[size_t(req) + 1] - r.plan.o_indptr[size_t(req)] > 1) continue;
-        const size_t row0 = size_t(k) * s.num_qo_heads;
-        std::copy_n(partials.v.data.begin() + row0 * s.head_dim, s.num_qo_heads * s.head_dim,
-                    got_o.begin() + row0 * s.head_dim);
-        std::copy_n(partials.s.data.begin() + row0, s.num_qo_heads, got_lse.begin() + row0);
-      }
+    const std::vector<double> got_o(po.begin(), po.end()), got_lse(pl.begin(), pl.end());
     const DTypeTolerance& f32 = tolerance_for(DType::f32);
     r.partial_o = compare("partial_o", got_o, partials.v.data, partial_o_tolerance(runner),
                           partial_label(r.plan, s.num_qo_heads, s.head_dim));
@@ -200,8 +189,7 @@ void poison_partials(const SplitKVRunner& runner, void* workspace, cudaStream_t 
 SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
   SplitReport r;
   r.text = host.spec.describe() + " (case seed " + std::to_string(host.seed) + ", min_kv_chunk_tokens " +
-           std::to_string(options.min_kv_chunk_tokens) + ", num_sm " + std::to_string(options.num_sm) +
-           (options.fused_merge ? ", fused merge" : ", merge kernel") + ")";
+           std::to_string(options.min_kv_chunk_tokens) + ", num_sm " + std::to_string(options.num_sm) + ")";
   DeviceCase dev(host);
   SplitKVRunner runner(options);
   DeviceBuffer workspace(runner.workspace_bytes(host.layout.shape));
@@ -215,12 +203,11 @@ SplitReport check_case(const HostCase& host, const SplitKVOptions& options) {
 }
 
 /// Options that split short requests: the split path whatever the cost model says, chunks
-/// down to one page, and (cycling) the fused merge or the merge kernel, a smaller pretend
-/// device and deeper pipelines, so chunk counts and pipeline wraps differ from case to case.
+/// down to one page, and (cycling) a smaller pretend device and deeper pipelines, so chunk
+/// counts and pipeline wraps differ from case to case.
 SplitKVOptions forcing_options(int n) {
   SplitKVOptions o;
   o.path = PathChoice::split;
-  o.fused_merge = n % 4 < 2;  // both merges, each with the real and the pretend device
   o.min_kv_chunk_tokens = n % 3 == 2 ? 16 : 0;
   if (n % 2 == 1) {
     o.num_sm = 13;  // G = 26: few chunks per request, and batches that do not split at all
@@ -310,8 +297,8 @@ std::set<int32_t> capture_and_replay(const std::vector<CaseSpec>& specs, const S
     runner.plan(host.layout.shape, workspace.get(), workspace.bytes(), stream);  // new lengths, same buffers
     poison_partials(runner, workspace.get(), stream);
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    // A second replay of the same plan, its outputs poisoned first: the fused merge's
-    // counters must be back at 0 after the first (plan() zeroes them, a replay does not).
+    // A second replay of the same plan, its outputs poisoned first: a replay computes
+    // again from the schedule and the partial rows alone, and leaves nothing behind.
     fixed.poison(stream);
     FLASHSTEP_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -379,9 +366,7 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(w.kv_page_begin >= w.o_indptr + 4 * 4);
   CHECK(w.kv_chunk_len >= w.kv_page_begin + 4 * 33);
   CHECK(w.block_valid_mask >= w.kv_chunk_len + 4 * 33);
-  CHECK(w.merge_counters >= w.block_valid_mask + 33);
-  CHECK(w.merge_counters % kWorkspaceAlignment == 0);
-  CHECK(w.schedule_bytes >= w.merge_counters + 4 * 3 * 8);  // zeroed by every plan's copy
+  CHECK(w.schedule_bytes >= w.block_valid_mask + 33);
   CHECK(w.partial_o == w.schedule_bytes);
   CHECK(w.partial_lse >= w.partial_o + sizeof(float) * 33 * 32 * 128);
   CHECK(w.bytes >= w.partial_lse + sizeof(float) * 33 * 32);
@@ -398,7 +383,7 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
 /// The cost model on a batch of `batch` requests of `len` keys, bf16, 32/8 heads, D 128,
 /// page 16, on an H100 (kFallbackDeviceModel: 2.9 TB/s over 132 SMs) with 2 blocks per SM,
 /// planned for a graph.
-split_kv::PathEstimate estimate_uniform(int batch, int64_t len, bool fused = true) {
+split_kv::PathEstimate estimate_uniform(int batch, int64_t len) {
   ref::SplitKVConfig c;
   c.page_size = 16;
   c.num_kv_heads = 8;
@@ -407,7 +392,7 @@ split_kv::PathEstimate estimate_uniform(int batch, int64_t len, bool fused = tru
   c.enable_cuda_graph = true;
   const ref::SplitKVPlan plan = ref::plan_split_kv(std::vector<int32_t>(size_t(batch), int32_t((len + 15) / 16)), c);
   return split_kv::estimate_paths(std::vector<int64_t>(size_t(batch), len), plan, 16, 8, 32, 128, 2,
-                                  kernels::kFallbackDeviceModel, fused, split_kv::DecodeCostModel{});
+                                  kernels::kFallbackDeviceModel, split_kv::DecodeCostModel{});
 }
 
 TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
@@ -423,16 +408,15 @@ TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
   e = estimate_uniform(8, 4096);
   CHECK(e.unsplit_seconds == doctest::Approx(block / rate));
   const double partials = 2.0 * 8 * 4 * 32 * 129 * 4;  // 32 rows of 32 heads x (128 + 1) floats, out and in
-  CHECK(e.split_seconds == doctest::Approx(2 * block / 4 / rate + partials / 2.9e12 + 6.0e-6));
-  CHECK(e.path == DecodePath::split_fused);
-  CHECK(estimate_uniform(8, 4096, false).path == DecodePath::split);
+  CHECK(e.split_seconds == doctest::Approx(2 * block / 4 / rate + partials / 2.9e12 + 4.0e-6));
+  CHECK(e.path == DecodePath::split);
   // Batch 20: 160 blocks, two waves on some SMs; G / H = 33 items allow no second chunk,
   // so the split is the same blocks plus a merge.
   e = estimate_uniform(20, 4096);
   CHECK(e.unsplit_seconds == doctest::Approx(2 * block / rate));
   CHECK(e.path == DecodePath::unsplit);
   // Batch 1: 8 blocks; 33 chunks per kv head.
-  CHECK(estimate_uniform(1, 4096).path == DecodePath::split_fused);
+  CHECK(estimate_uniform(1, 4096).path == DecodePath::split);
   // Lengths known (no graph): one long request among short ones is split even at batch 16.
   ref::SplitKVConfig c;
   c.page_size = 16;
@@ -445,11 +429,11 @@ TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
   for (int64_t l : lens) pages.push_back(int32_t((l + 15) / 16));
   const ref::SplitKVPlan plan = ref::plan_split_kv(pages, c);
   REQUIRE(plan.split_kv);
-  e = split_kv::estimate_paths(lens, plan, 16, 8, 32, 128, 2, kernels::kFallbackDeviceModel, true,
+  e = split_kv::estimate_paths(lens, plan, 16, 8, 32, 128, 2, kernels::kFallbackDeviceModel,
                                split_kv::DecodeCostModel{});
   CHECK(e.unsplit_seconds == doctest::Approx(65536.0 * 512 / rate));
-  CHECK(e.path == DecodePath::split_fused);
-  CHECK_THROWS_WITH_AS(split_kv::estimate_paths({1, 2}, plan, 16, 8, 32, 128, 2, kernels::kFallbackDeviceModel, true,
+  CHECK(e.path == DecodePath::split);
+  CHECK_THROWS_WITH_AS(split_kv::estimate_paths({1, 2}, plan, 16, 8, 32, 128, 2, kernels::kFallbackDeviceModel,
                                                 split_kv::DecodeCostModel{}),
                        doctest::Contains("kv_lens has 2 requests, the plan 16"), ref::InvalidArgument);
 }
@@ -607,17 +591,12 @@ TEST_CASE("split_kv: default options split a long request and leave a full batch
   CHECK_FALSE(r.plan.split_kv);  // 128 x 8 blocks fill the chip: the stage 02 path
   CHECK(r.plan.num_work_items == 128);
   CHECK(r.path == DecodePath::unsplit);
-  // Forced: stage 02's kernel on a lone request, and the fused merge instead of the kernel.
+  // Forced: stage 02's kernel on a lone request.
   SplitKVOptions unsplit;
   unsplit.path = PathChoice::unsplit;
   r = check_case(build_case(lone, KVStorage::paged, seed), unsplit);
   CHECK_MESSAGE(r.passed, r.message());
   CHECK(r.path == DecodePath::unsplit);
-  SplitKVOptions fused;
-  fused.fused_merge = true;
-  r = check_case(build_case(lone, KVStorage::paged, seed), fused);
-  CHECK_MESSAGE(r.passed, r.message());
-  CHECK(r.path == DecodePath::split_fused);
 }
 
 TEST_CASE("split_kv: fp32 states of two shards of every request merge into the whole request's") {
@@ -869,7 +848,6 @@ TEST_CASE("split_kv fp8: forced splits over the FP8 grids, partial states checke
 TEST_CASE("split_kv fp8: a CUDA graph over an FP8 cache replays correctly after re-planning") {
   SplitKVOptions graph;
   graph.enable_cuda_graph = true;
-  graph.fused_merge = true;
   graph.ctas_per_sm = 2;  // the planner's grid of the CUDA-core kernel, whichever kernel runs: chunk sizes vary
   std::vector<CaseSpec> specs;
   for (int kv_len : {1000, 37, 2048, 1}) {

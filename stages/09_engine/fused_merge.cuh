@@ -1,21 +1,21 @@
 /// \file fused_merge.cuh
-/// \brief An experiment kept beside the lesson (SplitKVOptions::fused_merge, off by
-/// default): the split path without a second kernel. The chapter (README.md, "The fused
-/// merge") tells why it did not pay: within about 1% of the merge kernel on every split
-/// shape measured.
+/// \brief Stage 03's chunk steps with the merge done by the last block: the decode blocks
+/// of POD attention (pod_attention.cuh), a step in one launch, with no merge kernel after
+/// it. In stage 03 alone it did not pay: within about 1% of the merge kernel (its chapter,
+/// "The two kernels").
 ///
-/// chunk_decode_kernel's steps, then: each block that wrote a partial row counts itself on
-/// its (request, kv head) counter; the block that brings the count to the request's number
-/// of chunks is the last, so every other row is written, and it merges them into o and lse
-/// (merge_request_chunks), then puts the counter back to 0 for the next run or graph
-/// replay. A request of one chunk writes o and lse directly.
+/// Stage 03's chunk_decode_kernel steps, then: each block that wrote a partial row counts
+/// itself on its (request, kv head) counter; the block that brings the count to the
+/// request's number of chunks is the last, so every other row is written, and it merges
+/// them into o and lse (merge_request_chunks), then puts the counter back to 0 for the next
+/// run or graph replay. A request of one chunk writes o and lse directly.
 ///
 ///     block (kv head h, item k of request r):  write row k   -> fence -> n = ++count[r][h]
 ///                                              n < chunks(r): exit
 ///                                              n = chunks(r): merge rows of r, count[r][h] = 0
 ///
-/// A kernel of its own: compiled into the plain chunk kernel as a branch, the merge raised
-/// its register count to the 128 cap of two blocks per SM and slowed its streaming loop.
+/// Kept out of stage 03's chunk kernel: compiled into it as a branch, the merge raised its
+/// register count to the 128 cap of two blocks per SM and slowed its streaming loop.
 #pragma once
 
 #include <cstdint>
@@ -23,19 +23,20 @@
 #include "03_split_kv/chunk_decode.cuh"
 #include "03_split_kv/merge_states.cuh"
 
-namespace flashstep::stages::split_kv {
+namespace flashstep::stages::engine {
 
-/// Arguments of chunk_decode_fused_kernel: the chunk kernel's, and what the last block needs.
+/// Arguments of chunk_decode_fused_block: stage 03's chunk kernel's, and what the last
+/// block needs.
 template <typename T, typename KV = T>
-struct FusedChunkDecodeParams : ChunkDecodeParams<T, KV> {
+struct FusedChunkDecodeParams : split_kv::ChunkDecodeParams<T, KV> {
   const int32_t* o_indptr = nullptr;  ///< (batch_size + 1) request r's items
   int32_t* merge_counters = nullptr;  ///< (batch_size, num_kv_heads) counters, 0 between runs
 };
 
 /// The fused merge, by the last block of request b for one kv head: the partial rows
 /// first_item .. end_item of the group's query heads, merged exactly (SoftmaxState::merge,
-/// as merge_states_kernel does) into o and lse. The whole block works on it, as the merge
-/// kernel's blocks do: thread t takes 4 dims (a column) of one head and one lane of rows
+/// as stage 03's merge_states_kernel does) into o and lse. The whole block works on it, as
+/// the merge kernel's blocks do: thread t takes 4 dims (a column) of one head and one lane of rows
 /// (rows lane, lane + lanes, ...), folded by the merge kernel's fold_states with 8 loads in
 /// flight, through L2 (other blocks wrote the rows); the lanes' states then meet in shared
 /// memory and lane 0 writes.
@@ -59,8 +60,8 @@ __device__ __forceinline__ void merge_request_chunks(const FusedChunkDecodeParam
     kernels::SoftmaxState<4> st;
     st.init();
     if (active) {
-      fold_states<HEAD_DIM, kInFlight, true>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, c,
-                                             first_item + lane, end_item, lanes);
+      split_kv::fold_states<HEAD_DIM, kInFlight, true>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, c,
+                                                       first_item + lane, end_item, lanes);
       if (lane > 0) {
         const int slot = threadIdx.x;  // = lane * per_pass + column in pass
 #pragma unroll
@@ -79,16 +80,16 @@ __device__ __forceinline__ void merge_request_chunks(const FusedChunkDecodeParam
       float out[4];
       st.output(out);
       const int64_t row = int64_t{b} * p.num_qo_heads + qo_head;
-      store4<T>(p.o + row * HEAD_DIM + c * 4, out);
+      split_kv::store4<T>(p.o + row * HEAD_DIM + c * 4, out);
       if (c == 0) p.lse[row] = st.lse();
     }
     __syncthreads();  // the buffers are reused by the next pass
   }
 }
 
-/// The body of chunk_decode_fused_kernel for the valid work item `item` and kv head
-/// `kv_head`, over `smem_raw` (chunk_decode_smem_bytes of dynamic shared memory): also for a
-/// later stage's kernel whose blocks run several kinds of work (stage 09's POD attention).
+/// One block of stage 03's chunk kernel for the valid work item `item` and kv head
+/// `kv_head`, over `smem_raw` (split_kv::chunk_decode_smem_bytes of dynamic shared memory),
+/// the last of its request's blocks merging: a decode block of POD attention.
 /// \param num_kv_heads kv heads of the batch: the row length of the merge counters
 template <typename T, int HEAD_DIM, typename KV = T>
 __device__ __forceinline__ void chunk_decode_fused_block(const FusedChunkDecodeParams<T, KV>& p, int kv_head, int item,
@@ -107,13 +108,13 @@ __device__ __forceinline__ void chunk_decode_fused_block(const FusedChunkDecodeP
                                  p.sm_scale_log2, q);
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) state[j].init();
-  attend_chunk<KV, HEAD_DIM>(th, q, state, p.kv, kv_head, page_begin, chunk_len, reinterpret_cast<KV*>(smem_raw),
-                             p.num_stages);
+  split_kv::attend_chunk<KV, HEAD_DIM>(th, q, state, p.kv, kv_head, page_begin, chunk_len,
+                                       reinterpret_cast<KV*>(smem_raw), p.num_stages);
   const bool holds = paged::merge_states<KV, HEAD_DIM>(th, state, p.bdz, reinterpret_cast<float*>(smem_raw));
 
   // ---- a partial row, or o and lse for a request of one chunk (then no merge follows).
   const bool direct = end_item - first_item == 1;
-  if (holds) store_chunk_state<T, HEAD_DIM, KV>(p, th, state, kv_head, item, b, direct);
+  if (holds) split_kv::store_chunk_state<T, HEAD_DIM, KV>(p, th, state, kv_head, item, b, direct);
   if (direct) return;
 
   // ---- the last of the request's blocks for this kv head merges.
@@ -129,14 +130,4 @@ __device__ __forceinline__ void chunk_decode_fused_block(const FusedChunkDecodeP
   if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
 }
 
-/// chunk_decode_kernel whose last block per (request, kv head) merges the request's
-/// chunks (the file comment); launched as chunk_decode_kernel is, when the plan split.
-template <typename T, int HEAD_DIM, typename KV = T>
-__global__ void __launch_bounds__(256, 2) chunk_decode_fused_kernel(const FusedChunkDecodeParams<T, KV> p) {
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  const int kv_head = blockIdx.x, item = blockIdx.y;
-  if (!p.block_valid_mask[item]) return;  // padding of a graph-sized grid
-  chunk_decode_fused_block<T, HEAD_DIM, KV>(p, kv_head, item, gridDim.x, smem_raw);
-}
-
-}  // namespace flashstep::stages::split_kv
+}  // namespace flashstep::stages::engine
