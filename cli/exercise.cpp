@@ -74,6 +74,7 @@ const std::vector<Exercise>& catalogue() {
       cpu_exercise("17_rejection_round", 10),
       lesson_exercise("18_attention_sinks", "sinks"),
       lesson_exercise("19_soft_cap", "soft_cap"),
+      lesson_exercise("20_fp8_encode", "fp8"),
       stage_exercise("01_naive", "GPU", "exercise.cu"),
       stage_exercise("02_paged", "GPU", "exercise.cu"),
       stage_exercise("03_split_kv", "GPU", "exercise.cu"),

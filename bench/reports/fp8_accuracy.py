@@ -127,7 +127,7 @@ def render():
 
 def main():
     a = parser(__doc__, results=None).parse_args()
-    chapter = os.path.join(a.repo, "stages", "03_split_kv", "README.md")
+    chapter = os.path.join(a.repo, "stages", "fp8", "README.md")
     return write_section(chapter, BEGIN, END, "fp8_accuracy.py", a.repo, render, a.check)
 
 

@@ -31,8 +31,8 @@ bench/reports/results.py. --json writes all of it for docs/results in the result
 one shape (results.py's doc: device, commit, ceilings, rows, targets with ratio, goal and
 met), which results.py reads back as it is, with the table beside it ("decode",
 "prefill") and FlashInfer's version; --markdown the chapter's table of the goal shapes and
-the goals. --chapter FILE writes that table, from a committed --json file alone, into stage
-03's chapter between its `<!-- fp8 results:begin -->` and `<!-- fp8 results:end -->` lines
+the goals. --chapter FILE writes that table, from a committed --json file alone, into the
+FP8 lesson's chapter (stages/fp8/README.md) between its `<!-- fp8 results:begin -->` and `<!-- fp8 results:end -->` lines
 (--check: write nothing, exit 1 where the chapter's section differs)."""
 import json
 import sys
@@ -131,7 +131,7 @@ def chapter(path, repo, check):
                            r["ceilings"].get("read_ceiling_GB/s", float("nan")), r.get("flashinfer"), r["decode"],
                            appends, goal_rows).rstrip("\n"))
 
-    return write_section(os.path.join(repo, "stages", "03_split_kv", "README.md"), BEGIN, END, "fp8_report.py", repo,
+    return write_section(os.path.join(repo, "stages", "fp8", "README.md"), BEGIN, END, "fp8_report.py", repo,
                          render, check)
 
 

@@ -177,13 +177,13 @@ def test_engine_sections_match_the_json_they_cite():
 
 
 def test_fp8_sections_match_what_generates_them():
-    """Stage 03's two FP8 sections: the speed table, written again by bench/reports/fp8_report.py
+    """The FP8 lesson's two generated sections (stages/fp8/README.md): the speed table, written again by bench/reports/fp8_report.py
     --chapter --check from the results file it cites, and the accuracy table, computed again
     by bench/reports/fp8_accuracy.py --check (float64 on the CPU; needs numpy)."""
-    chapter = os.path.join(SOURCE, "stages", "03_split_kv", "README.md")
+    chapter = os.path.join(SOURCE, "stages", "fp8", "README.md")
     text = read(chapter)
     section = re.search(r"<!-- fp8 results:begin -->.*?<!-- fp8 results:end -->", text, re.S)
-    assert section, "stages/03_split_kv/README.md lacks its FP8 results section"
+    assert section, "stages/fp8/README.md lacks its FP8 results section"
     cited = sorted(set(f for f in CITED.findall(section.group(0)) if "_fp8_results_" in f))
     assert len(cited) == 1, f"the FP8 section must cite one fp8 results file, not {cited}"
     run = subprocess.run([sys.executable, os.path.join(SOURCE, "bench", "reports", "fp8_report.py"), "--repo", SOURCE,
