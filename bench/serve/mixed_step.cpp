@@ -23,7 +23,7 @@ using stages::DeviceBatch;
 using stages::KVStorage;
 using stages::Mode;
 using stages::StageRunner;
-using stages::engine::default_stage;
+using stages::default_stage;
 
 const char* to_string(MixedForm form) {
   switch (form) {
