@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "launch_floor.hpp"    // flashstep::ceilings (bench/ceilings/), one of the two libraries of bench/ the CLI links
+#include "launch_floor.hpp"  // flashstep::ceilings (bench/ceilings/), one of the two libraries of bench/ the CLI links
 #include "measured_model.hpp"  // flashstep::ceilings
 #include "phase_timer.hpp"     // flashstep::serve_measure_gpu (bench/serve/), the other
 #include "read_ceiling.hpp"    // flashstep::ceilings

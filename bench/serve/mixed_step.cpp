@@ -19,11 +19,11 @@
 namespace flashstep::bench {
 
 using stages::BatchShape;
+using stages::default_stage;
 using stages::DeviceBatch;
 using stages::KVStorage;
 using stages::Mode;
 using stages::StageRunner;
-using stages::default_stage;
 
 const char* to_string(MixedForm form) {
   switch (form) {

@@ -76,7 +76,7 @@ namespace flashstep::stages::tensor_core {
 /// Eight warps of one m16 tile each (rather than four of two) keep a thread's registers
 /// at 128 for head_dim <= 128, so two blocks, sixteen warps, share a multiprocessor and
 /// hide each other's latencies.
-template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0>
+template <typename T, int HEAD_DIM, typename KV = T>
 struct PrefillTraits {
   static constexpr int kWarps = 8;                                 ///< warps per block
   static constexpr int kThreads = 32 * kWarps;                     ///< threads per block
@@ -84,11 +84,9 @@ struct PrefillTraits {
   static constexpr int Br = 16 * kWarps;                           ///< packed query rows per block
   static constexpr int Bc = 64;                                    ///< keys per tile
   static constexpr bool kConvert = !std::is_same_v<KV, T>;         ///< FP8 K/V: staged, then widened
-  /// K/V tiles in flight + 1: 2 of a 16-bit cache; 3 of an FP8 cache, whose stages are half
-  /// the bytes (the same shared memory then keeps two tiles in flight, not one). STAGES 2:
-  /// an FP8 cache's ring where a block cannot have the three (sm_86 and sm_89 at head_dim 128).
-  static constexpr int kStages = STAGES ? STAGES : kConvert ? 3 : 2;
-  static_assert(kStages == 2 || kStages == 3, "the K/V ring has 2 or 3 stages");
+  /// K/V tiles in flight + 1, for a 16-bit cache as for an FP8 one (a ring of three FP8
+  /// stages, in the same shared memory, was slower on an H200: the chapter, "An FP8 cache").
+  static constexpr int kStages = 2;
   static constexpr int kChunks = HEAD_DIM / 8;                      ///< 16-byte chunks per row
   static constexpr int kTilesS = Bc / 8;                            ///< n-tiles of S (8 keys each)
   static constexpr int kTilesO = HEAD_DIM / 8;                      ///< n-tiles of O (8 dims each)
@@ -518,21 +516,20 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
 /// \tparam T __half or __nv_bfloat16
 /// \tparam HEAD_DIM 64, 128 or 256
 /// \tparam KV element type of K/V: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2
-/// \tparam STAGES K/V ring stages, 0: PrefillTraits' default
 /// \tparam Policy called at the hooks on_q_tile, on_k_tile and on_state; `pol` its parameters
-template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
+template <typename T, int HEAD_DIM, typename KV = T, typename Policy = kernels::IdentityPolicy>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, KV>::kMinBlocksPerSM)
     prefill_attention_kernel(const PrefillParams<T, KV> p, const typename Policy::Params pol);
 
 /// The body of prefill_attention_kernel for its block `block` (blockIdx.x there), over
 /// `smem_raw`, PrefillTraits::smem_bytes() of dynamic shared memory: for a later stage's
 /// kernel whose blocks run several kinds of work (stage 09's POD attention).
-template <typename T, int HEAD_DIM, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
+template <typename T, int HEAD_DIM, typename KV = T, typename Policy = kernels::IdentityPolicy>
 __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, KV>& p, unsigned block,
                                                         unsigned char* smem_raw,
                                                         const typename Policy::Params& pol = {}) {
-  using Tr = PrefillTraits<T, HEAD_DIM, KV, STAGES>;
+  using Tr = PrefillTraits<T, HEAD_DIM, KV>;
   static_assert(!Policy::kTouchesTiles || !Tr::kConvert, "a policy that writes the tiles: K/V in q's dtype");
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   T* q_smem = reinterpret_cast<T*>(smem_raw);
@@ -637,12 +634,12 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
   store_output<Policy, T, HEAD_DIM, Tr::kTilesO>(p, pol, t, kv_head, warp_row0, m, l, o);
 }
 
-template <typename T, int HEAD_DIM, typename KV, int STAGES, typename Policy>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM, KV, STAGES>::kMinBlocksPerSM)
+template <typename T, int HEAD_DIM, typename KV, typename Policy>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, KV>::kMinBlocksPerSM)
     prefill_attention_kernel(const PrefillParams<T, KV> p, const typename Policy::Params pol) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  prefill_attention_block<T, HEAD_DIM, KV, STAGES, Policy>(p, blockIdx.x, smem_raw, pol);
+  prefill_attention_block<T, HEAD_DIM, KV, Policy>(p, blockIdx.x, smem_raw, pol);
 }
 
 /// For a later stage that builds its own PrefillParams (stage 05 runs this kernel once per
@@ -650,13 +647,13 @@ __global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV, STAGES>::kThrea
 /// dynamic shared memory. Call once before launches (in plan(): not a stream operation).
 /// Returns how many of its blocks fit on one multiprocessor (the occupancy calculator's
 /// answer). Defined (prefill_launch.cuh) in tensor_core.cu for __half and __nv_bfloat16 K/V,
-/// and in tensor_core_fp8.cu for FP8 K/V with either q type (STAGES 0 and 2).
-template <typename T, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
+/// and in tensor_core_fp8.cu for FP8 K/V with either q type.
+template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
 int prepare_prefill_attention(int head_dim);
 /// Launches prefill_attention_kernel<T, head_dim, KV> with `p` on `stream`: num_items x
 /// p.num_kv_heads blocks, PrefillTraits::smem_bytes() of shared memory. Launches only
 /// (CUDA-graph safe); p's schedule arrays must hold num_items entries.
-template <typename T, typename KV = T, int STAGES = 0, typename Policy = kernels::IdentityPolicy>
+template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
 void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream,
                               const typename Policy::Params& pol = {});
 

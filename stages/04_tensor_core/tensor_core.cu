@@ -52,12 +52,12 @@ struct LaunchArgs {
 /// asks the occupancy calculator.
 using Entry = KernelEntry<LaunchArgs>;
 
-template <typename T, int HEAD_DIM, typename KV, int STAGES, typename Policy = kernels::IdentityPolicy>
+template <typename T, int HEAD_DIM, typename KV, typename Policy = kernels::IdentityPolicy>
 Entry kernel_entry() {
   Entry e;
-  e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, KV, STAGES>::smem_bytes(); };
-  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, STAGES, Policy>(HEAD_DIM); };
-  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, STAGES, Policy>(HEAD_DIM); };
+  e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, KV>::smem_bytes(); };
+  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, Policy>(HEAD_DIM); };
+  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, Policy>(HEAD_DIM); };
   e.launch = [](const LaunchArgs& a, cudaStream_t stream) {
     const BatchShape& s = *a.shape;
     const DeviceBatch& batch = *a.batch;
@@ -95,8 +95,8 @@ Entry kernel_entry() {
     // the run's scales when it gives them.
     p.set_score_transform(s.resolved_sm_scale() * run_k_scale(s, batch), s.logits_soft_cap);
     p.v_scale = run_v_scale(s, batch);
-    launch_prefill_attention<T, KV, STAGES, Policy>(p, HEAD_DIM, a.schedule->num_items(), stream,
-                                                    Policy::Params::from(a.policy));
+    launch_prefill_attention<T, KV, Policy>(p, HEAD_DIM, a.schedule->num_items(), stream,
+                                            Policy::Params::from(a.policy));
     if (a.schedule->kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -114,55 +114,38 @@ Entry kernel_entry() {
 
 /// The entry for q's element type T: fp16 and bf16 only (the mma.sync kernel has no fp32
 /// instantiation, and none is compiled for it).
-/// \param smem_per_block the bytes a block may have (0: the GPU's)
 template <typename T>
-Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim, size_t smem_per_block) {
+Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim) {
   if constexpr (sizeof(T) != 2) {
     throw ref::InvalidArgument("TensorCoreRunner::plan: dtype must be f16 or bf16 (got " +
                                std::string(to_string(dtype)) + ")");
   } else {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
-        if constexpr (!std::is_same_v<KV, T>) {
-          // the 3-stage ring where a block may have its shared memory (always on an H100),
-          // else the 2-stage ring (sm_86/89 at head_dim 128: 112 KB of 99 KB)
-          if (smem_per_block != 0 && PrefillTraits<T, HEAD_DIM, KV>::smem_bytes() > smem_per_block)
-            return kernel_entry<T, HEAD_DIM, KV, 2>();
-        }
-        return kernel_entry<T, HEAD_DIM, KV, 0>();
-      });
+      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, { return kernel_entry<T, HEAD_DIM, KV>(); });
     });
     return {};
   }
 }
 
-Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim, size_t smem_per_block) {
-  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim, smem_per_block); });
+Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
+  FLASHSTEP_DISPATCH_DTYPE(dtype, T, { return kernel_entry_of<T>(dtype, kv_dtype, head_dim); });
 }
 
 /// The instantiation under `Policy` for fp16/bf16 q and K/V, the default ring.
 template <typename Policy>
 Entry policy_entry_for(const BatchShape& s) {
   FLASHSTEP_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM, {
-    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, __half, 0, Policy>();
-    return kernel_entry<__nv_bfloat16, HEAD_DIM, __nv_bfloat16, 0, Policy>();
+    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, __half, Policy>();
+    return kernel_entry<__nv_bfloat16, HEAD_DIM, __nv_bfloat16, Policy>();
   });
   return {};
-}
-
-/// The bytes a block may have: `smem_per_block` when given (TensorCoreOptions), else the
-/// GPU's (0 where no GPU can be asked).
-size_t block_smem(int smem_per_block) {
-  return smem_per_block > 0 ? static_cast<size_t>(smem_per_block) : device_smem_optin();
 }
 
 /// The entry for a shape: under ROPE_LLAMA the instantiation that rotates the Q and K
 /// tiles (rope/'s policy: fp16/bf16 K/V, the default ring; the registry's rules refuse
 /// the rest).
-/// \param smem_per_block TensorCoreOptions::smem_per_block (0: the GPU's)
-Entry entry_for(const BatchShape& s, int smem_per_block) {
-  if (s.pos_encoding == PosEncoding::none)
-    return kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim, block_smem(smem_per_block));
+Entry entry_for(const BatchShape& s) {
+  if (s.pos_encoding == PosEncoding::none) return kernel_entry_for(s.dtype, s.resolved_kv_dtype(), s.head_dim);
   return policy_entry_for<rope::RopeInLoads>(s);
 }
 
@@ -232,30 +215,22 @@ void upload_schedule(const Schedule& s, const WorkspaceLayout& w, void* workspac
 TensorCoreRunner::TensorCoreRunner(KVStorage storage, TensorCoreOptions options)
     : storage_(storage), options_(options) {}
 
-std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int smem_per_block) {
-  const size_t available = block_smem(smem_per_block);
+std::string shared_memory_rule(const std::string& name, const BatchShape& shape) {
+  const size_t available = device_smem_optin();
   if (available == 0) return {};
-  const Entry e = entry_for(shape, smem_per_block);
+  const Entry e = entry_for(shape);
   const size_t needed = e.smem_bytes(0, 0);
   if (needed <= available) return {};
   const bool fp8 = shape.resolved_kv_dtype() != shape.dtype;
   return name + " needs " + std::to_string(needed) + " bytes of shared memory a block at head_dim " +
          std::to_string(shape.head_dim) + " (" + to_string(shape.dtype) +
          (fp8 ? std::string(" with an ") + to_string(shape.resolved_kv_dtype()) + " cache" : "") + "), more than the " +
-         std::to_string(available) + (smem_per_block > 0 ? " the runner assumes" : " this GPU allows");
+         std::to_string(available) + " this GPU allows";
 }
 
 Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   const char* fn = "TensorCoreRunner::plan";
-  StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
-  const size_t optin = device_smem_optin();
-  ref::require(options_.smem_per_block >= 0 && (optin == 0 || size_t(options_.smem_per_block) <= optin), fn,
-               "smem_per_block must be 0 (the GPU's) or at most the GPU's " + std::to_string(optin) + " bytes (got " +
-                   std::to_string(options_.smem_per_block) + ")");
-  // the entry's rule for the shared memory this runner assumes
-  info.rules = [name = info.name, this](const BatchShape& shape) {
-    return shared_memory_rule(name, shape, options_.smem_per_block);
-  };
+  const StageInfo info = storage_ == KVStorage::paged ? stage_info() : ragged_stage_info();
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
   ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kBc == 0, fn,
@@ -285,7 +260,7 @@ Schedule TensorCoreRunner::make_schedule(const BatchShape& s) const {
   if (chunk == 0 && base_items > 0 && !s.cuda_graph) {
     int64_t target = options_.target_blocks;
     if (target == 0) {
-      const Entry e = entry_for(s, options_.smem_per_block);
+      const Entry e = entry_for(s);
       target = int64_t{device_sm_count()} * std::max(1, e.blocks_per_sm(e.smem_bytes(0, 0)));
     }
     const int64_t blocks = base_items * s.num_kv_heads;
@@ -355,7 +330,7 @@ void TensorCoreRunner::plan(const BatchShape& shape, void* workspace, size_t wor
   schedule_ = std::move(schedule);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
-  const Entry e = entry_for(shape, options_.smem_per_block);
+  const Entry e = entry_for(shape);
   e.set_smem_limit(e.smem_bytes(0, 0));  // run() launches with PrefillTraits::smem_bytes() of dynamic shared memory
   if (sinks_reason(shape).empty()) {     // a run may bring sinks: their instantiation gets its limit too
     const Entry with_sinks = policy_entry_for<sinks::Sinks>(shape);
@@ -375,8 +350,7 @@ void TensorCoreRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   captured_.on_run(stream, [&] { return launch_of(schedule_, w, shape_.num_kv_heads); });
   if (schedule_.num_items() == 0) return;
   // A run given sinks takes the kernel under sinks/'s policy, on the same schedule.
-  const Entry e = batch.sinks != nullptr ? policy_entry_for<sinks::Sinks>(shape_)
-                                         : entry_for(shape_, options_.smem_per_block);
+  const Entry e = batch.sinks != nullptr ? policy_entry_for<sinks::Sinks>(shape_) : entry_for(shape_);
   e.launch(LaunchArgs{&shape_, &schedule_, &w, workspace_, &batch, kernels::PolicyInputs{rope_turns_ptr_, batch.sinks}},
            stream);
 }

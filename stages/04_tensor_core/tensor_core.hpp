@@ -45,11 +45,6 @@ struct TensorCoreOptions {
   int target_blocks = 0;
   /// Keys per KV chunk, forcing a split (a multiple of 64); 0: plan() decides.
   int kv_chunk_size = 0;
-  /// Shared memory one block may have, in bytes, as plan() assumes it; 0: the GPU's
-  /// (cudaDevAttrMaxSharedMemoryPerBlockOptin). It decides an FP8 cache's K/V ring (three
-  /// stages where they fit, else two) and what is refused. Tests set a smaller GPU's (99 KB:
-  /// sm_86, sm_89) to run, on this one, the ring that GPU gets; at most the GPU's own.
-  int smem_per_block = 0;
 };
 
 /// The host-side schedule plan() computes (kept for inspection and tests).
@@ -126,7 +121,6 @@ StageInfo ragged_stage_info();
 /// on its own). The entries' rules, and stage 05's, whose levels run this kernel.
 /// \param name the registry entry the reason names ("04_tensor_core", "05_cascade")
 /// \param shape the batch (its dtype, K/V dtype and head_dim pick the kernel)
-/// \param smem_per_block the bytes a block may have (TensorCoreOptions::smem_per_block; 0: the GPU's)
-std::string shared_memory_rule(const std::string& name, const BatchShape& shape, int smem_per_block = 0);
+std::string shared_memory_rule(const std::string& name, const BatchShape& shape);
 
 }  // namespace flashstep::stages::tensor_core

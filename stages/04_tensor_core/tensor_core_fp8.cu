@@ -9,8 +9,6 @@
 
 namespace flashstep::stages::tensor_core {
 
-// STAGES 0: the default ring (3 stages); 2: the ring of a GPU whose blocks cannot have the
-// three (sm_86 and sm_89 at head_dim 128).
 FLASHSTEP_PREFILL_FP8_INSTANTIATIONS(template)
 
 }  // namespace flashstep::stages::tensor_core

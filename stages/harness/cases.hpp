@@ -682,35 +682,6 @@ inline std::vector<CaseSpec> rope_decode_grid() {
   return cases;
 }
 
-/// Attention sinks in decode (stages/sinks/): every head_dim, GQA groups 1 to 8, both
-/// layouts, pages of 1 and 16, lengths from 1 to 2048 with an empty request in the batch
-/// of 5 (whose o must be 0 and lse the sink), fp16 and bf16.
-inline std::vector<CaseSpec> sinks_decode_grid() {
-  std::vector<CaseSpec> cases;
-  const Heads heads[] = {{32, 8}, {8, 8}, {28, 4}, {7, 1}};
-  int n = 0;
-  for (int batch : {1, 5, 9})
-    for (int kv_len : {1, 17, 300, 2048})
-      for (Heads h : heads) {
-        if (kv_len == 2048 && batch * h.kv > 10) continue;  // the double reference's cost
-        CaseSpec c;
-        c.mode = Mode::decode;
-        c.sinks = true;
-        c.batch_size = batch;
-        c.kv_len = kv_len;
-        c.num_qo_heads = h.qo;
-        c.num_kv_heads = h.kv;
-        c.head_dim = n % 3 == 0 ? 64 : n % 3 == 1 ? 128 : 256;
-        c.dtype = (n / 2) % 2 ? DType::bf16 : DType::f16;
-        c.kv_layout = kLayouts[(n / 5) % 2];
-        c.page_size = n % 4 == 0 ? 1 : 16;
-        c.lengths = batch == 5 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
-        ++n;
-        cases.push_back(c);
-      }
-  return cases;
-}
-
 /// Stage 04's RoPE: appends (qo_len < kv_len) and prompts (qo_len == kv_len), causal or
 /// not, groups 1 to 32 (group 32 is its large-group decode), every head_dim.
 inline std::vector<CaseSpec> rope_prefill_grid() {
@@ -744,14 +715,14 @@ inline std::vector<CaseSpec> rope_prefill_grid() {
   return cases;
 }
 
-/// The logits soft cap in decode (stages/soft_cap/): caps from far below the scores (5) to
-/// Gemma 2's 50, every head_dim, GQA groups 1 to 8, both layouts, pages of 1 and 16, lengths
-/// from 1 to 2048 with an empty request in the batch of 5, fp16 and bf16. q is drawn wider
-/// on some cases, so that scores pass the cap many times over.
-inline std::vector<CaseSpec> soft_cap_decode_grid() {
+/// The decode cases of a feature of stages/ (a policy of kernels/attention_policy.cuh):
+/// every head_dim, GQA groups 1 to 8, both layouts, pages of 1 and 16, lengths from 1 to
+/// 2048 with an empty request in the batch of 5, fp16 and bf16; `feature(c, n)` turns case
+/// n into the feature's.
+template <typename Feature>
+std::vector<CaseSpec> feature_decode_grid(Feature feature) {
   std::vector<CaseSpec> cases;
   const Heads heads[] = {{32, 8}, {8, 8}, {28, 4}, {7, 1}};
-  const double caps[] = {5.0, 30.0, 50.0};
   int n = 0;
   for (int batch : {1, 5, 9})
     for (int kv_len : {1, 17, 300, 2048})
@@ -759,21 +730,35 @@ inline std::vector<CaseSpec> soft_cap_decode_grid() {
         if (kv_len == 2048 && batch * h.kv > 10) continue;  // the double reference's cost
         CaseSpec c;
         c.mode = Mode::decode;
-        c.logits_soft_cap = caps[n % 3];
-        c.q_range = n % 4 == 3 ? 8.0 : 1.0;
         c.batch_size = batch;
         c.kv_len = kv_len;
         c.num_qo_heads = h.qo;
         c.num_kv_heads = h.kv;
-        c.head_dim = (n / 3) % 3 == 0 ? 64 : (n / 3) % 3 == 1 ? 128 : 256;
+        c.head_dim = n % 3 == 0 ? 64 : n % 3 == 1 ? 128 : 256;
         c.dtype = (n / 2) % 2 ? DType::bf16 : DType::f16;
         c.kv_layout = kLayouts[(n / 5) % 2];
         c.page_size = n % 4 == 0 ? 1 : 16;
         c.lengths = batch == 5 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
-        ++n;
+        feature(c, n++);
         cases.push_back(c);
       }
   return cases;
+}
+
+/// Attention sinks in decode (stages/sinks/): the empty request's o must be 0 and its lse
+/// the sink.
+inline std::vector<CaseSpec> sinks_decode_grid() {
+  return feature_decode_grid([](CaseSpec& c, int) { c.sinks = true; });
+}
+
+/// The logits soft cap in decode (stages/soft_cap/): caps from far below the scores (5) to
+/// Gemma 2's 50; q drawn wider on some cases, so that scores pass the cap many times over.
+inline std::vector<CaseSpec> soft_cap_decode_grid() {
+  return feature_decode_grid([](CaseSpec& c, int n) {
+    const double caps[] = {5.0, 30.0, 50.0};
+    c.logits_soft_cap = caps[(n / 3) % 3];
+    c.q_range = n % 4 == 3 ? 8.0 : 1.0;
+  });
 }
 
 /// Attention sinks in prefill and appends (stage 04's tiles, paged and ragged): causal or

@@ -77,8 +77,9 @@ __device__ __forceinline__ void rotate_tile(T* tile, int num_rows, int tid, cons
   }
 }
 
-/// The policy (16-bit q and K/V: fp16 or bf16).
-struct RopeInLoads {
+/// The policy (16-bit q and K/V: fp16 or bf16): the identity's logit and state hooks, its
+/// own q and tile hooks.
+struct RopeInLoads : kernels::IdentityPolicy {
   struct Params {
     const double* turns = nullptr;  ///< (head_dim / 2) turns per position f_i, device memory
     static Params from(const kernels::PolicyInputs& in) { return {in.rope_turns}; }
@@ -110,9 +111,6 @@ struct RopeInLoads {
   __device__ __forceinline__ static void on_k_tile(const Params& p, KV* tile, int tid, int first_position) {
     rotate_tile<Layout, KV, HEAD_DIM, THREADS>(tile, ROWS, tid, p.turns, [&](int r) { return first_position + r; });
   }
-
-  __device__ __forceinline__ static float on_logit(const Params&, float s2, int) { return s2; }
-  __device__ __forceinline__ static float on_state(const Params&, float&, float&, int, int) { return 1.f; }
 };
 
 }  // namespace flashstep::stages::rope

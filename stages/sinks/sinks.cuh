@@ -24,21 +24,12 @@
 
 namespace flashstep::stages::sinks {
 
-/// The policy.
-struct Sinks {
+/// The policy: the identity's hooks but one.
+struct Sinks : kernels::IdentityPolicy {
   struct Params {
     const float* sinks = nullptr;  ///< (num_qo_heads) natural-log sink logits, device memory
     static Params from(const kernels::PolicyInputs& in) { return {in.sinks}; }
   };
-  static constexpr bool kTouchesTiles = false;
-
-  template <typename T, int N>
-  __device__ __forceinline__ static void on_q(const Params&, float (&)[N], kernels::RowSlice) {}
-  template <typename Layout, typename T, int HEAD_DIM, int THREADS>
-  __device__ __forceinline__ static void on_q_tile(const Params&, T*, int, int, kernels::PackedRows) {}
-  template <typename Layout, typename KV, int HEAD_DIM, int ROWS, int THREADS>
-  __device__ __forceinline__ static void on_k_tile(const Params&, KV*, int, int) {}
-  __device__ __forceinline__ static float on_logit(const Params&, float s2, int) { return s2; }
 
   /// The sink's term joins the state of the keys from first_key = 0 (the whole request, or
   /// its first chunk); any later range's state is left as it is. Returns 2^(m - m'), the

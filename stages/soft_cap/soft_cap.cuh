@@ -17,8 +17,8 @@
 
 namespace flashstep::stages::soft_cap {
 
-/// The policy.
-struct SoftCap {
+/// The policy: the identity's hooks but one.
+struct SoftCap : kernels::IdentityPolicy {
   struct Params {
     float cap2 = 0.f;      ///< c log2(e): the cap in base-2 units
     float inv_cap2 = 0.f;  ///< 1 / cap2
@@ -27,21 +27,11 @@ struct SoftCap {
       return {cap2, 1.f / cap2};
     }
   };
-  static constexpr bool kTouchesTiles = false;
-
-  template <typename T, int N>
-  __device__ __forceinline__ static void on_q(const Params&, float (&)[N], kernels::RowSlice) {}
-  template <typename Layout, typename T, int HEAD_DIM, int THREADS>
-  __device__ __forceinline__ static void on_q_tile(const Params&, T*, int, int, kernels::PackedRows) {}
-  template <typename Layout, typename KV, int HEAD_DIM, int ROWS, int THREADS>
-  __device__ __forceinline__ static void on_k_tile(const Params&, KV*, int, int) {}
 
   /// s2 -> c2 tanh(s2 / c2).
   __device__ __forceinline__ static float on_logit(const Params& p, float s2, int) {
     return p.cap2 * tanhf(s2 * p.inv_cap2);
   }
-
-  __device__ __forceinline__ static float on_state(const Params&, float&, float&, int, int) { return 1.f; }
 };
 
 }  // namespace flashstep::stages::soft_cap

@@ -773,7 +773,9 @@ def test_decode_sinks_match_the_float64_oracle(torch, fsc, rng, dtype, layout, p
     o, lse = w.run(q, pool, return_lse=True, sinks=sinks)
     refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i], sinks=sinks) for i in range(len(kv_lens))]
     check_attention(torch, fsc, o, lse, refs, dtype, "decode sinks")
-    assert torch.equal(lse[0].double(), sinks.double()), "an empty request's lse is its sink"
+    # an empty request: o = 0 and lse = its sink (to the lse tolerance: the kernel carries it in base 2)
+    assert torch.count_nonzero(o[0]) == 0, "an empty request's output is 0"
+    cs.assert_close(torch, lse[0], sinks, fsc.tolerance(dtype, "lse"), "an empty request's lse is its sink")
     o2, lse2 = w.run(q, pool, return_lse=True)  # the same plan, no sinks
     refs = [cs.attention_reference(torch, q[i:i + 1], keys[i], values[i]) for i in range(len(kv_lens))]
     check_attention(torch, fsc, o2, lse2, refs, dtype, "decode after a run with sinks")

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <map>
 #include <optional>
 #include <string>
@@ -57,6 +59,30 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
     }
   }
   for (const auto& [name, count] : ran) std::printf("  %s: %d cases\n", name.c_str(), count);
+  return ran;
+}
+
+/// Validates `stage`, its runner made by `make` (one with options that force what the test
+/// is about: a split, a small ring), on every case of `grid` with at least `min_kv_len` keys;
+/// returns how many ran. Each case's seed comes from `tag` and its text; after 5 failures it
+/// stops early.
+inline int check_with_runner(stages::StageInfo stage, std::function<std::unique_ptr<stages::StageRunner>()> make,
+                             const std::vector<stages::harness::CaseSpec>& grid, int min_kv_len,
+                             const std::string& tag) {
+  using namespace stages::harness;
+  stage.make_runner = std::move(make);
+  int ran = 0, failures = 0;
+  for (const CaseSpec& spec : grid) {
+    if (spec.kv_len < min_kv_len) continue;
+    const auto& layouts = stage.kv_layouts;
+    if (std::find(layouts.begin(), layouts.end(), spec.kv_layout) == layouts.end()) continue;
+    const ValidationReport r = validate(stage, spec,
+                                        case_seed(run_seed(), tag + " " + stage.name + " " + spec.describe()));
+    ++ran;
+    CHECK_MESSAGE(r.passed, r.message());
+    if (!r.passed && ++failures >= 5) break;
+  }
+  std::printf("  %s, %s: %d cases\n", stage.name.c_str(), tag.c_str(), ran);
   return ran;
 }
 

@@ -47,7 +47,7 @@
 #include "flashstep/reference/sampling.hpp"
 #include "flashstep/reference/tiny_decoder.hpp"
 #include "phase_timer.hpp"  // flashstep::serve_measure_gpu (bench/serve/): the timing case's phases
-#include "registry.hpp"  // default_stage
+#include "registry.hpp"     // default_stage
 #include "support/expect_error.hpp"
 
 using namespace flashstep;

@@ -67,38 +67,20 @@ TEST_CASE("sinks prefill: every stage that takes them against the reference") {
 }
 
 TEST_CASE("sinks: forced splits (chunks that start past key 0 add no sink)") {
-  using namespace stages::harness;
-  int failures = 0, ran = 0;
-  for (const CaseSpec& spec : grids::sinks_decode_grid()) {
-    if (spec.kv_len < 300) continue;
-    split_kv::SplitKVOptions options;
-    options.min_kv_chunk_tokens = 16;  // chunks of one page and up
-    options.num_sm = 4;                // a small pretend device, so that every batch splits
-    options.path = split_kv::PathChoice::split;
-    StageInfo stage = split_kv::stage_info();
-    stage.make_runner = [options] { return std::make_unique<split_kv::SplitKVRunner>(options); };
-    const ValidationReport r = validate(stage, spec, case_seed(test::run_seed(), "sinks split " + spec.describe()));
-    ++ran;
-    CHECK_MESSAGE(r.passed, r.message());
-    if (!r.passed && ++failures >= 5) break;
-  }
-  for (const CaseSpec& spec : grids::sinks_prefill_grid()) {
-    if (spec.kv_len < 100) continue;
-    for (KVStorage storage : {KVStorage::paged, KVStorage::ragged}) {
-      StageInfo stage = storage == KVStorage::paged ? tensor_core::stage_info() : tensor_core::ragged_stage_info();
-      if (std::find(stage.kv_layouts.begin(), stage.kv_layouts.end(), spec.kv_layout) == stage.kv_layouts.end())
-        continue;
-      stage.make_runner = [storage] {
-        return std::make_unique<tensor_core::TensorCoreRunner>(storage, tensor_core::TensorCoreOptions{0, 64});
-      };
-      const ValidationReport r = validate(stage, spec,
-                                          case_seed(test::run_seed(), "sinks split " + stage.name + spec.describe()));
-      ++ran;
-      CHECK_MESSAGE(r.passed, r.message());
-      if (!r.passed && ++failures >= 5) break;
-    }
-  }
-  std::printf("  sinks, forced splits (03 and 04): %d cases\n", ran);
+  split_kv::SplitKVOptions options;
+  options.min_kv_chunk_tokens = 16;  // chunks of one page and up
+  options.num_sm = 4;                // a small pretend device, so that every batch splits
+  options.path = split_kv::PathChoice::split;
+  int ran = test::check_with_runner(
+      split_kv::stage_info(), [options] { return std::make_unique<split_kv::SplitKVRunner>(options); },
+      grids::sinks_decode_grid(), 300, "sinks split");
+  for (KVStorage storage : {KVStorage::paged, KVStorage::ragged})  // chunks of 64 keys
+    ran += test::check_with_runner(
+        storage == KVStorage::paged ? tensor_core::stage_info() : tensor_core::ragged_stage_info(),
+        [storage] {
+          return std::make_unique<tensor_core::TensorCoreRunner>(storage, tensor_core::TensorCoreOptions{0, 64});
+        },
+        grids::sinks_prefill_grid(), 100, "sinks split");
   CHECK(ran > 10);
 }
 

@@ -55,22 +55,13 @@ TEST_CASE("soft cap decode: every stage that caps against the reference") {
 }
 
 TEST_CASE("soft cap: forced splits (the cap on every chunk's scores, the merge unchanged)") {
-  using namespace stages::harness;
-  int failures = 0, ran = 0;
-  for (const CaseSpec& spec : grids::soft_cap_decode_grid()) {
-    if (spec.kv_len < 300) continue;
-    split_kv::SplitKVOptions options;
-    options.min_kv_chunk_tokens = 16;  // chunks of one page and up
-    options.num_sm = 4;                // a small pretend device, so that every batch splits
-    options.path = split_kv::PathChoice::split;
-    StageInfo stage = split_kv::stage_info();
-    stage.make_runner = [options] { return std::make_unique<split_kv::SplitKVRunner>(options); };
-    const ValidationReport r = validate(stage, spec, case_seed(test::run_seed(), "soft cap split " + spec.describe()));
-    ++ran;
-    CHECK_MESSAGE(r.passed, r.message());
-    if (!r.passed && ++failures >= 5) break;
-  }
-  std::printf("  03_split_kv soft cap, forced splits: %d cases\n", ran);
+  split_kv::SplitKVOptions options;
+  options.min_kv_chunk_tokens = 16;  // chunks of one page and up
+  options.num_sm = 4;                // a small pretend device, so that every batch splits
+  options.path = split_kv::PathChoice::split;
+  const int ran = test::check_with_runner(
+      split_kv::stage_info(), [options] { return std::make_unique<split_kv::SplitKVRunner>(options); },
+      grids::soft_cap_decode_grid(), 300, "soft cap split");
   CHECK(ran > 5);
 }
 

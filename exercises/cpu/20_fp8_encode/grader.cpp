@@ -16,9 +16,26 @@ uint8_t to_e4m3(double x);
 
 int main(int argc, char** argv) {
   return run_exercise(argc, argv, "fp8_encode", [](Grader& g, std::mt19937_64& rng) {
-    std::vector<double> xs = {0.0, -0.0, 1.0, -1.0, 448.0, -448.0, 460.0, 464.0, 1e9, -1e9,
-                              std::ldexp(1.0, -6), std::ldexp(1.0, -9), std::ldexp(1.0, -10), std::ldexp(3.0, -11),
-                              std::numeric_limits<double>::quiet_NaN(), 0.3, 1.0625, 1.1875, 240.0, 248.0};
+    std::vector<double> xs = {0.0,
+                              -0.0,
+                              1.0,
+                              -1.0,
+                              448.0,
+                              -448.0,
+                              460.0,
+                              464.0,
+                              1e9,
+                              -1e9,
+                              std::ldexp(1.0, -6),
+                              std::ldexp(1.0, -9),
+                              std::ldexp(1.0, -10),
+                              std::ldexp(3.0, -11),
+                              std::numeric_limits<double>::quiet_NaN(),
+                              0.3,
+                              1.0625,
+                              1.1875,
+                              240.0,
+                              248.0};
     // every midpoint between two neighbouring patterns: the ties
     for (int bits = 0; bits < 0x7e; ++bits) {
       const double lo = ref::fp8_to_double(static_cast<uint8_t>(bits), ref::FP8Format::e4m3);

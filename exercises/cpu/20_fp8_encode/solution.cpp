@@ -14,7 +14,7 @@ uint8_t to_e4m3(double x) {
   if (e < -6) e = -6;
   const double step = std::ldexp(1.0, e - 3);
   double q = std::nearbyint(a / step);  // the default rounding mode: ties to even
-  if (q >= 16 && e >= -6) {            // rounded up to the next binade
+  if (q >= 16 && e >= -6) {             // rounded up to the next binade
     q /= 2;
     e += 1;
   }

@@ -84,7 +84,9 @@ struct PackedRows {
   __device__ __forceinline__ int position(int r) const { return (first_row + r) / group + offset; }
 };
 
-/// The identity: every hook does nothing. The lesson kernels' default.
+/// The identity: every hook does nothing. The lesson kernels' default, and the base of a
+/// feature's policy, which defines only the hooks it needs (a hook it defines hides the
+/// identity's; each identity hook takes any policy's Params, so the others still apply).
 struct IdentityPolicy {
   struct Params {
     static Params from(const PolicyInputs&) { return {}; }
@@ -93,27 +95,31 @@ struct IdentityPolicy {
   static constexpr bool kTouchesTiles = false;
 
   /// \param q the thread's N dims of one query head, fp32, not yet scaled
-  template <typename T, int N>
-  __device__ __forceinline__ static void on_q(const Params&, float (&q)[N], RowSlice) {}
+  template <typename T, int N, typename P>
+  __device__ __forceinline__ static void on_q(const P&, float (&q)[N], RowSlice) {}
 
-  /// \param tile `rows` rows of the Q tile, element type T, laid out as Layout says
+  /// \param tile `num_rows` rows of the Q tile, element type T, laid out as Layout says
   /// \param tid this thread's index among THREADS \param rows where each row sits in the sequence
-  template <typename Layout, typename T, int HEAD_DIM, int THREADS>
-  __device__ __forceinline__ static void on_q_tile(const Params&, T* tile, int num_rows, int tid, PackedRows rows) {}
+  template <typename Layout, typename T, int HEAD_DIM, int THREADS, typename P>
+  __device__ __forceinline__ static void on_q_tile(const P&, T* tile, int num_rows, int tid, PackedRows rows) {}
 
   /// \param tile (ROWS, HEAD_DIM) keys, element type KV, laid out as Layout says
   /// \param tid this thread's index among THREADS \param first_position the tile's first key's position
-  template <typename Layout, typename KV, int HEAD_DIM, int ROWS, int THREADS>
-  __device__ __forceinline__ static void on_k_tile(const Params&, KV* tile, int tid, int first_position) {}
+  template <typename Layout, typename KV, int HEAD_DIM, int ROWS, int THREADS, typename P>
+  __device__ __forceinline__ static void on_k_tile(const P&, KV* tile, int tid, int first_position) {}
 
   /// \param s2 a base-2 score, q . k sm_scale log2(e) \param key_position the key's position
-  __device__ __forceinline__ static float on_logit(const Params&, float s2, int key_position) { return s2; }
+  template <typename P>
+  __device__ __forceinline__ static float on_logit(const P&, float s2, int key_position) {
+    return s2;
+  }
 
   /// \param m2 the state's base-2 running max (-inf: empty) \param d its denominator
   /// \param qo_head the head's index among the query heads
   /// \param first_key the first key of the range the state covers (0: the request's start)
   /// \return the factor the kernel multiplies the state's unnormalised o by (1: unchanged)
-  __device__ __forceinline__ static float on_state(const Params&, float& m2, float& d, int qo_head, int first_key) {
+  template <typename P>
+  __device__ __forceinline__ static float on_state(const P&, float& m2, float& d, int qo_head, int first_key) {
     return 1.f;
   }
 };
