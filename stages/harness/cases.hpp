@@ -682,9 +682,12 @@ inline std::vector<CaseSpec> rope_decode_grid() {
   return cases;
 }
 
-/// Stage 04's RoPE: appends (qo_len < kv_len) and prompts (qo_len == kv_len), causal or
-/// not, groups 1 to 32 (group 32 is its large-group decode), every head_dim.
-inline std::vector<CaseSpec> rope_prefill_grid() {
+/// The prefill and append cases of a feature of stages/ (stage 04's tiles): appends
+/// (qo_len < kv_len) and prompts (qo_len == kv_len), causal or not, groups 1 to 32 (group
+/// 32 is its large-group decode), every head_dim; `feature(c, n)` turns case n into the
+/// feature's.
+template <typename Feature>
+std::vector<CaseSpec> feature_prefill_grid(Feature feature) {
   std::vector<CaseSpec> cases;
   const int groups[] = {1, 4, 7, 32};
   const int head_dims[] = {64, 128, 256};
@@ -694,9 +697,6 @@ inline std::vector<CaseSpec> rope_prefill_grid() {
       for (bool causal : {false, true}) {
         CaseSpec c;
         c.mode = Mode::prefill;
-        c.pos_encoding = stages::PosEncoding::rope_llama;
-        c.rope_scale = kRopeParams[n % 2].scale;
-        c.rope_theta = kRopeParams[n % 2].theta;
         c.qo_len = qo_len;
         c.kv_len = qo_len + extra;
         c.causal = causal;
@@ -709,10 +709,24 @@ inline std::vector<CaseSpec> rope_prefill_grid() {
         c.kv_layout = kLayouts[(n / 4) % 2];
         c.page_size = n % 5 == 0 ? 1 : 16;
         c.lengths = n % 4 == 1 ? LengthPolicy::uniform : LengthPolicy::ragged;
-        ++n;
+        feature(c, n++);
         cases.push_back(c);
       }
   return cases;
+}
+
+/// RoPE in the loads (stages/rope/) in stage 04's prefill and appends.
+inline std::vector<CaseSpec> rope_prefill_grid() {
+  return feature_prefill_grid([](CaseSpec& c, int n) {
+    c.pos_encoding = stages::PosEncoding::rope_llama;
+    c.rope_scale = kRopeParams[n % 2].scale;
+    c.rope_theta = kRopeParams[n % 2].theta;
+  });
+}
+
+/// Attention sinks (stages/sinks/) in stage 04's prefill and appends.
+inline std::vector<CaseSpec> sinks_prefill_grid() {
+  return feature_prefill_grid([](CaseSpec& c, int) { c.sinks = true; });
 }
 
 /// The decode cases of a feature of stages/ (a policy of kernels/attention_policy.cuh):
@@ -759,38 +773,6 @@ inline std::vector<CaseSpec> soft_cap_decode_grid() {
     c.logits_soft_cap = caps[(n / 3) % 3];
     c.q_range = n % 4 == 3 ? 8.0 : 1.0;
   });
-}
-
-/// Attention sinks in prefill and appends (stage 04's tiles, paged and ragged): causal or
-/// not, appends (qo_len < kv_len) and prompts, groups 1 to 32, every head_dim, an empty
-/// request in some batches.
-inline std::vector<CaseSpec> sinks_prefill_grid() {
-  std::vector<CaseSpec> cases;
-  const int groups[] = {1, 4, 7, 32};
-  const int head_dims[] = {64, 128, 256};
-  int n = 0;
-  for (int qo_len : {1, 17, 128, 200})
-    for (int extra : {0, 45, 700})
-      for (bool causal : {false, true}) {
-        CaseSpec c;
-        c.mode = Mode::prefill;
-        c.sinks = true;
-        c.qo_len = qo_len;
-        c.kv_len = qo_len + extra;
-        c.causal = causal;
-        c.batch_size = qo_len * c.kv_len > 100000 ? 1 : 3;
-        const int group = groups[(n / 2) % 4];
-        c.num_kv_heads = group == 32 ? 1 : 2;
-        c.num_qo_heads = group * c.num_kv_heads;
-        c.head_dim = head_dims[n % 3];
-        c.dtype = (n / 3) % 2 ? DType::bf16 : DType::f16;
-        c.kv_layout = kLayouts[(n / 4) % 2];
-        c.page_size = n % 5 == 0 ? 1 : 16;
-        c.lengths = n % 4 == 1 ? LengthPolicy::uniform : LengthPolicy::ragged;
-        ++n;
-        cases.push_back(c);
-      }
-  return cases;
 }
 
 /// RoPE in the loads under compute-sanitizer: a few small cases of each stage.
