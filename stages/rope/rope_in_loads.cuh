@@ -35,6 +35,7 @@ namespace flashstep::stages::rope {
 
 /// Rotates the 16 values x (x[e] and x[8 + e] form pair pair0 + e) to `position`, in fp32,
 /// exactly as ref::rope_llama_fp32 does.
+/// \param x a row's 16 values, rotated in place \param position the row's position
 /// \param turns f_i of the eight pairs, device memory (read through L1 at each use: eight
 ///        doubles held in registers would spill at 128 registers a thread)
 __device__ __forceinline__ void rotate_half_pairs(float (&x)[16], int position, const double* turns) {
@@ -80,11 +81,13 @@ __device__ __forceinline__ void rotate_tile(T* tile, int num_rows, int tid, cons
 /// The policy (16-bit q and K/V: fp16 or bf16): the identity's logit and state hooks, its
 /// own q and tile hooks.
 struct RopeInLoads : kernels::IdentityPolicy {
+  /// What the hooks read at run time.
   struct Params {
     const double* turns = nullptr;  ///< (head_dim / 2) turns per position f_i, device memory
+    /// The turns of the runner's plan.
     static Params from(const kernels::PolicyInputs& in) { return {in.rope_turns}; }
   };
-  static constexpr bool kTouchesTiles = true;
+  static constexpr bool kTouchesTiles = true;  ///< the tile hooks rotate the tiles in place
 
   /// A decode thread's slice of q rotated to its position in registers, then rounded to T
   /// (q's type), as a key in the tile is.

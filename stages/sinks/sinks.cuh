@@ -26,8 +26,10 @@ namespace flashstep::stages::sinks {
 
 /// The policy: the identity's hooks but one.
 struct Sinks : kernels::IdentityPolicy {
+  /// What the hook reads at run time.
   struct Params {
     const float* sinks = nullptr;  ///< (num_qo_heads) natural-log sink logits, device memory
+    /// The run's sinks.
     static Params from(const kernels::PolicyInputs& in) { return {in.sinks}; }
   };
 

@@ -19,9 +19,11 @@ namespace flashstep::stages::soft_cap {
 
 /// The policy: the identity's hooks but one.
 struct SoftCap : kernels::IdentityPolicy {
+  /// What the hook reads at run time.
   struct Params {
     float cap2 = 0.f;      ///< c log2(e): the cap in base-2 units
     float inv_cap2 = 0.f;  ///< 1 / cap2
+    /// The plan's cap.
     static Params from(const kernels::PolicyInputs& in) {
       const float cap2 = in.logits_soft_cap * kernels::kLog2e;
       return {cap2, 1.f / cap2};

@@ -59,6 +59,7 @@ struct RowSlice {
 /// A tile of rows of HEAD_DIM 16-bit elements, stored row after row: chunk c (8 elements,
 /// 16 bytes) of row r at element r * HEAD_DIM + 8 c.
 struct RowMajorTile {
+  /// Element offset of chunk `c` of row `r`.
   template <int HEAD_DIM>
   __device__ __forceinline__ static uint32_t offset(uint32_t r, uint32_t c) {
     return r * HEAD_DIM + (c << 3);
@@ -68,6 +69,7 @@ struct RowMajorTile {
 /// The same rows with their chunks permuted by row (c XOR r % 8), the layout ldmatrix reads
 /// without bank conflicts (kernels/mma.cuh's swizzled_offset).
 struct SwizzledTile {
+  /// Element offset of chunk `c` of row `r`.
   template <int HEAD_DIM>
   __device__ __forceinline__ static uint32_t offset(uint32_t r, uint32_t c) {
     return r * HEAD_DIM + ((c ^ (r & 7u)) << 3);
@@ -81,6 +83,7 @@ struct PackedRows {
   int first_row;  ///< the tile's first packed row within its request
   int group;      ///< query heads per kv head (1: one row per token)
   int offset;     ///< the position of the request's first query token: kv_len - qo_len
+  /// The position of the tile's row `r`.
   __device__ __forceinline__ int position(int r) const { return (first_row + r) / group + offset; }
 };
 
@@ -88,7 +91,9 @@ struct PackedRows {
 /// feature's policy, which defines only the hooks it needs (a hook it defines hides the
 /// identity's; each identity hook takes any policy's Params, so the others still apply).
 struct IdentityPolicy {
+  /// What the hooks read at run time: nothing.
   struct Params {
+    /// The parameters from the inputs a stage's launch gathers.
     static Params from(const PolicyInputs&) { return {}; }
   };
   /// Whether on_q_tile and on_k_tile write the tile (the kernel then waits for every thread).
@@ -99,6 +104,7 @@ struct IdentityPolicy {
   __device__ __forceinline__ static void on_q(const P&, float (&q)[N], RowSlice) {}
 
   /// \param tile `num_rows` rows of the Q tile, element type T, laid out as Layout says
+  /// \param num_rows rows of the tile
   /// \param tid this thread's index among THREADS \param rows where each row sits in the sequence
   template <typename Layout, typename T, int HEAD_DIM, int THREADS, typename P>
   __device__ __forceinline__ static void on_q_tile(const P&, T* tile, int num_rows, int tid, PackedRows rows) {}
