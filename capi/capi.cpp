@@ -408,8 +408,6 @@ int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream)
     require_lazy((k_scale == 1.f && v_scale == 1.f) || !r->info->kv_dtypes.empty(), [&] {
       return "run: stage " + r->info->name + " reads no FP8 cache and applies no k_scale or v_scale (both must be 1)";
     });
-    require_lazy(batch->sinks == nullptr || r->info->sinks,
-                 [&] { return "run: stage " + r->info->name + " does not implement attention sinks"; });
     st::DeviceBatch d;
     d.q = batch->q;
     d.qo_indptr = batch->qo_indptr;
@@ -424,6 +422,9 @@ int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream)
     d.k_scale = k_scale;
     d.v_scale = v_scale;
     d.sinks = batch->sinks;
+    // what else the stage takes at run time (sinks), by the stage's own rule
+    const std::string why = r->info->unsupported_run_reason(d);
+    require_lazy(why.empty(), [&] { return "run: " + why; });
     r->runner->run(d, as_stream(stream));
     check_cuda(cudaGetLastError(), "run");
   });

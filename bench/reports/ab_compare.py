@@ -8,25 +8,19 @@ anything down is held to (a geometric mean of at least 0.98, no row below 0.95).
     python3 bench/reports/ab_compare.py --before base_1.json base_2.json --after new_1.json new_2.json \
         [--label "decode, same call"]
 
-Rows are keyed by their name up to the first "/min_time" or "/repeats" (the stage and the
-shape). Nothing here reads docs/results: the inputs are a run's own files.
+Rows are keyed as bench/reports/results.py (the one reader of these files) names them: the
+stage and the shape, times in us.
 """
 import argparse
-import json
 import math
 import statistics
 
+from results import load  # bench/reports/results.py
+
 
 def medians(path):
-    """{row: median real time} of one Google Benchmark JSON file (its *_median entries)."""
-    with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    out = {}
-    for b in data["benchmarks"]:
-        name = b["name"]
-        if name.endswith("_median"):
-            out[name.split("/min_time")[0].split("/repeats")[0]] = b["real_time"]
-    return out
+    """{row: median time in us} of one benchmark JSON file."""
+    return {r["name"]: r["median_us"] for r in load(path)["rows"]}
 
 
 def compare(before_files, after_files):

@@ -436,6 +436,14 @@ struct Scales {
 };
 inline const Scales kFP8Scales[] = {{1.0 / 200, 0.0123}, {3.7, 1.0 / 64}, {1.0 / 4096, 3.7}, {0.011, 1.0 / 1024}};
 
+/// `c`'s k_scale and v_scale from kFP8Scales: pair `which` (0 or 1) of the two for format `kv`
+/// (e4m3's are the first two, e5m2's the last two).
+inline void set_fp8_scales(CaseSpec& c, DType kv, int which) {
+  const Scales& sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + which];
+  c.k_scale = sc.k;
+  c.v_scale = sc.v;
+}
+
 /// Decode over an FP8 cache (stages that declare kv_dtypes: 02 and 03): both formats, both
 /// layouts, pages of 1 and 16, shuffled (and now and then sequential) pages, GQA groups
 /// 1/4/8, head_dim 64/128/256, without scales and with each of kFP8Scales; q and o in
@@ -466,9 +474,7 @@ inline std::vector<CaseSpec> decode_fp8_grid() {
               c.lengths = n % 7 == 3 && c.batch_size > 1 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
               c.page_order = n % 5 == 4 ? PageOrder::sequential : PageOrder::shuffled;
               if (scaled) {
-                const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 4) % 2];
-                c.k_scale = sc.k;
-                c.v_scale = sc.v;
+                set_fp8_scales(c, kv, (n / 4) % 2);
               }
               ++n;
               cases.push_back(c);
@@ -493,9 +499,7 @@ inline std::vector<CaseSpec> decode_fp8_long_grid() {
         c.page_size = page;
         c.kv_layout = kLayouts[(n / 2) % 2];
         if (n % 2) {
-          const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 4) % 2];
-          c.k_scale = sc.k;
-          c.v_scale = sc.v;
+          set_fp8_scales(c, kv, (n / 4) % 2);
         }
         ++n;
         cases.push_back(c);
@@ -522,9 +526,7 @@ inline std::vector<CaseSpec> decode_fp8_sanitizer_grid() {
       c.kv_layout = kLayouts[n % 2];
       c.lengths = n == 4 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
       if (n % 2 == 0) {
-        const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 2) % 2];
-        c.k_scale = sc.k;
-        c.v_scale = sc.v;
+        set_fp8_scales(c, kv, (n / 2) % 2);
       }
       ++n;
       cases.push_back(c);
@@ -544,9 +546,7 @@ inline std::vector<CaseSpec> tensor_core_fp8_grid() {
     const DType kv = n % 2 ? DType::e5m2 : DType::e4m3;
     c.kv_dtype = kv;
     if (n % 4 >= 2) {
-      const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 0 : 2) + (n / 4) % 2];
-      c.k_scale = sc.k;
-      c.v_scale = sc.v;
+      set_fp8_scales(c, kv, (n / 4) % 2);
     }
     ++n;
     cases.push_back(c);
@@ -566,9 +566,7 @@ inline std::vector<CaseSpec> tensor_core_fp8_sanitizer_grid() {
     const DType kv = i % 2 ? DType::e5m2 : DType::e4m3;
     cases[i].kv_dtype = kv;
     if (i % 4 >= 2) {
-      const Scales sc = kFP8Scales[(kv == DType::e4m3 ? 1 : 3)];
-      cases[i].k_scale = sc.k;
-      cases[i].v_scale = sc.v;
+      set_fp8_scales(cases[i], kv, 1);
     }
   }
   return cases;

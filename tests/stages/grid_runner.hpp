@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "03_split_kv/split_kv.hpp"
+#include "04_tensor_core/tensor_core.hpp"
 #include "harness/validate.hpp"
 #include "registry.hpp"
 #include "support/random.hpp"
@@ -60,6 +62,24 @@ inline std::map<std::string, int> check_grid(const std::vector<stages::harness::
   }
   for (const auto& [name, count] : ran) std::printf("  %s: %d cases\n", name.c_str(), count);
   return ran;
+}
+
+/// Stage 03's runner on a small pretend device (4 SMs) told to split, into chunks of one page
+/// and up: every batch splits, and every chunk but a request's first starts past key 0.
+inline std::function<std::unique_ptr<stages::StageRunner>()> split_kv_forced_split() {
+  stages::split_kv::SplitKVOptions options;
+  options.min_kv_chunk_tokens = 16;
+  options.num_sm = 4;
+  options.path = stages::split_kv::PathChoice::split;
+  return [options] { return std::make_unique<stages::split_kv::SplitKVRunner>(options); };
+}
+
+/// Stage 04's runner over `storage` with the KV cut into chunks of 64 keys.
+inline std::function<std::unique_ptr<stages::StageRunner>()> tensor_core_forced_split(stages::KVStorage storage) {
+  return [storage] {
+    return std::make_unique<stages::tensor_core::TensorCoreRunner>(storage,
+                                                                   stages::tensor_core::TensorCoreOptions{0, 64});
+  };
 }
 
 /// Validates `stage`, its runner made by `make` (one with options that force what the test

@@ -155,12 +155,8 @@ TEST_CASE("rope_llama: forced splits (chunks that start past position 0) in both
   int failures = 0, n = 0;
   for (const CaseSpec& spec : grids::rope_decode_grid()) {
     if (spec.kv_len < 300 || n++ % 2) continue;
-    split_kv::SplitKVOptions options;
-    options.min_kv_chunk_tokens = 16;  // chunks of one page and up
-    options.num_sm = 4;                // a small pretend device, so that every batch splits
-    options.path = split_kv::PathChoice::split;
     StageInfo stage = split_kv::stage_info();
-    stage.make_runner = [options] { return std::make_unique<split_kv::SplitKVRunner>(options); };
+    stage.make_runner = test::split_kv_forced_split();
     const ValidationReport r = validate(stage, spec, case_seed(test::run_seed(), "rope split " + spec.describe()));
     CHECK_MESSAGE(r.passed, r.message());
     if (!r.passed && ++failures >= 5) break;
@@ -168,9 +164,7 @@ TEST_CASE("rope_llama: forced splits (chunks that start past position 0) in both
   for (const CaseSpec& spec : grids::rope_prefill_grid()) {
     if (spec.kv_len < 100) continue;
     StageInfo stage = tensor_core::stage_info();
-    stage.make_runner = [] {
-      return std::make_unique<tensor_core::TensorCoreRunner>(KVStorage::paged, tensor_core::TensorCoreOptions{0, 64});
-    };
+    stage.make_runner = test::tensor_core_forced_split(KVStorage::paged);
     const ValidationReport r = validate(stage, spec, case_seed(test::run_seed(), "rope split " + spec.describe()));
     CHECK_MESSAGE(r.passed, r.message());
     if (!r.passed && ++failures >= 5) break;

@@ -67,20 +67,12 @@ TEST_CASE("sinks prefill: every stage that takes them against the reference") {
 }
 
 TEST_CASE("sinks: forced splits (chunks that start past key 0 add no sink)") {
-  split_kv::SplitKVOptions options;
-  options.min_kv_chunk_tokens = 16;  // chunks of one page and up
-  options.num_sm = 4;                // a small pretend device, so that every batch splits
-  options.path = split_kv::PathChoice::split;
-  int ran = test::check_with_runner(
-      split_kv::stage_info(), [options] { return std::make_unique<split_kv::SplitKVRunner>(options); },
-      grids::sinks_decode_grid(), 300, "sinks split");
-  for (KVStorage storage : {KVStorage::paged, KVStorage::ragged})  // chunks of 64 keys
+  int ran = test::check_with_runner(split_kv::stage_info(), test::split_kv_forced_split(), grids::sinks_decode_grid(),
+                                    300, "sinks split");
+  for (KVStorage storage : {KVStorage::paged, KVStorage::ragged})
     ran += test::check_with_runner(
         storage == KVStorage::paged ? tensor_core::stage_info() : tensor_core::ragged_stage_info(),
-        [storage] {
-          return std::make_unique<tensor_core::TensorCoreRunner>(storage, tensor_core::TensorCoreOptions{0, 64});
-        },
-        grids::sinks_prefill_grid(), 100, "sinks split");
+        test::tensor_core_forced_split(storage), grids::sinks_prefill_grid(), 100, "sinks split");
   CHECK(ran > 10);
 }
 

@@ -55,13 +55,8 @@ TEST_CASE("soft cap decode: every stage that caps against the reference") {
 }
 
 TEST_CASE("soft cap: forced splits (the cap on every chunk's scores, the merge unchanged)") {
-  split_kv::SplitKVOptions options;
-  options.min_kv_chunk_tokens = 16;  // chunks of one page and up
-  options.num_sm = 4;                // a small pretend device, so that every batch splits
-  options.path = split_kv::PathChoice::split;
-  const int ran = test::check_with_runner(
-      split_kv::stage_info(), [options] { return std::make_unique<split_kv::SplitKVRunner>(options); },
-      grids::soft_cap_decode_grid(), 300, "soft cap split");
+  const int ran = test::check_with_runner(split_kv::stage_info(), test::split_kv_forced_split(),
+                                          grids::soft_cap_decode_grid(), 300, "soft cap split");
   CHECK(ran > 5);
 }
 
