@@ -17,7 +17,17 @@ using namespace flashstep;
 using namespace flashstep::stages;
 namespace grids = flashstep::stages::harness::grids;
 
+/// Stage 07 runs only from a build with sm_90a code on an sm_90 GPU; anywhere else (an
+/// A100, or a Hopper running a compute_80 build's PTX) its rules refuse every batch by
+/// name, and the cases that run its kernels say why they skip instead of failing.
+bool hopper_runs_here() {
+  const std::string why = hopper::hopper_unavailable_reason();
+  if (!why.empty()) MESSAGE("skipped, stage 07 does not run here: " << why);
+  return why.empty();
+}
+
 TEST_CASE("07_hopper: tails of the 128-row, 128-key tiles, groups 1..32, head_dim 64, 128 and 256, causal and not") {
+  if (!hopper_runs_here()) return;
   // over ragged K/V and over shuffled pages of 1, 3, 16 and 64 tokens, NHD and HND
   const auto ran = test::check_grid(grids::hopper_tail_grid());
   CHECK(ran.count("07_hopper_ragged"));
@@ -25,6 +35,7 @@ TEST_CASE("07_hopper: tails of the 128-row, 128-key tiles, groups 1..32, head_di
 }
 
 TEST_CASE("07_hopper: one long request (4096, 16384 and 32768 tokens), and more units than multiprocessors") {
+  if (!hopper_runs_here()) return;
   // on stage 07 alone: the double-precision reference of a 16384-token request is the cost
   const StageInfo& stage = find_stage("07_hopper_ragged");
   for (const harness::CaseSpec& c : grids::hopper_long_grid()) {
@@ -40,6 +51,7 @@ StageInfo with_options(StageInfo info, hopper::HopperOptions options) {
 }
 
 TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by stage 03's kernel") {
+  if (!hopper_runs_here()) return;
   // stage 04's sanitizer and decode grids (windows, soft caps, groups 16 and 32) and the
   // tail grid, on both entries, every case split
   using namespace stages::harness;
@@ -131,6 +143,7 @@ TEST_CASE(
 }  // TEST_SUITE("host")
 
 TEST_CASE("07_hopper: sanitizer subset") {
+  if (!hopper_runs_here()) return;
   // a few small cases on stage 07 alone, for compute-sanitizer (memcheck, racecheck,
   // synccheck): head_dim 64, 128 and 256, both dtypes, causal and not, a tail, an empty request, GQA
   // groups 1 and 4, and one batch of more units than multiprocessors
