@@ -19,3 +19,4 @@
 #include "flashstep/reference/fp8.hpp"             // IWYU pragma: export
 #include "flashstep/reference/rope.hpp"            // IWYU pragma: export
 #include "flashstep/reference/rope_fp32.hpp"       // IWYU pragma: export
+#include "flashstep/reference/mla.hpp"             // IWYU pragma: export

@@ -1,0 +1,221 @@
+// MLA: the naive form (per-head keys and values up-projected from the latents) and the
+// absorbed form (every head on the shared latents) agree; the absorbed form equals ordinary
+// attention over [c ; k_pe]; paged, ragged and single calls agree for any page size;
+// bad input is refused by name.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <flashstep/reference.hpp>
+#include <numeric>
+
+#include "support/random.hpp"
+
+using namespace flashstep;
+using ref::Tensor;
+
+namespace {
+
+/// DeepSeek's shapes, scaled down so the double reference stays quick: kv_lora_rank 32,
+/// rope_dim 8, head_dim_nope 12, head_dim_vo 10.
+constexpr int64_t kRank = 32, kRope = 8, kNope = 12, kVo = 10;
+
+double model_scale() { return 1.0 / std::sqrt(static_cast<double>(kNope + kRope)); }
+
+/// Rows [r0, r0 + n) of a tensor's first dimension.
+Tensor rows(const Tensor& t, int64_t r0, int64_t n) {
+  std::vector<int64_t> shape = t.shape;
+  shape[0] = n;
+  const int64_t per = t.numel() / std::max<int64_t>(t.dim(0), 1);
+  return Tensor(shape, std::vector<double>(t.data.begin() + r0 * per, t.data.begin() + (r0 + n) * per));
+}
+
+/// A paged latent cache holding per-request latents, pages handed out from a shuffled
+/// list, every slot a request does not own NaN (a reader of one fails the check).
+ref::PagedLatentCache make_cache(std::mt19937_64& rng, const std::vector<Tensor>& ckv, const std::vector<Tensor>& kpe,
+                                 int64_t page) {
+  int64_t need = 0;
+  for (const Tensor& c : ckv) need += (c.dim(0) + page - 1) / page;
+  const int64_t num_pages = need + 3;
+  std::vector<int32_t> order(static_cast<size_t>(num_pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  ref::PagedLatentCache cache;
+  cache.ckv_pages = Tensor({num_pages, page, kRank}, NAN);
+  cache.kpe_pages = Tensor({num_pages, page, kRope}, NAN);
+  cache.kv_indptr = {0};
+  size_t next = 0;
+  for (size_t b = 0; b < ckv.size(); ++b) {
+    const int64_t len = ckv[b].dim(0);
+    for (int64_t t = 0; t < len; ++t) {
+      if (t % page == 0) cache.kv_indices.push_back(order[next++]);
+      const int64_t p = cache.kv_indices.back();
+      for (int64_t d = 0; d < kRank; ++d) cache.ckv_pages({p, t % page, d}) = ckv[b]({t, d});
+      for (int64_t d = 0; d < kRope; ++d) cache.kpe_pages({p, t % page, d}) = kpe[b]({t, d});
+    }
+    cache.kv_indptr.push_back(static_cast<int32_t>(cache.kv_indices.size()));
+    cache.kv_len.push_back(static_cast<int32_t>(len));
+  }
+  return cache;
+}
+
+}  // namespace
+
+TEST_CASE("mla: the naive and the absorbed form agree (decode and causal append)") {
+  auto rng = test::case_rng("mla naive vs absorbed");
+  CAPTURE(test::run_seed());
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t heads = test::random_int(rng, 1, 6), kv_len = test::random_int(rng, 1, 50);
+    const int64_t qo_len = trial % 2 ? 1 : test::random_int(rng, 1, 6);
+    const bool causal = trial % 3 != 0;
+    CAPTURE(heads);
+    CAPTURE(kv_len);
+    CAPTURE(qo_len);
+    CAPTURE(causal);
+    const Tensor q_nope = test::random_tensor(rng, {qo_len, heads, kNope}, -2, 2);
+    const Tensor q_pe = test::random_tensor(rng, {qo_len, heads, kRope}, -2, 2);
+    const Tensor ckv = test::random_tensor(rng, {kv_len, kRank}), kpe = test::random_tensor(rng, {kv_len, kRope});
+    const ref::MlaWeights w{test::random_tensor(rng, {heads, kNope, kRank}, -0.5, 0.5),
+                            test::random_tensor(rng, {heads, kVo, kRank}, -0.5, 0.5)};
+    ref::MlaOptions opt;
+    opt.causal = causal;
+    const ref::AttentionResult naive = ref::mla_naive(q_nope, q_pe, ckv, kpe, w, opt);  // default scale
+    opt.sm_scale = model_scale();
+    const ref::AttentionResult lat = ref::mla_attention(ref::mla_absorb_query(q_nope, w.w_uk), q_pe, ckv, kpe, opt);
+    const Tensor o = ref::mla_project_output(lat.o, w.w_uv);
+    CHECK(ref::max_abs_diff(o, naive.o) < 1e-12);
+    CHECK(ref::max_abs_diff(lat.lse, naive.lse) < 1e-12);
+    // the check can fail: the scale of the absorbed shapes (1/sqrt(rank + rope)) is not MLA's
+    opt.sm_scale = 1.0 / std::sqrt(static_cast<double>(kRank + kRope));
+    const ref::AttentionResult wrong = ref::mla_attention(ref::mla_absorb_query(q_nope, w.w_uk), q_pe, ckv, kpe, opt);
+    if (kv_len > 1) CHECK(ref::max_abs_diff(wrong.lse, naive.lse) > 1e-6);
+  }
+}
+
+TEST_CASE("mla: the absorbed form is ordinary attention over [c ; k_pe] with c as the value") {
+  // an oracle outside mla.cpp: the reference's single prefill on an MQA problem, q = [q_lat ;
+  // q_pe], k = [c ; k_pe], v = [c ; 0], one kv head for every query head
+  auto rng = test::case_rng("mla vs single prefill");
+  CAPTURE(test::run_seed());
+  const int64_t heads = 4, qo_len = 3, kv_len = 29;
+  const Tensor q_lat = test::random_tensor(rng, {qo_len, heads, kRank}, -1, 1);
+  const Tensor q_pe = test::random_tensor(rng, {qo_len, heads, kRope}, -1, 1);
+  const Tensor ckv = test::random_tensor(rng, {kv_len, kRank}), kpe = test::random_tensor(rng, {kv_len, kRope});
+  Tensor q({qo_len, heads, kRank + kRope}), k({kv_len, 1, kRank + kRope}), v({kv_len, 1, kRank + kRope});
+  for (int64_t i = 0; i < qo_len; ++i)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < kRank + kRope; ++d) q({i, h, d}) = d < kRank ? q_lat({i, h, d}) : q_pe({i, h, d - kRank});
+  for (int64_t j = 0; j < kv_len; ++j)
+    for (int64_t d = 0; d < kRank + kRope; ++d) {
+      k({j, 0, d}) = d < kRank ? ckv({j, d}) : kpe({j, d - kRank});
+      v({j, 0, d}) = d < kRank ? ckv({j, d}) : 0.0;
+    }
+  ref::AttentionOptions aopt;
+  aopt.causal = true;
+  aopt.sm_scale = model_scale();
+  const ref::AttentionResult want = ref::single_prefill_with_kv_cache(q, k, v, aopt);
+  ref::MlaOptions opt;
+  opt.causal = true;
+  opt.sm_scale = model_scale();
+  const ref::AttentionResult got = ref::mla_attention(q_lat, q_pe, ckv, kpe, opt);
+  double err = 0;
+  for (int64_t i = 0; i < qo_len; ++i)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < kRank; ++d) err = std::max(err, std::abs(got.o({i, h, d}) - want.o({i, h, d})));
+  CHECK(err < 1e-13);
+  CHECK(ref::max_abs_diff(got.lse, want.lse) < 1e-13);
+}
+
+TEST_CASE("mla: paged (pages of 1, 3, 16, 64, shuffled), ragged and single calls agree") {
+  auto rng = test::case_rng("mla paged ragged");
+  CAPTURE(test::run_seed());
+  for (const bool append : {false, true}) {
+    CAPTURE(append);
+    const int64_t heads = 3;
+    // an empty request and one shorter than its queries (those rows see no key: o = 0, lse = -inf)
+    const std::vector<int64_t> kv_lens{37, 0, 1, 70, 2};
+    std::vector<Tensor> ckv, kpe;
+    std::vector<int32_t> qo_indptr{0}, kv_indptr{0};
+    for (int64_t len : kv_lens) {
+      ckv.push_back(test::random_tensor(rng, {len, kRank}));
+      kpe.push_back(test::random_tensor(rng, {len, kRope}));
+      qo_indptr.push_back(qo_indptr.back() + (append ? 4 : 1));
+      kv_indptr.push_back(kv_indptr.back() + static_cast<int32_t>(len));
+    }
+    const int64_t nnz_qo = qo_indptr.back();
+    const Tensor q_lat = test::random_tensor(rng, {nnz_qo, heads, kRank}, -2, 2);
+    const Tensor q_pe = test::random_tensor(rng, {nnz_qo, heads, kRope}, -2, 2);
+    ref::MlaOptions opt;
+    opt.causal = append;
+    opt.sm_scale = model_scale();
+    // ragged: every request's latents one after the other
+    Tensor all_ckv({kv_indptr.back(), kRank}), all_kpe({kv_indptr.back(), kRope});
+    for (size_t b = 0; b < kv_lens.size(); ++b) {
+      std::copy(ckv[b].data.begin(), ckv[b].data.end(), all_ckv.data.begin() + kv_indptr[b] * kRank);
+      std::copy(kpe[b].data.begin(), kpe[b].data.end(), all_kpe.data.begin() + kv_indptr[b] * kRope);
+    }
+    const ref::AttentionResult ragged = ref::batch_mla_ragged_attention(q_lat, q_pe, qo_indptr, all_ckv, all_kpe,
+                                                                        kv_indptr, opt);
+    for (size_t b = 0; b < kv_lens.size(); ++b) {
+      const int64_t q0 = qo_indptr[b], n = qo_indptr[b + 1] - q0;
+      const ref::AttentionResult one = ref::mla_attention(rows(q_lat, q0, n), rows(q_pe, q0, n), ckv[b], kpe[b], opt);
+      CHECK(ref::max_abs_diff(rows(ragged.o, q0, n), one.o) == 0.0);
+      CHECK(ref::max_abs_diff(rows(ragged.lse, q0, n), one.lse) == 0.0);
+    }
+    CHECK(ragged.lse({qo_indptr[1], 0}) == -INFINITY);              // the empty request
+    if (append) CHECK(ragged.lse({qo_indptr[2], 0}) == -INFINITY);  // 4 queries over 1 key: the first sees none
+    for (int64_t page : {1, 3, 16, 64}) {
+      CAPTURE(page);
+      const ref::PagedLatentCache cache = make_cache(rng, ckv, kpe, page);
+      const ref::AttentionResult paged = ref::batch_mla_paged_attention(q_lat, q_pe, qo_indptr, cache, opt);
+      CHECK(ref::max_abs_diff(paged.o, ragged.o) == 0.0);
+      CHECK(ref::max_abs_diff(paged.lse, ragged.lse) == 0.0);
+    }
+  }
+}
+
+TEST_CASE("mla: bad input is refused, naming the function and the argument") {
+  auto rng = test::case_rng("mla bad input");
+  const Tensor q_lat = test::random_tensor(rng, {2, 2, kRank}), q_pe = test::random_tensor(rng, {2, 2, kRope});
+  const Tensor ckv = test::random_tensor(rng, {5, kRank}), kpe = test::random_tensor(rng, {5, kRope});
+  ref::MlaOptions opt;
+  auto fails_with = [](auto&& call, const std::string& what) {
+    try {
+      call();
+    } catch (const ref::InvalidArgument& e) {
+      const std::string msg = e.what();
+      CHECK_MESSAGE(msg.find(what) != std::string::npos, msg);
+      return;
+    }
+    FAIL("no InvalidArgument for: " << what);
+  };
+  fails_with([&] { ref::mla_attention(q_lat, q_pe, ckv, kpe, opt); }, "mla_attention: sm_scale is required");
+  opt.sm_scale = model_scale();
+  fails_with([&] { ref::mla_attention(q_lat, q_pe, test::random_tensor(rng, {5, kRank + 1}), kpe, opt); }, "ckv");
+  fails_with([&] { ref::mla_attention(q_lat, q_pe, ckv, test::random_tensor(rng, {4, kRope}), opt); }, "kpe");
+  fails_with([&] { ref::mla_attention(q_lat, test::random_tensor(rng, {2, 3, kRope}), ckv, kpe, opt); }, "q_pe");
+  Tensor nan_q = q_lat;
+  nan_q.data[3] = NAN;
+  fails_with([&] { ref::mla_attention(nan_q, q_pe, ckv, kpe, opt); }, "q_lat");
+  const ref::MlaWeights w{test::random_tensor(rng, {2, kNope, kRank}), test::random_tensor(rng, {3, kVo, kRank})};
+  fails_with([&] { ref::mla_naive(test::random_tensor(rng, {2, 2, kNope}), q_pe, ckv, kpe, w); }, "mla_naive: w.w_uv");
+  // a cache that disagrees with itself or with the queries
+  ref::PagedLatentCache cache = make_cache(rng, {ckv}, {kpe}, 2);
+  const std::vector<int32_t> qo_indptr{0, 2};
+  ref::PagedLatentCache bad = cache;
+  bad.kv_len[0] = 7;  // 3 pages of 2 hold at most 6
+  fails_with([&] { ref::batch_mla_paged_attention(q_lat, q_pe, qo_indptr, bad, opt); }, "kv_len[0]");
+  bad = cache;
+  bad.kv_len[0] = 2;  // needs 1 page, owns 3
+  fails_with([&] { ref::batch_mla_paged_attention(q_lat, q_pe, qo_indptr, bad, opt); }, "kv_len[0]");
+  bad = cache;
+  bad.kpe_pages = Tensor({bad.ckv_pages.dim(0), 3, kRope});
+  fails_with([&] { ref::batch_mla_paged_attention(q_lat, q_pe, qo_indptr, bad, opt); }, "kpe_pages");
+  bad = cache;
+  bad.kv_indices[1] = 1000;
+  fails_with([&] { ref::batch_mla_paged_attention(q_lat, q_pe, qo_indptr, bad, opt); }, "kv_indices[1]");
+  bad = cache;
+  bad.ckv_pages({bad.kv_indices[0], 1, 0}) = NAN;  // a slot the request owns
+  fails_with([&] { ref::batch_mla_paged_attention(q_lat, q_pe, qo_indptr, bad, opt); }, "ckv_pages");
+  fails_with([&] { ref::batch_mla_paged_attention(q_lat, q_pe, {0, 3}, cache, opt); }, "qo_indptr");
+}
