@@ -75,6 +75,7 @@ const std::vector<Exercise>& catalogue() {
       lesson_exercise("18_attention_sinks", "sinks"),
       lesson_exercise("19_soft_cap", "soft_cap"),
       lesson_exercise("20_fp8_encode", "fp8"),
+      lesson_exercise("21_mla_absorb", "mla"),
       stage_exercise("01_naive", "GPU", "exercise.cu"),
       stage_exercise("02_paged", "GPU", "exercise.cu"),
       stage_exercise("03_split_kv", "GPU", "exercise.cu"),
