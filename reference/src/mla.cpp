@@ -176,22 +176,32 @@ AttentionResult mla_naive(const Tensor& q_nope, const Tensor& q_pe, const Tensor
   return r;
 }
 
+namespace {
+
+/// y[i, h] = M_h x[i, h] for every token i and head h, with M_h = w[h] or, transposed,
+/// w[h]^T: the per-head projections of the absorbed form.
+Tensor project_heads(const Tensor& x, const Tensor& w, bool transposed) {
+  const int64_t n = x.dim(0), heads = x.dim(1), out_dim = transposed ? w.dim(2) : w.dim(1);
+  Tensor y({n, heads, out_dim});
+  for (int64_t h = 0; h < heads; ++h) {
+    const Matrix m = transposed ? Matrix(head_matrix(w, h).transpose()) : head_matrix(w, h);
+    for (int64_t i = 0; i < n; ++i) {
+      const Eigen::VectorXd out = m * row_of(x, i, h);
+      for (int64_t d = 0; d < out_dim; ++d) y({i, h, d}) = out(d);
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
 Tensor mla_absorb_query(const Tensor& q_nope, const Tensor& w_uk) {
   constexpr const char* fn = "mla_absorb_query";
   check_rank(fn, "q_nope", q_nope, 3);
   check_rank(fn, "w_uk", w_uk, 3);
   check_dim(fn, "w_uk", w_uk, 0, q_nope.dim(1), "num_heads, must match q_nope");
   check_dim(fn, "w_uk", w_uk, 1, q_nope.dim(2), "head_dim_nope, must match q_nope");
-  const int64_t n = q_nope.dim(0), heads = q_nope.dim(1), rank = w_uk.dim(2);
-  Tensor q_lat({n, heads, rank});
-  for (int64_t h = 0; h < heads; ++h) {
-    const Matrix wt = head_matrix(w_uk, h).transpose();  // (rank, nope)
-    for (int64_t i = 0; i < n; ++i) {
-      const Eigen::VectorXd lat = wt * row_of(q_nope, i, h);
-      for (int64_t d = 0; d < rank; ++d) q_lat({i, h, d}) = lat(d);
-    }
-  }
-  return q_lat;
+  return project_heads(q_nope, w_uk, true);  // W_UK[h]^T q_nope_h: (rank, nope) x (nope)
 }
 
 Tensor mla_project_output(const Tensor& o_lat, const Tensor& w_uv) {
@@ -200,16 +210,7 @@ Tensor mla_project_output(const Tensor& o_lat, const Tensor& w_uv) {
   check_rank(fn, "w_uv", w_uv, 3);
   check_dim(fn, "w_uv", w_uv, 0, o_lat.dim(1), "num_heads, must match o_lat");
   check_dim(fn, "w_uv", w_uv, 2, o_lat.dim(2), "kv_lora_rank, must match o_lat");
-  const int64_t n = o_lat.dim(0), heads = o_lat.dim(1), dvo = w_uv.dim(1);
-  Tensor o({n, heads, dvo});
-  for (int64_t h = 0; h < heads; ++h) {
-    const Matrix wv = head_matrix(w_uv, h);  // (dvo, rank)
-    for (int64_t i = 0; i < n; ++i) {
-      const Eigen::VectorXd out = wv * row_of(o_lat, i, h);
-      for (int64_t d = 0; d < dvo; ++d) o({i, h, d}) = out(d);
-    }
-  }
-  return o;
+  return project_heads(o_lat, w_uv, false);  // W_UV[h] o_lat_h: (vo, rank) x (rank)
 }
 
 AttentionResult mla_attention(const Tensor& q_lat, const Tensor& q_pe, const Tensor& ckv, const Tensor& kpe,
