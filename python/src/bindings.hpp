@@ -67,6 +67,7 @@ void bind_structures(py::module_& m);
 void bind_sampling(py::module_& m);
 void bind_decoder(py::module_& m);
 void bind_rope(py::module_& m);
+void bind_mla(py::module_& m);
 /// The harness's tolerance table (empty where the build has no harness).
 void bind_tolerances(py::module_& m);
 

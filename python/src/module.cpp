@@ -16,6 +16,7 @@ PYBIND11_MODULE(_flashstep, m) {
   fp::bind_sampling(m);
   fp::bind_decoder(m);
   fp::bind_rope(m);
+  fp::bind_mla(m);
   fp::bind_tolerances(m);
   // Later topics add one line each here.
 }
