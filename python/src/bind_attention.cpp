@@ -55,11 +55,6 @@ void check_pool_layout(const ref::PagedKVCache& c, const char* fn) {
                              "\", or lay the pool out as " + shown);
 }
 
-py::object finish(const ref::AttentionResult& r, bool return_lse) {
-  if (return_lse) return py::make_tuple(to_numpy(r.o), to_numpy(r.lse));
-  return to_numpy(r.o);
-}
-
 }  // namespace
 
 ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::handle& kv_indptr,
@@ -101,7 +96,7 @@ void bind_attention(py::module_& m) {
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_decode_with_kv_cache";
         auto opt = make_options(fn, false, kv_layout, sm_scale, window_left, logits_soft_cap);
-        return finish(
+        return to_python(
             ref::single_decode_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_tensor(v, fn, "v"), opt),
             return_lse);
       },
@@ -122,7 +117,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
          std::optional<double> sm_scale, int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "single_prefill_with_kv_cache";
         auto opt = make_options(fn, causal, kv_layout, sm_scale, window_left, logits_soft_cap);
-        return finish(
+        return to_python(
             ref::single_prefill_with_kv_cache(to_tensor(q, fn, "q"), to_tensor(k, fn, "k"), to_tensor(v, fn, "v"), opt),
             return_lse);
       },
@@ -146,7 +141,7 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
         const char* fn = "batch_decode_with_paged_kv_cache";
         auto opt = make_options(fn, false, kv_layout, sm_scale, window_left, logits_soft_cap);
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
-        return finish(ref::batch_decode_with_paged_kv_cache(to_tensor(q, fn, "q"), cache, opt), return_lse);
+        return to_python(ref::batch_decode_with_paged_kv_cache(to_tensor(q, fn, "q"), cache, opt), return_lse);
       },
       py::arg("q"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_last_page_len"),
       py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,
@@ -169,9 +164,9 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
         const char* fn = "batch_prefill_with_paged_kv_cache";
         auto opt = make_options(fn, causal, kv_layout, sm_scale, window_left, logits_soft_cap);
         auto cache = to_paged_cache(paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len, kv_layout, fn);
-        return finish(ref::batch_prefill_with_paged_kv_cache(to_tensor(q, fn, "q"),
-                                                             to_int32_vector(qo_indptr, fn, "qo_indptr"), cache, opt),
-                      return_lse);
+        return to_python(ref::batch_prefill_with_paged_kv_cache(
+                             to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"), cache, opt),
+                         return_lse);
       },
       py::arg("q"), py::arg("qo_indptr"), py::arg("paged_kv_cache"), py::arg("kv_indptr"), py::arg("kv_indices"),
       py::arg("kv_last_page_len"), py::arg("causal") = false, py::arg("kv_layout") = "NHD",
@@ -192,10 +187,10 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
          int window_left, std::optional<double> logits_soft_cap, bool return_lse) {
         const char* fn = "batch_prefill_with_ragged_kv_cache";
         auto opt = make_options(fn, causal, kv_layout, sm_scale, window_left, logits_soft_cap);
-        return finish(ref::batch_prefill_with_ragged_kv_cache(
-                          to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"), to_tensor(k, fn, "k"),
-                          to_tensor(v, fn, "v"), to_int32_vector(kv_indptr, fn, "kv_indptr"), opt),
-                      return_lse);
+        return to_python(ref::batch_prefill_with_ragged_kv_cache(
+                             to_tensor(q, fn, "q"), to_int32_vector(qo_indptr, fn, "qo_indptr"), to_tensor(k, fn, "k"),
+                             to_tensor(v, fn, "v"), to_int32_vector(kv_indptr, fn, "kv_indptr"), opt),
+                         return_lse);
       },
       py::arg("q"), py::arg("qo_indptr"), py::arg("k"), py::arg("v"), py::arg("kv_indptr"), py::arg("causal") = false,
       py::arg("kv_layout") = "NHD", py::arg("sm_scale") = py::none(), py::arg("window_left") = -1,

@@ -11,11 +11,6 @@ namespace flashstep::python {
 
 namespace {
 
-py::object mla_result(const ref::AttentionResult& r, bool return_lse) {
-  if (return_lse) return py::make_tuple(to_numpy(r.o), to_numpy(r.lse));
-  return to_numpy(r.o);
-}
-
 ref::MlaOptions mla_options(bool causal, std::optional<double> sm_scale) {
   ref::MlaOptions opt;
   opt.causal = causal;
@@ -32,10 +27,10 @@ void bind_mla(py::module_& m) {
          const FloatArray& w_uk, const FloatArray& w_uv, bool causal, std::optional<double> sm_scale, bool return_lse) {
         const char* fn = "mla_naive";
         const ref::MlaWeights w{to_tensor(w_uk, fn, "w_uk"), to_tensor(w_uv, fn, "w_uv")};
-        return mla_result(ref::mla_naive(to_tensor(q_nope, fn, "q_nope"), to_tensor(q_pe, fn, "q_pe"),
-                                         to_tensor(ckv, fn, "ckv"), to_tensor(kpe, fn, "kpe"), w,
-                                         mla_options(causal, sm_scale)),
-                          return_lse);
+        return to_python(ref::mla_naive(to_tensor(q_nope, fn, "q_nope"), to_tensor(q_pe, fn, "q_pe"),
+                                        to_tensor(ckv, fn, "ckv"), to_tensor(kpe, fn, "kpe"), w,
+                                        mla_options(causal, sm_scale)),
+                         return_lse);
       },
       py::arg("q_nope"), py::arg("q_pe"), py::arg("ckv"), py::arg("kpe"), py::arg("w_uk"), py::arg("w_uv"),
       py::arg("causal") = false, py::arg("sm_scale") = py::none(), py::arg("return_lse") = false,
@@ -71,10 +66,10 @@ head_dim_vo) [, lse (qo_len, num_heads), natural log]. sm_scale: None means
       [](const FloatArray& q_lat, const FloatArray& q_pe, const FloatArray& ckv, const FloatArray& kpe,
          std::optional<double> sm_scale, bool causal, bool return_lse) {
         const char* fn = "mla_attention";
-        return mla_result(ref::mla_attention(to_tensor(q_lat, fn, "q_lat"), to_tensor(q_pe, fn, "q_pe"),
-                                             to_tensor(ckv, fn, "ckv"), to_tensor(kpe, fn, "kpe"),
-                                             mla_options(causal, sm_scale)),
-                          return_lse);
+        return to_python(ref::mla_attention(to_tensor(q_lat, fn, "q_lat"), to_tensor(q_pe, fn, "q_pe"),
+                                            to_tensor(ckv, fn, "ckv"), to_tensor(kpe, fn, "kpe"),
+                                            mla_options(causal, sm_scale)),
+                         return_lse);
       },
       py::arg("q_lat"), py::arg("q_pe"), py::arg("ckv"), py::arg("kpe"), py::arg("sm_scale") = py::none(),
       py::arg("causal") = false, py::arg("return_lse") = false,
@@ -97,10 +92,10 @@ for a model, which the absorbed shapes do not tell (None raises ValueError).)doc
         cache.kv_indptr = to_int32_vector(kv_indptr, fn, "kv_indptr");
         cache.kv_indices = to_int32_vector(kv_indices, fn, "kv_indices");
         cache.kv_len = to_int32_vector(kv_len, fn, "kv_len");
-        return mla_result(ref::batch_mla_paged_attention(to_tensor(q_nope, fn, "q_nope"), to_tensor(q_pe, fn, "q_pe"),
-                                                         to_int32_vector(qo_indptr, fn, "qo_indptr"), cache,
-                                                         mla_options(causal, sm_scale)),
-                          return_lse);
+        return to_python(ref::batch_mla_paged_attention(to_tensor(q_nope, fn, "q_nope"), to_tensor(q_pe, fn, "q_pe"),
+                                                        to_int32_vector(qo_indptr, fn, "qo_indptr"), cache,
+                                                        mla_options(causal, sm_scale)),
+                         return_lse);
       },
       py::arg("q_nope"), py::arg("q_pe"), py::arg("qo_indptr"), py::arg("ckv_cache"), py::arg("kpe_cache"),
       py::arg("kv_indptr"), py::arg("kv_indices"), py::arg("kv_len"), py::arg("sm_scale") = py::none(),

@@ -332,8 +332,7 @@ the page under the mask (causal, window_left). Returns BlockSparseView.)doc");
         const char* fn = "block_sparse_attention";
         auto r = ref::block_sparse_attention(to_tensor(q, fn, "q"), pool_only(paged_kv_cache, kv_layout, fn), view,
                                              attention_options(causal, sm_scale, window_left, logits_soft_cap));
-        if (return_lse) return py::object(py::make_tuple(to_numpy(r.o), to_numpy(r.lse)));
-        return py::object(to_numpy(r.o));
+        return to_python(r, return_lse);
       },
       py::arg("q"), py::arg("paged_kv_cache"), py::arg("view"), py::arg("kv_layout") = "NHD", py::arg("causal") = false,
       py::arg("sm_scale") = py::none(), py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(),

@@ -52,6 +52,8 @@ std::vector<int32_t> to_int32_vector(const py::handle& array, const char* fn, co
 py::array_t<int32_t> to_numpy(const std::vector<int32_t>& v);
 /// double values as a new 1-D float64 numpy array.
 py::array_t<double> to_numpy(const std::vector<double>& v);
+/// An attention call's result as FlashInfer returns it: o, or (o, lse) with return_lse.
+py::object to_python(const ref::AttentionResult& r, bool return_lse);
 
 /// `paged_kv_cache` as FlashInfer accepts it (one 5-D pool, or a (k_cache, v_cache)
 /// tuple of 4-D halves) plus its CSR page table, as a reference paged cache.

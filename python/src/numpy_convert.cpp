@@ -30,6 +30,11 @@ py::array_t<double> to_numpy(const ref::Tensor& t) {
   return out;
 }
 
+py::object to_python(const ref::AttentionResult& r, bool return_lse) {
+  if (return_lse) return py::make_tuple(to_numpy(r.o), to_numpy(r.lse));
+  return to_numpy(r.o);
+}
+
 std::vector<int32_t> to_int32_vector(const py::handle& obj, const char* fn, const char* name) {
   py::array arr = py::array::ensure(obj);
   if (!arr) throw py::type_error(std::string(fn) + ": " + name + " must be a 1-D integer array or sequence");
