@@ -452,7 +452,9 @@ TEST_CASE(
   token_check(engine_model(), DType::f16, {named, eager, graphs, small}, {greedy()}, 64);
 }
 
-TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
+namespace {
+/// A two-layer engine over 64 pages of 16, 4 requests at a time: the short runs below.
+EngineConfig short_run_config() {
   EngineConfig c;
   c.model = engine_model();
   c.model.num_layers = 2;
@@ -460,6 +462,12 @@ TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
   c.scheduler.num_pages = 64;
   c.scheduler.max_running = 4;
   c.scheduler.max_tokens_per_step = 64;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("09_engine: a short run (for compute-sanitizer)") {
+  EngineConfig c = short_run_config();
   c.sampling = top_k_top_p(1);
   const auto reqs = workload(true, 4, 3);
   for (int variant = 0; variant < 3; ++variant) {  // eager; decode steps as CUDA graphs; + cascade, one launch
@@ -490,13 +498,7 @@ struct PhaseLog : StepObserver {
 };
 
 TEST_CASE("09_engine: an observer hears every step's phases in order, a graph's only when it is captured") {
-  EngineConfig c;
-  c.model = engine_model();
-  c.model.num_layers = 2;
-  c.scheduler.page_size = 16;
-  c.scheduler.num_pages = 64;
-  c.scheduler.max_running = 4;
-  c.scheduler.max_tokens_per_step = 64;
+  EngineConfig c = short_run_config();
   c.cuda_graphs = true;
   PhaseLog log;
   c.observer = &log;
