@@ -175,16 +175,49 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   return t;
 }
 
+/// The named barriers of the kernel (barrier 0 is __syncthreads): the consumers' turns at
+/// the tensor cores. Each has the 256 consumer threads as its count.
+enum class NamedBarrier : uint32_t {
+  kConsumer0Turn = 1,  ///< consumer 0 may issue its GEMMs
+  kConsumer1Turn = 2,  ///< consumer 1 may issue its GEMMs
+};
+
 /// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
-/// named barrier 1 + c until the other has issued its own, and after issuing lets the
-/// other go. While one group's GEMMs run on the tensor cores, the other does its softmax.
-/// (bar.sync / bar.arrive with a barrier id: no C++ API, one line of PTX each.)
-__device__ __forceinline__ void wait_turn(int consumer) {
-  asm volatile("bar.sync %0, 256;\n" ::"r"(1 + consumer) : "memory");
-}
-__device__ __forceinline__ void pass_turn(int consumer) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - consumer) : "memory");
-}
+/// its own turn's barrier until the other has issued, and after issuing lets the other
+/// go. While one group's GEMMs run on the tensor cores, the other does its softmax. A solo
+/// consumer (every row of the tile is its own) takes no turns. (bar.sync / bar.arrive
+/// with a barrier id: no C++ API, one line of PTX each.)
+struct Turns {
+  int consumer;  ///< 0 or 1
+  bool solo;     ///< the other consumer has no rows: no turns to take
+  __device__ __forceinline__ uint32_t own() const {
+    return uint32_t(NamedBarrier::kConsumer0Turn) + uint32_t(consumer);
+  }
+  __device__ __forceinline__ uint32_t other() const {
+    return uint32_t(NamedBarrier::kConsumer0Turn) + uint32_t(1 - consumer);
+  }
+  __device__ __forceinline__ void wait() const {
+    if (!solo) asm volatile("bar.sync %0, 256;\n" ::"r"(own()) : "memory");
+  }
+  __device__ __forceinline__ void pass() const {
+    if (!solo) asm volatile("bar.arrive %0, 256;\n" ::"r"(other()) : "memory");
+  }
+};
+
+/// A place in the ring of K/V buffers: which buffer (index) and which round of the ring
+/// (phase: the parity an mbarrier wait names). Tile j sits in buffer j % kStages, in round
+/// j / kStages; advance() moves to the next tile.
+template <int kStages>
+struct PipelineState {
+  int index = 0;
+  uint32_t phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++index == kStages) {
+      index = 0;
+      phase ^= 1u;
+    }
+  }
+};
 
 /// S = Q K^T for this warp group's 64 rows: HEAD_DIM / 16 k-steps of wgmma, both operands
 /// K-major in 128-byte swizzled column blocks of 64 (a k-step further: 32 bytes further).
@@ -351,123 +384,323 @@ __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperPara
   }
 }
 
+/// The block's shared memory: the Q tile, kStages K and V tiles, and the mbarriers that
+/// hand each of them over (laid out as HopperTraits says, 1024-byte aligned: the 128-byte
+/// swizzle repeats every 1024 bytes).
+template <typename T, int HEAD_DIM, bool PAGED>
+struct HopperSmem {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+  unsigned char* base;
+  __device__ __forceinline__ T* q() const { return reinterpret_cast<T*>(base); }
+  __device__ __forceinline__ T* k(int s) const {
+    return reinterpret_cast<T*>(base + Tr::kQBytes + 2 * s * Tr::kKVBytes);
+  }
+  __device__ __forceinline__ T* v(int s) const {
+    return reinterpret_cast<T*>(base + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes);
+  }
+  __device__ __forceinline__ uint64_t* q_full() const { return reinterpret_cast<uint64_t*>(base + Tr::kBarrierOffset); }
+  /// [kStages] a K (V) tile has landed
+  __device__ __forceinline__ uint64_t* k_full(int s) const { return q_full() + 1 + s; }
+  __device__ __forceinline__ uint64_t* v_full(int s) const { return q_full() + 1 + Tr::kStages + s; }
+  /// [kStages] every consumer warp is done with the K (V) tile
+  __device__ __forceinline__ uint64_t* k_empty(int s) const { return q_full() + 1 + 2 * Tr::kStages + s; }
+  __device__ __forceinline__ uint64_t* v_empty(int s) const { return q_full() + 1 + 3 * Tr::kStages + s; }
+
+  /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
+  /// arrival per producer thread), each "empty" one arrival per consumer warp.
+  __device__ __forceinline__ void init_barriers() const {
+    ptx::mbarrier_init(q_full(), 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      ptx::mbarrier_init(k_full(s), uint32_t{Tr::kKVFullArrivals});
+      ptx::mbarrier_init(v_full(s), uint32_t{Tr::kKVFullArrivals});
+      ptx::mbarrier_init(k_empty(s), Tr::kConsumers * 4);
+      ptx::mbarrier_init(v_empty(s), Tr::kConsumers * 4);
+    }
+    // make the initialised barriers visible to the copy engine (the async proxy)
+    ptx::fence_proxy_async(ptx::space_shared);
+  }
+};
+
+/// The producer warp group, once it has given its registers away: Q, then K_j and V_j of
+/// every tile into buffer j % kStages, each once the consumers freed it (K_j - kStages
+/// after its S, V_j - kStages after its P V, one turn later). One thread issues the TMA
+/// copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
+template <typename T, int HEAD_DIM, bool PAGED>
+__device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
+                                        const HopperSmem<T, HEAD_DIM, PAGED>& smem, int kv_head) {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+  constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
+  if (!PAGED && threadIdx.x != 0) return;
+  if (threadIdx.x == 0) {
+    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
+    const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
+                                   uint32_t{Tr::kQBytes});
+    for (int c = 0; c < Tr::kColBlocks; ++c) {
+      const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.q() + c * Br * kCols, &p.q_map, coords,
+                                smem.q_full());
+    }
+  }
+  PipelineState<Tr::kStages> write;
+  for (int j = 0; j < t.num_kv_tiles; ++j, write.advance()) {
+    const int s = write.index;
+    const bool refill = j >= Tr::kStages;  // the buffer held tile j - kStages: wait until it is free
+    if constexpr (PAGED) {
+      // A tile wholly inside the request, starting on a page boundary, in pages of a
+      // multiple of 8 tokens: the TMA, one copy per page (thread 0 announces the bytes,
+      // every other thread arrives once). Otherwise (the request's last tile, whose keys
+      // past kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers, its
+      // copies counting one arrival when they have landed.
+      const int key0 = t.key_begin + j * Bc;
+      const bool by_page = p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
+        unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? smem.v(s) : smem.k(s));
+        if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        if (by_page) {
+          if (threadIdx.x == 0)
+            ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                           uint32_t{Tr::kKVBytes});
+          else ptx::mbarrier_arrive(full);
+          if (threadIdx.x < 32) {
+            __syncwarp();  // the bytes are announced before any copy can land
+            copy_pages<HEAD_DIM, Bc>(tile, p, t, key0, kv_head, is_v, threadIdx.x, full);
+          }
+        } else {
+          gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, is_v, threadIdx.x);
+          ptx::cp_async_mbarrier_arrive_noinc(full);
+        }
+      }
+    } else {
+      const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
+        T* tile = is_v ? smem.v(s) : smem.k(s);
+        if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
+                                       uint32_t{Tr::kKVBytes});
+        for (int c = 0; c < Tr::kColBlocks; ++c) {
+          const int32_t coords[3] = {c * kCols, kv_head, key0};
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * kCols,
+                                    is_v ? &p.v_map : &p.k_map, coords, full);
+        }
+      }
+    }
+  }
+}
+
+/// Consumer 1 of a solo tile (every row is consumer 0's: decode with a group of 32 rows or
+/// fewer, a request's last tile) computes nothing; it hands each K/V buffer back once it
+/// has landed (after the landing, so its arrivals keep the barriers' phases). (Measured on
+/// an H100 against consumer 1 walking the turns idle: MQA decode b1 x 16384 446 -> 477 GB/s,
+/// prefill unchanged.)
+template <typename T, int HEAD_DIM, bool PAGED>
+__device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED>& smem, int lane) {
+  PipelineState<HopperTraits<T, HEAD_DIM, PAGED>::kStages> read;
+  for (int j = 0; j < t.num_kv_tiles; ++j, read.advance()) {
+    wait_barrier(smem.k_full(read.index), read.phase);
+    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(read.index));
+    wait_barrier(smem.v_full(read.index), read.phase);
+    if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(read.index));
+  }
+}
+
+/// A K or V tile has landed. Gathered tiles were written by cp.async, through the generic
+/// proxy, and wgmma reads shared memory through the async proxy: a proxy fence orders them.
+template <bool PAGED>
+__device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase) {
+  wait_barrier(full, phase);
+  if constexpr (PAGED) ptx::fence_proxy_async(ptx::space_shared);
+}
+
+/// The running state of one consumer thread's two rows: O (its accumulator fragment), the
+/// running max m of the base-2 logits and the running sum l of exp2(logit - m) over this
+/// thread's columns.
+template <int HEAD_DIM>
+struct RowState {
+  float o[HEAD_DIM / 2];
+  float m[2];
+  float l[2];
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  }
+};
+
+/// The scores of tile j as P: the soft cap (MODS), the masks where some (row, key) of the
+/// tile is hidden (past the chunk, across the causal diagonal: keys after the first row's
+/// position; below the window: keys before the last row's position - window_left), then
+/// the online softmax, leaving O's rescale factors in alpha.
+template <int Bc, bool MODS>
+__device__ __forceinline__ void softmax_tile(const HopperParams& p, const Tile& t, int j, float (&sc)[Bc / 2],
+                                             float (&m)[2], float (&l)[2], float (&alpha)[2], const int (&q_pos)[2],
+                                             int lane) {
+  const int key0 = t.key_begin + j * Bc;
+  if constexpr (MODS) {
+    if (p.soft_cap) soft_cap_scores<Bc>(sc, p.cap_pre, p.cap_post);
+  }
+  const bool window = MODS && p.window_left >= 0;
+  if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
+      (window && key0 < t.last_pos - p.window_left))
+    mask_scores<Bc, MODS>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
+  online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
+}
+
+/// A consumer warp group's main loop over the tile's keys, for its 64 rows: one turn per
+/// key tile j issues S_j = Q K_j^T and P_{j-1} V_{j-1} as two commit groups and lets the
+/// other group issue; then, inside the warp group, the softmax of S_j starts as soon as S_j
+/// lands (wgmma.wait_group 1) while P_{j-1} V_{j-1} still runs (and the other group's
+/// GEMMs after it); O is rescaled and P_j packed only once that P V has landed (wait_group
+/// 0), since both touch registers it still uses. Turn 0 has no P V yet, and a last turn
+/// issues P_{n-1} V_{n-1} alone; both are peeled, so each turn's wgmma are one straight run
+/// of instructions.
+template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
+__device__ __forceinline__ void consume(const HopperParams& p, const Tile& t,
+                                        const HopperSmem<T, HEAD_DIM, PAGED>& smem, const Turns& turns,
+                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM>& st) {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+  constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
+  const int n_tiles = t.num_kv_tiles;
+  float sc[Bc / 2];        // S_j, then P_j
+  uint32_t a[Bc / 16][4];  // P_j as wgmma A fragments, read by the next turn's P V
+  float alpha[2];
+
+  wait_barrier(smem.q_full(), 0);
+  const T* q_rows = smem.q() + turns.consumer * 64 * kCols;  // this warp group's 64 rows in each column block
+  if (turns.consumer == 1) turns.pass();                     // consumer 0 issues first
+
+  PipelineState<Tr::kStages> k_read, v_read;  // K_j's buffer, and V_{j-1}'s one tile behind
+  if (n_tiles > 0) {
+    wait_tile<PAGED>(smem.k_full(0), 0);
+    turns.wait();
+    wgmma_fence();
+    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(0));
+    wgmma_commit();
+    turns.pass();
+    wgmma_wait<0>();
+    wgmma_fence_operands(sc);
+    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(0));                 // this warp is done reading K_0
+    softmax_tile<Bc, MODS>(p, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero: nothing to rescale
+    pack_p<T, Bc>(sc, a);
+    k_read.advance();
+  }
+  for (int j = 1; j < n_tiles; ++j, k_read.advance(), v_read.advance()) {
+    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase);
+    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
+    turns.wait();
+    wgmma_fence();
+    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
+    wgmma_commit();
+    issue_pv<T, HEAD_DIM, Bc>(st.o, a, smem.v(v_read.index));
+    wgmma_commit();
+    turns.pass();
+    wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
+    wgmma_fence_operands(sc);
+    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_j
+    softmax_tile<Bc, MODS>(p, t, j, sc, st.m, st.l, alpha, q_pos, lane);
+    wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
+    wgmma_fence_operands(st.o);
+    if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
+    rescale_output<HEAD_DIM>(st.o, alpha);
+    pack_p<T, Bc>(sc, a);
+  }
+  if (n_tiles > 0) {
+    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
+    turns.wait();
+    wgmma_fence();
+    issue_pv<T, HEAD_DIM, Bc>(st.o, a, smem.v(v_read.index));
+    wgmma_commit();
+    turns.pass();
+    wgmma_wait<0>();
+    wgmma_fence_operands(st.o);
+  }
+  // consumer 1's first pass has no turn of consumer 0 to match: take it
+  if (turns.consumer == 0) turns.wait();
+}
+
+/// The epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
+/// lse, or after a split to this chunk's fp32 partial row (a row that saw no key: O = 0,
+/// lse = -inf, which the merge weighs as nothing). Written from the accumulator fragments.
+template <typename T, int HEAD_DIM>
+__device__ __forceinline__ void store_tile(const HopperParams& p, const Tile& t, int kv_head, const int (&row)[2],
+                                           int lane, const RowState<HEAD_DIM>& st) {
+  T* out = static_cast<T*>(p.o);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = st.l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int packed = t.row_begin + row[h];
+    if (packed >= t.qo_len * p.group_size) continue;
+    const int token = t.qo_begin + packed / p.group_size;
+    const int head = kv_head * p.group_size + packed % p.group_size;
+    const float inv = sum > 0.f ? 1.f / sum : 0.f;
+    const float lse = sum > 0.f ? (st.m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    if (p.kv_chunk_size == 0) {
+      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+        const int col = 8 * n + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(st.o[4 * n + 2 * h] * inv,
+                                                                      st.o[4 * n + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) p.lse[int64_t(token) * p.num_qo_heads + head] = lse;
+    } else {
+      const int64_t prow = int64_t(p.partial_indptr[token] + t.chunk) * p.num_qo_heads + head;
+      float* o_row = p.partial_o + prow * HEAD_DIM;
+#pragma unroll
+      for (int n = 0; n < HEAD_DIM / 8; ++n)
+        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) = make_float2(st.o[4 * n + 2 * h] * inv,
+                                                                                 st.o[4 * n + 2 * h + 1] * inv);
+      if (lane % 4 == 0) p.partial_lse[prow] = lse;
+    }
+  }
+}
+
 }  // namespace detail
 
 /// MODS: the batch has a window or a soft cap. A separate instantiation, so that the
 /// common kernel carries no code for them: run-time branches around them cost the causal
 /// kernel 1-7% on an H100 (the compiler duplicated the loop for the soft cap).
+///
+/// The block: warp group 0 produces (detail::produce), warp groups 1 and 2 consume
+/// (detail::consume: rows 0..63 and 64..127 of the tile) and write their rows
+/// (detail::store_tile).
 template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
 __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ HopperParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  namespace ptx = cuda::ptx;
   using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
-  constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages, kCols = Tr::kBlockCols;
   extern __shared__ unsigned char smem_raw[];
-  // the 128-byte swizzle repeats every 1024 bytes: tiles start on that boundary
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                         ~uintptr_t(1023));
-  T* q_smem = reinterpret_cast<T*>(smem);
-  auto k_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + 2 * s * Tr::kKVBytes); };
-  auto v_smem = [&](int s) { return reinterpret_cast<T*>(smem + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes); };
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + Tr::kBarrierOffset);
-  uint64_t* k_full = q_full + 1;          // [kStages]: K tile landed
-  uint64_t* v_full = k_full + kStages;    // [kStages]: V tile landed
-  uint64_t* k_empty = v_full + kStages;   // [kStages]: both consumers done with the K tile
-  uint64_t* v_empty = k_empty + kStages;  // [kStages]: both consumers done with the V tile
+  const detail::HopperSmem<T, HEAD_DIM, PAGED> smem{
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
-  const detail::Tile t = detail::make_tile<Br, Bc, PAGED>(p, item);
+  const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, item);
   const int warp_group = threadIdx.x / 128;
-  const int n_tiles = t.num_kv_tiles;
-
-  if (threadIdx.x == 0) {
-    ptx::mbarrier_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_full[s], uint32_t{Tr::kKVFullArrivals});
-      ptx::mbarrier_init(&v_full[s], uint32_t{Tr::kKVFullArrivals});
-      ptx::mbarrier_init(&k_empty[s], Tr::kConsumers * 4);  // one arrival per consumer warp
-      ptx::mbarrier_init(&v_empty[s], Tr::kConsumers * 4);
-    }
-    // make the initialised barriers visible to the copy engine (the async proxy)
-    ptx::fence_proxy_async(ptx::space_shared);
-  }
+  if (threadIdx.x == 0) smem.init_barriers();
   __syncthreads();
 
   if (warp_group == 0) {
-    // ---- producer: hand its registers to the consumers; one thread issues the TMA copies
-    // (over paged K/V all 128 gather K and V).
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));  // no C++ API for setmaxnreg
-    if (!PAGED && threadIdx.x != 0) return;
-    if (threadIdx.x == 0) {
-      // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
-      const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, q_full,
-                                     uint32_t{Tr::kQBytes});
-      for (int c = 0; c < Tr::kColBlocks; ++c) {
-        const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, q_smem + c * Br * kCols, &p.q_map, coords,
-                                  q_full);
-      }
-    }
-    // K_j and V_j into stage j % kStages, each once the consumers freed it (K_j - kStages
-    // after its S, V_j - kStages after its P V, one turn later).
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % kStages;
-      const uint32_t parity = ((j / kStages) - 1) & 1;
-      if constexpr (PAGED) {
-        // A tile wholly inside the request, starting on a page boundary, in pages of a
-        // multiple of 8 tokens: the TMA, one copy per page (thread 0 announces the bytes,
-        // every other thread arrives once). Otherwise (the request's last tile, whose
-        // keys past kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers,
-        // its copies counting one arrival when they have landed.
-        const int key0 = t.key_begin + j * Bc;
-        const bool by_page = p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
-        for (int is_v = 0; is_v < 2; ++is_v) {
-          uint64_t* full = is_v ? &v_full[s] : &k_full[s];
-          unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? v_smem(s) : k_smem(s));
-          if (j >= kStages) detail::wait_barrier(is_v ? &v_empty[s] : &k_empty[s], parity);
-          if (by_page) {
-            if (threadIdx.x == 0)
-              ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                             uint32_t{Tr::kKVBytes});
-            else ptx::mbarrier_arrive(full);
-            if (threadIdx.x < 32) {
-              __syncwarp();  // the bytes are announced before any copy can land
-              detail::copy_pages<HEAD_DIM, Bc>(tile, p, t, key0, kv_head, is_v, threadIdx.x, full);
-            }
-          } else {
-            detail::gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, is_v, threadIdx.x);
-            ptx::cp_async_mbarrier_arrive_noinc(full);
-          }
-        }
-        continue;
-      }
-      const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;
-      if (j >= kStages) detail::wait_barrier(&k_empty[s], parity);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &k_full[s],
-                                     uint32_t{Tr::kKVBytes});
-      for (int c = 0; c < Tr::kColBlocks; ++c) {
-        const int32_t coords[3] = {c * kCols, kv_head, key0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, k_smem(s) + c * Bc * kCols, &p.k_map, coords,
-                                  &k_full[s]);
-      }
-      if (j >= kStages) detail::wait_barrier(&v_empty[s], parity);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, &v_full[s],
-                                     uint32_t{Tr::kKVBytes});
-      for (int c = 0; c < Tr::kColBlocks; ++c) {
-        const int32_t coords[3] = {c * kCols, kv_head, key0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, v_smem(s) + c * Bc * kCols, &p.v_map, coords,
-                                  &v_full[s]);
-      }
-    }
+    // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));
+    detail::produce<T, HEAD_DIM, PAGED>(p, t, smem, kv_head);
     return;
   }
 
-  // ---- consumers: warp group 1 owns rows 0..63 of the tile, warp group 2 rows 64..127.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegisters));  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+  // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
+  // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
+  const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
+  if (solo && consumer == 1) {
+    detail::release_tiles<T, HEAD_DIM, PAGED>(t, smem, lane);
+    return;
+  }
   // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
   // positions among the keys (for the causal mask)
   int row[2], q_pos[2];
@@ -476,153 +709,10 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
     q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
   }
-
-  float o[HEAD_DIM / 2];
-#pragma unroll
-  for (int i = 0; i < HEAD_DIM / 2; ++i) o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY};  // running max of the base-2 logits, per row
-  float l[2] = {0.f, 0.f};              // running sum of exp2(logit - m), this thread's columns
-  float sc[Bc / 2];                     // S_j, then P_j
-  uint32_t a[Bc / 16][4];               // P_j as wgmma A fragments, read by the next turn's P V
-
-  // Solo: every row of the tile falls in consumer 0's half (decode: a token's group of 32
-  // rows or fewer; a request's last tile). Consumer 1 then computes nothing: it hands
-  // each K/V stage back once it has landed (after the landing, so its arrivals keep the
-  // barriers' phases), and consumer 0 takes no turns, having the tensor cores alone.
-  // (Measured on an H100 against consumer 1 walking the turns idle: MQA decode b1 x 16384
-  // 446 -> 477 GB/s, prefill unchanged.)
-  const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
-  if (solo && consumer == 1) {
-    for (int j = 0; j < n_tiles; ++j) {
-      const int s = j % kStages;
-      detail::wait_barrier(&k_full[s], (j / kStages) & 1);
-      if (lane == 0) ptx::mbarrier_arrive(&k_empty[s]);
-      detail::wait_barrier(&v_full[s], (j / kStages) & 1);
-      if (lane == 0) ptx::mbarrier_arrive(&v_empty[s]);
-    }
-    return;
-  }
-  auto wait_turn = [&] {
-    if (!solo) detail::wait_turn(consumer);
-  };
-  auto pass_turn = [&] {
-    if (!solo) detail::pass_turn(consumer);
-  };
-
-  detail::wait_barrier(q_full, 0);
-  const T* q_rows = q_smem + consumer * 64 * kCols;  // this warp group's 64 rows in each column block
-  if (consumer == 1) pass_turn();                    // consumer 0 issues first
-
-  // One turn per key tile j: issue S_j = Q K_j^T and P_{j-1} V_{j-1} as two commit
-  // groups, let the other group issue, then overlap within the warp group: the softmax of
-  // S_j starts as soon as S_j lands (wgmma.wait_group 1), while P_{j-1} V_{j-1} still runs
-  // (and the other group's GEMMs after it); O is rescaled and P_j packed only once that
-  // P V has landed (wait_group 0), since both read or write registers it still uses.
-  // Turn 0 has no P V yet and a last turn n issues P_{n-1} V_{n-1} alone; peeled, so
-  // each turn's wgmma are one straight run of instructions.
-  float alpha[2];
-  // A K or V tile has landed. Gathered tiles were written by cp.async, through the generic
-  // proxy, and wgmma reads shared memory through the async proxy: a proxy fence orders them.
-  auto wait_kv = [&](uint64_t* full, uint32_t parity) {
-    detail::wait_barrier(full, parity);
-    if constexpr (PAGED) ptx::fence_proxy_async(ptx::space_shared);
-  };
-  auto softmax_of = [&](int j) {
-    const int key0 = t.key_begin + j * Bc;
-    if constexpr (MODS) {
-      if (p.soft_cap) detail::soft_cap_scores<Bc>(sc, p.cap_pre, p.cap_post);
-    }
-    // masks only where some (row, key) of the tile is hidden: past the chunk, across the
-    // causal diagonal (keys after the first row's position), or below the window (keys
-    // before the last row's position - window_left)
-    const bool window = MODS && p.window_left >= 0;
-    if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
-        (window && key0 < t.last_pos - p.window_left))
-      detail::mask_scores<Bc, MODS>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
-    detail::online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
-  };
-  if (n_tiles > 0) {
-    wait_kv(&k_full[0], 0);
-    wait_turn();
-    wgmma_fence();
-    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(0));
-    wgmma_commit();
-    pass_turn();
-    wgmma_wait<0>();
-    wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(&k_empty[0]);  // this warp is done reading K_0
-    softmax_of(0);                                     // O is still zero: nothing to rescale
-    detail::pack_p<T, Bc>(sc, a);
-  }
-  for (int j = 1; j < n_tiles; ++j) {
-    const int s = j % kStages, prev = (j - 1) % kStages;
-    wait_kv(&k_full[s], (j / kStages) & 1);
-    wait_kv(&v_full[prev], ((j - 1) / kStages) & 1);
-    wait_turn();
-    wgmma_fence();
-    detail::issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, k_smem(s));
-    wgmma_commit();
-    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(prev));
-    wgmma_commit();
-    pass_turn();
-    wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
-    wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(&k_empty[s]);  // this warp is done reading K_j
-    softmax_of(j);
-    wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
-    wgmma_fence_operands(o);
-    if (lane == 0) ptx::mbarrier_arrive(&v_empty[prev]);  // ... and done reading V_{j-1}
-    detail::rescale_output<HEAD_DIM>(o, alpha);
-    detail::pack_p<T, Bc>(sc, a);
-  }
-  if (n_tiles > 0) {
-    const int last = (n_tiles - 1) % kStages;
-    wait_kv(&v_full[last], ((n_tiles - 1) / kStages) & 1);
-    wait_turn();
-    wgmma_fence();
-    detail::issue_pv<T, HEAD_DIM, Bc>(o, a, v_smem(last));
-    wgmma_commit();
-    pass_turn();
-    wgmma_wait<0>();
-    wgmma_fence_operands(o);
-  }
-  // consumer 1's first pass_turn has no turn of consumer 0 to match: take it
-  if (consumer == 0) wait_turn();
-
-  // ---- epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
-  // lse, or after a split to this chunk's fp32 partial row (a row that saw no key: O = 0,
-  // lse = -inf, which the merge weighs as nothing)
-  T* out = static_cast<T*>(p.o);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float sum = l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int packed = t.row_begin + row[h];
-    if (packed >= t.qo_len * p.group_size) continue;
-    const int token = t.qo_begin + packed / p.group_size;
-    const int head = kv_head * p.group_size + packed % p.group_size;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const float lse = sum > 0.f ? (m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
-    if (p.kv_chunk_size == 0) {
-      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
-#pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n) {
-        const int col = 8 * n + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(o[4 * n + 2 * h] * inv,
-                                                                      o[4 * n + 2 * h + 1] * inv);
-      }
-      if (lane % 4 == 0) p.lse[int64_t(token) * p.num_qo_heads + head] = lse;
-    } else {
-      const int64_t prow = int64_t(p.partial_indptr[token] + t.chunk) * p.num_qo_heads + head;
-      float* o_row = p.partial_o + prow * HEAD_DIM;
-#pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n)
-        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) = make_float2(o[4 * n + 2 * h] * inv,
-                                                                                 o[4 * n + 2 * h + 1] * inv);
-      if (lane % 4 == 0) p.partial_lse[prow] = lse;
-    }
-  }
+  detail::RowState<HEAD_DIM> st;
+  st.init();
+  detail::consume<T, HEAD_DIM, PAGED, MODS>(p, t, smem, detail::Turns{consumer, solo}, q_pos, lane, st);
+  detail::store_tile<T, HEAD_DIM>(p, t, kv_head, row, lane, st);
 #endif
 }
 
