@@ -52,3 +52,15 @@ def visible_pairs(lengths, causal):
             total += sum(max(0, min(kv, i + kv - qo + 1)) for i in range(qo))
     return total
 
+
+
+def mla_work(s, ckv_dim=512, kpe_dim=64, elem=2):
+    """(flops, bytes) of an MLA shape (bench/shapes_mla.csv), absorbed form: each visible
+    (query row, key) pair costs 2 (ckv + kpe) flops for the score and 2 ckv for the output;
+    the bytes are the latent cache once, q (ckv + kpe wide), o (ckv wide) and lse."""
+    batch, kv, qo, heads = int(s["batch"]), int(s["kv_len"]), int(s["qo_len"]), int(s["num_heads"])
+    pairs = visible_pairs([(qo, kv)] * batch, s["causal"] == "1") * heads
+    flops = 2 * pairs * (ckv_dim + kpe_dim) + 2 * pairs * ckv_dim
+    rows = batch * qo * heads
+    nbytes = elem * batch * kv * (ckv_dim + kpe_dim) + elem * rows * (2 * ckv_dim + kpe_dim) + 4 * rows
+    return flops, nbytes

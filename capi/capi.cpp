@@ -1,4 +1,4 @@
-// The C interface over the stage registry, the stage runners and stage 06's operators:
+// The C interface over the stage registry, the stage runners, MLA's runner and stage 06's operators:
 // each function turns its plain-C arguments into the C++ types, calls the stage, and turns
 // any exception into a status and a thread-local message (see flashstep_capi.h).
 #include "flashstep_capi.h"
@@ -22,6 +22,7 @@
 #include "flashstep/reference/rope.hpp"
 #include "harness/compare.hpp"
 #include "harness/gpu_present.hpp"
+#include "10_mla/mla.hpp"
 #include "registry.hpp"
 #include "rope/rope_gpu.hpp"
 #include "stage.hpp"
@@ -515,6 +516,114 @@ int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, const i
     cascade->plan_levels(flat, std::move(levels), workspace, workspace_bytes, as_stream(stream), bytes_needed);
     check_cuda(cudaGetLastError(), "plan");
     r->planned = true;
+  });
+}
+
+namespace {
+
+namespace mla = flashstep::stages::mla;
+
+/// An MLA runner and the device its plan was made on (fs_mla_run makes it current).
+struct MlaRunnerHandle {
+  mla::MlaRunner runner;
+  int device = -1;
+  bool planned = false;
+};
+
+MlaRunnerHandle* as_mla_runner(void* p, const char* function) {
+  require_lazy(p != nullptr, [&] { return std::string(function) + ": runner is null"; });
+  return static_cast<MlaRunnerHandle*>(p);
+}
+
+/// The MlaShape of `s`: what must hold before its arrays can be read (their lengths come
+/// from batch_size) and before sm_scale becomes the kernel's float; the rest (f16/bf16,
+/// widths, heads, the arrays' agreement) is the runner's unsupported_reason, each field named.
+mla::MlaShape to_mla_shape(const fs_mla_shape* s, const char* function) {
+  const std::string fn = function;
+  require(s != nullptr, fn + ": shape is null");
+  require_lazy(s->batch_size >= 1,
+               [&] { return fn + ": batch_size must be >= 1, got " + std::to_string(s->batch_size); });
+  require(s->qo_indptr && s->kv_indptr && s->kv_len, fn + ": qo_indptr, kv_indptr and kv_len are required");
+  // sm_scale as the kernel takes it (float): required, so 0 is refused, not defaulted
+  const float sm_scale = static_cast<float>(s->sm_scale);
+  require_lazy(std::isfinite(sm_scale) && sm_scale > 0, [&] {
+    return fn + ": sm_scale must be a positive finite number (1/sqrt of the query/key head dim before absorption), " +
+           "got " + std::to_string(s->sm_scale);
+  });
+  mla::MlaShape m;
+  m.dtype = to_dtype(s->dtype, function);
+  m.batch_size = s->batch_size;
+  m.num_heads = s->num_heads;
+  m.head_dim_ckv = s->head_dim_ckv;
+  m.head_dim_kpe = s->head_dim_kpe;
+  m.page_size = s->page_size;
+  m.num_pages = s->num_pages;
+  m.causal = s->causal != 0;
+  m.sm_scale = sm_scale;
+  const int n = s->batch_size;
+  m.qo_indptr.assign(s->qo_indptr, s->qo_indptr + n + 1);
+  m.kv_indptr.assign(s->kv_indptr, s->kv_indptr + n + 1);
+  m.kv_len.assign(s->kv_len, s->kv_len + n);
+  return m;
+}
+
+}  // namespace
+
+int fs_mla_unsupported_reason(const fs_mla_shape* shape, int device, const char** reason) {
+  return guarded("fs_mla_unsupported_reason", [&] {
+    require(reason != nullptr, "fs_mla_unsupported_reason: reason is null");
+    last_reason = mla::unsupported_reason(to_mla_shape(shape, "fs_mla_unsupported_reason"), device);
+    *reason = last_reason.c_str();
+  });
+}
+
+int fs_mla_runner_create(void** runner) {
+  return guarded("fs_mla_runner_create", [&] {
+    require(runner != nullptr, "fs_mla_runner_create: runner is null");
+    *runner = new MlaRunnerHandle();
+  });
+}
+
+int fs_mla_runner_destroy(void* runner) {
+  return guarded("fs_mla_runner_destroy", [&] { delete static_cast<MlaRunnerHandle*>(runner); });
+}
+
+int fs_mla_workspace_bytes(void* runner, const fs_mla_shape* shape, size_t* bytes) {
+  return guarded("fs_mla_workspace_bytes", [&] {
+    MlaRunnerHandle* h = as_mla_runner(runner, "fs_mla_workspace_bytes");
+    require(bytes != nullptr, "fs_mla_workspace_bytes: bytes is null");
+    *bytes = h->runner.workspace_bytes(to_mla_shape(shape, "fs_mla_workspace_bytes"));
+  });
+}
+
+int fs_mla_plan(void* runner, const fs_mla_shape* shape, void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded("fs_mla_plan", [&] {
+    MlaRunnerHandle* h = as_mla_runner(runner, "fs_mla_plan");
+    h->planned = false;
+    const mla::MlaShape m = to_mla_shape(shape, "fs_mla_plan");
+    check_cuda(cudaGetDevice(&h->device), "fs_mla_plan");
+    h->runner.plan(m, workspace, workspace_bytes, as_stream(stream));
+    check_cuda(cudaGetLastError(), "plan");
+    h->planned = true;
+  });
+}
+
+int fs_mla_run(void* runner, const fs_mla_batch* batch, void* stream) {
+  return guarded("fs_mla_run", [&] {
+    MlaRunnerHandle* h = as_mla_runner(runner, "fs_mla_run");
+    require(batch != nullptr, "fs_mla_run: batch is null");
+    require(h->planned, "run: call plan() first (the last plan failed or none was made)");
+    const DeviceScope scope(h->device, "fs_mla_run");
+    mla::MlaBatch b;
+    b.q_nope = batch->q_nope;
+    b.q_pe = batch->q_pe;
+    b.ckv_pages = batch->ckv_pages;
+    b.kpe_pages = batch->kpe_pages;
+    b.kv_indices = batch->kv_indices;
+    b.o = batch->o;
+    b.lse = batch->lse;
+    h->runner.run(b, as_stream(stream));
+    check_cuda(cudaGetLastError(), "run");
   });
 }
 

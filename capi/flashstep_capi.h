@@ -9,9 +9,9 @@
 ///
 /// Pointers named "host" are read on the host during the call; every other array is
 /// device memory. A `stream` is a cudaStream_t passed as void* (null: the legacy
-/// default stream). Functions that only launch kernels (fs_runner_run, fs_merge_state,
-/// fs_merge_states, fs_append_paged_kv_cache, the samplers) can be captured in a CUDA
-/// graph.
+/// default stream). Functions that only launch kernels (fs_runner_run, fs_mla_run,
+/// fs_merge_state, fs_merge_states, fs_append_paged_kv_cache, the samplers) can be
+/// captured in a CUDA graph.
 #ifndef FLASHSTEP_CAPI_H
 #define FLASHSTEP_CAPI_H
 
@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 8
+#define FLASHSTEP_CAPI_VERSION 9
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -185,6 +185,69 @@ FS_API int fs_cascade_plan(void* runner, const fs_shape* shape, int num_levels, 
                            const int32_t* const* qo_indptr, const int32_t* const* kv_indptr,
                            const int32_t* const* kv_indices, const int32_t* const* kv_last_page_len, void* workspace,
                            size_t workspace_bytes, size_t* bytes_needed, void* stream);
+
+// ---- MLA, the absorbed form over a paged latent cache (stages/10_mla/) -----------------
+
+/// The host-side description of an MLA batch (flashstep::stages::mla::MlaShape as plain
+/// data; FlashInfer's BatchMLAPagedAttentionWrapper.plan() arguments). Every query head
+/// of a request attends to the request's latents c (head_dim_ckv) and rotary keys k_pe
+/// (head_dim_kpe): s = sm_scale (q_nope . c + q_pe . k_pe), o = softmax(s) c.
+typedef struct fs_mla_shape {
+  int32_t dtype;         ///< FS_F16 or FS_BF16: q_nope, q_pe, both pools and o
+  int32_t batch_size;    ///< requests, >= 1
+  int32_t num_heads;     ///< query heads of every request
+  int32_t head_dim_ckv;  ///< latent width (kv_lora_rank); the kernel is built for 512
+  int32_t head_dim_kpe;  ///< rotary width; the kernel is built for 64
+  int32_t page_size;     ///< tokens per page of both pools, >= 1
+  int64_t num_pages;     ///< pages in each pool
+  int32_t causal;        ///< 1: query i of a request sees keys 0 .. i + kv_len - qo_len (bottom-right)
+  /// Required (> 0): 1/sqrt of the query/key head dim before absorption (1/sqrt(192) for
+  /// DeepSeek-V3), which the latent widths do not tell.
+  double sm_scale;
+  /// host, (batch_size + 1): request i's queries are rows qo_indptr[i] .. qo_indptr[i+1]
+  const int32_t* qo_indptr;
+  /// host, (batch_size + 1): request i's pages are kv_indices[kv_indptr[i] .. kv_indptr[i+1]]
+  const int32_t* kv_indptr;
+  /// host, (batch_size): keys of request i, within its pages (0: its rows get o = 0, lse = -inf)
+  const int32_t* kv_len;
+} fs_mla_shape;
+
+/// Device pointers of one MLA run (flashstep::stages::mla::MlaBatch). Every array is
+/// contiguous device memory of the planned device.
+typedef struct fs_mla_batch {
+  const void* q_nope;         ///< (nnz_qo, num_heads, head_dim_ckv): the absorbed queries, in dtype
+  const void* q_pe;           ///< (nnz_qo, num_heads, head_dim_kpe), in dtype
+  const void* ckv_pages;      ///< (num_pages, page_size, head_dim_ckv): the latent pool, in dtype
+  const void* kpe_pages;      ///< (num_pages, page_size, head_dim_kpe): the rotary-key pool, in dtype
+  const int32_t* kv_indices;  ///< (kv_indptr[batch_size]): page ids in [0, num_pages)
+  void* o;                    ///< (nnz_qo, num_heads, head_dim_ckv): o_lat, in dtype
+  float* lse;                 ///< (nnz_qo, num_heads), natural log; null: not written
+} fs_mla_batch;
+
+/// Why `shape` cannot run on CUDA device `device` (-1: the current one), "" when it can:
+/// sm_80 or later with enough shared memory, f16/bf16, the built widths (512 + 64), 1..128
+/// heads, index arrays that agree with each other. The string is valid until the next call
+/// on this thread. Fails, rather than answers, for a shape that cannot be read: null, a
+/// null index array, batch_size < 1, an unknown dtype, sm_scale not a positive finite float.
+FS_API int fs_mla_unsupported_reason(const fs_mla_shape* shape, int device, const char** reason);
+/// A fresh MLA runner (flashstep::stages::mla::MlaRunner).
+FS_API int fs_mla_runner_create(void** runner);
+/// Frees an MLA runner (null is allowed).
+FS_API int fs_mla_runner_destroy(void* runner);
+/// Device workspace bytes that fs_mla_plan and fs_mla_run need for `shape` (the work items,
+/// the merge's row offsets, the fp32 partial states of a split); refuses, naming the field,
+/// a shape the kernel cannot run.
+FS_API int fs_mla_workspace_bytes(void* runner, const fs_mla_shape* shape, size_t* bytes);
+/// Plans `shape` on the current device into `workspace` (device, at least
+/// fs_mla_workspace_bytes): the work items and the key split are decided on the host and
+/// copied on `stream`. The host arrays may be reused when it returns.
+FS_API int fs_mla_plan(void* runner, const fs_mla_shape* shape, void* workspace, size_t workspace_bytes, void* stream);
+/// Launches the planned MLA on `stream` (the attention kernel, then the merge of split
+/// requests), with the planned device current for the launch and the previous one restored
+/// after. Only launches: capturable in a CUDA graph, which replays this plan's schedule (a
+/// later fs_mla_plan on the same runner and workspace may change the launch). Fails when no
+/// plan was made or a pointer is null (lse may be null).
+FS_API int fs_mla_run(void* runner, const fs_mla_batch* batch, void* stream);
 
 // ---- the merge of attention states (natural-log lse) --------------------------------
 

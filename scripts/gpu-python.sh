@@ -10,10 +10,10 @@
 #   STEP    any of: tests flashinfer sanitizer notebooks hostcost (default: the first four)
 #
 #   tests       tests/python/test_cuda_arguments.py, test_cuda_gpu.py, test_cuda_fp8_append.py,
-#               test_cuda_default_device.py and test_cuda_graph.py
+#               test_cuda_default_device.py, test_cuda_mla.py and test_cuda_graph.py
 #               (pytest; the graph contract, in-flight re-plans and two streams are the last)
-#   flashinfer  tests/python/test_cuda_flashinfer.py: the cross-check; source FlashInfer's
-#               install.sh first, or it skips with a message
+#   flashinfer  tests/python/test_cuda_flashinfer.py and test_cuda_mla.py's FlashInfer cases:
+#               the cross-check; source FlashInfer's install.sh first, or it skips with a message
 #   sanitizer   a few test_cuda_gpu.py and test_cuda_graph.py cases (graph replays after
 #               re-plans among them) under compute-sanitizer memcheck
 #   notebooks   notebooks 11 and 12 executed on this GPU (scripts/notebook_exec.py), saved
@@ -90,11 +90,13 @@ failed=()
 # Each step is bounded, so that a hung step still leaves the log of the others.
 step_tests() {
   run_logged timeout 540 "${PYTEST[@]}" tests/python/test_cuda_arguments.py tests/python/test_cuda_gpu.py \
-    tests/python/test_cuda_fp8_append.py tests/python/test_cuda_default_device.py tests/python/test_cuda_graph.py
+    tests/python/test_cuda_fp8_append.py tests/python/test_cuda_default_device.py tests/python/test_cuda_mla.py \
+    tests/python/test_cuda_graph.py
 }
 step_flashinfer() {
   # FlashInfer compiles a kernel module on first use where its JIT cache lacks one: bounded.
-  run_logged timeout 420 "${PYTEST[@]}" tests/python/test_cuda_flashinfer.py
+  run_logged timeout 420 "${PYTEST[@]}" tests/python/test_cuda_flashinfer.py \
+    tests/python/test_cuda_mla.py::test_against_flashinfer
 }
 step_sanitizer() {
   command -v compute-sanitizer > /dev/null || { say "sanitizer: compute-sanitizer not found, skipped"; return 0; }

@@ -46,6 +46,7 @@
 #include "harness/device.hpp"
 #include "launch_floor.hpp"
 #include "measured_model.hpp"
+#include "mla_rows.hpp"
 #include "read_ceiling.hpp"
 #include "registry.hpp"
 #include "shapes.hpp"
@@ -365,7 +366,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    const std::vector<BenchShape> shapes = load_shapes(shapes_path);
+    // bench/shapes_mla.csv has columns of its own: MLA's rows (mla_rows.hpp) and the ceilings
+    const bool mla_file = is_mla_shapes_file(shapes_path);
+    const std::vector<BenchShape> shapes = mla_file ? std::vector<BenchShape>{} : load_shapes(shapes_path);
     {
       GpuTimer timer;
       {
@@ -453,6 +456,7 @@ int main(int argc, char** argv) {
           state, timer, [&] { gemm.run(nullptr); }, 0, GemmCeiling::flops(), g_ceilings.gemm_tflops);
     }));
 
+    if (mla_file) register_mla_rows(shapes_path, sets, configure, &g_ceilings.gemm_tflops, &g_ceilings.read_gbps);
     for (const stages::StageInfo& stage : stages::registry()) {
       std::set<std::string> seen;  // ragged stages ignore page size, layout and page order
       for (const BenchShape& shape : shapes) {

@@ -62,6 +62,22 @@ class _Batch(ctypes.Structure):
         ("k_scale", ctypes.c_double), ("v_scale", ctypes.c_double), ("sinks", ctypes.c_void_p)]
 
 
+class _MlaShape(ctypes.Structure):
+    """fs_mla_shape of flashstep_capi.h: an MLA batch (stages/10_mla/)."""
+    _fields_ = [
+        ("dtype", ctypes.c_int32), ("batch_size", ctypes.c_int32), ("num_heads", ctypes.c_int32),
+        ("head_dim_ckv", ctypes.c_int32), ("head_dim_kpe", ctypes.c_int32), ("page_size", ctypes.c_int32),
+        ("num_pages", ctypes.c_int64), ("causal", ctypes.c_int32), ("sm_scale", ctypes.c_double),
+        ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p), ("kv_len", ctypes.c_void_p),
+    ]
+
+
+class _MlaBatch(ctypes.Structure):
+    """fs_mla_batch of flashstep_capi.h."""
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "q_nope", "q_pe", "ckv_pages", "kpe_pages", "kv_indices", "o", "lse")]
+
+
 class _SamplingParams(ctypes.Structure):
     """fs_sampling_params of flashstep_capi.h."""
     _fields_ = [
@@ -74,6 +90,7 @@ class _SamplingParams(ctypes.Structure):
 
 
 Shape, Batch, SamplingParams, StageCaps = _Shape, _Batch, _SamplingParams, _StageCaps
+MlaShape, MlaBatch = _MlaShape, _MlaBatch
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -100,6 +117,12 @@ _SIGNATURES = {
     "fs_runner_plan": [_P, ctypes.POINTER(_Shape), _P, _SIZE, _P],
     "fs_runner_run": [_P, _P, _I, _P],
     "fs_cascade_plan": [_P, ctypes.POINTER(_Shape), _I, _P, _P, _P, _P, _P, _P, _SIZE, ctypes.POINTER(_SIZE), _P],
+    "fs_mla_unsupported_reason": [ctypes.POINTER(_MlaShape), _I, _PP],
+    "fs_mla_runner_create": [ctypes.POINTER(_P)],
+    "fs_mla_runner_destroy": [_P],
+    "fs_mla_workspace_bytes": [_P, ctypes.POINTER(_MlaShape), ctypes.POINTER(_SIZE)],
+    "fs_mla_plan": [_P, ctypes.POINTER(_MlaShape), _P, _SIZE, _P],
+    "fs_mla_run": [_P, _P, _P],
     "fs_merge_state": [_I, _P, _P, _P, _P, _I64, _I64, _I64, _P, _P, _P],
     "fs_merge_states": [_I, _P, _P, _I64, _I64, _I64, _I64, _P, _P, _P],
     "fs_append_paged_kv_cache": [_I, _I, _P, _P, _I64, _I64, _I64, _P, _P, _P, _P, _I64, _I, _I, _I, _I,
@@ -115,7 +138,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 8
+EXPECTED_VERSION = 9
 
 _lib = None
 
@@ -167,15 +190,17 @@ def load():
         except OSError as e:
             tried.append(f"{path} ({e})")
             continue
+        # The version first: a library of another version may lack a function named below.
+        lib.fs_version.argtypes, lib.fs_version.restype = [], ctypes.c_int
+        if lib.fs_version() != EXPECTED_VERSION:
+            raise LibraryNotFound(f"{path} has C interface version {lib.fs_version()}, this module "
+                                  f"needs {EXPECTED_VERSION}: rebuild the library")
         for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes = argtypes
             fn.restype = ctypes.c_int
         lib.fs_last_error.argtypes = []
         lib.fs_last_error.restype = ctypes.c_char_p
-        if lib.fs_version() != EXPECTED_VERSION:
-            raise LibraryNotFound(f"{path} has C interface version {lib.fs_version()}, this module "
-                                  f"needs {EXPECTED_VERSION}: rebuild the library")
         _lib = lib
         return lib
     raise LibraryNotFound(

@@ -15,15 +15,15 @@ passed as ``out=`` / ``lse=``. A tensor on the wrong device (a CPU tensor includ
 the wrong dtype, shape or strides, or an index array that is not int32, raises
 ValueError naming the argument before any kernel runs.
 
-Which stage runs: every wrapper takes ``stage=`` (a registry name such as "02_paged",
-or its number, "02"); by default plan() applies ``default_stage()``'s rule (the stage
-registry's, in the C library, which stage 09's engine applies too) to the stages whose
-registry entry supports the planned shape: a decode with a GQA group of at most 8 gets
-03_split_kv, anything else the latest such stage in teaching order (``stages()`` lists
-them with what each supports, ``plan()`` records the choice in ``.stage``). With
-``use_cuda_graph=True`` only stages that can plan for a captured graph are considered,
-and a graph captured after one plan() replays correctly after any later plan() of the
-same batch size (docs/python_gpu.md, "CUDA graphs").
+Which stage runs: every wrapper but the MLA one takes ``stage=`` (a registry name such
+as "02_paged", or its number, "02"); by default plan() applies ``default_stage()``'s
+rule (the stage registry's, in the C library, which stage 09's engine applies too) to
+the stages whose registry entry supports the planned shape: a decode with a GQA group of
+at most 8 gets 03_split_kv, anything else the latest such stage in teaching order
+(``stages()`` lists them with what each supports, ``plan()`` records the choice in
+``.stage``). With ``use_cuda_graph=True`` only stages that can plan for a captured graph
+are considered, and a graph captured after one plan() replays correctly after any later
+plan() of the same batch size (docs/python_gpu.md, "CUDA graphs").
 
 plan() reads index arrays in place (CPU tensors, numpy arrays, array.array, or device
 arrays) and copies what the stage reads to the device in one copy per array; it may be
@@ -31,7 +31,9 @@ called while the previous run() is still in flight.
 
 Differences from FlashInfer, each on purpose:
 - every log-sum-exp returned or taken (``return_lse=True``, merge_state) is the natural
-  log; FlashInfer's is base 2 (``lse_flashinfer = lse / ln 2``);
+  log; FlashInfer's is base 2 (``lse_flashinfer = lse / ln 2``); the one exception is
+  BatchMLAPagedAttentionWrapper, whose run() names the base (``return_lse_base_on_e``)
+  and so returns FlashInfer's: base 2 unless it is True;
 - no RoPE inside attention (``pos_encoding_mode`` must be "NONE"), no custom masks, and
   head_dim_vo equals head_dim_qk;
 - the paged cache is one pool ``(num_pages, 2, page_size, Hkv, D)`` (NHD) or
@@ -49,7 +51,8 @@ The library is libflashstep_capi.so (capi/ in the repository), found through
 The code is split by wrapper family, each module private (import from here):
 ``_cuda_plan`` (the plan a wrapper keeps and the plan()/run() they share),
 ``_cuda_decode``, ``_cuda_prefill`` (paged and ragged), ``_cuda_cascade``,
-``_cuda_merge``, ``_cuda_paged_kv`` (append_paged_kv_cache), ``_cuda_rope``,
+``_cuda_mla`` (BatchMLAPagedAttentionWrapper, stages/10_mla/'s runner, which is not a
+registry stage), ``_cuda_merge``, ``_cuda_paged_kv`` (append_paged_kv_cache), ``_cuda_rope``,
 ``_cuda_sampling``, and ``_cuda_common`` (dtypes, argument checks, the stage registry).
 """
 import ctypes
@@ -62,6 +65,7 @@ from ._cuda_common import _graph_safe  # noqa: F401  (the registry's graph rule,
 from ._cuda_common import _DTYPES, _KV_DTYPES, _dtype_name, _kv_dtype_name, _registry, default_stage
 from ._cuda_decode import BatchDecodeWithPagedKVCacheWrapper, CUDAGraphBatchDecodeWithPagedKVCacheWrapper
 from ._cuda_merge import merge_state, merge_state_in_place, merge_states
+from ._cuda_mla import BatchMLAPagedAttentionWrapper
 from ._cuda_paged_kv import append_paged_kv_cache, get_batch_indices_positions
 from ._cuda_plan import Plan as _Plan  # noqa: F401  (the plan a wrapper keeps, for the tests)
 from ._cuda_prefill import BatchPrefillWithPagedKVCacheWrapper, BatchPrefillWithRaggedKVCacheWrapper
@@ -77,7 +81,7 @@ from ._tensors import index_array
 __all__ = [
     "BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
-    "BatchPrefillWithRaggedKVCacheWrapper", "MultiLevelCascadeAttentionWrapper",
+    "BatchPrefillWithRaggedKVCacheWrapper", "MultiLevelCascadeAttentionWrapper", "BatchMLAPagedAttentionWrapper",
     "merge_state", "merge_state_in_place", "merge_states", "append_paged_kv_cache",
     "get_batch_indices_positions", "sampling_from_probs", "sampling_from_logits",
     "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",

@@ -1,4 +1,4 @@
-// Exercise 21 (the MLA lesson, stages/mla/README.md): decode attention over a latent
+// Exercise 21 (the MLA lesson, stages/10_mla/README.md): decode attention over a latent
 // cache, in the absorbed form.
 //
 // Fill in absorbed_decode() below: one query token, `heads` query heads, and a cache of
