@@ -158,16 +158,27 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
   kernels::cp_async_commit_group();
   int64_t next_row = pool_row(1);
 
+  // P V of tile j - 1 is issued right behind S of tile j (stage 07's order), so the tensor
+  // cores go from one to the other without waiting; P stays in `a` from one tile to the next.
+  float s[16];
+  uint32_t a[4][4];
+  auto issue_pv = [&](const T* kv) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        hopper::wgmma_rs<T, 128>(
+            o[half], a[k],
+            smem_descriptor(kv + (grp * 4 + half * 2) * Tile::kBlockElems + k * 16 * 64, Tile::kBlockElems * sizeof(T)),
+            1);
+  };
   for (int tile = 0; tile < num_tiles; ++tile) {
     kernels::cp_async_wait_group<0>();
-    __syncthreads();  // (1) the tile landed; both groups are past the previous one
-    if (tile + 1 < num_tiles) load_tile(next_row, (tile + 1) & 1);
-    kernels::cp_async_commit_group();
-    next_row = pool_row(tile + 2);
+    __syncthreads();  // (1) the tile landed
     const T* kv = s_kv + (tile & 1) * Tile::kTileElems;
 
-    // S_grp = Q K[32 grp ..]^T: 36 k-steps of 16 dims; a k-step is 32 bytes along a 128-byte row
-    float s[16];
+    // S_grp = Q K[32 grp ..]^T: 36 k-steps of 16 dims (a k-step is 32 bytes along a 128-byte
+    // row), then O += P V of the previous tile
     hopper::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kRowElems / 16; ++ks) {
@@ -176,8 +187,12 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
                               smem_descriptor(kv + block * Tile::kBlockElems + grp * 32 * 64 + within, 16), ks > 0);
     }
     hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
+    if (tile > 0) issue_pv(s_kv + ((tile - 1) & 1) * Tile::kTileElems);
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();  // S_j and P_{j-1} V_{j-1}
     hopper::wgmma_fence_operands(s);
+    hopper::wgmma_fence_operands(o[0]);
+    hopper::wgmma_fence_operands(o[1]);
 
     // scale, mask, and the maxima of this group's 32 keys
     const int key0 = w.kv_begin + tile * Tile::kKeys + grp * 32;
@@ -196,10 +211,12 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       s_red[(grp * 2 + h) * 128 + t] = mx[h];
     }
-    __syncthreads();  // (2) both groups' maxima
+    __syncthreads();  // (2) both groups' maxima; both are done with tile j - 1's buffer
+    if (tile + 1 < num_tiles) load_tile(next_row, (tile + 1) & 1);
+    kernels::cp_async_commit_group();
+    next_row = pool_row(tile + 2);
 
-    // online softmax; P of this group's keys as A fragments (k-steps 2 grp, 2 grp + 1)
-    uint32_t a_own[2][4];
+    // online softmax; P of this group's keys, packed as wgmma's A fragments, to shared memory
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m_run[h], fmaxf(mx[h], s_red[((1 - grp) * 2 + h) * 128 + t]));
@@ -224,33 +241,18 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
 #pragma unroll
     for (int k = 0; k < 2; ++k)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        a_own[k][r] = kernels::pack2<T>(s[8 * k + 2 * r], s[8 * k + 2 * r + 1]);
-        s_pex[(grp * 8 + k * 4 + r) * 128 + t] = a_own[k][r];
-      }
+      for (int r = 0; r < 4; ++r)
+        s_pex[(grp * 8 + k * 4 + r) * 128 + t] = kernels::pack2<T>(s[8 * k + 2 * r], s[8 * k + 2 * r + 1]);
     __syncthreads();  // (3) both groups' P
-    // P of all 64 keys in k-step order (group 0's keys first); a uniform branch keeps
-    // every register index static
-    uint32_t a[4][4];
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const uint32_t other = s_pex[((1 - grp) * 8 + k * 4 + r) * 128 + t];
-        a[k][r] = grp == 0 ? a_own[k][r] : other;
-        a[2 + k][r] = grp == 0 ? other : a_own[k][r];
-      }
-
-    // O_grp += P V: 4 k-steps of 16 keys, columns in two halves of 128
-    hopper::wgmma_fence();
+                      // P of all 64 keys, both groups' halves read back alike (group 0's keys first)
 #pragma unroll
     for (int k = 0; k < 4; ++k)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-        hopper::wgmma_rs<T, 128>(
-            o[half], a[k],
-            smem_descriptor(kv + (grp * 4 + half * 2) * Tile::kBlockElems + k * 16 * 64, Tile::kBlockElems * sizeof(T)),
-            1);
+      for (int r = 0; r < 4; ++r) a[k][r] = s_pex[((k / 2) * 8 + (k % 2) * 4 + r) * 128 + t];
+  }
+  if (num_tiles > 0) {  // the last tile's P V
+    hopper::wgmma_fence();
+    issue_pv(s_kv + ((num_tiles - 1) & 1) * Tile::kTileElems);
     hopper::wgmma_commit();
     hopper::wgmma_wait<0>();
     hopper::wgmma_fence_operands(o[0]);
