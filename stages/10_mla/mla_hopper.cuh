@@ -120,21 +120,21 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
     if (tile >= num_tiles || j >= w.kv_end) return -1;
     return int64_t(p.kv_indices[w.page_begin + j / p.page_size]) * p.page_size + j % p.page_size;
   };
+  // Thread (key, sub) copies chunks sub + 4 i of its key row. Chunk sub + 4 i lies in column
+  // block i / 2 at in-row chunk sub (i even) or sub + 4 (i odd), so its place in the tile is
+  // one of two per-thread offsets plus a constant: computed here once, not per copy.
+  const int dst_even = key * 64 + ((sub ^ (key & 7)) << 3), dst_odd = key * 64 + (((sub + 4) ^ (key & 7)) << 3);
   auto load_tile = [&](int64_t row, int buffer) {
     T* dst = s_kv + buffer * Tile::kTileElems;
     const bool valid = row >= 0;
-    const T* ckv = p.ckv + (valid ? row : 0) * kCkv;
-    const T* kpe = p.kpe + (valid ? row : 0) * kKpe;
+    const T* ckv = p.ckv + (valid ? row : 0) * kCkv + sub * 8;
+    const T* kpe = p.kpe + (valid ? row : 0) * kKpe + sub * 8;
 #pragma unroll
-    for (int i = 0; i < kCkvChunks / 4; ++i) {
-      const int chunk = sub + 4 * i;
-      cp_async_16(dst + detail::swizzled64(key, chunk), ckv + chunk * 8, valid);
-    }
+    for (int i = 0; i < kCkvChunks / 4; ++i)
+      cp_async_16(dst + (i / 2) * Tile::kBlockElems + (i % 2 ? dst_odd : dst_even), ckv + 32 * i, valid);
 #pragma unroll
-    for (int i = 0; i < (kRowChunks - kCkvChunks) / 4; ++i) {
-      const int chunk = sub + 4 * i;
-      cp_async_16(dst + detail::swizzled64(key, kCkvChunks + chunk), kpe + chunk * 8, valid);
-    }
+    for (int i = 0; i < (kRowChunks - kCkvChunks) / 4; ++i)
+      cp_async_16(dst + (kCkvChunks / 8) * Tile::kBlockElems + (i % 2 ? dst_odd : dst_even), kpe + 32 * i, valid);
   };
 
   // ---- this thread's rows: 16 warp + g and + 8 of the tile (the same in both groups)
@@ -158,41 +158,33 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
   kernels::cp_async_commit_group();
   int64_t next_row = pool_row(1);
 
-  // P V of tile j - 1 is issued right behind S of tile j (stage 07's order), so the tensor
-  // cores go from one to the other without waiting; P stays in `a` from one tile to the next.
-  float s[16];
-  uint32_t a[4][4];
-  auto issue_pv = [&](const T* kv) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        hopper::wgmma_rs<T, 128>(
-            o[half], a[k],
-            smem_descriptor(kv + (grp * 4 + half * 2) * Tile::kBlockElems + k * 16 * 64, Tile::kBlockElems * sizeof(T)),
-            1);
-  };
+  // The descriptors, built once: a k-step, a column block or a buffer further is a constant
+  // added to the start-address field (bits 0-13, in 16-byte units), which never carries out
+  // below 256 KB. Rebuilt for every wgmma they cost ~10 instructions each, 36 + 8 a tile.
+  const uint64_t q_desc = smem_descriptor(s_q, 16);
+  const uint64_t k_desc0 = smem_descriptor(s_kv + grp * 32 * 64, 16);
+  const uint64_t v_desc0 = smem_descriptor(s_kv + grp * 4 * Tile::kBlockElems, Tile::kBlockElems * sizeof(T));
+  constexpr uint64_t kBufferStep = Tile::kTileElems * sizeof(T) / 16;
   for (int tile = 0; tile < num_tiles; ++tile) {
     kernels::cp_async_wait_group<0>();
-    __syncthreads();  // (1) the tile landed
+    __syncthreads();  // (1) the tile landed; both groups are past the previous one
+    if (tile + 1 < num_tiles) load_tile(next_row, (tile + 1) & 1);
+    kernels::cp_async_commit_group();
+    next_row = pool_row(tile + 2);
     const T* kv = s_kv + (tile & 1) * Tile::kTileElems;
+    const uint64_t k_desc = k_desc0 + (tile & 1) * kBufferStep, v_desc = v_desc0 + (tile & 1) * kBufferStep;
 
-    // S_grp = Q K[32 grp ..]^T: 36 k-steps of 16 dims (a k-step is 32 bytes along a 128-byte
-    // row), then O += P V of the previous tile
+    // S_grp = Q K[32 grp ..]^T: 36 k-steps of 16 dims; a k-step is 32 bytes along a 128-byte row
+    float s[16];
     hopper::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kRowElems / 16; ++ks) {
-      const int block = ks / 4, within = (ks % 4) * 16;
-      detail::wgmma_ss_n32<T>(s, smem_descriptor(s_q + block * Tile::kBlockElems + within, 16),
-                              smem_descriptor(kv + block * Tile::kBlockElems + grp * 32 * 64 + within, 16), ks > 0);
+      const uint64_t step = ((ks / 4) * Tile::kBlockElems + (ks % 4) * 16) * sizeof(T) / 16;
+      detail::wgmma_ss_n32<T>(s, q_desc + step, k_desc + step, ks > 0);
     }
     hopper::wgmma_commit();
-    if (tile > 0) issue_pv(s_kv + ((tile - 1) & 1) * Tile::kTileElems);
-    hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();  // S_j and P_{j-1} V_{j-1}
+    hopper::wgmma_wait<0>();
     hopper::wgmma_fence_operands(s);
-    hopper::wgmma_fence_operands(o[0]);
-    hopper::wgmma_fence_operands(o[1]);
 
     // scale, mask, and the maxima of this group's 32 keys
     const int key0 = w.kv_begin + tile * Tile::kKeys + grp * 32;
@@ -211,12 +203,10 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       s_red[(grp * 2 + h) * 128 + t] = mx[h];
     }
-    __syncthreads();  // (2) both groups' maxima; both are done with tile j - 1's buffer
-    if (tile + 1 < num_tiles) load_tile(next_row, (tile + 1) & 1);
-    kernels::cp_async_commit_group();
-    next_row = pool_row(tile + 2);
+    __syncthreads();  // (2) both groups' maxima
 
-    // online softmax; P of this group's keys, packed as wgmma's A fragments, to shared memory
+    // online softmax; P of this group's keys as A fragments (k-steps 2 grp, 2 grp + 1)
+    uint32_t a_own[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float m_new = fmaxf(m_run[h], fmaxf(mx[h], s_red[((1 - grp) * 2 + h) * 128 + t]));
@@ -241,18 +231,31 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
 #pragma unroll
     for (int k = 0; k < 2; ++k)
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-        s_pex[(grp * 8 + k * 4 + r) * 128 + t] = kernels::pack2<T>(s[8 * k + 2 * r], s[8 * k + 2 * r + 1]);
+      for (int r = 0; r < 4; ++r) {
+        a_own[k][r] = kernels::pack2<T>(s[8 * k + 2 * r], s[8 * k + 2 * r + 1]);
+        s_pex[(grp * 8 + k * 4 + r) * 128 + t] = a_own[k][r];
+      }
     __syncthreads();  // (3) both groups' P
-                      // P of all 64 keys, both groups' halves read back alike (group 0's keys first)
+    // P of all 64 keys in k-step order (group 0's keys first); a uniform branch keeps
+    // every register index static
+    uint32_t a[4][4];
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint32_t other = s_pex[((1 - grp) * 8 + k * 4 + r) * 128 + t];
+        a[k][r] = grp == 0 ? a_own[k][r] : other;
+        a[2 + k][r] = grp == 0 ? other : a_own[k][r];
+      }
+
+    // O_grp += P V: 4 k-steps of 16 keys, columns in two halves of 128
+    hopper::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) a[k][r] = s_pex[((k / 2) * 8 + (k % 2) * 4 + r) * 128 + t];
-  }
-  if (num_tiles > 0) {  // the last tile's P V
-    hopper::wgmma_fence();
-    issue_pv(s_kv + ((num_tiles - 1) & 1) * Tile::kTileElems);
+      for (int half = 0; half < 2; ++half)
+        hopper::wgmma_rs<T, 128>(o[half], a[k], v_desc + (half * 2 * Tile::kBlockElems + k * 16 * 64) * sizeof(T) / 16,
+                                 1);
     hopper::wgmma_commit();
     hopper::wgmma_wait<0>();
     hopper::wgmma_fence_operands(o[0]);
