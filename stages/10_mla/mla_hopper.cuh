@@ -205,29 +205,42 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
     }
     __syncthreads();  // (2) both groups' maxima
 
-    // online softmax; P of this group's keys as A fragments (k-steps 2 grp, 2 grp + 1)
+    // online softmax; P of this group's keys as A fragments (k-steps 2 grp, 2 grp + 1).
+    // The running maximum moves only when a tile's is more than 8 above it (FlashAttention-4's
+    // rule): P is then at most 2^8, l and O stay against the same stale maximum (the result
+    // is the same up to rounding), and most tiles rescale nothing. Both groups see the same
+    // maxima, so they take the same decisions.
     uint32_t a_own[2][4];
+    float alpha[2] = {1.f, 1.f}, m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m_run[h], fmaxf(mx[h], s_red[((1 - grp) * 2 + h) * 128 + t]));
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = exp2f(m_run[h] - m_use);
-      m_run[h] = m_new;
-      l_run[h] *= alpha;
+      const float m_tile = fmaxf(mx[h], s_red[((1 - grp) * 2 + h) * 128 + t]);
+      if (m_tile > m_run[h] + 8.f) {          // -inf + 8 is -inf: the first finite maximum always enters
+        alpha[h] = exp2f(m_run[h] - m_tile);  // from -inf: 0, and O and l are still 0
+        m_run[h] = m_tile;
+      }
+      m_use[h] = m_run[h] == -INFINITY ? 0.f : m_run[h];
+      l_run[h] *= alpha[h];
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int n = 0; n < 16; ++n) {
-          o[half][4 * n + 2 * h] *= alpha;
-          o[half][4 * n + 2 * h + 1] *= alpha;
+          o[half][4 * n] *= alpha[0];
+          o[half][4 * n + 1] *= alpha[0];
+          o[half][4 * n + 2] *= alpha[1];
+          o[half][4 * n + 3] *= alpha[1];
         }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        s[4 * n + 2 * h] = exp2f(s[4 * n + 2 * h] - m_use);
-        s[4 * n + 2 * h + 1] = exp2f(s[4 * n + 2 * h + 1] - m_use);
+        s[4 * n + 2 * h] = exp2f(s[4 * n + 2 * h] - m_use[h]);
+        s[4 * n + 2 * h + 1] = exp2f(s[4 * n + 2 * h + 1] - m_use[h]);
         l_run[h] += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
       }
-    }
 #pragma unroll
     for (int k = 0; k < 2; ++k)
 #pragma unroll
