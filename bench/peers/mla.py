@@ -151,8 +151,14 @@ def main():
     args = ap.parse_args()
     peers = args.peers.split(",")
     shapes = load_shapes(args.shapes, args.sets.split(","))
-    out = {"context": {"date": datetime.datetime.now().isoformat(), "gpu": torch.cuda.get_device_name(0),
-                       "torch": torch.__version__, "seed": SEED, "shapes": args.shapes}, "results": []}
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "date": datetime.datetime.now().isoformat(), "seed": SEED, "shapes": args.shapes, "complete": False,
+           "results": []}
+    try:
+        import flashinfer
+        out["flashinfer"] = getattr(flashinfer, "__version__", "?")
+    except Exception:  # noqa: BLE001  (the rows say why FlashInfer did not run)
+        out["flashinfer"] = None
     flush = l2_flush()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(SEED)
@@ -170,6 +176,8 @@ def main():
         write_json(args.out, out)
         del x
         torch.cuda.empty_cache()
+    out["complete"] = True
+    write_json(args.out, out)
     return 0
 
 

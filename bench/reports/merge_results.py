@@ -17,7 +17,7 @@ goals, computed here from the rows of this one run, the peers' versions, the com
 that produced the run and the state of the tree. Google Benchmark's "executable" (a
 path on the machine that ran it) is dropped. Prints the goals. Which goals follows from
 the shapes file's columns: TARGETS (bench/shapes.csv), PREFILL_TARGETS (a "mode"
-column: bench/shapes_prefill.csv) or CASCADE_TARGETS and the cascade sweep (a
+column: bench/shapes_prefill.csv), MLA_TARGETS (a "num_heads" column: bench/shapes_mla.csv) or CASCADE_TARGETS and the cascade sweep (a
 "shared_prefix" column too: bench/shapes_cascade.csv).
 
 Provenance is read, never typed: the commit and the tree's state come from the build
@@ -106,6 +106,22 @@ CASCADE_FLAT_STAGES = ("02_paged", "03_split_kv", "04_tensor_core")
 CASCADE_SWEEP_GOAL = 0.98
 
 
+# Stage 10 (MLA) on bench/shapes_mla.csv (a "num_heads" column): TFLOP/s ratios to FlashInfer's
+# fa3 MLA backend, and the memory-bound shape's share of the read ceiling.
+MLA_TARGETS = [
+    ("mla vs FlashInfer fa3 MLA, batch 128 x kv 8192, 128 heads (TFLOP/s ratio)",
+     "mla/mla_b128_kv8192_h128", "peer_flashinfer_mla_fa3/mla_b128_kv8192_h128", 1.00, ">="),
+    ("mla vs FlashInfer fa3 MLA, batch 32 x kv 8192, 128 heads (TFLOP/s ratio)",
+     "mla/mla_b32_kv8192_h128", "peer_flashinfer_mla_fa3/mla_b32_kv8192_h128", 1.00, ">="),
+    ("mla vs FlashInfer fa3 MLA, batch 1 x kv 16384, 128 heads (TFLOP/s ratio)",
+     "mla/mla_b1_kv16384_h128", "peer_flashinfer_mla_fa3/mla_b1_kv16384_h128", 1.00, ">="),
+    ("mla vs FlashInfer fa3 MLA, batch 128 x kv 8192, 16 heads (TFLOP/s ratio)",
+     "mla/mla_b128_kv8192_h16", "peer_flashinfer_mla_fa3/mla_b128_kv8192_h16", 1.00, ">="),
+    ("mla, batch 128 x kv 8192, 16 heads: share of the read ceiling",
+     "mla/mla_b128_kv8192_h16", None, 0.95, ">=read"),
+]
+
+
 def cascade_targets(shapes):
     """CASCADE_TARGETS, then one sweep target per decode shape of `shapes`."""
     sweep = [(f"05_cascade vs the fastest flat stage ({', '.join(CASCADE_FLAT_STAGES)}), {s['name']} (speedup)",
@@ -124,16 +140,17 @@ def target(text, num, den, goal, how, by_name):
     "met": None and the "missing" rows. how: ">=" (num's rate over den's: TFLOP/s where num
     has it, else GB/s), "<=time" (num's time over den's) or ">=speedup" (den's time over
     num's), ">=ceiling" (num's share of the run's ceiling, its pct_of_ceiling / 100, the
-    ceiling every "% of" column uses). A tuple `den` is the fastest of its rows that ran;
+    ceiling every "% of" column uses) or ">=read" (its pct_of_read_ceiling / 100). A tuple `den` is the fastest of its rows that ran;
     "denominator" names it."""
     t = {"target": text, "numerator": num, "denominator": den, "goal": f"{how[:2]} {goal:.2f}"}
     if isinstance(den, tuple):
         t["candidates"] = list(den)
         ran = [n for n in den if n in by_name]
         den = t["denominator"] = min(ran, key=lambda n: time_us(by_name[n])) if ran else None
-    if how == ">=ceiling":
-        if num in by_name and "pct_of_ceiling" in by_name[num]:
-            t["ratio"] = round(float(by_name[num]["pct_of_ceiling"]) / 100, 4)
+    if how in (">=ceiling", ">=read"):
+        key = "pct_of_ceiling" if how == ">=ceiling" else "pct_of_read_ceiling"
+        if num in by_name and key in by_name[num]:
+            t["ratio"] = round(float(by_name[num][key]) / 100, 4)
             t["met"] = t["ratio"] >= goal
         else:
             t["met"], t["missing"] = None, [num]
@@ -277,6 +294,7 @@ def main():
 
     shapes = load_shapes(a.shapes)
     prefill_file = bool(shapes) and "mode" in shapes[0]  # also bench/shapes_cascade.csv: rows name their shape
+    mla_file = bool(shapes) and "num_heads" in shapes[0]  # bench/shapes_mla.csv
     cascade_file = prefill_file and "shared_prefix" in shapes[0]
     gemm_tflops = float(ctx.get("gemm_bf16_ceiling_TFLOP/s", "nan"))
     for s in shapes:
@@ -286,7 +304,7 @@ def main():
             if "shape" in r:  # bench/peers/ names the shape of prefill- and cascade-file rows and FlashInfer's
                 if r["shape"] != s["name"]:
                     continue
-                label = f"{s['dtype']} {r.get('note', '')}, {r['mode']}"
+                label = f"{s['dtype']} {r.get('note', '')}, {r['mode']}" if r.get("note") else f"{s['dtype']}, {r['mode']}"
             else:  # a decode file's SDPA rows: keyed by the sizes they ran
                 if r.get("key") != shape_key(s):
                     continue
@@ -300,7 +318,7 @@ def main():
         fixed, sweep = targets[:len(CASCADE_TARGETS)], targets[len(CASCADE_TARGETS):]
         targets = fixed + ([worst_of_sweep(sweep)] if sweep else []) + sweep
     else:
-        targets = [target(*x, by_name) for x in (PREFILL_TARGETS if prefill_file else TARGETS)]
+        targets = [target(*x, by_name) for x in (MLA_TARGETS if mla_file else PREFILL_TARGETS if prefill_file else TARGETS)]
     bench["flashstep"] = {
         "note": a.note,
         "targets": targets,
