@@ -7,7 +7,7 @@
   script or by hand) without failing here; a number typed by hand, or a JSON replaced
   without rerunning the report, fails.
 - Every results file a chapter cites (in any generated section) must exist.
-- The other generated sections (stages 03-08, each written by its own script in
+- The other generated sections (stages 03-10, each written by its own script in
   bench/reports/) are written again with the script's --check from the files they cite:
   a section that differs from what its files generate fails.
 """
@@ -104,6 +104,7 @@ OWN_REPORTS = [
     ("05_cascade", "cascade results", "cascade_report.py"),
     ("08_context_parallel", "context_parallel results", "cp_report.py"),
     ("09_engine", "mixed-step", "mixed_step_report.py"),
+    ("10_mla", "mla results", "mla_report.py"),
 ]
 
 

@@ -134,7 +134,7 @@ def test_the_library_reads_the_shape_where_c_expects_it():
 
 def planned_without_gpu(w, max_page=None, nnz_qo=3, heads=16, page_size=16):
     """Gives `w` the plan plan() would make (float16: the fakes' CUDA Array Interface has
-    no bfloat16), without the device calls a real plan makes."""
+    no bfloat16), without the CUDA calls a real plan makes."""
     p = _MlaPlan()
     p.dtype, p.nnz_qo, p.num_heads, p.head_dim_ckv, p.head_dim_kpe = "float16", nnz_qo, heads, CKV, KPE
     p.page_size, p.max_page = page_size, max_page
