@@ -32,6 +32,22 @@ def torch_cuda_or_skip():
         unavailable(f"flashstep.cuda cannot run here: {why.splitlines()[0]}")
     return torch
 
+def flashinfer_or_skip(*submodules):
+    """FlashInfer (and `submodules`, e.g. "flashinfer.mla") where they import, its version
+    printed; else skip the peer's cross-checks, saying why. The GPU must be usable first."""
+    torch_cuda_or_skip()
+    try:
+        import importlib
+
+        import flashinfer
+        for name in submodules:
+            importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001  (any import failure means: no peer here)
+        pytest.skip(f"FlashInfer cross-check skipped: flashinfer does not import here ({type(e).__name__}: {e})")
+    print(f"FlashInfer {getattr(flashinfer, '__version__', '?')}")
+    return flashinfer
+
+
 
 def generator(torch, rng, name):
     """A CUDA torch.Generator seeded from the numpy rng fixture (whose seed is printed)."""

@@ -30,13 +30,7 @@ FACTOR = 2.0
 
 @pytest.fixture(scope="module")
 def flashinfer():
-    cs.torch_cuda_or_skip()
-    try:
-        import flashinfer
-    except Exception as e:  # noqa: BLE001  (any import failure means: no peer here)
-        pytest.skip(f"FlashInfer cross-check skipped: flashinfer does not import here ({type(e).__name__}: {e})")
-    print(f"FlashInfer {getattr(flashinfer, '__version__', '?')}")
-    return flashinfer
+    return cs.flashinfer_or_skip()
 
 
 @pytest.fixture

@@ -410,14 +410,7 @@ def test_the_library_refuses_what_the_kernel_cannot_run(torch, fsc):
 
 @pytest.fixture(scope="module")
 def flashinfer():
-    cs.torch_cuda_or_skip()
-    try:
-        import flashinfer
-        import flashinfer.mla  # noqa: F401
-    except Exception as e:  # noqa: BLE001  (any import failure means: no peer here)
-        pytest.skip(f"FlashInfer cross-check skipped: flashinfer does not import here ({type(e).__name__}: {e})")
-    print(f"FlashInfer {getattr(flashinfer, '__version__', '?')}")
-    return flashinfer
+    return cs.flashinfer_or_skip("flashinfer.mla")
 
 
 FLASHINFER_CASES = [(backend, mode, page, heads) for backend in ("fa2", "fa3")
