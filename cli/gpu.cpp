@@ -215,9 +215,13 @@ const OtherStage kOtherStages[] = {
      "it runs one batch on several GPUs at once: flashstep_cp_tests checks it against the "
      "reference, on a machine with two or more GPUs (scripts/gpu-cp.sh)"},
     {"09_engine",
-     "only its host side exists so far (the continuous-batching scheduler and each step's "
-     "metadata, on the CPU): flashstep_engine_tests (`ctest -L engine`) checks it; the GPU "
-     "engine is still to come"},
+     "it runs the other stages step by step: flashstep_engine_tests (`ctest -L engine`) checks "
+     "its host side, the 09_engine cases of flashstep_stage_tests (`ctest -L gpu`) its tokens "
+     "against the reference's; `flashstep serve` runs it"},
+    {"10_mla",
+     "its batch is not the registry's (queries and two latent pools): the mla cases of "
+     "flashstep_stage_tests (`ctest -L gpu`) check both of its kernels against the reference; "
+     "flashstep.cuda's BatchMLAPagedAttentionWrapper runs it"},
 };
 
 const OtherStage* other_stage(const std::string& name) {
