@@ -142,6 +142,7 @@ HostPlan make_plan(const MlaShape& s, const DeviceFacts& f) {
   plan.info.rows_per_tile = rows;
   // The 64-row tile runs on wgmma where it can (mla_hopper.cuh), else on mma.sync.
   plan.info.kernel = wide && f.wgmma && !s.portable_only ? "wgmma" : "mma_sync";
+  plan.info.programmatic_merge = f.major >= 9;
 
   std::vector<int> tiles(b);
   int64_t units = 0;
@@ -258,8 +259,19 @@ void launch_kernels(const MlaShape& s, const MlaBatch& b, const MlaPlanInfo& inf
     m.o = p.o;
     m.lse = b.lse;
     m.num_qo_heads = s.num_heads;
-    split_kv::merge_states_kernel<T, kLatentDim>
-        <<<dim3(s.num_heads, static_cast<unsigned>(s.nnz_qo())), split_kv::kMergeThreads, 0, stream>>>(m);
+    // As stage 03 launches it: on sm_90, a programmatic dependent launch, so the merge grid
+    // is scheduled while the attention grid drains (its blocks wait in
+    // cudaGridDependencySynchronize), hiding its launch latency.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(s.num_heads, static_cast<unsigned>(s.nnz_qo()));
+    config.blockDim = dim3(split_kv::kMergeThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attribute;
+    config.numAttrs = info.programmatic_merge ? 1 : 0;
+    FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, split_kv::merge_states_kernel<T, kLatentDim>, m));
     kernels::check_launch("merge_states_kernel (MLA)");
   }
 }

@@ -71,10 +71,11 @@ struct MlaBatch {
 struct MlaPlanInfo {
   /// The kernel: "mma_sync" (mla_decode.cuh, every sm_80+ GPU) or "wgmma" (mla_hopper.cuh, sm_90a)
   const char* kernel = "";
-  int rows_per_tile = 0;     ///< packed (token, head) rows of a block's tile: 64 or 16
-  int chunk_keys = 0;        ///< keys per chunk of a split request; 0: no split
-  int64_t work_items = 0;    ///< blocks of the attention kernel
-  int64_t partial_rows = 0;  ///< (token, chunk) rows of fp32 partial states the merge folds; 0: no merge
+  int rows_per_tile = 0;            ///< packed (token, head) rows of a block's tile: 64 or 16
+  int chunk_keys = 0;               ///< keys per chunk of a split request; 0: no split
+  int64_t work_items = 0;           ///< blocks of the attention kernel
+  int64_t partial_rows = 0;         ///< (token, chunk) rows of fp32 partial states the merge folds; 0: no merge
+  bool programmatic_merge = false;  ///< the merge is a programmatic dependent launch (sm_90)
 };
 
 /// Why `shape` cannot run on CUDA device `device` (-1: the current one), "" when it can:
