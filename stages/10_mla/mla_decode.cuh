@@ -270,29 +270,41 @@ __global__ void __launch_bounds__(32 * kRowGroups * kColSplit, 1) mla_decode_ker
     }
     __syncthreads();  // (2) every warp's maxima are in shared memory
 
-    // the online softmax: the row's new maximum, O and l rescaled, P written as T
+    // the online softmax. The running maximum moves only when the tile's is more than 8
+    // (log2 units) above it, mla_hopper.cuh's rule (FlashAttention-4's): P is then at most
+    // 2^8, l and O stay against the same maximum, and a warp rescales O only when one of
+    // its rows moved. Every warp of a row sees the same maxima and takes the same decision.
+    float alpha[2] = {1.f, 1.f}, m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m_new = m_run[h];
+      float m_tile = -INFINITY;
 #pragma unroll
-      for (int c = 0; c < kColSplit; ++c) m_new = fmaxf(m_new, s_red[c * Tile::kRows + rg * 16 + g + 8 * h]);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp2(-inf) = 0
-      const float alpha = exp2f(m_run[h] - m_use);
-      m_run[h] = m_new;
-      l_run[h] *= alpha;
+      for (int c = 0; c < kColSplit; ++c) m_tile = fmaxf(m_tile, s_red[c * Tile::kRows + rg * 16 + g + 8 * h]);
+      if (m_tile > m_run[h] + 8.f) {          // -inf + 8 is -inf: the first finite maximum always enters
+        alpha[h] = exp2f(m_run[h] - m_tile);  // from -inf: 0, and O and l are still 0
+        m_run[h] = m_tile;
+      }
+      m_use[h] = m_run[h] == -INFINITY ? 0.f : m_run[h];  // a row with no key yet: exp2(-inf) = 0
+      l_run[h] *= alpha[h];
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
       for (int n = 0; n < Tile::kOutTiles; ++n) {
-        o[n][2 * h] *= alpha;
-        o[n][2 * h + 1] *= alpha;
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
       }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int n = 0; n < Tile::kScoreTiles; ++n) {
-        const float p0 = exp2f(s[n][2 * h] - m_use), p1 = exp2f(s[n][2 * h + 1] - m_use);
+        const float p0 = exp2f(s[n][2 * h] - m_use[h]), p1 = exp2f(s[n][2 * h + 1] - m_use[h]);
         l_run[h] += p0 + p1;
         *reinterpret_cast<uint32_t*>(s_p + (rg * 16 + g + 8 * h) * kPStride + cs * Tile::kKeysPerWarp + n * 8 +
                                      2 * t4) = kernels::pack2<T>(p0, p1);
       }
-    }
     __syncthreads();  // (3) P of all 32 keys is in shared memory
 
     // O += P V: 16 rows x kCols columns over the tile's 32 keys (two k-steps of 16)
