@@ -93,6 +93,13 @@ def write_section(chapter, begin, end, script, repo, render, check, before_write
     return 0
 
 
+def value(rows, name, key="TFLOP/s"):
+    """Row `name`'s field `key` (a rate, or "median_us") as a float; None where the run has
+    no such row or the row no such field."""
+    r = rows.get(name)
+    return None if r is None or key not in r else float(r[key])
+
+
 def ratio(a, b):
     """a / b, or None where either is missing (or b is 0)."""
     return None if a is None or b is None or b == 0 else a / b

@@ -24,17 +24,13 @@ are up to date (exit 1 if not).
 import os
 import sys
 
-from common import by_name, context, fmt, load, load_shapes, parser, ratio, run_of_shapes, write_section  # bench/reports/
+from common import by_name, context, fmt, load, load_shapes, parser, ratio, run_of_shapes, value, write_section  # bench/reports/
 
 BEGIN, END = "<!-- hopper results:begin -->", "<!-- hopper results:end -->"
 STEPS_BEGIN, STEPS_END = "<!-- hopper steps:begin -->", "<!-- hopper steps:end -->"
 STAGE, STAGE_PAGED, STAGE_04 = "07_hopper_ragged", "07_hopper", "04_tensor_core_ragged"
 STEP_SHAPES = ("b4_q4096_causal", "b4_q4096", "b1_q16384_causal", "b1_q16384")
 
-
-def value(rows, name, unit="TFLOP/s"):
-    r = rows.get(name)
-    return None if r is None or unit not in r else float(r[unit])
 
 
 def x(r):

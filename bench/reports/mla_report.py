@@ -15,21 +15,13 @@ shows "–". --check only reports whether the section is up to date (exit 1 if n
 import os
 import sys
 
-from common import by_name, context, fmt, load_shapes, parser, ratio, run_of_shapes, write_section  # bench/reports/
+from common import by_name, context, fmt, load_shapes, parser, ratio, run_of_shapes, value, write_section  # bench/reports/
 
 BEGIN, END = "<!-- mla results:begin -->", "<!-- mla results:end -->"
 COLUMNS = (("mla", "stage 10"), ("mla[mma_sync]", "stage 10, sm_80 kernels"),
            ("peer_flashinfer_mla_fa3", "FlashInfer fa3"), ("peer_flashinfer_mla_fa2", "FlashInfer fa2"),
            ("peer_torch_bmm", "PyTorch bmm + softmax"))
 
-
-def value(rows, name, key="TFLOP/s"):
-    r = rows.get(name)
-    if r is None:
-        return None
-    if key == "us":
-        return float(r["median_us"]) if "median_us" in r else None
-    return float(r[key]) if key in r else None
 
 
 def section(path, run, rows, shapes, repo):
@@ -48,12 +40,12 @@ def section(path, run, rows, shapes, repo):
         n = s["name"]
         cells = []
         for prefix, _ in COLUMNS:
-            us, tf = value(rows, f"{prefix}/{n}", "us"), value(rows, f"{prefix}/{n}")
+            us, tf = value(rows, f"{prefix}/{n}", "median_us"), value(rows, f"{prefix}/{n}")
             cells.append("–" if us is None else f"{fmt(us)} ({fmt(tf)})")
         r = ratio(value(rows, f"mla/{n}"), value(rows, f"peer_flashinfer_mla_fa3/{n}"))
         out.append(f"| `{n}` | " + " | ".join(cells) + f" | {'–' if r is None else f'{r:.2f}x'} |")
     h16, h16_bytes = value(rows, "mla/mla_b128_kv8192_h16", "GB/s"), value(rows, "mla/mla_b128_kv8192_h16", "bytes")
-    fa3_us = value(rows, "peer_flashinfer_mla_fa3/mla_b128_kv8192_h16", "us")
+    fa3_us = value(rows, "peer_flashinfer_mla_fa3/mla_b128_kv8192_h16", "median_us")
     if h16 is not None:
         # the peer's rows carry TFLOP/s; its GB/s is the same bytes over its own time
         fa3 = None if fa3_us is None or h16_bytes is None else h16_bytes / (fa3_us * 1e-6) * 1e-9

@@ -19,7 +19,7 @@ reports whether the section is up to date (exit 1 if not).
 import os
 import sys
 
-from common import (context, fmt, load_shapes, parser, ratio, results_path, run_of_shapes, save_plot,
+from common import (context, fmt, load_shapes, parser, ratio, results_path, run_of_shapes, save_plot, value,
                     write_section)  # bench/reports/
 from plot_style import series_styles  # bench/reports/
 
@@ -28,10 +28,6 @@ from plot_style import series_styles  # bench/reports/
 BEGIN, END = "<!-- prefill results:begin -->", "<!-- prefill results:end -->"
 STAGE, RAGGED = "04_tensor_core", "04_tensor_core_ragged"
 
-
-def value(rows, name, unit):
-    r = rows.get(name)
-    return None if r is None or unit not in r else float(r[unit])
 
 
 PLOT = "prefill_tflops.png"
