@@ -30,30 +30,8 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-/// The device facts plan() uses.
-struct DeviceFacts {
-  int device = 0, major = 0, minor = 0, num_sm = 0;
-  size_t smem_optin = 0;  ///< the most dynamic shared memory a block may ask for
-  bool wgmma = false;     ///< an sm_90 GPU and a build with sm_90a code (stage 07's rule)
-};
-
-DeviceFacts device_facts(int device) {
-  DeviceFacts f;
-  if (device < 0) FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  f.device = device;
-  int optin = 0;
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&f.num_sm, cudaDevAttrMultiProcessorCount, device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  f.smem_optin = static_cast<size_t>(optin);
-  f.wgmma = f.major == 9 && f.minor == 0 && hopper::hopper_unavailable_reason().empty() &&
-            f.smem_optin >= MlaHopperTile::smem_bytes();
-  return f;
-}
-
 /// The first rule `shape` breaks on `f`, "" when none (the text unsupported_reason returns).
-std::string shape_reason(const MlaShape& s, const DeviceFacts& f) {
+std::string shape_reason(const MlaShape& s, const MlaDevice& f) {
   if (f.major < 8)
     return "MLA needs sm_80 or later (mma.sync on bf16, cp.async); this GPU is sm_" + std::to_string(f.major) +
            std::to_string(f.minor);
@@ -123,16 +101,8 @@ Layout layout_of(const MlaShape& s, const MlaPlanInfo& info) {
   return l;
 }
 
-/// Everything plan() decides, on the host.
-struct HostPlan {
-  MlaPlanInfo info;
-  std::vector<MlaWorkItem> items;
-  std::vector<int32_t> o_indptr;  ///< split: (nnz_qo + 1) partial slots of each query token
-  size_t bytes = 0;               ///< the workspace it needs
-};
-
-HostPlan make_plan(const MlaShape& s, const DeviceFacts& f) {
-  HostPlan plan;
+MlaSchedule plan_of(const MlaShape& s, const MlaDevice& f) {
+  MlaSchedule plan;
   const int b = s.batch_size;
   int max_rows = 0;
   for (int i = 0; i < b; ++i) max_rows = std::max(max_rows, (s.qo_indptr[i + 1] - s.qo_indptr[i]) * s.num_heads);
@@ -141,7 +111,8 @@ HostPlan make_plan(const MlaShape& s, const DeviceFacts& f) {
   const int rows = wide ? MlaWideTile::kRows : MlaNarrowTile::kRows;
   plan.info.rows_per_tile = rows;
   // The 64-row tile runs on wgmma where it can (mla_hopper.cuh), else on mma.sync.
-  plan.info.kernel = wide && f.wgmma && !s.portable_only ? "wgmma" : "mma_sync";
+  const bool wgmma = f.major == 9 && f.minor == 0 && f.hopper_build && f.smem_optin >= MlaHopperTile::smem_bytes();
+  plan.info.kernel = wide && wgmma && !s.portable_only ? "wgmma" : "mma_sync";
   plan.info.programmatic_merge = f.major >= 9;
 
   std::vector<int> tiles(b);
@@ -156,7 +127,11 @@ HostPlan make_plan(const MlaShape& s, const DeviceFacts& f) {
   // The split: a block per tile is one wave or more (the 16-row tile fits twice on an SM)
   // -> none; else each request's keys in about (slots / units) chunks, whole 32-key tiles,
   // at least 128 keys a chunk (a chunk also pays its Q tile's copy and a merge row).
-  const int64_t slots = int64_t(f.num_sm) * (wide ? 1 : 2);
+  const size_t block_smem = std::string(plan.info.kernel) == "wgmma" ? MlaHopperTile::smem_bytes()
+                            : wide                                   ? MlaWideTile::smem_bytes()
+                                                                     : MlaNarrowTile::smem_bytes();
+  // blocks an SM holds by shared memory (1 KB of it is the system's, per block)
+  const int64_t slots = int64_t(f.num_sm) * std::max<int64_t>(1, int64_t(f.smem_per_sm / (block_smem + 1024)));
   int chunk = s.forced_chunk_keys;
   if (chunk == 0 && units > 0 && units < slots && max_kv > 0) {
     const int64_t per = slots / units;
@@ -206,15 +181,9 @@ HostPlan make_plan(const MlaShape& s, const DeviceFacts& f) {
   plan.info.work_items = static_cast<int64_t>(plan.items.size());
 
   const Layout l = layout_of(s, plan.info);
-  plan.bytes = std::max<size_t>(kAlign, l.partial_lse + align_up(size_t(slots_used) * s.num_heads * sizeof(float)));
+  plan.workspace_bytes = std::max<size_t>(kAlign,
+                                          l.partial_lse + align_up(size_t(slots_used) * s.num_heads * sizeof(float)));
   return plan;
-}
-
-HostPlan checked_plan(const MlaShape& shape, const char* fn, int device) {
-  const DeviceFacts f = device_facts(device);
-  const std::string why = shape_reason(shape, f);
-  ref::require(why.empty(), fn, why);
-  return make_plan(shape, f);
 }
 
 /// Launches the attention kernel of the plan (Tile: the mma.sync configuration, or
@@ -289,19 +258,42 @@ void allow_smem(bool wgmma) {
 
 }  // namespace
 
-std::string unsupported_reason(const MlaShape& shape, int device) { return shape_reason(shape, device_facts(device)); }
+MlaDevice query_device(int device) {
+  MlaDevice f;
+  if (device < 0) FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
+  int optin = 0, per_sm = 0;
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&f.num_sm, cudaDevAttrMultiProcessorCount, device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+  f.smem_optin = static_cast<size_t>(optin);
+  f.smem_per_sm = static_cast<size_t>(per_sm);
+  f.hopper_build = hopper::hopper_unavailable_reason().empty();
+  return f;
+}
+
+std::string unsupported_reason(const MlaShape& shape, const MlaDevice& device) { return shape_reason(shape, device); }
+
+std::string unsupported_reason(const MlaShape& shape, int device) { return shape_reason(shape, query_device(device)); }
+
+MlaSchedule make_schedule(const MlaShape& shape, const MlaDevice& device, const char* fn) {
+  const std::string why = shape_reason(shape, device);
+  ref::require(why.empty(), fn, why);
+  return plan_of(shape, device);
+}
 
 size_t MlaRunner::workspace_bytes(const MlaShape& shape) const {
-  return checked_plan(shape, "MlaRunner::workspace_bytes", -1).bytes;
+  return make_schedule(shape, query_device(), "MlaRunner::workspace_bytes").workspace_bytes;
 }
 
 void MlaRunner::plan(const MlaShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
   constexpr const char* fn = "MlaRunner::plan";
-  HostPlan plan = checked_plan(shape, fn, -1);
-  ref::require(workspace != nullptr || plan.bytes == 0, fn, "workspace must not be null");
-  ref::require(workspace_size >= plan.bytes, fn,
+  const MlaSchedule plan = make_schedule(shape, query_device(), fn);
+  ref::require(workspace != nullptr || plan.workspace_bytes == 0, fn, "workspace must not be null");
+  ref::require(workspace_size >= plan.workspace_bytes, fn,
                "workspace_size = " + std::to_string(workspace_size) +
-                   " is below workspace_bytes() = " + std::to_string(plan.bytes));
+                   " is below workspace_bytes() = " + std::to_string(plan.workspace_bytes));
   const bool wgmma = std::string(plan.info.kernel) == "wgmma";
   if (shape.dtype == DType::bf16) allow_smem<__nv_bfloat16>(wgmma);
   else allow_smem<__half>(wgmma);

@@ -28,6 +28,20 @@ constexpr int kRopeDim = 64;
 /// The most query heads a request may have (DeepSeek-V3: 128).
 constexpr int kMaxHeads = 128;
 
+/// One block's work: a tile of rows of one request, and one chunk of its keys.
+struct MlaWorkItem {
+  int32_t qo_start;    ///< the request's first query token (a row of q_nope, q_pe and o)
+  int32_t qo_len;      ///< the request's query tokens
+  int32_t row_begin;   ///< the tile's first packed row (token * num_heads + head), within the request
+  int32_t kv_len;      ///< the request's keys
+  int32_t kv_begin;    ///< the chunk's first key
+  int32_t kv_end;      ///< one past the chunk's last key
+  int32_t page_begin;  ///< kv_indptr[request]: where the request's page ids start in kv_indices
+  int32_t slot_base;   ///< split: partial slot of the request's token 0, chunk 0; -1: write o directly
+  int32_t chunk;       ///< this chunk's index
+  int32_t num_chunks;  ///< the request's chunks
+};
+
 /// The host-side description of an MLA batch (FlashInfer's plan() arguments).
 struct MlaShape {
   DType dtype = DType::bf16;      ///< q_nope, q_pe, the pools and o: f16 or bf16
@@ -78,10 +92,39 @@ struct MlaPlanInfo {
   bool programmatic_merge = false;  ///< the merge is a programmatic dependent launch (sm_90)
 };
 
-/// Why `shape` cannot run on CUDA device `device` (-1: the current one), "" when it can:
-/// sm_80 or later, enough shared memory for the smaller tile, f16/bf16, the built widths
-/// (512 + 64), 1..128 heads, sane index arrays.
+/// What plan() knows of a GPU, so that a plan is a function of the shape and these alone
+/// (the host tests plan for GPUs they do not have).
+struct MlaDevice {
+  int major = 0, minor = 0;   ///< compute capability
+  int num_sm = 0;             ///< multiprocessors
+  size_t smem_optin = 0;      ///< the most dynamic shared memory a block may ask for
+  size_t smem_per_sm = 0;     ///< a multiprocessor's shared memory, all its blocks together
+  bool hopper_build = false;  ///< the build has sm_90a code (stage 07's rule: hopper_unavailable_reason)
+};
+
+/// The facts of CUDA device `device` (-1: the current one).
+MlaDevice query_device(int device = -1);
+
+/// A plan: its decisions, the work items in launch order (longest request first, a
+/// request's row tiles of one chunk side by side) and, after a split, each query token's
+/// first partial row (nnz_qo + 1 entries).
+struct MlaSchedule {
+  MlaPlanInfo info;
+  std::vector<MlaWorkItem> items;
+  std::vector<int32_t> o_indptr;
+  size_t workspace_bytes = 0;  ///< the device workspace plan() and run() need
+};
+
+/// Why `shape` cannot run on `device`, "" when it can: sm_80 or later, enough shared
+/// memory for the smaller tile, f16/bf16, the built widths (512 + 64), 1..128 heads, sane
+/// index arrays.
+std::string unsupported_reason(const MlaShape& shape, const MlaDevice& device);
+/// The same for CUDA device `device` (-1: the current one).
 std::string unsupported_reason(const MlaShape& shape, int device = -1);
+
+/// plan()'s decisions for `shape` on `device`, on the host alone. Throws
+/// ref::InvalidArgument naming `fn` for a shape the device cannot run.
+MlaSchedule make_schedule(const MlaShape& shape, const MlaDevice& device, const char* fn = "make_schedule");
 
 /// MLA's plan/run pair, the attention stages' discipline: plan() on the host once per
 /// batch (work items, the KV split, the tile), run() per layer, launches only.

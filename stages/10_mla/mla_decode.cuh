@@ -62,6 +62,7 @@
 #include <cstdint>
 
 #include "flashstep/kernels/cp_async.cuh"
+#include "10_mla/mla.hpp"
 #include "flashstep/kernels/mma.cuh"
 
 namespace flashstep::stages::mla {
@@ -74,20 +75,6 @@ constexpr int kRowChunks = kRowElems / 8, kCkvChunks = kCkv / 8;
 constexpr int kTileKeys = 32;
 /// Row stride of P in shared memory, in elements (32 keys + 8 of padding).
 constexpr int kPStride = kTileKeys + 8;
-
-/// One block's work: a tile of rows of one request, and one chunk of its keys.
-struct MlaWorkItem {
-  int32_t qo_start;    ///< the request's first query token (a row of q_nope, q_pe and o)
-  int32_t qo_len;      ///< the request's query tokens
-  int32_t row_begin;   ///< the tile's first packed row (token * num_heads + head), within the request
-  int32_t kv_len;      ///< the request's keys
-  int32_t kv_begin;    ///< the chunk's first key
-  int32_t kv_end;      ///< one past the chunk's last key
-  int32_t page_begin;  ///< kv_indptr[request]: where the request's page ids start in kv_indices
-  int32_t slot_base;   ///< split: partial slot of the request's token 0, chunk 0; -1: write o directly
-  int32_t chunk;       ///< this chunk's index
-  int32_t num_chunks;  ///< the request's chunks
-};
 
 /// Arguments of mla_decode_kernel; raw pointers and sizes only.
 template <typename T>

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -260,3 +262,133 @@ TEST_CASE("mla: refuses a shape it cannot run and names the field") {
   mla::MlaRunner unplanned;
   CHECK_THROWS_AS(unplanned.run(mla::MlaBatch{}, nullptr), ref::InvalidArgument);
 }
+
+TEST_SUITE("host") {
+// plan() as a function of the shape and the GPU's facts (make_schedule), for GPUs this
+// machine need not have: every (row tile, chunk) once, chunks that cover each request's
+// keys, the merge's rows in order, the tile and kernel each GPU can run.
+namespace {
+
+mla::MlaDevice h200() { return {9, 0, 132, 232448, 233472, true}; }
+mla::MlaDevice a100() { return {8, 0, 108, 166912, 167936, false}; }
+mla::MlaDevice rtx3090() { return {8, 6, 82, 101376, 102400, false}; }
+
+mla::MlaShape decode_shape(int batch, int kv, int heads, int qo = 1, int page = 64) {
+  mla::MlaShape s;
+  s.batch_size = batch;
+  s.num_heads = heads;
+  s.page_size = page;
+  s.sm_scale = 0.07f;
+  s.qo_indptr = {0};
+  s.kv_indptr = {0};
+  for (int i = 0; i < batch; ++i) {
+    s.qo_indptr.push_back(s.qo_indptr.back() + qo);
+    s.kv_indptr.push_back(s.kv_indptr.back() + (kv + page - 1) / page);
+    s.kv_len.push_back(kv);
+  }
+  s.num_pages = s.kv_indptr.back() + 1;
+  return s;
+}
+
+// Every row tile of every request meets every key once, in chunks; o_indptr is each
+// token's first partial row; the items come longest request first.
+void check_covers(const mla::MlaShape& s, const mla::MlaSchedule& p) {
+  const int rows = p.info.rows_per_tile;
+  const bool split = p.info.partial_rows > 0;
+  std::map<std::pair<int, int>, std::vector<std::pair<int, int>>> ranges;  // (request, row) -> [begin, end)
+  int last_kv = std::numeric_limits<int>::max();
+  for (const mla::MlaWorkItem& w : p.items) {
+    const int request = static_cast<int>(std::find(s.qo_indptr.begin(), s.qo_indptr.end(), w.qo_start) -
+                                         s.qo_indptr.begin());
+    REQUIRE(request < s.batch_size);
+    CHECK(w.kv_len == s.kv_len[request]);
+    CHECK(w.page_begin == s.kv_indptr[request]);
+    CHECK(w.row_begin % rows == 0);
+    CHECK(w.kv_len <= last_kv);  // longest first
+    last_kv = w.kv_len;
+    CHECK((split ? w.slot_base >= 0 : w.slot_base == -1));
+    if (split) CHECK(w.kv_begin % 32 == 0);
+    ranges[{request, w.row_begin}].push_back({w.kv_begin, w.kv_end});
+  }
+  for (int i = 0; i < s.batch_size; ++i) {
+    const int qo_rows = (s.qo_indptr[i + 1] - s.qo_indptr[i]) * s.num_heads;
+    for (int r = 0; r < qo_rows; r += rows) {
+      auto& rs = ranges[{i, r}];
+      std::sort(rs.begin(), rs.end());
+      REQUIRE(!rs.empty());
+      CHECK(rs.front().first == 0);
+      CHECK(rs.back().second == s.kv_len[i]);
+      for (size_t k = 1; k < rs.size(); ++k) CHECK(rs[k].first == rs[k - 1].second);
+    }
+  }
+  if (split) {
+    REQUIRE(p.o_indptr.size() == static_cast<size_t>(s.nnz_qo()) + 1);
+    CHECK(p.o_indptr.front() == 0);
+    CHECK(p.o_indptr.back() == p.info.partial_rows);
+    for (size_t t = 1; t < p.o_indptr.size(); ++t) CHECK(p.o_indptr[t] > p.o_indptr[t - 1]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mla schedule: 128 heads on an H200 take the wgmma tile, and a short batch splits into one wave") {
+  const mla::MlaShape big = decode_shape(128, 8192, 128);
+  const mla::MlaSchedule p = mla::make_schedule(big, h200());
+  CHECK(std::string(p.info.kernel) == "wgmma");
+  CHECK(p.info.rows_per_tile == 64);
+  CHECK(p.info.chunk_keys == 0);  // 256 tiles, more than 132 SMs hold
+  CHECK(p.info.work_items == 256);
+  check_covers(big, p);
+
+  const mla::MlaShape one = decode_shape(1, 16384, 128);
+  const mla::MlaSchedule q = mla::make_schedule(one, h200());
+  CHECK(q.info.chunk_keys > 0);
+  CHECK(q.info.chunk_keys % 32 == 0);
+  CHECK(q.info.chunk_keys == 256);  // 66 chunks a tile wanted: 16384 / 66 = 249, whole 32-key tiles
+  CHECK(q.info.work_items == 128);  // 2 row tiles x 64 chunks: one block an SM, one wave
+  check_covers(one, q);
+
+  mla::MlaShape portable = big;
+  portable.portable_only = true;
+  CHECK(std::string(mla::make_schedule(portable, h200()).info.kernel) == "mma_sync");
+}
+
+TEST_CASE("mla schedule: 16 heads take the 16-row tile; the split counts the blocks an SM holds") {
+  const mla::MlaShape s = decode_shape(128, 8192, 16);
+  const mla::MlaSchedule h = mla::make_schedule(s, h200());
+  CHECK(h.info.rows_per_tile == 16);
+  CHECK(std::string(h.info.kernel) == "mma_sync");
+  CHECK(h.info.chunk_keys == 4096);  // two 92 KB blocks an SM: 264 slots for 128 tiles
+  CHECK(h.info.work_items == 256);
+  check_covers(s, h);
+  const mla::MlaSchedule a = mla::make_schedule(s, a100());  // one such block an SM on an A100
+  CHECK(a.info.chunk_keys == 0);
+  CHECK(a.info.work_items == 128);
+  check_covers(s, a);
+}
+
+TEST_CASE("mla schedule: an RTX 3090 runs 128 heads on the 16-row tile, an empty request still gets an item") {
+  mla::MlaShape s = decode_shape(3, 300, 128, 2, 16);
+  s.kv_len = {300, 0, 17};
+  s.kv_indptr = {0, 19, 19, 21};
+  s.num_pages = 22;
+  const mla::MlaSchedule p = mla::make_schedule(s, rtx3090());
+  CHECK(p.info.rows_per_tile == 16);  // 150 KB for the 64-row tile: more than the 99 KB it allows
+  CHECK(std::string(p.info.kernel) == "mma_sync");
+  check_covers(s, p);
+  int empty = 0;
+  for (const mla::MlaWorkItem& w : p.items) empty += w.kv_len == 0 && w.kv_begin == 0 && w.kv_end == 0;
+  CHECK(empty == 2 * 128 / 16);  // request 1: 2 queries x 128 heads in 16-row tiles, one chunk
+}
+
+TEST_CASE("mla schedule: a GPU before sm_80, or with too little shared memory, is refused by name") {
+  const mla::MlaShape s = decode_shape(1, 100, 16);
+  mla::MlaDevice t4 = a100();
+  t4.major = 7, t4.minor = 5;
+  CHECK(mla::unsupported_reason(s, t4).find("sm_80") != std::string::npos);
+  CHECK_THROWS_AS(mla::make_schedule(s, t4), ref::InvalidArgument);
+  mla::MlaDevice small = a100();
+  small.smem_optin = 48 * 1024;
+  CHECK(mla::unsupported_reason(s, small).find("shared memory") != std::string::npos);
+}
+}  // TEST_SUITE("host")
