@@ -491,8 +491,9 @@ int main(int argc, char** argv) {
       for (const BenchShape& shape : shapes)
         if (sets.count(shape.set) && shape.spec.shared_prefix > 0)
           register_stage(stage, shape, stage.name + "/" + shape.name);
-    // Stage 03 on an FP8 cache with its CUDA-core loop (the tensor-core kernel off), and,
-    // with --tune, the tensor-core kernel at other pipeline depths than its default.
+    // Stage 03 with its CUDA-core loop (the tensor-core kernel off) on every decode shape
+    // the tensor-core kernel takes (FP8 K/V, or fp16/bf16 at head_dim 128), and, with
+    // --tune, the tensor-core kernel at other pipeline depths than its default.
     static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores) {
       stages::StageInfo info = stages::split_kv::stage_info();
       info.name = name;
@@ -500,19 +501,27 @@ int main(int argc, char** argv) {
         stages::split_kv::SplitKVOptions options;
         options.enable_cuda_graph = true;
         options.num_stages = num_stages;
-        options.fp8_tensor_cores = tensor_cores;
+        options.tensor_cores = tensor_cores;
         return std::make_unique<stages::split_kv::SplitKVRunner>(options);
       };
       return info;
     };
-    static const stages::StageInfo split_kv_fp8[] = {
-        split_kv_variant("03_split_kv[fp8_cuda_cores]", 0, false), split_kv_variant("03_split_kv[mma_s4]", 4, true),
-        split_kv_variant("03_split_kv[mma_s3]", 3, true), split_kv_variant("03_split_kv[mma_s5]", 5, true)};
-    for (const stages::StageInfo& stage : split_kv_fp8)
-      for (const BenchShape& shape : shapes)
-        if (sets.count(shape.set) && shape.spec.kv_dtype && stages::is_fp8(*shape.spec.kv_dtype) &&
-            shape.spec.mode == stages::Mode::decode && (tune || &stage == &split_kv_fp8[0]))
+    static const stages::StageInfo split_kv_variants[] = {
+        split_kv_variant("03_split_kv[fp8_cuda_cores]", 0, false),
+        split_kv_variant("03_split_kv[cuda_cores]", 0, false), split_kv_variant("03_split_kv[mma_s3]", 3, true),
+        split_kv_variant("03_split_kv[mma_s4]", 4, true), split_kv_variant("03_split_kv[mma_s5]", 5, true)};
+    for (const stages::StageInfo& stage : split_kv_variants)
+      for (const BenchShape& shape : shapes) {
+        const stages::harness::CaseSpec& c = shape.spec;
+        const bool fp8 = c.kv_dtype && stages::is_fp8(*c.kv_dtype);
+        const bool mma16 = !fp8 && c.head_dim == 128 && c.dtype != stages::DType::f32 &&
+                           c.num_qo_heads <= 8 * c.num_kv_heads && c.pos_encoding == stages::PosEncoding::none &&
+                           c.logits_soft_cap == 0.0;
+        if (!sets.count(shape.set) || c.mode != stages::Mode::decode) continue;
+        const bool cores_row = &stage == &split_kv_variants[0] ? fp8 : &stage == &split_kv_variants[1] && mma16;
+        if (cores_row || (tune && &stage >= &split_kv_variants[2] && (fp8 || mma16)))
           register_stage(stage, shape, stage.name + "/" + shape.name);
+      }
     if (tune) {
       const stages::StageInfo& paged = stages::find_stage("02_paged");
       for (const BenchShape& shape : shapes)

@@ -33,12 +33,13 @@
 #include <vector>
 
 #include "03_split_kv/chunk_decode.cuh"
-#include "03_split_kv/fp8_mma_decode.cuh"
 #include "03_split_kv/merge_states.cuh"
+#include "03_split_kv/mma_decode.cuh"
 #include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "fp8/fp8_kv.cuh"
 #include "rope/rope_in_loads.cuh"
 #include "sinks/sinks.cuh"
 #include "soft_cap/soft_cap.cuh"
@@ -137,19 +138,21 @@ void launch_merge_of(const LaunchArgs& a, const float* partial_o, const float* p
   }
 }
 
-/// FP8 pool on the tensor cores (fp8_mma_decode.cuh): the chunk kernel's arguments and
-/// schedule, its own kernel, the same merge. The plan's split decides partial rows or
-/// direct outputs.
-template <typename T, typename KV>
-void launch_fp8_mma(const LaunchArgs& a, cudaStream_t stream) {
+/// The tensor-core kernel (mma_decode.cuh) under K/V format `Format`: the chunk kernel's
+/// arguments and schedule, its own kernel, the same merge. The plan's split decides
+/// partial rows or direct outputs.
+template <typename T, typename Format>
+void launch_mma(const LaunchArgs& a, cudaStream_t stream) {
   constexpr int HEAD_DIM = 128;
+  using KV = typename Format::Stored;
   const BatchShape& s = *a.shape;
   const WorkspaceLayout& w = *a.layout;
   ChunkDecodeParams<T, KV> p;
   fill_chunk_params<T, HEAD_DIM, KV>(a, p);
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
-  fp8_mma_decode_kernel<T, KV, HEAD_DIM><<<grid, Fp8MmaTraits<HEAD_DIM>::kThreads, a.smem_bytes, stream>>>(p);
-  kernels::check_launch("fp8_mma_decode_kernel");
+  mma_decode_kernel<T, HEAD_DIM, Format>
+      <<<grid, MmaDecodeTraits<HEAD_DIM, sizeof(KV)>::kThreads, a.smem_bytes, stream>>>(p);
+  kernels::check_launch("mma_decode_kernel");
   launch_merge_of<T, HEAD_DIM>(a, p.partial_o, p.partial_lse, p.o, p.lse,
                                reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
 }
@@ -271,45 +274,54 @@ Entry entry_for(const BatchShape& shape) {
   return kernel_entry_for(shape.dtype, shape.resolved_kv_dtype(), shape.head_dim);
 }
 
-template <typename T, typename KV>
-Entry fp8_mma_entry() {
-  using Tr = Fp8MmaTraits<128>;
+template <typename T, typename Format>
+Entry mma_entry() {
+  using Tr = MmaDecodeTraits<128, sizeof(typename Format::Stored)>;
   Entry e;
   e.smem_bytes = [](int num_stages, int) { return Tr::smem_bytes(num_stages); };
   e.set_smem_limit = [](size_t bytes) {
-    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(fp8_mma_decode_kernel<T, KV, 128>,
+    FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(mma_decode_kernel<T, 128, Format>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   };
   e.blocks_per_sm = [](size_t bytes) {
     int n = 0;
     FLASHSTEP_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fp8_mma_decode_kernel<T, KV, 128>, Tr::kThreads, bytes));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, mma_decode_kernel<T, 128, Format>, Tr::kThreads, bytes));
     return n;
   };
-  e.launch = launch_fp8_mma<T, KV>;
+  e.launch = launch_mma<T, Format>;
   return e;
 }
 
-/// The tensor-core FP8 kernel's entry for q/o in `dtype` (f16 or bf16) over `kv_dtype`.
-Entry fp8_mma_entry_for(DType dtype, DType kv_dtype) {
-  const bool e4m3 = kv_dtype == DType::e4m3;
-  if (dtype == DType::f16)
-    return e4m3 ? fp8_mma_entry<__half, __nv_fp8_e4m3>() : fp8_mma_entry<__half, __nv_fp8_e5m2>();
-  return e4m3 ? fp8_mma_entry<__nv_bfloat16, __nv_fp8_e4m3>() : fp8_mma_entry<__nv_bfloat16, __nv_fp8_e5m2>();
+/// The tensor-core kernel's entry for q/o in `dtype` (f16 or bf16) over `kv_dtype`: the
+/// lesson's format (K/V in q's dtype), or fp8/'s.
+Entry mma_entry_for(DType dtype, DType kv_dtype) {
+  using fp8::Fp8KV;
+  const bool f16 = dtype == DType::f16;
+  if (kv_dtype == DType::e4m3)
+    return f16 ? mma_entry<__half, Fp8KV<__nv_fp8_e4m3>>() : mma_entry<__nv_bfloat16, Fp8KV<__nv_fp8_e4m3>>();
+  if (kv_dtype == DType::e5m2)
+    return f16 ? mma_entry<__half, Fp8KV<__nv_fp8_e5m2>>() : mma_entry<__nv_bfloat16, Fp8KV<__nv_fp8_e5m2>>();
+  return f16 ? mma_entry<__half, SameAsQ<__half>>() : mma_entry<__nv_bfloat16, SameAsQ<__nv_bfloat16>>();
 }
 
-/// Whether `shape` runs fp8_mma_decode.cuh's kernel under `options`.
-bool uses_fp8_mma(const SplitKVOptions& options, const BatchShape& shape) {
-  return options.fp8_tensor_cores && is_fp8(shape.resolved_kv_dtype()) &&
-         (shape.dtype == DType::f16 || shape.dtype == DType::bf16) && shape.head_dim == 128 &&
-         shape.group_size() <= Fp8MmaTraits<128>::MAX_GROUP && options.path != PathChoice::unsplit;
+/// Whether `shape` runs mma_decode.cuh's kernel under `options`: fp16/bf16 q, head_dim 128,
+/// a group that fits the n8 operand, and K/V either FP8 or in q's dtype with no policy the
+/// kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's).
+bool uses_mma(const SplitKVOptions& options, const BatchShape& shape) {
+  const DType kv = shape.resolved_kv_dtype();
+  const bool format = is_fp8(kv) ||
+                      (kv == shape.dtype && shape.pos_encoding == PosEncoding::none && !(shape.logits_soft_cap > 0.f));
+  return options.tensor_cores && format && (shape.dtype == DType::f16 || shape.dtype == DType::bf16) &&
+         shape.head_dim == 128 && shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP &&
+         options.path != PathChoice::unsplit;
 }
 
 /// The launch choices that depend on the shape but never on the lengths.
 struct Resolved {
-  bool fp8_mma;  ///< fp8_mma_decode.cuh's kernel instead of the chunk kernel (uses_fp8_mma)
-  Entry entry;   ///< the instantiation that runs (chunk kernel, its RoPE policy, or the FP8 kernel)
-  Entry sinks;   ///< the chunk kernel under the sinks policy, for a run given sinks (launch null: none)
+  bool mma;     ///< mma_decode.cuh's kernel instead of the chunk kernel (uses_mma)
+  Entry entry;  ///< the instantiation that runs (chunk kernel, its RoPE policy, or the tensor-core kernel)
+  Entry sinks;  ///< the chunk kernel under the sinks policy, for a run given sinks (launch null: none)
   int num_stages;
   size_t smem_bytes;
   int num_sm;
@@ -325,7 +337,7 @@ struct Resolved {
 /// it is not the kernel's current one. Process-wide, under a mutex.
 int kernel_setup(int device, size_t smem_bytes, const Entry& entry) {
   // A kernel is known by its entry's functions: one instantiation each (dtypes, head_dim,
-  // the FP8 tensor-core kernel, the RoPE variants), so no variant can share another's limit.
+  // the tensor-core kernel, the RoPE variants), so no variant can share another's limit.
   using Kernel = std::pair<int, void (*)(size_t)>;
   static std::mutex mutex;
   static std::map<Kernel, size_t> limit;                      // the limit last set on each kernel
@@ -366,16 +378,18 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
-  r.fp8_mma = uses_fp8_mma(options, shape);
-  // The tensor-core FP8 kernel: 16 KB stages (64 keys of K and V), kFp8MmaStages deep.
-  r.num_stages = options.num_stages > 0 ? options.num_stages : r.fp8_mma ? kFp8MmaStages : 2;
-  r.entry = r.fp8_mma ? fp8_mma_entry_for(shape.dtype, shape.resolved_kv_dtype()) : entry_for(shape);
+  r.mma = uses_mma(options, shape);
+  // The tensor-core kernel: stages of 64 keys of K and V (16 KB FP8, 32 KB 16-bit).
+  const bool fp8 = is_fp8(shape.resolved_kv_dtype());
+  r.num_stages = options.num_stages > 0 ? options.num_stages : !r.mma ? 2 : fp8 ? kFp8MmaStages : kMmaStages;
+  r.entry = r.mma ? mma_entry_for(shape.dtype, shape.resolved_kv_dtype()) : entry_for(shape);
   r.smem_bytes = r.entry.smem_bytes(r.num_stages, shape.group_size());
-  int blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
-  if (!r.fp8_mma && sinks_reason(shape).empty()) {           // a run may bring sinks: the same grid must fit
+  if (sinks_reason(shape).empty()) {  // a run may bring sinks: the chunk kernel under their policy
     r.sinks = policy_kernel_entry_for<sinks::Sinks>(shape.dtype, shape.head_dim);
-    blocks = std::min(blocks, kernel_setup(device, r.smem_bytes, r.sinks));
+    r.smem_bytes = std::max(r.smem_bytes, r.sinks.smem_bytes(r.num_stages, shape.group_size()));
   }
+  int blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
+  if (r.sinks.launch) blocks = std::min(blocks, kernel_setup(device, r.smem_bytes, r.sinks));  // the same grid must fit
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm : blocks;
   ref::require(r.ctas_per_sm >= 1, fn,
                "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
@@ -548,7 +562,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   DecodePath path = DecodePath::unsplit;
   if (options_.fp32_states) {
     path = DecodePath::split;  // every item a partial row; the merge kernel writes fp32
-  } else if (r.fp8_mma) {
+  } else if (r.mma) {
     path = plan.split_kv ? DecodePath::split : DecodePath::unsplit;  // one kernel either way, no cost model
   } else if (options_.path == PathChoice::unsplit) {
     path = DecodePath::unsplit;
@@ -576,7 +590,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   // Stage 02's runner has no policy: under ROPE_LLAMA or a soft cap the chunk kernel serves
   // every plan (writing o and lse directly when the plan does not split).
   if (shape.pos_encoding == PosEncoding::rope_llama || shape.logits_soft_cap > 0.f) path = DecodePath::split;
-  if (path == DecodePath::unsplit && !r.fp8_mma) unsplit_.plan(shape, nullptr, 0, stream);
+  if (path == DecodePath::unsplit && !r.mma) unsplit_.plan(shape, nullptr, 0, stream);
 
   // ---- a captured graph froze the launch shape: a new plan must keep it.
   if (captured_) {
@@ -626,7 +640,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
   const double* rope_turns = rope_turns_.update(shape, stream);
   path_ = path;
   estimate_ = estimate;
-  fp8_mma_ = r.fp8_mma;
+  mma_ = r.mma;
   launch_ = [this, r, rope_turns](const DeviceBatch& batch, cudaStream_t s) {
     // A run given sinks takes the chunk kernel under the sinks policy, on the plan's
     // schedule: its chunks and merge when the plan split, o and lse directly when not.
@@ -635,7 +649,7 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
                                        r.programmatic_launch, options_.fp32_states,
                                        kernels::PolicyInputs{nullptr, batch.sinks, 0.f}},
                             s);
-    if (path_ == DecodePath::unsplit && !r.fp8_mma) return unsplit_.run(batch, s);
+    if (path_ == DecodePath::unsplit && !r.mma) return unsplit_.run(batch, s);
     r.entry.launch(LaunchArgs{&shape_, &batch, &plan_, &layout_, workspace_, r.num_stages, r.smem_bytes,
                               r.programmatic_launch, options_.fp32_states,
                               kernels::PolicyInputs{rope_turns, nullptr, shape_.logits_soft_cap}},
@@ -668,8 +682,7 @@ void SplitKVRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   ref::require(!options_.fp32_states || batch.lse != nullptr, fn,
                "batch.lse is null; a runner with SplitKVOptions::fp32_states writes (o, lse) states and needs both");
   if (batch.sinks != nullptr) {
-    const std::string why = fp8_mma_ ? std::string("sinks are not implemented on the FP8 tensor-core kernel")
-                                     : sinks_reason(shape_);
+    const std::string why = sinks_reason(shape_);
     ref::require(why.empty(), fn, "batch.sinks is given, but " + why + " (" + shape_.describe() + ")");
     ref::require(!options_.fp32_states, fn,
                  "batch.sinks is given to a runner with fp32_states, whose states another merge combines "

@@ -25,9 +25,10 @@ namespace flashstep::stages::split_kv {
 constexpr int kMaxGroupSize = 8;
 /// Largest page_size it is tested for (any positive page_size works), as stage 02.
 constexpr int kMaxPageSize = 64;
-/// Pipeline depth of the tensor-core FP8 kernel (fp8_mma_decode.cuh; 16 KB stages) when
-/// SplitKVOptions::num_stages is 0.
+/// Pipeline depth of the tensor-core kernel (mma_decode.cuh) when SplitKVOptions::num_stages
+/// is 0: over an FP8 cache (16 KB stages of 64 keys), and over K/V in q's dtype (32 KB).
 constexpr int kFp8MmaStages = 2;
+constexpr int kMmaStages = 2;
 /// What run() computes with; plan() chooses.
 enum class DecodePath : int32_t {
   unsplit = 0,  ///< stage 02's runner: one block per (request, kv head), its two halves on small grids
@@ -101,12 +102,14 @@ struct SplitKVOptions {
   bool fp32_states = false;
   /// Which paths plan() may take; automatic: the cost model's choice.
   PathChoice path = PathChoice::automatic;
-  /// An FP8 pool (e4m3 / e5m2) with head_dim 128 and a GQA group of at most 8 runs
-  /// fp8_mma_decode.cuh's kernel: q . k and p v on the tensor cores, the same work items
-  /// and merge. Its own launch serves both a split and an unsplit plan (stage 02's kernel
-  /// runs only when `path` is PathChoice::unsplit).
-  /// false: every FP8 pool runs the CUDA-core loop of chunk_decode.cuh / stage 02.
-  bool fp8_tensor_cores = true;
+  /// fp16/bf16 q with head_dim 128 and a GQA group of at most 8, over K/V in q's dtype
+  /// (no RoPE, no soft cap) or an FP8 pool (e4m3 / e5m2), runs mma_decode.cuh's kernel:
+  /// q . k and p v on the tensor cores, the same work items and merge. Its own launch
+  /// serves both a split and an unsplit plan (stage 02's kernel runs only when `path` is
+  /// PathChoice::unsplit). A run given sinks takes the chunk kernel under sinks/'s policy.
+  /// false: the CUDA-core loop of chunk_decode.cuh / stage 02 for every shape (the tests
+  /// keep it right; the chapter compares the two).
+  bool tensor_cores = true;
   /// The cost model's constants.
   DecodeCostModel cost;
   /// The GPU the cost model prices (its read rate, and its SMs where num_sm is 0); not
@@ -218,8 +221,8 @@ class SplitKVRunner : public StageRunner {
   const WorkspaceLayout& layout() const { return layout_; }
   /// What run() computes with, as the last plan() chose.
   DecodePath path() const { return path_; }
-  /// Whether the last plan runs fp8_mma_decode.cuh's tensor-core kernel (an FP8 pool).
-  bool fp8_tensor_cores() const { return fp8_mma_; }
+  /// Whether the last plan runs mma_decode.cuh's tensor-core kernel.
+  bool tensor_cores() const { return mma_; }
   /// The cost model's estimates of the last plan (zero when the path was not automatic).
   const PathEstimate& estimate() const { return estimate_; }
   /// Pipeline depth the chunk kernel runs with.
@@ -240,7 +243,7 @@ class SplitKVRunner : public StageRunner {
   uint8_t* workspace_ = nullptr;
   int num_stages_ = 0;
   DecodePath path_ = DecodePath::split;
-  bool fp8_mma_ = false;
+  bool mma_ = false;
   PathEstimate estimate_;
   // The unsplit path: stage 02's runner, planned by plan() when it chooses that path.
   paged::PagedRunner unsplit_;

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -132,18 +133,21 @@ ref::SplitKVPartials reference_partials(const HostCase& host, const ref::SplitKV
   return out;
 }
 
-/// The partial rows' tolerance on o: the fp32 row, except for the tensor-core FP8 kernel
-/// (fp8_mma_decode.cuh), which rounds each weight p to fp16 before P V while its row sum
-/// adds the unrounded weights. A weight then carries up to 2^-11 of relative error, so o
-/// moves by at most 2^-11 x the weighted mean of |v|; the harness draws v * v_scale in
-/// [-1, 1] and the FP8 value stored for it is off by at most 2^-3 relative (e5m2's two
-/// significand bits), so |v| <= 1.125. Scores (and lse) are fp16 x fp16 products summed in
-/// fp32: the fp32 row.
-Tolerance partial_o_tolerance(const SplitKVRunner& runner) {
+/// The partial rows' tolerance on o: the fp32 row, except for the tensor-core kernel
+/// (mma_decode.cuh), which rounds each weight p to its operand type before P V (fp16 over
+/// an FP8 cache or fp16 K/V, bf16 over bf16 K/V) while its row sum adds the unrounded
+/// weights. A weight then carries up to u of relative error (2^-11 fp16, 2^-8 bf16), so o
+/// moves by at most u x the weighted mean of |v|. The harness draws v * v_scale in
+/// [-1, 1]; stored in q's dtype it stays within 1, and the FP8 value stored for it is off
+/// by at most 2^-3 relative (e5m2's two significand bits), so |v| <= 1.125. Scores (and
+/// lse) are products of exact operands summed in fp32: the fp32 row.
+Tolerance partial_o_tolerance(const SplitKVRunner& runner, const BatchShape& s) {
   const Tolerance f32 = tolerance_for(DType::f32).o;
-  if (!runner.fp8_tensor_cores()) return f32;
-  const double u16 = std::ldexp(1.0, -11);
-  return {f32.atol + 1.125 * u16, f32.rtol, f32.norm + u16};
+  if (!runner.tensor_cores()) return f32;
+  const bool fp8 = is_fp8(s.resolved_kv_dtype());
+  const double u = std::ldexp(1.0, !fp8 && s.dtype == DType::bf16 ? -8 : -11);
+  const double v_max = fp8 ? 1.125 : 1.0;
+  return {f32.atol + v_max * u, f32.rtol, f32.norm + u};
 }
 
 /// Compares the stage's o and lse with the reference and, when the plan split, every
@@ -169,7 +173,7 @@ void compare_all(SplitReport& r, const HostCase& host, const SplitKVRunner& runn
     const std::vector<float> pl = download_floats(runner.partial_lse(), rows);
     const std::vector<double> got_o(po.begin(), po.end()), got_lse(pl.begin(), pl.end());
     const DTypeTolerance& f32 = tolerance_for(DType::f32);
-    r.partial_o = compare("partial_o", got_o, partials.v.data, partial_o_tolerance(runner),
+    r.partial_o = compare("partial_o", got_o, partials.v.data, partial_o_tolerance(runner, s),
                           partial_label(r.plan, s.num_qo_heads, s.head_dim));
     r.partial_lse = compare("partial_lse", got_lse, partials.s.data, f32.lse, partial_label(r.plan, s.num_qo_heads, 1));
   }
@@ -878,7 +882,7 @@ TEST_CASE("split_kv fp8: the tensor-core kernel and the CUDA-core loop on the sa
   // group <= 8); the CUDA-core loop must stay right for the shapes it still serves and
   // when asked for. Both on the sanitizer grid and a few long cases.
   SplitKVOptions cores;
-  cores.fp8_tensor_cores = false;
+  cores.tensor_cores = false;
   SplitKVOptions forced_split;
   forced_split.path = PathChoice::split;
   forced_split.min_kv_chunk_tokens = 0;
@@ -895,6 +899,42 @@ TEST_CASE("split_kv fp8: the tensor-core kernel and the CUDA-core loop on the sa
       const auto report = validate(stage, spec, case_seed(flashstep::test::run_seed(), spec.describe()));
       CHECK_MESSAGE(report.passed, report.message());
     }
+  }
+}
+
+TEST_CASE("split_kv: the tensor-core kernel and the CUDA-core loop on the same 16-bit cases") {
+  // fp16/bf16 K/V at head_dim 128 with a group of at most 8 runs mma_decode.cuh's kernel
+  // (SameAsQ); with tensor_cores off the same cases run the chunk kernel, which still serves
+  // every other head_dim, group, RoPE and the soft cap. Both, forced to split and not.
+  SplitKVOptions cores;
+  cores.tensor_cores = false;
+  SplitKVOptions forced_split;
+  forced_split.path = PathChoice::split;
+  forced_split.min_kv_chunk_tokens = 0;
+  forced_split.num_sm = 4;
+  forced_split.ctas_per_sm = 1;
+  std::vector<CaseSpec> specs;
+  for (const auto& grid : {grids::decode_sanitizer_grid(), grids::decode_group_grid(), grids::decode_ragged_grid()})
+    for (const CaseSpec& c : grid)
+      if (c.head_dim == 128 && c.dtype != DType::f32) specs.push_back(c);
+  REQUIRE(specs.size() >= 8);
+  for (const auto& [options, name] : {std::pair{cores, std::string("03_split_kv[cuda_cores]")},
+                                      std::pair{forced_split, std::string("03_split_kv[forced_split]")}}) {
+    const StageInfo stage = split_kv_stage_with(options, name);
+    for (const CaseSpec& spec : specs) {
+      CAPTURE(name);
+      const auto report = validate(stage, spec, case_seed(flashstep::test::run_seed(), spec.describe()));
+      CHECK_MESSAGE(report.passed, report.message());
+    }
+  }
+  // The registry's runner takes the tensor-core kernel for these shapes, and not for the rest.
+  SplitKVRunner runner;
+  for (const CaseSpec& spec : specs) {
+    std::mt19937_64 rng(1);
+    const BatchShape shape = make_layout(spec, KVStorage::paged, rng).shape;
+    DeviceBuffer workspace(runner.workspace_bytes(shape));
+    runner.plan(shape, workspace.get(), workspace.bytes(), nullptr);
+    CHECK_MESSAGE(runner.tensor_cores() == (shape.group_size() <= 8), spec.describe());
   }
 }
 
