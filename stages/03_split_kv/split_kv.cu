@@ -307,11 +307,14 @@ Entry mma_entry_for(DType dtype, DType kv_dtype) {
 
 /// Whether `shape` runs mma_decode.cuh's kernel under `options`: fp16/bf16 q, head_dim 128,
 /// a group that fits the n8 operand, and K/V either FP8 or in q's dtype with no policy the
-/// kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's).
+/// kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's). 16-bit K/V also needs
+/// pages of kMmaMinPageSize tokens or more: on an H200 at batch 128 x 8192 keys the
+/// tensor-core kernel ran pages of 1 at 0.87x the CUDA-core loop, pages of 16 and 64 at
+/// 1.25x and 1.27x (the chapter, "On the H200: instructions again").
 bool uses_mma(const SplitKVOptions& options, const BatchShape& shape) {
   const DType kv = shape.resolved_kv_dtype();
-  const bool format = is_fp8(kv) ||
-                      (kv == shape.dtype && shape.pos_encoding == PosEncoding::none && !(shape.logits_soft_cap > 0.f));
+  const bool format = is_fp8(kv) || (kv == shape.dtype && shape.pos_encoding == PosEncoding::none &&
+                                     !(shape.logits_soft_cap > 0.f) && shape.page_size >= kMmaMinPageSize);
   return options.tensor_cores && format && (shape.dtype == DType::f16 || shape.dtype == DType::bf16) &&
          shape.head_dim == 128 && shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP &&
          options.path != PathChoice::unsplit;

@@ -29,6 +29,8 @@ constexpr int kMaxPageSize = 64;
 /// is 0: over an FP8 cache (16 KB stages of 64 keys), and over K/V in q's dtype (32 KB).
 constexpr int kFp8MmaStages = 2;
 constexpr int kMmaStages = 2;
+/// Smallest page (tokens) on which 16-bit K/V runs the tensor-core kernel (split_kv.cu, uses_mma).
+constexpr int kMmaMinPageSize = 16;
 /// What run() computes with; plan() chooses.
 enum class DecodePath : int32_t {
   unsplit = 0,  ///< stage 02's runner: one block per (request, kv head), its two halves on small grids
