@@ -8,7 +8,7 @@
 /// exits at once); a chunk is a few tiles long, so its pipeline starts with the page ids
 /// of its first two tiles loaded together (attend_chunk); and it writes the chunk's
 /// normalized state as an fp32 partial row when the plan split (merge_states.cuh combines
-/// them), or o and lse directly when it did not. The chapter (README.md, "The two
+/// them), or o and lse directly when it did not. The chapter (README.md, "The
 /// kernels") draws the work items and the grid. Stage 09's POD attention runs the same
 /// steps, its last block merging (09_engine/fused_merge.cuh).
 #pragma once

@@ -4,8 +4,8 @@
 /// per element and query head.
 ///
 /// Why a second kernel. On an H200 the CUDA-core loop of chunk_decode.cuh runs out of
-/// instruction issue before it runs out of bytes (the chapter's "Why: instructions, not
-/// bytes"): each K/V element costs a multiply-add per query head of the group, plus its
+/// instruction issue before it runs out of bytes (the chapter's "On an H200: instructions,
+/// not bytes"): each K/V element costs a multiply-add per query head of the group, plus its
 /// share of the shared-memory reads and shuffles, and at 4.4 TB/s an SM must take about
 /// 16 bytes a clock. Here the tensor cores take the multiply-adds.
 ///

@@ -309,8 +309,9 @@ Entry mma_entry_for(DType dtype, DType kv_dtype) {
 /// a group that fits the n8 operand, and K/V either FP8 or in q's dtype with no policy the
 /// kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's). 16-bit K/V also needs
 /// pages of kMmaMinPageSize tokens or more: on an H200 at batch 128 x 8192 keys the
-/// tensor-core kernel ran pages of 1 at 0.87x the CUDA-core loop, pages of 16 and 64 at
-/// 1.25x and 1.27x (the chapter, "On the H200: instructions again").
+/// tensor-core kernel ran pages of 1 at 0.87x the CUDA-core loop (a development run), pages
+/// of 16 and 64 at 1.25x and 1.30x (docs/results/03_split_kv/h200_decode_2026-11-29_1a47ddb.json;
+/// the chapter, "On an H200: instructions, not bytes").
 bool uses_mma(const SplitKVOptions& options, const BatchShape& shape) {
   const DType kv = shape.resolved_kv_dtype();
   const bool format = is_fp8(kv) || (kv == shape.dtype && shape.pos_encoding == PosEncoding::none &&

@@ -2,7 +2,7 @@
 /// \brief Stage 03's chunk steps with the merge done by the last block: the decode blocks
 /// of POD attention (pod_attention.cuh), a step in one launch, with no merge kernel after
 /// it. In stage 03 alone it did not pay: within about 1% of the merge kernel (its chapter,
-/// "The two kernels").
+/// "The kernels").
 ///
 /// Stage 03's chunk_decode_kernel steps, then: each block that wrote a partial row counts
 /// itself on its (request, kv head) counter; the block that brings the count to the
