@@ -493,23 +493,29 @@ int main(int argc, char** argv) {
           register_stage(stage, shape, stage.name + "/" + shape.name);
     // Stage 03 with its CUDA-core loop (the tensor-core kernel off) on every decode shape
     // the tensor-core kernel takes (FP8 K/V, or fp16/bf16 at head_dim 128), and, with
-    // --tune, the tensor-core kernel at other pipeline depths than its default.
-    static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores) {
+    // --tune, the tensor-core kernel at other pipeline depths than its default, and planned
+    // for 6 or 12 blocks an SM (ctas_per_sm) where its default depth runs 3 of 16-bit K/V:
+    // two or four waves, so that a batch just over one wave is split into chunks.
+    static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores, int ctas_per_sm = 0) {
       stages::StageInfo info = stages::split_kv::stage_info();
       info.name = name;
-      info.make_runner = [num_stages, tensor_cores] {
+      info.make_runner = [num_stages, tensor_cores, ctas_per_sm] {
         stages::split_kv::SplitKVOptions options;
         options.enable_cuda_graph = true;
         options.num_stages = num_stages;
         options.tensor_cores = tensor_cores;
+        options.ctas_per_sm = ctas_per_sm;
         return std::make_unique<stages::split_kv::SplitKVRunner>(options);
       };
       return info;
     };
-    static const stages::StageInfo split_kv_variants[] = {
-        split_kv_variant("03_split_kv[fp8_cuda_cores]", 0, false),
-        split_kv_variant("03_split_kv[cuda_cores]", 0, false), split_kv_variant("03_split_kv[mma_s3]", 3, true),
-        split_kv_variant("03_split_kv[mma_s4]", 4, true), split_kv_variant("03_split_kv[mma_s5]", 5, true)};
+    static const stages::StageInfo split_kv_variants[] = {split_kv_variant("03_split_kv[fp8_cuda_cores]", 0, false),
+                                                          split_kv_variant("03_split_kv[cuda_cores]", 0, false),
+                                                          split_kv_variant("03_split_kv[mma_s3]", 3, true),
+                                                          split_kv_variant("03_split_kv[mma_s4]", 4, true),
+                                                          split_kv_variant("03_split_kv[mma_s5]", 5, true),
+                                                          split_kv_variant("03_split_kv[mma_ctas6]", 0, true, 6),
+                                                          split_kv_variant("03_split_kv[mma_ctas12]", 0, true, 12)};
     for (const stages::StageInfo& stage : split_kv_variants)
       for (const BenchShape& shape : shapes) {
         const stages::harness::CaseSpec& c = shape.spec;

@@ -192,6 +192,17 @@ struct SplitKVHeader {
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                       int max_grid_size, bool fp32_states = false);
 
+/// Blocks an SM the planner is told of (ref::SplitKVConfig::ctas_per_sm) for the tensor-core
+/// kernel, which fits `blocks_per_sm` at once: that number, or kMmaTailWaves times it when
+/// the unsplit grid (batch_size x num_kv_heads blocks) is over one wave of num_sm x
+/// blocks_per_sm and at most 1.5. Such a grid leaves a second wave of lone blocks, each
+/// unable to pull its SM's share of the bandwidth; told of more slots, the planner cuts the
+/// requests into chunks instead (the chapter, "On an H200"). Depends on the batch size, not
+/// the lengths, so a CUDA graph replays it.
+int mma_planned_ctas_per_sm(int blocks_per_sm, int num_sm, int batch_size, int num_kv_heads);
+/// How many waves mma_planned_ctas_per_sm plans a grid of one to 1.5 waves for.
+constexpr int kMmaTailWaves = 4;
+
 /// plan/run for stage 03.
 ///
 /// plan() (host, once per batch composition): checks the shape, picks the kernel's depth
