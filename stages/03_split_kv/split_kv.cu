@@ -392,11 +392,13 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
     r.sinks = policy_kernel_entry_for<sinks::Sinks>(shape.dtype, shape.head_dim);
     r.smem_bytes = std::max(r.smem_bytes, r.sinks.smem_bytes(r.num_stages, shape.group_size()));
   }
-  int blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
+  const int kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
+  int blocks = kernel_blocks;
   if (r.sinks.launch) blocks = std::min(blocks, kernel_setup(device, r.smem_bytes, r.sinks));  // the same grid must fit
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm
-                  : r.mma ? mma_planned_ctas_per_sm(blocks, r.num_sm, shape.batch_size, shape.num_kv_heads)
-                          : blocks;
+                  : r.mma
+                      ? mma_planned_ctas_per_sm(blocks, kernel_blocks, r.num_sm, shape.batch_size, shape.num_kv_heads)
+                      : blocks;
   ref::require(r.ctas_per_sm >= 1, fn,
                "the chunk kernel does not fit on a multiprocessor with " + str(int64_t(r.smem_bytes)) +
                    " bytes of shared memory (num_stages " + str(r.num_stages) + ")");
@@ -422,9 +424,9 @@ double lpt_makespan(std::vector<double> sizes, int bins) {
 
 }  // namespace
 
-int mma_planned_ctas_per_sm(int blocks_per_sm, int num_sm, int batch_size, int num_kv_heads) {
-  const int64_t slots = int64_t{num_sm} * blocks_per_sm, grid = int64_t{batch_size} * num_kv_heads;
-  return grid > slots && 2 * grid <= 3 * slots ? kMmaTailWaves * blocks_per_sm : blocks_per_sm;
+int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
+  const int64_t slots = int64_t{num_sm} * kernel_blocks, grid = int64_t{batch_size} * num_kv_heads;
+  return grid > slots && 2 * grid <= 3 * slots ? kMmaTailWaves * kernel_blocks : planned_blocks;
 }
 
 const char* to_string(DecodePath path) {

@@ -193,13 +193,15 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
                                       int max_grid_size, bool fp32_states = false);
 
 /// Blocks an SM the planner is told of (ref::SplitKVConfig::ctas_per_sm) for the tensor-core
-/// kernel, which fits `blocks_per_sm` at once: that number, or kMmaTailWaves times it when
-/// the unsplit grid (batch_size x num_kv_heads blocks) is over one wave of num_sm x
-/// blocks_per_sm and at most 1.5. Such a grid leaves a second wave of lone blocks, each
-/// unable to pull its SM's share of the bandwidth; told of more slots, the planner cuts the
-/// requests into chunks instead (the chapter, "On an H200"). Depends on the batch size, not
-/// the lengths, so a CUDA graph replays it.
-int mma_planned_ctas_per_sm(int blocks_per_sm, int num_sm, int batch_size, int num_kv_heads);
+/// kernel, which fits `kernel_blocks` at once: `planned_blocks` (the least of that and what
+/// the chunk kernel under sinks/'s policy fits, so that a run given sinks fits the same
+/// grid), or kMmaTailWaves times kernel_blocks when the unsplit grid (batch_size x
+/// num_kv_heads blocks) is over one wave of num_sm x kernel_blocks and at most 1.5. Such a
+/// grid leaves a second wave of lone blocks, each unable to pull its SM's share of the
+/// bandwidth; told of more slots, the planner cuts the requests into chunks instead (the
+/// chapter, "On an H200"). Depends on the batch size, not the lengths, so a CUDA graph
+/// replays it.
+int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads);
 /// How many waves mma_planned_ctas_per_sm plans a grid of one to 1.5 waves for.
 constexpr int kMmaTailWaves = 4;
 

@@ -353,7 +353,7 @@ TEST_CASE("mla schedule: 128 heads on an H200 take the wgmma tile, and a short b
   CHECK(std::string(mla::make_schedule(portable, h200()).info.kernel) == "mma_sync");
 }
 
-TEST_CASE("mla schedule: 16 heads take the 16-row tile; the split counts the blocks an SM holds") {
+TEST_CASE("mla schedule: 16 heads take the 16-row tile, and the split counts the blocks an SM holds") {
   const mla::MlaShape s = decode_shape(128, 8192, 16);
   const mla::MlaSchedule h = mla::make_schedule(s, h200());
   CHECK(h.info.rows_per_tile == 16);

@@ -402,14 +402,17 @@ split_kv::PathEstimate estimate_uniform(int batch, int64_t len) {
 TEST_CASE("split_kv: the tensor-core kernel's plan counts four waves for a grid of one to 1.5") {
   using split_kv::kMmaTailWaves;
   using split_kv::mma_planned_ctas_per_sm;
-  // An H200 with 3 blocks an SM: 396 slots. 8 kv heads: batch 64 is 512 blocks (1.29 waves).
-  CHECK(mma_planned_ctas_per_sm(3, 132, 64, 8) == 3 * kMmaTailWaves);
-  CHECK(mma_planned_ctas_per_sm(3, 132, 50, 8) == 3 * kMmaTailWaves);  // 400 blocks: 1.01 waves
-  CHECK(mma_planned_ctas_per_sm(3, 132, 74, 8) == 3 * kMmaTailWaves);  // 592: 1.495
-  CHECK(mma_planned_ctas_per_sm(3, 132, 75, 8) == 3);                  // 600: 1.52, a fuller second wave
-  CHECK(mma_planned_ctas_per_sm(3, 132, 128, 8) == 3);                 // 1024: 2.6 waves
-  CHECK(mma_planned_ctas_per_sm(3, 132, 16, 8) == 3);                  // 128: under one wave, split as ever
-  CHECK(mma_planned_ctas_per_sm(3, 132, 49, 8) == 3);                  // 392: one wave, no tail
+  // An H200 at the default depth: the kernel fits 3 blocks an SM (396 slots), the chunk
+  // kernel under the sinks policy 2, which the plan otherwise counts. 8 kv heads: batch 64
+  // is 512 blocks, 1.29 waves of the kernel's own slots.
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 64, 8) == 3 * kMmaTailWaves);
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 50, 8) == 3 * kMmaTailWaves);  // 400 blocks: 1.01 waves
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 74, 8) == 3 * kMmaTailWaves);  // 592: 1.495
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 75, 8) == 2);                  // 600: 1.52, a fuller second wave
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 128, 8) == 2);                 // 1024: 2.6 waves
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 16, 8) == 2);                  // 128: under one wave, split as ever
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 49, 8) == 2);                  // 392: one wave, no tail
+  CHECK(mma_planned_ctas_per_sm(3, 3, 132, 64, 8) == 3 * kMmaTailWaves);  // no sinks kernel: the same band
 }
 
 TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
