@@ -43,6 +43,13 @@ Exercise lesson_exercise(const std::string& folder, const std::string& lesson) {
   return e;
 }
 
+// A CPU exercise of a stage's lesson: a layout or rule its kernel relies on, on a laptop.
+Exercise stage_cpu_exercise(const std::string& folder, const std::string& stage) {
+  Exercise e = cpu_exercise(folder, 0);
+  e.topic = "stage " + stage;
+  return e;
+}
+
 Exercise stage_exercise(const std::string& folder, const std::string& needs, const std::string& file) {
   return {folder.substr(3),
           "stage " + folder.substr(0, 2),
@@ -76,6 +83,7 @@ const std::vector<Exercise>& catalogue() {
       lesson_exercise("19_soft_cap", "soft_cap"),
       lesson_exercise("20_fp8_encode", "fp8"),
       lesson_exercise("21_mla_absorb", "mla"),
+      stage_cpu_exercise("22_mma_fragments", "03"),
       stage_exercise("01_naive", "GPU", "exercise.cu"),
       stage_exercise("02_paged", "GPU", "exercise.cu"),
       stage_exercise("03_split_kv", "GPU", "exercise.cu"),
