@@ -893,12 +893,9 @@ StageInfo split_kv_stage_with(SplitKVOptions options, const std::string& name) {
   return stage;
 }
 
-}  // namespace
-
-TEST_CASE("split_kv fp8: the tensor-core kernel and the CUDA-core loop on the same cases") {
-  // The registry's runner takes the tensor-core kernel wherever it applies (head_dim 128,
-  // group <= 8); the CUDA-core loop must stay right for the shapes it still serves and
-  // when asked for. Both on the sanitizer grid and a few long cases.
+/// Every case of `specs` through stage 03 with the tensor-core kernel off (named
+/// `cores_name`), and forced to split into small chunks with it on where it applies.
+void check_both_kernels(const std::vector<CaseSpec>& specs, const std::string& cores_name) {
   SplitKVOptions cores;
   cores.tensor_cores = false;
   SplitKVOptions forced_split;
@@ -906,11 +903,8 @@ TEST_CASE("split_kv fp8: the tensor-core kernel and the CUDA-core loop on the sa
   forced_split.min_kv_chunk_tokens = 0;
   forced_split.num_sm = 4;
   forced_split.ctas_per_sm = 1;
-  std::vector<CaseSpec> specs = grids::decode_fp8_sanitizer_grid();
-  for (const CaseSpec& c : grids::decode_fp8_long_grid())
-    if (c.kv_len <= 256) specs.push_back(c);  // batch 128: blocks in waves
-  for (const auto& [options, name] : {std::pair{cores, std::string("03_split_kv[fp8_cuda_cores]")},
-                                      std::pair{forced_split, std::string("03_split_kv[forced_split]")}}) {
+  for (const auto& [options, name] :
+       {std::pair{cores, cores_name}, std::pair{forced_split, std::string("03_split_kv[forced_split]")}}) {
     const StageInfo stage = split_kv_stage_with(options, name);
     for (const CaseSpec& spec : specs) {
       CAPTURE(name);
@@ -920,31 +914,28 @@ TEST_CASE("split_kv fp8: the tensor-core kernel and the CUDA-core loop on the sa
   }
 }
 
+}  // namespace
+
+TEST_CASE("split_kv fp8: the tensor-core kernel and the CUDA-core loop on the same cases") {
+  // The registry's runner takes the tensor-core kernel wherever it applies (head_dim 128,
+  // group <= 8); the CUDA-core loop must stay right for the shapes it still serves and
+  // when asked for. Both on the sanitizer grid and a few long cases.
+  std::vector<CaseSpec> specs = grids::decode_fp8_sanitizer_grid();
+  for (const CaseSpec& c : grids::decode_fp8_long_grid())
+    if (c.kv_len <= 256) specs.push_back(c);  // batch 128: blocks in waves
+  check_both_kernels(specs, "03_split_kv[fp8_cuda_cores]");
+}
+
 TEST_CASE("split_kv: the tensor-core kernel and the CUDA-core loop on the same 16-bit cases") {
   // fp16/bf16 K/V at head_dim 128 with a group of at most 8 runs mma_decode.cuh's kernel
   // (SameAsQ); with tensor_cores off the same cases run the chunk kernel, which still serves
   // every other head_dim, group, RoPE and the soft cap. Both, forced to split and not.
-  SplitKVOptions cores;
-  cores.tensor_cores = false;
-  SplitKVOptions forced_split;
-  forced_split.path = PathChoice::split;
-  forced_split.min_kv_chunk_tokens = 0;
-  forced_split.num_sm = 4;
-  forced_split.ctas_per_sm = 1;
   std::vector<CaseSpec> specs;
   for (const auto& grid : {grids::decode_sanitizer_grid(), grids::decode_group_grid(), grids::decode_ragged_grid()})
     for (const CaseSpec& c : grid)
       if (c.head_dim == 128 && c.dtype != DType::f32) specs.push_back(c);
   REQUIRE(specs.size() >= 8);
-  for (const auto& [options, name] : {std::pair{cores, std::string("03_split_kv[cuda_cores]")},
-                                      std::pair{forced_split, std::string("03_split_kv[forced_split]")}}) {
-    const StageInfo stage = split_kv_stage_with(options, name);
-    for (const CaseSpec& spec : specs) {
-      CAPTURE(name);
-      const auto report = validate(stage, spec, case_seed(flashstep::test::run_seed(), spec.describe()));
-      CHECK_MESSAGE(report.passed, report.message());
-    }
-  }
+  check_both_kernels(specs, "03_split_kv[cuda_cores]");
   // The registry's runner takes the tensor-core kernel for these shapes, and not for the rest.
   SplitKVRunner runner;
   for (const CaseSpec& spec : specs) {
