@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/state.cuh"
 
 namespace flashstep::stages::split_kv {
@@ -166,6 +167,37 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
                                         NZ);
 
   merge_lanes_and_store<T, HEAD_DIM, NZ>(st, tx, tz, p.o, p.lse, int64_t{r} * p.num_qo_heads + qo_head);
+}
+
+/// Launches merge_states_kernel<OutT, HEAD_DIM> over `batch_size` rows of requests (one block
+/// per (query head, request)) on `stream`: the partial rows `o_indptr[r] .. o_indptr[r+1]`
+/// of request r into o and lse. With `programmatic_launch` (sm_90) it is a programmatic
+/// dependent launch: the merge grid may be scheduled before the grid that writes the
+/// partials has finished (its blocks wait in cudaGridDependencySynchronize), which hides its
+/// launch latency. Stage 03 and stage 10 (MLA, HEAD_DIM 512) launch their merges here.
+template <typename OutT, int HEAD_DIM>
+void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
+                  int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream,
+                  const char* what = "merge_states_kernel") {
+  MergeStatesParams<OutT> m;
+  m.partial_o = partial_o;
+  m.partial_lse = partial_lse;
+  m.o_indptr = o_indptr;
+  m.o = o;
+  m.lse = lse;
+  m.num_qo_heads = num_qo_heads;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(num_qo_heads, batch_size);
+  config.blockDim = dim3(kMergeThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic_launch ? 1 : 0;
+  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_states_kernel<OutT, HEAD_DIM>, m));
+  kernels::check_launch(what);
 }
 
 }  // namespace flashstep::stages::split_kv

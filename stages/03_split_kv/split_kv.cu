@@ -67,16 +67,12 @@ struct LaunchArgs {
 /// One instantiation (dtype x head_dim x K/V dtype) of the chunk kernel and its merge.
 using Entry = KernelEntry<LaunchArgs>;
 
-template <typename OutT, int HEAD_DIM>
-void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
-                  int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream);
-
 template <typename T, int HEAD_DIM>
 void launch_merge_of(const LaunchArgs& a, const float* partial_o, const float* partial_lse, T* o, float* lse,
                      const int32_t* o_indptr, cudaStream_t stream);
 
 /// The chunk kernel's arguments that both kernels of this stage take (the chunk kernel and
-/// the tensor-core FP8 kernel): the batch's pointers, the paged view, the schedule, the
+/// the tensor-core kernel): the batch's pointers, the paged view, the schedule, the
 /// destinations in the workspace, the pipeline depth and the scales.
 template <typename T, int HEAD_DIM, typename KV, typename Policy>
 void fill_chunk_params(const LaunchArgs& a, ChunkDecodeParams<T, KV, Policy>& p) {
@@ -155,33 +151,6 @@ void launch_mma(const LaunchArgs& a, cudaStream_t stream) {
   kernels::check_launch("mma_decode_kernel");
   launch_merge_of<T, HEAD_DIM>(a, p.partial_o, p.partial_lse, p.o, p.lse,
                                reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
-}
-
-/// The merge kernel over each request's partial rows (o_indptr).
-template <typename OutT, int HEAD_DIM>
-void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
-                  int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream) {
-  MergeStatesParams<OutT> m;
-  m.partial_o = partial_o;
-  m.partial_lse = partial_lse;
-  m.o_indptr = o_indptr;
-  m.o = o;
-  m.lse = lse;
-  m.num_qo_heads = num_qo_heads;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(num_qo_heads, batch_size);
-  config.blockDim = dim3(kMergeThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  // Programmatic dependent launch: the merge grid may be scheduled before the chunk grid
-  // has finished (its blocks wait in cudaGridDependencySynchronize), which hides its launch latency.
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic_launch ? 1 : 0;
-  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_states_kernel<OutT, HEAD_DIM>, m));
-  kernels::check_launch("merge_states_kernel");
 }
 
 template <typename T, int HEAD_DIM, typename KV>

@@ -220,29 +220,10 @@ void launch_kernels(const MlaShape& s, const MlaBatch& b, const MlaPlanInfo& inf
       kernels::check_launch("mla_decode_kernel");
     }
   }
-  if (split && s.nnz_qo() > 0) {
-    split_kv::MergeStatesParams<T> m;
-    m.partial_o = p.partial_o;
-    m.partial_lse = p.partial_lse;
-    m.o_indptr = reinterpret_cast<const int32_t*>(ws + l.o_indptr);
-    m.o = p.o;
-    m.lse = b.lse;
-    m.num_qo_heads = s.num_heads;
-    // As stage 03 launches it: on sm_90, a programmatic dependent launch, so the merge grid
-    // is scheduled while the attention grid drains (its blocks wait in
-    // cudaGridDependencySynchronize), hiding its launch latency.
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(s.num_heads, static_cast<unsigned>(s.nnz_qo()));
-    config.blockDim = dim3(split_kv::kMergeThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attribute;
-    config.numAttrs = info.programmatic_merge ? 1 : 0;
-    FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, split_kv::merge_states_kernel<T, kLatentDim>, m));
-    kernels::check_launch("merge_states_kernel (MLA)");
-  }
+  if (split && s.nnz_qo() > 0)  // stage 03's merge, at 512 columns, a programmatic launch on sm_90
+    split_kv::launch_merge<T, kLatentDim>(p.partial_o, p.partial_lse, reinterpret_cast<const int32_t*>(ws + l.o_indptr),
+                                          p.o, b.lse, s.num_heads, static_cast<int>(s.nnz_qo()),
+                                          info.programmatic_merge, stream, "merge_states_kernel (MLA)");
 }
 
 template <typename T>
