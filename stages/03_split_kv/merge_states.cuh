@@ -169,12 +169,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_states_kernel(const Merge
   merge_lanes_and_store<T, HEAD_DIM, NZ>(st, tx, tz, p.o, p.lse, int64_t{r} * p.num_qo_heads + qo_head);
 }
 
-/// Launches merge_states_kernel<OutT, HEAD_DIM> over `batch_size` rows of requests (one block
-/// per (query head, request)) on `stream`: the partial rows `o_indptr[r] .. o_indptr[r+1]`
-/// of request r into o and lse. With `programmatic_launch` (sm_90) it is a programmatic
-/// dependent launch: the merge grid may be scheduled before the grid that writes the
-/// partials has finished (its blocks wait in cudaGridDependencySynchronize), which hides its
-/// launch latency. Stage 03 and stage 10 (MLA, HEAD_DIM 512) launch their merges here.
+/// Launches `merge_states_kernel` (for OutT and HEAD_DIM) over batch_size requests, one
+/// block per (query head, request), on the given stream: request r's partial rows, from
+/// o_indptr of r to o_indptr of r + 1, into o and lse. With programmatic_launch (sm_90) it
+/// is a programmatic dependent launch: the merge grid may be scheduled before the grid that
+/// writes the partials has finished (its blocks wait in cudaGridDependencySynchronize),
+/// which hides its launch latency. Stages 03 and 10 (MLA, HEAD_DIM 512) launch their merges
+/// here.
 template <typename OutT, int HEAD_DIM>
 void launch_merge(const float* partial_o, const float* partial_lse, const int32_t* o_indptr, OutT* o, float* lse,
                   int num_qo_heads, int batch_size, bool programmatic_launch, cudaStream_t stream,

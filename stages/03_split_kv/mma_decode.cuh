@@ -60,8 +60,8 @@ namespace flashstep::stages::split_kv {
 /// ELEM_BYTES bytes.
 template <int HEAD_DIM, int ELEM_BYTES>
 struct MmaDecodeTraits {
-  static constexpr int kWarps = 4;
-  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarps = 4;                          ///< warps of a block, each 16 keys of a tile
+  static constexpr int kThreads = 32 * kWarps;              ///< threads of a block
   static constexpr int KEYS_PER_WARP = 16;                  ///< one m16 tile of S^T per warp and tile
   static constexpr int TILE = kWarps * KEYS_PER_WARP;       ///< keys per pipeline stage
   static constexpr int ROW_BYTES = HEAD_DIM * ELEM_BYTES;   ///< one key row of K (or V) in shared memory
@@ -108,8 +108,8 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 /// O^T dims 16i .. 16i+15.
 template <typename T>
 struct SameAsQ {
-  using Stored = T;
-  using Operand = T;
+  using Stored = T;   ///< the pool's element: q's dtype
+  using Operand = T;  ///< the MMAs' input type: the same
 
   /// Q^T's B fragments: lane (g, t) holds head g's dims 16s+2t, +1 and 16s+2t+8, +9 for
   /// every k-step s (zero where the group has no head g). q's bits go in as they are.
@@ -131,6 +131,7 @@ struct SameAsQ {
     uint32_t row;  ///< shared-memory address of the row
     uint32_t x;    ///< chunk 2s + x0 sits at chunk (2s + x0) ^ (r % 8) = 2s ^ x
   };
+  /// This lane's K of the warp's 16 keys (rows row0 ..) of a landed K tile.
   template <int HEAD_DIM>
   __device__ __forceinline__ static void load_k(KFrags& k, const uint8_t* tile, int row0, int lane) {
     // A fragment of K (keys x dims): matrices (keys 0-7, chunk 2s), (keys 8-15, 2s),
@@ -139,6 +140,7 @@ struct SameAsQ {
     k.row = kernels::smem_u32(tile) + uint32_t(r) * MmaDecodeTraits<HEAD_DIM, sizeof(T)>::ROW_BYTES;
     k.x = uint32_t((lane >> 4) ^ (r & 7));
   }
+  /// K's A fragment of k-step s (dims 16s .. 16s+15).
   template <int HEAD_DIM>
   __device__ __forceinline__ static void k_fragment(const KFrags& k, int s, uint32_t (&a)[4]) {
     kernels::ldmatrix_x4(a, k.row + ((uint32_t(2 * s) ^ k.x) << 4));
@@ -149,6 +151,7 @@ struct SameAsQ {
     uint32_t row;  ///< shared-memory address of the row
     uint32_t x;    ///< chunk 2i + x0 sits at chunk 2i ^ x
   };
+  /// This lane's V of the warp's 16 keys (rows row0 ..) of a landed V tile.
   template <int HEAD_DIM>
   __device__ __forceinline__ static void load_v(VFrags& v, const uint8_t* tile, int row0, int lane) {
     // A fragment of V^T (dims x keys) from V (keys x dims), transposed by ldmatrix:
@@ -157,6 +160,7 @@ struct SameAsQ {
     v.row = kernels::smem_u32(tile) + uint32_t(r) * MmaDecodeTraits<HEAD_DIM, sizeof(T)>::ROW_BYTES;
     v.x = uint32_t(((lane >> 3) & 1) ^ (r & 7));
   }
+  /// V^T's A fragment of m-tile i (dims 16i .. 16i+15).
   template <int HEAD_DIM>
   __device__ __forceinline__ static void vt_fragment(const VFrags& v, int i, uint32_t (&a)[4]) {
     kernels::ldmatrix_x4_trans(a, v.row + ((uint32_t(2 * i) ^ v.x) << 4));

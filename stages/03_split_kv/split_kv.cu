@@ -7,11 +7,14 @@
 //   plan()  reads the lengths on the host, asks ref::plan_split_kv — the reference
 //           planner, the very function the CPU tests check — for the schedule, writes it
 //           into pinned memory in the workspace's layout, and ships it with ONE copy.
-//   run()   launches chunk_decode_kernel (and merge_states_kernel when the plan split)
-//           with pointers into the workspace; it reads no length and makes no choice.
+//   run()   launches chunk_decode_kernel or mma_decode_kernel (and merge_states_kernel when
+//           the plan split) with pointers into the workspace; it reads no length and makes
+//           no choice.
 //
-// Kernels are instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256, and for fp16/bf16
-// queries over an FP8 cache (e4m3, e5m2), by kernels/dispatch.cuh, as stage 02's.
+// The chunk kernel is instantiated for fp32, fp16, bf16 x head_dim 64, 128, 256, and for
+// fp16/bf16 queries over an FP8 cache (e4m3, e5m2), by kernels/dispatch.cuh, as stage 02's;
+// the tensor-core kernel for fp16/bf16 q at head_dim 128, under the lesson's K/V format and
+// fp8/'s two.
 // How to run it: `ctest -L gpu` validates it (the decode grids through the registry, and
 // tests/stages/test_split_kv.cpp for partial states, forced splits and CUDA graphs);
 // `flashstep_bench --shapes=bench/shapes_split_kv.csv` times it.

@@ -47,14 +47,15 @@ namespace flashstep::fp8 {
 template <typename E>
 struct Fp8KV {
   static_assert(std::is_same_v<E, __nv_fp8_e4m3> || std::is_same_v<E, __nv_fp8_e5m2>, "an FP8 element type");
-  using Stored = E;
-  using Operand = __half;
+  using Stored = E;        ///< the pool's element: one FP8 byte
+  using Operand = __half;  ///< the MMAs' input type: every FP8 value is an fp16 value
 
   /// Two FP8 elements (the low or high 16 bits of w) as an fp16 pair, exactly.
   __device__ __forceinline__ static uint32_t widen2(uint32_t w, bool high) {
     constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<E, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
     return kernels::detail::fp8x2_to_half2_bits<kFormat>(w, high);
   }
+  /// One 16-byte shared-memory read.
   __device__ __forceinline__ static uint4 lds128(const uint8_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
   /// Q^T's B fragments: lane (g, t) holds head g's dims 32t .. 32t+31 (zero where the group
@@ -96,8 +97,10 @@ struct Fp8KV {
 
   /// A lane's K: dims 32t .. 32t+31 of key rows g and g+8 of its warp's 16, as bytes.
   struct KFrags {
-    uint32_t k0[8], k1[8];
+    uint32_t k0[8];  ///< row g's 32 bytes
+    uint32_t k1[8];  ///< row g+8's 32 bytes
   };
+  /// Reads this lane's K of the warp's 16 keys (rows row0 ..) from a landed K tile.
   template <int HEAD_DIM>
   __device__ __forceinline__ static void load_k(KFrags& k, const uint8_t* tile, int row0, int lane) {
     const int g = lane / 4, t = lane % 4;
@@ -120,8 +123,12 @@ struct Fp8KV {
 
   /// A lane's V: dims 16g .. 16g+15 of keys 2t, 2t+1, 2t+8, 2t+9 of its warp's 16.
   struct VFrags {
-    uint32_t a[4], b[4], c[4], d[4];
+    uint32_t a[4];  ///< key 2t's 16 bytes
+    uint32_t b[4];  ///< key 2t+1's
+    uint32_t c[4];  ///< key 2t+8's
+    uint32_t d[4];  ///< key 2t+9's
   };
+  /// Reads this lane's V of the warp's 16 keys (rows row0 ..) from a landed V tile.
   template <int HEAD_DIM>
   __device__ __forceinline__ static void load_v(VFrags& v, const uint8_t* tile, int row0, int lane) {
     const int g = lane / 4, t = lane % 4;
