@@ -291,6 +291,7 @@ void MlaRunner::plan(const MlaShape& shape, void* workspace, size_t workspace_si
   FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
   shape_ = shape;
   info_ = plan.info;
+  wgmma_ = std::string(plan.info.kernel) == "wgmma";  // once here, not on every run()
   workspace_ = workspace;
   planned_ = true;
 }
@@ -306,8 +307,7 @@ void MlaRunner::run(const MlaBatch& b, cudaStream_t stream) const {
   ref::require(b.o != nullptr || shape_.nnz_qo() == 0, fn, "o must not be null");
   auto* ws = static_cast<unsigned char*>(workspace_);
   const bool wide = info_.rows_per_tile == MlaWideTile::kRows;
-  const bool wgmma = std::string(info_.kernel) == "wgmma";
-  if (wgmma) {
+  if (wgmma_) {
     if (shape_.dtype == DType::bf16) launch_kernels<__nv_bfloat16, MlaHopperTile>(shape_, b, info_, ws, stream);
     else launch_kernels<__half, MlaHopperTile>(shape_, b, info_, ws, stream);
   } else if (shape_.dtype == DType::bf16) {

@@ -147,6 +147,7 @@ class MlaRunner {
  private:
   MlaShape shape_;
   MlaPlanInfo info_;
+  bool wgmma_ = false;  ///< info_.kernel is "wgmma": run() launches mla_hopper.cuh's kernel
   void* workspace_ = nullptr;
   bool planned_ = false;
   int device_ = -1;
