@@ -516,18 +516,19 @@ int main(int argc, char** argv) {
                                                           split_kv_variant("03_split_kv[mma_s5]", 5, true),
                                                           split_kv_variant("03_split_kv[mma_ctas6]", 0, true, 6),
                                                           split_kv_variant("03_split_kv[mma_ctas12]", 0, true, 12)};
-    for (const stages::StageInfo& stage : split_kv_variants)
-      for (const BenchShape& shape : shapes) {
-        const stages::harness::CaseSpec& c = shape.spec;
-        const bool fp8 = c.kv_dtype && stages::is_fp8(*c.kv_dtype);
-        const bool mma16 = !fp8 && c.head_dim == 128 && c.dtype != stages::DType::f32 &&
-                           c.num_qo_heads <= 8 * c.num_kv_heads && c.pos_encoding == stages::PosEncoding::none &&
-                           c.logits_soft_cap == 0.0;
-        if (!sets.count(shape.set) || c.mode != stages::Mode::decode) continue;
+    for (const BenchShape& shape : shapes) {
+      const stages::harness::CaseSpec& c = shape.spec;
+      if (!sets.count(shape.set) || c.mode != stages::Mode::decode) continue;
+      std::mt19937_64 rng(1);
+      const bool fp8 = c.kv_dtype && stages::is_fp8(*c.kv_dtype);
+      const bool mma16 = !fp8 && stages::split_kv::tensor_core_decode_takes(
+                                     stages::harness::make_layout(c, stages::KVStorage::paged, rng).shape);
+      for (const stages::StageInfo& stage : split_kv_variants) {
         const bool cores_row = &stage == &split_kv_variants[0] ? fp8 : &stage == &split_kv_variants[1] && mma16;
         if (cores_row || (tune && &stage >= &split_kv_variants[2] && (fp8 || mma16)))
           register_stage(stage, shape, stage.name + "/" + shape.name);
       }
+    }
     if (tune) {
       const stages::StageInfo& paged = stages::find_stage("02_paged");
       for (const BenchShape& shape : shapes)

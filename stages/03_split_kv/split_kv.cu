@@ -277,20 +277,10 @@ Entry mma_entry_for(DType dtype, DType kv_dtype) {
   return f16 ? mma_entry<__half, SameAsQ<__half>>() : mma_entry<__nv_bfloat16, SameAsQ<__nv_bfloat16>>();
 }
 
-/// Whether `shape` runs mma_decode.cuh's kernel under `options`: fp16/bf16 q, head_dim 128,
-/// a group that fits the n8 operand, and K/V either FP8 or in q's dtype with no policy the
-/// kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's). 16-bit K/V also needs
-/// pages of kMmaMinPageSize tokens or more: on an H200 at batch 128 x 8192 keys the
-/// tensor-core kernel ran pages of 1 at 0.87x the CUDA-core loop (a development run), pages
-/// of 16 and 64 at 1.25x and 1.30x (docs/results/03_split_kv/h200_decode_2026-11-29_1a47ddb.json;
-/// the chapter, "On an H200: instructions, not bytes").
+/// Whether `shape` runs mma_decode.cuh's kernel under `options`: tensor_cores on, the
+/// path not forced unsplit, and a shape the kernel takes (tensor_core_decode_takes).
 bool uses_mma(const SplitKVOptions& options, const BatchShape& shape) {
-  const DType kv = shape.resolved_kv_dtype();
-  const bool format = is_fp8(kv) || (kv == shape.dtype && shape.pos_encoding == PosEncoding::none &&
-                                     !(shape.logits_soft_cap > 0.f) && shape.page_size >= kMmaMinPageSize);
-  return options.tensor_cores && format && (shape.dtype == DType::f16 || shape.dtype == DType::bf16) &&
-         shape.head_dim == 128 && shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP &&
-         options.path != PathChoice::unsplit;
+  return options.tensor_cores && options.path != PathChoice::unsplit && tensor_core_decode_takes(shape);
 }
 
 /// The launch choices that depend on the shape but never on the lengths.
@@ -395,6 +385,14 @@ double lpt_makespan(std::vector<double> sizes, int bins) {
 }
 
 }  // namespace
+
+bool tensor_core_decode_takes(const BatchShape& shape) {
+  const DType kv = shape.resolved_kv_dtype();
+  const bool format = is_fp8(kv) || (kv == shape.dtype && shape.pos_encoding == PosEncoding::none &&
+                                     !(shape.logits_soft_cap > 0.f) && shape.page_size >= kMmaMinPageSize);
+  return format && (shape.dtype == DType::f16 || shape.dtype == DType::bf16) && shape.head_dim == 128 &&
+         shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP;
+}
 
 int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
   const int64_t slots = int64_t{num_sm} * kernel_blocks, grid = int64_t{batch_size} * num_kv_heads;

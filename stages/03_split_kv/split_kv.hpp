@@ -192,6 +192,16 @@ struct SplitKVHeader {
 WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_kv_heads, int head_dim,
                                       int max_grid_size, bool fp32_states = false);
 
+/// Whether mma_decode.cuh's tensor-core kernel takes `shape` (plan() runs it when
+/// SplitKVOptions::tensor_cores is on and the path is not forced unsplit): fp16/bf16 q,
+/// head_dim 128, a group that fits the n8 operand, and K/V either FP8 or in q's dtype with no
+/// policy the kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's). 16-bit K/V
+/// also needs pages of kMmaMinPageSize tokens or more: on an H200 at batch 128 x 8192 keys
+/// the tensor-core kernel ran pages of 1 at 0.87x the CUDA-core loop (a development run),
+/// pages of 16 and 64 at 1.25x and 1.30x (docs/results/03_split_kv/h200_decode_2026-11-29_1a47ddb.json;
+/// the chapter, "On an H200: instructions, not bytes").
+bool tensor_core_decode_takes(const BatchShape& shape);
+
 /// Blocks an SM the planner is told of (ref::SplitKVConfig::ctas_per_sm) for the tensor-core
 /// kernel, which fits `kernel_blocks` at once: `planned_blocks` (the least of that and what
 /// the chunk kernel under sinks/'s policy fits, so that a run given sinks fits the same

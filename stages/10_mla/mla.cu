@@ -111,8 +111,9 @@ MlaSchedule plan_of(const MlaShape& s, const MlaDevice& f) {
   const int rows = wide ? MlaWideTile::kRows : MlaNarrowTile::kRows;
   plan.info.rows_per_tile = rows;
   // The 64-row tile runs on wgmma where it can (mla_hopper.cuh), else on mma.sync.
-  const bool wgmma = f.major == 9 && f.minor == 0 && f.hopper_build && f.smem_optin >= MlaHopperTile::smem_bytes();
-  plan.info.kernel = wide && wgmma && !s.portable_only ? "wgmma" : "mma_sync";
+  const bool wgmma = wide && !s.portable_only && f.major == 9 && f.minor == 0 && f.hopper_build &&
+                     f.smem_optin >= MlaHopperTile::smem_bytes();
+  plan.info.kernel = wgmma ? "wgmma" : "mma_sync";
   plan.info.programmatic_merge = f.major >= 9;
 
   std::vector<int> tiles(b);
@@ -127,9 +128,9 @@ MlaSchedule plan_of(const MlaShape& s, const MlaDevice& f) {
   // The split: a block per tile is one wave or more (the 16-row tile fits twice on an SM)
   // -> none; else each request's keys in about (slots / units) chunks, whole 32-key tiles,
   // at least 128 keys a chunk (a chunk also pays its Q tile's copy and a merge row).
-  const size_t block_smem = std::string(plan.info.kernel) == "wgmma" ? MlaHopperTile::smem_bytes()
-                            : wide                                   ? MlaWideTile::smem_bytes()
-                                                                     : MlaNarrowTile::smem_bytes();
+  const size_t block_smem = wgmma  ? MlaHopperTile::smem_bytes()
+                            : wide ? MlaWideTile::smem_bytes()
+                                   : MlaNarrowTile::smem_bytes();
   // blocks an SM holds by shared memory (1 KB of it is the system's, per block)
   const int64_t slots = int64_t(f.num_sm) * std::max<int64_t>(1, int64_t(f.smem_per_sm / (block_smem + 1024)));
   int chunk = s.forced_chunk_keys;
@@ -291,7 +292,7 @@ void MlaRunner::plan(const MlaShape& shape, void* workspace, size_t workspace_si
   FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
   shape_ = shape;
   info_ = plan.info;
-  wgmma_ = std::string(plan.info.kernel) == "wgmma";  // once here, not on every run()
+  wgmma_ = wgmma;  // once here, not on every run()
   workspace_ = workspace;
   planned_ = true;
 }
