@@ -1,4 +1,4 @@
-#!/ usr / bin / env python3
+#!/usr/bin/env python3
 """Joins one GPU run's flashstep_bench JSON and peers JSON into one results file.
 
     merge_results.py --bench bench.json --peers peers.json [--peers more_peers.json] \
@@ -35,7 +35,7 @@ from common import parser  # bench/reports/
 from results import base_name  # bench/reports/
 from shapes import load_shapes, shape_key as key_of  # bench/shapes.py (common puts bench/ on the path)
 
-#(description, numerator row, denominator row, goal, how the ratio reads)
+# (description, numerator row, denominator row, goal, how the ratio reads)
 TARGETS = [
     ("02_paged vs cuDNN SDPA decode, batch 128 x kv 8192 (GB/s ratio)",
      "02_paged/b128_kv8192_p16", "peer_torch_sdpa_cudnn/b128_kv8192_p16", 1.00, ">="),
@@ -47,10 +47,10 @@ TARGETS = [
      "02_paged/b16_kv4096_p1", "02_paged/b16_kv4096_p16", 1.03, "<=time"),
 ]
 
-#The default decode stage(03_split_kv) on bench / shapes_decode_h200.csv(the H200's goals:
-#GB / s ratios to cuDNN SDPA and to FlashInfer's faster decode wrapper on each shape, and the
-#long batch 's share of the read ceiling). Chosen by the file' s name : its columns are
-#bench / shapes.csv's.
+# The default decode stage (03_split_kv) on bench/shapes_decode_h200.csv (the H200's goals:
+# GB/s ratios to cuDNN SDPA and to FlashInfer's faster decode wrapper on each shape, and the
+# long batch's share of the read ceiling). Chosen by the file's name: its columns are
+# bench/shapes.csv's.
 DECODE_H200_FILE = "shapes_decode_h200.csv"
 DECODE_H200_SHAPES = [("batch 1 x kv 1024", "b1_kv1024_p16"), ("batch 1 x kv 16384", "b1_kv16384_p16"),
                       ("batch 16 x kv 4096", "b16_kv4096_p16"), ("batch 64 x kv 4096", "b64_kv4096_p16"),
@@ -66,7 +66,7 @@ DECODE_H200_TARGETS = [
     ("03_split_kv, batch 128 x kv 8192: share of the read ceiling", "03_split_kv/b128_kv8192_p16", None, 0.95, ">=read"),
 ]
 
-#Stage 04 on bench / shapes_prefill.csv(TFLOP / s ratios; decode rows GB / s).
+# Stage 04 on bench/shapes_prefill.csv (TFLOP/s ratios; decode rows GB/s).
 PREFILL_TARGETS = [
     ("04_tensor_core vs FlashInfer fa2 prefill, batch 4 x 4096 causal (TFLOP/s ratio)",
      "04_tensor_core/b4_q4096_causal", "peer_flashinfer_fa2/b4_q4096_causal", 1.00, ">="),
@@ -81,7 +81,7 @@ PREFILL_TARGETS = [
     ("04_tensor_core vs cuDNN SDPA, MQA decode 32/1 heads, batch 1 x kv 16384 (GB/s ratio)",
      "04_tensor_core/mqa_b1_kv16384", "peer_torch_sdpa_cudnn/mqa_b1_kv16384", 1.00, ">="),
 ] + [
-#Stage 07(Hopper, ragged K / V) against cuDNN and FlashInfer's fa3 on the same shapes.
+    # Stage 07 (Hopper, ragged K/V) against cuDNN and FlashInfer's fa3 on the same shapes.
     (f"07_hopper vs {peer_text} prefill, {text} (TFLOP/s ratio)",
      f"07_hopper_ragged/{shape}", f"{peer}/{shape}", 1.00, ">=")
     for shape, text in (("b4_q4096_causal", "batch 4 x 4096 causal"), ("b4_q4096", "batch 4 x 4096 non-causal"),
@@ -98,15 +98,15 @@ PREFILL_TARGETS = [
         ("07_hopper", "append_b4_q512_kv8192_causal", "append 512 on 8192, batch 4, pages of 16"),
         ("07_hopper_ragged", "ragged8_q8192_causal", "ragged 8 requests up to 8192"))
 ] + [
-#Stage 07's large - group decode over pages(the shape's page table), against cuDNN.
+    # Stage 07's large-group decode over pages (the shape's page table), against cuDNN.
     (f"07_hopper vs cuDNN SDPA, MQA decode 32/1 heads, {text} (GB/s ratio)",
      f"07_hopper/{shape}", f"peer_torch_sdpa_cudnn/{shape}", 1.00, ">=")
     for shape, text in (("mqa_b128_kv8192", "batch 128 x kv 8192"), ("mqa_b1_kv16384", "batch 1 x kv 16384"))
 ]
 
-#Stage 05 on bench / shapes_cascade.csv : speedups, the other row 's time over stage 05' s
-#(">=speedup" : higher is better, whatever unit each row counts).A denominator given as
-#a tuple is the fastest of those rows in this run.
+# Stage 05 on bench/shapes_cascade.csv: speedups, the other row's time over stage 05's
+# (">=speedup": higher is better, whatever unit each row counts). A denominator given as
+# a tuple is the fastest of those rows in this run.
 CASCADE_TARGETS = [
     ("05_cascade vs FlashInfer's MultiLevelCascadeAttentionWrapper, prefix 32768 + suffix 128, "
      "batch 128 decode (speedup)",
@@ -119,14 +119,15 @@ CASCADE_TARGETS = [
     ("05_cascade vs 04_tensor_core on the flat page tables, append: prefix 8192, batch 16 x 256 queries (speedup)",
      "05_cascade/append_p8192_b16_q256", "04_tensor_core/append_p8192_b16_q256", 1.00, ">=speedup"),
 ]
-#The sweep grid, every decode shape of the cascade file(its "sweep" rows and the grid
-#point the targets above use) : stage 05 against the fastest flat stage on the same batch,
-#each shape and the worst of them.
+# The sweep grid, every decode shape of the cascade file (its "sweep" rows and the grid
+# point the targets above use): stage 05 against the fastest flat stage on the same batch,
+# each shape and the worst of them.
 CASCADE_FLAT_STAGES = ("02_paged", "03_split_kv", "04_tensor_core")
 CASCADE_SWEEP_GOAL = 0.98
 
-#Stage 10(MLA)on bench / shapes_mla.csv(a "num_heads" column) : TFLOP / s ratios to FlashInfer's
-#fa3 MLA backend, and the memory - bound shape's share of the read ceiling.
+
+# Stage 10 (MLA) on bench/shapes_mla.csv (a "num_heads" column): TFLOP/s ratios to FlashInfer's
+# fa3 MLA backend, and the memory-bound shape's share of the read ceiling.
 MLA_TARGETS = [
     ("mla vs FlashInfer fa3 MLA, batch 128 x kv 8192, 128 heads (TFLOP/s ratio)",
      "mla/mla_b128_kv8192_h128", "peer_flashinfer_mla_fa3/mla_b128_kv8192_h128", 1.00, ">="),
@@ -249,10 +250,9 @@ def peer_median_row(r, shape_name, label, unit, ceiling, read_ceiling=None):
            "pct_of_ceiling": 100.0 * r[unit] / ceiling, "label": label}
     if unit == "GB/s" and read_ceiling:
         row["pct_of_read_ceiling"] = 100.0 * r[unit] / read_ceiling
-#a cascade peer's shared-level flops and its largest difference from the flat peers;
-#a decode peer 's largest difference from cuDNN SDPA' s output on the same K / V
-    row.update({
-  k: r[k] for k in ("shared_flops", "max_abs_diff_vs_flat", "max_abs_diff_vs_cudnn") if k in r})
+    # a cascade peer's shared-level flops and its largest difference from the flat peers;
+    # a decode peer's largest difference from cuDNN SDPA's output on the same K/V
+    row.update({k: r[k] for k in ("shared_flops", "max_abs_diff_vs_flat", "max_abs_diff_vs_cudnn") if k in r})
     return row
 
 
@@ -343,11 +343,11 @@ def main():
                   DECODE_H200_TARGETS if decode_h200 else TARGETS)
         targets = [target(*x, by_name) for x in chosen]
     bench["flashstep"] = {
-    "note" : a.note, "targets" : targets, "peers" : {
-    k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")
-    },
-#bench / peers / attention.py sets "complete" when it reaches its end; a run cut short keeps the
-#shapes it finished, and says so here
+        "note": a.note,
+        "targets": targets,
+        "peers": {k: peers.get(k) for k in ("device", "torch", "cuda", "cudnn")},
+        # bench/peers/attention.py sets "complete" when it reaches its end; a run cut short keeps the
+        # shapes it finished, and says so here
         "peers_complete": bool(peers.get("complete")),
         "peer_errors": [r for r in peers["results"] if "error" in r],
         "shapes_file": a.shapes,
