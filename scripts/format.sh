@@ -3,7 +3,8 @@
 #
 #   scripts/format.sh [--check] [FILE...]
 #
-# Without FILE: every tracked *.cpp, *.hpp, *.cu, *.cuh and *.h. Without --check the files
+# Without FILE: every tracked *.cpp, *.hpp, *.cu, *.cuh and *.h; a FILE must be one of those
+# (any other is refused, not rewritten as C++). Without --check the files
 # are rewritten in place. With --check nothing is written: each file clang-format would
 # change is listed with the number of its lines that would change, then the totals; exit
 # status 1 if any would change, 0 if none. To see the changes themselves:
@@ -17,7 +18,7 @@ files=()
 for arg in "$@"; do
   case "$arg" in
     --check) check=1 ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "format.sh: unknown option '$arg' (options: --check)" >&2; exit 2 ;;
     *) files+=("$arg") ;;
   esac
@@ -38,6 +39,11 @@ if ((${#files[@]} == 0)); then
 fi
 for f in "${files[@]}"; do
   [ -f "$f" ] || { echo "format.sh: no file '$f'" >&2; exit 2; }
+  case "$f" in
+    *.cpp|*.hpp|*.cu|*.cuh|*.h) ;;
+    # clang-format would read any other file (Python, CMake) as C++ and rewrite it
+    *) echo "format.sh: '$f' is not a C++/CUDA source (*.cpp, *.hpp, *.cu, *.cuh, *.h)" >&2; exit 2 ;;
+  esac
 done
 
 if ((!check)); then

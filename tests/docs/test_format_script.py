@@ -65,6 +65,13 @@ def test_bad_arguments_are_named(tmp_path):
     assert bad.returncode == 2 and "unknown option '--fix'" in bad.stderr, bad.stderr
     missing = run("--check", str(tmp_path / "absent.cu"))
     assert missing.returncode == 2 and "absent.cu" in missing.stderr, missing.stderr
+    script = tmp_path / "report.py"
+    script.write_text("#!/usr/bin/env python3\n# a comment\nx = {k: 1 for k in (1, 2)}\n")
+    before = script.read_text()
+    refused = run(str(script))
+    assert refused.returncode == 2 and "report.py" in refused.stderr and "not a C++/CUDA source" in refused.stderr, \
+        refused.stderr
+    assert script.read_text() == before, "a file that is not C++ must be left alone"
 
 
 @pytest.mark.skipif(clang_format_version() != 14,
