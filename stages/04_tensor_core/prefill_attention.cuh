@@ -25,12 +25,11 @@
 /// warpgroup MMA (wgmma) with TMA loads and warp specialisation is much faster (stage 07).
 /// Outputs are stored straight from fragments (4-byte stores).
 ///
-/// **FP8 K/V** (KV = __nv_fp8_e4m3 / __nv_fp8_e5m2, q and o fp16/bf16): the tiles arrive
-/// by cp.async as FP8, half the bytes, into a plain row-major staging pipeline; once a
-/// tile has landed the block widens it, exactly, into one 16-bit K/V tile in the swizzled
-/// layout (convert_kv_tile), and the MMAs read that as they read a 16-bit cache. k_scale
-/// is folded into the score scale and v_scale into the output's normalisation, as stages
-/// 02 and 03 fold them.
+/// **K/V formats.** How a pool's element reaches the MMAs is a compile-time Format with
+/// three hooks (SameAsQ below, the lesson's: K/V in q's dtype, copied straight into the
+/// swizzled tiles the MMAs read). A cache of another element type brings its own; stages/
+/// fp8/fp8_prefill.cuh stages FP8 tiles and widens them once they land. A run's k_scale is
+/// folded into the score scale and its v_scale into the output's normalisation.
 ///
 /// **Policies** (kernels/attention_policy.cuh): the block takes a compile-time Policy and
 /// calls its hooks: on_q_tile on the Q tile and on_k_tile on each K tile once they land
@@ -44,12 +43,10 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "flashstep/kernels/attention_policy.cuh"
@@ -60,6 +57,36 @@
 #include "flashstep/kernels/vec.cuh"
 
 namespace flashstep::stages::tensor_core {
+
+/// The lesson's K/V format: the pool holds K and V in q's dtype T, and each 16-byte copy
+/// lands where the MMAs read it, in the swizzled tile. Every hook below is one a format
+/// must have:
+///   - `Stored`: the pool's element type;
+///   - `kTilesInQDtype`: the ring's tiles are the ones the MMAs read, so a policy that
+///     rewrites a landed tile (RoPE) may run on them;
+///   - `staging_bytes<Bc, HEAD_DIM>()`: shared memory the format needs besides the ring;
+///   - `chunk_offset<HEAD_DIM>(r, c)`: where, in elements from a ring tile's start, the
+///     16-byte copy c of key row r lands;
+///   - `landed<HEAD_DIM, Bc, kThreads>(stage, staging)`: the K tile the MMAs read (its V
+///     tile right after it) once the ring stage `stage` (K tile, then V tile) has landed
+///     and a barrier has passed; collective over the block, and it may use `staging`.
+template <typename T>
+struct SameAsQ {
+  using Stored = T;                             ///< the pool's element: q's dtype
+  static constexpr bool kTilesInQDtype = true;  ///< the MMAs read the ring's tiles
+  template <int Bc, int HEAD_DIM>
+  __host__ __device__ static constexpr size_t staging_bytes() {
+    return 0;
+  }
+  template <int HEAD_DIM>
+  __device__ __forceinline__ static uint32_t chunk_offset(int r, int c) {
+    return kernels::swizzled_offset(r, c, HEAD_DIM);
+  }
+  template <int HEAD_DIM, int Bc, int kThreads>
+  __device__ __forceinline__ static const T* landed(const T* stage, T* /*staging*/) {
+    return stage;
+  }
+};
 
 /// Shapes of one instantiation. A block is 8 warps; warp w owns rows
 /// [16 w, 16 (w + 1)) of the query tile, one m16 tile:
@@ -76,16 +103,16 @@ namespace flashstep::stages::tensor_core {
 /// Eight warps of one m16 tile each (rather than four of two) keep a thread's registers
 /// at 128 for head_dim <= 128, so two blocks, sixteen warps, share a multiprocessor and
 /// hide each other's latencies.
-template <typename T, int HEAD_DIM, typename KV = T>
+template <typename T, int HEAD_DIM, typename Format = SameAsQ<T>>
 struct PrefillTraits {
+  using KV = typename Format::Stored;                              ///< the pool's element type
   static constexpr int kWarps = 8;                                 ///< warps per block
   static constexpr int kThreads = 32 * kWarps;                     ///< threads per block
   static constexpr int kMinBlocksPerSM = HEAD_DIM <= 128 ? 2 : 1;  ///< caps registers at 128 per thread
   static constexpr int Br = 16 * kWarps;                           ///< packed query rows per block
   static constexpr int Bc = 64;                                    ///< keys per tile
-  static constexpr bool kConvert = !std::is_same_v<KV, T>;         ///< FP8 K/V: staged, then widened
   /// K/V tiles in flight + 1, for a 16-bit cache as for an FP8 one (a ring of three FP8
-  /// stages, in the same shared memory, was slower on an H200: the chapter, "An FP8 cache").
+  /// stages, in the same shared memory, was slower on an H200: stages/fp8/README.md).
   static constexpr int kStages = 2;
   static constexpr int kChunks = HEAD_DIM / 8;                      ///< 16-byte chunks per row
   static constexpr int kTilesS = Bc / 8;                            ///< n-tiles of S (8 keys each)
@@ -97,12 +124,11 @@ struct PrefillTraits {
   static_assert(HEAD_DIM % 64 == 0, "the swizzle needs rows of at least 8 chunks");
   static_assert(kRowsPerPass % 8 == 0, "every pass must start on the same swizzle phase");
   static_assert(Bc % kKVRowsPerPass == 0, "a K/V tile must be whole passes");
-  static_assert(sizeof(KV) == sizeof(T) || (sizeof(KV) == 1 && sizeof(T) == 2), "K/V in q's dtype, or FP8");
-  /// Q tile + kStages x (K tile + V tile) of the pool's type, plus, for an FP8 cache, the
-  /// 16-bit K and V tiles the staged FP8 tile is widened into.
+  /// Q tile + kStages x (K tile + V tile) of the pool's type, plus what the format needs
+  /// besides (its staging_bytes).
   __host__ __device__ static constexpr size_t tiles_bytes() {
     return size_t{Br} * HEAD_DIM * sizeof(T) + 2 * size_t{kStages} * Bc * HEAD_DIM * sizeof(KV) +
-           (kConvert ? 2 * size_t{Bc} * HEAD_DIM * sizeof(T) : 0);
+           Format::template staging_bytes<Bc, HEAD_DIM>();
   }
   /// Paged K/V: the pool offset of each key row of the next two tiles (fetch_row_offsets).
   __host__ __device__ static constexpr size_t row_offsets_bytes() { return 2 * size_t{Bc} * sizeof(int64_t); }
@@ -110,7 +136,7 @@ struct PrefillTraits {
 };
 
 /// Arguments of prefill_attention_kernel; raw pointers and sizes only.
-/// \tparam T element type of q and o \tparam KV element type of K/V (T, or FP8)
+/// \tparam T element type of q and o \tparam KV the pool's element type (the format's Stored)
 template <typename T, typename KV = T>
 struct PrefillParams {
   const T* q = nullptr;                ///< (nnz_qo, num_qo_heads, head_dim)
@@ -144,7 +170,7 @@ struct PrefillParams {
   float cap_pre = 0.f;      ///< soft cap only: sm_scale / cap, applied before tanh
   float cap_post = 0.f;     ///< soft cap only: cap * log2(e), applied after tanh
   bool soft_cap = false;    ///< s -> cap * tanh(s / cap) before the softmax
-  float v_scale = 1.f;      ///< FP8 cache: multiplies the output (folded into 1 / l)
+  float v_scale = 1.f;      ///< the run's v_scale: multiplies the output (folded into 1 / l)
 
   /// The four fields above from the batch's sm_scale and logits_soft_cap: the free
   /// set_score_transform below.
@@ -154,7 +180,7 @@ struct PrefillParams {
 /// score_scale, cap_pre, cap_post and soft_cap of any kernel's parameters that carry
 /// PrefillParams' four fields (stage 07's do too), from the batch's sm_scale and
 /// logits_soft_cap (0: no cap). Without a cap the logits are q.k sm_scale log2(e); with
-/// one, cap log2(e) tanh(q.k sm_scale / cap). For an FP8 cache pass sm_scale * k_scale:
+/// one, cap log2(e) tanh(q.k sm_scale / cap). For a cache with a k_scale pass sm_scale * k_scale:
 /// q . (k * k_scale) = k_scale (q . k).
 template <typename Params>
 void set_score_transform(Params& p, float sm_scale, float logits_soft_cap) {
@@ -254,18 +280,17 @@ __device__ __forceinline__ void fetch_row_offsets(const PrefillParams<T, KV>& p,
 }
 
 /// Starts the copies of keys [kv0, kv0 + Bc) of this block into one K tile and one V tile
-/// (swizzled; an FP8 tile row-major, for convert_kv_tile); keys at or past kv_end are
+/// (each copy where the format places it: Format::chunk_offset); keys at or past kv_end are
 /// zero-filled, so no NaN of an unowned slot can reach P V. Ragged: one pointer per
 /// thread, advanced by a fixed stride per pass. Paged: each row's offset in the pool was
 /// read ahead by fetch_row_offsets into `row_offsets` (-1: past the end).
-template <typename T, int HEAD_DIM, int Bc, int kThreads, typename KV>
+template <typename Format, typename T, int HEAD_DIM, int Bc, int kThreads, typename KV>
 __device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, const BlockTask& t, int kv_head, int kv0,
                                              const int64_t* row_offsets, KV* k_smem, KV* v_smem) {
   constexpr int kVec = 16 / sizeof(KV), kChunks = HEAD_DIM / kVec, kRowsPerPass = kThreads / kChunks;
   const int r0 = threadIdx.x / kChunks, chunk = threadIdx.x % kChunks;
   // kRowsPerPass is a multiple of 8, so every pass has the same swizzle phase.
-  const uint32_t dst0 = sizeof(KV) == sizeof(T) ? kernels::swizzled_offset(r0, chunk, HEAD_DIM)
-                                                : r0 * HEAD_DIM + chunk * kVec;
+  const uint32_t dst0 = Format::template chunk_offset<HEAD_DIM>(r0, chunk);
   if (!p.paged_kv) {
     const int64_t stride = int64_t{kRowsPerPass} * p.num_kv_heads * HEAD_DIM;
     const int64_t off0 = (int64_t{t.kv_first + kv0 + r0} * p.num_kv_heads + kv_head) * HEAD_DIM + chunk * kVec;
@@ -286,52 +311,6 @@ __device__ __forceinline__ void load_kv_tile(const PrefillParams<T, KV>& p, cons
       kernels::cp_async_16(v_smem + dst0 + pass * kRowsPerPass * HEAD_DIM, p.paged.pool + off + p.paged.stride_kv,
                            valid);
     }
-  }
-}
-
-/// Eight FP8 elements (bytes of `raw`, element e in byte e) widened to eight T, exactly:
-/// each pair to an fp16 pair (kernels::detail::fp8x2_to_half2_bits: the toolkit's conversion
-/// for e4m3, a byte permute for e5m2; every FP8 value is an fp16 value); for bf16, then
-/// f16 -> f32 -> bf16, exact too (every FP8 value is a bf16 value).
-template <typename T, typename KV>
-__device__ __forceinline__ uint4 widen_fp8x8(uint2 raw) {
-  constexpr __nv_fp8_interpretation_t kFormat = std::is_same_v<KV, __nv_fp8_e4m3> ? __NV_E4M3 : __NV_E5M2;
-  const uint32_t w[2] = {raw.x, raw.y};
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t bits = kernels::detail::fp8x2_to_half2_bits<kFormat>(w[i / 2], i % 2 == 1);
-    if constexpr (std::is_same_v<T, __half>) {
-      out[i] = bits;
-    } else {
-      __half2 h;
-      memcpy(&h, &bits, sizeof(h));
-      const float2 f = __half22float2(h);
-      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-      memcpy(&out[i], &b, sizeof(b));
-    }
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-/// FP8 cache: widens a landed K/V stage (row-major FP8, K rows then V rows) into the 16-bit
-/// K and V tiles the MMAs read (swizzled as a 16-bit cache's tiles). Thread i takes 8
-/// elements at a time (an 8-byte read, a 16-byte write of one swizzled chunk), the same
-/// (row, chunk) walk as the 16-bit copies, so neither side conflicts in the banks.
-/// Collective over the block; the caller puts a barrier after it.
-template <typename T, typename KV, int HEAD_DIM, int Bc, int kThreads>
-__device__ __forceinline__ void convert_kv_tile(const KV* staged, T* tiles) {
-  constexpr int kChunks = HEAD_DIM / 8;  // 16-byte chunks of a 16-bit row
-  constexpr int kPasses = 2 * Bc * kChunks / kThreads;
-  static_assert(2 * Bc * kChunks % kThreads == 0, "the K and V tiles must be whole passes");
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int idx = pass * kThreads + threadIdx.x;
-    const int row = idx / kChunks, chunk = idx % kChunks;  // rows 0..Bc-1: K, Bc..2Bc-1: V
-    const uint2 raw = *reinterpret_cast<const uint2*>(staged + row * HEAD_DIM + chunk * 8);
-    const int tile = row / Bc, r = row % Bc;
-    *reinterpret_cast<uint4*>(tiles + tile * Bc * HEAD_DIM +
-                              kernels::swizzled_offset(r, chunk, HEAD_DIM)) = widen_fp8x8<T, KV>(raw);
   }
 }
 
@@ -515,31 +494,33 @@ __device__ __forceinline__ void store_output(const PrefillParams<T, KV>& p, cons
 /// across heads), PrefillTraits::kThreads threads, PrefillTraits::smem_bytes() of
 /// dynamic shared memory:
 ///
-///     smem  [ Q tile: Br x D ][ K_0 | V_0 ][ K_1 | V_1 ]      each tile row-major, swizzled
-///     FP8:  [ Q tile ][ K_0 | V_0 ][ K_1 | V_1 ][ K_2 | V_2 ] (FP8, row-major) [ K | V ] (16-bit, swizzled)
+///     smem  [ Q tile: Br x D ][ K_0 | V_0 ][ K_1 | V_1 ][ the format's staging ]
+///
+/// each tile row-major and swizzled (SameAsQ; another format places its copies itself).
 ///
 /// \tparam T __half or __nv_bfloat16
 /// \tparam HEAD_DIM 64, 128 or 256
-/// \tparam KV element type of K/V: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2
+/// \tparam Format how a pool element reaches the MMAs (SameAsQ: K/V in q's dtype)
 /// \tparam Policy called at the hooks on_q_tile, on_k_tile and on_state; `pol` its parameters
-template <typename T, int HEAD_DIM, typename KV = T, typename Policy = kernels::IdentityPolicy>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM, KV>::kMinBlocksPerSM)
-    prefill_attention_kernel(const PrefillParams<T, KV> p, const typename Policy::Params pol);
+template <typename T, int HEAD_DIM, typename Format = SameAsQ<T>, typename Policy = kernels::IdentityPolicy>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, Format>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, Format>::kMinBlocksPerSM)
+    prefill_attention_kernel(const PrefillParams<T, typename Format::Stored> p, const typename Policy::Params pol);
 
 /// The body of prefill_attention_kernel for its block `block` (blockIdx.x there), over
 /// `smem_raw`, PrefillTraits::smem_bytes() of dynamic shared memory: for a later stage's
 /// kernel whose blocks run several kinds of work (stage 09's POD attention).
-template <typename T, int HEAD_DIM, typename KV = T, typename Policy = kernels::IdentityPolicy>
-__device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, KV>& p, unsigned block,
-                                                        unsigned char* smem_raw,
+template <typename T, int HEAD_DIM, typename Format = SameAsQ<T>, typename Policy = kernels::IdentityPolicy>
+__device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, typename Format::Stored>& p,
+                                                        unsigned block, unsigned char* smem_raw,
                                                         const typename Policy::Params& pol = {}) {
-  using Tr = PrefillTraits<T, HEAD_DIM, KV>;
-  static_assert(!Policy::kTouchesTiles || !Tr::kConvert, "a policy that writes the tiles: K/V in q's dtype");
+  using Tr = PrefillTraits<T, HEAD_DIM, Format>;
+  using KV = typename Format::Stored;
+  static_assert(!Policy::kTouchesTiles || Format::kTilesInQDtype, "a policy that writes the tiles: K/V in q's dtype");
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kStages = Tr::kStages;
   T* q_smem = reinterpret_cast<T*>(smem_raw);
   KV* kv_smem = reinterpret_cast<KV*>(q_smem + Br * HEAD_DIM);  // stage s: K at 2 s Bc D, V at (2 s + 1) Bc D
-  T* wide_smem = reinterpret_cast<T*>(kv_smem + 2 * kStages * Bc * HEAD_DIM);  // FP8: the widened K and V tiles
+  T* staging = reinterpret_cast<T*>(kv_smem + 2 * kStages * Bc * HEAD_DIM);  // the format's, if it has any
 
   const int item = block / p.num_kv_heads, kv_head = block % p.num_kv_heads;
   // A plan for CUDA graphs pads the grid to a size fixed by batch_size and nnz_qo: the
@@ -580,8 +561,8 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < t.num_tiles) {
       KV* k_dst = kv_smem + 2 * s * Bc * HEAD_DIM;
-      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, offsets_of[s % 2], k_dst,
-                                                  k_dst + Bc * HEAD_DIM);
+      load_kv_tile<Format, T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + s * Bc, offsets_of[s % 2], k_dst,
+                                                          k_dst + Bc * HEAD_DIM);
     }
     kernels::cp_async_commit_group();  // one group per tile, empty or not: the counts stay aligned
     if (p.paged_kv) {
@@ -598,8 +579,8 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
     const int next = it + kStages - 1;
     if (next < t.num_tiles) {
       KV* k_next = kv_smem + 2 * (next % kStages) * Bc * HEAD_DIM;
-      load_kv_tile<T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + next * Bc, offsets_of[next % 2], k_next,
-                                                  k_next + Bc * HEAD_DIM);
+      load_kv_tile<Format, T, HEAD_DIM, Bc, Tr::kThreads>(p, t, kv_head, t.kv_begin + next * Bc, offsets_of[next % 2],
+                                                          k_next, k_next + Bc * HEAD_DIM);
     }
     kernels::cp_async_commit_group();
     // into the other buffer, whose last reader (the load of tile next - 1) ran before the barrier
@@ -607,16 +588,7 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
       fetch_row_offsets<Bc>(p, t, kv_head, t.kv_begin + (next + 1) * Bc, offsets_of[(next + 1) % 2]);
 
     const int stage = it % kStages;
-    const T* k_smem;
-    if constexpr (Tr::kConvert) {
-      // FP8: widen the landed stage into the 16-bit tiles (everyone finished reading them
-      // for tile it - 1 before the barrier above), then wait for the whole of it.
-      convert_kv_tile<T, KV, HEAD_DIM, Bc, Tr::kThreads>(kv_smem + 2 * stage * Bc * HEAD_DIM, wide_smem);
-      __syncthreads();
-      k_smem = wide_smem;
-    } else {
-      k_smem = kv_smem + 2 * stage * Bc * HEAD_DIM;
-    }
+    const T* k_smem = Format::template landed<HEAD_DIM, Bc, Tr::kThreads>(kv_smem + 2 * stage * Bc * HEAD_DIM, staging);
     const T* v_smem = k_smem + Bc * HEAD_DIM;
     const int kv0 = t.kv_begin + it * Bc;
     if constexpr (Policy::kTouchesTiles) {
@@ -648,27 +620,28 @@ __device__ __forceinline__ void prefill_attention_block(const PrefillParams<T, K
   store_output<Policy, T, HEAD_DIM, Tr::kTilesO>(p, pol, t, kv_head, warp_row0, m, l, o);
 }
 
-template <typename T, int HEAD_DIM, typename KV, typename Policy>
-__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, KV>::kThreads,
-                                  PrefillTraits<T, HEAD_DIM, KV>::kMinBlocksPerSM)
-    prefill_attention_kernel(const PrefillParams<T, KV> p, const typename Policy::Params pol) {
+template <typename T, int HEAD_DIM, typename Format, typename Policy>
+__global__ void __launch_bounds__(PrefillTraits<T, HEAD_DIM, Format>::kThreads,
+                                  PrefillTraits<T, HEAD_DIM, Format>::kMinBlocksPerSM)
+    prefill_attention_kernel(const PrefillParams<T, typename Format::Stored> p, const typename Policy::Params pol) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  prefill_attention_block<T, HEAD_DIM, KV, Policy>(p, blockIdx.x, smem_raw, pol);
+  prefill_attention_block<T, HEAD_DIM, Format, Policy>(p, blockIdx.x, smem_raw, pol);
 }
 
 /// For a later stage that builds its own PrefillParams (stage 05 runs this kernel once per
 /// cascade level, into its own partial rows): allows the instantiation for `head_dim` its
 /// dynamic shared memory. Call once before launches (in plan(): not a stream operation).
 /// Returns how many of its blocks fit on one multiprocessor (the occupancy calculator's
-/// answer). Defined (prefill_launch.cuh) in tensor_core.cu for __half and __nv_bfloat16 K/V,
-/// and in tensor_core_fp8.cu for FP8 K/V with either q type.
-template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
+/// answer). Defined (prefill_launch.cuh) in tensor_core.cu for the lesson's format,
+/// tensor_core_policies.cu under the features' policies and stages/fp8/prefill_fp8.cu for
+/// an FP8 cache.
+template <typename T, typename Format = SameAsQ<T>, typename Policy = kernels::IdentityPolicy>
 int prepare_prefill_attention(int head_dim);
-/// Launches prefill_attention_kernel<T, head_dim, KV> with `p` on `stream`: num_items x
+/// Launches prefill_attention_kernel for head_dim with `p` on `stream`: num_items x
 /// p.num_kv_heads blocks, PrefillTraits::smem_bytes() of shared memory. Launches only
 /// (CUDA-graph safe); p's schedule arrays must hold num_items entries.
-template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
-void launch_prefill_attention(const PrefillParams<T, KV>& p, int head_dim, int64_t num_items, cudaStream_t stream,
-                              const typename Policy::Params& pol = {});
+template <typename T, typename Format = SameAsQ<T>, typename Policy = kernels::IdentityPolicy>
+void launch_prefill_attention(const PrefillParams<T, typename Format::Stored>& p, int head_dim, int64_t num_items,
+                              cudaStream_t stream, const typename Policy::Params& pol = {});
 
 }  // namespace flashstep::stages::tensor_core

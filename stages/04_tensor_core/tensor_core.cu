@@ -1,8 +1,8 @@
 // Stage 04 — tensor-core prefill: the planner, the launcher and the two registry entries.
 //
 // The kernel (prefill_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
-// and 256, each with 8 warps of one m16 tile (Br = 128), here; its instantiations over an
-// FP8 cache (e4m3, e5m2 K/V) are in tensor_core_fp8.cu. Causal, window, soft cap, storage
+// and 256, each with 8 warps of one m16 tile (Br = 128), here; its instantiations under
+// fp8/'s format, for an FP8 cache (e4m3, e5m2 K/V), are in tensor_core_fp8.cu. Causal, window, soft cap, storage
 // and layout are run-time flags: uniform branches, no extra instantiations.
 //
 // How to run it: `ctest -L gpu` validates it on the prefill and decode grids;
@@ -47,17 +47,18 @@ struct LaunchArgs {
   kernels::PolicyInputs policy;  // what a policy's hooks read (RoPE's turns, the run's sinks)
 };
 
-/// One instantiation (dtype x head_dim x K/V dtype x ring depth); its shared memory is
+/// One instantiation (dtype x head_dim x K/V format x policy); its shared memory is
 /// fixed by the instantiation, and prepare_prefill_attention both raises the limit and
 /// asks the occupancy calculator.
 using Entry = KernelEntry<LaunchArgs>;
 
-template <typename T, int HEAD_DIM, typename KV, typename Policy = kernels::IdentityPolicy>
+template <typename T, int HEAD_DIM, typename Format, typename Policy = kernels::IdentityPolicy>
 Entry kernel_entry() {
+  using KV = typename Format::Stored;
   Entry e;
-  e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, KV>::smem_bytes(); };
-  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, KV, Policy>(HEAD_DIM); };
-  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, KV, Policy>(HEAD_DIM); };
+  e.smem_bytes = [](int, int) { return PrefillTraits<T, HEAD_DIM, Format>::smem_bytes(); };
+  e.set_smem_limit = [](size_t) { prepare_prefill_attention<T, Format, Policy>(HEAD_DIM); };
+  e.blocks_per_sm = [](size_t) { return prepare_prefill_attention<T, Format, Policy>(HEAD_DIM); };
   e.launch = [](const LaunchArgs& a, cudaStream_t stream) {
     const BatchShape& s = *a.shape;
     const DeviceBatch& batch = *a.batch;
@@ -95,8 +96,8 @@ Entry kernel_entry() {
     // the run's scales when it gives them.
     p.set_score_transform(s.resolved_sm_scale() * run_k_scale(s, batch), s.logits_soft_cap);
     p.v_scale = run_v_scale(s, batch);
-    launch_prefill_attention<T, KV, Policy>(p, HEAD_DIM, a.schedule->num_items(), stream,
-                                            Policy::Params::from(a.policy));
+    launch_prefill_attention<T, Format, Policy>(p, HEAD_DIM, a.schedule->num_items(), stream,
+                                                Policy::Params::from(a.policy));
     if (a.schedule->kv_chunk_size == 0) return;
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = p.partial_o;
@@ -121,7 +122,10 @@ Entry kernel_entry_of(DType dtype, DType kv_dtype, int head_dim) {
                                std::string(to_string(dtype)) + ")");
   } else {
     FLASHSTEP_DISPATCH_HEAD_DIM(head_dim, HEAD_DIM, {
-      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, { return kernel_entry<T, HEAD_DIM, KV>(); });
+      FLASHSTEP_DISPATCH_KV_DTYPE(dtype, kv_dtype, T, KV, {
+        if constexpr (std::is_same_v<KV, T>) return kernel_entry<T, HEAD_DIM, SameAsQ<T>>();
+        else return kernel_entry<T, HEAD_DIM, fp8::Fp8Staged<T, KV>>();  // an FP8 pool: fp8/'s format
+      });
     });
     return {};
   }
@@ -135,8 +139,8 @@ Entry kernel_entry_for(DType dtype, DType kv_dtype, int head_dim) {
 template <typename Policy>
 Entry policy_entry_for(const BatchShape& s) {
   FLASHSTEP_DISPATCH_HEAD_DIM(s.head_dim, HEAD_DIM, {
-    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, __half, Policy>();
-    return kernel_entry<__nv_bfloat16, HEAD_DIM, __nv_bfloat16, Policy>();
+    if (s.dtype == DType::f16) return kernel_entry<__half, HEAD_DIM, SameAsQ<__half>, Policy>();
+    return kernel_entry<__nv_bfloat16, HEAD_DIM, SameAsQ<__nv_bfloat16>, Policy>();
   });
   return {};
 }
