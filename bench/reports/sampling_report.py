@@ -51,6 +51,7 @@ TARGETS = [
     ("b128_v128256_top_k_top_p_top_k_first", "torch_topk_top_p", 1.0,
      "top_k_top_p top_k_first, batch 128 vs PyTorch topk + top-p"),
     ("b128_v128256_logits", "flashinfer", 1.0, "sampling_from_logits, batch 128 vs FlashInfer"),
+    ("b1_v128256_logits", "flashinfer", 1.0, "sampling_from_logits, batch 1 vs FlashInfer"),
     ("b128_v128256_top_k_renorm", "flashinfer", 1.0, "top_k_renorm_probs, batch 128 vs FlashInfer"),
     ("b128_v128256_top_p_renorm", "flashinfer", 1.0, "top_p_renorm_probs, batch 128 vs FlashInfer"),
     ("b1_v128256_top_p", "flashinfer", 2.0, "top_p, batch 1 vs FlashInfer"),
@@ -110,7 +111,7 @@ def section(run, path, repo, full=False):
     peer: least ratio, measured ratio, met); with `full` (--full, printed) also the table of
     every shape with its peers' times, which the docs site's results page shows too."""
     res = run["raw"]  # the writer's own fields: operators, rounds, peers by impl
-    lines = [f"H100 results from `{os.path.relpath(path, repo)}` ({run['device']}, commit `{run['commit']}`, "
+    lines = [f"Results from `{os.path.relpath(path, repo)}` ({run['device']}, commit `{run['commit']}`, "
              f"{run['date']}; FlashInfer {res.get('flashinfer') or 'not measured'}, torch {res.get('torch')}). "
              "Times are medians of CUDA-graph replays with the L2 flushed; ratios are peer time / "
              "flashstep time.", ""]
