@@ -74,6 +74,7 @@ struct LevelLaunch {
   const int32_t* partial_indptr = nullptr;    ///< (nnz_qo + 1) partial rows per query row
   float* partial_o = nullptr;                 ///< (partial rows, num_qo_heads, head_dim)
   float* partial_lse = nullptr;               ///< (partial rows, num_qo_heads)
+  const float* sinks = nullptr;               ///< (num_qo_heads) sink logits, or null (none)
 };
 
 /// A prefill kernel that a stage lends to an earlier stage's planner: it runs one view of a

@@ -29,6 +29,7 @@
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
+#include "sinks/sinks.cuh"
 
 namespace flashstep::stages::hopper {
 
@@ -143,7 +144,7 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
          ", nnz_kv " + std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
+template <typename T, int HEAD_DIM, bool PAGED, bool MODS, typename Policy>
 void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
   const int group = s.group_size();
@@ -181,28 +182,34 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
   tensor_core::set_score_transform(p, s.resolved_sm_scale(), s.logits_soft_cap);
-  hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS>
-      <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(p);
+  hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS, Policy>
+      <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(
+          p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks}));
   kernels::check_launch("hopper_attention_kernel");
 }
 
 /// The kernel's dynamic shared-memory limit raised to what it uses (a host call: plan()
 /// makes it, run() does not).
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
+template <typename T, int HEAD_DIM, bool PAGED, bool MODS, typename Policy>
 void set_smem_limit() {
-  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS>,
+  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS, Policy>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED>::smem_bytes())));
 }
 
-/// Calls f(T{}, head_dim, paged, mods) for the batch's element type, head_dim, storage
-/// and whether it has a window or a soft cap, the last three as std::integral_constant
-/// (the kernel's template arguments).
+/// Calls f(T{}, head_dim, paged, mods, policy) for the batch's element type, head_dim,
+/// storage, whether it has a window or a soft cap, and whether the run brings sinks: the
+/// middle three as std::integral_constant, the policy as a value of its type (the kernel's
+/// template arguments). A run with sinks takes the kernel under sinks/'s policy, always the
+/// instantiation with the window and the soft cap (gpt-oss's layers slide a window), so
+/// that sinks cost one instantiation per element type and head_dim, not two.
 template <typename F>
-void dispatch(const BatchShape& s, F&& f) {
+void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
   auto by_mods = [&](auto t, auto d, auto paged) {
-    if (s.window_left >= 0 || s.logits_soft_cap > 0.f) return f(t, d, paged, std::true_type{});
-    return f(t, d, paged, std::false_type{});
+    if (with_sinks) return f(t, d, paged, std::true_type{}, sinks::Sinks{});
+    if (s.window_left >= 0 || s.logits_soft_cap > 0.f)
+      return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{});
+    return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{});
   };
   auto by_dim = [&](auto t) {
     // over pages head_dim 128 and 256 (stage_info() says why not 64)
@@ -244,12 +251,17 @@ std::string hopper_unavailable_reason() {
 
 void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cudaStream_t stream) {
   if (l.num_items == 0) return;
-  dispatch(shape,
-           [&](auto t, auto d, auto paged, auto mods) { launch<decltype(t), d(), paged(), mods()>(shape, l, stream); });
+  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto mods, auto policy) {
+    launch<decltype(t), d(), paged(), mods(), decltype(policy)>(shape, l, stream);
+  });
 }
 
 void prepare_hopper_attention(const BatchShape& shape) {
-  dispatch(shape, [](auto t, auto d, auto paged, auto mods) { set_smem_limit<decltype(t), d(), paged(), mods()>(); });
+  // both instantiations a run of this plan may take: with sinks and without
+  for (bool with_sinks : {false, true})
+    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto mods, auto policy) {
+      set_smem_limit<decltype(t), d(), paged(), mods(), decltype(policy)>();
+    });
 }
 
 HopperRunner::HopperRunner(HopperOptions options) : options_(options) {}
@@ -366,6 +378,7 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   l.kv_last_page_len = batch.kv_last_page_len;
   l.o = batch.o;
   l.lse = batch.lse;
+  l.sinks = batch.sinks;
   l.num_items = schedule_.num_items();
   l.request_indices = reinterpret_cast<const int32_t*>(workspace_ + w.request_indices);
   l.qo_tile_indices = reinterpret_cast<const int32_t*>(workspace_ + w.qo_tile_indices);
@@ -377,7 +390,7 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   launch_hopper_attention(shape_, l, stream);
   if (schedule_.kv_chunk_size == 0 || shape_.nnz_qo() == 0) return;
   // stage 03's merge: each query row's chunks folded by their lse
-  dispatch(shape_, [&](auto t, auto d, auto, auto) {
+  dispatch(shape_, false, [&](auto t, auto d, auto, auto, auto) {
     using T = decltype(t);
     split_kv::MergeStatesParams<T> mp;
     mp.partial_o = l.partial_o;
@@ -404,6 +417,7 @@ StageInfo common_info(const std::string& name) {
   s.causal = true;
   s.window_left = true;
   s.logits_soft_cap = true;
+  s.sinks = true;  // sinks/'s policy, through the epilogue's on_state
   // Not CUDA-graph safe: the grid follows the lengths (one block per work item), and the
   // tensor maps a graph captures hold the batch's nnz_qo (and, ragged, nnz_kv).
   s.cuda_graph = false;

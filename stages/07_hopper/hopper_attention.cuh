@@ -36,6 +36,10 @@
 //   swizzled layout (chunk c of row r at chunk c ^ (r % 8)), and cp.async.mbarrier.arrive
 //   makes the tile's "full" barrier complete when they land.
 //
+// - Policies (kernels/attention_policy.cuh): the kernel takes a compile-time Policy and calls
+//   its on_state hook on each row's finished (m, l) before the epilogue normalises it. The
+//   lesson runs the identity; attention sinks (stages/sinks/) are a policy of their own.
+//
 // What it still does badly: every block starts from an empty pipeline (one block per
 // (work item, kv head), not a persistent grid); the output is written from registers
 // (4-byte stores), not through shared memory and a TMA store.
@@ -50,6 +54,7 @@
 
 #include "04_tensor_core/prefill_attention.cuh"  // exp2_approx
 #include "07_hopper/wgmma.cuh"
+#include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
@@ -627,9 +632,11 @@ __device__ __forceinline__ void consume(const HopperParams& p, const Tile& t,
 /// The epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
 /// lse, or after a split to this chunk's fp32 partial row (a row that saw no key: O = 0,
 /// lse = -inf, which the merge weighs as nothing). Written from the accumulator fragments.
-template <typename T, int HEAD_DIM>
-__device__ __forceinline__ void store_tile(const HopperParams& p, const Tile& t, int kv_head, const int (&row)[2],
-                                           int lane, const RowState<HEAD_DIM>& st) {
+/// Each row's (m, l) passes through Policy::on_state first (a sink's term, added by the
+/// chunk that starts at key 0 only), which returns the factor for the row's O.
+template <typename T, int HEAD_DIM, typename Policy>
+__device__ __forceinline__ void store_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
+                                           int kv_head, const int (&row)[2], int lane, const RowState<HEAD_DIM>& st) {
   T* out = static_cast<T*>(p.o);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -640,8 +647,10 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const Tile& t,
     if (packed >= t.qo_len * p.group_size) continue;
     const int token = t.qo_begin + packed / p.group_size;
     const int head = kv_head * p.group_size + packed % p.group_size;
-    const float inv = sum > 0.f ? 1.f / sum : 0.f;
-    const float lse = sum > 0.f ? (st.m[h] + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    float m2 = sum > 0.f ? st.m[h] : -INFINITY;  // base 2, as the scores
+    const float factor = Policy::on_state(pol, m2, sum, head, p.kv_chunk_size * t.chunk);
+    const float inv = sum > 0.f ? factor / sum : 0.f;
+    const float lse = sum > 0.f ? (m2 + log2f(sum)) * 0.69314718055994531f : -INFINITY;
     if (p.kv_chunk_size == 0) {
       T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
 #pragma unroll
@@ -671,10 +680,10 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const Tile& t,
 ///
 /// The block: warp group 0 produces (detail::produce), warp groups 1 and 2 consume
 /// (detail::consume: rows 0..63 and 64..127 of the tile) and write their rows
-/// (detail::store_tile).
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
+/// (detail::store_tile), through Policy's on_state (pol: its parameters).
+template <typename T, int HEAD_DIM, bool PAGED, bool MODS, typename Policy = kernels::IdentityPolicy>
 __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
-    hopper_attention_kernel(const __grid_constant__ HopperParams p) {
+    hopper_attention_kernel(const __grid_constant__ HopperParams p, const typename Policy::Params pol) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
   extern __shared__ unsigned char smem_raw[];
@@ -715,7 +724,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   detail::RowState<HEAD_DIM> st;
   st.init();
   detail::consume<T, HEAD_DIM, PAGED, MODS>(p, t, smem, detail::Turns{consumer, solo}, q_pos, lane, st);
-  detail::store_tile<T, HEAD_DIM>(p, t, kv_head, row, lane, st);
+  detail::store_tile<T, HEAD_DIM, Policy>(p, pol, t, kv_head, row, lane, st);
 #endif
 }
 

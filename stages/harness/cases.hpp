@@ -722,9 +722,13 @@ inline std::vector<CaseSpec> rope_prefill_grid() {
   });
 }
 
-/// Attention sinks (stages/sinks/) in stage 04's prefill and appends.
+/// Attention sinks (stages/sinks/) in the prefill and appends of stages 04 and 07, a third
+/// of the cases with a sliding window too.
 inline std::vector<CaseSpec> sinks_prefill_grid() {
-  return feature_prefill_grid([](CaseSpec& c, int) { c.sinks = true; });
+  return feature_prefill_grid([](CaseSpec& c, int n) {
+    c.sinks = true;
+    if (n % 3 == 2) c.window_left = 40;  // gpt-oss's layers slide a window beside their sinks
+  });
 }
 
 /// The decode cases of a feature of stages/ (a policy of kernels/attention_policy.cuh):

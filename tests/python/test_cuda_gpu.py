@@ -787,11 +787,14 @@ def test_decode_sinks_match_the_float64_oracle(torch, fsc, rng, dtype, layout, p
         w2.run(q, pool, sinks=sinks)
 
 
-@pytest.mark.parametrize("storage,causal", [("paged", True), ("paged", False), ("ragged", True)])
-def test_prefill_sinks_match_the_float64_oracle(torch, fsc, rng, storage, causal):
-    """run(sinks=) on stage 04's prefill (paged and ragged): the sink joins each row's
-    denominator once, whatever the split of the KV; a stage without sinks refuses them."""
-    g = cs.generator(torch, rng, f"prefill sinks {storage} {causal}")
+@pytest.mark.parametrize("storage,causal,default", [("paged", True, False), ("paged", False, False),
+                                                    ("ragged", True, False), ("paged", True, True),
+                                                    ("ragged", False, True)])
+def test_prefill_sinks_match_the_float64_oracle(torch, fsc, rng, storage, causal, default):
+    """run(sinks=) on stage 04's prefill (paged and ragged), and on the default stage (stage
+    07's on a Hopper GPU): the sink joins each row's denominator once, whatever the split of
+    the KV."""
+    g = cs.generator(torch, rng, f"prefill sinks {storage} {causal} {default}")
     hkv, d, group, dtype = 2, 128, 4, "bfloat16"
     hq = hkv * group
     qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
@@ -801,14 +804,16 @@ def test_prefill_sinks_match_the_float64_oracle(torch, fsc, rng, storage, causal
     sinks = torch.rand(hq, generator=g, device="cuda") * 10 - 2
     if storage == "paged":
         pool, kv_indptr, indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, 16, hkv, d, dtype, "NHD")
-        w = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), "NHD", stage="04_tensor_core")
+        w = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), "NHD",
+                                                    stage=None if default else "04_tensor_core")
         w.plan(qo_indptr, kv_indptr, indices, last, hq, hkv, d, 16, causal=causal, q_data_type=dtype)
         o, lse = w.run(q, pool, return_lse=True, sinks=sinks)
     else:
         keys = [cs.random_rows(torch, g, n, hkv, d, dtype) for n in kv_lens]
         values = [cs.random_rows(torch, g, n, hkv, d, dtype) for n in kv_lens]
         kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
-        w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), stage="04_tensor_core_ragged")
+        w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch),
+                                                     stage=None if default else "04_tensor_core_ragged")
         w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype)
         o, lse = w.run(q, torch.cat(keys), torch.cat(values), return_lse=True, sinks=sinks)
     refs = [cs.attention_reference(torch, q[int(qo_indptr[i]):int(qo_indptr[i + 1])], keys[i], values[i],

@@ -1,6 +1,6 @@
 // Attention sinks (stages/sinks/: a per-head logit in the softmax's denominator, FlashInfer's
-// run(sinks=)), taken by stage 03's chunk kernel and stage 04's prefill kernel through the
-// on_state hook of kernels/attention_policy.cuh. The harness draws the sinks, the reference adds them
+// run(sinks=)), taken by stage 03's chunk kernel, stage 04's prefill kernel and stage 07's
+// Hopper kernel through the on_state hook of kernels/attention_policy.cuh. The harness draws the sinks, the reference adds them
 // (ref::AttentionOptions::sinks), and the stage must agree within the dtype's tolerances:
 // on the grid, on plans forced to split (only the chunk that starts at key 0 may add the
 // sink, or the merge would count it twice), and with the stages and shapes that refuse
@@ -17,6 +17,7 @@
 
 #include "03_split_kv/split_kv.hpp"
 #include "04_tensor_core/tensor_core.hpp"
+#include "07_hopper/hopper.hpp"
 #include "grid_runner.hpp"
 #include "harness/cases.hpp"
 #include "harness/device.hpp"
@@ -63,6 +64,10 @@ TEST_CASE("sinks prefill: every stage that takes them against the reference") {
   const auto ran = check_grid(grids::sinks_prefill_grid());
   CHECK(ran.count("04_tensor_core") == 1);
   CHECK(ran.count("04_tensor_core_ragged") == 1);
+  if (hopper::hopper_unavailable_reason().empty()) {  // a Hopper GPU: stage 07's kernel under the policy
+    CHECK(ran.count("07_hopper") == 1);
+    CHECK(ran.count("07_hopper_ragged") == 1);
+  }
   for (const auto& [name, n] : ran) CHECK_MESSAGE(find_stage(name).sinks, name << " ran a sinks case");
 }
 
@@ -73,6 +78,26 @@ TEST_CASE("sinks: forced splits (chunks that start past key 0 add no sink)") {
     ran += test::check_with_runner(
         storage == KVStorage::paged ? tensor_core::stage_info() : tensor_core::ragged_stage_info(),
         test::tensor_core_forced_split(storage), grids::sinks_prefill_grid(), 100, "sinks split");
+  if (hopper::hopper_unavailable_reason().empty())  // stage 07 in chunks of one key tile
+    for (KVStorage storage : {KVStorage::paged, KVStorage::ragged}) {
+      const StageInfo stage = storage == KVStorage::paged ? hopper::stage_info() : hopper::ragged_stage_info();
+      std::vector<harness::CaseSpec> takes;  // the cases the entry takes (no group of 7, no paged head_dim 64)
+      std::mt19937_64 rng(1);
+      for (const harness::CaseSpec& c : grids::sinks_prefill_grid()) {
+        const auto& layouts = stage.kv_layouts;  // (ragged K/V is NHD only)
+        if (std::find(layouts.begin(), layouts.end(), c.kv_layout) == layouts.end()) continue;
+        if (stage.unsupported_reason(harness::make_layout(harness::for_stage(c, stage), storage, rng).shape).empty())
+          takes.push_back(c);
+      }
+      ran += test::check_with_runner(
+          stage,
+          [] {
+            hopper::HopperOptions options;
+            options.kv_chunk_size = 128;
+            return std::make_unique<hopper::HopperRunner>(options);
+          },
+          takes, 200, "sinks split");
+    }
   CHECK(ran > 10);
 }
 
