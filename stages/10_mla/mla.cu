@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -279,17 +280,17 @@ void MlaRunner::plan(const MlaShape& shape, void* workspace, size_t workspace_si
   const bool wgmma = std::string(plan.info.kernel) == "wgmma";
   if (shape.dtype == DType::bf16) allow_smem<__nv_bfloat16>(wgmma);
   else allow_smem<__half>(wgmma);
-  auto* ws = static_cast<unsigned char*>(workspace);
+  // The work items and the merge's row offsets sit at the start of the workspace, one after
+  // the other: laid out in pinned memory as there, and copied with one cudaMemcpyAsync that
+  // plan() does not wait for (the staging waits for its previous copy before it is reused).
   const Layout l = layout_of(shape, plan.info);
-  if (!plan.items.empty())
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(ws + l.items, plan.items.data(), plan.items.size() * sizeof(MlaWorkItem),
-                                         cudaMemcpyHostToDevice, stream));
-  if (!plan.o_indptr.empty())
-    FLASHSTEP_CUDA_CHECK(cudaMemcpyAsync(ws + l.o_indptr, plan.o_indptr.data(), plan.o_indptr.size() * sizeof(int32_t),
-                                         cudaMemcpyHostToDevice, stream));
-  // The host vectors die with `plan`: wait for the copies (pageable memory is staged, but
-  // the wait makes that independent of the driver's choice).
-  FLASHSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const size_t items_bytes = plan.items.size() * sizeof(MlaWorkItem);
+  const size_t indptr_bytes = plan.o_indptr.size() * sizeof(int32_t);
+  const size_t bytes = indptr_bytes > 0 ? l.o_indptr + indptr_bytes : items_bytes;
+  uint8_t* staged = staging_.begin(bytes);
+  if (items_bytes) std::memcpy(staged + l.items, plan.items.data(), items_bytes);
+  if (indptr_bytes) std::memcpy(staged + l.o_indptr, plan.o_indptr.data(), indptr_bytes);
+  staging_.upload(workspace, bytes, stream);
   shape_ = shape;
   info_ = plan.info;
   wgmma_ = wgmma;  // once here, not on every run()

@@ -135,7 +135,7 @@ class MlaRunner {
   /// naming the field and "MlaRunner::workspace_bytes" for a shape it cannot run.
   size_t workspace_bytes(const MlaShape& shape) const;
   /// Plans `shape` into `workspace` (device, at least workspace_bytes(shape)); copies the
-  /// schedule on `stream`. Throws ref::InvalidArgument naming the field and "MlaRunner::plan".
+  /// schedule on `stream` from pinned memory, without waiting for the copy. Throws ref::InvalidArgument naming the field and "MlaRunner::plan".
   void plan(const MlaShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream);
   /// Runs the planned batch: the attention kernel, then, when plan() split the keys, stage
   /// 03's merge. Throws ref::InvalidArgument ("MlaRunner::run") without a plan or with a
@@ -151,6 +151,7 @@ class MlaRunner {
   void* workspace_ = nullptr;
   bool planned_ = false;
   int device_ = -1;
+  ScheduleStaging staging_;  ///< the pinned copy of the schedule plan() uploads
 };
 
 }  // namespace flashstep::stages::mla
