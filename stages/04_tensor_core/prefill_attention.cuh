@@ -2,7 +2,8 @@
 /// \brief Stage 04 — prefill/append (and large-group decode) on tensor cores.
 ///
 /// What changed from stage 03: stages 01-03 give each query row its own threads and
-/// compute q.k with scalar FMAs on CUDA cores. That is right for decode (one query per
+/// compute q.k with scalar FMAs on CUDA cores (stage 03's tensor-core decode aside, which
+/// has one query per request). That is right for decode (one query per
 /// request: the kernel waits on memory anyway) but prefill has qo_len queries per request
 /// sharing every key, so it is compute-bound, and CUDA cores give about a sixteenth of what
 /// the tensor cores give. Here a block takes a tile of Br query rows and walks the keys in
