@@ -346,8 +346,7 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.mma = uses_mma(options, shape);
   // The tensor-core kernel: stages of 64 keys of K and V (16 KB FP8, 32 KB 16-bit).
-  const bool fp8 = is_fp8(shape.resolved_kv_dtype());
-  r.num_stages = options.num_stages > 0 ? options.num_stages : !r.mma ? 2 : fp8 ? kFp8MmaStages : kMmaStages;
+  r.num_stages = options.num_stages > 0 ? options.num_stages : r.mma ? kMmaStages : 2;
   r.entry = r.mma ? mma_entry_for(shape.dtype, shape.resolved_kv_dtype()) : entry_for(shape);
   r.smem_bytes = r.entry.smem_bytes(r.num_stages, shape.group_size());
   if (sinks_reason(shape).empty()) {  // a run may bring sinks: the chunk kernel under their policy

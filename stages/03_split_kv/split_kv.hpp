@@ -26,9 +26,8 @@ constexpr int kMaxGroupSize = 8;
 /// Largest page_size it is tested for (any positive page_size works), as stage 02.
 constexpr int kMaxPageSize = 64;
 /// Pipeline depth of the tensor-core kernel (mma_decode.cuh) when SplitKVOptions::num_stages
-/// is 0: over an FP8 cache (16 KB stages of 64 keys), and over K/V in q's dtype (32 KB).
-constexpr int kFp8MmaStages = 2;
-constexpr int kMmaStages = 2;  ///< the same for 16-bit K/V (32 KB stages)
+/// is 0, for an FP8 cache (16 KB stages of 64 keys) as for K/V in q's dtype (32 KB).
+constexpr int kMmaStages = 2;
 /// Smallest page (tokens) on which 16-bit K/V runs the tensor-core kernel (split_kv.cu, uses_mma).
 constexpr int kMmaMinPageSize = 16;
 /// What run() computes with; plan() chooses.

@@ -48,7 +48,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cp_async.cuh"
