@@ -5,7 +5,7 @@ rows on bench/shapes_fp8.csv, measured in the same GPU run, and the FP8 speed go
     python3 bench/reports/fp8_report.py --bench bench.json [--bench more.json] --peers peers.json [--shapes bench/shapes_fp8.csv]
         [--prefill-bench bench_prefill.json [--prefill-shapes bench/shapes_fp8_prefill.csv]]
         [--json results.json] [--markdown table.md]
-    python3 bench/reports/fp8_report.py --chapter docs/results/03_split_kv/<gpu>_fp8_results_<date>_<commit>.json [--check]
+    python3 bench/reports/fp8_report.py --chapter docs/results/fp8/<gpu>_fp8_results_<date>_<commit>.json [--check]
 
 For every FP8 shape (a kv_dtype of e4m3 or e5m2): stage 02's and stage 03's median times,
 the same stage's time on the bf16 pool of the same sizes (the row whose name ends in _bf16
