@@ -17,12 +17,12 @@
 /// each (ty, tz) keeps its own state over its share of the tokens. Copies are mapped
 /// apart from that, so every thread issues the same copies whatever the group size.
 ///
-/// **FP8 K/V.** The pool's element type KV may differ from q's and o's T: an e4m3/e5m2
-/// cache read with fp16/bf16 queries. A 16-byte vector then carries 16 elements, a
-/// thread's whole share of a row, so a tile holds twice the tokens in the same bytes; the
-/// elements are widened to fp32 in registers, as they are read from shared memory.
-/// k_scale is folded into q's scale (load_q), v_scale into the output's normalisation
-/// (SoftmaxState::output), so the scales cost nothing per key.
+/// **The K/V element.** The steps take the pool's element type KV apart from q's and o's
+/// T, and read K and V only as 16-byte vectors (kernels/vec.cuh's Vec16<KV>) widened to
+/// fp32 in registers. Stage 02 runs KV = T; a narrower element packs more of a row into a
+/// vector and nothing else changes (the FP8 cache of stages/fp8/ is that lesson). A
+/// cache's k_scale is folded into q's scale (load_q), its v_scale into the output's
+/// normalisation (SoftmaxState::output), so neither costs anything per key.
 ///
 /// **Policies.** Every step takes a compile-time Policy (kernels/attention_policy.cuh)
 /// and calls its hooks: on_q on each head's q as it is loaded, on_k_tile on each K tile
@@ -159,9 +159,9 @@ __device__ __forceinline__ void load_q(const DecodeThread& th, const T* q_rows, 
                                        const typename Policy::Params& pol = {}, int q_position = 0) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int QVEC = Vec16<T>::kSize;  // q elements per 16-byte vector
-  constexpr int QPV = Tr::VEC / QVEC;    // q vectors per K/V vector: 1, or 2 for fp8 K/V
+  constexpr int QPV = Tr::VEC / QVEC;    // q vectors per K/V vector: 1 when K/V is q's type
   static_assert(Tr::VEC % QVEC == 0, "a K/V vector must span whole q vectors (K/V no wider than q)");
-  // a 16-bit row's slice is eight rotate-half pairs; an FP8 row's (16 contiguous dims) is not
+  // a 16-bit row's slice is eight rotate-half pairs; a narrower K/V's (16 contiguous dims) is not
   const kernels::RowSlice slice{q_position, Tr::NV == 2 && Tr::VEC == 8 ? th.tx * 8 : -1};
 #pragma unroll
   for (int j = 0; j < Tr::HPT; ++j) {
@@ -382,7 +382,7 @@ __device__ __forceinline__ void store_output(const DecodeThread& th,
                                              float* lse, int64_t row) {
   using Tr = DecodeTraits<KV, HEAD_DIM>;
   constexpr int QVEC = Vec16<T>::kSize;  // o elements per 16-byte vector
-  constexpr int QPV = Tr::VEC / QVEC;    // o vectors per K/V vector: 1, or 2 for fp8 K/V
+  constexpr int QPV = Tr::VEC / QVEC;    // o vectors per K/V vector: 1 when K/V is q's type
 #pragma unroll
   for (int v = 0; v < Tr::NV; ++v)
 #pragma unroll

@@ -22,7 +22,7 @@
 namespace flashstep::stages::paged {
 
 /// Arguments of the stage's kernels; raw pointers and sizes only.
-/// \tparam T element type of q and o \tparam KV element type of the pool (T, or FP8)
+/// \tparam T element type of q and o \tparam KV element type of the pool (T in this stage)
 /// \tparam Policy the hooks' policy (kernels/attention_policy.cuh; the identity here)
 template <typename T, typename KV = T, typename Policy = kernels::IdentityPolicy>
 struct PagedDecodeParams {
@@ -57,7 +57,7 @@ constexpr size_t paged_decode_smem_bytes(int num_stages, int bdy, int bdz) {
 /// registers a thread.
 /// \tparam T element type of q and o (float, __half or __nv_bfloat16)
 /// \tparam HEAD_DIM head_dim, D
-/// \tparam KV element type of the pool: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with a 16-bit T
+/// \tparam KV element type of the pool: T in this stage (paged_fp8.cu: an FP8 pool)
 /// \tparam Policy called at the four hooks: on_q, on_k_tile, on_logit, on_state
 /// \param p q (batch_size, num_qo_heads, head_dim), the paged KV view, o (batch_size,
 ///        num_qo_heads, head_dim) and lse (batch_size, num_qo_heads), block shape and scales

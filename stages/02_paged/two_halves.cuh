@@ -144,7 +144,7 @@ __device__ __forceinline__ void merge_and_store(const DecodeThread& th, const He
 /// registers a thread.
 /// \tparam T element type of q and o (float, __half or __nv_bfloat16)
 /// \tparam HEAD_DIM head_dim, D
-/// \tparam KV element type of the pool: T, or __nv_fp8_e4m3 / __nv_fp8_e5m2 with a 16-bit T
+/// \tparam KV element type of the pool: T in this stage (paged_fp8.cu: an FP8 pool)
 /// \param p as for paged_decode_kernel (bdy, bdz: the shape of one half)
 template <typename T, int HEAD_DIM, typename KV = T>
 __global__ void __launch_bounds__(512, 1) paged_decode_two_halves_kernel(const PagedDecodeParams<T, KV> p) {
