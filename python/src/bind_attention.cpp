@@ -104,9 +104,10 @@ void bind_attention(py::module_& m) {
       py::arg("window_left") = -1, py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
       R"doc(Decode attention for one request.
 
-q: (num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) for NHD or
-(num_kv_heads, kv_len, head_dim) for HND. Returns o (num_qo_heads, head_dim), and with
-return_lse=True also lse (num_qo_heads,), natural log. float64 results.
+q: (num_qo_heads, head_dim); k: (kv_len, num_kv_heads, head_dim) for NHD or
+(num_kv_heads, kv_len, head_dim) for HND; v: k's shape but for its last dimension,
+head_dim_vo (which may differ from head_dim). Returns o (num_qo_heads, head_dim_vo), and
+with return_lse=True also lse (num_qo_heads,), natural log. float64 results.
 
 sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 (NaN or an infinity raises ValueError).)doc");
@@ -126,9 +127,11 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
       py::arg("return_lse") = false,
       R"doc(Prefill/append attention for one request.
 
-q: (qo_len, num_qo_heads, head_dim); k, v: (kv_len, num_kv_heads, head_dim) (NHD) or
-(num_kv_heads, kv_len, head_dim) (HND). causal is bottom-right aligned. Returns o
-(qo_len, num_qo_heads, head_dim) [, lse (qo_len, num_qo_heads)].
+q: (qo_len, num_qo_heads, head_dim); k: (kv_len, num_kv_heads, head_dim) (NHD) or
+(num_kv_heads, kv_len, head_dim) (HND); v: k's shape but for its last dimension,
+head_dim_vo (DeepSeek's MLA prefill: head_dim 192, head_dim_vo 128). causal is
+bottom-right aligned. Returns o (qo_len, num_qo_heads, head_dim_vo) [, lse (qo_len,
+num_qo_heads)].
 
 sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 (NaN or an infinity raises ValueError).)doc");
@@ -197,8 +200,9 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
       py::arg("logits_soft_cap") = py::none(), py::arg("return_lse") = false,
       R"doc(Batch prefill over ragged queries and ragged contiguous KV.
 
-q: (qo_indptr[-1], num_qo_heads, head_dim); k, v: (kv_indptr[-1], num_kv_heads, head_dim)
-(NHD) or (num_kv_heads, kv_indptr[-1], head_dim) (HND).
+q: (qo_indptr[-1], num_qo_heads, head_dim); k: (kv_indptr[-1], num_kv_heads, head_dim)
+(NHD) or (num_kv_heads, kv_indptr[-1], head_dim) (HND); v: k's shape but for its last
+dimension, head_dim_vo. Returns o (qo_indptr[-1], num_qo_heads, head_dim_vo) [, lse].
 
 sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 (NaN or an infinity raises ValueError).)doc");

@@ -51,15 +51,18 @@ void check_attention_options(const char* fn, const AttentionOptions& opt) {
 
 namespace {
 
-/// Checks k/v of a single or ragged call against q; returns num_kv_heads.
+/// Checks k/v of a single or ragged call against q; returns num_kv_heads. v may have its own
+/// last dimension, head_dim_vo (DeepSeek's MLA prefill: q and k 192 wide, v 128).
 int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, const Tensor& v, KVLayout layout) {
   check_rank(fn, "k", k, 3);
   check_rank(fn, "v", v, 3);
-  require(k.shape == v.shape, fn,
-          "k and v must have the same shape, got k " + shape_string(k.shape) + " and v " + shape_string(v.shape));
+  require(k.dim(0) == v.dim(0) && k.dim(1) == v.dim(1), fn,
+          "k and v must have the same shape but for the last dimension (head_dim_vo may differ), got k " +
+              shape_string(k.shape) + " and v " + shape_string(v.shape));
   check_dim(fn, "k", k, 2, q.dim(-1), "head_dim, must match q");
   const int64_t num_kv_heads = layout == KVLayout::NHD ? k.dim(1) : k.dim(0);
   check_head_dim(fn, q.dim(-1));
+  require(v.dim(2) > 0, fn, "head_dim_vo (v's last dimension) must be positive, got v " + shape_string(v.shape));
   check_heads(fn, q.dim(-2), num_kv_heads);
   check_finite(fn, "k", k);
   check_finite(fn, "v", v);
@@ -67,7 +70,8 @@ int64_t check_contiguous_kv(const char* fn, const Tensor& q, const Tensor& k, co
 }
 
 /// Attention of one request. Reads q rows [q_row0, q_row0 + qo_len) of q (nnz, Hq, D)
-/// and K/V rows [kv_row0, kv_row0 + kv_len) of k/v; writes the same rows of o and lse.
+/// and K/V rows [kv_row0, kv_row0 + kv_len) of k/v; writes the same rows of o (v's last
+/// dimension wide, head_dim_vo) and lse. The scale's default is 1/sqrt of q's head_dim.
 ///
 /// The queries of a head are taken kBlockRows at a time, so the scores of a block are one
 /// matrix product S = Q_block K^T (and the output one product P V): the same arithmetic
@@ -130,7 +134,7 @@ void attend_request(const Tensor& q, int64_t q_row0, int64_t qo_len, const Tenso
         // o_i = sum_j p_ij v_j / sum_j p_ij  (a row with no visible key stays 0)
         const Matrix out = S * V.topRows(keys);
         for (int64_t i = 0; i < rows; ++i)
-          for (int64_t d = 0; d < head_dim; ++d)
+          for (int64_t d = 0; d < V.cols(); ++d)
             o({q_row0 + i0 + i, h, d}) = denom(i) > 0.0 ? out(i, d) / denom(i) : 0.0;
       }
     }
@@ -239,7 +243,7 @@ AttentionResult single_prefill_with_kv_cache(const Tensor& q, const Tensor& k, c
   check_finite(fn, "q", q);
   check_contiguous_kv(fn, q, k, v, opt.kv_layout);
   const int64_t kv_len = opt.kv_layout == KVLayout::NHD ? k.dim(0) : k.dim(1);
-  AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
+  AttentionResult r{Tensor({q.dim(0), q.dim(1), v.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
   attend_request(q, 0, q.dim(0), k, v, opt.kv_layout, 0, kv_len, opt, r.o, r.lse);
   return r;
 }
@@ -253,9 +257,9 @@ AttentionResult single_decode_with_kv_cache(const Tensor& q, const Tensor& k, co
   Tensor q3({1, q.dim(0), q.dim(1)}, q.data);
   check_contiguous_kv(fn, q3, k, v, opt.kv_layout);
   const int64_t kv_len = opt.kv_layout == KVLayout::NHD ? k.dim(0) : k.dim(1);
-  Tensor o({1, q.dim(0), q.dim(1)}), lse({1, q.dim(0)});
+  Tensor o({1, q.dim(0), v.dim(2)}), lse({1, q.dim(0)});
   attend_request(q3, 0, 1, k, v, opt.kv_layout, 0, kv_len, opt, o, lse);
-  return {Tensor({q.dim(0), q.dim(1)}, std::move(o.data)), Tensor({q.dim(0)}, std::move(lse.data))};
+  return {Tensor({q.dim(0), v.dim(2)}, std::move(o.data)), Tensor({q.dim(0)}, std::move(lse.data))};
 }
 
 AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
@@ -269,7 +273,7 @@ AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q, const std::v
   check_indptr(fn, "qo_indptr", qo_indptr, -1, q.dim(0));
   const int64_t nnz_kv = opt.kv_layout == KVLayout::NHD ? k.dim(0) : k.dim(1);
   check_indptr(fn, "kv_indptr", kv_indptr, static_cast<int64_t>(qo_indptr.size()), nnz_kv);
-  AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
+  AttentionResult r{Tensor({q.dim(0), q.dim(1), v.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
   for (size_t i = 0; i + 1 < qo_indptr.size(); ++i)
     attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, opt.kv_layout, kv_indptr[i],
                    kv_indptr[i + 1] - kv_indptr[i], opt, r.o, r.lse);

@@ -123,6 +123,29 @@ def test_ragged_and_merge(rng):
     np.testing.assert_allclose(sm2, sm, rtol=1e-13)
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_head_dim_vo_differs_from_head_dim(rng, layout):
+    """MLA's prefill shape scaled down: q and k 24 wide, v 16; o is v's width and the
+    default scale is 1/sqrt(24), q's head_dim (numpy's attention as the oracle)."""
+    q = rng.standard_normal((7, 4, 24))
+    k = rng.standard_normal((13, 2, 24))
+    v = rng.standard_normal((13, 2, 16))
+    kv = (lambda t: t.transpose(1, 0, 2).copy()) if layout == "HND" else (lambda t: t)
+    o, lse = flashstep.batch_prefill_with_ragged_kv_cache(
+        q, np.array([0, 3, 7]), kv(k), kv(v), np.array([0, 5, 13]), causal=True, kv_layout=layout, return_lse=True)
+    assert o.shape == (7, 4, 16)
+    for (q0, q1), (k0, k1) in [((0, 3), (0, 5)), ((3, 7), (5, 13))]:
+        o_ref, lse_ref = np_attention(q[q0:q1], k[k0:k1], v[k0:k1], causal=True)
+        np.testing.assert_allclose(o[q0:q1], o_ref, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(lse[q0:q1], lse_ref, rtol=1e-10, atol=1e-12)
+    o1 = flashstep.single_prefill_with_kv_cache(q[3:], kv(k[5:]), kv(v[5:]), causal=True, kv_layout=layout)
+    np.testing.assert_array_equal(o1, o[3:])
+    od = flashstep.single_decode_with_kv_cache(q[6], kv(k[5:]), kv(v[5:]), kv_layout=layout)
+    np.testing.assert_allclose(od, o[6], rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="k and v must have the same shape but for the last dimension"):
+        flashstep.single_prefill_with_kv_cache(q, k, v[:, :1])
+
+
 def test_append_paged_kv_cache_in_place(rng):
     pool = np.full((4, 2, 2, 1, 3), np.nan, np.float32)
     k_new = rng.standard_normal((3, 1, 3)).astype(np.float32)

@@ -114,9 +114,14 @@ TEST_CASE("bad queries, heads and shapes are named") {
   const Tensor q({3, 4, 8}, 0.1), k({7, 2, 8}, 0.2);
   expect_error(
       [&] {
-        ref::single_prefill_with_kv_cache(q, k, Tensor({7, 2, 4}, 0.2));
+        ref::single_prefill_with_kv_cache(q, k, Tensor({7, 3, 8}, 0.2));
       },
-      {sf, "k and v must have the same shape"});
+      {sf, "k and v must have the same shape but for the last dimension"});
+  expect_error(
+      [&] {
+        ref::single_prefill_with_kv_cache(q, k, Tensor({7, 2, 0}));
+      },
+      {sf, "head_dim_vo (v's last dimension) must be positive"});
   expect_error(
       [&] {
         ref::single_prefill_with_kv_cache(q, Tensor({7, 3, 8}, 0.2), Tensor({7, 3, 8}, 0.2));

@@ -126,6 +126,76 @@ TEST_CASE("mla: the absorbed form is ordinary attention over [c ; k_pe] with c a
   CHECK(ref::max_abs_diff(got.lse, want.lse) < 1e-13);
 }
 
+TEST_CASE("mla: the naive form is ragged prefill with head_dim_qk != head_dim_vo (NHD and HND)") {
+  // DeepSeek's prefill runs the naive form as ordinary attention with q and k of
+  // head_dim_nope + rope_dim (192) and v of head_dim_vo (128); here 20 and 10. The oracle
+  // is mla_naive (mla.cpp); the call under test is attention.cpp's ragged prefill, each
+  // head its own kv head (MHA), k = [W_UK[h] c ; k_pe] and v = W_UV[h] c built here.
+  auto rng = test::case_rng("mla naive vs ragged prefill");
+  CAPTURE(test::run_seed());
+  const int64_t heads = 3, batch = 3;
+  const std::vector<int64_t> qo_lens = {4, 1, 6}, kv_lens = {9, 17, 6};
+  const ref::MlaWeights w{test::random_tensor(rng, {heads, kNope, kRank}, -0.5, 0.5),
+                          test::random_tensor(rng, {heads, kVo, kRank}, -0.5, 0.5)};
+  const int64_t nnz_qo = 11, nnz_kv = 32;
+  Tensor q({nnz_qo, heads, kNope + kRope}), k({nnz_kv, heads, kNope + kRope}), v({nnz_kv, heads, kVo});
+  Tensor want_o({nnz_qo, heads, kVo}), want_lse({nnz_qo, heads});
+  std::vector<int32_t> qo_indptr = {0}, kv_indptr = {0};
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t q0 = qo_indptr.back(), k0 = kv_indptr.back(), qn = qo_lens[size_t(b)], kn = kv_lens[size_t(b)];
+    const Tensor q_nope = test::random_tensor(rng, {qn, heads, kNope}, -2, 2);
+    const Tensor q_pe = test::random_tensor(rng, {qn, heads, kRope}, -2, 2);
+    const Tensor ckv = test::random_tensor(rng, {kn, kRank}), kpe = test::random_tensor(rng, {kn, kRope});
+    ref::MlaOptions mopt;
+    mopt.causal = true;
+    const ref::AttentionResult naive = ref::mla_naive(q_nope, q_pe, ckv, kpe, w, mopt);
+    for (int64_t i = 0; i < qn; ++i)
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t d = 0; d < kNope + kRope; ++d)
+          q({q0 + i, h, d}) = d < kNope ? q_nope({i, h, d}) : q_pe({i, h, d - kNope});
+        for (int64_t d = 0; d < kVo; ++d) want_o({q0 + i, h, d}) = naive.o({i, h, d});
+        want_lse({q0 + i, h}) = naive.lse({i, h});
+      }
+    for (int64_t j = 0; j < kn; ++j)
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t d = 0; d < kNope; ++d) {
+          double s = 0;
+          for (int64_t r = 0; r < kRank; ++r) s += w.w_uk({h, d, r}) * ckv({j, r});
+          k({k0 + j, h, d}) = s;
+        }
+        for (int64_t d = 0; d < kRope; ++d) k({k0 + j, h, kNope + d}) = kpe({j, d});
+        for (int64_t d = 0; d < kVo; ++d) {
+          double s = 0;
+          for (int64_t r = 0; r < kRank; ++r) s += w.w_uv({h, d, r}) * ckv({j, r});
+          v({k0 + j, h, d}) = s;
+        }
+      }
+    qo_indptr.push_back(static_cast<int32_t>(q0 + qn));
+    kv_indptr.push_back(static_cast<int32_t>(k0 + kn));
+  }
+  ref::AttentionOptions aopt;
+  aopt.causal = true;  // the scale: 1/sqrt(q's head_dim) = 1/sqrt(head_dim_nope + rope_dim), MLA's
+  const ref::AttentionResult got = ref::batch_prefill_with_ragged_kv_cache(q, qo_indptr, k, v, kv_indptr, aopt);
+  REQUIRE(got.o.shape == want_o.shape);
+  CHECK(ref::max_abs_diff(got.o, want_o) < 1e-12);
+  CHECK(ref::max_abs_diff(got.lse, want_lse) < 1e-12);
+  // HND: the same K and V with heads first
+  Tensor k_hnd({heads, nnz_kv, kNope + kRope}), v_hnd({heads, nnz_kv, kVo});
+  for (int64_t j = 0; j < nnz_kv; ++j)
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < kNope + kRope; ++d) k_hnd({h, j, d}) = k({j, h, d});
+      for (int64_t d = 0; d < kVo; ++d) v_hnd({h, j, d}) = v({j, h, d});
+    }
+  aopt.kv_layout = ref::KVLayout::HND;
+  const ref::AttentionResult hnd = ref::batch_prefill_with_ragged_kv_cache(q, qo_indptr, k_hnd, v_hnd, kv_indptr, aopt);
+  CHECK(ref::max_abs_diff(hnd.o, want_o) < 1e-12);
+  // the check can fail: the scale of v's width (1/sqrt(head_dim_vo)) is not MLA's
+  aopt.kv_layout = ref::KVLayout::NHD;
+  aopt.sm_scale = 1.0 / std::sqrt(static_cast<double>(kVo));
+  const ref::AttentionResult wrong = ref::batch_prefill_with_ragged_kv_cache(q, qo_indptr, k, v, kv_indptr, aopt);
+  CHECK(ref::max_abs_diff(wrong.lse, want_lse) > 1e-6);
+}
+
 TEST_CASE("mla: paged (pages of 1, 3, 16, 64, shuffled), ragged and single calls agree") {
   auto rng = test::case_rng("mla paged ragged");
   CAPTURE(test::run_seed());

@@ -114,18 +114,19 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& cache);
 /// Decode one request: one query token per head against a contiguous KV.
 /// \param q (num_qo_heads, head_dim)
 /// \param k (kv_len, num_kv_heads, head_dim) for NHD, (num_kv_heads, kv_len, head_dim) for HND
-/// \param v same shape as k
+/// \param v k's shape but for the last dimension, head_dim_vo (as single_prefill_with_kv_cache)
 /// \param opt causal is ignored for decode (the one query is the last token)
-/// \return o (num_qo_heads, head_dim), lse (num_qo_heads)
+/// \return o (num_qo_heads, head_dim_vo), lse (num_qo_heads)
 AttentionResult single_decode_with_kv_cache(const Tensor& q, const Tensor& k, const Tensor& v,
                                             const AttentionOptions& opt = {});
 
 /// Prefill/append for one request.
 /// \param q (qo_len, num_qo_heads, head_dim)
 /// \param k (kv_len, num_kv_heads, head_dim) for NHD, (num_kv_heads, kv_len, head_dim) for HND
-/// \param v same shape as k
-/// \param opt mask, scale, window, soft cap and the layout of k and v
-/// \return o (qo_len, num_qo_heads, head_dim), lse (qo_len, num_qo_heads)
+/// \param v k's shape but for the last dimension, head_dim_vo (head_dim, or another width:
+///        DeepSeek's MLA prefill has head_dim 192 and head_dim_vo 128)
+/// \param opt mask, scale (default 1/sqrt(head_dim)), window, soft cap and the layout of k and v
+/// \return o (qo_len, num_qo_heads, head_dim_vo), lse (qo_len, num_qo_heads)
 AttentionResult single_prefill_with_kv_cache(const Tensor& q, const Tensor& k, const Tensor& v,
                                              const AttentionOptions& opt = {});
 
@@ -150,10 +151,10 @@ AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q, const std::ve
 /// \param q (nnz_qo, num_qo_heads, head_dim)
 /// \param qo_indptr (batch_size + 1)
 /// \param k (nnz_kv, num_kv_heads, head_dim) for NHD, (num_kv_heads, nnz_kv, head_dim) for HND
-/// \param v same shape as k
+/// \param v k's shape but for the last dimension, head_dim_vo (as single_prefill_with_kv_cache)
 /// \param kv_indptr (batch_size + 1), kv_indptr[batch_size] == nnz_kv
-/// \param opt mask, scale, window, soft cap and the layout of k and v
-/// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
+/// \param opt mask, scale (default 1/sqrt(head_dim)), window, soft cap and the layout of k and v
+/// \return o (nnz_qo, num_qo_heads, head_dim_vo), lse (nnz_qo, num_qo_heads)
 AttentionResult batch_prefill_with_ragged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
                                                    const Tensor& k, const Tensor& v,
                                                    const std::vector<int32_t>& kv_indptr,
