@@ -2,8 +2,9 @@
 // the launcher and the registry entries.
 //
 // The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
-// and 256 (ragged) and 128 and 256 (paged), each with and without window and soft cap;
-// causal and the KV split are run-time flags. The tensor maps are encoded in run(), where
+// and 256 (ragged) and 128 and 256 (paged), each with and without the window, and with
+// the window under soft_cap/'s and sinks/'s policies; causal and the KV split are
+// run-time flags. The tensor maps are encoded in run(), where
 // the device pointers are known (a few microseconds of host work, captured by value in a
 // CUDA graph; the last few encoded on a thread are reused for the same buffers).
 //
@@ -21,8 +22,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "04_tensor_core/prefill_attention.cuh"  // set_score_transform
-#include "04_tensor_core/tensor_core.hpp"        // kMaxPageSize
+#include "04_tensor_core/tensor_core.hpp"  // kMaxPageSize
 #include "03_split_kv/merge_states.cuh"
 #include "07_hopper/hopper.hpp"
 #include "07_hopper/hopper_attention.cuh"
@@ -30,6 +30,7 @@
 #include "flashstep/kernels/dispatch.cuh"
 #include "flashstep/reference/errors.hpp"
 #include "sinks/sinks.cuh"
+#include "soft_cap/soft_cap.cuh"
 
 namespace flashstep::stages::hopper {
 
@@ -144,7 +145,7 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
          ", nnz_kv " + std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS, typename Policy>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy>
 void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
   const int group = s.group_size();
@@ -181,34 +182,35 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.group_size = group;
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
-  tensor_core::set_score_transform(p, s.resolved_sm_scale(), s.logits_soft_cap);
-  hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS, Policy>
+  p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
+  hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy>
       <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(
-          p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks}));
+          p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap}));
   kernels::check_launch("hopper_attention_kernel");
 }
 
 /// The kernel's dynamic shared-memory limit raised to what it uses (a host call: plan()
 /// makes it, run() does not).
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS, typename Policy>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy>
 void set_smem_limit() {
-  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, MODS, Policy>,
+  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED>::smem_bytes())));
 }
 
-/// Calls f(T{}, head_dim, paged, mods, policy) for the batch's element type, head_dim,
-/// storage, whether it has a window or a soft cap, and whether the run brings sinks: the
-/// middle three as std::integral_constant, the policy as a value of its type (the kernel's
-/// template arguments). A run with sinks takes the kernel under sinks/'s policy, always the
-/// instantiation with the window and the soft cap (gpt-oss's layers slide a window), so
-/// that sinks cost one instantiation per element type and head_dim, not two.
+/// Calls f(T{}, head_dim, paged, window, policy) for the batch's element type, head_dim,
+/// storage, whether it has a window, and the policy its run takes: the middle three as
+/// std::integral_constant, the policy as a value of its type (the kernel's template
+/// arguments). A run with sinks takes the kernel under sinks/'s policy, a capped one under
+/// soft_cap/'s, each always the instantiation with the window (gpt-oss's layers slide a
+/// window beside their sinks, Gemma 2's beside the cap), so that a policy costs one
+/// instantiation per element type and head_dim, not two. Sinks and the cap do not combine.
 template <typename F>
 void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
   auto by_mods = [&](auto t, auto d, auto paged) {
     if (with_sinks) return f(t, d, paged, std::true_type{}, sinks::Sinks{});
-    if (s.window_left >= 0 || s.logits_soft_cap > 0.f)
-      return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{});
+    if (s.logits_soft_cap > 0.f) return f(t, d, paged, std::true_type{}, soft_cap::SoftCap{});
+    if (s.window_left >= 0) return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{});
     return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{});
   };
   auto by_dim = [&](auto t) {
@@ -251,16 +253,19 @@ std::string hopper_unavailable_reason() {
 
 void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cudaStream_t stream) {
   if (l.num_items == 0) return;
-  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto mods, auto policy) {
-    launch<decltype(t), d(), paged(), mods(), decltype(policy)>(shape, l, stream);
+  ref::require(l.sinks == nullptr || shape.logits_soft_cap <= 0.f, "HopperRunner::run",
+               "batch.sinks is given, but sinks and logits_soft_cap do not combine in stage 07 (" + shape.describe() +
+                   ")");
+  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy) {
+    launch<decltype(t), d(), paged(), window(), decltype(policy)>(shape, l, stream);
   });
 }
 
 void prepare_hopper_attention(const BatchShape& shape) {
   // both instantiations a run of this plan may take: with sinks and without
   for (bool with_sinks : {false, true})
-    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto mods, auto policy) {
-      set_smem_limit<decltype(t), d(), paged(), mods(), decltype(policy)>();
+    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto window, auto policy) {
+      set_smem_limit<decltype(t), d(), paged(), window(), decltype(policy)>();
     });
 }
 

@@ -37,8 +37,10 @@
 //   makes the tile's "full" barrier complete when they land.
 //
 // - Policies (kernels/attention_policy.cuh): the kernel takes a compile-time Policy and calls
-//   its on_state hook on each row's finished (m, l) before the epilogue normalises it. The
-//   lesson runs the identity; attention sinks (stages/sinks/) are a policy of their own.
+//   its on_logit hook on each score tile (only a policy that transforms logits, such as
+//   stages/soft_cap/'s, gets the scores scaled first) and its on_state hook on each row's
+//   finished (m, l) before the epilogue normalises it. The lesson runs the identity; the
+//   soft cap and attention sinks (stages/sinks/) are policies of their own.
 //
 // What it still does badly: every block starts from an empty pipeline (one block per
 // (work item, kv head), not a persistent grid); the output is written from registers
@@ -109,15 +111,10 @@ struct HopperParams {
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
   int num_qo_heads = 0;
   int num_kv_heads = 0;
-  int group_size = 1;    ///< Hq / Hkv, divides Br: the packed rows of a token
-  bool causal = false;   ///< bottom-right aligned
-  int window_left = -1;  ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
-  // the score transform, as stage 04's: without a cap score_scale = sm_scale * log2(e)
-  // turns q.k into base-2 logits; with one, s -> cap_post * tanh(s * cap_pre) does
-  float score_scale = 0.f;  ///< sm_scale * log2(e); 1 with a soft cap
-  float cap_pre = 0.f;      ///< soft cap only: sm_scale / cap
-  float cap_post = 0.f;     ///< soft cap only: cap * log2(e)
-  bool soft_cap = false;
+  int group_size = 1;       ///< Hq / Hkv, divides Br: the packed rows of a token
+  bool causal = false;      ///< bottom-right aligned
+  int window_left = -1;     ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
+  float score_scale = 0.f;  ///< sm_scale * log2(e): q.k to a base-2 logit
   // the KV split (kv_chunk_size > 0): work item i reads chunk kv_chunk_indices[i] and
   // writes fp32 partial states, which stage 03's merge kernel (or stage 05's) folds
   const int32_t* kv_chunk_indices = nullptr;  ///< (num_items)
@@ -273,13 +270,6 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int c
             (WINDOW && window_left >= 0 && key < q_pos[h] - window_left))
           sc[4 * n + 2 * h + e] = -INFINITY;
       }
-}
-
-/// The soft cap, s -> cap_post * tanh(s * cap_pre): base-2 logits bounded by the cap.
-template <int Bc>
-__device__ __forceinline__ void soft_cap_scores(float (&sc)[Bc / 2], float cap_pre, float cap_post) {
-#pragma unroll
-  for (int i = 0; i < Bc / 2; ++i) sc[i] = tanhf(sc[i] * cap_pre) * cap_post;
 }
 
 /// The online softmax on one tile of scores, in base 2, without touching O (which the
@@ -538,23 +528,31 @@ struct RowState {
   }
 };
 
-/// The scores of tile j as P: the soft cap (MODS), the masks where some (row, key) of the
-/// tile is hidden (past the chunk, across the causal diagonal: keys after the first row's
-/// position; below the window: keys before the last row's position - window_left), then
-/// the online softmax, leaving O's rescale factors in alpha.
-template <int Bc, bool MODS>
-__device__ __forceinline__ void softmax_tile(const HopperParams& p, const Tile& t, int j, float (&sc)[Bc / 2],
-                                             float (&m)[2], float (&l)[2], float (&alpha)[2], const int (&q_pos)[2],
-                                             int lane) {
+/// The scores of tile j as P: the policy's logits (a policy that transforms them, such as
+/// the soft cap, sees base-2 logits: the scale comes first), the masks where some (row,
+/// key) of the tile is hidden (past the chunk, across the causal diagonal: keys after the
+/// first row's position; below the window: keys before the last row's position -
+/// window_left), then the online softmax, leaving O's rescale factors in alpha. Under the
+/// identity the scale stays folded into the softmax's FFMA.
+template <int Bc, bool WINDOW, typename Policy>
+__device__ __forceinline__ void softmax_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
+                                             int j, float (&sc)[Bc / 2], float (&m)[2], float (&l)[2],
+                                             float (&alpha)[2], const int (&q_pos)[2], int lane) {
   const int key0 = t.key_begin + j * Bc;
-  if constexpr (MODS) {
-    if (p.soft_cap) soft_cap_scores<Bc>(sc, p.cap_pre, p.cap_post);
+  float scale = p.score_scale;
+  if constexpr (Policy::kTransformsLogits) {
+#pragma unroll
+    for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)  // c0, c1: row g; c2, c3: row g + 8; columns 2 (lane % 4) + i % 2
+        sc[4 * n + i] = Policy::on_logit(pol, sc[4 * n + i] * p.score_scale, key0 + 8 * n + 2 * (lane % 4) + i % 2);
+    scale = 1.f;
   }
-  const bool window = MODS && p.window_left >= 0;
+  const bool window = WINDOW && p.window_left >= 0;
   if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
       (window && key0 < t.last_pos - p.window_left))
-    mask_scores<Bc, MODS>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
-  online_softmax<Bc>(sc, m, l, alpha, p.score_scale);
+    mask_scores<Bc, WINDOW>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
+  online_softmax<Bc>(sc, m, l, alpha, scale);
 }
 
 /// A consumer warp group's main loop over the tile's keys, for its 64 rows: one turn per
@@ -565,8 +563,8 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const Tile& 
 /// 0), since both touch registers it still uses. Turn 0 has no P V yet, and a last turn
 /// issues P_{n-1} V_{n-1} alone; both are peeled, so each turn's wgmma are one straight run
 /// of instructions.
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS>
-__device__ __forceinline__ void consume(const HopperParams& p, const Tile& t,
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy>
+__device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED>& smem, const Turns& turns,
                                         const int (&q_pos)[2], int lane, RowState<HEAD_DIM>& st) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
@@ -590,8 +588,8 @@ __device__ __forceinline__ void consume(const HopperParams& p, const Tile& t,
     turns.pass();
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(0));                 // this warp is done reading K_0
-    softmax_tile<Bc, MODS>(p, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero: nothing to rescale
+    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(0));  // this warp is done reading K_0
+    softmax_tile<Bc, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
     pack_p<T, Bc>(sc, a);
     k_read.advance();
   }
@@ -608,7 +606,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const Tile& t,
     wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_j
-    softmax_tile<Bc, MODS>(p, t, j, sc, st.m, st.l, alpha, q_pos, lane);
+    softmax_tile<Bc, WINDOW, Policy>(p, pol, t, j, sc, st.m, st.l, alpha, q_pos, lane);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
@@ -674,14 +672,15 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const typename
 
 }  // namespace detail
 
-/// MODS: the batch has a window or a soft cap. A separate instantiation, so that the
-/// common kernel carries no code for them: run-time branches around them cost the causal
-/// kernel 1-7% on an H100 (the compiler duplicated the loop for the soft cap).
+/// WINDOW: the batch has a sliding window. A separate instantiation, so that the common
+/// kernel carries no code for it: run-time branches around the window and the soft cap
+/// cost the causal kernel 1-7% on an H100 (the compiler duplicated the loop for the cap,
+/// which is now soft_cap/'s policy).
 ///
 /// The block: warp group 0 produces (detail::produce), warp groups 1 and 2 consume
 /// (detail::consume: rows 0..63 and 64..127 of the tile) and write their rows
-/// (detail::store_tile), through Policy's on_state (pol: its parameters).
-template <typename T, int HEAD_DIM, bool PAGED, bool MODS, typename Policy = kernels::IdentityPolicy>
+/// (detail::store_tile), through Policy's on_logit and on_state (pol: its parameters).
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy = kernels::IdentityPolicy>
 __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ HopperParams p, const typename Policy::Params pol) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -723,7 +722,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   }
   detail::RowState<HEAD_DIM> st;
   st.init();
-  detail::consume<T, HEAD_DIM, PAGED, MODS>(p, t, smem, detail::Turns{consumer, solo}, q_pos, lane, st);
+  detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy>(p, pol, t, smem, detail::Turns{consumer, solo}, q_pos, lane, st);
   detail::store_tile<T, HEAD_DIM, Policy>(p, pol, t, kv_head, row, lane, st);
 #endif
 }

@@ -4,9 +4,9 @@
 /// leaves (-c, c) (Gemma 2 caps its attention logits at 50; FlashInfer's
 /// `logits_soft_cap`). The chapter (README.md) says why a cap and why here.
 ///
-/// One hook: on_logit, on each base-2 score s2 = s log2(e) of the decode loop. In base 2 the
-/// cap is c2 = c log2(e), and c tanh(s / c) log2(e) = c2 tanh(s2 / c2), so the hook needs no
-/// conversion back and forth. The kernel masks keys after the hook, so a masked key stays
+/// One hook: on_logit, on each base-2 score s2 = s log2(e) (stage 03's decode loop, stage
+/// 07's score tiles). In base 2 the cap is c2 = c log2(e), and c tanh(s / c) log2(e) =
+/// c2 tanh(s2 / c2), so the hook needs no conversion back and forth. The kernel masks keys after the hook, so a masked key stays
 /// -inf whatever the cap.
 #pragma once
 
@@ -19,6 +19,7 @@ namespace flashstep::stages::soft_cap {
 
 /// The policy: the identity's hooks but one.
 struct SoftCap : kernels::IdentityPolicy {
+  static constexpr bool kTransformsLogits = true;  ///< on_logit changes every score
   /// What the hook reads at run time.
   struct Params {
     float cap2 = 0.f;      ///< c log2(e): the cap in base-2 units

@@ -124,6 +124,29 @@ TEST_CASE("sinks: 03_split_kv's run refuses the shapes its sinks policy is not b
   }
 }
 
+TEST_CASE("sinks: 07_hopper's run refuses sinks with a soft cap (one policy a run), by name") {
+  if (!hopper::hopper_unavailable_reason().empty()) return;  // stage 07 runs on Hopper only
+  using namespace stages::harness;
+  CaseSpec spec;
+  spec.mode = Mode::prefill;
+  spec.dtype = DType::bf16;
+  spec.batch_size = 2;
+  spec.qo_len = 5;
+  spec.kv_len = 40;
+  spec.causal = true;
+  spec.sinks = true;
+  spec.logits_soft_cap = 30.0;
+  const StageInfo stage = hopper::ragged_stage_info();
+  const HostCase host = build_case(for_stage(spec, stage), stage.storage, 7);
+  DeviceCase dev(host);
+  std::unique_ptr<StageRunner> runner = stage.make_runner();
+  DeviceBuffer ws(runner->workspace_bytes(host.layout.shape));
+  runner->plan(host.layout.shape, ws.get(), ws.bytes(), nullptr);
+  CHECK_THROWS_WITH_AS(runner->run(dev.batch(), nullptr),
+                       doctest::Contains("sinks and logits_soft_cap do not combine in stage 07"), ref::InvalidArgument);
+  CHECK_THROWS_WITH_AS(runner->run(dev.batch(), nullptr), doctest::Contains("HopperRunner::run"), ref::InvalidArgument);
+}
+
 TEST_CASE("sinks: small cases of each stage that takes them (the sanitizer subset)") {
   using namespace stages::harness;
   std::vector<CaseSpec> cases;

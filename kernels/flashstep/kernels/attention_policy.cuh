@@ -16,7 +16,7 @@
 ///                  landed (collective)
 ///     on_k_tile    on a K tile in shared memory once it has        RoPE in the loads
 ///                  landed (collective)
-///     on_logit     on every base-2 score before the softmax        the logits soft cap (decode)
+///     on_logit     on every base-2 score before the softmax        the logits soft cap
 ///     on_state     on a head's finished state (m2, d) before it    attention sinks
 ///                  is normalised; returns the factor for its o
 ///
@@ -98,6 +98,9 @@ struct IdentityPolicy {
   };
   /// Whether on_q_tile and on_k_tile write the tile (the kernel then waits for every thread).
   static constexpr bool kTouchesTiles = false;
+  /// Whether on_logit changes a score. A kernel that folds the scale into its softmax
+  /// (stage 07's one FFMA per score) scales the scores and calls on_logit only then.
+  static constexpr bool kTransformsLogits = false;
 
   /// \param q the thread's N dims of one query head, fp32, not yet scaled
   template <typename T, int N, typename P>
