@@ -99,16 +99,9 @@ Entry kernel_entry() {
     launch_prefill_attention<T, Format, Policy>(p, HEAD_DIM, a.schedule->num_items(), stream,
                                                 Policy::Params::from(a.policy));
     if (a.schedule->kv_chunk_size == 0) return;
-    split_kv::MergeStatesParams<T> mp;
-    mp.partial_o = p.partial_o;
-    mp.partial_lse = p.partial_lse;
-    mp.o_indptr = p.partial_indptr;
-    mp.o = p.o;
-    mp.lse = p.lse;
-    mp.num_qo_heads = s.num_qo_heads;
-    const dim3 grid(s.num_qo_heads, static_cast<unsigned>(s.nnz_qo()));
-    split_kv::merge_states_kernel<T, HEAD_DIM><<<grid, split_kv::kMergeThreads, 0, stream>>>(mp);
-    kernels::check_launch("merge_states_kernel");
+    // stage 03's merge, one block per (query head, query token): a token's chunks by their lse
+    split_kv::launch_merge<T, HEAD_DIM>(p.partial_o, p.partial_lse, p.partial_indptr, p.o, p.lse, s.num_qo_heads,
+                                        static_cast<int>(s.nnz_qo()), false, stream);
   };
   return e;
 }

@@ -397,16 +397,8 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   // stage 03's merge: each query row's chunks folded by their lse
   dispatch(shape_, false, [&](auto t, auto d, auto, auto, auto) {
     using T = decltype(t);
-    split_kv::MergeStatesParams<T> mp;
-    mp.partial_o = l.partial_o;
-    mp.partial_lse = l.partial_lse;
-    mp.o_indptr = l.partial_indptr;
-    mp.o = static_cast<T*>(batch.o);
-    mp.lse = batch.lse;
-    mp.num_qo_heads = shape_.num_qo_heads;
-    const dim3 grid(shape_.num_qo_heads, static_cast<unsigned>(shape_.nnz_qo()));
-    split_kv::merge_states_kernel<T, d()><<<grid, split_kv::kMergeThreads, 0, stream>>>(mp);
-    kernels::check_launch("merge_states_kernel");
+    split_kv::launch_merge<T, d()>(l.partial_o, l.partial_lse, l.partial_indptr, static_cast<T*>(batch.o), batch.lse,
+                                   shape_.num_qo_heads, static_cast<int>(shape_.nnz_qo()), false, stream);
   });
 }
 
