@@ -359,23 +359,38 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
 /// TMA copy per (page, 64-column block) instead of the gather. A page's rows land at a
 /// multiple of 8 rows, a whole number of 1024-byte swizzle atoms, so the copy engine's
 /// 128-byte swizzle puts every chunk where the tile-wide layout expects it. Lane b of the
-/// producer's first warp looks up page b of the tile and issues its copies: the lookups
-/// run in parallel, not one after another in one thread.
+/// producer's first warp copies page b of the tile (its rows key0 + b tma_rows ..), whose
+/// pool page and slot `find_page_box` looked up.
+struct PageBox {
+  int32_t page;  ///< the pool page of the lane's rows, -1: the lane copies nothing
+  int32_t slot;  ///< the first row's slot in that page
+};
+
+/// Lane b's page of the tile starting at key0 (-1 for lanes past the tile's pages). The
+/// producer looks it up a tile ahead of the copies, so that the load of kv_indices, a
+/// round trip to memory, is not waited for between a buffer coming free and its refill.
+template <int Bc>
+__device__ __forceinline__ PageBox find_page_box(const HopperParams& p, const Tile& t, int key0, int lane) {
+  PageBox box{-1, 0};
+  if (lane < Bc / p.tma_rows) {
+    uint32_t page_iter, slot;
+    p.kv.page_size.divmod(static_cast<uint32_t>(key0 + lane * p.tma_rows), page_iter, slot);
+    box.page = p.kv.kv_indices[t.kv_begin + page_iter];
+    box.slot = static_cast<int32_t>(slot);
+  }
+  return box;
+}
+
 template <int HEAD_DIM, int Bc>
-__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const Tile& t, int key0,
+__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const PageBox& box,
                                            int kv_head, int is_v, int lane, uint64_t* full) {
   namespace ptx = cuda::ptx;
-  const int boxes = Bc / p.tma_rows;
-  if (lane < boxes) {
-    const int key = key0 + lane * p.tma_rows;
-    uint32_t page_iter, slot;
-    p.kv.page_size.divmod(static_cast<uint32_t>(key), page_iter, slot);
-    const int32_t page = p.kv.kv_indices[t.kv_begin + page_iter];
+  if (box.page >= 0) {
     // the map's dims 1 and 2: (head, slot) for NHD, (slot, head) for HND
-    const int32_t dim1 = p.hnd ? int32_t(slot) : kv_head, dim2 = p.hnd ? kv_head : int32_t(slot);
+    const int32_t dim1 = p.hnd ? box.slot : kv_head, dim2 = p.hnd ? kv_head : box.slot;
 #pragma unroll
     for (int c = 0; c < HEAD_DIM / 64; ++c) {
-      const int32_t coords[5] = {c * 64, dim1, dim2, is_v, page};
+      const int32_t coords[5] = {c * 64, dim1, dim2, is_v, box.page};
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * 128 + lane * p.tma_rows * 128,
                                 &p.kv_map, coords, full);
     }
@@ -440,30 +455,40 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
                                 smem.q_full());
     }
   }
+  // A tile wholly inside the request, starting on a page boundary, in pages of a
+  // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes,
+  // every other thread arrives once). Otherwise (the request's last tile, whose keys past
+  // kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers, its copies
+  // counting one arrival when they have landed.
+  const auto by_page = [&](int key0) {
+    return PAGED && p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
+  };
+  PageBox next{-1, 0};  // the first warp's pages of the next tile copied by page
+  if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && by_page(t.key_begin))
+    next = find_page_box<Bc>(p, t, t.key_begin, threadIdx.x);
   PipelineState<Tr::kStages> write;
   for (int j = 0; j < t.num_kv_tiles; ++j, write.advance()) {
     const int s = write.index;
     const bool refill = j >= Tr::kStages;  // the buffer held tile j - kStages: wait until it is free
     if constexpr (PAGED) {
-      // A tile wholly inside the request, starting on a page boundary, in pages of a
-      // multiple of 8 tokens: the TMA, one copy per page (thread 0 announces the bytes,
-      // every other thread arrives once). Otherwise (the request's last tile, whose keys
-      // past kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers, its
-      // copies counting one arrival when they have landed.
       const int key0 = t.key_begin + j * Bc;
-      const bool by_page = p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
+      const bool this_by_page = by_page(key0);
+      const PageBox box = next;
+      // the next tile's pages, loaded now and used one tile later
+      if (threadIdx.x < 32 && j + 1 < t.num_kv_tiles && by_page(key0 + Bc))
+        next = find_page_box<Bc>(p, t, key0 + Bc, threadIdx.x);
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
         unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? smem.v(s) : smem.k(s));
         if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
-        if (by_page) {
+        if (this_by_page) {
           if (threadIdx.x == 0)
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                            uint32_t{Tr::kKVBytes});
           else ptx::mbarrier_arrive(full);
           if (threadIdx.x < 32) {
             __syncwarp();  // the bytes are announced before any copy can land
-            copy_pages<HEAD_DIM, Bc>(tile, p, t, key0, kv_head, is_v, threadIdx.x, full);
+            copy_pages<HEAD_DIM, Bc>(tile, p, box, kv_head, is_v, threadIdx.x, full);
           }
         } else {
           gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, is_v, threadIdx.x);
