@@ -382,8 +382,8 @@ __device__ __forceinline__ PageBox find_page_box(const HopperParams& p, const Ti
 }
 
 template <int HEAD_DIM, int Bc>
-__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const PageBox& box,
-                                           int kv_head, int is_v, int lane, uint64_t* full) {
+__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const PageBox& box, int kv_head,
+                                           int is_v, int lane, uint64_t* full) {
   namespace ptx = cuda::ptx;
   if (box.page >= 0) {
     // the map's dims 1 and 2: (head, slot) for NHD, (slot, head) for HND
