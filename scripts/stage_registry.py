@@ -31,7 +31,7 @@ class RegistryError(Exception):
 # ---- the StageInfo fields the capabilities line shows, with stage.hpp's defaults ------------
 
 DEFAULTS = {"name": "", "summary": "", "modes": [], "storage": "paged", "dtypes": [], "kv_dtypes": [],
-            "head_dims": [], "kv_layouts": [], "max_page_size": 0, "max_group_size": 0, "causal": False,
+            "head_dims": [], "head_dim_pairs": [], "kv_layouts": [], "max_page_size": 0, "max_group_size": 0, "causal": False,
             "window_left": False, "logits_soft_cap": False, "sinks": False, "needs_host_page_table": False,
             "pos_encodings": ["none"], "rope_rounds_to_dtype": False, "cuda_graph": False, "rules": False}
 # Fields that take a runner or a function: their value is code, not data (rules: whether set).
@@ -45,6 +45,7 @@ def capabilities(e):
     if e["kv_dtypes"]:
         s += "; FP8 K/V" + "".join(" " + d for d in e["kv_dtypes"]) + " (k_scale, v_scale)"
     s += "; head_dim" + "".join(f" {d}" for d in e["head_dims"])
+    s += "".join(f" {qk}/{vo}" for qk, vo in e["head_dim_pairs"])
     s += "; layouts" + "".join(" " + l for l in e["kv_layouts"])
     s += f"; GQA groups 1..{e['max_group_size']}"
     if e["storage"] == "paged":
@@ -229,6 +230,9 @@ def _value(expr, field, bindings, folder, src, where):
     m = re.fullmatch(r"(?:\w+::)?KVStorage::(\w+)", expr)
     if m:
         return m.group(1)
+    m = re.fullmatch(r"\{((?:\{\d+, \d+\}(?:, )?)*)\}", expr)
+    if m and field == "head_dim_pairs":  # {{192, 128}, ...}: (head_dim, head_dim_vo) pairs
+        return [[int(a), int(b)] for a, b in re.findall(r"\{(\d+), (\d+)\}", m.group(1))]
     if expr.startswith("{") and expr.endswith("}"):
         items = [x.strip() for x in expr[1:-1].split(",") if x.strip()]
         values = []

@@ -177,6 +177,7 @@ std::string BatchShape::describe() const {
   if (k_scale != 1.f || v_scale != 1.f) s << " k_scale=" << k_scale << " v_scale=" << v_scale;
   s << ' ' << ref::to_string(kv_layout) << " batch=" << batch_size << " heads=" << num_qo_heads << '/' << num_kv_heads
     << " head_dim=" << head_dim;
+  if (resolved_head_dim_vo() != head_dim) s << " head_dim_vo=" << head_dim_vo;
   if (storage == KVStorage::paged) s << " page=" << page_size;
   if (mode == Mode::prefill) s << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
@@ -240,8 +241,16 @@ std::string StageInfo::unsupported_reason(const BatchShape& shape) const {
   if (shape.storage != storage) return name + " reads " + to_string(storage) + " KV, not " + to_string(shape.storage);
   if (!supports(shape.dtype)) return name + " is not built for dtype " + to_string(shape.dtype);
   if (const std::string kv = kv_dtype_reason(shape); !kv.empty()) return kv;
-  if (!contains(head_dims, shape.head_dim))
+  if (shape.head_dim_vo < 0)
+    return "head_dim_vo must be 0 (as head_dim) or positive, got " + std::to_string(shape.head_dim_vo);
+  if (shape.resolved_head_dim_vo() != shape.head_dim) {
+    if (!contains(head_dim_pairs, std::pair<int, int>{shape.head_dim, shape.head_dim_vo}))
+      return name + " is not built for head_dim " + std::to_string(shape.head_dim) + " with head_dim_vo " +
+             std::to_string(shape.head_dim_vo) +
+             (head_dim_pairs.empty() ? std::string(" (v and o as wide as q and k only)") : std::string());
+  } else if (!contains(head_dims, shape.head_dim)) {
     return name + " is not built for head_dim " + std::to_string(shape.head_dim);
+  }
   if (!contains(kv_layouts, shape.kv_layout))
     return name + " does not read the " + ref::to_string(shape.kv_layout) + " layout";
   if (shape.num_kv_heads <= 0 || shape.num_qo_heads % shape.num_kv_heads != 0)
@@ -277,6 +286,7 @@ std::string StageInfo::capabilities() const {
   }
   s << "; head_dim";
   for (int d : head_dims) s << ' ' << d;
+  for (const auto& [qk, vo] : head_dim_pairs) s << ' ' << qk << '/' << vo;
   s << "; layouts";
   for (KVLayout l : kv_layouts) s << ' ' << ref::to_string(l);
   s << "; GQA groups 1.." << max_group_size;

@@ -81,12 +81,16 @@ struct BatchShape {
   int batch_size = 0;                  ///< requests in the batch
   int num_qo_heads = 0;                ///< query (and output) heads, Hq
   int num_kv_heads = 0;                ///< key/value heads, Hkv; divides num_qo_heads (GQA)
-  int head_dim = 0;                    ///< elements per head, D
-  int page_size = 0;                   ///< paged only: tokens per page
-  int64_t num_pages = 0;               ///< paged only: pages in the pool
-  bool causal = false;                 ///< prefill only; bottom-right aligned
-  int window_left = -1;                ///< keep the last window_left + 1 keys of each query's causal range; -1 = off
-  float logits_soft_cap = 0.f;         ///< c > 0: scores s -> c * tanh(s / c) before the softmax; 0 = off
+  int head_dim = 0;                    ///< elements per head of q and k, D
+  /// Elements per head of v and o when they differ from head_dim (DeepSeek's MLA prefill:
+  /// head_dim 192, head_dim_vo 128; FlashInfer's `head_dim_vo`). 0 (the default):
+  /// head_dim. Stages read it through resolved_head_dim_vo().
+  int head_dim_vo = 0;
+  int page_size = 0;            ///< paged only: tokens per page
+  int64_t num_pages = 0;        ///< paged only: pages in the pool
+  bool causal = false;          ///< prefill only; bottom-right aligned
+  int window_left = -1;         ///< keep the last window_left + 1 keys of each query's causal range; -1 = off
+  float logits_soft_cap = 0.f;  ///< c > 0: scores s -> c * tanh(s / c) before the softmax; 0 = off
   /// Softmax scale applied to q.k. Not given (the default): 1/sqrt(head_dim). Stages
   /// read it through resolved_sm_scale(); a given value must be positive and finite.
   std::optional<float> sm_scale;
@@ -121,6 +125,8 @@ struct BatchShape {
   float resolved_sm_scale() const;
   /// The element type of K and V: kv_dtype when given, else dtype.
   DType resolved_kv_dtype() const { return kv_dtype.value_or(dtype); }
+  /// Elements per head of v and o: head_dim_vo when given, else head_dim.
+  int resolved_head_dim_vo() const { return head_dim_vo > 0 ? head_dim_vo : head_dim; }
   /// Query heads per kv head (GQA group size).
   int group_size() const { return num_kv_heads > 0 ? num_qo_heads / num_kv_heads : 0; }
   /// One line, e.g. "decode paged bf16 NHD batch=16 heads=32/8 head_dim=128 page=16".
@@ -139,9 +145,9 @@ struct DeviceBatch {
   const int32_t* kv_last_page_len = nullptr;  ///< (batch_size)
   // ragged storage
   const void* k = nullptr;  ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
-  const void* v = nullptr;  ///< (nnz_kv, num_kv_heads, head_dim), NHD, kv dtype
+  const void* v = nullptr;  ///< (nnz_kv, num_kv_heads, head_dim_vo), NHD, kv dtype
   // outputs
-  void* o = nullptr;     ///< (nnz_qo, num_qo_heads, head_dim), dtype
+  void* o = nullptr;     ///< (nnz_qo, num_qo_heads, head_dim_vo), dtype
   float* lse = nullptr;  ///< (nnz_qo, num_qo_heads), natural log
   // scales of this run (FlashInfer's run(k_scale=, v_scale=))
   /// Attention reads k * k_scale in this run; 0 (the default): BatchShape::k_scale, the
@@ -312,7 +318,10 @@ struct StageInfo {
   /// FP8 K/V types it reads with fp16/bf16 q and o (e4m3, e5m2), applying k_scale and
   /// v_scale; empty: K/V in q's dtype only, and both scales must be 1.
   std::vector<DType> kv_dtypes;
-  std::vector<int> head_dims;        ///< head_dim values it is built for
+  std::vector<int> head_dims;  ///< head_dim values it is built for (v and o as wide)
+  /// (head_dim, head_dim_vo) pairs of unequal widths it is also built for (MLA's prefill,
+  /// (192, 128)); empty: v and o as wide as q and k only.
+  std::vector<std::pair<int, int>> head_dim_pairs;
   std::vector<KVLayout> kv_layouts;  ///< page (or ragged) layouts it reads
   int max_page_size = 0;             ///< paged only: largest page_size it accepts
   int max_group_size = 0;            ///< largest num_qo_heads / num_kv_heads

@@ -3,8 +3,8 @@
 //
 // The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
 // and 256 (ragged) and 128 and 256 (paged), each with and without the window, and with
-// the window under soft_cap/'s and sinks/'s policies; causal and the KV split are
-// run-time flags. The tensor maps are encoded in run(), where
+// the window under soft_cap/'s and sinks/'s policies; and, ragged, for MLA's prefill (q
+// and k 192 wide, v and o 128) without them. Causal and the KV split are run-time flags. The tensor maps are encoded in run(), where
 // the device pointers are known (a few microseconds of host work, captured by value in a
 // CUDA graph; the last few encoded on a thread are reused for the same buffers).
 //
@@ -41,6 +41,8 @@ constexpr int kBr = 128;  // HopperTraits::Br
 /// The query box is (64, group, 128 / group): a token's group rows never straddle a tile.
 std::string tile_rule(const std::string& name, const BatchShape& shape) {
   if (kBr % shape.group_size() != 0) return name + " needs a GQA group that divides 128";
+  if (shape.resolved_head_dim_vo() != shape.head_dim && (shape.window_left >= 0 || shape.logits_soft_cap > 0.f))
+    return name + " runs head_dim_vo != head_dim (MLA's prefill) without window_left and logits_soft_cap";
   return std::string();
 }
 
@@ -145,9 +147,9 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
          ", nnz_kv " + std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   const int group = s.group_size();
   HopperParams p;
   p.q_map = make_map(l.q, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM, group, Tr::Br / group);
@@ -164,7 +166,7 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
     }
   } else {
     p.k_map = make_map(l.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
-    p.v_map = make_map(l.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
+    p.v_map = make_map(l.v, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM_VO, 1, Tr::Bc);
     p.kv_indptr = l.kv_indptr;
   }
   p.qo_indptr = l.qo_indptr;
@@ -183,7 +185,7 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
   p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
-  hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy>
+  hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>
       <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(
           p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap}));
   kernels::check_launch("hopper_attention_kernel");
@@ -191,31 +193,38 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
 
 /// The kernel's dynamic shared-memory limit raised to what it uses (a host call: plan()
 /// makes it, run() does not).
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 void set_smem_limit() {
-  FLASHSTEP_CUDA_CHECK(cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED>::smem_bytes())));
+  FLASHSTEP_CUDA_CHECK(
+      cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::smem_bytes())));
 }
 
-/// Calls f(T{}, head_dim, paged, window, policy) for the batch's element type, head_dim,
-/// storage, whether it has a window, and the policy its run takes: the middle three as
-/// std::integral_constant, the policy as a value of its type (the kernel's template
-/// arguments). A run with sinks takes the kernel under sinks/'s policy, a capped one under
-/// soft_cap/'s, each always the instantiation with the window (gpt-oss's layers slide a
-/// window beside their sinks, Gemma 2's beside the cap), so that a policy costs one
-/// instantiation per element type and head_dim, not two. Sinks and the cap do not combine.
+/// Calls f(T{}, head_dim, paged, window, policy, head_dim_vo) for the batch's element
+/// type, head_dim, storage, whether it has a window, the policy its run takes and v's
+/// width: all but T and the policy as std::integral_constant, the policy as a value of its
+/// type (the kernel's template arguments). A run with sinks takes the kernel under
+/// sinks/'s policy, a capped one under soft_cap/'s, each always the instantiation with the
+/// window (gpt-oss's layers slide a window beside their sinks, Gemma 2's beside the cap),
+/// so that a policy costs one instantiation per element type and head_dim, not two. Sinks
+/// and the cap do not combine. MLA's prefill (head_dim 192, head_dim_vo 128, ragged) is
+/// built plain only: the entry's rules refuse a window or a cap with it, run() sinks.
 template <typename F>
 void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
   auto by_mods = [&](auto t, auto d, auto paged) {
-    if (with_sinks) return f(t, d, paged, std::true_type{}, sinks::Sinks{});
-    if (s.logits_soft_cap > 0.f) return f(t, d, paged, std::true_type{}, soft_cap::SoftCap{});
-    if (s.window_left >= 0) return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{});
-    return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{});
+    if (with_sinks) return f(t, d, paged, std::true_type{}, sinks::Sinks{}, d);
+    if (s.logits_soft_cap > 0.f) return f(t, d, paged, std::true_type{}, soft_cap::SoftCap{}, d);
+    if (s.window_left >= 0) return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{}, d);
+    return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{}, d);
   };
   auto by_dim = [&](auto t) {
     // over pages head_dim 128 and 256 (stage_info() says why not 64)
     const bool ragged = s.storage == KVStorage::ragged;
+    if (s.head_dim == 192 && s.resolved_head_dim_vo() == 128 && ragged)
+      return f(t, std::integral_constant<int, 192>{}, std::false_type{}, std::false_type{}, kernels::IdentityPolicy{},
+               std::integral_constant<int, 128>{});
+    ref::require(s.resolved_head_dim_vo() == s.head_dim, "HopperRunner", "no kernel for " + s.describe());
     if (s.head_dim == 64 && ragged) return by_mods(t, std::integral_constant<int, 64>{}, std::false_type{});
     if (s.head_dim == 128 && ragged) return by_mods(t, std::integral_constant<int, 128>{}, std::false_type{});
     if (s.head_dim == 256 && ragged) return by_mods(t, std::integral_constant<int, 256>{}, std::false_type{});
@@ -256,16 +265,19 @@ void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cud
   ref::require(l.sinks == nullptr || shape.logits_soft_cap <= 0.f, "HopperRunner::run",
                "batch.sinks is given, but sinks and logits_soft_cap do not combine in stage 07 (" + shape.describe() +
                    ")");
-  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy) {
-    launch<decltype(t), d(), paged(), window(), decltype(policy)>(shape, l, stream);
+  ref::require(l.sinks == nullptr || shape.resolved_head_dim_vo() == shape.head_dim, "HopperRunner::run",
+               "batch.sinks is given, but stage 07 runs head_dim_vo != head_dim without sinks (" + shape.describe() +
+                   ")");
+  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy, auto vo) {
+    launch<decltype(t), d(), paged(), window(), decltype(policy), vo()>(shape, l, stream);
   });
 }
 
 void prepare_hopper_attention(const BatchShape& shape) {
   // both instantiations a run of this plan may take: with sinks and without
   for (bool with_sinks : {false, true})
-    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto window, auto policy) {
-      set_smem_limit<decltype(t), d(), paged(), window(), decltype(policy)>();
+    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto window, auto policy, auto vo) {
+      set_smem_limit<decltype(t), d(), paged(), window(), decltype(policy), vo()>();
     });
 }
 
@@ -348,7 +360,7 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
 }
 
 size_t HopperRunner::workspace_bytes(const BatchShape& shape) const {
-  return tensor_core::layout_of(make_schedule(shape), shape.num_qo_heads, shape.head_dim).bytes;
+  return tensor_core::layout_of(make_schedule(shape), shape.num_qo_heads, shape.resolved_head_dim_vo()).bytes;
 }
 
 void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
@@ -356,7 +368,8 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   const std::string gpu = hopper_unavailable_reason();
   ref::require(gpu.empty(), fn, gpu);
   Schedule sched = make_schedule(shape);
-  const tensor_core::WorkspaceLayout w = tensor_core::layout_of(sched, shape.num_qo_heads, shape.head_dim);
+  const tensor_core::WorkspaceLayout w = tensor_core::layout_of(sched, shape.num_qo_heads,
+                                                                shape.resolved_head_dim_vo());
   captured_.check_plan(fn, launch_of(sched, shape));
   ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
@@ -371,7 +384,8 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   captured_.on_run(stream, [&] { return launch_of(schedule_, shape_); });
   if (schedule_.num_items() == 0) return;
-  const tensor_core::WorkspaceLayout w = tensor_core::layout_of(schedule_, shape_.num_qo_heads, shape_.head_dim);
+  const tensor_core::WorkspaceLayout w = tensor_core::layout_of(schedule_, shape_.num_qo_heads,
+                                                                shape_.resolved_head_dim_vo());
   HopperLaunch l;
   l.q = batch.q;
   l.k = batch.k;
@@ -395,10 +409,10 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   launch_hopper_attention(shape_, l, stream);
   if (schedule_.kv_chunk_size == 0 || shape_.nnz_qo() == 0) return;
   // stage 03's merge: each query row's chunks folded by their lse
-  dispatch(shape_, false, [&](auto t, auto d, auto, auto, auto) {
+  dispatch(shape_, false, [&](auto t, auto, auto, auto, auto, auto vo) {
     using T = decltype(t);
-    split_kv::launch_merge<T, d()>(l.partial_o, l.partial_lse, l.partial_indptr, static_cast<T*>(batch.o), batch.lse,
-                                   shape_.num_qo_heads, static_cast<int>(shape_.nnz_qo()), false, stream);
+    split_kv::launch_merge<T, vo()>(l.partial_o, l.partial_lse, l.partial_indptr, static_cast<T*>(batch.o), batch.lse,
+                                    shape_.num_qo_heads, static_cast<int>(shape_.nnz_qo()), false, stream);
   });
 }
 
@@ -459,6 +473,9 @@ StageInfo ragged_stage_info() {
   StageInfo s = common_info("07_hopper_ragged");
   s.summary = "prefill on Hopper: TMA into 128-byte swizzled tiles, wgmma, a producer and two consumer warp groups";
   s.storage = KVStorage::ragged;
+  // MLA's prefill, the naive form: q and k of head_dim_nope + rope_dim = 192, v and o of
+  // head_dim_vo = 128 (DeepSeek-V2/V3); K and V tiles of their own widths in the ring
+  s.head_dim_pairs = {{192, 128}};
   s.kv_layouts = {KVLayout::NHD};
   s.make_runner = [] { return std::make_unique<HopperRunner>(); };
   return s;

@@ -63,8 +63,9 @@
 
 namespace flashstep::stages::hopper {
 
-/// Tile sizes and the shared-memory plan of one instantiation.
-template <typename T, int HEAD_DIM, bool PAGED = false>
+/// Tile sizes and the shared-memory plan of one instantiation: q and k HEAD_DIM wide, v
+/// and o HEAD_DIM_VO (the same, but for MLA's prefill: 192 and 128).
+template <typename T, int HEAD_DIM, bool PAGED = false, int HEAD_DIM_VO = HEAD_DIM>
 struct HopperTraits {
   static constexpr int Br = 128;  ///< packed query rows per block: 64 per consumer warp group
   /// keys per K/V tile. head_dim 256 takes 64: a 128 x 256 tile is 64 KiB, and Q plus two
@@ -82,11 +83,14 @@ struct HopperTraits {
   static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
-  static constexpr uint32_t kKVBytes = Bc * HEAD_DIM * sizeof(T);  ///< one K (or V) tile
+  static constexpr uint32_t kKBytes = Bc * HEAD_DIM * sizeof(T);     ///< one K tile
+  static constexpr uint32_t kVBytes = Bc * HEAD_DIM_VO * sizeof(T);  ///< one V tile
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
-  static constexpr uint32_t kBarrierOffset = kQBytes + 2 * kStages * kKVBytes;
+  static constexpr uint32_t kBarrierOffset = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
-  static_assert(HEAD_DIM % kBlockCols == 0, "head_dim must be a multiple of 64");
+  static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
+                "head_dim and head_dim_vo must be multiples of 64");
+  static_assert(!PAGED || HEAD_DIM_VO == HEAD_DIM, "a page pool holds K and V of one width");
 };
 
 /// What the kernel reads. The tensor maps describe q (nnz_qo, Hq, D) and, over ragged
@@ -107,7 +111,7 @@ struct HopperParams {
   const int32_t* kv_indptr = nullptr;        ///< ragged: (batch_size + 1) token offsets
   const int32_t* request_indices = nullptr;  ///< (num_items): request of work item i
   const int32_t* qo_tile_indices = nullptr;  ///< (num_items): query tile of work item i
-  void* o = nullptr;                         ///< (nnz_qo, Hq, D), T
+  void* o = nullptr;                         ///< (nnz_qo, Hq, D_vo), T
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
   int num_qo_heads = 0;
   int num_kv_heads = 0;
@@ -120,7 +124,7 @@ struct HopperParams {
   const int32_t* kv_chunk_indices = nullptr;  ///< (num_items)
   int kv_chunk_size = 0;                      ///< keys per chunk; 0: no split
   const int32_t* partial_indptr = nullptr;    ///< (nnz_qo + 1): query token t's partial rows
-  float* partial_o = nullptr;                 ///< (partial rows, Hq, D)
+  float* partial_o = nullptr;                 ///< (partial rows, Hq, D_vo)
   float* partial_lse = nullptr;               ///< (partial rows, Hq), natural log
 };
 
@@ -400,16 +404,18 @@ __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperPara
 /// The block's shared memory: the Q tile, kStages K and V tiles, and the mbarriers that
 /// hand each of them over (laid out as HopperTraits says, 1024-byte aligned: the 128-byte
 /// swizzle repeats every 1024 bytes).
-template <typename T, int HEAD_DIM, bool PAGED>
+template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO = HEAD_DIM>
 struct HopperSmem {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   unsigned char* base;
   __device__ __forceinline__ T* q() const { return reinterpret_cast<T*>(base); }
   __device__ __forceinline__ T* k(int s) const {
-    return reinterpret_cast<T*>(base + Tr::kQBytes + 2 * s * Tr::kKVBytes);
+    // s * (kKBytes + kVBytes), written so that equal widths compile to the instructions
+    // they had before V got a width of its own
+    return reinterpret_cast<T*>(base + Tr::kQBytes + 2 * s * Tr::kKBytes + s * (int(Tr::kVBytes) - int(Tr::kKBytes)));
   }
   __device__ __forceinline__ T* v(int s) const {
-    return reinterpret_cast<T*>(base + Tr::kQBytes + (2 * s + 1) * Tr::kKVBytes);
+    return reinterpret_cast<T*>(base + Tr::kQBytes + (2 * s + 1) * Tr::kKBytes + s * (int(Tr::kVBytes) - int(Tr::kKBytes)));
   }
   __device__ __forceinline__ uint64_t* q_full() const { return reinterpret_cast<uint64_t*>(base + Tr::kBarrierOffset); }
   /// [kStages] a K (V) tile has landed
@@ -438,10 +444,10 @@ struct HopperSmem {
 /// every tile into buffer j % kStages, each once the consumers freed it (K_j - kStages
 /// after its S, V_j - kStages after its P V, one turn later). One thread issues the TMA
 /// copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
-template <typename T, int HEAD_DIM, bool PAGED>
+template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
-                                        const HopperSmem<T, HEAD_DIM, PAGED>& smem, int kv_head) {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head) {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   if (!PAGED && threadIdx.x != 0) return;
   if (threadIdx.x == 0) {
@@ -484,7 +490,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
         if (this_by_page) {
           if (threadIdx.x == 0)
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                           uint32_t{Tr::kKVBytes});
+                                           uint32_t{Tr::kKBytes});  // (paged: K and V tiles alike)
           else ptx::mbarrier_arrive(full);
           if (threadIdx.x < 32) {
             __syncwarp();  // the bytes are announced before any copy can land
@@ -502,8 +508,8 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
         T* tile = is_v ? smem.v(s) : smem.k(s);
         if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                       uint32_t{Tr::kKVBytes});
-        for (int c = 0; c < Tr::kColBlocks; ++c) {
+                                       is_v ? uint32_t{Tr::kVBytes} : uint32_t{Tr::kKBytes});
+        for (int c = 0; c < (is_v ? HEAD_DIM_VO : HEAD_DIM) / kCols; ++c) {
           const int32_t coords[3] = {c * kCols, kv_head, key0};
           ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * kCols,
                                     is_v ? &p.v_map : &p.k_map, coords, full);
@@ -518,9 +524,10 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
 /// has landed (after the landing, so its arrivals keep the barriers' phases). (Measured on
 /// an H100 against consumer 1 walking the turns idle: MQA decode b1 x 16384 446 -> 477 GB/s,
 /// prefill unchanged.)
-template <typename T, int HEAD_DIM, bool PAGED>
-__device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED>& smem, int lane) {
-  PipelineState<HopperTraits<T, HEAD_DIM, PAGED>::kStages> read;
+template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
+__device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem,
+                                              int lane) {
+  PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages> read;
   for (int j = 0; j < t.num_kv_tiles; ++j, read.advance()) {
     wait_barrier(smem.k_full(read.index), read.phase);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(read.index));
@@ -588,11 +595,11 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typena
 /// 0), since both touch registers it still uses. Turn 0 has no P V yet, and a last turn
 /// issues P_{n-1} V_{n-1} alone; both are peeled, so each turn's wgmma are one straight run
 /// of instructions.
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 __device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
-                                        const HopperSmem<T, HEAD_DIM, PAGED>& smem, const Turns& turns,
-                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM>& st) {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, const Turns& turns,
+                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st) {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   const int n_tiles = t.num_kv_tiles;
   float sc[Bc / 2];        // S_j, then P_j
@@ -625,7 +632,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_fence();
     issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
     wgmma_commit();
-    issue_pv<T, HEAD_DIM, Bc>(st.o, a, smem.v(v_read.index));
+    issue_pv<T, HEAD_DIM_VO, Bc>(st.o, a, smem.v(v_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
@@ -635,14 +642,14 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
-    rescale_output<HEAD_DIM>(st.o, alpha);
+    rescale_output<HEAD_DIM_VO>(st.o, alpha);
     pack_p<T, Bc>(sc, a);
   }
   if (n_tiles > 0) {
     wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
     turns.wait();
     wgmma_fence();
-    issue_pv<T, HEAD_DIM, Bc>(st.o, a, smem.v(v_read.index));
+    issue_pv<T, HEAD_DIM_VO, Bc>(st.o, a, smem.v(v_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<0>();
@@ -656,10 +663,12 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
 /// lse, or after a split to this chunk's fp32 partial row (a row that saw no key: O = 0,
 /// lse = -inf, which the merge weighs as nothing). Written from the accumulator fragments.
 /// Each row's (m, l) passes through Policy::on_state first (a sink's term, added by the
-/// chunk that starts at key 0 only), which returns the factor for the row's O.
-template <typename T, int HEAD_DIM, typename Policy>
+/// chunk that starts at key 0 only), which returns the factor for the row's O. o's rows
+/// are HEAD_DIM_VO wide (v's width).
+template <typename T, int HEAD_DIM_VO, typename Policy>
 __device__ __forceinline__ void store_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
-                                           int kv_head, const int (&row)[2], int lane, const RowState<HEAD_DIM>& st) {
+                                           int kv_head, const int (&row)[2], int lane,
+                                           const RowState<HEAD_DIM_VO>& st) {
   T* out = static_cast<T*>(p.o);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -675,9 +684,9 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const typename
     const float inv = sum > 0.f ? factor / sum : 0.f;
     const float lse = sum > 0.f ? (m2 + log2f(sum)) * 0.69314718055994531f : -INFINITY;
     if (p.kv_chunk_size == 0) {
-      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM;
+      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM_VO;
 #pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n) {
+      for (int n = 0; n < HEAD_DIM_VO / 8; ++n) {
         const int col = 8 * n + 2 * (lane % 4);
         *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(st.o[4 * n + 2 * h] * inv,
                                                                       st.o[4 * n + 2 * h + 1] * inv);
@@ -685,9 +694,9 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const typename
       if (lane % 4 == 0) p.lse[int64_t(token) * p.num_qo_heads + head] = lse;
     } else {
       const int64_t prow = int64_t(p.partial_indptr[token] + t.chunk) * p.num_qo_heads + head;
-      float* o_row = p.partial_o + prow * HEAD_DIM;
+      float* o_row = p.partial_o + prow * HEAD_DIM_VO;
 #pragma unroll
-      for (int n = 0; n < HEAD_DIM / 8; ++n)
+      for (int n = 0; n < HEAD_DIM_VO / 8; ++n)
         *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) = make_float2(st.o[4 * n + 2 * h] * inv,
                                                                                  st.o[4 * n + 2 * h + 1] * inv);
       if (lane % 4 == 0) p.partial_lse[prow] = lse;
@@ -705,13 +714,15 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const typename
 /// The block: warp group 0 produces (detail::produce), warp groups 1 and 2 consume
 /// (detail::consume: rows 0..63 and 64..127 of the tile) and write their rows
 /// (detail::store_tile), through Policy's on_logit and on_state (pol: its parameters).
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy = kernels::IdentityPolicy>
-__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
+/// HEAD_DIM_VO: v's and o's width, HEAD_DIM (q's and k's) but for MLA's prefill (192 / 128).
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy = kernels::IdentityPolicy,
+          int HEAD_DIM_VO = HEAD_DIM>
+__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ HopperParams p, const typename Policy::Params pol) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   extern __shared__ unsigned char smem_raw[];
-  const detail::HopperSmem<T, HEAD_DIM, PAGED> smem{
+  const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO> smem{
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
   const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
@@ -723,7 +734,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   if (warp_group == 0) {
     // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));
-    detail::produce<T, HEAD_DIM, PAGED>(p, t, smem, kv_head);
+    detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, kv_head);
     return;
   }
 
@@ -734,7 +745,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
   // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
   const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
   if (solo && consumer == 1) {
-    detail::release_tiles<T, HEAD_DIM, PAGED>(t, smem, lane);
+    detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane);
     return;
   }
   // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
@@ -745,10 +756,11 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED>::kThreads, 1)
     row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
     q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
   }
-  detail::RowState<HEAD_DIM> st;
+  detail::RowState<HEAD_DIM_VO> st;
   st.init();
-  detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy>(p, pol, t, smem, detail::Turns{consumer, solo}, q_pos, lane, st);
-  detail::store_tile<T, HEAD_DIM, Policy>(p, pol, t, kv_head, row, lane, st);
+  detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
+                                                                   q_pos, lane, st);
+  detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, kv_head, row, lane, st);
 #endif
 }
 

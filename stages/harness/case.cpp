@@ -37,8 +37,9 @@ std::string CaseSpec::describe() const {
   if (mode == Mode::prefill) s << " qo_len=" << qo_len << (causal ? " causal" : " non-causal");
   if (window_left >= 0) s << " window_left=" << window_left;
   if (logits_soft_cap > 0) s << " soft_cap=" << logits_soft_cap;
-  s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim << " page=" << page_size << ' '
-    << to_string(lengths) << ' ' << to_string(page_order);
+  s << " heads=" << num_qo_heads << '/' << num_kv_heads << " head_dim=" << head_dim;
+  if (head_dim_vo > 0 && head_dim_vo != head_dim) s << " head_dim_vo=" << head_dim_vo;
+  s << " page=" << page_size << ' ' << to_string(lengths) << ' ' << to_string(page_order);
   if (shared_prefix > 0) s << " shared_prefix=" << shared_prefix;
   if (group_prefix > 0) s << " group_prefix=" << group_prefix << 'x' << prefix_groups;
   if (pos_encoding != PosEncoding::none)
@@ -70,6 +71,9 @@ void check_spec(const CaseSpec& spec, KVStorage storage) {
   ref::require(spec.kv_len >= 1, fn, "kv_len must be >= 1 (got " + std::to_string(spec.kv_len) + ")");
   ref::require(spec.qo_len >= 1, fn, "qo_len must be >= 1 (got " + std::to_string(spec.qo_len) + ")");
   ref::require(spec.head_dim >= 1, fn, "head_dim must be >= 1");
+  ref::require(spec.head_dim_vo >= 0, fn, "head_dim_vo must be 0 (head_dim) or positive");
+  ref::require(spec.head_dim_vo == 0 || spec.head_dim_vo == spec.head_dim || storage == KVStorage::ragged, fn,
+               "head_dim_vo != head_dim is built for ragged K/V only (a paged pool holds K and V of one width)");
   ref::check_heads(fn, spec.num_qo_heads, spec.num_kv_heads);
   ref::require(storage != KVStorage::paged || spec.page_size >= 1, fn,
                "page_size must be >= 1 (got " + std::to_string(spec.page_size) + ")");
@@ -140,6 +144,7 @@ CaseLayout make_layout(const CaseSpec& spec, KVStorage storage, std::mt19937_64&
   s.num_qo_heads = spec.num_qo_heads;
   s.num_kv_heads = spec.num_kv_heads;
   s.head_dim = spec.head_dim;
+  s.head_dim_vo = spec.head_dim_vo == spec.head_dim ? 0 : spec.head_dim_vo;
   s.causal = spec.mode == Mode::prefill && spec.causal;
   s.window_left = spec.window_left;
   s.logits_soft_cap = static_cast<float>(spec.logits_soft_cap);
@@ -248,7 +253,7 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   const ref::KVScales scales{s.k_scale, s.v_scale};
   const bool unscaled = scales.k_scale == 1.0 && scales.v_scale == 1.0;
   ref::Tensor k = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, kv_dtype, scales.k_scale);
-  ref::Tensor v = random_rounded(rng, {nnz_kv, H, D}, -1.0, 1.0, kv_dtype, scales.v_scale);
+  ref::Tensor v = random_rounded(rng, {nnz_kv, H, s.resolved_head_dim_vo()}, -1.0, 1.0, kv_dtype, scales.v_scale);
   // A page held by several requests (a shared prefix) holds one set of rows: every
   // holder's rows of that page become a copy of its first holder's, before the answer.
   if (storage == KVStorage::paged) {

@@ -47,7 +47,8 @@ struct CaseSpec {
   LengthPolicy lengths = LengthPolicy::ragged;  ///< how the other requests' lengths are drawn
   int num_qo_heads = 32;                        ///< query heads, Hq
   int num_kv_heads = 8;                         ///< kv heads, Hkv; Hq / Hkv is the GQA group size
-  int head_dim = 128;                           ///< elements per head, D
+  int head_dim = 128;                           ///< elements per head of q and k, D
+  int head_dim_vo = 0;                          ///< of v and o when they differ (ragged only); 0: head_dim
   int page_size = 16;                           ///< paged storage only
   bool causal = false;                          ///< prefill only
   int window_left = -1;                         ///< keep the last window_left + 1 keys of each query's range; -1 = off
@@ -123,7 +124,7 @@ struct HostCase {
   ref::PagedKVCache paged;
   /// \var k
   /// ragged storage: the keys, (nnz_kv, num_kv_heads, head_dim), NHD, stored values as in `paged`
-  ref::Tensor k, v;               ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim), NHD
+  ref::Tensor k, v;               ///< ragged storage: the values, (nnz_kv, num_kv_heads, head_dim[_vo]), NHD
   ref::AttentionResult expected;  ///< the reference's o (nnz_qo, Hq, D) and lse (nnz_qo, Hq)
   std::vector<float> sinks;       ///< spec.sinks: (num_qo_heads) natural-log sink logits; else empty
 };

@@ -608,6 +608,34 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
   return cases;
 }
 
+/// MLA's prefill shape (DeepSeek-V3's naive form: q and k 192 wide, 128 + 64 rotary; v
+/// and o 128), ragged: causal and not, the 128-row query tile's tails, keys past the
+/// queries, an empty request; MHA as DeepSeek runs it, and a GQA group of 4.
+inline std::vector<CaseSpec> mla_prefill_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  const Heads heads[] = {{16, 16}, {8, 8}, {16, 4}};
+  for (int qo_len : {1, 65, 129, 300})
+    for (int kv_extra : {0, 190})
+      for (bool causal : {false, true}) {
+        CaseSpec c;
+        c.mode = Mode::prefill;
+        c.batch_size = n % 3 == 0 ? 1 : 4;
+        c.qo_len = qo_len;
+        c.kv_len = qo_len + kv_extra;
+        c.num_qo_heads = heads[n % 3].qo;
+        c.num_kv_heads = heads[n % 3].kv;
+        c.head_dim = 192;
+        c.head_dim_vo = 128;
+        c.dtype = n % 2 ? DType::f16 : DType::bf16;
+        c.causal = causal;
+        c.lengths = n % 4 == 0 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
 /// One long request (4096 causal and not, 16384 and 32768 causal): many K/V ring wraps
 /// and query tiles; and a batch of more units than multiprocessors.
 inline std::vector<CaseSpec> hopper_long_grid() {

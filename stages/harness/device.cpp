@@ -68,7 +68,7 @@ DeviceCase::DeviceCase(const HostCase& host) : dtype_(host.layout.shape.dtype) {
     v_ = upload(encode(kv_dtype, host.v.data));
   }
   const size_t rows = static_cast<size_t>(s.nnz_qo()) * static_cast<size_t>(s.num_qo_heads);
-  o_ = DeviceBuffer(rows * static_cast<size_t>(s.head_dim) * elem);
+  o_ = DeviceBuffer(rows * static_cast<size_t>(s.resolved_head_dim_vo()) * elem);
   lse_ = DeviceBuffer(rows * sizeof(float));
 
   batch_.q = q_.get();

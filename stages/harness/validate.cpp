@@ -49,7 +49,8 @@ ValidationReport compare_outputs(const std::string& stage, const HostCase& host,
   r.case_text = host.spec.describe();
   r.seed = host.seed;
   const DTypeTolerance& tol = tolerance_for(shape.dtype, shape.resolved_kv_dtype());
-  r.o = compare("o", o, host.expected.o.data, tol.o, output_label(shape.qo_indptr, shape.num_qo_heads, shape.head_dim));
+  r.o = compare("o", o, host.expected.o.data, tol.o,
+                output_label(shape.qo_indptr, shape.num_qo_heads, shape.resolved_head_dim_vo()));
   r.lse = compare("lse", lse, host.expected.lse.data, tol.lse, lse_label(shape.qo_indptr, shape.num_qo_heads));
   r.passed = r.o.passed && r.lse.passed;
   return r;

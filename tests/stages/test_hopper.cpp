@@ -80,6 +80,25 @@ TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by st
   CHECK(ran > 20);
 }
 
+TEST_CASE("07_hopper_ragged: MLA's prefill, head_dim 192 with head_dim_vo 128, causal and not, whole and split") {
+  if (!hopper_runs_here()) return;
+  // the reference: ragged prefill with v narrower than q and k (attention.cpp), itself held
+  // to ref::mla_naive in tests/reference/test_mla.cpp; every other case split in chunks of
+  // 128 keys, so the merge runs at o's width
+  using namespace stages::harness;
+  int n = 0, ran = 0;
+  for (const CaseSpec& spec : grids::mla_prefill_grid()) {
+    hopper::HopperOptions opt;
+    opt.kv_chunk_size = n++ % 2 ? 128 : 0;
+    const StageInfo stage = with_options(find_stage("07_hopper_ragged"), opt);
+    const uint64_t seed = case_seed(test::run_seed(), "mla prefill " + spec.describe());
+    const ValidationReport r = validate(stage, spec, seed);
+    ++ran;
+    CHECK_MESSAGE(r.passed, "chunk " << opt.kv_chunk_size << ": " << r.message());
+  }
+  CHECK(ran == 16);
+}
+
 TEST_SUITE("host") {
 TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   const StageInfo& stage = find_stage("07_hopper_ragged");
@@ -103,6 +122,61 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   s.dtype = DType::bf16;
   s.kv_dtype = DType::e4m3;
   CHECK(!stage.unsupported_reason(s).empty());
+}
+
+TEST_CASE("07_hopper: head_dim_vo other than head_dim: MLA's 192 / 128 on ragged K/V only, plain, named") {
+  BatchShape s;
+  s.mode = Mode::prefill;
+  s.storage = KVStorage::ragged;
+  s.dtype = DType::bf16;
+  s.batch_size = 1;
+  s.num_qo_heads = 16;
+  s.num_kv_heads = 16;
+  s.head_dim = 192;
+  s.head_dim_vo = 128;
+  s.causal = true;
+  s.qo_indptr = {0, 5};
+  s.kv_indptr = {0, 9};
+  const StageInfo ragged = hopper::ragged_stage_info();
+  const std::string gpu = hopper::hopper_unavailable_reason();
+  CHECK(ragged.unsupported_reason(s) == gpu);  // built for it: only the GPU may refuse
+  CHECK(s.describe().find("head_dim=192 head_dim_vo=128") != std::string::npos);
+  CHECK(ragged.capabilities().find("192/128") != std::string::npos);
+  s.window_left = 16;
+  CHECK(ragged.unsupported_reason(s).find("without window_left and logits_soft_cap") != std::string::npos);
+  s.window_left = -1;
+  s.logits_soft_cap = 30.f;
+  CHECK(ragged.unsupported_reason(s).find("without window_left and logits_soft_cap") != std::string::npos);
+  s.logits_soft_cap = 0.f;
+  s.head_dim_vo = 64;
+  CHECK(ragged.unsupported_reason(s).find("head_dim 192 with head_dim_vo 64") != std::string::npos);
+  s.head_dim_vo = -1;
+  CHECK(ragged.unsupported_reason(s).find("head_dim_vo must be 0") != std::string::npos);
+  // the other entries take v and o as wide as q and k only, and say so
+  s.head_dim_vo = 128;
+  for (const StageInfo& stage : registry()) {
+    if (stage.name == "07_hopper_ragged") continue;
+    BatchShape t = s;
+    t.storage = stage.storage;
+    if (!stage.supports(Mode::prefill)) {
+      t.mode = Mode::decode;
+      t.qo_indptr = {0, 1};
+    }
+    if (t.storage == KVStorage::paged) {
+      t.page_size = 16;
+      t.kv_indptr = {0, 1};
+      t.kv_last_page_len = {9};
+    }
+    CAPTURE(stage.name);
+    const std::string why = stage.unsupported_reason(t);
+    CHECK(!why.empty());
+    if (stage.supports(t.dtype)) CHECK(why.find("head_dim 192 with head_dim_vo 128") != std::string::npos);
+  }
+  s.storage = KVStorage::paged;
+  s.page_size = 16;
+  s.kv_indptr = {0, 1};
+  s.kv_last_page_len = {9};
+  CHECK(hopper::stage_info().unsupported_reason(s).find("v and o as wide as q and k only") != std::string::npos);
 }
 
 TEST_CASE(
