@@ -123,6 +123,10 @@ st::BatchShape to_shape(const fs_shape* s, const char* function) {
   b.num_qo_heads = s->num_qo_heads;
   b.num_kv_heads = s->num_kv_heads;
   b.head_dim = s->head_dim;
+  require_lazy(s->head_dim_vo >= 0, [&] {
+    return fn + ": head_dim_vo must be 0 (head_dim) or >= 1, got " + std::to_string(s->head_dim_vo);
+  });
+  b.head_dim_vo = s->head_dim_vo == s->head_dim ? 0 : s->head_dim_vo;
   b.page_size = s->page_size;
   b.num_pages = s->num_pages;
   b.causal = s->causal != 0;

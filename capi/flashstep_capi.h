@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 9
+#define FLASHSTEP_CAPI_VERSION 10
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -68,6 +68,9 @@ typedef struct fs_shape {
   /// cache, read by the stages that list it in their capabilities; q and o stay in
   /// dtype). 0 or dtype: K/V in dtype.
   int32_t kv_dtype;
+  /// Elements per head of v and o when they differ from head_dim (MLA's prefill: head_dim
+  /// 192, head_dim_vo 128; FlashInfer's head_dim_vo). 0: head_dim.
+  int32_t head_dim_vo;
 } fs_shape;
 
 /// Device pointers of one run (flashstep::stages::DeviceBatch).
@@ -79,8 +82,8 @@ typedef struct fs_batch {
   const int32_t* kv_indices;  ///< paged: (kv_indptr[batch_size])
   const int32_t* kv_last_page_len;  ///< paged: (batch_size)
   const void* k;                    ///< ragged: (nnz_kv, Hkv, D)
-  const void* v;                    ///< ragged: (nnz_kv, Hkv, D)
-  void* o;                          ///< (nnz_qo, num_qo_heads, head_dim)
+  const void* v;                    ///< ragged: (nnz_kv, Hkv, head_dim_vo)
+  void* o;                          ///< (nnz_qo, num_qo_heads, head_dim_vo)
   float* lse;                       ///< (nnz_qo, num_qo_heads), natural log
   /// Attention reads k * k_scale and v * v_scale (FlashInfer's run() arguments for an FP8
   /// cache); 0 means 1. They are arguments of this run's launch (DeviceBatch's scales):

@@ -36,7 +36,7 @@ class _Shape(ctypes.Structure):
         ("logits_soft_cap", ctypes.c_double),
         ("qo_indptr", ctypes.c_void_p), ("kv_indptr", ctypes.c_void_p),
         ("kv_last_page_len", ctypes.c_void_p),
-        ("cuda_graph", ctypes.c_int32), ("kv_dtype", ctypes.c_int32),
+        ("cuda_graph", ctypes.c_int32), ("kv_dtype", ctypes.c_int32), ("head_dim_vo", ctypes.c_int32),
     ]
 
 
@@ -138,7 +138,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 9
+EXPECTED_VERSION = 10
 
 _lib = None
 

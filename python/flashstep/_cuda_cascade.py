@@ -115,6 +115,7 @@ class MultiLevelCascadeAttentionWrapper(PlanRun):
                                                                    shape.head_dim, shape.page_size)
         p.max_page = max_page
         p.q_shape, p.lse_shape = (nnz_qo, shape.num_qo_heads, shape.head_dim), (nnz_qo, shape.num_qo_heads)
+        p.head_dim_vo, p.o_shape = shape.head_dim, p.q_shape
         _planned_options(p, shape)
         p.set_batch(_capi.Batch())  # the stage keeps its index arrays in its workspace
         self._planned = p

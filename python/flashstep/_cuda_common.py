@@ -341,6 +341,18 @@ def _unsupported_run_args(fn, args, kwargs):
         raise ValueError(f"{fn}: argument {key}={value!r} is not supported")
 
 
+def _head_dim_vo(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
+    """head_dim_vo as the plan takes it (None: as head_dim_qk); custom masks refused. Which
+    (head_dim_qk, head_dim_vo) pairs run is the registry's to say (StageInfo::head_dim_pairs)."""
+    if custom_mask is not None or packed_custom_mask is not None:
+        raise ValueError(f"{fn}: custom masks are not supported")
+    if head_dim_vo is None or head_dim_vo == head_dim_qk:
+        return None
+    if isinstance(head_dim_vo, bool) or not isinstance(head_dim_vo, int) or head_dim_vo < 1:
+        raise ValueError(f"{fn}: head_dim_vo must be a positive integer or None; got {head_dim_vo!r}")
+    return head_dim_vo
+
+
 def _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
         raise ValueError(f"{fn}: head_dim_vo must equal head_dim_qk; got {head_dim_vo} and {head_dim_qk}")

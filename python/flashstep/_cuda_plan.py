@@ -17,7 +17,8 @@ class Plan:
     and the scratch lse a run() without return_lse writes into (0: none)."""
 
     __slots__ = ("dtype", "kv_dtype", "batch_size", "nnz_qo", "nnz_kv", "num_qo_heads", "num_kv_heads", "head_dim",
-                 "page_size", "max_page", "q_shape", "lse_shape", "batch", "batch_address", "causal", "window_left",
+                 "head_dim_vo", "page_size", "max_page", "q_shape", "o_shape", "lse_shape", "batch", "batch_address",
+                 "causal", "window_left",
                  "logits_soft_cap", "sm_scale", "lse_scratch", "torch")
 
     def __init__(self):
@@ -32,7 +33,7 @@ class _TorchPlan:
     dtypes to compare against (a dtype object is a singleton: `is` compares it), the
     tail of the pool's or K/V's shape, and torch itself."""
 
-    __slots__ = ("torch", "dtype", "kv_dtype", "pool_tail", "kv_shape", "lse_dtype", "raw_stream")
+    __slots__ = ("torch", "dtype", "kv_dtype", "pool_tail", "kv_shape", "v_shape", "lse_dtype", "raw_stream")
 
     def __init__(self, p, hnd):
         import torch
@@ -40,6 +41,7 @@ class _TorchPlan:
         page = (p.num_kv_heads, p.page_size, p.head_dim) if hnd else (p.page_size, p.num_kv_heads, p.head_dim)
         self.pool_tail = (2,) + page
         self.kv_shape = (p.nnz_kv, p.num_kv_heads, p.head_dim)
+        self.v_shape = (p.nnz_kv, p.num_kv_heads, p.head_dim_vo)  # ragged v: head_dim_vo wide
         self.lse_dtype = torch.float32
         # the current stream's handle without building a torch.cuda.Stream (as current_stream)
         self.raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
@@ -96,7 +98,7 @@ class PlanRun:
         return self._use_cuda_graph
 
     def _shape(self, dtype, num_qo_heads, num_kv_heads, head_dim, page_size, causal, window_left,
-               logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len, kv_dtype=None):
+               logits_soft_cap, sm_scale, qo_indptr, kv_indptr, last_page_len, kv_dtype=None, head_dim_vo=None):
         """The C shape of the batch (one struct per wrapper, refilled); the index arrays are
         host IndexArrays, pointed at in place. The sizes are checked for their type here and
         for their bounds by the library, which names each."""
@@ -108,6 +110,7 @@ class PlanRun:
         s.num_qo_heads = _c_int(num_qo_heads, fn, "num_qo_heads")
         s.num_kv_heads = _c_int(num_kv_heads, fn, "num_kv_heads")
         s.head_dim = _c_int(head_dim, fn, "head_dim")
+        s.head_dim_vo = 0 if head_dim_vo is None else _c_int(head_dim_vo, fn, "head_dim_vo")
         s.page_size = _c_int(page_size, fn, "page_size") if self._storage == _PAGED else 0
         s.causal = int(bool(causal))
         if isinstance(window_left, bool) or not isinstance(window_left, int) or window_left < -1:
@@ -137,7 +140,8 @@ class PlanRun:
         the batch is checked once, by the library, when the runner sizes and plans it."""
         device = self._ws.device
         key = (stage, device, shape.mode, shape.storage, shape.dtype, shape.kv_layout, shape.num_qo_heads,
-               shape.num_kv_heads, shape.head_dim, shape.page_size, shape.causal, shape.window_left >= 0,
+               shape.num_kv_heads, shape.head_dim, shape.head_dim_vo, shape.page_size, shape.causal,
+               shape.window_left >= 0,
                shape.logits_soft_cap > 0, shape.has_sm_scale, shape.cuda_graph, shape.kv_dtype)
         chosen = _STAGE_CHOICES.get(key)
         if chosen is not None:
@@ -214,7 +218,9 @@ class PlanRun:
         p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size = (shape.num_qo_heads, shape.num_kv_heads,
                                                                    shape.head_dim, shape.page_size)
         p.max_page = max_page
+        p.head_dim_vo = shape.head_dim_vo or shape.head_dim
         p.q_shape, p.lse_shape = (nnz_qo, shape.num_qo_heads, shape.head_dim), (nnz_qo, shape.num_qo_heads)
+        p.o_shape = p.q_shape if p.head_dim_vo == shape.head_dim else (nnz_qo, shape.num_qo_heads, p.head_dim_vo)
         _planned_options(p, shape)
         p.set_batch(self._device_batch)
         p.lse_scratch = self._lse_scratch
@@ -302,7 +308,7 @@ class PlanRun:
         return self._planned
 
     def _outputs(self, like, out, lse, p, fn):
-        o = _alloc_or_check(like, out, p.q_shape, p.dtype, fn, "out")
+        o = _alloc_or_check(like, out, p.o_shape, p.dtype, fn, "out")
         lse_t = _alloc_or_check(like, lse, p.lse_shape, "float32", fn, "lse")
         return o, lse_t
 
@@ -318,7 +324,7 @@ class PlanRun:
     def _torch_outputs_fit(p, t, out, lse, device):
         """Whether run()'s out= and lse= (None, or PyTorch tensors) are what the general
         path would accept: dtype, shape, row-major, on `device`, out 16-byte aligned."""
-        if out is not None and not (type(out) in _TORCH_TYPES and out.dtype is t.dtype and out.shape == p.q_shape and
+        if out is not None and not (type(out) in _TORCH_TYPES and out.dtype is t.dtype and out.shape == p.o_shape and
                                     out.is_contiguous() and not out.data_ptr() % 16 and out.get_device() == device):
             return False
         return lse is None or (type(lse) in _TORCH_TYPES and lse.dtype is t.lse_dtype and lse.shape == p.lse_shape
@@ -328,7 +334,12 @@ class PlanRun:
         """The end of run()'s fast path (PyTorch tensors that passed its checks, batch
         pointers set but o and lse): takes out= and lse= or allocates o (and lse when
         asked, else the plan's scratch lse), launches, returns what run() returns."""
-        o = t.torch.empty_like(q) if out is None else out
+        if out is not None:
+            o = out
+        elif p.o_shape is p.q_shape:
+            o = t.torch.empty_like(q)
+        else:  # v and o narrower than q (head_dim_vo)
+            o = t.torch.empty(p.o_shape, dtype=t.dtype, device=q.device)
         b = p.batch
         b.o = o.data_ptr()
         if lse is not None:

@@ -1,7 +1,7 @@
 """Batch prefill over a paged or a ragged KV cache: FlashInfer's prefill wrappers."""
 from ._cuda_plan import PlanRun
-from ._cuda_common import (_aligned, _check_forward_options, _check_on_device, _index, _no_rope, _PAGED, _plan_dtypes,
-                           _PREFILL, _RAGGED, _same_head_dims, _unsupported_run_args)
+from ._cuda_common import (_aligned, _check_forward_options, _check_on_device, _head_dim_vo, _index, _no_rope, _PAGED,
+                           _plan_dtypes, _PREFILL, _RAGGED, _same_head_dims, _unsupported_run_args)
 from ._tensors import _TORCH_TYPES, check, device_array
 
 
@@ -74,8 +74,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
     same name. Default stage: the latest in teaching order that supports the shape
     (04_tensor_core_ragged for fp16/bf16, 01_naive for fp32); ``stage=`` picks one.
     kv_layout must be "NHD" (k and v (nnz_kv, num_kv_heads, head_dim)); FlashInfer's
-    "HND" ragged K/V is refused. use_cuda_graph=True: as the paged prefill wrapper, with
-    the fixed qo_indptr_buf and kv_indptr_buf."""
+    "HND" ragged K/V is refused. head_dim_vo (v's and o's width) may differ from
+    head_dim_qk where a stage is built for the pair: MLA's prefill, 192 and 128, on stage
+    07 (Hopper). use_cuda_graph=True: as the paged prefill wrapper, with the fixed
+    qo_indptr_buf and kv_indptr_buf."""
 
     _mode, _storage = _PREFILL, _RAGGED
 
@@ -100,16 +102,18 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
         """Plans a prefill batch over ragged K/V: qo_indptr and kv_indptr (batch_size + 1), int32."""
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
-        _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
+        head_dim_vo = _head_dim_vo(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
         dtype, _ = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type)
         self._plan(dtype, _index(qo_indptr, fn, "qo_indptr"), _index(kv_indptr, fn, "kv_indptr"), None, None, stage,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=1,
-                   causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
+                   causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                   head_dim_vo=head_dim_vo)
 
     begin_forward = plan
 
     def run(self, q, k, v, *args, out=None, lse=None, return_lse=False, **kwargs):
-        """q (qo_indptr[-1], Hq, D), k and v (kv_indptr[-1], Hkv, D) -> o (and lse, natural log)."""
+        """q (qo_indptr[-1], Hq, D), k (kv_indptr[-1], Hkv, D) and v (kv_indptr[-1], Hkv, D_vo)
+        -> o (qo_indptr[-1], Hq, D_vo) (and lse, natural log); D_vo = D unless planned otherwise."""
         return self._run("BatchPrefillWithRaggedKVCacheWrapper.run", q, k, v, args, out, lse, return_lse, kwargs)
 
     def _run(self, fn, q, k, v, args, out, lse, return_lse, kwargs):
@@ -124,7 +128,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
             device = q.get_device()
             qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
             if (q.dtype is t.dtype and k.dtype is t.dtype and v.dtype is t.dtype and q.shape == p.q_shape and
-                    k.shape == t.kv_shape and v.shape == t.kv_shape and q.is_contiguous() and k.is_contiguous() and
+                    k.shape == t.kv_shape and v.shape == t.v_shape and q.is_contiguous() and k.is_contiguous() and
                     v.is_contiguous() and not (qp | kp | vp) % 16 and device >= 0 and
                     device == k.get_device() == v.get_device() == self._ws.device and
                     (out is None and lse is None or self._torch_outputs_fit(p, t, out, lse, device))):
@@ -134,7 +138,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(PlanRun):
         qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p.dtype,), shape=p.q_shape)
         kv_shape = (p.nnz_kv, p.num_kv_heads, p.head_dim)
         ka = check(device_array(k, fn, "k"), fn, "k", dtypes=(p.dtype,), shape=kv_shape)
-        va = check(device_array(v, fn, "v"), fn, "v", dtypes=(p.dtype,), shape=kv_shape)
+        va = check(device_array(v, fn, "v"), fn, "v", dtypes=(p.dtype,), shape=kv_shape[:2] + (p.head_dim_vo,))
         o, lse_t = self._outputs(qa, out, lse, p, fn)
         oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
         _aligned([(qa, "q"), (ka, "k"), (va, "v"), (oa, "out")], fn)

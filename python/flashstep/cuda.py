@@ -35,7 +35,8 @@ Differences from FlashInfer, each on purpose:
   BatchMLAPagedAttentionWrapper, whose run() names the base (``return_lse_base_on_e``)
   and so returns FlashInfer's: base 2 unless it is True;
 - no RoPE inside attention (``pos_encoding_mode`` must be "NONE"), no custom masks, and
-  head_dim_vo equals head_dim_qk;
+  head_dim_vo equals head_dim_qk but in ragged prefill where a stage is built for the
+  pair (MLA's 192 / 128, stage 07 on an sm_90a GPU);
 - the paged cache is one pool ``(num_pages, 2, page_size, Hkv, D)`` (NHD) or
   ``(num_pages, 2, Hkv, page_size, D)`` (HND); a ``(k_cache, v_cache)`` tuple is accepted
   by attention only when it is the two halves of such a pool;

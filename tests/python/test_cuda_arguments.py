@@ -137,6 +137,7 @@ def fsc_plan_without_gpu(w):
     p.dtype, p.batch_size, p.nnz_qo, p.nnz_kv = "float16", 1, 4, 9
     p.num_qo_heads, p.num_kv_heads, p.head_dim, p.page_size, p.max_page = 8, 8, 128, 0, None
     p.q_shape, p.lse_shape, p.batch = (4, 8, 128), (4, 8), _capi.Batch()
+    p.head_dim_vo, p.o_shape = 128, p.q_shape
     w._planned = p
 
 
@@ -184,7 +185,14 @@ def test_plan_arguments_are_checked_on_the_host():
     with pytest.raises(ValueError, match=r"run: call plan\(\) first"):
         w.run(FakeCuda((2, 8, 128)), FakeCuda((10, 2, 16, 2, 128)))
     r = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
-    raises(r"plan: head_dim_vo must equal head_dim_qk", r.plan, [0, 4], [0, 9], 8, 8, 128, 64)
+    # head_dim_vo: the ragged wrapper passes a positive one on (the registry says which pairs
+    # run: MLA's 192/128 on stage 07); the paged wrapper runs v and o as wide as q and k only
+    raises(r"plan: head_dim_vo must be a positive integer or None; got 0", r.plan, [0, 4], [0, 9], 8, 8, 128, 0)
+    raises(r"plan: head_dim_vo must be a positive integer or None; got 64.0", r.plan, [0, 4], [0, 9], 8, 8, 128,
+           64.0)
+    pw = fsc.BatchPrefillWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
+    raises(r"plan: head_dim_vo must equal head_dim_qk; got 128 and 192", pw.plan, [0, 4], [0, 1], [0], [4], 8, 8,
+           192, 16, head_dim_vo=128)
     raises(r"plan: custom masks are not supported", r.plan, [0, 4], [0, 9], 8, 8, 128, custom_mask=object())
     raises(r"plan: qo_indptr has 3 entries, kv_indptr 2", r.plan, [0, 4, 5], [0, 9], 8, 8, 128)
 

@@ -168,6 +168,33 @@ def test_batch_prefill_ragged(torch, fsc, flashinfer, rng, causal, head_dim):
     compare(torch, fsc, ours.run(q, k, v, return_lse=True), fi, dtype, f"ragged prefill {ours.stage} vs FlashInfer")
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_batch_prefill_ragged_head_dim_vo(torch, fsc, flashinfer, rng, causal):
+    """MLA's prefill shape, q and k 192 wide, v and o 128 (FlashInfer's head_dim_vo), on
+    the same tensors; where no flashstep stage runs it here, plan() must say so."""
+    g = cs.generator(torch, rng, f"ragged prefill 192/128 {causal}")
+    h, d_qk, d_vo, dtype = 16, 192, 128, "bfloat16"
+    lens = prefill_lengths(rng)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, int(qo_indptr[-1]), h, d_qk, dtype)
+    k = cs.random_rows(torch, g, int(kv_indptr[-1]), h, d_qk, dtype)
+    v = cs.random_rows(torch, g, int(kv_indptr[-1]), h, d_vo, dtype)
+    ours = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
+    try:
+        ours.plan(qo_indptr, kv_indptr, h, h, d_qk, d_vo, causal=causal, q_data_type=torch.bfloat16)
+    except ValueError as e:
+        assert "head_dim 192 with head_dim_vo 128" in str(e)
+        pytest.skip("no flashstep stage runs head_dim 192 / head_dim_vo 128 on this GPU (stage 07 needs sm_90a)")
+    def flashinfer_prefill():
+        theirs = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), "NHD")
+        theirs.plan(qo_indptr, kv_indptr, h, h, d_qk, head_dim_vo=d_vo, causal=causal, q_data_type=torch.bfloat16,
+                    kv_data_type=torch.bfloat16)
+        return theirs.run(q, k, v, return_lse=True)
+    fi = peer(flashinfer_prefill, "this ragged prefill batch with head_dim_vo 128")
+    compare(torch, fsc, ours.run(q, k, v, return_lse=True), fi, dtype, f"MLA prefill {ours.stage} vs FlashInfer")
+
+
 def test_merge_state_with_base_2_lse(torch, fsc, flashinfer, rng):
     g = cs.generator(torch, rng, "merge_state")
     seq, heads, d = 50, 8, 128

@@ -247,6 +247,39 @@ def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype
     check_attention(torch, fsc, o, lse, refs, dtype, f"ragged prefill {w.stage}")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mla_prefill_head_dim_vo_matches_the_float64_oracle(torch, fsc, rng, dtype, causal):
+    """MLA's prefill shape (DeepSeek's naive form): q and k 192 wide, v and o 128, through the
+    ragged wrapper's head_dim_vo; stage 07 runs it on an sm_90a GPU, elsewhere plan() says
+    that no stage does."""
+    g = cs.generator(torch, rng, f"mla prefill {dtype} {causal}")
+    h, d_qk, d_vo = 16, 192, 128
+    qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
+    kv_lens = [kv for _, kv in PREFILL_LENGTHS]
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, sum(qo_lens), h, d_qk, dtype)
+    k = cs.random_rows(torch, g, sum(kv_lens), h, d_qk, dtype)
+    v = cs.random_rows(torch, g, sum(kv_lens), h, d_vo, dtype)
+    w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
+    if not hopper_runs_ragged():
+        with pytest.raises(ValueError, match=r"head_dim 192 with head_dim_vo 128"):
+            w.plan(qo_indptr, kv_indptr, h, h, d_qk, d_vo, causal=causal, q_data_type=dtype)
+        return
+    w.plan(qo_indptr, kv_indptr, h, h, d_qk, d_vo, causal=causal, q_data_type=dtype)
+    assert w.stage == "07_hopper_ragged"
+    o, lse = w.run(q, k, v, return_lse=True)
+    assert tuple(o.shape) == (sum(qo_lens), h, d_vo)
+    refs = []
+    for i in range(len(qo_lens)):
+        qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
+        refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=causal))
+    check_attention(torch, fsc, o, lse, refs, dtype, "MLA prefill")
+    with pytest.raises(ValueError, match=r"v must have shape"):
+        w.run(q, k, k)  # v as wide as k: not what was planned
+
+
 @pytest.mark.parametrize("kind", ["decode", "prefill", "ragged", "cascade"])
 def test_run_without_lse_writes_the_same_output(torch, fsc, rng, kind):
     """run() without return_lse writes the lse it does not return into a scratch area of
