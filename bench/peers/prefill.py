@@ -20,6 +20,7 @@ from timing import BACKENDS, DTYPES, run_peer, timed
 def sdpa_prefill_rows(s, flush):
     """SDPA flash / cuDNN on the contiguous equivalent of a prefill shape."""
     hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+    dv = int(s.get("head_dim_vo") or d)  # bench/shapes_mla_prefill.csv: v and o narrower than q and k
     dtype = DTYPES[s["dtype"]]
     lengths = prefill_lengths(s)
     causal_req = s["causal"] == "1"
@@ -30,7 +31,7 @@ def sdpa_prefill_rows(s, flush):
     for (qo, kv), n in groups.items():
         q = torch.empty(n, hq, qo, d, dtype=dtype, device="cuda").uniform_(-3, 3)
         k = torch.empty(n, hkv, kv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
-        v = torch.empty(n, hkv, kv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+        v = torch.empty(n, hkv, kv, dv, dtype=dtype, device="cuda").uniform_(-1, 1)
         tensors.append((q, k, v, causal_req and qo == kv))
     top_left_only = causal_req and any(qo != kv for qo, kv in lengths)
     rows = []
@@ -39,7 +40,7 @@ def sdpa_prefill_rows(s, flush):
         if top_left_only:
             note += "; non-causal where qo_len != kv_len (SDPA aligns is_causal top-left)"
         pairs = sum(visible_pairs([(t[0].shape[2], t[1].shape[2])] * t[0].shape[0], t[3]) for t in tensors)
-        flops = 4.0 * d * hq * pairs
+        flops = 2.0 * (d + dv) * hq * pairs
         row = {"impl": impl, "shape": s["name"], "flops": flops, "note": note}
 
         def call():
@@ -77,3 +78,43 @@ def sdpa_decode_rows(s, flush):
     del q, k, v
     return rows
 
+
+
+def flashinfer_ragged_vo_rows(s, flush, backends=("fa2", "fa3")):
+    """FlashInfer's ragged prefill wrapper with head_dim_vo (bench/shapes_mla_prefill.csv:
+    q and k head_dim wide, v and o head_dim_vo), on contiguous K/V as flashstep's ragged
+    entry reads it; TFLOP/s counts 2 (head_dim + head_dim_vo) flops per visible pair."""
+    import itertools
+    try:
+        import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
+    except Exception as e:  # not installed here: say so in the results, time nothing
+        return [{"impl": "flashinfer", "shape": s["name"], "error": f"flashinfer not importable: {e}"[:300]}]
+    hq, hkv, d, dv = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"]), int(s["head_dim_vo"])
+    dtype = DTYPES[s["dtype"]]
+    lengths = prefill_lengths(s)
+    causal = s["causal"] == "1"
+
+    def i32(values):
+        return torch.tensor(values, dtype=torch.int32, device="cuda")
+
+    qo_indptr = i32([0] + list(itertools.accumulate(qo for qo, _ in lengths)))
+    kv_indptr = i32([0] + list(itertools.accumulate(kv for _, kv in lengths)))
+    q = torch.empty(int(qo_indptr[-1]), hq, d, dtype=dtype, device="cuda").uniform_(-3, 3)
+    k = torch.empty(int(kv_indptr[-1]), hkv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
+    v = torch.empty(int(kv_indptr[-1]), hkv, dv, dtype=dtype, device="cuda").uniform_(-1, 1)
+    workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    rows = []
+    for backend in backends:
+        row = {"impl": "flashinfer_" + backend, "shape": s["name"], "note": "ragged, head_dim_vo %d" % dv,
+               "flashinfer_version": getattr(flashinfer, "__version__", "unknown"),
+               "flops": 2.0 * (d + dv) * hq * visible_pairs(lengths, causal)}
+        try:
+            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
+            w.plan(qo_indptr, kv_indptr, hq, hkv, d, head_dim_vo=dv, causal=causal, q_data_type=dtype,
+                   kv_data_type=dtype)
+            w.run(q, k, v)
+            timed(row, lambda: w.run(q, k, v), flush)
+        except Exception as e:  # a backend this FlashInfer build or GPU lacks: recorded, not fatal
+            row["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
+        rows.append(row)
+    return rows

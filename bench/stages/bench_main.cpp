@@ -17,8 +17,9 @@
 // size (one byte for an FP8 cache: bench/shapes_fp8.csv). --tune adds pipeline-depth
 // variants of 02_paged on the target shapes. Set FLASHSTEP_COMMIT to stamp the commit.
 // Prefill shapes (bench/shapes_prefill.csv) report TFLOP/s instead: 4 * head_dim flops
-// per (query, key) pair the mask lets through, per query head, and pct_of_ceiling
-// against the cuBLAS bf16 GEMM measured in the same process.
+// per (query, key) pair the mask lets through, per query head (2 (head_dim + head_dim_vo)
+// where v is narrower: bench/shapes_mla_prefill.csv), and pct_of_ceiling against the
+// cuBLAS bf16 GEMM measured in the same process.
 // Shapes with a shared prefix (bench/shapes_cascade.csv) add two rows per shape for stage
 // 05 with its path forced, 05_cascade[cascade] and 05_cascade[flat], beside the planner's
 // own choice; a cascade row carries shared_flops (the shared levels' flops, so that a
@@ -148,7 +149,9 @@ struct StageInputs {
   std::unique_ptr<stages::StageRunner> runner;
   cudaGraphExec_t graph = nullptr;  ///< run() captured once; null: the stage refused capture
   double bytes = 0;
-  double flops = 0;  ///< prefill: 4 * head_dim * num_qo_heads per visible (query, key) pair
+  /// prefill: 2 (head_dim + head_dim_vo) * num_qo_heads per visible (query, key) pair (4
+  /// head_dim where v is as wide as q and k)
+  double flops = 0;
   ~StageInputs() {
     if (graph) cudaGraphExecDestroy(graph);
   }
@@ -211,7 +214,9 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage, 
   const size_t elem = stages::dtype_bytes(s.dtype);
   const size_t kv_elem = stages::dtype_bytes(s.resolved_kv_dtype());  // 1 for an FP8 cache
   const size_t q_elems = size_t(s.nnz_qo()) * s.num_qo_heads * s.head_dim;
-  const size_t kv_elems = size_t(s.total_kv_len()) * s.num_kv_heads * s.head_dim;  // K or V
+  const size_t kv_elems = size_t(s.total_kv_len()) * s.num_kv_heads * s.head_dim;  // K (and V, but for MLA)
+  const size_t v_elems = size_t(s.total_kv_len()) * s.num_kv_heads * s.resolved_head_dim_vo();
+  const size_t o_elems = size_t(s.nnz_qo()) * s.num_qo_heads * s.resolved_head_dim_vo();
   in->q = DeviceBuffer(q_elems * elem);
   fill_uniform(s.dtype, in->q.get(), q_elems, 1, -3.f, 3.f, nullptr);
   in->qo_indptr = stages::harness::upload(s.qo_indptr);
@@ -224,11 +229,11 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage, 
     fill_uniform(s.resolved_kv_dtype(), in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
   } else {
     in->k = DeviceBuffer(kv_elems * kv_elem);
-    in->v = DeviceBuffer(kv_elems * kv_elem);
+    in->v = DeviceBuffer(v_elems * kv_elem);
     fill_uniform(s.resolved_kv_dtype(), in->k.get(), kv_elems, 3, -1.f, 1.f, nullptr);
-    fill_uniform(s.resolved_kv_dtype(), in->v.get(), kv_elems, 4, -1.f, 1.f, nullptr);
+    fill_uniform(s.resolved_kv_dtype(), in->v.get(), v_elems, 4, -1.f, 1.f, nullptr);
   }
-  in->o = DeviceBuffer(q_elems * elem);
+  in->o = DeviceBuffer(o_elems * elem);
   in->lse = DeviceBuffer(size_t(s.nnz_qo()) * s.num_qo_heads * sizeof(float));
   in->batch = {in->q.get(),
                in->qo_indptr.as<int32_t>(),
@@ -246,8 +251,10 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage, 
   in->runner->plan(s, in->workspace.get(), in->workspace.bytes(), nullptr);
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   capture(*in);
-  in->bytes = double(elem) * 2.0 * q_elems + double(kv_elem) * 2.0 * kv_elems + 4.0 * s.nnz_qo() * s.num_qo_heads;
-  if (s.mode == stages::Mode::prefill) in->flops = visible_pairs(s) * 4.0 * s.head_dim * s.num_qo_heads;
+  in->bytes = double(elem) * (q_elems + o_elems) + double(kv_elem) * (kv_elems + v_elems) +
+              4.0 * s.nnz_qo() * s.num_qo_heads;
+  if (s.mode == stages::Mode::prefill)
+    in->flops = visible_pairs(s) * 2.0 * (s.head_dim + s.resolved_head_dim_vo()) * s.num_qo_heads;
   FLASHSTEP_CUDA_CHECK(cudaDeviceSynchronize());
   g_inputs = std::move(in);
   return *g_inputs;

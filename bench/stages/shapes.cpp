@@ -14,7 +14,7 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
   ref::require(in.good(), fn, "cannot open " + path);
   std::vector<BenchShape> shapes;
   std::string line;
-  bool header_seen = false, prefill_format = false, shared_prefix = false, kv_columns = false;
+  bool header_seen = false, prefill_format = false, shared_prefix = false, kv_columns = false, vo_column = false;
   for (int line_no = 1; std::getline(in, line); ++line_no) {
     if (line.empty() || line[0] == '#') continue;
     if (!header_seen) {  // the column names; order is fixed, see the files
@@ -27,13 +27,17 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
       const std::string kv_tail = ",kv_dtype,k_scale,v_scale";
       kv_columns = !shared_prefix && line.size() >= kv_tail.size() &&
                    line.compare(line.size() - kv_tail.size(), kv_tail.size(), kv_tail) == 0;
+      // bench/shapes_mla_prefill.csv: the prefill columns and a last one, head_dim_vo
+      const std::string vo_tail = ",head_dim_vo";
+      vo_column = prefill_format && line.size() >= vo_tail.size() &&
+                  line.compare(line.size() - vo_tail.size(), vo_tail.size(), vo_tail) == 0;
       continue;
     }
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
     const std::string where = path + ":" + std::to_string(line_no);
-    const size_t fields = shared_prefix ? 16 : (prefill_format ? 15 : 11) + (kv_columns ? 3 : 0);
+    const size_t fields = shared_prefix || vo_column ? 16 : (prefill_format ? 15 : 11) + (kv_columns ? 3 : 0);
     ref::require(f.size() == fields, fn,
                  where + ": expected " + std::to_string(fields) + " fields, got " + std::to_string(f.size()));
     auto number = [&](size_t i, const char* what) {
@@ -88,6 +92,10 @@ std::vector<BenchShape> load_shapes(const std::string& path) {
                          "\")");
         (i == k + 1 ? s.spec.k_scale : s.spec.v_scale) = scale;
       }
+    }
+    if (vo_column) {
+      s.spec.head_dim_vo = number(15, "head_dim_vo");
+      ref::require(s.spec.head_dim_vo >= 1, fn, where + ": head_dim_vo must be >= 1");
     }
     if (shared_prefix) {
       s.spec.shared_prefix = number(15, "shared_prefix");
