@@ -415,7 +415,8 @@ struct HopperSmem {
     return reinterpret_cast<T*>(base + Tr::kQBytes + 2 * s * Tr::kKBytes + s * (int(Tr::kVBytes) - int(Tr::kKBytes)));
   }
   __device__ __forceinline__ T* v(int s) const {
-    return reinterpret_cast<T*>(base + Tr::kQBytes + (2 * s + 1) * Tr::kKBytes + s * (int(Tr::kVBytes) - int(Tr::kKBytes)));
+    return reinterpret_cast<T*>(base + Tr::kQBytes + (2 * s + 1) * Tr::kKBytes +
+                                s * (int(Tr::kVBytes) - int(Tr::kKBytes)));
   }
   __device__ __forceinline__ uint64_t* q_full() const { return reinterpret_cast<uint64_t*>(base + Tr::kBarrierOffset); }
   /// [kStages] a K (V) tile has landed
