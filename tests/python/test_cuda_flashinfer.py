@@ -146,17 +146,24 @@ def test_batch_prefill_paged(torch, fsc, flashinfer, rng, layout, page_size, cau
     compare(torch, fsc, ours.run(q, pool, return_lse=True), fi, dtype, f"paged prefill {ours.stage} vs FlashInfer")
 
 
+def ragged_inputs(torch, rng, g, hq, hkv, d, dtype, d_vo=None):
+    """A ragged batch of prefill_lengths(rng): qo_indptr, kv_indptr (device int32), q
+    (Hq, d), k (Hkv, d) and v (Hkv, d_vo, default d) rows drawn from g."""
+    lens = prefill_lengths(rng)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
+    kv_indptr = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, d, dtype)
+    k = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, d, dtype)
+    v = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, d_vo or d, dtype)
+    return qo_indptr, kv_indptr, q, k, v
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_batch_prefill_ragged(torch, fsc, flashinfer, rng, causal, head_dim):
     g = cs.generator(torch, rng, f"ragged prefill {causal} {head_dim}")
     hq, hkv, dtype = 8, 2, "bfloat16"
-    lens = prefill_lengths(rng)
-    qo_indptr = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
-    kv_indptr = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
-    q = cs.random_rows(torch, g, int(qo_indptr[-1]), hq, head_dim, dtype)
-    k = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, head_dim, dtype)
-    v = cs.random_rows(torch, g, int(kv_indptr[-1]), hkv, head_dim, dtype)
+    qo_indptr, kv_indptr, q, k, v = ragged_inputs(torch, rng, g, hq, hkv, head_dim, dtype)
     def flashinfer_prefill():
         theirs = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), "NHD")
         theirs.plan(qo_indptr, kv_indptr, hq, hkv, head_dim, causal=causal, q_data_type=torch.bfloat16,
@@ -174,12 +181,7 @@ def test_batch_prefill_ragged_head_dim_vo(torch, fsc, flashinfer, rng, causal):
     the same tensors; where no flashstep stage runs it here, plan() must say so."""
     g = cs.generator(torch, rng, f"ragged prefill 192/128 {causal}")
     h, d_qk, d_vo, dtype = 16, 192, 128, "bfloat16"
-    lens = prefill_lengths(rng)
-    qo_indptr = torch.tensor([0] + list(itertools.accumulate(a for a, _ in lens)), dtype=torch.int32, device="cuda")
-    kv_indptr = torch.tensor([0] + list(itertools.accumulate(b for _, b in lens)), dtype=torch.int32, device="cuda")
-    q = cs.random_rows(torch, g, int(qo_indptr[-1]), h, d_qk, dtype)
-    k = cs.random_rows(torch, g, int(kv_indptr[-1]), h, d_qk, dtype)
-    v = cs.random_rows(torch, g, int(kv_indptr[-1]), h, d_vo, dtype)
+    qo_indptr, kv_indptr, q, k, v = ragged_inputs(torch, rng, g, h, h, d_qk, dtype, d_vo)
     ours = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
     try:
         ours.plan(qo_indptr, kv_indptr, h, h, d_qk, d_vo, causal=causal, q_data_type=torch.bfloat16)

@@ -220,19 +220,36 @@ def hopper_runs_ragged():
     _capi.call("fs_stage_unsupported_reason", b"07_hopper_ragged", ctypes.byref(shape), ctypes.byref(reason))
     return not reason.value
 
-@pytest.mark.parametrize("stage,dtype", [("04_tensor_core_ragged", "float16"), ("04_tensor_core_ragged", "bfloat16"),
-                                         ("01_naive", "float32"), (None, "float32"), (None, "bfloat16")])
-@pytest.mark.parametrize("causal", [False, True])
-def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype, causal):
-    g = cs.generator(torch, rng, f"ragged prefill {stage} {dtype} {causal}")
-    hq, hkv, d = 8, 2, 128
+
+def ragged_batch(torch, g, hq, hkv, d, dtype, d_vo=None):
+    """PREFILL_LENGTHS as a ragged batch: qo_indptr, kv_indptr (device int32), q (Hq, d),
+    k (Hkv, d) and v (Hkv, d_vo, default d) rows drawn from g."""
     qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
     kv_lens = [kv for _, kv in PREFILL_LENGTHS]
     qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
     kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
     q = cs.random_rows(torch, g, sum(qo_lens), hq, d, dtype)
     k = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
-    v = cs.random_rows(torch, g, sum(kv_lens), hkv, d, dtype)
+    v = cs.random_rows(torch, g, sum(kv_lens), hkv, d_vo or d, dtype)
+    return qo_indptr, kv_indptr, q, k, v
+
+
+def ragged_references(torch, qo_indptr, kv_indptr, q, k, v, causal):
+    """The float64 oracle of every request of a ragged batch."""
+    refs = []
+    for i in range(len(qo_indptr) - 1):
+        qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
+        refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=causal))
+    return refs
+
+
+@pytest.mark.parametrize("stage,dtype", [("04_tensor_core_ragged", "float16"), ("04_tensor_core_ragged", "bfloat16"),
+                                         ("01_naive", "float32"), (None, "float32"), (None, "bfloat16")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype, causal):
+    g = cs.generator(torch, rng, f"ragged prefill {stage} {dtype} {causal}")
+    hq, hkv, d = 8, 2, 128
+    qo_indptr, kv_indptr, q, k, v = ragged_batch(torch, g, hq, hkv, d, dtype)
     w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch), stage=stage)
     w.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=causal, q_data_type=dtype)
     if stage is None:
@@ -240,10 +257,7 @@ def test_ragged_prefill_matches_the_float64_oracle(torch, fsc, rng, stage, dtype
         assert w.stage == ("01_naive" if dtype == "float32" else
                            "07_hopper_ragged" if hopper_runs_ragged() else "04_tensor_core_ragged")
     o, lse = w.run(q, k, v, return_lse=True)
-    refs = []
-    for i in range(len(qo_lens)):
-        qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
-        refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=causal))
+    refs = ragged_references(torch, qo_indptr, kv_indptr, q, k, v, causal)
     check_attention(torch, fsc, o, lse, refs, dtype, f"ragged prefill {w.stage}")
 
 
@@ -255,13 +269,7 @@ def test_mla_prefill_head_dim_vo_matches_the_float64_oracle(torch, fsc, rng, dty
     that no stage does."""
     g = cs.generator(torch, rng, f"mla prefill {dtype} {causal}")
     h, d_qk, d_vo = 16, 192, 128
-    qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
-    kv_lens = [kv for _, kv in PREFILL_LENGTHS]
-    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
-    kv_indptr = torch.tensor([0] + list(itertools.accumulate(kv_lens)), dtype=torch.int32, device="cuda")
-    q = cs.random_rows(torch, g, sum(qo_lens), h, d_qk, dtype)
-    k = cs.random_rows(torch, g, sum(kv_lens), h, d_qk, dtype)
-    v = cs.random_rows(torch, g, sum(kv_lens), h, d_vo, dtype)
+    qo_indptr, kv_indptr, q, k, v = ragged_batch(torch, g, h, h, d_qk, dtype, d_vo)
     w = fsc.BatchPrefillWithRaggedKVCacheWrapper(workspace(torch))
     if not hopper_runs_ragged():
         with pytest.raises(ValueError, match=r"head_dim 192 with head_dim_vo 128"):
@@ -270,11 +278,8 @@ def test_mla_prefill_head_dim_vo_matches_the_float64_oracle(torch, fsc, rng, dty
     w.plan(qo_indptr, kv_indptr, h, h, d_qk, d_vo, causal=causal, q_data_type=dtype)
     assert w.stage == "07_hopper_ragged"
     o, lse = w.run(q, k, v, return_lse=True)
-    assert tuple(o.shape) == (sum(qo_lens), h, d_vo)
-    refs = []
-    for i in range(len(qo_lens)):
-        qs, ks = slice(int(qo_indptr[i]), int(qo_indptr[i + 1])), slice(int(kv_indptr[i]), int(kv_indptr[i + 1]))
-        refs.append(cs.attention_reference(torch, q[qs], k[ks], v[ks], causal=causal))
+    assert tuple(o.shape) == (q.shape[0], h, d_vo)
+    refs = ragged_references(torch, qo_indptr, kv_indptr, q, k, v, causal)
     check_attention(torch, fsc, o, lse, refs, dtype, "MLA prefill")
     with pytest.raises(ValueError, match=r"v must have shape"):
         w.run(q, k, k)  # v as wide as k: not what was planned
