@@ -69,9 +69,19 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
     ref::Tensor k = to_tensor(seq[0], fn, "paged_kv_cache[0] (k_cache)");
     ref::Tensor v = to_tensor(seq[1], fn, "paged_kv_cache[1] (v_cache)");
     ref::check_rank(fn, "k_cache", k, 4);
-    ref::require(k.shape == v.shape, fn,
-                 "k_cache and v_cache must have the same shape, got " + ref::shape_string(k.shape) + " and " +
-                     ref::shape_string(v.shape));
+    ref::check_rank(fn, "v_cache", v, 4);
+    ref::require(k.dim(0) == v.dim(0) && k.dim(1) == v.dim(1) && k.dim(2) == v.dim(2), fn,
+                 "k_cache and v_cache must have the same shape but for the last dimension (head_dim_vo), got " +
+                     ref::shape_string(k.shape) + " and " + ref::shape_string(v.shape));
+    if (k.shape != v.shape) {  // V of its own width: two pools (PagedKVCache::v_pages)
+      c.pages = ref::Tensor({k.dim(0), 1, k.dim(1), k.dim(2), k.dim(3)}, std::move(k.data));
+      c.v_pages = ref::Tensor({v.dim(0), 1, v.dim(1), v.dim(2), v.dim(3)}, std::move(v.data));
+      c.kv_indptr = to_int32_vector(kv_indptr, fn, "kv_indptr");
+      c.kv_indices = to_int32_vector(kv_indices, fn, "kv_indices");
+      c.kv_last_page_len = to_int32_vector(kv_last_page_len, fn, "kv_last_page_len");
+      check_pool_layout(c, fn);
+      return c;
+    }
     const int64_t per_page = k.numel() / std::max<int64_t>(k.dim(0), 1);
     c.pages = ref::Tensor({k.dim(0), 2, k.dim(1), k.dim(2), k.dim(3)});
     for (int64_t p = 0; p < k.dim(0); ++p)
@@ -153,7 +163,8 @@ sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number
 
 q: (batch_size, num_qo_heads, head_dim). paged_kv_cache: (num_pages, 2, page_size,
 num_kv_heads, head_dim) for NHD, (num_pages, 2, num_kv_heads, page_size, head_dim) for
-HND, or a tuple (k_cache, v_cache) of the 4-D halves. kv_indptr (batch_size + 1),
+HND, or a tuple (k_cache, v_cache) of the 4-D halves (v_cache may be narrower: head_dim_vo,
+MLA's prefill shape; o then takes its width). kv_indptr (batch_size + 1),
 kv_indices (kv_indptr[-1]), kv_last_page_len (batch_size) in 1..page_size.
 
 sm_scale: None (the default) means 1/sqrt(head_dim); otherwise a finite number

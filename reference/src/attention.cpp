@@ -152,7 +152,7 @@ AttentionResult paged_prefill(const char* fn, const Tensor& q, const std::vector
   check_head_dim(fn, q.dim(2));
   check_heads(fn, q.dim(1), cache.num_kv_heads());
   check_indptr(fn, "qo_indptr", qo_indptr, cache.batch_size() + 1, q.dim(0));
-  AttentionResult r{Tensor({q.dim(0), q.dim(1), q.dim(2)}), Tensor({q.dim(0), q.dim(1)})};
+  AttentionResult r{Tensor({q.dim(0), q.dim(1), cache.head_dim_vo()}), Tensor({q.dim(0), q.dim(1)})};
   for (int64_t i = 0; i < cache.batch_size(); ++i) {
     const auto [k, v] = gather_paged_kv(cache, i);
     attend_request(q, qo_indptr[i], qo_indptr[i + 1] - qo_indptr[i], k, v, KVLayout::NHD, 0, k.dim(0), opt, r.o, r.lse);
@@ -183,17 +183,40 @@ int64_t PagedKVCache::kv_len(int64_t i) const {
 }
 
 double PagedKVCache::at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) const {
-  return layout == KVLayout::NHD ? pages({page, k_or_v, token, head, d}) : pages({page, k_or_v, head, token, d});
+  const bool own_v = k_or_v == 1 && v_pages.rank() > 0;  // V in a pool of its own width
+  const Tensor& pool = own_v ? v_pages : pages;
+  const int64_t kv = own_v ? 0 : k_or_v;
+  return layout == KVLayout::NHD ? pool({page, kv, token, head, d}) : pool({page, kv, head, token, d});
 }
 
 double& PagedKVCache::at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) {
-  return layout == KVLayout::NHD ? pages({page, k_or_v, token, head, d}) : pages({page, k_or_v, head, token, d});
+  const bool own_v = k_or_v == 1 && v_pages.rank() > 0;
+  Tensor& pool = own_v ? v_pages : pages;
+  const int64_t kv = own_v ? 0 : k_or_v;
+  return layout == KVLayout::NHD ? pool({page, kv, token, head, d}) : pool({page, kv, head, token, d});
+}
+
+void check_paged_kv_pools(const char* fn, const PagedKVCache& c) {
+  check_rank(fn, "paged_kv_cache", c.pages, 5);
+  if (c.v_pages.rank() == 0) {
+    require(c.pages.dim(1) == 2, fn,
+            "paged_kv_cache dimension 1 must be 2 (K and V), got shape " + shape_string(c.pages.shape));
+  } else {  // K and V in pools of their own widths
+    check_rank(fn, "v_pages", c.v_pages, 5);
+    require(c.pages.dim(1) == 1 && c.v_pages.dim(1) == 1, fn,
+            "with v_pages, paged_kv_cache and v_pages hold K and V alone: dimension 1 must be 1, got shapes " +
+                shape_string(c.pages.shape) + " and " + shape_string(c.v_pages.shape));
+    for (int d : {0, 2, 3})
+      require_lazy(c.v_pages.dim(d) == c.pages.dim(d), fn, [&] {
+        return "v_pages must match the K pool but for its last dimension (head_dim_vo), got " +
+               shape_string(c.v_pages.shape) + " against " + shape_string(c.pages.shape);
+      });
+    require(c.v_pages.dim(4) >= 1, fn, "v_pages' head_dim_vo must be positive, got " + shape_string(c.v_pages.shape));
+  }
 }
 
 void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
-  check_rank(fn, "paged_kv_cache", c.pages, 5);
-  require(c.pages.dim(1) == 2, fn,
-          "paged_kv_cache dimension 1 must be 2 (K and V), got shape " + shape_string(c.pages.shape));
+  check_paged_kv_pools(fn, c);
   require(c.page_size() >= 1, fn,
           "page_size must be >= 1, got shape " + shape_string(c.pages.shape) + " (" + to_string(c.layout) + ")");
   check_indptr(fn, "kv_indptr", c.kv_indptr, -1, static_cast<int64_t>(c.kv_indices.size()));
@@ -225,7 +248,7 @@ void check_paged_kv_cache(const char* fn, const PagedKVCache& c) {
       const int32_t page = c.kv_indices[c.kv_indptr[i] + t / c.page_size()];
       for (int kv = 0; kv < 2; ++kv)
         for (int64_t h = 0; h < c.num_kv_heads(); ++h)
-          for (int64_t d = 0; d < c.head_dim(); ++d)
+          for (int64_t d = 0; d < (kv ? c.head_dim_vo() : c.head_dim()); ++d)
             require_lazy(std::isfinite(c.at(page, kv, t % c.page_size(), h, d)), fn, [&] {
               return std::string("paged_kv_cache must be finite, but the ") + (kv ? "V" : "K") + " of request " +
                      std::to_string(i) + ", token " + std::to_string(t) + ", head " + std::to_string(h) + ", dim " +

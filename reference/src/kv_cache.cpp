@@ -52,12 +52,13 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
   const char* fn = "append_paged_kv_cache";
   check_rank(fn, "append_key", append_key, 3);
   check_rank(fn, "append_value", append_value, 3);
-  require(append_key.shape == append_value.shape, fn,
-          "append_key and append_value must have the same shape, got " + shape_string(append_key.shape) + " and " +
-              shape_string(append_value.shape));
-  check_rank(fn, "paged_kv_cache", cache.pages, 5);
+  require(append_key.dim(0) == append_value.dim(0) && append_key.dim(1) == append_value.dim(1), fn,
+          "append_key and append_value must have the same shape but for the last dimension (head_dim_vo), got " +
+              shape_string(append_key.shape) + " and " + shape_string(append_value.shape));
+  check_paged_kv_pools(fn, cache);
   check_dim(fn, "append_key", append_key, 1, cache.num_kv_heads(), "num_kv_heads of the cache");
   check_dim(fn, "append_key", append_key, 2, cache.head_dim(), "head_dim of the cache");
+  check_dim(fn, "append_value", append_value, 2, cache.head_dim_vo(), "head_dim_vo of the cache");
   check_finite(fn, "append_key", append_key);
   check_finite(fn, "append_value", append_value);
   const int64_t nnz = append_key.dim(0);
@@ -97,11 +98,10 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
     // Address translation: logical position -> (page, slot) through the page table.
     const int32_t page = cache.kv_indices[cache.kv_indptr[b] + pos / cache.page_size()];
     const int64_t slot = pos % cache.page_size();
-    for (int64_t h = 0; h < cache.num_kv_heads(); ++h)
-      for (int64_t d = 0; d < cache.head_dim(); ++d) {
-        cache.at(page, 0, slot, h, d) = append_key({t, h, d});
-        cache.at(page, 1, slot, h, d) = append_value({t, h, d});
-      }
+    for (int64_t h = 0; h < cache.num_kv_heads(); ++h) {
+      for (int64_t d = 0; d < cache.head_dim(); ++d) cache.at(page, 0, slot, h, d) = append_key({t, h, d});
+      for (int64_t d = 0; d < cache.head_dim_vo(); ++d) cache.at(page, 1, slot, h, d) = append_value({t, h, d});
+    }
   }
 }
 
@@ -110,14 +110,14 @@ std::pair<Tensor, Tensor> gather_paged_kv(const PagedKVCache& cache, int64_t req
   require(request >= 0 && request < cache.batch_size(), fn,
           "request must be in [0, " + std::to_string(cache.batch_size()) + "), got " + std::to_string(request));
   const int64_t kv_len = cache.kv_len(request), heads = cache.num_kv_heads(), dim = cache.head_dim();
-  Tensor k({kv_len, heads, dim}), v({kv_len, heads, dim});
+  const int64_t dim_vo = cache.head_dim_vo();
+  Tensor k({kv_len, heads, dim}), v({kv_len, heads, dim_vo});
   for (int64_t t = 0; t < kv_len; ++t) {
     const int32_t page = cache.kv_indices[cache.kv_indptr[request] + t / cache.page_size()];
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t d = 0; d < dim; ++d) {
-        k({t, h, d}) = cache.at(page, 0, t % cache.page_size(), h, d);
-        v({t, h, d}) = cache.at(page, 1, t % cache.page_size(), h, d);
-      }
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t d = 0; d < dim; ++d) k({t, h, d}) = cache.at(page, 0, t % cache.page_size(), h, d);
+      for (int64_t d = 0; d < dim_vo; ++d) v({t, h, d}) = cache.at(page, 1, t % cache.page_size(), h, d);
+    }
   }
   return {std::move(k), std::move(v)};
 }

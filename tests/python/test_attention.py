@@ -146,6 +146,30 @@ def test_head_dim_vo_differs_from_head_dim(rng, layout):
         flashstep.single_prefill_with_kv_cache(q, k, v[:, :1])
 
 
+def test_paged_prefill_with_a_narrower_v_cache(rng):
+    """(k_cache, v_cache) with v narrower (MLA's prefill shape): the paged call equals the
+    ragged one on the same rows; NHD, pages of 4, shuffled."""
+    k_rows, v_rows = rng.standard_normal((13, 2, 24)), rng.standard_normal((13, 2, 16))
+    q = rng.standard_normal((7, 4, 24))
+    kv_indptr_rows, qo_indptr = np.array([0, 5, 13]), np.array([0, 3, 7])
+    pages = [2, 0, 4, 1]  # request 0: pages 2, 0 (5 rows); request 1: pages 4, 1 (8 rows)
+    k_cache, v_cache = np.full((5, 4, 2, 24), np.nan), np.full((5, 4, 2, 16), np.nan)
+    for row, (page, slot) in enumerate([(2, 0), (2, 1), (2, 2), (2, 3), (0, 0)] +
+                                       [(4, s) for s in range(4)] + [(1, s) for s in range(4)]):
+        k_cache[page, slot], v_cache[page, slot] = k_rows[row], v_rows[row]
+    o, lse = flashstep.batch_prefill_with_paged_kv_cache(
+        q, qo_indptr, (k_cache, v_cache), np.array([0, 2, 4]), np.array(pages), np.array([1, 4]), causal=True,
+        return_lse=True)
+    o_r, lse_r = flashstep.batch_prefill_with_ragged_kv_cache(q, qo_indptr, k_rows, v_rows, kv_indptr_rows,
+                                                              causal=True, return_lse=True)
+    assert o.shape == (7, 4, 16)
+    np.testing.assert_array_equal(o, o_r)
+    np.testing.assert_array_equal(lse, lse_r)
+    with pytest.raises(ValueError, match="same shape but for the last dimension"):
+        flashstep.batch_prefill_with_paged_kv_cache(q, qo_indptr, (k_cache, v_cache[:, :, :1]), np.array([0, 2, 4]),
+                                                    np.array(pages), np.array([1, 4]))
+
+
 def test_append_paged_kv_cache_in_place(rng):
     pool = np.full((4, 2, 2, 1, 3), np.nan, np.float32)
     k_new = rng.standard_normal((3, 1, 3)).astype(np.float32)

@@ -196,6 +196,95 @@ TEST_CASE("mla: the naive form is ragged prefill with head_dim_qk != head_dim_vo
   CHECK(ref::max_abs_diff(wrong.lse, want_lse) > 1e-6);
 }
 
+TEST_CASE("mla prefill shape over pages: K and V pools of their own widths (v_pages), appended and read") {
+  // The ragged test above, paged: K (20 wide) in `pages`, V (10 wide) in `v_pages`, both
+  // filled by append_paged_kv_cache through a shuffled page table; batch prefill and decode
+  // over them equal ragged prefill on the same rows, bit for bit (the same arithmetic on
+  // the same values).
+  auto rng = test::case_rng("mla prefill paged");
+  CAPTURE(test::run_seed());
+  const int64_t heads = 3, dqk = kNope + kRope;
+  const std::vector<int32_t> kv_lens = {9, 17, 6}, qo_lens = {4, 1, 6};
+  for (int64_t page : {1, 3, 16})
+    for (ref::KVLayout layout : {ref::KVLayout::NHD, ref::KVLayout::HND}) {
+      CAPTURE(page);
+      const int64_t nnz_kv = 32, nnz_qo = 11;
+      const Tensor k = test::random_tensor(rng, {nnz_kv, heads, dqk}),
+                   v = test::random_tensor(rng, {nnz_kv, heads, kVo});
+      const Tensor q = test::random_tensor(rng, {nnz_qo, heads, dqk}, -2, 2);
+      ref::PagedKVCache cache;
+      cache.layout = layout;
+      int64_t num_pages = 0;
+      for (int32_t len : kv_lens) num_pages += (len + page - 1) / page;
+      num_pages += 2;  // spare pages, NaN: a reader of one fails
+      std::vector<int32_t> order(static_cast<size_t>(num_pages));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      auto pool = [&](int64_t width) {
+        return layout == ref::KVLayout::NHD ? Tensor({num_pages, 1, page, heads, width}, NAN)
+                                            : Tensor({num_pages, 1, heads, page, width}, NAN);
+      };
+      cache.pages = pool(dqk);
+      cache.v_pages = pool(kVo);
+      cache.kv_indptr = {0};
+      size_t next = 0;
+      for (int32_t len : kv_lens) {
+        const int32_t pages = static_cast<int32_t>((len + page - 1) / page);
+        for (int32_t p = 0; p < pages; ++p) cache.kv_indices.push_back(order[next++]);
+        cache.kv_indptr.push_back(static_cast<int32_t>(cache.kv_indices.size()));
+        cache.kv_last_page_len.push_back(static_cast<int32_t>(len - (pages - 1) * page));
+      }
+      std::vector<int32_t> kv_indptr = {0}, qo_indptr = {0}, batch_indices, positions;
+      for (size_t b = 0; b < kv_lens.size(); ++b) {
+        kv_indptr.push_back(kv_indptr.back() + kv_lens[b]);
+        qo_indptr.push_back(qo_indptr.back() + qo_lens[b]);
+        for (int32_t t = 0; t < kv_lens[b]; ++t) {
+          batch_indices.push_back(static_cast<int32_t>(b));
+          positions.push_back(t);
+        }
+      }
+      ref::append_paged_kv_cache(k, v, batch_indices, positions, cache);
+      ref::AttentionOptions opt;
+      opt.causal = true;
+      const ref::AttentionResult want = ref::batch_prefill_with_ragged_kv_cache(q, qo_indptr, k, v, kv_indptr, opt);
+      const ref::AttentionResult got = ref::batch_prefill_with_paged_kv_cache(q, qo_indptr, cache, opt);
+      REQUIRE(got.o.shape == want.o.shape);
+      CHECK(got.o.data == want.o.data);
+      CHECK(got.lse.data == want.lse.data);
+      const auto [k1, v1] = ref::gather_paged_kv(cache, 1);
+      CHECK(v1.shape == std::vector<int64_t>{17, heads, kVo});
+      // decode: each request's last query against its keys (a one-row product, not a block's:
+      // equal to rounding)
+      Tensor q_last({3, heads, dqk});
+      for (int64_t b = 0; b < 3; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < dqk; ++d) q_last({b, h, d}) = q({qo_indptr[b + 1] - 1, h, d});
+      const ref::AttentionResult dec = ref::batch_decode_with_paged_kv_cache(q_last, cache);
+      for (int64_t b = 0; b < 3; ++b)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t d = 0; d < kVo; ++d)
+            CHECK(std::abs(dec.o({b, h, d}) - want.o({qo_indptr[b + 1] - 1, h, d})) < 1e-13);
+    }
+  // bad input: a V pool whose pages or heads differ from K's, a combined K pool beside v_pages
+  ref::PagedKVCache c;
+  c.pages = Tensor({4, 1, 16, 2, 20});
+  c.v_pages = Tensor({4, 1, 16, 3, 10});
+  c.kv_indptr = {0, 1};
+  c.kv_indices = {0};
+  c.kv_last_page_len = {5};
+  const Tensor q({1, 2, 20}, 0.1);
+  CHECK_THROWS_WITH_AS(ref::batch_decode_with_paged_kv_cache(q, c),
+                       doctest::Contains("v_pages must match the K pool but for its last dimension"),
+                       ref::InvalidArgument);
+  c.v_pages = Tensor({4, 1, 16, 2, 10});
+  c.pages = Tensor({4, 2, 16, 2, 20});
+  CHECK_THROWS_WITH_AS(ref::batch_decode_with_paged_kv_cache(q, c), doctest::Contains("dimension 1 must be 1"),
+                       ref::InvalidArgument);
+  c.pages = Tensor({4, 1, 16, 2, 20});
+  CHECK_THROWS_WITH_AS(ref::append_paged_kv_cache(Tensor({1, 2, 20}), Tensor({1, 2, 20}), {0}, {0}, c),
+                       doctest::Contains("append_value"), ref::InvalidArgument);
+}
+
 TEST_CASE("mla: paged (pages of 1, 3, 16, 64, shuffled), ragged and single calls agree") {
   auto rng = test::case_rng("mla paged ragged");
   CAPTURE(test::run_seed());

@@ -78,7 +78,13 @@ struct AttentionResult {
 struct PagedKVCache {
   /// Pool of shape (num_pages, 2, page_size, num_kv_heads, head_dim) for NHD or
   /// (num_pages, 2, num_kv_heads, page_size, head_dim) for HND; [:,0] is K, [:,1] is V.
+  /// With v_pages given: K alone, (num_pages, 1, ...).
   Tensor pages;
+  /// Not given (rank 0, the usual case): V is pages[:,1]. Given: V's own pool, for a V of
+  /// another width than K's (FlashInfer's separate k_cache and v_cache; MLA's prefill, K
+  /// 192 wide and V 128): (num_pages, 1, page_size, num_kv_heads, head_dim_vo) for NHD or
+  /// (num_pages, 1, num_kv_heads, page_size, head_dim_vo) for HND.
+  Tensor v_pages;
   KVLayout layout = KVLayout::NHD;        ///< layout of each page
   std::vector<int32_t> kv_indptr;         ///< (batch + 1): request i owns kv_indices[kv_indptr[i]:kv_indptr[i+1]]
   std::vector<int32_t> kv_indices;        ///< (kv_indptr[batch]): page ids in [0, num_pages)
@@ -92,8 +98,10 @@ struct PagedKVCache {
   int64_t page_size() const { return layout == KVLayout::NHD ? pages.dim(2) : pages.dim(3); }
   /// KV heads per token.
   int64_t num_kv_heads() const { return layout == KVLayout::NHD ? pages.dim(3) : pages.dim(2); }
-  /// Elements per head.
+  /// Elements per head of K.
   int64_t head_dim() const { return pages.dim(4); }
+  /// Elements per head of V: head_dim() unless v_pages is given.
+  int64_t head_dim_vo() const { return v_pages.rank() > 0 ? v_pages.dim(4) : head_dim(); }
   /// Keys held by request `i`.
   int64_t kv_len(int64_t i) const;
   /// Element (page, k_or_v, token-in-page, head, dim) whatever the layout.
@@ -103,13 +111,17 @@ struct PagedKVCache {
   /// \param k_or_v 0 for K, 1 for V
   /// \param token slot in the page, in [0, page_size)
   /// \param head KV head
-  /// \param d element of the head, in [0, head_dim)
+  /// \param d element of the head, in [0, head_dim) (V: [0, head_dim_vo))
   double& at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d);
 };
 
 /// Validates a paged cache (pool rank, CSR, page ids in range, last_page_len range).
 /// Throws InvalidArgument naming `fn` and the offending field.
 void check_paged_kv_cache(const char* fn, const PagedKVCache& cache);
+/// The part of check_paged_kv_cache about the pools' shapes: pages (and v_pages, when
+/// given) of rank 5 with K and V where the layout says, V's pool matching K's but for its
+/// last dimension. Throws InvalidArgument naming `fn`.
+void check_paged_kv_pools(const char* fn, const PagedKVCache& cache);
 
 /// Decode one request: one query token per head against a contiguous KV.
 /// \param q (num_qo_heads, head_dim)
@@ -134,16 +146,16 @@ AttentionResult single_prefill_with_kv_cache(const Tensor& q, const Tensor& k, c
 /// \param q (batch_size, num_qo_heads, head_dim)
 /// \param cache paged cache with `cache.batch_size() == batch_size`
 /// \param opt causal is ignored (decode); opt.kv_layout is ignored (cache.layout rules)
-/// \return o (batch_size, num_qo_heads, head_dim), lse (batch_size, num_qo_heads)
+/// \return o (batch_size, num_qo_heads, head_dim_vo), lse (batch_size, num_qo_heads)
 AttentionResult batch_decode_with_paged_kv_cache(const Tensor& q, const PagedKVCache& cache,
                                                  const AttentionOptions& opt = {});
 
 /// Batch prefill/append over ragged queries and a paged KV cache.
 /// \param q (nnz_qo, num_qo_heads, head_dim), nnz_qo = qo_indptr[batch_size]
 /// \param qo_indptr (batch_size + 1)
-/// \param cache paged cache with the same batch size
+/// \param cache paged cache with the same batch size (V may have a width of its own: v_pages)
 /// \param opt mask, scale, window and soft cap; opt.kv_layout is ignored (cache.layout rules)
-/// \return o (nnz_qo, num_qo_heads, head_dim), lse (nnz_qo, num_qo_heads)
+/// \return o (nnz_qo, num_qo_heads, head_dim_vo), lse (nnz_qo, num_qo_heads)
 AttentionResult batch_prefill_with_paged_kv_cache(const Tensor& q, const std::vector<int32_t>& qo_indptr,
                                                   const PagedKVCache& cache, const AttentionOptions& opt = {});
 

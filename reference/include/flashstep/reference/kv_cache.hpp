@@ -57,7 +57,8 @@ void append_paged_kv_cache(const Tensor& append_key, const Tensor& append_value,
                            PagedKVCache& cache);
 
 /// Gather request `request`'s K and V back to contiguous tensors.
-/// \return (k, v), each (kv_len, num_kv_heads, head_dim) in NHD whatever the pool layout
+/// \return (k, v): k (kv_len, num_kv_heads, head_dim), v (kv_len, num_kv_heads, head_dim_vo),
+///         NHD whatever the pool layout
 std::pair<Tensor, Tensor> gather_paged_kv(const PagedKVCache& cache, int64_t request);
 
 /// Build a paged cache holding the given contiguous per-request K/V (used by tests and
