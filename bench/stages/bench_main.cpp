@@ -290,6 +290,8 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     if (spec.shared_prefix > 0) return;  // contiguous K/V rows cannot be shared between requests
     spec.kv_layout = stages::KVLayout::NHD;
   }
+  // A paged pool holds K and V of one width: MLA's prefill rows (head_dim_vo) time ragged stages only.
+  if (stage.storage == stages::KVStorage::paged && spec.head_dim_vo != 0 && spec.head_dim_vo != spec.head_dim) return;
   std::mt19937_64 rng(1);
   if (!stage.supports(stages::harness::make_layout(spec, stage.storage, rng).shape)) return;
   configure(benchmark::RegisterBenchmark(name.c_str(), [&stage, spec, name, note, tune](benchmark::State& state) {
