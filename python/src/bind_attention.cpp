@@ -76,19 +76,15 @@ ref::PagedKVCache to_paged_cache(const py::handle& paged_kv_cache, const py::han
     if (k.shape != v.shape) {  // V of its own width: two pools (PagedKVCache::v_pages)
       c.pages = ref::Tensor({k.dim(0), 1, k.dim(1), k.dim(2), k.dim(3)}, std::move(k.data));
       c.v_pages = ref::Tensor({v.dim(0), 1, v.dim(1), v.dim(2), v.dim(3)}, std::move(v.data));
-      c.kv_indptr = to_int32_vector(kv_indptr, fn, "kv_indptr");
-      c.kv_indices = to_int32_vector(kv_indices, fn, "kv_indices");
-      c.kv_last_page_len = to_int32_vector(kv_last_page_len, fn, "kv_last_page_len");
-      check_pool_layout(c, fn);
-      return c;
+    } else {  // one pool, K and V interleaved page by page
+      const int64_t per_page = k.numel() / std::max<int64_t>(k.dim(0), 1);
+      c.pages = ref::Tensor({k.dim(0), 2, k.dim(1), k.dim(2), k.dim(3)});
+      for (int64_t p = 0; p < k.dim(0); ++p)
+        for (int64_t e = 0; e < per_page; ++e) {
+          c.pages.data[static_cast<size_t>((2 * p) * per_page + e)] = k.data[static_cast<size_t>(p * per_page + e)];
+          c.pages.data[static_cast<size_t>((2 * p + 1) * per_page + e)] = v.data[static_cast<size_t>(p * per_page + e)];
+        }
     }
-    const int64_t per_page = k.numel() / std::max<int64_t>(k.dim(0), 1);
-    c.pages = ref::Tensor({k.dim(0), 2, k.dim(1), k.dim(2), k.dim(3)});
-    for (int64_t p = 0; p < k.dim(0); ++p)
-      for (int64_t e = 0; e < per_page; ++e) {
-        c.pages.data[static_cast<size_t>((2 * p) * per_page + e)] = k.data[static_cast<size_t>(p * per_page + e)];
-        c.pages.data[static_cast<size_t>((2 * p + 1) * per_page + e)] = v.data[static_cast<size_t>(p * per_page + e)];
-      }
   } else {
     c.pages = to_tensor(paged_kv_cache, fn, "paged_kv_cache");
   }

@@ -183,14 +183,11 @@ int64_t PagedKVCache::kv_len(int64_t i) const {
 }
 
 double PagedKVCache::at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) const {
-  const bool own_v = k_or_v == 1 && v_pages.rank() > 0;  // V in a pool of its own width
-  const Tensor& pool = own_v ? v_pages : pages;
-  const int64_t kv = own_v ? 0 : k_or_v;
-  return layout == KVLayout::NHD ? pool({page, kv, token, head, d}) : pool({page, kv, head, token, d});
+  return const_cast<PagedKVCache&>(*this).at(page, k_or_v, token, head, d);  // reads only
 }
 
 double& PagedKVCache::at(int64_t page, int k_or_v, int64_t token, int64_t head, int64_t d) {
-  const bool own_v = k_or_v == 1 && v_pages.rank() > 0;
+  const bool own_v = k_or_v == 1 && v_pages.rank() > 0;  // V in a pool of its own width
   Tensor& pool = own_v ? v_pages : pages;
   const int64_t kv = own_v ? 0 : k_or_v;
   return layout == KVLayout::NHD ? pool({page, kv, token, head, d}) : pool({page, kv, head, token, d});
