@@ -4,9 +4,10 @@
 // The kernel (hopper_attention.cuh) is instantiated for fp16 and bf16 x head_dim 64, 128
 // and 256 (ragged) and 128 and 256 (paged), each with and without the window, and with
 // the window under soft_cap/'s and sinks/'s policies; and, ragged, for MLA's prefill (q
-// and k 192 wide, v and o 128) without them. Causal and the KV split are run-time flags. The tensor maps are encoded in run(), where
-// the device pointers are known (a few microseconds of host work, captured by value in a
-// CUDA graph; the last few encoded on a thread are reused for the same buffers).
+// and k 192 wide, v and o 128) without them. Causal and the KV split are run-time flags.
+// The tensor maps are encoded in run(), where the device pointers are known (a few
+// microseconds of host work, captured by value in a CUDA graph; the last few encoded on a
+// thread are reused for the same buffers).
 //
 // How to run it: `ctest -L gpu` validates it on the prefill grids of the registry;
 // `flashstep_bench --shapes=bench/shapes_prefill.csv` times it.
