@@ -82,23 +82,28 @@ TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by st
   CHECK(ran > 20);
 }
 
-TEST_CASE("07_hopper_ragged: MLA's prefill, head_dim 192 with head_dim_vo 128, causal and not, whole and split") {
-  if (!hopper_runs_here()) return;
-  // the reference: ragged prefill with v narrower than q and k (attention.cpp), itself held
-  // to ref::mla_naive in tests/reference/test_mla.cpp; every other case split in chunks of
-  // 128 keys, so the merge runs at o's width
+/// Runs an MLA prefill grid through `stage_name`, every other case split in chunks of 128
+/// keys (so the merge runs at o's width); returns the cases run.
+int check_mla_grid(const std::string& stage_name, const std::vector<stages::harness::CaseSpec>& grid) {
   using namespace stages::harness;
-  int n = 0, ran = 0;
-  for (const CaseSpec& spec : grids::mla_prefill_grid()) {
+  int ran = 0;
+  for (const CaseSpec& spec : grid) {
     hopper::HopperOptions opt;
-    opt.kv_chunk_size = n++ % 2 ? 128 : 0;
-    const StageInfo stage = with_options(find_stage("07_hopper_ragged"), opt);
-    const uint64_t seed = case_seed(test::run_seed(), "mla prefill " + spec.describe());
+    opt.kv_chunk_size = ran % 2 ? 128 : 0;
+    const StageInfo stage = with_options(find_stage(stage_name), opt);
+    const uint64_t seed = case_seed(test::run_seed(), "mla prefill " + stage_name + " " + spec.describe());
     const ValidationReport r = validate(stage, spec, seed);
     ++ran;
     CHECK_MESSAGE(r.passed, "chunk " << opt.kv_chunk_size << ": " << r.message());
   }
-  CHECK(ran == 16);
+  return ran;
+}
+
+TEST_CASE("07_hopper_ragged: MLA's prefill, head_dim 192 with head_dim_vo 128, causal and not, whole and split") {
+  if (!hopper_runs_here()) return;
+  // the reference: ragged prefill with v narrower than q and k (attention.cpp), itself held
+  // to ref::mla_naive in tests/reference/test_mla.cpp
+  CHECK(check_mla_grid("07_hopper_ragged", stages::harness::grids::mla_prefill_grid()) == 16);
 }
 
 TEST_CASE("07_hopper: MLA's prefill over pages, K's pool and V's own, whole and split") {
@@ -106,17 +111,7 @@ TEST_CASE("07_hopper: MLA's prefill over pages, K's pool and V's own, whole and 
   // the reference: paged prefill with V in a pool of its own (PagedKVCache::v_pages), which
   // build_case holds to the ragged answer on small cases
   using namespace stages::harness;
-  int n = 0, ran = 0;
-  for (const CaseSpec& spec : grids::mla_paged_prefill_grid()) {
-    hopper::HopperOptions opt;
-    opt.kv_chunk_size = n++ % 2 ? 0 : 128;
-    const StageInfo stage = with_options(find_stage("07_hopper"), opt);
-    const uint64_t seed = case_seed(test::run_seed(), "mla paged prefill " + spec.describe());
-    const ValidationReport r = validate(stage, spec, seed);
-    ++ran;
-    CHECK_MESSAGE(r.passed, "chunk " << opt.kv_chunk_size << ": " << r.message());
-  }
-  CHECK(ran == 12);
+  CHECK(check_mla_grid("07_hopper", grids::mla_paged_prefill_grid()) == 12);
   // run() refuses a batch without V's pool by name (before any launch)
   CaseSpec spec = grids::mla_paged_prefill_grid().front();
   const HostCase host = build_case(spec, KVStorage::paged, 7);
