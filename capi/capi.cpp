@@ -427,6 +427,7 @@ int fs_runner_run(void* runner, const fs_batch* batch, int device, void* stream)
     d.k_scale = k_scale;
     d.v_scale = v_scale;
     d.sinks = batch->sinks;
+    d.v_pool = batch->v_pool;
     // what else the stage takes at run time (sinks), by the stage's own rule
     const std::string why = r->info->unsupported_run_reason(d);
     require_lazy(why.empty(), [&] { return "run: " + why; });

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /// Bumped whenever a signature or a struct below changes.
-#define FLASHSTEP_CAPI_VERSION 10
+#define FLASHSTEP_CAPI_VERSION 11
 
 /// Statuses returned by every function.
 enum { FS_OK = 0, FS_BAD_ARGUMENT = 1, FS_FAILED = 2 };
@@ -96,6 +96,11 @@ typedef struct fs_batch {
   /// natural-log logits, each joining its head's softmax denominator; null: none. Only a
   /// stage whose capabilities list "sinks" takes them (stages/sinks/).
   const float* sinks;
+  /// Paged K/V with head_dim_vo != head_dim (MLA's prefill): V's own pool, (num_pages, 1,
+  /// page_size, Hkv, head_dim_vo) NHD or (num_pages, 1, Hkv, page_size, head_dim_vo) HND,
+  /// and kv_pool then holds K alone, (num_pages, 1, ...) (FlashInfer's separate k_cache and
+  /// v_cache). Null otherwise.
+  const void* v_pool;
 } fs_batch;
 
 /// The message of the last failing call on this thread ("" when none).

@@ -60,6 +60,7 @@ struct LevelLaunch {
   const void* k = nullptr;                    ///< ragged: (nnz_kv, num_kv_heads, head_dim)
   const void* v = nullptr;                    ///< ragged: (nnz_kv, num_kv_heads, head_dim)
   const void* kv_pool = nullptr;              ///< paged: the page pool
+  const void* v_pool = nullptr;               ///< paged, head_dim_vo != head_dim: V's pool (DeviceBatch)
   const int32_t* qo_indptr = nullptr;         ///< (batch_size + 1)
   const int32_t* kv_indptr = nullptr;         ///< (batch_size + 1): pages, or ragged tokens
   const int32_t* kv_indices = nullptr;        ///< paged: page ids

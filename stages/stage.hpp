@@ -161,6 +161,12 @@ struct DeviceBatch {
   /// logits, fp32, each joining its head's softmax denominator with no value
   /// (stages/sinks/); null: none. Only stages whose StageInfo::sinks is set take them.
   const float* sinks = nullptr;
+  /// Paged storage with head_dim_vo != head_dim (MLA's prefill): V's own pool,
+  /// (num_pages, 1, page_size, Hkv, head_dim_vo) NHD or (num_pages, 1, Hkv, page_size,
+  /// head_dim_vo) HND, and kv_pool then holds K alone, (num_pages, 1, ...) (FlashInfer's
+  /// separate k_cache and v_cache). Null otherwise: V is kv_pool[:, 1]. (Last, so that
+  /// positional initialisers of the fields above keep their meaning.)
+  const void* v_pool = nullptr;
 };
 
 /// The k_scale a run applies: batch.k_scale when given (non-zero), else shape.k_scale.

@@ -10,7 +10,7 @@ meaningful within one run). How a peer is timed: bench/peers/timing.py. Which pe
 on a shape depends on the shapes file, recognised by its columns, one module per workload:
   decode.py    bench/shapes.csv, shapes_split_kv.csv, shapes_fp8.csv (no "mode" column)
   prefill.py   bench/shapes_prefill.csv (a "mode" column; stage 04), and
-               bench/shapes_mla_prefill.csv (a "head_dim_vo" column too: FlashInfer's ragged wrapper)
+               bench/shapes_mla_prefill.csv (a "head_dim_vo" column too: FlashInfer's ragged and paged wrappers)
   cascade.py   bench/shapes_cascade.csv (a "shared_prefix" column too; stage 05)
 SDPA runs first, then FlashInfer in child processes with a time limit
 (--flashinfer-timeout; bench/peers/children.py says why). --peers times one family only,
@@ -46,7 +46,7 @@ def flashinfer_child(args, shapes, flush, sets):
         if "shared_prefix" in s:
             rows = cascade.flashinfer_cascade_rows(s, flush)
         elif s.get("head_dim_vo") and s["head_dim_vo"] != s["head_dim"]:  # bench/shapes_mla_prefill.csv
-            rows = prefill.flashinfer_ragged_vo_rows(s, flush, args.flashinfer_backends.split(","))
+            rows = prefill.flashinfer_vo_rows(s, flush, args.flashinfer_backends.split(","))
         else:
             rows = decode.flashinfer_rows(s, flush, args.flashinfer_backends.split(","))
         with open(args.out, "a", encoding="utf-8") as f:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from decode import PAGE_ORDER_SEED, paged_layout
 from shapes import decode_bytes, prefill_lengths, visible_pairs
 from timing import BACKENDS, DTYPES, run_peer, timed
 
@@ -80,10 +81,13 @@ def sdpa_decode_rows(s, flush):
 
 
 
-def flashinfer_ragged_vo_rows(s, flush, backends=("fa2", "fa3")):
-    """FlashInfer's ragged prefill wrapper with head_dim_vo (bench/shapes_mla_prefill.csv:
-    q and k head_dim wide, v and o head_dim_vo), on contiguous K/V as flashstep's ragged
-    entry reads it; TFLOP/s counts 2 (head_dim + head_dim_vo) flops per visible pair."""
+def flashinfer_vo_rows(s, flush, backends=("fa2", "fa3")):
+    """FlashInfer's prefill wrappers with head_dim_vo (bench/shapes_mla_prefill.csv: q and k
+    head_dim wide, v and o head_dim_vo): the ragged one on contiguous K/V as flashstep's
+    ragged entry reads it (rows flashinfer_<backend>), and the paged one on a (k_cache,
+    v_cache) pair of two pools, laid out as flashstep_bench lays out the shape's pages
+    (rows flashinfer_<backend>_paged); TFLOP/s counts 2 (head_dim + head_dim_vo) flops per
+    visible pair."""
     import itertools
     try:
         import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
@@ -103,18 +107,36 @@ def flashinfer_ragged_vo_rows(s, flush, backends=("fa2", "fa3")):
     k = torch.empty(int(kv_indptr[-1]), hkv, d, dtype=dtype, device="cuda").uniform_(-1, 1)
     v = torch.empty(int(kv_indptr[-1]), hkv, dv, dtype=dtype, device="cuda").uniform_(-1, 1)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    page, layout = int(s["page_size"]), s.get("layout", "NHD")
+    indptr, indices, last, num_pages = paged_layout([kv for _, kv in lengths], page, s.get("page_order", "sequential"),
+                                                    PAGE_ORDER_SEED)
+    page_dims = (page, hkv) if layout == "NHD" else (hkv, page)
+    pools = (torch.empty((num_pages,) + page_dims + (d,), dtype=dtype, device="cuda").uniform_(-1, 1),
+             torch.empty((num_pages,) + page_dims + (dv,), dtype=dtype, device="cuda").uniform_(-1, 1))
+    paged = (i32(indptr), i32(indices), i32(last))
+    version = getattr(flashinfer, "__version__", "unknown")
+    flops = 2.0 * (d + dv) * hq * visible_pairs(lengths, causal)
     rows = []
     for backend in backends:
-        row = {"impl": "flashinfer_" + backend, "shape": s["name"], "note": "ragged, head_dim_vo %d" % dv,
-               "flashinfer_version": getattr(flashinfer, "__version__", "unknown"),
-               "flops": 2.0 * (d + dv) * hq * visible_pairs(lengths, causal)}
-        try:
-            w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
-            w.plan(qo_indptr, kv_indptr, hq, hkv, d, head_dim_vo=dv, causal=causal, q_data_type=dtype,
-                   kv_data_type=dtype)
-            w.run(q, k, v)
-            timed(row, lambda: w.run(q, k, v), flush)
-        except Exception as e:  # a backend this FlashInfer build or GPU lacks: recorded, not fatal
-            row["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
-        rows.append(row)
+        for storage in ("ragged", "paged"):
+            paged_row = storage == "paged"
+            where = "paged, page %d %s" % (page, layout) if paged_row else "ragged"
+            row = {"impl": "flashinfer_" + backend + ("_paged" if paged_row else ""), "shape": s["name"],
+                   "note": "%s, head_dim_vo %d" % (where, dv), "flashinfer_version": version, "flops": flops}
+            try:
+                if paged_row:
+                    w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, layout, backend=backend)
+                    w.plan(qo_indptr, *paged, hq, hkv, d, page, head_dim_vo=dv, causal=causal, q_data_type=dtype,
+                           kv_data_type=dtype)
+                    args = (q, pools)
+                else:
+                    w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend=backend)
+                    w.plan(qo_indptr, kv_indptr, hq, hkv, d, head_dim_vo=dv, causal=causal, q_data_type=dtype,
+                           kv_data_type=dtype)
+                    args = (q, k, v)
+                w.run(*args)
+                timed(row, lambda: w.run(*args), flush)
+            except Exception as e:  # a backend this FlashInfer build or GPU lacks: recorded, not fatal
+                row["error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
+            rows.append(row)
     return rows

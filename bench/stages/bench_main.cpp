@@ -144,7 +144,7 @@ struct GemmCeiling {
 struct StageInputs {
   std::string key;
   stages::BatchShape shape;
-  DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, k, v, o, lse, workspace;
+  DeviceBuffer q, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, pool, v_pool, k, v, o, lse, workspace;
   stages::DeviceBatch batch;
   std::unique_ptr<stages::StageRunner> runner;
   cudaGraphExec_t graph = nullptr;  ///< run() captured once; null: the stage refused capture
@@ -224,9 +224,17 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage, 
   if (s.storage == stages::KVStorage::paged) {
     in->kv_indices = stages::harness::upload(layout.kv_indices);
     in->kv_last_page_len = stages::harness::upload(s.kv_last_page_len);
-    const size_t pool_elems = size_t(s.num_pages) * 2 * s.page_size * s.num_kv_heads * s.head_dim;
+    // V of its own width (MLA's prefill): K's pool holds K alone, V a pool of its own
+    const bool own_v = s.resolved_head_dim_vo() != s.head_dim;
+    const size_t page_rows = size_t(s.num_pages) * s.page_size * s.num_kv_heads;
+    const size_t pool_elems = page_rows * (own_v ? 1 : 2) * s.head_dim;
     in->pool = DeviceBuffer(pool_elems * kv_elem);
     fill_uniform(s.resolved_kv_dtype(), in->pool.get(), pool_elems, 2, -1.f, 1.f, nullptr);
+    if (own_v) {
+      in->v_pool = DeviceBuffer(page_rows * s.resolved_head_dim_vo() * kv_elem);
+      fill_uniform(s.resolved_kv_dtype(), in->v_pool.get(), page_rows * s.resolved_head_dim_vo(), 5, -1.f, 1.f,
+                   nullptr);
+    }
   } else {
     in->k = DeviceBuffer(kv_elems * kv_elem);
     in->v = DeviceBuffer(v_elems * kv_elem);
@@ -245,6 +253,7 @@ StageInputs& inputs_for(const std::string& key, const stages::StageInfo& stage, 
                in->v.get(),
                in->o.get(),
                in->lse.as<float>()};
+  in->batch.v_pool = in->v_pool.get();  // null unless V has a pool of its own
   in->runner = tune.num_stages || tune.threads ? std::make_unique<stages::paged::PagedRunner>(tune)
                                                : stage.make_runner();
   in->workspace = DeviceBuffer(in->runner->workspace_bytes(s));
@@ -290,8 +299,6 @@ void register_stage(const stages::StageInfo& stage, const BenchShape& shape, con
     if (spec.shared_prefix > 0) return;  // contiguous K/V rows cannot be shared between requests
     spec.kv_layout = stages::KVLayout::NHD;
   }
-  // A paged pool holds K and V of one width: MLA's prefill rows (head_dim_vo) time ragged stages only.
-  if (stage.storage == stages::KVStorage::paged && spec.head_dim_vo != 0 && spec.head_dim_vo != spec.head_dim) return;
   std::mt19937_64 rng(1);
   if (!stage.supports(stages::harness::make_layout(spec, stage.storage, rng).shape)) return;
   configure(benchmark::RegisterBenchmark(name.c_str(), [&stage, spec, name, note, tune](benchmark::State& state) {

@@ -59,7 +59,8 @@ class _Batch(ctypes.Structure):
     """fs_batch of flashstep_capi.h."""
     _fields_ = [(name, ctypes.c_void_p) for name in (
         "q", "qo_indptr", "kv_indptr", "kv_pool", "kv_indices", "kv_last_page_len", "k", "v", "o", "lse")] + [
-        ("k_scale", ctypes.c_double), ("v_scale", ctypes.c_double), ("sinks", ctypes.c_void_p)]
+        ("k_scale", ctypes.c_double), ("v_scale", ctypes.c_double), ("sinks", ctypes.c_void_p),
+        ("v_pool", ctypes.c_void_p)]
 
 
 class _MlaShape(ctypes.Structure):
@@ -138,7 +139,7 @@ _SIGNATURES = {
     "fs_set_device": [_I, ctypes.POINTER(_I)],
     "fs_stream_synchronize": [_P],
 }
-EXPECTED_VERSION = 10
+EXPECTED_VERSION = 11
 
 _lib = None
 

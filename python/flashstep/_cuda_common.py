@@ -353,8 +353,3 @@ def _head_dim_vo(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
     return head_dim_vo
 
 
-def _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask):
-    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-        raise ValueError(f"{fn}: head_dim_vo must equal head_dim_qk; got {head_dim_vo} and {head_dim_qk}")
-    if custom_mask is not None or packed_custom_mask is not None:
-        raise ValueError(f"{fn}: custom masks are not supported")

@@ -223,6 +223,7 @@ class PlanRun:
         p.o_shape = p.q_shape if p.head_dim_vo == shape.head_dim else (nnz_qo, shape.num_qo_heads, p.head_dim_vo)
         _planned_options(p, shape)
         p.set_batch(self._device_batch)
+        self._device_batch.v_pool = None  # a run over V's own pool sets it (_own_v_pools)
         p.lse_scratch = self._lse_scratch
         self._planned = p
 
@@ -386,19 +387,22 @@ class PlanRun:
                 b.q, b.kv_pool, b.k_scale, b.v_scale = qp, kp, k_scale, v_scale
                 return self._torch_launch(p, t, q, device, return_lse, out, lse)
         qa = check(device_array(q, fn, "q"), fn, "q", dtypes=(p.dtype,), shape=p.q_shape)
-        pool, num_pages = self._paged_pool(paged_kv_cache, p, fn)
+        pool, num_pages, v_pool = self._paged_pool(paged_kv_cache, p, fn)
         if p.max_page is not None and p.max_page >= num_pages:
             raise ValueError(f"{fn}: the planned indices reach page {p.max_page}; paged_kv_cache has {num_pages} "
                              "pages")
         o, lse_t = self._outputs(qa, out, lse, p, fn)
         oa, la = device_array(o, fn, "out"), device_array(lse_t, fn, "lse")
-        _aligned([(qa, "q"), (pool, "paged_kv_cache"), (oa, "out")], fn)
+        pools = [(pool, "paged_kv_cache")] if v_pool is None else [(pool, "paged_kv_cache[0]"),
+                                                                    (v_pool, "paged_kv_cache[1]")]
+        _aligned([(qa, "q")] + pools + [(oa, "out")], fn)
         if qa.device is None:
-            for a, name in ((qa, "q"), (pool, "paged_kv_cache")):
+            for a, name in [(qa, "q")] + pools:
                 _check_on_device(a, fn, name)
-        arrays = [(qa, "q"), (pool, "paged_kv_cache"), (oa, "out"), (la, "lse")] + self._sinks(p, sinks, fn)
+        arrays = [(qa, "q")] + pools + [(oa, "out"), (la, "lse")] + self._sinks(p, sinks, fn)
         b = p.batch
         b.q, b.kv_pool, b.o, b.lse = qa.ptr, pool.ptr, oa.ptr, la.ptr
+        b.v_pool = None if v_pool is None else v_pool.ptr
         b.k_scale, b.v_scale = k_scale, v_scale
         self._launch(qa, b, arrays)
         return (o, lse_t) if return_lse else o
@@ -415,10 +419,14 @@ class PlanRun:
         return [(sa, "sinks")]
 
     def _paged_pool(self, paged_kv_cache, p, fn):
-        """The pool pointer of a 5-D cache, or of a (k_cache, v_cache) tuple that is its two halves."""
+        """(pool, num_pages, v_pool): the pool of a 5-D cache, or of a (k_cache, v_cache)
+        tuple that is its two halves (v_pool None); with head_dim_vo planned, a (k_cache,
+        v_cache) pair of two pools of their own widths (MLA's prefill)."""
         hnd = self._kv_layout == "HND"
         ps, hk, d = p.page_size, p.num_kv_heads, p.head_dim
         page = (hk, ps, d) if hnd else (ps, hk, d)
+        if p.head_dim_vo != d:
+            return self._own_v_pools(paged_kv_cache, p, fn, page)
         if isinstance(paged_kv_cache, (tuple, list)):
             if len(paged_kv_cache) != 2:
                 raise ValueError(f"{fn}: paged_kv_cache must be one 5-D tensor or a (k_cache, v_cache) pair")
@@ -432,11 +440,25 @@ class PlanRun:
             if k.strides != want or v.strides != want or v.ptr - k.ptr != inner * ITEMSIZE[p.kv_dtype]:
                 raise ValueError(f"{fn}: the stages read one pool (num_pages, 2, ...): a (k_cache, v_cache) pair "
                                  "is accepted only as pool[:, 0] and pool[:, 1] of one contiguous tensor")
-            return k, k.shape[0]
+            return k, k.shape[0], None
         pool = device_array(paged_kv_cache, fn, "paged_kv_cache")
         _check_pool_layout(fn, "paged_kv_cache", pool.shape, self._kv_layout, ps, hk, d)
         pool = check(pool, fn, "paged_kv_cache", dtypes=(p.kv_dtype,), shape=(None, 2) + page)
-        return pool, pool.shape[0]
+        return pool, pool.shape[0], None
+
+    def _own_v_pools(self, paged_kv_cache, p, fn, page):
+        """head_dim_vo planned: paged_kv_cache is (k_cache, v_cache), each contiguous and its
+        own pool, k_cache's pages head_dim wide and v_cache's head_dim_vo, the same number of
+        pages (the stages' DeviceBatch::v_pool)."""
+        if not isinstance(paged_kv_cache, (tuple, list)) or len(paged_kv_cache) != 2:
+            raise ValueError(f"{fn}: head_dim_vo {p.head_dim_vo} was planned: paged_kv_cache must be a (k_cache, "
+                             f"v_cache) pair, k_cache's last dimension {p.head_dim} and v_cache's {p.head_dim_vo}")
+        k = check(device_array(paged_kv_cache[0], fn, "paged_kv_cache[0]"), fn, "paged_kv_cache[0]",
+                  dtypes=(p.kv_dtype,), shape=(None,) + page)
+        v_page = page[:2] + (p.head_dim_vo,)
+        v = check(device_array(paged_kv_cache[1], fn, "paged_kv_cache[1]"), fn, "paged_kv_cache[1]",
+                  dtypes=(p.kv_dtype,), shape=(k.shape[0],) + v_page)
+        return k, k.shape[0], v
 
     def run_return_lse(self, *args, **kwargs):
         """run(..., return_lse=True): FlashInfer's name for it."""

@@ -1,7 +1,7 @@
 """Batch prefill over a paged or a ragged KV cache: FlashInfer's prefill wrappers."""
 from ._cuda_plan import PlanRun
 from ._cuda_common import (_aligned, _check_forward_options, _check_on_device, _head_dim_vo, _index, _no_rope, _PAGED,
-                           _plan_dtypes, _PREFILL, _RAGGED, _same_head_dims, _unsupported_run_args)
+                           _plan_dtypes, _PREFILL, _RAGGED, _unsupported_run_args)
 from ._tensors import _TORCH_TYPES, check, device_array
 
 
@@ -38,13 +38,16 @@ class BatchPrefillWithPagedKVCacheWrapper(PlanRun):
         device."""
         fn = self._fn
         _no_rope(fn, pos_encoding_mode, rope_scale, rope_theta)
-        _same_head_dims(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
+        # head_dim_vo other than head_dim_qk (MLA's prefill): run() then takes a (k_cache,
+        # v_cache) pair of the two widths, each its own pool
+        head_dim_vo = _head_dim_vo(fn, head_dim_qk, head_dim_vo, custom_mask, packed_custom_mask)
         dtype, kv_dtype = _plan_dtypes(fn, q_data_type, kv_data_type, o_data_type, fp8_kv=True)
         self._plan(dtype, _index(qo_indptr, fn, "qo_indptr"), _index(paged_kv_indptr, fn, "paged_kv_indptr"),
                    _index(paged_kv_indices, fn, "paged_kv_indices"),
                    _index(paged_kv_last_page_len, fn, "paged_kv_last_page_len"), stage, kv_dtype=kv_dtype,
                    num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim_qk, page_size=page_size,
-                   causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
+                   causal=causal, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                   head_dim_vo=head_dim_vo)
 
     begin_forward = plan
 

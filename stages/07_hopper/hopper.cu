@@ -84,17 +84,20 @@ CUtensorMap encode_map(const void* base, DType dtype, int64_t tokens, int heads,
 }
 
 /// The page pool as a 5-D tensor map for one TMA copy per page (tokens `rows` of a page,
-/// 64 columns, one head, K or V): (D, Hkv, page_size, 2, pages) for NHD, (D, page_size,
-/// Hkv, 2, pages) for HND, innermost first. `num_pages` 0 (a pool whose size plan() was
-/// not told): the page dimension is left at its largest, page ids come from the table.
-CUtensorMap make_pool_map(const void* pool, const BatchShape& s, int rows) {
+/// 64 columns, one head, K or V): (D, Hkv, page_size, planes, pages) for NHD, (D,
+/// page_size, Hkv, planes, pages) for HND, innermost first, where `planes` is 2 (K and V)
+/// or 1 (a pool of K alone, or V's own pool, `width` wide: MLA's prefill). `num_pages` 0 (a
+/// pool whose size plan() was not told): the page dimension is left at its largest, page
+/// ids come from the table.
+CUtensorMap make_pool_map(const void* pool, const BatchShape& s, int rows, int width, int planes) {
   CUtensorMap map;
-  const cuuint64_t elem = 2, D = cuuint64_t(s.head_dim), H = cuuint64_t(s.num_kv_heads), P = cuuint64_t(s.page_size);
+  const cuuint64_t elem = 2, D = cuuint64_t(width), H = cuuint64_t(s.num_kv_heads), P = cuuint64_t(s.page_size);
   const bool hnd = s.kv_layout == KVLayout::HND;
   const cuuint64_t pages = s.num_pages > 0 ? cuuint64_t(s.num_pages) : cuuint64_t(INT32_MAX);
-  const cuuint64_t dims[5] = {D, hnd ? P : H, hnd ? H : P, 2, pages};
+  const cuuint64_t dims[5] = {D, hnd ? P : H, hnd ? H : P, cuuint64_t(planes), pages};
   // bytes to the next index of dims 1..4: NHD head, slot; HND slot, head; then K -> V, page
-  const cuuint64_t strides[4] = {D * elem, (hnd ? P : H) * D * elem, P * H * D * elem, 2 * P * H * D * elem};
+  const cuuint64_t strides[4] = {D * elem, (hnd ? P : H) * D * elem, P * H * D * elem,
+                                 cuuint64_t(planes) * P * H * D * elem};
   const cuuint32_t box[5] = {64, hnd ? cuuint32_t(rows) : 1u, hnd ? 1u : cuuint32_t(rows), 1, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = tensor_map_encoder()(
@@ -102,8 +105,8 @@ CUtensorMap make_pool_map(const void* pool, const BatchShape& s, int rows) {
       const_cast<void*>(pool), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   ref::require(r == CUDA_SUCCESS, "HopperRunner::run",
-               "cuTensorMapEncodeTiled failed for the page pool (error " + std::to_string(int(r)) +
-                   "): kv_pool must be 16-byte aligned");
+               "cuTensorMapEncodeTiled failed for a page pool (error " + std::to_string(int(r)) +
+                   "): kv_pool and v_pool must be 16-byte aligned");
   return map;
 }
 
@@ -155,15 +158,24 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   HopperParams p;
   p.q_map = make_map(l.q, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM, group, Tr::Br / group);
   if constexpr (PAGED) {
+    // V of its own width (MLA's prefill) comes from its own pool, and K's holds K alone
+    constexpr bool kOwnV = HEAD_DIM_VO != HEAD_DIM;
+    const bool hnd = s.kv_layout == KVLayout::HND;
     p.kv = kernels::make_paged_kv(static_cast<const uint16_t*>(l.kv_pool), l.kv_indptr, l.kv_indices,
-                                  l.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM,
-                                  s.kv_layout == KVLayout::HND);
-    p.hnd = s.kv_layout == KVLayout::HND;
+                                  l.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM, hnd);
+    if constexpr (kOwnV) {
+      p.kv.stride_page = p.kv.stride_kv;  // one plane a page
+      p.v_kv = kernels::make_paged_kv(static_cast<const uint16_t*>(l.v_pool), l.kv_indptr, l.kv_indices,
+                                      l.kv_last_page_len, s.page_size, s.num_kv_heads, HEAD_DIM_VO, hnd);
+      p.v_kv.stride_page = p.v_kv.stride_kv;
+    }
+    p.hnd = hnd;
     // one TMA copy per page where a page is a whole number of 8-row swizzle atoms and the
     // key tile a whole number of pages (8, 16, 32, 64 tokens)
     if (s.page_size % 8 == 0 && Tr::Bc % s.page_size == 0) {
       p.tma_rows = s.page_size;
-      p.kv_map = make_pool_map(l.kv_pool, s, p.tma_rows);
+      p.kv_map = make_pool_map(l.kv_pool, s, p.tma_rows, HEAD_DIM, kOwnV ? 1 : 2);
+      if constexpr (kOwnV) p.v_pool_map = make_pool_map(l.v_pool, s, p.tma_rows, HEAD_DIM_VO, 1);
     }
   } else {
     p.k_map = make_map(l.k, s.dtype, s.kv_indptr.back(), s.num_kv_heads, HEAD_DIM, 1, Tr::Bc);
@@ -209,8 +221,9 @@ void set_smem_limit() {
 /// sinks/'s policy, a capped one under soft_cap/'s, each always the instantiation with the
 /// window (gpt-oss's layers slide a window beside their sinks, Gemma 2's beside the cap),
 /// so that a policy costs one instantiation per element type and head_dim, not two. Sinks
-/// and the cap do not combine. MLA's prefill (head_dim 192, head_dim_vo 128, ragged) is
-/// built plain only: the entry's rules refuse a window or a cap with it, run() sinks.
+/// and the cap do not combine. MLA's prefill (head_dim 192, head_dim_vo 128, ragged or
+/// paged) is built plain only: the entries' rules refuse a window or a cap with it, run()
+/// sinks.
 template <typename F>
 void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
   auto by_mods = [&](auto t, auto d, auto paged) {
@@ -222,9 +235,13 @@ void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
   auto by_dim = [&](auto t) {
     // over pages head_dim 128 and 256 (stage_info() says why not 64)
     const bool ragged = s.storage == KVStorage::ragged;
-    if (s.head_dim == 192 && s.resolved_head_dim_vo() == 128 && ragged)
-      return f(t, std::integral_constant<int, 192>{}, std::false_type{}, std::false_type{}, kernels::IdentityPolicy{},
+    if (s.head_dim == 192 && s.resolved_head_dim_vo() == 128) {
+      if (ragged)
+        return f(t, std::integral_constant<int, 192>{}, std::false_type{}, std::false_type{}, kernels::IdentityPolicy{},
+                 std::integral_constant<int, 128>{});
+      return f(t, std::integral_constant<int, 192>{}, std::true_type{}, std::false_type{}, kernels::IdentityPolicy{},
                std::integral_constant<int, 128>{});
+    }
     ref::require(s.resolved_head_dim_vo() == s.head_dim, "HopperRunner", "no kernel for " + s.describe());
     if (s.head_dim == 64 && ragged) return by_mods(t, std::integral_constant<int, 64>{}, std::false_type{});
     if (s.head_dim == 128 && ragged) return by_mods(t, std::integral_constant<int, 128>{}, std::false_type{});
@@ -269,6 +286,14 @@ void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cud
   ref::require(l.sinks == nullptr || shape.resolved_head_dim_vo() == shape.head_dim, "HopperRunner::run",
                "batch.sinks is given, but stage 07 runs head_dim_vo != head_dim without sinks (" + shape.describe() +
                    ")");
+  if (shape.storage == KVStorage::paged) {
+    const bool own_v = shape.resolved_head_dim_vo() != shape.head_dim;
+    ref::require(own_v == (l.v_pool != nullptr), "HopperRunner::run",
+                 own_v ? "batch.v_pool is null, but head_dim_vo != head_dim keeps V in a pool of its own (" +
+                             shape.describe() + ")"
+                       : "batch.v_pool is given, but head_dim_vo == head_dim keeps V in kv_pool (" + shape.describe() +
+                             ")");
+  }
   dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy, auto vo) {
     launch<decltype(t), d(), paged(), window(), decltype(policy), vo()>(shape, l, stream);
   });
@@ -392,6 +417,7 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   l.k = batch.k;
   l.v = batch.v;
   l.kv_pool = batch.kv_pool;
+  l.v_pool = batch.v_pool;
   l.qo_indptr = batch.qo_indptr;
   l.kv_indptr = batch.kv_indptr;
   l.kv_indices = batch.kv_indices;
@@ -452,6 +478,8 @@ StageInfo stage_info() {
   // head_dim 64 over pages ran at 0.88x stage 04 on an H100 (the chapter's table): a 128-byte
   // row costs the gather as much as a 256-byte one, for half the math. Stage 04 keeps it.
   s.head_dims = {128, 256};
+  // MLA's prefill over pages: K's pool and V's own (DeviceBatch::v_pool), as in the ragged entry
+  s.head_dim_pairs = {{192, 128}};
   s.make_runner = [] { return std::make_unique<HopperRunner>(); };
   return s;
 }

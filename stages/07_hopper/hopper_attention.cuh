@@ -90,7 +90,6 @@ struct HopperTraits {
   static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
   static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
                 "head_dim and head_dim_vo must be multiples of 64");
-  static_assert(!PAGED || HEAD_DIM_VO == HEAD_DIM, "a page pool holds K and V of one width");
 };
 
 /// What the kernel reads. The tensor maps describe q (nnz_qo, Hq, D) and, over ragged
@@ -126,6 +125,11 @@ struct HopperParams {
   const int32_t* partial_indptr = nullptr;    ///< (nnz_qo + 1): query token t's partial rows
   float* partial_o = nullptr;                 ///< (partial rows, Hq, D_vo)
   float* partial_lse = nullptr;               ///< (partial rows, Hq), natural log
+  // paged, V of its own width (HEAD_DIM_VO != HEAD_DIM, MLA's prefill): V's own pool, one
+  // plane a page, and `kv` then K's pool alone (last, so the other kernels' parameters
+  // keep their offsets)
+  CUtensorMap v_pool_map;             ///< as kv_map, over V's pool, HEAD_DIM_VO wide
+  kernels::PagedKV<uint16_t> v_kv{};  ///< V's pool, its page table and strides
 };
 
 namespace detail {
@@ -386,8 +390,8 @@ __device__ __forceinline__ PageBox find_page_box(const HopperParams& p, const Ti
 }
 
 template <int HEAD_DIM, int Bc>
-__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const PageBox& box, int kv_head,
-                                           int is_v, int lane, uint64_t* full) {
+__device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const CUtensorMap* map,
+                                           const PageBox& box, int kv_head, int is_v, int lane, uint64_t* full) {
   namespace ptx = cuda::ptx;
   if (box.page >= 0) {
     // the map's dims 1 and 2: (head, slot) for NHD, (slot, head) for HND
@@ -396,7 +400,7 @@ __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperPara
     for (int c = 0; c < HEAD_DIM / 64; ++c) {
       const int32_t coords[5] = {c * 64, dim1, dim2, is_v, box.page};
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * 128 + lane * p.tma_rows * 128,
-                                &p.kv_map, coords, full);
+                                map, coords, full);
     }
   }
 }
@@ -488,17 +492,24 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
         unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? smem.v(s) : smem.k(s));
         if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        // V of its own width: plane 0 of V's own pool (v_pool_map, v_kv), K plane 0 of its
         if (this_by_page) {
           if (threadIdx.x == 0)
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
-                                           uint32_t{Tr::kKBytes});  // (paged: K and V tiles alike)
+                                           is_v ? uint32_t{Tr::kVBytes} : uint32_t{Tr::kKBytes});
           else ptx::mbarrier_arrive(full);
           if (threadIdx.x < 32) {
             __syncwarp();  // the bytes are announced before any copy can land
-            copy_pages<HEAD_DIM, Bc>(tile, p, box, kv_head, is_v, threadIdx.x, full);
+            if constexpr (HEAD_DIM_VO == HEAD_DIM)
+              copy_pages<HEAD_DIM, Bc>(tile, p, &p.kv_map, box, kv_head, is_v, threadIdx.x, full);
+            else if (is_v) copy_pages<HEAD_DIM_VO, Bc>(tile, p, &p.v_pool_map, box, kv_head, 0, threadIdx.x, full);
+            else copy_pages<HEAD_DIM, Bc>(tile, p, &p.kv_map, box, kv_head, 0, threadIdx.x, full);
           }
         } else {
-          gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, is_v, threadIdx.x);
+          if constexpr (HEAD_DIM_VO == HEAD_DIM)
+            gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, is_v, threadIdx.x);
+          else if (is_v) gather_tile<HEAD_DIM_VO, Bc>(tile, p.v_kv, t, key0, kv_head, false, threadIdx.x);
+          else gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, false, threadIdx.x);
           ptx::cp_async_mbarrier_arrive_noinc(full);
         }
       }

@@ -72,8 +72,10 @@ void check_spec(const CaseSpec& spec, KVStorage storage) {
   ref::require(spec.qo_len >= 1, fn, "qo_len must be >= 1 (got " + std::to_string(spec.qo_len) + ")");
   ref::require(spec.head_dim >= 1, fn, "head_dim must be >= 1");
   ref::require(spec.head_dim_vo >= 0, fn, "head_dim_vo must be 0 (head_dim) or positive");
-  ref::require(spec.head_dim_vo == 0 || spec.head_dim_vo == spec.head_dim || storage == KVStorage::ragged, fn,
-               "head_dim_vo != head_dim is built for ragged K/V only (a paged pool holds K and V of one width)");
+  if (spec.head_dim_vo != 0 && spec.head_dim_vo != spec.head_dim)
+    ref::require((!spec.kv_dtype || *spec.kv_dtype == spec.dtype) && spec.k_scale == 1.0 && spec.v_scale == 1.0 &&
+                     spec.pos_encoding == PosEncoding::none,
+                 fn, "head_dim_vo != head_dim (MLA's prefill) is built with K/V in q's dtype, unscaled, without RoPE");
   ref::check_heads(fn, spec.num_qo_heads, spec.num_kv_heads);
   ref::require(storage != KVStorage::paged || spec.page_size >= 1, fn,
                "page_size must be >= 1 (got " + std::to_string(spec.page_size) + ")");
@@ -268,10 +270,12 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
           owner = row;
           continue;
         }
-        const int64_t n = std::min<int64_t>(P, s.kv_len(b) - t) * H * D;
-        for (ref::Tensor* x : {&k, &v})
-          std::copy(x->data.begin() + owner * H * D, x->data.begin() + owner * H * D + n,
-                    x->data.begin() + row * H * D);
+        for (ref::Tensor* x : {&k, &v}) {
+          const int64_t width = x->dim(2);  // head_dim, or v's head_dim_vo
+          const int64_t n = std::min<int64_t>(P, s.kv_len(b) - t) * H * width;
+          std::copy(x->data.begin() + owner * H * width, x->data.begin() + owner * H * width + n,
+                    x->data.begin() + row * H * width);
+        }
       }
   }
   // RoPE inside the stage: the pool keeps k as drawn; the reference attends with q and k
@@ -311,12 +315,20 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
   // Paged: start from a pool of NaN, so that a kernel reading a slot no request owns
   // (a spare page, or past last_page_len) poisons its output and fails the check; then
   // copy each token's rows to (page, slot) through the page table.
+  // V of another width than K (MLA's prefill) keeps a pool of its own, and K's then holds
+  // K alone: (num_pages, 1, ...) each (ref::PagedKVCache::v_pages).
   ref::PagedKVCache& p = c.paged;
   p.layout = s.kv_layout;
-  const int64_t P = s.page_size;
-  p.pages = s.kv_layout == KVLayout::NHD ? ref::Tensor({s.num_pages, 2, P, H, D})
-                                         : ref::Tensor({s.num_pages, 2, H, P, D});
-  std::fill(p.pages.data.begin(), p.pages.data.end(), std::numeric_limits<double>::quiet_NaN());
+  const int64_t P = s.page_size, Dv = s.resolved_head_dim_vo();
+  const bool own_v = Dv != D;
+  const auto pool = [&](int64_t planes, int64_t width) {
+    ref::Tensor t = s.kv_layout == KVLayout::NHD ? ref::Tensor({s.num_pages, planes, P, H, width})
+                                                 : ref::Tensor({s.num_pages, planes, H, P, width});
+    std::fill(t.data.begin(), t.data.end(), std::numeric_limits<double>::quiet_NaN());
+    return t;
+  };
+  p.pages = pool(own_v ? 1 : 2, D);
+  if (own_v) p.v_pages = pool(1, Dv);
   p.kv_indptr = s.kv_indptr;
   p.kv_indices = c.layout.kv_indices;
   p.kv_last_page_len = s.kv_last_page_len;
@@ -327,10 +339,12 @@ HostCase build_case(const CaseSpec& spec, KVStorage storage, uint64_t seed) {
       const int64_t row = token_indptr[b] + t;
       for (int kv = 0; kv < 2; ++kv)
         for (int64_t h = 0; h < H; ++h) {
-          const int64_t dst = hnd ? (((page * 2 + kv) * H + h) * P + slot) * D
-                                  : (((page * 2 + kv) * P + slot) * H + h) * D;
-          const double* src = (kv ? v : k).data.data() + (row * H + h) * D;
-          std::copy(src, src + D, p.pages.data.begin() + dst);
+          // (page, plane, slot, head) of K's pool, or of V's own: plane 0 of one of them
+          const int64_t planes = own_v ? 1 : 2, plane = own_v ? 0 : kv, width = kv ? Dv : D;
+          const int64_t dst = hnd ? (((page * planes + plane) * H + h) * P + slot) * width
+                                  : (((page * planes + plane) * P + slot) * H + h) * width;
+          const double* src = (kv ? v : k).data.data() + (row * H + h) * width;
+          std::copy(src, src + width, (own_v && kv ? p.v_pages : p.pages).data.begin() + dst);
         }
     }
   // On small cases, the reference's own paged entry point must give the same answer from

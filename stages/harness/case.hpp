@@ -48,7 +48,7 @@ struct CaseSpec {
   int num_qo_heads = 32;                        ///< query heads, Hq
   int num_kv_heads = 8;                         ///< kv heads, Hkv; Hq / Hkv is the GQA group size
   int head_dim = 128;                           ///< elements per head of q and k, D
-  int head_dim_vo = 0;                          ///< of v and o when they differ (ragged only); 0: head_dim
+  int head_dim_vo = 0;                          ///< of v and o when they differ; 0: head_dim
   int page_size = 16;                           ///< paged storage only
   bool causal = false;                          ///< prefill only
   int window_left = -1;                         ///< keep the last window_left + 1 keys of each query's range; -1 = off

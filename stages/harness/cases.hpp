@@ -636,6 +636,37 @@ inline std::vector<CaseSpec> mla_prefill_grid() {
   return cases;
 }
 
+/// MLA's prefill shape over pages: K's pool and V's own (DeviceBatch::v_pool). Pages of 1
+/// (every tile gathered), 16 and 64 (a tile by the TMA page by page, a request's last tile
+/// gathered), NHD and HND, shuffled pages, causal and not, an empty request, and a shared
+/// prefix (pages held by several requests).
+inline std::vector<CaseSpec> mla_paged_prefill_grid() {
+  std::vector<CaseSpec> cases;
+  int n = 0;
+  for (int page_size : {1, 16, 64})
+    for (KVLayout layout : {KVLayout::NHD, KVLayout::HND})
+      for (bool causal : {false, true}) {
+        CaseSpec c;
+        c.mode = Mode::prefill;
+        c.kv_layout = layout;
+        c.page_size = page_size;
+        c.batch_size = n % 3 == 0 ? 1 : 3;
+        c.qo_len = n % 2 ? 129 : 65;
+        c.kv_len = c.qo_len + (n % 4 < 2 ? 300 : 0);
+        c.num_qo_heads = n % 3 == 2 ? 16 : 8;
+        c.num_kv_heads = n % 3 == 2 ? 4 : 8;
+        c.head_dim = 192;
+        c.head_dim_vo = 128;
+        c.dtype = n % 2 ? DType::f16 : DType::bf16;
+        c.causal = causal;
+        c.lengths = n % 4 == 1 ? LengthPolicy::ragged_with_empty : LengthPolicy::ragged;
+        if (n % 5 == 4) c.shared_prefix = 2 * page_size + 3;
+        ++n;
+        cases.push_back(c);
+      }
+  return cases;
+}
+
 /// One long request (4096 causal and not, 16384 and 32768 causal): many K/V ring wraps
 /// and query tiles; and a batch of more units than multiprocessors.
 inline std::vector<CaseSpec> hopper_long_grid() {

@@ -63,6 +63,7 @@ DeviceCase::DeviceCase(const HostCase& host) : dtype_(host.layout.shape.dtype) {
     kv_indices_ = upload(host.layout.kv_indices);
     kv_last_page_len_ = upload(s.kv_last_page_len);
     pool_ = upload(encode(kv_dtype, host.paged.pages.data));  // NaN slots stay NaN in every dtype
+    if (host.paged.v_pages.rank() > 0) v_pool_ = upload(encode(kv_dtype, host.paged.v_pages.data));  // V's own
   } else {
     k_ = upload(encode(kv_dtype, host.k.data));
     v_ = upload(encode(kv_dtype, host.v.data));
@@ -81,6 +82,7 @@ DeviceCase::DeviceCase(const HostCase& host) : dtype_(host.layout.shape.dtype) {
   batch_.v = v_.get();
   batch_.o = o_.get();
   batch_.lse = lse_.as<float>();
+  batch_.v_pool = v_pool_.get();  // null unless V has a pool of its own
   if (!host.sinks.empty()) {
     sinks_ = upload(host.sinks);
     batch_.sinks = sinks_.as<float>();

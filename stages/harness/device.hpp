@@ -86,7 +86,7 @@ class DeviceCase {
 
  private:
   DType dtype_;
-  DeviceBuffer q_, qo_indptr_, kv_indptr_, kv_indices_, kv_last_page_len_, pool_, k_, v_, o_, lse_, sinks_;
+  DeviceBuffer q_, qo_indptr_, kv_indptr_, kv_indices_, kv_last_page_len_, pool_, v_pool_, k_, v_, o_, lse_, sinks_;
   DeviceBatch batch_;
 };
 

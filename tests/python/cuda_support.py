@@ -65,10 +65,14 @@ def torch_dtype(torch, name):
     return getattr(torch, name)
 
 
-def paged_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim, dtype, layout, spare_pages=3):
+def paged_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim, dtype, layout, spare_pages=3,
+                head_dim_vo=None):
     """A paged pool holding len(kv_lens) requests on shuffled pages, NaN in every slot no
     request owns. Returns (pool, kv_indptr, kv_indices, last_page_len, keys, values), the
-    last two lists of (kv_len, Hkv, D) float64 tensors per request."""
+    last two lists of (kv_len, Hkv, D) float64 tensors per request. With head_dim_vo (MLA's
+    prefill) the pool is a (k_cache, v_cache) pair of two pools on the same page table,
+    (num_pages, page_size, Hkv, D) and (..., head_dim_vo) NHD, (num_pages, Hkv, page_size,
+    ...) HND, and the values are head_dim_vo wide."""
     pages = [max(1, -(-n // page_size)) if n > 0 else 0 for n in kv_lens]
     total = sum(pages) + spare_pages
     order = torch.randperm(total, generator=g, device="cuda").to(torch.int32)
@@ -76,20 +80,29 @@ def paged_batch(torch, g, kv_lens, page_size, num_kv_heads, head_dim, dtype, lay
     kv_indptr = torch.tensor([0] + list(itertools.accumulate(pages)), dtype=torch.int32, device="cuda")
     last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(kv_lens, pages)],
                         dtype=torch.int32, device="cuda")
-    shape = (total, 2, page_size, num_kv_heads, head_dim) if layout == "NHD" else \
-        (total, 2, num_kv_heads, page_size, head_dim)
-    pool = torch.full(shape, float("nan"), dtype=getattr(torch, dtype), device="cuda")
+    d_vo = head_dim_vo or head_dim
+    nan = dict(dtype=getattr(torch, dtype), device="cuda")
+    if head_dim_vo is None:
+        shape = (total, 2, page_size, num_kv_heads, head_dim) if layout == "NHD" else \
+            (total, 2, num_kv_heads, page_size, head_dim)
+        pool = torch.full(shape, float("nan"), **nan)
+        k_pool, v_pool = pool[:, 0], pool[:, 1]
+    else:
+        page = (page_size, num_kv_heads) if layout == "NHD" else (num_kv_heads, page_size)
+        k_pool = torch.full((total,) + page + (head_dim,), float("nan"), **nan)
+        v_pool = torch.full((total,) + page + (d_vo,), float("nan"), **nan)
+        pool = (k_pool, v_pool)
     keys, values = [], []
     for i, n in enumerate(kv_lens):
-        k = (torch.rand((n, num_kv_heads, head_dim), generator=g, device="cuda") * 2 - 1).to(pool.dtype)
-        v = (torch.rand((n, num_kv_heads, head_dim), generator=g, device="cuda") * 2 - 1).to(pool.dtype)
+        k = (torch.rand((n, num_kv_heads, head_dim), generator=g, device="cuda") * 2 - 1).to(k_pool.dtype)
+        v = (torch.rand((n, num_kv_heads, d_vo), generator=g, device="cuda") * 2 - 1).to(k_pool.dtype)
         t = torch.arange(n, device="cuda")
         page = kv_indices[int(kv_indptr[i]) + t // page_size].long()
         slot = t % page_size
         if layout == "NHD":
-            pool[page, 0, slot], pool[page, 1, slot] = k, v
+            k_pool[page, slot], v_pool[page, slot] = k, v
         else:  # advanced indices around a slice: the indexed dims come first, (n, Hkv, D)
-            pool[page, 0, :, slot], pool[page, 1, :, slot] = k, v
+            k_pool[page, :, slot], v_pool[page, :, slot] = k, v
         keys.append(k.double())
         values.append(v.double())
     return pool, kv_indptr, kv_indices, last, keys, values

@@ -185,14 +185,15 @@ def test_plan_arguments_are_checked_on_the_host():
     with pytest.raises(ValueError, match=r"run: call plan\(\) first"):
         w.run(FakeCuda((2, 8, 128)), FakeCuda((10, 2, 16, 2, 128)))
     r = fsc.BatchPrefillWithRaggedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
-    # head_dim_vo: the ragged wrapper passes a positive one on (the registry says which pairs
-    # run: MLA's 192/128 on stage 07); the paged wrapper runs v and o as wide as q and k only
+    # head_dim_vo: both prefill wrappers pass a positive one on (the registry says which
+    # pairs run: MLA's 192/128 on stage 07; over pages run() then takes a (k_cache, v_cache)
+    # pair of the two widths)
     raises(r"plan: head_dim_vo must be a positive integer or None; got 0", r.plan, [0, 4], [0, 9], 8, 8, 128, 0)
     raises(r"plan: head_dim_vo must be a positive integer or None; got 64.0", r.plan, [0, 4], [0, 9], 8, 8, 128,
            64.0)
     pw = fsc.BatchPrefillWithPagedKVCacheWrapper(FakeCuda((1 << 20,), "|u1"))
-    raises(r"plan: head_dim_vo must equal head_dim_qk; got 128 and 192", pw.plan, [0, 4], [0, 1], [0], [4], 8, 8,
-           192, 16, head_dim_vo=128)
+    raises(r"plan: head_dim_vo must be a positive integer or None; got 0", pw.plan, [0, 4], [0, 1], [0], [4], 8, 8,
+           192, 16, head_dim_vo=0)
     raises(r"plan: custom masks are not supported", r.plan, [0, 4], [0, 9], 8, 8, 128, custom_mask=object())
     raises(r"plan: qo_indptr has 3 entries, kv_indptr 2", r.plan, [0, 4, 5], [0, 9], 8, 8, 128)
 

@@ -197,6 +197,34 @@ def test_batch_prefill_ragged_head_dim_vo(torch, fsc, flashinfer, rng, causal):
     compare(torch, fsc, ours.run(q, k, v, return_lse=True), fi, dtype, f"MLA prefill {ours.stage} vs FlashInfer")
 
 
+@pytest.mark.parametrize("layout,page_size", [("NHD", 16), ("HND", 16), ("NHD", 1)])
+def test_batch_prefill_paged_head_dim_vo(torch, fsc, flashinfer, rng, layout, page_size):
+    """MLA's prefill shape over pages: (k_cache, v_cache) as two pools of their own widths
+    on one page table, FlashInfer's tuple form, the same tensors for both."""
+    g = cs.generator(torch, rng, f"paged prefill 192/128 {layout} {page_size}")
+    h, d_qk, d_vo, dtype = 16, 192, 128, "bfloat16"
+    lens = prefill_lengths(rng)
+    pools, kv_indptr, indices, last, _, _ = cs.paged_batch(torch, g, [kv for _, kv in lens], page_size, h, d_qk,
+                                                           dtype, layout, head_dim_vo=d_vo)
+    pools = tuple(p.nan_to_num(0.0) for p in pools)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo for qo, _ in lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, int(qo_indptr[-1]), h, d_qk, dtype)
+    ours = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+    try:
+        ours.plan(qo_indptr, kv_indptr, indices, last, h, h, d_qk, page_size, head_dim_vo=d_vo, causal=True,
+                  q_data_type=torch.bfloat16)
+    except ValueError as e:
+        assert "head_dim 192 with head_dim_vo 128" in str(e)
+        pytest.skip("no flashstep stage runs head_dim 192 / head_dim_vo 128 on this GPU (stage 07 needs sm_90a)")
+    def flashinfer_prefill():
+        theirs = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+        theirs.plan(qo_indptr, kv_indptr, indices, last, h, h, d_qk, page_size, head_dim_vo=d_vo, causal=True,
+                    q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+        return theirs.run(q, pools, return_lse=True)
+    fi = peer(flashinfer_prefill, "this paged prefill batch with head_dim_vo 128")
+    compare(torch, fsc, ours.run(q, pools, return_lse=True), fi, dtype, f"MLA paged prefill {ours.stage} vs FlashInfer")
+
+
 def test_merge_state_with_base_2_lse(torch, fsc, flashinfer, rng):
     g = cs.generator(torch, rng, "merge_state")
     seq, heads, d = 50, 8, 128

@@ -285,6 +285,39 @@ def test_mla_prefill_head_dim_vo_matches_the_float64_oracle(torch, fsc, rng, dty
         w.run(q, k, k)  # v as wide as k: not what was planned
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_mla_paged_prefill_head_dim_vo_matches_the_float64_oracle(torch, fsc, rng, layout, page_size):
+    """MLA's prefill over pages: the paged wrapper's head_dim_vo, run() given (k_cache,
+    v_cache) as two pools of their own widths on one page table (FlashInfer's tuple form);
+    stage 07 runs it on an sm_90a GPU, elsewhere plan() says that no stage does."""
+    g = cs.generator(torch, rng, f"mla paged prefill {layout} {page_size}")
+    h, d_qk, d_vo, dtype = 16, 192, 128, "bfloat16"
+    qo_lens = [qo for qo, _ in PREFILL_LENGTHS]
+    kv_lens = [kv for _, kv in PREFILL_LENGTHS]
+    pools, kv_indptr, kv_indices, last, keys, values = cs.paged_batch(torch, g, kv_lens, page_size, h, d_qk, dtype,
+                                                                      layout, head_dim_vo=d_vo)
+    qo_indptr = torch.tensor([0] + list(itertools.accumulate(qo_lens)), dtype=torch.int32, device="cuda")
+    q = cs.random_rows(torch, g, sum(qo_lens), h, d_qk, dtype)
+    w = fsc.BatchPrefillWithPagedKVCacheWrapper(workspace(torch), layout)
+    args = (qo_indptr, kv_indptr, kv_indices, last, h, h, d_qk, page_size)
+    if not hopper_runs_ragged():
+        with pytest.raises(ValueError, match=r"head_dim 192 with head_dim_vo 128"):
+            w.plan(*args, head_dim_vo=d_vo, causal=True, q_data_type=dtype)
+        return
+    w.plan(*args, head_dim_vo=d_vo, causal=True, q_data_type=dtype)
+    assert w.stage == "07_hopper"
+    o, lse = w.run(q, pools, return_lse=True)
+    assert tuple(o.shape) == (q.shape[0], h, d_vo)
+    refs = [cs.attention_reference(torch, q[int(qo_indptr[i]):int(qo_indptr[i + 1])], keys[i], values[i],
+                                   causal=True) for i in range(len(kv_lens))]
+    check_attention(torch, fsc, o, lse, refs, dtype, "MLA paged prefill")
+    with pytest.raises(ValueError, match=r"paged_kv_cache must be a \(k_cache, v_cache\) pair"):
+        w.run(q, pools[0])
+    with pytest.raises(ValueError, match=r"paged_kv_cache\[1\] must have shape"):
+        w.run(q, (pools[0], pools[0]))  # V as wide as K: not what was planned
+
+
 @pytest.mark.parametrize("kind", ["decode", "prefill", "ragged", "cascade"])
 def test_run_without_lse_writes_the_same_output(torch, fsc, rng, kind):
     """run() without return_lse writes the lse it does not return into a scratch area of

@@ -211,6 +211,56 @@ TEST_CASE("build_case: lengths, page table and NaN pool follow the spec") {
   CHECK(build_case(spec, KVStorage::paged, seed).q.data == c.q.data);
 }
 
+TEST_CASE("build_case: V of its own width keeps a pool of its own, shared pages and both layouts") {
+  // MLA's prefill over pages: K's pool (num_pages, 1, ...) of head_dim 12, V's of 8; a
+  // shared prefix makes requests hold the same pages, whose rows must be one set in both
+  // pools; build_case itself holds the reference's paged answer from these pools to its
+  // ragged one on cases this small, so a scatter to the wrong plane or width throws
+  for (KVLayout layout : {KVLayout::NHD, KVLayout::HND}) {
+    CaseSpec spec;
+    spec.mode = Mode::prefill;
+    spec.kv_layout = layout;
+    spec.batch_size = 3;
+    spec.kv_len = 21;
+    spec.qo_len = 5;
+    spec.page_size = 4;
+    spec.num_qo_heads = 4;
+    spec.num_kv_heads = 2;
+    spec.head_dim = 12;
+    spec.head_dim_vo = 8;
+    spec.shared_prefix = 9;  // two whole pages shared, the third each request's own copy
+    spec.causal = true;
+    const uint64_t seed = case_seed(test::run_seed(), "build_case own v " + spec.describe());
+    CAPTURE(seed);
+    const HostCase c = build_case(spec, KVStorage::paged, seed);
+    const BatchShape& s = c.layout.shape;
+    CHECK(c.paged.pages.shape ==
+          std::vector<int64_t>{s.num_pages, 1, layout == KVLayout::NHD ? 4 : 2, layout == KVLayout::NHD ? 2 : 4, 12});
+    REQUIRE(c.paged.v_pages.rank() == 5);
+    CHECK(c.paged.v_pages.dim(4) == 8);
+    CHECK(c.paged.head_dim_vo() == 8);
+    CHECK(c.expected.o.shape == std::vector<int64_t>{s.nnz_qo(), 4, 8});
+    // every page a request holds is filled in both pools (shared pages once), the rest NaN
+    const std::set<int32_t> held(c.layout.kv_indices.begin(), c.layout.kv_indices.end());
+    int64_t slots = 0;  // distinct (page, slot) pairs holding a token
+    for (int b = 0; b < s.batch_size; ++b)
+      for (int64_t t = 0; t < s.kv_len(b); ++t)
+        if (t >= 8 || b == 0) ++slots;  // the shared pages' slots count once
+    int64_t k_finite = 0, v_finite = 0;
+    for (double x : c.paged.pages.data) k_finite += std::isfinite(x);
+    for (double x : c.paged.v_pages.data) v_finite += std::isfinite(x);
+    CHECK(k_finite == slots * 2 * 12);
+    CHECK(v_finite == slots * 2 * 8);
+    CHECK(held.size() < c.layout.kv_indices.size());  // the prefix's pages are shared
+  }
+  CaseSpec fp8;
+  fp8.head_dim = 192;
+  fp8.head_dim_vo = 128;
+  fp8.kv_dtype = DType::e4m3;
+  CHECK_THROWS_WITH_AS(build_case(fp8, KVStorage::paged, 1), doctest::Contains("K/V in q's dtype, unscaled"),
+                       ref::InvalidArgument);
+}
+
 TEST_CASE("build_case: bad specs are refused by name") {
   CaseSpec spec;
   spec.num_qo_heads = 12;

@@ -5,7 +5,9 @@
 #include "07_hopper/hopper.hpp"
 #include "flashstep/reference/errors.hpp"
 #include "grid_runner.hpp"
+#include "harness/case.hpp"
 #include "harness/cases.hpp"
+#include "harness/device.hpp"
 #include "harness/validate.hpp"
 #include "registry.hpp"
 #include "support/random.hpp"
@@ -80,23 +82,47 @@ TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by st
   CHECK(ran > 20);
 }
 
-TEST_CASE("07_hopper_ragged: MLA's prefill, head_dim 192 with head_dim_vo 128, causal and not, whole and split") {
-  if (!hopper_runs_here()) return;
-  // the reference: ragged prefill with v narrower than q and k (attention.cpp), itself held
-  // to ref::mla_naive in tests/reference/test_mla.cpp; every other case split in chunks of
-  // 128 keys, so the merge runs at o's width
+/// Runs an MLA prefill grid through `stage_name`, every other case split in chunks of 128
+/// keys (so the merge runs at o's width); returns the cases run.
+int check_mla_grid(const std::string& stage_name, const std::vector<stages::harness::CaseSpec>& grid) {
   using namespace stages::harness;
-  int n = 0, ran = 0;
-  for (const CaseSpec& spec : grids::mla_prefill_grid()) {
+  int ran = 0;
+  for (const CaseSpec& spec : grid) {
     hopper::HopperOptions opt;
-    opt.kv_chunk_size = n++ % 2 ? 128 : 0;
-    const StageInfo stage = with_options(find_stage("07_hopper_ragged"), opt);
-    const uint64_t seed = case_seed(test::run_seed(), "mla prefill " + spec.describe());
+    opt.kv_chunk_size = ran % 2 ? 128 : 0;
+    const StageInfo stage = with_options(find_stage(stage_name), opt);
+    const uint64_t seed = case_seed(test::run_seed(), "mla prefill " + stage_name + " " + spec.describe());
     const ValidationReport r = validate(stage, spec, seed);
     ++ran;
     CHECK_MESSAGE(r.passed, "chunk " << opt.kv_chunk_size << ": " << r.message());
   }
-  CHECK(ran == 16);
+  return ran;
+}
+
+TEST_CASE("07_hopper_ragged: MLA's prefill, head_dim 192 with head_dim_vo 128, causal and not, whole and split") {
+  if (!hopper_runs_here()) return;
+  // the reference: ragged prefill with v narrower than q and k (attention.cpp), itself held
+  // to ref::mla_naive in tests/reference/test_mla.cpp
+  CHECK(check_mla_grid("07_hopper_ragged", stages::harness::grids::mla_prefill_grid()) == 16);
+}
+
+TEST_CASE("07_hopper: MLA's prefill over pages, K's pool and V's own, whole and split") {
+  if (!hopper_runs_here()) return;
+  // the reference: paged prefill with V in a pool of its own (PagedKVCache::v_pages), which
+  // build_case holds to the ragged answer on small cases
+  using namespace stages::harness;
+  CHECK(check_mla_grid("07_hopper", grids::mla_paged_prefill_grid()) == 12);
+  // run() refuses a batch without V's pool by name (before any launch)
+  CaseSpec spec = grids::mla_paged_prefill_grid().front();
+  const HostCase host = build_case(spec, KVStorage::paged, 7);
+  DeviceCase dev(host);
+  DeviceBatch batch = dev.batch();
+  batch.v_pool = nullptr;
+  hopper::HopperRunner runner;
+  const BatchShape& s = host.layout.shape;
+  DeviceBuffer ws(runner.workspace_bytes(s));
+  runner.plan(s, ws.get(), ws.bytes(), nullptr);
+  CHECK_THROWS_WITH_AS(runner.run(batch, nullptr), doctest::Contains("batch.v_pool is null"), ref::InvalidArgument);
 }
 
 TEST_SUITE("host") {
@@ -124,7 +150,7 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   CHECK(!stage.unsupported_reason(s).empty());
 }
 
-TEST_CASE("07_hopper: head_dim_vo other than head_dim: MLA's 192 / 128 on ragged K/V only, plain, named") {
+TEST_CASE("07_hopper: head_dim_vo other than head_dim: MLA's 192 / 128, ragged and paged, plain, named") {
   BatchShape s;
   s.mode = Mode::prefill;
   s.storage = KVStorage::ragged;
@@ -155,7 +181,7 @@ TEST_CASE("07_hopper: head_dim_vo other than head_dim: MLA's 192 / 128 on ragged
   // the other entries take v and o as wide as q and k only, and say so
   s.head_dim_vo = 128;
   for (const StageInfo& stage : registry()) {
-    if (stage.name == "07_hopper_ragged") continue;
+    if (stage.name == "07_hopper_ragged" || stage.name == "07_hopper") continue;
     BatchShape t = s;
     t.storage = stage.storage;
     if (!stage.supports(Mode::prefill)) {
@@ -176,7 +202,11 @@ TEST_CASE("07_hopper: head_dim_vo other than head_dim: MLA's 192 / 128 on ragged
   s.page_size = 16;
   s.kv_indptr = {0, 1};
   s.kv_last_page_len = {9};
-  CHECK(hopper::stage_info().unsupported_reason(s).find("v and o as wide as q and k only") != std::string::npos);
+  const StageInfo paged = hopper::stage_info();
+  CHECK(paged.unsupported_reason(s) == gpu);  // built for it over pages too (V in a pool of its own)
+  CHECK(paged.capabilities().find("192/128") != std::string::npos);
+  s.window_left = 16;
+  CHECK(paged.unsupported_reason(s).find("without window_left and logits_soft_cap") != std::string::npos);
 }
 
 TEST_CASE(
