@@ -198,8 +198,11 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
   p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
+  // work items fastest, then kv heads (the kernel says why); a grid's y is at most 65535
+  ref::require(s.num_kv_heads <= 65535, "HopperRunner::run", "num_kv_heads must be <= 65535 (" + s.describe() + ")");
+  const dim3 grid(static_cast<unsigned>(l.num_items), static_cast<unsigned>(s.num_kv_heads));
   hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>
-      <<<static_cast<unsigned>(l.num_items * s.num_kv_heads), Tr::kThreads, Tr::smem_bytes(), stream>>>(
+      <<<grid, Tr::kThreads, Tr::smem_bytes(), stream>>>(
           p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap}));
   kernels::check_launch("hopper_attention_kernel");
 }

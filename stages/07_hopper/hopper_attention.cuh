@@ -737,7 +737,9 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO> smem{
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
-  const int item = blockIdx.x / p.num_kv_heads, kv_head = blockIdx.x % p.num_kv_heads;
+  // the grid is (work items, kv heads), items fastest: the blocks that run at one time are
+  // items of one kv head, which read that head's K/V, so L2 serves most of their reads
+  const int item = blockIdx.x, kv_head = blockIdx.y;
   const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, item);
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) smem.init_barriers();
