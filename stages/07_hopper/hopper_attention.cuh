@@ -236,13 +236,13 @@ __device__ __forceinline__ void issue_scores(float (&sc)[Bc / 2], const T* q_row
   constexpr int kCols = 64;
   // Two descriptors built, the others a constant further: the start address is bits 0-13
   // in 16-byte units, and an offset inside shared memory never carries out of them.
-  const uint64_t dq = smem_descriptor(q_rows, 16), dk = smem_descriptor(k_tile, 16);
+  const SmemDescriptor dq(q_rows, 16), dk(k_tile, 16);
 #pragma unroll
   for (int c = 0; c < HEAD_DIM / kCols; ++c)
 #pragma unroll
     for (int k = 0; k < kCols / 16; ++k)
-      wgmma_ss<T, Bc>(sc, dq + (c * Br * kCols + k * 16) * sizeof(T) / 16,
-                      dk + (c * Bc * kCols + k * 16) * sizeof(T) / 16, c + k > 0);
+      wgmma_ss<T, Bc>(sc, dq.at((c * Br * kCols + k * 16) * sizeof(T) / 16),
+                      dk.at((c * Bc * kCols + k * 16) * sizeof(T) / 16), c + k > 0);
 }
 
 /// O += P V: Bc / 16 k-steps of 16 keys; P from registers, V MN-major (a 128-byte row
@@ -253,13 +253,13 @@ template <typename T, int HEAD_DIM, int Bc>
 __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[Bc / 16][4], const T* v_tile) {
   constexpr int kCols = 64, kN = HEAD_DIM > 128 ? 128 : HEAD_DIM;
   using Half = float[kN / 2];
-  const uint64_t dv = smem_descriptor(v_tile, Bc * kCols * sizeof(T));  // the others: a constant further
+  const SmemDescriptor dv(v_tile, Bc * kCols * sizeof(T));  // the others: a constant further
 #pragma unroll
   for (int k = 0; k < Bc / 16; ++k)
 #pragma unroll
     for (int h = 0; h < HEAD_DIM / kN; ++h)
       wgmma_rs<T, kN>(*reinterpret_cast<Half*>(o + h * kN / 2), a[k],
-                      dv + ((h * kN / kCols) * Bc * kCols + k * 16 * kCols) * sizeof(T) / 16, 1);
+                      dv.at(((h * kN / kCols) * Bc * kCols + k * 16 * kCols) * sizeof(T) / 16), 1);
 }
 
 /// -inf for keys past the chunk's end, (causal) keys after the row's position q_pos[h],

@@ -41,6 +41,19 @@ __device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t l
          uint64_t(1) << 62;
 }
 
+/// smem_descriptor's two words apart: the high one (stride and swizzle) is the same for
+/// every tile, so a descriptor a few k-steps further is its low word plus a constant, a
+/// 32-bit add (the start address never carries out of bits 0-13 inside shared memory),
+/// where adding to the 64-bit descriptor made the compiler carry into the high word.
+struct SmemDescriptor {
+  static constexpr uint32_t kHigh = (1024 >> 4) | (1u << 30);  ///< bits 32-63
+  uint32_t low;                                                ///< bits 0-31
+  __device__ __forceinline__ SmemDescriptor(const void* smem, uint32_t leading_bytes)
+      : low(static_cast<uint32_t>(smem_descriptor(smem, leading_bytes))) {}
+  /// The descriptor of the tile `units` x 16 bytes further.
+  __device__ __forceinline__ uint64_t at(uint32_t units) const { return uint64_t(kHigh) << 32 | (low + units); }
+};
+
 /// Orders this thread's register writes before the next wgmma reads them (wgmma.fence).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 /// Closes the group of wgmma issued since the last commit.
