@@ -49,6 +49,9 @@ def flashinfer_child(args, shapes, flush, sets):
             rows = prefill.flashinfer_vo_rows(s, flush, args.flashinfer_backends.split(","))
         else:
             rows = decode.flashinfer_rows(s, flush, args.flashinfer_backends.split(","))
+            if s.get("mode") == "prefill":  # bench/shapes_prefill.csv: the ragged wrapper too (the _ragged stages)
+                backends = args.flashinfer_backends.split(",")
+                rows += prefill.flashinfer_vo_rows(s, flush, backends, ("ragged",), "_ragged")
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps({"shape": s["name"], "rows": rows}) + "\n")
         torch.cuda.empty_cache()

@@ -5,7 +5,9 @@ fewer queries than keys runs non-causal there and the row says so), and FlashInf
 wrappers where `import flashinfer` works: the paged prefill wrapper with the fa2 and fa3
 backends, and the tensor-core decode wrapper for decode rows (checked against cuDNN SDPA
 like the decode files' rows), on a page-16 NHD pool laid out like the stage's
-(decode.flashinfer_rows serves both files). TFLOP/s counts 4 * head_dim flops per
+(decode.flashinfer_rows serves both files); and on prefill rows the ragged prefill wrapper
+with both backends (rows flashinfer_<backend>_ragged, flashinfer_vo_rows), on contiguous
+K/V as the _ragged stages read it. TFLOP/s counts 4 * head_dim flops per
 (query, key) pair the peer's mask lets through, per query head, as flashstep_bench does;
 decode rows count bytes (GB/s).
 """
@@ -81,19 +83,21 @@ def sdpa_decode_rows(s, flush):
 
 
 
-def flashinfer_vo_rows(s, flush, backends=("fa2", "fa3")):
+def flashinfer_vo_rows(s, flush, backends=("fa2", "fa3"), storages=("ragged", "paged"), ragged_suffix=""):
     """FlashInfer's prefill wrappers with head_dim_vo (bench/shapes_mla_prefill.csv: q and k
-    head_dim wide, v and o head_dim_vo): the ragged one on contiguous K/V as flashstep's
-    ragged entry reads it (rows flashinfer_<backend>), and the paged one on a (k_cache,
-    v_cache) pair of two pools, laid out as flashstep_bench lays out the shape's pages
-    (rows flashinfer_<backend>_paged); TFLOP/s counts 2 (head_dim + head_dim_vo) flops per
-    visible pair."""
+    head_dim wide, v and o head_dim_vo; a shape without that column has v as wide as k): the
+    ragged one on contiguous K/V as flashstep's ragged entry reads it (rows
+    flashinfer_<backend><ragged_suffix>), and the paged one on a (k_cache, v_cache) pair of
+    two pools, laid out as flashstep_bench lays out the shape's pages (rows
+    flashinfer_<backend>_paged); `storages` picks which. TFLOP/s counts 2 (head_dim +
+    head_dim_vo) flops per visible pair."""
     import itertools
     try:
         import flashinfer  # noqa: F401  (made importable offline by the peers bundle)
     except Exception as e:  # not installed here: say so in the results, time nothing
         return [{"impl": "flashinfer", "shape": s["name"], "error": f"flashinfer not importable: {e}"[:300]}]
-    hq, hkv, d, dv = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"]), int(s["head_dim_vo"])
+    hq, hkv, d = int(s["num_qo_heads"]), int(s["num_kv_heads"]), int(s["head_dim"])
+    dv = int(s.get("head_dim_vo") or d)
     dtype = DTYPES[s["dtype"]]
     lengths = prefill_lengths(s)
     causal = s["causal"] == "1"
@@ -112,16 +116,17 @@ def flashinfer_vo_rows(s, flush, backends=("fa2", "fa3")):
                                                     PAGE_ORDER_SEED)
     page_dims = (page, hkv) if layout == "NHD" else (hkv, page)
     pools = (torch.empty((num_pages,) + page_dims + (d,), dtype=dtype, device="cuda").uniform_(-1, 1),
-             torch.empty((num_pages,) + page_dims + (dv,), dtype=dtype, device="cuda").uniform_(-1, 1))
+             torch.empty((num_pages,) + page_dims + (dv,), dtype=dtype, device="cuda").uniform_(-1, 1)
+             ) if "paged" in storages else None
     paged = (i32(indptr), i32(indices), i32(last))
     version = getattr(flashinfer, "__version__", "unknown")
     flops = 2.0 * (d + dv) * hq * visible_pairs(lengths, causal)
     rows = []
     for backend in backends:
-        for storage in ("ragged", "paged"):
+        for storage in storages:
             paged_row = storage == "paged"
             where = "paged, page %d %s" % (page, layout) if paged_row else "ragged"
-            row = {"impl": "flashinfer_" + backend + ("_paged" if paged_row else ""), "shape": s["name"],
+            row = {"impl": "flashinfer_" + backend + ("_paged" if paged_row else ragged_suffix), "shape": s["name"],
                    "note": "%s, head_dim_vo %d" % (where, dv), "flashinfer_version": version, "flops": flops}
             try:
                 if paged_row:
