@@ -127,7 +127,8 @@ def flashinfer_vo_rows(s, flush, backends=("fa2", "fa3"), storages=("ragged", "p
             paged_row = storage == "paged"
             where = "paged, page %d %s" % (page, layout) if paged_row else "ragged"
             row = {"impl": "flashinfer_" + backend + ("_paged" if paged_row else ragged_suffix), "shape": s["name"],
-                   "note": "%s, head_dim_vo %d" % (where, dv), "flashinfer_version": version, "flops": flops}
+                   "note": where + (", head_dim_vo %d" % dv if dv != d else ""), "flashinfer_version": version,
+                   "flops": flops}
             try:
                 if paged_row:
                     w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, layout, backend=backend)
