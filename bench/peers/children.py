@@ -64,10 +64,12 @@ def flashinfer_all(args, shapes, sets, on_shape):
             pending = [n for n in names if n not in done]
             if not pending:
                 break
-            if timed_out:
+            if timed_out:  # the child's last line says where it was (a JIT build names its module)
+                with open(log_path, encoding="utf-8", errors="replace") as log:
+                    last = (log.read().strip().splitlines() or ["no output"])[-1]
+                why = f"the FlashInfer process ran past --flashinfer-timeout ({args.flashinfer_timeout:.0f} s)"
                 for n in pending:
-                    on_shape(n, [{"impl": "flashinfer", "shape": n, "error": "the FlashInfer process ran past "
-                                  f"--flashinfer-timeout ({args.flashinfer_timeout:.0f} s)"}])
+                    on_shape(n, [{"impl": "flashinfer", "shape": n, "error": f"{why}; its last line: {last}"[:300]}])
                 break
             if proc.returncode == 0:
                 break
