@@ -198,8 +198,7 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.causal = s.mode == Mode::prefill && s.causal;
   p.window_left = s.window_left;
   p.score_scale = s.resolved_sm_scale() * kernels::kLog2e;
-  // work items fastest, then kv heads (the kernel says why); a grid's y is at most 65535
-  ref::require(s.num_kv_heads <= 65535, "HopperRunner::run", "num_kv_heads must be <= 65535 (" + s.describe() + ")");
+  // work items fastest, then kv heads (the kernel says why; make_schedule checked the limits)
   const dim3 grid(static_cast<unsigned>(l.num_items), static_cast<unsigned>(s.num_kv_heads));
   hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>
       <<<grid, Tr::kThreads, Tr::smem_bytes(), stream>>>(
@@ -380,6 +379,8 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
   ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 31), fn,
                "too many work items for one grid");
+  // the grid is (work items, kv heads): its y is at most 65535
+  ref::require(s.num_kv_heads <= 65535, fn, "num_kv_heads must be <= 65535 (" + s.describe() + ")");
   for (const Item& it : items) {
     sched.request_indices.push_back(it.request);
     sched.qo_tile_indices.push_back(it.tile);
