@@ -22,6 +22,10 @@
 
 namespace flashstep::stages::hopper {
 
+/// A descriptor's high word, the same for every tile: stride byte offset 1024 (bits 32-45)
+/// and the 128-byte swizzle (bits 62-63), as smem_descriptor below lays them out.
+constexpr uint64_t kDescriptorHigh = uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+
 /// The shared-memory matrix descriptor of a tile in the 128-byte swizzled layout that the
 /// TMA writes with CU_TENSOR_MAP_SWIZZLE_128B: rows of 64 16-bit elements (128 bytes), the
 /// 16-byte chunks of row r XOR-ed with (r % 8), in atoms of 8 rows = 1024 bytes (aligned).
@@ -37,8 +41,7 @@ namespace flashstep::stages::hopper {
 /// needs the leading offset: the bytes from one 64-column block to the next.
 __device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t leading_bytes) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16 | uint64_t(1024 >> 4) << 32 |
-         uint64_t(1) << 62;
+  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16 | kDescriptorHigh;
 }
 
 /// smem_descriptor's two words apart: the high one (stride and swizzle) is the same for
@@ -46,12 +49,11 @@ __device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t l
 /// 32-bit add (the start address never carries out of bits 0-13 inside shared memory),
 /// where adding to the 64-bit descriptor made the compiler carry into the high word.
 struct SmemDescriptor {
-  static constexpr uint32_t kHigh = (1024 >> 4) | (1u << 30);  ///< bits 32-63
-  uint32_t low;                                                ///< bits 0-31
+  uint32_t low;  ///< bits 0-31
   __device__ __forceinline__ SmemDescriptor(const void* smem, uint32_t leading_bytes)
       : low(static_cast<uint32_t>(smem_descriptor(smem, leading_bytes))) {}
   /// The descriptor of the tile `units` x 16 bytes further.
-  __device__ __forceinline__ uint64_t at(uint32_t units) const { return uint64_t(kHigh) << 32 | (low + units); }
+  __device__ __forceinline__ uint64_t at(uint32_t units) const { return kDescriptorHigh | (low + units); }
 };
 
 /// Orders this thread's register writes before the next wgmma reads them (wgmma.fence).
