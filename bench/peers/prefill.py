@@ -112,13 +112,13 @@ def flashinfer_vo_rows(s, flush, backends=("fa2", "fa3"), storages=("ragged", "p
     v = torch.empty(int(kv_indptr[-1]), hkv, dv, dtype=dtype, device="cuda").uniform_(-1, 1)
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
     page, layout = int(s["page_size"]), s.get("layout", "NHD")
-    indptr, indices, last, num_pages = paged_layout([kv for _, kv in lengths], page, s.get("page_order", "sequential"),
-                                                    PAGE_ORDER_SEED)
-    page_dims = (page, hkv) if layout == "NHD" else (hkv, page)
-    pools = (torch.empty((num_pages,) + page_dims + (d,), dtype=dtype, device="cuda").uniform_(-1, 1),
-             torch.empty((num_pages,) + page_dims + (dv,), dtype=dtype, device="cuda").uniform_(-1, 1)
-             ) if "paged" in storages else None
-    paged = (i32(indptr), i32(indices), i32(last))
+    if "paged" in storages:  # the two pools and their page table, only for the paged rows
+        indptr, indices, last, num_pages = paged_layout([kv for _, kv in lengths], page,
+                                                        s.get("page_order", "sequential"), PAGE_ORDER_SEED)
+        page_dims = (page, hkv) if layout == "NHD" else (hkv, page)
+        pools = (torch.empty((num_pages,) + page_dims + (d,), dtype=dtype, device="cuda").uniform_(-1, 1),
+                 torch.empty((num_pages,) + page_dims + (dv,), dtype=dtype, device="cuda").uniform_(-1, 1))
+        paged = (i32(indptr), i32(indices), i32(last))
     version = getattr(flashinfer, "__version__", "unknown")
     flops = 2.0 * (d + dv) * hq * visible_pairs(lengths, causal)
     rows = []
