@@ -282,19 +282,20 @@ std::string hopper_unavailable_reason() {
 
 void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cudaStream_t stream) {
   if (l.num_items == 0) return;
-  ref::require(l.sinks == nullptr || shape.logits_soft_cap <= 0.f, "HopperRunner::run",
-               "batch.sinks is given, but sinks and logits_soft_cap do not combine in stage 07 (" + shape.describe() +
-                   ")");
-  ref::require(l.sinks == nullptr || shape.resolved_head_dim_vo() == shape.head_dim, "HopperRunner::run",
-               "batch.sinks is given, but stage 07 runs head_dim_vo != head_dim without sinks (" + shape.describe() +
-                   ")");
+  // checks on every run: their messages are built only when one fails (require_lazy)
+  ref::require_lazy(l.sinks == nullptr || shape.logits_soft_cap <= 0.f, "HopperRunner::run", [&] {
+    return "batch.sinks is given, but sinks and logits_soft_cap do not combine in stage 07 (" + shape.describe() + ")";
+  });
+  ref::require_lazy(l.sinks == nullptr || shape.resolved_head_dim_vo() == shape.head_dim, "HopperRunner::run", [&] {
+    return "batch.sinks is given, but stage 07 runs head_dim_vo != head_dim without sinks (" + shape.describe() + ")";
+  });
   if (shape.storage == KVStorage::paged) {
     const bool own_v = shape.resolved_head_dim_vo() != shape.head_dim;
-    ref::require(own_v == (l.v_pool != nullptr), "HopperRunner::run",
-                 own_v ? "batch.v_pool is null, but head_dim_vo != head_dim keeps V in a pool of its own (" +
-                             shape.describe() + ")"
-                       : "batch.v_pool is given, but head_dim_vo == head_dim keeps V in kv_pool (" + shape.describe() +
-                             ")");
+    ref::require_lazy(own_v == (l.v_pool != nullptr), "HopperRunner::run", [&] {
+      return own_v ? "batch.v_pool is null, but head_dim_vo != head_dim keeps V in a pool of its own (" +
+                         shape.describe() + ")"
+                   : "batch.v_pool is given, but head_dim_vo == head_dim keeps V in kv_pool (" + shape.describe() + ")";
+    });
   }
   dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy, auto vo) {
     launch<decltype(t), d(), paged(), window(), decltype(policy), vo()>(shape, l, stream);
