@@ -389,6 +389,17 @@ __device__ __forceinline__ PageBox find_page_box(const HopperParams& p, const Ti
   return box;
 }
 
+/// How many of the block's K/V tiles, from the first, go by page copies (the TMA) rather
+/// than the gather: a tile wholly inside the chunk, starting on a page boundary, in pages
+/// of a multiple of 8 tokens (tma_rows > 0). The tiles are Bc apart, a whole number of
+/// pages, so they all start on a boundary or none does, and only the last can end past the
+/// chunk. The producer picks its copies by it and the consumers their proxy fence.
+template <int Bc>
+__device__ __forceinline__ int tiles_by_page(const HopperParams& p, const Tile& t) {
+  const bool on_boundary = p.tma_rows > 0 && t.key_begin % p.tma_rows == 0;
+  return on_boundary ? (t.chunk_end - t.key_begin) / Bc : 0;
+}
+
 template <int HEAD_DIM, int Bc>
 __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const CUtensorMap* map,
                                            const PageBox& box, int kv_head, int is_v, int lane, uint64_t* full) {
@@ -467,15 +478,13 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
     }
   }
   // A tile wholly inside the request, starting on a page boundary, in pages of a
-  // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes,
-  // every other thread arrives once). Otherwise (the request's last tile, whose keys past
+  // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes
+  // and arrives for all 128 threads). Otherwise (the request's last tile, whose keys past
   // kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers, its copies
   // counting one arrival when they have landed.
-  const auto by_page = [&](int key0) {
-    return PAGED && p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
-  };
+  const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
   PageBox next{-1, 0};  // the first warp's pages of the next tile copied by page
-  if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && by_page(t.key_begin))
+  if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && n_by_page > 0)
     next = find_page_box<Bc>(p, t, t.key_begin, threadIdx.x);
   PipelineState<Tr::kStages> write;
   for (int j = 0; j < t.num_kv_tiles; ++j, write.advance()) {
@@ -483,10 +492,10 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
     const bool refill = j >= Tr::kStages;  // the buffer held tile j - kStages: wait until it is free
     if constexpr (PAGED) {
       const int key0 = t.key_begin + j * Bc;
-      const bool this_by_page = by_page(key0);
+      const bool this_by_page = j < n_by_page;
       const PageBox box = next;
       // the next tile's pages, loaded now and used one tile later
-      if (threadIdx.x < 32 && j + 1 < t.num_kv_tiles && by_page(key0 + Bc))
+      if (threadIdx.x < 32 && j + 1 < t.num_kv_tiles && j + 1 < n_by_page)
         next = find_page_box<Bc>(p, t, key0 + Bc, threadIdx.x);
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
@@ -494,10 +503,12 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
         if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         // V of its own width: plane 0 of V's own pool (v_pool_map, v_kv), K plane 0 of its
         if (this_by_page) {
-          if (threadIdx.x == 0)
+          if (threadIdx.x == 0) {
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                            is_v ? uint32_t{Tr::kVBytes} : uint32_t{Tr::kKBytes});
-          else ptx::mbarrier_arrive(full);
+            // the other 127 arrivals in one, rather than one atomic on the barrier each
+            ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, Tr::kKVFullArrivals - 1);
+          }
           if (threadIdx.x < 32) {
             __syncwarp();  // the bytes are announced before any copy can land
             if constexpr (HEAD_DIM_VO == HEAD_DIM)
@@ -550,10 +561,11 @@ __device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T,
 
 /// A K or V tile has landed. Gathered tiles were written by cp.async, through the generic
 /// proxy, and wgmma reads shared memory through the async proxy: a proxy fence orders them.
+/// Tiles the TMA copied came through the async proxy already and need none.
 template <bool PAGED>
-__device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase) {
+__device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase, bool gathered) {
   wait_barrier(full, phase);
-  if constexpr (PAGED) ptx::fence_proxy_async(ptx::space_shared);
+  if (PAGED && gathered) ptx::fence_proxy_async(ptx::space_shared);
 }
 
 /// The running state of one consumer thread's two rows: O (its accumulator fragment), the
@@ -623,8 +635,11 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   if (turns.consumer == 1) turns.pass();                     // consumer 0 issues first
 
   PipelineState<Tr::kStages> k_read, v_read;  // K_j's buffer, and V_{j-1}'s one tile behind
+  // whether tile j was gathered (and needs the proxy fence), as the producer chose
+  const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
+  const auto gathered = [&](int j) { return PAGED && j >= n_by_page; };
   if (n_tiles > 0) {
-    wait_tile<PAGED>(smem.k_full(0), 0);
+    wait_tile<PAGED>(smem.k_full(0), 0, gathered(0));
     turns.wait();
     wgmma_fence();
     issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(0));
@@ -638,8 +653,8 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     k_read.advance();
   }
   for (int j = 1; j < n_tiles; ++j, k_read.advance(), v_read.advance()) {
-    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase);
-    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
+    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase, gathered(j));
+    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase, gathered(j - 1));
     turns.wait();
     wgmma_fence();
     issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
@@ -658,7 +673,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     pack_p<T, Bc>(sc, a);
   }
   if (n_tiles > 0) {
-    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
+    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase, gathered(n_tiles - 1));
     turns.wait();
     wgmma_fence();
     issue_pv<T, HEAD_DIM_VO, Bc>(st.o, a, smem.v(v_read.index));
