@@ -280,13 +280,20 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int c
       }
 }
 
+/// How far (base 2) a tile's row max may pass the running max m before m moves to it. Up
+/// to that, m stays, P's entries are at most 2^8, which bf16 P and the fp32 sums hold as
+/// well as values near 1, and alpha is 1: O needs no rescaling (FlashAttention-4's
+/// conditional rescaling). O and l always share the m they were summed under, so the
+/// epilogue's O / l and lse = m + log2 l are exact whatever m is.
+constexpr float kMaxSlack = 8.f;
+
 /// The online softmax on one tile of scores, in base 2, without touching O (which the
 /// previous tile's P V may still be accumulating into):
-///   m_new = max(m, rowmax(S) * scale);  P = exp2(S * scale - m_new);
-///   alpha = exp2(m - m_new);  l = l * alpha + rowsum(P).
+///   m_new = rowmax(S) * scale if that passes m + kMaxSlack, else m;
+///   P = exp2(S * scale - m_new);  alpha = exp2(m - m_new);  l = l * alpha + rowsum(P).
 /// A row's max is shared by the four threads of a quad (shuffles); l stays per thread
 /// until the end. sc holds P afterwards; rescale_output applies alpha to O once the
-/// previous P V has landed.
+/// previous P V has landed, when some row of the warp moved its m.
 template <int Bc>
 __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
                                                float scale) {
@@ -297,10 +304,11 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
     for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[h], mx * scale);
+    const float m_tile = mx * scale;
+    const float m_new = m_tile > m[h] + kMaxSlack ? m_tile : m[h];  // m = -inf: any finite max moves it
     // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h] = tensor_core::exp2_approx(m[h] - m_use);
+    alpha[h] = m_new == m[h] ? 1.f : tensor_core::exp2_approx(m[h] - m_use);  // exactly 1 when m stays
     m[h] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -669,7 +677,8 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
-    rescale_output<HEAD_DIM_VO>(st.o, alpha);
+    // most tiles move no row's max (kMaxSlack): the warp skips the 64 multiplies a thread
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_output<HEAD_DIM_VO>(st.o, alpha);
     pack_p<T, Bc>(sc, a);
   }
   if (n_tiles > 0) {
