@@ -114,10 +114,11 @@ struct HopperParams {
   float* lse = nullptr;                      ///< (nnz_qo, Hq), natural log
   int num_qo_heads = 0;
   int num_kv_heads = 0;
-  int group_size = 1;       ///< Hq / Hkv, divides Br: the packed rows of a token
-  bool causal = false;      ///< bottom-right aligned
-  int window_left = -1;     ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
-  float score_scale = 0.f;  ///< sm_scale * log2(e): q.k to a base-2 logit
+  bool heads_fastest = false;  ///< the grid: (items x kv heads) with the heads fastest, else (items, kv heads)
+  int group_size = 1;          ///< Hq / Hkv, divides Br: the packed rows of a token
+  bool causal = false;         ///< bottom-right aligned
+  int window_left = -1;        ///< keep keys j >= i + (kv_len - qo_len) - window_left; -1 off
+  float score_scale = 0.f;     ///< sm_scale * log2(e): q.k to a base-2 logit
   // the KV split (kv_chunk_size > 0): work item i reads chunk kv_chunk_indices[i] and
   // writes fp32 partial states, which stage 03's merge kernel (or stage 05's) folds
   const int32_t* kv_chunk_indices = nullptr;  ///< (num_items)
@@ -280,16 +281,27 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int c
       }
 }
 
+/// How far (base 2) a tile's row max may pass the running max m before m moves to it. Up
+/// to that, m stays, P's entries are at most 2^8, which bf16 P and the fp32 sums hold as
+/// well as values near 1, and alpha is 1: O needs no rescaling (FlashAttention-4's
+/// conditional rescaling). O and l always share the m they were summed under, so the
+/// epilogue's O / l and lse = m + log2 l are exact whatever m is. At head_dim_vo 64 the
+/// rescale is 32 multiplies a thread, no more than the warp vote that skips it: there m
+/// moves with every new max (on an H200, b4 x 4096 d64 causal ran at 0.977 of the plain
+/// loop with a slack of 8; the head_dim 128 and 256 prefill rows 1-6% faster).
+template <int HEAD_DIM_VO>
+constexpr float kMaxSlack = HEAD_DIM_VO >= 128 ? 8.f : 0.f;
+
 /// The online softmax on one tile of scores, in base 2, without touching O (which the
 /// previous tile's P V may still be accumulating into):
-///   m_new = max(m, rowmax(S) * scale);  P = exp2(S * scale - m_new);
-///   alpha = exp2(m - m_new);  l = l * alpha + rowsum(P).
+///   m_new = rowmax(S) * scale if that passes m + slack, else m;
+///   P = exp2(S * scale - m_new);  alpha = exp2(m - m_new);  l = l * alpha + rowsum(P).
 /// A row's max is shared by the four threads of a quad (shuffles); l stays per thread
 /// until the end. sc holds P afterwards; rescale_output applies alpha to O once the
-/// previous P V has landed.
+/// previous P V has landed, when some row of the warp moved its m.
 template <int Bc>
 __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                               float scale) {
+                                               float scale, float slack) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mx = -INFINITY;
@@ -297,10 +309,11 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
     for (int n = 0; n < Bc / 8; ++n) mx = fmaxf(mx, fmaxf(sc[4 * n + 2 * h], sc[4 * n + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m[h], mx * scale);
+    const float m_tile = mx * scale;
+    const float m_new = m_tile > m[h] + slack ? m_tile : m[h];  // m = -inf: any finite max moves it
     // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h] = tensor_core::exp2_approx(m[h] - m_use);
+    alpha[h] = m_new == m[h] ? 1.f : tensor_core::exp2_approx(m[h] - m_use);  // exactly 1 when m stays
     m[h] = m_new;
     float sum = 0.f;
 #pragma unroll
@@ -389,6 +402,17 @@ __device__ __forceinline__ PageBox find_page_box(const HopperParams& p, const Ti
   return box;
 }
 
+/// How many of the block's K/V tiles, from the first, go by page copies (the TMA) rather
+/// than the gather: a tile wholly inside the chunk, starting on a page boundary, in pages
+/// of a multiple of 8 tokens (tma_rows > 0). The tiles are Bc apart, a whole number of
+/// pages, so they all start on a boundary or none does, and only the last can end past the
+/// chunk. The producer picks its copies by it and the consumers their proxy fence.
+template <int Bc>
+__device__ __forceinline__ int tiles_by_page(const HopperParams& p, const Tile& t) {
+  const bool on_boundary = p.tma_rows > 0 && t.key_begin % p.tma_rows == 0;
+  return on_boundary ? (t.chunk_end - t.key_begin) / Bc : 0;
+}
+
 template <int HEAD_DIM, int Bc>
 __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const CUtensorMap* map,
                                            const PageBox& box, int kv_head, int is_v, int lane, uint64_t* full) {
@@ -467,15 +491,13 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
     }
   }
   // A tile wholly inside the request, starting on a page boundary, in pages of a
-  // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes,
-  // every other thread arrives once). Otherwise (the request's last tile, whose keys past
+  // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes
+  // and arrives for all 128 threads). Otherwise (the request's last tile, whose keys past
   // kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers, its copies
   // counting one arrival when they have landed.
-  const auto by_page = [&](int key0) {
-    return PAGED && p.tma_rows > 0 && key0 + Bc <= t.chunk_end && key0 % p.tma_rows == 0;
-  };
+  const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
   PageBox next{-1, 0};  // the first warp's pages of the next tile copied by page
-  if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && by_page(t.key_begin))
+  if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && n_by_page > 0)
     next = find_page_box<Bc>(p, t, t.key_begin, threadIdx.x);
   PipelineState<Tr::kStages> write;
   for (int j = 0; j < t.num_kv_tiles; ++j, write.advance()) {
@@ -483,10 +505,10 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
     const bool refill = j >= Tr::kStages;  // the buffer held tile j - kStages: wait until it is free
     if constexpr (PAGED) {
       const int key0 = t.key_begin + j * Bc;
-      const bool this_by_page = by_page(key0);
+      const bool this_by_page = j < n_by_page;
       const PageBox box = next;
       // the next tile's pages, loaded now and used one tile later
-      if (threadIdx.x < 32 && j + 1 < t.num_kv_tiles && by_page(key0 + Bc))
+      if (threadIdx.x < 32 && j + 1 < t.num_kv_tiles && j + 1 < n_by_page)
         next = find_page_box<Bc>(p, t, key0 + Bc, threadIdx.x);
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
@@ -494,10 +516,12 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
         if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         // V of its own width: plane 0 of V's own pool (v_pool_map, v_kv), K plane 0 of its
         if (this_by_page) {
-          if (threadIdx.x == 0)
+          if (threadIdx.x == 0) {
             ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                            is_v ? uint32_t{Tr::kVBytes} : uint32_t{Tr::kKBytes});
-          else ptx::mbarrier_arrive(full);
+            // the other 127 arrivals in one, rather than one atomic on the barrier each
+            ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full, Tr::kKVFullArrivals - 1);
+          }
           if (threadIdx.x < 32) {
             __syncwarp();  // the bytes are announced before any copy can land
             if constexpr (HEAD_DIM_VO == HEAD_DIM)
@@ -550,10 +574,11 @@ __device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T,
 
 /// A K or V tile has landed. Gathered tiles were written by cp.async, through the generic
 /// proxy, and wgmma reads shared memory through the async proxy: a proxy fence orders them.
+/// Tiles the TMA copied came through the async proxy already and need none.
 template <bool PAGED>
-__device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase) {
+__device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase, bool gathered) {
   wait_barrier(full, phase);
-  if constexpr (PAGED) ptx::fence_proxy_async(ptx::space_shared);
+  if (PAGED && gathered) ptx::fence_proxy_async(ptx::space_shared);
 }
 
 /// The running state of one consumer thread's two rows: O (its accumulator fragment), the
@@ -578,7 +603,7 @@ struct RowState {
 /// first row's position; below the window: keys before the last row's position -
 /// window_left), then the online softmax, leaving O's rescale factors in alpha. Under the
 /// identity the scale stays folded into the softmax's FFMA.
-template <int Bc, bool WINDOW, typename Policy>
+template <int Bc, int HEAD_DIM_VO, bool WINDOW, typename Policy>
 __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                              int j, float (&sc)[Bc / 2], float (&m)[2], float (&l)[2],
                                              float (&alpha)[2], const int (&q_pos)[2], int lane) {
@@ -596,7 +621,7 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typena
   if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
       (window && key0 < t.last_pos - p.window_left))
     mask_scores<Bc, WINDOW>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
-  online_softmax<Bc>(sc, m, l, alpha, scale);
+  online_softmax<Bc>(sc, m, l, alpha, scale, kMaxSlack<HEAD_DIM_VO>);
 }
 
 /// A consumer warp group's main loop over the tile's keys, for its 64 rows: one turn per
@@ -623,8 +648,11 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   if (turns.consumer == 1) turns.pass();                     // consumer 0 issues first
 
   PipelineState<Tr::kStages> k_read, v_read;  // K_j's buffer, and V_{j-1}'s one tile behind
+  // whether tile j was gathered (and needs the proxy fence), as the producer chose
+  const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
+  const auto gathered = [&](int j) { return PAGED && j >= n_by_page; };
   if (n_tiles > 0) {
-    wait_tile<PAGED>(smem.k_full(0), 0);
+    wait_tile<PAGED>(smem.k_full(0), 0, gathered(0));
     turns.wait();
     wgmma_fence();
     issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(0));
@@ -633,13 +661,13 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(0));  // this warp is done reading K_0
-    softmax_tile<Bc, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
+    softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
     pack_p<T, Bc>(sc, a);
     k_read.advance();
   }
   for (int j = 1; j < n_tiles; ++j, k_read.advance(), v_read.advance()) {
-    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase);
-    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
+    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase, gathered(j));
+    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase, gathered(j - 1));
     turns.wait();
     wgmma_fence();
     issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
@@ -650,15 +678,17 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_j
-    softmax_tile<Bc, WINDOW, Policy>(p, pol, t, j, sc, st.m, st.l, alpha, q_pos, lane);
+    softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, j, sc, st.m, st.l, alpha, q_pos, lane);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
-    rescale_output<HEAD_DIM_VO>(st.o, alpha);
+    // most tiles move no row's max (kMaxSlack): the warp skips the 64 multiplies a thread
+    if (kMaxSlack<HEAD_DIM_VO> == 0.f || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+      rescale_output<HEAD_DIM_VO>(st.o, alpha);
     pack_p<T, Bc>(sc, a);
   }
   if (n_tiles > 0) {
-    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase);
+    wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase, gathered(n_tiles - 1));
     turns.wait();
     wgmma_fence();
     issue_pv<T, HEAD_DIM_VO, Bc>(st.o, a, smem.v(v_read.index));
@@ -737,9 +767,10 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO> smem{
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
-  // the grid is (work items, kv heads), items fastest: the blocks that run at one time are
-  // items of one kv head, which read that head's K/V, so L2 serves most of their reads
-  const int item = blockIdx.x, kv_head = blockIdx.y;
+  // the grid's order (launch() says why): the kv heads fastest in one dimension for a
+  // decode batch, else (work items, kv heads) with the items fastest
+  const int item = p.heads_fastest ? blockIdx.x / p.num_kv_heads : blockIdx.x;
+  const int kv_head = p.heads_fastest ? blockIdx.x % p.num_kv_heads : blockIdx.y;
   const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, item);
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) smem.init_barriers();
