@@ -387,7 +387,8 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
   ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 31), fn,
                "too many work items for one grid");
-  // the grid is (work items, kv heads): its y is at most 65535
+  // a prefill's grid is (work items, kv heads), whose y is at most 65535; a decode batch's is
+  // one dimension (launch()), held to the same limit so one rule covers both
   ref::require(s.num_kv_heads <= 65535, fn, "num_kv_heads must be <= 65535 (" + s.describe() + ")");
   for (const Item& it : items) {
     sched.request_indices.push_back(it.request);

@@ -26,6 +26,9 @@
 // - Overlap inside a warp group: S_j and P_{j-1} V_{j-1} are two commit groups; the
 //   softmax of S_j waits only for the first (wgmma.wait_group 1) and runs while the
 //   second still accumulates into O. O's rescale and P_j's packing wait for the second.
+//   At head_dim_vo >= 128 the running max moves only when a tile's passes it by more
+//   than a factor of 2^8, so most turns skip the rescale (FlashAttention-4's conditional
+//   rescaling; kMaxSlack).
 //
 // - Paged K/V (PAGED = true): a tile of 128 keys may come from 128 different pages, which
 //   no one box of a tensor map describes; but one page's rows are a box of the pool seen
@@ -682,7 +685,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
-    // most tiles move no row's max (kMaxSlack): the warp skips the 64 multiplies a thread
+    // most tiles move no row's max (kMaxSlack): the warp skips HEAD_DIM_VO / 2 multiplies a thread
     if (kMaxSlack<HEAD_DIM_VO> == 0.f || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
       rescale_output<HEAD_DIM_VO>(st.o, alpha);
     pack_p<T, Bc>(sc, a);
