@@ -78,10 +78,12 @@ struct HopperTraits {
   static constexpr int kStages = 2;     ///< K/V buffers in the ring
   static constexpr int kConsumers = 2;  ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // setmaxnreg: what the producer keeps and each consumer gets (128 x 24 + 256 x 240 and
-  // 128 x 40 + 256 x 232 both fit the 64 K registers); a gathering producer needs more
-  static constexpr int kProducerRegisters = PAGED ? 40 : 24;
-  static constexpr int kConsumerRegisters = PAGED ? 232 : 240;
+  // setmaxnreg: what the producer keeps and each consumer gets. The block starts with 168
+  // a thread (384 x 168 = 64512), so 128 x 24 + 256 x 240 and 128 x 56 + 256 x 224 both fit.
+  // A gathering producer holds a thread's eight page ids at once: at 40 (consumers 232)
+  // ptxas spilled 44 bytes of it, at 56 nothing, and no consumer spills at 224 either.
+  static constexpr int kProducerRegisters = PAGED ? 56 : 24;
+  static constexpr int kConsumerRegisters = PAGED ? 224 : 240;
   static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
@@ -358,20 +360,32 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
 /// chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column block; the row's page
 /// comes from the page table, keys past the chunk's end are written as zeros (past kv_len
 /// the pool holds anything, NaN in the tests, and 0 * NaN would reach O through P V).
+/// The thread reads all its rows' pages before its first copy: a copy is inline asm with a
+/// memory clobber, so a page read after it could not move above it, and at page size 1
+/// each row's read would wait for the previous row's to return.
 template <int HEAD_DIM, int Bc>
 __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::PagedKV<uint16_t>& kv, const Tile& t,
                                             int key0, int kv_head, bool is_v, int tid) {
+  constexpr int kRows = Bc / 16;  // rows per thread
   const int c = tid % 8;
   const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);  // (tid / 8 + 16 i) % 8 == (tid / 8) % 8
+  int32_t page[kRows];                                      // -1: the key is past the chunk's end
 #pragma unroll
-  for (int i = 0; i < Bc / 16; ++i) {
-    const int r = tid / 8 + 16 * i, key = key0 + r;
-    const bool valid = key < t.chunk_end;
+  for (int i = 0; i < kRows; ++i) {
+    const int key = key0 + tid / 8 + 16 * i;
+    uint32_t page_iter, slot;
+    kv.page_size.divmod(static_cast<uint32_t>(key), page_iter, slot);
+    page[i] = key < t.chunk_end ? kv.kv_indices[t.kv_begin + page_iter] : -1;
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = tid / 8 + 16 * i;
+    const bool valid = page[i] >= 0;
     const uint16_t* src = kv.pool;
     if (valid) {
       uint32_t page_iter, slot;
-      kv.page_size.divmod(static_cast<uint32_t>(key), page_iter, slot);
-      src += kv.offset(kv.kv_indices[t.kv_begin + page_iter], slot, kv_head) + (is_v ? kv.stride_kv : 0) + 8 * c;
+      kv.page_size.divmod(static_cast<uint32_t>(key0 + r), page_iter, slot);
+      src += kv.offset(page[i], slot, kv_head) + (is_v ? kv.stride_kv : 0) + 8 * c;
     }
 #pragma unroll
     for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
