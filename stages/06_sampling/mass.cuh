@@ -11,7 +11,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cmath>
 #include <cstring>
 
 #include "flashstep/kernels/philox.cuh"  // FLASHSTEP_HOST_DEVICE
@@ -48,49 +47,35 @@ FLASHSTEP_HOST_DEVICE Mass mass_of(float p) {
 }
 
 /// A thread's running sum of exact masses, cheap per entry. floor(p * 2^96) splits at
-/// 2^48 into whole = floor(p * 2^48) and floor(frac * 2^48) with frac = p * 2^48 - whole;
-/// both come out of float arithmetic that is exact (a power-of-two scaling, a truncation,
-/// the subtraction of a float's own integer part) and one float-to-uint64 conversion each,
-/// and each half sums in a 64-bit register without carries: an entry adds < 2^49 to `hi`
-/// and < 2^48 to `lo`, so up to 2^14 entries fit (the passes widen once per tile of 16).
-/// value() equals the sum of mass_of over the same entries, in any order; the host suite
-/// checks it against the reference's mass_of.
+/// 2^48 into hi = floor(p * 2^48) and lo = floor(p * 2^96) mod 2^48, both read off p's
+/// bits with integer shifts (parts), and each half sums in a 64-bit register without
+/// carries: an entry adds < 2^49 to `hi` and < 2^48 to `lo`, so up to 2^14 entries fit
+/// (the passes widen once per tile of 16). value() equals the sum of mass_of over the
+/// same entries, in any order; the host suite checks it against the reference's mass_of,
+/// on the same code the device runs.
 struct MassAcc {
   uint64_t hi = 0;  ///< sum of floor(p * 2^48)
   uint64_t lo = 0;  ///< sum of floor(p * 2^96) mod 2^48
-  /// The two halves add(p) adds: floor(p * 2^48) and floor(p * 2^96) mod 2^48 (both zero
-  /// for p <= 0, NaN and p >= 2, as mass_of; denormals give 0 here too).
+  /// The two halves add(p) adds.
   struct Parts {
     uint64_t hi, lo;
   };
+  /// floor(p * 2^48) and floor(p * 2^96) mod 2^48. A normal p in (0, 2) is s * 2^(e - 150)
+  /// with its 24-bit significand s and biased exponent e, so the halves are s shifted by
+  /// e - 102 and by e - 54 (keeping the low 48 bits). Both are zero where mass_of is: p <= 0
+  /// (the sign bit makes e > 255), NaN, p >= 2 (e > 127) and denormals (e == 0, whose mass
+  /// is below 2^-30). Integer shifts rather than a float-to-uint64 conversion, which Hopper
+  /// issues at a quarter of its integer rate.
   FLASHSTEP_HOST_DEVICE static Parts parts(float p) {
-    constexpr float k2to48 = 281474976710656.0f;
-#if defined(__CUDA_ARCH__)
-    const float x = p < 2.0f ? fmaxf(p, 0.0f) : 0.0f;  // fmaxf(NaN, 0) = 0
-    const float t = __fmul_rn(x, k2to48);
-    const float whole = truncf(t);
-    return {__float2ull_rz(whole), __float2ull_rz(__fmul_rn(__fsub_rn(t, whole), k2to48))};
-#else
-    const float x = p < 2.0f && p > 0.0f ? p : 0.0f;
-    const float t = x * k2to48;
-    const float whole = std::trunc(t);
-    return {static_cast<uint64_t>(whole), static_cast<uint64_t>((t - whole) * k2to48)};
-#endif
+    const uint32_t bits = float_bits(p);
+    const int e = static_cast<int>(bits >> 23);
+    if (e == 0 || e > 127) return {0, 0};
+    const uint64_t s = (bits & 0x7FFFFFu) | 0x800000u;
+    const uint64_t lo = e - 54 >= 48 ? 0 : shifted(s, e - 54) & ((uint64_t{1} << 48) - 1);
+    return {shifted(s, e - 102), lo};
   }
   /// Adds mass_of(p).
   FLASHSTEP_HOST_DEVICE void add(float p) { add_if(true, parts(p)); }
-  /// Adds mass_of(p) for p known to be in [0, 1] (or -0): parts() without its clamp.
-  FLASHSTEP_HOST_DEVICE void add_unit(float p) {
-    constexpr float k2to48 = 281474976710656.0f;
-#if defined(__CUDA_ARCH__)
-    const float t = __fmul_rn(p, k2to48);
-    const float whole = truncf(t);
-    hi += __float2ull_rz(whole);
-    lo += __float2ull_rz(__fmul_rn(__fsub_rn(t, whole), k2to48));
-#else
-    add(p);
-#endif
-  }
   /// Adds an entry's parts(p) if `keep`: one pass that sums one entry into several sets
   /// (the counting pass's p > pivot_0 and p > pivot_1) converts it once.
   FLASHSTEP_HOST_DEVICE void add_if(bool keep, const Parts& m) {
@@ -99,6 +84,12 @@ struct MassAcc {
   }
   /// The exact sum, as a Mass.
   FLASHSTEP_HOST_DEVICE Mass value() const { return (static_cast<Mass>(hi) << 48) + lo; }
+
+ private:
+  /// floor(s * 2^n) for s < 2^24 and n < 64 (n >= 0: the low 64 bits).
+  FLASHSTEP_HOST_DEVICE static uint64_t shifted(uint64_t s, int n) {
+    return n >= 0 ? s << n : (n > -24 ? s >> -n : 0);
+  }
 };
 
 /// floor(u24 * q / 2^24): the inverse-CDF threshold of the uniform u24 / 2^24 over the

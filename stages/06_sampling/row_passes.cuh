@@ -591,7 +591,7 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
     s.max_p = fmaxf(s.max_p, top);
     if (__any_sync(0xFFFFFFFFu, top > 0.f)) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
+      for (int j = 0; j < VEC; ++j) acc.add(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
     }
     if (!ok) {
       MassAcc ignored;
@@ -786,7 +786,7 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
       for (int j = 0; j < VEC; ++j) {
         const bool above = v[j] > pivot_0;
         s.count_0 += above ? 1 : 0;
-        acc_0.add_unit(above ? v[j] : 0.f);
+        acc_0.add(above ? v[j] : 0.f);
       }
     }
     if (__any_sync(0xFFFFFFFFu, top > pivot_1)) {
@@ -794,7 +794,7 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
       for (int j = 0; j < VEC; ++j) {
         const bool above = v[j] > pivot_1;
         s.count_1 += above ? 1 : 0;
-        acc_1.add_unit(above ? v[j] : 0.f);
+        acc_1.add(above ? v[j] : 0.f);
       }
     }
     s.mass_0 += acc_0.value();

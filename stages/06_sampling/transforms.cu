@@ -325,7 +325,7 @@ __device__ RowSummary summarize_with_histogram(const Row& row, Keep keep, RadixS
           else s.max_p = fmaxf(s.max_p, v[j]);
         } else {  // as summarize_row's pass 0: no branch for a valid entry
           const bool valid = v[j] >= 0.f && v[j] <= 1.f;
-          acc.add_unit(valid ? v[j] : 0.f);
+          acc.add(valid ? v[j] : 0.f);
           s.max_p = fmaxf(s.max_p, valid ? v[j] : 0.f);
           if (!valid) {
             MassAcc ignored;
