@@ -369,7 +369,7 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
   constexpr int kRows = Bc / 16;  // rows per thread
   const int c = tid % 8;
   const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);  // (tid / 8 + 16 i) % 8 == (tid / 8) % 8
-  int32_t page[kRows];                                      // -1: the key is past the chunk's end
+  int32_t page[kRows];                                     // -1: the key is past the chunk's end
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const int key = key0 + tid / 8 + 16 * i;

@@ -936,11 +936,11 @@ TEST_CASE("stage 06 MassAcc sums exactly the reference's masses") {
       0.f,  -0.f, 1.f,        1e-30f,   1e-28f,          1e-22f,   1.2e-38f,   1e-45f,   0.5f,    0.99999994f,
       0.1f, 1.5f, 1.9999999f, 0x1p-48f, 0x1.fffffep-49f, 0x1p-73f, 0x1.8p-74f, 0x1p-96f, 0x1p-97f};
   for (int i = 0; i < 20000; ++i) values.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
-  // every exponent, each with the smallest, the largest and a random significand: the
-  // shifts of MassAcc::parts change at each one below 2 (e < 128); from 2 up, and with the
-  // sign bit set, every one must give zero
-  std::vector<float> zeros = {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(),
-                              std::numeric_limits<float>::quiet_NaN()};
+  // every exponent, each with the smallest, the largest and a random significand, both
+  // signs: below 2 (e < 128) each must give mass_of's mass, from 2 up and with the sign
+  // bit set zero
+  std::vector<float> zeros = {
+      -1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
   for (uint32_t e = 0; e < 256; ++e)
     for (uint32_t mantissa : {0u, 0x7FFFFFu, static_cast<uint32_t>(rng() & 0x7FFFFFu)}) {
       for (uint32_t sign : {0u, 1u}) {
