@@ -513,6 +513,10 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
   // kv_len must be zeros; pages of 1 or 3 tokens) every thread gathers, its copies
   // counting one arrival when they have landed.
   const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
+  // Every tile by page: the first warp issues all the copies (thread 0 arrives for all 128),
+  // and the other three would only poll the "empty" barriers, taking issue slots from the
+  // consumers' warps on their schedulers.
+  if (PAGED && n_by_page >= t.num_kv_tiles && threadIdx.x >= 32) return;
   PageBox next{-1, 0};  // the first warp's pages of the next tile copied by page
   if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && n_by_page > 0)
     next = find_page_box<Bc>(p, t, t.key_begin, threadIdx.x);
