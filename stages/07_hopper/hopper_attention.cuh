@@ -383,6 +383,7 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
     const bool valid = page[i] >= 0;
     const uint16_t* src = kv.pool;
     if (valid) {
+      // the slot again (a multiply-high and a subtract) rather than eight more live registers
       uint32_t page_iter, slot;
       kv.page_size.divmod(static_cast<uint32_t>(key0 + r), page_iter, slot);
       src += kv.offset(page[i], slot, kv_head) + (is_v ? kv.stride_kv : 0) + 8 * c;
