@@ -35,8 +35,8 @@
 /// reads in 8 different bank groups), and one float per (warp column, row) for the
 /// maxima, then the row sums. Q and the cache tiles are swizzled (kernels/mma.cuh). Key
 /// rows past the chunk are zero-filled by the copy (P is 0 there; 0 x garbage could be
-/// NaN). Each key row is copied by kThreadsPerKey threads, so a thread resolves one page
-/// id a tile, read a tile ahead.
+/// NaN). A warp copies 4 key rows at a time, 8 lanes a row, so each instruction reads
+/// whole 128-byte lines; a thread resolves kPasses page ids a tile, read a tile ahead.
 ///
 /// **A tile, three barriers.** (1) the tile landed and every warp is done with the
 /// previous one (its buffer is refilled next); (2) the row maxima are in shared memory;
@@ -101,17 +101,18 @@ struct MlaTile {
   static constexpr int kRowGroupsOf = kRowGroups, kColSplitOf = kColSplit;
   static constexpr int kWarps = kRowGroups * kColSplit;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRows = 16 * kRowGroups;                ///< packed rows of the tile
-  static constexpr int kKeysPerWarp = kTileKeys / kColSplit;   ///< S columns of a warp
-  static constexpr int kScoreTiles = kKeysPerWarp / 8;         ///< n8 tiles of S a warp
-  static constexpr int kCols = kCkv / kColSplit;               ///< O columns of a warp
-  static constexpr int kOutTiles = kCols / 8;                  ///< n8 tiles of O a warp
-  static constexpr int kThreadsPerKey = kThreads / kTileKeys;  ///< threads copying one key row
+  static constexpr int kRows = 16 * kRowGroups;               ///< packed rows of the tile
+  static constexpr int kKeysPerWarp = kTileKeys / kColSplit;  ///< S columns of a warp
+  static constexpr int kScoreTiles = kKeysPerWarp / 8;        ///< n8 tiles of S a warp
+  static constexpr int kCols = kCkv / kColSplit;              ///< O columns of a warp
+  static constexpr int kOutTiles = kCols / 8;                 ///< n8 tiles of O a warp
+  static constexpr int kRowsPerPass = kThreads / 8;           ///< key rows one copy pass covers (8 lanes a row)
+  static constexpr int kPasses = kTileKeys / kRowsPerPass;    ///< copy passes over a tile's keys
   static constexpr int kQElems = kRows * kRowElems;
   static constexpr int kKvElems = kTileKeys * kRowElems;
   static constexpr int kPElems = kRows * kPStride;
   static_assert(kScoreTiles == 1 || kScoreTiles == 2, "a warp's S is 8 or 16 keys wide");
-  static_assert(kThreads % kTileKeys == 0 && 8 % kThreadsPerKey == 0, "whole chunks of a key row per thread");
+  static_assert(kTileKeys % kRowsPerPass == 0, "whole copy passes over a tile's keys");
   /// Dynamic shared memory of a block, for 16-bit elements.
   static constexpr size_t smem_bytes() {
     return size_t(kQElems + 2 * kKvElems + kPElems) * 2 + size_t(kColSplit) * kRows * sizeof(float);
@@ -156,29 +157,35 @@ __global__ void __launch_bounds__(32 * kRowGroups * kColSplit, 1) mla_decode_ker
     cp_async_16(s_q + swizzled_offset(row, chunk, kRowElems), src, valid);
   }
 
-  // ---- the cache tiles: key row `key` of a tile is copied by kThreadsPerKey threads
+  // ---- the cache tiles: a warp's copy instruction takes 4 key rows x 8 lanes, 128
+  // contiguous bytes of each row (whole cache lines); thread t copies the 16-byte chunks
+  // t % 8 + 8 b of keys key0 + kRowsPerPass i
   const int num_tiles = (w.kv_end - w.kv_begin + kTileKeys - 1) / kTileKeys;
-  const int key = tid / Tile::kThreadsPerKey, sub = tid % Tile::kThreadsPerKey;
-  // The pool row (page * page_size + slot) of this thread's key in `tile`; -1 past the chunk.
-  auto pool_row = [&](int tile) -> int64_t {
-    const int j = w.kv_begin + tile * kTileKeys + key;
-    if (tile >= num_tiles || j >= w.kv_end) return -1;
-    return int64_t(p.kv_indices[w.page_begin + j / p.page_size]) * p.page_size + j % p.page_size;
-  };
-  auto load_tile = [&](int64_t row, int buffer) {
-    T* dst = s_kv + buffer * Tile::kKvElems;
-    const bool valid = row >= 0;
-    const T* ckv = p.ckv + (valid ? row : 0) * kCkv;
-    const T* kpe = p.kpe + (valid ? row : 0) * kKpe;
+  const int lane8 = tid % 8, key0 = tid / 8;
+  // The pool rows (page * page_size + slot) of this thread's keys in `tile`; -1 past the chunk.
+  auto pool_rows = [&](int tile, int64_t(&rows)[Tile::kPasses]) {
 #pragma unroll
-    for (int i = 0; i < kCkvChunks / Tile::kThreadsPerKey; ++i) {
-      const int chunk = sub + i * Tile::kThreadsPerKey;
-      cp_async_16(dst + swizzled_offset(key, chunk, kRowElems), ckv + chunk * 8, valid);
+    for (int i = 0; i < Tile::kPasses; ++i) {
+      const int j = w.kv_begin + tile * kTileKeys + key0 + Tile::kRowsPerPass * i;
+      rows[i] = tile >= num_tiles || j >= w.kv_end
+                    ? -1
+                    : int64_t(p.kv_indices[w.page_begin + j / p.page_size]) * p.page_size + j % p.page_size;
     }
+  };
+  auto load_tile = [&](const int64_t(&rows)[Tile::kPasses], int buffer) {
+    T* dst = s_kv + buffer * Tile::kKvElems;
 #pragma unroll
-    for (int i = 0; i < (kRowChunks - kCkvChunks) / Tile::kThreadsPerKey; ++i) {
-      const int chunk = sub + i * Tile::kThreadsPerKey;
-      cp_async_16(dst + swizzled_offset(key, kCkvChunks + chunk, kRowElems), kpe + chunk * 8, valid);
+    for (int i = 0; i < Tile::kPasses; ++i) {
+      const int key = key0 + Tile::kRowsPerPass * i;
+      const bool valid = rows[i] >= 0;
+      const T* ckv = p.ckv + (valid ? rows[i] : 0) * kCkv;
+      const T* kpe = p.kpe + (valid ? rows[i] : 0) * kKpe;
+#pragma unroll
+      for (int b = 0; b < kCkvChunks / 8; ++b) {
+        const int chunk = 8 * b + lane8;
+        cp_async_16(dst + swizzled_offset(key, chunk, kRowElems), ckv + chunk * 8, valid);
+      }
+      cp_async_16(dst + swizzled_offset(key, kCkvChunks + lane8, kRowElems), kpe + lane8 * 8, valid);
     }
   };
 
@@ -197,16 +204,18 @@ __global__ void __launch_bounds__(32 * kRowGroups * kColSplit, 1) mla_decode_ker
   for (int n = 0; n < Tile::kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  load_tile(pool_row(0), 0);
+  int64_t rows[Tile::kPasses];
+  pool_rows(0, rows);
+  load_tile(rows, 0);
   kernels::cp_async_commit_group();
-  int64_t next_row = pool_row(1);
+  pool_rows(1, rows);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     kernels::cp_async_wait_group<0>();
     __syncthreads();  // (1) tile landed; every warp is past the previous tile
-    if (tile + 1 < num_tiles) load_tile(next_row, (tile + 1) & 1);
+    if (tile + 1 < num_tiles) load_tile(rows, (tile + 1) & 1);
     kernels::cp_async_commit_group();
-    next_row = pool_row(tile + 2);
+    pool_rows(tile + 2, rows);
     const T* kv = s_kv + (tile & 1) * Tile::kKvElems;
 
     // S = Q K^T for 16 rows x kKeysPerWarp keys, k-steps taken in pairs (32 dims)
