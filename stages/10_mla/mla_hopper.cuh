@@ -346,10 +346,10 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
         for (int r = 0; r < 4; ++r) p_tile[(k * 4 + r) * 128 + t] = a[k][r];
 #pragma unroll
       for (int h = 0; h < 2; ++h) smem.stat(stage)[h * 128 + t] = alpha[h];
-      detail::bar_sync(MlaBarrier::kPReady);
-    } else {
+    }
+    detail::bar_sync(MlaBarrier::kPReady);  // one barrier instruction both consumers reach
+    if (consumer == 1) {
       // thread t of consumer 0 held exactly the rows and keys thread t here needs
-      detail::bar_sync(MlaBarrier::kPReady);
       detail::wait_tile(smem.full(stage), phase);  // landed long ago: the fence for this group's reads
       const uint32_t* p_tile = smem.p_of(stage);
 #pragma unroll

@@ -353,9 +353,17 @@ TEST_CASE("mla schedule: 128 heads on an H200 take the wgmma tile, and a short b
   CHECK(std::string(mla::make_schedule(portable, h200()).info.kernel) == "mma_sync");
 }
 
-TEST_CASE("mla schedule: 16 heads take the 16-row tile, and the split counts the blocks an SM holds") {
+TEST_CASE("mla schedule: 16 heads take the 16-row tile off Hopper, and the split counts the blocks an SM holds") {
   const mla::MlaShape s = decode_shape(128, 8192, 16);
-  const mla::MlaSchedule h = mla::make_schedule(s, h200());
+  const mla::MlaSchedule w = mla::make_schedule(s, h200());  // Hopper: the wgmma tile, 48 rows of padding
+  CHECK(w.info.rows_per_tile == 64);
+  CHECK(std::string(w.info.kernel) == "wgmma");
+  CHECK(w.info.chunk_keys == 0);  // 128 tiles, one block an SM: no split
+  CHECK(w.info.work_items == 128);
+  check_covers(s, w);
+  mla::MlaShape portable = s;
+  portable.portable_only = true;
+  const mla::MlaSchedule h = mla::make_schedule(portable, h200());
   CHECK(h.info.rows_per_tile == 16);
   CHECK(std::string(h.info.kernel) == "mma_sync");
   CHECK(h.info.chunk_keys == 4096);  // two 92 KB blocks an SM: 264 slots for 128 tiles
