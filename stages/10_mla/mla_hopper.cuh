@@ -1,35 +1,48 @@
 /// \file mla_hopper.cuh
-/// \brief MLA decode and append on Hopper (sm_90a): the 64-row tile of mla_decode.cuh with
-/// its two products on wgmma, operands read by the tensor cores from shared memory.
+/// \brief MLA decode and append on Hopper (sm_90a): the 64-row tile of mla_decode.cuh on
+/// wgmma, with a producer warp group and two consumer warp groups that take turns.
 ///
-/// What changed from mla_decode.cuh, and why it is faster (1.7x at 128 heads, the
-/// chapter's table). There, every warp re-read its 16 query rows (576 columns) from shared
-/// memory into registers with ldmatrix for every 32-key tile: 106 ldmatrix.x4 for 136
-/// mma.sync a warp and tile. Here a warp group multiplies
-/// straight from shared memory (stage 07's wgmma, descriptors and 128-byte swizzle), so Q
-/// never travels through registers, and a tile is 64 keys:
+/// What changed from mla_decode.cuh. There, every warp re-read its 16 query rows (576
+/// columns) from shared memory into registers with ldmatrix for every 32-key tile. Here a
+/// warp group multiplies straight from shared memory (stage 07's wgmma, descriptors and
+/// 128-byte swizzle), so Q never travels through registers.
 ///
-///     warp group c (c = 0, 1): 64 rows, 128 threads
-///       S_c = Q . K[32 c .. 32 c + 31]^T   wgmma m64n32k16 x 36 (576 dims), A and B in smem
-///       online softmax of its 32 keys, the row maxima met through shared memory
-///       P_c packed in registers as wgmma's A operand; the other group's P_c' read from
-///       shared memory (thread t of one group holds exactly the rows and keys that thread
-///       t of the other needs)
-///       O_c += P . V[:, 256 c .. 256 c + 255]   wgmma m64n128k16 x 2 x 4, P from registers
+/// The block: warp group 0 copies (Q once, then 32-key cache tiles into a ring of four
+/// buffers, full and empty mbarriers handing each over, as in stage 07), and warp groups 1
+/// and 2 compute. O (64 rows x 512, fp32) is 256 registers a thread for one warp group, so
+/// its columns are split: consumer c owns O's columns 256 c .. 256 c + 255. Its S is not
+/// split: the consumers take the tiles of a pair (A = 2i, B = 2i + 1) one each, so one's
+/// softmax runs while the other's products hold the tensor cores:
 ///
-/// The wgmma accumulator of a warp has the mma.sync fragment layout (16 rows a warp), so
-/// the softmax code is mla_decode.cuh's. Shared memory: Q (72 KB), two 64-key tiles (72 KB
-/// each: c in 8 column blocks of 64, then k_pe in one), the P exchange (8 KB) and the row
-/// statistics: 227 KB with the alignment, all an SM has, so one block an SM. No producer warp group: every thread issues the
-/// cp.async copies of the next tile before the products of this one, as in
-/// mla_decode.cuh. The wide tile's work items, split and merge are unchanged.
+///     consumer 0                              consumer 1
+///     S_A = Q K_A^T                           S_B = Q K_B^T            (wgmma m64n32k16 x 36)
+///     m_A, P_A = exp2(S_A - m_A)  -> smem
+///     --- A ready (named barrier) -------->    m_B from m_A, P_B       -> smem
+///     O_L += P_A V_A[:, 0..255]               (softmax of B under consumer 0's product)
+///                 <------------------------   --- B ready
+///     O_L *= alpha_B, O_L += P_B V_B          O_R *= alpha_A alpha_B,
+///                                             O_R += P_A V_A + P_B V_B [:, 256..511]
+///
+/// The running maximum passes from one consumer to the other: m_A extends the previous
+/// pair's m_B, and m_B extends m_A. It moves only when a tile's maximum is more than 8 (in
+/// log2 units) above it (FlashAttention-4's rule), so alpha is almost always exactly 1 and
+/// the rescales are skipped. Each P travels through the rotary block of its own tile: once
+/// S of a tile is done, nobody reads its 64 k_pe columns again (P V reads the first 512),
+/// and P of 64 rows x 32 keys is exactly that block's 4 KB.
+///
+/// Shared memory: Q (72 KB), four 32-key tiles (36 KB each: c in 8 column blocks of 64,
+/// then k_pe in one), the exchanged maxima and row sums, the barriers: 221 KB, one block
+/// an SM. The wide tile's work items, split and merge are unchanged.
 #pragma once
 
+#include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "07_hopper/wgmma.cuh"
 #include "flashstep/kernels/cp_async.cuh"
@@ -40,24 +53,56 @@ namespace flashstep::stages::mla {
 
 /// Sizes of the Hopper tile.
 struct MlaHopperTile {
-  static constexpr int kThreads = 256;                             ///< two warp groups
-  static constexpr int kRows = 64;                                 ///< packed rows (one wgmma M)
-  static constexpr int kKeys = 64;                                 ///< keys of a cache tile
-  static constexpr int kBlockElems = 64 * 64;                      ///< one 64-column block of 64 rows
-  static constexpr int kTileElems = kRowChunks / 8 * kBlockElems;  ///< 9 column blocks: c, then k_pe
-  static constexpr int kExchangeWords = 2 * 8 * 128;               ///< P: 8 registers a thread, both groups
+  static constexpr int kThreads = 384;                                   ///< producer + two consumer warp groups
+  static constexpr int kRows = 64;                                       ///< packed rows (one wgmma M)
+  static constexpr int kKeys = kTileKeys;                                ///< keys of a cache tile
+  static constexpr int kSlots = 4;                                       ///< cache tiles in the ring: two pairs
+  static constexpr int kColBlocks = kRowChunks / 8;                      ///< 64-column blocks of a row: 8 of c, 1 of k_pe
+  static constexpr int kQBlockElems = kRows * 64;                        ///< one column block of Q
+  static constexpr int kKvBlockElems = kKeys * 64;                       ///< one column block of a cache tile
+  static constexpr int kQElems = kColBlocks * kQBlockElems;
+  static constexpr int kTileElems = kColBlocks * kKvBlockElems;
+  static constexpr int kStatFloats = 2 * 2 * 128;                        ///< [consumer][row half][thread]
+  // setmaxnreg: the block starts with 168 a thread (384 x 168 = 64512); 128 x 40 + 256 x 232 fits
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
   static constexpr size_t smem_bytes() {
-    // + 1024: the base is aligned up to the swizzle atom by hand (the runtime promises 16 bytes)
-    return 1024 + size_t(3 * kTileElems) * 2 + size_t(kExchangeWords) * 4 + size_t(2 * 2 * 128) * 4;
+    // + 1024: the base is aligned up to the swizzle atom by hand (the runtime promises 16 bytes);
+    // then Q, the ring, the maxima and the row sums, and 1 + 2 x kSlots mbarriers
+    return 1024 + size_t(kQElems + kSlots * kTileElems) * 2 + 2 * kStatFloats * sizeof(float) +
+           (1 + 2 * kSlots) * sizeof(uint64_t);
   }
 };
 
 namespace detail {
 
-/// Element offset of (row, 16-byte chunk) in a tile of 64-column blocks of 64 rows, each
-/// block in the 128-byte swizzle wgmma's descriptors read (stage 07's wgmma.cuh).
+namespace ptx = cuda::ptx;
+
+/// The named barriers of the kernel (0 is __syncthreads), each counting the 256 consumer
+/// threads: one consumer arrives, the other waits. (bar.arrive / bar.sync with an id: no
+/// C++ API, one line of PTX each.)
+enum class MlaBarrier : uint32_t {
+  kTileAReady = 1,  ///< consumer 0's m_A and P_A are in shared memory
+  kTileBReady = 2,  ///< consumer 1's m_B and P_B are
+  kRowSums = 3,     ///< both consumers' row sums are
+};
+__device__ __forceinline__ void bar_arrive(MlaBarrier b) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(uint32_t(b)) : "memory");
+}
+__device__ __forceinline__ void bar_sync(MlaBarrier b) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(uint32_t(b)) : "memory");
+}
+
+__device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
+  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
+  }
+}
+
+/// Element offset of (row, 16-byte chunk) in a tile of 64-column blocks of `rows` rows,
+/// each block in the 128-byte swizzle wgmma's descriptors read (stage 07's wgmma.cuh).
+template <int kBlockRows>
 __device__ __forceinline__ int swizzled64(int row, int chunk) {
-  return (chunk >> 3) * MlaHopperTile::kBlockElems + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+  return (chunk >> 3) * kBlockRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
 }
 
 /// S (64 x 32, fp32) = A (64 x 16) B (16 x 32), both K-major in shared memory: wgmma
@@ -83,62 +128,219 @@ __device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, ui
   }
 }
 
-}  // namespace detail
-
-/// The Hopper form of mla_decode_kernel: same parameters, work items and outputs.
-/// grid = (work items), block = 256 threads, dynamic shared memory MlaHopperTile::smem_bytes().
+/// The shared memory of a block (1024-byte aligned base): Q, the ring, the exchanged
+/// maxima and row sums, the mbarriers.
 template <typename T>
-__global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+struct MlaHopperSmem {
   using Tile = MlaHopperTile;
-  using hopper::smem_descriptor;
+  T* q;
+  __device__ __forceinline__ explicit MlaHopperSmem(unsigned char* base) : q(reinterpret_cast<T*>(base)) {}
+  __device__ __forceinline__ T* tile(int slot) const { return q + Tile::kQElems + slot * Tile::kTileElems; }
+  /// P of the tile in `slot`, as wgmma A fragments [k-step][register][thread], in the tile's k_pe block
+  __device__ __forceinline__ uint32_t* p_of(int slot) const {
+    return reinterpret_cast<uint32_t*>(tile(slot) + (Tile::kColBlocks - 1) * Tile::kKvBlockElems);
+  }
+  __device__ __forceinline__ float* m_of(int consumer) const {  ///< [row half][thread]
+    return reinterpret_cast<float*>(tile(Tile::kSlots)) + consumer * 256;
+  }
+  __device__ __forceinline__ float* l_of(int consumer) const { return m_of(2) + consumer * 256; }
+  __device__ __forceinline__ uint64_t* q_full() const { return reinterpret_cast<uint64_t*>(m_of(4)); }
+  __device__ __forceinline__ uint64_t* full(int slot) const { return q_full() + 1 + slot; }
+  __device__ __forceinline__ uint64_t* empty(int slot) const { return q_full() + 1 + Tile::kSlots + slot; }
+};
+
+/// A tile's page-pool row for key `key` of tile `tile`, or -1 past the chunk (zero-filled).
+template <typename T>
+__device__ __forceinline__ int64_t pool_row(const MlaParams<T>& p, const MlaWorkItem& w, int tile, int key) {
+  const int j = w.kv_begin + tile * MlaHopperTile::kKeys + key;
+  if (j >= w.kv_end) return -1;
+  return int64_t(p.kv_indices[w.page_begin + j / p.page_size]) * p.page_size + j % p.page_size;
+}
+
+/// The producer warp group: Q, then every cache tile j of the chunk into buffer j % kSlots
+/// once both consumers freed it. Thread t copies key row t / 4, chunks t % 4 + 4 i: with
+/// cp.async, because a tile's 32 rows may lie in 32 pages; each thread's copies count one
+/// arrival on the tile's "full" barrier when they land (cp.async.mbarrier.arrive.noinc).
+template <typename T>
+__device__ __forceinline__ void produce(const MlaParams<T>& p, const MlaWorkItem& w, int num_tiles,
+                                        const MlaHopperSmem<T>& smem, int t) {
+  using Tile = MlaHopperTile;
   using kernels::cp_async_16;
-  extern __shared__ unsigned char smem_raw[];
-  T* s_q = reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  T* s_kv = s_q + Tile::kTileElems;                                            // two tiles
-  uint32_t* s_pex = reinterpret_cast<uint32_t*>(s_kv + 2 * Tile::kTileElems);  // [group][register][thread]
-  float* s_red = reinterpret_cast<float*>(s_pex + Tile::kExchangeWords);       // [group][row half][thread]
-
-  const MlaWorkItem w = p.items[blockIdx.x];
-  const int tid = threadIdx.x, grp = tid / 128, t = tid % 128;
-  const int warp = t / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int heads = p.num_heads, request_rows = w.qo_len * heads;
-
-  // ---- Q (first copy group, with key tile 0)
-  for (int idx = tid; idx < Tile::kRows * kRowChunks; idx += Tile::kThreads) {
+  for (int idx = t; idx < Tile::kRows * kRowChunks; idx += 128) {
     const int row = idx / kRowChunks, chunk = idx % kRowChunks, r = w.row_begin + row;
     const bool valid = r < request_rows;
     const int64_t q_row = valid ? int64_t(w.qo_start + r / heads) * heads + r % heads : 0;
     const T* src = chunk < kCkvChunks ? p.q_nope + q_row * kCkv + chunk * 8
                                       : p.q_pe + q_row * kKpe + (chunk - kCkvChunks) * 8;
-    cp_async_16(s_q + detail::swizzled64(row, chunk), src, valid);
+    cp_async_16(smem.q + swizzled64<Tile::kRows>(row, chunk), src, valid);
   }
-  // ---- cache tiles: key row `key` copied by 4 threads, 18 chunks each
-  const int num_tiles = (w.kv_end - w.kv_begin + Tile::kKeys - 1) / Tile::kKeys;
-  const int key = tid / 4, sub = tid % 4;
-  auto pool_row = [&](int tile) -> int64_t {
-    const int j = w.kv_begin + tile * Tile::kKeys + key;
-    if (tile >= num_tiles || j >= w.kv_end) return -1;
-    return int64_t(p.kv_indices[w.page_begin + j / p.page_size]) * p.page_size + j % p.page_size;
-  };
-  // Thread (key, sub) copies chunks sub + 4 i of its key row. Chunk sub + 4 i lies in column
-  // block i / 2 at in-row chunk sub (i even) or sub + 4 (i odd), so its place in the tile is
-  // one of two per-thread offsets plus a constant: computed here once, not per copy.
+  ptx::cp_async_mbarrier_arrive_noinc(smem.q_full());
+
+  // Chunk sub + 4 i of key row `key` lies in column block i / 2 at in-row chunk sub (i even)
+  // or sub + 4 (i odd): one of two offsets plus a constant, computed once.
+  const int key = t / 4, sub = t % 4;
   const int dst_even = key * 64 + ((sub ^ (key & 7)) << 3), dst_odd = key * 64 + (((sub + 4) ^ (key & 7)) << 3);
-  auto load_tile = [&](int64_t row, int buffer) {
-    T* dst = s_kv + buffer * Tile::kTileElems;
+  int64_t row = num_tiles > 0 ? pool_row(p, w, 0, key) : -1;
+  for (int j = 0; j < num_tiles; ++j) {
+    const int slot = j % Tile::kSlots;
+    // the next tile's page id, read before this tile's copies (each a memory clobber)
+    const int64_t next = j + 1 < num_tiles ? pool_row(p, w, j + 1, key) : -1;
+    if (j >= Tile::kSlots) wait_barrier(smem.empty(slot), ((j / Tile::kSlots) & 1) ^ 1);
+    T* dst = smem.tile(slot);
     const bool valid = row >= 0;
     const T* ckv = p.ckv + (valid ? row : 0) * kCkv + sub * 8;
     const T* kpe = p.kpe + (valid ? row : 0) * kKpe + sub * 8;
 #pragma unroll
     for (int i = 0; i < kCkvChunks / 4; ++i)
-      cp_async_16(dst + (i / 2) * Tile::kBlockElems + (i % 2 ? dst_odd : dst_even), ckv + 32 * i, valid);
+      cp_async_16(dst + (i / 2) * Tile::kKvBlockElems + (i % 2 ? dst_odd : dst_even), ckv + 32 * i, valid);
 #pragma unroll
     for (int i = 0; i < (kRowChunks - kCkvChunks) / 4; ++i)
-      cp_async_16(dst + (kCkvChunks / 8) * Tile::kBlockElems + (i % 2 ? dst_odd : dst_even), kpe + 32 * i, valid);
-  };
+      cp_async_16(dst + (kCkvChunks / 8) * Tile::kKvBlockElems + (i % 2 ? dst_odd : dst_even), kpe + 32 * i, valid);
+    ptx::cp_async_mbarrier_arrive_noinc(smem.full(slot));
+    row = next;
+  }
+}
 
-  // ---- this thread's rows: 16 warp + g and + 8 of the tile (the same in both groups)
+/// A cache tile has landed. cp.async wrote it through the generic proxy and wgmma reads
+/// shared memory through the async proxy: a proxy fence orders them.
+__device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase) {
+  wait_barrier(full, phase);
+  ptx::fence_proxy_async(ptx::space_shared);
+}
+
+/// S = Q K^T for the tile in `slot`: 36 k-steps of 16 dims, a k-step 32 bytes along a
+/// 128-byte row, a column block kQBlockElems (Q) or kKvBlockElems (K) further.
+template <typename T>
+__device__ __forceinline__ void issue_scores(float (&s)[16], const hopper::SmemDescriptor& dq,
+                                             const hopper::SmemDescriptor& dk) {
+  using Tile = MlaHopperTile;
+#pragma unroll
+  for (int ks = 0; ks < kRowElems / 16; ++ks)
+    wgmma_ss_n32<T>(s, dq.at(((ks / 4) * Tile::kQBlockElems + (ks % 4) * 16) * sizeof(T) / 16),
+                    dk.at(((ks / 4) * Tile::kKvBlockElems + (ks % 4) * 16) * sizeof(T) / 16), ks > 0);
+}
+
+/// O (this consumer's 256 columns) += P V for one tile: 2 k-steps of 16 keys, two halves of
+/// 128 columns; V MN-major (a 128-byte row holds 64 of O's columns, the next 64 a column
+/// block further: the descriptor's leading byte offset).
+template <typename T>
+__device__ __forceinline__ void issue_pv(float (&o)[2][64], const uint32_t (&a)[2][4],
+                                         const hopper::SmemDescriptor& dv) {
+  using Tile = MlaHopperTile;
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      hopper::wgmma_rs<T, 128>(o[half], a[k], dv.at((half * 2 * Tile::kKvBlockElems + k * 16 * 64) * sizeof(T) / 16),
+                               1);
+}
+
+/// The online softmax of one tile's scores against the maximum m_in: scale and mask, the
+/// row maxima (a row's 32 keys lie in the 4 threads of a quad), the new maximum (moved only
+/// past m_in + 8), P packed as wgmma A fragments, and P's partial row sums.
+template <typename T>
+__device__ __forceinline__ void softmax_tile(float (&s)[16], const int (&limit)[2], int key0, int t4, float scale_log2,
+                                             const float (&m_in)[2], float (&m_out)[2], float (&p_sum)[2],
+                                             uint32_t (&a)[2][4]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1, j = key0 + n * 8 + 2 * t4 + (e & 1);
+      s[4 * n + e] = j < limit[h] ? s[4 * n + e] * scale_log2 : -INFINITY;
+      mx[h] = fmaxf(mx[h], s[4 * n + e]);
+    }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    m_out[h] = mx[h] > m_in[h] + 8.f ? mx[h] : m_in[h];  // -inf + 8 is -inf: the first finite maximum enters
+    const float m_use = m_out[h] == -INFINITY ? 0.f : m_out[h];
+    p_sum[h] = 0.f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      s[4 * n + 2 * h] = exp2f(s[4 * n + 2 * h] - m_use);
+      s[4 * n + 2 * h + 1] = exp2f(s[4 * n + 2 * h + 1] - m_use);
+      p_sum[h] += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[k][r] = kernels::pack2<T>(s[8 * k + 2 * r], s[8 * k + 2 * r + 1]);
+}
+
+/// exp2(m_old - m_new): exactly 1 where the maximum did not move (-inf to -inf included)
+__device__ __forceinline__ float rescale_factor(float m_old, float m_new) {
+  return m_old == m_new ? 1.f : exp2f(m_old - m_new);
+}
+
+/// O *= alpha, row by row (registers 4n, 4n + 1 are row g, 4n + 2, 4n + 3 row g + 8).
+__device__ __forceinline__ void scale_rows(float (&o)[2][64], const float (&alpha)[2]) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[half][4 * n] *= alpha[0];
+      o[half][4 * n + 1] *= alpha[0];
+      o[half][4 * n + 2] *= alpha[1];
+      o[half][4 * n + 3] *= alpha[1];
+    }
+}
+
+/// A packed pair of 16-bit P values times f (the rare rescale of P_A, below).
+template <typename T>
+__device__ __forceinline__ uint32_t scale_pair(uint32_t packed, float f) {
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  T2 v;
+  memcpy(&v, &packed, sizeof(v));
+  float2 x;
+  if constexpr (std::is_same_v<T, __half>) x = __half22float2(v);
+  else x = __bfloat1622float2(v);
+  return kernels::pack2<T>(x.x * f, x.y * f);
+}
+
+}  // namespace detail
+
+/// The Hopper form of mla_decode_kernel: same parameters, work items and outputs.
+/// grid = (work items), block = 384 threads, dynamic shared memory MlaHopperTile::smem_bytes().
+template <typename T>
+__global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = MlaHopperTile;
+  using detail::MlaBarrier;
+  namespace ptx = cuda::ptx;
+  extern __shared__ unsigned char smem_raw[];
+  const detail::MlaHopperSmem<T> smem(
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
+
+  const MlaWorkItem w = p.items[blockIdx.x];
+  const int num_tiles = (w.kv_end - w.kv_begin + Tile::kKeys - 1) / Tile::kKeys;
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(smem.q_full(), 128u);
+    for (int s = 0; s < Tile::kSlots; ++s) {
+      ptx::mbarrier_init(smem.full(s), 128u);  // one arrival per producer thread
+      ptx::mbarrier_init(smem.empty(s), 8u);   // one per consumer warp
+    }
+  }
+  __syncthreads();
+  const int warp_group = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (warp_group == 0) {
+    // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
+    detail::produce(p, w, num_tiles, smem, t);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tile::kConsumerRegisters));  // no C++ API for setmaxnreg
+
+  // warp-uniform as the compiler sees it (a shuffle from lane 0): wgmma issued under a
+  // branch it cannot prove uniform is serialized
+  const int consumer = __shfl_sync(0xffffffffu, warp_group, 0) - 1;
+  const int warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
+  const int heads = p.num_heads, request_rows = w.qo_len * heads;
+  // this thread's rows: 16 warp + g and + 8 of the tile (the same in both consumers)
   int limit[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -148,174 +350,184 @@ __global__ void __launch_bounds__(256, 1) mla_hopper_kernel(const MlaParams<T> p
     limit[h] = r < request_rows ? lim : w.kv_begin;
   }
 
-  float o[2][64];  // O's columns 256 grp + 128 half + ..., wgmma m64n128 accumulators
+  float o[2][64];  // O's columns 256 consumer + 128 half + ..., wgmma m64n128 accumulators
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[h][i] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
-  load_tile(pool_row(0), 0);
-  kernels::cp_async_commit_group();
-  int64_t next_row = pool_row(1);
-
-  // The descriptors, built once: a k-step, a column block or a buffer further is a constant
-  // added to the start-address field (bits 0-13, in 16-byte units), which never carries out
-  // below 256 KB. Rebuilt for every wgmma they cost ~10 instructions each, 36 + 8 a tile.
-  const uint64_t q_desc = smem_descriptor(s_q, 16);
-  const uint64_t k_desc0 = smem_descriptor(s_kv + grp * 32 * 64, 16);
-  const uint64_t v_desc0 = smem_descriptor(s_kv + grp * 4 * Tile::kBlockElems, Tile::kBlockElems * sizeof(T));
-  constexpr uint64_t kBufferStep = Tile::kTileElems * sizeof(T) / 16;
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    kernels::cp_async_wait_group<0>();
-    __syncthreads();  // (1) the tile landed; both groups are past the previous one
-    if (tile + 1 < num_tiles) load_tile(next_row, (tile + 1) & 1);
-    kernels::cp_async_commit_group();
-    next_row = pool_row(tile + 2);
-    const T* kv = s_kv + (tile & 1) * Tile::kTileElems;
-    const uint64_t k_desc = k_desc0 + (tile & 1) * kBufferStep, v_desc = v_desc0 + (tile & 1) * kBufferStep;
-
-    // S_grp = Q K[32 grp ..]^T: 36 k-steps of 16 dims; a k-step is 32 bytes along a 128-byte row
-    float s[16];
-    hopper::wgmma_fence();
+  const hopper::SmemDescriptor dq(smem.q, 16);
+  if (num_tiles > 0) detail::wait_tile(smem.q_full(), 0);
+  for (int ja = 0; ja < num_tiles; ja += 2) {
+    const int jb = ja + 1, sa = ja % Tile::kSlots, sb = jb % Tile::kSlots;
+    const bool has_b = jb < num_tiles;
+    const hopper::SmemDescriptor dv_a(smem.tile(sa) + consumer * 4 * Tile::kKvBlockElems,
+                                      Tile::kKvBlockElems * sizeof(T)),
+        dv_b(smem.tile(sb) + consumer * 4 * Tile::kKvBlockElems, Tile::kKvBlockElems * sizeof(T));
+    float s[16], m_tile[2], p_sum[2];
+    uint32_t a_own[2][4], a_other[2][4];
+    if (consumer == 0) {
+      // S_A, its softmax against the previous pair's maximum, P_A and m_A to consumer 1
+      detail::wait_tile(smem.full(sa), (ja / Tile::kSlots) & 1);
+      hopper::wgmma_fence();
+      detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(sa), 16));
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(s);
+      detail::softmax_tile<T>(s, limit, w.kv_begin + ja * Tile::kKeys, t4, p.scale_log2, m_run, m_tile, p_sum,
+                              a_own);
+      uint32_t* p_a = smem.p_of(sa);
 #pragma unroll
-    for (int ks = 0; ks < kRowElems / 16; ++ks) {
-      const uint64_t step = ((ks / 4) * Tile::kBlockElems + (ks % 4) * 16) * sizeof(T) / 16;
-      detail::wgmma_ss_n32<T>(s, q_desc + step, k_desc + step, ks > 0);
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) p_a[(k * 4 + r) * 128 + t] = a_own[k][r];
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        smem.m_of(0)[h * 128 + t] = m_tile[h];
+        alpha[h] = detail::rescale_factor(m_run[h], m_tile[h]);
+        l_run[h] = l_run[h] * alpha[h] + p_sum[h];
+        m_run[h] = m_tile[h];
+      }
+      detail::bar_arrive(MlaBarrier::kTileAReady);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) detail::scale_rows(o, alpha);
+      // O_L += P_A V_A while consumer 1 runs the softmax of B
+      hopper::wgmma_fence();
+      detail::issue_pv<T>(o, a_own, dv_a);
+      hopper::wgmma_commit();
+      detail::bar_sync(MlaBarrier::kTileBReady);
+      float alpha_b[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float m_b = smem.m_of(1)[h * 128 + t];
+        alpha_b[h] = detail::rescale_factor(m_run[h], m_b);
+        l_run[h] *= alpha_b[h];
+        m_run[h] = m_b;
+      }
+      if (has_b) {
+        const uint32_t* p_b = smem.p_of(sb);
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a_other[k][r] = p_b[(k * 4 + r) * 128 + t];
+      }
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(o[0]);
+      hopper::wgmma_fence_operands(o[1]);
+      if (lane == 0) ptx::mbarrier_arrive(smem.empty(sa));  // this warp is done with tile A
+      if (__any_sync(0xffffffffu, alpha_b[0] != 1.f || alpha_b[1] != 1.f)) detail::scale_rows(o, alpha_b);
+      if (has_b) {
+        hopper::wgmma_fence();
+        detail::issue_pv<T>(o, a_other, dv_b);
+        hopper::wgmma_commit();
+        hopper::wgmma_wait<0>();
+        hopper::wgmma_fence_operands(o[0]);
+        hopper::wgmma_fence_operands(o[1]);
+        if (lane == 0) ptx::mbarrier_arrive(smem.empty(sb));
+      }
+    } else {
+      // S_B under consumer 0's S_A; its softmax waits for m_A
+      if (has_b) {
+        detail::wait_tile(smem.full(sb), (jb / Tile::kSlots) & 1);
+        hopper::wgmma_fence();
+        detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(sb), 16));
+        hopper::wgmma_commit();
+      }
+      detail::bar_sync(MlaBarrier::kTileAReady);
+      float m_a[2], alpha_a[2], alpha_b[2];
+      const uint32_t* p_a = smem.p_of(sa);
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a_other[k][r] = p_a[(k * 4 + r) * 128 + t];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_a[h] = smem.m_of(0)[h * 128 + t];
+        alpha_a[h] = detail::rescale_factor(m_run[h], m_a[h]);
+        m_tile[h] = m_a[h];
+        p_sum[h] = 0.f;
+      }
+      if (has_b) {
+        hopper::wgmma_wait<0>();
+        hopper::wgmma_fence_operands(s);
+        detail::softmax_tile<T>(s, limit, w.kv_begin + jb * Tile::kKeys, t4, p.scale_log2, m_a, m_tile, p_sum,
+                                a_own);
+        uint32_t* p_b = smem.p_of(sb);
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) p_b[(k * 4 + r) * 128 + t] = a_own[k][r];
+      }
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        smem.m_of(1)[h * 128 + t] = m_tile[h];
+        alpha_b[h] = detail::rescale_factor(m_a[h], m_tile[h]);
+        alpha[h] = alpha_a[h] * alpha_b[h];
+        l_run[h] = l_run[h] * alpha[h] + p_sum[h];
+        m_run[h] = m_tile[h];
+      }
+      detail::bar_arrive(MlaBarrier::kTileBReady);
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) detail::scale_rows(o, alpha);
+      // P_A was taken against m_A: rescaled to m_B (rarely needed), then both products
+      if (__any_sync(0xffffffffu, alpha_b[0] != 1.f || alpha_b[1] != 1.f)) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a_other[k][r] = detail::scale_pair<T>(a_other[k][r], alpha_b[r & 1]);
+      }
+      hopper::wgmma_fence();
+      detail::issue_pv<T>(o, a_other, dv_a);
+      if (has_b) detail::issue_pv<T>(o, a_own, dv_b);
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(o[0]);
+      hopper::wgmma_fence_operands(o[1]);
+      if (lane == 0) {
+        ptx::mbarrier_arrive(smem.empty(sa));
+        if (has_b) ptx::mbarrier_arrive(smem.empty(sb));
+      }
     }
-    hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::wgmma_fence_operands(s);
-
-    // scale, mask, and the maxima of this group's 32 keys
-    const int key0 = w.kv_begin + tile * Tile::kKeys + grp * 32;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1, j = key0 + n * 8 + 2 * t4 + (e & 1);
-        s[4 * n + e] = j < limit[h] ? s[4 * n + e] * p.scale_log2 : -INFINITY;
-        mx[h] = fmaxf(mx[h], s[4 * n + e]);
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      s_red[(grp * 2 + h) * 128 + t] = mx[h];
-    }
-    __syncthreads();  // (2) both groups' maxima
-
-    // online softmax; P of this group's keys as A fragments (k-steps 2 grp, 2 grp + 1).
-    // The running maximum moves only when a tile's is more than 8 above it (FlashAttention-4's
-    // rule): P is then at most 2^8, l and O stay against the same stale maximum (the result
-    // is the same up to rounding), and most tiles rescale nothing. Both groups see the same
-    // maxima, so they take the same decisions.
-    uint32_t a_own[2][4];
-    float alpha[2] = {1.f, 1.f}, m_use[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float m_tile = fmaxf(mx[h], s_red[((1 - grp) * 2 + h) * 128 + t]);
-      if (m_tile > m_run[h] + 8.f) {          // -inf + 8 is -inf: the first finite maximum always enters
-        alpha[h] = exp2f(m_run[h] - m_tile);  // from -inf: 0, and O and l are still 0
-        m_run[h] = m_tile;
-      }
-      m_use[h] = m_run[h] == -INFINITY ? 0.f : m_run[h];
-      l_run[h] *= alpha[h];
-    }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int n = 0; n < 16; ++n) {
-          o[half][4 * n] *= alpha[0];
-          o[half][4 * n + 1] *= alpha[0];
-          o[half][4 * n + 2] *= alpha[1];
-          o[half][4 * n + 3] *= alpha[1];
-        }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        s[4 * n + 2 * h] = exp2f(s[4 * n + 2 * h] - m_use[h]);
-        s[4 * n + 2 * h + 1] = exp2f(s[4 * n + 2 * h + 1] - m_use[h]);
-        l_run[h] += s[4 * n + 2 * h] + s[4 * n + 2 * h + 1];
-      }
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        a_own[k][r] = kernels::pack2<T>(s[8 * k + 2 * r], s[8 * k + 2 * r + 1]);
-        s_pex[(grp * 8 + k * 4 + r) * 128 + t] = a_own[k][r];
-      }
-    __syncthreads();  // (3) both groups' P
-    // P of all 64 keys in k-step order (group 0's keys first); a uniform branch keeps
-    // every register index static
-    uint32_t a[4][4];
-#pragma unroll
-    for (int k = 0; k < 2; ++k)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const uint32_t other = s_pex[((1 - grp) * 8 + k * 4 + r) * 128 + t];
-        a[k][r] = grp == 0 ? a_own[k][r] : other;
-        a[2 + k][r] = grp == 0 ? other : a_own[k][r];
-      }
-
-    // O_grp += P V: 4 k-steps of 16 keys, columns in two halves of 128
-    hopper::wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        hopper::wgmma_rs<T, 128>(o[half], a[k], v_desc + (half * 2 * Tile::kBlockElems + k * 16 * 64) * sizeof(T) / 16,
-                                 1);
-    hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::wgmma_fence_operands(o[0]);
-    hopper::wgmma_fence_operands(o[1]);
   }
-  kernels::cp_async_wait_group<0>();
 
-  // ---- row sums: 4 lanes, then the two groups
+  // ---- row sums: 4 lanes, then the two consumers
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
     l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    smem.l_of(consumer)[h * 128 + t] = l_run[h];
   }
-  __syncthreads();  // both groups are done with the maxima
-#pragma unroll
-  for (int h = 0; h < 2; ++h) s_red[(grp * 2 + h) * 128 + t] = l_run[h];
-  __syncthreads();
+  detail::bar_sync(MlaBarrier::kRowSums);
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = w.row_begin + warp * 16 + g + 8 * h;
     if (r >= request_rows) continue;
-    const float l = l_run[h] + s_red[((1 - grp) * 2 + h) * 128 + t];
+    const float l = l_run[h] + smem.l_of(1 - consumer)[h * 128 + t];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const float lse = l > 0.f ? (m_run[h] + log2f(l)) * 0.69314718055994531f : -INFINITY;
     const int token = r / heads, head = r % heads;
     if (w.slot_base < 0) {
       const int64_t row = int64_t(w.qo_start + token) * heads + head;
-      T* dst = p.o + row * kCkv + grp * 256 + 2 * t4;
+      T* dst = p.o + row * kCkv + consumer * 256 + 2 * t4;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int n = 0; n < 16; ++n)
           *reinterpret_cast<uint32_t*>(dst + half * 128 + n * 8) = kernels::pack2<T>(o[half][4 * n + 2 * h] * inv,
                                                                                      o[half][4 * n + 2 * h + 1] * inv);
-      if (p.lse != nullptr && grp == 0 && t4 == 0) p.lse[row] = lse;
+      if (p.lse != nullptr && consumer == 0 && t4 == 0) p.lse[row] = lse;
     } else {
       const int64_t row = int64_t(w.slot_base + token * w.num_chunks + w.chunk) * heads + head;
-      float* dst = p.partial_o + row * kCkv + grp * 256 + 2 * t4;
+      float* dst = p.partial_o + row * kCkv + consumer * 256 + 2 * t4;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int n = 0; n < 16; ++n)
           *reinterpret_cast<float2*>(dst + half * 128 + n * 8) = make_float2(o[half][4 * n + 2 * h] * inv,
                                                                              o[half][4 * n + 2 * h + 1] * inv);
-      if (grp == 0 && t4 == 0) p.partial_lse[row] = lse;
+      if (consumer == 0 && t4 == 0) p.partial_lse[row] = lse;
     }
   }
 #else
