@@ -79,16 +79,14 @@ namespace detail {
 namespace ptx = cuda::ptx;
 
 /// The named barriers of the kernel (0 is __syncthreads), each counting the 256 consumer
-/// threads: one consumer arrives, the other waits. (bar.arrive / bar.sync with an id: no
-/// C++ API, one line of PTX each.)
+/// threads. Both consumers sync at each: the one that waits would wait anyway, and the
+/// other arrives there just after issuing its products, so a full barrier costs nothing and
+/// orders the exchange both ways. (bar.sync with an id: no C++ API, one line of PTX.)
 enum class MlaBarrier : uint32_t {
   kTileAReady = 1,  ///< consumer 0's m_A and P_A are in shared memory
   kTileBReady = 2,  ///< consumer 1's m_B and P_B are
   kRowSums = 3,     ///< both consumers' row sums are
 };
-__device__ __forceinline__ void bar_arrive(MlaBarrier b) {
-  asm volatile("bar.arrive %0, 256;\n" ::"r"(uint32_t(b)) : "memory");
-}
 __device__ __forceinline__ void bar_sync(MlaBarrier b) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(uint32_t(b)) : "memory");
 }
@@ -390,7 +388,7 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
         l_run[h] = l_run[h] * alpha[h] + p_sum[h];
         m_run[h] = m_tile[h];
       }
-      detail::bar_arrive(MlaBarrier::kTileAReady);
+      detail::bar_sync(MlaBarrier::kTileAReady);
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) detail::scale_rows(o, alpha);
       // O_L += P_A V_A while consumer 1 runs the softmax of B
       hopper::wgmma_fence();
@@ -412,19 +410,25 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
 #pragma unroll
           for (int r = 0; r < 4; ++r) a_other[k][r] = p_b[(k * 4 + r) * 128 + t];
       }
-      hopper::wgmma_wait<0>();
-      hopper::wgmma_fence_operands(o[0]);
-      hopper::wgmma_fence_operands(o[1]);
-      if (lane == 0) ptx::mbarrier_arrive(smem.empty(sa));  // this warp is done with tile A
-      if (__any_sync(0xffffffffu, alpha_b[0] != 1.f || alpha_b[1] != 1.f)) detail::scale_rows(o, alpha_b);
+      // O is rescaled between the two products only when m_B moved (rarely): then P_A V_A
+      // must have landed first; else P_B V_B follows it into the same accumulators at once
+      if (__any_sync(0xffffffffu, alpha_b[0] != 1.f || alpha_b[1] != 1.f)) {
+        hopper::wgmma_wait<0>();
+        hopper::wgmma_fence_operands(o[0]);
+        hopper::wgmma_fence_operands(o[1]);
+        detail::scale_rows(o, alpha_b);
+      }
       if (has_b) {
         hopper::wgmma_fence();
         detail::issue_pv<T>(o, a_other, dv_b);
         hopper::wgmma_commit();
-        hopper::wgmma_wait<0>();
-        hopper::wgmma_fence_operands(o[0]);
-        hopper::wgmma_fence_operands(o[1]);
-        if (lane == 0) ptx::mbarrier_arrive(smem.empty(sb));
+      }
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(o[0]);
+      hopper::wgmma_fence_operands(o[1]);
+      if (lane == 0) {
+        ptx::mbarrier_arrive(smem.empty(sa));  // this warp is done with tiles A and B
+        if (has_b) ptx::mbarrier_arrive(smem.empty(sb));
       }
     } else {
       // S_B under consumer 0's S_A; its softmax waits for m_A
@@ -468,7 +472,7 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
         l_run[h] = l_run[h] * alpha[h] + p_sum[h];
         m_run[h] = m_tile[h];
       }
-      detail::bar_arrive(MlaBarrier::kTileBReady);
+      detail::bar_sync(MlaBarrier::kTileBReady);
       if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) detail::scale_rows(o, alpha);
       // P_A was taken against m_A: rescaled to m_B (rarely needed), then both products
       if (__any_sync(0xffffffffu, alpha_b[0] != 1.f || alpha_b[1] != 1.f)) {
