@@ -319,7 +319,16 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const hopper::SmemDescriptor dq(smem.q, 16);
-  if (consumer == 0 && num_tiles > 0) detail::wait_tile(smem.q_full(), 0);
+  float s[32];  // consumer 0: S of tile j, issued while P_{j-1} V_{j-1} still runs
+  if (consumer == 0 && num_tiles > 0) {
+    detail::wait_tile(smem.q_full(), 0);
+    detail::wait_tile(smem.full(0), 0);
+    hopper::wgmma_fence();
+    detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(0), 16));
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+    hopper::wgmma_fence_operands(s);
+  }
   for (int j = 0; j < num_tiles; ++j) {
     const int stage = j % Tile::kStages;
     const uint32_t phase = (j / Tile::kStages) & 1;
@@ -328,14 +337,7 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
     uint32_t a[4][4];
     float alpha[2];
     if (consumer == 0) {
-      // S = Q K_j^T, the online softmax, P and alpha to consumer 1
-      detail::wait_tile(smem.full(stage), phase);
-      float s[32];
-      hopper::wgmma_fence();
-      detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(stage), 16));
-      hopper::wgmma_commit();
-      hopper::wgmma_wait<0>();
-      hopper::wgmma_fence_operands(s);
+      // the online softmax of S_j; P and alpha to consumer 1
       detail::softmax_tile<T>(s, limit, w.kv_begin + j * Tile::kKeys, t4, p.scale_log2, m, l, alpha, a);
       uint32_t* p_tile = smem.p_of(stage);
 #pragma unroll
@@ -362,10 +364,25 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
     hopper::wgmma_fence();
     detail::issue_pv<T>(o, a, dv);
     hopper::wgmma_commit();
-    hopper::wgmma_wait<0>();
-    hopper::wgmma_fence_operands(o[0]);
-    hopper::wgmma_fence_operands(o[1]);
-    if (lane == 0) ptx::mbarrier_arrive(smem.empty(stage));  // this warp is done with tile j
+    if (consumer == 0 && j + 1 < num_tiles) {
+      // S_{j+1} right behind P V_j in the tensor pipe; V_j's buffer is freed once the first
+      // of the two groups is done (wgmma groups complete in order)
+      detail::wait_tile(smem.full((j + 1) % Tile::kStages), ((j + 1) / Tile::kStages) & 1);
+      hopper::wgmma_fence();
+      detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile((j + 1) % Tile::kStages), 16));
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<1>();
+      hopper::wgmma_fence_operands(o[0]);
+      hopper::wgmma_fence_operands(o[1]);
+      if (lane == 0) ptx::mbarrier_arrive(smem.empty(stage));  // this warp is done with tile j
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(s);
+    } else {
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(o[0]);
+      hopper::wgmma_fence_operands(o[1]);
+      if (lane == 0) ptx::mbarrier_arrive(smem.empty(stage));
+    }
   }
 
   // ---- row sums: 4 lanes; consumer 0 hands m and l to consumer 1
