@@ -161,6 +161,8 @@ __device__ __forceinline__ void produce(const MlaParams<T>& p, const MlaWorkItem
     for (int i = 0; i < kPasses; ++i) next[i] = j + 1 < num_tiles ? pool_row(p, w, j + 1, key0 + 16 * i) : -1;
     if (j >= Tile::kStages) wait_barrier(smem.empty(stage), ((j / Tile::kStages) & 1) ^ 1);
     T* tile = smem.tile(stage);
+    ptx::mbarrier_arrive(smem.full(stage));  // DIAGNOSTIC: no copies
+    if (true) continue;
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int key = key0 + 16 * i;
@@ -323,10 +325,51 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
 
   const hopper::SmemDescriptor dq(smem.q, 16);
   if (consumer == 0 && num_tiles > 0) detail::wait_tile(smem.q_full(), 0);
-  for (int j = 0; j < num_tiles; ++j) {  // DIAGNOSTIC: loads only
+  for (int j = 0; j < num_tiles; ++j) {
     const int stage = j % Tile::kStages;
-    detail::wait_tile(smem.full(stage), (j / Tile::kStages) & 1);
-    if (lane == 0) ptx::mbarrier_arrive(smem.empty(stage));
+    const uint32_t phase = (j / Tile::kStages) & 1;
+    const hopper::SmemDescriptor dv(smem.tile(stage) + consumer * 4 * Tile::kBlockElems, Tile::kBlockElems * sizeof(T));
+    uint32_t a[4][4];
+    float alpha[2];
+    if (consumer == 0) {
+      // S = Q K_j^T, the online softmax, P and alpha to consumer 1
+      detail::wait_tile(smem.full(stage), phase);
+      float s[32];
+      hopper::wgmma_fence();
+      detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(stage), 16));
+      hopper::wgmma_commit();
+      hopper::wgmma_wait<0>();
+      hopper::wgmma_fence_operands(s);
+      detail::softmax_tile<T>(s, limit, w.kv_begin + j * Tile::kKeys, t4, p.scale_log2, m, l, alpha, a);
+      uint32_t* p_tile = smem.p_of(stage);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) p_tile[(k * 4 + r) * 128 + t] = a[k][r];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) smem.stat(stage)[h * 128 + t] = alpha[h];
+    }
+    detail::bar_sync(MlaBarrier::kPReady);  // one barrier instruction both consumers reach
+    if (consumer == 1) {
+      // thread t of consumer 0 held exactly the rows and keys thread t here needs
+      detail::wait_tile(smem.full(stage), phase);  // landed long ago: the fence for this group's reads
+      const uint32_t* p_tile = smem.p_of(stage);
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[k][r] = p_tile[(k * 4 + r) * 128 + t];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) alpha[h] = smem.stat(stage)[h * 128 + t];
+    }
+    // O = alpha O + P V_j, on this consumer's columns
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) detail::scale_rows(o, alpha);
+    hopper::wgmma_fence();
+    detail::issue_pv<T>(o, a, dv);
+    hopper::wgmma_commit();
+    hopper::wgmma_wait<0>();
+    hopper::wgmma_fence_operands(o[0]);
+    hopper::wgmma_fence_operands(o[1]);
+    if (lane == 0) ptx::mbarrier_arrive(smem.empty(stage));  // this warp is done with tile j
   }
 
   // ---- row sums: 4 lanes; consumer 0 hands m and l to consumer 1
