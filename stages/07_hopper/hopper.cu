@@ -29,6 +29,7 @@
 #include "07_hopper/hopper_attention.cuh"
 #include "flashstep/kernels/cuda_check.cuh"
 #include "flashstep/kernels/dispatch.cuh"
+#include "flashstep/kernels/tensor_map.hpp"
 #include "flashstep/reference/errors.hpp"
 #include "sinks/sinks.cuh"
 #include "soft_cap/soft_cap.cuh"
@@ -47,20 +48,7 @@ std::string tile_rule(const std::string& name, const BatchShape& shape) {
   return std::string();
 }
 
-/// The driver's tensor-map encoder, through the runtime (no link against libcuda).
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    cudaDriverEntryPointQueryResult found{};
-    void* fn = nullptr;
-    FLASHSTEP_CUDA_CHECK(
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    if (found == cudaDriverEntryPointSuccess) encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  });
-  ref::require(encode != nullptr, "HopperRunner::run", "the driver has no cuTensorMapEncodeTiled");
-  return encode;
-}
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() { return kernels::tensor_map_encoder("HopperRunner::run"); }
 
 /// A (tokens, heads, head_dim) tensor as a 3-D tensor map read in boxes of
 /// (64 columns, box_heads heads, box_tokens tokens), written to shared memory with the

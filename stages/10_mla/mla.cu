@@ -24,6 +24,7 @@
 #include "flashstep/reference/errors.hpp"
 #include "10_mla/mla_decode.cuh"
 #include "10_mla/mla_hopper.cuh"
+#include "flashstep/kernels/tensor_map.hpp"
 
 namespace flashstep::stages::mla {
 namespace {
@@ -119,6 +120,7 @@ MlaSchedule plan_of(const MlaShape& s, const MlaDevice& f) {
   const int rows = wide ? MlaWideTile::kRows : MlaNarrowTile::kRows;
   plan.info.rows_per_tile = rows;
   plan.info.kernel = wgmma ? "wgmma" : "mma_sync";
+  plan.info.tma_pages = wgmma && s.page_size % MlaHopperTile::kKeys == 0;
   plan.info.programmatic_merge = f.major >= 9;
 
   std::vector<int> tiles(b);
@@ -185,11 +187,36 @@ MlaSchedule plan_of(const MlaShape& s, const MlaDevice& f) {
     }
   }
   plan.info.work_items = static_cast<int64_t>(plan.items.size());
+  // Clusters of two when every request's row tiles pair up (128 heads: two a query token),
+  // so that blocks 2i and 2i + 1 are always one chunk's two tiles and read the same keys.
+  bool pairs = plan.info.tma_pages && !plan.items.empty();
+  for (int i = 0; i < b && pairs; ++i) pairs = tiles[i] % 2 == 0;
+  plan.info.cluster_blocks = pairs ? 2 : 1;
 
   const Layout l = layout_of(s, plan.info);
   plan.workspace_bytes = std::max<size_t>(kAlign,
                                           l.partial_lse + align_up(size_t(slots_used) * s.num_heads * sizeof(float)));
   return plan;
+}
+
+/// A latent pool (num_pages, page_size, width) as a 3-D tensor map read in boxes of 64
+/// columns x 64 tokens of one page, written to shared memory in the 128-byte swizzle the
+/// wgmma descriptors read (stage 07's layout).
+CUtensorMap latent_pool_map(const void* pool, const MlaShape& s, int width) {
+  CUtensorMap map;
+  const cuuint64_t elem = 2, pages = s.num_pages > 0 ? cuuint64_t(s.num_pages) : cuuint64_t(INT32_MAX);
+  const cuuint64_t dims[3] = {cuuint64_t(width), cuuint64_t(s.page_size), pages};
+  const cuuint64_t strides[2] = {cuuint64_t(width) * elem, cuuint64_t(s.page_size) * width * elem};  // bytes
+  const cuuint32_t box[3] = {64, cuuint32_t(MlaHopperTile::kKeys), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = kernels::tensor_map_encoder("MlaRunner::run")(
+      &map, s.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+      const_cast<void*>(pool), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  ref::require(r == CUDA_SUCCESS, "MlaRunner::run",
+               "cuTensorMapEncodeTiled failed for a latent pool (error " + std::to_string(int(r)) +
+                   "): ckv_pages and kpe_pages must be 16-byte aligned");
+  return map;
 }
 
 /// Launches the attention kernel of the plan (Tile: the mma.sync configuration, or
@@ -218,7 +245,26 @@ void launch_kernels(const MlaShape& s, const MlaBatch& b, const MlaPlanInfo& inf
   p.scale_log2 = s.sm_scale * 1.4426950408889634f;
   if (info.work_items > 0) {
     if constexpr (std::is_same_v<Tile, MlaHopperTile>) {
-      mla_hopper_kernel<T><<<static_cast<unsigned>(info.work_items), Tile::kThreads, Tile::smem_bytes(), stream>>>(p);
+      MlaHopperParams<T> hp;
+      hp.p = p;
+      hp.tma = info.tma_pages ? 1 : 0;
+      hp.cluster = info.cluster_blocks;
+      if (info.tma_pages) {
+        hp.ckv_map = latent_pool_map(b.ckv_pages, s, kLatentDim);
+        hp.kpe_map = latent_pool_map(b.kpe_pages, s, kRopeDim);
+      }
+      cudaLaunchConfig_t config{};
+      config.gridDim = dim3(static_cast<unsigned>(info.work_items));
+      config.blockDim = dim3(Tile::kThreads);
+      config.dynamicSmemBytes = Tile::smem_bytes();
+      config.stream = stream;
+      cudaLaunchAttribute cluster{};
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = static_cast<unsigned>(info.cluster_blocks);
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(&config, mla_hopper_kernel<T>, hp));
       kernels::check_launch("mla_hopper_kernel");
     } else {
       mla_decode_kernel<T, Tile::kRowGroupsOf, Tile::kColSplitOf>

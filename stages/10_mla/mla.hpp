@@ -90,6 +90,12 @@ struct MlaPlanInfo {
   int64_t work_items = 0;           ///< blocks of the attention kernel
   int64_t partial_rows = 0;         ///< (token, chunk) rows of fp32 partial states the merge folds; 0: no merge
   bool programmatic_merge = false;  ///< the merge is a programmatic dependent launch (sm_90)
+  /// wgmma: pages of a multiple of 64 tokens, so a whole 64-key tile inside one page goes
+  /// by the TMA (mla_hopper.cuh); the others are gathered
+  bool tma_pages = false;
+  /// wgmma: blocks in clusters of this many (2: a chunk's two row tiles, blocks 2i and
+  /// 2i + 1, share each TMA tile, multicast into both); 1: none
+  int cluster_blocks = 1;
 };
 
 /// What plan() knows of a GPU, so that a plan is a function of the shape and these alone

@@ -35,6 +35,8 @@
 /// SM. The wide tile's work items, split and merge are unchanged.
 #pragma once
 
+#include <cooperative_groups.h>
+#include <cuda.h>
 #include <cuda/ptx>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -70,6 +72,17 @@ struct MlaHopperTile {
     return 1024 + size_t(kTileElems * (1 + kStages)) * 2 + 2 * kStatFloats * sizeof(float) +
            (1 + 2 * kStages) * sizeof(uint64_t);
   }
+};
+
+/// What the Hopper kernel reads besides MlaParams: the latent pools as tensor maps, for the
+/// TMA copies of tiles that lie inside one page, and the cluster the grid runs in.
+template <typename T>
+struct MlaHopperParams {
+  MlaParams<T> p;
+  CUtensorMap ckv_map;  ///< c's pool (512, page_size, num_pages): box (64, 64, 1), 128-byte swizzle
+  CUtensorMap kpe_map;  ///< k_pe's pool (64, page_size, num_pages): box (64, 64, 1)
+  int tma = 0;          ///< 1: pages of a multiple of 64 tokens; a whole tile inside one goes by the TMA
+  int cluster = 1;      ///< 2: blocks 2i and 2i + 1 (one chunk's two row tiles) share each TMA tile
 };
 
 namespace detail {
@@ -126,18 +139,47 @@ __device__ __forceinline__ int64_t pool_row(const MlaParams<T>& p, const MlaWork
   return int64_t(p.kv_indices[w.page_begin + j / p.page_size]) * p.page_size + j % p.page_size;
 }
 
-/// The producer warp group: Q, then every cache tile j of the chunk into buffer j % kStages
-/// once both consumers freed it, with cp.async, because a tile's 64 rows may lie in 64
-/// pages. A warp's copy instruction takes 4 key rows x 8 lanes: 128 contiguous bytes of
-/// each row (one column block), whole cache lines, so the L2 serves 4 requests where 16
-/// rows x 32 bytes took 16. A thread copies column block b of keys 16 i + 4 warp + lane / 8
-/// (i = 0..3): four page lookups a tile. Each thread's copies count one arrival on the
-/// tile's "full" barrier when they land (cp.async.mbarrier.arrive.noinc).
+/// The gather of tile j, for pages the TMA cannot copy whole (fewer than 64 tokens, or a
+/// chunk's last, partial tile, whose keys past the end must be zeros): a warp's copy
+/// instruction takes 4 key rows x 8 lanes, 128 contiguous bytes of each row (one column
+/// block), whole cache lines, so the L2 serves 4 requests where 16 rows x 32 bytes took
+/// 16. A thread copies column block b of keys 16 i + 4 warp + lane / 8 (i = 0..3), and its
+/// copies count one arrival on the tile's "full" barrier when they land.
 template <typename T>
-__device__ __forceinline__ void produce(const MlaParams<T>& p, const MlaWorkItem& w, int num_tiles,
-                                        const MlaHopperSmem<T>& smem, int t) {
+__device__ __forceinline__ void gather_tile(const MlaParams<T>& p, const MlaWorkItem& w, int j, T* tile, uint64_t* full,
+                                            int t) {
   using Tile = MlaHopperTile;
   using kernels::cp_async_16;
+  constexpr int kPasses = Tile::kKeys / 16;  // 4 warps x 4 rows a pass
+  const int chunk = t % 8, key0 = (t / 32) * 4 + (t % 32) / 8;
+  int64_t row[kPasses];
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) row[i] = pool_row(p, w, j, key0 + 16 * i);  // all ids before any copy
+#pragma unroll
+  for (int i = 0; i < kPasses; ++i) {
+    const int key = key0 + 16 * i;
+    const bool valid = row[i] >= 0;
+    const T* ckv = p.ckv + (valid ? row[i] : 0) * kCkv + chunk * 8;
+    const T* kpe = p.kpe + (valid ? row[i] : 0) * kKpe + chunk * 8;
+    T* dst = tile + key * 64 + ((chunk ^ (key & 7)) << 3);
+#pragma unroll
+    for (int b = 0; b < kCkvChunks / 8; ++b) cp_async_16(dst + b * Tile::kBlockElems, ckv + 64 * b, valid);
+    cp_async_16(dst + (kCkvChunks / 8) * Tile::kBlockElems, kpe, valid);
+  }
+  ptx::cp_async_mbarrier_arrive_noinc(full);
+}
+
+/// The producer warp group: Q, then every cache tile j of the chunk into buffer j % kStages
+/// once the consumers freed it. A whole tile inside one page goes by the TMA, one copy per
+/// 64-column block (the copy engine writes the 128-byte swizzle itself); in a cluster of
+/// two, each block issues half of the copies and each copy lands in both blocks (multicast),
+/// so the L2 sends a request's latents once for its two row tiles. Other tiles are gathered.
+template <typename T>
+__device__ __forceinline__ void produce(const MlaHopperParams<T>& hp, const MlaWorkItem& w, int num_tiles,
+                                        const MlaHopperSmem<T>& smem, int t, int rank) {
+  using Tile = MlaHopperTile;
+  using kernels::cp_async_16;
+  const MlaParams<T>& p = hp.p;
   const int heads = p.num_heads, request_rows = w.qo_len * heads;
   for (int idx = t; idx < Tile::kRows * kRowChunks; idx += 128) {
     const int row = idx / kRowChunks, chunk = idx % kRowChunks, r = w.row_begin + row;
@@ -149,32 +191,50 @@ __device__ __forceinline__ void produce(const MlaParams<T>& p, const MlaWorkItem
   }
   ptx::cp_async_mbarrier_arrive_noinc(smem.q_full());
 
-  constexpr int kPasses = Tile::kKeys / 16;  // 4 warps x 4 rows a pass
-  const int chunk = t % 8, key0 = (t / 32) * 4 + (t % 32) / 8;
-  int64_t row[kPasses], next[kPasses];
-#pragma unroll
-  for (int i = 0; i < kPasses; ++i) row[i] = num_tiles > 0 ? pool_row(p, w, 0, key0 + 16 * i) : -1;
   for (int j = 0; j < num_tiles; ++j) {
     const int stage = j % Tile::kStages;
-    // the next tile's page ids, read before this tile's copies (each a memory clobber)
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) next[i] = j + 1 < num_tiles ? pool_row(p, w, j + 1, key0 + 16 * i) : -1;
+    const int key_first = w.kv_begin + j * Tile::kKeys;
+    // the same answer in both blocks of a cluster: they share the work item's keys
+    const bool by_tma = hp.tma && key_first % Tile::kKeys == 0 && key_first + Tile::kKeys <= w.kv_end;
     if (j >= Tile::kStages) wait_barrier(smem.empty(stage), ((j / Tile::kStages) & 1) ^ 1);
     T* tile = smem.tile(stage);
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int key = key0 + 16 * i;
-      const bool valid = row[i] >= 0;
-      const T* ckv = p.ckv + (valid ? row[i] : 0) * kCkv + chunk * 8;
-      const T* kpe = p.kpe + (valid ? row[i] : 0) * kKpe + chunk * 8;
-      T* dst = tile + key * 64 + ((chunk ^ (key & 7)) << 3);
-#pragma unroll
-      for (int b = 0; b < kCkvChunks / 8; ++b) cp_async_16(dst + b * Tile::kBlockElems, ckv + 64 * b, valid);
-      cp_async_16(dst + (kCkvChunks / 8) * Tile::kBlockElems, kpe, valid);
+    if (!by_tma) {
+      gather_tile(p, w, j, tile, smem.full(stage), t);
+      continue;
     }
-    ptx::cp_async_mbarrier_arrive_noinc(smem.full(stage));
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) row[i] = next[i];
+    if (t == 0) {
+      // the whole tile lands here, whichever block's copies bring it; the other 127
+      // arrivals in one
+      constexpr uint32_t kTileBytes = Tile::kTileElems * sizeof(T);
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.full(stage), kTileBytes);
+      ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.full(stage), 127u);
+      const int32_t page = p.kv_indices[w.page_begin + key_first / p.page_size];
+      const int32_t slot = key_first % p.page_size;
+      for (int b = rank; b < Tile::kColBlocks; b += hp.cluster) {
+        const int32_t coords[3] = {b < kCkvChunks / 8 ? 64 * b : 0, slot, page};
+        const CUtensorMap* map = b < kCkvChunks / 8 ? &hp.ckv_map : &hp.kpe_map;
+        if (hp.cluster > 1)
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + b * Tile::kBlockElems, map, coords,
+                                    smem.full(stage), uint16_t((1u << hp.cluster) - 1));
+        else
+          ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + b * Tile::kBlockElems, map, coords,
+                                    smem.full(stage));
+      }
+    }
+  }
+}
+
+/// This warp is done with the tile in `stage`: its generic reads and writes (P, alpha)
+/// ordered before the copies that refill it, and one arrival on the buffer's "empty"
+/// barrier of each block of the cluster (both blocks' copies write into both).
+__device__ __forceinline__ void release_stage(uint64_t* empty, int cluster, int rank, int lane) {
+  ptx::fence_proxy_async(ptx::space_shared);
+  if (lane == 0) {
+    ptx::mbarrier_arrive(empty);
+    if (cluster > 1) {
+      uint64_t* other = cooperative_groups::this_cluster().map_shared_rank(empty, rank ^ 1);
+      ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cluster, ptx::space_cluster, other);
+    }
   }
 }
 
@@ -266,41 +326,12 @@ __device__ __forceinline__ void scale_rows(float (&o)[2][64], const float (&alph
     }
 }
 
-}  // namespace detail
-
-/// The Hopper form of mla_decode_kernel: same parameters, work items and outputs.
-/// grid = (work items), block = 384 threads, dynamic shared memory MlaHopperTile::smem_bytes().
+/// A consumer warp group (warp_group 1: the scores and O's first 256 columns; 2: O's other
+/// 256): the tiles of the work item, then its rows of O and lse.
 template <typename T>
-__global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void consume(const MlaParams<T>& p, const MlaWorkItem& w, int num_tiles,
+                                        const MlaHopperSmem<T>& smem, int warp_group, int t, int cluster, int rank) {
   using Tile = MlaHopperTile;
-  using detail::MlaBarrier;
-  namespace ptx = cuda::ptx;
-  extern __shared__ unsigned char smem_raw[];
-  const detail::MlaHopperSmem<T> smem(
-      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
-
-  const MlaWorkItem w = p.items[blockIdx.x];
-  const int num_tiles = (w.kv_end - w.kv_begin + Tile::kKeys - 1) / Tile::kKeys;
-  if (threadIdx.x == 0) {
-    ptx::mbarrier_init(smem.q_full(), 128u);
-    for (int s = 0; s < Tile::kStages; ++s) {
-      ptx::mbarrier_init(smem.full(s), 128u);  // one arrival per producer thread
-      ptx::mbarrier_init(smem.empty(s), 8u);   // one per consumer warp
-    }
-  }
-  __syncthreads();
-  // warp-uniform as the compiler sees it (a shuffle from lane 0): wgmma issued under a
-  // branch it cannot prove uniform is serialized
-  const int warp_group = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0), t = threadIdx.x % 128;
-  if (warp_group == 0) {
-    // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
-    detail::produce(p, w, num_tiles, smem, t);
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tile::kConsumerRegisters));  // no C++ API for setmaxnreg
-
   const int consumer = warp_group - 1;
   const int warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
   const int heads = p.num_heads, request_rows = w.qo_len * heads;
@@ -322,7 +353,7 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
   const hopper::SmemDescriptor dq(smem.q, 16);
-  if (consumer == 0 && num_tiles > 0) detail::wait_tile(smem.q_full(), 0);
+  if (consumer == 0 && num_tiles > 0) wait_tile(smem.q_full(), 0);
   for (int j = 0; j < num_tiles; ++j) {
     const int stage = j % Tile::kStages;
     const uint32_t phase = (j / Tile::kStages) & 1;
@@ -331,14 +362,14 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
     float alpha[2];
     if (consumer == 0) {
       // S = Q K_j^T, the online softmax, P and alpha to consumer 1
-      detail::wait_tile(smem.full(stage), phase);
+      wait_tile(smem.full(stage), phase);
       float s[32];
       hopper::wgmma_fence();
-      detail::issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(stage), 16));
+      issue_scores<T>(s, dq, hopper::SmemDescriptor(smem.tile(stage), 16));
       hopper::wgmma_commit();
       hopper::wgmma_wait<0>();
       hopper::wgmma_fence_operands(s);
-      detail::softmax_tile<T>(s, limit, w.kv_begin + j * Tile::kKeys, t4, p.scale_log2, m, l, alpha, a);
+      softmax_tile<T>(s, limit, w.kv_begin + j * Tile::kKeys, t4, p.scale_log2, m, l, alpha, a);
       uint32_t* p_tile = smem.p_of(stage);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
@@ -347,10 +378,10 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
 #pragma unroll
       for (int h = 0; h < 2; ++h) smem.stat(stage)[h * 128 + t] = alpha[h];
     }
-    detail::bar_sync(MlaBarrier::kPReady);  // one barrier instruction both consumers reach
+    bar_sync(MlaBarrier::kPReady);  // one barrier instruction both consumers reach
     if (consumer == 1) {
       // thread t of consumer 0 held exactly the rows and keys thread t here needs
-      detail::wait_tile(smem.full(stage), phase);  // landed long ago: the fence for this group's reads
+      wait_tile(smem.full(stage), phase);  // landed long ago: the fence for this group's reads
       const uint32_t* p_tile = smem.p_of(stage);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
@@ -360,14 +391,14 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
       for (int h = 0; h < 2; ++h) alpha[h] = smem.stat(stage)[h * 128 + t];
     }
     // O = alpha O + P V_j, on this consumer's columns
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) detail::scale_rows(o, alpha);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) scale_rows(o, alpha);
     hopper::wgmma_fence();
-    detail::issue_pv<T>(o, a, dv);
+    issue_pv<T>(o, a, dv);
     hopper::wgmma_commit();
     hopper::wgmma_wait<0>();
     hopper::wgmma_fence_operands(o[0]);
     hopper::wgmma_fence_operands(o[1]);
-    if (lane == 0) ptx::mbarrier_arrive(smem.empty(stage));  // this warp is done with tile j
+    release_stage(smem.empty(stage), cluster, rank, lane);  // this warp is done with tile j
   }
 
   // ---- row sums: 4 lanes; consumer 0 hands m and l to consumer 1
@@ -380,7 +411,7 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
       smem.stat(3)[h * 128 + t] = l[h];
     }
   }
-  detail::bar_sync(MlaBarrier::kRowSums);
+  bar_sync(MlaBarrier::kRowSums);
   if (consumer == 1) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -418,6 +449,50 @@ __global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const MlaParams<T> p
       if (consumer == 0 && t4 == 0) p.partial_lse[row] = lse;
     }
   }
+}
+
+}  // namespace detail
+
+/// The Hopper form of mla_decode_kernel: same work items and outputs.
+/// grid = (work items), clusters of hp.cluster blocks, block = 384 threads, dynamic shared
+/// memory MlaHopperTile::smem_bytes().
+template <typename T>
+__global__ void __launch_bounds__(384, 1) mla_hopper_kernel(const __grid_constant__ MlaHopperParams<T> hp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tile = MlaHopperTile;
+  namespace ptx = cuda::ptx;
+  extern __shared__ unsigned char smem_raw[];
+  const detail::MlaHopperSmem<T> smem(
+      reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023)));
+  const MlaParams<T>& p = hp.p;
+  const int rank = hp.cluster > 1 ? int(cooperative_groups::this_cluster().block_rank()) : 0;
+
+  const MlaWorkItem w = p.items[blockIdx.x];
+  const int num_tiles = (w.kv_end - w.kv_begin + Tile::kKeys - 1) / Tile::kKeys;
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(smem.q_full(), 128u);
+    for (int s = 0; s < Tile::kStages; ++s) {
+      ptx::mbarrier_init(smem.full(s), 128u);                       // one arrival per producer thread
+      ptx::mbarrier_init(smem.empty(s), uint32_t(8 * hp.cluster));  // one per consumer warp of the cluster
+    }
+    if (hp.cluster > 1) ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
+  }
+  // the barriers of every block of the cluster exist before any copy or arrival reaches them
+  if (hp.cluster > 1) cooperative_groups::this_cluster().sync();
+  else __syncthreads();
+  // warp-uniform as the compiler sees it (a shuffle from lane 0): wgmma issued under a
+  // branch it cannot prove uniform is serialized
+  const int warp_group = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0), t = threadIdx.x % 128;
+  if (warp_group == 0) {
+    // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tile::kProducerRegisters));
+    detail::produce(hp, w, num_tiles, smem, t, rank);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tile::kConsumerRegisters));  // no C++ API for setmaxnreg
+    detail::consume(p, w, num_tiles, smem, warp_group, t, hp.cluster, rank);
+  }
+  // no block leaves while the other may still copy into it or arrive on its barriers
+  if (hp.cluster > 1) cooperative_groups::this_cluster().sync();
 #else
   __trap();  // sm_90a code only: the runner never launches it elsewhere
 #endif

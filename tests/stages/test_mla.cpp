@@ -213,6 +213,8 @@ TEST_CASE("mla: sanitizer subset") {
   check_case(make(16, 16, {1, 1}, {40, 0}));
   check_case(make(128, 1, {2}, {70}, true));
   check_case(make(16, 16, {1, 2}, {100, 65}, true, DType::f16, 32));
+  // 128 heads over pages of 64: clusters of two sharing TMA tiles, a gathered last tile
+  check_case(make(128, 64, {1, 1}, {200, 0}));
 }
 
 TEST_CASE("mla: refuses a shape it cannot run and names the field") {
@@ -338,6 +340,20 @@ TEST_CASE("mla schedule: 128 heads on an H200 take the wgmma tile, and a short b
   CHECK(p.info.rows_per_tile == 64);
   CHECK(p.info.chunk_keys == 0);  // 256 tiles, more than 132 SMs hold
   CHECK(p.info.work_items == 256);
+  CHECK(p.info.tma_pages);                              // pages of 64: a tile is one page, copied by the TMA
+  CHECK(p.info.cluster_blocks == 2);                    // a query token's 128 heads: two row tiles, one cluster
+  for (size_t i = 0; i + 1 < p.items.size(); i += 2) {  // blocks 2i and 2i + 1 read the same keys
+    CHECK(p.items[i].page_begin == p.items[i + 1].page_begin);
+    CHECK(p.items[i].kv_begin == p.items[i + 1].kv_begin);
+    CHECK(p.items[i].kv_end == p.items[i + 1].kv_end);
+    CHECK(p.items[i].row_begin + 64 == p.items[i + 1].row_begin);
+  }
+  const mla::MlaSchedule paged16 = mla::make_schedule(decode_shape(128, 8192, 128, 1, 16), h200());
+  CHECK(!paged16.info.tma_pages);  // pages of 16: every tile gathered, no cluster
+  CHECK(paged16.info.cluster_blocks == 1);
+  const mla::MlaSchedule heads16 = mla::make_schedule(decode_shape(128, 8192, 16), h200());
+  CHECK(heads16.info.tma_pages);  // one row tile a request: TMA, but nothing to pair
+  CHECK(heads16.info.cluster_blocks == 1);
   check_covers(big, p);
 
   const mla::MlaShape one = decode_shape(1, 16384, 128);
