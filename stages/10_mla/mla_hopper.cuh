@@ -33,6 +33,11 @@
 /// Shared memory: Q (72 KB), two 64-key tiles (72 KB each: c in 8 column blocks of 64, then
 /// k_pe in one), the exchanged alphas and row statistics, the barriers: 221 KB, one block an
 /// SM. The wide tile's work items, split and merge are unchanged.
+///
+/// What it still does badly (the chapter measures it): the two buffers beside Q leave a
+/// copy about one tile's compute to land, so loads and products overlap poorly; with 128
+/// heads a request's two row tiles read its latents twice; warp group 2 idles through S and
+/// the softmax. Run it with `flashstep_bench --shapes=bench/shapes_mla.csv`.
 #pragma once
 
 #include <cuda/ptx>
