@@ -46,8 +46,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 
 #include "07_hopper/wgmma.cuh"
 #include "flashstep/kernels/cp_async.cuh"
