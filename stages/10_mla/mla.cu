@@ -107,7 +107,6 @@ MlaSchedule plan_of(const MlaShape& s, const MlaDevice& f) {
   const int b = s.batch_size;
   int max_rows = 0;
   for (int i = 0; i < b; ++i) max_rows = std::max(max_rows, (s.qo_indptr[i + 1] - s.qo_indptr[i]) * s.num_heads);
-  // 64 rows when a request has that many and the GPU has the shared memory; else 16.
   // On Hopper the wgmma kernel's 64-row tile (mla_hopper.cuh), however few the rows: with 16
   // heads its two 64-key buffers keep more of the cache in flight than two 16-row mma.sync
   // blocks an SM (296 against 319 us at batch 128 x 8192, the chapter's v12), though 48 of
