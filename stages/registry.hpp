@@ -76,6 +76,7 @@ struct LevelLaunch {
   float* partial_o = nullptr;                 ///< (partial rows, num_qo_heads, head_dim)
   float* partial_lse = nullptr;               ///< (partial rows, num_qo_heads)
   const float* sinks = nullptr;               ///< (num_qo_heads) sink logits, or null (none)
+  int max_blocks = 0;                         ///< a persistent grid's blocks at most; 0: the lender's choice
 };
 
 /// A prefill kernel that a stage lends to an earlier stage's planner: it runs one view of a

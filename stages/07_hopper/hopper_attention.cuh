@@ -92,7 +92,7 @@ struct HopperTraits {
   static constexpr uint32_t kVBytes = Bc * HEAD_DIM_VO * sizeof(T);  ///< one V tile
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kBarrierOffset = kQBytes + kStages * (kKBytes + kVBytes);
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
+  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (2 + 4 * kStages); }
   static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
                 "head_dim and head_dim_vo must be multiples of 64");
 };
@@ -136,6 +136,7 @@ struct HopperParams {
   // keep their offsets)
   CUtensorMap v_pool_map;             ///< as kv_map, over V's pool, HEAD_DIM_VO wide
   kernels::PagedKV<uint16_t> v_kv{};  ///< V's pool, its page table and strides
+  int num_items = 0;                  ///< work items; a unit of work is (item, kv head)
 };
 
 namespace detail {
@@ -189,6 +190,18 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   t.key_begin = lo;
   t.num_kv_tiles = hi > lo ? (hi - lo + Bc - 1) / Bc : 0;
   return t;
+}
+
+/// A unit of work: one work item for one kv head. Block b of the persistent grid takes
+/// units b, b + gridDim.x, b + 2 gridDim.x, ... of the list, which runs with the kv heads
+/// fastest for a decode batch and the work items fastest otherwise (launch() says why);
+/// the items are longest first.
+struct Unit {
+  int item, kv_head;
+};
+
+__device__ __forceinline__ Unit unit_of(const HopperParams& p, int u) {
+  return p.heads_fastest ? Unit{u / p.num_kv_heads, u % p.num_kv_heads} : Unit{u % p.num_items, u / p.num_items};
 }
 
 /// The named barriers of the kernel (barrier 0 is __syncthreads): the consumers' turns at
@@ -471,11 +484,14 @@ struct HopperSmem {
   /// [kStages] every consumer warp is done with the K (V) tile
   __device__ __forceinline__ uint64_t* k_empty(int s) const { return q_full() + 1 + 2 * Tr::kStages + s; }
   __device__ __forceinline__ uint64_t* v_empty(int s) const { return q_full() + 1 + 3 * Tr::kStages + s; }
+  /// every consumer warp is done with Q: the next unit's Q may come in
+  __device__ __forceinline__ uint64_t* q_empty() const { return q_full() + 1 + 4 * Tr::kStages; }
 
   /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
   /// arrival per producer thread), each "empty" one arrival per consumer warp.
   __device__ __forceinline__ void init_barriers() const {
     ptx::mbarrier_init(q_full(), 1);
+    ptx::mbarrier_init(q_empty(), Tr::kConsumers * 4);
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(k_full(s), uint32_t{Tr::kKVFullArrivals});
       ptx::mbarrier_init(v_full(s), uint32_t{Tr::kKVFullArrivals});
@@ -487,18 +503,25 @@ struct HopperSmem {
   }
 };
 
-/// The producer warp group, once it has given its registers away: Q, then K_j and V_j of
-/// every tile into buffer j % kStages, each once the consumers freed it (K_j - kStages
-/// after its S, V_j - kStages after its P V, one turn later). One thread issues the TMA
-/// copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
+/// The producer warp group, once it has given its registers away, for the block's n-th
+/// unit: Q once the consumers are done with the previous unit's, then K_j and V_j of
+/// every tile into the ring's next buffers, each once the consumers freed it (the tile
+/// kStages before it, of this unit or the previous one: K after its S, V after its P V,
+/// one turn later). The ring (write) runs on across units, so the next unit's first tiles
+/// come in while the consumers finish this one. One thread issues the TMA copies; over
+/// pages all 128 gather the tiles the TMA cannot copy page by page.
 template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
-                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head) {
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head,
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& write,
+                                        int n) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
-  if (!PAGED && threadIdx.x != 0) return;
   if (threadIdx.x == 0) {
-    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
+    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head, once
+    // every consumer warp has let go of the previous unit's (unit 0 waits on the phase
+    // before the barrier's first, which counts as complete)
+    wait_barrier(smem.q_empty(), (n & 1) ^ 1);
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
                                    uint32_t{Tr::kQBytes});
@@ -517,10 +540,10 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
   PageBox next{-1, 0};  // the first warp's pages of the next tile copied by page
   if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && n_by_page > 0)
     next = find_page_box<Bc>(p, t, t.key_begin, threadIdx.x);
-  PipelineState<Tr::kStages> write;
   for (int j = 0; j < t.num_kv_tiles; ++j, write.advance()) {
+    // the buffer held the tile kStages before this one: wait until it is free (in the ring's
+    // first round, on the phase before the barrier's first, which counts as complete)
     const int s = write.index;
-    const bool refill = j >= Tr::kStages;  // the buffer held tile j - kStages: wait until it is free
     if constexpr (PAGED) {
       const int key0 = t.key_begin + j * Bc;
       const bool this_by_page = j < n_by_page;
@@ -531,7 +554,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
         unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? smem.v(s) : smem.k(s));
-        if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         // V of its own width: plane 0 of V's own pool (v_pool_map, v_kv), K plane 0 of its
         if (this_by_page) {
           if (threadIdx.x == 0) {
@@ -560,7 +583,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
         T* tile = is_v ? smem.v(s) : smem.k(s);
-        if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                        is_v ? uint32_t{Tr::kVBytes} : uint32_t{Tr::kKBytes});
         for (int c = 0; c < (is_v ? HEAD_DIM_VO : HEAD_DIM) / kCols; ++c) {
@@ -580,8 +603,8 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
 /// prefill unchanged.)
 template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem,
-                                              int lane) {
-  PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages> read;
+                                              int lane,
+                                              PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& read) {
   for (int j = 0; j < t.num_kv_tiles; ++j, read.advance()) {
     wait_barrier(smem.k_full(read.index), read.phase);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(read.index));
@@ -653,7 +676,9 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typena
 template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 __device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, const Turns& turns,
-                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st) {
+                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st,
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& ring,
+                                        int n) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   const int n_tiles = t.num_kv_tiles;
@@ -661,11 +686,10 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   uint32_t a[Bc / 16][4];  // P_j as wgmma A fragments, read by the next turn's P V
   float alpha[2];
 
-  wait_barrier(smem.q_full(), 0);
+  wait_barrier(smem.q_full(), n & 1);                        // the block's n-th unit's Q
   const T* q_rows = smem.q() + turns.consumer * 64 * kCols;  // this warp group's 64 rows in each column block
-  if (turns.consumer == 1) turns.pass();                     // consumer 0 issues first
 
-  PipelineState<Tr::kStages> k_read, v_read;  // K_j's buffer, and V_{j-1}'s one tile behind
+  PipelineState<Tr::kStages> k_read = ring, v_read = ring;  // K_j's buffer, and V_{j-1}'s one tile behind
   // whether tile j was gathered (and needs the proxy fence), as the producer chose
   const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
   const auto gathered = [&](int j) { return PAGED && j >= n_by_page; };
@@ -715,8 +739,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<0>();
     wgmma_fence_operands(st.o);
   }
-  // consumer 1's first pass has no turn of consumer 0 to match: take it
-  if (turns.consumer == 0) turns.wait();
+  ring = k_read;  // n_tiles further on: where the next unit's tiles start
 }
 
 /// The epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
@@ -785,11 +808,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO> smem{
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
-  // the grid's order (launch() says why): the kv heads fastest in one dimension for a
-  // decode batch, else (work items, kv heads) with the items fastest
-  const int item = p.heads_fastest ? blockIdx.x / p.num_kv_heads : blockIdx.x;
-  const int kv_head = p.heads_fastest ? blockIdx.x % p.num_kv_heads : blockIdx.y;
-  const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, item);
+  const int num_units = p.num_items * p.num_kv_heads;
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) smem.init_barriers();
   __syncthreads();
@@ -797,33 +816,51 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   if (warp_group == 0) {
     // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));
-    detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, kv_head);
+    if (!PAGED && threadIdx.x != 0) return;  // over ragged K/V one thread issues every copy
+    detail::PipelineState<Tr::kStages> write;
+    for (int u = blockIdx.x, n = 0; u < num_units; u += gridDim.x, ++n) {
+      const detail::Unit w = detail::unit_of(p, u);
+      const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
+      detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, w.kv_head, write, n);
+    }
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegisters));  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
-  // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
-  const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
-  if (solo && consumer == 1) {
-    detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane);
-    return;
-  }
-  // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
-  // positions among the keys (for the causal mask)
-  int row[2], q_pos[2];
+  // The turns run on across units: consumer 0 takes the first, consumer 1 the last, whose
+  // pass consumer 0 takes up after its last unit. A solo unit takes none.
+  if (consumer == 1) detail::Turns{1, false}.pass();
+  detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
+  for (int u = blockIdx.x, n = 0; u < num_units; u += gridDim.x, ++n) {
+    const detail::Unit w = detail::unit_of(p, u);
+    const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
+    // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
+    // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
+    const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
+    if (solo && consumer == 1) {
+      detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
+      if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
+      continue;
+    }
+    // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
+    // positions among the keys (for the causal mask)
+    int row[2], q_pos[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
-    q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+    for (int h = 0; h < 2; ++h) {
+      row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
+      q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+    }
+    detail::RowState<HEAD_DIM_VO> st;
+    st.init();
+    detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
+                                                                     q_pos, lane, st, read, n);
+    // Q is free for the next unit's copy, which lands while this one's rows are written
+    if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
+    detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);
   }
-  detail::RowState<HEAD_DIM_VO> st;
-  st.init();
-  detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
-                                                                   q_pos, lane, st);
-  detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, kv_head, row, lane, st);
+  if (consumer == 0) detail::Turns{0, false}.wait();  // consumer 1's last pass
 #endif
 }
 
