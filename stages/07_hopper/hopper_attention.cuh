@@ -517,10 +517,11 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
                                         int n) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
-  if (threadIdx.x == 0) {
-    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head, once
-    // every consumer warp has let go of the previous unit's (unit 0 waits on the phase
-    // before the barrier's first, which counts as complete)
+  // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head. Thread
+  // 0 copies it once every consumer warp has let go of the previous unit's (unit 0 waits on
+  // the phase before the barrier's first, which counts as complete): after the unit's
+  // first K tile, so that one's copy overlaps the previous unit's last P V.
+  const auto load_q = [&] {
     wait_barrier(smem.q_empty(), (n & 1) ^ 1);
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
@@ -530,7 +531,8 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.q() + c * Br * kCols, &p.q_map, coords,
                                 smem.q_full());
     }
-  }
+  };
+  if (threadIdx.x == 0 && t.num_kv_tiles == 0) load_q();
   // A tile wholly inside the request, starting on a page boundary, in pages of a
   // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes
   // and arrives for all 128 threads). Otherwise (the request's last tile, whose keys past
@@ -577,6 +579,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
           else gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, false, threadIdx.x);
           ptx::cp_async_mbarrier_arrive_noinc(full);
         }
+        if (threadIdx.x == 0 && j == 0 && !is_v) load_q();
       }
     } else {
       const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;
@@ -591,6 +594,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
           ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * kCols,
                                     is_v ? &p.v_map : &p.k_map, coords, full);
         }
+        if (j == 0 && !is_v) load_q();
       }
     }
   }
@@ -694,15 +698,15 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
   const auto gathered = [&](int j) { return PAGED && j >= n_by_page; };
   if (n_tiles > 0) {
-    wait_tile<PAGED>(smem.k_full(0), 0, gathered(0));
+    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase, gathered(0));
     turns.wait();
     wgmma_fence();
-    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(0));
+    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(0));  // this warp is done reading K_0
+    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_0
     softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
     pack_p<T, Bc>(sc, a);
     k_read.advance();
