@@ -742,6 +742,8 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     turns.pass();
     wgmma_wait<0>();
     wgmma_fence_operands(st.o);
+    // the next unit's tiles go into this buffer
+    if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));
   }
   ring = k_read;  // n_tiles further on: where the next unit's tiles start
 }
