@@ -846,6 +846,9 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
     const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
     if (solo && consumer == 1) {
+      // Q is not read here, but waited for: an arrival on q_empty must follow this unit's
+      // Q, or a unit without keys would count towards the previous unit's phase
+      detail::wait_barrier(smem.q_full(), n & 1);
       detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
       continue;
