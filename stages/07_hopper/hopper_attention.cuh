@@ -92,7 +92,9 @@ struct HopperTraits {
   static constexpr uint32_t kVBytes = Bc * HEAD_DIM_VO * sizeof(T);  ///< one V tile
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kBarrierOffset = kQBytes + kStages * (kKBytes + kVBytes);
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (2 + 4 * kStages); }
+  static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
+  // and three ints: the unit of the Q in shared memory, the producer's next unit (two)
+  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + kBarrierBytes + 16; }
   static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
                 "head_dim and head_dim_vo must be multiples of 64");
 };
@@ -137,6 +139,9 @@ struct HopperParams {
   CUtensorMap v_pool_map;             ///< as kv_map, over V's pool, HEAD_DIM_VO wide
   kernels::PagedKV<uint16_t> v_kv{};  ///< V's pool, its page table and strides
   int num_items = 0;                  ///< work items; a unit of work is (item, kv head)
+  /// The persistent grid's claims: zero when the kernel starts, and again when it ends.
+  /// Null: block b takes units b, b + grid, ... (one each when the grid has a block a unit).
+  int* unit_counter = nullptr;
 };
 
 namespace detail {
@@ -204,11 +209,26 @@ __device__ __forceinline__ Unit unit_of(const HopperParams& p, int u) {
   return p.heads_fastest ? Unit{u / p.num_kv_heads, u % p.num_kv_heads} : Unit{u % p.num_items, u / p.num_items};
 }
 
+/// The block's next unit, claimed by the producer's thread 0 when it starts a unit: the
+/// first the counter has not handed out (past the grid's first units, which are the
+/// blocks' own), so that a block takes the next unit of the longest-first list when it is
+/// ready for one, as the hardware hands blocks of a non-persistent grid to the first
+/// free multiprocessor. A claim past the last unit ends the block. Each block makes one
+/// claim per unit it runs, so the launch makes num_units claims in all; the one that
+/// gets num_units - 1 is the last and sets the counter back to zero for the next launch.
+__device__ __forceinline__ int claim_unit(const HopperParams& p, int u, int num_units) {
+  if (p.unit_counter == nullptr) return u + static_cast<int>(gridDim.x);
+  const int c = atomicAdd(p.unit_counter, 1);
+  if (c == num_units - 1) atomicExch(p.unit_counter, 0);
+  return static_cast<int>(gridDim.x) + c;
+}
+
 /// The named barriers of the kernel (barrier 0 is __syncthreads): the consumers' turns at
 /// the tensor cores. Each has the 256 consumer threads as its count.
 enum class NamedBarrier : uint32_t {
   kConsumer0Turn = 1,  ///< consumer 0 may issue its GEMMs
   kConsumer1Turn = 2,  ///< consumer 1 may issue its GEMMs
+  kProducer = 3,       ///< the producer's 128 threads, over pages: the next unit is known to all
 };
 
 /// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
@@ -486,6 +506,12 @@ struct HopperSmem {
   __device__ __forceinline__ uint64_t* v_empty(int s) const { return q_full() + 1 + 3 * Tr::kStages + s; }
   /// every consumer warp is done with Q: the next unit's Q may come in
   __device__ __forceinline__ uint64_t* q_empty() const { return q_full() + 1 + 4 * Tr::kStages; }
+  /// the unit whose Q the Q buffer holds (-1: no more units), written before q_full's arrival
+  __device__ __forceinline__ volatile int* unit() const {
+    return reinterpret_cast<volatile int*>(base + Tr::kBarrierOffset + Tr::kBarrierBytes);
+  }
+  /// [2] the producer's next unit, by the parity of its unit count
+  __device__ __forceinline__ volatile int* next_unit(int parity) const { return unit() + 1 + parity; }
 
   /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
   /// arrival per producer thread), each "empty" one arrival per consumer warp.
@@ -514,7 +540,7 @@ template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head,
                                         PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& write,
-                                        int n) {
+                                        int n, int u) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head. Thread
@@ -523,6 +549,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
   // first K tile, so that one's copy overlaps the previous unit's last P V.
   const auto load_q = [&] {
     wait_barrier(smem.q_empty(), (n & 1) ^ 1);
+    *smem.unit() = u;  // the consumers read it once Q has landed
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
                                    uint32_t{Tr::kQBytes});
@@ -606,9 +633,9 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
 /// an H100 against consumer 1 walking the turns idle: MQA decode b1 x 16384 446 -> 477 GB/s,
 /// prefill unchanged.)
 template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
-__device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem,
-                                              int lane,
-                                              PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& read) {
+__device__ __forceinline__ void release_tiles(
+    const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int lane,
+    PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& read) {
   for (int j = 0; j < t.num_kv_tiles; ++j, read.advance()) {
     wait_barrier(smem.k_full(read.index), read.phase);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(read.index));
@@ -681,8 +708,7 @@ template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, in
 __device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, const Turns& turns,
                                         const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st,
-                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& ring,
-                                        int n) {
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& ring) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   const int n_tiles = t.num_kv_tiles;
@@ -690,7 +716,6 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   uint32_t a[Bc / 16][4];  // P_j as wgmma A fragments, read by the next turn's P V
   float alpha[2];
 
-  wait_barrier(smem.q_full(), n & 1);                        // the block's n-th unit's Q
   const T* q_rows = smem.q() + turns.consumer * 64 * kCols;  // this warp group's 64 rows in each column block
 
   PipelineState<Tr::kStages> k_read = ring, v_read = ring;  // K_j's buffer, and V_{j-1}'s one tile behind
@@ -824,10 +849,27 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));
     if (!PAGED && threadIdx.x != 0) return;  // over ragged K/V one thread issues every copy
     detail::PipelineState<Tr::kStages> write;
-    for (int u = blockIdx.x, n = 0; u < num_units; u += gridDim.x, ++n) {
+    int u = blockIdx.x, n = 0;
+    for (; u < num_units; ++n) {
+      // the next unit claimed now, its round trip under this unit's copies; over pages the
+      // producer's 128 threads learn it through shared memory and one barrier a unit
+      int next = 0;
+      if (threadIdx.x == 0) next = detail::claim_unit(p, u, num_units);
+      if (PAGED && threadIdx.x == 0) *smem.next_unit(n & 1) = next;
       const detail::Unit w = detail::unit_of(p, u);
       const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
-      detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, w.kv_head, write, n);
+      detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, w.kv_head, write, n, u);
+      if constexpr (PAGED) {
+        asm volatile("bar.sync %0, 128;\n" ::"n"(uint32_t(detail::NamedBarrier::kProducer)) : "memory");
+        next = *smem.next_unit(n & 1);
+      }
+      u = next;
+    }
+    if (threadIdx.x == 0) {
+      // no more units: once the consumers are done with the last Q, a unit of -1 ends them
+      detail::wait_barrier(smem.q_empty(), (n & 1) ^ 1);
+      *smem.unit() = -1;
+      cuda::ptx::mbarrier_arrive(smem.q_full());
     }
     return;
   }
@@ -839,16 +881,17 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   // pass consumer 0 takes up after its last unit. A solo unit takes none.
   if (consumer == 1) detail::Turns{1, false}.pass();
   detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
-  for (int u = blockIdx.x, n = 0; u < num_units; u += gridDim.x, ++n) {
+  for (int n = 0;; ++n) {
+    // the block's n-th unit comes with its Q; the producer names it before the copy
+    detail::wait_barrier(smem.q_full(), n & 1);
+    const int u = *smem.unit();
+    if (u < 0) break;
     const detail::Unit w = detail::unit_of(p, u);
     const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
     // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
     // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
     const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
     if (solo && consumer == 1) {
-      // Q is not read here, but waited for: an arrival on q_empty must follow this unit's
-      // Q, or a unit without keys would count towards the previous unit's phase
-      detail::wait_barrier(smem.q_full(), n & 1);
       detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
       continue;
@@ -864,7 +907,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     detail::RowState<HEAD_DIM_VO> st;
     st.init();
     detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
-                                                                     q_pos, lane, st, read, n);
+                                                                     q_pos, lane, st, read);
     // Q is free for the next unit's copy, which lands while this one's rows are written
     if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
     detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);

@@ -82,11 +82,12 @@ TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by st
   CHECK(ran > 20);
 }
 
-TEST_CASE("07_hopper: a persistent grid of 3 blocks, each walking tens of units across tails, splits and decode") {
+TEST_CASE("07_hopper: a persistent grid of 3 blocks, each claiming tens of units across tails and splits") {
   if (!hopper_runs_here()) return;
-  // Every block walks units of all kinds in a row (solo last tiles beside full ones, empty
-  // requests, tiles of 1 key to many, over TMA tiles, page copies and the gather): the Q
-  // and ring barriers' phases and the consumers' turns run on across all of them.
+  // Every block runs units of all kinds in a row (solo last tiles beside full ones, units
+  // without keys, tiles of 1 key to many, over TMA tiles, page copies and the gather): the
+  // Q and ring barriers' phases, the consumers' turns and the claim counter run on across
+  // all of them. (Decode batches keep a block per unit; they run here too.)
   using namespace stages::harness;
   std::vector<CaseSpec> cases = grids::tensor_core_sanitizer_grid();
   for (const CaseSpec& c : grids::tensor_core_decode_grid())
