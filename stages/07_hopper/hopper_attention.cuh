@@ -79,11 +79,12 @@ struct HopperTraits {
   static constexpr int kConsumers = 2;  ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: what the producer keeps and each consumer gets. The block starts with 168
-  // a thread (384 x 168 = 64512), so 128 x 24 + 256 x 240 and 128 x 56 + 256 x 224 both fit.
-  // A gathering producer holds a thread's eight page ids at once: at 40 (consumers 232)
-  // ptxas spilled 44 bytes of it, at 56 nothing, and no consumer spills at 224 either.
-  static constexpr int kProducerRegisters = PAGED ? 56 : 24;
-  static constexpr int kConsumerRegisters = PAGED ? 224 : 240;
+  // a thread (384 x 168 = 64512), so 128 x 24 + 256 x 240 and 128 x 64 + 256 x 216 both fit.
+  // A gathering producer holds a thread's eight page ids at once, and over the persistent
+  // grid its unit's state besides: at 56 (consumers 224) ptxas spilled some of it inside
+  // the gather's loop, at 64 only a few words once a unit, and no consumer spills at 216.
+  static constexpr int kProducerRegisters = PAGED ? 64 : 24;
+  static constexpr int kConsumerRegisters = PAGED ? 216 : 240;
   static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
@@ -506,12 +507,15 @@ struct HopperSmem {
   __device__ __forceinline__ uint64_t* v_empty(int s) const { return q_full() + 1 + 3 * Tr::kStages + s; }
   /// every consumer warp is done with Q: the next unit's Q may come in
   __device__ __forceinline__ uint64_t* q_empty() const { return q_full() + 1 + 4 * Tr::kStages; }
-  /// the unit whose Q the Q buffer holds (-1: no more units), written before q_full's arrival
-  __device__ __forceinline__ volatile int* unit() const {
-    return reinterpret_cast<volatile int*>(base + Tr::kBarrierOffset + Tr::kBarrierBytes);
+  /// the unit whose Q the Q buffer holds (-1: no more units): four bytes of q_full's phase,
+  /// stored through the async proxy as the copy engine stores Q (st.async)
+  __device__ __forceinline__ int* unit() const {
+    return reinterpret_cast<int*>(base + Tr::kBarrierOffset + Tr::kBarrierBytes);
   }
   /// [2] the producer's next unit, by the parity of its unit count
-  __device__ __forceinline__ volatile int* next_unit(int parity) const { return unit() + 1 + parity; }
+  __device__ __forceinline__ volatile int* next_unit(int parity) const {
+    return reinterpret_cast<volatile int*>(unit()) + 1 + parity;
+  }
 
   /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
   /// arrival per producer thread), each "empty" one arrival per consumer warp.
@@ -530,12 +534,12 @@ struct HopperSmem {
 };
 
 /// The producer warp group, once it has given its registers away, for the block's n-th
-/// unit: Q once the consumers are done with the previous unit's, then K_j and V_j of
+/// unit u: Q once the consumers are done with the previous unit's, then K_j and V_j of
 /// every tile into the ring's next buffers, each once the consumers freed it (the tile
 /// kStages before it, of this unit or the previous one: K after its S, V after its P V,
-/// one turn later). The ring (write) runs on across units, so the next unit's first tiles
-/// come in while the consumers finish this one. One thread issues the TMA copies; over
-/// pages all 128 gather the tiles the TMA cannot copy page by page.
+/// one turn later). The ring (write) runs on across units, so the next unit's Q and first
+/// tiles come in while the consumers write the previous unit's rows. One thread issues the
+/// TMA copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
 template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head,
@@ -543,23 +547,25 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
                                         int n, int u) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
-  // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head. Thread
-  // 0 copies it once every consumer warp has let go of the previous unit's (unit 0 waits on
-  // the phase before the barrier's first, which counts as complete): after the unit's
-  // first K tile, so that one's copy overlaps the previous unit's last P V.
-  const auto load_q = [&] {
+  // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head, and the
+  // unit's number beside it. Thread 0 copies them once every consumer warp has let go of
+  // the previous unit's (unit 0 waits on the phase before the barrier's first, which counts
+  // as complete).
+  // (Copying Q after the unit's first K tile, so that K's copy could overlap the previous
+  // unit's last P V, kept the producer's unit state live through the gather: ptxas spilled
+  // it there, at 56 and 64 registers.)
+  if (threadIdx.x == 0) {
     wait_barrier(smem.q_empty(), (n & 1) ^ 1);
-    *smem.unit() = u;  // the consumers read it once Q has landed
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
-                                   uint32_t{Tr::kQBytes});
+                                   uint32_t{Tr::kQBytes + sizeof(int)});
+    ptx::st_async(smem.unit(), u, smem.q_full());  // the consumers read it once Q has landed
     for (int c = 0; c < Tr::kColBlocks; ++c) {
       const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.q() + c * Br * kCols, &p.q_map, coords,
                                 smem.q_full());
     }
-  };
-  if (threadIdx.x == 0 && t.num_kv_tiles == 0) load_q();
+  }
   // A tile wholly inside the request, starting on a page boundary, in pages of a
   // multiple of 8 tokens, goes by the TMA, one copy per page (thread 0 announces the bytes
   // and arrives for all 128 threads). Otherwise (the request's last tile, whose keys past
@@ -606,7 +612,6 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
           else gather_tile<HEAD_DIM, Bc>(tile, p.kv, t, key0, kv_head, false, threadIdx.x);
           ptx::cp_async_mbarrier_arrive_noinc(full);
         }
-        if (threadIdx.x == 0 && j == 0 && !is_v) load_q();
       }
     } else {
       const int32_t key0 = t.kv_begin + t.key_begin + j * Bc;
@@ -621,7 +626,6 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
           ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * kCols,
                                     is_v ? &p.v_map : &p.k_map, coords, full);
         }
-        if (j == 0 && !is_v) load_q();
       }
     }
   }
@@ -867,9 +871,11 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     }
     if (threadIdx.x == 0) {
       // no more units: once the consumers are done with the last Q, a unit of -1 ends them
+      namespace ptx = cuda::ptx;
       detail::wait_barrier(smem.q_empty(), (n & 1) ^ 1);
-      *smem.unit() = -1;
-      cuda::ptx::mbarrier_arrive(smem.q_full());
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
+                                     uint32_t{sizeof(int)});
+      ptx::st_async(smem.unit(), -1, smem.q_full());
     }
     return;
   }
@@ -884,7 +890,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   for (int n = 0;; ++n) {
     // the block's n-th unit comes with its Q; the producer names it before the copy
     detail::wait_barrier(smem.q_full(), n & 1);
-    const int u = *smem.unit();
+    const int u = *static_cast<volatile int*>(smem.unit());
     if (u < 0) break;
     const detail::Unit w = detail::unit_of(p, u);
     const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
