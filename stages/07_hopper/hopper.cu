@@ -213,24 +213,9 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.unit_counter = l.unit_counter;
   const int64_t blocks = l.unit_counter == nullptr ? units : l.max_blocks > 0 ? l.max_blocks : device_sm_count();
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, blocks)));
-  // A cluster of one block: the producer hands the consumers each unit's number by st.async,
-  // a store to shared::cluster memory, which faults (illegal instruction) in a launch
-  // without clusters even when it stores into the block's own shared memory.
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Tr::kThreads);
-  config.dynamicSmemBytes = Tr::smem_bytes();
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  FLASHSTEP_CUDA_CHECK(cudaLaunchKernelEx(
-      &config, hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>, p,
-      Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap})));
+  hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>
+      <<<grid, Tr::kThreads, Tr::smem_bytes(), stream>>>(
+          p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap}));
   kernels::check_launch("hopper_attention_kernel");
 }
 

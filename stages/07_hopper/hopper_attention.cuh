@@ -507,15 +507,12 @@ struct HopperSmem {
   __device__ __forceinline__ uint64_t* v_empty(int s) const { return q_full() + 1 + 3 * Tr::kStages + s; }
   /// every consumer warp is done with Q: the next unit's Q may come in
   __device__ __forceinline__ uint64_t* q_empty() const { return q_full() + 1 + 4 * Tr::kStages; }
-  /// the unit whose Q the Q buffer holds (-1: no more units): four bytes of q_full's phase,
-  /// stored through the async proxy as the copy engine stores Q (st.async)
-  __device__ __forceinline__ int* unit() const {
-    return reinterpret_cast<int*>(base + Tr::kBarrierOffset + Tr::kBarrierBytes);
+  /// the unit whose Q the Q buffer holds (-1: no more units), stored before q_full's arrival
+  __device__ __forceinline__ volatile int* unit() const {
+    return reinterpret_cast<volatile int*>(base + Tr::kBarrierOffset + Tr::kBarrierBytes);
   }
   /// [2] the producer's next unit, by the parity of its unit count
-  __device__ __forceinline__ volatile int* next_unit(int parity) const {
-    return reinterpret_cast<volatile int*>(unit()) + 1 + parity;
-  }
+  __device__ __forceinline__ volatile int* next_unit(int parity) const { return unit() + 1 + parity; }
 
   /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
   /// arrival per producer thread), each "empty" one arrival per consumer warp.
@@ -557,9 +554,9 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
   if (threadIdx.x == 0) {
     wait_barrier(smem.q_empty(), (n & 1) ^ 1);
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+    *smem.unit() = u;  // released by the arrival: read once Q has landed
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
-                                   uint32_t{Tr::kQBytes + sizeof(int)});
-    ptx::st_async(smem.unit(), u, smem.q_full());  // the consumers read it once Q has landed
+                                   uint32_t{Tr::kQBytes});
     for (int c = 0; c < Tr::kColBlocks; ++c) {
       const int32_t coords[3] = {c * kCols, kv_head * p.group_size, token0};
       ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.q() + c * Br * kCols, &p.q_map, coords,
@@ -873,9 +870,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
       // no more units: once the consumers are done with the last Q, a unit of -1 ends them
       namespace ptx = cuda::ptx;
       detail::wait_barrier(smem.q_empty(), (n & 1) ^ 1);
-      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
-                                     uint32_t{sizeof(int)});
-      ptx::st_async(smem.unit(), -1, smem.q_full());
+      *smem.unit() = -1;
+      ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full());
     }
     return;
   }
@@ -889,8 +885,12 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
   for (int n = 0;; ++n) {
     // the block's n-th unit comes with its Q; the producer names it before the copy
+    // Lane 0 reads the number and hands it to its warp: the same lane later frees Q (q_empty),
+    // so the read is ordered before the producer's next store by the lane's own program.
     detail::wait_barrier(smem.q_full(), n & 1);
-    const int u = *static_cast<volatile int*>(smem.unit());
+    int u = 0;
+    if (lane == 0) u = *smem.unit();
+    u = __shfl_sync(0xffffffffu, u, 0);
     if (u < 0) break;
     const detail::Unit w = detail::unit_of(p, u);
     const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
