@@ -76,6 +76,11 @@ struct LevelLaunch {
   float* partial_o = nullptr;                 ///< (partial rows, num_qo_heads, head_dim)
   float* partial_lse = nullptr;               ///< (partial rows, num_qo_heads)
   const float* sinks = nullptr;               ///< (num_qo_heads) sink logits, or null (none)
+  /// A persistent grid's claim counter (an int in device memory, zero when the launch
+  /// starts; the kernel leaves it zero): the lender may run a grid of fewer blocks than
+  /// units, each claiming its next. Null: a block per unit.
+  int* unit_counter = nullptr;
+  int max_blocks = 0;  ///< with unit_counter: the grid's blocks at most; 0: the lender's choice
 };
 
 /// A prefill kernel that a stage lends to an earlier stage's planner: it runs one view of a

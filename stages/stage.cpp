@@ -38,9 +38,16 @@ DType parse_dtype(const std::string& name) {
 }
 
 int device_sm_count() {
+  // launches size persistent grids by it: each device is asked once (0: not yet)
+  static std::array<std::atomic<int>, 64> known{};
   int device = 0, sms = 0;
   FLASHSTEP_CUDA_CHECK(cudaGetDevice(&device));
-  FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const bool cached = device >= 0 && device < static_cast<int>(known.size());
+  if (cached) sms = known[static_cast<size_t>(device)].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    FLASHSTEP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    if (cached) known[static_cast<size_t>(device)].store(sms, std::memory_order_relaxed);
+  }
   return sms;
 }
 

@@ -184,7 +184,8 @@ constexpr size_t kWorkspaceAlignment = 256;
 constexpr size_t align_up(size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
-/// Multiprocessors of the current CUDA device (a host query; plan() sizes grids by it).
+/// Multiprocessors of the current CUDA device (a host query, made once per device; plans
+/// and stage 07's persistent launch size grids by it).
 int device_sm_count();
 /// Bytes of shared memory one block may opt into on the current CUDA device
 /// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KB on an H100, 163 KB on an A100, 99 KB

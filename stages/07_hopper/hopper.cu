@@ -205,8 +205,14 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   // heads of the same tokens (on an H200, b1 x 131072 ran at 0.89-0.90 and b128 x 8192 at
   // page 1 at 0.94 of this order with the items fastest; the README has the table).
   p.heads_fastest = s.mode == Mode::decode;
-  const dim3 grid = p.heads_fastest ? dim3(static_cast<unsigned>(l.num_items * s.num_kv_heads))
-                                    : dim3(static_cast<unsigned>(l.num_items), static_cast<unsigned>(s.num_kv_heads));
+  p.num_items = static_cast<int>(l.num_items);
+  // Persistent, given a claim counter: one block per multiprocessor (a block's shared
+  // memory leaves room for no second), each claiming its next unit of the longest-first
+  // list as it starts one. Without one, a block per unit.
+  const int64_t units = int64_t{l.num_items} * s.num_kv_heads;
+  p.unit_counter = l.unit_counter;
+  const int64_t blocks = l.unit_counter == nullptr ? units : l.max_blocks > 0 ? l.max_blocks : device_sm_count();
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, blocks)));
   hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>
       <<<grid, Tr::kThreads, Tr::smem_bytes(), stream>>>(
           p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap}));
@@ -326,6 +332,9 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
   info.rules = [name = info.name](const BatchShape& shape) { return tile_rule(name, shape); };
   const std::string reason = info.unsupported_reason(s);
   ref::require(reason.empty(), fn, reason);
+  ref::require(options_.max_blocks >= 0, fn,
+               "max_blocks must be 0 (one per multiprocessor) or positive (got " + std::to_string(options_.max_blocks) +
+                   ")");
   ref::require(options_.kv_chunk_size >= 0 && options_.kv_chunk_size % kKeyTile == 0, fn,
                "kv_chunk_size must be 0 (auto) or a positive multiple of 128 (got " +
                    std::to_string(options_.kv_chunk_size) + ")");
@@ -385,7 +394,8 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
   }
   // Longest first: the last wave is made of short blocks, so the chip empties evenly.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.keys > b.keys; });
-  ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 31), fn,
+  // (the kernel's unit index steps a grid's width past the last unit: room to spare in 32 bits)
+  ref::require(static_cast<int64_t>(items.size()) * s.num_kv_heads < (int64_t{1} << 30), fn,
                "too many work items for one grid");
   // a prefill's grid is (work items, kv heads), whose y is at most 65535; a decode batch's is
   // one dimension (launch()), held to the same limit so one rule covers both
@@ -398,8 +408,15 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
   return sched;
 }
 
+namespace {
+/// The persistent grid's claim counter: an int on 256 bytes of its own past stage 04's
+/// layout (schedule, partial rows).
+size_t counter_offset(const tensor_core::WorkspaceLayout& w) { return (w.bytes + 255) / 256 * 256; }
+size_t total_bytes(const tensor_core::WorkspaceLayout& w) { return counter_offset(w) + 256; }
+}  // namespace
+
 size_t HopperRunner::workspace_bytes(const BatchShape& shape) const {
-  return tensor_core::layout_of(make_schedule(shape), shape.num_qo_heads, shape.resolved_head_dim_vo()).bytes;
+  return total_bytes(tensor_core::layout_of(make_schedule(shape), shape.num_qo_heads, shape.resolved_head_dim_vo()));
 }
 
 void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspace_size, cudaStream_t stream) {
@@ -410,14 +427,16 @@ void HopperRunner::plan(const BatchShape& shape, void* workspace, size_t workspa
   const tensor_core::WorkspaceLayout w = tensor_core::layout_of(sched, shape.num_qo_heads,
                                                                 shape.resolved_head_dim_vo());
   captured_.check_plan(fn, launch_of(sched, shape));
-  ref::require(workspace_size >= w.bytes && (workspace != nullptr || w.bytes == 0), fn,
+  ref::require(workspace_size >= total_bytes(w) && workspace != nullptr, fn,
                "workspace holds " + std::to_string(workspace_size) + " bytes, the plan needs " +
-                   std::to_string(w.bytes));
+                   std::to_string(total_bytes(w)));
   schedule_ = std::move(sched);
   shape_ = shape;
   workspace_ = static_cast<uint8_t*>(workspace);
   prepare_hopper_attention(shape);
   tensor_core::upload_schedule(schedule_, w, staging_, workspace_, stream);
+  // zero once: each launch leaves it zero (claim_unit)
+  FLASHSTEP_CUDA_CHECK(cudaMemsetAsync(workspace_ + counter_offset(w), 0, sizeof(int), stream));
 }
 
 void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
@@ -438,6 +457,11 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   l.o = batch.o;
   l.lse = batch.lse;
   l.sinks = batch.sinks;
+  // A prefill's units claim their way over a persistent grid; a decode batch keeps a block
+  // per unit (the persistent grid's first form, units b, b + grid, ... of a static
+  // stripe, ran decode over pages at 0.75-0.95 of it on an H200; the chapter's table).
+  if (shape_.mode == Mode::prefill) l.unit_counter = reinterpret_cast<int*>(workspace_ + counter_offset(w));
+  l.max_blocks = options_.max_blocks;
   l.num_items = schedule_.num_items();
   l.request_indices = reinterpret_cast<const int32_t*>(workspace_ + w.request_indices);
   l.qo_tile_indices = reinterpret_cast<const int32_t*>(workspace_ + w.qo_tile_indices);

@@ -30,6 +30,9 @@ struct HopperOptions {
   int target_blocks = 0;
   /// Keys per KV chunk, forcing a split (a positive multiple of 128); 0: plan() decides.
   int kv_chunk_size = 0;
+  /// Blocks of the persistent grid at most (tests force a few, so that every block walks
+  /// many units); 0: one per multiprocessor.
+  int max_blocks = 0;
 };
 
 /// plan/run for stage 07 over paged or ragged (contiguous) K/V; the batch's storage picks

@@ -79,11 +79,12 @@ struct HopperTraits {
   static constexpr int kConsumers = 2;  ///< consumer warp groups
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: what the producer keeps and each consumer gets. The block starts with 168
-  // a thread (384 x 168 = 64512), so 128 x 24 + 256 x 240 and 128 x 56 + 256 x 224 both fit.
-  // A gathering producer holds a thread's eight page ids at once: at 40 (consumers 232)
-  // ptxas spilled 44 bytes of it, at 56 nothing, and no consumer spills at 224 either.
-  static constexpr int kProducerRegisters = PAGED ? 56 : 24;
-  static constexpr int kConsumerRegisters = PAGED ? 224 : 240;
+  // a thread (384 x 168 = 64512), so 128 x 24 + 256 x 240 and 128 x 64 + 256 x 216 both fit.
+  // A gathering producer holds a thread's eight page ids at once, and over the persistent
+  // grid its unit's state besides: at 56 (consumers 224) ptxas spilled some of it inside
+  // the gather's loop, at 64 only a few words once a unit, and no consumer spills at 216.
+  static constexpr int kProducerRegisters = PAGED ? 64 : 24;
+  static constexpr int kConsumerRegisters = PAGED ? 216 : 240;
   static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
@@ -92,7 +93,9 @@ struct HopperTraits {
   static constexpr uint32_t kVBytes = Bc * HEAD_DIM_VO * sizeof(T);  ///< one V tile
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kBarrierOffset = kQBytes + kStages * (kKBytes + kVBytes);
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + 8 * (1 + 4 * kStages); }
+  static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
+  // and three ints: the unit of the Q in shared memory, the producer's next unit (two)
+  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + kBarrierBytes + 16; }
   static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
                 "head_dim and head_dim_vo must be multiples of 64");
 };
@@ -136,6 +139,10 @@ struct HopperParams {
   // keep their offsets)
   CUtensorMap v_pool_map;             ///< as kv_map, over V's pool, HEAD_DIM_VO wide
   kernels::PagedKV<uint16_t> v_kv{};  ///< V's pool, its page table and strides
+  int num_items = 0;                  ///< work items; a unit of work is (item, kv head)
+  /// The persistent grid's claims: zero when the kernel starts, and again when it ends.
+  /// Null: block b takes units b, b + grid, ... (one each when the grid has a block a unit).
+  int* unit_counter = nullptr;
 };
 
 namespace detail {
@@ -191,11 +198,38 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   return t;
 }
 
+/// A unit of work: one work item for one kv head. Block b of the persistent grid takes
+/// units b, b + gridDim.x, b + 2 gridDim.x, ... of the list, which runs with the kv heads
+/// fastest for a decode batch and the work items fastest otherwise (launch() says why);
+/// the items are longest first.
+struct Unit {
+  int item, kv_head;
+};
+
+__device__ __forceinline__ Unit unit_of(const HopperParams& p, int u) {
+  return p.heads_fastest ? Unit{u / p.num_kv_heads, u % p.num_kv_heads} : Unit{u % p.num_items, u / p.num_items};
+}
+
+/// The block's next unit, claimed by the producer's thread 0 when it starts a unit: the
+/// first the counter has not handed out (past the grid's first units, which are the
+/// blocks' own), so that a block takes the next unit of the longest-first list when it is
+/// ready for one, as the hardware hands blocks of a non-persistent grid to the first
+/// free multiprocessor. A claim past the last unit ends the block. Each block makes one
+/// claim per unit it runs, so the launch makes num_units claims in all; the one that
+/// gets num_units - 1 is the last and sets the counter back to zero for the next launch.
+__device__ __forceinline__ int claim_unit(const HopperParams& p, int u, int num_units) {
+  if (p.unit_counter == nullptr) return u + static_cast<int>(gridDim.x);
+  const int c = atomicAdd(p.unit_counter, 1);
+  if (c == num_units - 1) atomicExch(p.unit_counter, 0);
+  return static_cast<int>(gridDim.x) + c;
+}
+
 /// The named barriers of the kernel (barrier 0 is __syncthreads): the consumers' turns at
 /// the tensor cores. Each has the 256 consumer threads as its count.
 enum class NamedBarrier : uint32_t {
   kConsumer0Turn = 1,  ///< consumer 0 may issue its GEMMs
   kConsumer1Turn = 2,  ///< consumer 1 may issue its GEMMs
+  kProducer = 3,       ///< the producer's 128 threads, over pages: the next unit is known to all
 };
 
 /// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
@@ -471,11 +505,20 @@ struct HopperSmem {
   /// [kStages] every consumer warp is done with the K (V) tile
   __device__ __forceinline__ uint64_t* k_empty(int s) const { return q_full() + 1 + 2 * Tr::kStages + s; }
   __device__ __forceinline__ uint64_t* v_empty(int s) const { return q_full() + 1 + 3 * Tr::kStages + s; }
+  /// every consumer warp is done with Q: the next unit's Q may come in
+  __device__ __forceinline__ uint64_t* q_empty() const { return q_full() + 1 + 4 * Tr::kStages; }
+  /// the unit whose Q the Q buffer holds (-1: no more units), stored before q_full's arrival
+  __device__ __forceinline__ volatile int* unit() const {
+    return reinterpret_cast<volatile int*>(base + Tr::kBarrierOffset + Tr::kBarrierBytes);
+  }
+  /// [2] the producer's next unit, by the parity of its unit count
+  __device__ __forceinline__ volatile int* next_unit(int parity) const { return unit() + 1 + parity; }
 
   /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
   /// arrival per producer thread), each "empty" one arrival per consumer warp.
   __device__ __forceinline__ void init_barriers() const {
     ptx::mbarrier_init(q_full(), 1);
+    ptx::mbarrier_init(q_empty(), Tr::kConsumers * 4);
     for (int s = 0; s < Tr::kStages; ++s) {
       ptx::mbarrier_init(k_full(s), uint32_t{Tr::kKVFullArrivals});
       ptx::mbarrier_init(v_full(s), uint32_t{Tr::kKVFullArrivals});
@@ -487,19 +530,31 @@ struct HopperSmem {
   }
 };
 
-/// The producer warp group, once it has given its registers away: Q, then K_j and V_j of
-/// every tile into buffer j % kStages, each once the consumers freed it (K_j - kStages
-/// after its S, V_j - kStages after its P V, one turn later). One thread issues the TMA
-/// copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
+/// The producer warp group, once it has given its registers away, for the block's n-th
+/// unit u: Q once the consumers are done with the previous unit's, then K_j and V_j of
+/// every tile into the ring's next buffers, each once the consumers freed it (the tile
+/// kStages before it, of this unit or the previous one: K after its S, V after its P V,
+/// one turn later). The ring (write) runs on across units, so the next unit's Q and first
+/// tiles come in while the consumers write the previous unit's rows. One thread issues the
+/// TMA copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
 template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
-                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head) {
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head,
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& write,
+                                        int n, int u) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
-  if (!PAGED && threadIdx.x != 0) return;
+  // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head, and the
+  // unit's number beside it. Thread 0 copies them once every consumer warp has let go of
+  // the previous unit's (unit 0 waits on the phase before the barrier's first, which counts
+  // as complete).
+  // (Copying Q after the unit's first K tile, so that K's copy could overlap the previous
+  // unit's last P V, kept the producer's unit state live through the gather: ptxas spilled
+  // it there, at 56 and 64 registers.)
   if (threadIdx.x == 0) {
-    // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head
+    wait_barrier(smem.q_empty(), (n & 1) ^ 1);
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
+    *smem.unit() = u;  // released by the arrival: read once Q has landed
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
                                    uint32_t{Tr::kQBytes});
     for (int c = 0; c < Tr::kColBlocks; ++c) {
@@ -517,10 +572,10 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
   PageBox next{-1, 0};  // the first warp's pages of the next tile copied by page
   if (PAGED && threadIdx.x < 32 && t.num_kv_tiles > 0 && n_by_page > 0)
     next = find_page_box<Bc>(p, t, t.key_begin, threadIdx.x);
-  PipelineState<Tr::kStages> write;
   for (int j = 0; j < t.num_kv_tiles; ++j, write.advance()) {
+    // the buffer held the tile kStages before this one: wait until it is free (in the ring's
+    // first round, on the phase before the barrier's first, which counts as complete)
     const int s = write.index;
-    const bool refill = j >= Tr::kStages;  // the buffer held tile j - kStages: wait until it is free
     if constexpr (PAGED) {
       const int key0 = t.key_begin + j * Bc;
       const bool this_by_page = j < n_by_page;
@@ -531,7 +586,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
         unsigned char* tile = reinterpret_cast<unsigned char*>(is_v ? smem.v(s) : smem.k(s));
-        if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         // V of its own width: plane 0 of V's own pool (v_pool_map, v_kv), K plane 0 of its
         if (this_by_page) {
           if (threadIdx.x == 0) {
@@ -560,7 +615,7 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
       for (int is_v = 0; is_v < 2; ++is_v) {
         uint64_t* full = is_v ? smem.v_full(s) : smem.k_full(s);
         T* tile = is_v ? smem.v(s) : smem.k(s);
-        if (refill) wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
+        wait_barrier(is_v ? smem.v_empty(s) : smem.k_empty(s), write.phase ^ 1u);
         ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, full,
                                        is_v ? uint32_t{Tr::kVBytes} : uint32_t{Tr::kKBytes});
         for (int c = 0; c < (is_v ? HEAD_DIM_VO : HEAD_DIM) / kCols; ++c) {
@@ -579,9 +634,9 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
 /// an H100 against consumer 1 walking the turns idle: MQA decode b1 x 16384 446 -> 477 GB/s,
 /// prefill unchanged.)
 template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
-__device__ __forceinline__ void release_tiles(const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem,
-                                              int lane) {
-  PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages> read;
+__device__ __forceinline__ void release_tiles(
+    const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int lane,
+    PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& read) {
   for (int j = 0; j < t.num_kv_tiles; ++j, read.advance()) {
     wait_barrier(smem.k_full(read.index), read.phase);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(read.index));
@@ -653,7 +708,8 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typena
 template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 __device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, const Turns& turns,
-                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st) {
+                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st,
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& ring) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   const int n_tiles = t.num_kv_tiles;
@@ -661,24 +717,22 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   uint32_t a[Bc / 16][4];  // P_j as wgmma A fragments, read by the next turn's P V
   float alpha[2];
 
-  wait_barrier(smem.q_full(), 0);
   const T* q_rows = smem.q() + turns.consumer * 64 * kCols;  // this warp group's 64 rows in each column block
-  if (turns.consumer == 1) turns.pass();                     // consumer 0 issues first
 
-  PipelineState<Tr::kStages> k_read, v_read;  // K_j's buffer, and V_{j-1}'s one tile behind
+  PipelineState<Tr::kStages> k_read = ring, v_read = ring;  // K_j's buffer, and V_{j-1}'s one tile behind
   // whether tile j was gathered (and needs the proxy fence), as the producer chose
   const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
   const auto gathered = [&](int j) { return PAGED && j >= n_by_page; };
   if (n_tiles > 0) {
-    wait_tile<PAGED>(smem.k_full(0), 0, gathered(0));
+    wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase, gathered(0));
     turns.wait();
     wgmma_fence();
-    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(0));
+    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
-    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(0));  // this warp is done reading K_0
+    if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_0
     softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
     pack_p<T, Bc>(sc, a);
     k_read.advance();
@@ -714,9 +768,10 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     turns.pass();
     wgmma_wait<0>();
     wgmma_fence_operands(st.o);
+    // the next unit's tiles go into this buffer
+    if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));
   }
-  // consumer 1's first pass has no turn of consumer 0 to match: take it
-  if (turns.consumer == 0) turns.wait();
+  ring = k_read;  // n_tiles further on: where the next unit's tiles start
 }
 
 /// The epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
@@ -785,11 +840,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO> smem{
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
-  // the grid's order (launch() says why): the kv heads fastest in one dimension for a
-  // decode batch, else (work items, kv heads) with the items fastest
-  const int item = p.heads_fastest ? blockIdx.x / p.num_kv_heads : blockIdx.x;
-  const int kv_head = p.heads_fastest ? blockIdx.x % p.num_kv_heads : blockIdx.y;
-  const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, item);
+  const int num_units = p.num_items * p.num_kv_heads;
   const int warp_group = threadIdx.x / 128;
   if (threadIdx.x == 0) smem.init_barriers();
   __syncthreads();
@@ -797,33 +848,77 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   if (warp_group == 0) {
     // the producer hands its registers to the consumers (no C++ API for setmaxnreg)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Tr::kProducerRegisters));
-    detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, kv_head);
+    if (!PAGED && threadIdx.x != 0) return;  // over ragged K/V one thread issues every copy
+    detail::PipelineState<Tr::kStages> write;
+    int u = blockIdx.x, n = 0;
+    for (; u < num_units; ++n) {
+      // the next unit claimed now, its round trip under this unit's copies; over pages the
+      // producer's 128 threads learn it through shared memory and one barrier a unit
+      int next = 0;
+      if (threadIdx.x == 0) next = detail::claim_unit(p, u, num_units);
+      if (PAGED && threadIdx.x == 0) *smem.next_unit(n & 1) = next;
+      const detail::Unit w = detail::unit_of(p, u);
+      const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
+      detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, w.kv_head, write, n, u);
+      if constexpr (PAGED) {
+        asm volatile("bar.sync %0, 128;\n" ::"n"(uint32_t(detail::NamedBarrier::kProducer)) : "memory");
+        next = *smem.next_unit(n & 1);
+      }
+      u = next;
+    }
+    if (threadIdx.x == 0) {
+      // no more units: once the consumers are done with the last Q, a unit of -1 ends them
+      namespace ptx = cuda::ptx;
+      detail::wait_barrier(smem.q_empty(), (n & 1) ^ 1);
+      *smem.unit() = -1;
+      ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full());
+    }
     return;
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegisters));  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
-  // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
-  const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
-  if (solo && consumer == 1) {
-    detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane);
-    return;
-  }
-  // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
-  // positions among the keys (for the causal mask)
-  int row[2], q_pos[2];
+  // The turns run on across units: consumer 0 takes the first, consumer 1 the last, whose
+  // pass consumer 0 takes up after its last unit. A solo unit takes none.
+  if (consumer == 1) detail::Turns{1, false}.pass();
+  detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
+  for (int n = 0;; ++n) {
+    // the block's n-th unit comes with its Q; the producer names it before the copy
+    // Lane 0 reads the number and hands it to its warp: the same lane later frees Q (q_empty),
+    // so the read is ordered before the producer's next store by the lane's own program.
+    detail::wait_barrier(smem.q_full(), n & 1);
+    int u = 0;
+    if (lane == 0) u = *smem.unit();
+    u = __shfl_sync(0xffffffffu, u, 0);
+    if (u < 0) break;
+    const detail::Unit w = detail::unit_of(p, u);
+    const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
+    // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
+    // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
+    const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
+    if (solo && consumer == 1) {
+      detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
+      if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
+      continue;
+    }
+    // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
+    // positions among the keys (for the causal mask)
+    int row[2], q_pos[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
-    q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+    for (int h = 0; h < 2; ++h) {
+      row[h] = consumer * 64 + warp * 16 + lane / 4 + 8 * h;
+      q_pos[h] = (t.row_begin + row[h]) / p.group_size + t.kv_len - t.qo_len;
+    }
+    detail::RowState<HEAD_DIM_VO> st;
+    st.init();
+    detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
+                                                                     q_pos, lane, st, read);
+    // Q is free for the next unit's copy, which lands while this one's rows are written
+    if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
+    detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);
   }
-  detail::RowState<HEAD_DIM_VO> st;
-  st.init();
-  detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
-                                                                   q_pos, lane, st);
-  detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, kv_head, row, lane, st);
+  if (consumer == 0) detail::Turns{0, false}.wait();  // consumer 1's last pass
 #endif
 }
 

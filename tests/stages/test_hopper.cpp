@@ -82,6 +82,39 @@ TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by st
   CHECK(ran > 20);
 }
 
+TEST_CASE("07_hopper: a persistent grid of 3 blocks, each claiming tens of units across tails and splits") {
+  if (!hopper_runs_here()) return;
+  // Every block runs units of all kinds in a row (solo last tiles beside full ones, units
+  // without keys, tiles of 1 key to many, over TMA tiles, page copies and the gather): the
+  // Q and ring barriers' phases, the consumers' turns and the claim counter run on across
+  // all of them. (Decode batches keep a block per unit; they run here too.)
+  using namespace stages::harness;
+  std::vector<CaseSpec> cases = grids::tensor_core_sanitizer_grid();
+  for (const CaseSpec& c : grids::tensor_core_decode_grid())
+    if (c.batch_size < 150) cases.push_back(c);
+  const std::vector<CaseSpec> tails = grids::hopper_tail_grid();
+  for (size_t i = 1; i < tails.size(); i += 3) cases.push_back(tails[i]);
+  int n = 0, ran = 0, failures = 0;
+  for (const char* name : {"07_hopper_ragged", "07_hopper"})
+    for (const CaseSpec& spec : cases) {
+      hopper::HopperOptions opt;
+      opt.max_blocks = 3;
+      opt.kv_chunk_size = n++ % 3 == 2 ? 128 : 0;
+      const StageInfo stage = with_options(find_stage(name), opt);
+      std::mt19937_64 layout_rng(1);
+      if (std::find(stage.kv_layouts.begin(), stage.kv_layouts.end(), spec.kv_layout) == stage.kv_layouts.end() ||
+          !stage.supports(make_layout(spec, stage.storage, layout_rng).shape))
+        continue;
+      const uint64_t seed = case_seed(test::run_seed(), "persistent " + spec.describe());
+      const ValidationReport r = validate(stage, spec, seed);
+      ++ran;
+      CHECK_MESSAGE(r.passed, name << ", 3 blocks, chunk " << opt.kv_chunk_size << ": " << r.message());
+      if (!r.passed && ++failures >= 5) break;
+    }
+  MESSAGE(ran << " cases ran on 3 blocks");
+  CHECK(ran > 20);
+}
+
 /// Runs an MLA prefill grid through `stage_name`, every other case split in chunks of 128
 /// keys (so the merge runs at o's width); returns the cases run.
 int check_mla_grid(const std::string& stage_name, const std::vector<stages::harness::CaseSpec>& grid) {
@@ -243,6 +276,11 @@ TEST_CASE(
   // a forced chunk must be a multiple of the key tile
   opt.kv_chunk_size = 64;
   CHECK_THROWS_AS(hopper::HopperRunner(opt).make_schedule(s), ref::InvalidArgument);
+  // and a persistent grid has at least one block (0: one per multiprocessor)
+  opt.kv_chunk_size = 0;
+  opt.max_blocks = -1;
+  CHECK_THROWS_WITH_AS(hopper::HopperRunner(opt).make_schedule(s), doctest::Contains("max_blocks must be 0"),
+                       ref::InvalidArgument);
 }
 }  // TEST_SUITE("host")
 
