@@ -45,9 +45,13 @@
 //   finished (m, l) before the epilogue normalises it. The lesson runs the identity; the
 //   soft cap and attention sinks (stages/sinks/) are policies of their own.
 //
-// What it still does badly: every block starts from an empty pipeline (one block per
-// (work item, kv head), not a persistent grid); the output is written from registers
-// (4-byte stores), not through shared memory and a TMA store.
+// - A persistent grid (prefill): one block per multiprocessor. The producer claims the
+//   block's next unit from a counter as it starts one and hands its number to the
+//   consumers beside its Q; the K/V ring and the consumers' turns run on from unit to unit,
+//   so the next unit's Q and first tiles land while this one's rows are written.
+//
+// What it still does badly: the output is written from registers (4-byte stores), not
+// through shared memory and a TMA store; a decode batch still runs a block per unit.
 #pragma once
 
 #include <cuda/ptx>
