@@ -335,6 +335,22 @@ __device__ __forceinline__ void mask_scores(float (&sc)[Bc / 2], int key0, int c
 template <int HEAD_DIM_VO>
 constexpr float kMaxSlack = HEAD_DIM_VO >= 128 ? 8.f : 0.f;
 
+#ifndef FLASHSTEP_EXP2_FMA_EVERY
+#define FLASHSTEP_EXP2_FMA_EVERY 4
+#endif
+/// 2^x on the FMA pipe instead of the special-function unit, for x <= 8 (FlashAttention-4's
+/// split of the exponentials between the two): x = j + f with j = floor(x) (added to a
+/// magic constant rounding down, so j sits in the sum's low bits) and f in [0, 1); 2^f by a
+/// cubic (relative error 8.6e-5, below bf16's and fp16's rounding of P); j goes straight
+/// into the exponent field. x <= -127 (a masked score's -inf included) gives exactly 0.
+__device__ __forceinline__ float exp2_fma(float x) {
+  x = fmaxf(x, -127.f);
+  const float t = __fadd_rd(x, 12582912.f);  // 1.5 x 2^23: t's last bits are floor(x)
+  const float f = x - (t - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.07706641f, f, 0.22764568f), f, 0.69511664f), f, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 /// The online softmax on one tile of scores, in base 2, without touching O (which the
 /// previous tile's P V may still be accumulating into):
 ///   m_new = rowmax(S) * scale if that passes m + slack, else m;
@@ -364,7 +380,8 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = sc[4 * n + 2 * h + e];
-        x = tensor_core::exp2_approx(fmaf(x, scale, -m_use));
+        x = n % FLASHSTEP_EXP2_FMA_EVERY == FLASHSTEP_EXP2_FMA_EVERY - 1 ? exp2_fma(fmaf(x, scale, -m_use))
+                                                                          : tensor_core::exp2_approx(fmaf(x, scale, -m_use));
         sum += x;
       }
     l[h] = l[h] * alpha[h] + sum;
