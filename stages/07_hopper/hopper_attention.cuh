@@ -336,7 +336,7 @@ template <int HEAD_DIM_VO>
 constexpr float kMaxSlack = HEAD_DIM_VO >= 128 ? 8.f : 0.f;
 
 #ifndef FLASHSTEP_EXP2_FMA_EVERY
-#define FLASHSTEP_EXP2_FMA_EVERY 4
+#define FLASHSTEP_EXP2_FMA_EVERY 8
 #endif
 /// 2^x on the FMA pipe instead of the special-function unit, for x <= 8 (FlashAttention-4's
 /// split of the exponentials between the two): x = j + f with j = floor(x) (added to a
