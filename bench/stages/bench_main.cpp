@@ -510,8 +510,9 @@ int main(int argc, char** argv) {
     // Stage 03 with its CUDA-core loop (the tensor-core kernel off) on every decode shape
     // the tensor-core kernel takes (FP8 K/V, or fp16/bf16 at head_dim 128), and, with
     // --tune, the tensor-core kernel at other pipeline depths than its default, and planned
-    // for 6 or 12 blocks an SM (ctas_per_sm) where its default depth runs 3 of 16-bit K/V:
-    // two or four waves, so that a batch just over one wave is split into chunks.
+    // for 6, 12, 16, 24 or 40 blocks an SM (ctas_per_sm) where its default depth runs 3 of
+    // 16-bit K/V: two to thirteen waves, so that a batch just over one wave is split into
+    // chunks, and batch 128 x 8192 keys (2.6 waves unsplit) into 2, 3 or 5 chunks a request.
     static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores, int ctas_per_sm = 0) {
       stages::StageInfo info = stages::split_kv::stage_info();
       info.name = name;
@@ -531,7 +532,10 @@ int main(int argc, char** argv) {
                                                           split_kv_variant("03_split_kv[mma_s4]", 4, true),
                                                           split_kv_variant("03_split_kv[mma_s5]", 5, true),
                                                           split_kv_variant("03_split_kv[mma_ctas6]", 0, true, 6),
-                                                          split_kv_variant("03_split_kv[mma_ctas12]", 0, true, 12)};
+                                                          split_kv_variant("03_split_kv[mma_ctas12]", 0, true, 12),
+                                                          split_kv_variant("03_split_kv[mma_ctas16]", 0, true, 16),
+                                                          split_kv_variant("03_split_kv[mma_ctas24]", 0, true, 24),
+                                                          split_kv_variant("03_split_kv[mma_ctas40]", 0, true, 40)};
     for (const BenchShape& shape : shapes) {
       const stages::harness::CaseSpec& c = shape.spec;
       if (!sets.count(shape.set) || c.mode != stages::Mode::decode) continue;
