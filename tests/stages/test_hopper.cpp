@@ -52,32 +52,45 @@ StageInfo with_options(StageInfo info, hopper::HopperOptions options) {
   return info;
 }
 
-TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by stage 03's kernel") {
-  if (!hopper_runs_here()) return;
-  // stage 04's sanitizer and decode grids (windows, soft caps, groups 16 and 32) and the
-  // tail grid, on both entries, every case split
+/// Runs stage 04's sanitizer and decode grids (batches under 150) and every `tail_step`-th
+/// case of the tail grid from `tail_first` through both entries, the n-th case with the
+/// options `options_for(n)` gives; `what` names the run in the cases' seeds and messages.
+/// Returns the cases run.
+template <typename OptionsFor>
+int run_grids_with(const std::string& what, size_t tail_first, size_t tail_step, OptionsFor options_for) {
   using namespace stages::harness;
   std::vector<CaseSpec> cases = grids::tensor_core_sanitizer_grid();
   for (const CaseSpec& c : grids::tensor_core_decode_grid())
     if (c.batch_size < 150) cases.push_back(c);
   const std::vector<CaseSpec> tails = grids::hopper_tail_grid();
-  for (size_t i = 0; i < tails.size(); i += 4) cases.push_back(tails[i]);
+  for (size_t i = tail_first; i < tails.size(); i += tail_step) cases.push_back(tails[i]);
   int n = 0, ran = 0, failures = 0;
   for (const char* name : {"07_hopper_ragged", "07_hopper"})
     for (const CaseSpec& spec : cases) {
-      hopper::HopperOptions opt;
-      opt.kv_chunk_size = n++ % 2 ? 128 : 256;
+      const hopper::HopperOptions opt = options_for(n++);
       const StageInfo stage = with_options(find_stage(name), opt);
       std::mt19937_64 layout_rng(1);
       if (std::find(stage.kv_layouts.begin(), stage.kv_layouts.end(), spec.kv_layout) == stage.kv_layouts.end() ||
           !stage.supports(make_layout(spec, stage.storage, layout_rng).shape))
         continue;
-      const uint64_t seed = case_seed(test::run_seed(), "split " + spec.describe());
+      const uint64_t seed = case_seed(test::run_seed(), what + " " + spec.describe());
       const ValidationReport r = validate(stage, spec, seed);
       ++ran;
-      CHECK_MESSAGE(r.passed, name << ", chunk " << opt.kv_chunk_size << ": " << r.message());
+      CHECK_MESSAGE(r.passed, name << ", " << what << ", chunk " << opt.kv_chunk_size << ": " << r.message());
       if (!r.passed && ++failures >= 5) break;
     }
+  return ran;
+}
+
+TEST_CASE("07_hopper: forced KV splits (chunks of 128 and 256 keys) merged by stage 03's kernel") {
+  if (!hopper_runs_here()) return;
+  // stage 04's sanitizer and decode grids (windows, soft caps, groups 16 and 32) and a
+  // quarter of the tail grid, on both entries, every case split
+  const int ran = run_grids_with("split", 0, 4, [](int n) {
+    hopper::HopperOptions opt;
+    opt.kv_chunk_size = n % 2 ? 128 : 256;
+    return opt;
+  });
   MESSAGE(ran << " split cases ran");
   CHECK(ran > 20);
 }
@@ -88,29 +101,12 @@ TEST_CASE("07_hopper: a persistent grid of 3 blocks, each claiming tens of units
   // without keys, tiles of 1 key to many, over TMA tiles, page copies and the gather): the
   // Q and ring barriers' phases, the consumers' turns and the claim counter run on across
   // all of them. (Decode batches keep a block per unit; they run here too.)
-  using namespace stages::harness;
-  std::vector<CaseSpec> cases = grids::tensor_core_sanitizer_grid();
-  for (const CaseSpec& c : grids::tensor_core_decode_grid())
-    if (c.batch_size < 150) cases.push_back(c);
-  const std::vector<CaseSpec> tails = grids::hopper_tail_grid();
-  for (size_t i = 1; i < tails.size(); i += 3) cases.push_back(tails[i]);
-  int n = 0, ran = 0, failures = 0;
-  for (const char* name : {"07_hopper_ragged", "07_hopper"})
-    for (const CaseSpec& spec : cases) {
-      hopper::HopperOptions opt;
-      opt.max_blocks = 3;
-      opt.kv_chunk_size = n++ % 3 == 2 ? 128 : 0;
-      const StageInfo stage = with_options(find_stage(name), opt);
-      std::mt19937_64 layout_rng(1);
-      if (std::find(stage.kv_layouts.begin(), stage.kv_layouts.end(), spec.kv_layout) == stage.kv_layouts.end() ||
-          !stage.supports(make_layout(spec, stage.storage, layout_rng).shape))
-        continue;
-      const uint64_t seed = case_seed(test::run_seed(), "persistent " + spec.describe());
-      const ValidationReport r = validate(stage, spec, seed);
-      ++ran;
-      CHECK_MESSAGE(r.passed, name << ", 3 blocks, chunk " << opt.kv_chunk_size << ": " << r.message());
-      if (!r.passed && ++failures >= 5) break;
-    }
+  const int ran = run_grids_with("persistent", 1, 3, [](int n) {
+    hopper::HopperOptions opt;
+    opt.max_blocks = 3;
+    opt.kv_chunk_size = n % 3 == 2 ? 128 : 0;
+    return opt;
+  });
   MESSAGE(ran << " cases ran on 3 blocks");
   CHECK(ran > 20);
 }
