@@ -409,10 +409,10 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
 }
 
 namespace {
-/// The persistent grid's claim counter: an int on 256 bytes of its own past stage 04's
-/// layout (schedule, partial rows).
-size_t counter_offset(const tensor_core::WorkspaceLayout& w) { return (w.bytes + 255) / 256 * 256; }
-size_t total_bytes(const tensor_core::WorkspaceLayout& w) { return counter_offset(w) + 256; }
+/// The persistent grid's claim counter: an int in a workspace section of its own past
+/// stage 04's layout (schedule, partial rows).
+size_t counter_offset(const tensor_core::WorkspaceLayout& w) { return align_up(w.bytes); }
+size_t total_bytes(const tensor_core::WorkspaceLayout& w) { return counter_offset(w) + align_up(sizeof(int)); }
 }  // namespace
 
 size_t HopperRunner::workspace_bytes(const BatchShape& shape) const {

@@ -888,9 +888,9 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   if (consumer == 1) detail::Turns{1, false}.pass();
   detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
   for (int n = 0;; ++n) {
-    // the block's n-th unit comes with its Q; the producer names it before the copy
-    // Lane 0 reads the number and hands it to its warp: the same lane later frees Q (q_empty),
-    // so the read is ordered before the producer's next store by the lane's own program.
+    // The block's n-th unit comes with its Q, the producer storing its number before the
+    // copy. Lane 0 reads the number and hands it to its warp: the same lane later frees Q
+    // (q_empty), so the read is ordered before the producer's next store by its own program.
     detail::wait_barrier(smem.q_full(), n & 1);
     int u = 0;
     if (lane == 0) u = *smem.unit();
