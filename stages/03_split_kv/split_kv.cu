@@ -395,7 +395,18 @@ bool tensor_core_decode_takes(const BatchShape& shape) {
 
 int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
   const int64_t slots = int64_t{num_sm} * kernel_blocks, grid = int64_t{batch_size} * num_kv_heads;
-  return grid > slots && 2 * grid <= 3 * slots ? kMmaTailWaves * kernel_blocks : planned_blocks;
+  if (grid <= slots) return planned_blocks;  // one wave or less: the planner's own split fills it
+  // k chunks a request make k x grid blocks, waves / ceil(waves) of the slots' time busy:
+  // the fewest chunks that keep 95% of it busy, else the best of kMaxWaveChunks
+  int best_k = 1;
+  double best = 0;
+  for (int k = 1; k <= kMaxWaveChunks; ++k) {
+    const int64_t blocks = k * grid, waves = (blocks + slots - 1) / slots;
+    const double busy = static_cast<double>(blocks) / static_cast<double>(waves * slots);
+    if (busy > best + 1e-9) best = busy, best_k = k;
+    if (busy >= 0.95) break;
+  }
+  return best_k == 1 ? planned_blocks : static_cast<int>((best_k * grid + num_sm - 1) / num_sm);
 }
 
 const char* to_string(DecodePath path) {

@@ -399,20 +399,20 @@ split_kv::PathEstimate estimate_uniform(int batch, int64_t len) {
                                   kernels::kFallbackDeviceModel, split_kv::DecodeCostModel{});
 }
 
-TEST_CASE("split_kv: the tensor-core kernel's plan counts four waves for a grid of one to 1.5") {
-  using split_kv::kMmaTailWaves;
+TEST_CASE("split_kv: the tensor-core kernel's plan cuts a grid of over one wave until its waves are full") {
   using split_kv::mma_planned_ctas_per_sm;
   // An H200 at the default depth: the kernel fits 3 blocks an SM (396 slots), the chunk
-  // kernel under the sinks policy 2, which the plan otherwise counts. 8 kv heads: batch 64
-  // is 512 blocks, 1.29 waves of the kernel's own slots.
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 64, 8) == 3 * kMmaTailWaves);
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 50, 8) == 3 * kMmaTailWaves);  // 400 blocks: 1.01 waves
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 74, 8) == 3 * kMmaTailWaves);  // 592: 1.495
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 75, 8) == 2);                  // 600: 1.52, a fuller second wave
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 128, 8) == 2);                 // 1024: 2.6 waves
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 16, 8) == 2);                  // 128: under one wave, split as ever
-  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 49, 8) == 2);                  // 392: one wave, no tail
-  CHECK(mma_planned_ctas_per_sm(3, 3, 132, 64, 8) == 3 * kMmaTailWaves);  // no sinks kernel: the same band
+  // kernel under the sinks policy 2, which the plan otherwise counts. 8 kv heads: batch b
+  // is 8 b blocks; k chunks a request keep (8 b k) / (396 ceil(8 b k / 396)) of the slots busy.
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 64, 8) == 12);   // 512 blocks, 1.29 waves: 3 chunks, 97% busy
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 128, 8) == 24);  // 1024, 2.59 waves: 3 chunks (2 stay at 86%)
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 74, 8) == 9);    // 592, 1.49 waves: 2 chunks, 99.7%
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 75, 8) == 32);   // 600: 7 chunks, the first at 95% or more
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 50, 8) == 25);   // 400, 1.01 waves: none reaches 95%, 8 the best
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 96, 8) == 2);    // 768, 1.94 waves: 97% unsplit
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 16, 8) == 2);    // 128: under one wave, split as ever
+  CHECK(mma_planned_ctas_per_sm(2, 3, 132, 49, 8) == 2);    // 392: one wave, no tail
+  CHECK(mma_planned_ctas_per_sm(3, 3, 132, 64, 8) == 12);   // no sinks kernel: the same
 }
 
 TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
