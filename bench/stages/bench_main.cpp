@@ -510,18 +510,21 @@ int main(int argc, char** argv) {
     // Stage 03 with its CUDA-core loop (the tensor-core kernel off) on every decode shape
     // the tensor-core kernel takes (FP8 K/V, or fp16/bf16 at head_dim 128), and, with
     // --tune, the tensor-core kernel at other pipeline depths than its default, and planned
-    // for 6, 12, 16, 24 or 40 blocks an SM (ctas_per_sm) where its default depth runs 3 of
-    // 16-bit K/V: two to thirteen waves, so that a batch just over one wave is split into
-    // chunks, and batch 128 x 8192 keys (2.6 waves unsplit) into 2, 3 or 5 chunks a request.
-    static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores, int ctas_per_sm = 0) {
+    // for 3, 6, 9, 12, 16, 24 or 40 blocks an SM (ctas_per_sm) where its default depth runs
+    // 3 of 16-bit K/V: one to thirteen waves, so that a batch just over one wave is split into
+    // chunks, and batch 128 x 8192 keys (2.6 waves unsplit) into 2, 3 or 5 chunks a request;
+    // and with chunks of at least 64 keys rather than 128 (min_kv_chunk_tokens).
+    static const auto split_kv_variant = [](const char* name, int num_stages, bool tensor_cores, int ctas_per_sm = 0,
+                                            int min_kv_chunk_tokens = -1) {
       stages::StageInfo info = stages::split_kv::stage_info();
       info.name = name;
-      info.make_runner = [num_stages, tensor_cores, ctas_per_sm] {
+      info.make_runner = [num_stages, tensor_cores, ctas_per_sm, min_kv_chunk_tokens] {
         stages::split_kv::SplitKVOptions options;
         options.enable_cuda_graph = true;
         options.num_stages = num_stages;
         options.tensor_cores = tensor_cores;
         options.ctas_per_sm = ctas_per_sm;
+        if (min_kv_chunk_tokens >= 0) options.min_kv_chunk_tokens = min_kv_chunk_tokens;
         return std::make_unique<stages::split_kv::SplitKVRunner>(options);
       };
       return info;
@@ -531,11 +534,14 @@ int main(int argc, char** argv) {
                                                           split_kv_variant("03_split_kv[mma_s3]", 3, true),
                                                           split_kv_variant("03_split_kv[mma_s4]", 4, true),
                                                           split_kv_variant("03_split_kv[mma_s5]", 5, true),
+                                                          split_kv_variant("03_split_kv[mma_ctas3]", 0, true, 3),
                                                           split_kv_variant("03_split_kv[mma_ctas6]", 0, true, 6),
+                                                          split_kv_variant("03_split_kv[mma_ctas9]", 0, true, 9),
                                                           split_kv_variant("03_split_kv[mma_ctas12]", 0, true, 12),
                                                           split_kv_variant("03_split_kv[mma_ctas16]", 0, true, 16),
                                                           split_kv_variant("03_split_kv[mma_ctas24]", 0, true, 24),
-                                                          split_kv_variant("03_split_kv[mma_ctas40]", 0, true, 40)};
+                                                          split_kv_variant("03_split_kv[mma_ctas40]", 0, true, 40),
+                                                          split_kv_variant("03_split_kv[mma_chunk64]", 0, true, 0, 64)};
     for (const BenchShape& shape : shapes) {
       const stages::harness::CaseSpec& c = shape.spec;
       if (!sets.count(shape.set) || c.mode != stages::Mode::decode) continue;
