@@ -62,6 +62,7 @@
 #include <cstdint>
 
 #include "04_tensor_core/prefill_attention.cuh"  // exp2_approx
+#include "07_hopper/mbarrier.cuh"
 #include "07_hopper/wgmma.cuh"
 #include "flashstep/kernels/attention_policy.cuh"
 #include "flashstep/kernels/cp_async.cuh"
@@ -152,11 +153,6 @@ struct HopperParams {
 namespace detail {
 
 namespace ptx = cuda::ptx;
-
-__device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
-  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-  }
-}
 
 /// The work of one block: a request's query tile against a range of its keys (all of
 /// them, or one chunk of a split), for one kv head.
@@ -873,7 +869,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     if (threadIdx.x == 0) {
       // no more units: once the consumers are done with the last Q, a unit of -1 ends them
       namespace ptx = cuda::ptx;
-      detail::wait_barrier(smem.q_empty(), (n & 1) ^ 1);
+      wait_barrier(smem.q_empty(), (n & 1) ^ 1);
       *smem.unit() = -1;
       ptx::mbarrier_arrive(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full());
     }
@@ -891,7 +887,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     // The block's n-th unit comes with its Q, the producer storing its number before the
     // copy. Lane 0 reads the number and hands it to its warp: the same lane later frees Q
     // (q_empty), so the read is ordered before the producer's next store by its own program.
-    detail::wait_barrier(smem.q_full(), n & 1);
+    wait_barrier(smem.q_full(), n & 1);
     int u = 0;
     if (lane == 0) u = *smem.unit();
     u = __shfl_sync(0xffffffffu, u, 0);

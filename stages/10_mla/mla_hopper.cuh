@@ -47,6 +47,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "07_hopper/mbarrier.cuh"
 #include "07_hopper/wgmma.cuh"
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
@@ -87,11 +88,6 @@ enum class MlaBarrier : uint32_t {
 };
 __device__ __forceinline__ void bar_sync(MlaBarrier b) {
   asm volatile("bar.sync %0, 256;\n" ::"r"(uint32_t(b)) : "memory");
-}
-
-__device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
-  while (!ptx::mbarrier_try_wait_parity(bar, parity)) {
-  }
 }
 
 /// Element offset of (row, 16-byte chunk) in a tile of 64-column blocks of 64 rows, each
@@ -162,7 +158,7 @@ __device__ __forceinline__ void produce(const MlaParams<T>& p, const MlaWorkItem
     // the next tile's page ids, read before this tile's copies (each a memory clobber)
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) next[i] = j + 1 < num_tiles ? pool_row(p, w, j + 1, key0 + 16 * i) : -1;
-    if (j >= Tile::kStages) wait_barrier(smem.empty(stage), ((j / Tile::kStages) & 1) ^ 1);
+    if (j >= Tile::kStages) hopper::wait_barrier(smem.empty(stage), ((j / Tile::kStages) & 1) ^ 1);
     T* tile = smem.tile(stage);
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
@@ -184,7 +180,7 @@ __device__ __forceinline__ void produce(const MlaParams<T>& p, const MlaWorkItem
 /// A cache tile (or Q) has landed. cp.async wrote it through the generic proxy and wgmma
 /// reads shared memory through the async proxy: a proxy fence orders them.
 __device__ __forceinline__ void wait_tile(uint64_t* full, uint32_t phase) {
-  wait_barrier(full, phase);
+  hopper::wait_barrier(full, phase);
   ptx::fence_proxy_async(ptx::space_shared);
 }
 
