@@ -135,6 +135,77 @@ __device__ __forceinline__ void merge_lanes_and_store(kernels::SoftmaxState<4>& 
   }
 }
 
+/// The merge of one request's rows by one block of any size: the partial rows
+/// first_item .. end_item of query heads first_head .. first_head + num_heads - 1 (a kv
+/// head's group) merged exactly (SoftmaxState::merge, as merge_states_kernel) into o and
+/// lse. Thread t takes 4 dims (a column) of one head and one lane of rows (rows lane, lane
+/// + lanes, ...), folded by fold_states with IN_FLIGHT loads in flight, through L2 (other
+/// blocks of the grid wrote the rows); the lanes' states then meet in shared memory and
+/// lane 0 writes. Used by the last block of a request in a fused merge: stage 03's
+/// tensor-core kernel (mma_decode.cuh) and stage 09's POD decode blocks. Collective over
+/// the block.
+/// \param buf (blockDim.x * 6) floats of shared memory no copy is still writing
+template <typename T, int HEAD_DIM, int IN_FLIGHT>
+__device__ __forceinline__ void merge_request_chunks(const float* partial_o, const float* partial_lse, T* o, float* lse,
+                                                     int num_qo_heads, int first_head, int num_heads, int b,
+                                                     int first_item, int end_item, float* buf) {
+  const int columns = num_heads * (HEAD_DIM / 4);  // 4-float columns of the group's heads
+  const int threads = blockDim.x;
+  const int lanes = columns >= threads ? 1 : threads / columns;
+  const int per_pass = threads / lanes;  // columns merged at once
+  const int lane = threadIdx.x / per_pass;
+  float* lane_o = buf;                                    // [lanes][per_pass][4]
+  float* lane_m = lane_o + 4 * threads;                   // [lanes][per_pass]
+  float* lane_d = lane_m + threads;                       // [lanes][per_pass]
+  for (int base = 0; base < columns; base += per_pass) {  // the same trip count in every thread
+    const int col = base + threadIdx.x % per_pass;
+    const bool active = lane < lanes && col < columns;
+    const int qo_head = first_head + col / (HEAD_DIM / 4), c = col % (HEAD_DIM / 4);
+    kernels::SoftmaxState<4> st;
+    st.init();
+    if (active) {
+      fold_states<HEAD_DIM, IN_FLIGHT, true>(st, partial_o, partial_lse, num_qo_heads, qo_head, c, first_item + lane,
+                                             end_item, lanes);
+      if (lane > 0) {
+        const int slot = threadIdx.x;  // = lane * per_pass + column in pass
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lane_o[4 * slot + e] = st.o[e];
+        lane_m[slot] = st.m;
+        lane_d[slot] = st.d;
+      }
+    }
+    __syncthreads();
+    if (active && lane == 0) {
+      for (int l = 1; l < lanes; ++l) {
+        const int slot = l * per_pass + threadIdx.x;
+        const float o_b[4] = {lane_o[4 * slot], lane_o[4 * slot + 1], lane_o[4 * slot + 2], lane_o[4 * slot + 3]};
+        st.merge(lane_m[slot], lane_d[slot], o_b);
+      }
+      float out[4];
+      st.output(out);
+      const int64_t row = int64_t{b} * num_qo_heads + qo_head;
+      store4<T>(o + row * HEAD_DIM + c * 4, out);
+      if (c == 0 && lse != nullptr) lse[row] = st.lse();
+    }
+    __syncthreads();  // the buffers are reused by the next pass
+  }
+}
+
+/// Counts this block on `counter`, one of `chunks` blocks whose partial rows one merge
+/// needs, and says whether it is the last: then every other block's rows were written and
+/// made visible before they counted, and this block may merge them (merge_request_chunks).
+/// Each block fences its own rows before it counts, so the count orders the writes; the
+/// last block fences again before it reads. The last block must put the counter back to 0
+/// once it has merged (the next run, or graph replay, counts from 0). Collective over the
+/// block (two barriers; thread 0's answer reaches the others through __syncthreads_or).
+__device__ __forceinline__ bool last_to_count(int32_t* counter, int chunks) {
+  __threadfence();  // this block's partial rows are visible device-wide before it is counted
+  __syncthreads();
+  const bool last = __syncthreads_or(threadIdx.x == 0 && atomicAdd(counter, 1) == chunks - 1) != 0;
+  if (last) __threadfence();  // and every other block's rows, counted before ours, are read after it
+  return last;
+}
+
 /// Merges request r's partial rows o_indptr[r] .. o_indptr[r+1] (any number, 0 included:
 /// then o = 0, lse = -inf) into its o and lse for one query head. grid = (num_qo_heads,
 /// batch_size), kMergeThreads threads; launched after chunk_decode_kernel, programmatically
