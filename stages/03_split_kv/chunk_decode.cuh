@@ -40,16 +40,12 @@ struct ChunkDecodeParams {
   float* partial_lse = nullptr;  ///< split: (padded_batch_size, num_qo_heads) natural log
   T* o = nullptr;                ///< no split: (batch_size, num_qo_heads, head_dim)
   float* lse = nullptr;          ///< no split: (batch_size, num_qo_heads) natural log
-  // A fused merge (the tensor-core kernel's, stage 09's decode blocks): the last block of a
-  // request and kv head merges its partial rows. Null counters: merge_states_kernel merges.
-  const int32_t* o_indptr = nullptr;  ///< (batch_size + 1) request r's items
-  int32_t* merge_counters = nullptr;  ///< (batch_size, num_kv_heads) counters, 0 between runs
-  int num_qo_heads = 0;               ///< query heads, Hq (the row stride of q, o and the partials)
-  int group_size = 0;                 ///< num_qo_heads / num_kv_heads
-  int bdy = 0;                        ///< ceil(group_size / DecodeTraits::HPT)
-  int bdz = 0;                        ///< kThreads / (BDX * bdy)
-  int num_stages = 0;                 ///< pipeline depth, 2..8
-  float sm_scale_log2 = 0.f;          ///< sm_scale * k_scale * log2(e), folded into q once
+  int num_qo_heads = 0;          ///< query heads, Hq (the row stride of q, o and the partials)
+  int group_size = 0;            ///< num_qo_heads / num_kv_heads
+  int bdy = 0;                   ///< ceil(group_size / DecodeTraits::HPT)
+  int bdz = 0;                   ///< kThreads / (BDX * bdy)
+  int num_stages = 0;            ///< pipeline depth, 2..8
+  float sm_scale_log2 = 0.f;     ///< sm_scale * k_scale * log2(e), folded into q once
   /// Folded into each chunk's normalisation, so the partial rows (and the merge, linear in
   /// them) already carry it.
   float v_scale = 1.f;

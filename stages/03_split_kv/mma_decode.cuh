@@ -50,7 +50,6 @@
 #include <cstdint>
 
 #include "03_split_kv/chunk_decode.cuh"
-#include "03_split_kv/merge_states.cuh"
 #include "flashstep/kernels/cp_async.cuh"
 #include "flashstep/kernels/mma.cuh"
 #include "flashstep/kernels/paged_kv.cuh"
@@ -77,7 +76,6 @@ struct MmaDecodeTraits {
 
   /// Bytes of the merge buffers: each warp's o (MAX_GROUP x D fp32), m and sum per head.
   static constexpr size_t merge_bytes() { return size_t(kWarps) * MAX_GROUP * (HEAD_DIM + 2) * sizeof(float); }
-  static_assert(merge_bytes() >= sizeof(float) * 6 * kThreads, "the fused merge's buffers reuse the merge's");
   /// Dynamic shared memory of a launch with `num_stages` stages.
   static constexpr size_t smem_bytes(int num_stages) {
     const size_t pipeline = size_t(num_stages) * STAGE_BYTES;
@@ -201,9 +199,6 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;  // mma.cuh's row group and place in it
   const int G = p.group_size;
-  // The fused merge's span of the request's items (used at the end; loaded now).
-  const bool fused_merge = p.partition_kv && p.merge_counters != nullptr;
-  const int first_item = fused_merge ? p.o_indptr[b] : 0, end_item = fused_merge ? p.o_indptr[b + 1] : 0;
 
   // ---- Q^T's B fragments (every warp loads the same: L1 hits), and a score unit's scale.
   uint32_t qb[Tr::KSTEPS][2];
@@ -388,16 +383,6 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
       if (d == 0 && p.lse != nullptr) p.lse[row] = lse;
     }
   }
-
-  // ---- the fused merge: the last of request b's blocks for this kv head to count itself
-  // merges the request's partial rows into o and lse (merge_states.cuh), where stage 03's
-  // chunk kernel leaves them to merge_states_kernel.
-  if (!fused_merge) return;
-  int32_t* counter = p.merge_counters + int64_t{b} * (p.num_qo_heads / G) + kv_head;
-  if (!last_to_count(counter, end_item - first_item)) return;
-  merge_request_chunks<T, HEAD_DIM, 8>(p.partial_o, p.partial_lse, p.o, p.lse, p.num_qo_heads, kv_head * G, G, b,
-                                       first_item, end_item, reinterpret_cast<float*>(smem));
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
 }
 
 }  // namespace flashstep::stages::split_kv

@@ -148,20 +148,12 @@ void launch_mma(const LaunchArgs& a, cudaStream_t stream) {
   const WorkspaceLayout& w = *a.layout;
   ChunkDecodeParams<T, KV> p;
   fill_chunk_params<T, HEAD_DIM, KV>(a, p);
-  // A split plan's rows are merged by the last block of each request (the fused merge),
-  // except for fp32 states, whose merge writes fp32: merge_states_kernel's instantiation.
-  const bool fused = a.plan->split_kv && !a.fp32_states;
-  if (fused) {
-    p.o_indptr = reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr);
-    p.merge_counters = reinterpret_cast<int32_t*>(a.workspace + w.merge_counters);
-  }
   const dim3 grid(s.num_kv_heads, a.plan->padded_batch_size);
   mma_decode_kernel<T, HEAD_DIM, Format>
       <<<grid, MmaDecodeTraits<HEAD_DIM, sizeof(KV)>::kThreads, a.smem_bytes, stream>>>(p);
   kernels::check_launch("mma_decode_kernel");
-  if (!fused)
-    launch_merge_of<T, HEAD_DIM>(a, p.partial_o, p.partial_lse, p.o, p.lse,
-                                 reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
+  launch_merge_of<T, HEAD_DIM>(a, p.partial_o, p.partial_lse, p.o, p.lse,
+                               reinterpret_cast<const int32_t*>(a.workspace + w.o_indptr), stream);
 }
 
 template <typename T, int HEAD_DIM, typename KV>
@@ -494,8 +486,6 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
   at = align_up(at + sizeof(int32_t) * w.capacity);
   w.block_valid_mask = at;
   at = align_up(at + w.capacity);
-  w.merge_counters = at;  // plan() copies zeros; the last block of a fused merge puts its counter back to 0
-  at = align_up(at + (w.partial_rows > 0 ? sizeof(int32_t) * size_t(batch_size) * num_kv_heads : 0));
   w.schedule_bytes = at;
   w.partial_o = at;
   at = align_up(at + sizeof(float) * size_t(w.partial_rows) * num_qo_heads * head_dim);
@@ -620,7 +610,6 @@ void SplitKVRunner::plan(const BatchShape& shape, void* workspace, size_t worksp
               sizeof(int32_t) * plan.kv_tile_indices.size());
   std::memcpy(staged + layout.o_indptr, plan.o_indptr.data(), sizeof(int32_t) * plan.o_indptr.size());
   std::memcpy(staged + layout.block_valid_mask, plan.block_valid_mask.data(), plan.block_valid_mask.size());
-  std::memset(staged + layout.merge_counters, 0, layout.schedule_bytes - layout.merge_counters);
   // Each real work item's first page (an index into kv_indices) and its length in tokens,
   // from the host copy of the lengths: the kernel starts with the page ids.
   auto* page_begin = reinterpret_cast<int32_t*>(staged + layout.kv_page_begin);

@@ -164,7 +164,6 @@ struct WorkspaceLayout {
   size_t kv_page_begin = 0;     ///< int32 [capacity]: work item k's first page, an index into kv_indices
   size_t kv_chunk_len = 0;      ///< int32 [capacity]: work item k's tokens
   size_t block_valid_mask = 0;  ///< uint8 [capacity]
-  size_t merge_counters = 0;    ///< int32 [batch_size][num_kv_heads] where it may split (the fused merge), zeros
   size_t schedule_bytes = 0;    ///< bytes [0, schedule_bytes): what plan() copies
   size_t partial_o = 0;         ///< fp32 [partial_rows][num_qo_heads][head_dim]
   size_t partial_lse = 0;       ///< fp32 [partial_rows][num_qo_heads]

@@ -7,7 +7,7 @@
 /// Stage 03's chunk_decode_kernel steps, then: each block that wrote a partial row counts
 /// itself on its (request, kv head) counter; the block that brings the count to the
 /// request's number of chunks is the last, so every other row is written, and it merges
-/// them into o and lse (stage 03's merge_request_chunks), then puts the counter back to 0 for the next
+/// them into o and lse (merge_request_chunks), then puts the counter back to 0 for the next
 /// run or graph replay. A request of one chunk writes o and lse directly.
 ///
 ///     block (kv head h, item k of request r):  write row k   -> fence -> n = ++count[r][h]
@@ -25,10 +25,67 @@
 
 namespace flashstep::stages::engine {
 
-/// Arguments of chunk_decode_fused_block: stage 03's chunk kernel's, whose o_indptr and
-/// merge_counters the last block needs.
+/// Arguments of chunk_decode_fused_block: stage 03's chunk kernel's, and what the last
+/// block needs.
 template <typename T, typename KV = T>
-using FusedChunkDecodeParams = split_kv::ChunkDecodeParams<T, KV>;
+struct FusedChunkDecodeParams : split_kv::ChunkDecodeParams<T, KV> {
+  const int32_t* o_indptr = nullptr;  ///< (batch_size + 1) request r's items
+  int32_t* merge_counters = nullptr;  ///< (batch_size, num_kv_heads) counters, 0 between runs
+};
+
+/// The fused merge, by the last block of request b for one kv head: the partial rows
+/// first_item .. end_item of the group's query heads, merged exactly (SoftmaxState::merge,
+/// as stage 03's merge_states_kernel does) into o and lse. The whole block works on it, as
+/// the merge kernel's blocks do: thread t takes 4 dims (a column) of one head and one lane of rows
+/// (rows lane, lane + lanes, ...), folded by the merge kernel's fold_states with 8 loads in
+/// flight, through L2 (other blocks wrote the rows); the lanes' states then meet in shared
+/// memory and lane 0 writes.
+/// \param buf (blockDim.x * 6) floats of shared memory no copy is still writing
+template <typename T, int HEAD_DIM, typename KV>
+__device__ __forceinline__ void merge_request_chunks(const FusedChunkDecodeParams<T, KV>& p, int b, int kv_head,
+                                                     int first_item, int end_item, float* buf) {
+  constexpr int kInFlight = 8;
+  const int columns = p.group_size * (HEAD_DIM / 4);  // 4-float columns of the group's heads
+  const int threads = blockDim.x;
+  const int lanes = columns >= threads ? 1 : threads / columns;
+  const int per_pass = threads / lanes;  // columns merged at once
+  const int lane = threadIdx.x / per_pass;
+  float* lane_o = buf;                                    // [lanes][per_pass][4]
+  float* lane_m = lane_o + 4 * threads;                   // [lanes][per_pass]
+  float* lane_d = lane_m + threads;                       // [lanes][per_pass]
+  for (int base = 0; base < columns; base += per_pass) {  // the same trip count in every thread
+    const int col = base + threadIdx.x % per_pass;
+    const bool active = lane < lanes && col < columns;
+    const int qo_head = kv_head * p.group_size + col / (HEAD_DIM / 4), c = col % (HEAD_DIM / 4);
+    kernels::SoftmaxState<4> st;
+    st.init();
+    if (active) {
+      split_kv::fold_states<HEAD_DIM, kInFlight, true>(st, p.partial_o, p.partial_lse, p.num_qo_heads, qo_head, c,
+                                                       first_item + lane, end_item, lanes);
+      if (lane > 0) {
+        const int slot = threadIdx.x;  // = lane * per_pass + column in pass
+#pragma unroll
+        for (int e = 0; e < 4; ++e) lane_o[4 * slot + e] = st.o[e];
+        lane_m[slot] = st.m;
+        lane_d[slot] = st.d;
+      }
+    }
+    __syncthreads();
+    if (active && lane == 0) {
+      for (int l = 1; l < lanes; ++l) {
+        const int slot = l * per_pass + threadIdx.x;
+        const float o_b[4] = {lane_o[4 * slot], lane_o[4 * slot + 1], lane_o[4 * slot + 2], lane_o[4 * slot + 3]};
+        st.merge(lane_m[slot], lane_d[slot], o_b);
+      }
+      float out[4];
+      st.output(out);
+      const int64_t row = int64_t{b} * p.num_qo_heads + qo_head;
+      split_kv::store4<T>(p.o + row * HEAD_DIM + c * 4, out);
+      if (c == 0) p.lse[row] = st.lse();
+    }
+    __syncthreads();  // the buffers are reused by the next pass
+  }
+}
 
 /// One block of stage 03's chunk kernel for the valid work item `item` and kv head
 /// `kv_head`, over `smem_raw` (split_kv::chunk_decode_smem_bytes of dynamic shared memory),
@@ -60,12 +117,16 @@ __device__ __forceinline__ void chunk_decode_fused_block(const FusedChunkDecodeP
   if (holds) split_kv::store_chunk_state<T, HEAD_DIM, KV>(p, th, state, kv_head, item, b, direct);
   if (direct) return;
 
-  // ---- the last of the request's blocks for this kv head merges (stage 03's merge_states.cuh).
+  // ---- the last of the request's blocks for this kv head merges.
+  __shared__ int is_last;
+  __threadfence();  // this block's partial row is visible device-wide before it is counted
+  __syncthreads();
   int32_t* counter = p.merge_counters + int64_t{b} * num_kv_heads + kv_head;
-  if (!split_kv::last_to_count(counter, end_item - first_item)) return;
-  split_kv::merge_request_chunks<T, HEAD_DIM, 8>(p.partial_o, p.partial_lse, p.o, p.lse, p.num_qo_heads,
-                                                 kv_head * p.group_size, p.group_size, b, first_item, end_item,
-                                                 reinterpret_cast<float*>(smem_raw));
+  if (threadIdx.x == 0) is_last = atomicAdd(counter, 1) == end_item - first_item - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();  // and every other block's rows, counted before ours, are read after it
+  merge_request_chunks<T, HEAD_DIM>(p, b, kv_head, first_item, end_item, reinterpret_cast<float*>(smem_raw));
   if (threadIdx.x == 0) *counter = 0;  // ready for the next run, or the next graph replay
 }
 

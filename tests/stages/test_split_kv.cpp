@@ -361,8 +361,8 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(w.capacity == 33);      // G / H = 264 / 8 work items at most
   CHECK(w.partial_rows == 33);  // 3 * 8 < 264: this batch may split
   const std::vector<size_t> starts = {
-      w.header,           w.request_indices, w.kv_tile_indices, w.o_indptr,    w.kv_page_begin, w.kv_chunk_len,
-      w.block_valid_mask, w.merge_counters,  w.partial_o,       w.partial_lse, w.bytes};
+      w.header,       w.request_indices,  w.kv_tile_indices, w.o_indptr,    w.kv_page_begin,
+      w.kv_chunk_len, w.block_valid_mask, w.partial_o,       w.partial_lse, w.bytes};
   for (size_t i = 0; i < starts.size(); ++i) CHECK(starts[i] % kWorkspaceAlignment == 0);
   CHECK(w.request_indices >= w.header + sizeof(split_kv::SplitKVHeader));
   CHECK(w.kv_tile_indices >= w.request_indices + 4 * 33);
@@ -370,8 +370,7 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(w.kv_page_begin >= w.o_indptr + 4 * 4);
   CHECK(w.kv_chunk_len >= w.kv_page_begin + 4 * 33);
   CHECK(w.block_valid_mask >= w.kv_chunk_len + 4 * 33);
-  CHECK(w.merge_counters >= w.block_valid_mask + 33);
-  CHECK(w.schedule_bytes >= w.merge_counters + 4 * 3 * 8);  // a counter per (request, kv head), copied as zeros
+  CHECK(w.schedule_bytes >= w.block_valid_mask + 33);
   CHECK(w.partial_o == w.schedule_bytes);
   CHECK(w.partial_lse >= w.partial_o + sizeof(float) * 33 * 32 * 128);
   CHECK(w.bytes >= w.partial_lse + sizeof(float) * 33 * 32);
@@ -381,7 +380,6 @@ TEST_CASE("split_kv workspace: sections in order, aligned, disjoint, sized by ba
   CHECK(big.capacity == 40);
   CHECK(big.partial_rows == 0);
   CHECK(big.partial_lse == big.partial_o);
-  CHECK(big.schedule_bytes == big.merge_counters);  // and no merge counters
   CHECK_THROWS_WITH_AS(split_kv::make_workspace_layout(0, 32, 8, 128, 264),
                        doctest::Contains("make_workspace_layout: batch_size"), ref::InvalidArgument);
 }
@@ -512,10 +510,7 @@ TEST_CASE("split_kv workspace: every plan of a batch size fits its layout, whate
                                                               int(config.num_kv_heads), 64, plan.max_grid_size);
     CAPTURE(trial);
     CHECK(plan.padded_batch_size <= w.capacity);
-    if (plan.split_kv) {
-      CHECK(plan.padded_batch_size <= w.partial_rows);
-      CHECK(w.schedule_bytes - w.merge_counters >= sizeof(int32_t) * size_t(batch) * size_t(config.num_kv_heads));
-    }
+    if (plan.split_kv) CHECK(plan.padded_batch_size <= w.partial_rows);
   }
 }
 
