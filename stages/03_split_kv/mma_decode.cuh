@@ -73,6 +73,7 @@ struct MmaDecodeTraits {
   static constexpr int PASSES = TILE / ROWS_PER_PASS;       ///< copy passes per tile (K and V each)
   static_assert(CHUNKS >= 8 && kThreads % CHUNKS == 0 && TILE % ROWS_PER_PASS == 0,
                 "a row must be 8 or more chunks (the swizzle), and a tile whole copy passes");
+  static_assert(PASSES <= 16, "a thread's consecutive rows must fit in two pages of 16 keys or more");
 
   /// Bytes of the merge buffers: each warp's o (MAX_GROUP x D fp32), m and sum per head.
   static constexpr size_t merge_bytes() { return size_t(kWarps) * MAX_GROUP * (HEAD_DIM + 2) * sizeof(float); }
@@ -216,34 +217,47 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
 #pragma unroll
   for (int i = 0; i < Tr::KSTEPS; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
-  // ---- the copies: thread tid copies chunk tid % CHUNKS of rows tid / CHUNKS + pass *
-  // ROWS_PER_PASS, of K and of V, for every tile.
+  // ---- the copies: thread tid copies chunk tid % CHUNKS of PASSES consecutive key rows,
+  // (tid / CHUNKS) * PASSES + 0 .. PASSES-1 of each tile, of K and of V. Pages hold 16 keys
+  // or more (kMmaMinPageSize) and PASSES <= 16, so a thread's rows lie in at most two pages:
+  // fetch() reads their two ids a tile ahead, and issue() turns them into addresses only
+  // once they have long landed, so no warp waits on the page table between tiles.
   const uint8_t* pool = reinterpret_cast<const uint8_t*>(p.kv.pool);
   const int64_t v_bytes = p.kv.stride_kv * int64_t{sizeof(KV)};
-  const int copy_chunk = threadIdx.x % Tr::CHUNKS, copy_row = threadIdx.x / Tr::CHUNKS;
+  const int64_t token_bytes = p.kv.stride_token * int64_t{sizeof(KV)};
+  const int64_t head_bytes = kv_head * p.kv.stride_head * int64_t{sizeof(KV)};
+  const int copy_chunk = threadIdx.x % Tr::CHUNKS, copy_row = (threadIdx.x / Tr::CHUNKS) * Tr::PASSES;
   const int num_tiles = (len + Tr::TILE - 1) / Tr::TILE;
   const int S = p.num_stages;
-  int64_t src[Tr::PASSES];  // byte offset of this thread's K chunk of the next tile to issue, -1: past the chunk
+  struct Rows {
+    int32_t page[2];  // the ids of the pages of the thread's first row and of the next
+    uint32_t slot;    // the first row's slot in page[0]
+    int valid;        // rows before the end of the chunk, 0 .. PASSES
+  } next;
   auto fetch = [&](int tile) {
-#pragma unroll
-    for (int r = 0; r < Tr::PASSES; ++r) {
-      const int tok = tile * Tr::TILE + r * Tr::ROWS_PER_PASS + copy_row;
-      src[r] = -1;
-      if (tok < len) {
-        uint32_t page_iter, slot;
-        p.kv.page_size.divmod(static_cast<uint32_t>(tok), page_iter, slot);
-        src[r] = p.kv.offset(p.kv.kv_indices[page_begin + page_iter], slot, kv_head) * int64_t{sizeof(KV)} +
-                 copy_chunk * 16;
-      }
-    }
+    const int tok = tile * Tr::TILE + copy_row;
+    uint32_t page_iter, slot;
+    p.kv.page_size.divmod(static_cast<uint32_t>(tok), page_iter, slot);
+    const int in_first = static_cast<int>(p.kv.page_size.divisor - slot);  // rows in page[0]
+    next.slot = slot;
+    next.valid = min(max(len - tok, 0), Tr::PASSES);
+    next.page[0] = next.valid > 0 ? p.kv.kv_indices[page_begin + page_iter] : 0;
+    next.page[1] = next.valid > in_first ? p.kv.kv_indices[page_begin + page_iter + 1] : next.page[0];
   };
   auto issue = [&](int stage) {
     uint8_t* base = smem + stage * Tr::STAGE_BYTES;
+    const int in_first = static_cast<int>(p.kv.page_size.divisor - next.slot);
+    // byte offsets of the rows' chunk in the first page and (counted from the same first
+    // slot) in the second
+    const int64_t at0 = next.page[0] * p.kv.stride_page * int64_t{sizeof(KV)} + next.slot * token_bytes + head_bytes +
+                        copy_chunk * 16;
+    const int64_t at1 = at0 + (next.page[1] - int64_t{next.page[0]}) * p.kv.stride_page * int64_t{sizeof(KV)} -
+                        int64_t{p.kv.page_size.divisor} * token_bytes;
 #pragma unroll
     for (int r = 0; r < Tr::PASSES; ++r) {
-      uint8_t* dst = base + Tr::chunk_offset(r * Tr::ROWS_PER_PASS + copy_row, copy_chunk);
-      const bool ok = src[r] >= 0;
-      const uint8_t* from = pool + (ok ? src[r] : 0);
+      uint8_t* dst = base + Tr::chunk_offset(copy_row + r, copy_chunk);
+      const bool ok = r < next.valid;
+      const uint8_t* from = pool + (ok ? (r < in_first ? at0 : at1) + r * token_bytes : 0);
       kernels::cp_async_16(dst, from, ok);  // rows past the chunk are zero-filled
       kernels::cp_async_16(dst + Tr::TILE * Tr::ROW_BYTES, from + (ok ? v_bytes : 0), ok);
     }

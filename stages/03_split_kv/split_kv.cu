@@ -385,12 +385,17 @@ double lpt_makespan(std::vector<double> sizes, int bins) {
 
 }  // namespace
 
+// A thread of the tensor-core kernel copies PASSES consecutive keys, which must lie in at
+// most two pages (mma_decode.cuh, "the copies").
+static_assert(MmaDecodeTraits<128, 2>::PASSES <= kMmaMinPageSize && MmaDecodeTraits<128, 1>::PASSES <= kMmaMinPageSize,
+              "kMmaMinPageSize must cover a copy thread's keys");
+
 bool tensor_core_decode_takes(const BatchShape& shape) {
   const DType kv = shape.resolved_kv_dtype();
-  const bool format = is_fp8(kv) || (kv == shape.dtype && shape.pos_encoding == PosEncoding::none &&
-                                     !(shape.logits_soft_cap > 0.f) && shape.page_size >= kMmaMinPageSize);
-  return format && (shape.dtype == DType::f16 || shape.dtype == DType::bf16) && shape.head_dim == 128 &&
-         shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP;
+  const bool format = is_fp8(kv) ||
+                      (kv == shape.dtype && shape.pos_encoding == PosEncoding::none && !(shape.logits_soft_cap > 0.f));
+  return format && shape.page_size >= kMmaMinPageSize && (shape.dtype == DType::f16 || shape.dtype == DType::bf16) &&
+         shape.head_dim == 128 && shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP;
 }
 
 int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {

@@ -28,7 +28,7 @@ constexpr int kMaxPageSize = 64;
 /// Pipeline depth of the tensor-core kernel (mma_decode.cuh) when SplitKVOptions::num_stages
 /// is 0, for an FP8 cache (16 KB stages of 64 keys) as for K/V in q's dtype (32 KB).
 constexpr int kMmaStages = 2;
-/// Smallest page (tokens) on which 16-bit K/V runs the tensor-core kernel (split_kv.cu, uses_mma).
+/// Smallest page (tokens) on which the tensor-core kernel runs (split_kv.cu, uses_mma).
 constexpr int kMmaMinPageSize = 16;
 /// What run() computes with; plan() chooses.
 enum class DecodePath : int32_t {
@@ -193,9 +193,10 @@ WorkspaceLayout make_workspace_layout(int batch_size, int num_qo_heads, int num_
 
 /// Whether mma_decode.cuh's tensor-core kernel takes `shape` (plan() runs it when
 /// SplitKVOptions::tensor_cores is on and the path is not forced unsplit): fp16/bf16 q,
-/// head_dim 128, a group that fits the n8 operand, and K/V either FP8 or in q's dtype with no
-/// policy the kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's). 16-bit K/V
-/// also needs pages of kMmaMinPageSize tokens or more: on an H200 at batch 128 x 8192 keys
+/// head_dim 128, a group that fits the n8 operand, K/V either FP8 or in q's dtype with no
+/// policy the kernel lacks (RoPE in the loads, the soft cap: the chunk kernel's), and pages
+/// of kMmaMinPageSize tokens or more (a copy thread's keys lie in at most two pages). For
+/// 16-bit K/V that is also where it pays: on an H200 at batch 128 x 8192 keys
 /// the tensor-core kernel ran pages of 1 at 0.87x the CUDA-core loop (a development run),
 /// pages of 16 and 64 at 1.25x and 1.30x (docs/results/03_split_kv/h200_decode_2026-11-29_1a47ddb.json;
 /// the chapter, "On an H200: instructions, not bytes").
