@@ -340,20 +340,30 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
                "options.device must have a positive read_bytes_per_second and num_sm >= 1");
   r.num_sm = options.num_sm > 0 ? options.num_sm : r.device.num_sm;
   r.device.num_sm = r.num_sm;
-  // Depth: stage 02's two 32 KB stages, one tile in flight while one is computed; with
+  // The chunk kernel's depth: stage 02's two 32 KB stages, one tile in flight while one is computed; with
   // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
   // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
   // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.mma = uses_mma(options, shape);
-  // The tensor-core kernel: stages of 64 keys of K and V (16 KB FP8, 32 KB 16-bit).
+  // The tensor-core kernel: stages of 64 keys of K and V (16 KB FP8, 32 KB 16-bit), two, or
+  // three over one wave (mma_num_stages).
   r.num_stages = options.num_stages > 0 ? options.num_stages : r.mma ? kMmaStages : 2;
   r.entry = r.mma ? mma_entry_for(shape.dtype, shape.resolved_kv_dtype()) : entry_for(shape);
-  r.smem_bytes = r.entry.smem_bytes(r.num_stages, shape.group_size());
-  if (sinks_reason(shape).empty()) {  // a run may bring sinks: the chunk kernel under their policy
+  if (sinks_reason(shape).empty())  // a run may bring sinks: the chunk kernel under their policy
     r.sinks = policy_kernel_entry_for<sinks::Sinks>(shape.dtype, shape.head_dim);
-    r.smem_bytes = std::max(r.smem_bytes, r.sinks.smem_bytes(r.num_stages, shape.group_size()));
+  const auto smem_at = [&](int num_stages) {
+    size_t bytes = r.entry.smem_bytes(num_stages, shape.group_size());
+    if (r.sinks.launch) bytes = std::max(bytes, r.sinks.smem_bytes(num_stages, shape.group_size()));
+    return bytes;
+  };
+  r.smem_bytes = smem_at(r.num_stages);
+  int kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
+  if (r.mma && options.num_stages == 0 &&
+      mma_num_stages(kernel_blocks, r.num_sm, shape.batch_size, shape.num_kv_heads) != r.num_stages) {
+    r.num_stages = mma_num_stages(kernel_blocks, r.num_sm, shape.batch_size, shape.num_kv_heads);
+    r.smem_bytes = smem_at(r.num_stages);
+    kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);
   }
-  const int kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
   int blocks = kernel_blocks;
   if (r.sinks.launch) blocks = std::min(blocks, kernel_setup(device, r.smem_bytes, r.sinks));  // the same grid must fit
   r.ctas_per_sm = options.ctas_per_sm > 0 ? options.ctas_per_sm
@@ -412,6 +422,10 @@ int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, i
     if (busy >= 0.95) break;
   }
   return best_k == 1 ? planned_blocks : static_cast<int>((best_k * grid + num_sm - 1) / num_sm);
+}
+
+int mma_num_stages(int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
+  return int64_t{batch_size} * num_kv_heads > int64_t{num_sm} * kernel_blocks ? kMmaWaveStages : kMmaStages;
 }
 
 const char* to_string(DecodePath path) {

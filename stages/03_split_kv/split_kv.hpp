@@ -26,8 +26,12 @@ constexpr int kMaxGroupSize = 8;
 /// Largest page_size it is tested for (any positive page_size works), as stage 02.
 constexpr int kMaxPageSize = 64;
 /// Pipeline depth of the tensor-core kernel (mma_decode.cuh) when SplitKVOptions::num_stages
-/// is 0, for an FP8 cache (16 KB stages of 64 keys) as for K/V in q's dtype (32 KB).
+/// is 0 and its grid fits one wave, for an FP8 cache (16 KB stages of 64 keys) as for K/V in
+/// q's dtype (32 KB).
 constexpr int kMmaStages = 2;
+/// Its depth when SplitKVOptions::num_stages is 0 and the grid runs over one wave
+/// (mma_num_stages).
+constexpr int kMmaWaveStages = 3;
 /// Smallest page (tokens) on which the tensor-core kernel runs (split_kv.cu, uses_mma).
 constexpr int kMmaMinPageSize = 16;
 /// What run() computes with; plan() chooses.
@@ -215,6 +219,15 @@ bool tensor_core_decode_takes(const BatchShape& shape);
 int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads);
 /// The most chunks a request mma_planned_ctas_per_sm cuts a grid of over one wave into.
 constexpr int kMaxWaveChunks = 8;
+
+/// The tensor-core kernel's pipeline depth when SplitKVOptions::num_stages is 0:
+/// kMmaWaveStages when its grid of batch_size x num_kv_heads blocks is over one wave of the
+/// num_sm x kernel_blocks slots it has at kMmaStages (`kernel_blocks`: its fit at that
+/// depth), else kMmaStages. Over one wave every SM is full: two blocks of three stages (two
+/// tiles in flight each) read faster than three of two. At one wave or less, where the plan
+/// fills the SMs with two blocks each whatever the depth, two stages were faster. Measured
+/// on an H200 (the chapter, "On an H200").
+int mma_num_stages(int kernel_blocks, int num_sm, int batch_size, int num_kv_heads);
 
 /// plan/run for stage 03.
 ///

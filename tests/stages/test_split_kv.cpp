@@ -415,6 +415,18 @@ TEST_CASE("split_kv: the tensor-core kernel's plan cuts a grid of over one wave 
   CHECK(mma_planned_ctas_per_sm(3, 3, 132, 64, 8) == 12);   // no sinks kernel: the same
 }
 
+TEST_CASE("split_kv: the tensor-core kernel takes three stages over one wave, two within it") {
+  using split_kv::mma_num_stages;
+  // An H200 with 16-bit K/V: 3 blocks an SM at two stages (396 slots); 8 kv heads.
+  CHECK(mma_num_stages(3, 132, 16, 8) == 2);   // 128 blocks
+  CHECK(mma_num_stages(3, 132, 49, 8) == 2);   // 392: one wave
+  CHECK(mma_num_stages(3, 132, 50, 8) == 3);   // 400: over it
+  CHECK(mma_num_stages(3, 132, 128, 8) == 3);  // 1024
+  // A kernel that fits 5 blocks an SM (660 slots), as an FP8 cache's 16 KB stages may.
+  CHECK(mma_num_stages(5, 132, 64, 8) == 2);   // 512
+  CHECK(mma_num_stages(5, 132, 128, 8) == 3);  // 1024
+}
+
 TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
   const double rate = 2.9e12 / 132;           // one SM's share of the read rate
   const double block = 4096.0 * 2 * 128 * 2;  // one (request, kv head) of 4096 keys: K and V, bf16
