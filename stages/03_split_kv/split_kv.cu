@@ -359,10 +359,11 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
   r.smem_bytes = smem_at(r.num_stages);
   int kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);  // plan() makes it, run() does not
   if (r.mma && options.num_stages == 0 &&
-      mma_num_stages(kernel_blocks, r.num_sm, shape.batch_size, shape.num_kv_heads) != r.num_stages) {
-    r.num_stages = mma_num_stages(kernel_blocks, r.num_sm, shape.batch_size, shape.num_kv_heads);
+      int64_t{shape.batch_size} * shape.num_kv_heads > int64_t{r.num_sm} * kernel_blocks) {  // over one wave
+    const int deeper_blocks = kernel_setup(device, smem_at(kMmaWaveStages), r.entry);
+    r.num_stages = mma_num_stages(kernel_blocks, deeper_blocks, r.num_sm, shape.batch_size, shape.num_kv_heads);
     r.smem_bytes = smem_at(r.num_stages);
-    kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);
+    kernel_blocks = kernel_setup(device, r.smem_bytes, r.entry);  // and the limit back, if it stays at two
   }
   int blocks = kernel_blocks;
   if (r.sinks.launch) blocks = std::min(blocks, kernel_setup(device, r.smem_bytes, r.sinks));  // the same grid must fit
@@ -408,9 +409,9 @@ bool tensor_core_decode_takes(const BatchShape& shape) {
          shape.head_dim == 128 && shape.group_size() <= MmaDecodeTraits<128, 2>::MAX_GROUP;
 }
 
-int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
+int mma_wave_chunks(int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
   const int64_t slots = int64_t{num_sm} * kernel_blocks, grid = int64_t{batch_size} * num_kv_heads;
-  if (grid <= slots) return planned_blocks;  // one wave or less: the planner's own split fills it
+  if (grid <= slots) return 1;  // one wave or less: the planner's own split fills it
   // k chunks a request make k x grid blocks, waves / ceil(waves) of the slots' time busy:
   // the fewest chunks that keep 95% of it busy, else the best of kMaxWaveChunks
   int best_k = 1;
@@ -421,11 +422,21 @@ int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, i
     if (busy > best + 1e-9) best = busy, best_k = k;
     if (busy >= 0.95) break;
   }
-  return best_k == 1 ? planned_blocks : static_cast<int>((best_k * grid + num_sm - 1) / num_sm);
+  return best_k;
 }
 
-int mma_num_stages(int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
-  return int64_t{batch_size} * num_kv_heads > int64_t{num_sm} * kernel_blocks ? kMmaWaveStages : kMmaStages;
+int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, int batch_size, int num_kv_heads) {
+  const int k = mma_wave_chunks(kernel_blocks, num_sm, batch_size, num_kv_heads);
+  const int64_t grid = int64_t{batch_size} * num_kv_heads;
+  return k == 1 ? planned_blocks : static_cast<int>((k * grid + num_sm - 1) / num_sm);
+}
+
+int mma_num_stages(int kernel_blocks, int deeper_blocks, int num_sm, int batch_size, int num_kv_heads) {
+  if (int64_t{batch_size} * num_kv_heads <= int64_t{num_sm} * kernel_blocks) return kMmaStages;  // one wave
+  return mma_wave_chunks(deeper_blocks, num_sm, batch_size, num_kv_heads) <=
+                 mma_wave_chunks(kernel_blocks, num_sm, batch_size, num_kv_heads)
+             ? kMmaWaveStages
+             : kMmaStages;
 }
 
 const char* to_string(DecodePath path) {

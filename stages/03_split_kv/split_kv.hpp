@@ -30,7 +30,7 @@ constexpr int kMaxPageSize = 64;
 /// q's dtype (32 KB).
 constexpr int kMmaStages = 2;
 /// Its depth when SplitKVOptions::num_stages is 0 and the grid runs over one wave
-/// (mma_num_stages).
+/// (mma_num_stages, which also says when not).
 constexpr int kMmaWaveStages = 3;
 /// Smallest page (tokens) on which the tensor-core kernel runs (split_kv.cu, uses_mma).
 constexpr int kMmaMinPageSize = 16;
@@ -220,14 +220,19 @@ int mma_planned_ctas_per_sm(int planned_blocks, int kernel_blocks, int num_sm, i
 /// The most chunks a request mma_planned_ctas_per_sm cuts a grid of over one wave into.
 constexpr int kMaxWaveChunks = 8;
 
-/// The tensor-core kernel's pipeline depth when SplitKVOptions::num_stages is 0:
-/// kMmaWaveStages when its grid of batch_size x num_kv_heads blocks is over one wave of the
-/// num_sm x kernel_blocks slots it has at kMmaStages (`kernel_blocks`: its fit at that
-/// depth), else kMmaStages. Over one wave every SM is full: two blocks of three stages (two
-/// tiles in flight each) read faster than three of two. At one wave or less, where the plan
-/// fills the SMs with two blocks each whatever the depth, two stages were faster. Measured
-/// on an H200 (the chapter, "On an H200").
-int mma_num_stages(int kernel_blocks, int num_sm, int batch_size, int num_kv_heads);
+/// The chunks a request mma_planned_ctas_per_sm cuts the grid into for a kernel that fits
+/// `kernel_blocks` an SM (1: one wave or less, or the whole requests already keep 95% busy).
+int mma_wave_chunks(int kernel_blocks, int num_sm, int batch_size, int num_kv_heads);
+
+/// The tensor-core kernel's pipeline depth when SplitKVOptions::num_stages is 0. A grid of
+/// one wave or less of the kMmaStages kernel's slots (`kernel_blocks` an SM) runs at
+/// kMmaStages. A grid over one wave runs at kMmaWaveStages (it fits `deeper_blocks` an SM)
+/// unless that depth's plan cuts the requests into more chunks (mma_wave_chunks) than two
+/// stages' does. Over one wave every SM is full, and two blocks of three stages (two tiles
+/// in flight each) read faster than three of two, unless more chunks add a merge. At one
+/// wave or less, where the plan fills the SMs with two blocks each whatever the depth, two
+/// stages were faster. Measured on an H200 (the chapter, "On an H200").
+int mma_num_stages(int kernel_blocks, int deeper_blocks, int num_sm, int batch_size, int num_kv_heads);
 
 /// plan/run for stage 03.
 ///

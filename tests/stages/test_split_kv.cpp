@@ -415,16 +415,24 @@ TEST_CASE("split_kv: the tensor-core kernel's plan cuts a grid of over one wave 
   CHECK(mma_planned_ctas_per_sm(3, 3, 132, 64, 8) == 12);   // no sinks kernel: the same
 }
 
-TEST_CASE("split_kv: the tensor-core kernel takes three stages over one wave, two within it") {
+TEST_CASE("split_kv: the tensor-core kernel takes three stages over one wave, unless they split more") {
   using split_kv::mma_num_stages;
-  // An H200 with 16-bit K/V: 3 blocks an SM at two stages (396 slots); 8 kv heads.
-  CHECK(mma_num_stages(3, 132, 16, 8) == 2);   // 128 blocks
-  CHECK(mma_num_stages(3, 132, 49, 8) == 2);   // 392: one wave
-  CHECK(mma_num_stages(3, 132, 50, 8) == 3);   // 400: over it
-  CHECK(mma_num_stages(3, 132, 128, 8) == 3);  // 1024
-  // A kernel that fits 5 blocks an SM (660 slots), as an FP8 cache's 16 KB stages may.
-  CHECK(mma_num_stages(5, 132, 64, 8) == 2);   // 512
-  CHECK(mma_num_stages(5, 132, 128, 8) == 3);  // 1024
+  using split_kv::mma_wave_chunks;
+  // An H200 with 16-bit K/V: 3 blocks an SM at two stages (396 slots), 2 at three (264); 8
+  // kv heads, so batch b is 8 b blocks.
+  CHECK(mma_num_stages(3, 2, 132, 16, 8) == 2);  // 128 blocks: one wave
+  CHECK(mma_num_stages(3, 2, 132, 49, 8) == 2);  // 392: one wave
+  CHECK(mma_wave_chunks(3, 132, 64, 8) == 3);    // 512: 3 chunks at two stages (97% busy) ...
+  CHECK(mma_wave_chunks(2, 132, 64, 8) == 1);    // ... none at three (512 / 528)
+  CHECK(mma_num_stages(3, 2, 132, 64, 8) == 3);
+  CHECK(mma_num_stages(3, 2, 132, 128, 8) == 3);  // 1024: 3 chunks against none
+  CHECK(mma_num_stages(3, 2, 132, 50, 8) == 3);   // 400: 8 chunks against 7
+  CHECK(mma_wave_chunks(3, 132, 148, 8) == 1);    // 1184 on 396 slots: 2.99 waves, unsplit ...
+  CHECK(mma_wave_chunks(2, 132, 148, 8) == 2);    // ... on 264: 4.48 waves, 2 chunks
+  CHECK(mma_num_stages(3, 2, 132, 148, 8) == 2);
+  // A kernel that fits 5 blocks an SM at two stages and 4 at three (660 and 528 slots).
+  CHECK(mma_num_stages(5, 4, 132, 64, 8) == 2);   // 512: one wave
+  CHECK(mma_num_stages(5, 4, 132, 128, 8) == 3);  // 1024: 5 chunks against none
 }
 
 TEST_CASE("split_kv cost model: the wave arithmetic, by hand") {
