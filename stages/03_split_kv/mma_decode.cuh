@@ -39,7 +39,8 @@
 /// **Pipeline.** A tile is 16 keys per warp (64 keys, K then V), copied by cp.async into
 /// `num_stages` stages with the XOR swizzle of mma.cuh (16-byte chunk c of key row r at
 /// chunk c ^ (r % 8)), so ldmatrix's eight rows, and the FP8 format's reads, touch 32
-/// different banks. The page ids of the next tile are read one tile ahead.
+/// different banks. A copy thread takes consecutive keys of a tile, in at most two pages:
+/// their page ids are read one tile ahead and made addresses only after the next wait.
 #pragma once
 
 #include <cuda_bf16.h>
