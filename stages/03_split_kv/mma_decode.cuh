@@ -74,7 +74,6 @@ struct MmaDecodeTraits {
   static constexpr int PASSES = TILE / ROWS_PER_PASS;       ///< copy passes per tile (K and V each)
   static_assert(CHUNKS >= 8 && kThreads % CHUNKS == 0 && TILE % ROWS_PER_PASS == 0,
                 "a row must be 8 or more chunks (the swizzle), and a tile whole copy passes");
-  static_assert(PASSES <= 16, "a thread's consecutive rows must fit in two pages of 16 keys or more");
 
   /// Bytes of the merge buffers: each warp's o (MAX_GROUP x D fp32), m and sum per head.
   static constexpr size_t merge_bytes() { return size_t(kWarps) * MAX_GROUP * (HEAD_DIM + 2) * sizeof(float); }
@@ -219,10 +218,10 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
   for (int i = 0; i < Tr::KSTEPS; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
   // ---- the copies: thread tid copies chunk tid % CHUNKS of PASSES consecutive key rows,
-  // (tid / CHUNKS) * PASSES + 0 .. PASSES-1 of each tile, of K and of V. Pages hold 16 keys
-  // or more (kMmaMinPageSize) and PASSES <= 16, so a thread's rows lie in at most two pages:
-  // fetch() reads their two ids a tile ahead, and issue() turns them into addresses only
-  // once they have long landed, so no warp waits on the page table between tiles.
+  // (tid / CHUNKS) * PASSES + 0 .. PASSES-1 of each tile, of K and of V. Pages hold at least
+  // kMmaMinPageSize >= PASSES keys (split_kv.cu asserts it), so a thread's rows lie in at most
+  // two pages: fetch() reads their two ids a tile ahead, and issue() turns them into addresses
+  // only once they have long landed, so no warp waits on the page table between tiles.
   const uint8_t* pool = reinterpret_cast<const uint8_t*>(p.kv.pool);
   const int64_t v_bytes = p.kv.stride_kv * int64_t{sizeof(KV)};
   const int64_t token_bytes = p.kv.stride_token * int64_t{sizeof(KV)};

@@ -340,10 +340,10 @@ Resolved resolve(const SplitKVOptions& options, const BatchShape& shape, const c
                "options.device must have a positive read_bytes_per_second and num_sm >= 1");
   r.num_sm = options.num_sm > 0 ? options.num_sm : r.device.num_sm;
   r.device.num_sm = r.num_sm;
-  // The chunk kernel's depth: stage 02's two 32 KB stages, one tile in flight while one is computed; with
-  // two blocks on every SM (the wave the planner fills) 64 KB in flight per SM. Measured
-  // on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every shape,
-  // split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
+  // The chunk kernel's depth: stage 02's two 32 KB stages, one tile in flight while one is
+  // computed; with two blocks on every SM (the wave the planner fills) 64 KB in flight per SM.
+  // Measured on an H100 with bench/split_kv_tune.cpp: 3 and 4 stages were slower on every
+  // shape, split or not (bench/split_kv_tune.cpp, docs/results/03_split_kv_tune_h100.json).
   r.mma = uses_mma(options, shape);
   // The tensor-core kernel: stages of 64 keys of K and V (16 KB FP8, 32 KB 16-bit), two, or
   // three over one wave (mma_num_stages).
