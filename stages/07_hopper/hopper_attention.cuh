@@ -99,8 +99,10 @@ struct HopperTraits {
   // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kBarrierOffset = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
-  // and three ints: the unit of the Q in shared memory, the producer's next unit (two)
-  static constexpr size_t smem_bytes() { return 1024 + kBarrierOffset + kBarrierBytes + 16; }
+  // then four ints (the unit of the Q in shared memory, the producer's next unit, two, and one
+  // unused) and the unit's Tile, which the producer works out for the consumers
+  static constexpr uint32_t kTileOffset = kBarrierOffset + kBarrierBytes + 16;
+  static constexpr size_t smem_bytes() { return 1024 + kTileOffset + 64; }
   static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
                 "head_dim and head_dim_vo must be multiples of 64");
 };
@@ -156,7 +158,7 @@ namespace ptx = cuda::ptx;
 
 /// The work of one block: a request's query tile against a range of its keys (all of
 /// them, or one chunk of a split), for one kv head.
-struct Tile {
+struct alignas(16) Tile {
   int request, qo_begin, qo_len, kv_len;
   int kv_begin;             ///< ragged: first token of the request in k/v; paged: its first kv_indices entry
   int row_begin;            ///< first packed row of the tile: token row_begin / group, head row_begin % group
@@ -166,6 +168,7 @@ struct Tile {
   int first_pos, last_pos;  ///< positions among the keys of the tile's first and last query token
   int num_kv_tiles;
 };
+static_assert(sizeof(Tile) <= 64, "HopperTraits keeps 64 bytes of shared memory for a Tile");
 
 template <int Br, int Bc, bool PAGED>
 __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
@@ -195,6 +198,18 @@ __device__ __forceinline__ Tile make_tile(const HopperParams& p, int item) {
   if (p.window_left >= 0) lo = max(lo, t.first_pos - p.window_left);
   t.key_begin = lo;
   t.num_kv_tiles = hi > lo ? (hi - lo + Bc - 1) / Bc : 0;
+  return t;
+}
+
+/// Lane 0's copy of the Tile in shared memory, handed to every lane of its warp.
+__device__ __forceinline__ Tile lane0_tile(const Tile* src, int lane) {
+  constexpr int kWords = sizeof(Tile) / sizeof(int);
+  int v[kWords] = {};
+  if (lane == 0) memcpy(v, src, sizeof(Tile));
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) v[i] = __shfl_sync(0xffffffffu, v[i], 0);
+  Tile t;
+  memcpy(&t, v, sizeof(Tile));
   return t;
 }
 
@@ -367,6 +382,19 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
   }
 }
 
+/// Keeps the softmax's exponentials above the wgmma.wait_group that follows it. P_j is
+/// used only after that wait (packing it overwrites the A fragments that P_{j-1} V_{j-1}
+/// still reads), and ptxas, free to place them, put the exponentials after the wait, so
+/// the softmax ran after P V instead of under it: in the SASS of 03c3c68's build every
+/// MUFU.EX2 of the main loop comes after WARPGROUP.DEPBAR.LE gsb0, 0x0. An empty asm
+/// taking P as an operand orders the PTX but not the SASS. A branch does: its condition needs every exponential (through
+/// the row sums l), so ptxas must finish them before the branch, and the wait comes after
+/// it. The condition never holds: an all-ones bit pattern is a NaN that no addition
+/// returns (a NaN sum is 0x7fffffff), so the trap is never reached.
+__device__ __forceinline__ void softmax_before_wait(const float (&l)[2]) {
+  if (__float_as_uint(l[0] + l[1]) == 0xffffffffu) __trap();
+}
+
 /// O *= alpha, row by row: O moves to the new running max before P_j V_j is added.
 template <int HEAD_DIM>
 __device__ __forceinline__ void rescale_output(float (&o)[HEAD_DIM / 2], const float (&alpha)[2]) {
@@ -513,6 +541,9 @@ struct HopperSmem {
   }
   /// [2] the producer's next unit, by the parity of its unit count
   __device__ __forceinline__ volatile int* next_unit(int parity) const { return unit() + 1 + parity; }
+  /// the Tile of unit(), stored with it: the consumers read it rather than load the work
+  /// item's indices and offsets from global memory, a chain of two round trips, each unit
+  __device__ __forceinline__ Tile* tile() const { return reinterpret_cast<Tile*>(base + Tr::kTileOffset); }
 
   /// One thread: each "full" barrier expects the copy engine's bytes (or, gathering, one
   /// arrival per producer thread), each "empty" one arrival per consumer warp.
@@ -554,7 +585,8 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
   if (threadIdx.x == 0) {
     wait_barrier(smem.q_empty(), (n & 1) ^ 1);
     const int32_t token0 = t.qo_begin + t.row_begin / p.group_size;
-    *smem.unit() = u;  // released by the arrival: read once Q has landed
+    *smem.unit() = u;  // both released by the arrival: read once Q has landed
+    *smem.tile() = t;
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, smem.q_full(),
                                    uint32_t{Tr::kQBytes});
     for (int c = 0; c < Tr::kColBlocks; ++c) {
@@ -704,7 +736,8 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typena
 /// GEMMs after it); O is rescaled and P_j packed only once that P V has landed (wait_group
 /// 0), since both touch registers it still uses. Turn 0 has no P V yet, and a last turn
 /// issues P_{n-1} V_{n-1} alone; both are peeled, so each turn's wgmma are one straight run
-/// of instructions.
+/// of instructions. Q is last read by S_{n-1}: the warp lets it go (q_empty) as soon as
+/// that lands, so the next unit's Q is on its way during the last P V and the epilogue.
 template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 __device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                         const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, const Turns& turns,
@@ -723,6 +756,10 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   // whether tile j was gathered (and needs the proxy fence), as the producer chose
   const int n_by_page = PAGED ? tiles_by_page<Bc>(p, t) : 0;
   const auto gathered = [&](int j) { return PAGED && j >= n_by_page; };
+  const auto free_q = [&] {
+    if (lane == 0) ptx::mbarrier_arrive(smem.q_empty());
+  };
+  if (n_tiles == 0) free_q();
   if (n_tiles > 0) {
     wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase, gathered(0));
     turns.wait();
@@ -733,6 +770,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_0
+    if (n_tiles == 1) free_q();
     softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
     pack_p<T, Bc>(sc, a);
     k_read.advance();
@@ -750,7 +788,9 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_j
+    if (j == n_tiles - 1) free_q();
     softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, j, sc, st.m, st.l, alpha, q_pos, lane);
+    softmax_before_wait(st.l);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
@@ -884,22 +924,24 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   if (consumer == 1) detail::Turns{1, false}.pass();
   detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
   for (int n = 0;; ++n) {
-    // The block's n-th unit comes with its Q, the producer storing its number before the
-    // copy. Lane 0 reads the number and hands it to its warp: the same lane later frees Q
-    // (q_empty), so the read is ordered before the producer's next store by its own program.
+    // The block's n-th unit comes with its Q, the producer storing its number and Tile
+    // before the copy. Lane 0 reads them and hands them to its warp: the same lane later
+    // frees Q (q_empty), so the reads are ordered before the producer's next stores by
+    // its own program.
     wait_barrier(smem.q_full(), n & 1);
     int u = 0;
     if (lane == 0) u = *smem.unit();
     u = __shfl_sync(0xffffffffu, u, 0);
     if (u < 0) break;
     const detail::Unit w = detail::unit_of(p, u);
-    const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
+    const detail::Tile t = detail::lane0_tile(smem.tile(), lane);
     // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
-    // buffers back, and consumer 0 takes no turns, having the tensor cores alone.
+    // buffers back (Q at once: it reads none), and consumer 0 takes no turns, having the
+    // tensor cores alone.
     const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
     if (solo && consumer == 1) {
-      detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
+      detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
       continue;
     }
     // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
@@ -914,8 +956,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     st.init();
     detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
                                                                      q_pos, lane, st, read);
-    // Q is free for the next unit's copy, which lands while this one's rows are written
-    if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
+    // consume() freed Q after its last S: the next unit's Q lands while these rows are written
     detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);
   }
   if (consumer == 0) detail::Turns{0, false}.wait();  // consumer 1's last pass
