@@ -353,9 +353,11 @@ constexpr float kMaxSlack = HEAD_DIM_VO >= 128 ? 8.f : 0.f;
 /// A row's max is shared by the four threads of a quad (shuffles); l stays per thread
 /// until the end. sc holds P afterwards; rescale_output applies alpha to O once the
 /// previous P V has landed, when some row of the warp moved its m.
+/// The row maxima first, for both of the thread's rows: m moves (or stays), alpha is
+/// the factor for O and l, and m_use the max the exponentials subtract.
 template <int Bc>
-__device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2], float (&l)[2], float (&alpha)[2],
-                                               float scale, float slack) {
+__device__ __forceinline__ void softmax_max(const float (&sc)[Bc / 2], float (&m)[2], float (&alpha)[2],
+                                            float (&m_use)[2], float scale, float slack) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float mx = -INFINITY;
@@ -366,33 +368,41 @@ __device__ __forceinline__ void online_softmax(float (&sc)[Bc / 2], float (&m)[2
     const float m_tile = mx * scale;
     const float m_new = m_tile > m[h] + slack ? m_tile : m[h];  // m = -inf: any finite max moves it
     // a row that has seen no key yet keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h] = m_new == m[h] ? 1.f : tensor_core::exp2_approx(m[h] - m_use);  // exactly 1 when m stays
+    m_use[h] = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h] = m_new == m[h] ? 1.f : tensor_core::exp2_approx(m[h] - m_use[h]);  // exactly 1 when m stays
     m[h] = m_new;
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < Bc / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& x = sc[4 * n + 2 * h + e];
-        x = tensor_core::exp2_approx(fmaf(x, scale, -m_use));
-        sum += x;
-      }
-    l[h] = l[h] * alpha[h] + sum;
   }
 }
 
-/// Keeps the softmax's exponentials above the wgmma.wait_group that follows it. P_j is
-/// used only after that wait (packing it overwrites the A fragments that P_{j-1} V_{j-1}
-/// still reads), and ptxas, free to place them, put the exponentials after the wait, so
-/// the softmax ran after P V instead of under it: in the SASS of 03c3c68's build every
-/// MUFU.EX2 of the main loop comes after WARPGROUP.DEPBAR.LE gsb0, 0x0. An empty asm
-/// taking P as an operand orders the PTX but not the SASS. A branch does: its condition needs every exponential (through
-/// the row sums l), so ptxas must finish them before the branch, and the wait comes after
-/// it. The condition never holds: an all-ones bit pattern is a NaN that no addition
-/// returns (a NaN sum is 0x7fffffff), so the trap is never reached.
-__device__ __forceinline__ void softmax_before_wait(const float (&l)[2]) {
-  if (__float_as_uint(l[0] + l[1]) == 0xffffffffu) __trap();
+/// Then row h's exponentials, P = exp2(S * scale - m_use), and its running sum.
+template <int Bc, int h>
+__device__ __forceinline__ void softmax_exp(float (&sc)[Bc / 2], float (&l)[2], const float (&alpha)[2],
+                                            const float (&m_use)[2], float scale) {
+  float sum = 0.f;
+#pragma unroll
+  for (int n = 0; n < Bc / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = sc[4 * n + 2 * h + e];
+      x = tensor_core::exp2_approx(fmaf(x, scale, -m_use[h]));
+      sum += x;
+    }
+  l[h] = l[h] * alpha[h] + sum;
+}
+
+/// Where the softmax of S_j falls against the wait for P_{j-1} V_{j-1}, which it does not
+/// need (only packing P_j does: that overwrites the A fragments P V still reads). ptxas
+/// places the exponentials, and left free it put all of them after the wait (the SASS of
+/// 03c3c68's build: every MUFU.EX2 of the main loop after WARPGROUP.DEPBAR.LE gsb0, 0x0),
+/// so the softmax began only once P V had landed. An empty asm taking P as an operand
+/// orders the PTX, not the SASS; a branch does: ptxas finishes what a branch's condition
+/// needs before the branch. So the consumer computes both rows' maxima and row 0's
+/// exponentials, branches on row 0's sum and row 1's max, and only then waits and takes
+/// row 1's exponentials. The condition never holds (an all-ones bit pattern is a NaN
+/// that no addition or max returns: theirs is 0x7fffffff), so the trap is never reached.
+/// Measured on an H200 against all of them above the wait and none: see the chapter.
+__device__ __forceinline__ void split_softmax_at_wait(const float (&l)[2], const float (&m_use)[2]) {
+  if ((__float_as_uint(l[0]) & __float_as_uint(m_use[1])) == 0xffffffffu) __trap();
 }
 
 /// O *= alpha, row by row: O moves to the new running max before P_j V_j is added.
@@ -708,10 +718,10 @@ struct RowState {
 /// first row's position; below the window: keys before the last row's position -
 /// window_left), then the online softmax, leaving O's rescale factors in alpha. Under the
 /// identity the scale stays folded into the softmax's FFMA.
-template <int Bc, int HEAD_DIM_VO, bool WINDOW, typename Policy>
-__device__ __forceinline__ void softmax_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
-                                             int j, float (&sc)[Bc / 2], float (&m)[2], float (&l)[2],
-                                             float (&alpha)[2], const int (&q_pos)[2], int lane) {
+template <int Bc, int HEAD_DIM_VO, bool WINDOW, typename Policy, int kRows = 2>
+__device__ __forceinline__ float softmax_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
+                                              int j, float (&sc)[Bc / 2], float (&m)[2], float (&l)[2],
+                                              float (&alpha)[2], float (&m_use)[2], const int (&q_pos)[2], int lane) {
   const int key0 = t.key_begin + j * Bc;
   float scale = p.score_scale;
   if constexpr (Policy::kTransformsLogits) {
@@ -726,7 +736,10 @@ __device__ __forceinline__ void softmax_tile(const HopperParams& p, const typena
   if (key0 + Bc > t.chunk_end || (p.causal && key0 + Bc - 1 > t.first_pos) ||
       (window && key0 < t.last_pos - p.window_left))
     mask_scores<Bc, WINDOW>(sc, key0, t.chunk_end, p.causal, p.window_left, q_pos, lane);
-  online_softmax<Bc>(sc, m, l, alpha, scale, kMaxSlack<HEAD_DIM_VO>);
+  softmax_max<Bc>(sc, m, alpha, m_use, scale, kMaxSlack<HEAD_DIM_VO>);
+  softmax_exp<Bc, 0>(sc, l, alpha, m_use, scale);
+  if constexpr (kRows == 2) softmax_exp<Bc, 1>(sc, l, alpha, m_use, scale);
+  return scale;
 }
 
 /// A consumer warp group's main loop over the tile's keys, for its 64 rows: one turn per
@@ -748,7 +761,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   const int n_tiles = t.num_kv_tiles;
   float sc[Bc / 2];        // S_j, then P_j
   uint32_t a[Bc / 16][4];  // P_j as wgmma A fragments, read by the next turn's P V
-  float alpha[2];
+  float alpha[2], m_use[2];
 
   const T* q_rows = smem.q() + turns.consumer * 64 * kCols;  // this warp group's 64 rows in each column block
 
@@ -771,7 +784,8 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_0
     if (n_tiles == 1) free_q();
-    softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, q_pos, lane);  // O is still zero
+    softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, 0, sc, st.m, st.l, alpha, m_use, q_pos,
+                                                  lane);  // O is still zero
     pack_p<T, Bc>(sc, a);
     k_read.advance();
   }
@@ -789,9 +803,11 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_j
     if (j == n_tiles - 1) free_q();
-    softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy>(p, pol, t, j, sc, st.m, st.l, alpha, q_pos, lane);
-    softmax_before_wait(st.l);
+    const float scale = softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy, 1>(p, pol, t, j, sc, st.m, st.l, alpha, m_use,
+                                                                         q_pos, lane);
+    split_softmax_at_wait(st.l, m_use);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
+    softmax_exp<Bc, 1>(sc, st.l, alpha, m_use, scale);
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
     // most tiles move no row's max (kMaxSlack): the warp skips HEAD_DIM_VO / 2 multiplies a thread
