@@ -24,8 +24,10 @@
 //   each turn issues S_j = Q K_j^T together with P_{j-1} V_{j-1}.
 //
 // - Overlap inside a warp group: S_j and P_{j-1} V_{j-1} are two commit groups; the
-//   softmax of S_j waits only for the first (wgmma.wait_group 1) and runs while the
-//   second still accumulates into O. O's rescale and P_j's packing wait for the second.
+//   softmax of S_j waits only for the first (wgmma.wait_group 1): both rows' maxima and
+//   row 0's exponentials run while the second still accumulates into O, row 1's after
+//   it (a branch holds that split in the SASS: split_softmax_at_wait). O's rescale and
+//   P_j's packing wait for the second.
 //   At head_dim_vo >= 128 the running max moves only when a tile's passes it by more
 //   than a factor of 2^8, so most turns skip the rescale (FlashAttention-4's conditional
 //   rescaling; kMaxSlack).
@@ -46,9 +48,10 @@
 //   soft cap and attention sinks (stages/sinks/) are policies of their own.
 //
 // - A persistent grid (prefill): one block per multiprocessor. The producer claims the
-//   block's next unit from a counter as it starts one and hands its number to the
-//   consumers beside its Q; the K/V ring and the consumers' turns run on from unit to unit,
-//   so the next unit's Q and first tiles land while this one's rows are written.
+//   block's next unit from a counter as it starts one and hands its number and Tile to
+//   the consumers beside its Q; the K/V ring and the consumers' turns run on from unit to
+//   unit, and a consumer frees Q after the unit's last S, so the next unit's Q and first
+//   tiles land during its last P V and while its rows are written.
 //
 // What it still does badly: the output is written from registers (4-byte stores), not
 // through shared memory and a TMA store; a decode batch still runs a block per unit.
