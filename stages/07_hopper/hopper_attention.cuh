@@ -355,9 +355,11 @@ constexpr float kMaxSlack = HEAD_DIM_VO >= 128 ? 8.f : 0.f;
 ///   P = exp2(S * scale - m_new);  alpha = exp2(m - m_new);  l = l * alpha + rowsum(P).
 /// A row's max is shared by the four threads of a quad (shuffles); l stays per thread
 /// until the end. sc holds P afterwards; rescale_output applies alpha to O once the
-/// previous P V has landed, when some row of the warp moved its m.
-/// The row maxima first, for both of the thread's rows: m moves (or stays), alpha is
-/// the factor for O and l, and m_use the max the exponentials subtract.
+/// previous P V has landed, when some row of the warp moved its m. It comes in two parts,
+/// so that the consumer can place the second against that wait (split_softmax_at_wait).
+///
+/// First softmax_max, for both of the thread's rows: m moves (or stays), alpha is the
+/// factor for O and l, and m_use the max the exponentials subtract.
 template <int Bc>
 __device__ __forceinline__ void softmax_max(const float (&sc)[Bc / 2], float (&m)[2], float (&alpha)[2],
                                             float (&m_use)[2], float scale, float slack) {
