@@ -192,6 +192,14 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.partial_lse = l.partial_lse;
   p.o = l.o;
   p.lse = l.lse;
+  // the output by TMA stores (HopperTraits::kStoreByTma), where a consumer's 64 rows are a
+  // box of o: whole tokens of the group, 16-byte aligned rows; a split writes fp32 partials
+  if constexpr (Tr::kStoreByTma) {
+    if (64 % group == 0 && l.kv_chunk_size == 0 && l.o != nullptr && reinterpret_cast<uintptr_t>(l.o) % 16 == 0) {
+      p.o_map = make_map(l.o, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM_VO, group, 64 / group);
+      p.o_by_tma = true;
+    }
+  }
   p.num_qo_heads = s.num_qo_heads;
   p.num_kv_heads = s.num_kv_heads;
   p.group_size = group;

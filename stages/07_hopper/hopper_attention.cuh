@@ -99,9 +99,15 @@ struct HopperTraits {
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
   static constexpr uint32_t kKBytes = Bc * HEAD_DIM * sizeof(T);     ///< one K tile
   static constexpr uint32_t kVBytes = Bc * HEAD_DIM_VO * sizeof(T);  ///< one V tile
-  // [Q][K0][V0][K1][V1]...[barriers], each tile 1024-byte aligned (the swizzle atom)
-  static constexpr uint32_t kBarrierOffset = kQBytes + kStages * (kKBytes + kVBytes);
+  static constexpr uint32_t kOBytes = Br * HEAD_DIM_VO * sizeof(T);  ///< the output tile
+  // [Q][K0][V0][K1][V1]...[O][barriers], each tile 1024-byte aligned (the swizzle atom)
+  static constexpr uint32_t kOOffset = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
+  /// The output leaves through shared memory and a TMA store where its tile fits beside Q
+  /// and the ring in the 227 KiB a block may have: head_dim 64 and 128 (not 256, nor
+  /// MLA's 192 / 128, which write from registers).
+  static constexpr bool kStoreByTma = kOOffset + kOBytes + kBarrierBytes + 16 + 64 + 1024 <= 227 * 1024;
+  static constexpr uint32_t kBarrierOffset = kOOffset + (kStoreByTma ? kOBytes : 0);
   // then four ints (the unit of the Q in shared memory, the producer's next unit, two, and one
   // unused) and the unit's Tile, which the producer works out for the consumers
   static constexpr uint32_t kTileOffset = kBarrierOffset + kBarrierBytes + 16;
@@ -150,6 +156,11 @@ struct HopperParams {
   CUtensorMap v_pool_map;             ///< as kv_map, over V's pool, HEAD_DIM_VO wide
   kernels::PagedKV<uint16_t> v_kv{};  ///< V's pool, its page table and strides
   int num_items = 0;                  ///< work items; a unit of work is (item, kv head)
+  /// o as q_map describes q, box (64, group, 64 / group): one consumer's 64 rows of one
+  /// 64-column block, for the TMA store of a tile whose rows all exist (o_by_tma: set where
+  /// HopperTraits::kStoreByTma, o is 16-byte aligned, the group divides 64 and no split)
+  CUtensorMap o_map;
+  bool o_by_tma = false;
   /// The persistent grid's claims: zero when the kernel starts, and again when it ends.
   /// Null: block b takes units b, b + grid, ... (one each when the grid has a block a unit).
   int* unit_counter = nullptr;
@@ -245,9 +256,11 @@ __device__ __forceinline__ int claim_unit(const HopperParams& p, int u, int num_
 /// The named barriers of the kernel (barrier 0 is __syncthreads): the consumers' turns at
 /// the tensor cores. Each has the 256 consumer threads as its count.
 enum class NamedBarrier : uint32_t {
-  kConsumer0Turn = 1,  ///< consumer 0 may issue its GEMMs
-  kConsumer1Turn = 2,  ///< consumer 1 may issue its GEMMs
-  kProducer = 3,       ///< the producer's 128 threads, over pages: the next unit is known to all
+  kConsumer0Turn = 1,   ///< consumer 0 may issue its GEMMs
+  kConsumer1Turn = 2,   ///< consumer 1 may issue its GEMMs
+  kProducer = 3,        ///< the producer's 128 threads, over pages: the next unit is known to all
+  kConsumer0Store = 4,  ///< consumer 0's 128 threads: its output stage is free, then written
+  kConsumer1Store = 5,  ///< consumer 1's 128 threads, the same
 };
 
 /// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
@@ -540,6 +553,10 @@ struct HopperSmem {
   __device__ __forceinline__ T* v(int s) const {
     return reinterpret_cast<T*>(base + Tr::kQBytes + (2 * s + 1) * Tr::kKBytes +
                                 s * (int(Tr::kVBytes) - int(Tr::kKBytes)));
+  }
+  /// consumer c's 64 output rows (kStoreByTma): one 64 x 64 swizzled block per 64 columns
+  __device__ __forceinline__ T* o_stage(int c) const {
+    return reinterpret_cast<T*>(base + Tr::kOOffset + c * (Tr::kOBytes / 2));
   }
   __device__ __forceinline__ uint64_t* q_full() const { return reinterpret_cast<uint64_t*>(base + Tr::kBarrierOffset); }
   /// [kStages] a K (V) tile has landed
@@ -880,6 +897,61 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const typename
   }
 }
 
+/// The epilogue of a warp group whose 64 rows all exist, without a split (HopperTraits::
+/// kStoreByTma, p.o_by_tma): O / l goes into the group's output stage in shared memory, in
+/// the 128-byte swizzled layout the tensor map names (chunk c of row r at chunk c ^ (r % 8),
+/// so the eight rows a warp writes at once fall in different banks), then one thread
+/// stores it with the TMA, one copy per 64 columns. The stores run on while the warp
+/// group starts its next unit; before it writes the stage again, the thread that issued
+/// them waits until they have read it (cp.async.bulk.wait_group.read). The lse leaves as
+/// store_tile's does.
+template <typename T, int HEAD_DIM_VO, typename Policy>
+__device__ __forceinline__ void store_tile_tma(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
+                                               int kv_head, const int (&row)[2], int consumer, int warp, int lane,
+                                               const RowState<HEAD_DIM_VO>& st, T* stage) {
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = st.l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int packed = t.row_begin + row[h];
+    const int token = t.qo_begin + packed / p.group_size;
+    const int head = kv_head * p.group_size + packed % p.group_size;
+    float m2 = sum > 0.f ? st.m[h] : -INFINITY;
+    const float factor = Policy::on_state(pol, m2, sum, head, 0);
+    inv[h] = sum > 0.f ? factor / sum : 0.f;
+    if (lane % 4 == 0)
+      p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m2 + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+  }
+  const bool leader = warp == 0 && lane == 0;
+  const uint32_t bar = uint32_t(NamedBarrier::kConsumer0Store) + uint32_t(consumer);
+  if (leader) ptx::cp_async_bulk_wait_group_read(ptx::n32_t<0>{});  // the previous unit's store has read the stage
+  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");        // no C++ API for a named barrier
+  unsigned char* bytes = reinterpret_cast<unsigned char*>(stage);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = warp * 16 + lane / 4 + 8 * h;  // the row within the group's 64
+#pragma unroll
+    for (int n = 0; n < HEAD_DIM_VO / 8; ++n) {
+      const int block = n / 8, chunk = n % 8;  // 64-column block, 16-byte chunk of the row
+      *reinterpret_cast<uint32_t*>(bytes + block * 64 * 128 + r * 128 + ((chunk ^ (r % 8)) * 16) + (lane % 4) * 4) =
+          kernels::pack2<T>(st.o[4 * n + 2 * h] * inv[h], st.o[4 * n + 2 * h + 1] * inv[h]);
+    }
+  }
+  ptx::fence_proxy_async(ptx::space_shared);  // the stage's bytes, written by this thread, for the copy engine
+  asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+  if (leader) {
+    const int32_t token0 = t.qo_begin + (t.row_begin + 64 * consumer) / p.group_size;
+#pragma unroll
+    for (int c = 0; c < HEAD_DIM_VO / 64; ++c) {
+      const int32_t coords[3] = {c * 64, kv_head * p.group_size, token0};
+      ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &p.o_map, coords, stage + c * 64 * 64);
+    }
+    ptx::cp_async_bulk_commit_group();
+  }
+}
+
 }  // namespace detail
 
 /// WINDOW: the batch has a sliding window. A separate instantiation, so that the common
@@ -978,9 +1050,15 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
                                                                      q_pos, lane, st, read);
     // consume() freed Q after its last S: the next unit's Q lands while these rows are written
-    detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);
+    if (Tr::kStoreByTma && p.o_by_tma && p.kv_chunk_size == 0 &&
+        t.row_begin + 64 * (consumer + 1) <= t.qo_len * p.group_size)
+      detail::store_tile_tma<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, consumer, warp, lane, st,
+                                                     smem.o_stage(consumer));
+    else detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);
   }
   if (consumer == 0) detail::Turns{0, false}.wait();  // consumer 1's last pass
+  // the shared memory a TMA store reads must outlive it
+  if (Tr::kStoreByTma && warp == 0 && lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 #endif
 }
 
