@@ -404,9 +404,16 @@ __device__ __forceinline__ void softmax_exp(float (&sc)[Bc / 2], float (&l)[2], 
 /// row 1's exponentials. The condition never holds (an all-ones bit pattern is a NaN
 /// that no addition or max returns: theirs is 0x7fffffff), so the trap is never reached.
 /// Measured on an H200 against all of them above the wait and none: see the chapter.
+template <int kRowsAbove>
 __device__ __forceinline__ void split_softmax_at_wait(const float (&l)[2], const float (&m_use)[2]) {
-  if ((__float_as_uint(l[0]) & __float_as_uint(m_use[1])) == 0xffffffffu) __trap();
+  const float second = kRowsAbove == 2 ? l[1] : m_use[1];
+  if ((__float_as_uint(l[0]) & __float_as_uint(second)) == 0xffffffffu) __trap();
 }
+
+/// How many of a thread's two rows take their exponentials above the P V wait: one, but
+/// at head_dim_vo 256 (64-key tiles, twice the P V per score) both.
+template <int HEAD_DIM_VO>
+constexpr int kRowsAboveWait = HEAD_DIM_VO >= 256 ? 2 : 1;
 
 /// O *= alpha, row by row: O moves to the new running max before P_j V_j is added.
 template <int HEAD_DIM>
@@ -806,11 +813,12 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wgmma_fence_operands(sc);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(k_read.index));  // this warp is done reading K_j
     if (j == n_tiles - 1) free_q();
-    const float scale = softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy, 1>(p, pol, t, j, sc, st.m, st.l, alpha, m_use,
-                                                                         q_pos, lane);
-    split_softmax_at_wait(st.l, m_use);
+    constexpr int kAbove = kRowsAboveWait<HEAD_DIM_VO>;
+    const float scale = softmax_tile<Bc, HEAD_DIM_VO, WINDOW, Policy, kAbove>(p, pol, t, j, sc, st.m, st.l, alpha,
+                                                                              m_use, q_pos, lane);
+    split_softmax_at_wait<kAbove>(st.l, m_use);
     wgmma_wait<0>();  // P_{j-1} V_{j-1} has landed: O and the A fragments are free
-    softmax_exp<Bc, 1>(sc, st.l, alpha, m_use, scale);
+    if constexpr (kAbove == 1) softmax_exp<Bc, 1>(sc, st.l, alpha, m_use, scale);
     wgmma_fence_operands(st.o);
     if (lane == 0) ptx::mbarrier_arrive(smem.v_empty(v_read.index));  // ... and done reading V_{j-1}
     // most tiles move no row's max (kMaxSlack): the warp skips HEAD_DIM_VO / 2 multiplies a thread
