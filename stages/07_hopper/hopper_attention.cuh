@@ -53,8 +53,13 @@
 //   unit, and a consumer frees Q after the unit's last S, so the next unit's Q and first
 //   tiles land during its last P V and while its rows are written.
 //
-// What it still does badly: the output is written from registers (4-byte stores), not
-// through shared memory and a TMA store; a decode batch still runs a block per unit.
+// - The output (head_dim 64 and 128): each consumer writes its 64 normalised rows into a
+//   swizzled stage in shared memory and one thread stores them with the TMA
+//   (store_tile_tma); the next unit starts while the copy engine writes. Tails of requests,
+//   splits and the wider head dims write from registers (store_tile).
+//
+// What it still does badly: a decode batch still runs a block per unit, and over pages the
+// consumers wait on sixteen small copies a tile where a contiguous tile takes two.
 #pragma once
 
 #include <cuda/ptx>
