@@ -83,22 +83,30 @@ CUtensorMap encode_map(const void* base, DType dtype, int64_t tokens, int heads,
   return map;
 }
 
-/// The page pool as a 5-D tensor map for one TMA copy per page (tokens `rows` of a page,
-/// 64 columns, one head, K or V): (D, Hkv, page_size, planes, pages) for NHD, (D,
-/// page_size, Hkv, planes, pages) for HND, innermost first, where `planes` is 2 (K and V)
-/// or 1 (a pool of K alone, or V's own pool, `width` wide: MLA's prefill). `num_pages` 0 (a
-/// pool whose size plan() was not told): the page dimension is left at its largest, page
-/// ids come from the table.
+/// The page pool as a 5-D tensor map for one TMA copy per page: all `rows` tokens of a page
+/// for one head, every 64-column block, in the order the paged kernel's tiles lie (atom by
+/// atom: HopperTraits::kAtomsOuter). Innermost first, the dims are (64 columns, 8 rows,
+/// column blocks, 8-row groups, pages), the box (64, 8, width / 64, rows / 8, 1), so the
+/// copy engine writes rows 0-7 of every column block, then rows 8-15, ... Strides need not
+/// grow from one dim to the next: the column blocks (128 bytes apart) come after the rows.
+/// NHD (page, K/V, slot, head, column) has its heads' column blocks side by side, so the
+/// head is a column-block coordinate (H x width / 64 of them) and the pages dim counts
+/// (page, K/V) planes; HND (page, K/V, head, slot, column) has each head's rows apart, so
+/// the head joins the pages dim ((page x planes + plane) x H + head). `planes` is 2 (K and
+/// V) or 1 (a pool of K alone, or V's own pool, `width` wide: MLA's prefill). `num_pages` 0
+/// (a pool whose size plan() was not told): the pages dim is left at its largest, 2^32,
+/// which a pool that fits in a GPU's memory never passes (page ids come from the table).
 CUtensorMap make_pool_map(const void* pool, const BatchShape& s, int rows, int width, int planes) {
   CUtensorMap map;
   const cuuint64_t elem = 2, D = cuuint64_t(width), H = cuuint64_t(s.num_kv_heads), P = cuuint64_t(s.page_size);
   const bool hnd = s.kv_layout == KVLayout::HND;
-  const cuuint64_t pages = s.num_pages > 0 ? cuuint64_t(s.num_pages) : cuuint64_t(INT32_MAX);
-  const cuuint64_t dims[5] = {D, hnd ? P : H, hnd ? H : P, cuuint64_t(planes), pages};
-  // bytes to the next index of dims 1..4: NHD head, slot; HND slot, head; then K -> V, page
-  const cuuint64_t strides[4] = {D * elem, (hnd ? P : H) * D * elem, P * H * D * elem,
-                                 cuuint64_t(planes) * P * H * D * elem};
-  const cuuint32_t box[5] = {64, hnd ? cuuint32_t(rows) : 1u, hnd ? 1u : cuuint32_t(rows), 1, 1};
+  const cuuint64_t blocks = D / 64, plane_pages = cuuint64_t(planes) * (s.num_pages > 0 ? s.num_pages : INT32_MAX);
+  const cuuint64_t pages_dim = std::min<cuuint64_t>(hnd ? plane_pages * H : plane_pages, cuuint64_t{1} << 32);
+  const cuuint64_t row = (hnd ? D : H * D) * elem;  // bytes from one token of a head's page to the next
+  const cuuint64_t dims[5] = {64, 8, hnd ? blocks : H * blocks, P / 8, pages_dim};
+  // bytes to the next index of dims 1..4: a row, a column block, 8 rows, a (page, plane[, head])
+  const cuuint64_t strides[4] = {row, 128, 8 * row, hnd ? P * D * elem : P * H * D * elem};
+  const cuuint32_t box[5] = {64, 8, cuuint32_t(blocks), cuuint32_t(rows / 8), 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = tensor_map_encoder()(
       &map, s.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 5,

@@ -101,6 +101,12 @@ struct HopperTraits {
   static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
+  /// Over pages the K and V tiles lie atom by atom: rows 0-7 of every 64-column block, then
+  /// rows 8-15, ... ([row / 8][column block][row % 8][64 columns]), so a page's rows (a
+  /// whole number of 8-row atoms) are one span of shared memory and one TMA copy. Over
+  /// contiguous K/V a tile is one 64-column block after the other ([column block][row][64
+  /// columns]), one copy per block. Q is always the latter.
+  static constexpr bool kAtomsOuter = PAGED;
   static constexpr uint32_t kQBytes = Br * HEAD_DIM * sizeof(T);
   static constexpr uint32_t kKBytes = Bc * HEAD_DIM * sizeof(T);     ///< one K tile
   static constexpr uint32_t kVBytes = Bc * HEAD_DIM_VO * sizeof(T);  ///< one V tile
@@ -128,9 +134,10 @@ struct HopperParams {
   CUtensorMap q_map;  ///< box (64, group, Br / group): one 64-column block of a packed query tile
   CUtensorMap k_map;  ///< ragged: box (64, 1, Bc)
   CUtensorMap v_map;  ///< ragged: box (64, 1, Bc)
-  /// paged, pages of a multiple of 8 tokens: the pool as a 5-D tensor, (D, Hkv, page_size,
-  /// K/V, pages) for NHD or (D, page_size, Hkv, K/V, pages) for HND, box (64, 1, rows)
-  /// or (64, rows, 1), rows = tma_rows
+  /// paged, pages of a multiple of 8 tokens: the pool as a 5-D tensor (64 columns, 8 rows,
+  /// column blocks, 8-row groups, pages) with the head among the column blocks (NHD) or
+  /// among the pages (HND), box (64, 8, D / 64, rows / 8, 1): a page's rows of one head in
+  /// every column block, rows = tma_rows (make_pool_map in hopper.cu)
   CUtensorMap kv_map;
   int tma_rows = 0;                          ///< paged: tokens per page copy (page_size); 0: gather every tile
   bool hnd = false;                          ///< paged: the pool's layout is HND
@@ -305,37 +312,58 @@ struct PipelineState {
   }
 };
 
+/// How a K or V tile of kRows rows and kBlocks 64-column blocks lies in shared memory
+/// (HopperTraits::kAtomsOuter), in elements: kBlock from one column block's first row to
+/// the next's, kAtom from one 8-row atom of a column block to the next. Block by block
+/// (contiguous K/V): kBlock = kRows x 64, kAtom = 8 x 64. Atom by atom (over pages):
+/// kBlock = 8 x 64, kAtom = kBlocks x 8 x 64.
+template <bool kAtomsOuter, int kRows, int kBlocks>
+struct TileLayout {
+  static constexpr int kBlock = kAtomsOuter ? 8 * 64 : kRows * 64;
+  static constexpr int kAtom = kAtomsOuter ? kBlocks * 8 * 64 : 8 * 64;
+  /// where atom `atom` of column block `cb` starts, in bytes (16-bit elements)
+  static __device__ __forceinline__ uint32_t offset(int atom, int cb) {
+    return 2u * uint32_t(cb * kBlock + atom * kAtom);
+  }
+};
+
 /// S = Q K^T for this warp group's 64 rows: HEAD_DIM / 16 k-steps of wgmma, both operands
 /// K-major in 128-byte swizzled column blocks of 64 (a k-step further: 32 bytes further).
-template <typename T, int HEAD_DIM, int Br, int Bc>
+template <typename T, int HEAD_DIM, int Br, int Bc, bool kAtomsOuter>
 __device__ __forceinline__ void issue_scores(float (&sc)[Bc / 2], const T* q_rows, const T* k_tile) {
-  constexpr int kCols = 64;
+  constexpr int kCols = 64, kBlocks = HEAD_DIM / kCols;
+  using K = TileLayout<kAtomsOuter, Bc, kBlocks>;
   // Two descriptors built, the others a constant further: the start address is bits 0-13
   // in 16-byte units, and an offset inside shared memory never carries out of them.
-  const SmemDescriptor dq(q_rows, 16), dk(k_tile, 16);
+  const SmemDescriptor dq(q_rows, 16);
+  const StridedSmemDescriptor<K::kAtom * sizeof(T)> dk(k_tile, 16);
 #pragma unroll
-  for (int c = 0; c < HEAD_DIM / kCols; ++c)
+  for (int c = 0; c < kBlocks; ++c)
 #pragma unroll
     for (int k = 0; k < kCols / 16; ++k)
       wgmma_ss<T, Bc>(sc, dq.at((c * Br * kCols + k * 16) * sizeof(T) / 16),
-                      dk.at((c * Bc * kCols + k * 16) * sizeof(T) / 16), c + k > 0);
+                      dk.at((c * K::kBlock + k * 16) * sizeof(T) / 16), c + k > 0);
 }
 
 /// O += P V: Bc / 16 k-steps of 16 keys; P from registers, V MN-major (a 128-byte row
-/// holds 64 of O's columns; the next 64 columns are Bc rows further). head_dim 256 runs
-/// as two N = 128 halves (accumulator registers 0..63 are O's columns 0..127, 64..127
-/// the rest: wgmma's layout repeats every 8 columns), which needs no N = 256 instruction.
-template <typename T, int HEAD_DIM, int Bc>
+/// holds 64 of O's columns; the next 64 columns are the next column block: Bc rows
+/// further, or the next atom over pages). head_dim 256 runs as two N = 128 halves
+/// (accumulator registers 0..63 are O's columns 0..127, 64..127 the rest: wgmma's layout
+/// repeats every 8 columns), which needs no N = 256 instruction.
+template <typename T, int HEAD_DIM, int Bc, bool kAtomsOuter>
 __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_t (&a)[Bc / 16][4], const T* v_tile) {
-  constexpr int kCols = 64, kN = HEAD_DIM > 128 ? 128 : HEAD_DIM;
+  constexpr int kCols = 64, kN = HEAD_DIM > 128 ? 128 : HEAD_DIM, kBlocks = HEAD_DIM / kCols;
   using Half = float[kN / 2];
-  const SmemDescriptor dv(v_tile, Bc * kCols * sizeof(T));  // the others: a constant further
+  using V = TileLayout<kAtomsOuter, Bc, kBlocks>;
+  // leading offset: one column block to the next; stride: one 8-key atom to the next
+  const StridedSmemDescriptor<V::kAtom * sizeof(T)> dv(v_tile,
+                                                       V::kBlock * sizeof(T));  // the others: a constant further
 #pragma unroll
   for (int k = 0; k < Bc / 16; ++k)
 #pragma unroll
     for (int h = 0; h < HEAD_DIM / kN; ++h)
       wgmma_rs<T, kN>(*reinterpret_cast<Half*>(o + h * kN / 2), a[k],
-                      dv.at(((h * kN / kCols) * Bc * kCols + k * 16 * kCols) * sizeof(T) / 16), 1);
+                      dv.at(((h * kN / kCols) * V::kBlock + 2 * k * V::kAtom) * sizeof(T) / 16), 1);
 }
 
 /// -inf for keys past the chunk's end, (causal) keys after the row's position q_pos[h],
@@ -451,8 +479,9 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
 }
 
 /// Paged K/V: the producer warp group's 128 threads copy one K (or V) tile of Bc keys into
-/// shared memory in the layout the TMA would have written. Thread `tid` copies 16-byte
-/// chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column block; the row's page
+/// shared memory in the layout the TMA would have written (atom by atom, kAtomsOuter).
+/// Thread `tid` copies 16-byte chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column
+/// block; the row's page
 /// comes from the page table, keys past the chunk's end are written as zeros (past kv_len
 /// the pool holds anything, NaN in the tests, and 0 * NaN would reach O through P V).
 /// The thread reads all its rows' pages before its first copy: a copy is inline asm with a
@@ -463,8 +492,11 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
                                             int key0, int kv_head, bool is_v, int tid) {
   constexpr int kRows = Bc / 16;  // rows per thread
   const int c = tid % 8;
-  const uint32_t swizzled = ((c ^ ((tid / 8) % 8)) * 16);  // (tid / 8 + 16 i) % 8 == (tid / 8) % 8
-  int32_t page[kRows];                                     // -1: the key is past the chunk's end
+  using Layout = TileLayout<true, Bc, HEAD_DIM / 64>;
+  // row tid / 8 + 16 i is row (tid / 8) % 8 of atom tid / 64 + 2 i: the thread's chunk of its
+  // first row in column block 0, and then a constant further for each row and column block
+  const uint32_t first = Layout::offset(tid / 64, 0) + ((tid / 8) % 8) * 128 + ((c ^ ((tid / 8) % 8)) * 16);
+  int32_t page[kRows];  // -1: the key is past the chunk's end
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const int key = key0 + tid / 8 + 16 * i;
@@ -485,16 +517,17 @@ __device__ __forceinline__ void gather_tile(unsigned char* tile, const kernels::
     }
 #pragma unroll
     for (int cb = 0; cb < HEAD_DIM / 64; ++cb)
-      kernels::cp_async_16(tile + cb * Bc * 128 + r * 128 + swizzled, src + 64 * cb, valid);
+      kernels::cp_async_16(tile + first + Layout::offset(2 * i, cb), src + 64 * cb, valid);
   }
 }
 
 /// Paged K/V, a whole tile inside the request and pages of a multiple of 8 tokens: one
-/// TMA copy per (page, 64-column block) instead of the gather. A page's rows land at a
-/// multiple of 8 rows, a whole number of 1024-byte swizzle atoms, so the copy engine's
-/// 128-byte swizzle puts every chunk where the tile-wide layout expects it. Lane b of the
-/// producer's first warp copies page b of the tile (its rows key0 + b tma_rows ..), whose
-/// pool page and slot `find_page_box` looked up.
+/// TMA copy per page instead of the gather. The tile lies atom by atom (kAtomsOuter), so a
+/// page's rows in every 64-column block are one span of whole 1024-byte swizzle atoms,
+/// which the pool's tensor map (make_pool_map in hopper.cu) reads as one box, and the copy
+/// engine's 128-byte swizzle puts every chunk where the tile-wide layout expects it. Lane b
+/// of the producer's first warp copies page b of the tile (its rows key0 + b tma_rows ..),
+/// whose pool page and slot `find_page_box` looked up.
 struct PageBox {
   int32_t page;  ///< the pool page of the lane's rows, -1: the lane copies nothing
   int32_t slot;  ///< the first row's slot in that page
@@ -528,17 +561,19 @@ __device__ __forceinline__ int tiles_by_page(const HopperParams& p, const Tile& 
 
 template <int HEAD_DIM, int Bc>
 __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperParams& p, const CUtensorMap* map,
-                                           const PageBox& box, int kv_head, int is_v, int lane, uint64_t* full) {
+                                           const PageBox& box, int kv_head, int plane, int planes, int lane,
+                                           uint64_t* full) {
   namespace ptx = cuda::ptx;
+  constexpr int kBlocks = HEAD_DIM / 64;
   if (box.page >= 0) {
-    // the map's dims 1 and 2: (head, slot) for NHD, (slot, head) for HND
-    const int32_t dim1 = p.hnd ? box.slot : kv_head, dim2 = p.hnd ? kv_head : box.slot;
-#pragma unroll
-    for (int c = 0; c < HEAD_DIM / 64; ++c) {
-      const int32_t coords[5] = {c * 64, dim1, dim2, is_v, box.page};
-      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, tile + c * Bc * 128 + lane * p.tma_rows * 128,
-                                map, coords, full);
-    }
+    // the map's (64 columns, 8 rows, column blocks, 8-row groups, pages): NHD names the
+    // head among the column blocks (kv_head * kBlocks), HND among the pages
+    const int32_t plane_page = box.page * planes + plane;
+    const int32_t coords[5] = {0, 0, p.hnd ? 0 : kv_head * kBlocks, box.slot / 8,
+                               p.hnd ? plane_page * p.num_kv_heads + kv_head : plane_page};
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global,
+                              tile + TileLayout<true, Bc, kBlocks>::offset(lane * p.tma_rows / 8, 0), map, coords,
+                              full);
   }
 }
 
@@ -667,9 +702,9 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
           if (threadIdx.x < 32) {
             __syncwarp();  // the bytes are announced before any copy can land
             if constexpr (HEAD_DIM_VO == HEAD_DIM)
-              copy_pages<HEAD_DIM, Bc>(tile, p, &p.kv_map, box, kv_head, is_v, threadIdx.x, full);
-            else if (is_v) copy_pages<HEAD_DIM_VO, Bc>(tile, p, &p.v_pool_map, box, kv_head, 0, threadIdx.x, full);
-            else copy_pages<HEAD_DIM, Bc>(tile, p, &p.kv_map, box, kv_head, 0, threadIdx.x, full);
+              copy_pages<HEAD_DIM, Bc>(tile, p, &p.kv_map, box, kv_head, is_v, 2, threadIdx.x, full);
+            else if (is_v) copy_pages<HEAD_DIM_VO, Bc>(tile, p, &p.v_pool_map, box, kv_head, 0, 1, threadIdx.x, full);
+            else copy_pages<HEAD_DIM, Bc>(tile, p, &p.kv_map, box, kv_head, 0, 1, threadIdx.x, full);
           }
         } else {
           if constexpr (HEAD_DIM_VO == HEAD_DIM)
@@ -804,7 +839,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wait_tile<PAGED>(smem.k_full(k_read.index), k_read.phase, gathered(0));
     turns.wait();
     wgmma_fence();
-    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
+    issue_scores<T, HEAD_DIM, Br, Bc, Tr::kAtomsOuter>(sc, q_rows, smem.k(k_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<0>();
@@ -821,9 +856,9 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase, gathered(j - 1));
     turns.wait();
     wgmma_fence();
-    issue_scores<T, HEAD_DIM, Br, Bc>(sc, q_rows, smem.k(k_read.index));
+    issue_scores<T, HEAD_DIM, Br, Bc, Tr::kAtomsOuter>(sc, q_rows, smem.k(k_read.index));
     wgmma_commit();
-    issue_pv<T, HEAD_DIM_VO, Bc>(st.o, a, smem.v(v_read.index));
+    issue_pv<T, HEAD_DIM_VO, Bc, Tr::kAtomsOuter>(st.o, a, smem.v(v_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<1>();  // S_j has landed; P_{j-1} V_{j-1} may still run
@@ -846,7 +881,7 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
     wait_tile<PAGED>(smem.v_full(v_read.index), v_read.phase, gathered(n_tiles - 1));
     turns.wait();
     wgmma_fence();
-    issue_pv<T, HEAD_DIM_VO, Bc>(st.o, a, smem.v(v_read.index));
+    issue_pv<T, HEAD_DIM_VO, Bc, Tr::kAtomsOuter>(st.o, a, smem.v(v_read.index));
     wgmma_commit();
     turns.pass();
     wgmma_wait<0>();

@@ -22,9 +22,12 @@
 
 namespace flashstep::stages::hopper {
 
-/// A descriptor's high word, the same for every tile: stride byte offset 1024 (bits 32-45)
-/// and the 128-byte swizzle (bits 62-63), as smem_descriptor below lays them out.
-constexpr uint64_t kDescriptorHigh = uint64_t(1024 >> 4) << 32 | uint64_t(1) << 62;
+/// A descriptor's high word: the stride byte offset (bits 32-45: the bytes from one 8-row
+/// atom to the next) and the 128-byte swizzle (bits 62-63), as smem_descriptor below lays
+/// them out. 1024 where a 64-column block's atoms follow each other.
+__host__ __device__ constexpr uint64_t descriptor_high(uint32_t stride_bytes) {
+  return uint64_t(stride_bytes >> 4) << 32 | uint64_t(1) << 62;
+}
 
 /// The shared-memory matrix descriptor of a tile in the 128-byte swizzled layout that the
 /// TMA writes with CU_TENSOR_MAP_SWIZZLE_128B: rows of 64 16-bit elements (128 bytes), the
@@ -32,29 +35,37 @@ constexpr uint64_t kDescriptorHigh = uint64_t(1024 >> 4) << 32 | uint64_t(1) << 
 ///
 ///   bits  0-13  start address >> 4
 ///   bits 16-29  leading byte offset >> 4
-///   bits 32-45  stride byte offset >> 4  (1024: the next 8-row atom)
+///   bits 32-45  stride byte offset >> 4  (the next 8-row atom: 1024 where they follow
+///               each other, more where other column blocks' atoms lie between)
 ///   bits 62-63  1 = 128-byte swizzle
 ///
 /// K-major operands (Q and K for S = Q K^T: the 16 elements of one k-step lie in a row)
 /// ignore the leading offset; a k-step further along the row is the start address plus
 /// 32 bytes. An MN-major operand (V for O += P V: a row holds 64 of the N output columns)
 /// needs the leading offset: the bytes from one 64-column block to the next.
-__device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t leading_bytes) {
+__device__ __forceinline__ uint64_t smem_descriptor(const void* smem, uint32_t leading_bytes,
+                                                    uint32_t stride_bytes = 1024) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16 | kDescriptorHigh;
+  return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t((leading_bytes & 0x3FFFF) >> 4) << 16 |
+         descriptor_high(stride_bytes);
 }
 
 /// smem_descriptor's two words apart: the high one (stride and swizzle) is the same for
-/// every tile, so a descriptor a few k-steps further is its low word plus a constant, a
-/// 32-bit add (the start address never carries out of bits 0-13 inside shared memory),
-/// where adding to the 64-bit descriptor made the compiler carry into the high word.
-struct SmemDescriptor {
-  uint32_t low;  ///< bits 0-31
-  __device__ __forceinline__ SmemDescriptor(const void* smem, uint32_t leading_bytes)
-      : low(static_cast<uint32_t>(smem_descriptor(smem, leading_bytes))) {}
+/// every k-step of a tile, so a descriptor a few k-steps further is its low word plus a
+/// constant, a 32-bit add (the start address never carries out of bits 0-13 inside shared
+/// memory), where adding to the 64-bit descriptor made the compiler carry into the high word.
+/// The stride is a template argument, so the high word is a constant of the instruction.
+template <uint32_t kStrideBytes>
+struct StridedSmemDescriptor {
+  static constexpr uint64_t kHigh = descriptor_high(kStrideBytes);  ///< bits 32-63
+  uint32_t low;                                                     ///< bits 0-31
+  __device__ __forceinline__ StridedSmemDescriptor(const void* smem, uint32_t leading_bytes)
+      : low(static_cast<uint32_t>(smem_descriptor(smem, leading_bytes, kStrideBytes))) {}
   /// The descriptor of the tile `units` x 16 bytes further.
-  __device__ __forceinline__ uint64_t at(uint32_t units) const { return kDescriptorHigh | (low + units); }
+  __device__ __forceinline__ uint64_t at(uint32_t units) const { return kHigh | (low + units); }
 };
+/// A tile whose 8-row atoms follow each other (stride 1024).
+using SmemDescriptor = StridedSmemDescriptor<1024>;
 
 /// Orders this thread's register writes before the next wgmma reads them (wgmma.fence).
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
