@@ -35,11 +35,13 @@
 // - Paged K/V (PAGED = true): a tile of 128 keys may come from 128 different pages, which
 //   no one box of a tensor map describes; but one page's rows are a box of the pool seen
 //   as a 5-D tensor. With pages of 8, 16, 32 or 64 tokens the TMA copies a tile one page
-//   at a time (copy_pages). A request's last tile (whose keys past kv_len must be zeros)
-//   and pages of other sizes are gathered by the producer's four warps: each thread looks
-//   up the page of its rows and issues 16-byte cp.async copies straight into the 128-byte
-//   swizzled layout (chunk c of row r at chunk c ^ (r % 8)), and cp.async.mbarrier.arrive
-//   makes the tile's "full" barrier complete when they land.
+//   at a time (copy_pages), every 64-column block at once: over pages the tiles lie atom
+//   by atom (8 rows of every column block, then the next 8; HopperTraits::kAtomsOuter).
+//   A request's last tile (whose keys past kv_len must be zeros) and pages of other sizes
+//   are gathered by the producer's four warps: each thread looks up the page of its rows
+//   and issues 16-byte cp.async copies straight into the same swizzled layout (chunk c of
+//   row r at chunk c ^ (r % 8)), and cp.async.mbarrier.arrive makes the tile's "full"
+//   barrier complete when they land.
 //
 // - Policies (kernels/attention_policy.cuh): the kernel takes a compile-time Policy and calls
 //   its on_logit hook on each score tile (only a policy that transforms logits, such as
@@ -58,8 +60,8 @@
 //   (store_tile_tma); the next unit starts while the copy engine writes. Tails of requests,
 //   splits and the wider head dims write from registers (store_tile).
 //
-// What it still does badly: a decode batch still runs a block per unit, and over pages the
-// consumers wait on sixteen small copies a tile where a contiguous tile takes two.
+// What it still does badly: a decode batch still runs a block per unit, and over pages of
+// 16 a tile is 8 copies where a contiguous tile takes 2 (0.87-0.93 of its speed, H200).
 #pragma once
 
 #include <cuda/ptx>
