@@ -116,15 +116,20 @@ struct HopperTraits {
   // [Q][K0][V0][K1][V1]...[O][barriers], each tile 1024-byte aligned (the swizzle atom)
   static constexpr uint32_t kOOffset = kQBytes + kStages * (kKBytes + kVBytes);
   static constexpr uint32_t kBarrierBytes = 8 * (2 + 4 * kStages);
+  /// The block's shared memory with the barriers at `barrier_offset`: the 1024 bytes that
+  /// align the base, the tiles, the barriers, four ints (the unit of the Q in shared memory,
+  /// the producer's next unit, two, and one unused) and the unit's Tile (64 bytes), which
+  /// the producer works out for the consumers.
+  static constexpr size_t bytes_with_barriers_at(uint32_t barrier_offset) {
+    return 1024 + barrier_offset + kBarrierBytes + 16 + 64;
+  }
   /// The output leaves through shared memory and a TMA store where its tile fits beside Q
   /// and the ring in the 227 KiB a block may have: head_dim 64 and 128 (not 256, nor
   /// MLA's 192 / 128, which write from registers).
-  static constexpr bool kStoreByTma = kOOffset + kOBytes + kBarrierBytes + 16 + 64 + 1024 <= 227 * 1024;
+  static constexpr bool kStoreByTma = bytes_with_barriers_at(kOOffset + kOBytes) <= 227 * 1024;
   static constexpr uint32_t kBarrierOffset = kOOffset + (kStoreByTma ? kOBytes : 0);
-  // then four ints (the unit of the Q in shared memory, the producer's next unit, two, and one
-  // unused) and the unit's Tile, which the producer works out for the consumers
   static constexpr uint32_t kTileOffset = kBarrierOffset + kBarrierBytes + 16;
-  static constexpr size_t smem_bytes() { return 1024 + kTileOffset + 64; }
+  static constexpr size_t smem_bytes() { return bytes_with_barriers_at(kBarrierOffset); }
   static_assert(HEAD_DIM % kBlockCols == 0 && HEAD_DIM_VO % kBlockCols == 0,
                 "head_dim and head_dim_vo must be multiples of 64");
 };
@@ -357,9 +362,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[HEAD_DIM / 2], const uint32_
   constexpr int kCols = 64, kN = HEAD_DIM > 128 ? 128 : HEAD_DIM, kBlocks = HEAD_DIM / kCols;
   using Half = float[kN / 2];
   using V = TileLayout<kAtomsOuter, Bc, kBlocks>;
-  // leading offset: one column block to the next; stride: one 8-key atom to the next
-  const StridedSmemDescriptor<V::kAtom * sizeof(T)> dv(v_tile,
-                                                       V::kBlock * sizeof(T));  // the others: a constant further
+  // leading offset: one column block to the next; stride: one 8-key atom to the next; the
+  // other k-steps and halves a constant further
+  const StridedSmemDescriptor<V::kAtom * sizeof(T)> dv(v_tile, V::kBlock * sizeof(T));
 #pragma unroll
   for (int k = 0; k < Bc / 16; ++k)
 #pragma unroll
@@ -483,9 +488,9 @@ __device__ __forceinline__ void pack_p(const float (&sc)[Bc / 2], uint32_t (&a)[
 /// Paged K/V: the producer warp group's 128 threads copy one K (or V) tile of Bc keys into
 /// shared memory in the layout the TMA would have written (atom by atom, kAtomsOuter).
 /// Thread `tid` copies 16-byte chunk c = tid % 8 of rows tid / 8 + 16 i, in every 64-column
-/// block; the row's page
-/// comes from the page table, keys past the chunk's end are written as zeros (past kv_len
-/// the pool holds anything, NaN in the tests, and 0 * NaN would reach O through P V).
+/// block; the row's page comes from the page table, keys past the chunk's end are written
+/// as zeros (past kv_len the pool holds anything, NaN in the tests, and 0 * NaN would
+/// reach O through P V).
 /// The thread reads all its rows' pages before its first copy: a copy is inline asm with a
 /// memory clobber, so a page read after it could not move above it, and at page size 1
 /// each row's read would wait for the previous row's to return.
