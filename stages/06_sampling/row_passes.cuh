@@ -56,6 +56,9 @@ struct Streamable<Row, std::void_t<typename Row::Elem>> {
 /// Bad-entry flags of a probability row (RowSummary::flags).
 enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 
+/// The bits of 1.0f: a float x is in [+0, 1] exactly when its bits are at most these.
+constexpr uint32_t kOneBits = 0x3F800000u;
+
 /// Asks the L2 for `bytes` bytes at p (16-byte aligned, a multiple of 16) in one bulk
 /// prefetch (Hopper's cp.async.bulk.prefetch): no registers, no wait, no effect on values.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
@@ -413,9 +416,9 @@ __device__ __forceinline__ void stream_tiles(const Row& row, const RowSplit& sp,
   const Elem* base = row.elems();
   const int tid = static_cast<int>(threadIdx.x);
   auto tile_of = [&](int64_t k) { return sp.rank + (reverse ? mine - 1 - k : k) * sp.size; };
-  auto issue = [&](int64_t k) {
+  auto issue = [&](int64_t k) {  // k < 2^17 (a row holds at most 2^30 entries): int slot arithmetic
     if (k < mine) {
-      uint4* slot = flashstep_stream_ring + static_cast<int>(k % kStreamStages) * kChunks * kBlock;
+      uint4* slot = flashstep_stream_ring + static_cast<int>(k) % kStreamStages * kChunks * kBlock;
       const int64_t start = tile_of(k) * kTile;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
@@ -431,7 +434,7 @@ __device__ __forceinline__ void stream_tiles(const Row& row, const RowSplit& sp,
   for (int64_t k = 0; k < mine; ++k) {
     issue(k + kStreamAhead);
     cp_async_wait<kStreamAhead>();  // groups 0 .. k are complete: tile k is in its slot
-    const uint4* slot = flashstep_stream_ring + static_cast<int>(k % kStreamStages) * kChunks * kBlock;
+    const uint4* slot = flashstep_stream_ring + static_cast<int>(k) % kStreamStages * kChunks * kBlock;
     const int64_t start = tile_of(k) * kTile;
     float v[VEC];
 #pragma unroll
@@ -577,27 +580,30 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
   RowSummary s{0, 0.f, 0u};
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     MassAcc acc;  // past the end: zeros, valid and massless
-    // no branch an entry: a valid entry (0 <= x <= 1; NaN fails both) adds its mass and
-    // may be the max, a bad one adds 0; the flags only when a bad entry was seen (rare)
-    // (a warp whose entries are all 0, as most of a renormalized top-k row, adds nothing)
-    bool ok = true;
-    float top = 0.f;
+    // one unsigned max an entry finds both the tile's verdict and its max: a valid entry
+    // (+0 <= x <= 1) has bits <= kOneBits, ordered as the floats are; a negative entry
+    // (-0 too), NaN or entry above 1 has larger bits and sends this thread's tile down
+    // the flagged path (rare), which tests each entry as the reference does
+    uint32_t top_bits = 0;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const bool valid = v[j] >= 0.f && v[j] <= 1.f;
-      ok = ok && valid;
-      top = fmaxf(top, valid ? v[j] : 0.f);
-    }
-    s.max_p = fmaxf(s.max_p, top);
-    if (__any_sync(0xFFFFFFFFu, top > 0.f)) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
-    }
-    if (!ok) {
+    for (int j = 0; j < VEC; ++j) top_bits = max(top_bits, float_bits(v[j]));
+    const bool ok = top_bits <= kOneBits;
+    if (ok) {
+      s.max_p = fmaxf(s.max_p, __uint_as_float(top_bits));
+    } else {
       MassAcc ignored;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        if (!(v[j] >= 0.f && v[j] <= 1.f)) add_entry(s, ignored, v[j]);  // flags only: bad entries add nothing
+      for (int j = 0; j < VEC; ++j) add_entry(s, ignored, v[j]);  // flags and the max of the valid entries
+    }
+    // a warp whose entries are all 0 (most of a renormalized top-k row) adds nothing
+    if (__any_sync(0xFFFFFFFFu, !ok || top_bits != 0)) {
+      if (ok) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
+      }
     }
     s.total += acc.value();
     if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
@@ -777,32 +783,31 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
     // a warp converts only for a set some of its entries are in (the set above pivot_1,
     // the midpoint towards `high`, is usually empty); entries are valid (pass 0)
-    MassAcc acc_0, acc_1;
+    // the set above pivot_1 lies inside the set above pivot_0 (pivot_1 >= pivot_0), and
+    // a warp with no entry in a set skips its sums and its tile mass (zero already)
     float top = v[0];
 #pragma unroll
     for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
-    if (__any_sync(0xFFFFFFFFu, top > pivot_0)) {
+    if (!__any_sync(0xFFFFFFFFu, top > pivot_0)) return;
+    MassAcc acc_0;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const bool above = v[j] > pivot_0;
-        s.count_0 += above ? 1 : 0;
-        acc_0.add_unit(above ? v[j] : 0.f);
-      }
-    }
-    if (__any_sync(0xFFFFFFFFu, top > pivot_1)) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const bool above = v[j] > pivot_1;
-        s.count_1 += above ? 1 : 0;
-        acc_1.add_unit(above ? v[j] : 0.f);
-      }
+    for (int j = 0; j < VEC; ++j) {
+      const bool above = v[j] > pivot_0;
+      s.count_0 += above ? 1 : 0;
+      acc_0.add_unit(above ? v[j] : 0.f);
     }
     s.mass_0 += acc_0.value();
-    s.mass_1 += acc_1.value();
-    if (tiles) {
-      add_tile_mass(sh, 0, tile, acc_0, sp.phase);
-      add_tile_mass(sh, 1, tile, acc_1, sp.phase);
+    if (tiles) add_tile_mass(sh, 0, tile, acc_0, sp.phase);
+    if (!__any_sync(0xFFFFFFFFu, top > pivot_1)) return;
+    MassAcc acc_1;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const bool above = v[j] > pivot_1;
+      s.count_1 += above ? 1 : 0;
+      acc_1.add_unit(above ? v[j] : 0.f);
     }
+    s.mass_1 += acc_1.value();
+    if (tiles) add_tile_mass(sh, 1, tile, acc_1, sp.phase);
   });
   auto fold = [](const PivotStats& a, const PivotStats& b) {
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};

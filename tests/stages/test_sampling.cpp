@@ -907,6 +907,29 @@ TEST_CASE("the GPU Philox stream is cuRAND's and the CPU's") {
   }
 }
 
+namespace {
+/// The values both MassAcc checks use: specials, 20 000 random probabilities, and every
+/// exponent with the smallest, the largest and a random significand, both signs. `inside`
+/// gets the positive floats below 2 (mass_of gives them a mass), `outside` the rest
+/// (from 2 up, or with the sign bit set: zero).
+void mass_test_values(std::mt19937_64& rng, std::vector<float>& inside, std::vector<float>& outside) {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  inside = {0.f,  -0.f, 1.f,        1e-30f,   1e-28f,          1e-22f,   1.2e-38f,   1e-45f,   0.5f,    0.99999994f,
+            0.1f, 1.5f, 1.9999999f, 0x1p-48f, 0x1.fffffep-49f, 0x1p-73f, 0x1.8p-74f, 0x1p-96f, 0x1p-97f};
+  for (int i = 0; i < 20000; ++i) inside.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
+  outside = {-1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  for (uint32_t e = 0; e < 256; ++e)
+    for (uint32_t mantissa : {0u, 0x7FFFFFu, static_cast<uint32_t>(rng() & 0x7FFFFFu)}) {
+      for (uint32_t sign : {0u, 1u}) {
+        const uint32_t bits = (sign << 31) | (e << 23) | mantissa;
+        float p;
+        std::memcpy(&p, &bits, sizeof p);
+        (sign == 0 && e < 128 ? inside : outside).push_back(p);
+      }
+    }
+}
+}  // namespace
+
 TEST_SUITE("host") {
 TEST_CASE("stage 06 mass arithmetic equals the reference's") {
   auto rng = flashstep::test::case_rng("stage 06 mass");
@@ -931,25 +954,8 @@ TEST_CASE("stage 06 MassAcc sums exactly the reference's masses") {
   // the passes' cheap per-thread sum (mass.cuh) against the reference's mass_of, 16
   // entries at a time as a tile; outside [0, 2) it must give mass_of's zero
   auto rng = flashstep::test::case_rng("stage 06 MassAcc");
-  std::uniform_real_distribution<double> unit(0.0, 1.0);
-  std::vector<float> values = {
-      0.f,  -0.f, 1.f,        1e-30f,   1e-28f,          1e-22f,   1.2e-38f,   1e-45f,   0.5f,    0.99999994f,
-      0.1f, 1.5f, 1.9999999f, 0x1p-48f, 0x1.fffffep-49f, 0x1p-73f, 0x1.8p-74f, 0x1p-96f, 0x1p-97f};
-  for (int i = 0; i < 20000; ++i) values.push_back(static_cast<float>(std::pow(unit(rng), 1 + 40 * unit(rng))));
-  // every exponent, each with the smallest, the largest and a random significand, both
-  // signs: below 2 (e < 128) each must give mass_of's mass, from 2 up and with the sign
-  // bit set zero
-  std::vector<float> zeros = {
-      -1.f, -1e-30f, 2.f, 3.f, std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
-  for (uint32_t e = 0; e < 256; ++e)
-    for (uint32_t mantissa : {0u, 0x7FFFFFu, static_cast<uint32_t>(rng() & 0x7FFFFFu)}) {
-      for (uint32_t sign : {0u, 1u}) {
-        const uint32_t bits = (sign << 31) | (e << 23) | mantissa;
-        float p;
-        std::memcpy(&p, &bits, sizeof p);
-        (sign == 0 && e < 128 ? values : zeros).push_back(p);
-      }
-    }
+  std::vector<float> values, zeros;
+  mass_test_values(rng, values, zeros);
   size_t bad = 0;
   for (size_t i = 0; i < values.size(); ++i) {
     gpu::MassAcc one;
@@ -981,7 +987,6 @@ TEST_CASE("stage 06 MassAcc sums exactly the reference's masses") {
   }
   CHECK(bad == 0);
 }
-
 TEST_CASE("the stage 06 registry lists every reference operator once") {
   std::vector<std::string> names;
   for (const auto& op : gpu::operators()) names.push_back(op.name);
@@ -1013,3 +1018,35 @@ TEST_CASE("a launch leaves out the ring, then the list, only where the shared me
   CHECK((!fit(59).stream && !fit(59).compact));
 }
 }  // TEST_SUITE("host")
+
+TEST_CASE("stage 06 MassAcc on the GPU splits exactly the reference's masses") {
+  // the device's own instructions for MassAcc (mass.cuh's device branch) against
+  // ref::mass_of, on the host check's values: parts() of every value (zero outside
+  // [0, 2)), add_unit() of the values it is meant for ([0, 1] and -0)
+  extern std::vector<uint64_t> device_mass_parts(const std::vector<float>& values);
+  auto rng = flashstep::test::case_rng("stage 06 MassAcc GPU");
+  std::vector<float> values, zeros;
+  mass_test_values(rng, values, zeros);
+  std::vector<float> all = values;
+  all.insert(all.end(), zeros.begin(), zeros.end());
+  const std::vector<uint64_t> got = device_mass_parts(all);
+  constexpr ref::Mass kLow48 = (ref::Mass{1} << 48) - 1;
+  size_t bad_parts = 0, bad_unit = 0, units = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const float p = all[i];
+    const ref::Mass want = i < values.size() ? ref::mass_of(p) : 0;
+    const uint64_t hi = static_cast<uint64_t>(want >> 48), lo = static_cast<uint64_t>(want & kLow48);
+    if (got[4 * i] != hi || got[4 * i + 1] != lo) {
+      if (bad_parts++ < 5) MESSAGE("parts(" << p << ") = " << got[4 * i] << ", " << got[4 * i + 1]);
+    }
+    if ((p >= 0.f && p <= 1.f) || (p == 0.f && std::signbit(p))) {
+      ++units;
+      if (got[4 * i + 2] != hi || got[4 * i + 3] != lo) {
+        if (bad_unit++ < 5) MESSAGE("add_unit(" << p << ") = " << got[4 * i + 2] << ", " << got[4 * i + 3]);
+      }
+    }
+  }
+  CHECK(units > 20000);
+  CHECK(bad_parts == 0);
+  CHECK(bad_unit == 0);
+}
