@@ -58,6 +58,8 @@ enum : uint32_t { kFlagNotFinite = 1u, kFlagNegative = 2u, kFlagAboveOne = 4u };
 
 /// The bits of 1.0f: a float x is in [+0, 1] exactly when its bits are at most these.
 constexpr uint32_t kOneBits = 0x3F800000u;
+/// The bits of +inf.
+constexpr uint32_t kInfBits = 0x7F800000u;
 
 /// Asks the L2 for `bytes` bytes at p (16-byte aligned, a multiple of 16) in one bulk
 /// prefetch (Hopper's cp.async.bulk.prefetch): no registers, no wait, no effect on values.
@@ -185,10 +187,11 @@ struct LogitRowT {
   }
 };
 
-/// What the fused softmax needs of a logit row: p_j = 2^((x_j * inv_t - m) * log2 e) * (1 / sum).
+/// What the fused softmax needs of a logit row: p_j = 2^(x_j * scale - m) * (1 / sum), with
+/// scale = log2(e) / temperature (a logit in powers of two) and m = max logit * scale.
 struct SoftmaxScale {
-  float inv_t;      ///< 1 / temperature
-  float m;          ///< max logit * inv_t
+  float scale;      ///< log2(e) / temperature
+  float m;          ///< max logit * scale
   float sum;        ///< sum over the row of the numerators, >= 1
   float rcp = 0.f;  ///< 1 / sum, rounded: p = numerator * rcp (two roundings, no division an entry)
 };
@@ -200,11 +203,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-/// The softmax numerator of logit x. Every operation is spelled out (no FMA contraction,
-/// one hardware exp2), so every pass, every kernel and every call computes the same bits.
-__device__ __forceinline__ float softmax_numerator(float x, float inv_t, float m) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  return exp2_approx(__fmul_rn(__fsub_rn(__fmul_rn(x, inv_t), m), kLog2e));
+/// The softmax numerator of logit x: 2^(x * scale - m). Every operation is spelled out
+/// (no FMA contraction, one hardware exp2), so every pass, every kernel and every call
+/// computes the same bits. With m = max * scale rounded the same way, the max's exponent
+/// is exactly 0 and, rounding being monotonic, no other exponent is above it: every
+/// numerator is at most 1.
+__device__ __forceinline__ float softmax_numerator(float x, float scale, float m) {
+  return exp2_approx(__fsub_rn(__fmul_rn(x, scale), m));
 }
 
 /// A softmax row computed on the fly from its logits: what the fused from-logits sampler
@@ -216,7 +221,7 @@ struct SoftmaxRowT {
   SoftmaxScale scale;  ///< from softmax_scale
   int64_t vocab;       ///< entries (logits.vocab)
   __device__ __forceinline__ float prob(float x) const {
-    return __fmul_rn(softmax_numerator(x, scale.inv_t, scale.m), scale.rcp);
+    return __fmul_rn(softmax_numerator(x, scale.scale, scale.m), scale.rcp);
   }
   /// Entries i .. i + VEC - 1 into v (0 past the end).
   template <int VEC>
@@ -637,27 +642,39 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
                               const RowSplit& mode = RowSplit{}) {
   RowSplit whole;  // one block, forward, the read mode of `mode`
   whole.stream = mode.stream;
-  out.inv_t = __fdiv_rn(1.0f, temperature);
-  const float inv_t = out.inv_t;
+  constexpr float kLog2e = 1.4426950408889634f;
+  out.scale = __fdiv_rn(kLog2e, temperature);
+  const float scale = out.scale;
   RowSummary s{0, -INFINITY, 0u};
   float sum = 0.f;  // this thread's sum of numerators scaled to its running max s.max_p
   for_each_tile<VEC>(row, whole, false, [&](int64_t, const float(&v)[VEC], auto) {
+    // a NaN (either sign) or +inf entry fails the row, whose sums are then never used;
+    // -inf (a masked logit) is an entry of numerator 0. Two integer maxima find them: as
+    // signed ints, +inf and the positive NaNs are the bits >= those of +inf; as unsigned
+    // ints, the negative NaNs are the bits above those of -inf
+    int32_t top_signed = INT32_MIN;
+    uint32_t top_unsigned = 0;
     float tile_max = -INFINITY;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      if (isnan(v[j]) || v[j] == INFINITY) s.flags |= kFlagNotFinite;
-      else tile_max = fmaxf(tile_max, v[j]);
+      const uint32_t bits = float_bits(v[j]);
+      top_signed = max(top_signed, static_cast<int32_t>(bits));
+      top_unsigned = max(top_unsigned, bits);
+      tile_max = fmaxf(tile_max, v[j]);
+    }
+    if (top_signed >= static_cast<int32_t>(kInfBits) || top_unsigned > (kInfBits | 0x80000000u)) {
+      s.flags |= kFlagNotFinite;
+      return;
     }
     if (tile_max > s.max_p) {  // rescale the sum so far to the new max (a sum of 0 stays 0)
-      const float m_new = __fmul_rn(tile_max, inv_t);
-      if (s.max_p != -INFINITY) sum = __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, m_new));
+      const float m_new = __fmul_rn(tile_max, scale);
+      if (s.max_p != -INFINITY) sum = __fmul_rn(sum, softmax_numerator(s.max_p, scale, m_new));
       s.max_p = tile_max;
     }
     if (s.max_p != -INFINITY) {
-      const float m = __fmul_rn(s.max_p, inv_t);
+      const float m = __fmul_rn(s.max_p, scale);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j)
-        if (!(isnan(v[j]) || v[j] == INFINITY)) sum = __fadd_rn(sum, softmax_numerator(v[j], inv_t, m));
+      for (int j = 0; j < VEC; ++j) sum = __fadd_rn(sum, softmax_numerator(v[j], scale, m));
     }
   });
   const RowSummary r =
@@ -667,9 +684,9 @@ __device__ bool softmax_scale(const Row& row, float temperature, SoftmaxScale& o
   const RowSummary all = broadcast(r, sh.summary);
   flags = all.flags;
   if (all.flags != 0 || all.max_p == -INFINITY) return false;
-  out.m = __fmul_rn(all.max_p, inv_t);  // the largest numerator is 2^0 = 1: no overflow
+  out.m = __fmul_rn(all.max_p, scale);  // the largest numerator is 2^0 = 1: no overflow
   // this thread's sum scaled from its max to the row's (the thread holding the row's max adds >= 1)
-  sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, inv_t, out.m));
+  sum = s.max_p == -INFINITY ? 0.f : __fmul_rn(sum, softmax_numerator(s.max_p, scale, out.m));
   sum = cub::BlockReduce<float, kBlock>(sh.temp.value).Sum(sum);
   out.sum = broadcast(sum, sh.value);
   out.rcp = __frcp_rn(out.sum);
