@@ -553,7 +553,9 @@ void launch_sampler(FilterKind kind, DeviceRows probs, TopK top_k, Fraction top_
   p.rounds = out.rounds;
   p.status = out.status;
   p.probs_out = logits ? out.probs : nullptr;
-  p.stream = true;  // launch_kind leaves the ring or the list out where they do not fit
+  // the ring for probability rows (launch_kind leaves the ring or the list out where they do
+  // not fit); logit rows load directly (softmax() reads them the same way)
+  p.stream = !logits;
   p.compact = true;
   const ElementType dtype = probs.dtype;
   switch (kind) {

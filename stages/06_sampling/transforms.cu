@@ -516,6 +516,7 @@ void launch_softmax(DeviceRows logits, RowParam<double, float> temperature, floa
   device::TransformParams p = transform_params(logits, probs_out, gather);
   p.temperature = static_cast<float>(temperature.scalar);
   p.temperature_per_output = temperature.per_output;
+  p.stream = false;  // logit rows load directly, as the fused samplers read them
   if (logits.dtype == ElementType::bf16) {
     launch_transform_vec<device::Transform::softmax, device::Bf16Bits>(p, gather.outputs, stream);
   } else {
