@@ -798,33 +798,28 @@ __device__ PivotStats count_mass_above(const Row& row, float pivot_0, float pivo
   if (tiles) begin_pass<CLUSTER>(sh, 2, sp);
   PivotStats s{0, 0, 0, 0};
   for_each_tile<VEC>(row, sp, next_pass_reversed(sp), [&](int64_t tile, const float(&v)[VEC], auto) {
-    // a warp converts only for a set some of its entries are in (the set above pivot_1,
-    // the midpoint towards `high`, is usually empty); entries are valid (pass 0)
-    // the set above pivot_1 lies inside the set above pivot_0 (pivot_1 >= pivot_0), and
-    // a warp with no entry in a set skips its sums and its tile mass (zero already)
+    // a warp converts only for a set some of its entries are in; entries are valid (pass
+    // 0). The set above pivot_1 (the midpoint towards `high`, usually empty) lies inside
+    // the set above pivot_0, so a warp with no entry above pivot_0 skips both sets' sums
+    // and tile masses (zero already)
     float top = v[0];
 #pragma unroll
     for (int j = 1; j < VEC; ++j) top = fmaxf(top, v[j]);
+    auto add_set = [&](int set, float pivot, int32_t& count, Mass& mass) {
+      MassAcc acc;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const bool above = v[j] > pivot;
+        count += above ? 1 : 0;
+        acc.add_unit(above ? v[j] : 0.f);
+      }
+      mass += acc.value();
+      if (tiles) add_tile_mass(sh, set, tile, acc, sp.phase);
+    };
     if (!__any_sync(0xFFFFFFFFu, top > pivot_0)) return;
-    MassAcc acc_0;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const bool above = v[j] > pivot_0;
-      s.count_0 += above ? 1 : 0;
-      acc_0.add_unit(above ? v[j] : 0.f);
-    }
-    s.mass_0 += acc_0.value();
-    if (tiles) add_tile_mass(sh, 0, tile, acc_0, sp.phase);
+    add_set(0, pivot_0, s.count_0, s.mass_0);
     if (!__any_sync(0xFFFFFFFFu, top > pivot_1)) return;
-    MassAcc acc_1;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const bool above = v[j] > pivot_1;
-      s.count_1 += above ? 1 : 0;
-      acc_1.add_unit(above ? v[j] : 0.f);
-    }
-    s.mass_1 += acc_1.value();
-    if (tiles) add_tile_mass(sh, 1, tile, acc_1, sp.phase);
+    add_set(1, pivot_1, s.count_1, s.mass_1);
   });
   auto fold = [](const PivotStats& a, const PivotStats& b) {
     return PivotStats{a.mass_0 + b.mass_0, a.mass_1 + b.mass_1, a.count_0 + b.count_0, a.count_1 + b.count_1};
