@@ -37,11 +37,19 @@ namespace flashstep::stages::hopper {
 
 namespace {
 
-constexpr int kBr = 128;  // HopperTraits::Br
+/// HopperTraits::Br, the packed query rows of a block: 192 at head_dim 64 (three consumer
+/// warp groups), else 128. (The element type and the storage do not change it.)
+int query_rows(const BatchShape& shape) {
+  return shape.head_dim == 64 && shape.resolved_head_dim_vo() == 64 ? HopperTraits<__half, 64>::Br
+                                                                    : HopperTraits<__half, 128>::Br;
+}
 
-/// The query box is (64, group, 128 / group): a token's group rows never straddle a tile.
+/// The query box is (64, group, Br / group): a token's group rows never straddle a tile.
 std::string tile_rule(const std::string& name, const BatchShape& shape) {
-  if (kBr % shape.group_size() != 0) return name + " needs a GQA group that divides 128";
+  const int rows = query_rows(shape);
+  if (rows % shape.group_size() != 0)
+    return name + " needs a GQA group that divides " + std::to_string(rows) + " at head_dim " +
+           std::to_string(shape.head_dim);
   if (shape.resolved_head_dim_vo() != shape.head_dim && (shape.window_left >= 0 || shape.logits_soft_cap > 0.f))
     return name + " runs head_dim_vo != head_dim (MLA's prefill) without window_left and logits_soft_cap";
   return std::string();
@@ -358,13 +366,14 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
                    static_cast<int>(s.kv_indptr.size()) == s.batch_size + 1,
                fn, "qo_indptr and kv_indptr must have batch_size + 1 entries");
   Schedule sched;
-  sched.Br = kBr;
+  const int64_t br = query_rows(s);
+  sched.Br = static_cast<int>(br);
   const int64_t group = s.group_size();
   std::vector<int64_t> tiles(static_cast<size_t>(s.batch_size));
   int64_t base_items = 0, max_kv = 0;
   for (int b = 0; b < s.batch_size; ++b) {
     const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b];
-    tiles[b] = (qo_len * group + kBr - 1) / kBr;
+    tiles[b] = (qo_len * group + br - 1) / br;
     base_items += tiles[b];
     max_kv = std::max(max_kv, s.kv_len(b));
   }
@@ -397,7 +406,7 @@ Schedule HopperRunner::make_schedule(const BatchShape& s) const {
     const int64_t qo_len = s.qo_indptr[b + 1] - s.qo_indptr[b], kv_len = s.kv_len(b);
     const int64_t chunks = chunk > 0 ? std::max<int64_t>(1, (kv_len + chunk - 1) / chunk) : 1;
     for (int64_t tile = 0; tile < tiles[b]; ++tile) {
-      const int64_t row_begin = tile * kBr, rows = std::min<int64_t>(kBr, qo_len * group - row_begin);
+      const int64_t row_begin = tile * br, rows = std::min<int64_t>(br, qo_len * group - row_begin);
       for (int64_t c = 0; c < chunks; ++c) {
         const int64_t lo = chunk > 0 ? c * chunk : 0, hi = chunk > 0 ? std::min(kv_len, lo + chunk) : kv_len;
         items.push_back({b, static_cast<int32_t>(tile), static_cast<int32_t>(c),
@@ -553,7 +562,9 @@ LevelKernel level_kernel() {
 
 StageInfo ragged_stage_info() {
   StageInfo s = common_info("07_hopper_ragged");
-  s.summary = "prefill on Hopper: TMA into 128-byte swizzled tiles, wgmma, a producer and two consumer warp groups";
+  s.summary =
+      "prefill on Hopper: TMA into 128-byte swizzled tiles, wgmma, a producer and two consumer warp groups "
+      "(three at head_dim 64)";
   s.storage = KVStorage::ragged;
   // MLA's prefill, the naive form: q and k of head_dim_nope + rope_dim = 192, v and o of
   // head_dim_vo = 128 (DeepSeek-V2/V3); K and V tiles of their own widths in the ring

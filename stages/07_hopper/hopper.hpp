@@ -1,11 +1,11 @@
 /// \file hopper.hpp
 /// \brief Stage 07 — prefill on Hopper (sm_90a): TMA loads completing on mbarriers, wgmma
-/// from shared memory, a producer warp group and two consumer warp groups. plan() lists
-/// the (request, query tile, kv chunk) work items longest first and splits the KV when the
-/// grid is short, as stage 04 does; run() encodes the tensor maps of q, k and v, launches
-/// the kernel over its (work item, kv head) units (a prefill on one block per
-/// multiprocessor, each claiming its next unit; a decode batch a block per unit) and, after
-/// a split, stage 03's merge kernel.
+/// from shared memory, a producer warp group and two consumer warp groups (three at
+/// head_dim 64). plan() lists the (request, query tile, kv chunk) work items longest first
+/// and splits the KV when the grid is short, as stage 04 does; run() encodes the tensor
+/// maps of q, k and v, launches the kernel over its (work item, kv head) units (a prefill
+/// on one block per multiprocessor, each claiming its next unit; a decode batch a block
+/// per unit) and, after a split, stage 03's merge kernel.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -12,14 +12,15 @@
 //   fragment loaded into registers first (ldmatrix), and issues 16x more instructions.
 // - Warp specialisation: warp group 0 only loads (its registers given to the others with
 //   setmaxnreg), warp groups 1 and 2 only compute, each on 64 of the tile's 128 query
-//   rows. A ring of kStages K/V buffers decouples them: the producer fills stage s while
-//   the consumers read stage s - 1; full and empty mbarriers hand each stage over.
+//   rows (at head_dim 64 three groups, 192 rows: HopperTraits::kConsumers). A ring of
+//   kStages K/V buffers decouples them: the producer fills stage s while the consumers
+//   read stage s - 1; full and empty mbarriers hand each stage over.
 //
 //   producer (WG 0)   Q | K0 V0 | K1 V1 | wait empty0 | K2 V2 | wait empty1 | K3 V3 ...
 //   consumer (WG 1)       wait K0: S = Q K0^T, softmax, wait V0: O += P V0, free 0 | K1 ...
 //   consumer (WG 2)       (the same on query rows 64..127)
 //
-// - Ping-pong: the two consumer warp groups take turns issuing their GEMMs (named
+// - Ping-pong: the consumer warp groups take turns issuing their GEMMs (named
 //   barriers), so one group's softmax runs while the other's GEMMs hold the tensor cores;
 //   each turn issues S_j = Q K_j^T together with P_{j-1} V_{j-1}.
 //
@@ -85,21 +86,28 @@ namespace flashstep::stages::hopper {
 /// and o HEAD_DIM_VO (the same, but for MLA's prefill: 192 and 128).
 template <typename T, int HEAD_DIM, bool PAGED = false, int HEAD_DIM_VO = HEAD_DIM>
 struct HopperTraits {
-  static constexpr int Br = 128;  ///< packed query rows per block: 64 per consumer warp group
+  /// consumer warp groups, each on 64 of the tile's query rows: two, and three at head_dim
+  /// 64, where a tile's GEMMs take half the time of head_dim 128's for the same softmax, so
+  /// that two groups' softmax can run while the third's GEMMs hold the tensor cores (as
+  /// FlashAttention-3 runs head_dim 64: 192 rows a block).
+  static constexpr int kConsumers = HEAD_DIM == 64 && HEAD_DIM_VO == 64 ? 3 : 2;
+  static constexpr int Br = 64 * kConsumers;  ///< packed query rows per block
   /// keys per K/V tile. head_dim 256 takes 64: a 128 x 256 tile is 64 KiB, and Q plus two
   /// stages of K and V at 128 keys (320 KiB) would not fit the 227 KiB a block may have;
   /// at 64 keys they take 192 KiB. (O is 128 fp32 registers per consumer thread there.)
   static constexpr int Bc = HEAD_DIM == 256 ? 64 : 128;
-  static constexpr int kStages = 2;     ///< K/V buffers in the ring
-  static constexpr int kConsumers = 2;  ///< consumer warp groups
+  static constexpr int kStages = 2;  ///< K/V buffers in the ring
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  // setmaxnreg: what the producer keeps and each consumer gets. The block starts with 168
-  // a thread (384 x 168 = 64512), so 128 x 24 + 256 x 240 and 128 x 64 + 256 x 216 both fit.
-  // A gathering producer holds a thread's eight page ids at once, and over the persistent
-  // grid its unit's state besides: at 56 (consumers 224) ptxas spilled some of it inside
-  // the gather's loop, at 64 only a few words once a unit, and no consumer spills at 216.
+  // setmaxnreg: what the producer keeps and each consumer gets, out of the 65536 registers
+  // of the multiprocessor: 128 x 24 + 256 x 240 and 128 x 64 + 256 x 216 with two
+  // consumers, 128 x 24 + 384 x 160 with three (FlashAttention-3's 160 too). A gathering
+  // producer holds a thread's eight page ids at once, and over the persistent grid its
+  // unit's state besides: at 56 (consumers 224) ptxas spilled some of it inside the
+  // gather's loop, at 64 only a few words once a unit, and no consumer spills at 216.
   static constexpr int kProducerRegisters = PAGED ? 64 : 24;
-  static constexpr int kConsumerRegisters = PAGED ? 216 : 240;
+  static constexpr int kConsumerRegisters = kConsumers == 3 ? (PAGED ? 144 : 160) : PAGED ? 216 : 240;
+  static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536,
+                "setmaxnreg: the warp groups' registers exceed the multiprocessor's");
   static constexpr uint32_t kKVFullArrivals = PAGED ? 128 : 1;  ///< gather: one per producer thread
   static constexpr int kBlockCols = 64;                         ///< elements per 128-byte swizzled row
   static constexpr int kColBlocks = HEAD_DIM / kBlockCols;
@@ -272,35 +280,37 @@ __device__ __forceinline__ int claim_unit(const HopperParams& p, int u, int num_
   return static_cast<int>(gridDim.x) + c;
 }
 
-/// The named barriers of the kernel (barrier 0 is __syncthreads): the consumers' turns at
-/// the tensor cores. Each has the 256 consumer threads as its count.
+/// The named barriers of the kernel (barrier 0 is __syncthreads), for up to three consumer
+/// warp groups: their turns at the tensor cores (each counting the 128 threads of the group
+/// that waits and the 128 of the group before it that lets it go), the producer's, and
+/// each consumer's output stage.
 enum class NamedBarrier : uint32_t {
-  kConsumer0Turn = 1,   ///< consumer 0 may issue its GEMMs
-  kConsumer1Turn = 2,   ///< consumer 1 may issue its GEMMs
-  kProducer = 3,        ///< the producer's 128 threads, over pages: the next unit is known to all
-  kConsumer0Store = 4,  ///< consumer 0's 128 threads: its output stage is free, then written
-  kConsumer1Store = 5,  ///< consumer 1's 128 threads, the same
+  kConsumer0Turn = 1,   ///< kConsumer0Turn + c: consumer c may issue its GEMMs
+  kProducer = 4,        ///< the producer's 128 threads, over pages: the next unit is known to all
+  kConsumer0Store = 5,  ///< kConsumer0Store + c: consumer c's 128 threads, its output stage is free, then written
 };
 
-/// Consumer warp groups take turns issuing their GEMMs (ping-pong): consumer c waits on
-/// its own turn's barrier until the other has issued, and after issuing lets the other
-/// go. While one group's GEMMs run on the tensor cores, the other does its softmax. A solo
-/// consumer (every row of the tile is its own) takes no turns. (bar.sync / bar.arrive
-/// with a barrier id: no C++ API, one line of PTX each.)
+/// Consumer warp groups take turns issuing their GEMMs (ping-pong, round robin over
+/// kConsumers groups): consumer c waits on its own turn's barrier until consumer c - 1 has
+/// issued, and after issuing lets consumer c + 1 go. While one group's GEMMs run on the
+/// tensor cores, the others do their softmax. A solo consumer (every row of the tile is
+/// its own) takes no turns. (bar.sync / bar.arrive with a barrier id: no C++ API, one
+/// line of PTX each.)
+template <int kConsumers>
 struct Turns {
-  int consumer;  ///< 0 or 1
-  bool solo;     ///< the other consumer has no rows: no turns to take
+  int consumer;  ///< 0 .. kConsumers - 1
+  bool solo;     ///< the other consumers have no rows: no turns to take
   __device__ __forceinline__ uint32_t own() const {
     return uint32_t(NamedBarrier::kConsumer0Turn) + uint32_t(consumer);
   }
-  __device__ __forceinline__ uint32_t other() const {
-    return uint32_t(NamedBarrier::kConsumer0Turn) + uint32_t(1 - consumer);
+  __device__ __forceinline__ uint32_t next() const {
+    return uint32_t(NamedBarrier::kConsumer0Turn) + uint32_t(consumer + 1 == kConsumers ? 0 : consumer + 1);
   }
   __device__ __forceinline__ void wait() const {
     if (!solo) asm volatile("bar.sync %0, 256;\n" ::"r"(own()) : "memory");
   }
   __device__ __forceinline__ void pass() const {
-    if (!solo) asm volatile("bar.arrive %0, 256;\n" ::"r"(other()) : "memory");
+    if (!solo) asm volatile("bar.arrive %0, 256;\n" ::"r"(next()) : "memory");
   }
 };
 
@@ -603,7 +613,7 @@ struct HopperSmem {
   }
   /// consumer c's 64 output rows (kStoreByTma): one 64 x 64 swizzled block per 64 columns
   __device__ __forceinline__ T* o_stage(int c) const {
-    return reinterpret_cast<T*>(base + Tr::kOOffset + c * (Tr::kOBytes / 2));
+    return reinterpret_cast<T*>(base + Tr::kOOffset + c * (Tr::kOBytes / Tr::kConsumers));
   }
   __device__ __forceinline__ uint64_t* q_full() const { return reinterpret_cast<uint64_t*>(base + Tr::kBarrierOffset); }
   /// [kStages] a K (V) tile has landed
@@ -822,7 +832,8 @@ __device__ __forceinline__ float softmax_tile(const HopperParams& p, const typen
 /// that lands, so the next unit's Q is on its way during the last P V and the epilogue.
 template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 __device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
-                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, const Turns& turns,
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem,
+                                        const Turns<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kConsumers>& turns,
                                         const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st,
                                         PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& ring) {
   using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
@@ -899,12 +910,43 @@ __device__ __forceinline__ void consume(const HopperParams& p, const typename Po
   ring = k_read;  // n_tiles further on: where the next unit's tiles start
 }
 
-/// The epilogue: O / l and lse = (m + log2 l) ln 2 for every row the tile owns, to o and
-/// lse, or after a split to this chunk's fp32 partial row (a row that saw no key: O = 0,
-/// lse = -inf, which the merge weighs as nothing). Written from the accumulator fragments.
-/// Each row's (m, l) passes through Policy::on_state first (a sink's term, added by the
-/// chunk that starts at key 0 only), which returns the factor for the row's O. o's rows
-/// are HEAD_DIM_VO wide (v's width).
+/// A finished row of the tile: its token and query head, what its O is multiplied by (the
+/// policy's factor / l) and its lse = (m + log2 l) ln 2 (a row that saw no key: 0 and
+/// -inf, which a merge weighs as nothing).
+struct RowEnd {
+  int token, head;
+  float inv, lse;
+};
+
+/// Packed row `packed` of the tile, whose running max is m and whose sum over its four
+/// threads' columns is l, finished: (m, l) pass through Policy::on_state first (a sink's
+/// term, added by the chunk that starts at key 0 only), which returns the factor for O.
+/// Both epilogues finish their rows here.
+template <typename Policy>
+__device__ __forceinline__ RowEnd finish_row(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
+                                             int kv_head, int packed, float m, float l) {
+  RowEnd e;
+  e.token = t.qo_begin + packed / p.group_size;
+  e.head = kv_head * p.group_size + packed % p.group_size;
+  float m2 = l > 0.f ? m : -INFINITY;  // base 2, as the scores
+  const float factor = Policy::on_state(pol, m2, l, e.head, p.kv_chunk_size * t.chunk);
+  e.inv = l > 0.f ? factor / l : 0.f;
+  e.lse = l > 0.f ? (m2 + log2f(l)) * 0.69314718055994531f : -INFINITY;
+  return e;
+}
+
+/// Row h's l: the sum of the four threads' partial sums that hold its columns.
+template <int HEAD_DIM_VO>
+__device__ __forceinline__ float row_sum(const RowState<HEAD_DIM_VO>& st, int h) {
+  float sum = st.l[h];
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  return sum;
+}
+
+/// The epilogue: O / l and the lse for every row the tile owns, to o and lse, or after a
+/// split to this chunk's fp32 partial row. Written from the accumulator fragments. o's
+/// rows are HEAD_DIM_VO wide (v's width).
 template <typename T, int HEAD_DIM_VO, typename Policy>
 __device__ __forceinline__ void store_tile(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
                                            int kv_head, const int (&row)[2], int lane,
@@ -912,34 +954,27 @@ __device__ __forceinline__ void store_tile(const HopperParams& p, const typename
   T* out = static_cast<T*>(p.o);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = st.l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = row_sum(st, h);
     const int packed = t.row_begin + row[h];
     if (packed >= t.qo_len * p.group_size) continue;
-    const int token = t.qo_begin + packed / p.group_size;
-    const int head = kv_head * p.group_size + packed % p.group_size;
-    float m2 = sum > 0.f ? st.m[h] : -INFINITY;  // base 2, as the scores
-    const float factor = Policy::on_state(pol, m2, sum, head, p.kv_chunk_size * t.chunk);
-    const float inv = sum > 0.f ? factor / sum : 0.f;
-    const float lse = sum > 0.f ? (m2 + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    const RowEnd e = finish_row<Policy>(p, pol, t, kv_head, packed, st.m[h], sum);
     if (p.kv_chunk_size == 0) {
-      T* o_row = out + (int64_t(token) * p.num_qo_heads + head) * HEAD_DIM_VO;
+      T* o_row = out + (int64_t(e.token) * p.num_qo_heads + e.head) * HEAD_DIM_VO;
 #pragma unroll
       for (int n = 0; n < HEAD_DIM_VO / 8; ++n) {
         const int col = 8 * n + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(st.o[4 * n + 2 * h] * inv,
-                                                                      st.o[4 * n + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(o_row + col) = kernels::pack2<T>(st.o[4 * n + 2 * h] * e.inv,
+                                                                      st.o[4 * n + 2 * h + 1] * e.inv);
       }
-      if (lane % 4 == 0) p.lse[int64_t(token) * p.num_qo_heads + head] = lse;
+      if (lane % 4 == 0) p.lse[int64_t(e.token) * p.num_qo_heads + e.head] = e.lse;
     } else {
-      const int64_t prow = int64_t(p.partial_indptr[token] + t.chunk) * p.num_qo_heads + head;
+      const int64_t prow = int64_t(p.partial_indptr[e.token] + t.chunk) * p.num_qo_heads + e.head;
       float* o_row = p.partial_o + prow * HEAD_DIM_VO;
 #pragma unroll
       for (int n = 0; n < HEAD_DIM_VO / 8; ++n)
-        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) = make_float2(st.o[4 * n + 2 * h] * inv,
-                                                                                 st.o[4 * n + 2 * h + 1] * inv);
-      if (lane % 4 == 0) p.partial_lse[prow] = lse;
+        *reinterpret_cast<float2*>(o_row + 8 * n + 2 * (lane % 4)) = make_float2(st.o[4 * n + 2 * h] * e.inv,
+                                                                                 st.o[4 * n + 2 * h + 1] * e.inv);
+      if (lane % 4 == 0) p.partial_lse[prow] = e.lse;
     }
   }
 }
@@ -959,17 +994,9 @@ __device__ __forceinline__ void store_tile_tma(const HopperParams& p, const type
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    float sum = st.l[h];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int packed = t.row_begin + row[h];
-    const int token = t.qo_begin + packed / p.group_size;
-    const int head = kv_head * p.group_size + packed % p.group_size;
-    float m2 = sum > 0.f ? st.m[h] : -INFINITY;
-    const float factor = Policy::on_state(pol, m2, sum, head, 0);
-    inv[h] = sum > 0.f ? factor / sum : 0.f;
-    if (lane % 4 == 0)
-      p.lse[int64_t(token) * p.num_qo_heads + head] = sum > 0.f ? (m2 + log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    const RowEnd e = finish_row<Policy>(p, pol, t, kv_head, t.row_begin + row[h], st.m[h], row_sum(st, h));
+    inv[h] = e.inv;
+    if (lane % 4 == 0) p.lse[int64_t(e.token) * p.num_qo_heads + e.head] = e.lse;
   }
   const bool leader = warp == 0 && lane == 0;
   const uint32_t bar = uint32_t(NamedBarrier::kConsumer0Store) + uint32_t(consumer);
@@ -1006,8 +1033,8 @@ __device__ __forceinline__ void store_tile_tma(const HopperParams& p, const type
 /// cost the causal kernel 1-7% on an H100 (the compiler duplicated the loop for the cap,
 /// which is now soft_cap/'s policy).
 ///
-/// The block: warp group 0 produces (detail::produce), warp groups 1 and 2 consume
-/// (detail::consume: rows 0..63 and 64..127 of the tile) and write their rows
+/// The block: warp group 0 produces (detail::produce), warp groups 1 and 2 (and 3 at
+/// head_dim 64) consume (detail::consume: rows 0..63, 64..127, ... of the tile) and write their rows
 /// (detail::store_tile), through Policy's on_logit and on_state (pol: its parameters).
 /// HEAD_DIM_VO: v's and o's width, HEAD_DIM (q's and k's) but for MLA's prefill (192 / 128).
 template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy = kernels::IdentityPolicy,
@@ -1059,9 +1086,10 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Tr::kConsumerRegisters));  // no C++ API for setmaxnreg
   const int consumer = warp_group - 1;
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-  // The turns run on across units: consumer 0 takes the first, consumer 1 the last, whose
-  // pass consumer 0 takes up after its last unit. A solo unit takes none.
-  if (consumer == 1) detail::Turns{1, false}.pass();
+  // The turns run on across units: consumer 0 takes the first, the last consumer the last,
+  // whose pass consumer 0 takes up after its last unit. A solo unit takes none.
+  using Turns = detail::Turns<Tr::kConsumers>;
+  if (consumer == Tr::kConsumers - 1) Turns{consumer, false}.pass();
   detail::PipelineState<Tr::kStages> read;  // the ring, as the producer's
   for (int n = 0;; ++n) {
     // The block's n-th unit comes with its Q, the producer storing its number and Tile
@@ -1075,11 +1103,13 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     if (u < 0) break;
     const detail::Unit w = detail::unit_of(p, u);
     const detail::Tile t = detail::lane0_tile(smem.tile(), lane);
-    // Solo: every row of the tile falls in consumer 0's half; consumer 1 only hands the
-    // buffers back (Q at once: it reads none), and consumer 0 takes no turns, having the
-    // tensor cores alone.
+    // Solo: every row of the tile falls in consumer 0's 64; the others only hand the
+    // buffers back (Q at once: they read none), and consumer 0 takes no turns, having the
+    // tensor cores alone. Otherwise every consumer computes its 64 rows and takes its
+    // turns, a third group whose rows are all past the tile's end too (store_tile writes
+    // none of them): rows 65-128 of three groups' 192 are the only such case.
     const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
-    if (solo && consumer == 1) {
+    if (solo && consumer > 0) {
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
       detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
       continue;
@@ -1094,16 +1124,15 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>:
     }
     detail::RowState<HEAD_DIM_VO> st;
     st.init();
-    detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, detail::Turns{consumer, solo},
-                                                                     q_pos, lane, st, read);
+    detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, Turns{consumer, solo}, q_pos,
+                                                                     lane, st, read);
     // consume() freed Q after its last S: the next unit's Q lands while these rows are written
-    if (Tr::kStoreByTma && p.o_by_tma && p.kv_chunk_size == 0 &&
-        t.row_begin + 64 * (consumer + 1) <= t.qo_len * p.group_size)
+    if (Tr::kStoreByTma && p.o_by_tma && t.row_begin + 64 * (consumer + 1) <= t.qo_len * p.group_size)
       detail::store_tile_tma<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, consumer, warp, lane, st,
                                                      smem.o_stage(consumer));
     else detail::store_tile<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, lane, st);
   }
-  if (consumer == 0) detail::Turns{0, false}.wait();  // consumer 1's last pass
+  if (consumer == 0) Turns{0, false}.wait();  // the last consumer's last pass
   // the shared memory a TMA store reads must outlive it
   if (Tr::kStoreByTma && warp == 0 && lane == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
 #endif

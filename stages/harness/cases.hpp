@@ -572,12 +572,12 @@ inline std::vector<CaseSpec> tensor_core_fp8_sanitizer_grid() {
   return cases;
 }
 
-/// Tails of the Hopper stage's tiles (128 packed query rows, 128 keys; 64 at head_dim
-/// 256): qo_len and kv_len one below, at and above each multiple, ragged batches with an
-/// empty request, GQA groups that divide the tile (1, 4, 8, 32), head_dim 64, 128 and
-/// 256, both 16-bit dtypes, causal
-/// and not. Over ragged (contiguous) K/V the TMA reads tiles across request boundaries;
-/// over pages the producer gathers them, pages of 1, 3, 16 and 64 tokens, NHD and HND.
+/// Tails of the Hopper stage's tiles (128 packed query rows, 192 at head_dim 64; 128 keys,
+/// 64 at head_dim 256): qo_len and kv_len one below, at and above each multiple, ragged
+/// batches with an empty request, GQA groups that divide the tile (1, 4, 8, 32; at head_dim
+/// 64 also 3, 6, 12 and 24), head_dim 64, 128 and 256, both 16-bit dtypes, causal and not.
+/// Over ragged (contiguous) K/V the TMA reads tiles across request boundaries; over pages
+/// the producer gathers them, pages of 1, 3, 16 and 64 tokens, NHD and HND.
 inline std::vector<CaseSpec> hopper_tail_grid() {
   std::vector<CaseSpec> cases;
   int n = 0;
@@ -605,6 +605,23 @@ inline std::vector<CaseSpec> hopper_tail_grid() {
         ++n;
         cases.push_back(c);
       }
+  // head_dim 64's tiles of 192 rows take GQA groups that divide 192 and not 128 (3, 6, 12,
+  // 24): rows of a third consumer warp group, and outputs written from registers (a
+  // group that does not divide 64 has no output box)
+  for (int group : {3, 6, 12, 24}) {
+    CaseSpec c;
+    c.mode = Mode::prefill;
+    c.batch_size = 3;
+    c.qo_len = group % 2 ? 65 : 129;
+    c.kv_len = c.qo_len + 64;
+    c.num_qo_heads = 2 * group;
+    c.num_kv_heads = 2;
+    c.head_dim = 64;
+    c.dtype = group > 6 ? DType::f16 : DType::bf16;
+    c.causal = group % 12 != 0;
+    c.lengths = LengthPolicy::ragged_with_empty;
+    cases.push_back(c);
+  }
   return cases;
 }
 

@@ -168,6 +168,14 @@ TEST_CASE("07_hopper: refuses what it is not built for, naming the rule") {
   s.qo_indptr = {0, 5};
   s.kv_indptr = {0, 9};
   CHECK(stage.unsupported_reason(s).find("divides 128") != std::string::npos);  // group 7
+  // head_dim 64's blocks have 192 rows (three consumer warp groups): group 7 still
+  // straddles them, group 3 does not (at head_dim 128 it does)
+  s.head_dim = 64;
+  CHECK(stage.unsupported_reason(s).find("divides 192 at head_dim 64") != std::string::npos);
+  s.num_qo_heads = 12;
+  CHECK(stage.unsupported_reason(s).find("divides") == std::string::npos);
+  s.head_dim = 128;
+  CHECK(stage.unsupported_reason(s).find("divides 128 at head_dim 128") != std::string::npos);
   s.num_qo_heads = 32;
   s.head_dim = 96;
   CHECK(stage.unsupported_reason(s).find("head_dim 96") != std::string::npos);
