@@ -167,9 +167,9 @@ std::string launch_of(const Schedule& s, const BatchShape& shape) {
          ", nnz_kv " + std::to_string(shape.kv_indptr.empty() ? 0 : shape.kv_indptr.back());
 }
 
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO, int BC>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   const int group = s.group_size();
   HopperParams p;
   p.q_map = make_map(l.q, s.dtype, s.nnz_qo(), s.num_qo_heads, HEAD_DIM, group, Tr::Br / group);
@@ -237,7 +237,7 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
   p.unit_counter = l.unit_counter;
   const int64_t blocks = l.unit_counter == nullptr ? units : l.max_blocks > 0 ? l.max_blocks : device_sm_count();
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(units, blocks)));
-  hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO, BC>
+  hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>
       <<<grid, Tr::kThreads, Tr::smem_bytes(), stream>>>(
           p, Policy::Params::from(kernels::PolicyInputs{nullptr, l.sinks, s.logits_soft_cap}));
   kernels::check_launch("hopper_attention_kernel");
@@ -245,18 +245,17 @@ void launch(const BatchShape& s, const HopperLaunch& l, cudaStream_t stream) {
 
 /// The kernel's dynamic shared-memory limit raised to what it uses (a host call: plan()
 /// makes it, run() does not).
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO, int BC>
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
 void set_smem_limit() {
   FLASHSTEP_CUDA_CHECK(
-      cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO, BC>,
+      cudaFuncSetAttribute(hopper_attention_kernel<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>::smem_bytes())));
+                           static_cast<int>(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::smem_bytes())));
 }
 
-/// Calls f(T{}, head_dim, paged, window, policy, head_dim_vo, key_tile) for the batch's
-/// element type, head_dim, storage, whether it has a window, the policy its run takes, v's
-/// width and the key tile (0: HopperTraits' own; 160 for a plain non-causal prefill at
-/// head_dim 128 over contiguous K/V): all but T and the policy as std::integral_constant, the policy as a value of its
+/// Calls f(T{}, head_dim, paged, window, policy, head_dim_vo) for the batch's element
+/// type, head_dim, storage, whether it has a window, the policy its run takes and v's
+/// width: all but T and the policy as std::integral_constant, the policy as a value of its
 /// type (the kernel's template arguments). A run with sinks takes the kernel under
 /// sinks/'s policy, a capped one under soft_cap/'s, each always the instantiation with the
 /// window (gpt-oss's layers slide a window beside their sinks, Gemma 2's beside the cap),
@@ -267,16 +266,10 @@ void set_smem_limit() {
 template <typename F>
 void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
   auto by_mods = [&](auto t, auto d, auto paged) {
-    if (with_sinks) return f(t, d, paged, std::true_type{}, sinks::Sinks{}, d, std::integral_constant<int, 0>{});
-    if (s.logits_soft_cap > 0.f)
-      return f(t, d, paged, std::true_type{}, soft_cap::SoftCap{}, d, std::integral_constant<int, 0>{});
-    if (s.window_left >= 0)
-      return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{}, d, std::integral_constant<int, 0>{});
-    // a plain non-causal prefill at head_dim 128 over contiguous K/V: key tiles of 160
-    if constexpr (decltype(d)::value == 128 && !decltype(paged)::value)
-      if (s.mode == Mode::prefill && !s.causal)
-        return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{}, d, std::integral_constant<int, 160>{});
-    return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{}, d, std::integral_constant<int, 0>{});
+    if (with_sinks) return f(t, d, paged, std::true_type{}, sinks::Sinks{}, d);
+    if (s.logits_soft_cap > 0.f) return f(t, d, paged, std::true_type{}, soft_cap::SoftCap{}, d);
+    if (s.window_left >= 0) return f(t, d, paged, std::true_type{}, kernels::IdentityPolicy{}, d);
+    return f(t, d, paged, std::false_type{}, kernels::IdentityPolicy{}, d);
   };
   auto by_dim = [&](auto t) {
     // over pages head_dim 128 and 256 (stage_info() says why not 64)
@@ -284,9 +277,9 @@ void dispatch(const BatchShape& s, bool with_sinks, F&& f) {
     if (s.head_dim == 192 && s.resolved_head_dim_vo() == 128) {
       if (ragged)
         return f(t, std::integral_constant<int, 192>{}, std::false_type{}, std::false_type{}, kernels::IdentityPolicy{},
-                 std::integral_constant<int, 128>{}, std::integral_constant<int, 0>{});
+                 std::integral_constant<int, 128>{});
       return f(t, std::integral_constant<int, 192>{}, std::true_type{}, std::false_type{}, kernels::IdentityPolicy{},
-               std::integral_constant<int, 128>{}, std::integral_constant<int, 0>{});
+               std::integral_constant<int, 128>{});
     }
     ref::require(s.resolved_head_dim_vo() == s.head_dim, "HopperRunner", "no kernel for " + s.describe());
     if (s.head_dim == 64 && ragged) return by_mods(t, std::integral_constant<int, 64>{}, std::false_type{});
@@ -341,16 +334,16 @@ void launch_hopper_attention(const BatchShape& shape, const HopperLaunch& l, cud
                    : "batch.v_pool is given, but head_dim_vo == head_dim keeps V in kv_pool (" + shape.describe() + ")";
     });
   }
-  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy, auto vo, auto bc) {
-    launch<decltype(t), d(), paged(), window(), decltype(policy), vo(), bc()>(shape, l, stream);
+  dispatch(shape, l.sinks != nullptr, [&](auto t, auto d, auto paged, auto window, auto policy, auto vo) {
+    launch<decltype(t), d(), paged(), window(), decltype(policy), vo()>(shape, l, stream);
   });
 }
 
 void prepare_hopper_attention(const BatchShape& shape) {
   // both instantiations a run of this plan may take: with sinks and without
   for (bool with_sinks : {false, true})
-    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto window, auto policy, auto vo, auto bc) {
-      set_smem_limit<decltype(t), d(), paged(), window(), decltype(policy), vo(), bc()>();
+    dispatch(shape, with_sinks, [](auto t, auto d, auto paged, auto window, auto policy, auto vo) {
+      set_smem_limit<decltype(t), d(), paged(), window(), decltype(policy), vo()>();
     });
 }
 
@@ -505,7 +498,7 @@ void HopperRunner::run(const DeviceBatch& batch, cudaStream_t stream) {
   launch_hopper_attention(shape_, l, stream);
   if (schedule_.kv_chunk_size == 0 || shape_.nnz_qo() == 0) return;
   // stage 03's merge: each query row's chunks folded by their lse
-  dispatch(shape_, false, [&](auto t, auto, auto, auto, auto, auto vo, auto) {
+  dispatch(shape_, false, [&](auto t, auto, auto, auto, auto, auto vo) {
     using T = decltype(t);
     split_kv::launch_merge<T, vo()>(l.partial_o, l.partial_lse, l.partial_indptr, static_cast<T*>(batch.o), batch.lse,
                                     shape_.num_qo_heads, static_cast<int>(shape_.nnz_qo()), false, stream);

@@ -84,7 +84,7 @@ namespace flashstep::stages::hopper {
 
 /// Tile sizes and the shared-memory plan of one instantiation: q and k HEAD_DIM wide, v
 /// and o HEAD_DIM_VO (the same, but for MLA's prefill: 192 and 128).
-template <typename T, int HEAD_DIM, bool PAGED = false, int HEAD_DIM_VO = HEAD_DIM, int BC = 0>
+template <typename T, int HEAD_DIM, bool PAGED = false, int HEAD_DIM_VO = HEAD_DIM>
 struct HopperTraits {
   /// consumer warp groups, each on 64 of the tile's query rows: two, and three at head_dim
   /// 64, where a tile's GEMMs take half the time of head_dim 128's for the same softmax, so
@@ -95,7 +95,7 @@ struct HopperTraits {
   /// keys per K/V tile. head_dim 256 takes 64: a 128 x 256 tile is 64 KiB, and Q plus two
   /// stages of K and V at 128 keys (320 KiB) would not fit the 227 KiB a block may have;
   /// at 64 keys they take 192 KiB. (O is 128 fp32 registers per consumer thread there.)
-  static constexpr int Bc = BC > 0 ? BC : HEAD_DIM == 256 ? 64 : 128;
+  static constexpr int Bc = HEAD_DIM == 256 ? 64 : 128;
   static constexpr int kStages = 2;  ///< K/V buffers in the ring
   static constexpr int kThreads = 128 * (1 + kConsumers);
   // setmaxnreg: what the producer keeps and each consumer gets, out of the 65536 registers
@@ -597,9 +597,9 @@ __device__ __forceinline__ void copy_pages(unsigned char* tile, const HopperPara
 /// The block's shared memory: the Q tile, kStages K and V tiles, and the mbarriers that
 /// hand each of them over (laid out as HopperTraits says, 1024-byte aligned: the 128-byte
 /// swizzle repeats every 1024 bytes).
-template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO = HEAD_DIM, int BC = 0>
+template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO = HEAD_DIM>
 struct HopperSmem {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   unsigned char* base;
   __device__ __forceinline__ T* q() const { return reinterpret_cast<T*>(base); }
   __device__ __forceinline__ T* k(int s) const {
@@ -657,11 +657,12 @@ struct HopperSmem {
 /// one turn later). The ring (write) runs on across units, so the next unit's Q and first
 /// tiles come in while the consumers write the previous unit's rows. One thread issues the
 /// TMA copies; over pages all 128 gather the tiles the TMA cannot copy page by page.
-template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO, int BC>
-__device__ __forceinline__ void produce(
-    const HopperParams& p, const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>& smem, int kv_head,
-    PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>::kStages>& write, int n, int u) {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>;
+template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
+__device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int kv_head,
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& write,
+                                        int n, int u) {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   // Q: the tile's Br packed rows = Br / group tokens x group heads of this kv head, and the
   // unit's number beside it. Thread 0 copies them once every consumer warp has let go of
@@ -753,10 +754,10 @@ __device__ __forceinline__ void produce(
 /// has landed (after the landing, so its arrivals keep the barriers' phases). (Measured on
 /// an H100 against consumer 1 walking the turns idle: MQA decode b1 x 16384 446 -> 477 GB/s,
 /// prefill unchanged.)
-template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO, int BC>
+template <typename T, int HEAD_DIM, bool PAGED, int HEAD_DIM_VO>
 __device__ __forceinline__ void release_tiles(
-    const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>& smem, int lane,
-    PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>::kStages>& read) {
+    const Tile& t, const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem, int lane,
+    PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& read) {
   for (int j = 0; j < t.num_kv_tiles; ++j, read.advance()) {
     wait_barrier(smem.k_full(read.index), read.phase);
     if (lane == 0) ptx::mbarrier_arrive(smem.k_empty(read.index));
@@ -829,13 +830,13 @@ __device__ __forceinline__ float softmax_tile(const HopperParams& p, const typen
 /// issues P_{n-1} V_{n-1} alone; both are peeled, so each turn's wgmma are one straight run
 /// of instructions. Q is last read by S_{n-1}: the warp lets it go (q_empty) as soon as
 /// that lands, so the next unit's Q is on its way during the last P V and the epilogue.
-template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO, int BC>
-__device__ __forceinline__ void consume(
-    const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
-    const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>& smem,
-    const Turns<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>::kConsumers>& turns, const int (&q_pos)[2], int lane,
-    RowState<HEAD_DIM_VO>& st, PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>::kStages>& ring) {
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>;
+template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy, int HEAD_DIM_VO>
+__device__ __forceinline__ void consume(const HopperParams& p, const typename Policy::Params& pol, const Tile& t,
+                                        const HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO>& smem,
+                                        const Turns<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kConsumers>& turns,
+                                        const int (&q_pos)[2], int lane, RowState<HEAD_DIM_VO>& st,
+                                        PipelineState<HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kStages>& ring) {
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   constexpr int Br = Tr::Br, Bc = Tr::Bc, kCols = Tr::kBlockCols;
   const int n_tiles = t.num_kv_tiles;
   float sc[Bc / 2];        // S_j, then P_j
@@ -1037,13 +1038,13 @@ __device__ __forceinline__ void store_tile_tma(const HopperParams& p, const type
 /// (detail::store_tile), through Policy's on_logit and on_state (pol: its parameters).
 /// HEAD_DIM_VO: v's and o's width, HEAD_DIM (q's and k's) but for MLA's prefill (192 / 128).
 template <typename T, int HEAD_DIM, bool PAGED, bool WINDOW, typename Policy = kernels::IdentityPolicy,
-          int HEAD_DIM_VO = HEAD_DIM, int BC = 0>
-__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>::kThreads, 1)
+          int HEAD_DIM_VO = HEAD_DIM>
+__global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>::kThreads, 1)
     hopper_attention_kernel(const __grid_constant__ HopperParams p, const typename Policy::Params pol) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>;
+  using Tr = HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO>;
   extern __shared__ unsigned char smem_raw[];
-  const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC> smem{
+  const detail::HopperSmem<T, HEAD_DIM, PAGED, HEAD_DIM_VO> smem{
       reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023))};
 
   const int num_units = p.num_items * p.num_kv_heads;
@@ -1065,7 +1066,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, 
       if (PAGED && threadIdx.x == 0) *smem.next_unit(n & 1) = next;
       const detail::Unit w = detail::unit_of(p, u);
       const detail::Tile t = detail::make_tile<Tr::Br, Tr::Bc, PAGED>(p, w.item);
-      detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>(p, t, smem, w.kv_head, write, n, u);
+      detail::produce<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(p, t, smem, w.kv_head, write, n, u);
       if constexpr (PAGED) {
         asm volatile("bar.sync %0, 128;\n" ::"n"(uint32_t(detail::NamedBarrier::kProducer)) : "memory");
         next = *smem.next_unit(n & 1);
@@ -1110,7 +1111,7 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, 
     const bool solo = t.row_begin + 64 >= t.qo_len * p.group_size;
     if (solo && consumer > 0) {
       if (lane == 0) cuda::ptx::mbarrier_arrive(smem.q_empty());
-      detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO, BC>(t, smem, lane, read);
+      detail::release_tiles<T, HEAD_DIM, PAGED, HEAD_DIM_VO>(t, smem, lane, read);
       continue;
     }
     // this thread's two accumulator rows (h = 0, 1) within the tile, and their tokens'
@@ -1123,8 +1124,8 @@ __global__ void __launch_bounds__(HopperTraits<T, HEAD_DIM, PAGED, HEAD_DIM_VO, 
     }
     detail::RowState<HEAD_DIM_VO> st;
     st.init();
-    detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO, BC>(p, pol, t, smem, Turns{consumer, solo}, q_pos,
-                                                                         lane, st, read);
+    detail::consume<T, HEAD_DIM, PAGED, WINDOW, Policy, HEAD_DIM_VO>(p, pol, t, smem, Turns{consumer, solo}, q_pos,
+                                                                     lane, st, read);
     // consume() freed Q after its last S: the next unit's Q lands while these rows are written
     if (Tr::kStoreByTma && p.o_by_tma && t.row_begin + 64 * (consumer + 1) <= t.qo_len * p.group_size)
       detail::store_tile_tma<T, HEAD_DIM_VO, Policy>(p, pol, t, w.kv_head, row, consumer, warp, lane, st,
