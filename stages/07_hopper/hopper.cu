@@ -37,12 +37,9 @@ namespace flashstep::stages::hopper {
 
 namespace {
 
-/// HopperTraits::Br, the packed query rows of a block: 192 at head_dim 64 (three consumer
-/// warp groups), else 128. (The element type and the storage do not change it.)
-int query_rows(const BatchShape& shape) {
-  return shape.head_dim == 64 && shape.resolved_head_dim_vo() == 64 ? HopperTraits<__half, 64>::Br
-                                                                    : HopperTraits<__half, 128>::Br;
-}
+/// HopperTraits::Br, the packed query rows of a block: 64 per consumer warp group, 192 at
+/// head_dim 64, else 128. (The element type and the storage do not change it.)
+int query_rows(const BatchShape& shape) { return 64 * consumer_groups(shape.head_dim, shape.resolved_head_dim_vo()); }
 
 /// The query box is (64, group, Br / group): a token's group rows never straddle a tile.
 std::string tile_rule(const std::string& name, const BatchShape& shape) {

@@ -82,16 +82,19 @@
 
 namespace flashstep::stages::hopper {
 
+/// Consumer warp groups of a block, each on 64 of the tile's query rows: two, and three at
+/// head_dim 64, where a tile's GEMMs take half the time of head_dim 128's for the same
+/// softmax, so that two groups' softmax can run while the third's GEMMs hold the tensor
+/// cores (as FlashAttention-3 runs head_dim 64: 192 rows a block). The kernel's traits and
+/// the host's planner both ask this one rule.
+constexpr int consumer_groups(int head_dim, int head_dim_vo) { return head_dim == 64 && head_dim_vo == 64 ? 3 : 2; }
+
 /// Tile sizes and the shared-memory plan of one instantiation: q and k HEAD_DIM wide, v
 /// and o HEAD_DIM_VO (the same, but for MLA's prefill: 192 and 128).
 template <typename T, int HEAD_DIM, bool PAGED = false, int HEAD_DIM_VO = HEAD_DIM>
 struct HopperTraits {
-  /// consumer warp groups, each on 64 of the tile's query rows: two, and three at head_dim
-  /// 64, where a tile's GEMMs take half the time of head_dim 128's for the same softmax, so
-  /// that two groups' softmax can run while the third's GEMMs hold the tensor cores (as
-  /// FlashAttention-3 runs head_dim 64: 192 rows a block).
-  static constexpr int kConsumers = HEAD_DIM == 64 && HEAD_DIM_VO == 64 ? 3 : 2;
-  static constexpr int Br = 64 * kConsumers;  ///< packed query rows per block
+  static constexpr int kConsumers = consumer_groups(HEAD_DIM, HEAD_DIM_VO);  ///< consumer warp groups
+  static constexpr int Br = 64 * kConsumers;                                 ///< packed query rows per block
   /// keys per K/V tile. head_dim 256 takes 64: a 128 x 256 tile is 64 KiB, and Q plus two
   /// stages of K and V at 128 keys (320 KiB) would not fit the 227 KiB a block may have;
   /// at 64 keys they take 192 KiB. (O is 128 fp32 registers per consumer thread there.)
