@@ -454,9 +454,7 @@ __device__ __forceinline__ void stream_tiles(const Row& row, const RowSplit& sp,
 
 /// One full pass over this block's tiles: stream_tiles when sp.stream is set and the row
 /// allows it, else each thread loads its VEC consecutive entries of a tile (16-byte loads
-/// for aligned rows). The next tile's loads are issued before this tile's body runs, so
-/// a thread has two tiles in flight (its registers are the ring), and thread 0 asks the L2
-/// for the tile after that. body as stream_tiles; the tiles reach it in the same order.
+/// for aligned rows) with the L2 prefetch of the next tile. body as stream_tiles.
 template <int VEC, typename Row, typename Body>
 __device__ __forceinline__ void for_each_tile(const Row& row, const RowSplit& sp, bool reverse, Body body) {
   if constexpr (Streamable<Row>::value) {
@@ -465,22 +463,14 @@ __device__ __forceinline__ void for_each_tile(const Row& row, const RowSplit& sp
   constexpr int64_t kTile = int64_t{kBlock} * VEC;
   const int64_t tiles = (row.vocab + kTile - 1) / kTile;
   const int64_t mine = tiles > sp.rank ? (tiles - 1 - sp.rank) / sp.size + 1 : 0;
-  // the k-th tile this block reads (off the row, negative or past it, for k >= mine)
-  const auto tile_at = [&](int64_t k) { return sp.rank + (reverse ? mine - 1 - k : k) * sp.size; };
-  const auto first = [&](int64_t k) { return tile_at(k) * kTile + int64_t{threadIdx.x} * VEC; };
-  float v[VEC];
-  if (mine > 0) row.template load<VEC>(first(0), v);  // past the end: the row's padding
   for (int64_t k = 0; k < mine; ++k) {
-    if (tile_at(k + 2) >= 0) prefetch_tile<VEC>(row, tile_at(k + 2) * kTile);
-    const bool more = k + 1 < mine;
-    float w[VEC];
-    if (more) row.template load<VEC>(first(k + 1), w);
-    const int64_t i = first(k);
-    body(tile_at(k), v, [i](int j) { return i + j; });
-    if (more) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[j] = w[j];
-    }
+    const int64_t t = sp.rank + (reverse ? mine - 1 - k : k) * sp.size;
+    const int64_t next = sp.rank + (reverse ? mine - 2 - k : k + 1) * sp.size;  // may be off the row
+    if (next >= 0) prefetch_tile<VEC>(row, next * kTile);
+    const int64_t i = t * kTile + int64_t{threadIdx.x} * VEC;
+    float v[VEC];
+    row.template load<VEC>(i, v);  // past the end: the row's padding
+    body(t, v, [i](int j) { return i + j; });
   }
 }
 
