@@ -291,7 +291,6 @@ enum class NamedBarrier : uint32_t {
   kConsumer0Turn = 1,   ///< kConsumer0Turn + c: consumer c may issue its GEMMs
   kProducer = 4,        ///< the producer's 128 threads, over pages: the next unit is known to all
   kConsumer0Store = 5,  ///< kConsumer0Store + c: consumer c's 128 threads, its output stage is free, then written
-  kProducerGather = 8,  ///< over pages: the producer's 128 threads meet before a unit's first gathered tile
 };
 
 /// Consumer warp groups take turns issuing their GEMMs (ping-pong, round robin over
@@ -704,14 +703,6 @@ __device__ __forceinline__ void produce(const HopperParams& p, const Tile& t,
     if constexpr (PAGED) {
       const int key0 = t.key_begin + j * Bc;
       const bool this_by_page = j < n_by_page;
-      // The first warp alone copies the tiles that go by page; warps 1-3 skip them and sleep
-      // on a named barrier (a hardware wait, no instructions issued) until the unit's first
-      // gathered tile, or at the unit's end. There the first warp has seen the "empty"
-      // barrier of this tile's buffer complete the phase before the one it waits for, so the
-      // parity they wait on names one phase only.
-      if (this_by_page && threadIdx.x >= 32) continue;
-      if (j == n_by_page && n_by_page > 0)
-        asm volatile("bar.sync %0, 128;\n" ::"n"(uint32_t(NamedBarrier::kProducerGather)) : "memory");
       const PageBox box = next;
       // the next tile's pages, loaded now and used one tile later
       if (threadIdx.x < 32 && j + 1 < t.num_kv_tiles && j + 1 < n_by_page)
