@@ -1037,14 +1037,15 @@ TEST_CASE("stage 06 MassAcc on the GPU splits exactly the reference's masses") {
     const float p = all[i];
     const ref::Mass want = i < values.size() ? ref::mass_of(p) : 0;
     const uint64_t hi = static_cast<uint64_t>(want >> 48), lo = static_cast<uint64_t>(want & kLow48);
-    if (got[4 * i] != hi || got[4 * i + 1] != lo) {
-      if (bad_parts++ < 5) MESSAGE("parts(" << p << ") = " << got[4 * i] << ", " << got[4 * i + 1]);
-    }
+    // the device's (hi, lo) at got[at], got[at + 1] against the reference's, the first few misses shown
+    const auto check = [&](size_t at, const char* what, size_t& bad) {
+      if ((got[at] != hi || got[at + 1] != lo) && bad++ < 5)
+        MESSAGE(what << "(" << p << ") = " << got[at] << ", " << got[at + 1]);
+    };
+    check(4 * i, "parts", bad_parts);
     if (p >= 0.f && p <= 1.f) {  // -0 included (-0 >= 0)
       ++units;
-      if (got[4 * i + 2] != hi || got[4 * i + 3] != lo) {
-        if (bad_unit++ < 5) MESSAGE("add_unit(" << p << ") = " << got[4 * i + 2] << ", " << got[4 * i + 3]);
-      }
+      check(4 * i + 2, "add_unit", bad_unit);
     }
   }
   CHECK(units > 20000);
