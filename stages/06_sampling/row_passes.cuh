@@ -596,13 +596,19 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
     if (ok) {
       s.max_p = fmaxf(s.max_p, __uint_as_float(top_bits));
     } else {
+      MassAcc ignored;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) add_entry(s, acc, v[j]);  // flags, and the valid entries' mass and max
+      for (int j = 0; j < VEC; ++j) add_entry(s, ignored, v[j]);  // flags and the max of the valid entries
     }
-    // a warp whose valid tiles are all 0 (most of a renormalized top-k row) adds nothing
-    if (__any_sync(0xFFFFFFFFu, ok && top_bits != 0) && ok) {
+    // a warp whose entries are all 0 (most of a renormalized top-k row) adds nothing
+    if (__any_sync(0xFFFFFFFFu, !ok || top_bits != 0)) {
+      if (ok) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) acc.add_unit(v[j]);
+        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc.add_unit(v[j] >= 0.f && v[j] <= 1.f ? v[j] : 0.f);
+      }
     }
     s.total += acc.value();
     if (tiles) add_tile_mass(sh, 0, tile, acc, sp.phase);
