@@ -596,9 +596,12 @@ __device__ RowSummary summarize_row(const Row& row, SharedState& sh, RowSplit& s
     if (ok) {
       s.max_p = fmaxf(s.max_p, __uint_as_float(top_bits));
     } else {
+      // flags and the max of the valid entries; their mass goes in below, with the valid tiles'
+      // (adding it here and skipping those flagged tiles below gives the same sums, but it
+      // took top_p at batch 1 from 21.3 to 22.2 us on an H200: commit b2a045a)
       MassAcc ignored;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) add_entry(s, ignored, v[j]);  // flags and the max of the valid entries
+      for (int j = 0; j < VEC; ++j) add_entry(s, ignored, v[j]);
     }
     // a warp whose entries are all 0 (most of a renormalized top-k row) adds nothing
     if (__any_sync(0xFFFFFFFFu, !ok || top_bits != 0)) {
