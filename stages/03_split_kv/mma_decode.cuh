@@ -41,8 +41,6 @@
 /// chunk c ^ (r % 8)), so ldmatrix's eight rows, and the FP8 format's reads, touch 32
 /// different banks. A copy thread takes consecutive keys of a tile, in at most two pages:
 /// their page ids are read one tile ahead and made addresses only after the next wait.
-/// Every stage is filled before the first tile is computed, the first two tiles' page ids
-/// read together.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -235,9 +233,8 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
     int32_t page[2];  // the ids of the pages of the thread's first row and of the next
     uint32_t slot;    // the first row's slot in page[0]
     int valid;        // rows before the end of the chunk, 0 .. PASSES
-  };
+  } next;
   auto fetch = [&](int tile) {
-    Rows next;
     const int tok = tile * Tr::TILE + copy_row;
     uint32_t page_iter, slot;
     p.kv.page_size.divmod(static_cast<uint32_t>(tok), page_iter, slot);
@@ -246,9 +243,8 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
     next.valid = min(max(len - tok, 0), Tr::PASSES);
     next.page[0] = next.valid > 0 ? p.kv.kv_indices[page_begin + page_iter] : 0;
     next.page[1] = next.valid > in_first ? p.kv.kv_indices[page_begin + page_iter + 1] : next.page[0];
-    return next;
   };
-  auto issue = [&](int stage, const Rows& next) {
+  auto issue = [&](int stage) {
     uint8_t* base = smem + stage * Tr::STAGE_BYTES;
     const int in_first = static_cast<int>(p.kv.page_size.divisor - next.slot);
     // byte offsets of the rows' chunk in the first page and (counted from the same first
@@ -322,32 +318,26 @@ __global__ void __launch_bounds__(MmaDecodeTraits<HEAD_DIM, sizeof(typename Form
     }
   };
 
-  // ---- the pipeline: all S stages filled before the first tile is computed, then S - 1
-  // tiles in flight while one is computed (each buffer, once its tile is computed, takes
-  // the tile S further on). The first two tiles' page ids are read together, before either
-  // copy: a copy is inline asm with a memory clobber, so a page id read after one could not
-  // move above it, and a short chunk (2 tiles at batch 1 x 1024) would wait on the page
-  // table twice in a row. Copy group i holds tile i.
-  Rows ahead = num_tiles > 0 ? fetch(0) : Rows{};
-  const Rows second = num_tiles > 1 ? fetch(1) : Rows{};
-  for (int st = 0; st < S; ++st) {
-    if (st < num_tiles) issue(st, st == 0 ? ahead : st == 1 ? second : fetch(st));
+  // ---- the pipeline, as attend_chunk's: S - 1 tiles in flight while one is computed.
+  for (int st = 0; st < S - 1; ++st) {
+    if (st < num_tiles) {
+      fetch(st);
+      issue(st);
+    }
     kernels::cp_async_commit_group();
   }
-  if (S < num_tiles) ahead = fetch(S);
-  int read_stage = 0, free_stage = 0;  // i % S and (i - 1) % S, without a division
+  if (S - 1 < num_tiles) fetch(S - 1);
+  int read_stage = 0, write_stage = S - 1;  // i % S and (i + S - 1) % S, without a division
   for (int i = 0; i < num_tiles; ++i) {
-    kernels::cp_async_wait_group_dynamic(i == 0 ? S - 1 : S - 2);  // groups 0 .. i have landed
-    __syncthreads();  // tile i has landed for all; every warp is done with tile i - 1's buffer
-    if (i > 0) {
-      const int next = i + S - 1;  // into tile i - 1's buffer
-      if (next < num_tiles) issue(free_stage, ahead);
-      kernels::cp_async_commit_group();
-      if (next + 1 < num_tiles) ahead = fetch(next + 1);
-    }
+    kernels::cp_async_wait_group_dynamic(S - 2);
+    __syncthreads();
+    const int next = i + S - 1;
+    if (next < num_tiles) issue(write_stage);
+    kernels::cp_async_commit_group();
+    if (next + 1 < num_tiles) fetch(next + 1);
     compute(read_stage, i * Tr::TILE);
-    free_stage = read_stage;
     read_stage = read_stage + 1 == S ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == S ? 0 : write_stage + 1;
   }
   kernels::cp_async_wait_group<0>();
   __syncthreads();  // the pipeline memory is free for the merge
